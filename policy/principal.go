@@ -1,0 +1,52 @@
+package policy
+
+import "context"
+
+// Kind says who holds a credential: a person's client or an unattended machine.
+type Kind string
+
+const (
+	// KindUser is a token held by a person's MCP client (Claude Code, Cursor).
+	KindUser Kind = "user"
+	// KindMachine is a token held by an unattended process. Machine tokens
+	// may not drive the sessions endpoint.
+	KindMachine Kind = "machine"
+)
+
+// Principal is who a request acts for, as step 2 of the request path
+// established it. It never carries the credential itself.
+type Principal struct {
+	// TokenID is the stable id of an opaque token, or "jwt:<sub>" for a JWT.
+	TokenID string
+	// Name is the operator-chosen name of the token, or the JWT subject.
+	Name string
+	// Kind is user or machine.
+	Kind Kind
+	// Scopes are the scopes the credential grants.
+	Scopes []string
+	// Source is "token" for opaque tokens and "jwt" for JWT access tokens.
+	Source string
+}
+
+// HasScope reports whether p was granted scope s.
+func (p Principal) HasScope(s string) bool {
+	for _, have := range p.Scopes {
+		if have == s {
+			return true
+		}
+	}
+	return false
+}
+
+type principalKey struct{}
+
+// WithPrincipal returns a context that carries p.
+func WithPrincipal(ctx context.Context, p Principal) context.Context {
+	return context.WithValue(ctx, principalKey{}, p)
+}
+
+// PrincipalFrom returns the principal carried by ctx, if any.
+func PrincipalFrom(ctx context.Context) (Principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(Principal)
+	return p, ok
+}
