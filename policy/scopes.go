@@ -1,0 +1,172 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Rule grants one scope access to tools, verbs and methods. A principal may
+// do what any rule for one of its scopes grants; everything else is refused.
+type Rule struct {
+	// Scope is the scope this rule grants to.
+	Scope string `json:"scope"`
+	// Tools are tool-name patterns for tools/call; `*` matches any run of
+	// characters, so "deploy_*" grants every tool that starts with deploy_.
+	Tools []string `json:"tools,omitempty"`
+	// Verbs, when set, limit the granted tools to calls whose `verb`
+	// argument is listed (the sessions and interactions tools take one).
+	Verbs []string `json:"verbs,omitempty"`
+	// Methods are MCP method patterns other than tools/call that the scope
+	// may use, such as "resources/read" or "prompts/*".
+	Methods []string `json:"methods,omitempty"`
+}
+
+// DefaultRules are in force unless an operator turns them off:
+//
+//   - chat: every verb of the sessions and interactions tools;
+//   - read: sessions read, list, transcript, wait and events; interactions pending;
+//   - mcp: every tool and method, for guarding an MCP server as a whole.
+func DefaultRules() []Rule {
+	return []Rule{
+		{Scope: "chat", Tools: []string{"sessions", "interactions"}},
+		{Scope: "read", Tools: []string{"sessions"}, Verbs: []string{"read", "list", "transcript", "wait", "events"}},
+		{Scope: "read", Tools: []string{"interactions"}, Verbs: []string{"pending"}},
+		{Scope: "mcp", Tools: []string{"*"}, Methods: []string{"*"}},
+	}
+}
+
+// openMethods need no scope beyond being authenticated: they set a session
+// up, or list what the session may see (tools/list answers are filtered).
+var openMethods = map[string]bool{
+	"initialize":               true,
+	"ping":                     true,
+	"tools/list":               true,
+	"prompts/list":             true,
+	"resources/list":           true,
+	"resources/templates/list": true,
+	"logging/setLevel":         true,
+	"completion/complete":      true,
+}
+
+// ScopeMap decides calls.
+type ScopeMap struct {
+	rules []Rule
+}
+
+// NewScopeMap builds a scope map from the operator's rules, after the
+// defaults when withDefaults is set.
+func NewScopeMap(rules []Rule, withDefaults bool) (*ScopeMap, error) {
+	var all []Rule
+	if withDefaults {
+		all = DefaultRules()
+	}
+	for i, r := range rules {
+		if !scopePattern.MatchString(r.Scope) {
+			return nil, fmt.Errorf("scope rule %d: scope %q: use letters, digits and ':._*-'", i, r.Scope)
+		}
+		if len(r.Tools) == 0 && len(r.Methods) == 0 {
+			return nil, fmt.Errorf("scope rule for %q grants nothing: name at least one tool or method", r.Scope)
+		}
+		if len(r.Verbs) > 0 && len(r.Tools) == 0 {
+			return nil, fmt.Errorf("scope rule for %q lists verbs but no tool they belong to", r.Scope)
+		}
+		all = append(all, r)
+	}
+	return &ScopeMap{rules: all}, nil
+}
+
+// Decision is the outcome of Decide.
+type Decision struct {
+	Allowed bool
+	// Need lists the scopes that would grant a refused call, for the
+	// WWW-Authenticate scope parameter. Empty when no scope grants it.
+	Need []string
+}
+
+// Decide says whether p may make call c.
+func (m *ScopeMap) Decide(p Principal, c Call) Decision {
+	if c.Method == "" || openMethods[c.Method] || strings.HasPrefix(c.Method, "notifications/") {
+		return Decision{Allowed: true}
+	}
+	var need []string
+	for _, r := range m.rules {
+		if !r.grants(c) {
+			continue
+		}
+		if p.HasScope(r.Scope) {
+			return Decision{Allowed: true}
+		}
+		need = appendUnique(need, r.Scope)
+	}
+	return Decision{Need: need}
+}
+
+// ToolVisible reports whether p may call tool with some verb, which is what
+// decides whether a tools/list answer shows the tool.
+func (m *ScopeMap) ToolVisible(p Principal, tool string) bool {
+	for _, r := range m.rules {
+		if p.HasScope(r.Scope) && matchAny(r.Tools, tool) {
+			return true
+		}
+	}
+	return false
+}
+
+func (r Rule) grants(c Call) bool {
+	if c.IsToolCall() {
+		if !matchAny(r.Tools, c.Tool) {
+			return false
+		}
+		return len(r.Verbs) == 0 || contains(r.Verbs, c.Verb)
+	}
+	return matchAny(r.Methods, c.Method)
+}
+
+func matchAny(patterns []string, s string) bool {
+	for _, p := range patterns {
+		if Glob(p, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// Glob matches s against pattern, where `*` stands for any run of
+// characters and everything else for itself. path.Match would treat '/' and
+// '[' specially, which tool and method names must not be.
+func Glob(pattern, s string) bool {
+	first, rest, wild := strings.Cut(pattern, "*")
+	if !wild {
+		return pattern == s
+	}
+	if !strings.HasPrefix(s, first) {
+		return false
+	}
+	s = s[len(first):]
+	parts := strings.Split(rest, "*")
+	last := parts[len(parts)-1]
+	for _, part := range parts[:len(parts)-1] {
+		i := strings.Index(s, part)
+		if i < 0 {
+			return false
+		}
+		s = s[i+len(part):]
+	}
+	return strings.HasSuffix(s, last)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func appendUnique(list []string, s string) []string {
+	if contains(list, s) {
+		return list
+	}
+	return append(list, s)
+}

@@ -1,0 +1,120 @@
+package policy
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestDefaultScopes(t *testing.T) {
+	m, err := NewScopeMap(nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chat := Principal{Scopes: []string{"chat"}}
+	read := Principal{Scopes: []string{"read"}}
+	none := Principal{Scopes: []string{"other"}}
+	call := func(tool, verb string) Call { return Call{Method: "tools/call", Tool: tool, Verb: verb} }
+
+	for _, verb := range []string{"create", "send", "steer", "cancel", "read", "list", "transcript", "wait", "events"} {
+		if !m.Decide(chat, call("sessions", verb)).Allowed {
+			t.Errorf("chat refused sessions %s", verb)
+		}
+	}
+	for _, verb := range []string{"pending", "answer"} {
+		if !m.Decide(chat, call("interactions", verb)).Allowed {
+			t.Errorf("chat refused interactions %s", verb)
+		}
+	}
+	for _, verb := range []string{"read", "list", "transcript", "wait", "events"} {
+		if !m.Decide(read, call("sessions", verb)).Allowed {
+			t.Errorf("read refused sessions %s", verb)
+		}
+	}
+	for _, verb := range []string{"create", "send", "steer", "cancel", ""} {
+		d := m.Decide(read, call("sessions", verb))
+		if d.Allowed {
+			t.Errorf("read allowed sessions %q", verb)
+		}
+		if !slices.Contains(d.Need, "chat") {
+			t.Errorf("refusal of sessions %q names %v, want chat among them", verb, d.Need)
+		}
+	}
+	if m.Decide(read, call("interactions", "answer")).Allowed {
+		t.Error("read allowed interactions answer")
+	}
+	if !m.Decide(read, call("interactions", "pending")).Allowed {
+		t.Error("read refused interactions pending")
+	}
+	for _, method := range []string{"initialize", "ping", "tools/list", "notifications/initialized", "notifications/cancelled", ""} {
+		if !m.Decide(none, Call{Method: method}).Allowed {
+			t.Errorf("open method %q refused", method)
+		}
+	}
+	for _, method := range []string{"resources/read", "prompts/get", "resources/subscribe"} {
+		if m.Decide(chat, Call{Method: method}).Allowed {
+			t.Errorf("chat allowed %s", method)
+		}
+		if !m.Decide(Principal{Scopes: []string{"mcp"}}, Call{Method: method}).Allowed {
+			t.Errorf("mcp refused %s", method)
+		}
+	}
+}
+
+func TestOperatorRules(t *testing.T) {
+	m, err := NewScopeMap([]Rule{
+		{Scope: "deploy", Tools: []string{"deploy_*"}},
+		{Scope: "docs", Methods: []string{"resources/*"}},
+	}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deploy := Principal{Scopes: []string{"deploy"}}
+	if !m.Decide(deploy, Call{Method: "tools/call", Tool: "deploy_prod"}).Allowed {
+		t.Error("deploy refused deploy_prod")
+	}
+	d := m.Decide(deploy, Call{Method: "tools/call", Tool: "delete_everything"})
+	if d.Allowed || len(d.Need) != 0 {
+		t.Errorf("ungranted tool: %+v", d)
+	}
+	if m.Decide(deploy, Call{Method: "tools/call", Tool: "sessions", Verb: "read"}).Allowed {
+		t.Error("defaults off, yet sessions allowed")
+	}
+	if !m.ToolVisible(deploy, "deploy_staging") || m.ToolVisible(deploy, "echo") {
+		t.Error("ToolVisible disagrees with the rules")
+	}
+	if !m.Decide(Principal{Scopes: []string{"docs"}}, Call{Method: "resources/read"}).Allowed {
+		t.Error("docs refused resources/read")
+	}
+	for _, bad := range [][]Rule{
+		{{Scope: "x"}},
+		{{Scope: "bad scope", Tools: []string{"a"}}},
+		{{Scope: "x", Verbs: []string{"read"}}},
+	} {
+		if _, err := NewScopeMap(bad, false); err == nil {
+			t.Errorf("NewScopeMap(%+v) accepted", bad)
+		}
+	}
+}
+
+func TestGlob(t *testing.T) {
+	for _, c := range []struct {
+		p, s string
+		want bool
+	}{
+		{"deploy_*", "deploy_prod", true},
+		{"deploy_*", "deploy_", true},
+		{"deploy_*", "undeploy_x", false},
+		{"*", "", true},
+		{"*_read", "files_read", true},
+		{"a*b*c", "axxbyyc", true},
+		{"a*b*c", "acb", false},
+		{"a*a", "a", false},
+		{"files/[x]", "files/[x]", true},
+		{"exact", "exact", true},
+		{"exact", "exactly", false},
+	} {
+		if got := Glob(c.p, c.s); got != c.want {
+			t.Errorf("Glob(%q, %q) = %v", c.p, c.s, got)
+		}
+	}
+}

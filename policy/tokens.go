@@ -1,0 +1,576 @@
+package policy
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/storage"
+)
+
+// TokenPrefix starts every opaque token this edge issues, so a leaked token
+// is recognisable by secret scanners.
+const TokenPrefix = "zds_"
+
+// tokenSecretBytes is how many random bytes follow the prefix.
+const tokenSecretBytes = 32
+
+// TokensKey is the storage key of the token file.
+const TokensKey = "zidane/tokens.json"
+
+// Token is the stored record of an opaque token. It holds the SHA-256 of the
+// secret, never the secret itself.
+type Token struct {
+	ID       string     `json:"id"`
+	Name     string     `json:"name"`
+	SHA256   string     `json:"sha256"`
+	Scopes   []string   `json:"scopes"`
+	Kind     Kind       `json:"kind"`
+	Created  time.Time  `json:"created"`
+	Expires  *time.Time `json:"expires,omitempty"`
+	LastUsed *time.Time `json:"last_used,omitempty"`
+	Revoked  *time.Time `json:"revoked,omitempty"`
+	// Parent is the id of the token this one was derived from (a child
+	// token for an orchestrator session). Revoking the parent revokes it.
+	Parent string `json:"parent,omitempty"`
+}
+
+// Active reports whether t may authenticate at now.
+func (t Token) Active(now time.Time) bool {
+	return t.Revoked == nil && (t.Expires == nil || now.Before(*t.Expires))
+}
+
+// Principal is what t authenticates as.
+func (t Token) Principal() Principal {
+	return Principal{TokenID: t.ID, Name: t.Name, Kind: t.Kind, Scopes: t.Scopes, Source: "token"}
+}
+
+// TokenSpec is what an operator asks for when creating a token.
+type TokenSpec struct {
+	Name    string        `json:"name"`
+	Scopes  []string      `json:"scopes"`
+	Kind    Kind          `json:"kind,omitempty"`
+	Expires time.Duration `json:"expires,omitempty"`
+	Parent  string        `json:"parent,omitempty"`
+}
+
+// Errors returned by TokenStore. Check wraps them, so errors.Is works.
+var (
+	ErrTokenUnknown  = errors.New("token not recognised")
+	ErrTokenRevoked  = errors.New("token revoked")
+	ErrTokenExpired  = errors.New("token expired")
+	ErrTokenNotFound = errors.New("no such token")
+)
+
+var (
+	namePattern  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	scopePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9:._*-]{0,63}$`)
+)
+
+// ValidateSpec checks a token request and says what is wrong with it.
+func ValidateSpec(spec TokenSpec) error {
+	if !namePattern.MatchString(spec.Name) {
+		return fmt.Errorf("token name %q: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", spec.Name)
+	}
+	if len(spec.Scopes) == 0 {
+		return fmt.Errorf("token %q: give at least one scope (for example --scope chat)", spec.Name)
+	}
+	for _, s := range spec.Scopes {
+		if !scopePattern.MatchString(s) {
+			return fmt.Errorf("scope %q: use letters, digits and ':._*-', at most 64 characters", s)
+		}
+	}
+	switch spec.Kind {
+	case "", KindUser, KindMachine:
+	default:
+		return fmt.Errorf("token kind %q: use %q or %q", spec.Kind, KindUser, KindMachine)
+	}
+	if spec.Expires < 0 {
+		return fmt.Errorf("token %q: expiry must be in the future", spec.Name)
+	}
+	return nil
+}
+
+// ParseExpiry parses a token lifetime: a Go duration ("12h", "90m") or a
+// whole number of days ("30d"). An empty string means no expiry.
+func ParseExpiry(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n <= 0 {
+			return 0, fmt.Errorf("expiry %q: write a positive number of days such as 30d, or a duration such as 12h", s)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("expiry %q: write a positive duration such as 12h or 30d", s)
+	}
+	return d, nil
+}
+
+// NewTokenSecret returns a fresh token: TokenPrefix followed by 32 random
+// bytes in unpadded URL-safe base64.
+func NewTokenSecret() string {
+	b := make([]byte, tokenSecretBytes)
+	rand.Read(b) // crypto/rand.Read never fails on supported platforms
+	return TokenPrefix + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// HashSecret is the stored form of a token secret.
+func HashSecret(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
+func newTokenID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return "tok_" + hex.EncodeToString(b)
+}
+
+// tokenFile is the stored document.
+type tokenFile struct {
+	Version int      `json:"version"`
+	Tokens  []*Token `json:"tokens"`
+}
+
+// TokenEvent is a token lifecycle change, for the audit log.
+type TokenEvent struct {
+	Action string // created, revoked, expired-use, seen-revoked
+	Token  Token
+}
+
+// TokenStore holds the opaque tokens: an in-memory index over the token file
+// in storage. Check never touches storage; Create and Revoke write through
+// under the storage lock; Sync picks up changes that another process (the
+// CLI, offline) wrote.
+type TokenStore struct {
+	st storage.Storage
+
+	mu       sync.RWMutex
+	byHash   map[[32]byte]*Token
+	byID     map[string]*Token
+	lastRaw  [32]byte
+	loaded   bool
+	loadErr  error
+	used     map[string]time.Time // token id -> last use not yet flushed
+	holds    map[string]map[uint64]func()
+	nextHold uint64
+
+	hookMu   sync.Mutex
+	onRevoke []func(Token)
+	onEvent  func(TokenEvent)
+}
+
+// OpenTokenStore loads the token file from st. A missing file is an empty
+// store; an unreadable one is an error, so that nothing overwrites it.
+func OpenTokenStore(ctx context.Context, st storage.Storage) (*TokenStore, error) {
+	s := &TokenStore{
+		st:     st,
+		byHash: map[[32]byte]*Token{},
+		byID:   map[string]*Token{},
+		used:   map[string]time.Time{},
+		holds:  map[string]map[uint64]func(){},
+	}
+	if err := s.Sync(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// OnEvent sets the function that receives token lifecycle events.
+func (s *TokenStore) OnEvent(fn func(TokenEvent)) {
+	s.hookMu.Lock()
+	s.onEvent = fn
+	s.hookMu.Unlock()
+}
+
+// OnRevoke registers fn to run when a token is revoked, here or in another
+// process. The sessions engine uses it to cancel what the token started.
+// The returned function unregisters fn.
+func (s *TokenStore) OnRevoke(fn func(Token)) (remove func()) {
+	s.hookMu.Lock()
+	defer s.hookMu.Unlock()
+	s.onRevoke = append(s.onRevoke, fn)
+	idx := len(s.onRevoke) - 1
+	return func() {
+		s.hookMu.Lock()
+		defer s.hookMu.Unlock()
+		if idx < len(s.onRevoke) {
+			s.onRevoke[idx] = nil
+		}
+	}
+}
+
+// Hold ties cancel to the token with id: when the token is revoked, cancel
+// runs. The edge holds every request it lets through, so a revoked token's
+// open streams close at once. Call release when the work ends.
+func (s *TokenStore) Hold(id string, cancel func()) (release func()) {
+	s.mu.Lock()
+	s.nextHold++
+	n := s.nextHold
+	m := s.holds[id]
+	if m == nil {
+		m = map[uint64]func(){}
+		s.holds[id] = m
+	}
+	m[n] = cancel
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		if m := s.holds[id]; m != nil {
+			delete(m, n)
+			if len(m) == 0 {
+				delete(s.holds, id)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Check authenticates secret. It does not touch storage: the last-used time
+// is recorded in memory and written by Flush.
+func (s *TokenStore) Check(secret string, now time.Time) (Principal, error) {
+	if !strings.HasPrefix(secret, TokenPrefix) {
+		return Principal{}, ErrTokenUnknown
+	}
+	sum := sha256.Sum256([]byte(secret))
+	s.mu.RLock()
+	t := s.byHash[sum]
+	s.mu.RUnlock()
+	if t == nil {
+		return Principal{}, ErrTokenUnknown
+	}
+	// The map lookup already matched the hash; compare again in constant
+	// time so that nothing about a near miss depends on timing.
+	want, _ := hex.DecodeString(t.SHA256)
+	if subtle.ConstantTimeCompare(want, sum[:]) != 1 {
+		return Principal{}, ErrTokenUnknown
+	}
+	if t.Revoked != nil {
+		return Principal{}, fmt.Errorf("%w: %q was revoked at %s", ErrTokenRevoked, t.Name, t.Revoked.UTC().Format(time.RFC3339))
+	}
+	if t.Expires != nil && !now.Before(*t.Expires) {
+		return Principal{}, fmt.Errorf("%w: %q expired at %s", ErrTokenExpired, t.Name, t.Expires.UTC().Format(time.RFC3339))
+	}
+	s.mu.Lock()
+	s.used[t.ID] = now
+	s.mu.Unlock()
+	return t.Principal(), nil
+}
+
+// List returns every token record, newest first. Records hold no secret.
+func (s *TokenStore) List() []Token {
+	s.mu.RLock()
+	out := make([]Token, 0, len(s.byID))
+	for _, t := range s.byID {
+		c := *t
+		if u, ok := s.used[t.ID]; ok {
+			c.LastUsed = &u
+		}
+		out = append(out, c)
+	}
+	s.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].Created.Equal(out[j].Created) {
+			return out[i].Created.After(out[j].Created)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// Create issues a token. The secret is returned once and never stored.
+func (s *TokenStore) Create(ctx context.Context, spec TokenSpec) (string, Token, error) {
+	if err := ValidateSpec(spec); err != nil {
+		return "", Token{}, err
+	}
+	if spec.Kind == "" {
+		spec.Kind = KindUser
+	}
+	secret := NewTokenSecret()
+	now := time.Now().UTC().Truncate(time.Second)
+	tok := Token{
+		ID:      newTokenID(),
+		Name:    spec.Name,
+		SHA256:  HashSecret(secret),
+		Scopes:  append([]string(nil), spec.Scopes...),
+		Kind:    spec.Kind,
+		Created: now,
+		Parent:  spec.Parent,
+	}
+	if spec.Expires > 0 {
+		exp := now.Add(spec.Expires)
+		tok.Expires = &exp
+	}
+	err := s.update(ctx, func(f *tokenFile) error {
+		for _, t := range f.Tokens {
+			if t.Name == tok.Name && t.Revoked == nil {
+				return fmt.Errorf("a token named %q already exists: revoke it first or choose another name", tok.Name)
+			}
+			if t.ID == tok.Parent && t.Revoked != nil {
+				return fmt.Errorf("parent token %q is revoked", t.Name)
+			}
+		}
+		f.Tokens = append(f.Tokens, &tok)
+		return nil
+	})
+	if err != nil {
+		return "", Token{}, err
+	}
+	s.emit(TokenEvent{Action: "created", Token: tok})
+	return secret, tok, nil
+}
+
+// Revoke revokes the token named or identified by nameOrID, and every token
+// derived from it. Revoking is immediate: Check refuses the token as soon as
+// Revoke returns, and what the token holds is cancelled.
+func (s *TokenStore) Revoke(ctx context.Context, nameOrID string) (Token, error) {
+	var revoked []Token
+	var target Token
+	err := s.update(ctx, func(f *tokenFile) error {
+		revoked = revoked[:0]
+		var match *Token
+		for _, t := range f.Tokens {
+			if t.ID == nameOrID || (t.Name == nameOrID && t.Revoked == nil) {
+				match = t
+				break
+			}
+		}
+		if match == nil {
+			for _, t := range f.Tokens {
+				if t.Name == nameOrID {
+					return fmt.Errorf("token %q is already revoked", nameOrID)
+				}
+			}
+			return fmt.Errorf("%w %q: see `caddy zidane token list` for names and ids", ErrTokenNotFound, nameOrID)
+		}
+		if match.Revoked != nil {
+			return fmt.Errorf("token %q is already revoked", nameOrID)
+		}
+		now := time.Now().UTC().Truncate(time.Second)
+		ids := map[string]bool{match.ID: true}
+		// Children, grandchildren: a token file is small, so loop to a fixed point.
+		for changed := true; changed; {
+			changed = false
+			for _, t := range f.Tokens {
+				if t.Revoked == nil && (ids[t.ID] || ids[t.Parent]) {
+					t.Revoked = &now
+					ids[t.ID] = true
+					revoked = append(revoked, *t)
+					changed = true
+				}
+			}
+		}
+		target = *match
+		return nil
+	})
+	if err != nil {
+		return Token{}, err
+	}
+	for _, t := range revoked {
+		s.emit(TokenEvent{Action: "revoked", Token: t})
+		s.fireRevoke(t)
+	}
+	return target, nil
+}
+
+// update applies fn to the stored token file under the storage lock, then
+// swaps the in-memory index to the result.
+func (s *TokenStore) update(ctx context.Context, fn func(*tokenFile) error) error {
+	var written []byte
+	err := storage.Update(ctx, s.st, TokensKey, func(old []byte) ([]byte, error) {
+		f, err := decodeTokenFile(old)
+		if err != nil {
+			return nil, err
+		}
+		if err := fn(f); err != nil {
+			return nil, err
+		}
+		s.mu.RLock()
+		mergeLastUsed(f, s.used)
+		s.mu.RUnlock()
+		written, err = json.MarshalIndent(f, "", "  ")
+		return written, err
+	})
+	if err != nil {
+		return err
+	}
+	s.install(written)
+	return nil
+}
+
+func decodeTokenFile(raw []byte) (*tokenFile, error) {
+	f := &tokenFile{Version: 1}
+	if len(raw) == 0 {
+		return f, nil
+	}
+	if err := json.Unmarshal(raw, f); err != nil {
+		return nil, fmt.Errorf("token file %s is not valid JSON (%v): fix or restore it; nothing was changed", TokensKey, err)
+	}
+	if f.Version != 1 {
+		return nil, fmt.Errorf("token file %s has version %d; this build reads version 1", TokensKey, f.Version)
+	}
+	return f, nil
+}
+
+func mergeLastUsed(f *tokenFile, used map[string]time.Time) {
+	for _, t := range f.Tokens {
+		if u, ok := used[t.ID]; ok && (t.LastUsed == nil || u.After(*t.LastUsed)) {
+			u := u.UTC().Truncate(time.Second)
+			t.LastUsed = &u
+		}
+	}
+}
+
+// install replaces the in-memory index with the parsed raw file and returns
+// the tokens that became revoked (or disappeared) since the last install.
+func (s *TokenStore) install(raw []byte) []Token {
+	f, err := decodeTokenFile(raw)
+	if err != nil {
+		s.mu.Lock()
+		s.loadErr = err
+		s.mu.Unlock()
+		return nil
+	}
+	byHash := make(map[[32]byte]*Token, len(f.Tokens))
+	byID := make(map[string]*Token, len(f.Tokens))
+	for _, t := range f.Tokens {
+		var h [32]byte
+		if b, err := hex.DecodeString(t.SHA256); err == nil && len(b) == 32 {
+			copy(h[:], b)
+			byHash[h] = t
+		}
+		byID[t.ID] = t
+	}
+	s.mu.Lock()
+	var gone []Token
+	for id, old := range s.byID {
+		nt := byID[id]
+		if old.Revoked == nil && (nt == nil || nt.Revoked != nil) {
+			if nt != nil {
+				gone = append(gone, *nt)
+			} else {
+				gone = append(gone, *old)
+			}
+		}
+	}
+	s.byHash, s.byID, s.loadErr = byHash, byID, nil
+	s.lastRaw = sha256.Sum256(raw)
+	s.loaded = true
+	s.mu.Unlock()
+	return gone
+}
+
+// Sync reloads the token file if it changed, and runs the revoke hooks for
+// tokens that another process revoked or deleted. A corrupt file leaves the
+// last good index in place and is reported.
+func (s *TokenStore) Sync(ctx context.Context) error {
+	raw, err := s.st.Load(ctx, TokensKey)
+	if err != nil && !storage.IsNotExist(err) {
+		return fmt.Errorf("loading tokens: %w", err)
+	}
+	s.mu.RLock()
+	same := s.loaded && s.loadErr == nil && sha256.Sum256(raw) == s.lastRaw
+	s.mu.RUnlock()
+	if same {
+		return nil
+	}
+	gone := s.install(raw)
+	s.mu.RLock()
+	loadErr := s.loadErr
+	s.mu.RUnlock()
+	if loadErr != nil {
+		return loadErr
+	}
+	for _, t := range gone {
+		s.emit(TokenEvent{Action: "seen-revoked", Token: t})
+		s.fireRevoke(t)
+	}
+	return nil
+}
+
+// Flush writes the last-used times recorded since the previous flush.
+func (s *TokenStore) Flush(ctx context.Context) error {
+	s.mu.RLock()
+	n := len(s.used)
+	s.mu.RUnlock()
+	if n == 0 {
+		return nil
+	}
+	err := s.update(ctx, func(*tokenFile) error { return nil })
+	if err == nil {
+		s.mu.Lock()
+		s.used = map[string]time.Time{}
+		s.mu.Unlock()
+	}
+	return err
+}
+
+// Run syncs every syncEvery and flushes last-used times every flushEvery
+// until ctx ends, then flushes once more. report receives errors.
+func (s *TokenStore) Run(ctx context.Context, syncEvery, flushEvery time.Duration, report func(error)) {
+	syncT := time.NewTicker(syncEvery)
+	defer syncT.Stop()
+	flushT := time.NewTicker(flushEvery)
+	defer flushT.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if err := s.Flush(context.Background()); err != nil && report != nil {
+				report(err)
+			}
+			return
+		case <-syncT.C:
+			if err := s.Sync(ctx); err != nil && report != nil && ctx.Err() == nil {
+				report(err)
+			}
+		case <-flushT.C:
+			if err := s.Flush(ctx); err != nil && report != nil && ctx.Err() == nil {
+				report(err)
+			}
+		}
+	}
+}
+
+func (s *TokenStore) emit(ev TokenEvent) {
+	s.hookMu.Lock()
+	fn := s.onEvent
+	s.hookMu.Unlock()
+	if fn != nil {
+		fn(ev)
+	}
+}
+
+func (s *TokenStore) fireRevoke(t Token) {
+	s.mu.Lock()
+	held := s.holds[t.ID]
+	delete(s.holds, t.ID)
+	s.mu.Unlock()
+	for _, cancel := range held {
+		cancel()
+	}
+	s.hookMu.Lock()
+	hooks := append([]func(Token){}, s.onRevoke...)
+	s.hookMu.Unlock()
+	for _, fn := range hooks {
+		if fn != nil {
+			fn(t)
+		}
+	}
+}

@@ -1,0 +1,294 @@
+package policy
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+)
+
+func newFileStore(t *testing.T) (*certmagic.FileStorage, *TokenStore) {
+	t.Helper()
+	fs := &certmagic.FileStorage{Path: t.TempDir()}
+	s, err := OpenTokenStore(context.Background(), fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs, s
+}
+
+func TestTokenSecretFormat(t *testing.T) {
+	seen := map[string]bool{}
+	for i := 0; i < 100; i++ {
+		sec := NewTokenSecret()
+		rest, ok := strings.CutPrefix(sec, "zds_")
+		if !ok {
+			t.Fatalf("token %q lacks the zds_ prefix", sec)
+		}
+		raw, err := base64.RawURLEncoding.DecodeString(rest)
+		if err != nil || len(raw) < 32 {
+			t.Fatalf("token body decodes to %d bytes (%v), want >= 32 URL-safe bytes", len(raw), err)
+		}
+		if seen[sec] {
+			t.Fatal("token repeated")
+		}
+		seen[sec] = true
+	}
+}
+
+func TestCreateCheckRevoke(t *testing.T) {
+	ctx := context.Background()
+	fs, s := newFileStore(t)
+	secret, tok, err := s.Create(ctx, TokenSpec{Name: "laptop", Scopes: []string{"chat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.Check(secret, time.Now())
+	if err != nil {
+		t.Fatalf("fresh token refused: %v", err)
+	}
+	if p.TokenID != tok.ID || p.Name != "laptop" || p.Kind != KindUser || !p.HasScope("chat") {
+		t.Fatalf("principal = %+v", p)
+	}
+	if _, err := s.Check(secret+"x", time.Now()); !errors.Is(err, ErrTokenUnknown) {
+		t.Fatalf("altered token: err = %v, want unknown", err)
+	}
+	if _, err := s.Check("Bearer "+secret, time.Now()); !errors.Is(err, ErrTokenUnknown) {
+		t.Fatalf("token with junk prefix: err = %v, want unknown", err)
+	}
+
+	// The secret is nowhere in storage; only its hash is.
+	assertNoSecretOnDisk(t, fs.Path, secret)
+	raw, _ := os.ReadFile(filepath.Join(fs.Path, TokensKey))
+	if !bytes.Contains(raw, []byte(HashSecret(secret))) {
+		t.Fatal("stored file lacks the token hash")
+	}
+
+	cancelled := make(chan struct{})
+	release := s.Hold(tok.ID, func() { close(cancelled) })
+	defer release()
+	var hooked []string
+	s.OnRevoke(func(t Token) { hooked = append(hooked, t.Name) })
+
+	if _, err := s.Revoke(ctx, "laptop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Check(secret, time.Now()); !errors.Is(err, ErrTokenRevoked) {
+		t.Fatalf("revoked token: err = %v, want revoked", err)
+	}
+	select {
+	case <-cancelled:
+	default:
+		t.Fatal("revoking did not cancel the held request")
+	}
+	if len(hooked) != 1 || hooked[0] != "laptop" {
+		t.Fatalf("revoke hooks saw %v", hooked)
+	}
+	if _, err := s.Revoke(ctx, "laptop"); err == nil || !strings.Contains(err.Error(), "already revoked") {
+		t.Fatalf("second revoke: err = %v", err)
+	}
+	if _, err := s.Revoke(ctx, "nope"); !errors.Is(err, ErrTokenNotFound) {
+		t.Fatalf("revoke of unknown name: err = %v", err)
+	}
+}
+
+func TestCreateRefusesBadInput(t *testing.T) {
+	_, s := newFileStore(t)
+	ctx := context.Background()
+	for _, spec := range []TokenSpec{
+		{Name: "", Scopes: []string{"chat"}},
+		{Name: "has space", Scopes: []string{"chat"}},
+		{Name: "ok"},
+		{Name: "ok", Scopes: []string{"bad scope"}},
+		{Name: "ok", Scopes: []string{"chat"}, Kind: "robot"},
+	} {
+		if _, _, err := s.Create(ctx, spec); err == nil {
+			t.Errorf("Create(%+v) succeeded, want an error", spec)
+		}
+	}
+	if _, _, err := s.Create(ctx, TokenSpec{Name: "dup", Scopes: []string{"chat"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Create(ctx, TokenSpec{Name: "dup", Scopes: []string{"chat"}}); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("duplicate name: err = %v", err)
+	}
+	if got := len(s.List()); got != 1 {
+		t.Fatalf("List has %d tokens after refused creates, want 1", got)
+	}
+}
+
+func TestExpiry(t *testing.T) {
+	_, s := newFileStore(t)
+	secret, _, err := s.Create(context.Background(), TokenSpec{Name: "short", Scopes: []string{"read"}, Expires: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Check(secret, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Check(secret, time.Now().Add(2*time.Hour)); !errors.Is(err, ErrTokenExpired) {
+		t.Fatalf("err = %v, want expired", err)
+	}
+	for in, want := range map[string]time.Duration{"30d": 720 * time.Hour, "12h": 12 * time.Hour, "": 0} {
+		if got, err := ParseExpiry(in); err != nil || got != want {
+			t.Errorf("ParseExpiry(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"-1h", "0d", "xd", "soon"} {
+		if _, err := ParseExpiry(bad); err == nil {
+			t.Errorf("ParseExpiry(%q) succeeded", bad)
+		}
+	}
+}
+
+// A second store over the same storage stands for the offline CLI: what it
+// writes, the server's store sees on its next Sync, revoke hooks included.
+func TestSyncSeesOtherWriter(t *testing.T) {
+	ctx := context.Background()
+	fs, server := newFileStore(t)
+	cli, err := OpenTokenStore(ctx, fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret, tok, err := cli.Create(ctx, TokenSpec{Name: "ci", Scopes: []string{"deploy"}, Kind: KindMachine})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := server.Check(secret, time.Now()); !errors.Is(err, ErrTokenUnknown) {
+		t.Fatalf("before sync: err = %v", err)
+	}
+	if err := server.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p, err := server.Check(secret, time.Now())
+	if err != nil || p.Kind != KindMachine {
+		t.Fatalf("after sync: %+v, %v", p, err)
+	}
+	closed := make(chan struct{})
+	server.Hold(tok.ID, func() { close(closed) })
+	if _, err := cli.Revoke(ctx, tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := server.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-closed:
+	default:
+		t.Fatal("a revocation by another process did not cancel held work")
+	}
+	if _, err := server.Check(secret, time.Now()); !errors.Is(err, ErrTokenRevoked) {
+		t.Fatalf("after revoke sync: err = %v", err)
+	}
+}
+
+func TestLastUsedFlushKeepsConcurrentChanges(t *testing.T) {
+	ctx := context.Background()
+	fs, server := newFileStore(t)
+	secret, tok, _ := server.Create(ctx, TokenSpec{Name: "a", Scopes: []string{"chat"}})
+	if _, err := server.Check(secret, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// Another process creates a token between the check and the flush.
+	cli, _ := OpenTokenStore(ctx, fs)
+	if _, _, err := cli.Create(ctx, TokenSpec{Name: "b", Scopes: []string{"chat"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := server.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	list := cli.List()
+	if len(list) != 2 {
+		t.Fatalf("after flush the file has %d tokens, want 2 (a flush lost a token)", len(list))
+	}
+	for _, l := range list {
+		if l.ID == tok.ID && l.LastUsed == nil {
+			t.Fatal("last_used was not flushed")
+		}
+	}
+}
+
+func TestCorruptFileIsNeverOverwritten(t *testing.T) {
+	ctx := context.Background()
+	fs, s := newFileStore(t)
+	secret, _, _ := s.Create(ctx, TokenSpec{Name: "a", Scopes: []string{"chat"}})
+	path := filepath.Join(fs.Path, TokensKey)
+	if err := os.WriteFile(path, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(ctx); err == nil {
+		t.Fatal("Sync accepted a corrupt file")
+	}
+	// The last good index keeps serving.
+	if _, err := s.Check(secret, time.Now()); err != nil {
+		t.Fatalf("corrupt file dropped a good token from memory: %v", err)
+	}
+	if _, _, err := s.Create(ctx, TokenSpec{Name: "b", Scopes: []string{"chat"}}); err == nil || !strings.Contains(err.Error(), "not valid JSON") {
+		t.Fatalf("Create over a corrupt file: err = %v", err)
+	}
+	raw, _ := os.ReadFile(path)
+	if string(raw) != "{not json" {
+		t.Fatal("a corrupt token file was overwritten")
+	}
+}
+
+func TestRevokeParentRevokesChild(t *testing.T) {
+	ctx := context.Background()
+	_, s := newFileStore(t)
+	_, parent, _ := s.Create(ctx, TokenSpec{Name: "parent", Scopes: []string{"chat"}})
+	childSecret, _, err := s.Create(ctx, TokenSpec{Name: "child", Scopes: []string{"read"}, Parent: parent.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Revoke(ctx, "parent"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Check(childSecret, time.Now()); !errors.Is(err, ErrTokenRevoked) {
+		t.Fatalf("child of a revoked parent: err = %v", err)
+	}
+}
+
+func assertNoSecretOnDisk(t *testing.T, root, secret string) {
+	t.Helper()
+	filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		b, _ := os.ReadFile(path)
+		if bytes.Contains(b, []byte(secret)) || bytes.Contains(b, []byte(strings.TrimPrefix(secret, TokenPrefix))) {
+			t.Errorf("%s contains the token secret", path)
+		}
+		return nil
+	})
+}
+
+func BenchmarkTokenCheck(b *testing.B) {
+	fs := &certmagic.FileStorage{Path: b.TempDir()}
+	s, _ := OpenTokenStore(context.Background(), fs)
+	for i := 0; i < 1000; i++ {
+		s.Create(context.Background(), TokenSpec{Name: "t" + strings.Repeat("x", i%5) + string(rune('a'+i%26)) + itoa(i), Scopes: []string{"chat"}})
+	}
+	secret, _, _ := s.Create(context.Background(), TokenSpec{Name: "bench", Scopes: []string{"chat"}})
+	now := time.Now()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := s.Check(secret, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func itoa(i int) string {
+	return string([]byte{byte('0' + i/100%10), byte('0' + i/10%10), byte('0' + i%10)})
+}

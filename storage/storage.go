@@ -1,0 +1,67 @@
+// Package storage is the one narrow interface through which caddy-zidane-mcp
+// reads and writes durable state: tokens, sessions, upstream credentials.
+//
+// Its method set is the subset of certmagic.Storage that the project needs,
+// with the same signatures, so Caddy's configured storage (the file system
+// under Caddy's data dir by default) satisfies it as it is, and a shared
+// engine can back it later when several replicas share state. It never
+// interprets what it stores.
+package storage
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"sync"
+)
+
+// Storage is a key-value store with advisory locks. Keys are slash-separated
+// paths. Load of a missing key returns an error that matches fs.ErrNotExist.
+type Storage interface {
+	Load(ctx context.Context, key string) ([]byte, error)
+	Store(ctx context.Context, key string, value []byte) error
+	Delete(ctx context.Context, key string) error
+	List(ctx context.Context, path string, recursive bool) ([]string, error)
+	// Lock blocks until the named lock is held or ctx ends. Locks are shared
+	// by every process that uses the same backing store.
+	Lock(ctx context.Context, name string) error
+	Unlock(ctx context.Context, name string) error
+}
+
+// IsNotExist reports whether err says that a key does not exist.
+func IsNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }
+
+// Update runs fn on the value at key while holding the lock named after key,
+// and stores what fn returns. fn receives nil when the key does not exist.
+// When fn returns an error nothing is written, so a read-modify-write never
+// loses a concurrent writer's change and a failed change never truncates
+// what was stored.
+func Update(ctx context.Context, s Storage, key string, fn func(old []byte) ([]byte, error)) error {
+	// Writers in this process also queue on a mutex of their own: certmagic's
+	// file lock polls, and under heavy contention a waiter can take a lock
+	// file that is still being written for a stale one. The storage lock
+	// then only has to arbitrate between processes (the CLI and a server).
+	mu := keyMutex(key)
+	mu.Lock()
+	defer mu.Unlock()
+	if err := s.Lock(ctx, key); err != nil {
+		return err
+	}
+	defer s.Unlock(context.WithoutCancel(ctx), key)
+	old, err := s.Load(ctx, key)
+	if err != nil && !IsNotExist(err) {
+		return err
+	}
+	next, err := fn(old)
+	if err != nil {
+		return err
+	}
+	return s.Store(ctx, key, next)
+}
+
+var keyMutexes sync.Map // key -> *sync.Mutex
+
+func keyMutex(key string) *sync.Mutex {
+	mu, _ := keyMutexes.LoadOrStore(key, new(sync.Mutex))
+	return mu.(*sync.Mutex)
+}

@@ -1,0 +1,65 @@
+package storage_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/caddyserver/certmagic"
+
+	"github.com/Tahul/caddy-zidane-mcp/storage"
+)
+
+// Caddy's default storage must satisfy the interface as it is.
+var _ storage.Storage = (*certmagic.FileStorage)(nil)
+
+func TestUpdateSerializesWriters(t *testing.T) {
+	s := &certmagic.FileStorage{Path: t.TempDir()}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := storage.Update(ctx, s, "counter", func(old []byte) ([]byte, error) {
+				n := 0
+				if old != nil {
+					n, _ = strconv.Atoi(string(old))
+				}
+				return []byte(strconv.Itoa(n + 1)), nil
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	got, err := s.Load(ctx, "counter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "20" {
+		t.Fatalf("counter = %s after 20 concurrent updates, want 20 (an update was lost)", got)
+	}
+}
+
+func TestUpdateErrorKeepsStoredValue(t *testing.T) {
+	s := &certmagic.FileStorage{Path: t.TempDir()}
+	ctx := context.Background()
+	if err := s.Store(ctx, "k", []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	if err := storage.Update(ctx, s, "k", func([]byte) ([]byte, error) { return nil, boom }); !errors.Is(err, boom) {
+		t.Fatalf("Update error = %v, want boom", err)
+	}
+	got, _ := s.Load(ctx, "k")
+	if string(got) != "kept" {
+		t.Fatalf("value = %q after a failed update, want it kept", got)
+	}
+	if _, err := s.Load(ctx, "missing"); !storage.IsNotExist(err) {
+		t.Fatalf("Load(missing) error = %v, want not-exist", err)
+	}
+}
