@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/url"
 	"strings"
+
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
 // Origins is the browser-Origin allow-list. The MCP spec requires a
@@ -31,14 +33,36 @@ func NewOrigins(list []string) (*Origins, error) {
 	return o, nil
 }
 
-// Allowed reports whether a request with this Origin header value may
-// proceed. An absent Origin is allowed.
-func (o *Origins) Allowed(origin string) bool {
+// Allowed reports whether a request with this Origin header value, sent to
+// host (the request's Host header), may proceed. An absent Origin is
+// allowed. Besides the list, a loopback Origin is allowed on a request whose
+// Host is loopback too: that page is served from this machine, and a
+// DNS-rebinding page can fake neither (its Origin and Host carry the
+// attacker's name).
+func (o *Origins) Allowed(origin, host string) bool {
 	if origin == "" {
 		return true
 	}
 	norm, ok := NormalizeOrigin(origin)
-	return ok && o.allowed[norm]
+	if !ok {
+		return false
+	}
+	if o.allowed[norm] {
+		return true
+	}
+	u, _ := url.Parse(norm)
+	return pinnedfetch.IsLoopbackHost(u.Hostname()) && HostIsLoopback(host)
+}
+
+// HostIsLoopback reports whether a Host header value (host[:port]) names
+// this machine: localhost, 127.0.0.0/8 or [::1].
+func HostIsLoopback(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), ".")
+	return host != "" && pinnedfetch.IsLoopbackHost(host)
 }
 
 // NormalizeOrigin lower-cases an origin and drops a default port, so that

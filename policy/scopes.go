@@ -81,12 +81,22 @@ type Decision struct {
 	// Need lists the scopes that would grant a refused call, for the
 	// WWW-Authenticate scope parameter. Empty when no scope grants it.
 	Need []string
+	// Machine is set when the call was refused because a machine token
+	// may never make it, whatever its scopes.
+	Machine bool
 }
+
+// SessionTools are the tools of the sessions endpoint. They start and steer
+// coding agents on the host, so only a person's token may call them.
+var SessionTools = []string{"sessions", "interactions"}
 
 // Decide says whether p may make call c.
 func (m *ScopeMap) Decide(p Principal, c Call) Decision {
 	if c.Method == "" || openMethods[c.Method] || strings.HasPrefix(c.Method, "notifications/") {
 		return Decision{Allowed: true}
+	}
+	if p.Kind == KindMachine && c.IsToolCall() && contains(SessionTools, c.Tool) {
+		return Decision{Machine: true}
 	}
 	var need []string
 	for _, r := range m.rules {
@@ -104,6 +114,9 @@ func (m *ScopeMap) Decide(p Principal, c Call) Decision {
 // ToolVisible reports whether p may call tool with some verb, which is what
 // decides whether a tools/list answer shows the tool.
 func (m *ScopeMap) ToolVisible(p Principal, tool string) bool {
+	if p.Kind == KindMachine && contains(SessionTools, tool) {
+		return false
+	}
 	for _, r := range m.rules {
 		if p.HasScope(r.Scope) && matchAny(r.Tools, tool) {
 			return true

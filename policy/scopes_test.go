@@ -118,3 +118,20 @@ func TestGlob(t *testing.T) {
 		}
 	}
 }
+
+func TestMachineTokensNeverDriveSessions(t *testing.T) {
+	m, _ := NewScopeMap(nil, true)
+	machine := Principal{Kind: KindMachine, Scopes: []string{"chat", "mcp"}}
+	for _, tool := range []string{"sessions", "interactions"} {
+		d := m.Decide(machine, Call{Method: "tools/call", Tool: tool, Verb: "read"})
+		if d.Allowed || !d.Machine {
+			t.Errorf("machine token with chat scope: %s decision %+v, want refused as machine", tool, d)
+		}
+		if m.ToolVisible(machine, tool) {
+			t.Errorf("%s listed for a machine token", tool)
+		}
+	}
+	if !m.Decide(machine, Call{Method: "tools/call", Tool: "echo"}).Allowed {
+		t.Error("machine token with mcp scope refused an ordinary tool")
+	}
+}

@@ -35,7 +35,7 @@ const TokensKey = "zidane/tokens.json"
 type Token struct {
 	ID       string     `json:"id"`
 	Name     string     `json:"name"`
-	SHA256   string     `json:"sha256"`
+	SHA256   string     `json:"sha256,omitempty"`
 	Scopes   []string   `json:"scopes"`
 	Kind     Kind       `json:"kind"`
 	Created  time.Time  `json:"created"`
