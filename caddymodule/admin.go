@@ -1,0 +1,134 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
+)
+
+func init() {
+	caddy.RegisterModule(adminAPI{})
+}
+
+// adminAPI serves /zidane/ on Caddy's admin endpoint, so that the CLI
+// changes a running server's tokens at once. Caddy builds it with New() on
+// every config load, so it finds the live token store at request time.
+type adminAPI struct {
+	storage storage.Storage
+}
+
+// CaddyModule returns the Caddy module information.
+func (adminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "admin.api.zidane", New: func() caddy.Module { return new(adminAPI) }}
+}
+
+// Provision remembers the config's storage.
+func (a *adminAPI) Provision(ctx caddy.Context) error {
+	a.storage = ctx.Storage()
+	return nil
+}
+
+// Routes implements caddy.AdminRouter.
+func (a *adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{
+		{Pattern: "/zidane/tokens", Handler: caddy.AdminHandlerFunc(a.handleTokens)},
+		{Pattern: "/zidane/tokens/", Handler: caddy.AdminHandlerFunc(a.handleTokens)},
+	}
+}
+
+// createTokenRequest is the body of POST /zidane/tokens.
+type createTokenRequest struct {
+	Name    string   `json:"name"`
+	Scopes  []string `json:"scopes"`
+	Kind    string   `json:"kind,omitempty"`
+	Expires string   `json:"expires,omitempty"`
+}
+
+// createTokenResponse carries the secret, once.
+type createTokenResponse struct {
+	Token  string       `json:"token"`
+	Record policy.Token `json:"record"`
+}
+
+func (a *adminAPI) handleTokens(w http.ResponseWriter, r *http.Request) error {
+	ts, key, err := loadTokens(a.storage, time.Second, 30*time.Second)
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
+	}
+	defer tokenPool.Delete(key)
+	store := ts.store
+	rest := strings.Trim(strings.TrimPrefix(r.URL.Path, "/zidane/tokens"), "/")
+
+	switch {
+	case r.Method == http.MethodGet && rest == "":
+		return writeJSON(w, http.StatusOK, redact(store.List()))
+	case r.Method == http.MethodPost && rest == "":
+		var req createTokenRequest
+		dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("decoding the token request: %v", err)}
+		}
+		spec, err := req.spec()
+		if err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		}
+		secret, tok, err := store.Create(r.Context(), spec)
+		if err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		}
+		tok.SHA256 = ""
+		return writeJSON(w, http.StatusCreated, createTokenResponse{Token: secret, Record: tok})
+	case r.Method == http.MethodDelete && rest != "":
+		tok, err := store.Revoke(r.Context(), rest)
+		if err != nil {
+			status := http.StatusBadRequest
+			if errors.Is(err, policy.ErrTokenNotFound) {
+				status = http.StatusNotFound
+			}
+			return caddy.APIError{HTTPStatus: status, Err: err}
+		}
+		tok.SHA256 = ""
+		return writeJSON(w, http.StatusOK, tok)
+	default:
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed,
+			Err: fmt.Errorf("use GET or POST /zidane/tokens, or DELETE /zidane/tokens/<name-or-id>")}
+	}
+}
+
+func (req createTokenRequest) spec() (policy.TokenSpec, error) {
+	exp, err := policy.ParseExpiry(req.Expires)
+	if err != nil {
+		return policy.TokenSpec{}, err
+	}
+	return policy.TokenSpec{Name: req.Name, Scopes: req.Scopes, Kind: policy.Kind(req.Kind), Expires: exp}, nil
+}
+
+// redact drops the hashes from a listing: they are not secrets, but a
+// listing has no use for them and they would help an offline guess.
+func redact(list []policy.Token) []policy.Token {
+	for i := range list {
+		list[i].SHA256 = ""
+	}
+	return list
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	return json.NewEncoder(w).Encode(v)
+}
+
+var (
+	_ caddy.AdminRouter = (*adminAPI)(nil)
+	_ caddy.Provisioner = (*adminAPI)(nil)
+)

@@ -1,0 +1,149 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
+)
+
+func init() {
+	caddy.RegisterModule(App{})
+}
+
+// App is the `zidane` app: the state that outlives a config reload. Every
+// durable object sits in a caddy.UsagePool keyed by what identifies it, so
+// that a reload, which provisions the new config before it stops the old
+// one, hands the same token store, rate-limit buckets and open streams to
+// the new handlers.
+type App struct {
+	// TokenSync is how often the token file in storage is re-read, so a
+	// token created or revoked by `caddy zidane token …` while no server
+	// answered the admin API takes effect. Default: 1s.
+	TokenSync caddy.Duration `json:"token_sync,omitempty"`
+
+	// LastUsedFlush is how often the last-used times of tokens are written
+	// to storage. Default: 30s.
+	LastUsedFlush caddy.Duration `json:"last_used_flush,omitempty"`
+
+	tokens    *tokenState
+	tokensKey string
+}
+
+// CaddyModule returns the Caddy module information.
+func (App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "zidane", New: func() caddy.Module { return new(App) }}
+}
+
+// Provision opens (or shares) the token store of the configured storage.
+func (a *App) Provision(ctx caddy.Context) error {
+	if a.TokenSync == 0 {
+		a.TokenSync = caddy.Duration(time.Second)
+	}
+	if a.LastUsedFlush == 0 {
+		a.LastUsedFlush = caddy.Duration(30 * time.Second)
+	}
+	if a.TokenSync < 0 || a.LastUsedFlush < 0 {
+		return fmt.Errorf("zidane: token_sync and last_used_flush must be positive durations")
+	}
+	st := ctx.Storage()
+	ts, key, err := loadTokens(st, time.Duration(a.TokenSync), time.Duration(a.LastUsedFlush))
+	if err != nil {
+		return err
+	}
+	a.tokens, a.tokensKey = ts, key
+	return nil
+}
+
+// Start implements caddy.App. The app's work runs in its pooled state.
+func (a *App) Start() error { return nil }
+
+// Stop implements caddy.App.
+func (a *App) Stop() error { return nil }
+
+// Cleanup releases this config's hold on the pooled state.
+func (a *App) Cleanup() error {
+	if a.tokensKey != "" {
+		_, err := tokenPool.Delete(a.tokensKey)
+		return err
+	}
+	return nil
+}
+
+// Tokens is the token store shared by every config over the same storage.
+func (a *App) Tokens() *policy.TokenStore { return a.tokens.store }
+
+// tokenPool holds one token store per storage backend.
+var tokenPool = caddy.NewUsagePool()
+
+// tokenState is a pooled token store and the loop that keeps it in sync.
+type tokenState struct {
+	store  *policy.TokenStore
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Destruct stops the sync loop; the loop flushes last-used times on its way out.
+func (t *tokenState) Destruct() error {
+	t.cancel()
+	<-t.done
+	return nil
+}
+
+// storageKey names a storage backend for pooling. certmagic storages print
+// their location (FileStorage:/path).
+func storageKey(st storage.Storage) string {
+	if s, ok := st.(fmt.Stringer); ok {
+		return fmt.Sprintf("%T:%s", st, s.String())
+	}
+	return fmt.Sprintf("%T:%p", st, st)
+}
+
+// loadTokens returns the pooled token store for st, opening it on first use.
+// The caller must release it with tokenPool.Delete(key).
+func loadTokens(st storage.Storage, syncEvery, flushEvery time.Duration) (*tokenState, string, error) {
+	key := "tokens|" + storageKey(st)
+	v, _, err := tokenPool.LoadOrNew(key, func() (caddy.Destructor, error) {
+		openCtx, cancelOpen := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancelOpen()
+		store, err := policy.OpenTokenStore(openCtx, st)
+		if err != nil {
+			return nil, fmt.Errorf("zidane: %w", err)
+		}
+		store.OnEvent(auditTokenEvent)
+		ctx, cancel := context.WithCancel(context.Background())
+		ts := &tokenState{store: store, cancel: cancel, done: make(chan struct{})}
+		go func() {
+			defer close(ts.done)
+			var mu sync.Mutex
+			last := ""
+			store.Run(ctx, syncEvery, flushEvery, func(err error) {
+				// A corrupt file is reported when the error changes, not every second.
+				mu.Lock()
+				defer mu.Unlock()
+				if err.Error() != last {
+					last = err.Error()
+					auditLogger().Error("token store", zap.Error(err))
+				}
+			})
+		}()
+		return ts, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return v.(*tokenState), key, nil
+}
+
+// Interface guards.
+var (
+	_ caddy.App          = (*App)(nil)
+	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.CleanerUpper = (*App)(nil)
+)

@@ -1,0 +1,92 @@
+package caddymodule
+
+import (
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// auditLoggerName is the logger every audit line goes to. A Caddy `log`
+// block with `include http.handlers.zidane_mcp.audit` routes it to a file.
+const auditLoggerName = "http.handlers.zidane_mcp.audit"
+
+// auditLogger is looked up on every use, not kept, so that lines follow the
+// logging config of the config that is running now, across reloads.
+func auditLogger() *zap.Logger { return caddy.Log().Named(auditLoggerName) }
+
+// auditTokenEvent records a token lifecycle change. It names the token and
+// its id, never the secret or its hash.
+func auditTokenEvent(ev policy.TokenEvent) {
+	t := ev.Token
+	fields := []zap.Field{
+		zap.String("event", "token."+ev.Action),
+		zap.String("token_id", t.ID),
+		zap.String("token_name", t.Name),
+		zap.String("kind", string(t.Kind)),
+		zap.Strings("scopes", t.Scopes),
+	}
+	if t.Parent != "" {
+		fields = append(fields, zap.String("parent", t.Parent))
+	}
+	if t.Expires != nil {
+		fields = append(fields, zap.Time("expires", *t.Expires))
+	}
+	auditLogger().Info("token "+ev.Action, fields...)
+}
+
+// refusal is everything the audit log says about a refused request.
+type refusal struct {
+	status   int
+	reason   string // short machine word: origin, no_token, invalid_token, …
+	message  string // what the client is told, and what to do
+	p        policy.Principal
+	clientIP string
+	origin   string
+	method   string // HTTP method
+	call     policy.Call
+}
+
+func (rf refusal) log(l *zap.Logger) {
+	fields := []zap.Field{
+		zap.String("event", "refused"),
+		zap.Int("status", rf.status),
+		zap.String("reason", rf.reason),
+		zap.String("detail", rf.message),
+		zap.String("client_ip", rf.clientIP),
+		zap.String("http_method", rf.method),
+	}
+	if rf.origin != "" {
+		fields = append(fields, zap.String("origin", rf.origin))
+	}
+	if rf.p.TokenID != "" {
+		fields = append(fields, zap.String("token_id", rf.p.TokenID), zap.String("token_name", rf.p.Name))
+	}
+	if rf.call.Method != "" {
+		fields = append(fields, zap.String("rpc_method", rf.call.Method))
+	}
+	if rf.call.Tool != "" {
+		fields = append(fields, zap.String("tool", rf.call.Tool))
+	}
+	if rf.call.Verb != "" {
+		fields = append(fields, zap.String("verb", rf.call.Verb))
+	}
+	l.Warn("request refused", fields...)
+}
+
+// logToolCall records an allowed tool call: who called which tool and verb,
+// never its arguments.
+func logToolCall(l *zap.Logger, p policy.Principal, c policy.Call, clientIP string) {
+	fields := []zap.Field{
+		zap.String("event", "tool_call"),
+		zap.String("tool", c.Tool),
+		zap.String("token_id", p.TokenID),
+		zap.String("token_name", p.Name),
+		zap.String("kind", string(p.Kind)),
+		zap.String("client_ip", clientIP),
+	}
+	if c.Verb != "" {
+		fields = append(fields, zap.String("verb", c.Verb))
+	}
+	l.Info("tool call", fields...)
+}

@@ -1,0 +1,307 @@
+package caddymodule
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("zidane_mcp", parseHandler)
+	httpcaddyfile.RegisterDirectiveOrder("zidane_mcp", httpcaddyfile.Before, "reverse_proxy")
+	httpcaddyfile.RegisterGlobalOption("zidane", parseGlobal)
+}
+
+func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(Handler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
+//
+//	zidane_mcp {
+//		guard {
+//			upstream_header <name> <value>
+//		}
+//		resource <url|path>
+//		max_body <size>
+//		allowed_origins <origin...>
+//		scope <name> [tools <pattern...>] {
+//			tools <pattern...>
+//			verbs <verb...>
+//			methods <pattern...>
+//		}
+//		no_default_scopes
+//		disable_localhost_protection
+//		rate_limit {
+//			per_token <n>/<s|m|h> <burst>
+//			per_ip <n>/<s|m|h> <burst>
+//		}
+//		jwt {
+//			issuer <url>
+//			audience <url...>
+//			algorithms <alg...>
+//			jwks_url <url>
+//			public_key_file <path>
+//			leeway <duration>
+//			machine_scope <scope>
+//		}
+//	}
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "guard":
+			if h.Guard != nil {
+				return d.Err("guard given twice")
+			}
+			h.Guard = &Guard{}
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			for d.NextBlock(1) {
+				switch d.Val() {
+				case "upstream_header":
+					var name, value string
+					if !d.Args(&name, &value) || d.NextArg() {
+						return d.Err("upstream_header takes a header name and a value")
+					}
+					if h.Guard.UpstreamHeaders == nil {
+						h.Guard.UpstreamHeaders = map[string]string{}
+					}
+					h.Guard.UpstreamHeaders[name] = value
+				default:
+					return d.Errf("unknown guard option %q", d.Val())
+				}
+			}
+		case "resource":
+			if !d.Args(&h.Resource) || d.NextArg() {
+				return d.ArgErr()
+			}
+		case "max_body":
+			var s string
+			if !d.Args(&s) || d.NextArg() {
+				return d.ArgErr()
+			}
+			n, err := humanize.ParseBytes(s)
+			if err != nil || n == 0 || n > 1<<40 {
+				return d.Errf("max_body %q: give a size such as 1MiB", s)
+			}
+			h.MaxBodyBytes = int64(n)
+		case "allowed_origins":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			h.AllowedOrigins = append(h.AllowedOrigins, args...)
+		case "scope":
+			r, err := parseScopeRule(d)
+			if err != nil {
+				return err
+			}
+			h.Scopes = append(h.Scopes, r)
+		case "disable_localhost_protection":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.DisableLocalhostProtection = true
+		case "no_default_scopes":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.NoDefaultScopes = true
+		case "rate_limit":
+			if h.RateLimit == nil {
+				h.RateLimit = &RateLimit{}
+			}
+			for d.NextBlock(1) {
+				kind := d.Val()
+				var rateArg, burstArg string
+				if !d.Args(&rateArg, &burstArg) || d.NextArg() {
+					return d.Errf("%s takes a rate such as 20/s and a burst such as 40", kind)
+				}
+				l, err := parseLimit(rateArg, burstArg)
+				if err != nil {
+					return d.Errf("%s: %v", kind, err)
+				}
+				switch kind {
+				case "per_token":
+					h.RateLimit.PerToken = &l
+				case "per_ip":
+					h.RateLimit.PerIP = &l
+				default:
+					return d.Errf("unknown rate_limit option %q: use per_token or per_ip", kind)
+				}
+			}
+		case "jwt":
+			j, err := parseJWT(d)
+			if err != nil {
+				return err
+			}
+			h.JWT = j
+		default:
+			return d.Errf("unknown zidane_mcp option %q", d.Val())
+		}
+	}
+	return nil
+}
+
+func parseScopeRule(d *caddyfile.Dispenser) (policy.Rule, error) {
+	var r policy.Rule
+	if !d.NextArg() {
+		return r, d.Err("scope needs a name, such as: scope deploy tools deploy_*")
+	}
+	r.Scope = d.Val()
+	addList := func(kind string, vals []string) error {
+		if len(vals) == 0 {
+			return d.Errf("scope %s: %s needs at least one value", r.Scope, kind)
+		}
+		switch kind {
+		case "tools":
+			r.Tools = append(r.Tools, vals...)
+		case "verbs":
+			r.Verbs = append(r.Verbs, vals...)
+		case "methods":
+			r.Methods = append(r.Methods, vals...)
+		default:
+			return d.Errf("scope %s: unknown option %q: use tools, verbs or methods", r.Scope, kind)
+		}
+		return nil
+	}
+	if d.NextArg() {
+		if err := addList(d.Val(), d.RemainingArgs()); err != nil {
+			return r, err
+		}
+	}
+	for d.NextBlock(1) {
+		if err := addList(d.Val(), d.RemainingArgs()); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+// parseLimit reads "20/s" (or /m, /h) and a burst.
+func parseLimit(rateArg, burstArg string) (policy.Limit, error) {
+	num, unit, ok := strings.Cut(rateArg, "/")
+	if !ok {
+		return policy.Limit{}, fmt.Errorf("rate %q: write events per unit, such as 20/s, 600/m or 100/h", rateArg)
+	}
+	n, err := strconv.ParseFloat(num, 64)
+	if err != nil {
+		return policy.Limit{}, fmt.Errorf("rate %q: %q is not a number", rateArg, num)
+	}
+	per := map[string]time.Duration{"s": time.Second, "m": time.Minute, "h": time.Hour}[unit]
+	if per == 0 {
+		return policy.Limit{}, fmt.Errorf("rate %q: the unit is s, m or h", rateArg)
+	}
+	burst, err := strconv.Atoi(burstArg)
+	if err != nil {
+		return policy.Limit{}, fmt.Errorf("burst %q is not a whole number", burstArg)
+	}
+	l := policy.Limit{Rate: n / per.Seconds(), Burst: burst}
+	return l, l.Validate()
+}
+
+func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
+	j := &JWTConfig{}
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	one := func(dst *string) error {
+		if !d.Args(dst) || d.NextArg() {
+			return d.ArgErr()
+		}
+		return nil
+	}
+	for d.NextBlock(1) {
+		var err error
+		switch d.Val() {
+		case "issuer":
+			err = one(&j.Issuer)
+		case "audience":
+			j.Audiences = append(j.Audiences, d.RemainingArgs()...)
+		case "algorithms":
+			j.Algorithms = append(j.Algorithms, d.RemainingArgs()...)
+		case "jwks_url":
+			err = one(&j.JWKSURL)
+		case "public_key_file":
+			err = one(&j.PublicKeyFile)
+		case "machine_scope":
+			err = one(&j.MachineScope)
+		case "leeway":
+			var s string
+			if err = one(&s); err == nil {
+				dur, perr := caddy.ParseDuration(s)
+				if perr != nil {
+					return nil, d.Errf("leeway %q: %v", s, perr)
+				}
+				j.Leeway = caddy.Duration(dur)
+			}
+		default:
+			return nil, d.Errf("unknown jwt option %q", d.Val())
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if j.Issuer == "" {
+		return nil, d.Err("jwt needs an issuer")
+	}
+	return j, nil
+}
+
+// parseGlobal sets up the zidane app from the global option:
+//
+//	{
+//		zidane {
+//			token_sync <duration>
+//			last_used_flush <duration>
+//		}
+//	}
+func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
+	app := new(App)
+	if existing != nil {
+		return nil, d.Err("the zidane global option is given twice")
+	}
+	d.Next() // option name
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		opt := d.Val()
+		var s string
+		if !d.Args(&s) || d.NextArg() {
+			return nil, d.ArgErr()
+		}
+		dur, err := caddy.ParseDuration(s)
+		if err != nil || dur <= 0 {
+			return nil, d.Errf("%s %q: give a positive duration such as 1s", opt, s)
+		}
+		switch opt {
+		case "token_sync":
+			app.TokenSync = caddy.Duration(dur)
+		case "last_used_flush":
+			app.LastUsedFlush = caddy.Duration(dur)
+		default:
+			return nil, d.Errf("unknown zidane option %q", opt)
+		}
+	}
+	return httpcaddyfile.App{Name: "zidane", Value: caddyconfig.JSON(app, nil)}, nil
+}
+
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

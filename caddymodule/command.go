@@ -1,0 +1,228 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "zidane",
+		Usage: "token create|list|revoke …",
+		Short: "Manages caddy-zidane-mcp tokens",
+		Long: `
+Manages the bearer tokens that zidane_mcp accepts.
+
+With a server running, each command goes through the admin API (found from
+--address, or the admin address of --config), so a change is live at once.
+With no server answering, it reads and writes Caddy's storage directly; a
+server started later, or one whose admin API is elsewhere, sees the change
+within two seconds.`,
+		CobraFunc: func(cmd *cobra.Command) {
+			token := &cobra.Command{
+				Use:   "token",
+				Short: "Creates, lists and revokes tokens",
+			}
+			token.AddCommand(tokenCreateCommand(), tokenListCommand(), tokenRevokeCommand())
+			cmd.AddCommand(token)
+		},
+	})
+}
+
+func adminFlags(c *cobra.Command) {
+	c.Flags().String("address", "", "Address of the admin API of a running server (default: from --config, else "+caddy.DefaultAdminListen+")")
+	c.Flags().StringP("config", "c", "", "Configuration file to read the admin address from")
+	c.Flags().StringP("adapter", "a", "", "Adapter of --config")
+}
+
+func tokenCreateCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "create --name NAME --scope SCOPE [--scope SCOPE…] [--machine] [--expires DURATION]",
+		Short: "Creates a token and prints it once",
+		Example: `  caddy zidane token create --name laptop --scope chat
+  caddy zidane token create --name ci --scope deploy --machine --expires 30d`,
+		Args: cobra.NoArgs,
+		RunE: caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+			scopes, err := fl.GetStringArray("scope")
+			if err != nil {
+				return caddy.ExitCodeFailedStartup, err
+			}
+			req := createTokenRequest{Name: fl.String("name"), Scopes: scopes, Kind: string(policy.KindUser), Expires: fl.String("expires")}
+			if fl.Bool("machine") {
+				req.Kind = string(policy.KindMachine)
+			}
+			spec, err := req.spec()
+			if err == nil {
+				err = policy.ValidateSpec(spec)
+			}
+			if err != nil {
+				return caddy.ExitCodeFailedStartup, err
+			}
+			var res createTokenResponse
+			err = withTokens(fl, func(admin string) error {
+				body, _ := json.Marshal(req)
+				return adminJSON(admin, http.MethodPost, "/zidane/tokens", body, &res)
+			}, func(store *policy.TokenStore) error {
+				secret, tok, err := store.Create(context.Background(), spec)
+				res = createTokenResponse{Token: secret, Record: tok}
+				return err
+			})
+			if err != nil {
+				return caddy.ExitCodeFailedStartup, err
+			}
+			fmt.Println(res.Token)
+			fmt.Fprintf(os.Stderr, "Created token %q (id %s, kind %s, scopes %s, expires %s).\nThis is the only time the token is shown: store it now.\n",
+				res.Record.Name, res.Record.ID, res.Record.Kind, strings.Join(res.Record.Scopes, ","), when(res.Record.Expires, "never"))
+			return caddy.ExitCodeSuccess, nil
+		}),
+	}
+	c.Flags().String("name", "", "Name of the token, unique among live tokens (required)")
+	c.Flags().StringArray("scope", nil, "Scope to grant; repeat for several (required)")
+	c.Flags().Bool("machine", false, "Issue a machine token (refused by the sessions endpoint)")
+	c.Flags().String("expires", "", "Lifetime, such as 12h or 30d (default: no expiry)")
+	adminFlags(c)
+	return c
+}
+
+func tokenListCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "list [--json]",
+		Short: "Lists tokens; never prints a secret",
+		Args:  cobra.NoArgs,
+		RunE: caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+			var list []policy.Token
+			err := withTokens(fl, func(admin string) error {
+				return adminJSON(admin, http.MethodGet, "/zidane/tokens", nil, &list)
+			}, func(store *policy.TokenStore) error {
+				list = redact(store.List())
+				return nil
+			})
+			if err != nil {
+				return caddy.ExitCodeFailedStartup, err
+			}
+			if fl.Bool("json") {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return caddy.ExitCodeSuccess, enc.Encode(list)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tKIND\tSCOPES\tCREATED\tEXPIRES\tLAST USED\tSTATE")
+			now := time.Now()
+			for _, t := range list {
+				state := "active"
+				switch {
+				case t.Revoked != nil:
+					state = "revoked"
+				case !t.Active(now):
+					state = "expired"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, t.Kind, strings.Join(t.Scopes, ","),
+					t.Created.Local().Format(time.DateTime), when(t.Expires, "never"), when(t.LastUsed, "-"), state)
+			}
+			return caddy.ExitCodeSuccess, tw.Flush()
+		}),
+	}
+	c.Flags().Bool("json", false, "Print JSON")
+	adminFlags(c)
+	return c
+}
+
+func tokenRevokeCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "revoke NAME_OR_ID",
+		Short: "Revokes a token at once, and every token derived from it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			target := args[0]
+			return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+				var tok policy.Token
+				err := withTokens(fl, func(admin string) error {
+					return adminJSON(admin, http.MethodDelete, "/zidane/tokens/"+target, nil, &tok)
+				}, func(store *policy.TokenStore) error {
+					var err error
+					tok, err = store.Revoke(context.Background(), target)
+					return err
+				})
+				if err != nil {
+					return caddy.ExitCodeFailedStartup, err
+				}
+				fmt.Printf("Revoked token %q (id %s).\n", tok.Name, tok.ID)
+				return caddy.ExitCodeSuccess, nil
+			})(cmd, args)
+		},
+	}
+	adminFlags(c)
+	return c
+}
+
+// withTokens runs online through a running server's admin API, or offline
+// on Caddy's default storage when no server answers.
+func withTokens(fl caddycmd.Flags, online func(admin string) error, offline func(*policy.TokenStore) error) error {
+	admin, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), nil, fl.String("config"), fl.String("adapter"))
+	if err != nil {
+		return fmt.Errorf("finding the admin API address: %v", err)
+	}
+	if adminAnswers(admin) {
+		return online(admin)
+	}
+	st := caddy.DefaultStorage
+	fmt.Fprintf(os.Stderr, "No server answers at %s: using storage %s directly; a running server sees the change within 2s.\n", admin, st.Path)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	store, err := policy.OpenTokenStore(ctx, st)
+	if err != nil {
+		return err
+	}
+	return offline(store)
+}
+
+func adminAnswers(admin string) bool {
+	addr, err := caddy.ParseNetworkAddress(admin)
+	if err != nil {
+		return false
+	}
+	conn, err := net.DialTimeout(addr.Network, addr.JoinHostPort(0), 2*time.Second)
+	if err != nil {
+		return false
+	}
+	conn.Close()
+	return true
+}
+
+func adminJSON(admin, method, uri string, body []byte, out any) error {
+	var r io.Reader
+	if body != nil {
+		r = bytes.NewReader(body)
+	}
+	resp, err := caddycmd.AdminAPIRequest(admin, method, uri, nil, r)
+	if err != nil {
+		if strings.Contains(err.Error(), "HTTP 404") && strings.Contains(err.Error(), "not found") && !strings.Contains(uri, "/zidane/tokens/") {
+			return fmt.Errorf("the server at %s has no zidane admin routes: is it this build of caddy? (%v)", admin, err)
+		}
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func when(t *time.Time, none string) string {
+	if t == nil {
+		return none
+	}
+	return t.Local().Format(time.DateTime)
+}
