@@ -1,0 +1,196 @@
+package sessions
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// State is what a session is doing, as `read` and `list` report it.
+type State string
+
+const (
+	StateIdle    State = "idle"    // no turn running, queue empty
+	StateRunning State = "running" // a turn is running
+	StateBlocked State = "blocked" // a turn waits on a pending interaction
+	StateEnded   State = "ended"   // the agent process is gone (crash, restart without session/load, close)
+	StateError   State = "error"   // the agent failed; Error says why
+)
+
+// EventStatus classifies a session event for `events` filters.
+type EventStatus string
+
+const (
+	EventDone           EventStatus = "done"            // a turn finished
+	EventError          EventStatus = "error"           // a turn or the agent failed
+	EventCancelled      EventStatus = "cancelled"       // a turn was cancelled
+	EventNeedsAttention EventStatus = "needs-attention" // an interaction is pending
+)
+
+// InteractionKind classifies what a pending interaction asks for.
+type InteractionKind string
+
+const (
+	KindQuestion InteractionKind = "question" // ACP elicitation/create
+	KindPlan     InteractionKind = "plan"     // permission request for a switch_mode tool call (plan approval)
+	KindApproval InteractionKind = "approval" // any other session/request_permission
+)
+
+// Owner is who acts on the engine: the token behind an MCP call. Sessions
+// are tagged with the owner that created them.
+type Owner struct {
+	TokenID   string
+	TokenName string
+	// MCPSession is the MCP session id of the caller, where events for the
+	// sessions it creates or sends to are pushed.
+	MCPSession string
+}
+
+// Environment says where a session's agent runs.
+type Environment struct {
+	// Kind is "local" (run in Cwd) or "worktree" (a new git worktree of the
+	// repository at Cwd, on Branch).
+	Kind   string `json:"kind"`
+	Branch string `json:"branch,omitempty"`
+}
+
+// CreateRequest starts a session.
+type CreateRequest struct {
+	Cwd         string
+	Prompt      string
+	Agent       string // configured agent name; "" means the default agent
+	Environment Environment
+	Title       string // optional; default derived from the prompt
+	// Tools and Subscribe make an orchestrator session (see the sessions
+	// issue): Tools lists the sessions/interactions verbs its child token
+	// may use; Subscribe delivers its workers' events to it as prompts.
+	Tools     []string
+	Subscribe bool
+}
+
+// Created is what create returns at once.
+type Created struct {
+	SessionID string `json:"sessionId"`
+	Link      string `json:"link,omitempty"`
+}
+
+// SessionView is `read`.
+type SessionView struct {
+	SessionID   string    `json:"sessionId"`
+	Title       string    `json:"title"`
+	Cwd         string    `json:"cwd"`
+	Agent       string    `json:"agent"`
+	State       State     `json:"state"`
+	LastMessage string    `json:"lastMessage"`
+	Truncated   bool      `json:"truncated,omitempty"` // LastMessage was cut
+	Turns       int       `json:"turns"`
+	Queued      int       `json:"queued"`
+	Error       string    `json:"error,omitempty"`
+	Link        string    `json:"link,omitempty"`
+	Created     time.Time `json:"created"`
+	Updated     time.Time `json:"updated"`
+	Worker      bool      `json:"worker,omitempty"` // created by the caller (list)
+}
+
+// Turn is one prompt and what the agent answered, for `transcript`.
+type Turn struct {
+	Index      int       `json:"index"`
+	Prompt     string    `json:"prompt"`
+	Answer     string    `json:"answer"`
+	StopReason string    `json:"stopReason,omitempty"`
+	Started    time.Time `json:"started"`
+	Ended      time.Time `json:"ended,omitempty"`
+}
+
+// Event is a `<session-event>`: recorded with a sequence number so that
+// `events` and `wait` see it, and pushed to the MCP session that created
+// or last sent to the session.
+type Event struct {
+	Seq       int64       `json:"seq"`
+	SessionID string      `json:"sessionId"`
+	Status    EventStatus `json:"status"`
+	Kind      string      `json:"kind"` // finished, failed, cancelled, needs-attention
+	Summary   string      `json:"summary"`
+	RequestID string      `json:"requestId,omitempty"`
+	Time      time.Time   `json:"time"`
+	// Target is the MCP session id the event is pushed to.
+	Target string `json:"-"`
+}
+
+// EventFilter selects events, newest first.
+type EventFilter struct {
+	SessionID string
+	Status    EventStatus
+	Text      string
+	Since     int64 // only events with Seq > Since
+	Limit     int   // default 20
+}
+
+// Interaction is a prompt waiting for an answer.
+type Interaction struct {
+	RequestID string          `json:"requestId"`
+	SessionID string          `json:"sessionId"`
+	Kind      InteractionKind `json:"kind"`
+	Summary   string          `json:"summary"`
+	// Payload: for a question, the message and requested schema; for a
+	// plan, the plan text; for an approval, the tool call (title, kind,
+	// input) and the options.
+	Payload json.RawMessage `json:"payload"`
+	Created time.Time       `json:"created"`
+}
+
+// Answer answers an interaction. For approvals and plans, OptionID names
+// one of the offered ACP permission options (or Decision "allow"/"reject"
+// picks the first option of that kind); for questions, Action is
+// accept/decline/cancel and Content holds the answer fields.
+type Answer struct {
+	OptionID string          `json:"optionId,omitempty"`
+	Decision string          `json:"decision,omitempty"`
+	Action   string          `json:"action,omitempty"`
+	Content  json.RawMessage `json:"content,omitempty"`
+}
+
+// Errors the engine returns; the MCP endpoint maps them to tool errors.
+var (
+	ErrNoSession       = errors.New("no such session")
+	ErrNoInteraction   = errors.New("no such pending interaction")
+	ErrAlreadyAnswered = errors.New("someone answered first")
+	ErrNotRunning      = errors.New("session is not running")
+	ErrEnded           = errors.New("session has ended")
+	ErrBadRequest      = errors.New("bad request")
+)
+
+// Sessions is what the MCP endpoint needs from the engine. Every method is
+// safe for concurrent use; none blocks longer than its ctx, except Wait,
+// which returns at the latest after timeout.
+type Sessions interface {
+	Create(ctx context.Context, owner Owner, req CreateRequest) (Created, error)
+	// Send queues prompt; it runs at once when the session is idle.
+	// queued reports whether it waits behind a running turn.
+	Send(ctx context.Context, owner Owner, sessionID, prompt string) (queued bool, err error)
+	// Steer injects guidance at the next turn boundary. mode is
+	// "steering" when the agent's _session/steering extension took it, or
+	// "queued-first" when it went to the head of the queue.
+	Steer(ctx context.Context, owner Owner, sessionID, text string) (mode string, err error)
+	// Cancel interrupts the running turn; pending interactions of the
+	// session end as cancelled.
+	Cancel(ctx context.Context, owner Owner, sessionID string) error
+	Read(sessionID string, full bool) (SessionView, error)
+	// List returns sessions newest first, at most limit, and whether more
+	// exist. Worker is set on the ones owner created.
+	List(owner Owner, limit int) (list []SessionView, partial bool)
+	Transcript(sessionID string, turns int, full bool) ([]Turn, error)
+	// Wait returns once the session is idle, blocked, ended or errored, or
+	// after timeout.
+	Wait(ctx context.Context, sessionID string, timeout time.Duration) (SessionView, error)
+	Events(filter EventFilter) []Event
+	Pending(sessionID string) []Interaction
+	Answer(ctx context.Context, owner Owner, requestID string, answer Answer) error
+	// Subscribe calls fn for every new event, in Seq order, until the
+	// returned function is called. fn must not block.
+	Subscribe(fn func(Event)) (unsubscribe func())
+	// RevokeToken cancels the running sessions that tokenID created and
+	// ends their pending interactions.
+	RevokeToken(tokenID string)
+}
