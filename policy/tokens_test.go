@@ -275,8 +275,10 @@ func assertNoSecretOnDisk(t *testing.T, root, secret string) {
 func BenchmarkTokenCheck(b *testing.B) {
 	fs := &certmagic.FileStorage{Path: b.TempDir()}
 	s, _ := OpenTokenStore(context.Background(), fs)
-	for i := 0; i < 1000; i++ {
-		s.Create(context.Background(), TokenSpec{Name: "t" + strings.Repeat("x", i%5) + string(rune('a'+i%26)) + itoa(i), Scopes: []string{"chat"}})
+	for i := 0; i < 100; i++ {
+		if _, _, err := s.Create(context.Background(), TokenSpec{Name: "t" + itoa(i), Scopes: []string{"chat"}}); err != nil {
+			b.Fatal(err)
+		}
 	}
 	secret, _, _ := s.Create(context.Background(), TokenSpec{Name: "bench", Scopes: []string{"chat"}})
 	now := time.Now()
