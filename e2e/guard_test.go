@@ -431,9 +431,39 @@ func TestGuard(t *testing.T) {
 		}
 	})
 
-	t.Run("reload keeps tokens and limits", func(t *testing.T) {
+	t.Run("reload keeps tokens, limits and open streams", func(t *testing.T) {
+		// A GET stream opened before the reload.
+		init := post(t, mainURL, full, initializeBody)
+		sid := init.header.Get("Mcp-Session-Id")
+		post(t, mainURL, full, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, "Mcp-Session-Id", sid)
+		streamCtx, cancelStream := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancelStream()
+		req, _ := http.NewRequestWithContext(streamCtx, http.MethodGet, mainURL, nil)
+		req.Header.Set("Authorization", "Bearer "+full)
+		req.Header.Set("Accept", "text/event-stream")
+		req.Header.Set("Mcp-Session-Id", sid)
+		stream, err := http.DefaultClient.Do(req)
+		if err != nil || stream.StatusCode != http.StatusOK {
+			t.Fatalf("GET stream: %v %v", err, stream)
+		}
+		defer stream.Body.Close()
+
 		extra := fmt.Sprintf("\nhttp://127.0.0.1:%d {\n\trespond \"added by reload\"\n}\n", freePort(t))
 		c.Reload(t, guardCaddyfile(mainSite, tightSite, upstream, extra))
+
+		// The upstream announces a tool change on the stream that predates the reload.
+		if a := post(t, mainURL, full, toolCallBody("test_trigger_tool_change"), "Mcp-Session-Id", sid); a.status != http.StatusOK {
+			t.Fatalf("trigger: %d %s", a.status, a.body)
+		}
+		sc := bufio.NewScanner(stream.Body)
+		seen := false
+		for !seen && sc.Scan() {
+			seen = strings.Contains(sc.Text(), "notifications/tools/list_changed")
+		}
+		if !seen {
+			t.Fatalf("the stream opened before the reload ended without the notification: %v", sc.Err())
+		}
+
 		if a := post(t, mainURL, full, initializeBody); a.status != http.StatusOK {
 			t.Fatalf("token lost across reload: %d %s", a.status, a.body)
 		}
