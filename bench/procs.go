@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// moduleRoot finds the directory holding go.mod.
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %v", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", fmt.Errorf("run the harness from inside the caddy-zidane-mcp module")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// build compiles pkg of the module into dir and returns the binary's path.
+func build(ctx context.Context, root, dir, name, pkg string) (string, error) {
+	bin := filepath.Join(dir, name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+	}
+	return bin, nil
+}
+
+// proc is a started child process.
+type proc struct {
+	cmd  *exec.Cmd
+	logs *bytes.Buffer
+}
+
+func start(ctx context.Context, bin string, env []string, args ...string) (*proc, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &proc{cmd: cmd, logs: &logs}, nil
+}
+
+func (p *proc) stop() {
+	if p == nil || p.cmd.Process == nil {
+		return
+	}
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+}
+
+// startUpstream runs the upstream MCP server and returns its address.
+func startUpstream(ctx context.Context, bin string) (*proc, string, error) {
+	cmd := exec.CommandContext(ctx, bin, "-addr", "127.0.0.1:0")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, "", err
+	}
+	p := &proc{cmd: cmd, logs: new(bytes.Buffer)}
+	line, err := bufio.NewReader(stderr).ReadString('\n')
+	if err != nil {
+		p.stop()
+		return nil, "", fmt.Errorf("upstream did not report its address: %v", err)
+	}
+	go io.Copy(io.Discard, stderr)
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
+	if !ok {
+		p.stop()
+		return nil, "", fmt.Errorf("upstream said %q", line)
+	}
+	return p, addr, nil
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func waitListening(ctx context.Context, addr string) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("nothing listens on %s after a minute", addr)
+}
+
+// cpuTime is the user+system CPU time of pid, from /proc.
+func cpuTime(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	fields := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	const userHZ = 100
+	return time.Duration(utime+stime) * time.Second / userHZ, nil
+}
+
+// rss is the resident set size of pid in bytes, from /proc.
+func rss(pid int) (int64, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}

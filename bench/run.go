@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"sort"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// route is one way to reach the upstream.
+type route struct {
+	name     string
+	url      string
+	token    string
+	viaCaddy bool // CPU and RSS are caddy's only for routes through it
+}
+
+// sample is one route at one concurrency in one round.
+type sample struct {
+	calls   int
+	elapsed time.Duration
+	lat     []time.Duration
+	cpu     time.Duration
+	rss     int64
+}
+
+// result is the figures for one route at one concurrency over all rounds.
+type result struct {
+	route       string
+	concurrency int
+	callsPerSec float64
+	p50, p99    time.Duration
+	cpuPerCall  time.Duration // 0 when not through caddy
+	rss         int64
+}
+
+func run(ctx context.Context, cfg config, out io.Writer) error {
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp("", "zidane-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+
+	fmt.Fprintln(os.Stderr, "bench: building caddy and the upstream…")
+	caddyBin, err := build(ctx, root, work, "caddy", "./cmd/caddy")
+	if err != nil {
+		return err
+	}
+	upstreamBin, err := build(ctx, root, work, "upstream", "./bench/upstream")
+	if err != nil {
+		return err
+	}
+	up, upAddr, err := startUpstream(ctx, upstreamBin)
+	if err != nil {
+		return err
+	}
+	defer up.stop()
+
+	gw, err := startGateway(ctx, caddyBin, work, upAddr)
+	if err != nil {
+		return err
+	}
+	defer gw.stop()
+
+	routes := append([]route{{name: "direct", url: "http://" + upAddr + "/mcp"}}, gw.routes...)
+	for i, p := range cfg.peers {
+		routes = append(routes, route{name: fmt.Sprintf("peer%d", i+1), url: p})
+	}
+
+	samples := map[string]map[int][]sample{}
+	for round := 0; round < cfg.rounds; round++ {
+		for _, conc := range cfg.concurrency {
+			// Rotate the order each round so no route always goes first.
+			order := slices.Clone(routes)
+			for i := 0; i < round%len(order); i++ {
+				order = append(order[1:], order[0])
+			}
+			for _, r := range order {
+				fmt.Fprintf(os.Stderr, "bench: round %d/%d, %d sessions, %s\n", round+1, cfg.rounds, conc, r.name)
+				s, err := drive(ctx, r, conc, cfg.calls, cfg.tool, gw.pid(), r.viaCaddy)
+				if err != nil {
+					return fmt.Errorf("%s at %d sessions: %w", r.name, conc, err)
+				}
+				if samples[r.name] == nil {
+					samples[r.name] = map[int][]sample{}
+				}
+				samples[r.name][conc] = append(samples[r.name][conc], s)
+			}
+		}
+	}
+
+	var results []result
+	for _, r := range routes {
+		for _, conc := range cfg.concurrency {
+			results = append(results, summarize(r.name, conc, samples[r.name][conc], r.viaCaddy))
+		}
+	}
+	printTable(out, cfg, results)
+	return nil
+}
+
+// drive opens conc initialized MCP sessions on r and makes calls tools/call
+// on each, all at once. Session set-up is not timed.
+func drive(ctx context.Context, r route, conc, calls int, tool string, caddyPID int, viaCaddy bool) (sample, error) {
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc * 2}}
+	if r.token != "" {
+		base := hc.Transport
+		hc.Transport = roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			req = req.Clone(req.Context())
+			req.Header.Set("Authorization", "Bearer "+r.token)
+			return base.RoundTrip(req)
+		})
+	}
+	defer hc.CloseIdleConnections()
+	sessions := make([]*mcp.ClientSession, conc)
+	for i := range sessions {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		client := mcp.NewClient(&mcp.Implementation{Name: "zidane-bench", Version: "1"}, nil)
+		cs, err := client.Connect(cctx, &mcp.StreamableClientTransport{Endpoint: r.url, HTTPClient: hc, MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+		cancel()
+		if err != nil {
+			return sample{}, fmt.Errorf("connect: %w", err)
+		}
+		defer cs.Close()
+		sessions[i] = cs
+	}
+	args := map[string]any{}
+	if tool == "echo" {
+		args["message"] = "hello"
+	}
+
+	var cpu0 time.Duration
+	if viaCaddy {
+		cpu0, _ = cpuTime(caddyPID)
+	}
+	var (
+		mu      sync.Mutex
+		lat     = make([]time.Duration, 0, conc*calls)
+		firstEr error
+		wg      sync.WaitGroup
+	)
+	start := time.Now()
+	for _, cs := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := make([]time.Duration, 0, calls)
+			for i := 0; i < calls; i++ {
+				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				t0 := time.Now()
+				res, err := cs.CallTool(cctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+				mine = append(mine, time.Since(t0))
+				cancel()
+				if err == nil && res.IsError {
+					err = fmt.Errorf("tool error: %v", res.Content)
+				}
+				if err != nil {
+					mu.Lock()
+					if firstEr == nil {
+						firstEr = err
+					}
+					mu.Unlock()
+					return
+				}
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	s := sample{calls: len(lat), elapsed: time.Since(start), lat: lat}
+	if firstEr != nil {
+		return s, firstEr
+	}
+	if viaCaddy {
+		cpu1, _ := cpuTime(caddyPID)
+		s.cpu = cpu1 - cpu0
+		s.rss, _ = rss(caddyPID)
+	}
+	return s, nil
+}
+
+func summarize(name string, conc int, ss []sample, viaCaddy bool) result {
+	r := result{route: name, concurrency: conc}
+	var rates []float64
+	var all []time.Duration
+	var cpu time.Duration
+	calls := 0
+	for _, s := range ss {
+		rates = append(rates, float64(s.calls)/s.elapsed.Seconds())
+		all = append(all, s.lat...)
+		cpu += s.cpu
+		calls += s.calls
+		r.rss = max(r.rss, s.rss)
+	}
+	sort.Float64s(rates)
+	r.callsPerSec = rates[len(rates)/2]
+	slices.Sort(all)
+	r.p50 = all[len(all)/2]
+	r.p99 = all[min(len(all)-1, len(all)*99/100)]
+	if viaCaddy && calls > 0 {
+		r.cpuPerCall = cpu / time.Duration(calls)
+	}
+	return r
+}
+
+func printTable(out io.Writer, cfg config, results []result) {
+	find := func(route string, conc int) *result {
+		for i := range results {
+			if results[i].route == route && results[i].concurrency == conc {
+				return &results[i]
+			}
+		}
+		return nil
+	}
+	fmt.Fprintf(out, "tools/call %q, %d calls per session per round, %d round(s); medians over rounds\n\n", cfg.tool, cfg.calls, cfg.rounds)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "route\tsessions\tcalls/s\tp50\tp99\tcaddy CPU/call\tcaddy RSS\tvs direct\tvs reverse_proxy (calls/s, p50, CPU)\t")
+	for _, r := range results {
+		cpu, mem := "-", "-"
+		if r.cpuPerCall > 0 || r.rss > 0 {
+			cpu = fmt.Sprintf("%.0fµs", float64(r.cpuPerCall.Nanoseconds())/1e3)
+			mem = fmt.Sprintf("%.1fMiB", float64(r.rss)/(1<<20))
+		}
+		vsDirect, vsRP := "-", "-"
+		if d := find("direct", r.concurrency); d != nil {
+			vsDirect = fmt.Sprintf("%.2f×", r.callsPerSec/d.callsPerSec)
+		}
+		if rp := find("reverse_proxy", r.concurrency); rp != nil && r.route != "direct" {
+			vsRP = fmt.Sprintf("%.2f×, %.2f×", r.callsPerSec/rp.callsPerSec, float64(r.p50)/float64(rp.p50))
+			if r.cpuPerCall > 0 && rp.cpuPerCall > 0 {
+				vsRP += fmt.Sprintf(", %.2f×", float64(r.cpuPerCall)/float64(rp.cpuPerCall))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.route, r.concurrency, r.callsPerSec,
+			round(r.p50), round(r.p99), cpu, mem, vsDirect, vsRP)
+	}
+	tw.Flush()
+}
+
+func round(d time.Duration) string {
+	switch {
+	case d >= 10*time.Millisecond:
+		return d.Round(time.Millisecond).String()
+	case d >= 10*time.Microsecond:
+		return d.Round(10 * time.Microsecond).String()
+	}
+	return d.String()
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
