@@ -40,9 +40,16 @@ within two seconds.`,
 			}
 			token.AddCommand(tokenCreateCommand(), tokenListCommand(), tokenRevokeCommand())
 			cmd.AddCommand(token)
+			for _, sub := range zidaneSubcommands {
+				cmd.AddCommand(sub())
+			}
 		},
 	})
 }
+
+// zidaneSubcommands are the other `caddy zidane` commands, each added by
+// the file that implements it.
+var zidaneSubcommands []func() *cobra.Command
 
 func adminFlags(c *cobra.Command) {
 	c.Flags().String("address", "", "Address of the admin API of a running server (default: from --config, else "+caddy.DefaultAdminListen+")")
