@@ -1,0 +1,211 @@
+//lint:file-ignore SA1019 session events travel as notifications/message, deprecated only from protocol 2026-07-28 (SEP-2577), which this stateful endpoint does not speak; see doc.go.
+
+package mcpendpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
+)
+
+// Options configure an [Endpoint].
+type Options struct {
+	// Sessions is the session engine. Required.
+	Sessions sessions.Sessions
+	// Agents are the names of the configured agents, which `create` accepts
+	// in its `agent` argument and its schema lists. Empty means any name is
+	// passed to the engine, which decides.
+	Agents []string
+	// MaxRequestBodyBytes bounds each request body; larger ones get 413.
+	// Zero means go-sdk's default (4 MiB).
+	MaxRequestBodyBytes int64
+	// SessionTimeout closes an MCP session that received no request for this
+	// long. Zero means MCP sessions never time out.
+	SessionTimeout time.Duration
+	// Logger receives the endpoint's and go-sdk's diagnostics. Nil discards
+	// them.
+	Logger *slog.Logger
+}
+
+// Endpoint serves the `sessions` and `interactions` tools over MCP's
+// streamable HTTP transport and pushes session events to connected clients.
+type Endpoint struct {
+	engine  sessions.Sessions
+	agents  []string
+	log     *slog.Logger
+	server  *mcp.Server
+	handler http.Handler
+	// eventStore keeps what was pushed to an MCP session for replay when
+	// its GET stream (re)connects.
+	eventStore *mcp.MemoryEventStore
+
+	unsubscribe func()
+
+	mu     sync.Mutex
+	peers  map[string]*peer // connected MCP sessions, by MCP session id
+	closed bool
+	wg     sync.WaitGroup // peer goroutines
+}
+
+// edgeAuthorization replaces the client's Authorization header before the
+// request reaches go-sdk: its bearer middleware wants a header, but the
+// identity comes from the principal in the context, and the credential
+// itself has no business further in.
+const edgeAuthorization = "Bearer edge-authenticated"
+
+// New builds the MCP server, its HTTP handler, and subscribes to the
+// engine's events. Call Close to unsubscribe and end the MCP sessions.
+func New(opts Options) (*Endpoint, error) {
+	if opts.Sessions == nil {
+		return nil, errors.New("mcpendpoint: Options.Sessions is required")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	e := &Endpoint{
+		engine: opts.Sessions,
+		agents: append([]string(nil), opts.Agents...),
+		log:    log,
+		peers:  make(map[string]*peer),
+	}
+
+	e.server = mcp.NewServer(&mcp.Implementation{
+		Name:    "zidane-sessions",
+		Title:   "Coding-agent sessions",
+		Version: "1",
+	}, &mcp.ServerOptions{
+		Instructions: serverInstructions,
+		Logger:       log,
+		Capabilities: &mcp.ServerCapabilities{
+			Logging: &mcp.LoggingCapabilities{},
+			// Claude Code listens for notifications/claude/channel from
+			// servers that declare this.
+			Experimental: map[string]any{channelCapability: map[string]any{}},
+		},
+	})
+	e.server.AddTool(sessionsTool(e.agents), e.callSessions)
+	e.server.AddTool(interactionsTool(), e.callInteractions)
+	e.server.AddReceivingMiddleware(e.onInitialize)
+
+	e.eventStore = mcp.NewMemoryEventStore(nil)
+	streamable := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return e.server },
+		&mcp.StreamableHTTPOptions{
+			EventStore:          e.eventStore,
+			SessionTimeout:      opts.SessionTimeout,
+			MaxRequestBodyBytes: opts.MaxRequestBodyBytes,
+			Logger:              log,
+		})
+	e.handler = auth.RequireBearerToken(verifyPrincipal, &auth.RequireBearerTokenOptions{
+		// Principals carry no expiry of their own: the edge checked it.
+		AllowMissingExpiration: true,
+	})(channelStreams(streamable))
+
+	e.unsubscribe = e.engine.Subscribe(e.onEvent)
+	return e, nil
+}
+
+// ServeHTTP serves MCP's streamable HTTP transport (POST, GET, DELETE). The
+// request must carry the policy.Principal the edge authenticated; without
+// one it gets 401, and a machine principal gets 403. An MCP session id
+// presented with another principal than the one that opened it gets 403
+// from go-sdk.
+func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if e.isClosed() {
+		http.Error(w, "the sessions endpoint is shutting down: reconnect in a moment", http.StatusServiceUnavailable)
+		return
+	}
+	if p, ok := policy.PrincipalFrom(r.Context()); ok && p.Kind == policy.KindMachine {
+		http.Error(w, fmt.Sprintf("token %q is a machine token, and machine tokens may not drive coding-agent sessions: use a user token", p.Name),
+			http.StatusForbidden)
+		return
+	}
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", edgeAuthorization)
+	e.handler.ServeHTTP(w, r)
+}
+
+// Close stops event delivery and closes every connected MCP session. It
+// waits for tool calls in flight to return. ServeHTTP answers 503 after.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	peers := make([]*peer, 0, len(e.peers))
+	for _, p := range e.peers {
+		peers = append(peers, p)
+	}
+	e.mu.Unlock()
+
+	e.unsubscribe()
+	var errs []error
+	for _, p := range peers {
+		if err := p.ss.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("closing MCP session %s: %w", p.ss.ID(), err))
+		}
+	}
+	e.wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (e *Endpoint) isClosed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closed
+}
+
+// verifyPrincipal is the go-sdk TokenVerifier. It ignores the raw token (the
+// edge verified it) and describes the principal the edge put in the request
+// context. UserID is what go-sdk binds an MCP session to.
+func verifyPrincipal(_ context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
+	p, ok := policy.PrincipalFrom(r.Context())
+	if !ok || p.TokenID == "" {
+		return nil, fmt.Errorf("%w: no authenticated caller: this endpoint serves only requests the zidane_mcp edge authenticated; send Authorization: Bearer <token> to it",
+			auth.ErrInvalidToken)
+	}
+	return &auth.TokenInfo{
+		UserID: p.TokenID,
+		Scopes: p.Scopes,
+		Extra:  map[string]any{"principal": p},
+	}, nil
+}
+
+// onInitialize is receiving middleware. When a session initializes, it sets
+// the session's log level to "info" through the SDK's own logging/setLevel
+// handler (go-sdk drops every log message until a level is set) and starts
+// tracking the session for event pushes.
+func (e *Endpoint) onInitialize(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		if method != "initialize" || err != nil {
+			return res, err
+		}
+		ss, ok := req.GetSession().(*mcp.ServerSession)
+		if !ok || ss.ID() == "" {
+			return res, err
+		}
+		if _, lerr := next(ctx, "logging/setLevel", &mcp.ServerRequest[*mcp.SetLoggingLevelParams]{
+			Session: ss,
+			Params:  &mcp.SetLoggingLevelParams{Level: "info"},
+		}); lerr != nil {
+			e.log.Warn("mcpendpoint: could not set the default log level; the client must call logging/setLevel to get session events",
+				"mcp_session", ss.ID(), "error", lerr)
+		}
+		e.track(ss)
+		return res, err
+	}
+}
