@@ -26,6 +26,9 @@ type Rule struct {
 //   - chat: every verb of the sessions and interactions tools;
 //   - read: sessions read, list, transcript, wait and events; interactions pending;
 //   - mcp: every tool and method, for guarding an MCP server as a whole.
+//
+// Besides the rules, a scope "sessions:<verb>" or "interactions:<verb>"
+// always grants that one verb (see VerbScope).
 func DefaultRules() []Rule {
 	return []Rule{
 		{Scope: "chat", Tools: []string{"sessions", "interactions"}},
@@ -47,6 +50,11 @@ var openMethods = map[string]bool{
 	"logging/setLevel":         true,
 	"completion/complete":      true,
 }
+
+// VerbScope is the scope that grants one verb of a sessions-endpoint tool,
+// such as "sessions:read". Child tokens of orchestrator sessions carry such
+// scopes, one per verb they were given.
+func VerbScope(tool, verb string) string { return tool + ":" + verb }
 
 // ScopeMap decides calls.
 type ScopeMap struct {
@@ -98,6 +106,9 @@ func (m *ScopeMap) Decide(p Principal, c Call) Decision {
 	if p.Kind == KindMachine && c.IsToolCall() && contains(SessionTools, c.Tool) {
 		return Decision{Machine: true}
 	}
+	if c.IsToolCall() && contains(SessionTools, c.Tool) && c.Verb != "" && p.HasScope(VerbScope(c.Tool, c.Verb)) {
+		return Decision{Allowed: true}
+	}
 	var need []string
 	for _, r := range m.rules {
 		if !r.grants(c) {
@@ -116,6 +127,13 @@ func (m *ScopeMap) Decide(p Principal, c Call) Decision {
 func (m *ScopeMap) ToolVisible(p Principal, tool string) bool {
 	if p.Kind == KindMachine && contains(SessionTools, tool) {
 		return false
+	}
+	if contains(SessionTools, tool) {
+		for _, sc := range p.Scopes {
+			if strings.HasPrefix(sc, tool+":") {
+				return true
+			}
+		}
 	}
 	for _, r := range m.rules {
 		if p.HasScope(r.Scope) && matchAny(r.Tools, tool) {

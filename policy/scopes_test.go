@@ -135,3 +135,27 @@ func TestMachineTokensNeverDriveSessions(t *testing.T) {
 		t.Error("machine token with mcp scope refused an ordinary tool")
 	}
 }
+
+func TestVerbScopes(t *testing.T) {
+	m, _ := NewScopeMap(nil, false)
+	child := Principal{Kind: KindUser, Scopes: []string{VerbScope("sessions", "create"), VerbScope("sessions", "read"), VerbScope("interactions", "answer")}}
+	for _, c := range []struct {
+		tool, verb string
+		want       bool
+	}{
+		{"sessions", "create", true}, {"sessions", "read", true}, {"sessions", "cancel", false},
+		{"interactions", "answer", true}, {"interactions", "pending", false}, {"sessions", "", false}, {"other", "create", false},
+	} {
+		if got := m.Decide(child, Call{Method: "tools/call", Tool: c.tool, Verb: c.verb}).Allowed; got != c.want {
+			t.Errorf("%s %s: allowed = %v", c.tool, c.verb, got)
+		}
+	}
+	if !m.ToolVisible(child, "sessions") || !m.ToolVisible(child, "interactions") || m.ToolVisible(child, "echo") {
+		t.Error("ToolVisible disagrees with verb scopes")
+	}
+	machine := child
+	machine.Kind = KindMachine
+	if m.Decide(machine, Call{Method: "tools/call", Tool: "sessions", Verb: "read"}).Allowed {
+		t.Error("a machine token drives sessions through a verb scope")
+	}
+}
