@@ -1,0 +1,32 @@
+// Package broker is the outbound side of the edge for MCP: the Go
+// counterpart of the zidane/mcp client library. It connects to upstream MCP
+// servers (GitHub, Linear, a company's own), attaches their credentials
+// itself, sends every byte through pinnedfetch, and offers the upstreams to
+// the clients behind the edge, one by one (pass-through) or together
+// (aggregated, with namespaced tools).
+//
+// It owns:
+//
+//   - upstream configuration ([Upstream], [Normalize], [MergeUpstreams]) and
+//     reading the mcp.json files people already have ([LoadMCPJSON]);
+//   - environment placeholders ([Expand], [Upstream.Expanded]), expanded
+//     only where a transport is built, and the redacted view of a config
+//     for listings ([Upstream.Redacted]);
+//   - tool and prompt namespacing ([NamespaceTool], [Namespace]);
+//   - content normalization ([NormalizeContent], [DecodeContent],
+//     [MediaType]) and the flattened text form used in logs
+//     ([FlattenText]).
+//
+// The transports over pinnedfetch, the stdio server pool, the pass-through
+// and aggregated routes and upstream auth come in later files of this
+// package and build on these parts.
+//
+// What it never does: it never passes a client's credential upstream, and
+// never lets an upstream credential reach a client, an agent, a log line, an
+// error or a listing; it never expands a placeholder outside a transport,
+// and never reads this process's environment for a config from an untrusted
+// source; it never fetches a URL that breaks pinnedfetch's remote-URL rule
+// ([pinnedfetch.CheckRemoteURL] is the only encoding of that rule). It does
+// not import Caddy: package caddymodule parses the Caddy config and hands the
+// upstreams here.
+package broker
