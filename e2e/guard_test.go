@@ -579,6 +579,8 @@ https://localhost:%d {
 }
 `, AdminPlaceholder, freePort(t), port, up))
 	token := createToken(t, c, "tls", "--scope", "mcp")
+	// The tls internal certificate is issued in the background after start.
+	c.WaitForLog(t, "certificate obtained successfully", 30*time.Second)
 
 	root, err := os.ReadFile(filepath.Join(c.DataDir, "pki", "authorities", "local", "root.crt"))
 	if err != nil {

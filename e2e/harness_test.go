@@ -403,6 +403,26 @@ func (c *Caddy) Logs() string {
 	return string(b)
 }
 
+// WaitForLog waits until caddy's output contains substr, for events that
+// happen after the config is served, such as `certificate obtained
+// successfully` for a `tls internal` site (certificates are issued in the
+// background, and a TLS handshake before that fails). It fails the test if
+// caddy exits or timeout passes first. Logs a config sends elsewhere (a
+// `log` block with its own output) are not seen here.
+func (c *Caddy) WaitForLog(t testing.TB, substr string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(c.Logs(), substr) {
+		if c.proc.exited() {
+			t.Fatalf("caddy exited (%v) before logging %q", c.proc.err, substr)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("caddy did not log %q within %s", substr, timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // Reload replaces the running config with caddyfile ({{ADMIN}} filled in)
 // through `caddy reload`, and fails the test if caddy refuses it.
 func (c *Caddy) Reload(t testing.TB, caddyfile string) {
@@ -861,7 +881,15 @@ func authProxy(t testing.TB, target string, header http.Header) (url string) {
 			}
 		},
 	}
-	srv := httptest.NewServer(proxy) // binds 127.0.0.1
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Without full duplex, the server discards and closes the request
+		// body as soon as the response starts. An upstream that answers
+		// (SSE) before the transport has read that body's EOF then gets
+		// its connection torn down mid-stream, and the client waits for a
+		// response that never comes.
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		proxy.ServeHTTP(w, r)
+	})) // binds 127.0.0.1
 	proxyHost = srv.Listener.Addr().String()
 	t.Cleanup(func() {
 		srv.CloseClientConnections()
