@@ -1,0 +1,179 @@
+package sessions
+
+import (
+	"log/slog"
+	"sort"
+	"time"
+
+	acp "github.com/coder/acp-go-sdk"
+
+	"github.com/Tahul/caddy-zidane-mcp/storage"
+)
+
+// AgentConfig says how to launch one kind of agent.
+type AgentConfig struct {
+	// Command is the program that speaks ACP on stdio, and its arguments,
+	// e.g. ["claude-agent-acp"] or ["caddy", "zidane", "demo-agent"].
+	Command []string
+	// Env is added to the agent's minimal environment (PATH, HOME, USER,
+	// LOGNAME, SHELL, TMPDIR, TZ, LANG, LC_ALL, LC_CTYPE from the gateway;
+	// nothing else of the gateway's environment passes). In a value,
+	// ${NAME} is the gateway's NAME, so a secret can stay in the
+	// environment rather than in the configuration.
+	Env map[string]string
+}
+
+// McpServer is an MCP server an agent should connect to, given to it in
+// session/new and session/load. Set Command for a stdio server, or URL
+// for an HTTP one (SSE for the older SSE transport).
+type McpServer struct {
+	Name    string
+	Command string
+	Args    []string
+	Env     map[string]string
+	URL     string
+	Headers map[string]string
+	SSE     bool
+}
+
+// SessionInfo is what the MCPServers hook knows about a session.
+type SessionInfo struct {
+	SessionID string
+	Title     string
+	Cwd       string
+	Agent     string
+	// Owner is who created the session (MCPSession is the one that last
+	// created or sent to it).
+	Owner Owner
+	// Tools and Subscribe are CreateRequest's, for orchestrator sessions.
+	Tools     []string
+	Subscribe bool
+}
+
+// Config configures an Engine.
+type Config struct {
+	// Agents are the agents sessions may use, by name.
+	Agents map[string]AgentConfig
+	// DefaultAgent is used when a CreateRequest names none. With a single
+	// configured agent it may be left empty.
+	DefaultAgent string
+	// Storage keeps sessions across restarts (keys under zidane/sessions/).
+	// Nil keeps them in memory only.
+	Storage storage.Storage
+	// LinkFor returns the link shown for a session (e.g. a page of the
+	// gateway); nil means no link.
+	LinkFor func(sessionID string) string
+	// MCPServers returns the MCP servers a session's agent gets in
+	// session/new and session/load. It is called at every launch, a
+	// resume included, so it can mint fresh credentials. Nil means none.
+	MCPServers func(s SessionInfo) []McpServer
+	// WorktreeRoot is where worktree environments are created, as
+	// <WorktreeRoot>/<repository>-<branch>. Empty means a .worktrees
+	// directory next to the repository: <repo>/../.worktrees/.
+	WorktreeRoot string
+	// Limits bound what the engine holds; zero fields take the defaults.
+	Limits Limits
+	// Logger gets agent launches and ends, agent stderr (Debug) and
+	// storage failures. Nil discards.
+	Logger *slog.Logger
+}
+
+// Limits bound the engine. Every zero field takes the default shown.
+type Limits struct {
+	MaxQueue           int           // prompts queued per session: 100
+	MaxTurns           int           // transcript turns kept per session: 200
+	MaxAnswerBytes     int           // agent text kept per turn: 1 MiB
+	MaxTranscriptBytes int           // transcript text kept per session: 8 MiB
+	MaxPromptBytes     int           // one prompt or steering text: 256 KiB
+	MaxEvents          int           // events kept overall: 10,000
+	MaxSessionEvents   int           // events stored per session: 500
+	MaxPending         int           // pending interactions per session: 32
+	MaxSessions        int           // sessions kept (ended ones are dropped first): 1,000
+	MaxAgents          int           // agent processes running at once: 64
+	LaunchTimeout      time.Duration // initialize + session/new or session/load: 60s
+	CancelTimeout      time.Duration // a turn's end after session/cancel: 10s
+	// IdleTimeout stops the process of a session that has been idle this
+	// long, when its agent supports session/load: the session stays idle
+	// and the next prompt relaunches the agent and loads the session.
+	// Agents without session/load are never stopped for idleness.
+	// Default 30m; negative disables.
+	IdleTimeout time.Duration
+}
+
+func (l Limits) withDefaults() Limits {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.MaxQueue, 100)
+	def(&l.MaxTurns, 200)
+	def(&l.MaxAnswerBytes, 1<<20)
+	def(&l.MaxTranscriptBytes, 8<<20)
+	def(&l.MaxPromptBytes, 256<<10)
+	def(&l.MaxEvents, 10000)
+	def(&l.MaxSessionEvents, 500)
+	def(&l.MaxPending, 32)
+	def(&l.MaxSessions, 1000)
+	def(&l.MaxAgents, 64)
+	if l.LaunchTimeout <= 0 {
+		l.LaunchTimeout = 60 * time.Second
+	}
+	if l.CancelTimeout <= 0 {
+		l.CancelTimeout = 10 * time.Second
+	}
+	if l.IdleTimeout == 0 {
+		l.IdleTimeout = 30 * time.Minute
+	}
+	return l
+}
+
+func (c *Config) agentNames() []string {
+	names := make([]string, 0, len(c.Agents))
+	for n := range c.Agents {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// acpServers turns the hook's servers into ACP's form.
+func acpServers(list []McpServer) []acp.McpServer {
+	out := make([]acp.McpServer, 0, len(list))
+	for _, s := range list {
+		switch {
+		case s.URL != "" && s.SSE:
+			out = append(out, acp.McpServer{Sse: &acp.McpServerSseInline{Name: s.Name, Type: "sse", Url: s.URL, Headers: headers(s.Headers)}})
+		case s.URL != "":
+			out = append(out, acp.McpServer{Http: &acp.McpServerHttpInline{Name: s.Name, Type: "http", Url: s.URL, Headers: headers(s.Headers)}})
+		default:
+			env := make([]acp.EnvVariable, 0, len(s.Env))
+			for _, k := range sortedKeys(s.Env) {
+				env = append(env, acp.EnvVariable{Name: k, Value: s.Env[k]})
+			}
+			args := s.Args
+			if args == nil {
+				args = []string{}
+			}
+			out = append(out, acp.McpServer{Stdio: &acp.McpServerStdio{Name: s.Name, Command: s.Command, Args: args, Env: env}})
+		}
+	}
+	return out
+}
+
+func headers(m map[string]string) []acp.HttpHeader {
+	h := make([]acp.HttpHeader, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		h = append(h, acp.HttpHeader{Name: k, Value: m[k]})
+	}
+	return h
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

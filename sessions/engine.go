@@ -1,0 +1,263 @@
+package sessions
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/sessions/acpclient"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
+)
+
+// Engine runs coding-agent sessions: one agent process per session, driven
+// over ACP by package acpclient, with its own FIFO prompt queue. It
+// implements Sessions.
+//
+// Concurrency. One mutex guards all in-memory session state. It is never
+// held across I/O (agent calls, storage, git), only across map and slice
+// updates, so sessions run concurrently: each session's turns run in a
+// worker goroutine of its own, which launches the agent first when there
+// is none, and each agent callback runs in the SDK's goroutine. Wait
+// sleeps on a per-session channel that every state change closes.
+//
+// Lifecycle of an agent. The worker launches it (initialize, then
+// session/new, or session/load for a resumed session) and runs one
+// session/prompt per queued prompt. A crash, a protocol error or a launch
+// failure puts the session in the error state with the agent's exit
+// status and last stderr lines, and records an error event; the other
+// sessions never notice. An agent that supports session/load is stopped
+// after Limits.IdleTimeout idle and relaunched by the next prompt.
+//
+// Events are recorded when a turn finishes (done), fails (error), is
+// cancelled (cancelled), when an interaction becomes pending
+// (needs-attention), and when a session fails (error). Subscribers get them
+// through a goroutine and a bounded buffer each (see Subscribe), so a slow
+// subscriber never slows the engine.
+//
+// Persistence is described in persist.go: one directory per session under
+// zidane/sessions/, written at turn ends and events, never per chunk.
+type Engine struct {
+	cfg   Config
+	lim   Limits
+	log   *slog.Logger
+	store storage.Storage
+
+	ctx    context.Context // ends at Close: abandons what is still running
+	cancel context.CancelFunc
+
+	mu            sync.Mutex
+	closed        bool
+	sessions      map[string]*session
+	pending       map[string]*interaction
+	resolved      map[string]resolution
+	resolvedOrder []string
+	workers       sync.WaitGroup // session workers and agent watchers
+	writes        sync.WaitGroup // storage writes under way
+	storeDone     bool           // Close is done with storage
+
+	events *eventLog
+}
+
+var _ Sessions = (*Engine)(nil)
+
+// ErrClosed is returned by calls made after Close.
+var ErrClosed = errors.New("the session engine is shut down")
+
+// NewEngine builds an engine and brings back the sessions in storage: a
+// session whose agent supports session/load is resumed (its agent is
+// relaunched in the background and the session loaded, up to MaxAgents of
+// them, newest first; the others are relaunched on their next prompt);
+// any other is shown as ended, its transcript and events intact. ctx
+// bounds the reading of storage only.
+func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
+	if len(cfg.Agents) == 0 {
+		return nil, errors.New("sessions: no agent is configured; configure at least one agent command")
+	}
+	for name, a := range cfg.Agents {
+		if len(a.Command) == 0 || a.Command[0] == "" {
+			return nil, fmt.Errorf("sessions: agent %q has no command; give the program that speaks ACP on stdio", name)
+		}
+	}
+	// The engine reads the agents from many goroutines: keep a copy the
+	// caller cannot change.
+	agents := make(map[string]AgentConfig, len(cfg.Agents))
+	for name, a := range cfg.Agents {
+		agents[name] = a
+	}
+	cfg.Agents = agents
+	if cfg.DefaultAgent == "" && len(cfg.Agents) == 1 {
+		for name := range cfg.Agents {
+			cfg.DefaultAgent = name
+		}
+	}
+	if _, ok := cfg.Agents[cfg.DefaultAgent]; cfg.DefaultAgent != "" && !ok {
+		return nil, fmt.Errorf("sessions: the default agent %q is not configured (configured: %s)", cfg.DefaultAgent, strings.Join(cfg.agentNames(), ", "))
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	lim := cfg.Limits.withDefaults()
+	e := &Engine{
+		cfg:      cfg,
+		lim:      lim,
+		log:      log,
+		store:    cfg.Storage,
+		sessions: map[string]*session{},
+		pending:  map[string]*interaction{},
+		resolved: map[string]resolution{},
+	}
+	e.events = newEventLog(lim.MaxEvents, log.Warn)
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	if err := e.restore(ctx); err != nil {
+		e.cancel()
+		return nil, err
+	}
+	return e, nil
+}
+
+// restore brings back the stored sessions (see NewEngine).
+func (e *Engine) restore(ctx context.Context) error {
+	all, err := e.loadAll(ctx)
+	if err != nil {
+		return err
+	}
+	var evs []Event
+	var resume, changed []*session
+	for _, st := range all {
+		s := newSession(st.rec)
+		for _, t := range st.turns {
+			s.addTurn(t, e.lim)
+		}
+		s.events = st.events
+		evs = append(evs, st.events...)
+		if !s.dead() {
+			_, configured := e.cfg.Agents[s.rec.Agent]
+			switch {
+			case !configured:
+				s.rec.State = StateEnded
+				s.rec.Error = fmt.Sprintf("the gateway restarted and agent %q is no longer configured; the transcript is kept: create a new session to continue", s.rec.Agent)
+				changed = append(changed, s)
+			case !s.rec.LoadSession || s.rec.ACPSessionID == "":
+				s.rec.State = StateEnded
+				s.rec.Error = fmt.Sprintf("the gateway restarted and agent %q cannot resume sessions (it does not support session/load); the transcript is kept: create a new session to continue", s.rec.Agent)
+				changed = append(changed, s)
+			default:
+				resume = append(resume, s)
+			}
+		}
+		e.sessions[s.rec.ID] = s
+	}
+	sort.Slice(evs, func(i, j int) bool { return evs[i].Seq < evs[j].Seq })
+	if over := len(evs) - e.lim.MaxEvents; over > 0 {
+		evs = evs[over:]
+	}
+	e.events.restore(evs)
+	for _, s := range changed {
+		e.persist(s, saveRecord)
+	}
+	// Newest first, up to MaxAgents: the rest stay dormant until a prompt.
+	sort.Slice(resume, func(i, j int) bool { return resume[i].rec.Updated.After(resume[j].rec.Updated) })
+	e.mu.Lock()
+	for i, s := range resume {
+		if i < e.lim.MaxAgents {
+			e.startWorkerLocked(s)
+		}
+	}
+	e.mu.Unlock()
+	if len(all) > 0 {
+		e.log.Info("sessions restored", "sessions", len(all), "resuming", min(len(resume), e.lim.MaxAgents), "ended", len(changed))
+	}
+	return nil
+}
+
+// Close ends every agent process and stops the engine; running turns are
+// kept in transcripts with stop reason "interrupted", pending interactions
+// end as cancelled, and subscriptions end. It returns within about five
+// seconds whatever the agents do, and writes nothing to storage after it
+// returns. Later calls return ErrClosed.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	var agents []*acpclient.Agent
+	for _, s := range e.sessions {
+		e.stopIdle(s)
+		e.cancelPendingLocked(s, "the gateway shut down")
+		s.queue.clear()
+		if s.agent != nil {
+			agents = append(agents, s.agent)
+		}
+	}
+	e.mu.Unlock()
+
+	e.cancel() // running prompts return at once
+	var wg sync.WaitGroup
+	for _, a := range agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.Close()
+		}()
+	}
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		e.workers.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		e.log.Warn("some agents or turns had not ended 5s after shutdown; leaving them")
+	}
+	e.mu.Lock()
+	e.storeDone = true
+	e.mu.Unlock()
+	// The interrupted turns are being written; let those writes finish so
+	// that nothing touches storage after Close returns.
+	written := make(chan struct{})
+	go func() {
+		e.writes.Wait()
+		close(written)
+	}()
+	select {
+	case <-written:
+	case <-t.C:
+	}
+	e.events.closeAll()
+	return nil
+}
+
+// newID returns prefix_ and 16 random characters.
+func newID(prefix string) string {
+	return prefix + "_" + strings.ToLower(rand.Text()[:16])
+}
+
+func (e *Engine) link(id string) string {
+	if e.cfg.LinkFor == nil {
+		return ""
+	}
+	return e.cfg.LinkFor(id)
+}
+
+// recordLocked adds an event about s to the log, aimed at the MCP session
+// that created or last sent to s.
+func (e *Engine) recordLocked(s *session, ev Event) {
+	ev.SessionID = s.rec.ID
+	ev.Target = s.rec.Target
+	ev = e.events.add(ev)
+	s.addEvent(ev, e.lim)
+	s.rec.Updated = ev.Time
+}

@@ -1,0 +1,176 @@
+package sessions
+
+import (
+	"strings"
+	"sync"
+	"time"
+)
+
+// eventLog is the bounded log of session events: a ring of the last
+// Limits.MaxEvents events overall, numbered by a sequence that only grows
+// (and survives restarts through storage).
+//
+// Subscribers never slow the engine down: each has its own goroutine and a
+// buffer of subscriberBuffer events. When a subscriber falls that far
+// behind, its oldest undelivered events are dropped (and counted in the
+// log); the events stay in the log, so `events` with Since still finds
+// them.
+type eventLog struct {
+	mu   sync.Mutex
+	ring []Event
+	head int // index of the oldest event
+	n    int
+	seq  int64
+	subs map[*subscriber]struct{}
+	log  func(msg string, args ...any)
+}
+
+const subscriberBuffer = 1024
+
+func newEventLog(max int, warn func(string, ...any)) *eventLog {
+	return &eventLog{ring: make([]Event, max), subs: map[*subscriber]struct{}{}, log: warn}
+}
+
+// add numbers ev, keeps it and hands it to the subscribers.
+func (l *eventLog) add(ev Event) Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seq++
+	ev.Seq = l.seq
+	if ev.Time.IsZero() {
+		ev.Time = time.Now().UTC()
+	}
+	l.keep(ev)
+	for s := range l.subs {
+		s.offer(ev)
+	}
+	return ev
+}
+
+func (l *eventLog) keep(ev Event) {
+	if l.n < len(l.ring) {
+		l.ring[(l.head+l.n)%len(l.ring)] = ev
+		l.n++
+		return
+	}
+	l.ring[l.head] = ev
+	l.head = (l.head + 1) % len(l.ring)
+}
+
+// restore puts back events read from storage, oldest first, before any
+// new event is added.
+func (l *eventLog) restore(evs []Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ev := range evs {
+		l.keep(ev)
+		l.seq = max(l.seq, ev.Seq)
+	}
+}
+
+// query returns the events f selects, newest first.
+func (l *eventLog) query(f EventFilter) []Event {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 20
+	}
+	text := strings.ToLower(f.Text)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Event
+	for i := l.n - 1; i >= 0 && len(out) < limit; i-- {
+		ev := l.ring[(l.head+i)%len(l.ring)]
+		if ev.Seq <= f.Since {
+			break // older ones have smaller numbers still
+		}
+		if f.SessionID != "" && ev.SessionID != f.SessionID {
+			continue
+		}
+		if f.Status != "" && ev.Status != f.Status {
+			continue
+		}
+		if text != "" && !strings.Contains(strings.ToLower(ev.Summary), text) {
+			continue
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+func (l *eventLog) subscribe(fn func(Event)) func() {
+	s := &subscriber{fn: fn, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	l.mu.Lock()
+	l.subs[s] = struct{}{}
+	l.mu.Unlock()
+	go s.run(l)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			delete(l.subs, s)
+			l.mu.Unlock()
+			close(s.stop)
+		})
+	}
+}
+
+// closeAll ends every subscription (Engine.Close).
+func (l *eventLog) closeAll() {
+	l.mu.Lock()
+	subs := l.subs
+	l.subs = map[*subscriber]struct{}{}
+	l.mu.Unlock()
+	for s := range subs {
+		close(s.stop)
+	}
+}
+
+type subscriber struct {
+	fn   func(Event)
+	mu   sync.Mutex
+	buf  []Event
+	lost int
+	wake chan struct{}
+	stop chan struct{}
+}
+
+// offer queues ev without blocking, dropping the oldest when full.
+func (s *subscriber) offer(ev Event) {
+	s.mu.Lock()
+	if len(s.buf) >= subscriberBuffer {
+		copy(s.buf, s.buf[1:])
+		s.buf = s.buf[:len(s.buf)-1]
+		s.lost++
+	}
+	s.buf = append(s.buf, ev)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *subscriber) run(l *eventLog) {
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.wake:
+		}
+		s.mu.Lock()
+		batch, lost := s.buf, s.lost
+		s.buf, s.lost = nil, 0
+		s.mu.Unlock()
+		if lost > 0 && l.log != nil {
+			l.log("an event subscriber fell behind; its oldest events were dropped", "dropped", lost)
+		}
+		for _, ev := range batch {
+			select {
+			case <-s.stop:
+				return
+			default:
+			}
+			s.fn(ev)
+		}
+	}
+}

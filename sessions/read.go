@@ -1,0 +1,127 @@
+package sessions
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Read returns a session's view; LastMessage is cut to PreviewChars
+// unless full.
+func (e *Engine) Read(sessionID string, full bool) (SessionView, error) {
+	e.mu.Lock()
+	s := e.sessions[sessionID]
+	if s == nil {
+		e.mu.Unlock()
+		return SessionView{}, fmt.Errorf("%w: %q; list the sessions to find its id", ErrNoSession, sessionID)
+	}
+	v := s.view(full)
+	e.mu.Unlock()
+	v.Link = e.link(sessionID) // outside the lock: LinkFor is the caller's code
+	return v, nil
+}
+
+// List returns sessions newest first, at most limit (20 when limit <= 0),
+// and whether more exist. Worker marks the ones owner's token created.
+func (e *Engine) List(owner Owner, limit int) ([]SessionView, bool) {
+	if limit <= 0 {
+		limit = 20
+	}
+	e.mu.Lock()
+	all := make([]*session, 0, len(e.sessions))
+	for _, s := range e.sessions {
+		all = append(all, s)
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if !all[i].rec.Created.Equal(all[j].rec.Created) {
+			return all[i].rec.Created.After(all[j].rec.Created)
+		}
+		return all[i].rec.ID > all[j].rec.ID
+	})
+	n := min(limit, len(all))
+	out := make([]SessionView, n)
+	for i, s := range all[:n] {
+		out[i] = s.view(false)
+		out[i].Worker = owner.TokenID != "" && s.rec.OwnerTokenID == owner.TokenID
+	}
+	e.mu.Unlock()
+	for i := range out {
+		out[i].Link = e.link(out[i].SessionID)
+	}
+	return out, len(all) > n
+}
+
+// Transcript returns the last turns (all kept turns when turns <= 0),
+// oldest first, the running one last. Prompts and answers are cut to
+// PreviewChars unless full.
+func (e *Engine) Transcript(sessionID string, turns int, full bool) ([]Turn, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.sessions[sessionID]
+	if s == nil {
+		return nil, fmt.Errorf("%w: %q; list the sessions to find its id", ErrNoSession, sessionID)
+	}
+	list := append([]Turn(nil), s.turns...)
+	if s.turn != nil {
+		t := s.turn.Turn
+		t.Answer = s.turn.answer.String()
+		list = append(list, t)
+	}
+	if turns > 0 && len(list) > turns {
+		list = list[len(list)-turns:]
+	}
+	if !full {
+		for i := range list {
+			list[i].Prompt, _ = cut(list[i].Prompt, PreviewChars)
+			list[i].Answer, _ = cut(list[i].Answer, PreviewChars)
+		}
+	}
+	return list, nil
+}
+
+// Wait returns once the session is idle, blocked, ended or errored, or
+// once timeout has passed or ctx ended, with the session's view then.
+func (e *Engine) Wait(ctx context.Context, sessionID string, timeout time.Duration) (SessionView, error) {
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	for {
+		e.mu.Lock()
+		s := e.sessions[sessionID]
+		if s == nil {
+			e.mu.Unlock()
+			return SessionView{}, fmt.Errorf("%w: %q; list the sessions to find its id", ErrNoSession, sessionID)
+		}
+		v := s.view(false)
+		changed := s.changed
+		e.mu.Unlock()
+		v.Link = e.link(sessionID)
+		if v.State != StateRunning || timer == nil {
+			return v, nil
+		}
+		select {
+		case <-changed:
+		case <-timer:
+			return e.Read(sessionID, false)
+		case <-ctx.Done():
+			return v, ctx.Err()
+		}
+	}
+}
+
+// Events returns the events filter selects, newest first.
+func (e *Engine) Events(filter EventFilter) []Event {
+	return e.events.query(filter)
+}
+
+// Subscribe calls fn with every new event, in Seq order, from a goroutine
+// of the subscription's own, until unsubscribe is called (a call already
+// under way may still complete). A subscriber that falls 1,024 events
+// behind loses the oldest of them; Events still has them.
+func (e *Engine) Subscribe(fn func(Event)) func() {
+	return e.events.subscribe(fn)
+}

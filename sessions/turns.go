@@ -1,0 +1,327 @@
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	acp "github.com/coder/acp-go-sdk"
+
+	"github.com/Tahul/caddy-zidane-mcp/sessions/acpclient"
+)
+
+// startWorkerLocked makes sure a goroutine launches s's agent if needed
+// and runs its queue.
+func (e *Engine) startWorkerLocked(s *session) {
+	if s.worker || e.closed || s.dead() {
+		return
+	}
+	s.worker = true
+	e.workers.Add(1)
+	go e.work(s)
+}
+
+// work is a session's worker: it launches the agent when there is none
+// (session/new, or session/load for a resumed session), then runs the
+// queued prompts one turn at a time. It exits when the queue is empty,
+// deciding so under the lock, so that a prompt queued meanwhile either
+// sees it running or starts a new one.
+func (e *Engine) work(s *session) {
+	defer e.workers.Done()
+	for {
+		e.mu.Lock()
+		if e.closed || s.dead() {
+			s.worker = false
+			s.notify()
+			e.mu.Unlock()
+			return
+		}
+		if s.agent == nil {
+			s.gen++
+			gen := s.gen
+			e.mu.Unlock()
+			if err := e.launch(s, gen); err != nil {
+				e.mu.Lock()
+				s.worker = false
+				if !e.closed && !errors.Is(err, acpclient.ErrClosed) {
+					e.failLocked(s, nil, err.Error())
+				}
+				e.mu.Unlock()
+				e.persist(s, saveRecord|saveEvents)
+				return
+			}
+			continue
+		}
+		p, ok := s.queue.pop()
+		if !ok {
+			s.worker = false
+			e.armIdleLocked(s)
+			s.notify()
+			e.mu.Unlock()
+			return
+		}
+		s.rec.Turns++
+		t := &turn{done: make(chan struct{})}
+		t.Index, t.Prompt, t.Started = s.rec.Turns, p.text, time.Now().UTC()
+		s.turn, s.lastErr = t, ""
+		a, acpID := s.agent, s.rec.ACPSessionID
+		s.notify()
+		e.mu.Unlock()
+
+		stop, err := a.Prompt(e.ctx, acpID, p.text)
+		e.endTurn(s, a, t, stop, err)
+	}
+}
+
+// launch starts the agent and opens the session on it, within
+// LaunchTimeout.
+func (e *Engine) launch(s *session, gen int) error {
+	e.mu.Lock()
+	rec := s.rec
+	e.mu.Unlock()
+	cfg, ok := e.cfg.Agents[rec.Agent]
+	if !ok {
+		return fmt.Errorf("agent %q is no longer configured; create a new session with one of the configured agents", rec.Agent)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, e.lim.LaunchTimeout)
+	defer cancel()
+	log := e.log.With("session", rec.ID, "agent", rec.Agent)
+	a, err := acpclient.Start(ctx, acpclient.Options{
+		Command: cfg.Command,
+		Env:     cfg.Env,
+		Dir:     rec.Cwd,
+		Handler: &agentHandler{e: e, s: s, gen: gen},
+		Logger:  log,
+	})
+	if err != nil {
+		return e.launchError(ctx, rec, "launch", err)
+	}
+	var servers []acp.McpServer
+	if e.cfg.MCPServers != nil {
+		servers = acpServers(e.cfg.MCPServers(SessionInfo{
+			SessionID: rec.ID, Title: rec.Title, Cwd: rec.Cwd, Agent: rec.Agent,
+			Owner: Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, MCPSession: rec.Target},
+			Tools: rec.Tools, Subscribe: rec.Subscribe,
+		}))
+	}
+	acpID := rec.ACPSessionID
+	if acpID != "" {
+		err = a.LoadSession(ctx, acpID, rec.Cwd, servers)
+	} else {
+		acpID, err = a.NewSession(ctx, rec.Cwd, servers)
+	}
+	if err != nil {
+		a.Close()
+		return e.launchError(ctx, rec, "open the session on", err)
+	}
+	info := a.Info()
+	e.mu.Lock()
+	if e.closed || s.dead() || s.gen != gen {
+		e.mu.Unlock()
+		a.Close()
+		return acpclient.ErrClosed
+	}
+	s.agent, s.steering = a, info.Steering
+	s.rec.ACPSessionID, s.rec.LoadSession = acpID, info.LoadSession
+	s.notify()
+	e.workers.Add(1) // under the lock that saw the engine open: Close waits for it
+	go e.watch(s, a)
+	e.mu.Unlock()
+	log.Info("agent running", "pid", a.Pid(), "acpSession", acpID, "resumed", rec.ACPSessionID != "", "steering", info.Steering, "loadSession", info.LoadSession)
+	e.persist(s, saveRecord)
+	return nil
+}
+
+func (e *Engine) launchError(ctx context.Context, rec record, what string, err error) error {
+	if e.ctx.Err() != nil {
+		return acpclient.ErrClosed
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("could not %s agent %q within %s (%v); check that %q speaks ACP on stdio", what, rec.Agent, e.lim.LaunchTimeout, err, e.cfg.Agents[rec.Agent].Command[0])
+	}
+	return fmt.Errorf("could not %s agent %q: %v", what, rec.Agent, err)
+}
+
+// watch turns an agent's unexpected end into the session's error.
+func (e *Engine) watch(s *session, a *acpclient.Agent) {
+	defer e.workers.Done()
+	<-a.Done()
+	err := a.Err()
+	e.mu.Lock()
+	if s.agent != a || e.closed || errors.Is(err, acpclient.ErrClosed) {
+		e.mu.Unlock()
+		return
+	}
+	e.failLocked(s, a, agentEnded(s.rec.Agent, err))
+	e.mu.Unlock()
+	e.persist(s, saveRecord|saveEvents)
+}
+
+func agentEnded(name string, err error) string {
+	return fmt.Sprintf("agent %q failed: %v; create a new session to continue", name, err)
+}
+
+// failLocked puts s in the error state, once: its queue is dropped, its
+// pending interactions are cancelled, and an error event is recorded.
+func (e *Engine) failLocked(s *session, a *acpclient.Agent, msg string) {
+	if s.dead() {
+		return
+	}
+	s.rec.State, s.rec.Error = StateError, msg
+	if s.agent == a || a == nil {
+		s.agent = nil
+	}
+	// The running turn ends with the session, so that no reader sees an
+	// errored session with a turn still running; the worker finds it done.
+	if t := s.turn; t != nil {
+		t.StopReason = "error"
+		e.finishTurnLocked(s, t)
+	}
+	e.stopIdle(s)
+	s.queue.clear()
+	e.cancelPendingLocked(s, "the agent failed")
+	e.recordLocked(s, Event{Status: EventError, Kind: "failed", Summary: fmt.Sprintf("%s: failed: %s", s.rec.Title, msg)})
+	s.notify()
+}
+
+// endTurn records how a turn ended, and the event that says so.
+func (e *Engine) endTurn(s *session, a *acpclient.Agent, t *turn, stop acp.StopReason, err error) {
+	e.mu.Lock()
+	if s.turn != t {
+		// failLocked ended it already, with the session.
+		e.mu.Unlock()
+		e.persist(s, saveRecord|saveTranscript|saveEvents)
+		return
+	}
+	what := saveRecord | saveTranscript
+	var exit *acpclient.ExitError
+	switch {
+	case err == nil && stop == acp.StopReasonCancelled:
+		t.StopReason = string(stop)
+		why := t.cancel
+		if why == "" {
+			why = "by the agent"
+		}
+		e.recordLocked(s, Event{Status: EventCancelled, Kind: "cancelled", Summary: fmt.Sprintf("%s: turn %d cancelled (%s)", s.rec.Title, t.Index, why)})
+		what |= saveEvents
+	case err == nil:
+		t.StopReason = string(stop)
+		msg, _ := cut(t.answer.String(), 200)
+		e.recordLocked(s, Event{Status: EventDone, Kind: "finished", Summary: fmt.Sprintf("%s: finished (%s): %s", s.rec.Title, stop, msg)})
+		what |= saveEvents
+	case e.closed || errors.Is(err, acpclient.ErrClosed) || e.ctx.Err() != nil:
+		// The gateway is shutting down (or the agent was stopped on purpose).
+		t.StopReason = "interrupted"
+	case errors.As(err, &exit):
+		t.StopReason = "error"
+		e.failLocked(s, a, agentEnded(s.rec.Agent, err))
+		what |= saveEvents
+	default:
+		// The agent is alive and failed this turn only: the session goes on.
+		t.StopReason = "error"
+		s.lastErr = "the last turn failed: " + turnError(err)
+		e.recordLocked(s, Event{Status: EventError, Kind: "failed", Summary: fmt.Sprintf("%s: turn %d failed: %s", s.rec.Title, t.Index, turnError(err))})
+		what |= saveEvents
+	}
+	if s.turn == t { // failLocked may have ended it just now
+		e.finishTurnLocked(s, t)
+	}
+	s.notify()
+	e.mu.Unlock()
+	e.persist(s, what)
+}
+
+// finishTurnLocked moves the running turn t, its StopReason set, to the
+// transcript.
+func (e *Engine) finishTurnLocked(s *session, t *turn) {
+	t.Ended = time.Now().UTC()
+	t.Answer = t.answer.String()
+	s.addTurn(t.Turn, e.lim)
+	s.turn = nil
+	s.rec.Updated = t.Ended
+	close(t.done)
+}
+
+// turnError words a failed prompt: a JSON-RPC error shows its message and
+// data rather than the SDK's raw form.
+func turnError(err error) string {
+	var re *acp.RequestError
+	if errors.As(err, &re) {
+		if re.Data != nil {
+			return fmt.Sprintf("the agent answered error %d, %s: %v", re.Code, re.Message, re.Data)
+		}
+		return fmt.Sprintf("the agent answered error %d, %s", re.Code, re.Message)
+	}
+	return err.Error()
+}
+
+// armIdleLocked starts the idle timer of a session whose agent can be
+// stopped without loss (it supports session/load).
+func (e *Engine) armIdleLocked(s *session) {
+	e.stopIdle(s)
+	if e.lim.IdleTimeout < 0 || s.agent == nil || !s.rec.LoadSession || e.closed {
+		return
+	}
+	a := s.agent
+	s.idle = time.AfterFunc(e.lim.IdleTimeout, func() { e.sleep(s, a) })
+}
+
+func (e *Engine) stopIdle(s *session) {
+	if s.idle != nil {
+		s.idle.Stop()
+		s.idle = nil
+	}
+}
+
+// sleep stops an idle session's agent; the session stays idle and its
+// next prompt relaunches the agent with session/load.
+func (e *Engine) sleep(s *session, a *acpclient.Agent) {
+	e.mu.Lock()
+	if s.agent != a || s.worker || s.turn != nil || len(s.pending) > 0 || s.queue.len() > 0 || s.dead() || e.closed {
+		e.mu.Unlock()
+		return
+	}
+	s.agent = nil
+	s.idle = nil
+	e.mu.Unlock()
+	e.log.Info("agent stopped after being idle; the next prompt resumes the session", "session", s.rec.ID, "idle", e.lim.IdleTimeout)
+	a.Close()
+}
+
+// agentHandler is what one launch of a session's agent calls back. gen
+// ties it to that launch: a stopped process's late callbacks change
+// nothing.
+type agentHandler struct {
+	e   *Engine
+	s   *session
+	gen int
+}
+
+func (h *agentHandler) SessionUpdate(n acp.SessionNotification) {
+	e, s := h.e, h.s
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	t := s.turn
+	// Updates outside a turn (the history session/load replays) are not
+	// part of any turn of this engine's.
+	if t == nil || s.gen != h.gen {
+		return
+	}
+	switch u := n.Update; {
+	case u.AgentMessageChunk != nil:
+		if c := u.AgentMessageChunk.Content; c.Text != nil {
+			t.appendText(c.Text.Text, e.lim.MaxAnswerBytes)
+		}
+	case u.ToolCall != nil:
+		t.gap = true
+	}
+}
+
+func (h *agentHandler) RequestPermission(ctx context.Context, req acp.RequestPermissionRequest) acp.RequestPermissionResponse {
+	return h.e.ask(ctx, h.s, h.gen, permissionInteraction(req)).perm
+}
+
+func (h *agentHandler) Elicit(ctx context.Context, form acp.UnstableCreateElicitationForm) acp.UnstableCreateElicitationResponse {
+	return h.e.ask(ctx, h.s, h.gen, questionInteraction(form)).elic
+}

@@ -1,0 +1,127 @@
+package sessions
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// gitTimeout bounds each git command of a worktree environment.
+const gitTimeout = 60 * time.Second
+
+// checkCwd checks that cwd is an absolute path to a directory.
+func checkCwd(cwd string) (string, error) {
+	if cwd == "" {
+		return "", fmt.Errorf("%w: cwd is empty; give the absolute path of the directory the agent works in", ErrBadRequest)
+	}
+	if !filepath.IsAbs(cwd) {
+		return "", fmt.Errorf("%w: cwd %q is not an absolute path; give it from the root, e.g. /home/me/project", ErrBadRequest, cwd)
+	}
+	cwd = filepath.Clean(cwd)
+	fi, err := os.Stat(cwd)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("%w: cwd %s does not exist on this host; create it or give an existing directory", ErrBadRequest, cwd)
+	case err != nil:
+		return "", fmt.Errorf("%w: cwd %s cannot be used: %v", ErrBadRequest, cwd, err)
+	case !fi.IsDir():
+		return "", fmt.Errorf("%w: cwd %s is a file, not a directory; give the directory the agent works in", ErrBadRequest, cwd)
+	}
+	return cwd, nil
+}
+
+// worktree is a git worktree made for a session.
+type worktree struct {
+	repo   string // the repository's top-level directory
+	dir    string // the worktree's top-level directory
+	cwd    string // where the agent starts: cwd's place inside the worktree
+	branch string
+}
+
+// addWorktree creates a worktree of the repository at cwd on a new branch:
+// `git worktree add -b <branch> <dir>`, from the repository's HEAD. dir is
+// <root>/<repository name>-<branch>, where root is WorktreeRoot or else a
+// .worktrees directory next to the repository. The worktree is never
+// removed by the engine: it holds the agent's work.
+func addWorktree(ctx context.Context, root, cwd, branch string) (worktree, error) {
+	ctx, cancel := context.WithTimeout(ctx, gitTimeout)
+	defer cancel()
+	top, err := git(ctx, cwd, "rev-parse", "--show-toplevel")
+	if err != nil {
+		return worktree{}, fmt.Errorf("%w: cwd %s is not inside a git repository (%v); a worktree environment needs one: use environment kind local, or run git init there first", ErrBadRequest, cwd, err)
+	}
+	top = filepath.Clean(top)
+	if _, err := git(ctx, top, "check-ref-format", "--branch", branch); err != nil {
+		return worktree{}, fmt.Errorf("%w: %q is not a valid git branch name (%v)", ErrBadRequest, branch, err)
+	}
+	if _, err := git(ctx, top, "rev-parse", "--verify", "--quiet", "refs/heads/"+branch); err == nil {
+		return worktree{}, fmt.Errorf("%w: branch %q already exists in %s; choose a new branch name, or use environment kind local to work on it", ErrBadRequest, branch, top)
+	}
+	if _, err := git(ctx, top, "rev-parse", "--verify", "--quiet", "HEAD"); err != nil {
+		return worktree{}, fmt.Errorf("%w: the repository at %s has no commit yet; a worktree starts from HEAD, so commit something first", ErrBadRequest, top)
+	}
+	if root == "" {
+		root = filepath.Join(filepath.Dir(top), ".worktrees")
+	}
+	dir := filepath.Join(root, filepath.Base(top)+"-"+slug(branch))
+	if _, err := os.Lstat(dir); err == nil {
+		return worktree{}, fmt.Errorf("%w: %s already exists; choose another branch name, or remove that directory", ErrBadRequest, dir)
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return worktree{}, fmt.Errorf("create the worktree directory %s: %w", root, err)
+	}
+	if _, err := git(ctx, top, "worktree", "add", "-b", branch, dir); err != nil {
+		return worktree{}, fmt.Errorf("%w: git worktree add -b %s %s failed: %v", ErrBadRequest, branch, dir, err)
+	}
+	wt := worktree{repo: top, dir: dir, cwd: dir, branch: branch}
+	// An agent asked to work in a subdirectory starts in the same place in
+	// the worktree.
+	if real, err := filepath.EvalSymlinks(cwd); err == nil {
+		if realTop, err := filepath.EvalSymlinks(top); err == nil {
+			if rel, err := filepath.Rel(realTop, real); err == nil && rel != "." && !strings.HasPrefix(rel, "..") {
+				if fi, err := os.Stat(filepath.Join(dir, rel)); err == nil && fi.IsDir() {
+					wt.cwd = filepath.Join(dir, rel)
+				}
+			}
+		}
+	}
+	return wt, nil
+}
+
+// git runs git in dir and returns its trimmed stdout, or an error holding
+// its stderr.
+func git(ctx context.Context, dir string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "LC_ALL=C")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(errb.String())
+		if msg == "" {
+			msg = err.Error()
+		}
+		return "", errors.New(msg)
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+// slug makes a branch name usable as part of a directory name.
+func slug(branch string) string {
+	var b strings.Builder
+	for _, r := range branch {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	return strings.Trim(b.String(), "-.")
+}
