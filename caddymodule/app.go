@@ -32,6 +32,23 @@ type App struct {
 	// to storage. Default: 30s.
 	LastUsedFlush caddy.Duration `json:"last_used_flush,omitempty"`
 
+	// Agents are the ACP agents that sessions can run, by name. The
+	// built-in agent `demo` (this binary's `caddy zidane demo-agent`, for
+	// demos and tests: it needs no API key) is always there unless an agent
+	// of that name is configured. Agent changes apply at the next start.
+	Agents map[string]*AgentConfig `json:"agents,omitempty"`
+
+	// DefaultAgent runs sessions that name no agent. Default: the only
+	// configured agent, else demo.
+	DefaultAgent string `json:"default_agent,omitempty"`
+
+	// WorktreeRoot is where worktree environments are created. Default: a
+	// .worktrees directory next to the repository.
+	WorktreeRoot string `json:"worktree_root,omitempty"`
+
+	// LinkTTL is how long a session link stays valid. Default: 1h.
+	LinkTTL caddy.Duration `json:"link_ttl,omitempty"`
+
 	tokens    *tokenState
 	tokensKey string
 }

@@ -31,6 +31,7 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
 //
 //	zidane_mcp {
+//		sessions
 //		guard {
 //			upstream_header <name> <value>
 //		}
@@ -88,6 +89,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					return d.Errf("unknown guard option %q", d.Val())
 				}
 			}
+		case "sessions":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.Sessions = &SessionsMode{}
 		case "resource":
 			if !d.Args(&h.Resource) || d.NextArg() {
 				return d.ArgErr()
@@ -271,6 +277,13 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //		zidane {
 //			token_sync <duration>
 //			last_used_flush <duration>
+//			agent <name> {
+//				command <program> [<args...>]
+//				env <name> <value>
+//			}
+//			default_agent <name>
+//			worktree_root <path>
+//			link_ttl <duration>
 //		}
 //	}
 func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -284,6 +297,56 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 	}
 	for d.NextBlock(0) {
 		opt := d.Val()
+		switch opt {
+		case "agent":
+			var name string
+			if !d.Args(&name) || d.NextArg() {
+				return nil, d.Err("agent takes a name and a block: agent claude { command claude-agent-acp }")
+			}
+			ac := &AgentConfig{}
+			for d.NextBlock(1) {
+				switch d.Val() {
+				case "command":
+					ac.Command = d.RemainingArgs()
+					if len(ac.Command) == 0 {
+						return nil, d.Errf("agent %s: command needs the program to run", name)
+					}
+				case "env":
+					var k, v string
+					if !d.Args(&k, &v) || d.NextArg() {
+						return nil, d.Errf("agent %s: env takes a name and a value", name)
+					}
+					if ac.Env == nil {
+						ac.Env = map[string]string{}
+					}
+					ac.Env[k] = v
+				default:
+					return nil, d.Errf("agent %s: unknown option %q: use command or env", name, d.Val())
+				}
+			}
+			if len(ac.Command) == 0 {
+				return nil, d.Errf("agent %s: give its command", name)
+			}
+			if app.Agents == nil {
+				app.Agents = map[string]*AgentConfig{}
+			}
+			if _, dup := app.Agents[name]; dup {
+				return nil, d.Errf("agent %s is configured twice", name)
+			}
+			app.Agents[name] = ac
+			continue
+		case "default_agent", "worktree_root":
+			var v string
+			if !d.Args(&v) || d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			if opt == "default_agent" {
+				app.DefaultAgent = v
+			} else {
+				app.WorktreeRoot = v
+			}
+			continue
+		}
 		var s string
 		if !d.Args(&s) || d.NextArg() {
 			return nil, d.ArgErr()
@@ -297,6 +360,8 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			app.TokenSync = caddy.Duration(dur)
 		case "last_used_flush":
 			app.LastUsedFlush = caddy.Duration(dur)
+		case "link_ttl":
+			app.LinkTTL = caddy.Duration(dur)
 		default:
 			return nil, d.Errf("unknown zidane option %q", opt)
 		}

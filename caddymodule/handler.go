@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
 )
 
 func init() {
@@ -32,6 +33,11 @@ func init() {
 // /.well-known/oauth-protected-resource and at that path followed by the
 // resource path, so leave the directive without a path matcher.
 type Handler struct {
+	// Sessions serves the sessions endpoint: the `sessions` and
+	// `interactions` MCP tools that drive coding-agent sessions on this
+	// host, and the read-only session pages behind their links.
+	Sessions *SessionsMode `json:"sessions,omitempty"`
+
 	// Guard turns on guard mode: authorized requests go to the next handler
 	// with the client's Authorization header removed.
 	Guard *Guard `json:"guard,omitempty"`
@@ -80,9 +86,15 @@ type Handler struct {
 	limitKey   string
 	jwt        jwtVerifier
 	resURL     *url.URL // absolute when configured so, else path only
+	sess       *sessionsState
+	sessKey    string
 	logger     *zap.Logger
 	audit      *zap.Logger
 }
+
+// SessionsMode configures the sessions endpoint. Agents are configured in
+// the zidane app (global option).
+type SessionsMode struct{}
 
 // Guard configures guard mode.
 type Guard struct {
@@ -176,13 +188,22 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("jwt: %w", err)
 		}
 	}
+	if h.Sessions != nil {
+		base := ""
+		if h.resURL.IsAbs() {
+			base = h.resURL.Scheme + "://" + h.resURL.Host
+		}
+		if h.sess, h.sessKey, err = appIface.(*App).loadSessions(ctx, base, base != ""); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 // Validate checks that a mode is chosen.
 func (h *Handler) Validate() error {
-	if h.Guard == nil {
-		return errors.New("zidane_mcp: choose a mode; `guard` passes authorized requests to the next handler (for example reverse_proxy)")
+	if (h.Guard == nil) == (h.Sessions == nil) {
+		return errors.New("zidane_mcp: choose one mode: `sessions` serves the sessions endpoint; `guard` passes authorized requests to the next handler (for example reverse_proxy)")
 	}
 	return nil
 }
@@ -192,11 +213,16 @@ func (h *Handler) Cleanup() error {
 	if h.jwt != nil {
 		h.jwt.Close()
 	}
+	var err error
 	if h.limitKey != "" {
-		_, err := limiterPool.Delete(h.limitKey)
-		return err
+		_, err = limiterPool.Delete(h.limitKey)
 	}
-	return nil
+	if h.sessKey != "" {
+		if _, derr := sessionsPool.Delete(h.sessKey); err == nil {
+			err = derr
+		}
+	}
+	return err
 }
 
 // limiterPool keeps rate-limit buckets across reloads, keyed by the
@@ -253,6 +279,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if strings.HasPrefix(r.URL.Path, wellKnownResource) && h.servesMetadata(r.URL.Path) {
 		return h.serveMetadata(w, r)
 	}
+	if h.sess != nil && strings.HasPrefix(r.URL.Path, sessionpage.PathPrefix) {
+		// A session page carries its own capability, bound to one session.
+		h.sess.page.ServeHTTP(w, r)
+		return nil
+	}
 
 	// 2. Authenticate.
 	now := time.Now()
@@ -277,6 +308,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, r, rf, http.StatusUnauthorized, reason, msg)
 	}
 	rf.p = p
+	if h.sess != nil && p.Kind == policy.KindMachine {
+		return h.refuse(w, r, rf, http.StatusForbidden, "machine_token",
+			fmt.Sprintf("token %q is a machine token, and machine tokens may not use the sessions endpoint: use a user token", p.Name))
+	}
 
 	// 3. Inspect the JSON-RPC body.
 	var calls []policy.Call
@@ -340,7 +375,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		defer h.tokens.Hold(p.TokenID, cancel)()
 	}
 	r = r.WithContext(ctx)
+	if h.sess != nil {
+		return h.serveSessions(w, r, p, listIDs)
+	}
 	return h.guard(w, r, next, p, listIDs)
+}
+
+// serveSessions hands r to the sessions endpoint.
+func (h *Handler) serveSessions(w http.ResponseWriter, r *http.Request, p policy.Principal, listIDs map[string]bool) error {
+	h.sess.setBase(requestOrigin(r))
+	if listIDs == nil {
+		h.sess.endpoint.ServeHTTP(w, r)
+		return nil
+	}
+	fw := h.toolsListWriter(w, p, listIDs)
+	h.sess.endpoint.ServeHTTP(fw, r)
+	return fw.close()
 }
 
 // guard passes r to next without the client's credential.
@@ -358,16 +408,20 @@ func (h *Handler) guard(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if listIDs == nil {
 		return next.ServeHTTP(w, r)
 	}
-	fw := &toolsListWriter{
-		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-		ids:                   listIDs,
-		visible:               func(tool string) bool { return h.scopes.ToolVisible(p, tool) },
-	}
+	fw := h.toolsListWriter(w, p, listIDs)
 	err := next.ServeHTTP(fw, r)
 	if cerr := fw.close(); err == nil {
 		err = cerr
 	}
 	return err
+}
+
+func (h *Handler) toolsListWriter(w http.ResponseWriter, p policy.Principal, listIDs map[string]bool) *toolsListWriter {
+	return &toolsListWriter{
+		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+		ids:                   listIDs,
+		visible:               func(tool string) bool { return h.scopes.ToolVisible(p, tool) },
+	}
 }
 
 // authenticate returns the principal of r's bearer token, or a refusal

@@ -1,0 +1,171 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+
+	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
+)
+
+// AgentConfig is an ACP agent that sessions can run.
+type AgentConfig struct {
+	// Command is the program that speaks ACP on stdio, and its arguments,
+	// such as ["claude-agent-acp"].
+	Command []string `json:"command"`
+	// Env is added to the agent's minimal environment (PATH, HOME, USER,
+	// LANG and a few more pass from the gateway; nothing else does). In a
+	// value, ${NAME} is read from the gateway's environment when the agent
+	// starts, so a secret stays out of the configuration.
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// demoAgentName is the built-in agent that needs no API key.
+const demoAgentName = "demo"
+
+// sessionsState is what the sessions endpoint keeps across reloads: the
+// engine with its agent processes, the MCP endpoint with its MCP sessions,
+// and the key that signs session links.
+type sessionsState struct {
+	engine   *sessions.Engine
+	endpoint *mcpendpoint.Endpoint
+	page     *sessionpage.Page
+	signer   *sessionpage.Signer
+	// base is the scheme://host clients reach the endpoint at, for links;
+	// fixed when `resource` is absolute, else the last request's.
+	base       atomic.Value // string
+	fixedBase  bool
+	agentsHash string
+	unhook     func()
+}
+
+func (s *sessionsState) Destruct() error {
+	s.unhook()
+	err := s.endpoint.Close()
+	if cerr := s.engine.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// setBase records the origin clients use, for the links of new sessions.
+func (s *sessionsState) setBase(origin string) {
+	if s.fixedBase {
+		return
+	}
+	if cur, _ := s.base.Load().(string); cur != origin {
+		s.base.Store(origin)
+	}
+}
+
+var sessionsPool = caddy.NewUsagePool()
+
+// agentSet is the configured agents plus the built-in demo agent.
+func (a *App) agentSet() (map[string]sessions.AgentConfig, string, error) {
+	agents := map[string]sessions.AgentConfig{}
+	if _, ok := a.Agents[demoAgentName]; !ok {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, "", fmt.Errorf("finding this binary for the demo agent: %v", err)
+		}
+		agents[demoAgentName] = sessions.AgentConfig{Command: []string{self, "zidane", "demo-agent"}}
+	}
+	for name, ac := range a.Agents {
+		if ac == nil || len(ac.Command) == 0 {
+			return nil, "", fmt.Errorf("agent %q: give the command that runs it, such as `command claude-agent-acp`", name)
+		}
+		agents[name] = sessions.AgentConfig{Command: ac.Command, Env: ac.Env}
+	}
+	def := a.DefaultAgent
+	if def == "" {
+		def = demoAgentName
+		if len(a.Agents) == 1 {
+			for name := range a.Agents {
+				def = name
+			}
+		}
+	}
+	if _, ok := agents[def]; !ok {
+		return nil, "", fmt.Errorf("default_agent %q is not configured", def)
+	}
+	return agents, def, nil
+}
+
+// loadSessions returns the pooled sessions state for the app's storage,
+// building it on first use. Release it with sessionsPool.Delete(key).
+func (a *App) loadSessions(ctx caddy.Context, resource string, fixedBase bool) (*sessionsState, string, error) {
+	agents, def, err := a.agentSet()
+	if err != nil {
+		return nil, "", err
+	}
+	hash := fmt.Sprint(sortedAgents(agents), def, a.WorktreeRoot)
+	key := "sessions|" + storageKey(ctx.Storage())
+	tokens := a.Tokens()
+	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
+		logger := slog.New(zapslog.NewHandler(ctx.Logger().Named("sessions").Core()))
+		st := &sessionsState{signer: sessionpage.NewSigner(time.Duration(a.LinkTTL)), agentsHash: hash, fixedBase: fixedBase}
+		st.base.Store(resource)
+		names := make([]string, 0, len(agents))
+		for n := range agents {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		openCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		engine, err := sessions.NewEngine(openCtx, sessions.Config{
+			Agents:       agents,
+			DefaultAgent: def,
+			Storage:      storage.Storage(ctx.Storage()),
+			WorktreeRoot: a.WorktreeRoot,
+			LinkFor: func(id string) string {
+				base, _ := st.base.Load().(string)
+				return st.signer.Link(base, id)
+			},
+			Logger: logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+		endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: engine, Agents: names, Logger: logger})
+		if err != nil {
+			engine.Close()
+			return nil, err
+		}
+		st.engine, st.endpoint = engine, endpoint
+		st.page = &sessionpage.Page{Sessions: engine, Signer: st.signer}
+		// Revoking a token cancels what it started, wherever the revocation
+		// came from (admin API, CLI offline, parent token).
+		st.unhook = tokens.OnRevoke(func(t policy.Token) { engine.RevokeToken(t.ID) })
+		return st, nil
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("sessions: %w", err)
+	}
+	st := v.(*sessionsState)
+	if loaded && st.agentsHash != hash {
+		ctx.Logger().Warn("the agents configuration changed; the running session engine keeps the agents it started with until caddy restarts",
+			zap.String("hint", "restart caddy to apply agent changes"))
+	}
+	return st, key, nil
+}
+
+func sortedAgents(m map[string]sessions.AgentConfig) []string {
+	var out []string
+	for name, a := range m {
+		out = append(out, fmt.Sprint(name, a.Command, a.Env))
+	}
+	sort.Strings(out)
+	return out
+}

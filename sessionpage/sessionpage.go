@@ -1,0 +1,133 @@
+// Package sessionpage serves the read-only web page behind a session's
+// `link`: its state, transcript and pending interactions. The URL carries a
+// short-lived capability, a JWT signed with a key the gateway holds and bound
+// to that one session, so the page needs no login and the link opens nothing
+// else. It never changes a session: answering and steering happen through
+// the MCP tools.
+package sessionpage
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
+)
+
+// PathPrefix is where pages are served: PathPrefix + <session id>.
+const PathPrefix = "/zidane/session/"
+
+// audience keeps these capabilities from being taken for any other JWT.
+const audience = "zidane-session-page"
+
+// DefaultTTL is how long a link stays valid.
+const DefaultTTL = time.Hour
+
+// Signer issues and checks page capabilities.
+type Signer struct {
+	key []byte
+	ttl time.Duration
+	now func() time.Time
+}
+
+// NewSigner returns a signer with a fresh random key. Links it signs stop
+// working when the process that holds the key ends, or after ttl.
+func NewSigner(ttl time.Duration) *Signer {
+	key := make([]byte, 32)
+	rand.Read(key)
+	if ttl <= 0 {
+		ttl = DefaultTTL
+	}
+	return &Signer{key: key, ttl: ttl, now: time.Now}
+}
+
+// Link returns the page URL of sessionID under base (scheme://host).
+func (s *Signer) Link(base, sessionID string) string {
+	now := s.now()
+	tok := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.RegisteredClaims{
+		Subject:   sessionID,
+		Audience:  jwt.ClaimStrings{audience},
+		IssuedAt:  jwt.NewNumericDate(now),
+		ExpiresAt: jwt.NewNumericDate(now.Add(s.ttl)),
+	})
+	signed, _ := tok.SignedString(s.key) // HMAC signing cannot fail with a key
+	return strings.TrimSuffix(base, "/") + PathPrefix + url.PathEscape(sessionID) + "?cap=" + signed
+}
+
+// ErrCapability is returned for a missing, forged, expired or misbound
+// capability.
+var ErrCapability = errors.New("this session link is not valid")
+
+// Verify checks that capability grants sessionID.
+func (s *Signer) Verify(sessionID, capability string) error {
+	if capability == "" {
+		return fmt.Errorf("%w: it has no capability", ErrCapability)
+	}
+	var claims jwt.RegisteredClaims
+	_, err := jwt.ParseWithClaims(capability, &claims, func(*jwt.Token) (any, error) { return s.key, nil },
+		jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
+		jwt.WithAudience(audience),
+		jwt.WithExpirationRequired(),
+		jwt.WithTimeFunc(s.now))
+	if err != nil {
+		if errors.Is(err, jwt.ErrTokenExpired) {
+			return fmt.Errorf("%w: it has expired; ask for the session again to get a fresh link", ErrCapability)
+		}
+		return fmt.Errorf("%w: it was not issued by this gateway", ErrCapability)
+	}
+	if claims.Subject != sessionID {
+		return fmt.Errorf("%w: it belongs to another session", ErrCapability)
+	}
+	return nil
+}
+
+// Page serves session pages.
+type Page struct {
+	Sessions sessions.Sessions
+	Signer   *Signer
+}
+
+// ServeHTTP answers GET PathPrefix<id>?cap=….
+func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	// The capability is in the URL: no Referer may carry it elsewhere, and
+	// the page loads nothing from anywhere.
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		h.Set("Allow", "GET, HEAD")
+		http.Error(w, "this page is read-only", http.StatusMethodNotAllowed)
+		return
+	}
+	id, err := url.PathUnescape(strings.TrimPrefix(r.URL.Path, PathPrefix))
+	if err != nil || id == "" || strings.Contains(id, "/") {
+		http.Error(w, "no such session page", http.StatusNotFound)
+		return
+	}
+	if err := p.Signer.Verify(id, r.URL.Query().Get("cap")); err != nil {
+		http.Error(w, err.Error(), http.StatusForbidden)
+		return
+	}
+	view, err := p.Sessions.Read(id, true)
+	if err != nil {
+		http.Error(w, "this session no longer exists", http.StatusNotFound)
+		return
+	}
+	turns, _ := p.Sessions.Transcript(id, 50, true)
+	data := pageData{View: view, Turns: turns, Pending: p.Sessions.Pending(id), Now: time.Now().UTC()}
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	if err := pageTemplate.Execute(w, data); err != nil {
+		// Headers are out; the page is cut short and the error is the
+		// connection's to report.
+		return
+	}
+}
