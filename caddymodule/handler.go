@@ -193,7 +193,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if h.resURL.IsAbs() {
 			base = h.resURL.Scheme + "://" + h.resURL.Host
 		}
-		if h.sess, h.sessKey, err = appIface.(*App).loadSessions(ctx, base, base != ""); err != nil {
+		if h.sess, h.sessKey, err = appIface.(*App).loadSessions(ctx, base, h.resURL.Path, base != ""); err != nil {
 			return err
 		}
 	}

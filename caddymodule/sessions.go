@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -49,6 +50,9 @@ type sessionsState struct {
 	fixedBase  bool
 	agentsHash string
 	unhook     func()
+	// endpointPath is the MCP endpoint's path, which orchestrator agents
+	// are given with base.
+	endpointPath string
 }
 
 func (s *sessionsState) Destruct() error {
@@ -105,7 +109,7 @@ func (a *App) agentSet() (map[string]sessions.AgentConfig, string, error) {
 
 // loadSessions returns the pooled sessions state for the app's storage,
 // building it on first use. Release it with sessionsPool.Delete(key).
-func (a *App) loadSessions(ctx caddy.Context, resource string, fixedBase bool) (*sessionsState, string, error) {
+func (a *App) loadSessions(ctx caddy.Context, resource, endpointPath string, fixedBase bool) (*sessionsState, string, error) {
 	agents, def, err := a.agentSet()
 	if err != nil {
 		return nil, "", err
@@ -115,7 +119,10 @@ func (a *App) loadSessions(ctx caddy.Context, resource string, fixedBase bool) (
 	tokens := a.Tokens()
 	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
 		logger := slog.New(zapslog.NewHandler(ctx.Logger().Named("sessions").Core()))
-		st := &sessionsState{signer: sessionpage.NewSigner(time.Duration(a.LinkTTL)), agentsHash: hash, fixedBase: fixedBase}
+		st := &sessionsState{signer: sessionpage.NewSigner(time.Duration(a.LinkTTL)), agentsHash: hash, fixedBase: fixedBase, endpointPath: endpointPath}
+		// Resumed sessions may launch while NewEngine runs; the hook that
+		// needs the engine waits for it.
+		ready := make(chan struct{})
 		st.base.Store(resource)
 		names := make([]string, 0, len(agents))
 		for n := range agents {
@@ -133,6 +140,10 @@ func (a *App) loadSessions(ctx caddy.Context, resource string, fixedBase bool) (
 				base, _ := st.base.Load().(string)
 				return st.signer.Link(base, id)
 			},
+			MCPServers: func(info sessions.SessionInfo) []sessions.McpServer {
+				<-ready
+				return st.orchestratorServers(tokens, info, logger)
+			},
 			Logger: logger,
 		})
 		if err != nil {
@@ -144,6 +155,7 @@ func (a *App) loadSessions(ctx caddy.Context, resource string, fixedBase bool) (
 			return nil, err
 		}
 		st.engine, st.endpoint = engine, endpoint
+		close(ready)
 		st.page = &sessionpage.Page{Sessions: engine, Signer: st.signer}
 		// Revoking a token cancels what it started, wherever the revocation
 		// came from (admin API, CLI offline, parent token).
@@ -159,6 +171,55 @@ func (a *App) loadSessions(ctx caddy.Context, resource string, fixedBase bool) (
 			zap.String("hint", "restart caddy to apply agent changes"))
 	}
 	return st, key, nil
+}
+
+// sessionVerbs and interactionVerbs are the verbs an orchestrator's tools
+// may list.
+var (
+	sessionVerbs     = []string{"create", "send", "steer", "cancel", "read", "list", "transcript", "wait", "events"}
+	interactionVerbs = []string{"pending", "answer"}
+)
+
+// orchestratorServers gives an orchestrator session (one created with
+// `tools`) this endpoint as an MCP server, with a child token of its
+// creator's that grants only the listed verbs. Revoking the creator's
+// token revokes the child. With `subscribe`, the engine relays the events
+// of the sessions the child creates into the orchestrator. It runs at each
+// launch of the agent, so a resumed orchestrator gets a fresh token.
+func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sessions.SessionInfo, log *slog.Logger) []sessions.McpServer {
+	if len(info.Tools) == 0 {
+		return nil
+	}
+	var scopes []string
+	for _, v := range info.Tools {
+		switch {
+		case slices.Contains(sessionVerbs, v):
+			scopes = append(scopes, policy.VerbScope("sessions", v))
+		case slices.Contains(interactionVerbs, v):
+			scopes = append(scopes, policy.VerbScope("interactions", v))
+		}
+	}
+	if len(scopes) == 0 {
+		log.Warn("an orchestrator session lists no known verb; it gets no MCP server", "session", info.SessionID, "tools", info.Tools)
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name := fmt.Sprintf("orchestrator-%s-%d", info.SessionID, time.Now().UnixNano())
+	secret, child, err := tokens.Create(ctx, policy.TokenSpec{Name: name, Scopes: scopes, Parent: info.Owner.TokenID, Kind: policy.KindUser})
+	if err != nil {
+		log.Error("minting an orchestrator's child token failed; the session runs without the endpoint", "session", info.SessionID, "error", err)
+		return nil
+	}
+	if info.Subscribe {
+		s.engine.Relay(child.ID, info.SessionID)
+	}
+	base, _ := s.base.Load().(string)
+	return []sessions.McpServer{{
+		Name:    "zidane",
+		URL:     base + s.endpointPath,
+		Headers: map[string]string{"Authorization": "Bearer " + secret},
+	}}
 }
 
 func sortedAgents(m map[string]sessions.AgentConfig) []string {

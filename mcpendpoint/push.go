@@ -4,9 +4,6 @@ package mcpendpoint
 
 import (
 	"context"
-	"html"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -107,7 +104,7 @@ type eventData struct {
 func (e *Endpoint) push(p *peer, ev sessions.Event) {
 	ctx, cancel := context.WithTimeout(context.Background(), pushTimeout)
 	defer cancel()
-	text := renderEvent(ev)
+	text := ev.Render()
 	level := eventLevel(ev.Status)
 	err := p.ss.Log(ctx, &mcp.LoggingMessageParams{
 		Logger: eventLogger,
@@ -138,25 +135,3 @@ func eventLevel(s sessions.EventStatus) mcp.LoggingLevel {
 	}
 }
 
-// renderEvent is the text a model reads for ev:
-// <session-event session="…" status="…" seq="…">summary</session-event>.
-// Everything in it is escaped, so an agent's output cannot close the tag.
-func renderEvent(ev sessions.Event) string {
-	var b strings.Builder
-	b.WriteString(`<session-event session="`)
-	b.WriteString(html.EscapeString(ev.SessionID))
-	b.WriteString(`" status="`)
-	b.WriteString(html.EscapeString(string(ev.Status)))
-	b.WriteString(`" seq="`)
-	b.WriteString(strconv.FormatInt(ev.Seq, 10))
-	b.WriteString(`"`)
-	if ev.RequestID != "" {
-		b.WriteString(` request="`)
-		b.WriteString(html.EscapeString(ev.RequestID))
-		b.WriteString(`"`)
-	}
-	b.WriteString(">")
-	b.WriteString(html.EscapeString(ev.Summary))
-	b.WriteString("</session-event>")
-	return b.String()
-}

@@ -199,7 +199,7 @@ func TestChannelPushForClientsThatDeclareIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{"session_id": c.SessionID, "status": "needs-attention", "seq": "1", "kind": "needs-attention", "request_id": rid}
-	if msg.JSONRPC != "2.0" || msg.ID != nil || msg.Params.Content != renderEvent(ev) || !equalMaps(msg.Params.Meta, want) {
+	if msg.JSONRPC != "2.0" || msg.ID != nil || msg.Params.Content != ev.Render() || !equalMaps(msg.Params.Meta, want) {
 		t.Errorf("channel notification = %s", line)
 	}
 }

@@ -523,7 +523,7 @@ func (e *Endpoint) events(_ context.Context, _ sessions.Owner, a *args) (reply, 
 	}
 	b.WriteString(":")
 	for _, ev := range evs {
-		fmt.Fprintf(&b, "\n%s", renderEvent(ev))
+		fmt.Fprintf(&b, "\n%s", ev.Render())
 	}
 	return reply{text: withNotes(b.String(), res.Notes), data: res}, nil
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"html"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -116,6 +119,29 @@ type Event struct {
 	Time      time.Time   `json:"time"`
 	// Target is the MCP session id the event is pushed to.
 	Target string `json:"-"`
+}
+
+// Render is the text a model reads for ev:
+// <session-event session="…" status="…" seq="…">summary</session-event>.
+// Everything in it is escaped, so an agent's output cannot close the tag.
+func (ev Event) Render() string {
+	var b strings.Builder
+	b.WriteString(`<session-event session="`)
+	b.WriteString(html.EscapeString(ev.SessionID))
+	b.WriteString(`" status="`)
+	b.WriteString(html.EscapeString(string(ev.Status)))
+	b.WriteString(`" seq="`)
+	b.WriteString(strconv.FormatInt(ev.Seq, 10))
+	b.WriteString(`"`)
+	if ev.RequestID != "" {
+		b.WriteString(` request="`)
+		b.WriteString(html.EscapeString(ev.RequestID))
+		b.WriteString(`"`)
+	}
+	b.WriteString(">")
+	b.WriteString(html.EscapeString(ev.Summary))
+	b.WriteString("</session-event>")
+	return b.String()
 }
 
 // EventFilter selects events, newest first.

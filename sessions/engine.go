@@ -62,6 +62,10 @@ type Engine struct {
 	storeDone     bool           // Close is done with storage
 
 	events *eventLog
+
+	// relays maps a child token id to the orchestrator session that
+	// subscribed to the sessions that token creates (see Relay).
+	relays map[string]string
 }
 
 var _ Sessions = (*Engine)(nil)
@@ -112,6 +116,7 @@ func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
 		sessions: map[string]*session{},
 		pending:  map[string]*interaction{},
 		resolved: map[string]resolution{},
+		relays:   map[string]string{},
 	}
 	e.events = newEventLog(lim.MaxEvents, log.Warn)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
@@ -260,4 +265,33 @@ func (e *Engine) recordLocked(s *session, ev Event) {
 	ev = e.events.add(ev)
 	s.addEvent(ev, e.lim)
 	s.rec.Updated = ev.Time
+	e.relayLocked(s, ev)
+}
+
+// Relay delivers the events of every session that the token childTokenID
+// creates into session orchestratorID, as queued prompts: an orchestrator
+// session subscribed to its workers. The MCPServers hook calls it when it
+// gives an orchestrator its child token. Relays live in memory: the hook
+// registers them again when it relaunches the orchestrator's agent.
+func (e *Engine) Relay(childTokenID, orchestratorID string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.relays[childTokenID] = orchestratorID
+}
+
+// relayLocked queues ev into the orchestrator that subscribed to s's
+// creator, if any. The prompt keeps the orchestrator's own event target.
+func (e *Engine) relayLocked(s *session, ev Event) {
+	orchID, ok := e.relays[s.rec.OwnerTokenID]
+	if !ok || orchID == s.rec.ID {
+		return
+	}
+	o := e.sessions[orchID]
+	if o == nil || o.dead() {
+		return
+	}
+	owner := Owner{TokenID: o.rec.OwnerTokenID, TokenName: o.rec.OwnerTokenName}
+	if err := e.enqueueLocked(o, prompt{text: ev.Render(), owner: owner}, false); err != nil {
+		e.log.Warn("a worker's event could not reach its orchestrator", "orchestrator", orchID, "worker", s.rec.ID, "error", err)
+	}
 }

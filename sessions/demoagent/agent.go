@@ -47,6 +47,9 @@ func (a *agent) Initialize(_ context.Context, p acp.InitializeRequest) (acp.Init
 		AgentInfo:       &acp.Implementation{Name: Name, Title: acp.Ptr("Zidane demo agent (no model; for demos and tests)"), Version: Version},
 		AgentCapabilities: acp.AgentCapabilities{
 			LoadSession: true,
+			// The demo agent connects to streamable HTTP MCP servers itself
+			// (the "mcp: tools" and "mcp: call" prompts).
+			McpCapabilities: acp.McpCapabilities{Http: true},
 		},
 	}
 	if !a.opts.DisableSteering {

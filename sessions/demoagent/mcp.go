@@ -1,15 +1,26 @@
 package demoagent
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"sort"
 	"strings"
+	"time"
 
 	acp "github.com/coder/acp-go-sdk"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
-// The demo agent records the MCP servers of session/new and session/load but
-// never connects to them: the "mcp" prompt only lists them. Listing and
-// calling their tools belongs here when it comes.
+// The demo agent records the MCP servers of session/new and session/load.
+// The "mcp" prompt lists them; "mcp: tools <server>" and "mcp: call <server>
+// <tool> [<json>]" connect to a streamable HTTP one, as a real agent would,
+// through the origin-pinned egress client: the headers the gateway gave
+// (a child token, say) never follow a redirect elsewhere. Header values are
+// never written into an answer.
 
 func (a *agent) mcpServersOf(s *session) []acp.McpServer {
 	a.mu.Lock()
@@ -42,3 +53,96 @@ func describeMCPServer(s acp.McpServer) string {
 	}
 	return "(unknown transport)"
 }
+
+// mcp serves "mcp: tools <server>" and "mcp: call <server> <tool> [<json>]".
+func (t *turn) mcp(arg string) (acp.StopReason, error) {
+	fields := strings.Fields(arg)
+	if len(fields) < 2 || (fields[0] != "tools" && fields[0] != "call") || (fields[0] == "call" && len(fields) < 3) {
+		return acp.StopReasonEndTurn, t.say("Use: mcp: tools <server>, or mcp: call <server> <tool> [<json arguments>]")
+	}
+	var server *acp.McpServerHttpInline
+	for _, s := range t.a.mcpServersOf(t.s) {
+		if s.Http != nil && s.Http.Name == fields[1] {
+			server = s.Http
+		}
+	}
+	if server == nil {
+		return acp.StopReasonEndTurn, t.say(fmt.Sprintf("I was given no HTTP MCP server named %q.\n%s", fields[1], describeMCPServers(t.a.mcpServersOf(t.s))))
+	}
+	ctx, cancel := context.WithTimeout(t.ctx, time.Minute)
+	defer cancel()
+	cs, err := connectMCP(ctx, server)
+	if err != nil {
+		return acp.StopReasonEndTurn, t.say(fmt.Sprintf("Connecting to MCP server %q failed: %v", server.Name, err))
+	}
+	defer cs.Close()
+	if fields[0] == "tools" {
+		res, err := cs.ListTools(ctx, nil)
+		if err != nil {
+			return acp.StopReasonEndTurn, t.say(fmt.Sprintf("Listing the tools of %q failed: %v", server.Name, err))
+		}
+		names := make([]string, 0, len(res.Tools))
+		for _, tool := range res.Tools {
+			names = append(names, tool.Name)
+		}
+		sort.Strings(names)
+		return acp.StopReasonEndTurn, t.say(fmt.Sprintf("Tools of %s: %s", server.Name, strings.Join(names, ", ")))
+	}
+	// After "call <server> <tool>", the rest of the prompt is the arguments.
+	rest := strings.TrimSpace(arg)
+	for _, f := range fields[:3] {
+		rest = strings.TrimSpace(strings.TrimPrefix(rest, f))
+	}
+	var args map[string]any
+	if rest != "" {
+		if err := json.Unmarshal([]byte(rest), &args); err != nil {
+			return acp.StopReasonEndTurn, t.say(fmt.Sprintf("The arguments must be a JSON object: %v", err))
+		}
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: fields[2], Arguments: args})
+	if err != nil {
+		return acp.StopReasonEndTurn, t.say(fmt.Sprintf("Calling %s on %s failed: %v", fields[2], server.Name, err))
+	}
+	var text []string
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			text = append(text, tc.Text)
+		}
+	}
+	if res.StructuredContent != nil && len(text) == 0 {
+		raw, _ := json.Marshal(res.StructuredContent)
+		text = append(text, string(raw))
+	}
+	prefix := "Result of"
+	if res.IsError {
+		prefix = "Tool error from"
+	}
+	return acp.StopReasonEndTurn, t.say(fmt.Sprintf("%s %s on %s: %s", prefix, fields[2], server.Name, strings.Join(text, "\n")))
+}
+
+// connectMCP opens an MCP session to an HTTP server given in session/new.
+func connectMCP(ctx context.Context, s *acp.McpServerHttpInline) (*mcp.ClientSession, error) {
+	names := make([]string, 0, len(s.Headers))
+	for _, h := range s.Headers {
+		names = append(names, h.Name)
+	}
+	headers := s.Headers
+	hc, err := pinnedfetch.New(s.Url, names, pinnedfetch.WithCredentials(func(next http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			r = r.Clone(r.Context())
+			for _, h := range headers {
+				r.Header.Set(h.Name, h.Value)
+			}
+			return next.RoundTrip(r)
+		})
+	}))
+	if err != nil {
+		return nil, err
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: Name, Version: Version}, nil)
+	return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.Url, HTTPClient: hc, MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -19,7 +19,9 @@ const helpText = `I am the demo agent: I run no model, only these prompts.
 - crash: I exit with status 3 mid-turn
 - garbage: I write a line that is not JSON, then exit with status 4
 - pwd: I say my working directory
-- mcp: I list the MCP servers I was given`
+- mcp: I list the MCP servers I was given
+- mcp: tools <server>: I connect to that (HTTP) server and list its tools
+- mcp: call <server> <tool> [<json arguments>]: I call one of its tools`
 
 // turn is one session/prompt being served.
 type turn struct {
@@ -75,6 +77,8 @@ func (t *turn) run(text string) (acp.StopReason, error) {
 			return t.plan(arg)
 		case "sleep":
 			return t.sleep(arg)
+		case "mcp":
+			return t.mcp(arg)
 		}
 	} else {
 		switch verb {
