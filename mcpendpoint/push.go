@@ -134,4 +134,3 @@ func eventLevel(s sessions.EventStatus) mcp.LoggingLevel {
 		return "info"
 	}
 }
-
