@@ -49,6 +49,10 @@ var openMethods = map[string]bool{
 	"resources/templates/list": true,
 	"logging/setLevel":         true,
 	"completion/complete":      true,
+	// Newer protocol versions: a client asks what the server supports
+	// before it initializes, and listens for list changes.
+	"server/discover":      true,
+	"subscriptions/listen": true,
 }
 
 // VerbScope is the scope that grants one verb of a sessions-endpoint tool,
