@@ -49,6 +49,18 @@ type App struct {
 	// LinkTTL is how long a session link stays valid. Default: 1h.
 	LinkTTL caddy.Duration `json:"link_ttl,omitempty"`
 
+	// MaxAgents bounds the agent processes running at once. Default: 64.
+	MaxAgents int `json:"max_agents,omitempty"`
+
+	// MaxSessions bounds the sessions kept; ended ones are dropped first.
+	// Default: 1000.
+	MaxSessions int `json:"max_sessions,omitempty"`
+
+	// AgentIdleTimeout stops the process of a session idle this long, when
+	// its agent supports session/load; the next prompt relaunches it.
+	// Default: 30m.
+	AgentIdleTimeout caddy.Duration `json:"agent_idle_timeout,omitempty"`
+
 	tokens    *tokenState
 	tokensKey string
 }

@@ -284,6 +284,9 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //			default_agent <name>
 //			worktree_root <path>
 //			link_ttl <duration>
+//			max_agents <n>
+//			max_sessions <n>
+//			agent_idle_timeout <duration>
 //		}
 //	}
 func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -335,6 +338,21 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			}
 			app.Agents[name] = ac
 			continue
+		case "max_agents", "max_sessions":
+			var v string
+			if !d.Args(&v) || d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return nil, d.Errf("%s %q: give a positive whole number", opt, v)
+			}
+			if opt == "max_agents" {
+				app.MaxAgents = n
+			} else {
+				app.MaxSessions = n
+			}
+			continue
 		case "default_agent", "worktree_root":
 			var v string
 			if !d.Args(&v) || d.NextArg() {
@@ -362,6 +380,8 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			app.LastUsedFlush = caddy.Duration(dur)
 		case "link_ttl":
 			app.LinkTTL = caddy.Duration(dur)
+		case "agent_idle_timeout":
+			app.AgentIdleTimeout = caddy.Duration(dur)
 		default:
 			return nil, d.Errf("unknown zidane option %q", opt)
 		}

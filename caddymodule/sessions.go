@@ -114,7 +114,7 @@ func (a *App) loadSessions(ctx caddy.Context, resource, endpointPath string, fix
 	if err != nil {
 		return nil, "", err
 	}
-	hash := fmt.Sprint(sortedAgents(agents), def, a.WorktreeRoot)
+	hash := fmt.Sprint(sortedAgents(agents), def, a.WorktreeRoot, a.MaxAgents, a.MaxSessions, a.AgentIdleTimeout)
 	key := "sessions|" + storageKey(ctx.Storage())
 	tokens := a.Tokens()
 	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
@@ -136,6 +136,11 @@ func (a *App) loadSessions(ctx caddy.Context, resource, endpointPath string, fix
 			DefaultAgent: def,
 			Storage:      storage.Storage(ctx.Storage()),
 			WorktreeRoot: a.WorktreeRoot,
+			Limits: sessions.Limits{
+				MaxAgents:   a.MaxAgents,
+				MaxSessions: a.MaxSessions,
+				IdleTimeout: time.Duration(a.AgentIdleTimeout),
+			},
 			LinkFor: func(id string) string {
 				base, _ := st.base.Load().(string)
 				return st.signer.Link(base, id)
