@@ -366,12 +366,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			listIDs[string(c.ID)] = true
 		}
 	}
-	ctx := policy.WithPrincipal(r.Context(), p)
+	ctx, cancel := context.WithCancel(policy.WithPrincipal(r.Context(), p))
+	defer cancel()
+	// Streams end when the process exits, and a revoked token's open
+	// requests and streams end at once.
+	defer context.AfterFunc(processExit(), cancel)()
 	if p.Source == "token" {
-		// A revoked token's open requests and streams end at once.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
-		defer cancel()
 		defer h.tokens.Hold(p.TokenID, cancel)()
 	}
 	r = r.WithContext(ctx)

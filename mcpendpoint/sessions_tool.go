@@ -406,7 +406,9 @@ func (e *Endpoint) transcript(_ context.Context, _ sessions.Owner, a *args) (rep
 	if err != nil {
 		return reply{}, err
 	}
-	turns, err := e.engine.Transcript(id, n, full)
+	// Whole turns from the engine: the 1200-character cut, and whether it
+	// cut, are this endpoint's to apply and report.
+	turns, err := e.engine.Transcript(id, n, true)
 	if err != nil {
 		return reply{}, explain(err, "read the transcript of", id)
 	}

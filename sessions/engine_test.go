@@ -289,7 +289,7 @@ func TestManySessionsAtOnce(t *testing.T) {
 
 func TestReadCutsLongMessagesUnlessFull(t *testing.T) {
 	e, _ := newEngine(t)
-	long := strings.Repeat("é", 1000)
+	long := strings.Repeat("é", 1500)
 	id := create(t, e, owner("quinn"), long)
 	waitState(t, e, id, sessions.StateIdle)
 	short, _ := e.Read(id, false)
@@ -301,8 +301,11 @@ func TestReadCutsLongMessagesUnlessFull(t *testing.T) {
 		t.Errorf("full view truncated=%v", full.Truncated)
 	}
 	tr, _ := e.Transcript(id, 1, false)
-	if len([]rune(tr[0].Prompt)) != sessions.PreviewChars+1 {
-		t.Errorf("transcript prompt not cut: %d chars", len([]rune(tr[0].Prompt)))
+	if len([]rune(tr[0].Prompt)) != sessions.TranscriptChars+1 {
+		t.Errorf("transcript prompt cut at %d chars, want %d and an ellipsis", len([]rune(tr[0].Prompt)), sessions.TranscriptChars)
+	}
+	if tr, _ := e.Transcript(id, 1, true); tr[0].Prompt != long {
+		t.Error("full transcript cut")
 	}
 }
 

@@ -54,7 +54,7 @@ func (e *Engine) List(owner Owner, limit int) ([]SessionView, bool) {
 
 // Transcript returns the last turns (all kept turns when turns <= 0),
 // oldest first, the running one last. Prompts and answers are cut to
-// PreviewChars unless full.
+// TranscriptChars unless full.
 func (e *Engine) Transcript(sessionID string, turns int, full bool) ([]Turn, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -73,8 +73,8 @@ func (e *Engine) Transcript(sessionID string, turns int, full bool) ([]Turn, err
 	}
 	if !full {
 		for i := range list {
-			list[i].Prompt, _ = cut(list[i].Prompt, PreviewChars)
-			list[i].Answer, _ = cut(list[i].Answer, PreviewChars)
+			list[i].Prompt, _ = cut(list[i].Prompt, TranscriptChars)
+			list[i].Answer, _ = cut(list[i].Answer, TranscriptChars)
 		}
 	}
 	return list, nil

@@ -9,9 +9,13 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/sessions/acpclient"
 )
 
-// PreviewChars is how much of a message `read` and `transcript` show
-// unless asked for all of it.
+// PreviewChars is how much of the last message `read` shows unless asked
+// for all of it.
 const PreviewChars = 600
+
+// TranscriptChars is where a transcript cuts each prompt and answer, unless
+// full.
+const TranscriptChars = 1200
 
 // session is one coding-agent session. Every field but persistMu is
 // guarded by Engine.mu.
