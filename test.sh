@@ -5,17 +5,38 @@
 #   ./test.sh -run Foo        extra arguments go to both `go test` invocations (-run, -v, -count, ...)
 #
 # It installs the Node tooling that the end-to-end tests use (Node 22, the MCP TypeScript SDK, the MCP
-# conformance suite; pinned in e2e/package-lock.json) with `npm ci` when e2e/node_modules is missing or
-# older than the lock, so a re-run skips that step. It then exports, for the e2e package:
+# conformance suite, the claude-agent-acp agent; pinned in e2e/package-lock.json) with `npm ci` when
+# e2e/node_modules is missing or older than the lock, so a re-run skips that step, and Debian's chromium
+# when it runs as root in CI (or with ZIDANE_E2E=1). It then exports, for the e2e package:
 #   ZIDANE_NODE              the Node 22 binary
 #   ZIDANE_E2E_NODE_MODULES  e2e/node_modules
 #   ZIDANE_E2E=1             missing tooling fails the e2e tests instead of skipping them
+#   ZIDANE_CHROMIUM          headless Chromium for the session page test, when it is installed
 # The e2e tests build ./cmd/caddy and drive the binary, so they run without -race.
 set -euo pipefail
 cd "$(dirname "$0")"
 root=$PWD
 
 section() { printf '\n==> %s  (at %ss)\n' "$*" "$SECONDS"; }
+
+section "Chromium (the session page test)"
+# TestSessionsLinkPage opens a session link in headless Chromium. Debian's
+# chromium package is installed only for root in CI or with ZIDANE_E2E=1
+# (about 25 s here, after apt-get update); elsewhere the test is skipped.
+if [[ ! -x /usr/bin/chromium ]]; then
+	if [[ $(id -u) == 0 && (-n ${CI:-} || ${ZIDANE_E2E:-} == 1) ]]; then
+		if ! (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium); then
+			echo "test.sh: could not install chromium; TestSessionsLinkPage will be skipped" >&2
+		fi
+	else
+		echo "chromium is missing (/usr/bin/chromium); TestSessionsLinkPage will be skipped." \
+			"Install Debian's chromium package, or run ./test.sh as root with CI or ZIDANE_E2E=1 set to install it."
+	fi
+fi
+if [[ -x /usr/bin/chromium ]]; then
+	export ZIDANE_CHROMIUM=/usr/bin/chromium
+	echo "$(/usr/bin/chromium --version 2>/dev/null) at $ZIDANE_CHROMIUM"
+fi
 
 section "Node tooling (e2e/package-lock.json)"
 stamp=e2e/node_modules/.zidane-lock.sha256
