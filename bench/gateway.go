@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // gateway is the caddy process with every route in one config.
@@ -56,12 +57,7 @@ http://127.0.0.1:%d {
 	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
 		return nil, err
 	}
-	env := []string{
-		"HOME=" + work,
-		"XDG_DATA_HOME=" + filepath.Join(work, "data"),
-		"XDG_CONFIG_HOME=" + filepath.Join(work, "config"),
-		fmt.Sprintf("CADDY_ADMIN=127.0.0.1:%d", admin),
-	}
+	env := caddyEnv(work, admin)
 	p, err := start(ctx, bin, env, "run", "--config", path, "--adapter", "caddyfile")
 	if err != nil {
 		return nil, err
@@ -71,17 +67,105 @@ http://127.0.0.1:%d {
 		g.stop()
 		return nil, fmt.Errorf("caddy: %v\n%s", err, p.logs)
 	}
-	cmd := exec.CommandContext(ctx, bin, "zidane", "token", "create", "--name", "bench", "--scope", "mcp")
-	cmd.Env = append(os.Environ(), env...)
-	out, err := cmd.Output()
+	token, err := createToken(ctx, bin, env, "bench", "mcp")
 	if err != nil {
 		g.stop()
-		return nil, fmt.Errorf("creating the bench token: %v", err)
+		return nil, err
 	}
-	token := strings.TrimSpace(string(out))
 	g.routes = []route{
 		{name: "reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", rpPort), viaCaddy: true},
 		{name: "guard+reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, viaCaddy: true},
+	}
+	return g, nil
+}
+
+// createToken runs `caddy zidane token create` against the running caddy
+// whose environment is env, and returns the token it prints once.
+func createToken(ctx context.Context, bin string, env []string, name, scope string) (string, error) {
+	cmd := exec.CommandContext(ctx, bin, "zidane", "token", "create", "--name", name, "--scope", scope)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("creating the %s token: %v", name, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// caddyEnv keeps a caddy's data, config and admin address inside dir.
+func caddyEnv(dir string, admin int) []string {
+	return []string{
+		"HOME=" + dir,
+		"XDG_DATA_HOME=" + filepath.Join(dir, "data"),
+		"XDG_CONFIG_HOME=" + filepath.Join(dir, "config"),
+		fmt.Sprintf("CADDY_ADMIN=127.0.0.1:%d", admin),
+	}
+}
+
+// sessionsGateway is the caddy of the session-engine run: one site with the
+// sessions endpoint, whose agents are the built-in demo agent, that is this
+// same binary.
+type sessionsGateway struct {
+	p     *proc
+	url   string // the MCP endpoint
+	admin string // the admin API's address
+	token string // a chat token
+}
+
+func (g *sessionsGateway) pid() int { return g.p.cmd.Process.Pid }
+func (g *sessionsGateway) stop()    { g.p.stop() }
+
+// startSessionsGateway runs caddy with the sessions endpoint, keeping its
+// storage in dir, and creates a chat token. The rate limit is set far above
+// what the run sends.
+func startSessionsGateway(ctx context.Context, bin, dir string, maxSessions, maxAgents int, idle time.Duration) (*sessionsGateway, error) {
+	admin, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	caddyfile := fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	log {
+		level ERROR
+	}
+	zidane {
+		max_sessions %d
+		max_agents %d
+		agent_idle_timeout %s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		sessions
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
+	}
+}
+`, admin, maxSessions, maxAgents, idle, port)
+	path := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
+		return nil, err
+	}
+	env := caddyEnv(dir, admin)
+	// Not killed with ctx: stop's SIGTERM lets caddy stop its agents, which
+	// run in process groups of their own.
+	p, err := start(context.WithoutCancel(ctx), bin, env, "run", "--config", path, "--adapter", "caddyfile")
+	if err != nil {
+		return nil, err
+	}
+	g := &sessionsGateway{p: p, url: fmt.Sprintf("http://127.0.0.1:%d/mcp", port), admin: fmt.Sprintf("127.0.0.1:%d", admin)}
+	if err := waitListening(ctx, fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
+		g.stop()
+		return nil, fmt.Errorf("caddy: %v\n%s", err, p.logs)
+	}
+	if g.token, err = createToken(ctx, bin, env, "bench-sessions", "chat"); err != nil {
+		g.stop()
+		return nil, err
 	}
 	return g, nil
 }

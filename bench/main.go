@@ -5,8 +5,16 @@
 // caddy's CPU time per call and RSS, and ratios against direct and against
 // plain reverse_proxy measured in the same run.
 //
+// A second section scales the session engine: a caddy serving the sessions
+// endpoint, and a pool of go-sdk clients that create -sessions sessions of
+// the built-in demo agent, each run to its finished <session-event>. It
+// reports create→finished and read latency, events delivered against
+// events expected, the agent processes alive at peak and caddy's memory per
+// session (see sessions.go).
+//
 //	go run ./bench                       # full run
-//	go run ./bench -smoke                # a few hundred calls per route (CI)
+//	go run ./bench -smoke                # a few hundred calls per route and 20 sessions (CI)
+//	go run ./bench -only sessions -sessions 1000     # the session engine only
 //	go run ./bench -peer http://127.0.0.1:9000/mcp   # add another gateway
 //
 // Everything listens on loopback and every loop is bounded.
@@ -29,7 +37,18 @@ type config struct {
 	tool        string
 	peers       []string
 	timeout     time.Duration
+
+	only string // "", "calls" or "sessions": run that section alone
+
+	sessions       int // demo-agent sessions in the session-engine run; 0 skips it
+	sessionClients int // MCP sessions that create them
+	maxAgents      int // the gateway's max_agents
+	agentIdle      time.Duration
 }
+
+// callsOn and sessionsOn say which sections run.
+func (c config) callsOn() bool    { return c.only != "sessions" }
+func (c config) sessionsOn() bool { return c.only != "calls" && c.sessions > 0 }
 
 func main() {
 	cfg, err := parseFlags(os.Args[1:])
@@ -39,7 +58,7 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 	defer cancel()
-	if err := run(ctx, cfg, os.Stdout); err != nil {
+	if _, err := run(ctx, cfg, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -51,14 +70,20 @@ func parseFlags(args []string) (config, error) {
 	conc := fs.String("concurrency", "1,8,32,128", "comma-separated numbers of concurrent MCP sessions")
 	rounds := fs.Int("rounds", 3, "interleaved rounds; figures are medians over rounds")
 	tool := fs.String("tool", "echo", "tool to call: echo, or payload (4 KiB result)")
-	smoke := fs.Bool("smoke", false, "a short run that only checks the harness works: 1 round, 1 and 8 sessions, 20 calls")
+	smoke := fs.Bool("smoke", false, "a short run that only checks the harness works: 1 round, 1 and 8 sessions, 20 calls; 20 demo-agent sessions")
 	timeout := fs.Duration("timeout", 30*time.Minute, "bound on the whole run")
+	only := fs.String("only", "", "run one section: calls (the tools/call table) or sessions (the session-engine run)")
+	nSessions := fs.Int("sessions", 1000, "demo-agent sessions to create and run to completion in the session-engine run; 0 skips it")
+	sessionClients := fs.Int("session-clients", 16, "MCP client sessions that create the demo-agent sessions")
+	maxAgents := fs.Int("max-agents", 32, "the gateway's max_agents in the session-engine run: agent processes alive at once")
+	agentIdle := fs.Duration("agent-idle", 2*time.Second, "the gateway's agent_idle_timeout in the session-engine run")
 	var peers stringList
 	fs.Var(&peers, "peer", "URL of another MCP gateway's endpoint to measure as one more route (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
-	cfg := config{calls: *calls, rounds: *rounds, tool: *tool, peers: peers, timeout: *timeout}
+	cfg := config{calls: *calls, rounds: *rounds, tool: *tool, peers: peers, timeout: *timeout, only: *only,
+		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle}
 	for _, s := range strings.Split(*conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 || n > 1024 {
@@ -68,12 +93,38 @@ func parseFlags(args []string) (config, error) {
 	}
 	if *smoke {
 		cfg.calls, cfg.rounds, cfg.concurrency = 20, 1, []int{1, 8}
+		explicit := false
+		fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "sessions" })
+		if !explicit {
+			cfg.sessions = 20
+		}
 	}
 	if cfg.calls < 1 || cfg.rounds < 1 {
 		return config{}, fmt.Errorf("-calls and -rounds must be at least 1")
 	}
 	if cfg.tool != "echo" && cfg.tool != "payload" {
 		return config{}, fmt.Errorf("-tool %q: use echo or payload", cfg.tool)
+	}
+	switch cfg.only {
+	case "", "calls":
+	case "sessions":
+		if cfg.sessions < 1 {
+			return config{}, fmt.Errorf("-only sessions needs -sessions of at least 1")
+		}
+	default:
+		return config{}, fmt.Errorf("-only %q: use calls or sessions, or leave it out for both", cfg.only)
+	}
+	if cfg.sessions < 0 || cfg.sessions > 100000 {
+		return config{}, fmt.Errorf("-sessions %d: give 0 (skip) to 100000", cfg.sessions)
+	}
+	if cfg.sessionClients < 1 || cfg.sessionClients > 256 {
+		return config{}, fmt.Errorf("-session-clients %d: give 1 to 256", cfg.sessionClients)
+	}
+	if cfg.maxAgents < 1 || cfg.maxAgents > 1024 {
+		return config{}, fmt.Errorf("-max-agents %d: give 1 to 1024", cfg.maxAgents)
+	}
+	if cfg.agentIdle <= 0 {
+		return config{}, fmt.Errorf("-agent-idle %s: give a positive duration such as 2s", cfg.agentIdle)
 	}
 	return cfg, nil
 }

@@ -151,3 +151,46 @@ func rss(pid int) (int64, error) {
 	}
 	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
 }
+
+// children are the processes whose parent is pid, with their state letter
+// ('Z' for a zombie not yet reaped), from /proc. Processes that end while it
+// reads are skipped.
+func children(pid int) map[int]byte {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	kids := map[int]byte{}
+	parent := strconv.Itoa(pid)
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(raw, ')')
+		if i < 0 || i+2 > len(raw) {
+			continue
+		}
+		fields := strings.Fields(string(raw[i+2:]))
+		if len(fields) > 1 && fields[1] == parent && len(fields[0]) > 0 {
+			kids[child] = fields[0][0]
+		}
+	}
+	return kids
+}
+
+// runs reports whether pid is alive and runs the program bin.
+func runs(pid int, bin string) bool {
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		return false
+	}
+	if resolved, err := filepath.EvalSymlinks(bin); err == nil {
+		bin = resolved
+	}
+	return exe == bin
+}

@@ -42,35 +42,68 @@ type result struct {
 	rss         int64
 }
 
-func run(ctx context.Context, cfg config, out io.Writer) error {
+// report is what a run measured, for tests; run prints it.
+type report struct {
+	calls    []result
+	sessions *sessionsResult
+}
+
+func run(ctx context.Context, cfg config, out io.Writer) (*report, error) {
 	root, err := moduleRoot(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	work, err := os.MkdirTemp("", "zidane-bench-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer os.RemoveAll(work)
 
-	fmt.Fprintln(os.Stderr, "bench: building caddy and the upstream…")
+	fmt.Fprintln(os.Stderr, "bench: building caddy…")
 	caddyBin, err := build(ctx, root, work, "caddy", "./cmd/caddy")
 	if err != nil {
-		return err
+		return nil, err
 	}
+	rep := &report{}
+	if cfg.callsOn() {
+		if rep.calls, err = runCalls(ctx, cfg, root, work, caddyBin); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.sessionsOn() {
+		if rep.sessions, err = runSessions(ctx, cfg, work, caddyBin); err != nil {
+			return nil, err
+		}
+	}
+	if rep.calls != nil {
+		printTable(out, cfg, rep.calls)
+	}
+	if rep.sessions != nil {
+		if rep.calls != nil {
+			fmt.Fprintln(out)
+		}
+		printSessions(out, rep.sessions)
+	}
+	return rep, nil
+}
+
+// runCalls is the tools/call section: every route at every concurrency, in
+// interleaved rounds. Its caddy and upstream are stopped when it returns.
+func runCalls(ctx context.Context, cfg config, root, work, caddyBin string) ([]result, error) {
+	fmt.Fprintln(os.Stderr, "bench: building the upstream…")
 	upstreamBin, err := build(ctx, root, work, "upstream", "./bench/upstream")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	up, upAddr, err := startUpstream(ctx, upstreamBin)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer up.stop()
 
 	gw, err := startGateway(ctx, caddyBin, work, upAddr)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer gw.stop()
 
@@ -91,7 +124,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 				fmt.Fprintf(os.Stderr, "bench: round %d/%d, %d sessions, %s\n", round+1, cfg.rounds, conc, r.name)
 				s, err := drive(ctx, r, conc, cfg.calls, cfg.tool, gw.pid(), r.viaCaddy)
 				if err != nil {
-					return fmt.Errorf("%s at %d sessions: %w", r.name, conc, err)
+					return nil, fmt.Errorf("%s at %d sessions: %w", r.name, conc, err)
 				}
 				if samples[r.name] == nil {
 					samples[r.name] = map[int][]sample{}
@@ -107,8 +140,7 @@ func run(ctx context.Context, cfg config, out io.Writer) error {
 			results = append(results, summarize(r.name, conc, samples[r.name][conc], r.viaCaddy))
 		}
 	}
-	printTable(out, cfg, results)
-	return nil
+	return results, nil
 }
 
 // drive opens conc initialized MCP sessions on r and makes calls tools/call
