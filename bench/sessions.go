@@ -47,8 +47,6 @@ const (
 	createPatience = 3 * time.Minute
 	// finishPatience bounds the wait for one session's finished event.
 	finishPatience = 2 * time.Minute
-	// maxAgentsRefusal is in the engine's refusal when max_agents agents run.
-	maxAgentsRefusal = "agent processes are running"
 	// drainPatience bounds the wait, past agent_idle_timeout, for every
 	// agent process to stop before memory is measured again.
 	drainPatience = 20 * time.Second
@@ -310,7 +308,7 @@ func (r *sessionsRun) create(ctx context.Context, c *sessionClient, i int) {
 		cctx, cancel := context.WithTimeout(ctx, sessionCallTimeout)
 		res, err := c.cs.CallTool(cctx, &mcp.CallToolParams{Name: "sessions", Arguments: args})
 		cancel()
-		if err == nil && res.IsError && strings.Contains(toolText(res), maxAgentsRefusal) && time.Now().Before(deadline) {
+		if err == nil && res.IsError && errorCodeOf(res) == "busy" && time.Now().Before(deadline) {
 			r.mu.Lock()
 			r.res.retries++
 			r.mu.Unlock()
@@ -709,4 +707,12 @@ func kib(b int64) string { return fmt.Sprintf("%.1fKiB", float64(b)/(1<<10)) }
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// errorCodeOf is the stable error code of a tool error ("busy" when the
+// gateway runs max_agents agents).
+func errorCodeOf(res *mcp.CallToolResult) string {
+	m, _ := res.StructuredContent.(map[string]any)
+	code, _ := m["error"].(string)
+	return code
 }

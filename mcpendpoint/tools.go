@@ -286,6 +286,8 @@ func errorCode(err error) string {
 		return "ended"
 	case errors.Is(err, sessions.ErrBadRequest):
 		return "bad_request"
+	case errors.Is(err, sessions.ErrBusy):
+		return "busy"
 	default:
 		return "engine"
 	}
@@ -316,6 +318,8 @@ func explain(err error, verb, id string) error {
 		msg = fmt.Sprintf("someone answered %q first, and their answer stands; yours was not applied. Call interactions pending for what still waits", id)
 	case errors.Is(err, sessions.ErrBadRequest):
 		msg = fmt.Sprintf("the session engine refused to %s: %v; fix the arguments and call again", verb, err)
+	case errors.Is(err, sessions.ErrBusy):
+		msg = fmt.Sprintf("cannot %s now: %v", verb, err)
 	default:
 		msg = fmt.Sprintf("the session engine failed to %s %s: %v; try again, and read the session if it persists", verb, id, err)
 	}

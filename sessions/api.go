@@ -185,6 +185,9 @@ var (
 	ErrNotRunning      = errors.New("session is not running")
 	ErrEnded           = errors.New("session has ended")
 	ErrBadRequest      = errors.New("bad request")
+	// ErrBusy says the gateway runs as many agent processes as it allows
+	// (max_agents). It passes: idle agents stop after agent_idle_timeout.
+	ErrBusy = errors.New("the gateway is at its agent limit")
 )
 
 // Sessions is what the MCP endpoint needs from the engine. Every method is

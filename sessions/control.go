@@ -56,7 +56,7 @@ func (e *Engine) enqueueLocked(s *session, p prompt, first bool) error {
 		return fmt.Errorf("%w: %d prompts are already queued for %s; wait for some to run, or cancel", ErrBadRequest, s.queue.len(), s.rec.ID)
 	}
 	if s.agent == nil && !s.worker && e.liveLocked() >= e.lim.MaxAgents {
-		return fmt.Errorf("%w: %d agent processes are running, the most this gateway allows, and this session's agent must be relaunched; try again when a session ends", ErrBadRequest, e.liveLocked())
+		return fmt.Errorf("%w: %d agent processes are running, the most it allows, and this session's agent must be relaunched; retry in a few seconds, when an idle agent has stopped or a session has ended", ErrBusy, e.liveLocked())
 	}
 	if first {
 		s.queue.pushFront(p)

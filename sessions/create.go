@@ -115,7 +115,7 @@ func (e *Engine) admit() error {
 		return ErrClosed
 	}
 	if n := e.liveLocked(); n >= e.lim.MaxAgents {
-		return fmt.Errorf("%w: %d agent processes are running, the most this gateway allows; wait for a session to end, or cancel one", ErrBadRequest, n)
+		return fmt.Errorf("%w: %d agent processes are running, the most it allows; retry in a few seconds, when an idle agent has stopped or a session has ended", ErrBusy, n)
 	}
 	if len(e.sessions) >= e.lim.MaxSessions {
 		for _, s := range e.sessions {
