@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -27,6 +26,8 @@ import (
 	"github.com/MicahParks/keyfunc/v3"
 	"github.com/golang-jwt/jwt/v5"
 	"golang.org/x/time/rate"
+
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
 // ErrTokenInvalid is wrapped by every error that [JWTVerifier.Verify]
@@ -226,32 +227,17 @@ func jwtAlgorithms(configured []string) ([]string, error) {
 }
 
 // jwksCheckURL refuses a JWKS URL whose keys an on-path attacker could
-// replace: plain HTTP is only for loopback, as elsewhere in this project.
+// replace, by the one remote-URL rule of pinnedfetch: https anywhere, plain
+// http only to loopback.
 func jwksCheckURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("jwt: jwks_url %q does not parse: %v", raw, err)
+		return fmt.Errorf("jwt: jwks_url does not parse: %v", err)
 	}
-	switch {
-	case u.Host == "":
-		return fmt.Errorf("jwt: jwks_url %q has no host: give an absolute https URL", raw)
-	case u.Scheme == "https":
-		return nil
-	case u.Scheme == "http" && jwtLoopbackHost(u.Hostname()):
-		return nil
-	case u.Scheme == "http":
-		return fmt.Errorf("jwt: jwks_url %q is plain http: use https (plain http is allowed only for a loopback host)", raw)
-	default:
-		return fmt.Errorf("jwt: jwks_url %q: scheme must be https", raw)
+	if err := pinnedfetch.CheckRemoteURL(u); err != nil {
+		return fmt.Errorf("jwt: jwks_url: %w", err)
 	}
-}
-
-func jwtLoopbackHost(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return nil
 }
 
 // jwtParsePublicKeys reads every PEM block of data as a public key.

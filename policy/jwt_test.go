@@ -741,8 +741,8 @@ func TestJWTConfigErrors(t *testing.T) {
 		{"alg none", func(c *JWTConfig) { c.Algorithms = []string{"RS256", "none"} }, `"none" means unsigned tokens`},
 		{"HS256", func(c *JWTConfig) { c.Algorithms = []string{"HS256"} }, `"HS256" is symmetric`},
 		{"unknown algorithm", func(c *JWTConfig) { c.Algorithms = []string{"rs256"} }, `unsupported algorithm "rs256"`},
-		{"plain http JWKS", func(c *JWTConfig) { c.JWKSURL = "http://idp.example/jwks" }, "is plain http"},
-		{"relative JWKS URL", func(c *JWTConfig) { c.JWKSURL = "/jwks" }, "has no host"},
+		{"plain http JWKS", func(c *JWTConfig) { c.JWKSURL = "http://idp.example/jwks" }, "plain http is allowed only to"},
+		{"relative JWKS URL", func(c *JWTConfig) { c.JWKSURL = "/jwks" }, "use https://"},
 		{"negative leeway", func(c *JWTConfig) { c.Leeway = -time.Second }, "leeway -1s is out of range"},
 		{"huge leeway", func(c *JWTConfig) { c.Leeway = time.Hour }, "leeway 1h0m0s is out of range"},
 	}
