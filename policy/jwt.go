@@ -408,9 +408,13 @@ func NewJWTVerifier(ctx context.Context, cfg JWTConfig, client *http.Client) (*J
 	// The background refresh lives until Close, not until ctx ends: ctx
 	// only bounds the initial fetch, so it is cut off from ctx as soon as
 	// construction is done.
+	hc, err := jwksClient(client, cfg.JWKSURL)
+	if err != nil {
+		return nil, err
+	}
 	life, stop := context.WithCancel(context.WithoutCancel(ctx))
 	detach := context.AfterFunc(ctx, stop)
-	keys, err := newJWKSKeys(life, cfg.JWKSURL, jwksClient(client), cfg.Logger)
+	keys, err := newJWKSKeys(life, cfg.JWKSURL, hc, cfg.Logger)
 	if !detach() {
 		stop()
 		return nil, fmt.Errorf("jwt: fetching the JWKS from %s was interrupted: %w", cfg.JWKSURL, context.Cause(ctx))
@@ -913,32 +917,27 @@ func (c *jwksCache) status() (time.Time, error) {
 	return c.fetched, c.lastErr
 }
 
-// jwksClient returns the client for JWKS fetches: base, or a default one,
-// with response bodies capped at jwksMaxBytes.
-func jwksClient(base *http.Client) *http.Client {
+// jwksClient returns the client for JWKS fetches: base, or else the
+// origin-pinned client of pinnedfetch for jwksURL, with a timeout (a JWKS
+// fetch is no stream), and response bodies capped at jwksMaxBytes.
+func jwksClient(base *http.Client, jwksURL string) (*http.Client, error) {
 	var c http.Client
 	if base != nil {
 		c = *base
 	} else {
-		c = http.Client{
-			Timeout: jwksFetchTimeout,
-			CheckRedirect: func(req *http.Request, via []*http.Request) error {
-				if len(via) >= jwksMaxRedirects {
-					return fmt.Errorf("stopped after %d redirects", jwksMaxRedirects)
-				}
-				if req.URL.Scheme != "https" && via[0].URL.Scheme == "https" {
-					return errors.New("refusing a redirect from https to " + req.URL.Scheme)
-				}
-				return nil
-			},
+		pinned, err := pinnedfetch.New(jwksURL, nil, pinnedfetch.WithMaxRedirects(jwksMaxRedirects))
+		if err != nil {
+			return nil, fmt.Errorf("jwt: jwks_url: %w", err)
 		}
+		c = *pinned
+		c.Timeout = jwksFetchTimeout
 	}
 	rt := c.Transport
 	if rt == nil {
 		rt = http.DefaultTransport
 	}
 	c.Transport = jwksCappedTransport{rt}
-	return &c
+	return &c, nil
 }
 
 // jwksCappedTransport caps response bodies, because jwkset decodes the JWKS
