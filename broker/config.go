@@ -90,9 +90,10 @@ type Upstream struct {
 	// decision to the route's scope rules.
 	Scope string `json:"scope,omitempty"`
 
-	// Timeout bounds each request to the server. In JSON it is a duration
-	// string such as "30s" or an integer of nanoseconds. Zero means the
-	// broker's default.
+	// Timeout bounds the wait for the server to start answering a request
+	// (its response headers; a stream that has started is never cut). In
+	// JSON it is a duration string such as "30s" or an integer of
+	// nanoseconds. Zero means the broker's default, 2 minutes.
 	Timeout time.Duration `json:"timeout,omitempty"`
 
 	// Shared, for stdio servers, runs one process for every client (true,

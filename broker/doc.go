@@ -15,11 +15,13 @@
 //   - tool and prompt namespacing ([NamespaceTool], [Namespace]);
 //   - content normalization ([NormalizeContent], [DecodeContent],
 //     [MediaType]) and the flattened text form used in logs
-//     ([FlattenText]).
+//     ([FlattenText]);
+//   - the pass-through route ([PassThrough]): one streamable-HTTP upstream
+//     offered unchanged at the HTTP level, with the upstream's session ids
+//     sealed to the principal and the route ([SessionIDs]).
 //
-// The transports over pinnedfetch, the stdio server pool, the pass-through
-// and aggregated routes and upstream auth come in later files of this
-// package and build on these parts.
+// The SSE and stdio transports, the stdio server pool, the aggregated route
+// and upstream OAuth are still to come, and build on these parts.
 //
 // What it never does: it never passes a client's credential upstream, and
 // never lets an upstream credential reach a client, an agent, a log line, an

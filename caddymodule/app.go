@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -61,8 +62,18 @@ type App struct {
 	// Default: 30m.
 	AgentIdleTimeout caddy.Duration `json:"agent_idle_timeout,omitempty"`
 
+	// Upstreams are the remote MCP servers the broker offers, by name.
+	// Header values may hold ${VAR} placeholders, expanded only where the
+	// connection is built.
+	Upstreams []broker.Upstream `json:"upstreams,omitempty"`
+
+	// UpstreamsFiles are mcp.json files with more upstreams, in the shapes
+	// clients use (a list, a name-keyed map, or one under mcpServers).
+	UpstreamsFiles []string `json:"upstreams_files,omitempty"`
+
 	tokens    *tokenState
 	tokensKey string
+	upstreams map[string]broker.Upstream
 }
 
 // CaddyModule returns the Caddy module information.
@@ -87,7 +98,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return err
 	}
 	a.tokens, a.tokensKey = ts, key
-	return nil
+	return a.loadUpstreams()
 }
 
 // Start implements caddy.App. The app's work runs in its pooled state.

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -32,6 +33,7 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 //
 //	zidane_mcp {
 //		sessions
+//		broker <upstream>
 //		guard {
 //			upstream_header <name> <value>
 //		}
@@ -94,6 +96,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.Sessions = &SessionsMode{}
+		case "broker":
+			if !d.Args(&h.Broker) || d.NextArg() {
+				return d.Err("broker takes the name of an upstream configured in the global zidane option")
+			}
 		case "resource":
 			if !d.Args(&h.Resource) || d.NextArg() {
 				return d.ArgErr()
@@ -287,6 +293,18 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //			max_agents <n>
 //			max_sessions <n>
 //			agent_idle_timeout <duration>
+//			upstream <name> [<url>] {
+//				url <url>
+//				transport http|sse|stdio
+//				header <name> <value>
+//				command <program> [<args...>]
+//				env <name> <value>
+//				tools allow|deny <pattern...>
+//				scope <scope>
+//				timeout <duration>
+//				shared true|false
+//			}
+//			upstreams_file <path>
 //		}
 //	}
 func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -337,6 +355,20 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, d.Errf("agent %s is configured twice", name)
 			}
 			app.Agents[name] = ac
+			continue
+		case "upstream":
+			u, err := parseUpstream(d)
+			if err != nil {
+				return nil, err
+			}
+			app.Upstreams = append(app.Upstreams, u)
+			continue
+		case "upstreams_file":
+			var path string
+			if !d.Args(&path) || d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			app.UpstreamsFiles = append(app.UpstreamsFiles, path)
 			continue
 		case "max_agents", "max_sessions":
 			var v string
@@ -390,3 +422,86 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 }
 
 var _ caddyfile.Unmarshaler = (*Handler)(nil)
+
+func parseUpstream(d *caddyfile.Dispenser) (broker.Upstream, error) {
+	var u broker.Upstream
+	if !d.NextArg() {
+		return u, d.Err("upstream takes a name, then a URL or a block: upstream github https://api.githubcopilot.com/mcp/")
+	}
+	u.Name = d.Val()
+	if d.NextArg() {
+		u.URL = d.Val()
+	}
+	if d.NextArg() {
+		return u, d.ArgErr()
+	}
+	for d.NextBlock(1) {
+		opt := d.Val()
+		args := d.RemainingArgs()
+		one := func() (string, error) {
+			if len(args) != 1 {
+				return "", d.Errf("upstream %s: %s takes one value", u.Name, opt)
+			}
+			return args[0], nil
+		}
+		var err error
+		switch opt {
+		case "url":
+			u.URL, err = one()
+		case "transport":
+			u.Transport, err = one()
+		case "scope":
+			u.Scope, err = one()
+		case "header", "env":
+			if len(args) != 2 {
+				return u, d.Errf("upstream %s: %s takes a name and a value", u.Name, opt)
+			}
+			m := &u.Headers
+			if opt == "env" {
+				m = &u.Env
+			}
+			if *m == nil {
+				*m = map[string]string{}
+			}
+			(*m)[args[0]] = args[1]
+		case "command":
+			if len(args) == 0 {
+				return u, d.Errf("upstream %s: command needs the program to run", u.Name)
+			}
+			u.Command, u.Args = args[0], args[1:]
+		case "tools":
+			if len(args) < 2 || (args[0] != "allow" && args[0] != "deny") {
+				return u, d.Errf("upstream %s: write tools allow <pattern...> or tools deny <pattern...>", u.Name)
+			}
+			if args[0] == "allow" {
+				u.ToolsAllow = append(u.ToolsAllow, args[1:]...)
+			} else {
+				u.ToolsDeny = append(u.ToolsDeny, args[1:]...)
+			}
+		case "timeout":
+			var v string
+			if v, err = one(); err == nil {
+				dur, perr := caddy.ParseDuration(v)
+				if perr != nil || dur <= 0 {
+					return u, d.Errf("upstream %s: timeout %q: give a positive duration such as 30s", u.Name, v)
+				}
+				u.Timeout = dur
+			}
+		case "shared":
+			var v string
+			if v, err = one(); err == nil {
+				b, perr := strconv.ParseBool(v)
+				if perr != nil {
+					return u, d.Errf("upstream %s: shared takes true or false", u.Name)
+				}
+				u.Shared = &b
+			}
+		default:
+			return u, d.Errf("upstream %s: unknown option %q", u.Name, opt)
+		}
+		if err != nil {
+			return u, err
+		}
+	}
+	return u, nil
+}

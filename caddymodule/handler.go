@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
 )
@@ -37,6 +38,12 @@ type Handler struct {
 	// `interactions` MCP tools that drive coding-agent sessions on this
 	// host, and the read-only session pages behind their links.
 	Sessions *SessionsMode `json:"sessions,omitempty"`
+
+	// Broker names an upstream (global zidane option) to offer on this
+	// route unchanged: the pass-through route. The client's token is
+	// checked here and removed; the upstream's credentials are attached by
+	// the broker, on its configured origin only.
+	Broker string `json:"broker,omitempty"`
 
 	// Guard turns on guard mode: authorized requests go to the next handler
 	// with the client's Authorization header removed.
@@ -78,18 +85,20 @@ type Handler struct {
 	// identity provider.
 	JWT *JWTConfig `json:"jwt,omitempty"`
 
-	tokens     *policy.TokenStore
-	scopes     *policy.ScopeMap
-	origins    *policy.Origins
-	tokenLimit *policy.Limiter
-	ipLimit    *policy.Limiter
-	limitKey   string
-	jwt        jwtVerifier
-	resURL     *url.URL // absolute when configured so, else path only
-	sess       *sessionsState
-	sessKey    string
-	logger     *zap.Logger
-	audit      *zap.Logger
+	tokens      *policy.TokenStore
+	scopes      *policy.ScopeMap
+	origins     *policy.Origins
+	tokenLimit  *policy.Limiter
+	ipLimit     *policy.Limiter
+	limitKey    string
+	jwt         jwtVerifier
+	resURL      *url.URL // absolute when configured so, else path only
+	sess        *sessionsState
+	sessKey     string
+	upstream    broker.Upstream
+	passThrough *broker.PassThrough
+	logger      *zap.Logger
+	audit       *zap.Logger
 }
 
 // SessionsMode configures the sessions endpoint. Agents are configured in
@@ -188,6 +197,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("jwt: %w", err)
 		}
 	}
+	if h.Broker != "" {
+		if err := h.buildBroker(ctx, appIface.(*App)); err != nil {
+			return err
+		}
+	}
 	if h.Sessions != nil {
 		base := ""
 		if h.resURL.IsAbs() {
@@ -202,8 +216,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 // Validate checks that a mode is chosen.
 func (h *Handler) Validate() error {
-	if (h.Guard == nil) == (h.Sessions == nil) {
-		return errors.New("zidane_mcp: choose one mode: `sessions` serves the sessions endpoint; `guard` passes authorized requests to the next handler (for example reverse_proxy)")
+	modes := 0
+	for _, on := range []bool{h.Guard != nil, h.Sessions != nil, h.Broker != ""} {
+		if on {
+			modes++
+		}
+	}
+	if modes != 1 {
+		return errors.New("zidane_mcp: choose one mode: `sessions` serves the sessions endpoint; `broker NAME` offers a configured upstream; `guard` passes authorized requests to the next handler (for example reverse_proxy)")
 	}
 	return nil
 }
@@ -212,6 +232,9 @@ func (h *Handler) Validate() error {
 func (h *Handler) Cleanup() error {
 	if h.jwt != nil {
 		h.jwt.Close()
+	}
+	if h.passThrough != nil {
+		h.passThrough.Close()
 	}
 	var err error
 	if h.limitKey != "" {
@@ -331,6 +354,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 4. Authorize.
 	for _, c := range calls {
+		if h.passThrough != nil && c.IsToolCall() && !h.upstream.AllowsTool(c.Tool) {
+			rf.call = c
+			return h.refuse(w, r, rf, http.StatusForbidden, "tool_not_offered",
+				fmt.Sprintf("tool %q of upstream %q is not offered through this gateway (tools allow/deny)", c.Tool, h.upstream.Name))
+		}
 		if d := h.scopes.Decide(p, c); !d.Allowed {
 			rf.call = c
 			if d.Machine {
@@ -375,10 +403,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		defer h.tokens.Hold(p.TokenID, cancel)()
 	}
 	r = r.WithContext(ctx)
-	if h.sess != nil {
+	switch {
+	case h.sess != nil:
 		return h.serveSessions(w, r, p, listIDs)
+	case h.passThrough != nil:
+		return h.serveBroker(w, r, p, listIDs)
 	}
 	return h.guard(w, r, next, p, listIDs)
+}
+
+// serveBroker hands r to the pass-through route, without the client's
+// credential.
+func (h *Handler) serveBroker(w http.ResponseWriter, r *http.Request, p policy.Principal, listIDs map[string]bool) error {
+	r.Header.Del("Authorization")
+	if listIDs == nil {
+		h.passThrough.ServeHTTP(w, r)
+		return nil
+	}
+	fw := h.toolsListWriter(w, p, listIDs)
+	h.passThrough.ServeHTTP(fw, r)
+	return fw.close()
 }
 
 // serveSessions hands r to the sessions endpoint.
@@ -420,7 +464,9 @@ func (h *Handler) toolsListWriter(w http.ResponseWriter, p policy.Principal, lis
 	return &toolsListWriter{
 		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
 		ids:                   listIDs,
-		visible:               func(tool string) bool { return h.scopes.ToolVisible(p, tool) },
+		visible: func(tool string) bool {
+			return h.scopes.ToolVisible(p, tool) && (h.passThrough == nil || h.upstream.AllowsTool(tool))
+		},
 	}
 }
 

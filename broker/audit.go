@@ -1,0 +1,94 @@
+package broker
+
+import (
+	"errors"
+	"net/url"
+	"time"
+)
+
+// Outcomes of a [CallRecord] other than an HTTP status text.
+const (
+	// OutcomeOK: the upstream answered 2xx and its answer was relayed
+	// until one side ended it. A client may stop reading an SSE answer
+	// once it has its response, and a standalone GET stream ends when the
+	// client leaves, so leaving after the answer began is still "ok".
+	OutcomeOK = "ok"
+	// OutcomeError: the upstream could not be reached, did not answer in
+	// time, broke off its answer, or answered something the gateway does
+	// not relay (a redirect it would not follow, an invalid session id).
+	OutcomeError = "error"
+	// OutcomeCanceled: the client went away before the upstream answered,
+	// and the upstream request was cancelled.
+	OutcomeCanceled = "canceled"
+)
+
+// CallRecord describes one exchange with an upstream, for audit: one
+// client request forwarded (a POST of JSON-RPC messages, a GET stream, a
+// DELETE) and how it ended. It never holds a header value, a session id or
+// a body.
+type CallRecord struct {
+	// Upstream is the upstream's name.
+	Upstream string
+	// Route is the route identity, such as "broker:github".
+	Route string
+	// HTTPMethod is POST, GET or DELETE.
+	HTTPMethod string
+	// Method is the JSON-RPC method of the first message of a POST; empty
+	// for GET and DELETE, and for a POST that only carries the client's
+	// answers to the server's requests (sampling, elicitation, roots).
+	Method string
+	// Tool is params.name of the first tools/call in a POST.
+	Tool string
+	// TokenID and TokenName identify the principal the request acted for.
+	TokenID   string
+	TokenName string
+	// Outcome is [OutcomeOK], [OutcomeError], [OutcomeCanceled], or the
+	// status text of an upstream answer that was not 2xx ("Not Found",
+	// "Unauthorized", …).
+	Outcome string
+	// Status is the upstream's HTTP status; 0 when it never answered.
+	Status int
+	// Detail says what went wrong for OutcomeError, in words for an
+	// operator, without URLs' queries or header values; empty otherwise.
+	Detail string
+	// Duration runs from the request's arrival to the end of the relayed
+	// answer, streams included.
+	Duration time.Duration
+}
+
+// Refusal describes a request the route refused before any upstream call,
+// for audit. It never holds a header value, a session id or a body.
+type Refusal struct {
+	// Upstream is the upstream's name.
+	Upstream string
+	// Route is the route identity, such as "broker:github".
+	Route string
+	// HTTPMethod is the client request's method.
+	HTTPMethod string
+	// Method is the JSON-RPC method of the first message of a POST, when
+	// the body was read before the refusal.
+	Method string
+	// TokenID and TokenName identify the principal, when the request had one.
+	TokenID   string
+	TokenName string
+	// Reason is a stable code: "no_principal", "method_not_allowed",
+	// "body_too_large", "body_unreadable", "session_repeated" or
+	// "session_unknown".
+	Reason string
+	// Status is the HTTP status the client got.
+	Status int
+	// Detail says why, in words for an operator.
+	Detail string
+}
+
+// safeError returns err's text for a log or a record. net/http wraps a
+// client error in a *url.Error that quotes the request URL with its query,
+// where some upstreams take a key, so that layer is dropped; pinnedfetch's
+// own errors are already redacted.
+func safeError(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	return err.Error()
+}

@@ -1,0 +1,507 @@
+package broker
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// DefaultHeaderTimeout bounds the wait for an upstream's response headers
+// when the upstream sets no Timeout. Only the wait for headers is bounded:
+// an SSE answer may then stream for as long as both sides keep it open.
+const DefaultHeaderTimeout = 2 * time.Minute
+
+// DefaultPassThroughMaxBody bounds a request body when
+// [PassThroughOptions.MaxBodyBytes] is zero.
+const DefaultPassThroughMaxBody = 4 << 20
+
+// PassThroughOptions configures [NewPassThrough].
+type PassThroughOptions struct {
+	// Lookup reads the environment variables of the upstream's ${VAR}
+	// placeholders; nil means os.LookupEnv. A config marked FromUntrusted
+	// never calls it.
+	Lookup func(string) (string, bool)
+
+	// SessionKey seals the session ids given to clients (see
+	// [SessionIDs]): 32 random bytes. Keep it across config reloads, or
+	// every open session's client must initialize again.
+	SessionKey []byte
+
+	// Route is the route identity bound into session ids, so an id given
+	// out on one route opens on no other. Default: "broker:" + the
+	// upstream's name.
+	Route string
+
+	// MaxBodyBytes bounds a request body; a larger one gets 413. Give the
+	// edge's own limit. Default: [DefaultPassThroughMaxBody].
+	MaxBodyBytes int64
+
+	// DenyPrivateAddresses, when set, turns pinnedfetch's dial-time address
+	// guard on or off. Unset keeps its default: on, except for an upstream
+	// URL on loopback.
+	DenyPrivateAddresses *bool
+
+	// OnDecision receives every redirect decision of the egress client
+	// (each hop sent, followed or refused), for audit.
+	OnDecision func(pinnedfetch.Decision)
+
+	// OnCall receives a record of every exchange with the upstream, when
+	// it ends.
+	OnCall func(CallRecord)
+
+	// OnRefusal receives a record of every request refused before an
+	// upstream call.
+	OnRefusal func(Refusal)
+
+	// Logger receives warnings (unset variables, upstream failures). Nil
+	// discards them.
+	Logger *slog.Logger
+}
+
+// PassThrough is the pass-through route: one streamable-HTTP upstream
+// offered unchanged behind the edge. It is an http.Handler for requests the
+// edge has already authenticated and authorized; it forwards each one at the
+// HTTP level, so every MCP feature passes as it is (tools, resources,
+// prompts, completion, logging, progress, cancellation, subscriptions, the
+// server's sampling and elicitation requests over SSE, GET streams, DELETE,
+// resumption with Last-Event-ID).
+//
+// What it changes on the way:
+//
+//   - Every request, whatever its path under the route, goes to the
+//     configured URL, through a pinnedfetch client that adds the upstream's
+//     configured headers on hops to its origin only.
+//   - Request headers pass through an allow-list: Content-Type, Accept,
+//     Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name,
+//     Mcp-Param-*, Traceparent and Tracestate. Nothing else leaves the
+//     edge: not the client's Authorization, Cookie or Proxy-Authorization,
+//     not Origin, User-Agent or X-Forwarded-*, no hop-by-hop header.
+//   - Mcp-Session-Id is translated both ways: the client gets a sealed id
+//     bound to its token and this route ([SessionIDs]), never the
+//     upstream's.
+//   - Response headers pass through an allow-list too (Content-Type,
+//     Content-Encoding, Cache-Control, Retry-After, Allow): Set-Cookie and
+//     WWW-Authenticate stay behind. An upstream 401, 403 or 407 refused the
+//     gateway's credentials, not the client's, and becomes 502.
+//   - Event-stream answers are flushed to the client after every read, so
+//     each event arrives when the upstream sent it.
+//
+// A PassThrough is safe for concurrent use. Close releases its idle
+// connections.
+type PassThrough struct {
+	name          string
+	route         string
+	endpoint      string // expanded: may hold a key in its query, never logged
+	client        *http.Client
+	ids           *SessionIDs
+	maxBody       int64
+	headerTimeout time.Duration
+	onCall        func(CallRecord)
+	onRefusal     func(Refusal)
+	logger        *slog.Logger
+}
+
+// NewPassThrough builds the pass-through route for u, which must be a
+// streamable-HTTP ("http") upstream. It expands u's placeholders here,
+// where the transport is built, and refuses a URL or a header value that
+// still holds one, a header the route sets itself (Content-Type, Accept,
+// Mcp-*, Last-Event-ID, framing headers), and a session key that is not 32
+// bytes. Errors name the upstream and say what to change; they never quote
+// a header value.
+func NewPassThrough(u Upstream, opts PassThroughOptions) (*PassThrough, error) {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	n, err := Normalize(u)
+	if err != nil {
+		return nil, err
+	}
+	if n.Transport != TransportHTTP {
+		return nil, fmt.Errorf("%s: transport %q cannot use the pass-through route, which relays streamable HTTP unchanged; sse and stdio upstreams are served by the aggregated route, which is not built yet: give the server's streamable HTTP url, or leave it out of this broker route", describe(n), n.Transport)
+	}
+	e, warnings := n.Expanded(opts.Lookup)
+	for _, w := range warnings {
+		logger.Warn(w)
+	}
+	if _, err := e.Endpoint(); err != nil {
+		return nil, err
+	}
+	headers, err := upstreamHeaders(e)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := NewSessionIDs(opts.SessionKey)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", describe(n), err)
+	}
+	maxBody := cmp.Or(opts.MaxBodyBytes, DefaultPassThroughMaxBody)
+	if maxBody < 0 {
+		return nil, fmt.Errorf("%s: MaxBodyBytes %d is negative; give a positive limit, or 0 for the default", describe(n), maxBody)
+	}
+
+	names := make([]string, 0, len(headers))
+	for _, h := range headers {
+		names = append(names, h.name)
+	}
+	fetchOpts := []pinnedfetch.Option{pinnedfetch.WithDecisions(opts.OnDecision)}
+	if len(headers) > 0 {
+		fetchOpts = append(fetchOpts, pinnedfetch.WithCredentials(func(next http.RoundTripper) http.RoundTripper {
+			return &credentials{headers: headers, next: next}
+		}))
+	}
+	if opts.DenyPrivateAddresses != nil {
+		fetchOpts = append(fetchOpts, pinnedfetch.DenyPrivateAddresses(*opts.DenyPrivateAddresses))
+	}
+	client, err := pinnedfetch.New(e.URL, names, fetchOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", describe(n), err)
+	}
+	return &PassThrough{
+		name:          n.Name,
+		route:         cmp.Or(opts.Route, "broker:"+n.Name),
+		endpoint:      e.URL,
+		client:        client,
+		ids:           ids,
+		maxBody:       maxBody,
+		headerTimeout: cmp.Or(n.Timeout, DefaultHeaderTimeout),
+		onCall:        opts.OnCall,
+		onRefusal:     opts.OnRefusal,
+		logger:        logger,
+	}, nil
+}
+
+// Route returns the route identity bound into this route's session ids.
+func (pt *PassThrough) Route() string { return pt.route }
+
+// Close closes the idle upstream connections. Requests and streams under
+// way keep running until they end.
+func (pt *PassThrough) Close() { pt.client.CloseIdleConnections() }
+
+type header struct{ name, value string }
+
+// upstreamHeaders checks the expanded headers of e and returns them in
+// canonical form, sorted by name.
+func upstreamHeaders(e Upstream) ([]header, error) {
+	var out []header
+	for _, name := range sortedKeys(e.Headers) {
+		value := e.Headers[name]
+		canonical := http.CanonicalHeaderKey(name)
+		if reservedUpstreamHeader(canonical) {
+			return nil, fmt.Errorf("%s: header %s is set by the pass-through route for each request; remove it from headers", describe(e), canonical)
+		}
+		if v, ok := firstPlaceholder(value); ok {
+			return nil, fmt.Errorf("%s: header %s still holds the placeholder for %s: set %s in the environment of the Caddy process, or give a default with ${%s:-…}", describe(e), canonical, v, v, v)
+		}
+		if strings.ContainsAny(value, "\r\n\x00") {
+			return nil, fmt.Errorf("%s: header %s: after expansion the value holds a line break or NUL; fix the variable it comes from", describe(e), canonical)
+		}
+		out = append(out, header{canonical, value})
+	}
+	return out, nil
+}
+
+// credentials is the layer pinnedfetch calls only for hops to the pinned
+// origin: it adds the upstream's configured headers.
+type credentials struct {
+	headers []header
+	next    http.RoundTripper
+}
+
+func (c *credentials) RoundTrip(req *http.Request) (*http.Response, error) {
+	// A RoundTripper must not modify the request it is given: copy the
+	// header map, the only part it changes.
+	r := req.WithContext(req.Context())
+	r.Header = req.Header.Clone()
+	for _, h := range c.headers {
+		r.Header[h.name] = []string{h.value}
+	}
+	return c.next.RoundTrip(r)
+}
+
+var errHeaderTimeout = errors.New("no response headers in time")
+
+// ServeHTTP forwards one MCP request to the upstream and relays its answer.
+// It expects the edge's [policy.Principal] in the request context and
+// answers 500 without one.
+//
+// Status codes of its own: 404 with a JSON-RPC error for a session id that
+// does not open for this token on this route (the spec's unknown session:
+// the client initializes again); 400 for more than one Mcp-Session-Id; 405
+// for methods other than POST, GET and DELETE; 413 for a body over the
+// limit; 502 when the upstream cannot be reached, refuses the gateway's
+// credentials (401, 403, 407), answers a redirect the egress client does
+// not follow, or hands out an invalid session id; 504 when its headers do
+// not come within the upstream's Timeout (default
+// [DefaultHeaderTimeout]). An upstream 404 for a session is passed on as
+// it is, so the client initializes again; every other upstream status
+// passes too.
+func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	p, ok := policy.PrincipalFrom(r.Context())
+	if !ok || p.TokenID == "" {
+		pt.refuse(w, r, p, exchange{}, http.StatusInternalServerError, codeInternal, "no_principal",
+			"the request reached the broker route without an authenticated principal",
+			"the broker route is misconfigured (it must sit behind the zidane_mcp edge); ask the operator to check the server log")
+		return
+	}
+	ex, ok := pt.admit(w, r, p)
+	if !ok {
+		return
+	}
+	rec := CallRecord{Upstream: pt.name, Route: pt.route, HTTPMethod: r.Method, Method: ex.method, Tool: ex.tool,
+		TokenID: p.TokenID, TokenName: p.Name}
+	defer func() {
+		rec.Duration = time.Since(start)
+		if pt.onCall != nil {
+			pt.onCall(rec)
+		}
+	}()
+	resp, err := pt.send(r, ex.body, ex.upstreamSID)
+	if err != nil {
+		pt.failed(w, r, &rec, ex.rpcID, err)
+		return
+	}
+	defer resp.Body.Close()
+	rec.Status = resp.StatusCode
+	pt.answer(w, r, p, ex, resp, &rec)
+}
+
+// exchange is what the route learned from a client request it admitted.
+type exchange struct {
+	body        []byte          // the whole request body, for a POST
+	rpcID       json.RawMessage // the id of a single JSON-RPC request, for errors
+	method      string          // the JSON-RPC method of the first message
+	tool        string          // the tool of the first tools/call
+	clientSID   string          // the sealed Mcp-Session-Id the client sent
+	upstreamSID string          // what it opened to
+}
+
+// admit checks the method, reads a POST's body and opens the session id.
+// It answers and reports a refusal itself, returning false.
+func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Principal) (exchange, bool) {
+	var ex exchange
+	switch r.Method {
+	case http.MethodPost:
+		var err error
+		if ex.body, err = readBody(r, pt.maxBody); err != nil {
+			if errors.Is(err, errBodyTooLarge) {
+				msg := fmt.Sprintf("the request body is over the %d-byte limit of this route; send a smaller request", pt.maxBody)
+				pt.refuse(w, r, p, ex, http.StatusRequestEntityTooLarge, codeInvalidRequest, "body_too_large", msg, msg)
+				return ex, false
+			}
+			pt.refuse(w, r, p, ex, http.StatusBadRequest, codeInvalidRequest, "body_unreadable",
+				"reading the request body: "+err.Error(), "the request body could not be read; send it again")
+			return ex, false
+		}
+		// The edge has inspected the body already; this pass only names
+		// the call for audit and for the id of an error. A body that does
+		// not parse is forwarded all the same, for the upstream to judge.
+		if calls, batch, err := policy.Inspect(ex.body); err == nil {
+			ex.method = calls[0].Method
+			if !batch {
+				ex.rpcID = calls[0].ID
+			}
+			if i := slices.IndexFunc(calls, policy.Call.IsToolCall); i >= 0 {
+				ex.tool = calls[i].Tool
+			}
+		}
+	case http.MethodGet, http.MethodDelete:
+	default:
+		w.Header().Set("Allow", "GET, POST, DELETE")
+		pt.refuse(w, r, p, ex, http.StatusMethodNotAllowed, codeInvalidRequest, "method_not_allowed",
+			"method "+r.Method+" is not part of MCP's streamable HTTP transport",
+			"this MCP endpoint takes POST, GET and DELETE")
+		return ex, false
+	}
+
+	// Session binding: the id the client holds opens to the upstream's id
+	// only for this token on this route.
+	switch values := r.Header.Values(headerSessionID); {
+	case len(values) > 1:
+		pt.refuse(w, r, p, ex, http.StatusBadRequest, codeInvalidRequest, "session_repeated",
+			"the request carried more than one Mcp-Session-Id", "send one Mcp-Session-Id header")
+		return ex, false
+	case len(values) == 1:
+		upstreamSID, err := pt.ids.Open(values[0], p.TokenID, pt.route)
+		if err != nil {
+			pt.refuse(w, r, p, ex, http.StatusNotFound, codeUnknownSession, "session_unknown", err.Error(),
+				"unknown session: this Mcp-Session-Id was not issued to this token on this route, or is no longer valid; start a new session by initializing again without Mcp-Session-Id")
+			return ex, false
+		}
+		ex.clientSID, ex.upstreamSID = values[0], upstreamSID
+	}
+	return ex, true
+}
+
+// answer relays the upstream's answer to the client: its status, the
+// allow-listed headers and the translated session id, and its body as it
+// arrives. Refusals of the gateway's credentials, redirects and invalid
+// session ids become 502 instead.
+func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.Principal, ex exchange, resp *http.Response, rec *CallRecord) {
+	switch status := resp.StatusCode; {
+	case status == http.StatusUnauthorized || status == http.StatusForbidden || status == http.StatusProxyAuthRequired:
+		// The client's own token passed the edge; what the upstream
+		// refused is the gateway's credential for it. Its challenge
+		// (WWW-Authenticate, resource metadata) would steer the client to
+		// the upstream's authorization server, so none of it is relayed.
+		rec.Outcome = http.StatusText(status)
+		pt.logger.Warn("upstream refused the gateway's credentials", "upstream", pt.name, "route", pt.route, "status", status)
+		writeRPCError(w, http.StatusBadGateway, ex.rpcID, codeUpstream,
+			fmt.Sprintf("the upstream MCP server %q refused the gateway's credentials for it (HTTP %d); your own token is fine: ask the operator to check the credentials configured for this upstream", pt.name, status))
+		return
+	case status >= 300 && status < 400:
+		// pinnedfetch follows the redirects it allows; one that reaches
+		// here had no usable Location.
+		rec.Outcome, rec.Detail = OutcomeError, fmt.Sprintf("upstream answered %d without a usable Location", status)
+		writeRPCError(w, http.StatusBadGateway, ex.rpcID, codeUpstream,
+			fmt.Sprintf("the upstream MCP server %q answered with a redirect the gateway cannot follow; ask the operator to configure its final URL", pt.name))
+		return
+	}
+
+	if sid := resp.Header.Get(headerSessionID); sid != "" {
+		switch {
+		case sid == ex.upstreamSID:
+			// Echo the client's own id: clients treat a changed id on a
+			// later response as an error, and some servers repeat theirs
+			// on every response.
+			w.Header().Set(headerSessionID, ex.clientSID)
+		case len(sid) > MaxUpstreamSessionID || !visibleASCII(sid):
+			rec.Outcome, rec.Detail = OutcomeError, "upstream gave a session id that is not 1 to 512 visible ASCII characters"
+			writeRPCError(w, http.StatusBadGateway, ex.rpcID, codeUpstream,
+				fmt.Sprintf("the upstream MCP server %q gave an invalid session id; ask the operator to check the server", pt.name))
+			return
+		default:
+			w.Header().Set(headerSessionID, pt.ids.Seal(sid, p.TokenID, pt.route))
+		}
+	}
+	copyResponseHeaders(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+
+	var flush func() error
+	if isEventStream(resp.Header.Get("Content-Type")) {
+		rc := http.NewResponseController(w)
+		flush = func() error {
+			if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+				return err
+			}
+			return nil
+		}
+	}
+	readErr, clientGone := relay(w, resp.Body, flush)
+	switch {
+	case readErr != nil && !clientGone && r.Context().Err() == nil:
+		// The status has gone out; ending the body early is all that is
+		// left, and the client reads it as a dropped stream.
+		rec.Outcome, rec.Detail = OutcomeError, "upstream broke off its answer: "+safeError(readErr)
+		pt.logger.Warn("upstream broke off its answer", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		rec.Outcome = OutcomeOK
+	default:
+		rec.Outcome = http.StatusText(resp.StatusCode)
+	}
+}
+
+// send makes the upstream request for r. It runs under r's context, so a
+// client that goes away ends it, and bounds only the wait for response
+// headers, so streams stay open.
+func (pt *PassThrough) send(r *http.Request, body []byte, upstreamSID string) (*http.Response, error) {
+	ctx, cancel := context.WithCancelCause(r.Context())
+	var reader io.Reader
+	if len(body) > 0 {
+		// A bytes.Reader gives the request GetBody, so pinnedfetch can
+		// replay the body on a 307/308.
+		reader = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, r.Method, pt.endpoint, reader)
+	if err != nil {
+		cancel(nil)
+		return nil, err
+	}
+	copyRequestHeaders(req.Header, r.Header)
+	if upstreamSID != "" {
+		req.Header.Set(headerSessionID, upstreamSID)
+	}
+	timer := time.AfterFunc(pt.headerTimeout, func() { cancel(errHeaderTimeout) })
+	resp, err := pt.client.Do(req)
+	if !timer.Stop() {
+		// The timer fired, perhaps just as the headers came: the context is
+		// cancelled either way, so the body could not be read.
+		if err == nil {
+			resp.Body.Close()
+		}
+		cancel(nil)
+		return nil, errHeaderTimeout
+	}
+	if err != nil {
+		cancel(nil)
+		return nil, err
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil
+}
+
+// cancelOnClose releases the request's context when its body is closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+func (c *cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel(nil)
+	return err
+}
+
+// failed answers a request whose upstream call failed.
+func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallRecord, rpcID json.RawMessage, err error) {
+	if r.Context().Err() != nil {
+		// The client went away; nobody is left to answer.
+		rec.Outcome = OutcomeCanceled
+		return
+	}
+	rec.Outcome = OutcomeError
+	if errors.Is(err, errHeaderTimeout) {
+		rec.Detail = fmt.Sprintf("no response headers within %v", pt.headerTimeout)
+		pt.logger.Warn("upstream did not answer in time", "upstream", pt.name, "route", pt.route, "timeout", pt.headerTimeout)
+		writeRPCError(w, http.StatusGatewayTimeout, rpcID, codeUpstream,
+			fmt.Sprintf("the upstream MCP server %q did not answer within %v; try again later, or ask the operator to raise its timeout", pt.name, pt.headerTimeout))
+		return
+	}
+	rec.Detail = safeError(err)
+	pt.logger.Warn("upstream request failed", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
+	msg := fmt.Sprintf("the gateway could not reach the upstream MCP server %q; try again later, and if it persists ask the operator to check the broker log", pt.name)
+	var re *pinnedfetch.RedirectError
+	if errors.As(err, &re) {
+		msg = fmt.Sprintf("the upstream MCP server %q redirected the gateway where it does not follow; ask the operator to check the broker log", pt.name)
+	}
+	writeRPCError(w, http.StatusBadGateway, rpcID, codeUpstream, msg)
+}
+
+// refuse answers a request refused before any upstream call and reports
+// it. detail is for the audit record; message for the client.
+func (pt *PassThrough) refuse(w http.ResponseWriter, r *http.Request, p policy.Principal, ex exchange, status, code int, reason, detail, message string) {
+	if reason == "no_principal" {
+		pt.logger.Error("broker route called without a principal in the request context; it must sit behind the zidane_mcp edge", "upstream", pt.name, "route", pt.route)
+	}
+	if pt.onRefusal != nil {
+		pt.onRefusal(Refusal{
+			Upstream: pt.name, Route: pt.route, HTTPMethod: r.Method, Method: ex.method,
+			TokenID: p.TokenID, TokenName: p.Name,
+			Reason: reason, Status: status, Detail: detail,
+		})
+	}
+	writeRPCError(w, status, ex.rpcID, code, message)
+}

@@ -1,0 +1,237 @@
+package broker
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+)
+
+// Header names the pass-through route handles itself.
+const (
+	headerSessionID       = "Mcp-Session-Id"
+	headerProtocolVersion = "Mcp-Protocol-Version"
+	headerParamPrefix     = "Mcp-Param-"
+)
+
+// forwardedRequestHeaders is the allow-list of client request headers sent
+// upstream, in canonical form. An allow-list rather than a deny-list: a
+// header nobody thought about stays behind, so the client's Authorization,
+// Cookie and Proxy-Authorization, anything identifying the client (Origin,
+// Referer, User-Agent, X-Forwarded-*, Forwarded) and every hop-by-hop header
+// never leave the edge. What passes is what the MCP transport needs and
+// carries no credential:
+//
+//   - Content-Type and Accept: the transport's content negotiation (an MCP
+//     server refuses a POST without both JSON and SSE in Accept);
+//   - Mcp-Protocol-Version: the negotiated protocol version;
+//   - Last-Event-Id: resuming an SSE stream;
+//   - Mcp-Method, Mcp-Name and Mcp-Param-* (protocol 2026-07-28): copies of
+//     the method, the tool, prompt or resource name and annotated tool
+//     arguments, which the server checks against the body;
+//   - Traceparent and Tracestate: W3C trace context, so a trace spans the
+//     gateway.
+//
+// Mcp-Session-Id is not in the list: it is translated (see
+// [PassThrough.ServeHTTP]). Accept-Encoding is left to the Go transport,
+// which asks for gzip and decompresses itself.
+var forwardedRequestHeaders = map[string]bool{
+	"Content-Type":        true,
+	"Accept":              true,
+	headerProtocolVersion: true,
+	"Last-Event-Id":       true,
+	"Mcp-Method":          true,
+	"Mcp-Name":            true,
+	"Traceparent":         true,
+	"Tracestate":          true,
+}
+
+// forwardRequestHeader reports whether the canonical header name passes
+// the allow-list.
+func forwardRequestHeader(name string) bool {
+	return forwardedRequestHeaders[name] || strings.HasPrefix(name, headerParamPrefix)
+}
+
+// copyRequestHeaders copies the allow-listed headers of in to out, leaving
+// out any that the client's Connection header names as hop-by-hop.
+func copyRequestHeaders(out, in http.Header) {
+	conn := in["Connection"]
+	for name, values := range in {
+		if !forwardRequestHeader(name) || namedIn(conn, name) {
+			continue
+		}
+		out[name] = values
+	}
+}
+
+// namedIn reports whether a Connection header lists name.
+func namedIn(connection []string, name string) bool {
+	for _, v := range connection {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// relayedResponseHeaders is the allow-list of upstream response headers a
+// client gets, besides Mcp-Session-Id (translated). Set-Cookie,
+// WWW-Authenticate and every other header stay behind: the upstream's
+// cookies and auth metadata describe the gateway's relationship with it,
+// not the client's, and a client must never be steered to the upstream's
+// authorization server.
+var relayedResponseHeaders = []string{
+	"Content-Type",
+	"Content-Encoding", // only when the Go transport did not decode it itself
+	"Cache-Control",
+	"Retry-After", // 429 and 503
+	"Allow",       // 405
+}
+
+func copyResponseHeaders(out, in http.Header) {
+	for _, name := range relayedResponseHeaders {
+		if v, ok := in[name]; ok {
+			out[name] = v
+		}
+	}
+}
+
+// reservedUpstreamHeader reports whether a configured upstream header would
+// clash with what the route sets on each request. Such a config is refused
+// rather than allowed to override the translated session id or the
+// transport's framing.
+func reservedUpstreamHeader(canonical string) bool {
+	switch canonical {
+	case "Host", "Content-Length", "Transfer-Encoding", "Connection", "Te", "Trailer", "Upgrade",
+		"Keep-Alive", "Proxy-Connection", "Accept-Encoding", "Content-Type", "Accept":
+		return true
+	}
+	return forwardedRequestHeaders[canonical] || canonical == headerSessionID ||
+		strings.HasPrefix(canonical, headerParamPrefix)
+}
+
+// JSON-RPC error codes the route answers with.
+const (
+	// codeUnknownSession is the code MCP SDKs use for "Session not found".
+	codeUnknownSession = -32001
+	// codeUpstream is for an upstream that failed or refused the gateway.
+	codeUpstream = -32002
+	// codeInvalidRequest is JSON-RPC's Invalid Request.
+	codeInvalidRequest = -32600
+	// codeInternal is JSON-RPC's Internal error.
+	codeInternal = -32603
+)
+
+// rpcError is a JSON-RPC error response.
+type rpcError struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Error   rpcErrorObject  `json:"error"`
+}
+
+type rpcErrorObject struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+// writeRPCError answers with a JSON-RPC error object. id is the request's
+// id when the body held a single request, else null, as JSON-RPC asks when
+// the id cannot be known.
+func writeRPCError(w http.ResponseWriter, status int, id json.RawMessage, code int, message string) {
+	if len(id) == 0 {
+		id = json.RawMessage("null")
+	}
+	body, err := json.Marshal(rpcError{JSONRPC: "2.0", ID: id, Error: rpcErrorObject{code, message}})
+	if err != nil {
+		// Only an invalid id can fail; answer without it.
+		body, _ = json.Marshal(rpcError{JSONRPC: "2.0", ID: json.RawMessage("null"), Error: rpcErrorObject{code, message}})
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
+var errBodyTooLarge = errors.New("request body too large")
+
+// readBody reads the whole request body, up to max bytes. Reading it before
+// forwarding is deliberate: Go's HTTP/1 server closes the request body once
+// the response starts, so a body streamed upstream while an SSE answer
+// streams back could be cut mid-way. Having it in memory also lets a
+// 307/308 redirect replay it.
+func readBody(r *http.Request, max int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > max {
+		return nil, errBodyTooLarge
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(body)) > max {
+		return nil, errBodyTooLarge
+	}
+	return body, nil
+}
+
+// copyBuffers holds the buffers answers are relayed through. 16 KiB: a Read
+// returns as soon as some bytes arrived, so the size bounds memory per
+// stream, not latency.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
+
+// relay copies an upstream answer to the client as it arrives. For an event
+// stream (flush set) it sends the headers at once, since a GET stream may
+// carry nothing for a long time and a client waits for them before it counts
+// the stream as open, and then flushes after every write, so each event
+// reaches the client when the upstream sent it. Other answers are copied
+// without flushing. It returns the read error (nil at the end of the body)
+// and whether writing to the client failed.
+func relay(w http.ResponseWriter, body io.Reader, flush func() error) (readErr error, clientGone bool) {
+	if flush != nil && flush() != nil {
+		return nil, true
+	}
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return nil, true
+			}
+			if flush != nil && flush() != nil {
+				return nil, true
+			}
+		}
+		if err == io.EOF {
+			return nil, false
+		}
+		if err != nil {
+			return err, false
+		}
+	}
+}
+
+// isEventStream reports whether a Content-Type is text/event-stream.
+func isEventStream(contentType string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
+}
+
+// visibleASCII reports whether s is a valid Mcp-Session-Id: visible ASCII
+// (0x21 to 0x7E), as the MCP spec requires.
+func visibleASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return s != ""
+}

@@ -1,0 +1,128 @@
+package broker
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func newTestSessionIDs(t testing.TB) *SessionIDs {
+	t.Helper()
+	ids, err := NewSessionIDs(bytes.Repeat([]byte{7}, SessionKeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func TestSessionIDsRoundTrip(t *testing.T) {
+	ids := newTestSessionIDs(t)
+	for _, upstream := range []string{"a", "5TQK2VZ3E4B6NYS7RBSUXVGZ3M", "0196f0e2-6f2a-7c1e-9b7e-3f6a2c1d4e5f", strings.Repeat("x", MaxUpstreamSessionID)} {
+		sealed := ids.Seal(upstream, "tok_alice", "broker:github")
+		if len(upstream) > 8 && strings.Contains(sealed, upstream) {
+			t.Errorf("sealed id %q shows the upstream id", sealed)
+		}
+		if !visibleASCII(sealed) {
+			t.Errorf("sealed id %q is not a valid Mcp-Session-Id (visible ASCII)", sealed)
+		}
+		got, err := ids.Open(sealed, "tok_alice", "broker:github")
+		if err != nil || got != upstream {
+			t.Errorf("Open(Seal(%q)) = %q, %v", upstream, got, err)
+		}
+	}
+}
+
+func TestSessionIDsFreshNonce(t *testing.T) {
+	ids := newTestSessionIDs(t)
+	a := ids.Seal("s-1", "tok_alice", "broker:github")
+	b := ids.Seal("s-1", "tok_alice", "broker:github")
+	if a == b {
+		t.Fatal("sealing one upstream id twice gave the same id: the nonce is not fresh")
+	}
+}
+
+func TestSessionIDsRefuse(t *testing.T) {
+	ids := newTestSessionIDs(t)
+	sealed := ids.Seal("s-1", "tok_alice", "broker:github")
+	raw, _ := base64.RawURLEncoding.DecodeString(sealed)
+	flipped := bytes.Clone(raw)
+	flipped[len(flipped)-1] ^= 1
+	version := bytes.Clone(raw)
+	version[0] = 2
+	other, err := NewSessionIDs(bytes.Repeat([]byte{8}, SessionKeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name, id, principal, route string
+	}{
+		{"another token", sealed, "tok_bob", "broker:github"},
+		{"another route", sealed, "tok_alice", "broker:linear"},
+		{"token and route boundary moved", ids.Seal("s-1", "tok_alice\x00broker:", "github"), "tok_alice", "broker:github"},
+		{"another key", other.Seal("s-1", "tok_alice", "broker:github"), "tok_alice", "broker:github"},
+		{"bit flipped", base64.RawURLEncoding.EncodeToString(flipped), "tok_alice", "broker:github"},
+		{"unknown version", base64.RawURLEncoding.EncodeToString(version), "tok_alice", "broker:github"},
+		{"truncated", sealed[:len(sealed)-4], "tok_alice", "broker:github"},
+		{"upstream id as is", "s-1", "tok_alice", "broker:github"},
+		{"not base64", sealed[:10] + "!*" + sealed[12:], "tok_alice", "broker:github"},
+		{"padded base64", sealed + "==", "tok_alice", "broker:github"},
+		{"empty", "", "tok_alice", "broker:github"},
+		{"too long", strings.Repeat("A", 4096), "tok_alice", "broker:github"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ids.Open(tc.id, tc.principal, tc.route)
+			if !errors.Is(err, ErrUnknownSession) {
+				t.Fatalf("Open = %q, %v; want ErrUnknownSession", got, err)
+			}
+			if got != "" {
+				t.Errorf("Open returned %q with its error", got)
+			}
+		})
+	}
+}
+
+func TestNewSessionIDsKeySize(t *testing.T) {
+	for _, n := range []int{0, 16, 31, 33, 64} {
+		if _, err := NewSessionIDs(make([]byte, n)); err == nil || !strings.Contains(err.Error(), "32 random bytes") {
+			t.Errorf("key of %d bytes: err = %v, want one that asks for 32 random bytes", n, err)
+		}
+	}
+}
+
+func FuzzSessionIDsOpen(f *testing.F) {
+	ids := newTestSessionIDs(f)
+	f.Add(ids.Seal("s-1", "tok_alice", "broker:github"))
+	f.Add("")
+	f.Add("AQ")
+	f.Fuzz(func(t *testing.T, id string) {
+		// Whatever a client sends, Open answers without panicking, and
+		// only an id it sealed for this principal and route opens.
+		if got, err := ids.Open(id, "tok_bob", "broker:github"); err == nil {
+			t.Fatalf("Open(%q) for a principal nobody sealed for = %q", id, got)
+		}
+	})
+}
+
+func BenchmarkSessionIDOpen(b *testing.B) {
+	ids := newTestSessionIDs(b)
+	sealed := ids.Seal(rand.Text(), "tok_0123456789abcdef", "broker:github")
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ids.Open(sealed, "tok_0123456789abcdef", "broker:github"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSessionIDSeal(b *testing.B) {
+	ids := newTestSessionIDs(b)
+	upstream := rand.Text()
+	b.ReportAllocs()
+	for b.Loop() {
+		ids.Seal(upstream, "tok_0123456789abcdef", "broker:github")
+	}
+}

@@ -1,0 +1,147 @@
+package caddymodule
+
+import (
+	"crypto/rand"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// brokerSessionKey seals the session ids the broker gives clients. It lives
+// as long as the process, so a reload keeps every client's session; after a
+// restart clients get 404 and initialize again, as the spec has them do.
+var brokerSessionKey = func() []byte {
+	k := make([]byte, 32)
+	rand.Read(k)
+	return k
+}()
+
+// loadUpstreams reads the configured upstreams: inline ones first, then
+// those of each upstreams_file, in order. Names must be unique.
+func (a *App) loadUpstreams() error {
+	lists := [][]broker.Upstream{}
+	var inline []broker.Upstream
+	for _, u := range a.Upstreams {
+		if u.Source == "" {
+			u.Source = "Caddyfile"
+		}
+		n, err := broker.Normalize(u)
+		if err != nil {
+			return fmt.Errorf("upstream %q: %w", u.Name, err)
+		}
+		inline = append(inline, n)
+	}
+	lists = append(lists, inline)
+	for _, path := range a.UpstreamsFiles {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("upstreams_file: %w", err)
+		}
+		ups, warnings, err := broker.LoadMCPJSON(raw, path)
+		if err != nil {
+			return fmt.Errorf("upstreams_file %s: %w", path, err)
+		}
+		for _, w := range warnings {
+			caddy.Log().Named("zidane").Warn("upstreams_file", zap.String("file", path), zap.String("warning", w))
+		}
+		lists = append(lists, ups)
+	}
+	all, err := broker.MergeUpstreams(lists...)
+	if err != nil {
+		return err
+	}
+	a.upstreams = map[string]broker.Upstream{}
+	for _, u := range all {
+		a.upstreams[u.Name] = u
+	}
+	return nil
+}
+
+// Upstream returns the configured upstream called name.
+func (a *App) Upstream(name string) (broker.Upstream, bool) {
+	u, ok := a.upstreams[name]
+	return u, ok
+}
+
+// buildBroker sets up the pass-through route to upstream name.
+func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
+	u, ok := app.Upstream(h.Broker)
+	if !ok {
+		return fmt.Errorf("broker %q: no such upstream; configure it in the global zidane option (upstream %s <url>) or an upstreams_file", h.Broker, h.Broker)
+	}
+	h.upstream = u
+	route := "broker:" + u.Name
+	pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
+		SessionKey:   brokerSessionKey,
+		Route:        route,
+		MaxBodyBytes: h.MaxBodyBytes,
+		OnDecision:   func(d pinnedfetch.Decision) { auditRedirect(h.audit, u.Name, d) },
+		OnCall:       func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
+		OnRefusal: func(r broker.Refusal) {
+			metricRefusals.WithLabelValues(r.Reason).Inc()
+			auditBrokerRefusal(h.audit, r)
+		},
+		Logger: slog.New(zapslog.NewHandler(ctx.Logger().Named("broker").Core())),
+	})
+	if err != nil {
+		return fmt.Errorf("broker %q: %w", h.Broker, err)
+	}
+	h.passThrough = pt
+	// The upstream's scope, and upstream:<name>, grant its every tool and
+	// method on this route.
+	grant := []policy.Rule{{Scope: "upstream:" + u.Name, Tools: []string{"*"}, Methods: []string{"*"}}}
+	if u.Scope != "" {
+		grant = append(grant, policy.Rule{Scope: u.Scope, Tools: []string{"*"}, Methods: []string{"*"}})
+	}
+	h.scopes, err = policy.NewScopeMap(append(grant, h.Scopes...), !h.NoDefaultScopes)
+	return err
+}
+
+func auditUpstreamCall(l *zap.Logger, c broker.CallRecord) {
+	fields := []zap.Field{
+		zap.String("event", "upstream_call"),
+		zap.String("upstream", c.Upstream),
+		zap.String("route", c.Route),
+		zap.String("http_method", c.HTTPMethod),
+		zap.String("token_id", c.TokenID),
+		zap.String("token_name", c.TokenName),
+		zap.String("outcome", c.Outcome),
+		zap.Int("status", c.Status),
+		zap.Duration("duration", c.Duration),
+	}
+	if c.Method != "" {
+		fields = append(fields, zap.String("rpc_method", c.Method))
+	}
+	if c.Tool != "" {
+		fields = append(fields, zap.String("tool", c.Tool))
+	}
+	if c.Detail != "" {
+		fields = append(fields, zap.String("detail", c.Detail))
+	}
+	l.Info("upstream call", fields...)
+}
+
+func auditRedirect(l *zap.Logger, upstream string, d pinnedfetch.Decision) {
+	if d.Action == pinnedfetch.ActionSend && d.Hop == 0 {
+		return // the first hop of every request is no redirect decision
+	}
+	l.Info("upstream redirect", zap.String("event", "redirect"), zap.String("upstream", upstream),
+		zap.Int("hop", d.Hop), zap.String("from", d.From), zap.String("to", d.To), zap.Int("status", d.Status),
+		zap.String("action", string(d.Action)), zap.String("reason", d.Reason),
+		zap.Bool("credentials", d.Credentials), zap.Strings("stripped_headers", d.StrippedHeaders))
+}
+
+func auditBrokerRefusal(l *zap.Logger, r broker.Refusal) {
+	l.Warn("request refused", zap.String("event", "refused"), zap.String("reason", r.Reason),
+		zap.String("upstream", r.Upstream), zap.String("route", r.Route), zap.String("http_method", r.HTTPMethod),
+		zap.String("token_id", r.TokenID), zap.String("token_name", r.TokenName), zap.Int("status", r.Status),
+		zap.String("detail", r.Detail))
+}
