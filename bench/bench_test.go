@@ -47,7 +47,7 @@ func TestSmoke(t *testing.T) {
 	case s.retries == 0:
 		t.Errorf("no create was refused with %d sessions and max_agents %d", s.created, cfg.maxAgents)
 	}
-	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "vs reverse_proxy",
+	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "broker pass-through", "vs reverse_proxy",
 		"session engine", "create→finished", "finished events delivered / expected", "agent processes at peak"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)

@@ -23,7 +23,7 @@ func (g *gateway) stop()    { g.p.stop() }
 // creates the token the guarded routes use. The rate limit is set far above
 // what the run sends, so that it is measured but never triggers.
 func startGateway(ctx context.Context, bin, work, upstream string) (*gateway, error) {
-	ports := make([]int, 3)
+	ports := make([]int, 4)
 	for i := range ports {
 		p, err := freePort()
 		if err != nil {
@@ -31,11 +31,14 @@ func startGateway(ctx context.Context, bin, work, upstream string) (*gateway, er
 		}
 		ports[i] = p
 	}
-	admin, rpPort, guardPort := ports[0], ports[1], ports[2]
+	admin, rpPort, guardPort, brokerPort := ports[0], ports[1], ports[2], ports[3]
 	caddyfile := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	log {
 		level ERROR
+	}
+	zidane {
+		upstream bench http://%s/mcp
 	}
 }
 
@@ -52,7 +55,16 @@ http://127.0.0.1:%d {
 	}
 	reverse_proxy %s
 }
-`, admin, rpPort, upstream, guardPort, upstream)
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		broker bench
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
+	}
+}
+`, admin, upstream, rpPort, upstream, guardPort, upstream, brokerPort)
 	path := filepath.Join(work, "Caddyfile")
 	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
 		return nil, err
@@ -75,6 +87,7 @@ http://127.0.0.1:%d {
 	g.routes = []route{
 		{name: "reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", rpPort), viaCaddy: true},
 		{name: "guard+reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, viaCaddy: true},
+		{name: "broker pass-through", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", brokerPort), token: token, viaCaddy: true},
 	}
 	return g, nil
 }

@@ -3,10 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -113,42 +111,9 @@ func TestBrokerPassThroughConformanceParity(t *testing.T) {
 	})
 }
 
-// headerLog is a loopback server that records headers; redirect, when set,
-// answers every request with a 307 there.
-type headerLog struct {
-	mu       sync.Mutex
-	headers  []http.Header
-	url      string
-	redirect string
-}
-
-func startHeaderLog(t *testing.T, redirect string) *headerLog {
-	t.Helper()
-	hl := &headerLog{redirect: redirect}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hl.mu.Lock()
-		hl.headers = append(hl.headers, r.Header.Clone())
-		hl.mu.Unlock()
-		if hl.redirect != "" {
-			http.Redirect(w, r, hl.redirect, http.StatusTemporaryRedirect)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{},"serverInfo":{"name":"elsewhere","version":"1"}}}`)
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	hl.url = "http://" + ln.Addr().String() + "/mcp"
-	return hl
-}
-
 func TestBrokerRedirectOffOriginCarriesNoCredential(t *testing.T) {
-	elsewhere := startHeaderLog(t, "")
-	redirecting := startHeaderLog(t, elsewhere.url)
+	elsewhere := startRecordingUpstream(t)
+	redirecting := startRedirectingUpstream(t, elsewhere.url)
 	port := freePort(t)
 	c := startCaddy(t, brokerCaddyfile(port, redirecting.url), "UPSTREAM_KEY="+upstreamKey)
 	token := createToken(t, c, "agent", "--scope", "upstream:everything")
@@ -158,10 +123,10 @@ func TestBrokerRedirectOffOriginCarriesNoCredential(t *testing.T) {
 	defer redirecting.mu.Unlock()
 	elsewhere.mu.Lock()
 	defer elsewhere.mu.Unlock()
-	if len(redirecting.headers) == 0 || redirecting.headers[0].Get("X-Upstream-Key") != upstreamKey {
-		t.Fatalf("the configured upstream did not get its credential: %v", redirecting.headers)
+	if len(redirecting.seen) == 0 || redirecting.seen[0].Get("X-Upstream-Key") != upstreamKey {
+		t.Fatalf("the configured upstream did not get its credential: %v", redirecting.seen)
 	}
-	for _, h := range elsewhere.headers {
+	for _, h := range elsewhere.seen {
 		if h.Get("X-Upstream-Key") != "" || h.Get("Authorization") != "" {
 			t.Fatalf("a credential followed the redirect off the upstream's origin: %v", h)
 		}

@@ -10,17 +10,24 @@ import (
 	"time"
 )
 
-// recordingUpstream is an HTTP server on loopback that answers every
-// request with a JSON-RPC result and keeps the headers it saw.
+// recordingUpstream is an HTTP server on loopback that keeps the headers it
+// saw and answers every request with a JSON-RPC initialize result, or, when
+// redirect is set, with a 307 there.
 type recordingUpstream struct {
-	mu   sync.Mutex
-	seen []http.Header
-	addr string
+	mu       sync.Mutex
+	seen     []http.Header
+	addr     string
+	url      string // its MCP endpoint, http://addr/mcp
+	redirect string
 }
 
 func startRecordingUpstream(t *testing.T) *recordingUpstream {
+	return startRedirectingUpstream(t, "")
+}
+
+func startRedirectingUpstream(t *testing.T, redirect string) *recordingUpstream {
 	t.Helper()
-	u := &recordingUpstream{}
+	u := &recordingUpstream{redirect: redirect}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -29,12 +36,17 @@ func startRecordingUpstream(t *testing.T) *recordingUpstream {
 		u.mu.Lock()
 		u.seen = append(u.seen, r.Header.Clone())
 		u.mu.Unlock()
+		if u.redirect != "" {
+			http.Redirect(w, r, u.redirect, http.StatusTemporaryRedirect)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+		fmt.Fprint(w, `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{},"serverInfo":{"name":"recorder","version":"1"}}}`)
 	})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	u.addr = ln.Addr().String()
+	u.url = "http://" + u.addr + "/mcp"
 	return u
 }
 
