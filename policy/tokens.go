@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -162,13 +161,16 @@ type TokenEvent struct {
 type TokenStore struct {
 	st storage.Storage
 
-	mu       sync.RWMutex
-	byHash   map[[32]byte]*Token
-	byID     map[string]*Token
-	lastRaw  [32]byte
-	loaded   bool
-	loadErr  error
-	used     map[string]time.Time // token id -> last use not yet flushed
+	mu      sync.RWMutex
+	byHash  map[[32]byte]*Token
+	byID    map[string]*Token
+	lastRaw [32]byte
+	loaded  bool
+	loadErr error
+	// used maps a token id to its last use not yet flushed (a time.Time).
+	// A sync.Map, written at most once a second per token, keeps the
+	// check free of any exclusive lock.
+	used     sync.Map
 	holds    map[string]map[uint64]func()
 	nextHold uint64
 
@@ -184,7 +186,6 @@ func OpenTokenStore(ctx context.Context, st storage.Storage) (*TokenStore, error
 		st:     st,
 		byHash: map[[32]byte]*Token{},
 		byID:   map[string]*Token{},
-		used:   map[string]time.Time{},
 		holds:  map[string]map[uint64]func(){},
 	}
 	if err := s.Sync(ctx); err != nil {
@@ -256,21 +257,18 @@ func (s *TokenStore) Check(secret string, now time.Time) (Principal, error) {
 	if t == nil {
 		return Principal{}, ErrTokenUnknown
 	}
-	// The map lookup already matched the hash; compare again in constant
-	// time so that nothing about a near miss depends on timing.
-	want, _ := hex.DecodeString(t.SHA256)
-	if subtle.ConstantTimeCompare(want, sum[:]) != 1 {
-		return Principal{}, ErrTokenUnknown
-	}
+	// The index is keyed by the SHA-256 of the secret, so a hit is an exact
+	// match; what the lookup's timing could reveal is the hash of a guess,
+	// which the guesser already knows.
 	if t.Revoked != nil {
 		return Principal{}, fmt.Errorf("%w: %q was revoked at %s", ErrTokenRevoked, t.Name, t.Revoked.UTC().Format(time.RFC3339))
 	}
 	if t.Expires != nil && !now.Before(*t.Expires) {
 		return Principal{}, fmt.Errorf("%w: %q expired at %s", ErrTokenExpired, t.Name, t.Expires.UTC().Format(time.RFC3339))
 	}
-	s.mu.Lock()
-	s.used[t.ID] = now
-	s.mu.Unlock()
+	if v, ok := s.used.Load(t.ID); !ok || now.Sub(v.(time.Time)) >= time.Second {
+		s.used.Store(t.ID, now)
+	}
 	return t.Principal(), nil
 }
 
@@ -280,7 +278,8 @@ func (s *TokenStore) List() []Token {
 	out := make([]Token, 0, len(s.byID))
 	for _, t := range s.byID {
 		c := *t
-		if u, ok := s.used[t.ID]; ok {
+		if v, ok := s.used.Load(t.ID); ok {
+			u := v.(time.Time)
 			c.LastUsed = &u
 		}
 		out = append(out, c)
@@ -402,9 +401,7 @@ func (s *TokenStore) update(ctx context.Context, fn func(*tokenFile) error) erro
 		if err := fn(f); err != nil {
 			return nil, err
 		}
-		s.mu.RLock()
-		mergeLastUsed(f, s.used)
-		s.mu.RUnlock()
+		mergeLastUsed(f, s.usedSnapshot())
 		written, err = json.MarshalIndent(f, "", "  ")
 		return written, err
 	})
@@ -507,19 +504,27 @@ func (s *TokenStore) Sync(ctx context.Context) error {
 
 // Flush writes the last-used times recorded since the previous flush.
 func (s *TokenStore) Flush(ctx context.Context) error {
-	s.mu.RLock()
-	n := len(s.used)
-	s.mu.RUnlock()
-	if n == 0 {
+	snap := s.usedSnapshot()
+	if len(snap) == 0 {
 		return nil
 	}
 	err := s.update(ctx, func(*tokenFile) error { return nil })
 	if err == nil {
-		s.mu.Lock()
-		s.used = map[string]time.Time{}
-		s.mu.Unlock()
+		// A use recorded since the snapshot stays for the next flush.
+		for id, t := range snap {
+			s.used.CompareAndDelete(id, t)
+		}
 	}
 	return err
+}
+
+func (s *TokenStore) usedSnapshot() map[string]time.Time {
+	snap := map[string]time.Time{}
+	s.used.Range(func(k, v any) bool {
+		snap[k.(string)] = v.(time.Time)
+		return true
+	})
+	return snap
 }
 
 // Run syncs every syncEvery and flushes last-used times every flushEvery

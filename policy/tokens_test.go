@@ -291,6 +291,31 @@ func BenchmarkTokenCheck(b *testing.B) {
 	}
 }
 
+// BenchmarkTokenCheckParallel is the check under concurrent requests for
+// many tokens, where a lock on the hot path would show.
+func BenchmarkTokenCheckParallel(b *testing.B) {
+	fs := &certmagic.FileStorage{Path: b.TempDir()}
+	s, _ := OpenTokenStore(context.Background(), fs)
+	var secrets []string
+	for i := 0; i < 16; i++ {
+		secret, _, err := s.Create(context.Background(), TokenSpec{Name: "p" + itoa(i), Scopes: []string{"chat"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		secrets = append(secrets, secret)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			if _, err := s.Check(secrets[i%len(secrets)], time.Now()); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+	})
+}
+
 func itoa(i int) string {
 	return string([]byte{byte('0' + i/100%10), byte('0' + i/10%10), byte('0' + i%10)})
 }
