@@ -71,6 +71,11 @@ type App struct {
 	// clients use (a list, a name-keyed map, or one under mcpServers).
 	UpstreamsFiles []string `json:"upstreams_files,omitempty"`
 
+	// SessionUpstreams are the upstreams every session's agent is given, as
+	// MCP servers of this gateway reached with a per-session machine token.
+	// The agent never holds the upstream's credential.
+	SessionUpstreams []string `json:"session_upstreams,omitempty"`
+
 	tokens    *tokenState
 	tokensKey string
 	upstreams map[string]broker.Upstream

@@ -305,6 +305,7 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //				shared true|false
 //			}
 //			upstreams_file <path>
+//			session_upstreams <name...>
 //		}
 //	}
 func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -362,6 +363,13 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, err
 			}
 			app.Upstreams = append(app.Upstreams, u)
+			continue
+		case "session_upstreams":
+			names := d.RemainingArgs()
+			if len(names) == 0 {
+				return nil, d.Err("session_upstreams takes the names of configured upstreams")
+			}
+			app.SessionUpstreams = append(app.SessionUpstreams, names...)
 			continue
 		case "upstreams_file":
 			var path string

@@ -331,7 +331,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, r, rf, http.StatusUnauthorized, reason, msg)
 	}
 	rf.p = p
-	if h.sess != nil && p.Kind == policy.KindMachine {
+	// A session's agent reaches the upstreams it was given through the
+	// sessions endpoint's egress paths, with a machine token.
+	var egress *egressRoute
+	if h.sess != nil {
+		var isEgress bool
+		if egress, isEgress = h.sess.egressFor(r.URL.Path); isEgress && egress == nil {
+			return h.refuse(w, r, rf, http.StatusNotFound, "no_upstream",
+				"no upstream is offered to sessions at this path; see session_upstreams in the zidane global option")
+		}
+	}
+	if h.sess != nil && egress == nil && p.Kind == policy.KindMachine {
 		return h.refuse(w, r, rf, http.StatusForbidden, "machine_token",
 			fmt.Sprintf("token %q is a machine token, and machine tokens may not use the sessions endpoint: use a user token", p.Name))
 	}
@@ -353,13 +363,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	// 4. Authorize.
+	scopes := h.scopes
+	if egress != nil {
+		scopes = egress.scopes
+	}
 	for _, c := range calls {
+		if egress != nil && c.IsToolCall() && !egress.upstream.AllowsTool(c.Tool) {
+			rf.call = c
+			return h.refuse(w, r, rf, http.StatusForbidden, "tool_not_offered",
+				fmt.Sprintf("tool %q of upstream %q is not offered through this gateway (tools allow/deny)", c.Tool, egress.upstream.Name))
+		}
 		if h.passThrough != nil && c.IsToolCall() && !h.upstream.AllowsTool(c.Tool) {
 			rf.call = c
 			return h.refuse(w, r, rf, http.StatusForbidden, "tool_not_offered",
 				fmt.Sprintf("tool %q of upstream %q is not offered through this gateway (tools allow/deny)", c.Tool, h.upstream.Name))
 		}
-		if d := h.scopes.Decide(p, c); !d.Allowed {
+		if d := scopes.Decide(p, c); !d.Allowed {
 			rf.call = c
 			if d.Machine {
 				return h.refuse(w, r, rf, http.StatusForbidden, "machine_token",
@@ -404,6 +423,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	r = r.WithContext(ctx)
 	switch {
+	case egress != nil:
+		r.Header.Del("Authorization")
+		if listIDs == nil {
+			egress.pt.ServeHTTP(w, r)
+			return nil
+		}
+		fw := &toolsListWriter{
+			ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+			ids:                   listIDs,
+			visible:               egress.upstream.AllowsTool,
+		}
+		egress.pt.ServeHTTP(fw, r)
+		return fw.close()
 	case h.sess != nil:
 		return h.serveSessions(w, r, p, listIDs)
 	case h.passThrough != nil:

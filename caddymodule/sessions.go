@@ -53,10 +53,15 @@ type sessionsState struct {
 	// endpointPath is the MCP endpoint's path, which orchestrator agents
 	// are given with base.
 	endpointPath string
+	// egress are the upstreams offered to sessions, by name.
+	egress map[string]*egressRoute
 }
 
 func (s *sessionsState) Destruct() error {
 	s.unhook()
+	for _, r := range s.egress {
+		r.pt.Close()
+	}
 	err := s.endpoint.Close()
 	if cerr := s.engine.Close(); err == nil {
 		err = cerr
@@ -114,7 +119,7 @@ func (a *App) loadSessions(ctx caddy.Context, resource, endpointPath string, fix
 	if err != nil {
 		return nil, "", err
 	}
-	hash := fmt.Sprint(sortedAgents(agents), def, a.WorktreeRoot, a.MaxAgents, a.MaxSessions, a.AgentIdleTimeout)
+	hash := fmt.Sprint(sortedAgents(agents), def, a.WorktreeRoot, a.MaxAgents, a.MaxSessions, a.AgentIdleTimeout, a.SessionUpstreams)
 	key := "sessions|" + storageKey(ctx.Storage())
 	tokens := a.Tokens()
 	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
@@ -123,6 +128,11 @@ func (a *App) loadSessions(ctx caddy.Context, resource, endpointPath string, fix
 		// Resumed sessions may launch while NewEngine runs; the hook that
 		// needs the engine waits for it.
 		ready := make(chan struct{})
+		egress, err := a.buildEgress(logger)
+		if err != nil {
+			return nil, err
+		}
+		st.egress = egress
 		st.base.Store(resource)
 		names := make([]string, 0, len(agents))
 		for n := range agents {
@@ -147,7 +157,7 @@ func (a *App) loadSessions(ctx caddy.Context, resource, endpointPath string, fix
 			},
 			MCPServers: func(info sessions.SessionInfo) []sessions.McpServer {
 				<-ready
-				return st.orchestratorServers(tokens, info, logger)
+				return append(st.orchestratorServers(tokens, info, logger), st.egressServers(tokens, info, logger)...)
 			},
 			Logger: logger,
 		})
@@ -235,3 +245,5 @@ func sortedAgents(m map[string]sessions.AgentConfig) []string {
 	sort.Strings(out)
 	return out
 }
+
+func sortStrings(s []string) { sort.Strings(s) }

@@ -1,0 +1,112 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
+)
+
+// egressPrefix is where the sessions endpoint offers the upstreams that
+// sessions may use: <egressPrefix><name>/mcp.
+const egressPrefix = "/zidane/upstream/"
+
+// egressRoute is one upstream offered to the sessions on this host: the
+// broker's pass-through route, reached with a per-session machine token.
+type egressRoute struct {
+	upstream broker.Upstream
+	pt       *broker.PassThrough
+	scopes   *policy.ScopeMap
+}
+
+// buildEgress sets up a pass-through route for each of the app's
+// session_upstreams.
+func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
+	routes := map[string]*egressRoute{}
+	for _, name := range a.SessionUpstreams {
+		u, ok := a.Upstream(name)
+		if !ok {
+			return nil, fmt.Errorf("session_upstreams: no upstream %q is configured", name)
+		}
+		route := "egress:" + name
+		pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
+			SessionKey: brokerSessionKey,
+			Route:      route,
+			OnDecision: func(d pinnedfetch.Decision) { auditRedirect(auditLogger(), name, d) },
+			OnCall:     func(c broker.CallRecord) { auditUpstreamCall(auditLogger(), c) },
+			OnRefusal: func(r broker.Refusal) {
+				metricRefusals.WithLabelValues(r.Reason).Inc()
+				auditBrokerRefusal(auditLogger(), r)
+			},
+			Logger: log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("session_upstreams: %w", err)
+		}
+		scopes, err := policy.NewScopeMap([]policy.Rule{{Scope: upstreamScope(name), Tools: []string{"*"}, Methods: []string{"*"}}}, false)
+		if err != nil {
+			return nil, err
+		}
+		routes[name] = &egressRoute{upstream: u, pt: pt, scopes: scopes}
+	}
+	return routes, nil
+}
+
+func upstreamScope(name string) string { return "upstream:" + name }
+
+// egressFor returns the egress route a request path names, if any.
+func (s *sessionsState) egressFor(path string) (*egressRoute, bool) {
+	rest, ok := strings.CutPrefix(path, egressPrefix)
+	if !ok {
+		return nil, false
+	}
+	name, _, _ := strings.Cut(rest, "/")
+	r := s.egress[name]
+	return r, true
+}
+
+// egressServers gives a session the upstreams sessions may use, each as an
+// MCP server of this gateway, with a machine token of its own that grants
+// only those upstreams. The agent never sees an upstream's credential: the
+// broker attaches it. The token is a child of the session creator's, so
+// revoking the creator's revokes it.
+func (s *sessionsState) egressServers(tokens *policy.TokenStore, info sessions.SessionInfo, log *slog.Logger) []sessions.McpServer {
+	if len(s.egress) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(s.egress))
+	scopes := make([]string, 0, len(s.egress))
+	for name := range s.egress {
+		names = append(names, name)
+	}
+	sortStrings(names)
+	for _, n := range names {
+		scopes = append(scopes, upstreamScope(n))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	secret, _, err := tokens.Create(ctx, policy.TokenSpec{
+		Name:   fmt.Sprintf("egress-%s-%d", info.SessionID, time.Now().UnixNano()),
+		Scopes: scopes, Parent: info.Owner.TokenID, Kind: policy.KindMachine,
+	})
+	if err != nil {
+		log.Error("minting a session's egress token failed; the session runs without upstreams", "session", info.SessionID, "error", err)
+		return nil
+	}
+	base, _ := s.base.Load().(string)
+	out := make([]sessions.McpServer, 0, len(names))
+	for _, n := range names {
+		out = append(out, sessions.McpServer{
+			Name:    n,
+			URL:     base + egressPrefix + n + "/mcp",
+			Headers: map[string]string{"Authorization": "Bearer " + secret},
+		})
+	}
+	return out
+}
