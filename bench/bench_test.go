@@ -11,7 +11,8 @@ import (
 // TestSmoke runs the harness in its short mode so that it cannot rot: every
 // route must answer every call and appear in the table, and every session of
 // the session-engine run must finish with its event delivered to the client
-// that created it. It asserts no timing.
+// that created it, and every idle session must open and the sampled ones
+// answer a ping. It asserts no timing and no memory figure.
 func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds caddy and drives real MCP sessions")
@@ -47,8 +48,25 @@ func TestSmoke(t *testing.T) {
 	case s.retries == 0:
 		t.Errorf("no create was refused with %d sessions and max_agents %d", s.created, cfg.maxAgents)
 	}
+	switch {
+	case rep.idle == nil:
+		t.Errorf("the smoke run has no idle-sessions section")
+	case len(rep.idle.routes) != 2:
+		t.Errorf("the idle-sessions section has %d routes, want the sessions endpoint and broker pass-through", len(rep.idle.routes))
+	}
+	if rep.idle != nil {
+		for _, r := range rep.idle.routes {
+			if r.opened != cfg.idle || r.failures != 0 {
+				t.Errorf("idle sessions, %s: opened %d of %d, %d failures (first: %s)", r.name, r.opened, cfg.idle, r.failures, r.firstError)
+			}
+			if r.pingsSampled == 0 || r.pingsOK != r.pingsSampled {
+				t.Errorf("idle sessions, %s: %d of %d sampled pings succeeded (first failure: %s)", r.name, r.pingsOK, r.pingsSampled, r.firstPingError)
+			}
+		}
+	}
 	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "broker pass-through", "vs reverse_proxy",
-		"session engine", "create→finished", "finished events delivered / expected", "agent processes at peak"} {
+		"session engine", "create→finished", "finished events delivered / expected", "agent processes at peak",
+		"idle MCP sessions", "sessions endpoint", "caddy RSS/session", "upstream RSS/session"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
@@ -59,7 +77,7 @@ func TestSmoke(t *testing.T) {
 func TestFlags(t *testing.T) {
 	for _, bad := range [][]string{{"-concurrency", "0"}, {"-concurrency", "x"}, {"-tool", "nope"}, {"-calls", "0"},
 		{"-only", "nope"}, {"-only", "sessions", "-sessions", "0"}, {"-sessions", "-1"}, {"-session-clients", "0"},
-		{"-max-agents", "0"}, {"-agent-idle", "0s"}} {
+		{"-max-agents", "0"}, {"-agent-idle", "0s"}, {"-idle", "-1"}, {"-only", "idle", "-idle", "0"}} {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("parseFlags(%v) accepted", bad)
 		}
@@ -69,19 +87,23 @@ func TestFlags(t *testing.T) {
 		t.Fatalf("%+v %v", cfg, err)
 	}
 	for _, c := range []struct {
-		args               []string
-		calls, sessionsRun bool
-		sessions           int
+		args                        []string
+		calls, sessionsRun, idleRun bool
+		sessions, idle              int
 	}{
-		{nil, true, true, 1000},
-		{[]string{"-smoke"}, true, true, 20},
-		{[]string{"-smoke", "-sessions", "0"}, true, false, 0},
-		{[]string{"-only", "sessions", "-sessions", "300"}, false, true, 300},
-		{[]string{"-only", "calls"}, true, false, 1000},
+		{nil, true, true, true, 1000, 10000},
+		{[]string{"-smoke"}, true, true, true, 20, 200},
+		{[]string{"-smoke", "-sessions", "0"}, true, false, true, 0, 200},
+		{[]string{"-smoke", "-idle", "0"}, true, true, false, 20, 0},
+		{[]string{"-only", "sessions", "-sessions", "300"}, false, true, false, 300, 10000},
+		{[]string{"-only", "calls"}, true, false, false, 1000, 10000},
+		{[]string{"-only", "idle", "-idle", "50"}, false, false, true, 1000, 50},
 	} {
 		cfg, err := parseFlags(c.args)
-		if err != nil || cfg.callsOn() != c.calls || cfg.sessionsOn() != c.sessionsRun || cfg.sessions != c.sessions {
-			t.Errorf("parseFlags(%v) = calls %v, sessions %v (%d), %v", c.args, cfg.callsOn(), cfg.sessionsOn(), cfg.sessions, err)
+		if err != nil || cfg.callsOn() != c.calls || cfg.sessionsOn() != c.sessionsRun || cfg.idleOn() != c.idleRun ||
+			cfg.sessions != c.sessions || cfg.idle != c.idle {
+			t.Errorf("parseFlags(%v) = calls %v, sessions %v (%d), idle %v (%d), %v", c.args, cfg.callsOn(), cfg.sessionsOn(), cfg.sessions,
+				cfg.idleOn(), cfg.idle, err)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 type gateway struct {
 	p      *proc
 	routes []route
+	admin  string // the admin API's address
 }
 
 func (g *gateway) pid() int { return g.p.cmd.Process.Pid }
@@ -74,7 +75,7 @@ http://127.0.0.1:%d {
 	if err != nil {
 		return nil, err
 	}
-	g := &gateway{p: p}
+	g := &gateway{p: p, admin: fmt.Sprintf("127.0.0.1:%d", admin)}
 	if err := waitListening(ctx, fmt.Sprintf("127.0.0.1:%d", guardPort)); err != nil {
 		g.stop()
 		return nil, fmt.Errorf("caddy: %v\n%s", err, p.logs)

@@ -12,9 +12,15 @@
 // events expected, the agent processes alive at peak and caddy's memory per
 // session (see sessions.go).
 //
+// A third section opens -idle initialized MCP sessions on the sessions
+// endpoint and on broker pass-through, leaves them open, and reports the
+// RSS and live heap they cost per session, caddy's and, for broker
+// pass-through, the upstream's, where their state lives (see idle.go).
+//
 //	go run ./bench                       # full run
-//	go run ./bench -smoke                # a few hundred calls per route and 20 sessions (CI)
+//	go run ./bench -smoke                # a few hundred calls per route, 20 sessions, 200 idle sessions (CI)
 //	go run ./bench -only sessions -sessions 1000     # the session engine only
+//	go run ./bench -only idle -idle 10000            # idle MCP sessions only
 //	go run ./bench -peer http://127.0.0.1:9000/mcp   # add another gateway
 //
 // Everything listens on loopback and every loop is bounded.
@@ -38,17 +44,20 @@ type config struct {
 	peers       []string
 	timeout     time.Duration
 
-	only string // "", "calls" or "sessions": run that section alone
+	only string // "", "calls", "sessions" or "idle": run that section alone
 
 	sessions       int // demo-agent sessions in the session-engine run; 0 skips it
 	sessionClients int // MCP sessions that create them
 	maxAgents      int // the gateway's max_agents
 	agentIdle      time.Duration
+
+	idle int // idle MCP sessions opened on each route in the idle-sessions run; 0 skips it
 }
 
 // callsOn and sessionsOn say which sections run.
-func (c config) callsOn() bool    { return c.only != "sessions" }
-func (c config) sessionsOn() bool { return c.only != "calls" && c.sessions > 0 }
+func (c config) callsOn() bool    { return c.only == "" || c.only == "calls" }
+func (c config) sessionsOn() bool { return (c.only == "" || c.only == "sessions") && c.sessions > 0 }
+func (c config) idleOn() bool     { return (c.only == "" || c.only == "idle") && c.idle > 0 }
 
 func main() {
 	cfg, err := parseFlags(os.Args[1:])
@@ -72,18 +81,19 @@ func parseFlags(args []string) (config, error) {
 	tool := fs.String("tool", "echo", "tool to call: echo, or payload (4 KiB result)")
 	smoke := fs.Bool("smoke", false, "a short run that only checks the harness works: 1 round, 1 and 8 sessions, 20 calls; 20 demo-agent sessions")
 	timeout := fs.Duration("timeout", 30*time.Minute, "bound on the whole run")
-	only := fs.String("only", "", "run one section: calls (the tools/call table) or sessions (the session-engine run)")
+	only := fs.String("only", "", "run one section: calls (the tools/call table), sessions (the session-engine run) or idle (the idle-sessions run)")
 	nSessions := fs.Int("sessions", 1000, "demo-agent sessions to create and run to completion in the session-engine run; 0 skips it")
 	sessionClients := fs.Int("session-clients", 16, "MCP client sessions that create the demo-agent sessions")
 	maxAgents := fs.Int("max-agents", 32, "the gateway's max_agents in the session-engine run: agent processes alive at once")
 	agentIdle := fs.Duration("agent-idle", 2*time.Second, "the gateway's agent_idle_timeout in the session-engine run")
+	idle := fs.Int("idle", 10000, "initialized MCP sessions to open and leave idle on the sessions endpoint and on broker pass-through, for memory per session; 0 skips it")
 	var peers stringList
 	fs.Var(&peers, "peer", "URL of another MCP gateway's endpoint to measure as one more route (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
 	cfg := config{calls: *calls, rounds: *rounds, tool: *tool, peers: peers, timeout: *timeout, only: *only,
-		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle}
+		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle, idle: *idle}
 	for _, s := range strings.Split(*conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 || n > 1024 {
@@ -93,10 +103,13 @@ func parseFlags(args []string) (config, error) {
 	}
 	if *smoke {
 		cfg.calls, cfg.rounds, cfg.concurrency = 20, 1, []int{1, 8}
-		explicit := false
-		fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "sessions" })
-		if !explicit {
+		explicit := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+		if !explicit["sessions"] {
 			cfg.sessions = 20
+		}
+		if !explicit["idle"] {
+			cfg.idle = 200
 		}
 	}
 	if cfg.calls < 1 || cfg.rounds < 1 {
@@ -111,8 +124,15 @@ func parseFlags(args []string) (config, error) {
 		if cfg.sessions < 1 {
 			return config{}, fmt.Errorf("-only sessions needs -sessions of at least 1")
 		}
+	case "idle":
+		if cfg.idle < 1 {
+			return config{}, fmt.Errorf("-only idle needs -idle of at least 1")
+		}
 	default:
-		return config{}, fmt.Errorf("-only %q: use calls or sessions, or leave it out for both", cfg.only)
+		return config{}, fmt.Errorf("-only %q: use calls, sessions or idle, or leave it out for all", cfg.only)
+	}
+	if cfg.idle < 0 || cfg.idle > 100000 {
+		return config{}, fmt.Errorf("-idle %d: give 0 (skip) to 100000", cfg.idle)
 	}
 	if cfg.sessions < 0 || cfg.sessions > 100000 {
 		return config{}, fmt.Errorf("-sessions %d: give 0 (skip) to 100000", cfg.sessions)

@@ -46,6 +46,7 @@ type result struct {
 type report struct {
 	calls    []result
 	sessions *sessionsResult
+	idle     *idleResult
 }
 
 func run(ctx context.Context, cfg config, out io.Writer) (*report, error) {
@@ -64,9 +65,16 @@ func run(ctx context.Context, cfg config, out io.Writer) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
+	var upstreamBin string
+	if cfg.callsOn() || cfg.idleOn() {
+		fmt.Fprintln(os.Stderr, "bench: building the upstream…")
+		if upstreamBin, err = build(ctx, root, work, "upstream", "./bench/upstream"); err != nil {
+			return nil, err
+		}
+	}
 	rep := &report{}
 	if cfg.callsOn() {
-		if rep.calls, err = runCalls(ctx, cfg, root, work, caddyBin); err != nil {
+		if rep.calls, err = runCalls(ctx, cfg, work, caddyBin, upstreamBin); err != nil {
 			return nil, err
 		}
 	}
@@ -75,26 +83,32 @@ func run(ctx context.Context, cfg config, out io.Writer) (*report, error) {
 			return nil, err
 		}
 	}
+	if cfg.idleOn() {
+		if rep.idle, err = runIdle(ctx, cfg, work, caddyBin, upstreamBin); err != nil {
+			return nil, err
+		}
+	}
+	sep := func() {}
+	next := func() { sep = func() { fmt.Fprintln(out) } }
 	if rep.calls != nil {
 		printTable(out, cfg, rep.calls)
+		next()
 	}
 	if rep.sessions != nil {
-		if rep.calls != nil {
-			fmt.Fprintln(out)
-		}
+		sep()
 		printSessions(out, rep.sessions)
+		next()
+	}
+	if rep.idle != nil {
+		sep()
+		printIdle(out, rep.idle)
 	}
 	return rep, nil
 }
 
 // runCalls is the tools/call section: every route at every concurrency, in
 // interleaved rounds. Its caddy and upstream are stopped when it returns.
-func runCalls(ctx context.Context, cfg config, root, work, caddyBin string) ([]result, error) {
-	fmt.Fprintln(os.Stderr, "bench: building the upstream…")
-	upstreamBin, err := build(ctx, root, work, "upstream", "./bench/upstream")
-	if err != nil {
-		return nil, err
-	}
+func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin string) ([]result, error) {
 	up, upAddr, err := startUpstream(ctx, upstreamBin)
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ package mcpendpoint
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -22,17 +23,24 @@ const (
 	pushTimeout = 10 * time.Second
 )
 
-// peer is a connected MCP session that events may be pushed to.
+// peer is a connected MCP session that events may be pushed to. It costs
+// nothing while no event is on its way: the queue grows on demand and a
+// goroutine drains it only while it holds events, because an endpoint may
+// hold ten thousand idle MCP sessions.
 type peer struct {
 	ss *mcp.ServerSession
 	// channel is set when the client declared the claude/channel capability.
 	channel bool
-	queue   chan sessions.Event
+
+	mu      sync.Mutex
+	queue   []sessions.Event
+	pushing bool // a drain goroutine runs
+	gone    bool // the MCP session closed
 }
 
 // track starts pushing to ss until it closes.
 func (e *Endpoint) track(ss *mcp.ServerSession) {
-	p := &peer{ss: ss, queue: make(chan sessions.Event, peerQueue)}
+	p := &peer{ss: ss}
 	if ip := ss.InitializeParams(); ip != nil && ip.Capabilities != nil {
 		_, p.channel = ip.Capabilities.Experimental[channelCapability]
 	}
@@ -49,26 +57,17 @@ func (e *Endpoint) track(ss *mcp.ServerSession) {
 	e.wg.Add(1)
 	e.mu.Unlock()
 
-	gone := make(chan struct{})
 	go func() {
+		defer e.wg.Done()
 		ss.Wait()
 		e.mu.Lock()
 		if e.peers[id] == p {
 			delete(e.peers, id)
 		}
 		e.mu.Unlock()
-		close(gone)
-	}()
-	go func() {
-		defer e.wg.Done()
-		for {
-			select {
-			case ev := <-p.queue:
-				e.push(p, ev)
-			case <-gone:
-				return
-			}
-		}
+		p.mu.Lock()
+		p.gone, p.queue = true, nil
+		p.mu.Unlock()
 	}()
 }
 
@@ -79,16 +78,43 @@ func (e *Endpoint) onEvent(ev sessions.Event) {
 		return
 	}
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	p := e.peers[ev.Target]
-	e.mu.Unlock()
-	if p == nil {
+	if p == nil || e.closed {
 		return // not connected: the event stays in the engine's log
 	}
-	select {
-	case p.queue <- ev:
-	default:
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gone {
+		return
+	}
+	if len(p.queue) >= peerQueue {
 		e.log.Warn("mcpendpoint: push queue full, event left in the engine's log",
 			"mcp_session", ev.Target, "session", ev.SessionID, "seq", ev.Seq)
+		return
+	}
+	p.queue = append(p.queue, ev)
+	if !p.pushing {
+		p.pushing = true
+		e.wg.Add(1) // under e.mu, so never after Close began waiting
+		go e.drain(p)
+	}
+}
+
+// drain pushes p's queued events in order, then ends.
+func (e *Endpoint) drain(p *peer) {
+	defer e.wg.Done()
+	for {
+		p.mu.Lock()
+		if p.gone || len(p.queue) == 0 {
+			p.pushing, p.queue = false, nil
+			p.mu.Unlock()
+			return
+		}
+		ev := p.queue[0]
+		p.queue = p.queue[1:]
+		p.mu.Unlock()
+		e.push(p, ev)
 	}
 }
 

@@ -1,0 +1,450 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+)
+
+// The idle-sessions run. For each route, N MCP sessions are opened and
+// left open: initialize, then notifications/initialized with the session
+// id the server gave, and nothing more (no DELETE, no GET stream). The
+// client is a lean raw HTTP one, not go-sdk ClientSessions, so that 10,000
+// sessions cost the harness little: idleWorkers workers share one
+// keep-alive transport. Memory is measured before the first initialize and
+// after the last one: caddy's RSS from /proc and its live heap after a GC
+// from the admin API's pprof; for broker pass-through, whose session ids
+// are sealed and which keeps no session state itself, also the upstream's
+// RSS, since that is where the sessions' state lives. Finally a sample of
+// the sessions is pinged with their ids, to check they are still alive.
+const (
+	idleWorkers     = 32
+	idlePings       = 20
+	idleCallTimeout = 30 * time.Second
+	// idleTargetKiB is the issue's target of RSS per idle session.
+	idleTargetKiB = 30
+	// idleProtocol is the MCP version the harness asks for; it then uses
+	// whatever the server answered.
+	idleProtocol = "2025-06-18"
+)
+
+// idleRoute is what the run measured on one route.
+type idleRoute struct {
+	name           string
+	n              int
+	opened         int // initialize and notifications/initialized both succeeded
+	failures       int
+	firstError     string
+	open           time.Duration // first initialize → last notifications/initialized answered
+	rssBefore      int64
+	rssAfter       int64
+	heapBefore     int64 // caddy's live heap after a GC; 0 when unknown
+	heapAfter      int64
+	gorBefore      int // caddy's goroutines; 0 when unknown
+	gorAfter       int
+	upstream       bool // the upstream's figures apply
+	upRSSBefore    int64
+	upRSSAfter     int64
+	pingsOK        int
+	pingsSampled   int
+	firstPingError string
+}
+
+// idleResult is what the idle-sessions run measured.
+type idleResult struct {
+	n      int
+	routes []idleRoute
+	total  time.Duration
+}
+
+// runIdle opens cfg.idle sessions on the sessions endpoint, in a caddy of
+// its own, then on broker pass-through, in a gateway and upstream of their
+// own, so that neither route's figures hold the other's or the tools/call
+// section's sessions.
+func runIdle(ctx context.Context, cfg config, work, caddyBin, upstreamBin string) (*idleResult, error) {
+	began := time.Now()
+	res := &idleResult{n: cfg.idle}
+
+	dir := filepath.Join(work, "idle-sessions")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(os.Stderr, "bench: idle MCP sessions, %d on the sessions endpoint…\n", cfg.idle)
+	sgw, err := startSessionsGateway(ctx, caddyBin, dir, 1000, 4, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	r, err := measureIdle(ctx, "sessions endpoint", sgw.url, sgw.token, cfg.idle, sgw.pid(), sgw.admin, 0)
+	sgw.stop()
+	if err != nil {
+		return nil, fmt.Errorf("idle sessions, sessions endpoint: %w\n%s", err, tail(sgw.p.logs.String(), 20))
+	}
+	res.routes = append(res.routes, r)
+
+	fmt.Fprintf(os.Stderr, "bench: idle MCP sessions, %d on broker pass-through…\n", cfg.idle)
+	up, upAddr, err := startUpstream(ctx, upstreamBin)
+	if err != nil {
+		return nil, err
+	}
+	defer up.stop()
+	gdir := filepath.Join(work, "idle-broker")
+	if err := os.MkdirAll(gdir, 0o700); err != nil {
+		return nil, err
+	}
+	gw, err := startGateway(ctx, caddyBin, gdir, upAddr)
+	if err != nil {
+		return nil, err
+	}
+	var broker *route
+	for i := range gw.routes {
+		if gw.routes[i].name == "broker pass-through" {
+			broker = &gw.routes[i]
+		}
+	}
+	if broker == nil {
+		gw.stop()
+		return nil, fmt.Errorf("the gateway has no broker pass-through route")
+	}
+	r, err = measureIdle(ctx, broker.name, broker.url, broker.token, cfg.idle, gw.pid(), gw.admin, up.cmd.Process.Pid)
+	gw.stop()
+	if err != nil {
+		return nil, fmt.Errorf("idle sessions, broker pass-through: %w\n%s", err, tail(gw.p.logs.String(), 20))
+	}
+	res.routes = append(res.routes, r)
+	res.total = time.Since(began)
+	return res, nil
+}
+
+// idleClient is the lean MCP client: bare JSON-RPC over HTTP POST.
+type idleClient struct {
+	hc    *http.Client
+	url   string
+	token string
+	ids   atomic.Int64 // JSON-RPC request ids
+}
+
+// measureIdle opens n sessions on url and measures caddy (caddyPID, admin)
+// and, when upPID is not 0, the upstream around it.
+func measureIdle(ctx context.Context, name, url, token string, n, caddyPID int, admin string, upPID int) (idleRoute, error) {
+	r := idleRoute{name: name, n: n, upstream: upPID != 0}
+	tr := &http.Transport{MaxIdleConns: 2 * idleWorkers, MaxIdleConnsPerHost: 2 * idleWorkers, IdleConnTimeout: time.Minute}
+	defer tr.CloseIdleConnections()
+	c := &idleClient{hc: &http.Client{Transport: tr, Timeout: idleCallTimeout}, url: url, token: token}
+
+	// One session opened and pinged before measuring, so that the
+	// first-request costs (connections, lazy initialisation, pools) are in
+	// "before" and not spread over the sessions.
+	warm, _, err := c.open(ctx)
+	if err != nil {
+		return r, fmt.Errorf("opening a first session: %w", err)
+	}
+	if err := c.ping(ctx, warm); err != nil {
+		return r, fmt.Errorf("pinging a first session: %w", err)
+	}
+	r.rssBefore, _ = rss(caddyPID)
+	r.heapBefore = liveHeap(ctx, admin)
+	r.gorBefore = goroutines(ctx, admin)
+	if upPID != 0 {
+		r.upRSSBefore, _ = rss(upPID)
+	}
+
+	var (
+		next  atomic.Int64
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		ids   = make([]idleSession, 0, n)
+		start = time.Now()
+	)
+	for w := 0; w < min(idleWorkers, n); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil && next.Add(1) <= int64(n) {
+				s, _, err := c.open(ctx)
+				mu.Lock()
+				if err != nil {
+					r.failures++
+					if r.firstError == "" {
+						r.firstError = err.Error()
+					}
+				} else {
+					ids = append(ids, s)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	r.open = time.Since(start)
+	r.opened = len(ids)
+	if err := ctx.Err(); err != nil {
+		return r, err
+	}
+
+	r.rssAfter, _ = rss(caddyPID)
+	r.heapAfter = liveHeap(ctx, admin)
+	r.gorAfter = goroutines(ctx, admin)
+	if upPID != 0 {
+		r.upRSSAfter, _ = rss(upPID)
+	}
+
+	// Still alive? Ping a sample, the first and the last opened among them.
+	sample := map[int]bool{}
+	if len(ids) > 0 {
+		sample[0], sample[len(ids)-1] = true, true
+	}
+	for i := 0; len(sample) < min(idlePings, len(ids)) && i < 10*idlePings; i++ {
+		sample[rand.IntN(len(ids))] = true
+	}
+	for i := range sample {
+		r.pingsSampled++
+		if err := c.ping(ctx, ids[i]); err != nil {
+			if r.firstPingError == "" {
+				r.firstPingError = err.Error()
+			}
+			continue
+		}
+		r.pingsOK++
+	}
+	return r, ctx.Err()
+}
+
+// idleSession is an opened session: its id and negotiated version.
+type idleSession struct {
+	id, version string
+}
+
+// open makes the initialize handshake and returns the session.
+func (c *idleClient) open(ctx context.Context) (idleSession, json.RawMessage, error) {
+	init := map[string]any{
+		"jsonrpc": "2.0",
+		"id":      c.ids.Add(1),
+		"method":  "initialize",
+		"params": map[string]any{
+			"protocolVersion": idleProtocol,
+			"capabilities":    map[string]any{},
+			"clientInfo":      map[string]any{"name": "zidane-bench-idle", "version": "1"},
+		},
+	}
+	status, hdr, result, err := c.post(ctx, idleSession{}, init)
+	if err != nil {
+		return idleSession{}, nil, fmt.Errorf("initialize: %w", err)
+	}
+	if status != http.StatusOK {
+		return idleSession{}, nil, fmt.Errorf("initialize: HTTP %d", status)
+	}
+	s := idleSession{id: hdr.Get("Mcp-Session-Id"), version: idleProtocol}
+	if s.id == "" {
+		return idleSession{}, nil, fmt.Errorf("initialize: no Mcp-Session-Id in the answer")
+	}
+	var v struct {
+		ProtocolVersion string `json:"protocolVersion"`
+	}
+	if json.Unmarshal(result, &v) == nil && v.ProtocolVersion != "" {
+		s.version = v.ProtocolVersion
+	}
+	status, _, _, err = c.post(ctx, s, map[string]any{"jsonrpc": "2.0", "method": "notifications/initialized"})
+	if err != nil {
+		return idleSession{}, nil, fmt.Errorf("notifications/initialized: %w", err)
+	}
+	if status != http.StatusAccepted && status != http.StatusOK {
+		return idleSession{}, nil, fmt.Errorf("notifications/initialized: HTTP %d", status)
+	}
+	return s, result, nil
+}
+
+// ping sends a ping in session s; a 404 means the session is gone.
+func (c *idleClient) ping(ctx context.Context, s idleSession) error {
+	status, _, _, err := c.post(ctx, s, map[string]any{"jsonrpc": "2.0", "id": c.ids.Add(1), "method": "ping"})
+	if err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	if status != http.StatusOK {
+		return fmt.Errorf("ping: HTTP %d", status)
+	}
+	return nil
+}
+
+// post sends one JSON-RPC message and returns the HTTP status, the headers
+// and, for a request, the result of the answer, read from a JSON body or an
+// event stream. A JSON-RPC error is an error.
+func (c *idleClient) post(ctx context.Context, s idleSession, msg map[string]any) (int, http.Header, json.RawMessage, error) {
+	body, err := json.Marshal(msg)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, idleCallTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodPost, c.url, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if s.id != "" {
+		req.Header.Set("Mcp-Session-Id", s.id)
+		req.Header.Set("Mcp-Protocol-Version", s.version)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer resp.Body.Close()
+	// Read it all, so that the connection is reused.
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return resp.StatusCode, resp.Header, nil, err
+	}
+	if resp.StatusCode != http.StatusOK || msg["id"] == nil {
+		return resp.StatusCode, resp.Header, nil, nil
+	}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		raw = sseData(raw)
+	}
+	var answer struct {
+		Result json.RawMessage `json:"result"`
+		Error  *struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(raw, &answer); err != nil {
+		return resp.StatusCode, resp.Header, nil, fmt.Errorf("answer %q: %v", truncate(raw, 200), err)
+	}
+	if answer.Error != nil {
+		return resp.StatusCode, resp.Header, nil, fmt.Errorf("JSON-RPC error %d: %s", answer.Error.Code, answer.Error.Message)
+	}
+	if answer.Result == nil {
+		return resp.StatusCode, resp.Header, nil, fmt.Errorf("answer %q has no result", truncate(raw, 200))
+	}
+	return resp.StatusCode, resp.Header, answer.Result, nil
+}
+
+// sseData is the data of the first event of an event stream that carries
+// a JSON-RPC answer (a result or an error).
+func sseData(raw []byte) []byte {
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var data []byte
+	flush := func() []byte {
+		d := data
+		data = nil
+		if bytes.Contains(d, []byte(`"result"`)) || bytes.Contains(d, []byte(`"error"`)) {
+			return d
+		}
+		return nil
+	}
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(line) == 0 {
+			if d := flush(); d != nil {
+				return d
+			}
+			continue
+		}
+		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
+		}
+	}
+	return flush()
+}
+
+// goroutines is the number of caddy's goroutines, from the admin API's
+// goroutine profile; 0 when it cannot be had.
+func goroutines(ctx context.Context, admin string) int {
+	cctx, cancel := context.WithTimeout(ctx, idleCallTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodGet, "http://"+admin+"/debug/pprof/goroutine?debug=1", nil)
+	if err != nil {
+		return 0
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	line, _ := bufio.NewReader(io.LimitReader(resp.Body, 4096)).ReadString('\n')
+	var n int
+	if _, err := fmt.Sscanf(line, "goroutine profile: total %d", &n); err != nil {
+		return 0
+	}
+	return n
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "…"
+	}
+	return string(b)
+}
+
+func printIdle(out io.Writer, r *idleResult) {
+	fmt.Fprintf(out, "idle MCP sessions: %d per route, opened by %d workers (initialize + notifications/initialized, then left open: no DELETE, no GET stream); target ≤ %d KiB RSS per session\n\n",
+		r.n, idleWorkers, idleTargetKiB)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "route\topened\tfailures\topening took\tcaddy RSS before → after\tcaddy RSS/session\tcaddy heap/session\tcaddy goroutines/session\tupstream RSS before → after\tupstream RSS/session\tpings ok\t≤ target\t")
+	for _, x := range r.routes {
+		per := func(before, after int64) string {
+			if x.opened == 0 || before == 0 || after == 0 {
+				return "-"
+			}
+			return kib((after - before) / int64(x.opened))
+		}
+		upRange, upPer := "-", "-"
+		if x.upstream {
+			upRange = mib(x.upRSSBefore) + " → " + mib(x.upRSSAfter)
+			upPer = per(x.upRSSBefore, x.upRSSAfter)
+		}
+		rate := 0.0
+		if x.open > 0 {
+			rate = float64(x.opened) / x.open.Seconds()
+		}
+		target := "-"
+		if x.opened > 0 {
+			within := func(d int64) bool { return d/int64(x.opened) <= idleTargetKiB<<10 }
+			target = "caddy: " + yesNo(within(x.rssAfter-x.rssBefore))
+			if x.upstream {
+				target += ", caddy+upstream: " + yesNo(within(x.rssAfter-x.rssBefore+x.upRSSAfter-x.upRSSBefore))
+			}
+		}
+		gor := "-"
+		if x.opened > 0 && x.gorBefore > 0 && x.gorAfter > 0 {
+			gor = fmt.Sprintf("%.2f", float64(x.gorAfter-x.gorBefore)/float64(x.opened))
+		}
+		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%s (%.0f/s)\t%s → %s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t\n", x.name, x.opened, x.n, x.failures,
+			x.open.Round(10*time.Millisecond), rate, mib(x.rssBefore), mib(x.rssAfter), per(x.rssBefore, x.rssAfter),
+			per(x.heapBefore, x.heapAfter), gor, upRange, upPer, x.pingsOK, x.pingsSampled, target)
+	}
+	tw.Flush()
+	for _, x := range r.routes {
+		if x.firstError != "" {
+			fmt.Fprintf(out, "%s: first failure: %s\n", x.name, x.firstError)
+		}
+		if x.firstPingError != "" {
+			fmt.Fprintf(out, "%s: first failed ping: %s\n", x.name, x.firstPingError)
+		}
+	}
+	fmt.Fprintf(out, "wall time, whole section: %s\n", r.total.Round(10*time.Millisecond))
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
