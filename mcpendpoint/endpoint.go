@@ -55,7 +55,9 @@ type Endpoint struct {
 	mu     sync.Mutex
 	peers  map[string]*peer // connected MCP sessions, by MCP session id
 	closed bool
-	wg     sync.WaitGroup // peer goroutines
+	wg     sync.WaitGroup // push and sweep goroutines
+
+	stopSweep chan struct{}
 }
 
 // edgeAuthorization replaces the client's Authorization header before the
@@ -113,6 +115,9 @@ func New(opts Options) (*Endpoint, error) {
 	})(channelStreams(streamable))
 
 	e.unsubscribe = e.engine.Subscribe(e.onEvent)
+	e.stopSweep = make(chan struct{})
+	e.wg.Add(1)
+	go e.sweepPeers(peerSweepEvery)
 	return e, nil
 }
 
@@ -145,6 +150,7 @@ func (e *Endpoint) Close() error {
 		return nil
 	}
 	e.closed = true
+	close(e.stopSweep)
 	peers := make([]*peer, 0, len(e.peers))
 	for _, p := range e.peers {
 		peers = append(peers, p)
@@ -159,6 +165,14 @@ func (e *Endpoint) Close() error {
 		}
 	}
 	e.wg.Wait()
+	e.mu.Lock()
+	for id, p := range e.peers {
+		delete(e.peers, id)
+		p.mu.Lock()
+		p.gone, p.queue = true, nil
+		p.mu.Unlock()
+	}
+	e.mu.Unlock()
 	return errors.Join(errs...)
 }
 

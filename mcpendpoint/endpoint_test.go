@@ -324,7 +324,8 @@ func TestDisconnectedSessionIsForgotten(t *testing.T) {
 	cs.Close() // DELETE
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for h.peer(id) != nil {
+	// The periodic sweep (every peerSweepEvery) forgets it; run one now.
+	for h.ep.forgetClosed(); h.peer(id) != nil; h.ep.forgetClosed() {
 		select {
 		case <-ctx.Done():
 			t.Fatal("closed MCP session is still tracked")

@@ -21,6 +21,8 @@ const (
 	peerQueue = 256
 	// pushTimeout bounds one push.
 	pushTimeout = 10 * time.Second
+	// peerSweepEvery is how often closed MCP sessions are forgotten.
+	peerSweepEvery = 30 * time.Second
 )
 
 // peer is a connected MCP session that events may be pushed to. It costs
@@ -44,8 +46,6 @@ func (e *Endpoint) track(ss *mcp.ServerSession) {
 	if ip := ss.InitializeParams(); ip != nil && ip.Capabilities != nil {
 		_, p.channel = ip.Capabilities.Experimental[channelCapability]
 	}
-	id := ss.ID()
-
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -53,22 +53,47 @@ func (e *Endpoint) track(ss *mcp.ServerSession) {
 		go ss.Close()
 		return
 	}
-	e.peers[id] = p
-	e.wg.Add(1)
+	e.peers[ss.ID()] = p
 	e.mu.Unlock()
+}
 
-	go func() {
-		defer e.wg.Done()
-		ss.Wait()
-		e.mu.Lock()
-		if e.peers[id] == p {
-			delete(e.peers, id)
+// sweepPeers forgets the MCP sessions that have closed, every interval.
+// One sweep over the server's live sessions costs less than a goroutine
+// per session waiting for its end.
+func (e *Endpoint) sweepPeers(interval time.Duration) {
+	defer e.wg.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stopSweep:
+			return
+		case <-t.C:
+			e.forgetClosed()
 		}
-		e.mu.Unlock()
+	}
+}
+
+// forgetClosed drops the peers whose MCP session is no longer live.
+func (e *Endpoint) forgetClosed() {
+	live := map[string]bool{}
+	for ss := range e.server.Sessions() {
+		live[ss.ID()] = true
+	}
+	e.mu.Lock()
+	var gone []*peer
+	for id, p := range e.peers {
+		if !live[id] {
+			delete(e.peers, id)
+			gone = append(gone, p)
+		}
+	}
+	e.mu.Unlock()
+	for _, p := range gone {
 		p.mu.Lock()
 		p.gone, p.queue = true, nil
 		p.mu.Unlock()
-	}()
+	}
 }
 
 // onEvent is the engine subscription. It must not block: it hands the event
