@@ -1,0 +1,473 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// Prefix modes of [AggregateOptions.Prefix].
+const (
+	PrefixAlways      = "always"
+	PrefixConditional = "conditional"
+)
+
+// RouteAggregate is the Route of the aggregated route's [CallRecord]s.
+const RouteAggregate = "aggregate"
+
+// aggProtocolVersion is the protocol the broker speaks to upstreams, and the
+// newest it offers downstream: the session-based protocol, where a server
+// may send requests (sampling, elicitation) to its client.
+const aggProtocolVersion = "2025-11-25"
+
+// aggInitWait bounds how long initialize and the list methods wait for the
+// catalog's first round (each upstream connected, or failed once).
+const aggInitWait = 5 * time.Second
+
+// aggMaxBackoff caps the delay between catalog reconnection attempts.
+const aggMaxBackoff = 30 * time.Second
+
+// aggConnectTimeout bounds one connection attempt when the upstream sets no
+// Timeout.
+const aggConnectTimeout = 30 * time.Second
+
+// AggregateOptions configures [NewAggregate].
+type AggregateOptions struct {
+	// Lookup reads the environment variables of the upstreams' ${VAR}
+	// placeholders; nil means os.LookupEnv.
+	Lookup func(string) (string, bool)
+	// Prefix is "always" (the default: tools and prompts are named
+	// mcp_<server>_<name>) or "conditional" (with a single upstream, names
+	// are offered as the upstream gives them).
+	Prefix string
+	// OnCall receives a record of every forwarded call when it ends.
+	OnCall func(CallRecord)
+	// OnDecision receives every redirect decision of the egress clients.
+	OnDecision func(pinnedfetch.Decision)
+	// Logger receives warnings; nil discards them.
+	Logger *slog.Logger
+	// MaxRequestBodyBytes bounds a request body (go-sdk's default when 0).
+	MaxRequestBodyBytes int64
+}
+
+// Aggregate is the aggregated route: one MCP endpoint (a stateful go-sdk
+// streamable HTTP handler over one shared server) offering the tools,
+// prompts, resources and resource templates of several upstreams.
+//
+// A "catalog" client session per upstream lists its features and registers
+// them, namespaced, on the shared server, and follows its list_changed
+// notifications. Each downstream session gets its own upstream client
+// sessions, opened on first use, whose sampling, elicitation, logging and
+// progress traffic is forwarded to that downstream session only.
+//
+// Instructions: go-sdk fixes ServerOptions.Instructions at server creation,
+// so the route sets InitializeResult.Instructions itself, in a middleware,
+// from the upstreams whose catalog has connected (in config order). An
+// initialize (and the list methods) waits for the catalog's first round,
+// bounded by the request and by 5 seconds, so a client that connects right
+// after start sees every reachable upstream.
+//
+// Protocol: the route offers the session-based protocol (2025-11-25 and
+// older) downstream and speaks 2025-11-25 upstream, since forwarding
+// sampling and elicitation needs server-to-client requests.
+//
+// Failures: an upstream that never connected offers nothing (its catalog
+// retries with backoff); one that went away keeps its last listing, and a
+// call to it gets a tool error naming it. Sessions are bound to the token
+// that initialized them.
+type Aggregate struct {
+	ups         []*aggUpstream
+	byName      map[string]*aggUpstream
+	ns          *Namespace
+	conditional bool
+	server      *mcp.Server
+	handler     *mcp.StreamableHTTPHandler
+	onCall      func(CallRecord)
+	logger      *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	ready  chan struct{}
+
+	mu        sync.Mutex
+	pending   int                                    // upstreams whose catalog has not had a first round
+	tools     map[string]qualified                   // registered tool name -> upstream, original
+	prompts   map[string]qualified                   // registered prompt name -> upstream, original
+	resOwner  map[string]string                      // resource URI -> upstream
+	tmplOwner map[string]string                      // URI template -> upstream
+	sessions  map[*mcp.ServerSession]*aggSession     // downstream sessions
+	bindings  map[string]string                      // downstream session id -> token id
+	subs      map[string]map[*mcp.ServerSession]bool // resource URI -> subscribed sessions
+	closed    bool
+}
+
+type aggUpstream struct {
+	cfg      Upstream // normalized
+	endpoint string   // expanded: may hold a key, never logged
+	client   *http.Client
+	timeout  time.Duration
+
+	refresh sync.Mutex // serializes re-listing
+
+	mu           sync.Mutex
+	catalog      *mcp.ClientSession
+	instructions string
+	lastErr      string
+	tools        []string // registered names
+	prompts      []string
+	resources    []string
+	templates    []string
+}
+
+// NewAggregate builds the aggregated route over ups, which must be
+// streamable-HTTP upstreams with distinct names. It never blocks on the
+// network: the catalog connects in the background (see [Aggregate.Ready]).
+func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if len(ups) == 0 {
+		return nil, errors.New("aggregate: no upstreams; name at least one")
+	}
+	switch opts.Prefix {
+	case "", PrefixAlways, PrefixConditional:
+	default:
+		return nil, fmt.Errorf("aggregate: prefix %q is not known; use \"always\" or \"conditional\"", opts.Prefix)
+	}
+	a := &Aggregate{
+		byName:    map[string]*aggUpstream{},
+		onCall:    opts.OnCall,
+		logger:    logger,
+		ready:     make(chan struct{}),
+		tools:     map[string]qualified{},
+		prompts:   map[string]qualified{},
+		resOwner:  map[string]string{},
+		tmplOwner: map[string]string{},
+		sessions:  map[*mcp.ServerSession]*aggSession{},
+		bindings:  map[string]string{},
+		subs:      map[string]map[*mcp.ServerSession]bool{},
+	}
+	var names []string
+	for _, u := range ups {
+		n, err := Normalize(u)
+		if err != nil {
+			return nil, err
+		}
+		if n.Transport != TransportHTTP {
+			return nil, fmt.Errorf("%s: transport %q is not supported by the aggregated route yet (sse and stdio upstreams come later); give the server's streamable HTTP url", describe(n), n.Transport)
+		}
+		if _, dup := a.byName[n.Name]; dup {
+			return nil, fmt.Errorf("%s is named twice; upstream names must be unique", describe(n))
+		}
+		e, warnings := n.Expanded(opts.Lookup)
+		for _, w := range warnings {
+			logger.Warn(w)
+		}
+		if _, err := e.Endpoint(); err != nil {
+			return nil, err
+		}
+		client, err := aggEgressClient(e, opts.OnDecision)
+		if err != nil {
+			return nil, err
+		}
+		up := &aggUpstream{cfg: n, endpoint: e.URL, client: client, timeout: n.Timeout}
+		if up.timeout == 0 {
+			up.timeout = aggConnectTimeout
+		}
+		a.ups = append(a.ups, up)
+		a.byName[n.Name] = up
+		names = append(names, n.Name)
+	}
+	ns, err := NewNamespace(names)
+	if err != nil {
+		return nil, err
+	}
+	a.ns = ns
+	a.conditional = opts.Prefix == PrefixConditional && len(a.ups) == 1
+
+	a.server = mcp.NewServer(&mcp.Implementation{Name: "zidane-mcp-aggregate", Version: "1"}, &mcp.ServerOptions{
+		Logger:                    logger,
+		InitializedHandler:        func(_ context.Context, req *mcp.InitializedRequest) { a.session(req.Session) },
+		CompletionHandler:         a.complete,
+		SubscribeHandler:          a.subscribe,
+		UnsubscribeHandler:        a.unsubscribe,
+		SupportedProtocolVersions: []string{"2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"},
+		Capabilities: &mcp.ServerCapabilities{
+			Logging:   &mcp.LoggingCapabilities{},
+			Tools:     &mcp.ToolCapabilities{ListChanged: true},
+			Prompts:   &mcp.PromptCapabilities{ListChanged: true},
+			Resources: &mcp.ResourceCapabilities{ListChanged: true, Subscribe: true},
+		},
+	})
+	a.server.AddReceivingMiddleware(a.middleware)
+	a.handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return a.server },
+		&mcp.StreamableHTTPOptions{MaxRequestBodyBytes: opts.MaxRequestBodyBytes})
+
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	a.pending = len(a.ups)
+	for _, up := range a.ups {
+		a.wg.Add(1)
+		go a.superviseCatalog(up)
+	}
+	return a, nil
+}
+
+// aggEgressClient builds the pinnedfetch client of an expanded upstream,
+// which adds its configured headers on hops to its origin only.
+func aggEgressClient(e Upstream, onDecision func(pinnedfetch.Decision)) (*http.Client, error) {
+	headers, err := upstreamHeaders(e)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(headers))
+	for _, h := range headers {
+		names = append(names, h.name)
+	}
+	fetchOpts := []pinnedfetch.Option{pinnedfetch.WithDecisions(onDecision)}
+	if len(headers) > 0 {
+		fetchOpts = append(fetchOpts, pinnedfetch.WithCredentials(func(next http.RoundTripper) http.RoundTripper {
+			return &credentials{headers: headers, next: next}
+		}))
+	}
+	client, err := pinnedfetch.New(e.URL, names, fetchOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", describe(e), err)
+	}
+	return client, nil
+}
+
+// Ready waits until every upstream's catalog has connected and listed once,
+// or failed its first attempt, or ctx ends.
+func (a *Aggregate) Ready(ctx context.Context) error {
+	select {
+	case <-a.ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ToolServer resolves an aggregated tool name into its upstream and the
+// upstream's own tool name.
+func (a *Aggregate) ToolServer(name string) (server, tool string, ok bool) {
+	a.mu.Lock()
+	q, found := a.tools[name]
+	a.mu.Unlock()
+	if found {
+		return q.server, q.name, true
+	}
+	if a.conditional {
+		return a.ups[0].cfg.Name, name, true
+	}
+	return a.ns.Resolve(name)
+}
+
+// Close stops the catalog, closes every upstream and downstream session and
+// releases idle connections.
+func (a *Aggregate) Close() error {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nil
+	}
+	a.closed = true
+	sessions := make([]*aggSession, 0, len(a.sessions))
+	for _, s := range a.sessions {
+		sessions = append(sessions, s)
+	}
+	a.mu.Unlock()
+	a.cancel()
+	for ss := range a.server.Sessions() {
+		ss.Close()
+	}
+	for _, s := range sessions {
+		s.closeAll()
+	}
+	for _, up := range a.ups {
+		up.mu.Lock()
+		cs := up.catalog
+		up.mu.Unlock()
+		if cs != nil {
+			cs.Close()
+		}
+	}
+	a.wg.Wait()
+	for _, up := range a.ups {
+		up.client.CloseIdleConnections()
+	}
+	return nil
+}
+
+// ServeHTTP serves the MCP endpoint. It expects the edge's principal in the
+// request context, and binds each session to the token that opened it: a
+// session id presented with another token gets 404.
+func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p, ok := policy.PrincipalFrom(r.Context())
+	if !ok || p.TokenID == "" {
+		a.logger.Error("aggregated route called without a principal in the request context; it must sit behind the zidane_mcp edge")
+		writeRPCError(w, http.StatusInternalServerError, nil, codeInternal,
+			"the broker route is misconfigured (it must sit behind the zidane_mcp edge); ask the operator to check the server log")
+		return
+	}
+	if sid := r.Header.Get(headerSessionID); sid != "" {
+		a.mu.Lock()
+		owner, known := a.bindings[sid]
+		a.mu.Unlock()
+		if known && owner != p.TokenID {
+			writeRPCError(w, http.StatusNotFound, nil, codeUnknownSession,
+				"unknown session: start a new session by initializing again without Mcp-Session-Id")
+			return
+		}
+		a.handler.ServeHTTP(w, r)
+		return
+	}
+	a.handler.ServeHTTP(&bindingWriter{ResponseWriter: w, bind: func(sid string) {
+		a.mu.Lock()
+		if _, known := a.bindings[sid]; !known {
+			a.bindings[sid] = p.TokenID
+		}
+		a.mu.Unlock()
+	}}, r)
+}
+
+// bindingWriter records the session id the handler gives out.
+type bindingWriter struct {
+	http.ResponseWriter
+	bind  func(string)
+	wrote bool
+}
+
+func (b *bindingWriter) WriteHeader(status int) {
+	if !b.wrote {
+		b.wrote = true
+		if sid := b.Header().Get(headerSessionID); sid != "" && status < 300 {
+			b.bind(sid)
+		}
+	}
+	b.ResponseWriter.WriteHeader(status)
+}
+
+func (b *bindingWriter) Write(p []byte) (int, error) {
+	if !b.wrote {
+		b.WriteHeader(http.StatusOK)
+	}
+	return b.ResponseWriter.Write(p)
+}
+
+func (b *bindingWriter) Flush() {
+	if f, ok := b.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (b *bindingWriter) Unwrap() http.ResponseWriter { return b.ResponseWriter }
+
+// middleware sets the merged instructions on initialize, waits (bounded)
+// for the catalog's first round before initialize and the list methods, and
+// forwards logging/setLevel to the session's open upstream sessions.
+func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		switch method {
+		case "initialize", "tools/list", "prompts/list", "resources/list", "resources/templates/list":
+			wctx, cancel := context.WithTimeout(ctx, aggInitWait)
+			_ = a.Ready(wctx)
+			cancel()
+		}
+		res, err := next(ctx, method, req)
+		if err != nil {
+			return res, err
+		}
+		switch method {
+		case "initialize":
+			if ir, ok := res.(*mcp.InitializeResult); ok && ir != nil {
+				ir.Instructions = a.instructions()
+			}
+		case "logging/setLevel":
+			if ss, ok := req.GetSession().(*mcp.ServerSession); ok {
+				if p, ok := req.GetParams().(*mcp.SetLoggingLevelParams); ok && p != nil {
+					a.session(ss).setLevel(ctx, p.Level)
+				}
+			}
+		}
+		return res, err
+	}
+}
+
+// instructions merges the connected upstreams' instructions in config
+// order: "## <name>\n<instructions>", joined by blank lines.
+func (a *Aggregate) instructions() string {
+	var parts []string
+	for _, up := range a.ups {
+		up.mu.Lock()
+		in := strings.TrimSpace(up.instructions)
+		up.mu.Unlock()
+		if in != "" {
+			parts = append(parts, "## "+up.cfg.Name+"\n"+in)
+		}
+	}
+	return strings.Join(parts, "\n\n")
+}
+
+// principal returns who a handler's request acts for: the request's token
+// info when the transport set one, else the principal bound to the session.
+func (a *Aggregate) principal(ss *mcp.ServerSession, extra *mcp.RequestExtra) (id, name string) {
+	if extra != nil && extra.TokenInfo != nil {
+		return tokenInfoPrincipal(extra.TokenInfo)
+	}
+	if ss != nil {
+		a.mu.Lock()
+		id = a.bindings[ss.ID()]
+		a.mu.Unlock()
+	}
+	return id, ""
+}
+
+func tokenInfoPrincipal(ti *auth.TokenInfo) (id, name string) {
+	id = ti.UserID
+	if n, ok := ti.Extra["name"].(string); ok {
+		name = n
+	}
+	return id, name
+}
+
+// record sends a call record.
+func (a *Aggregate) record(rec CallRecord, start time.Time) {
+	rec.Route = RouteAggregate
+	rec.Duration = time.Since(start)
+	if a.onCall != nil {
+		a.onCall(rec)
+	}
+}
+
+// outcome classifies a forwarded call's error.
+func outcome(ctx context.Context, err error) (string, string) {
+	switch {
+	case err == nil:
+		return OutcomeOK, ""
+	case ctx.Err() != nil:
+		return OutcomeCanceled, ""
+	default:
+		return OutcomeError, safeError(err)
+	}
+}
+
+// upstreamRPCError reports whether err is a JSON-RPC error the upstream
+// answered, which is passed on as it is.
+func upstreamRPCError(err error) bool {
+	var re *jsonrpc.Error
+	return errors.As(err, &re)
+}

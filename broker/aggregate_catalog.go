@@ -1,0 +1,381 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// transport returns a client transport to up through its egress client.
+func (up *aggUpstream) transport() mcp.Transport {
+	return &mcp.StreamableClientTransport{Endpoint: up.endpoint, HTTPClient: up.client, MaxRetries: -1}
+}
+
+// superviseCatalog keeps up's catalog session: connect, list, register,
+// wait for it to end, and again after a backoff (500ms doubling to 30s).
+// What an upstream registered stays listed while it is away, so calls get
+// a tool error naming it; a new listing replaces it on reconnection.
+func (a *Aggregate) superviseCatalog(up *aggUpstream) {
+	defer a.wg.Done()
+	first := true
+	delay := 500 * time.Millisecond
+	for a.ctx.Err() == nil {
+		cs, err := a.connectCatalog(up)
+		if err == nil {
+			err = a.refreshAll(up, cs)
+			if err != nil {
+				cs.Close()
+			}
+		}
+		if first {
+			first = false
+			a.mu.Lock()
+			a.pending--
+			if a.pending == 0 {
+				close(a.ready)
+			}
+			a.mu.Unlock()
+		}
+		if err != nil {
+			up.mu.Lock()
+			up.lastErr = safeError(err)
+			up.mu.Unlock()
+			a.logger.Warn("aggregate: upstream catalog unavailable", "upstream", up.cfg.Name, "error", safeError(err), "retry_in", delay)
+		} else {
+			delay = 500 * time.Millisecond
+			a.resubscribe(up, cs)
+			cs.Wait()
+			a.logger.Warn("aggregate: upstream catalog session ended", "upstream", up.cfg.Name)
+			// Its tools, prompts and resources stay listed until the
+			// catalog reconnects and lists again: meanwhile a call gets a
+			// tool error naming the upstream, not "unknown tool".
+			up.mu.Lock()
+			up.catalog = nil
+			up.mu.Unlock()
+		}
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, aggMaxBackoff)
+	}
+}
+
+func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) {
+	client := mcp.NewClient(&mcp.Implementation{Name: "zidane-mcp-broker", Version: "1"}, &mcp.ClientOptions{
+		Capabilities: &mcp.ClientCapabilities{},
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+			go a.refreshKind(up, a.refreshTools)
+		},
+		PromptListChangedHandler: func(context.Context, *mcp.PromptListChangedRequest) {
+			go a.refreshKind(up, a.refreshPrompts)
+		},
+		ResourceListChangedHandler: func(context.Context, *mcp.ResourceListChangedRequest) {
+			go a.refreshKind(up, a.refreshResources)
+		},
+		ResourceUpdatedHandler: func(ctx context.Context, req *mcp.ResourceUpdatedNotificationRequest) {
+			a.mu.Lock()
+			owner := a.resOwner[req.Params.URI]
+			a.mu.Unlock()
+			if owner == up.cfg.Name {
+				_ = a.server.ResourceUpdated(ctx, req.Params)
+			}
+		},
+	})
+	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
+	defer cancel()
+	cs, err := client.Connect(ctx, up.transport(), &mcp.ClientSessionOptions{ProtocolVersion: aggProtocolVersion})
+	if err != nil {
+		return nil, fmt.Errorf("connecting: %w", err)
+	}
+	up.mu.Lock()
+	up.catalog = cs
+	if ir := cs.InitializeResult(); ir != nil {
+		up.instructions = ir.Instructions
+	}
+	up.lastErr = ""
+	up.mu.Unlock()
+	return cs, nil
+}
+
+// refreshKind re-lists one kind of feature of up on its current catalog.
+func (a *Aggregate) refreshKind(up *aggUpstream, fn func(context.Context, *aggUpstream, *mcp.ClientSession) error) {
+	up.mu.Lock()
+	cs := up.catalog
+	up.mu.Unlock()
+	if cs == nil {
+		return
+	}
+	up.refresh.Lock()
+	defer up.refresh.Unlock()
+	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
+	defer cancel()
+	if err := fn(ctx, up, cs); err != nil {
+		a.logger.Warn("aggregate: re-listing upstream failed", "upstream", up.cfg.Name, "error", safeError(err))
+	}
+}
+
+func (a *Aggregate) refreshAll(up *aggUpstream, cs *mcp.ClientSession) error {
+	up.refresh.Lock()
+	defer up.refresh.Unlock()
+	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
+	defer cancel()
+	caps := &mcp.ServerCapabilities{}
+	if ir := cs.InitializeResult(); ir != nil && ir.Capabilities != nil {
+		caps = ir.Capabilities
+	}
+	if caps.Tools != nil {
+		if err := a.refreshTools(ctx, up, cs); err != nil {
+			return err
+		}
+	}
+	if caps.Prompts != nil {
+		if err := a.refreshPrompts(ctx, up, cs); err != nil {
+			return err
+		}
+	}
+	if caps.Resources != nil {
+		if err := a.refreshResources(ctx, up, cs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// publicName is the name a tool or prompt of up is offered under.
+func (a *Aggregate) publicName(up *aggUpstream, name string) string {
+	if a.conditional {
+		return name
+	}
+	return a.ns.Name(up.cfg.Name, name)
+}
+
+// register runs an SDK registration, which panics on a feature it refuses
+// (a tool whose input schema is not an object, an invalid URI template).
+func (a *Aggregate) register(up *aggUpstream, what, name string, fn func()) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			ok = false
+			a.logger.Warn("aggregate: upstream feature refused", "upstream", up.cfg.Name, "kind", what, "name", name, "error", fmt.Sprint(r))
+		}
+	}()
+	fn()
+	return true
+}
+
+func (a *Aggregate) refreshTools(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
+	var listed []*mcp.Tool
+	for t, err := range cs.Tools(ctx, nil) {
+		if err != nil {
+			return fmt.Errorf("listing tools: %w", err)
+		}
+		listed = append(listed, t)
+	}
+	keep := map[string]bool{}
+	var names []string
+	for _, t := range listed {
+		if t == nil || !up.cfg.AllowsTool(t.Name) {
+			continue
+		}
+		name := a.publicName(up, t.Name)
+		a.mu.Lock()
+		q, taken := a.tools[name]
+		a.mu.Unlock()
+		if taken && q.server != up.cfg.Name {
+			continue
+		}
+		nt := *t
+		nt.Name = name
+		orig := t.Name
+		if a.register(up, "tool", orig, func() { a.server.AddTool(&nt, a.toolHandler(up, orig)) }) {
+			a.mu.Lock()
+			a.tools[name] = qualified{up.cfg.Name, orig}
+			a.mu.Unlock()
+			keep[name] = true
+			names = append(names, name)
+		}
+	}
+	up.mu.Lock()
+	old := up.tools
+	up.tools = names
+	up.mu.Unlock()
+	var gone []string
+	a.mu.Lock()
+	for _, n := range old {
+		if !keep[n] {
+			gone = append(gone, n)
+			delete(a.tools, n)
+		}
+	}
+	a.mu.Unlock()
+	if len(gone) > 0 {
+		a.server.RemoveTools(gone...)
+	}
+	return nil
+}
+
+func (a *Aggregate) refreshPrompts(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
+	var listed []*mcp.Prompt
+	for p, err := range cs.Prompts(ctx, nil) {
+		if err != nil {
+			return fmt.Errorf("listing prompts: %w", err)
+		}
+		listed = append(listed, p)
+	}
+	keep := map[string]bool{}
+	var names []string
+	for _, p := range listed {
+		if p == nil {
+			continue
+		}
+		name := p.Name
+		if !a.conditional {
+			name = a.ns.Name(up.cfg.Name, p.Name)
+		}
+		a.mu.Lock()
+		q, taken := a.prompts[name]
+		a.mu.Unlock()
+		if taken && q.server != up.cfg.Name {
+			continue
+		}
+		np := *p
+		np.Name = name
+		orig := p.Name
+		if a.register(up, "prompt", orig, func() { a.server.AddPrompt(&np, a.promptHandler(up, orig)) }) {
+			a.mu.Lock()
+			a.prompts[name] = qualified{up.cfg.Name, orig}
+			a.mu.Unlock()
+			keep[name] = true
+			names = append(names, name)
+		}
+	}
+	up.mu.Lock()
+	old := up.prompts
+	up.prompts = names
+	up.mu.Unlock()
+	var gone []string
+	a.mu.Lock()
+	for _, n := range old {
+		if !keep[n] {
+			gone = append(gone, n)
+			delete(a.prompts, n)
+		}
+	}
+	a.mu.Unlock()
+	if len(gone) > 0 {
+		a.server.RemovePrompts(gone...)
+	}
+	return nil
+}
+
+func (a *Aggregate) refreshResources(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
+	var resources []*mcp.Resource
+	for r, err := range cs.Resources(ctx, nil) {
+		if err != nil {
+			return fmt.Errorf("listing resources: %w", err)
+		}
+		resources = append(resources, r)
+	}
+	var templates []*mcp.ResourceTemplate
+	for t, err := range cs.ResourceTemplates(ctx, nil) {
+		if err != nil {
+			// Some servers list resources without templates.
+			a.logger.Warn("aggregate: listing resource templates failed", "upstream", up.cfg.Name, "error", safeError(err))
+			break
+		}
+		templates = append(templates, t)
+	}
+	name := up.cfg.Name
+	keepR := map[string]bool{}
+	var uris []string
+	for _, r := range resources {
+		if r == nil {
+			continue
+		}
+		a.mu.Lock()
+		owner, taken := a.resOwner[r.URI]
+		a.mu.Unlock()
+		if taken && owner != name {
+			a.logger.Warn("aggregate: resource listed by two upstreams; the first keeps it", "uri_owner", owner, "upstream", name)
+			continue
+		}
+		nr := *r
+		if a.register(up, "resource", "", func() { a.server.AddResource(&nr, a.resourceHandler(up)) }) {
+			a.mu.Lock()
+			a.resOwner[r.URI] = name
+			a.mu.Unlock()
+			keepR[r.URI] = true
+			uris = append(uris, r.URI)
+		}
+	}
+	keepT := map[string]bool{}
+	var tmpls []string
+	for _, t := range templates {
+		if t == nil {
+			continue
+		}
+		a.mu.Lock()
+		owner, taken := a.tmplOwner[t.URITemplate]
+		a.mu.Unlock()
+		if taken && owner != name {
+			continue
+		}
+		nt := *t
+		if a.register(up, "resource template", "", func() { a.server.AddResourceTemplate(&nt, a.resourceHandler(up)) }) {
+			a.mu.Lock()
+			a.tmplOwner[t.URITemplate] = name
+			a.mu.Unlock()
+			keepT[t.URITemplate] = true
+			tmpls = append(tmpls, t.URITemplate)
+		}
+	}
+	up.mu.Lock()
+	oldR, oldT := up.resources, up.templates
+	up.resources, up.templates = uris, tmpls
+	up.mu.Unlock()
+	var goneR, goneT []string
+	a.mu.Lock()
+	for _, u := range oldR {
+		if !keepR[u] {
+			goneR = append(goneR, u)
+			delete(a.resOwner, u)
+		}
+	}
+	for _, u := range oldT {
+		if !keepT[u] {
+			goneT = append(goneT, u)
+			delete(a.tmplOwner, u)
+		}
+	}
+	a.mu.Unlock()
+	if len(goneR) > 0 {
+		a.server.RemoveResources(goneR...)
+	}
+	if len(goneT) > 0 {
+		a.server.RemoveResourceTemplates(goneT...)
+	}
+	return nil
+}
+
+// resubscribe renews, on a new catalog session, the upstream subscriptions
+// that downstream sessions hold on up's resources.
+func (a *Aggregate) resubscribe(up *aggUpstream, cs *mcp.ClientSession) {
+	a.mu.Lock()
+	var uris []string
+	for uri, set := range a.subs {
+		if len(set) > 0 && a.resOwner[uri] == up.cfg.Name {
+			uris = append(uris, uri)
+		}
+	}
+	a.mu.Unlock()
+	for _, uri := range uris {
+		ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
+		if err := cs.Subscribe(ctx, &mcp.SubscribeParams{URI: uri}); err != nil {
+			a.logger.Warn("aggregate: renewing a resource subscription failed", "upstream", up.cfg.Name, "error", safeError(err))
+		}
+		cancel()
+	}
+}

@@ -1,0 +1,514 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// aggSession is the broker's state for one downstream session: its
+// upstream client sessions, opened on first use.
+type aggSession struct {
+	a  *Aggregate
+	ss *mcp.ServerSession
+
+	mu    sync.Mutex
+	conns map[string]*aggConn
+	level mcp.LoggingLevel
+}
+
+// aggConn is one upstream client session of a downstream session.
+type aggConn struct {
+	done chan struct{} // closed when the connection attempt ended
+	cs   *mcp.ClientSession
+	err  error
+
+	mu       sync.Mutex
+	progress map[string]context.Context // progress token -> downstream request ctx
+	calls    []context.Context          // downstream request ctxs in flight
+}
+
+// session returns the state of ss, creating it (and its cleanup) on first
+// use.
+func (a *Aggregate) session(ss *mcp.ServerSession) *aggSession {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.sessions[ss]
+	if s == nil {
+		s = &aggSession{a: a, ss: ss, conns: map[string]*aggConn{}}
+		a.sessions[ss] = s
+		if !a.closed {
+			a.wg.Add(1)
+			go func() {
+				defer a.wg.Done()
+				ss.Wait()
+				a.dropSession(ss)
+			}()
+		}
+	}
+	return s
+}
+
+// dropSession forgets a closed downstream session, closes its upstream
+// sessions and releases its subscriptions.
+func (a *Aggregate) dropSession(ss *mcp.ServerSession) {
+	a.mu.Lock()
+	s := a.sessions[ss]
+	delete(a.sessions, ss)
+	delete(a.bindings, ss.ID())
+	var empty []string
+	for uri, set := range a.subs {
+		if set[ss] {
+			delete(set, ss)
+			if len(set) == 0 {
+				delete(a.subs, uri)
+				empty = append(empty, uri)
+			}
+		}
+	}
+	a.mu.Unlock()
+	if s != nil {
+		s.closeAll()
+	}
+	for _, uri := range empty {
+		a.upstreamUnsubscribe(uri)
+	}
+}
+
+func (s *aggSession) closeAll() {
+	s.mu.Lock()
+	conns := s.conns
+	s.conns = map[string]*aggConn{}
+	s.mu.Unlock()
+	for _, c := range conns {
+		go func() {
+			<-c.done
+			if c.cs != nil {
+				c.cs.Close()
+			}
+		}()
+	}
+}
+
+// setLevel records the downstream session's logging level and passes it to
+// its open upstream sessions.
+func (s *aggSession) setLevel(ctx context.Context, level mcp.LoggingLevel) {
+	s.mu.Lock()
+	s.level = level
+	var open []*mcp.ClientSession
+	for _, c := range s.conns {
+		select {
+		case <-c.done:
+			if c.cs != nil {
+				open = append(open, c.cs)
+			}
+		default:
+		}
+	}
+	s.mu.Unlock()
+	for _, cs := range open {
+		_ = cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: level})
+	}
+}
+
+// conn returns the downstream session's upstream session to up, opening it
+// on first use. The wait is bounded by ctx.
+func (a *Aggregate) conn(ctx context.Context, ss *mcp.ServerSession, up *aggUpstream) (*aggConn, error) {
+	if ss == nil {
+		return nil, errors.New("no downstream session")
+	}
+	s := a.session(ss)
+	s.mu.Lock()
+	c := s.conns[up.cfg.Name]
+	if c == nil {
+		c = &aggConn{done: make(chan struct{}), progress: map[string]context.Context{}}
+		s.conns[up.cfg.Name] = c
+		go s.open(up, c)
+	}
+	s.mu.Unlock()
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if c.err != nil {
+		return nil, c.err
+	}
+	return c, nil
+}
+
+// forget drops c from the session's connections if it is still there, so
+// that the next call opens a new one.
+func (s *aggSession) forget(name string, c *aggConn) {
+	s.mu.Lock()
+	if s.conns[name] == c {
+		delete(s.conns, name)
+	}
+	s.mu.Unlock()
+}
+
+// open connects c to up, forwarding the upstream's requests and
+// notifications to this downstream session.
+func (s *aggSession) open(up *aggUpstream, c *aggConn) {
+	a, ss := s.a, s.ss
+	opts := &mcp.ClientOptions{
+		Capabilities: &mcp.ClientCapabilities{},
+		LoggingMessageHandler: func(ctx context.Context, req *mcp.LoggingMessageRequest) {
+			_ = ss.Log(c.requestCtx(ctx, nil), req.Params)
+		},
+		ProgressNotificationHandler: func(ctx context.Context, req *mcp.ProgressNotificationClientRequest) {
+			_ = ss.NotifyProgress(c.requestCtx(ctx, req.Params.ProgressToken), req.Params)
+		},
+	}
+	var down *mcp.ClientCapabilities
+	if ip := ss.InitializeParams(); ip != nil {
+		down = ip.Capabilities
+	}
+	if down != nil && down.Sampling != nil {
+		opts.Capabilities.Sampling = &mcp.SamplingCapabilities{}
+		opts.CreateMessageHandler = func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			return ss.CreateMessage(c.requestCtx(ctx, nil), req.Params)
+		}
+	}
+	if down != nil && down.Elicitation != nil {
+		e := *down.Elicitation
+		opts.Capabilities.Elicitation = &e
+		opts.ElicitationHandler = func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return ss.Elicit(c.requestCtx(ctx, nil), req.Params)
+		}
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: "zidane-mcp-broker", Version: "1"}, opts)
+	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
+	cs, err := client.Connect(ctx, up.transport(), &mcp.ClientSessionOptions{ProtocolVersion: aggProtocolVersion})
+	cancel()
+	if err == nil {
+		s.mu.Lock()
+		level := s.level
+		s.mu.Unlock()
+		if level != "" {
+			lctx, lcancel := context.WithTimeout(a.ctx, up.timeout)
+			_ = cs.SetLoggingLevel(lctx, &mcp.SetLoggingLevelParams{Level: level})
+			lcancel()
+		}
+	}
+	c.cs, c.err = cs, err
+	if err != nil {
+		c.err = fmt.Errorf("connecting: %w", err)
+	}
+	close(c.done)
+	if err != nil {
+		s.forget(up.cfg.Name, c)
+		return
+	}
+	go func() {
+		cs.Wait()
+		s.forget(up.cfg.Name, c)
+	}()
+}
+
+// track registers a downstream request in flight on c, so that the
+// upstream's progress and requests for it reach its stream.
+func (c *aggConn) track(ctx context.Context, token any) func() {
+	key := ""
+	if token != nil {
+		key = fmt.Sprint(token)
+	}
+	c.mu.Lock()
+	if key != "" {
+		c.progress[key] = ctx
+	}
+	c.calls = append(c.calls, ctx)
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		if key != "" && c.progress[key] == ctx {
+			delete(c.progress, key)
+		}
+		for i, x := range c.calls {
+			if x == ctx {
+				c.calls = append(c.calls[:i], c.calls[i+1:]...)
+				break
+			}
+		}
+		c.mu.Unlock()
+	}
+}
+
+// requestCtx returns a context for a message forwarded downstream: the
+// cancellation of ctx (the upstream's handler), with the values of the
+// downstream request it belongs to (the request with this progress token,
+// else the latest in flight), which tell go-sdk which stream to send it on.
+func (c *aggConn) requestCtx(ctx context.Context, token any) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var down context.Context
+	if token != nil {
+		down = c.progress[fmt.Sprint(token)]
+	}
+	if down == nil && len(c.calls) > 0 {
+		down = c.calls[len(c.calls)-1]
+	}
+	if down == nil {
+		return ctx
+	}
+	return valuesFrom{Context: ctx, values: down}
+}
+
+// valuesFrom is ctx's deadline and cancellation with values's values.
+type valuesFrom struct {
+	context.Context
+	values context.Context
+}
+
+func (v valuesFrom) Value(key any) any {
+	if x := v.values.Value(key); x != nil {
+		return x
+	}
+	return v.Context.Value(key)
+}
+
+// unreachable is the tool result for an upstream that could not be used.
+func unreachable(up *aggUpstream, err error) *mcp.CallToolResult {
+	return &mcp.CallToolResult{
+		IsError: true,
+		Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("the upstream MCP server %q could not be reached: %s; try again later, and if it persists ask the operator to check the broker log", up.cfg.Name, safeError(err))}},
+	}
+}
+
+func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
+	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		start := time.Now()
+		rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: orig}
+		rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+		c, err := a.conn(ctx, req.Session, up)
+		if err != nil {
+			rec.Outcome, rec.Detail = outcome(ctx, err)
+			a.record(rec, start)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return unreachable(up, err), nil
+		}
+		untrack := c.track(ctx, req.Params.GetProgressToken())
+		defer untrack()
+		params := &mcp.CallToolParams{Meta: req.Params.Meta, Name: orig}
+		if len(req.Params.Arguments) > 0 {
+			params.Arguments = req.Params.Arguments
+		}
+		res, err := c.cs.CallTool(ctx, params)
+		rec.Outcome, rec.Detail = outcome(ctx, err)
+		if err == nil && res != nil && res.IsError {
+			rec.Outcome = OutcomeError
+			rec.Detail = "the tool reported an error"
+		}
+		a.record(rec, start)
+		switch {
+		case err == nil:
+			if res != nil {
+				res.Content = NormalizeContent(res.Content)
+			}
+			return res, nil
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case upstreamRPCError(err):
+			return nil, err
+		default:
+			if errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing) {
+				a.session(req.Session).forget(up.cfg.Name, c)
+			}
+			return unreachable(up, err), nil
+		}
+	}
+}
+
+// forwardErr turns an upstream failure into the error a downstream request
+// gets: the upstream's JSON-RPC error as it is, else one naming it.
+func forwardErr(ctx context.Context, up *aggUpstream, err error) error {
+	if ctx.Err() != nil || upstreamRPCError(err) {
+		return err
+	}
+	return fmt.Errorf("the upstream MCP server %q could not be reached: %s", up.cfg.Name, safeError(err))
+}
+
+func (a *Aggregate) promptHandler(up *aggUpstream, orig string) mcp.PromptHandler {
+	return func(ctx context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+		start := time.Now()
+		rec := CallRecord{Upstream: up.cfg.Name, Method: "prompts/get"}
+		rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.GetPromptResult, error) {
+			return c.cs.GetPrompt(ctx, &mcp.GetPromptParams{Meta: req.Params.Meta, Name: orig, Arguments: req.Params.Arguments})
+		})
+		rec.Outcome, rec.Detail = outcome(ctx, err)
+		a.record(rec, start)
+		if err != nil {
+			return nil, forwardErr(ctx, up, err)
+		}
+		return res, nil
+	}
+}
+
+func (a *Aggregate) resourceHandler(up *aggUpstream) mcp.ResourceHandler {
+	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+		start := time.Now()
+		rec := CallRecord{Upstream: up.cfg.Name, Method: "resources/read"}
+		rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.ReadResourceResult, error) {
+			return c.cs.ReadResource(ctx, &mcp.ReadResourceParams{Meta: req.Params.Meta, URI: req.Params.URI})
+		})
+		rec.Outcome, rec.Detail = outcome(ctx, err)
+		a.record(rec, start)
+		if err != nil {
+			return nil, forwardErr(ctx, up, err)
+		}
+		return res, nil
+	}
+}
+
+// withConn runs fn on the session's upstream session to up.
+func withConnT[T any](a *Aggregate, ctx context.Context, ss *mcp.ServerSession, up *aggUpstream, fn func(*aggConn) (T, error)) (T, error) {
+	var zero T
+	c, err := a.conn(ctx, ss, up)
+	if err != nil {
+		return zero, err
+	}
+	untrack := c.track(ctx, nil)
+	defer untrack()
+	res, err := fn(c)
+	if err != nil && (errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing)) {
+		a.session(ss).forget(up.cfg.Name, c)
+	}
+	return res, err
+}
+
+// complete routes completion/complete by its reference: a prompt name or a
+// resource URI (or URI template).
+func (a *Aggregate) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
+	ref := req.Params.Ref
+	var (
+		up  *aggUpstream
+		out = *ref
+	)
+	a.mu.Lock()
+	switch ref.Type {
+	case "ref/prompt":
+		if q, ok := a.prompts[ref.Name]; ok {
+			up = a.byName[q.server]
+			out.Name = q.name
+		}
+	case "ref/resource":
+		owner, ok := a.resOwner[ref.URI]
+		if !ok {
+			owner, ok = a.tmplOwner[ref.URI]
+		}
+		if ok {
+			up = a.byName[owner]
+		}
+	}
+	a.mu.Unlock()
+	if up == nil {
+		return nil, fmt.Errorf("completion: no upstream offers %s %q", ref.Type, ref.Name+ref.URI)
+	}
+	start := time.Now()
+	rec := CallRecord{Upstream: up.cfg.Name, Method: "completion/complete"}
+	rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+	params := *req.Params
+	params.Ref = &out
+	res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.CompleteResult, error) {
+		return c.cs.Complete(ctx, &params)
+	})
+	rec.Outcome, rec.Detail = outcome(ctx, err)
+	a.record(rec, start)
+	if err != nil {
+		return nil, forwardErr(ctx, up, err)
+	}
+	return res, nil
+}
+
+// subscribe forwards a resource subscription through the owner's catalog
+// session, once per URI; the server fans its updates out to subscribers.
+func (a *Aggregate) subscribe(ctx context.Context, req *mcp.SubscribeRequest) error {
+	uri := req.Params.URI
+	a.mu.Lock()
+	owner, ok := a.resOwner[uri]
+	a.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("resource %q is not offered by any upstream", uri)
+	}
+	up := a.byName[owner]
+	a.session(req.Session)
+	a.mu.Lock()
+	set := a.subs[uri]
+	first := len(set) == 0
+	if set == nil {
+		set = map[*mcp.ServerSession]bool{}
+		a.subs[uri] = set
+	}
+	set[req.Session] = true
+	a.mu.Unlock()
+	start := time.Now()
+	rec := CallRecord{Upstream: owner, Method: "resources/subscribe"}
+	rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+	var err error
+	if first {
+		up.mu.Lock()
+		cs := up.catalog
+		up.mu.Unlock()
+		if cs == nil {
+			err = errors.New("its catalog session is not connected")
+		} else {
+			err = cs.Subscribe(ctx, &mcp.SubscribeParams{Meta: req.Params.Meta, URI: uri})
+		}
+	}
+	rec.Outcome, rec.Detail = outcome(ctx, err)
+	a.record(rec, start)
+	if err != nil {
+		a.mu.Lock()
+		delete(a.subs[uri], req.Session)
+		if len(a.subs[uri]) == 0 {
+			delete(a.subs, uri)
+		}
+		a.mu.Unlock()
+		return forwardErr(ctx, up, err)
+	}
+	return nil
+}
+
+func (a *Aggregate) unsubscribe(ctx context.Context, req *mcp.UnsubscribeRequest) error {
+	uri := req.Params.URI
+	a.mu.Lock()
+	set := a.subs[uri]
+	last := set[req.Session] && len(set) == 1
+	delete(set, req.Session)
+	if len(set) == 0 {
+		delete(a.subs, uri)
+	}
+	a.mu.Unlock()
+	if last {
+		a.upstreamUnsubscribe(uri)
+	}
+	return nil
+}
+
+// upstreamUnsubscribe ends the catalog's subscription to uri.
+func (a *Aggregate) upstreamUnsubscribe(uri string) {
+	a.mu.Lock()
+	owner := a.resOwner[uri]
+	a.mu.Unlock()
+	up := a.byName[owner]
+	if up == nil {
+		return
+	}
+	up.mu.Lock()
+	cs := up.catalog
+	up.mu.Unlock()
+	if cs == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
+	defer cancel()
+	_ = cs.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: uri})
+}
