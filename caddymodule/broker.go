@@ -145,3 +145,68 @@ func auditBrokerRefusal(l *zap.Logger, r broker.Refusal) {
 		zap.String("token_id", r.TokenID), zap.String("token_name", r.TokenName), zap.Int("status", r.Status),
 		zap.String("detail", r.Detail))
 }
+
+// buildAggregate sets up the aggregated route over the named upstreams.
+func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
+	var ups []broker.Upstream
+	for _, name := range h.Aggregate {
+		u, ok := app.Upstream(name)
+		if !ok {
+			return fmt.Errorf("aggregate: no upstream %q; configure it in the global zidane option", name)
+		}
+		ups = append(ups, u)
+	}
+	agg, err := broker.NewAggregate(ups, broker.AggregateOptions{
+		Prefix:              h.Prefix,
+		MaxRequestBodyBytes: h.MaxBodyBytes,
+		OnDecision:          func(d pinnedfetch.Decision) { auditRedirect(h.audit, "aggregate", d) },
+		OnCall:              func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
+		Logger:              slog.New(zapslog.NewHandler(ctx.Logger().Named("aggregate").Core())),
+	})
+	if err != nil {
+		return fmt.Errorf("aggregate: %w", err)
+	}
+	h.aggregate = agg
+	h.aggUpstreams = map[string]broker.Upstream{}
+	for _, u := range ups {
+		h.aggUpstreams[u.Name] = u
+	}
+	return nil
+}
+
+// aggregateAllows says whether p may use upstream name on the aggregated
+// route: with the scope upstream:<name>, the upstream's own scope, or mcp.
+func (h *Handler) aggregateAllows(p policy.Principal, name string) bool {
+	u, ok := h.aggUpstreams[name]
+	if !ok {
+		return false
+	}
+	return p.HasScope("upstream:"+name) || (u.Scope != "" && p.HasScope(u.Scope)) || (!h.NoDefaultScopes && p.HasScope("mcp"))
+}
+
+// aggregateDecide decides a call on the aggregated route: a tool call needs
+// access to the tool's upstream; other methods that need a scope (prompts,
+// resources, completion) need access to at least one upstream.
+func (h *Handler) aggregateDecide(p policy.Principal, c policy.Call) (ok bool, need []string) {
+	if c.IsToolCall() {
+		if server, _, found := h.aggregate.ToolServer(c.Tool); found {
+			if h.aggregateAllows(p, server) {
+				return true, nil
+			}
+			return false, []string{"upstream:" + server}
+		}
+		// An unknown tool: go-sdk answers it, as for any other client.
+		return true, nil
+	}
+	if d := h.scopes.Decide(p, policy.Call{Method: c.Method}); d.Allowed {
+		return true, nil
+	}
+	for name := range h.aggUpstreams {
+		if h.aggregateAllows(p, name) {
+			return true, nil
+		}
+		need = append(need, "upstream:"+name)
+	}
+	sortStrings(need)
+	return false, need
+}

@@ -34,6 +34,8 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 //	zidane_mcp {
 //		sessions
 //		broker <upstream>
+//		aggregate <upstream...>
+//		prefix always|conditional
 //		guard {
 //			upstream_header <name> <value>
 //		}
@@ -99,6 +101,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "broker":
 			if !d.Args(&h.Broker) || d.NextArg() {
 				return d.Err("broker takes the name of an upstream configured in the global zidane option")
+			}
+		case "aggregate":
+			names := d.RemainingArgs()
+			if len(names) == 0 {
+				return d.Err("aggregate takes the names of upstreams configured in the global zidane option")
+			}
+			h.Aggregate = append(h.Aggregate, names...)
+		case "prefix":
+			if !d.Args(&h.Prefix) || d.NextArg() || (h.Prefix != "always" && h.Prefix != "conditional") {
+				return d.Err("prefix takes always or conditional")
 			}
 		case "resource":
 			if !d.Args(&h.Resource) || d.NextArg() {

@@ -45,6 +45,15 @@ type Handler struct {
 	// the broker, on its configured origin only.
 	Broker string `json:"broker,omitempty"`
 
+	// Aggregate names upstreams to offer together on one endpoint, their
+	// tools and prompts namespaced mcp_<upstream>_<name>.
+	Aggregate []string `json:"aggregate,omitempty"`
+
+	// Prefix is the aggregated route's naming: "always" (default), or
+	// "conditional", which leaves names as they are when there is one
+	// upstream.
+	Prefix string `json:"prefix,omitempty"`
+
 	// Guard turns on guard mode: authorized requests go to the next handler
 	// with the client's Authorization header removed.
 	Guard *Guard `json:"guard,omitempty"`
@@ -85,20 +94,22 @@ type Handler struct {
 	// identity provider.
 	JWT *JWTConfig `json:"jwt,omitempty"`
 
-	tokens      *policy.TokenStore
-	scopes      *policy.ScopeMap
-	origins     *policy.Origins
-	tokenLimit  *policy.Limiter
-	ipLimit     *policy.Limiter
-	limitKey    string
-	jwt         jwtVerifier
-	resURL      *url.URL // absolute when configured so, else path only
-	sess        *sessionsState
-	sessKey     string
-	upstream    broker.Upstream
-	passThrough *broker.PassThrough
-	logger      *zap.Logger
-	audit       *zap.Logger
+	tokens       *policy.TokenStore
+	scopes       *policy.ScopeMap
+	origins      *policy.Origins
+	tokenLimit   *policy.Limiter
+	ipLimit      *policy.Limiter
+	limitKey     string
+	jwt          jwtVerifier
+	resURL       *url.URL // absolute when configured so, else path only
+	sess         *sessionsState
+	sessKey      string
+	upstream     broker.Upstream
+	passThrough  *broker.PassThrough
+	aggregate    *broker.Aggregate
+	aggUpstreams map[string]broker.Upstream
+	logger       *zap.Logger
+	audit        *zap.Logger
 }
 
 // SessionsMode configures the sessions endpoint. Agents are configured in
@@ -202,6 +213,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
+	if len(h.Aggregate) > 0 {
+		if err := h.buildAggregate(ctx, appIface.(*App)); err != nil {
+			return err
+		}
+	}
 	if h.Sessions != nil {
 		base := ""
 		if h.resURL.IsAbs() {
@@ -217,13 +233,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // Validate checks that a mode is chosen.
 func (h *Handler) Validate() error {
 	modes := 0
-	for _, on := range []bool{h.Guard != nil, h.Sessions != nil, h.Broker != ""} {
+	for _, on := range []bool{h.Guard != nil, h.Sessions != nil, h.Broker != "", len(h.Aggregate) > 0} {
 		if on {
 			modes++
 		}
 	}
 	if modes != 1 {
-		return errors.New("zidane_mcp: choose one mode: `sessions` serves the sessions endpoint; `broker NAME` offers a configured upstream; `guard` passes authorized requests to the next handler (for example reverse_proxy)")
+		return errors.New("zidane_mcp: choose one mode: `sessions` serves the sessions endpoint; `broker NAME` offers a configured upstream; `aggregate NAME...` offers several together; `guard` passes authorized requests to the next handler (for example reverse_proxy)")
 	}
 	return nil
 }
@@ -235,6 +251,9 @@ func (h *Handler) Cleanup() error {
 	}
 	if h.passThrough != nil {
 		h.passThrough.Close()
+	}
+	if h.aggregate != nil {
+		h.aggregate.Close()
 	}
 	var err error
 	if h.limitKey != "" {
@@ -378,6 +397,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.refuse(w, r, rf, http.StatusForbidden, "tool_not_offered",
 				fmt.Sprintf("tool %q of upstream %q is not offered through this gateway (tools allow/deny)", c.Tool, h.upstream.Name))
 		}
+		if h.aggregate != nil {
+			if ok, need := h.aggregateDecide(p, c); !ok {
+				rf.call = c
+				return h.refuseScope(w, r, rf, need)
+			}
+			continue
+		}
 		if d := scopes.Decide(p, c); !d.Allowed {
 			rf.call = c
 			if d.Machine {
@@ -440,6 +466,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.serveSessions(w, r, p, listIDs)
 	case h.passThrough != nil:
 		return h.serveBroker(w, r, p, listIDs)
+	case h.aggregate != nil:
+		r.Header.Del("Authorization")
+		if listIDs == nil {
+			h.aggregate.ServeHTTP(w, r)
+			return nil
+		}
+		fw := h.toolsListWriter(w, p, listIDs)
+		h.aggregate.ServeHTTP(fw, r)
+		return fw.close()
 	}
 	return h.guard(w, r, next, p, listIDs)
 }
@@ -511,6 +546,10 @@ func (h *Handler) toolsListWriter(w http.ResponseWriter, p policy.Principal, lis
 		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
 		ids:                   listIDs,
 		visible: func(tool string) bool {
+			if h.aggregate != nil {
+				server, _, ok := h.aggregate.ToolServer(tool)
+				return ok && h.aggregateAllows(p, server)
+			}
 			return h.scopes.ToolVisible(p, tool) && (h.passThrough == nil || h.upstream.AllowsTool(tool))
 		},
 	}
