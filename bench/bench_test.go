@@ -64,7 +64,7 @@ func TestSmoke(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "broker pass-through", "vs reverse_proxy",
+	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "broker pass-through", "aggregated (2 upstreams)", "vs reverse_proxy",
 		"session engine", "create→finished", "finished events delivered / expected", "agent processes at peak",
 		"idle MCP sessions", "sessions endpoint", "caddy RSS/session", "upstream RSS/session"} {
 		if !strings.Contains(table, want) {

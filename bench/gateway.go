@@ -23,8 +23,8 @@ func (g *gateway) stop()    { g.p.stop() }
 // startGateway runs caddy with a site per route, all on loopback, and
 // creates the token the guarded routes use. The rate limit is set far above
 // what the run sends, so that it is measured but never triggers.
-func startGateway(ctx context.Context, bin, work, upstream string) (*gateway, error) {
-	ports := make([]int, 4)
+func startGateway(ctx context.Context, bin, work, upstream, second string) (*gateway, error) {
+	ports := make([]int, 5)
 	for i := range ports {
 		p, err := freePort()
 		if err != nil {
@@ -32,7 +32,23 @@ func startGateway(ctx context.Context, bin, work, upstream string) (*gateway, er
 		}
 		ports[i] = p
 	}
-	admin, rpPort, guardPort, brokerPort := ports[0], ports[1], ports[2], ports[3]
+	admin, rpPort, guardPort, brokerPort, aggPort := ports[0], ports[1], ports[2], ports[3], ports[4]
+	// The aggregated route runs over both upstreams when there is a second.
+	second2, aggregated := second, ""
+	if second2 == "" {
+		second2 = upstream
+	} else {
+		aggregated = fmt.Sprintf(`
+http://127.0.0.1:%d {
+	zidane_mcp {
+		aggregate bench bench2
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
+	}
+}
+`, aggPort)
+	}
 	caddyfile := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	log {
@@ -40,6 +56,7 @@ func startGateway(ctx context.Context, bin, work, upstream string) (*gateway, er
 	}
 	zidane {
 		upstream bench http://%s/mcp
+		upstream bench2 http://%s/mcp
 	}
 }
 
@@ -65,7 +82,7 @@ http://127.0.0.1:%d {
 		}
 	}
 }
-`, admin, upstream, rpPort, upstream, guardPort, upstream, brokerPort)
+%s`, admin, upstream, second2, rpPort, upstream, guardPort, upstream, brokerPort, aggregated)
 	path := filepath.Join(work, "Caddyfile")
 	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
 		return nil, err
@@ -89,6 +106,10 @@ http://127.0.0.1:%d {
 		{name: "reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", rpPort), viaCaddy: true},
 		{name: "guard+reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, viaCaddy: true},
 		{name: "broker pass-through", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", brokerPort), token: token, viaCaddy: true},
+	}
+	if aggregated != "" {
+		g.routes = append(g.routes, route{name: "aggregated (2 upstreams)", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", aggPort),
+			token: token, viaCaddy: true, prefix: "mcp_bench_"})
 	}
 	return g, nil
 }

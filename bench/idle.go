@@ -103,7 +103,7 @@ func runIdle(ctx context.Context, cfg config, work, caddyBin, upstreamBin string
 	if err := os.MkdirAll(gdir, 0o700); err != nil {
 		return nil, err
 	}
-	gw, err := startGateway(ctx, caddyBin, gdir, upAddr)
+	gw, err := startGateway(ctx, caddyBin, gdir, upAddr, "")
 	if err != nil {
 		return nil, err
 	}

@@ -20,7 +20,8 @@ type route struct {
 	name     string
 	url      string
 	token    string
-	viaCaddy bool // CPU and RSS are caddy's only for routes through it
+	viaCaddy bool   // CPU and RSS are caddy's only for routes through it
+	prefix   string // put before the tool's name: the aggregated route's namespace
 }
 
 // sample is one route at one concurrency in one round.
@@ -115,7 +116,14 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 	}
 	defer up.stop()
 
-	gw, err := startGateway(ctx, caddyBin, work, upAddr)
+	// A second upstream, for the aggregated route over two.
+	up2, up2Addr, err := startUpstream(ctx, upstreamBin)
+	if err != nil {
+		return nil, err
+	}
+	defer up2.stop()
+
+	gw, err := startGateway(ctx, caddyBin, work, upAddr, up2Addr)
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +214,7 @@ func drive(ctx context.Context, r route, conc, calls int, tool string, caddyPID 
 			for i := 0; i < calls; i++ {
 				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 				t0 := time.Now()
-				res, err := cs.CallTool(cctx, &mcp.CallToolParams{Name: tool, Arguments: args})
+				res, err := cs.CallTool(cctx, &mcp.CallToolParams{Name: r.prefix + tool, Arguments: args})
 				mine = append(mine, time.Since(t0))
 				cancel()
 				if err == nil && res.IsError {
