@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -42,6 +44,7 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: "/zidane/tokens", Handler: caddy.AdminHandlerFunc(a.handleTokens)},
 		{Pattern: "/zidane/tokens/", Handler: caddy.AdminHandlerFunc(a.handleTokens)},
+		{Pattern: "/zidane/upstreams", Handler: caddy.AdminHandlerFunc(a.handleUpstreams)},
 	}
 }
 
@@ -103,6 +106,25 @@ func (a *adminAPI) handleTokens(w http.ResponseWriter, r *http.Request) error {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed,
 			Err: fmt.Errorf("use GET or POST /zidane/tokens, or DELETE /zidane/tokens/<name-or-id>")}
 	}
+}
+
+// handleUpstreams answers GET /zidane/upstreams: the running config's
+// upstreams, as configured (placeholders kept) and with every literal
+// secret in headers and env replaced by <redacted>.
+func (a *adminAPI) handleUpstreams(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("use GET /zidane/upstreams")}
+	}
+	list := []broker.Upstream{}
+	if appIface, err := caddy.ActiveContext().AppIfConfigured("zidane"); err == nil {
+		if app, ok := appIface.(*App); ok {
+			for _, u := range app.upstreams {
+				list = append(list, u.Redacted())
+			}
+		}
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
+	return writeJSON(w, http.StatusOK, list)
 }
 
 func (req createTokenRequest) spec() (policy.TokenSpec, error) {

@@ -17,6 +17,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -40,6 +41,12 @@ within two seconds.`,
 			}
 			token.AddCommand(tokenCreateCommand(), tokenListCommand(), tokenRevokeCommand())
 			cmd.AddCommand(token)
+			upstream := &cobra.Command{
+				Use:   "upstream",
+				Short: "Shows the upstream MCP servers of a running server",
+			}
+			upstream.AddCommand(upstreamListCommand())
+			cmd.AddCommand(upstream)
 			for _, sub := range zidaneSubcommands {
 				cmd.AddCommand(sub())
 			}
@@ -173,6 +180,45 @@ func tokenRevokeCommand() *cobra.Command {
 			})(cmd, args)
 		},
 	}
+	adminFlags(c)
+	return c
+}
+
+func upstreamListCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "list [--json]",
+		Short: "Lists the configured upstreams; secrets are shown as <redacted>",
+		Args:  cobra.NoArgs,
+		RunE: caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+			admin, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), nil, fl.String("config"), fl.String("adapter"))
+			if err != nil {
+				return caddy.ExitCodeFailedStartup, fmt.Errorf("finding the admin API address: %v", err)
+			}
+			if !adminAnswers(admin) {
+				return caddy.ExitCodeFailedStartup, fmt.Errorf("no server answers at %s: upstreams are listed from a running server (give --address or --config)", admin)
+			}
+			var list []broker.Upstream
+			if err := adminJSON(admin, http.MethodGet, "/zidane/upstreams", nil, &list); err != nil {
+				return caddy.ExitCodeFailedStartup, err
+			}
+			if fl.Bool("json") {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return caddy.ExitCodeSuccess, enc.Encode(list)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tTRANSPORT\tTARGET\tSCOPE\tSOURCE")
+			for _, u := range list {
+				target := u.URL
+				if u.Transport == broker.TransportStdio {
+					target = strings.TrimSpace(u.Command + " " + strings.Join(u.Args, " "))
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", u.Name, u.Transport, target, u.Scope, u.Source)
+			}
+			return caddy.ExitCodeSuccess, tw.Flush()
+		}),
+	}
+	c.Flags().Bool("json", false, "Print JSON")
 	adminFlags(c)
 	return c
 }

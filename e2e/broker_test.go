@@ -97,6 +97,19 @@ func TestBrokerPassThroughConformanceParity(t *testing.T) {
 		}
 	})
 
+	t.Run("caddy zidane upstream list shows placeholders, never secrets", func(t *testing.T) {
+		for _, args := range [][]string{{"zidane", "upstream", "list"}, {"zidane", "upstream", "list", "--json"}} {
+			out, stderr, err := c.Run(t, args...)
+			if err != nil || !strings.Contains(out, "everything") || strings.Contains(out, upstreamKey) {
+				t.Fatalf("%v: %v %s\n%s", args, err, stderr, out)
+			}
+		}
+		out, _, _ := c.Run(t, "zidane", "upstream", "list", "--json")
+		if !strings.Contains(out, "${UPSTREAM_KEY}") {
+			t.Fatalf("the listing lost the placeholder:\n%s", out)
+		}
+	})
+
 	t.Run("upstream calls are audited and nothing secret is written", func(t *testing.T) {
 		calls := 0
 		for _, l := range auditLines(c) {
