@@ -115,10 +115,9 @@ type Aggregate struct {
 }
 
 type aggUpstream struct {
-	cfg      Upstream // normalized
-	endpoint string   // expanded: may hold a key, never logged
-	client   *http.Client
-	timeout  time.Duration
+	cfg     Upstream            // normalized
+	tr      *upstreamTransports // shared with [Conn]: egress client, SSE origin guard, stdio launcher
+	timeout time.Duration
 
 	refresh sync.Mutex // serializes re-listing
 
@@ -132,8 +131,16 @@ type aggUpstream struct {
 	templates    []string
 }
 
-// NewAggregate builds the aggregated route over ups, which must be
-// streamable-HTTP upstreams with distinct names. It never blocks on the
+// NewAggregate builds the aggregated route over ups, which must have
+// distinct names. Their transports (streamable HTTP, SSE, stdio) are built
+// as [Conn] builds them: http and sse go through the pinned egress client
+// that refuses any other origin (an SSE endpoint event naming another
+// server fails the connection); a stdio upstream starts its command for
+// every upstream session: one for the catalog, and one for each downstream
+// session that uses it (the "shared false" behaviour; a pool of processes
+// shared between downstream sessions is not implemented yet). Each process
+// ends when its session closes (the downstream session's end, or
+// [Aggregate.Close]). It never blocks on the
 // network: the catalog connects in the background (see [Aggregate.Ready]).
 func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 	logger := opts.Logger
@@ -167,9 +174,6 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		if err != nil {
 			return nil, err
 		}
-		if n.Transport != TransportHTTP {
-			return nil, fmt.Errorf("%s: transport %q is not supported by the aggregated route yet (sse and stdio upstreams come later); give the server's streamable HTTP url", describe(n), n.Transport)
-		}
 		if _, dup := a.byName[n.Name]; dup {
 			return nil, fmt.Errorf("%s is named twice; upstream names must be unique", describe(n))
 		}
@@ -177,14 +181,14 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		for _, w := range warnings {
 			logger.Warn(w)
 		}
-		if _, err := e.Endpoint(); err != nil {
-			return nil, err
-		}
-		client, err := aggEgressClient(e, opts.OnDecision)
+		tr, err := newUpstreamTransports(n, e, ConnOptions{OnDecision: opts.OnDecision}, logger)
 		if err != nil {
 			return nil, err
 		}
-		up := &aggUpstream{cfg: n, endpoint: e.URL, client: client, timeout: n.Timeout}
+		if n.Transport == TransportHTTP {
+			tr.maxRetries = -1
+		}
+		up := &aggUpstream{cfg: n, tr: tr, timeout: n.Timeout}
 		if up.timeout == 0 {
 			up.timeout = aggConnectTimeout
 		}
@@ -224,30 +228,6 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		go a.superviseCatalog(up)
 	}
 	return a, nil
-}
-
-// aggEgressClient builds the pinnedfetch client of an expanded upstream,
-// which adds its configured headers on hops to its origin only.
-func aggEgressClient(e Upstream, onDecision func(pinnedfetch.Decision)) (*http.Client, error) {
-	headers, err := upstreamHeaders(e)
-	if err != nil {
-		return nil, err
-	}
-	names := make([]string, 0, len(headers))
-	for _, h := range headers {
-		names = append(names, h.name)
-	}
-	fetchOpts := []pinnedfetch.Option{pinnedfetch.WithDecisions(onDecision)}
-	if len(headers) > 0 {
-		fetchOpts = append(fetchOpts, pinnedfetch.WithCredentials(func(next http.RoundTripper) http.RoundTripper {
-			return &credentials{headers: headers, next: next}
-		}))
-	}
-	client, err := pinnedfetch.New(e.URL, names, fetchOpts...)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", describe(e), err)
-	}
-	return client, nil
 }
 
 // Ready waits until every upstream's catalog has connected and listed once,
@@ -307,7 +287,7 @@ func (a *Aggregate) Close() error {
 	}
 	a.wg.Wait()
 	for _, up := range a.ups {
-		up.client.CloseIdleConnections()
+		up.tr.closeIdle()
 	}
 	return nil
 }

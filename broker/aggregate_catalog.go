@@ -2,15 +2,53 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// transport returns a client transport to up through its egress client.
+// transport returns a client transport for one session to up, built by the
+// code [Conn] uses: for stdio, its Connect starts a process of its own.
 func (up *aggUpstream) transport() mcp.Transport {
-	return &mcp.StreamableClientTransport{Endpoint: up.endpoint, HTTPClient: up.client, MaxRetries: -1}
+	return up.tr.newTransport()
+}
+
+// dial opens a session of client to up, the attempt bounded by up.timeout.
+// The connection's context lasts as long as the session, since the SSE
+// client reads its stream under it; Aggregate.Close cancels it.
+func (a *Aggregate) dial(up *aggUpstream, client *mcp.Client) (*mcp.ClientSession, error) {
+	ctx, cancel := context.WithCancel(a.ctx)
+	timer := time.AfterFunc(up.timeout, cancel)
+	cs, err := client.Connect(ctx, up.transport(), &mcp.ClientSessionOptions{ProtocolVersion: aggProtocolVersion})
+	expired := !timer.Stop()
+	if err == nil && expired {
+		cs.Close()
+		err = context.DeadlineExceeded
+	}
+	if err != nil {
+		cancel()
+		return nil, up.connectErr(err)
+	}
+	go func() {
+		cs.Wait()
+		cancel()
+	}()
+	return cs, nil
+}
+
+// connectErr is the error of a failed connection to up: the origin guard's
+// refusal when there was one (the SDK may report it as a closed
+// connection), else err.
+func (up *aggUpstream) connectErr(err error) error {
+	if errors.Is(err, ErrOffOrigin) {
+		return fmt.Errorf("connecting: %w", err)
+	}
+	if r := up.tr.refusal(); r != nil {
+		return fmt.Errorf("connecting: %w", r)
+	}
+	return fmt.Errorf("connecting: %w", err)
 }
 
 // superviseCatalog keeps up's catalog session: connect, list, register,
@@ -42,11 +80,19 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 			up.mu.Lock()
 			up.lastErr = safeError(err)
 			up.mu.Unlock()
-			a.logger.Warn("aggregate: upstream catalog unavailable", "upstream", up.cfg.Name, "error", safeError(err), "retry_in", delay)
+			if errors.Is(err, ErrOffOrigin) {
+				a.logger.Error("aggregate: upstream refused: its SSE endpoint is on another origin", "upstream", up.cfg.Name, "error", safeError(err), "retry_in", delay)
+			} else {
+				a.logger.Warn("aggregate: upstream catalog unavailable", "upstream", up.cfg.Name, "error", safeError(err), "retry_in", delay)
+			}
 		} else {
 			delay = 500 * time.Millisecond
 			a.resubscribe(up, cs)
+			// Close ends the session (and a stdio process) even if it
+			// did not see this one.
+			stop := context.AfterFunc(a.ctx, func() { cs.Close() })
 			cs.Wait()
+			stop()
 			a.logger.Warn("aggregate: upstream catalog session ended", "upstream", up.cfg.Name)
 			// Its tools, prompts and resources stay listed until the
 			// catalog reconnects and lists again: meanwhile a call gets a
@@ -85,11 +131,9 @@ func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) 
 			}
 		},
 	})
-	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
-	defer cancel()
-	cs, err := client.Connect(ctx, up.transport(), &mcp.ClientSessionOptions{ProtocolVersion: aggProtocolVersion})
+	cs, err := a.dial(up, client)
 	if err != nil {
-		return nil, fmt.Errorf("connecting: %w", err)
+		return nil, err
 	}
 	up.mu.Lock()
 	up.catalog = cs

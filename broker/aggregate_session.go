@@ -16,9 +16,10 @@ type aggSession struct {
 	a  *Aggregate
 	ss *mcp.ServerSession
 
-	mu    sync.Mutex
-	conns map[string]*aggConn
-	level mcp.LoggingLevel
+	mu     sync.Mutex
+	conns  map[string]*aggConn
+	level  mcp.LoggingLevel
+	closed bool // closeAll ran: no new upstream sessions
 }
 
 // aggConn is one upstream client session of a downstream session.
@@ -79,19 +80,25 @@ func (a *Aggregate) dropSession(ss *mcp.ServerSession) {
 	}
 }
 
+// closeAll closes the session's upstream sessions, after their connection
+// attempts end, and waits for them to close (for stdio, for the processes
+// to exit). No upstream session is opened for it afterwards.
 func (s *aggSession) closeAll() {
 	s.mu.Lock()
 	conns := s.conns
 	s.conns = map[string]*aggConn{}
+	s.closed = true
 	s.mu.Unlock()
+	var wg sync.WaitGroup
 	for _, c := range conns {
-		go func() {
+		wg.Go(func() {
 			<-c.done
 			if c.cs != nil {
 				c.cs.Close()
 			}
-		}()
+		})
 	}
+	wg.Wait()
 }
 
 // setLevel records the downstream session's logging level and passes it to
@@ -123,6 +130,10 @@ func (a *Aggregate) conn(ctx context.Context, ss *mcp.ServerSession, up *aggUpst
 	}
 	s := a.session(ss)
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errors.New("the downstream session is closed")
+	}
 	c := s.conns[up.cfg.Name]
 	if c == nil {
 		c = &aggConn{done: make(chan struct{}), progress: map[string]context.Context{}}
@@ -182,9 +193,7 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		}
 	}
 	client := mcp.NewClient(&mcp.Implementation{Name: "zidane-mcp-broker", Version: "1"}, opts)
-	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
-	cs, err := client.Connect(ctx, up.transport(), &mcp.ClientSessionOptions{ProtocolVersion: aggProtocolVersion})
-	cancel()
+	cs, err := a.dial(up, client)
 	if err == nil {
 		s.mu.Lock()
 		level := s.level
@@ -196,9 +205,6 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		}
 	}
 	c.cs, c.err = cs, err
-	if err != nil {
-		c.err = fmt.Errorf("connecting: %w", err)
-	}
 	close(c.done)
 	if err != nil {
 		s.forget(up.cfg.Name, c)

@@ -411,11 +411,8 @@ func TestAggregateConditionalPrefix(t *testing.T) {
 }
 
 func TestAggregateRefusals(t *testing.T) {
-	if _, err := NewAggregate([]Upstream{{Name: "s", URL: "http://127.0.0.1:1/sse"}}, AggregateOptions{}); err == nil || !strings.Contains(err.Error(), "later") {
-		t.Errorf("sse: %v", err)
-	}
-	if _, err := NewAggregate([]Upstream{{Name: "s", Command: "x"}}, AggregateOptions{}); err == nil || !strings.Contains(err.Error(), "later") {
-		t.Errorf("stdio: %v", err)
+	if _, err := NewAggregate([]Upstream{{Name: "s", Command: "${AGG_TEST_UNSET_COMMAND}"}}, AggregateOptions{Lookup: func(string) (string, bool) { return "", false }}); err == nil || !strings.Contains(err.Error(), "placeholder") {
+		t.Errorf("stdio command with an unset placeholder: %v", err)
 	}
 	if _, err := NewAggregate([]Upstream{{Name: "s", URL: "http://127.0.0.1:1/mcp"}}, AggregateOptions{Prefix: "sometimes"}); err == nil {
 		t.Error("bad prefix accepted")

@@ -125,6 +125,7 @@ type Conn struct {
 	e       Upstream // expanded
 	shown   string   // the URL as it may appear in messages
 	client  *mcp.Client
+	tr      *upstreamTransports
 	http    *http.Client // nil for stdio
 	guard   *originGuard // nil for stdio
 	logger  *slog.Logger
@@ -203,19 +204,12 @@ func Dial(ctx context.Context, u Upstream, opts ConnOptions) (*Conn, error) {
 	if c.backoff.Max < c.backoff.Min {
 		c.backoff.Max = c.backoff.Min
 	}
-	switch n.Transport {
-	case TransportHTTP, TransportSSE:
-		if c.http, err = connHTTPClient(n, e, opts); err != nil {
-			return nil, err
-		}
-		c.guard = c.http.Transport.(*originGuard)
+	if c.tr, err = newUpstreamTransports(n, e, opts, logger); err != nil {
+		return nil, err
+	}
+	c.http, c.guard = c.tr.http, c.tr.guard
+	if c.http != nil {
 		c.shown = n.Redacted().URL
-	case TransportStdio:
-		if v, ok := firstPlaceholder(e.Command); ok {
-			return nil, fmt.Errorf("%s: command still holds the placeholder for %s: set %s in the environment of the Caddy process", describe(n), v, v)
-		}
-	default:
-		return nil, fmt.Errorf("%s: transport %q is not supported by the broker's client", describe(n), n.Transport)
 	}
 	info := opts.ClientInfo
 	if info == nil {
@@ -301,17 +295,83 @@ func (g *originGuard) CloseIdleConnections() {
 	}
 }
 
-// transport returns a new go-sdk transport for one connection attempt.
-func (c *Conn) transport() mcp.Transport {
-	switch c.e.Transport {
-	case TransportHTTP:
-		return &mcp.StreamableClientTransport{Endpoint: c.e.URL, HTTPClient: c.http}
-	case TransportSSE:
-		return &mcp.SSEClientTransport{Endpoint: c.e.URL, HTTPClient: c.http}
+// upstreamTransports builds the go-sdk client transports of one upstream.
+// [Conn] and the aggregated route ([Aggregate]) both use it, so that the
+// pinned, origin-guarded egress client (http, sse) and the stdio launcher
+// exist once.
+type upstreamTransports struct {
+	name   string
+	e      Upstream     // expanded
+	http   *http.Client // http and sse: pinned and origin-guarded; nil for stdio
+	guard  *originGuard // nil for stdio
+	logger *slog.Logger // receives a stdio process's stderr
+	// maxRetries is the streamable client's MaxRetries (0: go-sdk's
+	// default).
+	maxRetries int
+}
+
+// newUpstreamTransports checks the transport of the normalized upstream n
+// (e is n expanded) and builds what its transports share: for http and sse
+// the egress client, as [connHTTPClient] does. Errors name the upstream.
+func newUpstreamTransports(n, e Upstream, opts ConnOptions, logger *slog.Logger) (*upstreamTransports, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	t := &upstreamTransports{name: n.Name, e: e, logger: logger}
+	switch n.Transport {
+	case TransportHTTP, TransportSSE:
+		hc, err := connHTTPClient(n, e, opts)
+		if err != nil {
+			return nil, err
+		}
+		t.http, t.guard = hc, hc.Transport.(*originGuard)
+	case TransportStdio:
+		if v, ok := firstPlaceholder(e.Command); ok {
+			return nil, fmt.Errorf("%s: command still holds the placeholder for %s: set %s in the environment of the Caddy process", describe(n), v, v)
+		}
 	default:
-		return &stdioTransport{c: c}
+		return nil, fmt.Errorf("%s: transport %q is not supported by the broker's client", describe(n), n.Transport)
+	}
+	return t, nil
+}
+
+// newTransport returns a new go-sdk transport for one connection: the
+// streamable or SSE client over the guarded egress client, or, for stdio,
+// one that starts the command on Connect (the process ends when that
+// connection is closed).
+func (t *upstreamTransports) newTransport() mcp.Transport {
+	switch t.e.Transport {
+	case TransportHTTP:
+		return &mcp.StreamableClientTransport{Endpoint: t.e.URL, HTTPClient: t.http, MaxRetries: t.maxRetries}
+	case TransportSSE:
+		return &mcp.SSEClientTransport{Endpoint: t.e.URL, HTTPClient: t.http}
+	default:
+		return &stdioTransport{t: t}
 	}
 }
+
+// refusal returns, and forgets, the last request the origin guard refused
+// (nil when none, or for stdio). The SDK may report a failed attempt as a
+// closed connection rather than the refusal that closed it.
+func (t *upstreamTransports) refusal() error {
+	if t.guard == nil {
+		return nil
+	}
+	if r := t.guard.refused.Swap(nil); r != nil {
+		return *r
+	}
+	return nil
+}
+
+// closeIdle releases the egress client's idle connections.
+func (t *upstreamTransports) closeIdle() {
+	if t.http != nil {
+		t.http.CloseIdleConnections()
+	}
+}
+
+// transport returns a new go-sdk transport for one connection attempt.
+func (c *Conn) transport() mcp.Transport { return c.tr.newTransport() }
 
 // supervise keeps a session open until Close: it connects, waits for the
 // session to die, and reconnects with backoff.

@@ -15,13 +15,14 @@ import (
 
 // stdioTransport runs the stdio upstream's command for one connection: it
 // builds the process with a minimal environment and sends its stderr to the
-// Conn's logger, line by line.
+// logger (the Conn's, or the aggregated route's), line by line. Closing the
+// connection ends the process (stdin closed, then SIGTERM after 5s).
 type stdioTransport struct {
-	c *Conn
+	t *upstreamTransports
 }
 
-func (t *stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
-	c := t.c
+func (st *stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	c := st.t
 	cmd := exec.Command(c.e.Command, c.e.Args...)
 	cmd.Env = stdioEnv(c.e.Env)
 	cmd.Dir = c.e.Cwd

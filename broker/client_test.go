@@ -32,6 +32,7 @@ const longStderrLine = 10000
 
 func runStdioServer() {
 	fmt.Fprintln(os.Stderr, "hello from stderr")
+	fmt.Fprintf(os.Stderr, "pid %d\n", os.Getpid()) // the aggregate tests check that the process ends
 	fmt.Fprintln(os.Stderr, strings.Repeat("x", longStderrLine))
 	s := newEchoServer("stdio")
 	mcp.AddTool(s, &mcp.Tool{Name: "exit", Description: "ends the process"},

@@ -130,7 +130,7 @@ func NewPassThrough(u Upstream, opts PassThroughOptions) (*PassThrough, error) {
 		return nil, err
 	}
 	if n.Transport != TransportHTTP {
-		return nil, fmt.Errorf("%s: transport %q cannot use the pass-through route, which relays streamable HTTP unchanged; sse and stdio upstreams are served by the aggregated route, which is not built yet: give the server's streamable HTTP url, or leave it out of this broker route", describe(n), n.Transport)
+		return nil, fmt.Errorf("%s: transport %q cannot use the pass-through route, which relays streamable HTTP unchanged; serve sse and stdio upstreams with the aggregated route (zidane_mcp { aggregate %s }, with prefix conditional to keep its names), or give the server's streamable HTTP url", describe(n), n.Transport, n.Name)
 	}
 	e, warnings := n.Expanded(opts.Lookup)
 	for _, w := range warnings {
