@@ -142,3 +142,45 @@ func failingScenarios(out string) []string {
 	}
 	return failing
 }
+
+// A stdio upstream (the go-sdk everything-server on stdin/stdout) beside an
+// HTTP one on the aggregated route, through the built binary.
+func TestAggregatedRouteWithAStdioUpstream(t *testing.T) {
+	goURL := startEverythingServer(t)
+	port := freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	zidane {
+		upstream remote %s
+		upstream local {
+			command %s
+		}
+	}
+}
+
+http://:%d {
+	bind 127.0.0.1
+	zidane_mcp {
+		aggregate remote local
+		rate_limit {
+			per_token 1000/s 1000
+		}
+	}
+}
+`, AdminPlaceholder, goURL, everythingServerBin, port))
+	token := createToken(t, c, "agent", "--scope", "mcp")
+	cs, err := connectGo(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", port), bearerClient(token, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"mcp_remote_test_simple_text", "mcp_local_test_simple_text"} {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name})
+		if err != nil || res.IsError {
+			t.Fatalf("%s: %+v %v", name, res, err)
+		}
+	}
+	// The listing shows the stdio upstream's transport.
+	if out, _, err := c.Run(t, "zidane", "upstream", "list"); err != nil || !strings.Contains(out, "stdio") {
+		t.Fatalf("upstream list: %v\n%s", err, out)
+	}
+}
