@@ -242,22 +242,7 @@ func (a *Aggregate) refreshTools(ctx context.Context, up *aggUpstream, cs *mcp.C
 			names = append(names, name)
 		}
 	}
-	up.mu.Lock()
-	old := up.tools
-	up.tools = names
-	up.mu.Unlock()
-	var gone []string
-	a.mu.Lock()
-	for _, n := range old {
-		if !keep[n] {
-			gone = append(gone, n)
-			delete(a.tools, n)
-		}
-	}
-	a.mu.Unlock()
-	if len(gone) > 0 {
-		a.server.RemoveTools(gone...)
-	}
+	a.replaceNames(up, &up.tools, a.tools, names, keep, a.server.RemoveTools)
 	return nil
 }
 
@@ -296,23 +281,30 @@ func (a *Aggregate) refreshPrompts(ctx context.Context, up *aggUpstream, cs *mcp
 			names = append(names, name)
 		}
 	}
+	a.replaceNames(up, &up.prompts, a.prompts, names, keep, a.server.RemovePrompts)
+	return nil
+}
+
+// replaceNames makes names up's registrations of one kind (its slot), drops
+// from table the earlier ones that were not kept, and removes them from the
+// server, which tells the clients that the list changed.
+func (a *Aggregate) replaceNames(up *aggUpstream, slot *[]string, table map[string]qualified, names []string, keep map[string]bool, remove func(...string)) {
 	up.mu.Lock()
-	old := up.prompts
-	up.prompts = names
+	old := *slot
+	*slot = names
 	up.mu.Unlock()
 	var gone []string
 	a.mu.Lock()
 	for _, n := range old {
 		if !keep[n] {
 			gone = append(gone, n)
-			delete(a.prompts, n)
+			delete(table, n)
 		}
 	}
 	a.mu.Unlock()
 	if len(gone) > 0 {
-		a.server.RemovePrompts(gone...)
+		remove(gone...)
 	}
-	return nil
 }
 
 func (a *Aggregate) refreshResources(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
