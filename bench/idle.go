@@ -369,11 +369,7 @@ func sseData(raw []byte) []byte {
 func goroutines(ctx context.Context, admin string) int {
 	cctx, cancel := context.WithTimeout(ctx, idleCallTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(cctx, http.MethodGet, "http://"+admin+"/debug/pprof/goroutine?debug=1", nil)
-	if err != nil {
-		return 0
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := adminGet(cctx, admin, "/debug/pprof/goroutine?debug=1")
 	if err != nil {
 		return 0
 	}

@@ -513,11 +513,7 @@ func toolText(res *mcp.CallToolResult) string {
 func liveHeap(ctx context.Context, admin string) int64 {
 	cctx, cancel := context.WithTimeout(ctx, sessionCallTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(cctx, http.MethodGet, "http://"+admin+"/debug/pprof/heap?debug=1&gc=1", nil)
-	if err != nil {
-		return 0
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := adminGet(cctx, admin, "/debug/pprof/heap?debug=1&gc=1")
 	if err != nil {
 		return 0
 	}
@@ -715,4 +711,13 @@ func errorCodeOf(res *mcp.CallToolResult) string {
 	m, _ := res.StructuredContent.(map[string]any)
 	code, _ := m["error"].(string)
 	return code
+}
+
+// adminGet sends GET path to caddy's admin API at admin.
+func adminGet(ctx context.Context, admin, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	return http.DefaultClient.Do(req)
 }
