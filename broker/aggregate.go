@@ -60,7 +60,19 @@ type AggregateOptions struct {
 	Logger *slog.Logger
 	// MaxRequestBodyBytes bounds a request body (go-sdk's default when 0).
 	MaxRequestBodyBytes int64
+	// StdioIdle closes a shared stdio upstream's process after this long
+	// without a call (0: [DefaultStdioIdle], 10 minutes; negative: never).
+	// The next call starts it again; its listing stays offered meanwhile.
+	StdioIdle time.Duration
+	// PIDDir, when set, is a directory where every stdio process's pid is
+	// recorded while it runs (<PIDDir>/<upstream>-<pid>.pid, holding its
+	// command line). NewAggregate first ends the processes that leftover
+	// files name ([CleanOrphans]).
+	PIDDir string
 }
+
+// DefaultStdioIdle is the default of [AggregateOptions.StdioIdle].
+const DefaultStdioIdle = 10 * time.Minute
 
 // Aggregate is the aggregated route: one MCP endpoint (a stateful go-sdk
 // streamable HTTP handler over one shared server) offering the tools,
@@ -78,6 +90,15 @@ type AggregateOptions struct {
 // initialize (and the list methods) waits for the catalog's first round,
 // bounded by the request and by 5 seconds, so a client that connects right
 // after start sees every reachable upstream.
+//
+// Shared stdio upstreams: their one process is the catalog session, and
+// every downstream session's calls go through it. Its requests to the
+// client (sampling, elicitation) cannot be attributed to one downstream
+// session, so the broker does not offer those capabilities to it and
+// refuses such requests with a JSON-RPC error saying so. Progress
+// notifications reach the caller whose request carried the progress token
+// (the broker gives each call a token of its own); its log messages are
+// dropped (logged at debug level), and logging/setLevel is not forwarded.
 //
 // Protocol: the route offers the session-based protocol (2025-11-25 and
 // older) downstream and speaks 2025-11-25 upstream, since forwarding
@@ -121,6 +142,13 @@ type aggUpstream struct {
 
 	refresh sync.Mutex // serializes re-listing
 
+	// A shared stdio upstream (stdio, "shared" unset or true): its catalog
+	// session is the one process every downstream session's calls use.
+	shared   bool
+	idle     time.Duration // StdioIdle; <= 0: never closed for idleness
+	wake     chan struct{} // a call asks the closed catalog to start
+	progress sync.Map      // broker progress token -> *sharedProgress
+
 	mu           sync.Mutex
 	catalog      *mcp.ClientSession
 	instructions string
@@ -129,6 +157,11 @@ type aggUpstream struct {
 	prompts      []string
 	resources    []string
 	templates    []string
+	changed      chan struct{} // closed and replaced when catalog changes or an attempt fails
+	failures     int           // failed catalog attempts
+	inflight     int           // calls on the shared catalog session
+	idleGen      int           // invalidates armed idle timers
+	idleClosed   bool          // the catalog was closed for idleness
 }
 
 // NewAggregate builds the aggregated route over ups, which must have
@@ -136,12 +169,17 @@ type aggUpstream struct {
 // as [Conn] builds them: http and sse go through the pinned egress client
 // that refuses any other origin (an SSE endpoint event naming another
 // server fails the connection); a stdio upstream starts its command for
-// every upstream session: one for the catalog, and one for each downstream
-// session that uses it (the "shared false" behaviour; a pool of processes
-// shared between downstream sessions is not implemented yet). Each process
-// ends when its session closes (the downstream session's end, or
-// [Aggregate.Close]). It never blocks on the
-// network: the catalog connects in the background (see [Aggregate.Ready]).
+// every upstream session. A shared stdio upstream (the default) runs one
+// process, its catalog session, which every downstream session's calls
+// use (see [Aggregate] for what it cannot forward); it is closed after
+// [AggregateOptions.StdioIdle] without a call and started again by the
+// next call. With "shared": false, each downstream session that uses the
+// upstream gets a process of its own too. Each process ends when its
+// session closes (idleness, the downstream session's end, or
+// [Aggregate.Close]: stdin closed, SIGTERM after 5s, SIGKILL 5s later).
+// With [AggregateOptions.PIDDir] set it first runs [CleanOrphans] there. It
+// never blocks on the network: the catalog connects in the background (see
+// [Aggregate.Ready]).
 func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 	logger := opts.Logger
 	if logger == nil {
@@ -188,7 +226,15 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		if n.Transport == TransportHTTP {
 			tr.maxRetries = -1
 		}
-		up := &aggUpstream{cfg: n, tr: tr, timeout: n.Timeout}
+		tr.pidDir = opts.PIDDir
+		up := &aggUpstream{cfg: n, tr: tr, timeout: n.Timeout, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
+		if n.Transport == TransportStdio && n.IsShared() {
+			up.shared = true
+			up.idle = opts.StdioIdle
+			if up.idle == 0 {
+				up.idle = DefaultStdioIdle
+			}
+		}
 		if up.timeout == 0 {
 			up.timeout = aggConnectTimeout
 		}
@@ -201,6 +247,13 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		return nil, err
 	}
 	a.ns = ns
+	if opts.PIDDir != "" {
+		if killed, err := CleanOrphans(opts.PIDDir, logger); err != nil {
+			logger.Warn("aggregate: cleaning orphaned stdio processes", "pid_dir", opts.PIDDir, "ended", killed, "error", err.Error())
+		} else if killed > 0 {
+			logger.Warn("aggregate: ended orphaned stdio processes", "pid_dir", opts.PIDDir, "ended", killed)
+		}
+	}
 	a.conditional = opts.Prefix == PrefixConditional && len(a.ups) == 1
 
 	a.server = mcp.NewServer(&mcp.Implementation{Name: "zidane-mcp-aggregate", Version: "1"}, &mcp.ServerOptions{

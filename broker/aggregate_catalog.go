@@ -62,7 +62,16 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 	for a.ctx.Err() == nil {
 		cs, err := a.connectCatalog(up)
 		if err == nil {
+			if up.shared {
+				// A lease: the idle timer waits for the listing.
+				up.mu.Lock()
+				up.inflight++
+				up.mu.Unlock()
+			}
 			err = a.refreshAll(up, cs)
+			if up.shared {
+				a.release(up)
+			}
 			if err != nil {
 				cs.Close()
 			}
@@ -76,9 +85,13 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 			}
 			a.mu.Unlock()
 		}
+		idle := false
 		if err != nil {
 			up.mu.Lock()
 			up.lastErr = safeError(err)
+			up.catalog = nil
+			up.failures++
+			up.notifyLocked()
 			up.mu.Unlock()
 			if errors.Is(err, ErrOffOrigin) {
 				a.logger.Error("aggregate: upstream refused: its SSE endpoint is on another origin", "upstream", up.cfg.Name, "error", safeError(err), "retry_in", delay)
@@ -93,25 +106,49 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 			stop := context.AfterFunc(a.ctx, func() { cs.Close() })
 			cs.Wait()
 			stop()
-			a.logger.Warn("aggregate: upstream catalog session ended", "upstream", up.cfg.Name)
+			up.mu.Lock()
+			closedIdle := up.idleClosed
+			up.mu.Unlock()
+			if !closedIdle {
+				a.logger.Warn("aggregate: upstream catalog session ended", "upstream", up.cfg.Name)
+			}
 			// Its tools, prompts and resources stay listed until the
 			// catalog reconnects and lists again: meanwhile a call gets a
 			// tool error naming the upstream, not "unknown tool".
 			up.mu.Lock()
-			up.catalog = nil
+			if up.catalog == cs {
+				up.catalog = nil
+				up.notifyLocked()
+			}
+			idle = up.idleClosed
+			up.idleClosed = false
 			up.mu.Unlock()
+		}
+		if idle {
+			// Closed for idleness: start again on the next call.
+			select {
+			case <-a.ctx.Done():
+				return
+			case <-up.wake:
+			}
+			continue
+		}
+		var wake chan struct{}
+		if up.shared {
+			wake = up.wake // a waiting call skips the backoff
 		}
 		select {
 		case <-a.ctx.Done():
 			return
 		case <-time.After(delay):
+		case <-wake:
 		}
 		delay = min(delay*2, aggMaxBackoff)
 	}
 }
 
 func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) {
-	client := mcp.NewClient(&mcp.Implementation{Name: "zidane-mcp-broker", Version: "1"}, &mcp.ClientOptions{
+	opts := &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
 			go a.refreshKind(up, a.refreshTools)
@@ -130,7 +167,14 @@ func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) 
 				_ = a.server.ResourceUpdated(ctx, req.Params)
 			}
 		},
-	})
+	}
+	if up.shared {
+		a.sharedClientOptions(up, opts)
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: "zidane-mcp-broker", Version: "1"}, opts)
+	if up.shared {
+		client.AddReceivingMiddleware(refuseSharedRequests(up))
+	}
 	cs, err := a.dial(up, client)
 	if err != nil {
 		return nil, err
@@ -141,6 +185,7 @@ func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) 
 		up.instructions = ir.Instructions
 	}
 	up.lastErr = ""
+	up.notifyLocked()
 	up.mu.Unlock()
 	return cs, nil
 }

@@ -31,6 +31,7 @@ type aggConn struct {
 	mu       sync.Mutex
 	progress map[string]context.Context // progress token -> downstream request ctx
 	calls    []context.Context          // downstream request ctxs in flight
+	shared   bool                       // a lease of a shared stdio upstream's catalog session
 }
 
 // session returns the state of ss, creating it (and its cleanup) on first
@@ -123,11 +124,21 @@ func (s *aggSession) setLevel(ctx context.Context, level mcp.LoggingLevel) {
 }
 
 // conn returns the downstream session's upstream session to up, opening it
-// on first use. The wait is bounded by ctx.
-func (a *Aggregate) conn(ctx context.Context, ss *mcp.ServerSession, up *aggUpstream) (*aggConn, error) {
+// on first use, or for a shared stdio upstream a lease of its one session
+// (started if it was closed for idleness). The wait is bounded by ctx.
+// Call release when the call ends.
+func (a *Aggregate) conn(ctx context.Context, ss *mcp.ServerSession, up *aggUpstream) (c *aggConn, release func(), err error) {
 	if ss == nil {
-		return nil, errors.New("no downstream session")
+		return nil, nil, errors.New("no downstream session")
 	}
+	if up.shared {
+		return a.sharedConn(ctx, up)
+	}
+	c, err = a.ownConn(ctx, ss, up)
+	return c, func() {}, err
+}
+
+func (a *Aggregate) ownConn(ctx context.Context, ss *mcp.ServerSession, up *aggUpstream) (*aggConn, error) {
 	s := a.session(ss)
 	s.mu.Lock()
 	if s.closed {
@@ -290,7 +301,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 		start := time.Now()
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: orig}
 		rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
-		c, err := a.conn(ctx, req.Session, up)
+		c, release, err := a.conn(ctx, req.Session, up)
 		if err != nil {
 			rec.Outcome, rec.Detail = outcome(ctx, err)
 			a.record(rec, start)
@@ -299,9 +310,17 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			}
 			return unreachable(up, err), nil
 		}
-		untrack := c.track(ctx, req.Params.GetProgressToken())
-		defer untrack()
-		params := &mcp.CallToolParams{Meta: req.Params.Meta, Name: orig}
+		defer release()
+		meta := req.Params.Meta
+		if c.shared {
+			var unroute func()
+			meta, unroute = a.sharedProgressToken(ctx, up, req.Session, meta, req.Params.GetProgressToken())
+			defer unroute()
+		} else {
+			untrack := c.track(ctx, req.Params.GetProgressToken())
+			defer untrack()
+		}
+		params := &mcp.CallToolParams{Meta: meta, Name: orig}
 		if len(req.Params.Arguments) > 0 {
 			params.Arguments = req.Params.Arguments
 		}
@@ -377,10 +396,11 @@ func (a *Aggregate) resourceHandler(up *aggUpstream) mcp.ResourceHandler {
 // withConn runs fn on the session's upstream session to up.
 func withConnT[T any](a *Aggregate, ctx context.Context, ss *mcp.ServerSession, up *aggUpstream, fn func(*aggConn) (T, error)) (T, error) {
 	var zero T
-	c, err := a.conn(ctx, ss, up)
+	c, release, err := a.conn(ctx, ss, up)
 	if err != nil {
 		return zero, err
 	}
+	defer release()
 	untrack := c.track(ctx, nil)
 	defer untrack()
 	res, err := fn(c)

@@ -84,6 +84,10 @@ func aggCallText(t *testing.T, ctx context.Context, cs *mcp.ClientSession, tool,
 	return aggText(t, res)
 }
 
+var notShared = false
+
+// TestAggregateHTTPSSEStdio runs a stdio upstream with "shared": false: a
+// process for the catalog and one per downstream session.
 func TestAggregateHTTPSSEStdio(t *testing.T) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -99,7 +103,7 @@ func TestAggregateHTTPSSEStdio(t *testing.T) {
 	a, url := aggServe(t, []Upstream{
 		web.config(),
 		{Name: "old", Transport: TransportSSE, URL: sse.URL + "/sse"},
-		{Name: "local", Command: exe, Env: map[string]string{"BROKER_STDIO_SERVER": "1"}},
+		{Name: "local", Command: exe, Env: map[string]string{"BROKER_STDIO_SERVER": "1"}, Shared: &notShared},
 	}, AggregateOptions{Logger: slog.New(logs)})
 	ctx := testCtx(t)
 

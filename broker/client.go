@@ -308,6 +308,9 @@ type upstreamTransports struct {
 	// maxRetries is the streamable client's MaxRetries (0: go-sdk's
 	// default).
 	maxRetries int
+	// pidDir, when set, receives a pid file for every stdio process
+	// (see [CleanOrphans]).
+	pidDir string
 }
 
 // newUpstreamTransports checks the transport of the normalized upstream n

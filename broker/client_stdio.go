@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"sort"
+	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -50,7 +51,30 @@ func (st *stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 		}
 		return nil, fmt.Errorf("starting command %q: %w", c.e.Command, err)
 	}
-	return conn, nil
+	if c.pidDir == "" || cmd.Process == nil {
+		return conn, nil
+	}
+	file, err := writePIDFile(c.pidDir, c.name, cmd.Process.Pid, cmd.Args)
+	if err != nil {
+		c.logger.Warn("stdio upstream: writing its pid file failed", "upstream", c.name, "error", err.Error())
+		return conn, nil
+	}
+	return &pidFileConn{Connection: conn, file: file}, nil
+}
+
+// pidFileConn removes the process's pid file once closing the connection
+// has ended the process (go-sdk's launcher: stdin closed, SIGTERM after
+// 5s, SIGKILL 5s later).
+type pidFileConn struct {
+	mcp.Connection
+	file string
+	once sync.Once
+}
+
+func (p *pidFileConn) Close() error {
+	err := p.Connection.Close()
+	p.once.Do(func() { removePIDFile(p.file) })
+	return err
 }
 
 // stdioEnv is the environment of a stdio upstream: PATH and HOME from this

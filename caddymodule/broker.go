@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -157,6 +158,9 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		ups = append(ups, u)
 	}
 	agg, err := broker.NewAggregate(ups, broker.AggregateOptions{
+		// Pid files of stdio upstreams: a gateway that crashed leaves them,
+		// and the next start ends the processes they name.
+		PIDDir:              filepath.Join(caddy.AppDataDir(), "zidane", "stdio"),
 		Prefix:              h.Prefix,
 		MaxRequestBodyBytes: h.MaxBodyBytes,
 		OnDecision:          func(d pinnedfetch.Decision) { auditRedirect(h.audit, "aggregate", d) },

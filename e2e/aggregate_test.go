@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -178,6 +180,27 @@ http://:%d {
 		if err != nil || res.IsError {
 			t.Fatalf("%s: %+v %v", name, res, err)
 		}
+	}
+	// A second client shares the one pooled stdio process.
+	cs2, err := connectGo(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", port), bearerClient(token, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := cs2.CallTool(context.Background(), &mcp.CallToolParams{Name: "mcp_local_test_simple_text"}); err != nil || res.IsError {
+		t.Fatalf("second client: %+v %v", res, err)
+	}
+	stdio := 0
+	for _, pid := range childPIDs(t, c) {
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && exe == everythingServerBin {
+			stdio++
+		}
+	}
+	if stdio != 1 {
+		t.Fatalf("%d stdio server processes for two clients, want one shared process", stdio)
+	}
+	pidFiles, _ := filepath.Glob(filepath.Join(c.DataDir, "zidane", "stdio", "local-*.pid"))
+	if len(pidFiles) != 1 {
+		t.Fatalf("pid files of the stdio upstream: %v, want one under the data dir", pidFiles)
 	}
 	// The listing shows the stdio upstream's transport.
 	if out, _, err := c.Run(t, "zidane", "upstream", "list"); err != nil || !strings.Contains(out, "stdio") {
