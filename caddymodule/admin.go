@@ -45,6 +45,7 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/zidane/tokens", Handler: caddy.AdminHandlerFunc(a.handleTokens)},
 		{Pattern: "/zidane/tokens/", Handler: caddy.AdminHandlerFunc(a.handleTokens)},
 		{Pattern: "/zidane/upstreams", Handler: caddy.AdminHandlerFunc(a.handleUpstreams)},
+		{Pattern: "/zidane/upstreams/", Handler: caddy.AdminHandlerFunc(a.handleUpstreamRestart)},
 	}
 }
 
@@ -125,6 +126,25 @@ func (a *adminAPI) handleUpstreams(w http.ResponseWriter, r *http.Request) error
 	}
 	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
 	return writeJSON(w, http.StatusOK, list)
+}
+
+// handleUpstreamRestart answers POST /zidane/upstreams/<name>/restart: the
+// upstream's connections on every aggregated route end, and the next use
+// connects afresh (a stdio upstream gets a new process).
+func (a *adminAPI) handleUpstreamRestart(w http.ResponseWriter, r *http.Request) error {
+	name, ok := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, "/zidane/upstreams/"), "/restart")
+	if r.Method != http.MethodPost || !ok || name == "" || strings.Contains(name, "/") {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("use POST /zidane/upstreams/<name>/restart")}
+	}
+	n, err := liveAggregates.restart(r.Context(), name)
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
+	}
+	if n == 0 {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound,
+			Err: fmt.Errorf("no running aggregated route serves upstream %q (the pass-through route keeps no connection to restart)", name)}
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"upstream": name, "routes": n})
 }
 
 func (req createTokenRequest) spec() (policy.TokenSpec, error) {

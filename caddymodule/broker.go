@@ -1,11 +1,14 @@
 package caddymodule
 
 import (
+	"context"
 	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -171,6 +174,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		return fmt.Errorf("aggregate: %w", err)
 	}
 	h.aggregate = agg
+	liveAggregates.add(agg)
 	h.aggUpstreams = map[string]broker.Upstream{}
 	for _, u := range ups {
 		h.aggUpstreams[u.Name] = u
@@ -213,4 +217,45 @@ func (h *Handler) aggregateDecide(p policy.Principal, c policy.Call) (ok bool, n
 	}
 	sortStrings(need)
 	return false, need
+}
+
+// liveAggregates are the aggregated routes of every loaded config, which
+// the admin API reaches to restart an upstream. During a reload the old
+// config's routes are here too, until their Cleanup.
+var liveAggregates = &aggregateSet{m: map[*broker.Aggregate]struct{}{}}
+
+type aggregateSet struct {
+	mu sync.Mutex
+	m  map[*broker.Aggregate]struct{}
+}
+
+func (s *aggregateSet) add(a *broker.Aggregate) {
+	s.mu.Lock()
+	s.m[a] = struct{}{}
+	s.mu.Unlock()
+}
+
+func (s *aggregateSet) remove(a *broker.Aggregate) {
+	s.mu.Lock()
+	delete(s.m, a)
+	s.mu.Unlock()
+}
+
+// restart restarts upstream name on every live aggregated route that has
+// it, and says on how many.
+func (s *aggregateSet) restart(ctx context.Context, name string) (int, error) {
+	s.mu.Lock()
+	var with []*broker.Aggregate
+	for a := range s.m {
+		if slices.Contains(a.Upstreams(), name) {
+			with = append(with, a)
+		}
+	}
+	s.mu.Unlock()
+	for _, a := range with {
+		if err := a.Restart(ctx, name); err != nil {
+			return 0, err
+		}
+	}
+	return len(with), nil
 }

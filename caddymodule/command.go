@@ -45,7 +45,7 @@ within two seconds.`,
 				Use:   "upstream",
 				Short: "Shows the upstream MCP servers of a running server",
 			}
-			upstream.AddCommand(upstreamListCommand())
+			upstream.AddCommand(upstreamListCommand(), upstreamRestartCommand())
 			cmd.AddCommand(upstream)
 			for _, sub := range zidaneSubcommands {
 				cmd.AddCommand(sub())
@@ -219,6 +219,36 @@ func upstreamListCommand() *cobra.Command {
 		}),
 	}
 	c.Flags().Bool("json", false, "Print JSON")
+	adminFlags(c)
+	return c
+}
+
+func upstreamRestartCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "restart NAME",
+		Short: "Restarts an upstream's connections on a running server (a stdio upstream gets a new process)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+				admin, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), nil, fl.String("config"), fl.String("adapter"))
+				if err != nil {
+					return caddy.ExitCodeFailedStartup, fmt.Errorf("finding the admin API address: %v", err)
+				}
+				if !adminAnswers(admin) {
+					return caddy.ExitCodeFailedStartup, fmt.Errorf("no server answers at %s: restart needs a running server (give --address or --config)", admin)
+				}
+				var res struct {
+					Routes int `json:"routes"`
+				}
+				if err := adminJSON(admin, http.MethodPost, "/zidane/upstreams/"+name+"/restart", []byte("{}"), &res); err != nil {
+					return caddy.ExitCodeFailedStartup, err
+				}
+				fmt.Printf("Restarted upstream %q on %d aggregated route(s).\n", name, res.Routes)
+				return caddy.ExitCodeSuccess, nil
+			})(cmd, args)
+		},
+	}
 	adminFlags(c)
 	return c
 }

@@ -253,6 +253,7 @@ func (h *Handler) Cleanup() error {
 		h.passThrough.Close()
 	}
 	if h.aggregate != nil {
+		liveAggregates.remove(h.aggregate)
 		h.aggregate.Close()
 	}
 	var err error

@@ -202,6 +202,21 @@ http://:%d {
 	if len(pidFiles) != 1 {
 		t.Fatalf("pid files of the stdio upstream: %v, want one under the data dir", pidFiles)
 	}
+	// Restarting the upstream gives it a new process; clients keep calling.
+	before := pidFiles[0]
+	if out, stderr, err := c.Run(t, "zidane", "upstream", "restart", "local"); err != nil || !strings.Contains(out, "Restarted upstream") {
+		t.Fatalf("upstream restart: %v %s\n%s", err, stderr, out)
+	}
+	if res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "mcp_local_test_simple_text"}); err != nil || res.IsError {
+		t.Fatalf("after restart: %+v %v", res, err)
+	}
+	after, _ := filepath.Glob(filepath.Join(c.DataDir, "zidane", "stdio", "local-*.pid"))
+	if len(after) != 1 || after[0] == before {
+		t.Fatalf("pid files before %s, after %v: want one new process", before, after)
+	}
+	if _, _, err := c.Run(t, "zidane", "upstream", "restart", "nosuch"); err == nil {
+		t.Fatal("restarting an unknown upstream succeeded")
+	}
 	// The listing shows the stdio upstream's transport.
 	if out, _, err := c.Run(t, "zidane", "upstream", "list"); err != nil || !strings.Contains(out, "stdio") {
 		t.Fatalf("upstream list: %v\n%s", err, out)
