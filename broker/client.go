@@ -235,20 +235,7 @@ func connHTTPClient(n, e Upstream, opts ConnOptions) (*http.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	names := make([]string, 0, len(headers))
-	for _, h := range headers {
-		names = append(names, h.name)
-	}
-	fetchOpts := []pinnedfetch.Option{pinnedfetch.WithDecisions(opts.OnDecision)}
-	if len(headers) > 0 {
-		fetchOpts = append(fetchOpts, pinnedfetch.WithCredentials(func(next http.RoundTripper) http.RoundTripper {
-			return &credentials{headers: headers, next: next}
-		}))
-	}
-	if opts.DenyPrivateAddresses != nil {
-		fetchOpts = append(fetchOpts, pinnedfetch.DenyPrivateAddresses(*opts.DenyPrivateAddresses))
-	}
-	pinned, err := pinnedfetch.New(e.URL, names, fetchOpts...)
+	pinned, err := pinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", describe(n), err)
 	}

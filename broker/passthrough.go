@@ -152,20 +152,7 @@ func NewPassThrough(u Upstream, opts PassThroughOptions) (*PassThrough, error) {
 		return nil, fmt.Errorf("%s: MaxBodyBytes %d is negative; give a positive limit, or 0 for the default", describe(n), maxBody)
 	}
 
-	names := make([]string, 0, len(headers))
-	for _, h := range headers {
-		names = append(names, h.name)
-	}
-	fetchOpts := []pinnedfetch.Option{pinnedfetch.WithDecisions(opts.OnDecision)}
-	if len(headers) > 0 {
-		fetchOpts = append(fetchOpts, pinnedfetch.WithCredentials(func(next http.RoundTripper) http.RoundTripper {
-			return &credentials{headers: headers, next: next}
-		}))
-	}
-	if opts.DenyPrivateAddresses != nil {
-		fetchOpts = append(fetchOpts, pinnedfetch.DenyPrivateAddresses(*opts.DenyPrivateAddresses))
-	}
-	client, err := pinnedfetch.New(e.URL, names, fetchOpts...)
+	client, err := pinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", describe(n), err)
 	}
@@ -504,4 +491,24 @@ func (pt *PassThrough) refuse(w http.ResponseWriter, r *http.Request, p policy.P
 		})
 	}
 	writeRPCError(w, status, ex.rpcID, code, message)
+}
+
+// pinnedClient is the broker's egress client for one upstream: pinned to
+// url's origin, the upstream's headers attached on that origin only, every
+// redirect decision reported to onDecision.
+func pinnedClient(url string, headers []header, onDecision func(pinnedfetch.Decision), denyPrivate *bool) (*http.Client, error) {
+	names := make([]string, 0, len(headers))
+	for _, h := range headers {
+		names = append(names, h.name)
+	}
+	fetchOpts := []pinnedfetch.Option{pinnedfetch.WithDecisions(onDecision)}
+	if len(headers) > 0 {
+		fetchOpts = append(fetchOpts, pinnedfetch.WithCredentials(func(next http.RoundTripper) http.RoundTripper {
+			return &credentials{headers: headers, next: next}
+		}))
+	}
+	if denyPrivate != nil {
+		fetchOpts = append(fetchOpts, pinnedfetch.DenyPrivateAddresses(*denyPrivate))
+	}
+	return pinnedfetch.New(url, names, fetchOpts...)
 }

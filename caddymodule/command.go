@@ -190,12 +190,9 @@ func upstreamListCommand() *cobra.Command {
 		Short: "Lists the configured upstreams; secrets are shown as <redacted>",
 		Args:  cobra.NoArgs,
 		RunE: caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
-			admin, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), nil, fl.String("config"), fl.String("adapter"))
+			admin, err := runningAdmin(fl, "upstreams are listed from a running server")
 			if err != nil {
-				return caddy.ExitCodeFailedStartup, fmt.Errorf("finding the admin API address: %v", err)
-			}
-			if !adminAnswers(admin) {
-				return caddy.ExitCodeFailedStartup, fmt.Errorf("no server answers at %s: upstreams are listed from a running server (give --address or --config)", admin)
+				return caddy.ExitCodeFailedStartup, err
 			}
 			var list []broker.Upstream
 			if err := adminJSON(admin, http.MethodGet, "/zidane/upstreams", nil, &list); err != nil {
@@ -231,12 +228,9 @@ func upstreamRestartCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
 			return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
-				admin, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), nil, fl.String("config"), fl.String("adapter"))
+				admin, err := runningAdmin(fl, "restart needs a running server")
 				if err != nil {
-					return caddy.ExitCodeFailedStartup, fmt.Errorf("finding the admin API address: %v", err)
-				}
-				if !adminAnswers(admin) {
-					return caddy.ExitCodeFailedStartup, fmt.Errorf("no server answers at %s: restart needs a running server (give --address or --config)", admin)
+					return caddy.ExitCodeFailedStartup, err
 				}
 				var res struct {
 					Routes int `json:"routes"`
@@ -251,6 +245,19 @@ func upstreamRestartCommand() *cobra.Command {
 	}
 	adminFlags(c)
 	return c
+}
+
+// runningAdmin finds the admin API of a running server, or says why none
+// answers; why names what needs one.
+func runningAdmin(fl caddycmd.Flags, why string) (string, error) {
+	admin, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), nil, fl.String("config"), fl.String("adapter"))
+	if err != nil {
+		return "", fmt.Errorf("finding the admin API address: %v", err)
+	}
+	if !adminAnswers(admin) {
+		return "", fmt.Errorf("no server answers at %s: %s (give --address or --config)", admin, why)
+	}
+	return admin, nil
 }
 
 // withTokens runs online through a running server's admin API, or offline
