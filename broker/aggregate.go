@@ -45,6 +45,11 @@ const aggConnectTimeout = 30 * time.Second
 
 // AggregateOptions configures [NewAggregate].
 type AggregateOptions struct {
+	// Credentials, when set, returns the credentials layer of the named
+	// upstream's egress (see [PassThroughOptions.Credentials]); nil for an
+	// upstream without one.
+	Credentials func(upstream string) func(next http.RoundTripper) http.RoundTripper
+
 	// Lookup reads the environment variables of the upstreams' ${VAR}
 	// placeholders; nil means os.LookupEnv.
 	Lookup func(string) (string, bool)
@@ -219,7 +224,11 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		for _, w := range warnings {
 			logger.Warn(w)
 		}
-		tr, err := newUpstreamTransports(n, e, ConnOptions{OnDecision: opts.OnDecision}, logger)
+		copts := ConnOptions{OnDecision: opts.OnDecision}
+		if opts.Credentials != nil {
+			copts.Credentials = opts.Credentials(n.Name)
+		}
+		tr, err := newUpstreamTransports(n, e, copts, logger)
 		if err != nil {
 			return nil, err
 		}

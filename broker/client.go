@@ -85,6 +85,11 @@ type ConnOptions struct {
 	// Backoff bounds the delay between reconnection attempts.
 	Backoff Backoff
 
+	// Credentials, when set, wraps the egress transport of an http or sse
+	// upstream for hops on its origin (see
+	// [PassThroughOptions.Credentials]).
+	Credentials func(next http.RoundTripper) http.RoundTripper
+
 	// ProtocolVersion, when set, is the MCP version the broker asks for
 	// in initialize (e.g. "2025-11-25" for upstreams that do not speak the
 	// SDK's newest one). Empty lets the SDK choose.
@@ -235,7 +240,7 @@ func connHTTPClient(n, e Upstream, opts ConnOptions) (*http.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	pinned, err := pinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses)
+	pinned, err := pinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses, opts.Credentials)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", describe(n), err)
 	}

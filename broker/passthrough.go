@@ -68,6 +68,12 @@ type PassThroughOptions struct {
 	// Logger receives warnings (unset variables, upstream failures). Nil
 	// discards them.
 	Logger *slog.Logger
+
+	// Credentials, when set, wraps the egress transport for hops on the
+	// upstream's origin, after the configured headers are added: the
+	// upstream's OAuth client (see package upstreamauth) adds its bearer
+	// token there. pinnedfetch never sends a hop off the origin through it.
+	Credentials func(next http.RoundTripper) http.RoundTripper
 }
 
 // PassThrough is the pass-through route: one streamable-HTTP upstream
@@ -152,7 +158,7 @@ func NewPassThrough(u Upstream, opts PassThroughOptions) (*PassThrough, error) {
 		return nil, fmt.Errorf("%s: MaxBodyBytes %d is negative; give a positive limit, or 0 for the default", describe(n), maxBody)
 	}
 
-	client, err := pinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses)
+	client, err := pinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses, opts.Credentials)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", describe(n), err)
 	}
@@ -496,14 +502,20 @@ func (pt *PassThrough) refuse(w http.ResponseWriter, r *http.Request, p policy.P
 // pinnedClient is the broker's egress client for one upstream: pinned to
 // url's origin, the upstream's headers attached on that origin only, every
 // redirect decision reported to onDecision.
-func pinnedClient(url string, headers []header, onDecision func(pinnedfetch.Decision), denyPrivate *bool) (*http.Client, error) {
+func pinnedClient(url string, headers []header, onDecision func(pinnedfetch.Decision), denyPrivate *bool, creds func(http.RoundTripper) http.RoundTripper) (*http.Client, error) {
 	names := make([]string, 0, len(headers))
 	for _, h := range headers {
 		names = append(names, h.name)
 	}
 	fetchOpts := []pinnedfetch.Option{pinnedfetch.WithDecisions(onDecision)}
-	if len(headers) > 0 {
+	if len(headers) > 0 || creds != nil {
 		fetchOpts = append(fetchOpts, pinnedfetch.WithCredentials(func(next http.RoundTripper) http.RoundTripper {
+			if creds != nil {
+				next = creds(next)
+			}
+			if len(headers) == 0 {
+				return next
+			}
 			return &credentials{headers: headers, next: next}
 		}))
 	}
