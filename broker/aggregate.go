@@ -266,8 +266,11 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 	a.conditional = opts.Prefix == PrefixConditional && len(a.ups) == 1
 
 	a.server = mcp.NewServer(&mcp.Implementation{Name: "zidane-mcp-aggregate", Version: "1"}, &mcp.ServerOptions{
-		Logger:                    logger,
-		InitializedHandler:        func(_ context.Context, req *mcp.InitializedRequest) { a.session(req.Session) },
+		Logger:             logger,
+		InitializedHandler: func(_ context.Context, req *mcp.InitializedRequest) { a.session(req.Session) },
+		RootsListChangedHandler: func(_ context.Context, req *mcp.RootsListChangedRequest) {
+			a.session(req.Session).rootsChanged()
+		},
 		CompletionHandler:         a.complete,
 		SubscribeHandler:          a.subscribe,
 		UnsubscribeHandler:        a.unsubscribe,
@@ -280,6 +283,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		},
 	})
 	a.server.AddReceivingMiddleware(a.middleware)
+	a.server.AddSendingMiddleware(elicitResultHolder)
 	a.handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return a.server },
 		&mcp.StreamableHTTPOptions{MaxRequestBodyBytes: opts.MaxRequestBodyBytes})
 

@@ -32,6 +32,10 @@ type aggConn struct {
 	progress map[string]context.Context // progress token -> downstream request ctx
 	calls    []context.Context          // downstream request ctxs in flight
 	shared   bool                       // a lease of a shared stdio upstream's catalog session
+
+	client *mcp.Client // the client of cs (nil for a lease): roots changes are announced through it
+	rootMu sync.Mutex
+	marker bool // the marker root is held (see notifyRootsChanged)
 }
 
 // session returns the state of ss, creating it (and its cleanup) on first
@@ -199,11 +203,18 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	if down != nil && down.Elicitation != nil {
 		e := *down.Elicitation
 		opts.Capabilities.Elicitation = &e
+		// Declares the capability; the requests themselves are relayed by
+		// the middleware below, before go-sdk's client checks them.
 		opts.ElicitationHandler = func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
-			return ss.Elicit(c.requestCtx(ctx, nil), req.Params)
+			return elicitAsIs(c.requestCtx(ctx, nil), ss, req.Params)
 		}
 	}
+	if down != nil && down.RootsV2 != nil {
+		opts.Capabilities.RootsV2 = &mcp.RootCapabilities{ListChanged: down.RootsV2.ListChanged}
+	}
 	client := mcp.NewClient(&mcp.Implementation{Name: "zidane-mcp-broker", Version: "1"}, opts)
+	client.AddReceivingMiddleware(relayMiddleware(ss, c, down))
+	c.client = client
 	cs, err := a.dial(up, client)
 	if err == nil {
 		s.mu.Lock()
@@ -225,6 +236,110 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		cs.Wait()
 		s.forget(up.cfg.Name, c)
 	}()
+}
+
+// relayMiddleware answers two of the upstream's requests with the
+// downstream client's answers, as they are:
+//
+//   - elicitation/create goes to the downstream client without go-sdk's
+//     client-side schema check, which refuses schemas the spec allows (a
+//     titled multi-select whose items carry both "type" and "anyOf", as in
+//     the conformance suite's SEP-1330 scenario); the downstream client
+//     checks what it is shown, and the upstream checks what comes back;
+//   - roots/list is the downstream client's own list (go-sdk's client would
+//     answer with its own, empty, list).
+func relayMiddleware(ss *mcp.ServerSession, c *aggConn, down *mcp.ClientCapabilities) mcp.Middleware {
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			switch method {
+			case "elicitation/create":
+				if r, ok := req.(*mcp.ElicitRequest); ok && down != nil && down.Elicitation != nil {
+					return elicitAsIs(c.requestCtx(ctx, nil), ss, r.Params)
+				}
+			case "roots/list":
+				if down != nil && down.RootsV2 != nil {
+					return ss.ListRoots(c.requestCtx(ctx, nil), &mcp.ListRootsParams{})
+				}
+			}
+			return next(ctx, method, req)
+		}
+	}
+}
+
+// elicitAsIs sends params to the downstream client and returns its answer
+// as it came. go-sdk's ServerSession.Elicit checks an accepted answer
+// against the schema with the same rules as its client, and refuses the
+// answer to a schema it does not know how to check; the upstream that asked
+// checks the answer itself. [elicitResultHolder] (a sending middleware on
+// the aggregate's server) keeps the answer and hands Elicit one without
+// content, which it returns unchecked.
+func elicitAsIs(ctx context.Context, ss *mcp.ServerSession, params *mcp.ElicitParams) (*mcp.ElicitResult, error) {
+	h := new(elicitHeld)
+	res, err := ss.Elicit(context.WithValue(ctx, elicitHeldKey{}, h), params)
+	if err != nil {
+		return nil, err
+	}
+	if h.res != nil {
+		return h.res, nil
+	}
+	return res, nil
+}
+
+type elicitHeldKey struct{}
+
+type elicitHeld struct{ res *mcp.ElicitResult }
+
+// elicitResultHolder is the sending middleware of [elicitAsIs].
+func elicitResultHolder(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		h, ok := ctx.Value(elicitHeldKey{}).(*elicitHeld)
+		r, isElicit := res.(*mcp.ElicitResult)
+		if err != nil || !ok || !isElicit || r == nil {
+			return res, err
+		}
+		h.res = r
+		return &mcp.ElicitResult{Action: r.Action}, nil
+	}
+}
+
+// rootsChanged tells every open upstream session of the downstream
+// session that its roots changed, so the upstreams ask again.
+func (s *aggSession) rootsChanged() {
+	s.mu.Lock()
+	var open []*aggConn
+	for _, c := range s.conns {
+		select {
+		case <-c.done:
+			if c.cs != nil && c.client != nil {
+				open = append(open, c)
+			}
+		default:
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range open {
+		c.notifyRootsChanged()
+	}
+}
+
+// rootsMarker is the one root the broker's client holds, only so that
+// go-sdk sends notifications/roots/list_changed: it has no API to send it
+// otherwise. roots/list never returns it (see relayMiddleware).
+var rootsMarker = &mcp.Root{URI: "urn:zidane:roots-changed", Name: "roots changed"}
+
+// notifyRootsChanged sends one notifications/roots/list_changed on c's
+// upstream session: adding the marker root and removing it each notify
+// once.
+func (c *aggConn) notifyRootsChanged() {
+	c.rootMu.Lock()
+	defer c.rootMu.Unlock()
+	if c.marker {
+		c.client.RemoveRoots(rootsMarker.URI)
+	} else {
+		c.client.AddRoots(rootsMarker)
+	}
+	c.marker = !c.marker
 }
 
 // track registers a downstream request in flight on c, so that the

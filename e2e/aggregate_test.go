@@ -108,14 +108,7 @@ func TestAggregatedRoute(t *testing.T) {
 		passed, failed, out := runConformanceServer(t, proxied, "")
 		t.Logf("conformance server suite: direct %d passed, %d failed; aggregated (one upstream, conditional) %d passed, %d failed",
 			directPassed, directFailed, passed, failed)
-		// Known gap, kept visible: elicitation-sep1330-enums fails through the
-		// aggregated route (the upstream tool reports an error once its
-		// elicitation is relayed); every other scenario must match direct.
 		failing := failingScenarios(out)
-		if len(failing) == 1 && failing[0] == "elicitation-sep1330-enums" {
-			t.Logf("known gap: %v fails through the aggregated route", failing)
-			return
-		}
 		if passed != directPassed || failed != directFailed {
 			t.Fatalf("aggregated: %d passed, %d failed (failing: %v); direct: %d passed, %d failed\n%s", passed, failed, failing, directPassed, directFailed, tail(out, 8000))
 		}
