@@ -529,10 +529,18 @@ func startEverythingServer(t testing.TB) (url string) {
 // on all interfaces; loopback.mjs, preloaded, pins it to 127.0.0.1.
 func startNodeEverythingServer(t testing.TB) (url string) {
 	t.Helper()
+	return startNodeEverythingServerIn(t, "streamableHttp") + "/mcp"
+}
+
+// startNodeEverythingServerIn starts @modelcontextprotocol/server-everything
+// in mode (streamableHttp: endpoint /mcp; sse: endpoint /sse) on 127.0.0.1
+// and returns its base URL.
+func startNodeEverythingServerIn(t testing.TB, mode string) (base string) {
+	t.Helper()
 	nodeBin := node(t)
 	script := packageBin(t, "@modelcontextprotocol/server-everything", "mcp-server-everything")
 	port := freePort(t)
-	cmd := exec.Command(nodeBin, "--import", filepath.Join(e2eDir, "loopback.mjs"), script, "streamableHttp")
+	cmd := exec.Command(nodeBin, "--import", filepath.Join(e2eDir, "loopback.mjs"), script, mode)
 	cmd.Dir = t.TempDir()
 	cmd.Env = append(nodeEnv(t), "PORT="+strconv.Itoa(port))
 	p := startProcess(t, "server-everything", cmd, filepath.Join(cmd.Dir, "server-everything.log"))
@@ -542,7 +550,7 @@ func startNodeEverythingServer(t testing.TB) (url string) {
 	})
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	waitListening(t, p, addr, startTimeout)
-	return "http://" + addr + "/mcp"
+	return "http://" + addr
 }
 
 // requireOrSkip skips the test for a missing prerequisite, or fails it when
