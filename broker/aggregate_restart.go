@@ -28,6 +28,19 @@ func (a *Aggregate) Upstreams() []string {
 // processes to exit); when ctx ends first they go on closing in the
 // background.
 func (a *Aggregate) Restart(ctx context.Context, name string) error {
+	return a.restart(ctx, name, false)
+}
+
+// Retire ends upstream name's connections as [Aggregate.Restart] does, and
+// for a shared stdio upstream leaves its process stopped until the next
+// call needs it, as the idle close does: it frees the process now. For
+// other upstreams it is Restart: their catalog connection, which keeps
+// their listings current, connects again.
+func (a *Aggregate) Retire(ctx context.Context, name string) error {
+	return a.restart(ctx, name, true)
+}
+
+func (a *Aggregate) restart(ctx context.Context, name string, retire bool) error {
 	up := a.byName[name]
 	if up == nil {
 		return fmt.Errorf("aggregate: no upstream named %q; the upstreams are %q", name, a.Upstreams())
@@ -50,6 +63,14 @@ func (a *Aggregate) Restart(ctx context.Context, name string) error {
 	if catalog != nil {
 		up.catalog = nil
 		up.idleGen++ // disarms the idle timer
+		if retire && up.shared {
+			// Its supervisor waits for a call, as after the idle close.
+			up.idleClosed = true
+			select {
+			case <-up.wake: // a stale request to start
+			default:
+			}
+		}
 		up.notifyLocked()
 	}
 	up.mu.Unlock()
@@ -88,7 +109,11 @@ func (a *Aggregate) Restart(ctx context.Context, name string) error {
 	case <-ctx.Done():
 		return fmt.Errorf("aggregate: restarting upstream %q: %w", name, ctx.Err())
 	}
-	if catalog != nil {
+	switch {
+	case catalog == nil:
+	case retire && up.shared:
+		a.logger.Info("aggregate: shared stdio upstream retired; the next call starts it again", "upstream", name)
+	default:
 		a.logger.Info("aggregate: upstream restarted; the next use connects again", "upstream", name)
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -93,5 +94,37 @@ func TestAggregateRestartUnknownAndUpstreams(t *testing.T) {
 	err := a.Restart(ctx, "nosuch")
 	if err == nil || !strings.Contains(err.Error(), `"nosuch"`) {
 		t.Fatalf("Restart of an unknown upstream: %v, want an error naming it", err)
+	}
+}
+
+// Retire stops a shared stdio upstream's process and starts none until a
+// call needs it; Restart, by contrast, has the catalog start a new one.
+func TestAggregateRetireSharedStdio(t *testing.T) {
+	logs := &logCapture{}
+	a, url := aggServe(t, []Upstream{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: -1})
+	ctx := testCtx(t)
+	cs := aggConnect(t, url, nil)
+	if got := aggCallText(t, ctx, cs, "mcp_local_echo", "one"); got != "stdio: one" {
+		t.Fatalf("first call: %q", got)
+	}
+	first := waitPids(t, ctx, logs, "local", 1)[0]
+	if err := a.Retire(ctx, "local"); err != nil {
+		t.Fatalf("Retire: %v", err)
+	}
+	waitGone(t, ctx, first, "the shared process after Retire")
+	// Longer than the catalog's reconnect delay after a restart (500ms):
+	// a restarted upstream would have a new process by now.
+	time.Sleep(1500 * time.Millisecond)
+	if pids := stdioPids(logs, "local"); len(pids) != 1 {
+		t.Fatalf("a process started after Retire without a call: pids %v", pids)
+	}
+	if got := aggToolNames(t, ctx, cs); !slices.Contains(got, "mcp_local_echo") {
+		t.Fatalf("tools after Retire: %v", got)
+	}
+	if got := aggCallText(t, ctx, cs, "mcp_local_echo", "two"); got != "stdio: two" {
+		t.Fatalf("call after Retire: %q", got)
+	}
+	if pids := waitPids(t, ctx, logs, "local", 2); pids[1] == first {
+		t.Fatalf("pids = %v, want a new process for the call after Retire", pids)
 	}
 }

@@ -130,19 +130,22 @@ func (a *adminAPI) handleUpstreams(w http.ResponseWriter, r *http.Request) error
 
 // handleUpstreamRestart answers POST /zidane/upstreams/<name>/restart: the
 // upstream's connections on every aggregated route end, and the next use
-// connects afresh (a stdio upstream gets a new process).
+// connects afresh (a stdio upstream gets a new process); and POST
+// /zidane/upstreams/<name>/retire, which also leaves a shared stdio
+// upstream's process stopped until a call needs it.
 func (a *adminAPI) handleUpstreamRestart(w http.ResponseWriter, r *http.Request) error {
-	name, ok := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, "/zidane/upstreams/"), "/restart")
-	if r.Method != http.MethodPost || !ok || name == "" || strings.Contains(name, "/") {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("use POST /zidane/upstreams/<name>/restart")}
+	rest := strings.TrimPrefix(r.URL.Path, "/zidane/upstreams/")
+	name, action, ok := strings.Cut(rest, "/")
+	if r.Method != http.MethodPost || !ok || name == "" || (action != "restart" && action != "retire") {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("use POST /zidane/upstreams/<name>/restart or /zidane/upstreams/<name>/retire")}
 	}
-	n, err := liveAggregates.restart(r.Context(), name)
+	n, err := liveAggregates.restart(r.Context(), name, action == "retire")
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
 	}
 	if n == 0 {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound,
-			Err: fmt.Errorf("no running aggregated route serves upstream %q (the pass-through route keeps no connection to restart)", name)}
+			Err: fmt.Errorf("no running aggregated route serves upstream %q (the pass-through route keeps no connection to %s)", name, action)}
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"upstream": name, "routes": n})
 }

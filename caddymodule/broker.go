@@ -241,9 +241,9 @@ func (s *aggregateSet) remove(a *broker.Aggregate) {
 	s.mu.Unlock()
 }
 
-// restart restarts upstream name on every live aggregated route that has
-// it, and says on how many.
-func (s *aggregateSet) restart(ctx context.Context, name string) (int, error) {
+// restart restarts (or, with retire, retires) upstream name on every live
+// aggregated route that has it, and says on how many.
+func (s *aggregateSet) restart(ctx context.Context, name string, retire bool) (int, error) {
 	s.mu.Lock()
 	var with []*broker.Aggregate
 	for a := range s.m {
@@ -253,7 +253,11 @@ func (s *aggregateSet) restart(ctx context.Context, name string) (int, error) {
 	}
 	s.mu.Unlock()
 	for _, a := range with {
-		if err := a.Restart(ctx, name); err != nil {
+		do := a.Restart
+		if retire {
+			do = a.Retire
+		}
+		if err := do(ctx, name); err != nil {
 			return 0, err
 		}
 	}

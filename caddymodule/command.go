@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -45,7 +46,7 @@ within two seconds.`,
 				Use:   "upstream",
 				Short: "Shows the upstream MCP servers of a running server",
 			}
-			upstream.AddCommand(upstreamListCommand(), upstreamRestartCommand())
+			upstream.AddCommand(upstreamListCommand(), upstreamRestartCommand("restart"), upstreamRestartCommand("retire"))
 			cmd.AddCommand(upstream)
 			for _, sub := range zidaneSubcommands {
 				cmd.AddCommand(sub())
@@ -220,25 +221,33 @@ func upstreamListCommand() *cobra.Command {
 	return c
 }
 
-func upstreamRestartCommand() *cobra.Command {
+// upstreamRestartCommand is `caddy zidane upstream restart NAME` or, with
+// action "retire", `… retire NAME`.
+func upstreamRestartCommand(action string) *cobra.Command {
+	short := "Restarts an upstream's connections on a running server (a stdio upstream gets a new process)"
+	done := "Restarted"
+	if action == "retire" {
+		short = "Ends an upstream's connections on a running server; a shared stdio upstream's process stays stopped until a call needs it"
+		done = "Retired"
+	}
 	c := &cobra.Command{
-		Use:   "restart NAME",
-		Short: "Restarts an upstream's connections on a running server (a stdio upstream gets a new process)",
+		Use:   action + " NAME",
+		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
 			return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
-				admin, err := runningAdmin(fl, "restart needs a running server")
+				admin, err := runningAdmin(fl, action+" needs a running server")
 				if err != nil {
 					return caddy.ExitCodeFailedStartup, err
 				}
 				var res struct {
 					Routes int `json:"routes"`
 				}
-				if err := adminJSON(admin, http.MethodPost, "/zidane/upstreams/"+name+"/restart", []byte("{}"), &res); err != nil {
+				if err := adminJSON(admin, http.MethodPost, "/zidane/upstreams/"+url.PathEscape(name)+"/"+action, []byte("{}"), &res); err != nil {
 					return caddy.ExitCodeFailedStartup, err
 				}
-				fmt.Printf("Restarted upstream %q on %d aggregated route(s).\n", name, res.Routes)
+				fmt.Printf("%s upstream %q on %d aggregated route(s).\n", done, name, res.Routes)
 				return caddy.ExitCodeSuccess, nil
 			})(cmd, args)
 		},

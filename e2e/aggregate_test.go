@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -209,6 +210,26 @@ http://:%d {
 	}
 	if _, _, err := c.Run(t, "zidane", "upstream", "restart", "nosuch"); err == nil {
 		t.Fatal("restarting an unknown upstream succeeded")
+	}
+	// Retiring it ends the process and its pid file; the next call starts
+	// one again.
+	if out, stderr, err := c.Run(t, "zidane", "upstream", "retire", "local"); err != nil || !strings.Contains(out, "Retired upstream") {
+		t.Fatalf("upstream retire: %v %s\n%s", err, stderr, out)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		left, _ := filepath.Glob(filepath.Join(c.DataDir, "zidane", "stdio", "local-*.pid"))
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid files after retire: %v, want none", left)
+		}
+	}
+	if res, err := cs2.CallTool(context.Background(), &mcp.CallToolParams{Name: "mcp_local_test_simple_text"}); err != nil || res.IsError {
+		t.Fatalf("after retire: %+v %v", res, err)
+	}
+	if again, _ := filepath.Glob(filepath.Join(c.DataDir, "zidane", "stdio", "local-*.pid")); len(again) != 1 {
+		t.Fatalf("pid files after a call on the retired upstream: %v, want one", again)
 	}
 	// The listing shows the stdio upstream's transport.
 	if out, _, err := c.Run(t, "zidane", "upstream", "list"); err != nil || !strings.Contains(out, "stdio") {
