@@ -74,6 +74,9 @@ type AggregateOptions struct {
 	// command line). NewAggregate first ends the processes that leftover
 	// files name ([CleanOrphans]).
 	PIDDir string
+	// ToolCache, when set, keeps each upstream's tool listing across
+	// restarts (see [ToolCache]).
+	ToolCache ToolCache
 }
 
 // DefaultStdioIdle is the default of [AggregateOptions.StdioIdle].
@@ -122,6 +125,7 @@ type Aggregate struct {
 	handler     *mcp.StreamableHTTPHandler
 	onCall      func(CallRecord)
 	logger      *slog.Logger
+	cache       ToolCache
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -167,6 +171,8 @@ type aggUpstream struct {
 	inflight     int           // calls on the shared catalog session
 	idleGen      int           // invalidates armed idle timers
 	idleClosed   bool          // the catalog was closed for idleness
+	cachedJSON   []byte        // what the ToolCache holds, as last loaded or stored
+	fromCache    bool          // its tools were registered from the ToolCache at start
 }
 
 // NewAggregate builds the aggregated route over ups, which must have
@@ -202,6 +208,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		byName:    map[string]*aggUpstream{},
 		onCall:    opts.OnCall,
 		logger:    logger,
+		cache:     opts.ToolCache,
 		ready:     make(chan struct{}),
 		tools:     map[string]qualified{},
 		prompts:   map[string]qualified{},
@@ -289,6 +296,13 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	a.pending = len(a.ups)
+	for _, up := range a.ups {
+		if listed := a.loadCachedTools(up); listed != nil {
+			a.registerTools(up, listed)
+			up.fromCache = true
+			a.logger.Info("aggregate: offering the cached tool listing until the upstream lists again", "upstream", up.cfg.Name, "tools", len(up.tools))
+		}
+	}
 	for _, up := range a.ups {
 		a.wg.Add(1)
 		go a.superviseCatalog(up)

@@ -59,6 +59,17 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 	defer a.wg.Done()
 	first := true
 	delay := 500 * time.Millisecond
+	if up.shared && up.fromCache {
+		// Lazy connect: its cached listing is offered, and the process
+		// starts with the first call.
+		first = false
+		a.firstRoundDone()
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-up.wake:
+		}
+	}
 	for a.ctx.Err() == nil {
 		cs, err := a.connectCatalog(up)
 		if err == nil {
@@ -78,12 +89,7 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 		}
 		if first {
 			first = false
-			a.mu.Lock()
-			a.pending--
-			if a.pending == 0 {
-				close(a.ready)
-			}
-			a.mu.Unlock()
+			a.firstRoundDone()
 		}
 		idle := false
 		if err != nil {
@@ -145,6 +151,17 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 		}
 		delay = min(delay*2, aggMaxBackoff)
 	}
+}
+
+// firstRoundDone counts one upstream's first catalog round as over; the
+// last one makes the aggregate ready.
+func (a *Aggregate) firstRoundDone() {
+	a.mu.Lock()
+	a.pending--
+	if a.pending == 0 {
+		close(a.ready)
+	}
+	a.mu.Unlock()
 }
 
 func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) {
@@ -263,6 +280,13 @@ func (a *Aggregate) refreshTools(ctx context.Context, up *aggUpstream, cs *mcp.C
 		}
 		listed = append(listed, t)
 	}
+	a.registerTools(up, listed)
+	a.storeCachedTools(ctx, up, listed)
+	return nil
+}
+
+// registerTools offers listed, up's tools, in place of what up offered.
+func (a *Aggregate) registerTools(up *aggUpstream, listed []*mcp.Tool) {
 	keep := map[string]bool{}
 	var names []string
 	for _, t := range listed {
@@ -288,7 +312,6 @@ func (a *Aggregate) refreshTools(ctx context.Context, up *aggUpstream, cs *mcp.C
 		}
 	}
 	a.replaceNames(up, &up.tools, a.tools, names, keep, a.server.RemoveTools)
-	return nil
 }
 
 func (a *Aggregate) refreshPrompts(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {

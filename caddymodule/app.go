@@ -78,6 +78,7 @@ type App struct {
 
 	tokens    *tokenState
 	tokensKey string
+	storage   storage.Storage // the configured storage (Caddy's)
 	upstreams map[string]broker.Upstream
 }
 
@@ -103,6 +104,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return err
 	}
 	a.tokens, a.tokensKey = ts, key
+	a.storage = st
 	return a.loadUpstreams()
 }
 

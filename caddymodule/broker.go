@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
 // brokerSessionKey seals the session ids the broker gives clients. It lives
@@ -169,6 +171,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		OnDecision:          func(d pinnedfetch.Decision) { auditRedirect(h.audit, "aggregate", d) },
 		OnCall:              func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
 		Logger:              slog.New(zapslog.NewHandler(ctx.Logger().Named("aggregate").Core())),
+		ToolCache:           toolCache{app.storage},
 	})
 	if err != nil {
 		return fmt.Errorf("aggregate: %w", err)
@@ -262,4 +265,23 @@ func (s *aggregateSet) restart(ctx context.Context, name string, retire bool) (i
 		}
 	}
 	return len(with), nil
+}
+
+// toolCache keeps the aggregated route's tool listings in Caddy's storage,
+// under zidane/upstream-tools/<upstream>.json: schemas and descriptions,
+// no credential.
+type toolCache struct{ st storage.Storage }
+
+func (c toolCache) Load(ctx context.Context, upstream string) ([]byte, error) {
+	if c.st == nil {
+		return nil, errors.New("no storage")
+	}
+	return c.st.Load(ctx, "zidane/upstream-tools/"+upstream+".json")
+}
+
+func (c toolCache) Store(ctx context.Context, upstream string, data []byte) error {
+	if c.st == nil {
+		return errors.New("no storage")
+	}
+	return c.st.Store(ctx, "zidane/upstream-tools/"+upstream+".json", data)
 }
