@@ -1,0 +1,771 @@
+// Package upstreamauth is the gateway's OAuth client for the upstream MCP
+// servers it brokers: for each upstream, the gateway (never a human's MCP
+// client, never an agent) obtains, stores, refreshes and attaches the
+// access token.
+//
+// A [Client] serves one upstream. Its [Client.Transport] wraps the
+// broker's origin-pinned egress (PassThroughOptions.Credentials,
+// ConnOptions.Credentials, AggregateOptions.Credentials) and adds
+// `Authorization: Bearer` to the hops on the upstream's origin. Grants:
+//
+//   - authorization_code with PKCE (S256), for upstreams that act on an
+//     operator's behalf: [Client.BeginLogin] and [Client.Callback] (behind
+//     `caddy zidane login <upstream>`) discover the authorization server
+//     (RFC 9728, RFC 8414 / OpenID, the 2025-03-26 fallbacks), register
+//     the gateway (Client ID Metadata Document, pre-registration or
+//     dynamic registration) and redeem the code; the gateway then
+//     refreshes on its own.
+//   - client_credentials (client_secret_basic, client_secret_post,
+//     private_key_jwt) and cross_app_access (SEP-990), which need no
+//     login.
+//
+// Tokens, the dynamic registration and what discovery found are stored
+// through storage.Storage, sealed with AES-256-GCM. Refreshes are single
+// flight across goroutines and, through the storage lock, across replicas:
+// a refresh token is never redeemed twice. Every discovery, registration,
+// token and revocation request goes through a pinnedfetch client pinned to
+// the origin of its own URL. Tokens, secrets and keys never appear in
+// errors, logs or String output.
+//
+// go-sdk's auth.AuthorizationCodeHandler is not used: it keeps its
+// resolved configuration (registration, endpoints, scopes) private, cannot
+// persist tokens or refresh across restarts and replicas, and runs the
+// browser step inside a request. The flow is driven here with oauthex (its
+// metadata types and WWW-Authenticate parser) and x/oauth2 (PKCE).
+package upstreamauth
+
+import (
+	"context"
+	"crypto"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
+)
+
+// States of an upstream, as [Client.State] reports them.
+const (
+	StateReady        = "ready"
+	StateAuthRequired = "auth-required"
+	StateError        = "error"
+)
+
+// failureBackoff is how long a failure to obtain a token is returned to
+// new requests without asking the authorization server again.
+const failureBackoff = 2 * time.Second
+
+// DefaultRefreshSkew is how long before its expiry a token is refreshed
+// (less for tokens that live less than twice as long).
+const DefaultRefreshSkew = 60 * time.Second
+
+// Status is what [Client.State] reports. It holds no secret.
+type Status struct {
+	// State is "ready", "auth-required" or "error".
+	State string `json:"state"`
+	// Scopes are the scopes granted to the current token.
+	Scopes []string `json:"scopes,omitempty"`
+	// Expiry is when the current access token expires (zero: unknown).
+	Expiry time.Time `json:"expiry,omitzero"`
+	// Err says what is wrong, and what to do, in the other states.
+	Err string `json:"error,omitempty"`
+}
+
+// Options configures [New].
+type Options struct {
+	// Storage keeps the sealed record (required).
+	Storage storage.Storage
+	// Key seals the record: 32 random bytes (AES-256-GCM), the same on
+	// every replica. Keep it secret and stable: a new key makes stored
+	// tokens unreadable, and the upstream needs a new login.
+	Key []byte
+	// Logger receives state changes and failures, never a secret. Nil
+	// discards them.
+	Logger *slog.Logger
+	// HTTPOptions are added to every pinnedfetch client of the OAuth
+	// traffic (e.g. WithTLSConfig for a private CA, WithDecisions for
+	// audit).
+	HTTPOptions []pinnedfetch.Option
+	// RefreshSkew overrides DefaultRefreshSkew.
+	RefreshSkew time.Duration
+	// Now overrides the clock (tests).
+	Now func() time.Time
+}
+
+// Client is the OAuth client of one upstream. It is safe for concurrent
+// use.
+type Client struct {
+	name   string
+	mcpURL string
+	cfg    Config
+	store  storage.Storage
+	key    string // storage key
+	seal   *sealer
+	logger *slog.Logger
+	egress *egress
+	skew   time.Duration
+	now    func() time.Time
+
+	signer crypto.Signer // private_key_jwt
+	alg    string
+
+	// hot is the token the Transport attaches, read without locks.
+	hot atomic.Pointer[hotToken]
+
+	// flight serializes the work that changes the token: refresh, fetch,
+	// callback, logout. Goroutines that queue on it re-check the token
+	// when they get it.
+	flight chan struct{}
+
+	mu          sync.Mutex
+	rec         *record // the last record read or written; nil: none
+	loaded      bool
+	state       string
+	errMsg      string
+	lastChal    *challenge
+	failed      error     // the last failure to obtain a token
+	failedUntil time.Time // ... returned as it is until then
+	stepUps     int       // step-ups in a row for stepKey
+	stepKey     string    // the scopes of the last step-up, sorted
+	stepGen     uint64    // the token generation it was counted for
+	tokenGen    uint64    // incremented for each new access token
+	hotAccess   string    // the access token of tokenGen
+	stepAt      time.Time // when it came
+	pending     map[string]*pendingLogin
+	secretsSet  []string // known secrets, for redaction
+}
+
+// hotToken is what the Transport needs on its hot path.
+type hotToken struct {
+	gen       uint64 // tokenGen when it was adopted
+	access    string
+	header    string // "Bearer " + access
+	refreshAt time.Time
+}
+
+// New returns the OAuth client of upstream name, whose MCP endpoint is
+// mcpURL (the resource the tokens are for). It checks cfg and loads what
+// is stored, bounded by ctx; a storage failure there is not fatal (the
+// state says it, and the next use loads again).
+func New(ctx context.Context, name, mcpURL string, cfg Config, opts Options) (*Client, error) {
+	if name == "" {
+		return nil, errors.New("upstreamauth: the upstream needs a name")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("upstream %q: %w", name, err)
+	}
+	if err := checkURL(mcpURL); err != nil {
+		return nil, fmt.Errorf("upstream %q: url %s: %v", name, shown(mcpURL), err)
+	}
+	if opts.Storage == nil {
+		return nil, fmt.Errorf("upstream %q: upstreamauth needs a storage for its tokens", name)
+	}
+	seal, err := newSealer(opts.Key, name)
+	if err != nil {
+		return nil, fmt.Errorf("upstream %q: %w", name, err)
+	}
+	c := &Client{
+		name:    name,
+		mcpURL:  mcpURL,
+		cfg:     cfg,
+		store:   opts.Storage,
+		key:     StorageKey(name),
+		seal:    seal,
+		logger:  opts.Logger,
+		egress:  newEgress(opts.HTTPOptions),
+		skew:    opts.RefreshSkew,
+		now:     opts.Now,
+		pending: map[string]*pendingLogin{},
+		flight:  make(chan struct{}, 1),
+	}
+	if c.logger == nil {
+		c.logger = slog.New(slog.DiscardHandler)
+	}
+	if c.skew <= 0 {
+		c.skew = DefaultRefreshSkew
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	if cfg.PrivateKey != "" || cfg.PrivateKeyFile != "" {
+		if c.signer, c.alg, err = cfg.signingKey(); err != nil {
+			return nil, fmt.Errorf("upstream %q: %w", name, err)
+		}
+	}
+	c.addSecrets(cfg.ClientSecret, cfg.IDPClientSecret)
+	if c.interactive() {
+		c.state, c.errMsg = StateAuthRequired, "no token yet"
+	} else {
+		c.state = StateReady
+	}
+	if err := c.load(ctx); err != nil {
+		c.logger.Warn("upstream oauth: cannot load the stored token", "upstream", name, "error", err.Error())
+	}
+	return c, nil
+}
+
+// acquire takes the flight lock, bounded by ctx.
+func (c *Client) acquire(ctx context.Context) error {
+	select {
+	case c.flight <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return &UnavailableError{Upstream: c.name, Err: fmt.Errorf("waiting for the token being renewed: %w", ctx.Err())}
+	}
+}
+
+func (c *Client) release() { <-c.flight }
+
+// Name returns the upstream's name.
+func (c *Client) Name() string { return c.name }
+
+// String describes the client without secrets.
+func (c *Client) String() string {
+	return fmt.Sprintf("upstreamauth.Client{upstream=%s state=%s}", c.name, c.State().State)
+}
+
+// interactive reports whether tokens come from an operator's login.
+func (c *Client) interactive() bool { return c.cfg.grant() == GrantAuthorizationCode }
+
+// Close releases idle connections.
+func (c *Client) Close() { c.egress.closeIdle() }
+
+// State reports the upstream's authorization state.
+func (c *Client) State() Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := Status{State: c.state, Err: c.errMsg}
+	if c.rec != nil && c.rec.AccessToken != "" {
+		s.Scopes = slices.Clone(c.rec.Scopes)
+		s.Expiry = c.rec.Expiry
+	}
+	if s.State == StateReady {
+		s.Err = ""
+	}
+	return s
+}
+
+// load reads the stored record, if not done yet. The caller may hold
+// flight, never mu.
+func (c *Client) load(ctx context.Context) error {
+	c.mu.Lock()
+	done := c.loaded
+	c.mu.Unlock()
+	if done {
+		return nil
+	}
+	b, err := c.store.Load(ctx, c.key)
+	if err != nil && !storage.IsNotExist(err) {
+		c.setState(StateError, "cannot read the stored token: "+err.Error())
+		return err
+	}
+	var rec *record
+	if err == nil {
+		if rec, err = c.seal.open(b); err != nil {
+			c.setState(StateError, err.Error())
+			return err
+		}
+	}
+	c.mu.Lock()
+	c.loaded = true
+	c.mu.Unlock()
+	c.adopt(rec)
+	return nil
+}
+
+// adopt makes rec the current record (nil: none) and derives the state.
+func (c *Client) adopt(rec *record) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.rec = rec
+	if rec != nil {
+		c.addSecretsLocked(rec.AccessToken, rec.RefreshToken)
+		if rec.Client != nil {
+			c.addSecretsLocked(rec.Client.ClientSecret)
+		}
+	}
+	if rec == nil || rec.AccessToken == "" {
+		c.hot.Store(nil)
+		if c.interactive() {
+			reason := "no token yet"
+			if rec != nil && rec.Reason != "" {
+				reason = rec.Reason
+			}
+			c.state, c.errMsg = StateAuthRequired, reason
+		} else if c.state != StateError {
+			c.state, c.errMsg = StateReady, ""
+		}
+		return
+	}
+	if c.hotAccess != rec.AccessToken {
+		c.hotAccess = rec.AccessToken
+		c.tokenGen++
+	}
+	c.hot.Store(&hotToken{gen: c.tokenGen, access: rec.AccessToken, header: "Bearer " + rec.AccessToken, refreshAt: c.refreshAt(rec)})
+	if c.interactive() && len(rec.NeedScopes) > 0 && !covers(rec.Scopes, rec.NeedScopes) {
+		c.state, c.errMsg = StateAuthRequired, "the upstream asks for scopes the token lacks: "+strings.Join(rec.NeedScopes, " ")
+		c.hot.Store(nil)
+		return
+	}
+	c.state, c.errMsg = StateReady, ""
+}
+
+// refreshAt is when rec's access token is refreshed: skew before its
+// expiry, or half its lifetime before when it lives less than 2·skew.
+func (c *Client) refreshAt(rec *record) time.Time {
+	if rec.Expiry.IsZero() {
+		return time.Time{}
+	}
+	skew := c.skew
+	if !rec.IssuedAt.IsZero() {
+		if life := rec.Expiry.Sub(rec.IssuedAt); life < 2*skew {
+			skew = life / 2
+		}
+	}
+	return rec.Expiry.Add(-skew)
+}
+
+func (c *Client) setState(state, msg string) {
+	c.mu.Lock()
+	c.state, c.errMsg = state, c.redactLocked(msg)
+	c.mu.Unlock()
+}
+
+func (c *Client) addSecrets(s ...string) {
+	c.mu.Lock()
+	c.addSecretsLocked(s...)
+	c.mu.Unlock()
+}
+
+func (c *Client) addSecretsLocked(s ...string) {
+	for _, v := range s {
+		// Short values would redact ordinary words.
+		if len(v) >= 8 && !slices.Contains(c.secretsSet, v) {
+			c.secretsSet = append(c.secretsSet, v)
+			if len(c.secretsSet) > 64 {
+				c.secretsSet = c.secretsSet[1:]
+			}
+		}
+	}
+}
+
+// redact removes every secret the client knows from a message that came
+// from elsewhere (a server's error description, a transport error).
+func (c *Client) redact(s string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.redactLocked(s)
+}
+
+func (c *Client) redactLocked(s string) string {
+	for _, v := range c.secretsSet {
+		if strings.Contains(s, v) {
+			s = strings.ReplaceAll(s, v, "<redacted>")
+		}
+	}
+	return s
+}
+
+func (c *Client) current() *record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.rec.clone()
+}
+
+// update changes the stored record under the storage lock: fn receives
+// the record as stored now (nil: none) and returns the one to store, or
+// errNoChange to store nothing. What is stored becomes current.
+func (c *Client) update(ctx context.Context, fn func(rec *record) (*record, error)) (*record, error) {
+	var out *record
+	err := storage.Update(ctx, c.store, c.key, func(old []byte) ([]byte, error) {
+		var rec *record
+		if old != nil {
+			r, err := c.seal.open(old)
+			if err != nil {
+				// Unreadable (a changed key): a login replaces it; a
+				// refresh cannot use it.
+				r = nil
+			}
+			rec = r
+		}
+		next, err := fn(rec.clone())
+		if err != nil {
+			out = rec
+			return nil, err
+		}
+		out = next
+		return c.seal.seal(next)
+	})
+	if errors.Is(err, errNoChange) {
+		c.mu.Lock()
+		c.loaded = true
+		c.mu.Unlock()
+		c.adopt(out)
+		return out, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.loaded = true
+	c.mu.Unlock()
+	c.adopt(out)
+	return out, nil
+}
+
+var errNoChange = errors.New("no change")
+
+// grantAuth returns the client authentication for the token endpoint of
+// meta, given the registration in use.
+func (c *Client) grantAuth(reg *registration, issuer, tokenEndpoint string, supported []string) *clientAuth {
+	a := &clientAuth{key: c.signer, alg: c.alg, kid: c.cfg.KeyID, audience: issuer}
+	if a.audience == "" {
+		a.audience = tokenEndpoint
+	}
+	if reg != nil && reg.Kind != "" {
+		a.clientID, a.secret, a.method = reg.ClientID, reg.ClientSecret, reg.AuthMethod
+		if a.method == "" {
+			a.method = AuthNone
+			if a.secret != "" {
+				a.method = AuthClientSecretBasic
+			}
+		}
+		return a
+	}
+	a.clientID, a.secret = c.cfg.ClientID, c.cfg.ClientSecret
+	a.method = c.cfg.TokenEndpointAuthMethod
+	if a.method == "" {
+		a.method = chooseAuthMethod(c.cfg.ClientSecret != "", c.signer != nil, supported)
+	}
+	return a
+}
+
+// chooseAuthMethod picks the client authentication from what is
+// configured and what the server lists: a key means private_key_jwt; a
+// secret, the first of client_secret_basic and client_secret_post the
+// server lists (basic, the RFC 8414 default, when it lists neither);
+// otherwise none.
+func chooseAuthMethod(secret, key bool, supported []string) string {
+	switch {
+	case key:
+		return AuthPrivateKeyJWT
+	case secret:
+		if slices.Contains(supported, AuthClientSecretBasic) || !slices.Contains(supported, AuthClientSecretPost) {
+			return AuthClientSecretBasic
+		}
+		return AuthClientSecretPost
+	}
+	return AuthNone
+}
+
+// storeToken writes tr into rec (a fresh grant or a refresh).
+func (c *Client) storeToken(rec *record, tr *tokenResponse, requested []string) {
+	now := c.now()
+	rec.AccessToken = tr.AccessToken
+	rec.TokenType = "Bearer"
+	if tr.RefreshToken != "" {
+		rec.RefreshToken = tr.RefreshToken
+	}
+	rec.IssuedAt = now
+	rec.Expiry = time.Time{}
+	if d := tr.expiresIn(); d > 0 {
+		rec.Expiry = now.Add(d)
+	}
+	if tr.Scope != "" {
+		rec.Scopes = validScopes(strings.Fields(tr.Scope))
+	} else if requested != nil {
+		rec.Scopes = slices.Clone(requested)
+	}
+	rec.Reason = ""
+	if covers(rec.Scopes, rec.NeedScopes) {
+		rec.NeedScopes = nil
+	}
+	c.addSecrets(tr.AccessToken, tr.RefreshToken)
+}
+
+// token returns the access token to attach, refreshing or fetching one
+// when it is missing or about to expire. rejected, when set, is a token
+// the upstream refused (401): a new one is needed even if it has not
+// expired.
+func (c *Client) token(ctx context.Context, rejected string) (*hotToken, error) {
+	if h := c.hot.Load(); h != nil && h.access != rejected && (h.refreshAt.IsZero() || c.now().Before(h.refreshAt)) {
+		return h, nil
+	}
+	if err := c.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer c.release()
+	if err := c.load(ctx); err != nil {
+		return nil, &UnavailableError{Upstream: c.name, Err: errors.New(c.redact(err.Error()))}
+	}
+	// Another goroutine may have done the work while this one queued.
+	if h := c.hot.Load(); h != nil && h.access != rejected && (h.refreshAt.IsZero() || c.now().Before(h.refreshAt)) {
+		return h, nil
+	}
+	c.mu.Lock()
+	failed, until := c.failed, c.failedUntil
+	c.mu.Unlock()
+	if failed != nil && c.now().Before(until) {
+		// The last attempt failed moments ago: do not hammer the
+		// authorization server with every request.
+		return nil, failed
+	}
+	err := c.renew(ctx, rejected)
+	if err == nil {
+		if h := c.hot.Load(); h != nil {
+			c.mu.Lock()
+			c.failed = nil
+			c.mu.Unlock()
+			return h, nil
+		}
+		err = c.authRequired()
+	}
+	var (
+		ue  *UnavailableError
+		are *AuthRequiredError
+	)
+	if (errors.As(err, &ue) || errors.As(err, &are)) && ctx.Err() == nil {
+		// Answer the next requests from this for a moment: no storage
+		// read and no token request per request while the upstream is
+		// unusable. A login here clears it at once; one on another
+		// replica is seen when it expires.
+		c.mu.Lock()
+		c.failed, c.failedUntil = err, c.now().Add(failureBackoff)
+		c.mu.Unlock()
+	}
+	return nil, err
+}
+
+// authRequired is the error of a request refused for want of a login.
+func (c *Client) authRequired() error {
+	st := c.State()
+	if st.State == StateError {
+		return &UnavailableError{Upstream: c.name, Err: errors.New(st.Err)}
+	}
+	var need []string
+	if rec := c.current(); rec != nil {
+		need = rec.NeedScopes
+	}
+	return &AuthRequiredError{Upstream: c.name, Reason: st.Err, Scopes: need}
+}
+
+// renew obtains a new access token under the storage lock: it re-reads the
+// record, adopts a token another replica (or goroutine) already obtained,
+// and otherwise refreshes (authorization_code) or fetches one (the other
+// grants). c.flight is held.
+func (c *Client) renew(ctx context.Context, rejected string) error {
+	var failure error
+	_, err := c.update(ctx, func(rec *record) (*record, error) {
+		now := c.now()
+		if rec != nil && rec.AccessToken != "" && rec.AccessToken != rejected {
+			if at := c.refreshAt(rec); at.IsZero() || now.Before(at) {
+				return rec, errNoChange // someone else renewed it
+			}
+		}
+		if !c.interactive() {
+			if rec == nil {
+				rec = &record{}
+			}
+			if err := c.fetch(ctx, rec, nil); err != nil {
+				failure = err
+				return nil, errNoChange
+			}
+			return rec, nil
+		}
+		if rec == nil || rec.RefreshToken == "" {
+			if rec != nil && rec.AccessToken != "" {
+				reason := "the access token expired and the authorization server gave no refresh token"
+				if rec.AccessToken == rejected {
+					reason = "the upstream refused the access token (HTTP 401) and there is no refresh token"
+				}
+				rec.clearTokens(reason)
+				return rec, nil
+			}
+			return rec, errNoChange
+		}
+		if err := c.refresh(ctx, rec); err != nil {
+			if isInvalidGrant(err) {
+				c.logger.Warn("upstream oauth: refresh token refused; login required", "upstream", c.name, "error", err.Error())
+				rec.clearTokens("the authorization server refused the refresh token: " + err.Error())
+				return rec, nil
+			}
+			failure = err
+			return nil, errNoChange
+		}
+		return rec, nil
+	})
+	if err == nil {
+		err = failure
+	}
+	if err != nil {
+		msg := c.redact(err.Error())
+		c.logger.Warn("upstream oauth: cannot obtain a token", "upstream", c.name, "error", msg)
+		if !c.interactive() {
+			c.setState(StateError, msg)
+		}
+		return &UnavailableError{Upstream: c.name, Err: errors.New(msg)}
+	}
+	if c.hot.Load() == nil {
+		return c.authRequired()
+	}
+	if !c.interactive() {
+		c.setState(StateReady, "")
+	}
+	return nil
+}
+
+// refresh redeems rec's refresh token (RFC 6749 §6) with the resource
+// indicator, and writes the new tokens into rec.
+func (c *Client) refresh(ctx context.Context, rec *record) error {
+	if rec.TokenEndpoint == "" {
+		return errors.New("the stored record has no token endpoint; run the login again")
+	}
+	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {rec.RefreshToken}}
+	if rec.Resource != "" {
+		form.Set("resource", rec.Resource)
+	}
+	auth := c.grantAuth(rec.Client, rec.Issuer, rec.TokenEndpoint, rec.AuthMethods)
+	tr, err := c.egress.requestToken(ctx, rec.TokenEndpoint, form, auth, c.now(), c.redact)
+	if err != nil {
+		return fmt.Errorf("refresh: %w", err)
+	}
+	c.storeToken(rec, tr, rec.Scopes)
+	c.logger.Info("upstream oauth: token refreshed", "upstream", c.name, "expiry", rec.Expiry)
+	return nil
+}
+
+// fetch obtains a token with a machine grant (client_credentials or
+// cross_app_access) into rec, discovering the endpoints first when rec
+// has none. extra are scopes the upstream asked for (step-up).
+func (c *Client) fetch(ctx context.Context, rec *record, extra []string) error {
+	if rec.TokenEndpoint == "" || (c.cfg.TokenURL != "" && rec.TokenEndpoint != c.cfg.TokenURL) {
+		if err := c.discoverMachine(ctx, rec); err != nil {
+			return err
+		}
+	}
+	scopes := slices.Clone(c.cfg.Scopes)
+	if scopes == nil {
+		scopes = rec.Scopes
+	}
+	scopes = union(union(scopes, rec.NeedScopes), extra)
+	auth := c.grantAuth(nil, rec.Issuer, rec.TokenEndpoint, rec.AuthMethods)
+	form := url.Values{}
+	if len(scopes) > 0 {
+		form.Set("scope", strings.Join(scopes, " "))
+	}
+	if rec.Resource != "" {
+		form.Set("resource", rec.Resource)
+	}
+	switch c.cfg.grant() {
+	case GrantClientCredentials:
+		form.Set("grant_type", "client_credentials")
+	case GrantCrossAppAccess:
+		jag, err := c.idJAG(ctx, rec, scopes)
+		if err != nil {
+			return err
+		}
+		form.Set("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer")
+		form.Set("assertion", jag)
+	}
+	tr, err := c.egress.requestToken(ctx, rec.TokenEndpoint, form, auth, c.now(), c.redact)
+	if err != nil {
+		return fmt.Errorf("%s grant: %w", c.cfg.grant(), err)
+	}
+	rec.RefreshToken = ""
+	c.storeToken(rec, tr, scopes)
+	// A machine grant gets no refresh token worth keeping: the grant is
+	// simply repeated.
+	rec.RefreshToken = ""
+	c.logger.Info("upstream oauth: token obtained", "upstream", c.name, "grant", c.cfg.grant(), "expiry", rec.Expiry)
+	return nil
+}
+
+// discoverMachine fills rec's endpoints for a machine grant: token_url when
+// configured, else discovery as for a login.
+func (c *Client) discoverMachine(ctx context.Context, rec *record) error {
+	if c.cfg.TokenURL != "" {
+		rec.TokenEndpoint, rec.Issuer, rec.Resource = c.cfg.TokenURL, c.cfg.AuthorizationServer, c.mcpURL
+		return nil
+	}
+	c.mu.Lock()
+	ch := c.lastChal
+	c.mu.Unlock()
+	if ch == nil {
+		ch = c.probe(ctx)
+	}
+	srv, err := c.discover(ctx, ch)
+	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	rec.TokenEndpoint = srv.Meta.TokenEndpoint
+	rec.Issuer = srv.Meta.Issuer
+	rec.RevocationEndpoint = srv.Meta.RevocationEndpoint
+	rec.AuthMethods = slices.Clone(srv.Meta.TokenEndpointAuthMethodsSupported)
+	rec.Resource = srv.Resource
+	if len(c.cfg.Scopes) == 0 && len(rec.Scopes) == 0 {
+		switch {
+		case ch != nil && len(ch.Scopes) > 0:
+			rec.Scopes = slices.Clone(ch.Scopes)
+		default:
+			rec.Scopes = slices.Clone(srv.PRMScopes)
+		}
+	}
+	return nil
+}
+
+// Logout revokes the tokens at the authorization server (RFC 7009) when it
+// has a revocation endpoint, and deletes them from storage; the client
+// registration is kept. A failed revocation is returned, after the tokens
+// are deleted.
+func (c *Client) Logout(ctx context.Context) error {
+	if err := c.acquire(ctx); err != nil {
+		return err
+	}
+	defer c.release()
+	var revokeErr error
+	_, err := c.update(ctx, func(rec *record) (*record, error) {
+		if rec == nil {
+			return nil, errNoChange
+		}
+		if rec.RevocationEndpoint != "" {
+			auth := c.grantAuth(rec.Client, rec.Issuer, rec.TokenEndpoint, rec.AuthMethods)
+			for _, t := range []struct{ token, hint string }{
+				{rec.RefreshToken, "refresh_token"},
+				{rec.AccessToken, "access_token"},
+			} {
+				if t.token == "" {
+					continue
+				}
+				form := url.Values{"token": {t.token}, "token_type_hint": {t.hint}}
+				a := *auth
+				if _, err := c.egress.postForm(ctx, rec.RevocationEndpoint, form, &a, c.now(), c.redact); err != nil {
+					revokeErr = errors.Join(revokeErr, fmt.Errorf("revoking the %s: %w", strings.ReplaceAll(t.hint, "_", " "), err))
+				}
+			}
+		}
+		rec.clearTokens("logged out")
+		rec.NeedScopes = nil
+		return rec, nil
+	})
+	if err != nil {
+		return fmt.Errorf("upstream %q: logout: %s", c.name, c.redact(err.Error()))
+	}
+	c.mu.Lock()
+	c.stepUps, c.stepKey, c.failed = 0, "", nil
+	c.mu.Unlock()
+	if !c.interactive() {
+		c.setState(StateReady, "")
+	}
+	c.logger.Info("upstream oauth: logged out", "upstream", c.name)
+	if revokeErr != nil {
+		return fmt.Errorf("upstream %q: the stored tokens are deleted, but %s", c.name, c.redact(revokeErr.Error()))
+	}
+	return nil
+}

@@ -1,0 +1,383 @@
+package upstreamauth
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+)
+
+// Grants the gateway can use to obtain a token for an upstream.
+const (
+	// GrantAuthorizationCode: an operator logs in once (BeginLogin and
+	// Callback, behind `caddy zidane login <upstream>`); the gateway
+	// then refreshes the token on its own.
+	GrantAuthorizationCode = "authorization_code"
+	// GrantClientCredentials: the gateway is itself the OAuth client
+	// (machine to machine); no login.
+	GrantClientCredentials = "client_credentials"
+	// GrantCrossAppAccess: Enterprise-Managed Authorization (SEP-990): an
+	// ID token from the enterprise IdP is exchanged at the IdP for an
+	// ID-JAG (RFC 8693), which the upstream's authorization server trades
+	// for an access token (RFC 7523 jwt-bearer grant). No login.
+	GrantCrossAppAccess = "cross_app_access"
+)
+
+// Client authentication methods at the token endpoint.
+const (
+	AuthClientSecretBasic = "client_secret_basic"
+	AuthClientSecretPost  = "client_secret_post"
+	AuthPrivateKeyJWT     = "private_key_jwt"
+	AuthNone              = "none"
+)
+
+// Defaults.
+const (
+	// DefaultMaxStepUp bounds the step-up rounds (403 insufficient_scope
+	// followed by a new token) in a row before the upstream is put in the
+	// error state rather than asking for yet another login.
+	DefaultMaxStepUp = 2
+	// MaxScopes bounds the scopes of one request.
+	MaxScopes = 64
+)
+
+// Config is the `oauth { … }` block of one upstream: how the gateway, as
+// an OAuth client, obtains the access token it adds to the requests it
+// sends that upstream.
+//
+// Secrets (ClientSecret, PrivateKey, IDPClientSecret) never appear in the
+// errors of [Config.Validate] nor in [Config.String].
+type Config struct {
+	// Grant is "authorization_code" (the default), "client_credentials"
+	// or "cross_app_access".
+	Grant string `json:"grant,omitempty"`
+
+	// ClientID is a pre-registered client id. For authorization_code it is
+	// optional: without it the gateway uses its Client ID Metadata
+	// Document (ClientMetadataURL) or dynamic client registration.
+	ClientID string `json:"client_id,omitempty"`
+	// ClientSecret goes with ClientID for client_secret_basic and
+	// client_secret_post.
+	ClientSecret string `json:"client_secret,omitempty"`
+	// TokenEndpointAuthMethod is client_secret_basic, client_secret_post,
+	// private_key_jwt or none. Empty chooses from what is configured (a
+	// key: private_key_jwt; a secret: the method the authorization server
+	// lists, client_secret_basic first; else none).
+	TokenEndpointAuthMethod string `json:"token_endpoint_auth_method,omitempty"`
+	// PrivateKey is a PEM private key (RSA or EC P-256) for
+	// private_key_jwt; PrivateKeyFile names a file holding one instead.
+	PrivateKey     string `json:"private_key,omitempty"`
+	PrivateKeyFile string `json:"private_key_file,omitempty"`
+	// SigningAlgorithm is RS256 or ES256; empty follows the key type.
+	SigningAlgorithm string `json:"signing_algorithm,omitempty"`
+	// KeyID, when set, is the kid header of the client assertion.
+	KeyID string `json:"key_id,omitempty"`
+
+	// Scopes, when set, are requested instead of the discovered ones
+	// (the WWW-Authenticate challenge, else the resource's
+	// scopes_supported, else none). Step-up scopes are added to them.
+	Scopes []string `json:"scopes,omitempty"`
+
+	// RedirectURL is the gateway's OAuth callback URL (authorization_code,
+	// required): https, or http on loopback.
+	RedirectURL string `json:"redirect_url,omitempty"`
+	// ClientMetadataURL is the URL of the gateway's Client ID Metadata
+	// Document (an https URL with a path), used as client_id with
+	// authorization servers that support it.
+	ClientMetadataURL string `json:"client_metadata_url,omitempty"`
+	// ClientName is sent in dynamic client registration. Default:
+	// "caddy-zidane-mcp".
+	ClientName string `json:"client_name,omitempty"`
+
+	// AuthorizationServer picks the issuer to use when the resource lists
+	// several; it must be one of them.
+	AuthorizationServer string `json:"authorization_server,omitempty"`
+	// TokenURL, for client_credentials and cross_app_access, is the token
+	// endpoint to use without discovery.
+	TokenURL string `json:"token_url,omitempty"`
+
+	// MaxStepUp bounds the step-up rounds in a row (default
+	// DefaultMaxStepUp).
+	MaxStepUp int `json:"max_step_up,omitempty"`
+
+	// Cross-app access (SEP-990): the enterprise IdP.
+	IDPIssuer       string `json:"idp_issuer,omitempty"`
+	IDPTokenURL     string `json:"idp_token_url,omitempty"`
+	IDPClientID     string `json:"idp_client_id,omitempty"`
+	IDPClientSecret string `json:"idp_client_secret,omitempty"`
+	// IDTokenFile names the file holding the current ID token issued by the
+	// IdP to the gateway (kept fresh by whatever issues it); it is read at
+	// each exchange.
+	IDTokenFile string `json:"id_token_file,omitempty"`
+}
+
+// String describes c without its secrets.
+func (c Config) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "oauth{grant=%s", c.grant())
+	if c.ClientID != "" {
+		fmt.Fprintf(&b, " client_id=%s", c.ClientID)
+	}
+	if c.ClientSecret != "" {
+		b.WriteString(" client_secret=<redacted>")
+	}
+	if c.TokenEndpointAuthMethod != "" {
+		fmt.Fprintf(&b, " auth=%s", c.TokenEndpointAuthMethod)
+	}
+	if c.PrivateKey != "" {
+		b.WriteString(" private_key=<redacted>")
+	}
+	if c.PrivateKeyFile != "" {
+		fmt.Fprintf(&b, " private_key_file=%s", c.PrivateKeyFile)
+	}
+	if len(c.Scopes) > 0 {
+		fmt.Fprintf(&b, " scopes=%q", strings.Join(c.Scopes, " "))
+	}
+	if c.RedirectURL != "" {
+		fmt.Fprintf(&b, " redirect_url=%s", c.RedirectURL)
+	}
+	if c.ClientMetadataURL != "" {
+		fmt.Fprintf(&b, " client_metadata_url=%s", c.ClientMetadataURL)
+	}
+	if c.IDPIssuer != "" {
+		fmt.Fprintf(&b, " idp_issuer=%s", c.IDPIssuer)
+	}
+	if c.IDPClientSecret != "" {
+		b.WriteString(" idp_client_secret=<redacted>")
+	}
+	b.WriteString("}")
+	return b.String()
+}
+
+// GoString is String, so %#v does not print the secrets either.
+func (c Config) GoString() string { return c.String() }
+
+func (c Config) grant() string {
+	if c.Grant == "" {
+		return GrantAuthorizationCode
+	}
+	return c.Grant
+}
+
+func (c Config) maxStepUp() int {
+	if c.MaxStepUp <= 0 {
+		return DefaultMaxStepUp
+	}
+	return c.MaxStepUp
+}
+
+// Validate checks c and returns the first problem, in words that say what
+// to write instead. It never quotes a secret.
+func (c Config) Validate() error {
+	switch c.grant() {
+	case GrantAuthorizationCode, GrantClientCredentials, GrantCrossAppAccess:
+	default:
+		return fmt.Errorf("oauth: grant %q is not supported; use authorization_code, client_credentials or cross_app_access", c.Grant)
+	}
+	switch c.TokenEndpointAuthMethod {
+	case "", AuthClientSecretBasic, AuthClientSecretPost, AuthPrivateKeyJWT, AuthNone:
+	default:
+		return fmt.Errorf("oauth: token_endpoint_auth_method %q is not supported; use client_secret_basic, client_secret_post, private_key_jwt or none", c.TokenEndpointAuthMethod)
+	}
+	if c.ClientSecret != "" && (c.PrivateKey != "" || c.PrivateKeyFile != "") {
+		return errors.New("oauth: give either client_secret or a private key (private_key, private_key_file), not both")
+	}
+	if c.PrivateKey != "" && c.PrivateKeyFile != "" {
+		return errors.New("oauth: give either private_key or private_key_file, not both")
+	}
+	if (c.ClientSecret != "" || c.PrivateKey != "" || c.PrivateKeyFile != "") && c.ClientID == "" {
+		return errors.New("oauth: client_secret and private keys belong to a pre-registered client: set client_id too")
+	}
+	switch c.TokenEndpointAuthMethod {
+	case AuthClientSecretBasic, AuthClientSecretPost:
+		if c.ClientSecret == "" {
+			return fmt.Errorf("oauth: token_endpoint_auth_method %s needs client_secret", c.TokenEndpointAuthMethod)
+		}
+	case AuthPrivateKeyJWT:
+		if c.PrivateKey == "" && c.PrivateKeyFile == "" {
+			return errors.New("oauth: token_endpoint_auth_method private_key_jwt needs private_key or private_key_file")
+		}
+	case AuthNone:
+		if c.ClientSecret != "" || c.PrivateKey != "" || c.PrivateKeyFile != "" {
+			return errors.New("oauth: token_endpoint_auth_method none sends no credential: remove client_secret and the private key, or choose another method")
+		}
+	}
+	if c.PrivateKey != "" || c.PrivateKeyFile != "" {
+		if _, _, err := c.signingKey(); err != nil {
+			return err
+		}
+	} else if c.SigningAlgorithm != "" || c.KeyID != "" {
+		return errors.New("oauth: signing_algorithm and key_id apply to private_key_jwt: give private_key or private_key_file")
+	}
+	if len(c.Scopes) > MaxScopes {
+		return fmt.Errorf("oauth: %d scopes is too many; give at most %d", len(c.Scopes), MaxScopes)
+	}
+	for _, s := range c.Scopes {
+		if !validScope(s) {
+			return fmt.Errorf("oauth: scope %q is not a valid OAuth scope (printable ASCII without spaces, quotes or backslashes)", s)
+		}
+	}
+	if c.MaxStepUp < 0 || c.MaxStepUp > 10 {
+		return fmt.Errorf("oauth: max_step_up %d is out of range; give 1 to 10, or 0 for the default %d", c.MaxStepUp, DefaultMaxStepUp)
+	}
+	for _, u := range []struct{ name, value string }{
+		{"redirect_url", c.RedirectURL},
+		{"authorization_server", c.AuthorizationServer},
+		{"token_url", c.TokenURL},
+		{"idp_issuer", c.IDPIssuer},
+		{"idp_token_url", c.IDPTokenURL},
+	} {
+		if u.value == "" {
+			continue
+		}
+		if err := checkURL(u.value); err != nil {
+			return fmt.Errorf("oauth: %s: %v", u.name, err)
+		}
+	}
+
+	switch c.grant() {
+	case GrantAuthorizationCode:
+		if c.RedirectURL == "" {
+			return errors.New("oauth: authorization_code needs redirect_url, the gateway's OAuth callback URL")
+		}
+		if c.ClientMetadataURL != "" {
+			u, err := url.Parse(c.ClientMetadataURL)
+			if err != nil || u.Scheme != "https" || u.Host == "" || u.Path == "" || u.Path == "/" || u.User != nil || u.Fragment != "" {
+				return errors.New("oauth: client_metadata_url must be an https URL with a path, such as https://gateway.example.com/oauth/client.json")
+			}
+		}
+		if c.TokenURL != "" || c.IDPIssuer != "" || c.IDPTokenURL != "" || c.IDPClientID != "" || c.IDPClientSecret != "" || c.IDTokenFile != "" {
+			return errors.New("oauth: token_url and the idp_* settings apply to client_credentials and cross_app_access, not authorization_code")
+		}
+	case GrantClientCredentials:
+		if c.ClientID == "" {
+			return errors.New("oauth: client_credentials needs client_id, and client_secret or a private key")
+		}
+		if c.ClientSecret == "" && c.PrivateKey == "" && c.PrivateKeyFile == "" {
+			return errors.New("oauth: client_credentials needs a client credential: client_secret, private_key or private_key_file")
+		}
+		if c.RedirectURL != "" || c.ClientMetadataURL != "" {
+			return errors.New("oauth: redirect_url and client_metadata_url apply to authorization_code, not client_credentials")
+		}
+		if c.IDPIssuer != "" || c.IDPTokenURL != "" || c.IDPClientID != "" || c.IDPClientSecret != "" || c.IDTokenFile != "" {
+			return errors.New("oauth: the idp_* settings apply to cross_app_access, not client_credentials")
+		}
+	case GrantCrossAppAccess:
+		if c.ClientID == "" {
+			return errors.New("oauth: cross_app_access needs client_id (the gateway's client at the upstream's authorization server)")
+		}
+		if c.IDPIssuer == "" && c.IDPTokenURL == "" {
+			return errors.New("oauth: cross_app_access needs idp_issuer or idp_token_url, the enterprise IdP")
+		}
+		if c.IDPClientID == "" {
+			return errors.New("oauth: cross_app_access needs idp_client_id, the gateway's client at the IdP")
+		}
+		if c.IDTokenFile == "" {
+			return errors.New("oauth: cross_app_access needs id_token_file, the file that holds the gateway's current ID token from the IdP")
+		}
+		if c.RedirectURL != "" || c.ClientMetadataURL != "" {
+			return errors.New("oauth: redirect_url and client_metadata_url apply to authorization_code, not cross_app_access")
+		}
+	}
+	return nil
+}
+
+// checkURL applies the egress rule (https anywhere, http to loopback only)
+// to an absolute URL of the config.
+func checkURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return errors.New("it does not parse as a URL; write an absolute URL such as https://auth.example.com")
+	}
+	if err := pinnedfetch.CheckRemoteURL(u); err != nil {
+		var ue *pinnedfetch.URLError
+		if errors.As(err, &ue) {
+			return errors.New(ue.Reason)
+		}
+		return err
+	}
+	if u.Fragment != "" {
+		return errors.New("it has a #fragment; remove it")
+	}
+	return nil
+}
+
+// validScope reports whether s is a scope-token of RFC 6749 §3.3.
+func validScope(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x21 || c > 0x7e || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// signingKey loads the private key for private_key_jwt and the algorithm
+// to sign with. Errors name the setting, never the key material.
+func (c Config) signingKey() (crypto.Signer, string, error) {
+	data := []byte(c.PrivateKey)
+	where := "private_key"
+	if c.PrivateKeyFile != "" {
+		where = "private_key_file"
+		b, err := os.ReadFile(c.PrivateKeyFile)
+		if err != nil {
+			return nil, "", fmt.Errorf("oauth: private_key_file: cannot read %s: %v", c.PrivateKeyFile, errors.Unwrap(err))
+		}
+		data = b
+	}
+	block, _ := pem.Decode(data)
+	if block == nil {
+		return nil, "", fmt.Errorf("oauth: %s holds no PEM block; give a PEM private key (-----BEGIN PRIVATE KEY-----)", where)
+	}
+	var key any
+	var err error
+	switch block.Type {
+	case "PRIVATE KEY":
+		key, err = x509.ParsePKCS8PrivateKey(block.Bytes)
+	case "EC PRIVATE KEY":
+		key, err = x509.ParseECPrivateKey(block.Bytes)
+	case "RSA PRIVATE KEY":
+		key, err = x509.ParsePKCS1PrivateKey(block.Bytes)
+	default:
+		return nil, "", fmt.Errorf("oauth: %s holds a PEM block of type %q; give a PRIVATE KEY, EC PRIVATE KEY or RSA PRIVATE KEY", where, block.Type)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("oauth: %s: the PEM %s does not parse as a private key", where, block.Type)
+	}
+	var alg string
+	switch k := key.(type) {
+	case *ecdsa.PrivateKey:
+		if k.Curve != elliptic.P256() {
+			return nil, "", fmt.Errorf("oauth: %s: only EC keys on P-256 (ES256) are supported", where)
+		}
+		alg = "ES256"
+	case *rsa.PrivateKey:
+		if k.N.BitLen() < 2048 {
+			return nil, "", fmt.Errorf("oauth: %s: the RSA key has %d bits; use at least 2048", where, k.N.BitLen())
+		}
+		alg = "RS256"
+	default:
+		return nil, "", fmt.Errorf("oauth: %s: only RSA (RS256) and EC P-256 (ES256) keys are supported", where)
+	}
+	if c.SigningAlgorithm != "" && c.SigningAlgorithm != alg {
+		if !slices.Contains([]string{"RS256", "ES256"}, c.SigningAlgorithm) {
+			return nil, "", fmt.Errorf("oauth: signing_algorithm %q is not supported; use RS256 or ES256", c.SigningAlgorithm)
+		}
+		return nil, "", fmt.Errorf("oauth: signing_algorithm %s does not fit the key in %s, which signs %s", c.SigningAlgorithm, where, alg)
+	}
+	return key.(crypto.Signer), alg, nil
+}

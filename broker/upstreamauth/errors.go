@@ -1,0 +1,105 @@
+package upstreamauth
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrAuthRequired is wrapped by the error of a request the gateway did not
+// send because the upstream needs an operator to log in (again): there is
+// no token, the refresh token was refused, or the upstream asks for scopes
+// the token lacks. Test with errors.Is; errors.As with *[AuthRequiredError]
+// gives the upstream and the reason.
+var ErrAuthRequired = errors.New("upstream OAuth login required")
+
+// ErrLogin is wrapped by the errors of [Client.Callback] that refuse the
+// authorization response: an unknown or expired state, an iss that does
+// not match the authorization server, or an error the server returned.
+var ErrLogin = errors.New("upstream OAuth login refused")
+
+// AuthRequiredError says which upstream needs a login, why, and how.
+type AuthRequiredError struct {
+	// Upstream is the upstream's name.
+	Upstream string
+	// Reason says why the current token (if any) cannot be used.
+	Reason string
+	// Scopes, when the upstream asked for more scopes (step-up), are the
+	// scopes the next login requests.
+	Scopes []string
+}
+
+func (e *AuthRequiredError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "upstream %q needs an OAuth login", e.Upstream)
+	if e.Reason != "" {
+		fmt.Fprintf(&b, " (%s)", e.Reason)
+	}
+	if len(e.Scopes) > 0 {
+		fmt.Fprintf(&b, " with scopes %q", strings.Join(e.Scopes, " "))
+	}
+	fmt.Fprintf(&b, ": an operator must run `caddy zidane login %s`", e.Upstream)
+	return b.String()
+}
+
+func (e *AuthRequiredError) Unwrap() error { return ErrAuthRequired }
+
+// UnavailableError is the error of a request the gateway did not send
+// because it could not obtain a token for a reason a login does not fix
+// (the authorization server is unreachable or refuses the client, the
+// upstream keeps asking for scopes it was granted).
+type UnavailableError struct {
+	Upstream string
+	Err      error
+}
+
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("upstream %q: no OAuth token: %v", e.Upstream, e.Err)
+}
+
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// oauthError is an error response of a token, registration or revocation
+// endpoint (RFC 6749 §5.2). Its message holds the error code and a bounded
+// description, never the request.
+type oauthError struct {
+	Endpoint    string
+	Status      int
+	Code        string
+	Description string
+}
+
+func (e *oauthError) Error() string {
+	msg := fmt.Sprintf("%s answered HTTP %d", e.Endpoint, e.Status)
+	if e.Code != "" {
+		msg += " " + e.Code
+	}
+	if e.Description != "" {
+		msg += ": " + e.Description
+	}
+	return msg
+}
+
+// isInvalidGrant reports whether err is the authorization server refusing
+// the grant for good (an expired, revoked or already used refresh token or
+// code).
+func isInvalidGrant(err error) bool {
+	var oe *oauthError
+	return errors.As(err, &oe) && oe.Code == "invalid_grant"
+}
+
+// clip bounds a text that came from a server before it goes into an error,
+// and keeps only printable ASCII.
+func clip(s string, n int) string {
+	var b strings.Builder
+	for i := 0; i < len(s) && b.Len() < n; i++ {
+		c := s[i]
+		if c >= 0x20 && c < 0x7f {
+			b.WriteByte(c)
+		}
+	}
+	if b.Len() >= n {
+		b.WriteString("…")
+	}
+	return b.String()
+}

@@ -1,0 +1,362 @@
+package upstreamauth
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/oauthex"
+	"golang.org/x/oauth2"
+)
+
+// Bounds of the pending logins.
+const (
+	// MaxPendingLogins is how many logins may await their callback at
+	// once; a new one evicts the oldest.
+	MaxPendingLogins = 8
+	// LoginTimeout is how long a login awaits its callback.
+	LoginTimeout = 10 * time.Minute
+)
+
+// pendingLogin is a login between BeginLogin and Callback.
+type pendingLogin struct {
+	created  time.Time
+	verifier string
+	scopes   []string
+	srv      *server
+	reg      *registration // the client used (CIMD, DCR, or the configured one: Kind "")
+}
+
+// BeginLogin starts an authorization-code login and returns the URL the
+// operator opens in a browser. It discovers the authorization server,
+// registers the gateway when needed (Client ID Metadata Document,
+// pre-registration, else dynamic registration, whose result is stored),
+// chooses the scopes (the upstream's challenge, else its scopes_supported,
+// else none; plus any step-up scopes and the granted ones, and
+// offline_access when the server lists it), and remembers the PKCE
+// verifier under a random state for [Client.Callback].
+func (c *Client) BeginLogin(ctx context.Context) (string, error) {
+	if !c.interactive() {
+		return "", fmt.Errorf("upstream %q uses the %s grant, which needs no login", c.name, c.cfg.grant())
+	}
+	wrap := func(err error) error {
+		return fmt.Errorf("upstream %q: login: %s", c.name, c.redact(err.Error()))
+	}
+	if err := c.load(ctx); err != nil && !errors.Is(err, errUnseal) {
+		// An unreadable record (a changed key) is what a new login
+		// replaces; a storage failure is not.
+		return "", wrap(err)
+	}
+	ch := c.probe(ctx)
+	if ch == nil {
+		c.mu.Lock()
+		ch = c.lastChal
+		c.mu.Unlock()
+	}
+	srv, err := c.discover(ctx, ch)
+	if err != nil {
+		return "", wrap(err)
+	}
+	if srv.Meta.AuthorizationEndpoint == "" {
+		return "", wrap(errors.New("the authorization server metadata has no authorization_endpoint"))
+	}
+	if !srv.NoMeta && !slices.Contains(srv.Meta.CodeChallengeMethodsSupported, "S256") {
+		return "", wrap(fmt.Errorf("the authorization server %s does not list PKCE S256 in code_challenge_methods_supported; the MCP spec forbids logging in without it", shown(srv.Meta.Issuer)))
+	}
+	reg, err := c.register(ctx, srv)
+	if err != nil {
+		return "", wrap(err)
+	}
+
+	rec := c.current()
+	var scopes []string
+	switch {
+	case len(c.cfg.Scopes) > 0:
+		scopes = slices.Clone(c.cfg.Scopes)
+	case ch != nil && len(ch.Scopes) > 0:
+		scopes = ch.Scopes
+	default:
+		scopes = srv.PRMScopes
+	}
+	if rec != nil {
+		scopes = union(union(scopes, rec.Scopes), rec.NeedScopes)
+	}
+	scopes = slices.DeleteFunc(slices.Clone(scopes), func(s string) bool { return s == "offline_access" })
+	if slices.Contains(srv.Meta.ScopesSupported, "offline_access") {
+		// SEP-2207: ask for a refresh token where the server offers it.
+		scopes = append(scopes, "offline_access")
+	}
+
+	verifier := oauth2.GenerateVerifier()
+	state := rand.Text()
+	cfg := oauth2.Config{
+		ClientID:    reg.ClientID,
+		Endpoint:    oauth2.Endpoint{AuthURL: srv.Meta.AuthorizationEndpoint},
+		RedirectURL: c.cfg.RedirectURL,
+		Scopes:      scopes,
+	}
+	authURL := cfg.AuthCodeURL(state, oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("resource", srv.Resource))
+
+	now := c.now()
+	c.mu.Lock()
+	for k, p := range c.pending {
+		if now.Sub(p.created) > LoginTimeout {
+			delete(c.pending, k)
+		}
+	}
+	for len(c.pending) >= MaxPendingLogins {
+		oldest := ""
+		for k, p := range c.pending {
+			if oldest == "" || p.created.Before(c.pending[oldest].created) {
+				oldest = k
+			}
+		}
+		delete(c.pending, oldest)
+	}
+	c.pending[state] = &pendingLogin{created: now, verifier: verifier, scopes: scopes, srv: srv, reg: reg}
+	c.mu.Unlock()
+	c.logger.Info("upstream oauth: login started", "upstream", c.name, "issuer", srv.Meta.Issuer, "scopes", strings.Join(scopes, " "), "client", reg.Kind)
+	return authURL, nil
+}
+
+// register returns the client to log in with, in the order of the MCP
+// spec: the gateway's Client ID Metadata Document when the server supports
+// it, the pre-registered client, then dynamic registration (RFC 7591),
+// reusing a registration stored earlier for the same server and callback.
+func (c *Client) register(ctx context.Context, srv *server) (*registration, error) {
+	issuer := srv.Meta.Issuer
+	if c.cfg.ClientMetadataURL != "" && srv.Meta.ClientIDMetadataDocumentSupported {
+		return &registration{Kind: "cimd", Issuer: issuer, ClientID: c.cfg.ClientMetadataURL, AuthMethod: AuthNone, RedirectURL: c.cfg.RedirectURL}, nil
+	}
+	if c.cfg.ClientID != "" {
+		auth := c.grantAuth(nil, issuer, srv.Meta.TokenEndpoint, srv.Meta.TokenEndpointAuthMethodsSupported)
+		return &registration{Issuer: issuer, ClientID: c.cfg.ClientID, AuthMethod: auth.method}, nil
+	}
+	if rec := c.current(); rec != nil && rec.Client != nil && rec.Client.Kind == "dcr" &&
+		issuersEqual(rec.Client.Issuer, issuer) && rec.Client.RedirectURL == c.cfg.RedirectURL {
+		return rec.Client, nil
+	}
+	if srv.Meta.RegistrationEndpoint == "" {
+		return nil, fmt.Errorf("the authorization server %s supports neither Client ID Metadata Documents (or client_metadata_url is not set) nor dynamic client registration: register the gateway there and set client_id (and client_secret) in the oauth block", shown(issuer))
+	}
+	method := AuthNone
+	for _, m := range []string{AuthClientSecretBasic, AuthClientSecretPost, AuthNone} {
+		if slices.Contains(srv.Meta.TokenEndpointAuthMethodsSupported, m) {
+			method = m
+			break
+		}
+	}
+	meta := &oauthex.ClientRegistrationMetadata{
+		RedirectURIs:            []string{c.cfg.RedirectURL},
+		TokenEndpointAuthMethod: method,
+		GrantTypes:              []string{"authorization_code", "refresh_token"},
+		ResponseTypes:           []string{"code"},
+		ClientName:              c.cfg.ClientName,
+	}
+	if meta.ClientName == "" {
+		meta.ClientName = "caddy-zidane-mcp"
+	}
+	// oauthex.RegisterClient is not used: when a 2xx answer does not
+	// decode, its error quotes the body, which holds the client secret.
+	status, body, err := c.egress.postJSON(ctx, srv.Meta.RegistrationEndpoint, meta)
+	if err != nil {
+		return nil, fmt.Errorf("dynamic client registration: %v", err)
+	}
+	if status != http.StatusCreated && status != http.StatusOK {
+		var e oauthex.ClientRegistrationError
+		json.Unmarshal(body, &e)
+		return nil, fmt.Errorf("dynamic client registration at %s answered HTTP %d %s %s", shown(srv.Meta.RegistrationEndpoint), status, clip(e.ErrorCode, 64), clip(c.redact(e.ErrorDescription), 200))
+	}
+	var resp oauthex.ClientRegistrationResponse
+	if err := json.Unmarshal(body, &resp); err != nil || resp.ClientID == "" {
+		return nil, fmt.Errorf("dynamic client registration at %s: the answer is not a registration with a client_id", shown(srv.Meta.RegistrationEndpoint))
+	}
+	reg := &registration{
+		Kind:         "dcr",
+		Issuer:       issuer,
+		RedirectURL:  c.cfg.RedirectURL,
+		ClientID:     resp.ClientID,
+		ClientSecret: resp.ClientSecret,
+		AuthMethod:   resp.TokenEndpointAuthMethod,
+	}
+	if reg.AuthMethod == "" {
+		reg.AuthMethod = method
+		if reg.ClientSecret != "" && method == AuthNone {
+			reg.AuthMethod = AuthClientSecretBasic // RFC 7591 §2 default
+		}
+	}
+	c.addSecrets(reg.ClientSecret)
+	if err := c.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer c.release()
+	if _, err := c.update(ctx, func(rec *record) (*record, error) {
+		if rec == nil {
+			rec = &record{}
+		}
+		rec.Client = reg
+		return rec, nil
+	}); err != nil {
+		return nil, fmt.Errorf("storing the client registration: %v", err)
+	}
+	c.logger.Info("upstream oauth: registered a client", "upstream", c.name, "issuer", issuer, "client_id", reg.ClientID)
+	return reg, nil
+}
+
+// Callback completes a login with the query of the authorization
+// response (the redirect to redirect_url): it checks the state (known,
+// unexpired, used once) and the iss parameter (RFC 9207), redeems the code
+// with the PKCE verifier and the resource indicator, and stores the
+// tokens. Its refusals wrap [ErrLogin].
+func (c *Client) Callback(ctx context.Context, query url.Values) error {
+	if !c.interactive() {
+		return fmt.Errorf("upstream %q uses the %s grant, which needs no login", c.name, c.cfg.grant())
+	}
+	refuse := func(format string, args ...any) error {
+		return fmt.Errorf("upstream %q: %w: %s", c.name, ErrLogin, c.redact(fmt.Sprintf(format, args...)))
+	}
+	state := query.Get("state")
+	c.mu.Lock()
+	p := c.pending[state]
+	delete(c.pending, state)
+	c.mu.Unlock()
+	if state == "" || p == nil {
+		return refuse("the state does not belong to a login under way (unknown, already used, or evicted); run the login again")
+	}
+	if c.now().Sub(p.created) > LoginTimeout {
+		return refuse("the login expired after %v; run it again", LoginTimeout)
+	}
+	if e := query.Get("error"); e != "" {
+		return refuse("the authorization server refused: %s %s", clip(e, 64), clip(query.Get("error_description"), 200))
+	}
+	// RFC 9207 / SEP-2468: an iss present must be the issuer's; one
+	// advertised must be present.
+	iss := query.Get("iss")
+	switch {
+	case iss != "" && iss != p.srv.Meta.Issuer:
+		return refuse("the authorization response comes from issuer %q, not %s (RFC 9207); a mix-up attack is possible, so the code is not redeemed", clip(iss, 200), p.srv.Meta.Issuer)
+	case iss == "" && p.srv.Meta.AuthorizationResponseIssParameterSupported:
+		return refuse("the authorization server advertises the iss parameter (RFC 9207) but the response has none; the code is not redeemed")
+	}
+	code := query.Get("code")
+	if code == "" {
+		return refuse("the authorization response has no code")
+	}
+
+	if err := c.acquire(ctx); err != nil {
+		return err
+	}
+	defer c.release()
+	var failure error
+	_, err := c.update(ctx, func(rec *record) (*record, error) {
+		if rec == nil {
+			rec = &record{}
+		}
+		form := url.Values{
+			"grant_type":    {"authorization_code"},
+			"code":          {code},
+			"redirect_uri":  {c.cfg.RedirectURL},
+			"code_verifier": {p.verifier},
+		}
+		if p.srv.Resource != "" {
+			form.Set("resource", p.srv.Resource)
+		}
+		auth := c.grantAuth(p.reg, p.srv.Meta.Issuer, p.srv.Meta.TokenEndpoint, p.srv.Meta.TokenEndpointAuthMethodsSupported)
+		tr, err := c.egress.requestToken(ctx, p.srv.Meta.TokenEndpoint, form, auth, c.now(), c.redact)
+		if err != nil {
+			failure = err
+			return nil, errNoChange
+		}
+		rec.RefreshToken = ""
+		c.storeToken(rec, tr, p.scopes)
+		rec.Resource = p.srv.Resource
+		rec.Issuer = p.srv.Meta.Issuer
+		rec.TokenEndpoint = p.srv.Meta.TokenEndpoint
+		rec.RevocationEndpoint = p.srv.Meta.RevocationEndpoint
+		rec.AuthMethods = slices.Clone(p.srv.Meta.TokenEndpointAuthMethodsSupported)
+		if p.reg.Kind != "" {
+			rec.Client = p.reg
+		} else if rec.Client != nil && rec.Client.Kind == "cimd" {
+			rec.Client = nil
+		}
+		// The login asked for the step-up scopes: if the server granted
+		// fewer, the upstream's next 403 says so, and counts as another
+		// step-up.
+		rec.NeedScopes = nil
+		return rec, nil
+	})
+	if err == nil {
+		err = failure
+	}
+	if err != nil {
+		return fmt.Errorf("upstream %q: login: redeeming the code: %s", c.name, c.redact(err.Error()))
+	}
+	c.mu.Lock()
+	c.failed = nil
+	c.mu.Unlock()
+	st := c.State()
+	c.logger.Info("upstream oauth: logged in", "upstream", c.name, "scopes", strings.Join(st.Scopes, " "), "expiry", st.Expiry)
+	return nil
+}
+
+// idJAG obtains an Identity Assertion JWT Authorization Grant for the
+// upstream's authorization server from the enterprise IdP (RFC 8693 token
+// exchange of the gateway's ID token; SEP-990).
+func (c *Client) idJAG(ctx context.Context, rec *record, scopes []string) (string, error) {
+	raw, err := os.ReadFile(c.cfg.IDTokenFile)
+	if err != nil {
+		return "", fmt.Errorf("id_token_file: cannot read %s: %v", c.cfg.IDTokenFile, errors.Unwrap(err))
+	}
+	idToken := strings.TrimSpace(string(raw))
+	if idToken == "" {
+		return "", fmt.Errorf("id_token_file %s is empty", c.cfg.IDTokenFile)
+	}
+	c.addSecrets(idToken)
+	endpoint := c.cfg.IDPTokenURL
+	if endpoint == "" {
+		meta, err := c.authServerMeta(ctx, c.cfg.IDPIssuer)
+		if err != nil {
+			return "", fmt.Errorf("IdP discovery: %v", err)
+		}
+		if meta == nil {
+			return "", fmt.Errorf("the IdP %s publishes no metadata; set idp_token_url", shown(c.cfg.IDPIssuer))
+		}
+		endpoint = meta.TokenEndpoint
+	}
+	audience := rec.Issuer
+	if audience == "" {
+		audience = rec.TokenEndpoint
+	}
+	form := url.Values{
+		"grant_type":           {oauthex.GrantTypeTokenExchange},
+		"requested_token_type": {oauthex.TokenTypeIDJAG},
+		"audience":             {audience},
+		"resource":             {rec.Resource},
+		"subject_token":        {idToken},
+		"subject_token_type":   {oauthex.TokenTypeIDToken},
+	}
+	if len(scopes) > 0 {
+		form.Set("scope", strings.Join(scopes, " "))
+	}
+	auth := &clientAuth{clientID: c.cfg.IDPClientID, secret: c.cfg.IDPClientSecret, method: AuthNone}
+	if c.cfg.IDPClientSecret != "" {
+		auth.method = AuthClientSecretBasic
+	}
+	tr, err := c.egress.requestToken(ctx, endpoint, form, auth, c.now(), c.redact)
+	if err != nil {
+		return "", fmt.Errorf("token exchange at the IdP: %w", err)
+	}
+	if tr.IssuedTokenType != oauthex.TokenTypeIDJAG {
+		return "", fmt.Errorf("token exchange at the IdP: issued_token_type is %q, not an ID-JAG", clip(tr.IssuedTokenType, 100))
+	}
+	c.addSecrets(tr.AccessToken)
+	return tr.AccessToken, nil
+}
