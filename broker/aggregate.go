@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -77,6 +78,11 @@ type AggregateOptions struct {
 	// ToolCache, when set, keeps each upstream's tool listing across
 	// restarts (see [ToolCache]).
 	ToolCache ToolCache
+	// AuthRequired, when set, reports whether the named upstream waits for
+	// an operator's OAuth login. After a failed connection to such an
+	// upstream its tools, prompts and resources are withdrawn; they come
+	// back when it connects again (see [Aggregate.Reconnect]).
+	AuthRequired func(upstream string) bool
 }
 
 // DefaultStdioIdle is the default of [AggregateOptions.StdioIdle].
@@ -117,15 +123,16 @@ const DefaultStdioIdle = 10 * time.Minute
 // call to it gets a tool error naming it. Sessions are bound to the token
 // that initialized them.
 type Aggregate struct {
-	ups         []*aggUpstream
-	byName      map[string]*aggUpstream
-	ns          *Namespace
-	conditional bool
-	server      *mcp.Server
-	handler     *mcp.StreamableHTTPHandler
-	onCall      func(CallRecord)
-	logger      *slog.Logger
-	cache       ToolCache
+	ups          []*aggUpstream
+	byName       map[string]*aggUpstream
+	ns           *Namespace
+	conditional  bool
+	server       *mcp.Server
+	handler      *mcp.StreamableHTTPHandler
+	onCall       func(CallRecord)
+	logger       *slog.Logger
+	cache        ToolCache
+	authRequired func(string) bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -141,6 +148,7 @@ type Aggregate struct {
 	sessions  map[*mcp.ServerSession]*aggSession     // downstream sessions
 	bindings  map[string]string                      // downstream session id -> token id
 	subs      map[string]map[*mcp.ServerSession]bool // resource URI -> subscribed sessions
+	withdrawn map[string]string                      // tool name -> upstream, while it waits for a login
 	closed    bool
 }
 
@@ -205,18 +213,19 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		return nil, fmt.Errorf("aggregate: prefix %q is not known; use \"always\" or \"conditional\"", opts.Prefix)
 	}
 	a := &Aggregate{
-		byName:    map[string]*aggUpstream{},
-		onCall:    opts.OnCall,
-		logger:    logger,
-		cache:     opts.ToolCache,
-		ready:     make(chan struct{}),
-		tools:     map[string]qualified{},
-		prompts:   map[string]qualified{},
-		resOwner:  map[string]string{},
-		tmplOwner: map[string]string{},
-		sessions:  map[*mcp.ServerSession]*aggSession{},
-		bindings:  map[string]string{},
-		subs:      map[string]map[*mcp.ServerSession]bool{},
+		byName:       map[string]*aggUpstream{},
+		onCall:       opts.OnCall,
+		logger:       logger,
+		cache:        opts.ToolCache,
+		authRequired: opts.AuthRequired,
+		ready:        make(chan struct{}),
+		tools:        map[string]qualified{},
+		prompts:      map[string]qualified{},
+		resOwner:     map[string]string{},
+		tmplOwner:    map[string]string{},
+		sessions:     map[*mcp.ServerSession]*aggSession{},
+		bindings:     map[string]string{},
+		subs:         map[string]map[*mcp.ServerSession]bool{},
 	}
 	var names []string
 	for _, u := range ups {
@@ -446,6 +455,12 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			wctx, cancel := context.WithTimeout(ctx, aggInitWait)
 			_ = a.Ready(wctx)
 			cancel()
+		case "tools/call":
+			if p, ok := req.GetParams().(*mcp.CallToolParamsRaw); ok && p != nil {
+				if up := a.withdrawnTool(p.Name); up != nil {
+					return a.unreachable(up, upstreamauth.ErrAuthRequired), nil
+				}
+			}
 		}
 		res, err := next(ctx, method, req)
 		if err != nil {

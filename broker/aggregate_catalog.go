@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -87,6 +88,11 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 				cs.Close()
 			}
 		}
+		if err != nil && a.authRequired != nil && a.authRequired(up.cfg.Name) {
+			// Until an operator logs in, the upstream offers nothing: its
+			// tools leave the aggregate rather than fail every call.
+			a.withdraw(up)
+		}
 		if first {
 			first = false
 			a.firstRoundDone()
@@ -139,10 +145,9 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 			}
 			continue
 		}
-		var wake chan struct{}
-		if up.shared {
-			wake = up.wake // a waiting call skips the backoff
-		}
+		// A waiting call (shared stdio) or [Aggregate.Reconnect] skips
+		// the backoff.
+		wake := up.wake
 		select {
 		case <-a.ctx.Done():
 			return
@@ -311,6 +316,13 @@ func (a *Aggregate) registerTools(up *aggUpstream, listed []*mcp.Tool) {
 			names = append(names, name)
 		}
 	}
+	a.mu.Lock()
+	for n, owner := range a.withdrawn {
+		if owner == up.cfg.Name {
+			delete(a.withdrawn, n)
+		}
+	}
+	a.mu.Unlock()
 	a.replaceNames(up, &up.tools, a.tools, names, keep, a.server.RemoveTools)
 }
 
@@ -481,5 +493,69 @@ func (a *Aggregate) resubscribe(up *aggUpstream, cs *mcp.ClientSession) {
 			a.logger.Warn("aggregate: renewing a resource subscription failed", "upstream", up.cfg.Name, "error", safeError(err))
 		}
 		cancel()
+	}
+}
+
+// withdraw removes every tool, prompt, resource and template up offers.
+func (a *Aggregate) withdraw(up *aggUpstream) {
+	up.mu.Lock()
+	had := len(up.tools) + len(up.prompts) + len(up.resources) + len(up.templates)
+	up.mu.Unlock()
+	if had == 0 {
+		return
+	}
+	up.mu.Lock()
+	tools := slices.Clone(up.tools)
+	up.mu.Unlock()
+	a.mu.Lock()
+	if a.withdrawn == nil {
+		a.withdrawn = map[string]string{}
+	}
+	for _, n := range tools {
+		a.withdrawn[n] = up.cfg.Name
+	}
+	a.mu.Unlock()
+	a.replaceNames(up, &up.tools, a.tools, nil, nil, a.server.RemoveTools)
+	a.replaceNames(up, &up.prompts, a.prompts, nil, nil, a.server.RemovePrompts)
+	up.mu.Lock()
+	res, tmpls := up.resources, up.templates
+	up.resources, up.templates = nil, nil
+	up.mu.Unlock()
+	a.mu.Lock()
+	for _, u := range res {
+		delete(a.resOwner, u)
+	}
+	for _, u := range tmpls {
+		delete(a.tmplOwner, u)
+	}
+	a.mu.Unlock()
+	if len(res) > 0 {
+		a.server.RemoveResources(res...)
+	}
+	if len(tmpls) > 0 {
+		a.server.RemoveResourceTemplates(tmpls...)
+	}
+	a.logger.Warn("aggregate: upstream withdrawn until it is logged in", "upstream", up.cfg.Name)
+}
+
+// withdrawnTool returns the upstream of a tool withdrawn while it waits
+// for a login, or nil.
+func (a *Aggregate) withdrawnTool(name string) *aggUpstream {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if up, ok := a.withdrawn[name]; ok {
+		return a.byName[up]
+	}
+	return nil
+}
+
+// Reconnect asks upstream name's catalog to connect now if it is not
+// connected, skipping its backoff: after a login, for example.
+func (a *Aggregate) Reconnect(name string) {
+	if up := a.byName[name]; up != nil {
+		select {
+		case up.wake <- struct{}{}:
+		default:
+		}
 	}
 }

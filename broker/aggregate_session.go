@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 )
 
 // aggSession is the broker's state for one downstream session: its
@@ -404,7 +406,13 @@ func (v valuesFrom) Value(key any) any {
 }
 
 // unreachable is the tool result for an upstream that could not be used.
-func unreachable(up *aggUpstream, err error) *mcp.CallToolResult {
+func (a *Aggregate) unreachable(up *aggUpstream, err error) *mcp.CallToolResult {
+	if errors.Is(err, upstreamauth.ErrAuthRequired) || (a.authRequired != nil && a.authRequired(up.cfg.Name)) {
+		return &mcp.CallToolResult{
+			IsError: true,
+			Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in (`caddy zidane login %s`)", up.cfg.Name, up.cfg.Name)}},
+		}
+	}
 	return &mcp.CallToolResult{
 		IsError: true,
 		Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("the upstream MCP server %q could not be reached: %s; try again later, and if it persists ask the operator to check the broker log", up.cfg.Name, safeError(err))}},
@@ -423,7 +431,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			return unreachable(up, err), nil
+			return a.unreachable(up, err), nil
 		}
 		defer release()
 		meta := req.Params.Meta
@@ -460,7 +468,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			if errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing) {
 				a.session(req.Session).forget(up.cfg.Name, c)
 			}
-			return unreachable(up, err), nil
+			return a.unreachable(up, err), nil
 		}
 	}
 }

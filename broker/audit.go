@@ -20,6 +20,9 @@ const (
 	// OutcomeCanceled: the client went away before the upstream answered,
 	// and the upstream request was cancelled.
 	OutcomeCanceled = "canceled"
+	// OutcomeAuthRequired: not sent, since the upstream waits for an
+	// operator's OAuth login.
+	OutcomeAuthRequired = "auth_required"
 )
 
 // CallRecord describes one exchange with an upstream, for audit: one

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -100,6 +101,14 @@ type Upstream struct {
 	// the default) rather than one per client session. Give false for
 	// servers that keep per-client state.
 	Shared *bool `json:"shared,omitempty"`
+
+	// OAuth, when set, makes the broker this upstream's OAuth client (http
+	// and sse): it obtains the access token (client credentials, or an
+	// operator's login with the authorization code grant), keeps it
+	// encrypted in storage, refreshes it, and adds it to every request on
+	// the upstream's origin. Its client_secret, private_key and
+	// idp_client_secret may be ${VAR} placeholders, expanded like headers.
+	OAuth *upstreamauth.Config `json:"oauth,omitempty"`
 
 	// FromUntrusted marks a config that came from a source which must not
 	// read this process's environment, such as a file a session supplied:
@@ -255,6 +264,9 @@ func (u Upstream) Validate() error {
 		if len(u.Headers) > 0 {
 			return fmt.Errorf("%s: headers apply to http and sse servers, not to transport \"stdio\"; pass credentials in env", where)
 		}
+		if u.OAuth != nil {
+			return fmt.Errorf("%s: oauth applies to http and sse servers, not to transport \"stdio\"; pass credentials in env", where)
+		}
 		for name := range u.Env {
 			if name == "" || strings.ContainsAny(name, "=\x00") {
 				return fmt.Errorf("%s: env name %q is not valid: it must be non-empty without '=' or NUL", where, name)
@@ -354,6 +366,11 @@ func (u Upstream) clone() Upstream {
 	if u.Shared != nil {
 		b := *u.Shared
 		n.Shared = &b
+	}
+	if u.OAuth != nil {
+		o := *u.OAuth
+		o.Scopes = cloneSlice(u.OAuth.Scopes)
+		n.OAuth = &o
 	}
 	return n
 }

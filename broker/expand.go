@@ -212,6 +212,13 @@ func (u Upstream) Expanded(lookup func(string) (string, bool)) (Upstream, []stri
 		e.Env[k] = expand("env."+k, e.Env[k])
 	}
 	e.Cwd = expand("cwd", u.Cwd)
+	if o := e.OAuth; o != nil {
+		o.ClientID = expand("oauth.client_id", o.ClientID)
+		o.ClientSecret = expand("oauth.client_secret", o.ClientSecret)
+		o.PrivateKey = expand("oauth.private_key", o.PrivateKey)
+		o.IDPClientID = expand("oauth.idp_client_id", o.IDPClientID)
+		o.IDPClientSecret = expand("oauth.idp_client_secret", o.IDPClientSecret)
+	}
 	return e, warnings
 }
 
@@ -229,6 +236,11 @@ func (u Upstream) Redacted() Upstream {
 		r.Env[k] = redactValue(v)
 	}
 	r.URL = redactQuery(r.URL)
+	if o := r.OAuth; o != nil {
+		o.ClientSecret = redactValue(o.ClientSecret)
+		o.PrivateKey = redactValue(o.PrivateKey)
+		o.IDPClientSecret = redactValue(o.IDPClientSecret)
+	}
 	return r
 }
 

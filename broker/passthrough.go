@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -474,6 +475,20 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallR
 		return
 	}
 	rec.Detail = safeError(err)
+	if errors.Is(err, upstreamauth.ErrAuthRequired) {
+		// Not sent: the gateway holds no usable token for the upstream.
+		rec.Outcome = OutcomeAuthRequired
+		pt.logger.Warn("upstream needs an OAuth login", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
+		msg := fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in (`caddy zidane login %s`); your own token is fine", pt.name, pt.name)
+		if rec.Method == "tools/call" && len(rpcID) > 0 {
+			// A tool call gets a tool error, which an agent reads and
+			// reports, rather than a protocol failure.
+			writeToolError(w, rpcID, msg)
+			return
+		}
+		writeRPCError(w, http.StatusServiceUnavailable, rpcID, codeUpstream, msg)
+		return
+	}
 	pt.logger.Warn("upstream request failed", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
 	msg := fmt.Sprintf("the gateway could not reach the upstream MCP server %q; try again later, and if it persists ask the operator to check the broker log", pt.name)
 	var re *pinnedfetch.RedirectError

@@ -157,6 +157,28 @@ func writeRPCError(w http.ResponseWriter, status int, id json.RawMessage, code i
 	w.Write(body)
 }
 
+// writeToolError answers the tools/call of id with a tool result that
+// reports message as an error.
+func writeToolError(w http.ResponseWriter, id json.RawMessage, message string) {
+	body, err := json.Marshal(map[string]any{
+		"jsonrpc": "2.0",
+		"id":      id,
+		"result": map[string]any{
+			"content": []map[string]string{{"type": "text", "text": message}},
+			"isError": true,
+		},
+	})
+	if err != nil {
+		writeRPCError(w, http.StatusServiceUnavailable, nil, codeUpstream, message)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+}
+
 var errBodyTooLarge = errors.New("request body too large")
 
 // readBody reads the whole request body, up to max bytes. Reading it before

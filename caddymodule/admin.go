@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -46,6 +47,7 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/zidane/tokens/", Handler: caddy.AdminHandlerFunc(a.handleTokens)},
 		{Pattern: "/zidane/upstreams", Handler: caddy.AdminHandlerFunc(a.handleUpstreams)},
 		{Pattern: "/zidane/upstreams/", Handler: caddy.AdminHandlerFunc(a.handleUpstreamRestart)},
+		{Pattern: "/zidane/oauth/callback/", Handler: caddy.AdminHandlerFunc(a.handleOAuthCallback)},
 	}
 }
 
@@ -109,6 +111,31 @@ func (a *adminAPI) handleTokens(w http.ResponseWriter, r *http.Request) error {
 	}
 }
 
+// upstreamListing is one entry of GET /zidane/upstreams: the upstream as
+// configured (redacted), and, for one with an oauth block, the state of its
+// token (never the token).
+type upstreamListing struct {
+	Upstream broker.Upstream
+	Auth     *upstreamauth.Status
+}
+
+// MarshalJSON writes the upstream's fields and an "auth" object beside
+// them.
+func (l upstreamListing) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(l.Upstream)
+	if err != nil || l.Auth == nil {
+		return b, err
+	}
+	auth, err := json.Marshal(l.Auth)
+	if err != nil {
+		return nil, err
+	}
+	if string(b) == "{}" {
+		return []byte(`{"auth":` + string(auth) + `}`), nil
+	}
+	return append(append(append(b[:len(b)-1:len(b)-1], `,"auth":`...), auth...), '}'), nil
+}
+
 // handleUpstreams answers GET /zidane/upstreams: the running config's
 // upstreams, as configured (placeholders kept) and with every literal
 // secret in headers and env replaced by <redacted>.
@@ -116,15 +143,18 @@ func (a *adminAPI) handleUpstreams(w http.ResponseWriter, r *http.Request) error
 	if r.Method != http.MethodGet {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("use GET /zidane/upstreams")}
 	}
-	list := []broker.Upstream{}
-	if appIface, err := caddy.ActiveContext().AppIfConfigured("zidane"); err == nil {
-		if app, ok := appIface.(*App); ok {
-			for _, u := range app.upstreams {
-				list = append(list, u.Redacted())
+	list := []upstreamListing{}
+	if app := liveApp(); app != nil {
+		for _, u := range app.upstreams {
+			l := upstreamListing{Upstream: u.Redacted()}
+			if c := app.OAuthClient(u.Name); c != nil {
+				st := c.State()
+				l.Auth = &st
 			}
+			list = append(list, l)
 		}
 	}
-	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
+	sort.Slice(list, func(i, j int) bool { return list[i].Upstream.Name < list[j].Upstream.Name })
 	return writeJSON(w, http.StatusOK, list)
 }
 
@@ -136,6 +166,10 @@ func (a *adminAPI) handleUpstreams(w http.ResponseWriter, r *http.Request) error
 func (a *adminAPI) handleUpstreamRestart(w http.ResponseWriter, r *http.Request) error {
 	rest := strings.TrimPrefix(r.URL.Path, "/zidane/upstreams/")
 	name, action, ok := strings.Cut(rest, "/")
+	switch action {
+	case "login", "logout", "auth":
+		return a.handleUpstreamAuth(w, r, name, action)
+	}
 	if r.Method != http.MethodPost || !ok || name == "" || (action != "restart" && action != "retire") {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("use POST /zidane/upstreams/<name>/restart or /zidane/upstreams/<name>/retire")}
 	}

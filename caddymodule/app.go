@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"go.uber.org/zap"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -76,10 +78,22 @@ type App struct {
 	// The agent never holds the upstream's credential.
 	SessionUpstreams []string `json:"session_upstreams,omitempty"`
 
+	// UpstreamTokenKey seals the upstreams' OAuth tokens in storage
+	// (AES-256-GCM): 32 bytes, base64-encoded. Give it as a placeholder
+	// such as {env.ZIDANE_UPSTREAM_TOKEN_KEY}, which is read at start and
+	// never written to a config file; default: that variable. Required
+	// when an upstream has an oauth block. Every replica needs the same
+	// key, and a new key means the upstreams need a new login.
+	UpstreamTokenKey string `json:"upstream_token_key,omitempty"`
+
 	tokens    *tokenState
 	tokensKey string
 	storage   storage.Storage // the configured storage (Caddy's)
 	upstreams map[string]broker.Upstream
+	oauth     map[string]*upstreamauth.Client // by upstream name
+	oauthKeys []string                        // this config's holds on oauthPool
+	ctx       caddy.Context                   // for events
+	events    *caddyevents.App                // the events app, if configured
 }
 
 // CaddyModule returns the Caddy module information.
@@ -105,7 +119,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.tokens, a.tokensKey = ts, key
 	a.storage = st
-	return a.loadUpstreams()
+	if err := a.loadUpstreams(); err != nil {
+		return err
+	}
+	return a.provisionOAuth(ctx)
 }
 
 // Start implements caddy.App. The app's work runs in its pooled state.
@@ -116,6 +133,7 @@ func (a *App) Stop() error { return nil }
 
 // Cleanup releases this config's hold on the pooled state.
 func (a *App) Cleanup() error {
+	a.cleanupOAuth()
 	if a.tokensKey != "" {
 		_, err := tokenPool.Delete(a.tokensKey)
 		return err

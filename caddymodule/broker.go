@@ -95,7 +95,8 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 			metricRefusals.WithLabelValues(r.Reason).Inc()
 			auditBrokerRefusal(h.audit, r)
 		},
-		Logger: slog.New(zapslog.NewHandler(ctx.Logger().Named("broker").Core())),
+		Logger:      slog.New(zapslog.NewHandler(ctx.Logger().Named("broker").Core())),
+		Credentials: app.credentials(u.Name),
 	})
 	if err != nil {
 		return fmt.Errorf("broker %q: %w", h.Broker, err)
@@ -172,6 +173,8 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		OnCall:              func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
 		Logger:              slog.New(zapslog.NewHandler(ctx.Logger().Named("aggregate").Core())),
 		ToolCache:           toolCache{app.storage},
+		Credentials:         app.credentials,
+		AuthRequired:        app.authRequired,
 	})
 	if err != nil {
 		return fmt.Errorf("aggregate: %w", err)
@@ -242,6 +245,16 @@ func (s *aggregateSet) remove(a *broker.Aggregate) {
 	s.mu.Lock()
 	delete(s.m, a)
 	s.mu.Unlock()
+}
+
+// reconnect has every live aggregated route with upstream name connect to
+// it now (after a login).
+func (s *aggregateSet) reconnect(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for a := range s.m {
+		a.Reconnect(name)
+	}
 }
 
 // restart restarts (or, with retire, retires) upstream name on every live

@@ -14,6 +14,7 @@ import (
 	"github.com/dustin/go-humanize"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -315,7 +316,25 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //				scope <scope>
 //				timeout <duration>
 //				shared true|false
+//				oauth {
+//					grant authorization_code|client_credentials|cross_app_access
+//					client_id <id>
+//					client_secret <secret>
+//					token_endpoint_auth_method client_secret_basic|client_secret_post|private_key_jwt|none
+//					private_key_file <path>
+//					signing_algorithm RS256|ES256
+//					key_id <kid>
+//					scopes <scope...>
+//					redirect_url <url>
+//					client_metadata_url <url>
+//					client_name <name>
+//					authorization_server <issuer>
+//					token_url <url>
+//					max_step_up <n>
+//					idp_issuer|idp_token_url|idp_client_id|idp_client_secret|id_token_file <value>
+//				}
 //			}
+//			upstream_token_key <base64 key or {env.VAR}>
 //			upstreams_file <path>
 //			session_upstreams <name...>
 //		}
@@ -382,6 +401,11 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, d.Err("session_upstreams takes the names of configured upstreams")
 			}
 			app.SessionUpstreams = append(app.SessionUpstreams, names...)
+			continue
+		case "upstream_token_key":
+			if !d.Args(&app.UpstreamTokenKey) || d.NextArg() {
+				return nil, d.Err("upstream_token_key takes one value, such as {env.ZIDANE_UPSTREAM_TOKEN_KEY}")
+			}
 			continue
 		case "upstreams_file":
 			var path string
@@ -516,6 +540,14 @@ func parseUpstream(d *caddyfile.Dispenser) (broker.Upstream, error) {
 				}
 				u.Shared = &b
 			}
+		case "oauth":
+			if len(args) != 0 {
+				return u, d.Errf("upstream %s: oauth takes a block: oauth { grant client_credentials … }", u.Name)
+			}
+			if u.OAuth != nil {
+				return u, d.Errf("upstream %s: oauth is given twice", u.Name)
+			}
+			u.OAuth, err = parseOAuth(d, u.Name)
 		default:
 			return u, d.Errf("upstream %s: unknown option %q", u.Name, opt)
 		}
@@ -524,4 +556,57 @@ func parseUpstream(d *caddyfile.Dispenser) (broker.Upstream, error) {
 		}
 	}
 	return u, nil
+}
+
+// parseOAuth reads an upstream's oauth block. Each option takes one value,
+// except scopes, which takes one or more.
+func parseOAuth(d *caddyfile.Dispenser, upstream string) (*upstreamauth.Config, error) {
+	c := &upstreamauth.Config{}
+	fields := map[string]*string{
+		"grant":                      &c.Grant,
+		"client_id":                  &c.ClientID,
+		"client_secret":              &c.ClientSecret,
+		"token_endpoint_auth_method": &c.TokenEndpointAuthMethod,
+		"private_key":                &c.PrivateKey,
+		"private_key_file":           &c.PrivateKeyFile,
+		"signing_algorithm":          &c.SigningAlgorithm,
+		"key_id":                     &c.KeyID,
+		"redirect_url":               &c.RedirectURL,
+		"client_metadata_url":        &c.ClientMetadataURL,
+		"client_name":                &c.ClientName,
+		"authorization_server":       &c.AuthorizationServer,
+		"token_url":                  &c.TokenURL,
+		"idp_issuer":                 &c.IDPIssuer,
+		"idp_token_url":              &c.IDPTokenURL,
+		"idp_client_id":              &c.IDPClientID,
+		"idp_client_secret":          &c.IDPClientSecret,
+		"id_token_file":              &c.IDTokenFile,
+	}
+	for d.NextBlock(2) {
+		opt := d.Val()
+		args := d.RemainingArgs()
+		switch opt {
+		case "scopes":
+			if len(args) == 0 {
+				return nil, d.Errf("upstream %s: oauth scopes takes one or more scopes", upstream)
+			}
+			c.Scopes = append(c.Scopes, args...)
+		case "max_step_up":
+			n, err := strconv.Atoi(strings.Join(args, " "))
+			if len(args) != 1 || err != nil {
+				return nil, d.Errf("upstream %s: oauth max_step_up takes a whole number", upstream)
+			}
+			c.MaxStepUp = n
+		default:
+			p, ok := fields[opt]
+			if !ok {
+				return nil, d.Errf("upstream %s: unknown oauth option %q", upstream, opt)
+			}
+			if len(args) != 1 {
+				return nil, d.Errf("upstream %s: oauth %s takes one value", upstream, opt)
+			}
+			*p = args[0]
+		}
+	}
+	return c, nil
 }

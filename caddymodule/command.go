@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -195,23 +196,35 @@ func upstreamListCommand() *cobra.Command {
 			if err != nil {
 				return caddy.ExitCodeFailedStartup, err
 			}
-			var list []broker.Upstream
-			if err := adminJSON(admin, http.MethodGet, "/zidane/upstreams", nil, &list); err != nil {
+			var raw json.RawMessage
+			if err := adminJSON(admin, http.MethodGet, "/zidane/upstreams", nil, &raw); err != nil {
 				return caddy.ExitCodeFailedStartup, err
 			}
 			if fl.Bool("json") {
 				enc := json.NewEncoder(os.Stdout)
 				enc.SetIndent("", "  ")
-				return caddy.ExitCodeSuccess, enc.Encode(list)
+				return caddy.ExitCodeSuccess, enc.Encode(raw)
+			}
+			// Each entry is an upstream with, for one with an oauth block,
+			// an "auth" object beside its fields.
+			var list []broker.Upstream
+			var auth []struct {
+				Auth *upstreamauth.Status `json:"auth"`
+			}
+			if err := json.Unmarshal(raw, &list); err != nil {
+				return caddy.ExitCodeFailedStartup, err
+			}
+			if err := json.Unmarshal(raw, &auth); err != nil {
+				return caddy.ExitCodeFailedStartup, err
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tTRANSPORT\tTARGET\tSCOPE\tSOURCE")
-			for _, u := range list {
+			fmt.Fprintln(tw, "NAME\tTRANSPORT\tTARGET\tSCOPE\tAUTH\tSOURCE")
+			for i, u := range list {
 				target := u.URL
 				if u.Transport == broker.TransportStdio {
 					target = strings.TrimSpace(u.Command + " " + strings.Join(u.Args, " "))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", u.Name, u.Transport, target, u.Scope, u.Source)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", u.Name, u.Transport, target, u.Scope, authColumn(auth[i].Auth), u.Source)
 			}
 			return caddy.ExitCodeSuccess, tw.Flush()
 		}),
@@ -324,4 +337,16 @@ func when(t *time.Time, none string) string {
 		return none
 	}
 	return t.Local().Format(time.DateTime)
+}
+
+// authColumn is the AUTH column of `upstream list`: "-" without an oauth
+// block, else the token's state and the scopes granted.
+func authColumn(st *upstreamauth.Status) string {
+	if st == nil {
+		return "-"
+	}
+	if len(st.Scopes) == 0 {
+		return st.State
+	}
+	return st.State + " (" + strings.Join(st.Scopes, " ") + ")"
 }

@@ -44,7 +44,8 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 				metricRefusals.WithLabelValues(r.Reason).Inc()
 				auditBrokerRefusal(auditLogger(), r)
 			},
-			Logger: log,
+			Logger:      log,
+			Credentials: a.credentials(name),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("session_upstreams: %w", err)

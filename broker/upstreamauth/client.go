@@ -97,6 +97,10 @@ type Options struct {
 	RefreshSkew time.Duration
 	// Now overrides the clock (tests).
 	Now func() time.Time
+	// OnState, when set, is told every change of state after New returns
+	// (for audit and events). It is called with the Client's lock held:
+	// it must not call the Client, and should not block.
+	OnState func(Status)
 }
 
 // Client is the OAuth client of one upstream. It is safe for concurrent
@@ -124,7 +128,10 @@ type Client struct {
 	// when they get it.
 	flight chan struct{}
 
+	onState func(Status)
+
 	mu          sync.Mutex
+	started     bool    // New returned: state changes go to onState
 	rec         *record // the last record read or written; nil: none
 	loaded      bool
 	state       string
@@ -184,6 +191,7 @@ func New(ctx context.Context, name, mcpURL string, cfg Config, opts Options) (*C
 		now:     opts.Now,
 		pending: map[string]*pendingLogin{},
 		flight:  make(chan struct{}, 1),
+		onState: opts.OnState,
 	}
 	if c.logger == nil {
 		c.logger = slog.New(slog.DiscardHandler)
@@ -208,6 +216,9 @@ func New(ctx context.Context, name, mcpURL string, cfg Config, opts Options) (*C
 	if err := c.load(ctx); err != nil {
 		c.logger.Warn("upstream oauth: cannot load the stored token", "upstream", name, "error", err.Error())
 	}
+	c.mu.Lock()
+	c.started = true
+	c.mu.Unlock()
 	return c, nil
 }
 
@@ -241,6 +252,10 @@ func (c *Client) Close() { c.egress.closeIdle() }
 func (c *Client) State() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.statusLocked()
+}
+
+func (c *Client) statusLocked() Status {
 	s := Status{State: c.state, Err: c.errMsg}
 	if c.rec != nil && c.rec.AccessToken != "" {
 		s.Scopes = slices.Clone(c.rec.Scopes)
@@ -298,9 +313,9 @@ func (c *Client) adopt(rec *record) {
 			if rec != nil && rec.Reason != "" {
 				reason = rec.Reason
 			}
-			c.state, c.errMsg = StateAuthRequired, reason
+			c.setStateLocked(StateAuthRequired, reason)
 		} else if c.state != StateError {
-			c.state, c.errMsg = StateReady, ""
+			c.setStateLocked(StateReady, "")
 		}
 		return
 	}
@@ -310,11 +325,11 @@ func (c *Client) adopt(rec *record) {
 	}
 	c.hot.Store(&hotToken{gen: c.tokenGen, access: rec.AccessToken, header: "Bearer " + rec.AccessToken, refreshAt: c.refreshAt(rec)})
 	if c.interactive() && len(rec.NeedScopes) > 0 && !covers(rec.Scopes, rec.NeedScopes) {
-		c.state, c.errMsg = StateAuthRequired, "the upstream asks for scopes the token lacks: "+strings.Join(rec.NeedScopes, " ")
+		c.setStateLocked(StateAuthRequired, "the upstream asks for scopes the token lacks: "+strings.Join(rec.NeedScopes, " "))
 		c.hot.Store(nil)
 		return
 	}
-	c.state, c.errMsg = StateReady, ""
+	c.setStateLocked(StateReady, "")
 }
 
 // refreshAt is when rec's access token is refreshed: skew before its
@@ -334,8 +349,18 @@ func (c *Client) refreshAt(rec *record) time.Time {
 
 func (c *Client) setState(state, msg string) {
 	c.mu.Lock()
-	c.state, c.errMsg = state, c.redactLocked(msg)
+	c.setStateLocked(state, c.redactLocked(msg))
 	c.mu.Unlock()
+}
+
+// setStateLocked sets the state and, when it changes after New returned,
+// tells Options.OnState. c.mu is held.
+func (c *Client) setStateLocked(state, msg string) {
+	changed := state != c.state
+	c.state, c.errMsg = state, msg
+	if changed && c.started && c.onState != nil {
+		c.onState(c.statusLocked())
+	}
 }
 
 func (c *Client) addSecrets(s ...string) {

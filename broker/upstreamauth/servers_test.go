@@ -535,13 +535,14 @@ func (m *testMCP) stats() (requests, authorized int) {
 // env is one upstream with its authorization server, and what a test
 // needs to build clients for it.
 type env struct {
-	t     *testing.T
-	clock *clock
-	as    *testAS
-	mcp   *testMCP
-	store *certmagic.FileStorage
-	key   []byte
-	logs  *syncBuffer
+	onState func(Status) // given to the clients built
+	t       *testing.T
+	clock   *clock
+	as      *testAS
+	mcp     *testMCP
+	store   *certmagic.FileStorage
+	key     []byte
+	logs    *syncBuffer
 }
 
 type syncBuffer struct {
@@ -586,6 +587,7 @@ func (e *env) client(cfg Config) *Client {
 		Key:     e.key,
 		Logger:  slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Now:     e.clock.Now,
+		OnState: e.onState,
 	})
 	if err != nil {
 		e.t.Fatalf("New: %v", err)

@@ -221,8 +221,7 @@ func (c *Client) stepUp(ctx context.Context, scopes []string, gen uint64) error 
 		c.logger.Warn("upstream oauth: cannot store the step-up scopes", "upstream", c.name, "error", c.redact(err.Error()))
 	}
 	c.mu.Lock()
-	c.state = StateAuthRequired
-	c.errMsg = "the upstream asks for scopes the token lacks: " + strings.Join(scopes, " ")
+	c.setStateLocked(StateAuthRequired, "the upstream asks for scopes the token lacks: "+strings.Join(scopes, " "))
 	c.mu.Unlock()
 	c.hot.Store(nil)
 	c.logger.Warn("upstream oauth: step-up needed; login required", "upstream", c.name, "scopes", strings.Join(scopes, " "))

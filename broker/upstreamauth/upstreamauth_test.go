@@ -490,6 +490,42 @@ func TestInvalidGrantGoesToAuthRequired(t *testing.T) {
 	}
 }
 
+// OnState hears each change of state once: ready after the login,
+// auth-required when the refresh token is refused, ready after the next
+// login. Nothing it hears holds a token.
+func TestOnStateReportsTransitions(t *testing.T) {
+	e := newEnv(t, asOptions{}, []string{"mcp:read"}, "")
+	e.as.addClient("gw", "", nil)
+	var mu sync.Mutex
+	var seen []Status
+	e.onState = func(s Status) {
+		mu.Lock()
+		seen = append(seen, s)
+		mu.Unlock()
+	}
+	c := e.client(Config{ClientID: "gw", RedirectURL: redirect})
+	e.login(c)
+	e.as.revokeAll()
+	if _, err := e.post(c, true); !errors.Is(err, ErrAuthRequired) {
+		t.Fatalf("post after the revocation: %v", err)
+	}
+	e.login(c)
+	mu.Lock()
+	defer mu.Unlock()
+	var states []string
+	for _, s := range seen {
+		states = append(states, s.State)
+		for _, secret := range e.as.secrets() {
+			if strings.Contains(fmt.Sprint(s), secret) {
+				t.Fatalf("a reported state holds a token: %+v", s)
+			}
+		}
+	}
+	if want := []string{StateReady, StateAuthRequired, StateReady}; !slices.Equal(states, want) {
+		t.Fatalf("states reported %v, want %v", states, want)
+	}
+}
+
 func TestLogoutRevokes(t *testing.T) {
 	e, c := loggedIn(t, asOptions{}, "")
 	if err := e.callEcho(c, "x"); err != nil {

@@ -1,0 +1,194 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+)
+
+// UpstreamTokenKeyEnv is the environment variable read for the upstream
+// token key when upstream_token_key is not set.
+const UpstreamTokenKeyEnv = "ZIDANE_UPSTREAM_TOKEN_KEY"
+
+// oauthPool holds one OAuth client per storage, upstream and OAuth config,
+// so a reload keeps its token in memory and the logins awaiting their
+// callback; a changed config gets a new client (the stored token stays).
+var oauthPool = caddy.NewUsagePool()
+
+type oauthEntry struct{ client *upstreamauth.Client }
+
+func (e *oauthEntry) Destruct() error {
+	e.client.Close()
+	return nil
+}
+
+// upstreamTokenKey decodes the key that seals upstream tokens.
+func (a *App) upstreamTokenKey() ([]byte, error) {
+	raw := a.UpstreamTokenKey
+	where := "upstream_token_key"
+	if raw == "" {
+		raw, where = os.Getenv(UpstreamTokenKeyEnv), UpstreamTokenKeyEnv
+	} else {
+		raw = caddy.NewReplacer().ReplaceKnown(raw, "")
+	}
+	raw = strings.TrimSpace(raw)
+	if raw == "" {
+		return nil, fmt.Errorf("an upstream has an oauth block, so its tokens are stored encrypted: set %s (or upstream_token_key in the global zidane option) to 32 random bytes in base64, e.g. the output of `openssl rand -base64 32`", UpstreamTokenKeyEnv)
+	}
+	key, err := base64.StdEncoding.DecodeString(raw)
+	if err != nil {
+		key, err = base64.RawURLEncoding.DecodeString(strings.TrimRight(raw, "="))
+	}
+	if err != nil || len(key) != 32 {
+		return nil, fmt.Errorf("%s must be 32 bytes in base64 (e.g. `openssl rand -base64 32`); the value given is not", where)
+	}
+	return key, nil
+}
+
+// provisionOAuth gets (or shares) the OAuth client of every upstream with
+// an oauth block.
+func (a *App) provisionOAuth(ctx caddy.Context) error {
+	names := make([]string, 0, len(a.upstreams))
+	for name, u := range a.upstreams {
+		if u.OAuth != nil {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	sort.Strings(names)
+	a.ctx = ctx
+	if ev, err := ctx.AppIfConfigured("events"); err == nil {
+		a.events, _ = ev.(*caddyevents.App)
+	}
+	key, err := a.upstreamTokenKey()
+	if err != nil {
+		return fmt.Errorf("zidane: %w", err)
+	}
+	logger := ctx.Logger().Named("upstream_oauth")
+	a.oauth = map[string]*upstreamauth.Client{}
+	for _, name := range names {
+		u := a.upstreams[name]
+		e, warnings := u.Expanded(nil)
+		for _, w := range warnings {
+			logger.Warn("upstream oauth", zap.String("warning", w))
+		}
+		cfg := *e.OAuth
+		if err := cfg.Validate(); err != nil {
+			return fmt.Errorf("upstream %q: %w", name, err)
+		}
+		endpoint, err := e.Endpoint()
+		if err != nil {
+			return fmt.Errorf("upstream %q: %w", name, err)
+		}
+		poolKey := oauthPoolKey(a.tokensKey, name, endpoint.String(), cfg, key)
+		audit := ctx.Logger().Named("audit")
+		val, _, err := oauthPool.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
+			nctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c, err := upstreamauth.New(nctx, name, endpoint.String(), cfg, upstreamauth.Options{
+				Storage: a.storage,
+				Key:     key,
+				Logger:  slog.New(zapslog.NewHandler(logger.With(zap.String("upstream", name)).Core())),
+				HTTPOptions: []pinnedfetch.Option{pinnedfetch.WithDecisions(func(d pinnedfetch.Decision) {
+					auditRedirect(audit, name+" (oauth)", d)
+				})},
+				OnState: func(st upstreamauth.Status) { oauthStateChanged(name, st) },
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &oauthEntry{client: c}, nil
+		})
+		if err != nil {
+			a.cleanupOAuth()
+			return fmt.Errorf("upstream %q: oauth: %w", name, err)
+		}
+		a.oauthKeys = append(a.oauthKeys, poolKey)
+		a.oauth[name] = val.(*oauthEntry).client
+	}
+	return nil
+}
+
+// oauthPoolKey identifies an OAuth client: the storage, the upstream, its
+// endpoint, and a hash of its expanded config and the sealing key (held
+// only in memory).
+func oauthPoolKey(storageKey, name, endpoint string, cfg upstreamauth.Config, key []byte) string {
+	h := sha256.New()
+	b, _ := json.Marshal(cfg)
+	h.Write(b)
+	h.Write(key)
+	return storageKey + "|oauth|" + name + "|" + endpoint + "|" + hex.EncodeToString(h.Sum(nil))
+}
+
+func (a *App) cleanupOAuth() {
+	for _, k := range a.oauthKeys {
+		_, _ = oauthPool.Delete(k)
+	}
+	a.oauthKeys = nil
+}
+
+// OAuthClient returns the OAuth client of upstream name, or nil when it has
+// no oauth block.
+func (a *App) OAuthClient(name string) *upstreamauth.Client { return a.oauth[name] }
+
+// credentials returns the egress credentials layer of upstream name: its
+// OAuth client's transport, or nil.
+func (a *App) credentials(name string) func(next http.RoundTripper) http.RoundTripper {
+	if c := a.oauth[name]; c != nil {
+		return c.Transport
+	}
+	return nil
+}
+
+// authRequired reports whether upstream name waits for an operator's
+// login.
+func (a *App) authRequired(name string) bool {
+	c := a.oauth[name]
+	return c != nil && c.State().State == upstreamauth.StateAuthRequired
+}
+
+// oauthStateChanged records a change of an upstream's OAuth state: an
+// audit line, and the Caddy event "upstream_auth_required" or
+// "upstream_auth_ready" (or "upstream_auth_error") for event handlers. It
+// runs under the OAuth client's lock, so the event is emitted from a
+// goroutine.
+func oauthStateChanged(upstream string, st upstreamauth.Status) {
+	fields := []zap.Field{zap.String("event", "upstream_auth"), zap.String("upstream", upstream),
+		zap.String("state", st.State), zap.Strings("scopes", st.Scopes)}
+	if st.Err != "" {
+		fields = append(fields, zap.String("detail", st.Err))
+	}
+	if st.State == upstreamauth.StateReady {
+		auditLogger().Info("upstream auth state", fields...)
+	} else {
+		auditLogger().Warn("upstream auth state", fields...)
+	}
+	go func() {
+		app := liveApp()
+		if app == nil || app.events == nil {
+			return
+		}
+		app.events.Emit(app.ctx, "upstream_auth_"+strings.ReplaceAll(st.State, "-", "_"), map[string]any{
+			"upstream": upstream, "state": st.State, "scopes": st.Scopes, "detail": st.Err,
+		})
+	}()
+}

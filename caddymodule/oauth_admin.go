@@ -1,0 +1,113 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"html"
+	"net/http"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+)
+
+// liveApp returns the zidane app of the running config, or nil.
+func liveApp() *App {
+	appIface, err := caddy.ActiveContext().AppIfConfigured("zidane")
+	if err != nil {
+		return nil
+	}
+	app, _ := appIface.(*App)
+	return app
+}
+
+// oauthClientOf returns the running config's OAuth client of upstream
+// name, or an admin error that says why there is none.
+func oauthClientOf(name string) (*upstreamauth.Client, error) {
+	app := liveApp()
+	if app == nil {
+		return nil, caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("no zidane app is running")}
+	}
+	if _, ok := app.Upstream(name); !ok {
+		return nil, caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no upstream %q is configured", name)}
+	}
+	c := app.OAuthClient(name)
+	if c == nil {
+		return nil, caddy.APIError{HTTPStatus: http.StatusBadRequest,
+			Err: fmt.Errorf("upstream %q has no oauth block: its credentials are the headers configured for it", name)}
+	}
+	return c, nil
+}
+
+// handleUpstreamAuth answers the OAuth actions on an upstream:
+//
+//	POST /zidane/upstreams/<name>/login   -> {"authorization_url": …}
+//	POST /zidane/upstreams/<name>/logout  -> the new status
+//	GET  /zidane/upstreams/<name>/auth    -> the status (state, scopes, expiry)
+func (a *adminAPI) handleUpstreamAuth(w http.ResponseWriter, r *http.Request, name, action string) error {
+	c, err := oauthClientOf(name)
+	if err != nil {
+		return err
+	}
+	audit := auditLogger()
+	switch {
+	case action == "auth" && r.Method == http.MethodGet:
+		return writeJSON(w, http.StatusOK, c.State())
+	case action == "login" && r.Method == http.MethodPost:
+		u, err := c.BeginLogin(r.Context())
+		if err != nil {
+			audit.Warn("upstream login refused", zap.String("event", "upstream_login"), zap.String("upstream", name),
+				zap.String("outcome", "error"), zap.String("detail", err.Error()))
+			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: err}
+		}
+		audit.Info("upstream login started", zap.String("event", "upstream_login"), zap.String("upstream", name),
+			zap.String("outcome", "started"))
+		return writeJSON(w, http.StatusOK, map[string]string{"upstream": name, "authorization_url": u})
+	case action == "logout" && r.Method == http.MethodPost:
+		if err := c.Logout(r.Context()); err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: err}
+		}
+		audit.Info("upstream logout", zap.String("event", "upstream_logout"), zap.String("upstream", name))
+		return writeJSON(w, http.StatusOK, c.State())
+	default:
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed,
+			Err: fmt.Errorf("use POST /zidane/upstreams/<name>/login or /logout, or GET /zidane/upstreams/<name>/auth")}
+	}
+}
+
+// handleOAuthCallback answers GET /zidane/oauth/callback/<name>: the
+// authorization server sends the operator's browser here after a login
+// (the upstream's redirect_url). It stores the tokens and tells the
+// operator, in a page with no secret, whether it worked.
+func (a *adminAPI) handleOAuthCallback(w http.ResponseWriter, r *http.Request) error {
+	name := strings.Trim(strings.TrimPrefix(r.URL.Path, "/zidane/oauth/callback"), "/")
+	if r.Method != http.MethodGet || name == "" || strings.Contains(name, "/") {
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("use GET /zidane/oauth/callback/<upstream> (the upstream's redirect_url)")}
+	}
+	c, err := oauthClientOf(name)
+	if err != nil {
+		return err
+	}
+	audit := auditLogger()
+	page := func(status int, title, body string) error {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("Referrer-Policy", "no-referrer")
+		w.WriteHeader(status)
+		_, err := fmt.Fprintf(w, "<!doctype html><meta charset=utf-8><title>%s</title><h1>%s</h1><p>%s</p>\n",
+			html.EscapeString(title), html.EscapeString(title), html.EscapeString(body))
+		return err
+	}
+	if err := c.Callback(r.Context(), r.URL.Query()); err != nil {
+		audit.Warn("upstream login refused", zap.String("event", "upstream_login"), zap.String("upstream", name),
+			zap.String("outcome", "refused"), zap.String("detail", err.Error()))
+		return page(http.StatusBadRequest, "Login to "+name+" failed", err.Error()+" Run `caddy zidane login "+name+"` to try again.")
+	}
+	liveAggregates.reconnect(name)
+	st := c.State()
+	audit.Info("upstream login completed", zap.String("event", "upstream_login"), zap.String("upstream", name),
+		zap.String("outcome", "ok"), zap.Strings("scopes", st.Scopes))
+	return page(http.StatusOK, "Logged in to "+name, "The gateway holds the upstream's token now; you can close this window.")
+}
