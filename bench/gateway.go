@@ -103,13 +103,13 @@ http://127.0.0.1:%d {
 		return nil, err
 	}
 	g.routes = []route{
-		{name: "reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", rpPort), viaCaddy: true},
-		{name: "guard+reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, viaCaddy: true},
-		{name: "broker pass-through", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", brokerPort), token: token, viaCaddy: true},
+		{name: "reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", rpPort), pid: g.pid()},
+		{name: "guard+reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, pid: g.pid()},
+		{name: "broker pass-through", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", brokerPort), token: token, pid: g.pid()},
 	}
 	if aggregated != "" {
 		g.routes = append(g.routes, route{name: "aggregated (2 upstreams)", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", aggPort),
-			token: token, viaCaddy: true, prefix: "mcp_bench_"})
+			token: token, pid: g.pid(), prefix: "mcp_bench_"})
 	}
 	return g, nil
 }

@@ -22,6 +22,8 @@
 //	go run ./bench -only sessions -sessions 1000     # the session engine only
 //	go run ./bench -only idle -idle 10000            # idle MCP sessions only
 //	go run ./bench -peer http://127.0.0.1:9000/mcp   # add another gateway
+//	go run ./bench -only calls -peer-mcpgo           # add the mcp-go aggregator stand-in (bench/peer/mcpgoproxy)
+//	go run ./bench -only calls -cpuprofile agg.pprof # then profile caddy while the aggregated route is driven
 //
 // Everything listens on loopback and every loop is bounded.
 package main
@@ -42,6 +44,7 @@ type config struct {
 	rounds      int
 	tool        string
 	peers       []string
+	peerMCPGo   bool // run the mcp-go aggregator stand-in as one more route
 	timeout     time.Duration
 
 	only string // "", "calls", "sessions" or "idle": run that section alone
@@ -52,6 +55,11 @@ type config struct {
 	agentIdle      time.Duration
 
 	idle int // idle MCP sessions opened on each route in the idle-sessions run; 0 skips it
+
+	cpuProfile      string        // when set, a CPU profile of caddy is written here (see profileRoute)
+	profileRoute    string        // the route driven while it is taken: a prefix of its name
+	profileSessions int           // MCP sessions driving it meanwhile
+	profileFor      time.Duration // how long the profile runs
 }
 
 // callsOn and sessionsOn say which sections run.
@@ -87,13 +95,19 @@ func parseFlags(args []string) (config, error) {
 	maxAgents := fs.Int("max-agents", 32, "the gateway's max_agents in the session-engine run: agent processes alive at once")
 	agentIdle := fs.Duration("agent-idle", 2*time.Second, "the gateway's agent_idle_timeout in the session-engine run")
 	idle := fs.Int("idle", 10000, "initialized MCP sessions to open and leave idle on the sessions endpoint and on broker pass-through, for memory per session; 0 skips it")
+	cpuProfile := fs.String("cpuprofile", "", "after the calls table, write a CPU profile of caddy to this file, taken from its admin API while -profile-route is driven")
+	profileRoute := fs.String("profile-route", "aggregated", "the route driven while -cpuprofile is taken: the start of its name in the table")
+	profileSessions := fs.Int("profile-sessions", 32, "concurrent MCP sessions driving -profile-route while -cpuprofile is taken")
+	profileFor := fs.Duration("profile-for", 15*time.Second, "how long the -cpuprofile profile runs")
+	peerMCPGo := fs.Bool("peer-mcpgo", false, "build and run bench/peer/mcpgoproxy, a stand-in for TBXark/mcp-proxy on mark3labs/mcp-go, over the same two upstreams, as one more route")
 	var peers stringList
 	fs.Var(&peers, "peer", "URL of another MCP gateway's endpoint to measure as one more route (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
-	cfg := config{calls: *calls, rounds: *rounds, tool: *tool, peers: peers, timeout: *timeout, only: *only,
-		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle, idle: *idle}
+	cfg := config{calls: *calls, rounds: *rounds, tool: *tool, peers: peers, peerMCPGo: *peerMCPGo, timeout: *timeout, only: *only,
+		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle, idle: *idle,
+		cpuProfile: *cpuProfile, profileRoute: *profileRoute, profileSessions: *profileSessions, profileFor: *profileFor}
 	for _, s := range strings.Split(*conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 || n > 1024 {
@@ -130,6 +144,17 @@ func parseFlags(args []string) (config, error) {
 		}
 	default:
 		return config{}, fmt.Errorf("-only %q: use calls, sessions or idle, or leave it out for all", cfg.only)
+	}
+	if cfg.cpuProfile != "" {
+		if !cfg.callsOn() {
+			return config{}, fmt.Errorf("-cpuprofile is taken in the calls section: leave out -only or give -only calls")
+		}
+		if cfg.profileSessions < 1 || cfg.profileSessions > 1024 {
+			return config{}, fmt.Errorf("-profile-sessions %d: give 1 to 1024", cfg.profileSessions)
+		}
+		if cfg.profileFor < time.Second || cfg.profileFor > 5*time.Minute {
+			return config{}, fmt.Errorf("-profile-for %s: give 1s to 5m", cfg.profileFor)
+		}
 	}
 	if cfg.idle < 0 || cfg.idle > 100000 {
 		return config{}, fmt.Errorf("-idle %d: give 0 (skip) to 100000", cfg.idle)

@@ -75,7 +75,13 @@ func (p *proc) stop() {
 
 // startUpstream runs the upstream MCP server and returns its address.
 func startUpstream(ctx context.Context, bin string) (*proc, string, error) {
-	cmd := exec.CommandContext(ctx, bin, "-addr", "127.0.0.1:0")
+	return startListening(ctx, bin, "-addr", "127.0.0.1:0")
+}
+
+// startListening runs bin with args and returns its address, which it
+// reports on its first line of stderr as "listening on ADDR".
+func startListening(ctx context.Context, bin string, args ...string) (*proc, string, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -88,13 +94,13 @@ func startUpstream(ctx context.Context, bin string) (*proc, string, error) {
 	line, err := bufio.NewReader(stderr).ReadString('\n')
 	if err != nil {
 		p.stop()
-		return nil, "", fmt.Errorf("upstream did not report its address: %v", err)
+		return nil, "", fmt.Errorf("%s did not report its address: %v", filepath.Base(bin), err)
 	}
 	go io.Copy(io.Discard, stderr)
 	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
 	if !ok {
 		p.stop()
-		return nil, "", fmt.Errorf("upstream said %q", line)
+		return nil, "", fmt.Errorf("%s said %q", filepath.Base(bin), line)
 	}
 	return p, addr, nil
 }
@@ -193,4 +199,28 @@ func runs(pid int, bin string) bool {
 		bin = resolved
 	}
 	return exe == bin
+}
+
+// mcpGoPeerRoute names the mcp-go aggregator stand-in's route in the table.
+const mcpGoPeerRoute = "mcp-go proxy stand-in (2 upstreams)"
+
+// startMCPGoPeer builds and runs bench/peer/mcpgoproxy over the two
+// upstreams, with a token of its own, and returns its route.
+func startMCPGoPeer(ctx context.Context, work, upstream, second string) (*proc, route, error) {
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return nil, route{}, err
+	}
+	fmt.Fprintln(os.Stderr, "bench: building the mcp-go peer…")
+	bin, err := build(ctx, root, work, "mcpgoproxy", "./bench/peer/mcpgoproxy")
+	if err != nil {
+		return nil, route{}, err
+	}
+	token := strconv.FormatInt(time.Now().UnixNano(), 36) + "-peer"
+	p, addr, err := startListening(ctx, bin, "-addr", "127.0.0.1:0", "-token", token,
+		"-upstream", "bench=http://"+upstream+"/mcp", "-upstream", "bench2=http://"+second+"/mcp")
+	if err != nil {
+		return nil, route{}, err
+	}
+	return p, route{name: mcpGoPeerRoute, url: "http://" + addr + "/mcp", token: token, prefix: "mcp_bench_", pid: p.cmd.Process.Pid}, nil
 }

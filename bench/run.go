@@ -15,13 +15,16 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
+// benchProtocolVersion is the MCP version the load's clients speak.
+const benchProtocolVersion = "2025-11-25"
+
 // route is one way to reach the upstream.
 type route struct {
-	name     string
-	url      string
-	token    string
-	viaCaddy bool   // CPU and RSS are caddy's only for routes through it
-	prefix   string // put before the tool's name: the aggregated route's namespace
+	name   string
+	url    string
+	token  string
+	pid    int    // the gateway process whose CPU and RSS are measured (caddy's, a peer's); 0: none
+	prefix string // put before the tool's name: the aggregated route's namespace
 }
 
 // sample is one route at one concurrency in one round.
@@ -39,7 +42,7 @@ type result struct {
 	concurrency int
 	callsPerSec float64
 	p50, p99    time.Duration
-	cpuPerCall  time.Duration // 0 when not through caddy
+	cpuPerCall  time.Duration // 0 when no gateway process is measured
 	rss         int64
 }
 
@@ -130,6 +133,14 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 	defer gw.stop()
 
 	routes := append([]route{{name: "direct", url: "http://" + upAddr + "/mcp"}}, gw.routes...)
+	if cfg.peerMCPGo {
+		peer, r, err := startMCPGoPeer(ctx, work, upAddr, up2Addr)
+		if err != nil {
+			return nil, err
+		}
+		defer peer.stop()
+		routes = append(routes, r)
+	}
 	for i, p := range cfg.peers {
 		routes = append(routes, route{name: fmt.Sprintf("peer%d", i+1), url: p})
 	}
@@ -144,7 +155,7 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 			}
 			for _, r := range order {
 				fmt.Fprintf(os.Stderr, "bench: round %d/%d, %d sessions, %s\n", round+1, cfg.rounds, conc, r.name)
-				s, err := drive(ctx, r, conc, cfg.calls, cfg.tool, gw.pid(), r.viaCaddy)
+				s, err := drive(ctx, r, conc, cfg.calls, cfg.tool)
 				if err != nil {
 					return nil, fmt.Errorf("%s at %d sessions: %w", r.name, conc, err)
 				}
@@ -156,10 +167,16 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 		}
 	}
 
+	if cfg.cpuProfile != "" {
+		if err := profileCaddy(ctx, cfg, gw, routes); err != nil {
+			return nil, err
+		}
+	}
+
 	var results []result
 	for _, r := range routes {
 		for _, conc := range cfg.concurrency {
-			results = append(results, summarize(r.name, conc, samples[r.name][conc], r.viaCaddy))
+			results = append(results, summarize(r.name, conc, samples[r.name][conc], r.pid != 0))
 		}
 	}
 	return results, nil
@@ -167,7 +184,7 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 
 // drive opens conc initialized MCP sessions on r and makes calls tools/call
 // on each, all at once. Session set-up is not timed.
-func drive(ctx context.Context, r route, conc, calls int, tool string, caddyPID int, viaCaddy bool) (sample, error) {
+func drive(ctx context.Context, r route, conc, calls int, tool string) (sample, error) {
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc * 2}}
 	if r.token != "" {
 		base := hc.Transport
@@ -182,7 +199,12 @@ func drive(ctx context.Context, r route, conc, calls int, tool string, caddyPID 
 	for i := range sessions {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		client := mcp.NewClient(&mcp.Implementation{Name: "zidane-bench", Version: "1"}, nil)
-		cs, err := client.Connect(cctx, &mcp.StreamableClientTransport{Endpoint: r.url, HTTPClient: hc, MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+		// Every route speaks 2025-11-25, the newest the stateful routes
+		// serve: left to choose, go-sdk's client would speak the stateless
+		// 2026-07-28 protocol to a peer that offers it, whose per-request
+		// _meta a proxy that re-sends it passes to the stateful upstream.
+		cs, err := client.Connect(cctx, &mcp.StreamableClientTransport{Endpoint: r.url, HTTPClient: hc, MaxRetries: -1, DisableStandaloneSSE: true},
+			&mcp.ClientSessionOptions{ProtocolVersion: benchProtocolVersion})
 		cancel()
 		if err != nil {
 			return sample{}, fmt.Errorf("connect: %w", err)
@@ -196,8 +218,8 @@ func drive(ctx context.Context, r route, conc, calls int, tool string, caddyPID 
 	}
 
 	var cpu0 time.Duration
-	if viaCaddy {
-		cpu0, _ = cpuTime(caddyPID)
+	if r.pid != 0 {
+		cpu0, _ = cpuTime(r.pid)
 	}
 	var (
 		mu      sync.Mutex
@@ -239,15 +261,15 @@ func drive(ctx context.Context, r route, conc, calls int, tool string, caddyPID 
 	if firstEr != nil {
 		return s, firstEr
 	}
-	if viaCaddy {
-		cpu1, _ := cpuTime(caddyPID)
+	if r.pid != 0 {
+		cpu1, _ := cpuTime(r.pid)
 		s.cpu = cpu1 - cpu0
-		s.rss, _ = rss(caddyPID)
+		s.rss, _ = rss(r.pid)
 	}
 	return s, nil
 }
 
-func summarize(name string, conc int, ss []sample, viaCaddy bool) result {
+func summarize(name string, conc int, ss []sample, measured bool) result {
 	r := result{route: name, concurrency: conc}
 	var rates []float64
 	var all []time.Duration
@@ -265,7 +287,7 @@ func summarize(name string, conc int, ss []sample, viaCaddy bool) result {
 	slices.Sort(all)
 	r.p50 = all[len(all)/2]
 	r.p99 = all[min(len(all)-1, len(all)*99/100)]
-	if viaCaddy && calls > 0 {
+	if measured && calls > 0 {
 		r.cpuPerCall = cpu / time.Duration(calls)
 	}
 	return r
@@ -282,7 +304,7 @@ func printTable(out io.Writer, cfg config, results []result) {
 	}
 	fmt.Fprintf(out, "tools/call %q, %d calls per session per round, %d round(s); medians over rounds\n\n", cfg.tool, cfg.calls, cfg.rounds)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "route\tsessions\tcalls/s\tp50\tp99\tcaddy CPU/call\tcaddy RSS\tvs direct\tvs reverse_proxy (calls/s, p50, CPU)\t")
+	fmt.Fprintln(tw, "route\tsessions\tcalls/s\tp50\tp99\tgateway CPU/call\tgateway RSS\tvs direct\tvs reverse_proxy (calls/s, p50, CPU)\t")
 	for _, r := range results {
 		cpu, mem := "-", "-"
 		if r.cpuPerCall > 0 || r.rss > 0 {

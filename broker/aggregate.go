@@ -118,6 +118,15 @@ const DefaultStdioIdle = 10 * time.Minute
 // older) downstream and speaks 2025-11-25 upstream, since forwarding
 // sampling and elicitation needs server-to-client requests.
 //
+// Fast path: a tools/call of a client that offers neither sampling nor
+// elicitation, to a streamable-HTTP upstream whose session for it is open,
+// is forwarded as JSON bytes on that session rather than decoded and
+// encoded again by go-sdk on both sides; its result is normalized only
+// when it holds other blocks than text. Audit records, allow/deny, tool
+// errors, progress, logs and cancellation behave as on the go-sdk path
+// (see aggregate_fast.go), except that an upstream's JSON-RPC error is
+// passed on exactly as it came.
+//
 // Failures: an upstream that never connected offers nothing (its catalog
 // retries with backoff); one that went away keeps its last listing, and a
 // call to it gets a tool error naming it. Sessions are bound to the token
@@ -133,6 +142,7 @@ type Aggregate struct {
 	logger       *slog.Logger
 	cache        ToolCache
 	authRequired func(string) bool
+	maxBody      int64 // MaxRequestBodyBytes, for the fast path's read
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -146,6 +156,7 @@ type Aggregate struct {
 	resOwner  map[string]string                      // resource URI -> upstream
 	tmplOwner map[string]string                      // URI template -> upstream
 	sessions  map[*mcp.ServerSession]*aggSession     // downstream sessions
+	byID      map[string]*aggSession                 // downstream sessions by session id
 	bindings  map[string]string                      // downstream session id -> token id
 	subs      map[string]map[*mcp.ServerSession]bool // resource URI -> subscribed sessions
 	withdrawn map[string]string                      // tool name -> upstream, while it waits for a login
@@ -224,6 +235,8 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		resOwner:     map[string]string{},
 		tmplOwner:    map[string]string{},
 		sessions:     map[*mcp.ServerSession]*aggSession{},
+		byID:         map[string]*aggSession{},
+		maxBody:      opts.MaxRequestBodyBytes,
 		bindings:     map[string]string{},
 		subs:         map[string]map[*mcp.ServerSession]bool{},
 	}
@@ -399,6 +412,9 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if known && owner != p.TokenID {
 			writeRPCError(w, http.StatusNotFound, nil, codeUnknownSession,
 				"unknown session: start a new session by initializing again without Mcp-Session-Id")
+			return
+		}
+		if known && a.serveFast(w, r, sid) {
 			return
 		}
 		a.handler.ServeHTTP(w, r)

@@ -21,7 +21,8 @@ type aggSession struct {
 	mu     sync.Mutex
 	conns  map[string]*aggConn
 	level  mcp.LoggingLevel
-	closed bool // closeAll ran: no new upstream sessions
+	closed bool                 // closeAll ran: no new upstream sessions
+	fast   map[string]*fastCall // tools/call in flight on the fast path, by request id
 }
 
 // aggConn is one upstream client session of a downstream session.
@@ -49,6 +50,9 @@ func (a *Aggregate) session(ss *mcp.ServerSession) *aggSession {
 	if s == nil {
 		s = &aggSession{a: a, ss: ss, conns: map[string]*aggConn{}}
 		a.sessions[ss] = s
+		if id := ss.ID(); id != "" {
+			a.byID[id] = s
+		}
 		if !a.closed {
 			a.wg.Add(1)
 			go func() {
@@ -68,6 +72,9 @@ func (a *Aggregate) dropSession(ss *mcp.ServerSession) {
 	s := a.sessions[ss]
 	delete(a.sessions, ss)
 	delete(a.bindings, ss.ID())
+	if a.byID[ss.ID()] == s {
+		delete(a.byID, ss.ID())
+	}
 	var empty []string
 	for uri, set := range a.subs {
 		if set[ss] {

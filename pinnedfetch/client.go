@@ -114,10 +114,16 @@ func New(configuredURL string, headerNames []string, opts ...Option) (*http.Clie
 	}
 
 	network := &http.Transport{
-		Proxy:                 nil,
-		DialContext:           newDialContext(deny, o.lookup, o.safetyNet),
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          100,
+		Proxy:             nil,
+		DialContext:       newDialContext(deny, o.lookup, o.safetyNet),
+		ForceAttemptHTTP2: true,
+		// A pinned client talks to one origin, so its whole idle pool is
+		// that host's: net/http's default of 2 idle connections per host
+		// closed and redialed most connections under concurrent load (a
+		// gateway's MCP sessions share one client per upstream). Idle
+		// connections still close after IdleConnTimeout.
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   256,
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: 1 * time.Second,

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+)
+
+// profileCaddy writes a CPU profile of the gateway's caddy to cfg.cpuProfile,
+// taken from its admin API (/debug/pprof/profile) while the route whose name
+// starts with cfg.profileRoute is driven with cfg.profileSessions sessions.
+// The load is made of the same bounded drives as the table's (at most two
+// per second of profile, plus one), and ends when the profile does.
+func profileCaddy(ctx context.Context, cfg config, gw *gateway, routes []route) error {
+	var target *route
+	for i := range routes {
+		if strings.HasPrefix(routes[i].name, cfg.profileRoute) {
+			target = &routes[i]
+			break
+		}
+	}
+	if target == nil {
+		var names []string
+		for _, r := range routes {
+			names = append(names, r.name)
+		}
+		return fmt.Errorf("-profile-route %q names none of the routes %q", cfg.profileRoute, names)
+	}
+	if target.pid != gw.pid() {
+		return fmt.Errorf("-profile-route %q does not go through caddy", target.name)
+	}
+	fmt.Fprintf(os.Stderr, "bench: CPU profile of caddy for %s while %s is driven at %d sessions\n", cfg.profileFor, target.name, cfg.profileSessions)
+	pctx, cancel := context.WithTimeout(ctx, cfg.profileFor+time.Minute)
+	defer cancel()
+	type answer struct {
+		data []byte
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", gw.admin, int(cfg.profileFor.Seconds()))
+		req, err := http.NewRequestWithContext(pctx, http.MethodGet, url, nil)
+		if err != nil {
+			done <- answer{err: err}
+			return
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("admin API answered %s: %s", resp.Status, data)
+		}
+		done <- answer{data, err}
+	}()
+	// Enough calls per drive to keep it busy for a second or more, never an
+	// unbounded loop: at most two drives per second of profile, plus one.
+	calls := max(50, 4000/cfg.profileSessions)
+	for i := 0; i <= 2*int(cfg.profileFor.Seconds()); i++ {
+		select {
+		case a := <-done:
+			return writeProfile(cfg.cpuProfile, a.data, a.err)
+		default:
+		}
+		if _, err := drive(pctx, *target, cfg.profileSessions, calls, cfg.tool); err != nil {
+			return fmt.Errorf("driving %s for the profile: %w", target.name, err)
+		}
+	}
+	a := <-done
+	return writeProfile(cfg.cpuProfile, a.data, a.err)
+}
+
+func writeProfile(path string, data []byte, err error) error {
+	if err != nil {
+		return fmt.Errorf("taking the CPU profile: %w", err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "bench: wrote the CPU profile to %s (go tool pprof -top %s)\n", path, path)
+	return nil
+}

@@ -1,0 +1,819 @@
+package broker
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// The tools/call fast path of the aggregated route.
+//
+// Through go-sdk, a tools/call crosses four codecs: the downstream server
+// session decodes the request, the upstream client session encodes it
+// again, decodes the upstream's answer into an mcp.CallToolResult, and
+// the server session encodes that once more. go-sdk's decoder allocates a
+// 32 KiB buffer for every message it reads (and reads each one several
+// times), so on a busy route the codecs and the garbage they leave cost
+// most of the route's CPU time.
+//
+// The fast path forwards a downstream tools/call as JSON bytes instead: it
+// rewrites the tool's name (and the request id, so that it cannot collide
+// with the ids of the broker's own client session) and POSTs it on the
+// downstream session's own upstream session, with that session's id and
+// protocol version, through the same pinned, origin-guarded egress client.
+// It decodes only what it must: the request's envelope and params, the
+// answer's envelope, and the type of each content block. A result with
+// blocks other than text goes through the same decoding and
+// [NormalizeContent] as the go-sdk path; text-only results pass as the
+// upstream wrote them.
+//
+// It takes a request only when nothing of the go-sdk path is missed:
+//
+//   - a single JSON-RPC request (no batch) for tools/call, on a session
+//     that this route has initialized, bound to this token, with headers
+//     that go-sdk would accept (Content-Type, Accept, a supported
+//     Mcp-Protocol-Version, a loopback Host on a loopback listener);
+//   - a tool registered on the route (the allow/deny lists apply at
+//     registration), of a streamable-HTTP upstream that is not a shared
+//     stdio process;
+//   - a downstream client that offers neither sampling nor elicitation, so
+//     that the upstream cannot need one of those requests forwarded to it
+//     (its session was opened without those capabilities); the upstream's
+//     ping is answered, and its roots/list gets the downstream client's
+//     roots, as on the go-sdk path (see relayMiddleware);
+//   - no multi-round-trip fields (inputResponses, requestState).
+//
+// Everything else goes to go-sdk unchanged, as does the first call of a
+// session to an upstream whose connection failed. What the go-sdk path
+// does, the fast path does too: the audit [CallRecord], tool errors naming
+// an unreachable upstream, the upstream's JSON-RPC errors passed on,
+// forgetting a connection the upstream no longer knows (HTTP 404).
+// Progress and log notifications that the upstream sends on the call's
+// stream are relayed on the downstream request's stream (as SSE from the
+// first one; a call without any is answered as application/json), logs
+// filtered by the session's logging level. Cancellation: a downstream
+// notifications/cancelled for a call in flight here is sent upstream for
+// the upstream's id, and so is a downstream request that goes away before
+// its answer, since nobody is left to receive it.
+
+// maxFastResult bounds an upstream answer read by the fast path.
+const maxFastResult = 64 << 20
+
+// fastIDs numbers the ids the fast path gives upstream requests; they are
+// strings, and go-sdk's client numbers its own, so they cannot collide.
+var fastIDs atomic.Uint64
+
+// fastCall is a tools/call the fast path has in flight.
+type fastCall struct {
+	upID   string // the upstream request's id, as JSON
+	up     *aggUpstream
+	c      *aggConn
+	cancel context.CancelFunc
+	sent   atomic.Bool // notifications/cancelled went upstream
+}
+
+// fastEnvelope is a JSON-RPC message as the fast path reads it.
+type fastEnvelope struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Method  string          `json:"method"`
+	Params  json.RawMessage `json:"params"`
+	Result  json.RawMessage `json:"result"`
+	Error   json.RawMessage `json:"error"`
+}
+
+// fastToolParams are the params of tools/call.
+type fastToolParams struct {
+	Name           string          `json:"name"`
+	Arguments      json.RawMessage `json:"arguments"`
+	Meta           json.RawMessage `json:"_meta"`
+	InputResponses json.RawMessage `json:"inputResponses"`
+	RequestState   json.RawMessage `json:"requestState"`
+}
+
+// fastRequest is the tools/call sent upstream: id, the upstream's tool
+// name, and the downstream request's _meta and arguments (raw JSON that
+// has been parsed already, or nil to leave them out), as go-sdk's client
+// would send them.
+func fastRequest(id []byte, name string, meta, args json.RawMessage) ([]byte, error) {
+	quoted, err := json.Marshal(name)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, 80+len(id)+len(quoted)+len(meta)+len(args))
+	out = append(out, `{"jsonrpc":"2.0","id":`...)
+	out = append(out, id...)
+	out = append(out, `,"method":"tools/call","params":{`...)
+	if meta != nil {
+		out = append(out, `"_meta":`...)
+		out = append(out, meta...)
+		out = append(out, ',')
+	}
+	out = append(out, `"name":`...)
+	out = append(out, quoted...)
+	if args != nil {
+		out = append(out, `,"arguments":`...)
+		out = append(out, args...)
+	}
+	return append(out, "}}"...), nil
+}
+
+// fastResult is a tools/call result as the fast path reads it.
+type fastResult struct {
+	Content []json.RawMessage `json:"content"`
+}
+
+// serveFast serves r on the fast path and reports true, or reports false
+// and leaves r (its body restored) to go-sdk. sid is the request's session
+// id, already checked against the token.
+func (a *Aggregate) serveFast(w http.ResponseWriter, r *http.Request, sid string) bool {
+	if r.Method != http.MethodPost || !fastHeaders(r) {
+		return false
+	}
+	a.mu.Lock()
+	s := a.byID[sid]
+	a.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	body, ok := a.peekBody(r)
+	if !ok {
+		return false
+	}
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return false
+	}
+	switch {
+	case bytes.Contains(body, []byte(`"tools/call"`)):
+		return a.fastToolCall(w, r, s, body)
+	case bytes.Contains(body, []byte(`"notifications/cancelled"`)):
+		return a.fastCancel(w, s, body)
+	}
+	return false
+}
+
+// fastHeaders reports whether go-sdk would accept r's headers, so that the
+// fast path answers only what go-sdk would have served.
+func fastHeaders(r *http.Request) bool {
+	if mt, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";"); !strings.EqualFold(strings.TrimSpace(mt), "application/json") {
+		return false
+	}
+	if !acceptsBoth(r.Header.Values("Accept")) {
+		return false
+	}
+	switch r.Header.Get(headerProtocolVersion) {
+	case "", "2025-11-25", "2025-06-18", "2025-03-26":
+	default:
+		return false
+	}
+	// go-sdk's DNS rebinding protection: a loopback listener serves only a
+	// loopback Host.
+	if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && la != nil {
+		if loopbackHostPort(la.String()) && !loopbackHostPort(r.Host) {
+			return false
+		}
+	}
+	return true
+}
+
+// acceptsBoth reports whether Accept values take both application/json and
+// text/event-stream (or wildcards that cover them).
+func acceptsBoth(values []string) bool {
+	jsonOK, sseOK := false, false
+	for _, v := range values {
+		for part := range strings.SplitSeq(v, ",") {
+			mt, _, _ := strings.Cut(part, ";")
+			switch strings.ToLower(strings.TrimSpace(mt)) {
+			case "application/json":
+				jsonOK = true
+			case "text/event-stream":
+				sseOK = true
+			case "*/*":
+				jsonOK, sseOK = true, true
+			case "application/*":
+				jsonOK = true
+			case "text/*":
+				sseOK = true
+			}
+		}
+	}
+	return jsonOK && sseOK
+}
+
+// loopbackHostPort reports whether a host or host:port names loopback.
+func loopbackHostPort(hp string) bool {
+	host := hp
+	if h, _, err := net.SplitHostPort(hp); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// peekBody reads r's body (bounded like go-sdk's) and puts it back for
+// go-sdk, which reads it when the fast path declines.
+func (a *Aggregate) peekBody(r *http.Request) ([]byte, bool) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, false
+	}
+	limit := a.maxBody
+	if limit <= 0 {
+		limit = DefaultPassThroughMaxBody
+	}
+	if r.ContentLength > limit {
+		return nil, false
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	rest := r.Body
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(body), errReader{err}, rest), rest}
+	if err != nil || int64(len(body)) > limit {
+		return nil, false
+	}
+	return body, true
+}
+
+// errReader replays a read error after the bytes read before it.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) {
+	if e.err == nil {
+		return 0, io.EOF
+	}
+	return 0, e.err
+}
+
+// fastToolCall serves a tools/call, or reports false when it is not one
+// the fast path takes.
+func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggSession, body []byte) bool {
+	var msg fastEnvelope
+	if err := json.Unmarshal(body, &msg); err != nil || msg.JSONRPC != "2.0" || msg.Method != "tools/call" || !validCallID(msg.ID) {
+		return false
+	}
+	var params fastToolParams
+	if err := json.Unmarshal(msg.Params, &params); err != nil || params.Name == "" ||
+		len(params.InputResponses) > 0 || len(params.RequestState) > 0 {
+		return false
+	}
+	if ip := s.ss.InitializeParams(); ip == nil || ip.Capabilities == nil ||
+		ip.Capabilities.Sampling != nil || ip.Capabilities.Elicitation != nil {
+		return false
+	}
+	a.mu.Lock()
+	q, ok := a.tools[params.Name]
+	a.mu.Unlock()
+	if !ok {
+		return false
+	}
+	up := a.byName[q.server]
+	if up == nil || up.shared || up.cfg.Transport != TransportHTTP {
+		return false
+	}
+	// The upstream session must already be open: opening one is the go-sdk
+	// path's business, and so is a failure to open it.
+	s.mu.Lock()
+	c := s.conns[up.cfg.Name]
+	closed := s.closed
+	s.mu.Unlock()
+	if c == nil || closed {
+		return false
+	}
+	select {
+	case <-c.done:
+	default:
+		return false
+	}
+	if c.err != nil || c.cs == nil {
+		return false
+	}
+	ir := c.cs.InitializeResult()
+	sessionID := c.cs.ID()
+	if ir == nil || sessionID == "" || ir.ProtocolVersion > aggProtocolVersion {
+		return false
+	}
+
+	start := time.Now()
+	rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: q.name}
+	var extra *mcp.RequestExtra
+	if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
+		extra = &mcp.RequestExtra{TokenInfo: ti}
+	}
+	rec.TokenID, rec.TokenName = a.principal(s.ss, extra)
+
+	upID := strconv.AppendQuote(make([]byte, 0, 24), "zidane-"+strconv.FormatUint(fastIDs.Add(1), 10))
+	out, err := fastRequest(upID, q.name, nullToNil(params.Meta), nullToNil(params.Arguments))
+	if err != nil {
+		return false
+	}
+
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	fc := &fastCall{upID: string(upID), up: up, c: c, cancel: cancel}
+	key := string(compactID(msg.ID))
+	s.mu.Lock()
+	if s.fast == nil {
+		s.fast = map[string]*fastCall{}
+	}
+	if _, dup := s.fast[key]; dup {
+		s.mu.Unlock()
+		return false // go-sdk answers a duplicate id
+	}
+	s.fast[key] = fc
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.fast[key] == fc {
+			delete(s.fast, key)
+		}
+		s.mu.Unlock()
+	}()
+
+	fw := &fastWriter{w: w}
+	res, rpcErr, err := a.fastExchange(ctx, s, up, c, sessionID, ir.ProtocolVersion, out, string(upID), fw)
+	switch {
+	case err == nil && rpcErr != nil:
+		var e jsonrpc.Error
+		_ = json.Unmarshal(rpcErr, &e)
+		rec.Outcome, rec.Detail = OutcomeError, safeError(&e)
+		a.record(rec, start)
+		fw.respond(msg.ID, "error", rpcErr)
+	case err == nil:
+		res, isError, nerr := normalizeFastResult(res)
+		if nerr != nil {
+			rec.Outcome, rec.Detail = OutcomeError, safeError(nerr)
+			a.record(rec, start)
+			fw.respondTool(msg.ID, a.unreachable(up, nerr))
+			break
+		}
+		rec.Outcome = OutcomeOK
+		if isError {
+			rec.Outcome, rec.Detail = OutcomeError, "the tool reported an error"
+		}
+		a.record(rec, start)
+		fw.respond(msg.ID, "result", res)
+	case ctx.Err() != nil:
+		// Cancelled by the client (notifications/cancelled, or its request
+		// went away): the upstream is told, and no answer is sent.
+		rec.Outcome = OutcomeCanceled
+		a.record(rec, start)
+		a.fastCancelUpstream(fc, sessionID, ir.ProtocolVersion, "the client cancelled the request")
+		fw.end()
+	default:
+		rec.Outcome, rec.Detail = OutcomeError, safeError(err)
+		a.record(rec, start)
+		if errors.Is(err, mcp.ErrSessionMissing) {
+			s.forget(up.cfg.Name, c)
+			go c.cs.Close()
+		}
+		fw.respondTool(msg.ID, a.unreachable(up, err))
+	}
+	return true
+}
+
+// nullToNil drops an absent or null raw value, so that it is omitted.
+func nullToNil(raw json.RawMessage) json.RawMessage {
+	if len(raw) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+		return nil
+	}
+	return raw
+}
+
+// validCallID reports whether id is a JSON-RPC request id: a string or a
+// number.
+func validCallID(id json.RawMessage) bool {
+	id = bytes.TrimSpace(id)
+	if len(id) == 0 {
+		return false
+	}
+	switch c := id[0]; {
+	case c == '"':
+		return true
+	case c == '-' || (c >= '0' && c <= '9'):
+		return true
+	}
+	return false
+}
+
+// compactID is id without insignificant whitespace, a key for it.
+func compactID(id json.RawMessage) []byte {
+	var b bytes.Buffer
+	if err := json.Compact(&b, id); err != nil {
+		return id
+	}
+	return b.Bytes()
+}
+
+// fastExchange sends the request out on the upstream session and returns
+// its answer: the raw result, or the raw JSON-RPC error object, or an
+// error when the upstream could not be used. Notifications that come on
+// the call's stream are relayed through fw, and the upstream's requests
+// answered.
+func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpstream, c *aggConn, sessionID, version string, out []byte, upID string, fw *fastWriter) (result, rpcErr json.RawMessage, err error) {
+	resp, err := a.fastPost(ctx, up, sessionID, version, out)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	mt, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, nil, fmt.Errorf("the upstream no longer knows the session (HTTP 404): %w", mcp.ErrSessionMissing)
+	case resp.StatusCode < 200 || resp.StatusCode >= 300:
+		// As go-sdk does: a JSON-RPC error in the body is the answer.
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		var env fastEnvelope
+		if json.Unmarshal(data, &env) == nil && len(env.Error) > 0 && string(env.Error) != "null" {
+			return nil, env.Error, nil
+		}
+		return nil, nil, fmt.Errorf("the upstream answered HTTP %d", resp.StatusCode)
+	case mt == "application/json":
+		data, err := io.ReadAll(io.LimitReader(resp.Body, maxFastResult+1))
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(data) > maxFastResult {
+			return nil, nil, fmt.Errorf("the upstream's answer is over %d bytes", maxFastResult)
+		}
+		return fastAnswer(data, upID)
+	case mt == "text/event-stream":
+		return a.fastStream(ctx, s, up, sessionID, version, resp.Body, upID, fw)
+	}
+	return nil, nil, fmt.Errorf("the upstream answered with content type %q", mt)
+}
+
+// fastPost POSTs one JSON-RPC message on the upstream session.
+func (a *Aggregate) fastPost(ctx context.Context, up *aggUpstream, sessionID, version string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.tr.e.URL, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header["Content-Type"] = []string{"application/json"}
+	req.Header["Accept"] = []string{"application/json, text/event-stream"}
+	req.Header[headerSessionID] = []string{sessionID}
+	req.Header[headerProtocolVersion] = []string{version}
+	resp, err := up.tr.http.Do(req)
+	if err != nil {
+		if r := up.tr.refusal(); r != nil {
+			return nil, r
+		}
+		return nil, err
+	}
+	return resp, nil
+}
+
+// fastAnswer reads the upstream's answer to the request upID.
+func fastAnswer(data []byte, upID string) (result, rpcErr json.RawMessage, err error) {
+	var env fastEnvelope
+	if err := json.Unmarshal(data, &env); err != nil {
+		return nil, nil, fmt.Errorf("the upstream's answer does not parse: %w", err)
+	}
+	if string(compactID(env.ID)) != upID {
+		return nil, nil, errors.New("the upstream answered another request than the one sent")
+	}
+	if len(env.Error) > 0 && string(env.Error) != "null" {
+		return nil, env.Error, nil
+	}
+	if len(env.Result) == 0 {
+		return nil, nil, errors.New("the upstream's answer has neither result nor error")
+	}
+	return env.Result, nil, nil
+}
+
+// fastStream reads the upstream's event stream for the request upID until
+// its answer: notifications are relayed downstream, requests answered.
+func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstream, sessionID, version string, body io.Reader, upID string, fw *fastWriter) (result, rpcErr json.RawMessage, err error) {
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 0, 16<<10), maxFastResult)
+	var data []byte
+	for sc.Scan() {
+		line := sc.Bytes()
+		switch {
+		case len(line) == 0:
+			if len(data) == 0 {
+				continue
+			}
+			event := data
+			data = nil
+			var env fastEnvelope
+			if json.Unmarshal(event, &env) != nil {
+				continue
+			}
+			switch {
+			case env.Method == "" && string(compactID(env.ID)) == upID:
+				if len(env.Error) > 0 && string(env.Error) != "null" {
+					return nil, env.Error, nil
+				}
+				if len(env.Result) == 0 {
+					return nil, nil, errors.New("the upstream's answer has neither result nor error")
+				}
+				return env.Result, nil, nil
+			case env.Method != "" && len(env.ID) > 0 && string(env.ID) != "null":
+				go a.fastAnswerUpstream(ctx, s, up, sessionID, version, env)
+			case env.Method == "notifications/progress":
+				fw.event(event)
+			case env.Method == "notifications/message":
+				if s.logs(env.Params) {
+					fw.event(event)
+				}
+			}
+		case bytes.HasPrefix(line, []byte("data:")):
+			v := bytes.TrimPrefix(line[5:], []byte(" "))
+			if data != nil {
+				data = append(data, '\n')
+			}
+			data = append(data, v...)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, nil, err
+	}
+	if ctx.Err() != nil {
+		return nil, nil, ctx.Err()
+	}
+	return nil, nil, errors.New("the upstream ended its stream without answering")
+}
+
+// fastAnswerUpstream answers a request the upstream sent on a call's
+// stream, as the broker's go-sdk client answers it for a session opened
+// without sampling and elicitation: ping; roots/list with the downstream
+// client's roots when it offers roots, else none; "method not found" for
+// the rest.
+func (a *Aggregate) fastAnswerUpstream(ctx context.Context, s *aggSession, up *aggUpstream, sessionID, version string, req fastEnvelope) {
+	type answer struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Result  any             `json:"result,omitempty"`
+		Error   *jsonrpc.Error  `json:"error,omitempty"`
+	}
+	ans := answer{JSONRPC: "2.0", ID: req.ID}
+	switch req.Method {
+	case "ping":
+		ans.Result = struct{}{}
+	case "roots/list":
+		ans.Result = map[string]any{"roots": []any{}}
+		if ip := s.ss.InitializeParams(); ip != nil && ip.Capabilities != nil && ip.Capabilities.RootsV2 != nil {
+			rctx, cancel := context.WithTimeout(ctx, up.timeout)
+			res, err := s.ss.ListRoots(rctx, &mcp.ListRootsParams{})
+			cancel()
+			if err != nil {
+				ans.Result = nil
+				ans.Error = &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "the client's roots could not be listed: " + err.Error()}
+			} else {
+				ans.Result = res
+			}
+		}
+	default:
+		ans.Error = &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("method %q is not offered to this upstream", req.Method)}
+	}
+	data, err := json.Marshal(ans)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
+	defer cancel()
+	if resp, err := a.fastPost(ctx, up, sessionID, version, data); err == nil {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+	}
+}
+
+// fastCancelUpstream tells the upstream that the call fc is cancelled,
+// once, in the background.
+func (a *Aggregate) fastCancelUpstream(fc *fastCall, sessionID, version, reason string) {
+	if !fc.sent.CompareAndSwap(false, true) {
+		return
+	}
+	data, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": "notifications/cancelled",
+		"params": map[string]any{"requestId": json.RawMessage(fc.upID), "reason": reason}})
+	if err != nil {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(a.ctx, fc.up.timeout)
+		defer cancel()
+		if resp, err := a.fastPost(ctx, fc.up, sessionID, version, data); err == nil {
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+		}
+	}()
+}
+
+// fastCancel takes a downstream notifications/cancelled for a call in
+// flight on the fast path: it goes upstream for the upstream's id, and the
+// call ends without an answer. Other cancellations go to go-sdk.
+func (a *Aggregate) fastCancel(w http.ResponseWriter, s *aggSession, body []byte) bool {
+	var msg fastEnvelope
+	if err := json.Unmarshal(body, &msg); err != nil || msg.JSONRPC != "2.0" || msg.Method != "notifications/cancelled" || len(msg.ID) > 0 {
+		return false
+	}
+	var params struct {
+		RequestID json.RawMessage `json:"requestId"`
+		Reason    string          `json:"reason"`
+	}
+	if err := json.Unmarshal(msg.Params, &params); err != nil || len(params.RequestID) == 0 {
+		return false
+	}
+	s.mu.Lock()
+	fc := s.fast[string(compactID(params.RequestID))]
+	s.mu.Unlock()
+	if fc == nil {
+		return false
+	}
+	if ir := fc.c.cs.InitializeResult(); ir != nil {
+		a.fastCancelUpstream(fc, fc.c.cs.ID(), ir.ProtocolVersion, params.Reason)
+	}
+	fc.cancel()
+	w.WriteHeader(http.StatusAccepted)
+	return true
+}
+
+// logs reports whether a notifications/message with these params passes
+// the session's logging level, as go-sdk's ServerSession.Log decides.
+func (s *aggSession) logs(params json.RawMessage) bool {
+	s.mu.Lock()
+	level := s.level
+	s.mu.Unlock()
+	if level == "" {
+		return false
+	}
+	var p struct {
+		Level mcp.LoggingLevel `json:"level"`
+	}
+	if json.Unmarshal(params, &p) != nil {
+		return false
+	}
+	return logSeverity(p.Level) >= logSeverity(level)
+}
+
+// logSeverity orders MCP logging levels (RFC 5424's, least severe first).
+func logSeverity(l mcp.LoggingLevel) int {
+	switch l {
+	case "debug":
+		return 0
+	case "info":
+		return 1
+	case "notice":
+		return 2
+	case "warning":
+		return 3
+	case "error":
+		return 4
+	case "critical":
+		return 5
+	case "alert":
+		return 6
+	case "emergency":
+		return 7
+	}
+	return -1
+}
+
+// normalizeFastResult returns a tools/call result as the go-sdk path
+// would pass it: a result whose blocks are all text as it came (with an
+// empty content list when it had none), any other through go-sdk's decoding
+// and [NormalizeContent]. It also says whether the tool reported an error.
+func normalizeFastResult(raw json.RawMessage) (json.RawMessage, bool, error) {
+	var head struct {
+		Content json.RawMessage `json:"content"`
+		IsError bool            `json:"isError"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		return nil, false, fmt.Errorf("the upstream's result does not parse: %w", err)
+	}
+	var blocks []json.RawMessage
+	if len(head.Content) > 0 && string(head.Content) != "null" {
+		if err := json.Unmarshal(head.Content, &blocks); err != nil {
+			return nil, false, fmt.Errorf("the upstream's result content is not a list: %w", err)
+		}
+	}
+	textOnly := true
+	for _, b := range blocks {
+		var bt struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(b, &bt) != nil || bt.Type != "text" {
+			textOnly = false
+			break
+		}
+	}
+	if textOnly && blocks != nil {
+		return raw, head.IsError, nil
+	}
+	// The go-sdk path's decoding and normalization.
+	var res mcp.CallToolResult
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return nil, false, fmt.Errorf("decoding the upstream's result: %w", err)
+	}
+	res.Content = NormalizeContent(res.Content)
+	data, err := json.Marshal(&res)
+	if err != nil {
+		return nil, false, err
+	}
+	return data, res.IsError, nil
+}
+
+// fastWriter writes the downstream answer of a fast call: one
+// application/json response, or, once a notification has to go first, an
+// event stream.
+type fastWriter struct {
+	w       http.ResponseWriter
+	started bool // the event stream's headers went out
+	done    bool
+}
+
+func (f *fastWriter) headers(contentType string) {
+	h := f.w.Header()
+	h["Content-Type"] = []string{contentType}
+	h["Cache-Control"] = []string{"no-cache, no-transform"}
+}
+
+// event relays one message as an SSE event.
+func (f *fastWriter) event(data []byte) {
+	if f.done {
+		return
+	}
+	if !f.started {
+		f.headers("text/event-stream")
+		f.w.WriteHeader(http.StatusOK)
+		f.started = true
+	}
+	if bytes.ContainsAny(data, "\r\n") {
+		// An event's data is one line: JSON has line breaks only between
+		// tokens, which compacting drops.
+		var b bytes.Buffer
+		if json.Compact(&b, data) != nil {
+			return
+		}
+		data = b.Bytes()
+	}
+	buf := make([]byte, 0, len(data)+24)
+	buf = append(buf, "event: message\ndata: "...)
+	buf = append(buf, data...)
+	buf = append(buf, "\n\n"...)
+	f.w.Write(buf)
+	_ = http.NewResponseController(f.w).Flush()
+}
+
+// respond writes the response to the downstream request id: kind is
+// "result" or "error", value its raw JSON.
+func (f *fastWriter) respond(id json.RawMessage, kind string, value json.RawMessage) {
+	buf := make([]byte, 0, len(value)+len(id)+40)
+	buf = append(buf, `{"jsonrpc":"2.0","id":`...)
+	buf = append(buf, id...)
+	buf = append(buf, `,"`...)
+	buf = append(buf, kind...)
+	buf = append(buf, `":`...)
+	buf = append(buf, value...)
+	buf = append(buf, '}')
+	if f.started {
+		f.event(buf)
+		f.done = true
+		return
+	}
+	f.headers("application/json")
+	f.w.Header()["Content-Length"] = []string{strconv.Itoa(len(buf))}
+	f.w.WriteHeader(http.StatusOK)
+	f.w.Write(buf)
+	f.done = true
+}
+
+// respondTool writes a tool result of the broker's own.
+func (f *fastWriter) respondTool(id json.RawMessage, res *mcp.CallToolResult) {
+	data, err := json.Marshal(res)
+	if err != nil {
+		data = []byte(`{"content":[],"isError":true}`)
+	}
+	f.respond(id, "result", data)
+}
+
+// end finishes a call that gets no answer: an event stream with no events,
+// which a client reads as a stream that ended (it abandoned the call).
+func (f *fastWriter) end() {
+	if !f.started && !f.done {
+		f.headers("text/event-stream")
+		f.w.WriteHeader(http.StatusOK)
+	}
+	f.done = true
+}
