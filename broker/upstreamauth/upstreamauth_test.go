@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/oauthtest"
 )
 
 const redirect = "http://127.0.0.1:9/callback"
@@ -138,14 +140,14 @@ func TestClientCredentials(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, asOptions{authMethods: tc.methods}, []string{"mcp:read"}, "")
+			e := newEnv(t, oauthtest.AuthServerOptions{AuthMethods: tc.methods}, []string{"mcp:read"}, "")
 			// An id with a character that client_secret_basic must
 			// form-encode (RFC 6749 §2.3.1).
-			id, secret := "gateway:1", secretValue("cs")
+			id, secret := "gateway:1", oauthtest.NewSecret("cs")
 			if tc.pub != nil {
 				secret = ""
 			}
-			e.as.addClient(id, secret, tc.pub)
+			e.as.AddClient(id, secret, tc.pub)
 			c := e.client(tc.cfg(id, secret))
 			if st := c.State(); st.State != StateReady {
 				t.Fatalf("state before the first request: %+v", st)
@@ -153,15 +155,15 @@ func TestClientCredentials(t *testing.T) {
 			if err := e.callEcho(c, "hi"); err != nil {
 				t.Fatalf("call: %v", err)
 			}
-			grants, seen := e.as.counts()
+			grants, seen := e.counts()
 			if !slices.Equal(grants, []string{"client_credentials"}) || !slices.Equal(seen, []string{tc.want}) {
 				t.Errorf("token requests: grants %v with auth %v; want one client_credentials with %s", grants, seen, tc.want)
 			}
-			if got := e.as.scopeReqs; !slices.Equal(got, []string{"mcp:read"}) {
+			if got := e.scopeReqs(); !slices.Equal(got, []string{"mcp:read"}) {
 				t.Errorf("requested scopes %q, want the resource's scopes_supported", got)
 			}
-			if got := e.as.resources; !slices.Equal(got, []string{e.mcp.url}) {
-				t.Errorf("resource %q, want %s", got, e.mcp.url)
+			if got := e.resources(); !slices.Equal(got, []string{e.mcp.URL}) {
+				t.Errorf("resource %q, want %s", got, e.mcp.URL)
 			}
 			st := c.State()
 			if st.State != StateReady || !slices.Equal(st.Scopes, []string{"mcp:read"}) || st.Expiry.IsZero() {
@@ -172,18 +174,18 @@ func TestClientCredentials(t *testing.T) {
 			if err := e.callEcho(e.client(tc.cfg(id, secret)), "again"); err != nil {
 				t.Fatal(err)
 			}
-			if grants, _ := e.as.counts(); len(grants) != 1 {
+			if grants, _ := e.counts(); len(grants) != 1 {
 				t.Errorf("%d token requests, want the stored token reused", len(grants))
 			}
-			leakCheck(t, e, append(e.as.secrets(), secret), fmt.Sprint(st), c.String())
+			leakCheck(t, e, append(e.as.Secrets(), secret), fmt.Sprint(st), c.String())
 		})
 	}
 }
 
 func TestClientCredentialsRefusedSecretStaysOut(t *testing.T) {
-	e := newEnv(t, asOptions{authMethods: []string{AuthClientSecretPost}, echoSecret: true}, nil, "")
-	e.as.addClient("gw", "the-real-secret-value", nil)
-	wrong := secretValue("wrong-secret")
+	e := newEnv(t, oauthtest.AuthServerOptions{AuthMethods: []string{AuthClientSecretPost}, EchoSecret: true}, nil, "")
+	e.as.AddClient("gw", "the-real-secret-value", nil)
+	wrong := oauthtest.NewSecret("wrong-secret")
 	c := e.client(Config{Grant: GrantClientCredentials, ClientID: "gw", ClientSecret: wrong})
 	err := e.callEcho(c, "x")
 	if err == nil {
@@ -201,13 +203,13 @@ func TestClientCredentialsRefusedSecretStaysOut(t *testing.T) {
 		t.Errorf("the server echoed the secret, but nothing was redacted: %s", e.logs.String())
 	}
 	leakCheck(t, e, []string{wrong}, err.Error(), st.Err)
-	if _, requests := e.mcp.stats(); requests != 0 {
+	if _, requests := e.mcp.Stats(); requests != 0 {
 		t.Errorf("the upstream got %d authorized requests", requests)
 	}
 }
 
 func TestAuthorizationCodeLogin(t *testing.T) {
-	e := newEnv(t, asOptions{authMethods: []string{AuthClientSecretBasic, AuthNone}, scopesSupported: []string{"mcp:read", "offline_access"}, issMode: "correct", issAdvertised: true}, []string{"mcp:read"}, "")
+	e := newEnv(t, oauthtest.AuthServerOptions{AuthMethods: []string{AuthClientSecretBasic, AuthNone}, ScopesSupported: []string{"mcp:read", "offline_access"}, Iss: oauthtest.IssCorrect, IssAdvertised: true}, []string{"mcp:read"}, "")
 	c := e.client(Config{RedirectURL: redirect})
 	st := c.State()
 	if st.State != StateAuthRequired {
@@ -219,14 +221,14 @@ func TestAuthorizationCodeLogin(t *testing.T) {
 	if !errors.Is(err, ErrAuthRequired) || !errors.As(err, &are) || are.Upstream != testUpstream || !strings.Contains(err.Error(), "caddy zidane login up") {
 		t.Fatalf("call before login: %v", err)
 	}
-	if req, _ := e.mcp.stats(); req != 0 {
+	if req, _ := e.mcp.Stats(); req != 0 {
 		t.Errorf("the upstream got %d requests before the login", req)
 	}
 
 	q, authURL := e.authorize(c)
 	u, _ := url.Parse(authURL)
 	aq := u.Query()
-	if aq.Get("code_challenge_method") != "S256" || aq.Get("code_challenge") == "" || aq.Get("resource") != e.mcp.url || aq.Get("redirect_uri") != redirect {
+	if aq.Get("code_challenge_method") != "S256" || aq.Get("code_challenge") == "" || aq.Get("resource") != e.mcp.URL || aq.Get("redirect_uri") != redirect {
 		t.Errorf("authorization request %v", aq)
 	}
 	if got := aq.Get("scope"); got != "mcp:read offline_access" {
@@ -252,10 +254,10 @@ func TestAuthorizationCodeLogin(t *testing.T) {
 	if err := e.callEcho(c2, "replica"); err != nil {
 		t.Fatal(err)
 	}
-	if e.as.regs != 1 {
-		t.Errorf("%d registrations, want 1", e.as.regs)
+	if e.as.Registrations() != 1 {
+		t.Errorf("%d registrations, want 1", e.as.Registrations())
 	}
-	_, seen := e.as.counts()
+	_, seen := e.counts()
 	for _, m := range seen {
 		if m != AuthClientSecretBasic {
 			t.Errorf("token request with %s, want the registered client_secret_basic", m)
@@ -265,19 +267,19 @@ func TestAuthorizationCodeLogin(t *testing.T) {
 	if err := c.Callback(context.Background(), q); !errors.Is(err, ErrLogin) {
 		t.Errorf("replayed callback: %v", err)
 	}
-	leakCheck(t, e, e.as.secrets(), fmt.Sprint(c.State()), c.String())
+	leakCheck(t, e, e.as.Secrets(), fmt.Sprint(c.State()), c.String())
 }
 
 func TestCallbackRefusals(t *testing.T) {
 	t.Run("iss-mismatch", func(t *testing.T) {
-		e := newEnv(t, asOptions{issMode: "wrong"}, nil, "")
+		e := newEnv(t, oauthtest.AuthServerOptions{Iss: oauthtest.IssWrong}, nil, "")
 		c := e.client(Config{RedirectURL: redirect})
 		q, _ := e.authorize(c)
 		err := c.Callback(context.Background(), q)
 		if !errors.Is(err, ErrLogin) || !strings.Contains(err.Error(), "RFC 9207") {
 			t.Fatalf("Callback: %v", err)
 		}
-		if grants, _ := e.as.counts(); len(grants) != 0 {
+		if grants, _ := e.counts(); len(grants) != 0 {
 			t.Errorf("the code was redeemed: %v", grants)
 		}
 		if c.State().State != StateAuthRequired {
@@ -285,25 +287,25 @@ func TestCallbackRefusals(t *testing.T) {
 		}
 	})
 	t.Run("iss-advertised-missing", func(t *testing.T) {
-		e := newEnv(t, asOptions{issAdvertised: true}, nil, "")
+		e := newEnv(t, oauthtest.AuthServerOptions{IssAdvertised: true}, nil, "")
 		c := e.client(Config{RedirectURL: redirect})
 		q, _ := e.authorize(c)
 		if err := c.Callback(context.Background(), q); !errors.Is(err, ErrLogin) {
 			t.Fatalf("Callback: %v", err)
 		}
-		if grants, _ := e.as.counts(); len(grants) != 0 {
+		if grants, _ := e.counts(); len(grants) != 0 {
 			t.Errorf("the code was redeemed: %v", grants)
 		}
 	})
 	t.Run("state-mismatch", func(t *testing.T) {
-		e := newEnv(t, asOptions{}, nil, "")
+		e := newEnv(t, oauthtest.AuthServerOptions{}, nil, "")
 		c := e.client(Config{RedirectURL: redirect})
 		q, _ := e.authorize(c)
 		q.Set("state", q.Get("state")+"x")
 		if err := c.Callback(context.Background(), q); !errors.Is(err, ErrLogin) || !strings.Contains(err.Error(), "state") {
 			t.Fatalf("Callback: %v", err)
 		}
-		if grants, _ := e.as.counts(); len(grants) != 0 {
+		if grants, _ := e.counts(); len(grants) != 0 {
 			t.Errorf("the code was redeemed: %v", grants)
 		}
 	})
@@ -311,7 +313,7 @@ func TestCallbackRefusals(t *testing.T) {
 		// Two logins under way: the code of the first, presented with the
 		// state (so the verifier) of the second, is refused by the
 		// authorization server's PKCE check.
-		e := newEnv(t, asOptions{}, nil, "")
+		e := newEnv(t, oauthtest.AuthServerOptions{}, nil, "")
 		c := e.client(Config{RedirectURL: redirect})
 		q1, _ := e.authorize(c)
 		q2, _ := e.authorize(c)
@@ -325,7 +327,7 @@ func TestCallbackRefusals(t *testing.T) {
 		}
 	})
 	t.Run("server-error", func(t *testing.T) {
-		e := newEnv(t, asOptions{}, nil, "")
+		e := newEnv(t, oauthtest.AuthServerOptions{}, nil, "")
 		c := e.client(Config{RedirectURL: redirect})
 		q, _ := e.authorize(c)
 		q.Del("code")
@@ -337,16 +339,16 @@ func TestCallbackRefusals(t *testing.T) {
 }
 
 // loggedIn returns an env and a client with a token from a login.
-func loggedIn(t *testing.T, opts asOptions, toolScope string) (*env, *Client) {
+func loggedIn(t *testing.T, opts oauthtest.AuthServerOptions, toolScope string) (*env, *Client) {
 	e := newEnv(t, opts, []string{"mcp:read"}, toolScope)
-	e.as.addClient("gw", "", nil)
+	e.as.AddClient("gw", "", nil)
 	c := e.client(Config{ClientID: "gw", RedirectURL: redirect})
 	e.login(c)
 	return e, c
 }
 
 func TestRefreshBeforeExpiry(t *testing.T) {
-	e, c := loggedIn(t, asOptions{}, "")
+	e, c := loggedIn(t, oauthtest.AuthServerOptions{}, "")
 	if err := e.callEcho(c, "a"); err != nil {
 		t.Fatal(err)
 	}
@@ -355,45 +357,45 @@ func TestRefreshBeforeExpiry(t *testing.T) {
 	// before the request is sent, and the upstream never sees a
 	// rejected token.
 	e.clock.Advance(time.Hour - 30*time.Second)
-	req0, auth0 := e.mcp.stats()
+	req0, auth0 := e.mcp.Stats()
 	if err := e.callEcho(c, "b"); err != nil {
 		t.Fatal(err)
 	}
-	grants, _ := e.as.counts()
+	grants, _ := e.counts()
 	if !slices.Equal(grants, []string{"authorization_code", "refresh_token"}) {
 		t.Errorf("grants %v, want one refresh", grants)
 	}
-	req1, auth1 := e.mcp.stats()
+	req1, auth1 := e.mcp.Stats()
 	if req1-req0 == 0 || req1-req0 != auth1-auth0 {
 		t.Errorf("the upstream refused requests: %d requests, %d authorized", req1-req0, auth1-auth0)
 	}
 	if got := c.State().Expiry; !got.After(first) {
 		t.Errorf("expiry %v not after %v", got, first)
 	}
-	if e.as.resources[1] != e.mcp.url {
-		t.Errorf("refresh without the resource indicator: %q", e.as.resources[1])
+	if e.resources()[1] != e.mcp.URL {
+		t.Errorf("refresh without the resource indicator: %q", e.resources()[1])
 	}
 }
 
 func TestUnauthorizedRefreshesAndRetriesOnce(t *testing.T) {
-	e, c := loggedIn(t, asOptions{}, "")
-	e.as.revokeAccess()
-	req0, auth0 := e.mcp.stats()
+	e, c := loggedIn(t, oauthtest.AuthServerOptions{}, "")
+	e.as.RevokeAccessTokens()
+	req0, auth0 := e.mcp.Stats()
 	status, err := e.post(c, true)
 	if err != nil || status != http.StatusOK {
 		t.Fatalf("post: %d %v", status, err)
 	}
-	grants, _ := e.as.counts()
+	grants, _ := e.counts()
 	if !slices.Equal(grants, []string{"authorization_code", "refresh_token"}) {
 		t.Errorf("grants %v, want one refresh", grants)
 	}
-	if req, auth := e.mcp.stats(); req-req0 != 2 || auth-auth0 != 1 {
+	if req, auth := e.mcp.Stats(); req-req0 != 2 || auth-auth0 != 1 {
 		t.Errorf("upstream saw %d requests (%d authorized), want the 401 and one retry", req, auth)
 	}
 
 	// A body that cannot be replayed: the 401 is returned, and the token
 	// refreshed for the next request.
-	e.as.revokeAccess()
+	e.as.RevokeAccessTokens()
 	status, err = e.post(c, false)
 	if err != nil || status != http.StatusUnauthorized {
 		t.Fatalf("post without GetBody: %d %v", status, err)
@@ -401,27 +403,25 @@ func TestUnauthorizedRefreshesAndRetriesOnce(t *testing.T) {
 	if status, err := e.post(c, false); err != nil || status != http.StatusOK {
 		t.Fatalf("next post: %d %v", status, err)
 	}
-	if grants, _ := e.as.counts(); len(grants) != 3 {
+	if grants, _ := e.counts(); len(grants) != 3 {
 		t.Errorf("grants %v, want a second refresh", grants)
 	}
 
 	// Refused even after the refresh: no loop, auth-required.
-	e.mcp.mu.Lock()
-	e.mcp.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e.mcp.Override(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no", http.StatusUnauthorized)
-	})
-	e.mcp.mu.Unlock()
+	}))
 	_, err = e.post(c, true)
 	if !errors.Is(err, ErrAuthRequired) {
 		t.Fatalf("post to an upstream that refuses every token: %v", err)
 	}
-	if grants, _ := e.as.counts(); len(grants) != 4 {
+	if grants, _ := e.counts(); len(grants) != 4 {
 		t.Errorf("grants %v, want exactly one more refresh", grants)
 	}
 }
 
 func TestRefreshSingleFlightAcrossReplicas(t *testing.T) {
-	e, a := loggedIn(t, asOptions{}, "")
+	e, a := loggedIn(t, oauthtest.AuthServerOptions{}, "")
 	b := e.client(Config{ClientID: "gw", RedirectURL: redirect}) // a second replica, same storage
 	for round := range 3 {
 		e.clock.Advance(time.Hour) // every token expired
@@ -444,25 +444,23 @@ func TestRefreshSingleFlightAcrossReplicas(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	grants, _ := e.as.counts()
+	grants, _ := e.counts()
 	if want := []string{"authorization_code", "refresh_token", "refresh_token", "refresh_token"}; !slices.Equal(grants, want) {
 		t.Errorf("grants %v, want one refresh per round", grants)
 	}
-	e.as.mu.Lock()
-	for rt, r := range e.as.refresh {
-		if r.redeemed > 1 {
-			t.Errorf("refresh token %.8s… redeemed %d times", rt, r.redeemed)
+	for _, r := range e.as.RefreshTokens() {
+		if r.Redeemed > 1 {
+			t.Errorf("refresh token %.8s… redeemed %d times", r.Token, r.Redeemed)
 		}
 	}
-	e.as.mu.Unlock()
 	if st := b.State(); st.State != StateReady {
 		t.Errorf("replica b: %+v", st)
 	}
 }
 
 func TestInvalidGrantGoesToAuthRequired(t *testing.T) {
-	e, c := loggedIn(t, asOptions{}, "")
-	e.as.revokeAll()
+	e, c := loggedIn(t, oauthtest.AuthServerOptions{}, "")
+	e.as.RevokeAll()
 	_, err := e.post(c, true)
 	var are *AuthRequiredError
 	if !errors.As(err, &are) || are.Upstream != testUpstream || !strings.Contains(err.Error(), "refresh token") {
@@ -476,11 +474,11 @@ func TestInvalidGrantGoesToAuthRequired(t *testing.T) {
 	if st := e.client(Config{ClientID: "gw", RedirectURL: redirect}).State(); st.State != StateAuthRequired {
 		t.Errorf("after a restart: %+v", st)
 	}
-	req0, _ := e.mcp.stats()
+	req0, _ := e.mcp.Stats()
 	if _, err := e.post(c, true); !errors.Is(err, ErrAuthRequired) {
 		t.Errorf("second post: %v", err)
 	}
-	if req1, _ := e.mcp.stats(); req1 != req0 {
+	if req1, _ := e.mcp.Stats(); req1 != req0 {
 		t.Errorf("a request was sent without a token")
 	}
 	// Logging in again recovers.
@@ -494,8 +492,8 @@ func TestInvalidGrantGoesToAuthRequired(t *testing.T) {
 // auth-required when the refresh token is refused, ready after the next
 // login. Nothing it hears holds a token.
 func TestOnStateReportsTransitions(t *testing.T) {
-	e := newEnv(t, asOptions{}, []string{"mcp:read"}, "")
-	e.as.addClient("gw", "", nil)
+	e := newEnv(t, oauthtest.AuthServerOptions{}, []string{"mcp:read"}, "")
+	e.as.AddClient("gw", "", nil)
 	var mu sync.Mutex
 	var seen []Status
 	e.onState = func(s Status) {
@@ -505,7 +503,7 @@ func TestOnStateReportsTransitions(t *testing.T) {
 	}
 	c := e.client(Config{ClientID: "gw", RedirectURL: redirect})
 	e.login(c)
-	e.as.revokeAll()
+	e.as.RevokeAll()
 	if _, err := e.post(c, true); !errors.Is(err, ErrAuthRequired) {
 		t.Fatalf("post after the revocation: %v", err)
 	}
@@ -515,7 +513,7 @@ func TestOnStateReportsTransitions(t *testing.T) {
 	var states []string
 	for _, s := range seen {
 		states = append(states, s.State)
-		for _, secret := range e.as.secrets() {
+		for _, secret := range e.as.Secrets() {
 			if strings.Contains(fmt.Sprint(s), secret) {
 				t.Fatalf("a reported state holds a token: %+v", s)
 			}
@@ -527,25 +525,20 @@ func TestOnStateReportsTransitions(t *testing.T) {
 }
 
 func TestLogoutRevokes(t *testing.T) {
-	e, c := loggedIn(t, asOptions{}, "")
+	e, c := loggedIn(t, oauthtest.AuthServerOptions{}, "")
 	if err := e.callEcho(c, "x"); err != nil {
 		t.Fatal(err)
 	}
-	secrets := e.as.secrets()
+	secrets := e.as.Secrets()
 	if err := c.Logout(context.Background()); err != nil {
 		t.Fatalf("Logout: %v", err)
 	}
-	e.as.mu.Lock()
-	revoked := slices.Clone(e.as.revoked)
-	var rt, at string
-	for k := range e.as.refresh {
-		rt = k
+	revoked := e.as.Revocations()
+	rts, ats := e.as.RefreshTokens(), e.as.AccessTokens()
+	if len(rts) != 1 || len(ats) != 1 {
+		t.Fatalf("%d refresh and %d access tokens issued, want one of each", len(rts), len(ats))
 	}
-	for k := range e.as.access {
-		at = k
-	}
-	e.as.mu.Unlock()
-	if !slices.Contains(revoked, rt) || !slices.Contains(revoked, at) {
+	if rt, at := rts[0].Token, ats[0]; !slices.Contains(revoked, rt) || !slices.Contains(revoked, at) {
 		t.Errorf("revoked %d tokens, want the refresh and the access token", len(revoked))
 	}
 	if st := c.State(); st.State != StateAuthRequired {
@@ -562,7 +555,7 @@ func TestLogoutRevokes(t *testing.T) {
 }
 
 func TestStorageIsSealed(t *testing.T) {
-	e := newEnv(t, asOptions{authMethods: []string{AuthClientSecretPost}}, []string{"mcp:read"}, "")
+	e := newEnv(t, oauthtest.AuthServerOptions{AuthMethods: []string{AuthClientSecretPost}}, []string{"mcp:read"}, "")
 	c := e.client(Config{RedirectURL: redirect}) // dynamic registration, with a secret
 	e.login(c)
 	e.clock.Advance(time.Hour)
@@ -570,11 +563,11 @@ func TestStorageIsSealed(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw := e.stored()
-	secrets := e.as.secrets()
+	secrets := e.as.Secrets()
 	if len(secrets) < 5 {
 		t.Fatalf("only %d secrets issued", len(secrets))
 	}
-	for _, s := range append(secrets, "mcp:read", "refresh_token", e.as.iss) {
+	for _, s := range append(secrets, "mcp:read", "refresh_token", e.as.URL) {
 		if bytes.Contains(raw, []byte(s)) {
 			t.Errorf("storage holds %.10s… in clear", s)
 		}
@@ -601,7 +594,7 @@ func TestStorageIsSealed(t *testing.T) {
 }
 
 func TestStepUpAuthorizationCode(t *testing.T) {
-	e, c := loggedIn(t, asOptions{}, "mcp:write")
+	e, c := loggedIn(t, oauthtest.AuthServerOptions{}, "mcp:write")
 	err := e.callEcho(c, "x")
 	var are *AuthRequiredError
 	if !errors.As(err, &are) || !slices.Contains(are.Scopes, "mcp:write") {
@@ -623,7 +616,7 @@ func TestStepUpAuthorizationCode(t *testing.T) {
 
 func TestStepUpRetryLimit(t *testing.T) {
 	// The server grants mcp:read whatever is asked: step-ups never help.
-	e, c := loggedIn(t, asOptions{grantScopes: func([]string) []string { return []string{"mcp:read"} }}, "mcp:write")
+	e, c := loggedIn(t, oauthtest.AuthServerOptions{GrantScopes: func([]string) []string { return []string{"mcp:read"} }}, "mcp:write")
 	logins := 1
 	var err error
 	for ; logins < 10; logins++ {
@@ -646,14 +639,14 @@ func TestStepUpRetryLimit(t *testing.T) {
 }
 
 func TestStepUpClientCredentials(t *testing.T) {
-	e := newEnv(t, asOptions{}, []string{"mcp:read"}, "mcp:write")
-	secret := secretValue("cs")
-	e.as.addClient("gw", secret, nil)
+	e := newEnv(t, oauthtest.AuthServerOptions{}, []string{"mcp:read"}, "mcp:write")
+	secret := oauthtest.NewSecret("cs")
+	e.as.AddClient("gw", secret, nil)
 	c := e.client(Config{Grant: GrantClientCredentials, ClientID: "gw", ClientSecret: secret})
 	if err := e.callEcho(c, "x"); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.as.scopeReqs; !slices.Equal(got, []string{"mcp:read", "mcp:read mcp:write"}) {
+	if got := e.scopeReqs(); !slices.Equal(got, []string{"mcp:read", "mcp:read mcp:write"}) {
 		t.Errorf("scopes requested %q, want mcp:read then the union", got)
 	}
 	if st := c.State(); !slices.Equal(st.Scopes, []string{"mcp:read", "mcp:write"}) {
@@ -662,18 +655,18 @@ func TestStepUpClientCredentials(t *testing.T) {
 }
 
 func TestUnauthorizedClientCredentialsFetchesNewToken(t *testing.T) {
-	e := newEnv(t, asOptions{}, nil, "")
-	secret := secretValue("cs")
-	e.as.addClient("gw", secret, nil)
+	e := newEnv(t, oauthtest.AuthServerOptions{}, nil, "")
+	secret := oauthtest.NewSecret("cs")
+	e.as.AddClient("gw", secret, nil)
 	c := e.client(Config{Grant: GrantClientCredentials, ClientID: "gw", ClientSecret: secret})
 	if status, err := e.post(c, true); err != nil || status != 200 {
 		t.Fatal(status, err)
 	}
-	e.as.revokeAccess()
+	e.as.RevokeAccessTokens()
 	if status, err := e.post(c, true); err != nil || status != 200 {
 		t.Fatal(status, err)
 	}
-	if grants, _ := e.as.counts(); !slices.Equal(grants, []string{"client_credentials", "client_credentials"}) {
+	if grants, _ := e.counts(); !slices.Equal(grants, []string{"client_credentials", "client_credentials"}) {
 		t.Errorf("grants %v", grants)
 	}
 	if err := c.Logout(context.Background()); err != nil {
@@ -685,39 +678,40 @@ func TestUnauthorizedClientCredentialsFetchesNewToken(t *testing.T) {
 }
 
 func TestCrossAppAccess(t *testing.T) {
-	e := newEnv(t, asOptions{authMethods: []string{AuthClientSecretBasic}}, []string{"mcp:read"}, "")
-	secret := secretValue("cs")
-	e.as.addClient("gw", secret, nil)      // at the upstream's authorization server
-	e.as.addClient("gw-idp", "", nil)      // at the IdP (the same test server)
-	e.as.idToken = secretValue("id-token") // what the IdP issued to the gateway
+	e := newEnv(t, oauthtest.AuthServerOptions{AuthMethods: []string{AuthClientSecretBasic}}, []string{"mcp:read"}, "")
+	secret := oauthtest.NewSecret("cs")
+	e.as.AddClient("gw", secret, nil)          // at the upstream's authorization server
+	e.as.AddClient("gw-idp", "", nil)          // at the IdP (the same test server)
+	idToken := oauthtest.NewSecret("id-token") // what the IdP issued to the gateway
+	e.as.SetIDToken(idToken)
 	file := t.TempDir() + "/id_token"
-	if err := os.WriteFile(file, []byte(e.as.idToken+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(idToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := e.client(Config{Grant: GrantCrossAppAccess, ClientID: "gw", ClientSecret: secret, IDPTokenURL: e.as.iss + "/token", IDPClientID: "gw-idp", IDTokenFile: file})
+	c := e.client(Config{Grant: GrantCrossAppAccess, ClientID: "gw", ClientSecret: secret, IDPTokenURL: e.as.URL + "/token", IDPClientID: "gw-idp", IDTokenFile: file})
 	if err := e.callEcho(c, "x"); err != nil {
 		t.Fatal(err)
 	}
-	grants, seen := e.as.counts()
+	grants, seen := e.counts()
 	if !slices.Equal(grants, []string{"urn:ietf:params:oauth:grant-type:token-exchange", "urn:ietf:params:oauth:grant-type:jwt-bearer"}) ||
 		!slices.Equal(seen, []string{AuthNone, AuthClientSecretBasic}) {
 		t.Errorf("grants %v with auth %v", grants, seen)
 	}
-	leakCheck(t, e, append(e.as.secrets(), secret, e.as.idToken), fmt.Sprint(c.State()))
+	leakCheck(t, e, append(e.as.Secrets(), secret, idToken), fmt.Sprint(c.State()))
 }
 
 func TestBeginLoginRefusesForeignResource(t *testing.T) {
-	e := newEnv(t, asOptions{}, nil, "")
+	e := newEnv(t, oauthtest.AuthServerOptions{}, nil, "")
 	c := e.client(Config{RedirectURL: redirect})
-	e.mcp.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e.mcp.Override(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"resource":"https://evil.example.com/mcp","authorization_servers":[%q]}`, e.as.iss)
-	})
+		fmt.Fprintf(w, `{"resource":"https://evil.example.com/mcp","authorization_servers":[%q]}`, e.as.URL)
+	}))
 	_, err := c.BeginLogin(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "evil.example.com") {
 		t.Fatalf("BeginLogin: %v", err)
 	}
-	if len(e.as.authorize) != 0 {
+	if len(e.as.AuthorizationRequests()) != 0 {
 		t.Error("an authorization request was made")
 	}
 }

@@ -1,0 +1,647 @@
+package oauthtest
+
+import (
+	"crypto"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// Client authentication methods at the token and revocation endpoints, as
+// RFC 8414 names them in token_endpoint_auth_methods_supported.
+const (
+	ClientSecretBasic = "client_secret_basic"
+	ClientSecretPost  = "client_secret_post"
+	PrivateKeyJWT     = "private_key_jwt"
+	AuthNone          = "none"
+)
+
+// Values of [AuthServerOptions.Iss]: what the authorization response says
+// in its iss parameter (RFC 9207).
+const (
+	IssOmitted = ""        // no iss parameter
+	IssCorrect = "correct" // the server's issuer
+	IssWrong   = "wrong"   // another issuer, as in a mix-up attack
+)
+
+// Grant types and token types of the token endpoint.
+const (
+	GrantAuthorizationCode = "authorization_code"
+	GrantRefreshToken      = "refresh_token"
+	GrantClientCredentials = "client_credentials"
+	GrantTokenExchange     = "urn:ietf:params:oauth:grant-type:token-exchange"
+	GrantJWTBearer         = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+
+	tokenTypeIDToken = "urn:ietf:params:oauth:token-type:id_token"
+	tokenTypeIDJAG   = "urn:ietf:params:oauth:token-type:id-jag"
+	assertionJWT     = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+)
+
+// DefaultAccessTokenTTL is the lifetime of access tokens unless
+// [AuthServerOptions.AccessTokenTTL] or [AuthServer.SetAccessTokenTTL] says
+// otherwise.
+const DefaultAccessTokenTTL = time.Hour
+
+// AuthServerOptions configures [NewAuthServer]. The zero value is a server
+// with registration and revocation, no iss parameter, and one-hour access
+// tokens on the real clock.
+type AuthServerOptions struct {
+	// Now is the server's clock (token expiry, client assertions).
+	// Default: time.Now.
+	Now func() time.Time
+	// AccessTokenTTL is the lifetime of the access tokens issued (its
+	// expires_in). Default: DefaultAccessTokenTTL.
+	AccessTokenTTL time.Duration
+	// AuthMethods is token_endpoint_auth_methods_supported (omitted when
+	// empty). The server accepts every method whatever it lists.
+	AuthMethods []string
+	// ScopesSupported is scopes_supported (omitted when empty).
+	ScopesSupported []string
+	// Iss is the iss parameter of authorization responses: IssOmitted,
+	// IssCorrect or IssWrong.
+	Iss string
+	// IssAdvertised sets authorization_response_iss_parameter_supported.
+	IssAdvertised bool
+	// NoRegistration and NoRevocation leave out the registration and
+	// revocation endpoints.
+	NoRegistration bool
+	NoRevocation   bool
+	// EchoSecret puts the client secret presented in the error
+	// description of a failed client authentication, as a careless server
+	// might.
+	EchoSecret bool
+	// GrantScopes, when set, decides the scopes granted from those
+	// requested (default: what was requested).
+	GrantScopes func(requested []string) []string
+}
+
+// TokenRequest is one request the token endpoint received.
+type TokenRequest struct {
+	GrantType  string // grant_type
+	AuthMethod string // how the client authenticated ("" if it could not be told)
+	Scope      string // scope
+	Resource   string // resource (RFC 8707)
+	Error      string // the OAuth error code answered; "" when tokens were issued
+}
+
+// RefreshToken is what the server knows of a refresh token it issued.
+type RefreshToken struct {
+	Token    string
+	Redeemed int  // refresh_token grants that presented it (more than 1: a reuse)
+	Revoked  bool // revoked, or refused for reuse
+}
+
+type asClient struct {
+	secret string
+	pub    crypto.PublicKey
+}
+
+type asCode struct {
+	client, challenge, redirect, resource string
+	scopes                                []string
+}
+
+type asAccess struct {
+	scopes  []string
+	expiry  time.Time
+	revoked bool
+}
+
+type asRefresh struct {
+	token     string
+	client    string
+	scopes    []string
+	resource  string
+	redeemed  int
+	revoked   bool
+	issuedFor string // the access token issued with it
+}
+
+// AuthServer is an OAuth 2.1 authorization server on 127.0.0.1. It is safe
+// for concurrent use.
+type AuthServer struct {
+	// URL is the server's base URL, which is also its issuer identifier.
+	URL string
+
+	srv  *httptest.Server
+	now  func() time.Time
+	opts AuthServerOptions
+
+	mu        sync.Mutex
+	ttl       time.Duration
+	clients   map[string]*asClient
+	codes     map[string]*asCode
+	access    map[string]*asAccess
+	accessSeq []string // access tokens in the order issued
+	refresh   []*asRefresh
+	issued    []string // every secret handed out
+	allCodes  []string // every authorization code handed out
+	revoked   []string // tokens presented at the revocation endpoint
+	requests  []TokenRequest
+	authorize []url.Values
+	regs      int
+	pkceOK    int               // codes redeemed with a matching verifier
+	idToken   string            // the ID token the IdP side accepts
+	jags      map[string]string // ID-JAG -> resource
+}
+
+// NewAuthServer starts an authorization server on 127.0.0.1. Close it when
+// done.
+func NewAuthServer(opts AuthServerOptions) *AuthServer {
+	as := &AuthServer{
+		opts: opts, now: opts.Now, ttl: opts.AccessTokenTTL,
+		clients: map[string]*asClient{}, codes: map[string]*asCode{},
+		access: map[string]*asAccess{}, jags: map[string]string{},
+	}
+	if as.now == nil {
+		as.now = time.Now
+	}
+	if as.ttl <= 0 {
+		as.ttl = DefaultAccessTokenTTL
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /.well-known/oauth-authorization-server", as.metadata)
+	mux.HandleFunc("GET /authorize", as.handleAuthorize)
+	mux.HandleFunc("POST /token", as.handleToken)
+	if !opts.NoRegistration {
+		mux.HandleFunc("POST /register", as.handleRegister)
+	}
+	if !opts.NoRevocation {
+		mux.HandleFunc("POST /revoke", as.handleRevoke)
+	}
+	as.srv = httptest.NewServer(mux)
+	as.URL = as.srv.URL
+	return as
+}
+
+// Close shuts the server down.
+func (as *AuthServer) Close() { as.srv.Close() }
+
+// AddClient registers a client: a confidential one with a secret
+// (client_secret_basic or client_secret_post) or a public key
+// (private_key_jwt, RS256 or ES256), or a public one with neither.
+func (as *AuthServer) AddClient(id, secret string, pub crypto.PublicKey) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	as.clients[id] = &asClient{secret: secret, pub: pub}
+}
+
+// SetIDToken sets the ID token that the token-exchange grant (the IdP side
+// of cross-app access) accepts as subject_token.
+func (as *AuthServer) SetIDToken(token string) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	as.idToken = token
+}
+
+// SetAccessTokenTTL changes the lifetime of the access tokens issued from
+// now on.
+func (as *AuthServer) SetAccessTokenTTL(d time.Duration) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	as.ttl = d
+}
+
+func (as *AuthServer) metadata(w http.ResponseWriter, r *http.Request) {
+	m := map[string]any{
+		"issuer":                           as.URL,
+		"authorization_endpoint":           as.URL + "/authorize",
+		"token_endpoint":                   as.URL + "/token",
+		"response_types_supported":         []string{"code"},
+		"grant_types_supported":            []string{GrantAuthorizationCode, GrantRefreshToken, GrantClientCredentials},
+		"code_challenge_methods_supported": []string{"S256"},
+	}
+	if len(as.opts.AuthMethods) > 0 {
+		m["token_endpoint_auth_methods_supported"] = as.opts.AuthMethods
+	}
+	if len(as.opts.ScopesSupported) > 0 {
+		m["scopes_supported"] = as.opts.ScopesSupported
+	}
+	if !as.opts.NoRegistration {
+		m["registration_endpoint"] = as.URL + "/register"
+	}
+	if !as.opts.NoRevocation {
+		m["revocation_endpoint"] = as.URL + "/revoke"
+	}
+	if as.opts.IssAdvertised {
+		m["authorization_response_iss_parameter_supported"] = true
+	}
+	writeJSON(w, http.StatusOK, m)
+}
+
+// handleAuthorize approves every well-formed request of a known client at
+// once: it redirects to redirect_uri with a code bound to the PKCE
+// challenge, the redirect_uri, the resource and the scopes.
+func (as *AuthServer) handleAuthorize(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	as.mu.Lock()
+	as.authorize = append(as.authorize, q)
+	_, known := as.clients[q.Get("client_id")]
+	as.mu.Unlock()
+	redirect, err := url.Parse(q.Get("redirect_uri"))
+	if err != nil || redirect.Scheme == "" || q.Get("response_type") != "code" || q.Get("code_challenge_method") != "S256" || q.Get("code_challenge") == "" || !known {
+		http.Error(w, "bad authorization request", http.StatusBadRequest)
+		return
+	}
+	code := NewSecret("code")
+	as.mu.Lock()
+	as.codes[code] = &asCode{client: q.Get("client_id"), challenge: q.Get("code_challenge"), redirect: q.Get("redirect_uri"), resource: q.Get("resource"), scopes: strings.Fields(q.Get("scope"))}
+	as.issued = append(as.issued, code)
+	as.allCodes = append(as.allCodes, code)
+	as.mu.Unlock()
+	rq := redirect.Query()
+	rq.Set("code", code)
+	rq.Set("state", q.Get("state"))
+	switch as.opts.Iss {
+	case IssCorrect:
+		rq.Set("iss", as.URL)
+	case IssWrong:
+		rq.Set("iss", "https://evil.example.com")
+	}
+	redirect.RawQuery = rq.Encode()
+	// The browser leaves no trace of the code behind (RFC 9700 §4.2.4).
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	http.Redirect(w, r, redirect.String(), http.StatusFound)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func oauthErr(w http.ResponseWriter, status int, code, desc string) {
+	writeJSON(w, status, map[string]string{"error": code, "error_description": desc})
+}
+
+// authenticate checks the client authentication of a token or revocation
+// request and returns the client id and the method it used.
+func (as *AuthServer) authenticate(r *http.Request) (string, string, error) {
+	if id, secret, ok := r.BasicAuth(); ok {
+		// RFC 6749 §2.3.1: both are form-encoded before Basic.
+		id, _ = url.QueryUnescape(id)
+		secret, _ = url.QueryUnescape(secret)
+		as.mu.Lock()
+		cl := as.clients[id]
+		as.mu.Unlock()
+		if cl == nil || cl.secret == "" || cl.secret != secret {
+			return id, ClientSecretBasic, fmt.Errorf("bad client secret %s", secret)
+		}
+		return id, ClientSecretBasic, nil
+	}
+	id := r.PostForm.Get("client_id")
+	as.mu.Lock()
+	cl := as.clients[id]
+	as.mu.Unlock()
+	if cl == nil {
+		return id, "", fmt.Errorf("unknown client")
+	}
+	if secret := r.PostForm.Get("client_secret"); secret != "" {
+		if cl.secret != secret {
+			return id, ClientSecretPost, fmt.Errorf("bad client secret %s", secret)
+		}
+		return id, ClientSecretPost, nil
+	}
+	if a := r.PostForm.Get("client_assertion"); a != "" {
+		if r.PostForm.Get("client_assertion_type") != assertionJWT || cl.pub == nil {
+			return id, PrivateKeyJWT, fmt.Errorf("bad assertion type")
+		}
+		tok, err := jwt.ParseWithClaims(a, &jwt.RegisteredClaims{}, func(*jwt.Token) (any, error) { return cl.pub, nil },
+			jwt.WithValidMethods([]string{"RS256", "ES256"}), jwt.WithAudience(as.URL), jwt.WithIssuer(id), jwt.WithSubject(id),
+			jwt.WithTimeFunc(as.now), jwt.WithExpirationRequired())
+		if err != nil || !tok.Valid {
+			return id, PrivateKeyJWT, fmt.Errorf("bad assertion: %v", err)
+		}
+		return id, PrivateKeyJWT, nil
+	}
+	if cl.secret != "" || cl.pub != nil {
+		return id, AuthNone, fmt.Errorf("confidential client without credentials")
+	}
+	return id, AuthNone, nil
+}
+
+// issue answers a token request with a new access token (and a refresh
+// token when withRefresh).
+func (as *AuthServer) issue(w http.ResponseWriter, client string, scopes []string, resource string, withRefresh bool) {
+	if as.opts.GrantScopes != nil {
+		scopes = as.opts.GrantScopes(scopes)
+	}
+	at := NewSecret("at")
+	as.mu.Lock()
+	ttl := as.ttl
+	resp := map[string]any{"access_token": at, "token_type": "Bearer", "expires_in": int(ttl / time.Second)}
+	if len(scopes) > 0 {
+		resp["scope"] = strings.Join(scopes, " ")
+	}
+	as.access[at] = &asAccess{scopes: scopes, expiry: as.now().Add(ttl)}
+	as.accessSeq = append(as.accessSeq, at)
+	as.issued = append(as.issued, at)
+	if withRefresh {
+		rt := NewSecret("rt")
+		as.refresh = append(as.refresh, &asRefresh{token: rt, client: client, scopes: scopes, resource: resource, issuedFor: at})
+		as.issued = append(as.issued, rt)
+		resp["refresh_token"] = rt
+	}
+	as.mu.Unlock()
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// refused records the error of the last token request and answers it.
+func (as *AuthServer) refused(w http.ResponseWriter, status int, code, desc string) {
+	as.mu.Lock()
+	as.requests[len(as.requests)-1].Error = code
+	as.mu.Unlock()
+	oauthErr(w, status, code, desc)
+}
+
+func (as *AuthServer) findRefresh(token string) *asRefresh {
+	for _, rt := range as.refresh {
+		if rt.token == token {
+			return rt
+		}
+	}
+	return nil
+}
+
+func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil {
+		oauthErr(w, http.StatusBadRequest, "invalid_request", "form")
+		return
+	}
+	f := r.PostForm
+	client, method, err := as.authenticate(r)
+	as.mu.Lock()
+	as.requests = append(as.requests, TokenRequest{GrantType: f.Get("grant_type"), AuthMethod: method, Scope: f.Get("scope"), Resource: f.Get("resource")})
+	as.mu.Unlock()
+	if err != nil {
+		desc := "client authentication failed"
+		if as.opts.EchoSecret {
+			desc += ": " + err.Error()
+		}
+		as.refused(w, http.StatusUnauthorized, "invalid_client", desc)
+		return
+	}
+	switch f.Get("grant_type") {
+	case GrantAuthorizationCode:
+		as.mu.Lock()
+		code := as.codes[f.Get("code")]
+		delete(as.codes, f.Get("code")) // used once, whatever the outcome
+		as.mu.Unlock()
+		sum := sha256.Sum256([]byte(f.Get("code_verifier")))
+		switch {
+		case code == nil || code.client != client:
+			as.refused(w, http.StatusBadRequest, "invalid_grant", "unknown code")
+		case base64.RawURLEncoding.EncodeToString(sum[:]) != code.challenge:
+			as.refused(w, http.StatusBadRequest, "invalid_grant", "PKCE verification failed")
+		case f.Get("redirect_uri") != code.redirect:
+			as.refused(w, http.StatusBadRequest, "invalid_grant", "redirect_uri mismatch")
+		case f.Get("resource") != code.resource:
+			as.refused(w, http.StatusBadRequest, "invalid_target", "resource mismatch")
+		default:
+			as.mu.Lock()
+			as.pkceOK++
+			as.mu.Unlock()
+			as.issue(w, client, code.scopes, code.resource, true)
+		}
+	case GrantRefreshToken:
+		as.mu.Lock()
+		rt := as.findRefresh(f.Get("refresh_token"))
+		ok := rt != nil && rt.client == client && !rt.revoked && rt.redeemed == 0 && f.Get("resource") == rt.resource
+		if rt != nil {
+			rt.redeemed++
+		}
+		as.mu.Unlock()
+		if !ok {
+			as.refused(w, http.StatusBadRequest, "invalid_grant", "refresh token unknown, revoked or already used")
+			return
+		}
+		as.issue(w, client, rt.scopes, rt.resource, true)
+	case GrantClientCredentials:
+		as.issue(w, client, strings.Fields(f.Get("scope")), f.Get("resource"), false)
+	case GrantTokenExchange:
+		// The IdP side of SEP-990: an ID token for an ID-JAG.
+		as.mu.Lock()
+		ok := f.Get("subject_token") == as.idToken && as.idToken != "" && f.Get("audience") == as.URL && f.Get("resource") != "" &&
+			f.Get("subject_token_type") == tokenTypeIDToken && f.Get("requested_token_type") == tokenTypeIDJAG
+		jag := NewSecret("jag")
+		if ok {
+			as.jags[jag] = f.Get("resource")
+			as.issued = append(as.issued, jag)
+		}
+		as.mu.Unlock()
+		if !ok {
+			as.refused(w, http.StatusBadRequest, "invalid_request", "bad token exchange")
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"access_token": jag, "issued_token_type": tokenTypeIDJAG, "token_type": "N_A"})
+	case GrantJWTBearer:
+		as.mu.Lock()
+		resource, ok := as.jags[f.Get("assertion")]
+		delete(as.jags, f.Get("assertion"))
+		as.mu.Unlock()
+		if !ok {
+			as.refused(w, http.StatusBadRequest, "invalid_grant", "unknown assertion")
+			return
+		}
+		as.issue(w, client, strings.Fields(f.Get("scope")), resource, false)
+	default:
+		as.refused(w, http.StatusBadRequest, "unsupported_grant_type", f.Get("grant_type"))
+	}
+}
+
+func (as *AuthServer) handleRegister(w http.ResponseWriter, r *http.Request) {
+	var meta struct {
+		RedirectURIs []string `json:"redirect_uris"`
+		Method       string   `json:"token_endpoint_auth_method"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&meta); err != nil || len(meta.RedirectURIs) == 0 {
+		oauthErr(w, http.StatusBadRequest, "invalid_client_metadata", "redirect_uris")
+		return
+	}
+	id, secret := NewSecret("dcr-client"), ""
+	if meta.Method != AuthNone {
+		secret = NewSecret("dcr-secret")
+	}
+	as.mu.Lock()
+	as.regs++
+	as.clients[id] = &asClient{secret: secret}
+	if secret != "" {
+		as.issued = append(as.issued, secret)
+	}
+	as.mu.Unlock()
+	resp := map[string]any{"client_id": id, "redirect_uris": meta.RedirectURIs, "token_endpoint_auth_method": meta.Method}
+	if secret != "" {
+		resp["client_secret"] = secret
+	}
+	writeJSON(w, http.StatusCreated, resp)
+}
+
+func (as *AuthServer) handleRevoke(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil {
+		oauthErr(w, http.StatusBadRequest, "invalid_request", "form")
+		return
+	}
+	if _, _, err := as.authenticate(r); err != nil {
+		oauthErr(w, http.StatusUnauthorized, "invalid_client", "client authentication failed")
+		return
+	}
+	tok := r.PostForm.Get("token")
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	as.revoked = append(as.revoked, tok)
+	if at := as.access[tok]; at != nil {
+		at.revoked = true
+	}
+	if rt := as.findRefresh(tok); rt != nil {
+		rt.revoked = true
+		if at := as.access[rt.issuedFor]; at != nil {
+			at.revoked = true
+		}
+	}
+}
+
+// Valid reports whether an access token is usable now (issued here, not
+// revoked, not expired), and its scopes.
+func (as *AuthServer) Valid(accessToken string) (scopes []string, ok bool) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	t := as.access[accessToken]
+	if t == nil || t.revoked || !as.now().Before(t.expiry) {
+		return nil, false
+	}
+	return slices.Clone(t.scopes), true
+}
+
+// RevokeAll makes every access and refresh token invalid at once, as if
+// the server forgot its grants.
+func (as *AuthServer) RevokeAll() {
+	as.RevokeAccessTokens()
+	as.RevokeRefreshTokens()
+}
+
+// RevokeAccessTokens makes the access tokens issued so far invalid and
+// keeps the refresh tokens, as when the resource server lost its cache or
+// a key rotated.
+func (as *AuthServer) RevokeAccessTokens() {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	for _, t := range as.access {
+		t.revoked = true
+	}
+}
+
+// RevokeRefreshTokens makes the refresh tokens issued so far invalid and
+// keeps the access tokens, which work until they expire: the next refresh
+// gets invalid_grant.
+func (as *AuthServer) RevokeRefreshTokens() {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	for _, t := range as.refresh {
+		t.revoked = true
+	}
+}
+
+// Secrets returns every secret the server handed out so far:
+// authorization codes, access and refresh tokens, registered client
+// secrets and ID-JAGs.
+func (as *AuthServer) Secrets() []string {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return slices.Clone(as.issued)
+}
+
+// AuthorizationCodes returns the authorization codes handed out, in order
+// (they are among Secrets too).
+func (as *AuthServer) AuthorizationCodes() []string {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return slices.Clone(as.allCodes)
+}
+
+// TokenRequests returns the requests the token endpoint received, in
+// order.
+func (as *AuthServer) TokenRequests() []TokenRequest {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return slices.Clone(as.requests)
+}
+
+// Grants returns the grant_type of each token request, in order.
+func (as *AuthServer) Grants() []string {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	out := make([]string, len(as.requests))
+	for i, r := range as.requests {
+		out[i] = r.GrantType
+	}
+	return out
+}
+
+// AuthorizationRequests returns the query of each request the
+// authorization endpoint received, in order.
+func (as *AuthServer) AuthorizationRequests() []url.Values {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	out := make([]url.Values, len(as.authorize))
+	for i, q := range as.authorize {
+		out[i] = url.Values{}
+		for k, v := range q {
+			out[i][k] = slices.Clone(v)
+		}
+	}
+	return out
+}
+
+// Registrations returns how many clients registered dynamically.
+func (as *AuthServer) Registrations() int {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return as.regs
+}
+
+// PKCEVerified returns how many authorization codes were redeemed with a
+// code_verifier that matched their S256 code_challenge (and so got
+// tokens).
+func (as *AuthServer) PKCEVerified() int {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return as.pkceOK
+}
+
+// Revocations returns the tokens presented at the revocation endpoint by
+// an authenticated client, in order.
+func (as *AuthServer) Revocations() []string {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return slices.Clone(as.revoked)
+}
+
+// AccessTokens returns the access tokens issued, in order.
+func (as *AuthServer) AccessTokens() []string {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return slices.Clone(as.accessSeq)
+}
+
+// RefreshTokens returns the refresh tokens issued, in order.
+func (as *AuthServer) RefreshTokens() []RefreshToken {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	out := make([]RefreshToken, len(as.refresh))
+	for i, rt := range as.refresh {
+		out[i] = RefreshToken{Token: rt.token, Redeemed: rt.redeemed, Revoked: rt.revoked}
+	}
+	return out
+}
