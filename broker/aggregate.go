@@ -473,7 +473,8 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			cancel()
 		case "tools/call":
 			if p, ok := req.GetParams().(*mcp.CallToolParamsRaw); ok && p != nil {
-				if up := a.withdrawnTool(p.Name); up != nil {
+				if up := a.waitingForLogin(p.Name); up != nil {
+					a.record(CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: p.Name, Outcome: OutcomeAuthRequired}, time.Now())
 					return a.unreachable(up, upstreamauth.ErrAuthRequired), nil
 				}
 			}

@@ -538,13 +538,27 @@ func (a *Aggregate) withdraw(up *aggUpstream) {
 	a.logger.Warn("aggregate: upstream withdrawn until it is logged in", "upstream", up.cfg.Name)
 }
 
-// withdrawnTool returns the upstream of a tool withdrawn while it waits
-// for a login, or nil.
-func (a *Aggregate) withdrawnTool(name string) *aggUpstream {
+// waitingForLogin returns the upstream of tool name when that upstream
+// waits for an operator's OAuth login, else nil: a tool withdrawn for that
+// reason, or one the route never listed because the upstream has not been
+// logged in yet (its name resolves to the upstream).
+func (a *Aggregate) waitingForLogin(name string) *aggUpstream {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if up, ok := a.withdrawn[name]; ok {
-		return a.byName[up]
+	owner, withdrawn := a.withdrawn[name]
+	_, listed := a.tools[name]
+	a.mu.Unlock()
+	if withdrawn {
+		return a.byName[owner]
+	}
+	if listed || a.authRequired == nil {
+		return nil
+	}
+	server, _, ok := a.ns.Resolve(name)
+	if a.conditional {
+		server, ok = a.ups[0].cfg.Name, true
+	}
+	if ok && a.authRequired(server) {
+		return a.byName[server]
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -417,7 +418,7 @@ func (a *Aggregate) unreachable(up *aggUpstream, err error) *mcp.CallToolResult 
 	if errors.Is(err, upstreamauth.ErrAuthRequired) || (a.authRequired != nil && a.authRequired(up.cfg.Name)) {
 		return &mcp.CallToolResult{
 			IsError: true,
-			Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in (`caddy zidane login %s`)", up.cfg.Name, up.cfg.Name)}},
+			Content: []mcp.Content{&mcp.TextContent{Text: LoginRequiredMessage(up.cfg.Name, err)}},
 		}
 	}
 	return &mcp.CallToolResult{
@@ -469,6 +470,10 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			return res, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
+		case errors.Is(err, upstreamauth.ErrAuthRequired):
+			// go-sdk reports the transport's refusal as a JSON-RPC error;
+			// the caller gets the tool error that says how to log in.
+			return a.unreachable(up, err), nil
 		case upstreamRPCError(err):
 			return nil, err
 		default:
@@ -667,4 +672,15 @@ func (a *Aggregate) upstreamUnsubscribe(uri string) {
 	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
 	defer cancel()
 	_ = cs.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: uri})
+}
+
+// LoginRequiredMessage is what a caller is told when upstream waits for an
+// operator's OAuth login: how to log in, and the scopes the login must
+// grant when err says (a step-up).
+func LoginRequiredMessage(upstream string, err error) string {
+	var are *upstreamauth.AuthRequiredError
+	if errors.As(err, &are) && len(are.Scopes) > 0 {
+		return fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in with the scopes %q (`caddy zidane login %s`)", upstream, strings.Join(are.Scopes, " "), upstream)
+	}
+	return fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in (`caddy zidane login %s`)", upstream, upstream)
 }

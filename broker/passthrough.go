@@ -479,7 +479,7 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallR
 		// Not sent: the gateway holds no usable token for the upstream.
 		rec.Outcome = OutcomeAuthRequired
 		pt.logger.Warn("upstream needs an OAuth login", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
-		msg := fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in (`caddy zidane login %s`); your own token is fine", pt.name, pt.name)
+		msg := LoginRequiredMessage(pt.name, err) + "; your own token is fine"
 		if rec.Method == "tools/call" && len(rpcID) > 0 {
 			// A tool call gets a tool error, which an agent reads and
 			// reports, rather than a protocol failure.
