@@ -47,7 +47,6 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/zidane/tokens/", Handler: caddy.AdminHandlerFunc(a.handleTokens)},
 		{Pattern: "/zidane/upstreams", Handler: caddy.AdminHandlerFunc(a.handleUpstreams)},
 		{Pattern: "/zidane/upstreams/", Handler: caddy.AdminHandlerFunc(a.handleUpstreamRestart)},
-		{Pattern: "/zidane/oauth/callback/", Handler: caddy.AdminHandlerFunc(a.handleOAuthCallback)},
 	}
 }
 

@@ -108,6 +108,7 @@ type Handler struct {
 	passThrough  *broker.PassThrough
 	aggregate    *broker.Aggregate
 	aggUpstreams map[string]broker.Upstream
+	app          *App // this config's zidane app (upstream OAuth logins)
 	logger       *zap.Logger
 	audit        *zap.Logger
 }
@@ -165,6 +166,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.tokens = appIface.(*App).Tokens()
+	h.app = appIface.(*App)
 
 	if h.MaxBodyBytes == 0 {
 		h.MaxBodyBytes = defaultMaxBody
@@ -326,6 +328,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// A session page carries its own capability, bound to one session.
 		h.sess.page.ServeHTTP(w, r)
 		return nil
+	}
+	if strings.HasPrefix(r.URL.Path, OAuthCallbackPath) {
+		// An upstream login's callback carries its own capability: the
+		// state of a login that this gateway began.
+		return h.serveOAuthCallback(w, r)
 	}
 
 	// 2. Authenticate.

@@ -77,37 +77,49 @@ func (a *adminAPI) handleUpstreamAuth(w http.ResponseWriter, r *http.Request, na
 	}
 }
 
-// handleOAuthCallback answers GET /zidane/oauth/callback/<name>: the
-// authorization server sends the operator's browser here after a login
-// (the upstream's redirect_url). It stores the tokens and tells the
-// operator, in a page with no secret, whether it worked.
-func (a *adminAPI) handleOAuthCallback(w http.ResponseWriter, r *http.Request) error {
-	name := strings.Trim(strings.TrimPrefix(r.URL.Path, "/zidane/oauth/callback"), "/")
-	if r.Method != http.MethodGet || name == "" || strings.Contains(name, "/") {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: errors.New("use GET /zidane/oauth/callback/<upstream> (the upstream's redirect_url)")}
-	}
-	c, err := oauthClientOf(name)
-	if err != nil {
-		return err
-	}
-	audit := auditLogger()
+// OAuthCallbackPath is where an upstream login's callback lands, on every
+// site that zidane_mcp serves: <site>/zidane/oauth/callback/<upstream> is
+// the redirect_url to configure.
+const OAuthCallbackPath = "/zidane/oauth/callback/"
+
+// serveOAuthCallback answers GET /zidane/oauth/callback/<name>: the
+// authorization server sends the operator's browser here after a login.
+// No bearer token: the state, which only the gateway's own login knows and
+// which opens once, is the capability. It stores the tokens and tells the
+// operator, in a page with no secret, whether it worked. The query (code,
+// state) goes in no log line of this module.
+func (h *Handler) serveOAuthCallback(w http.ResponseWriter, r *http.Request) error {
+	name := strings.TrimPrefix(r.URL.Path, OAuthCallbackPath)
 	page := func(status int, title, body string) error {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
 		w.Header().Set("Referrer-Policy", "no-referrer")
+		w.Header().Set("Content-Security-Policy", "default-src 'none'")
 		w.WriteHeader(status)
 		_, err := fmt.Fprintf(w, "<!doctype html><meta charset=utf-8><title>%s</title><h1>%s</h1><p>%s</p>\n",
 			html.EscapeString(title), html.EscapeString(title), html.EscapeString(body))
 		return err
 	}
+	var c *upstreamauth.Client
+	if h.app != nil && name != "" && !strings.Contains(name, "/") {
+		c = h.app.OAuthClient(name)
+	}
+	if c == nil {
+		return page(http.StatusNotFound, "No login here", "No upstream of this gateway logs in through this address.")
+	}
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		return page(http.StatusMethodNotAllowed, "Use GET", "The authorization server sends the browser here with GET.")
+	}
+	audit := auditLogger()
 	if err := c.Callback(r.Context(), r.URL.Query()); err != nil {
 		audit.Warn("upstream login refused", zap.String("event", "upstream_login"), zap.String("upstream", name),
-			zap.String("outcome", "refused"), zap.String("detail", err.Error()))
+			zap.String("outcome", "refused"), zap.String("client_ip", clientIP(r)), zap.String("detail", err.Error()))
 		return page(http.StatusBadRequest, "Login to "+name+" failed", err.Error()+" Run `caddy zidane login "+name+"` to try again.")
 	}
 	liveAggregates.reconnect(name)
 	st := c.State()
 	audit.Info("upstream login completed", zap.String("event", "upstream_login"), zap.String("upstream", name),
-		zap.String("outcome", "ok"), zap.Strings("scopes", st.Scopes))
+		zap.String("outcome", "ok"), zap.String("client_ip", clientIP(r)), zap.Strings("scopes", st.Scopes))
 	return page(http.StatusOK, "Logged in to "+name, "The gateway holds the upstream's token now; you can close this window.")
 }
