@@ -64,11 +64,7 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, err
 		}
-		req2, err := rewind(req)
-		if err != nil {
-			return nil, err
-		}
-		resp, err = t.send(req2, tok2)
+		req2, resp, err := t.resend(req, tok2)
 		if err != nil {
 			return nil, err
 		}
@@ -102,11 +98,7 @@ func (t *transport) forbidden(req *http.Request, resp *http.Response, tok *hotTo
 		if err != nil {
 			return nil, err
 		}
-		req2, err := rewind(req)
-		if err != nil {
-			return nil, err
-		}
-		resp, err = t.send(req2, tok2)
+		_, resp, err = t.resend(req, tok2)
 		if err != nil {
 			return nil, err
 		}
@@ -120,6 +112,17 @@ func (t *transport) forbidden(req *http.Request, resp *http.Response, tok *hotTo
 	}
 	drain(resp)
 	return nil, c.stepUp(req.Context(), ch.Scopes, tok.gen)
+}
+
+// resend sends req again, its body rewound, with tok; it returns the
+// request it sent.
+func (t *transport) resend(req *http.Request, tok *hotToken) (*http.Request, *http.Response, error) {
+	req2, err := rewind(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	resp, err := t.send(req2, tok)
+	return req2, resp, err
 }
 
 // send attaches tok to a copy of req and sends it.
