@@ -267,13 +267,20 @@ func (e errReader) Read([]byte) (int, error) {
 // fastToolCall serves a tools/call, or reports false when it is not one
 // the fast path takes.
 func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggSession, body []byte) bool {
-	var msg fastEnvelope
-	if err := json.Unmarshal(body, &msg); err != nil || msg.JSONRPC != "2.0" || msg.Method != "tools/call" || !validCallID(msg.ID) {
+	// One pass: a body that is not a tools/call of this shape (another
+	// method, a params of another type) fails it or the checks, and goes to
+	// go-sdk.
+	var msg struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Method  string          `json:"method"`
+		Params  *fastToolParams `json:"params"`
+	}
+	if err := json.Unmarshal(body, &msg); err != nil || msg.JSONRPC != "2.0" || msg.Method != "tools/call" || !validCallID(msg.ID) || msg.Params == nil {
 		return false
 	}
-	var params fastToolParams
-	if err := json.Unmarshal(msg.Params, &params); err != nil || params.Name == "" ||
-		len(params.InputResponses) > 0 || len(params.RequestState) > 0 {
+	params := *msg.Params
+	if params.Name == "" || len(params.InputResponses) > 0 || len(params.RequestState) > 0 {
 		return false
 	}
 	if ip := s.ss.InitializeParams(); ip == nil || ip.Capabilities == nil ||
@@ -695,31 +702,27 @@ func logSeverity(l mcp.LoggingLevel) int {
 // empty content list when it had none), any other through go-sdk's decoding
 // and [NormalizeContent]. It also says whether the tool reported an error.
 func normalizeFastResult(raw json.RawMessage) (json.RawMessage, bool, error) {
+	// One pass reads what decides: every block's type (decoded as
+	// go-sdk decodes it) and isError. Anything unexpected (no content
+	// list, a block that is not an object) takes the go-sdk path below,
+	// which reports it.
 	var head struct {
-		Content json.RawMessage `json:"content"`
-		IsError bool            `json:"isError"`
-	}
-	if err := json.Unmarshal(raw, &head); err != nil {
-		return nil, false, fmt.Errorf("the upstream's result does not parse: %w", err)
-	}
-	var blocks []json.RawMessage
-	if len(head.Content) > 0 && string(head.Content) != "null" {
-		if err := json.Unmarshal(head.Content, &blocks); err != nil {
-			return nil, false, fmt.Errorf("the upstream's result content is not a list: %w", err)
-		}
-	}
-	textOnly := true
-	for _, b := range blocks {
-		var bt struct {
+		Content *[]struct {
 			Type string `json:"type"`
-		}
-		if json.Unmarshal(b, &bt) != nil || bt.Type != "text" {
-			textOnly = false
-			break
-		}
+		} `json:"content"`
+		IsError bool `json:"isError"`
 	}
-	if textOnly && blocks != nil {
-		return raw, head.IsError, nil
+	if err := json.Unmarshal(raw, &head); err == nil && head.Content != nil {
+		textOnly := true
+		for _, b := range *head.Content {
+			if b.Type != "text" {
+				textOnly = false
+				break
+			}
+		}
+		if textOnly {
+			return raw, head.IsError, nil
+		}
 	}
 	// The go-sdk path's decoding and normalization.
 	var res mcp.CallToolResult
