@@ -92,6 +92,7 @@ type App struct {
 	upstreams map[string]broker.Upstream
 	oauth     map[string]*upstreamauth.Client // by upstream name
 	oauthKeys []string                        // this config's holds on oauthPool
+	cimd      map[string]*upstreamauth.Client // host+path of a client_metadata_url -> its upstream's client
 	ctx       caddy.Context                   // for events
 	events    *caddyevents.App                // the events app, if configured
 }

@@ -329,6 +329,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.sess.page.ServeHTTP(w, r)
 		return nil
 	}
+	if h.app != nil && h.app.serveClientMetadata(w, r) {
+		// The gateway's Client ID Metadata Document, for an upstream's
+		// authorization server: public.
+		return nil
+	}
 	if strings.HasPrefix(r.URL.Path, OAuthCallbackPath) {
 		// An upstream login's callback carries its own capability: the
 		// state of a login that this gateway began.

@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"sort"
 	"strings"
@@ -124,6 +126,12 @@ func (a *App) provisionOAuth(ctx caddy.Context) error {
 		}
 		a.oauthKeys = append(a.oauthKeys, poolKey)
 		a.oauth[name] = val.(*oauthEntry).client
+		if u, err := url.Parse(cfg.ClientMetadataURL); err == nil && cfg.ClientMetadataURL != "" {
+			if a.cimd == nil {
+				a.cimd = map[string]*upstreamauth.Client{}
+			}
+			a.cimd[strings.ToLower(u.Hostname())+u.EscapedPath()] = a.oauth[name]
+		}
 	}
 	return nil
 }
@@ -191,4 +199,33 @@ func oauthStateChanged(upstream string, st upstreamauth.Status) {
 			"upstream": upstream, "state": st.State, "scopes": st.Scopes, "detail": st.Err,
 		})
 	}()
+}
+
+// serveClientMetadata answers a GET for an upstream's client_metadata_url
+// with the gateway's Client ID Metadata Document for it, and reports
+// whether it did. The authorization server fetches it to learn the
+// gateway's callback; it holds no secret.
+func (a *App) serveClientMetadata(w http.ResponseWriter, r *http.Request) bool {
+	if len(a.cimd) == 0 || (r.Method != http.MethodGet && r.Method != http.MethodHead) {
+		return false
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	c := a.cimd[strings.ToLower(strings.Trim(host, "[]"))+r.URL.EscapedPath()]
+	if c == nil {
+		return false
+	}
+	doc, ok := c.ClientMetadataDocument()
+	if !ok {
+		return false
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "public, max-age=300")
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodGet {
+		w.Write(doc)
+	}
+	return true
 }

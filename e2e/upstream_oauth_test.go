@@ -766,3 +766,57 @@ func logLinesHolding(c *Caddy, secrets []string) []string {
 	}
 	return out
 }
+
+// The gateway serves its Client ID Metadata Document at an upstream's
+// client_metadata_url, on its own sites, for the upstream's authorization
+// server to fetch; other paths are the MCP endpoint's as before.
+func TestClientIDMetadataDocumentServed(t *testing.T) {
+	port := freePort(t)
+	rawKey := make([]byte, 32)
+	rand.Read(rawKey)
+	startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	zidane {
+		upstream linear https://mcp.linear.example/mcp {
+			oauth {
+				client_metadata_url https://localhost/oauth/client.json
+				redirect_url http://localhost:%d/zidane/oauth/callback/linear
+			}
+		}
+	}
+}
+
+http://:%d {
+	bind 127.0.0.1
+	zidane_mcp {
+		aggregate linear
+	}
+}
+`, AdminPlaceholder, port, port), "ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey))
+	get := func(path string) (int, string, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", port, path), nil)
+		req.Host = "localhost"
+		resp, err := shortClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
+	}
+	status, ctype, body := get("/oauth/client.json")
+	var doc struct {
+		ClientID     string   `json:"client_id"`
+		RedirectURIs []string `json:"redirect_uris"`
+		AuthMethod   string   `json:"token_endpoint_auth_method"`
+	}
+	if status != http.StatusOK || ctype != "application/json" || json.Unmarshal([]byte(body), &doc) != nil ||
+		doc.ClientID != "https://localhost/oauth/client.json" || len(doc.RedirectURIs) != 1 ||
+		doc.RedirectURIs[0] != fmt.Sprintf("http://localhost:%d/zidane/oauth/callback/linear", port) || doc.AuthMethod != "none" {
+		t.Fatalf("GET /oauth/client.json: %d %s %s", status, ctype, body)
+	}
+	if status, _, _ := get("/oauth/other.json"); status != http.StatusUnauthorized {
+		t.Fatalf("another path got %d, want the MCP endpoint's 401 without a token", status)
+	}
+}

@@ -127,6 +127,37 @@ func (c *Client) BeginLogin(ctx context.Context) (string, error) {
 	return authURL, nil
 }
 
+// defaultClientName is the client name the gateway registers with when
+// the config gives none.
+const defaultClientName = "caddy-zidane-mcp"
+
+// ClientMetadataDocument returns the gateway's Client ID Metadata Document
+// for this upstream, the JSON to serve at the configured
+// client_metadata_url (which is its client_id), and false when none is
+// configured. It names the login callback and the grants the gateway uses,
+// and no secret: a CIMD client authenticates with none.
+func (c *Client) ClientMetadataDocument() ([]byte, bool) {
+	if c.cfg.ClientMetadataURL == "" || !c.interactive() {
+		return nil, false
+	}
+	name := c.cfg.ClientName
+	if name == "" {
+		name = defaultClientName
+	}
+	doc, err := json.Marshal(map[string]any{
+		"client_id":                  c.cfg.ClientMetadataURL,
+		"client_name":                name,
+		"redirect_uris":              []string{c.cfg.RedirectURL},
+		"grant_types":                []string{"authorization_code", "refresh_token"},
+		"response_types":             []string{"code"},
+		"token_endpoint_auth_method": AuthNone,
+	})
+	if err != nil {
+		return nil, false
+	}
+	return doc, true
+}
+
 // register returns the client to log in with, in the order of the MCP
 // spec: the gateway's Client ID Metadata Document when the server supports
 // it, the pre-registered client, then dynamic registration (RFC 7591),
@@ -162,7 +193,7 @@ func (c *Client) register(ctx context.Context, srv *server) (*registration, erro
 		ClientName:              c.cfg.ClientName,
 	}
 	if meta.ClientName == "" {
-		meta.ClientName = "caddy-zidane-mcp"
+		meta.ClientName = defaultClientName
 	}
 	// oauthex.RegisterClient is not used: when a 2xx answer does not
 	// decode, its error quotes the body, which holds the client secret.

@@ -9,6 +9,7 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -741,3 +742,32 @@ func BenchmarkTransportAttach(b *testing.B) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// The document the gateway serves at client_metadata_url: it is its own
+// client_id, names the login callback, and holds no secret.
+func TestClientMetadataDocument(t *testing.T) {
+	e := newEnv(t, oauthtest.AuthServerOptions{}, nil, "")
+	const cimd = "https://gw.example.com/oauth/client.json"
+	c := e.client(Config{RedirectURL: redirect, ClientMetadataURL: cimd, ClientName: "Our gateway"})
+	doc, ok := c.ClientMetadataDocument()
+	if !ok {
+		t.Fatal("no document for a client_metadata_url")
+	}
+	var got struct {
+		ClientID     string   `json:"client_id"`
+		ClientName   string   `json:"client_name"`
+		RedirectURIs []string `json:"redirect_uris"`
+		GrantTypes   []string `json:"grant_types"`
+		AuthMethod   string   `json:"token_endpoint_auth_method"`
+	}
+	if err := json.Unmarshal(doc, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.ClientID != cimd || got.ClientName != "Our gateway" || !slices.Equal(got.RedirectURIs, []string{redirect}) ||
+		!slices.Contains(got.GrantTypes, "authorization_code") || got.AuthMethod != AuthNone {
+		t.Fatalf("document %s", doc)
+	}
+	if _, ok := e.client(Config{RedirectURL: redirect}).ClientMetadataDocument(); ok {
+		t.Fatal("a document without client_metadata_url")
+	}
+}
