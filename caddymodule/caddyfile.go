@@ -310,6 +310,7 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //				url <url>
 //				transport http|sse|stdio
 //				header <name> <value>
+//				bearer <token>              # a static token: header Authorization "Bearer <token>"
 //				command <program> [<args...>]
 //				env <name> <value>
 //				tools allow|deny <pattern...>
@@ -508,6 +509,19 @@ func parseUpstream(d *caddyfile.Dispenser) (broker.Upstream, error) {
 				*m = map[string]string{}
 			}
 			(*m)[args[0]] = args[1]
+		case "bearer":
+			// A static bearer token: the Authorization header, usually
+			// with a placeholder (bearer ${GITHUB_TOKEN}).
+			var v string
+			if v, err = one(); err == nil {
+				if u.Headers == nil {
+					u.Headers = map[string]string{}
+				}
+				if _, dup := u.Headers["Authorization"]; dup {
+					return u, d.Errf("upstream %s: bearer sets the Authorization header, which is given twice", u.Name)
+				}
+				u.Headers["Authorization"] = "Bearer " + v
+			}
 		case "command":
 			if len(args) == 0 {
 				return u, d.Errf("upstream %s: command needs the program to run", u.Name)
