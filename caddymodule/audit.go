@@ -77,6 +77,10 @@ func (rf refusal) log(l *zap.Logger) {
 // logToolCall records an allowed tool call: who called which tool and verb,
 // never its arguments.
 func logToolCall(l *zap.Logger, p policy.Principal, c policy.Call, clientIP string) {
+	ce := l.Check(zap.InfoLevel, "tool call")
+	if ce == nil {
+		return // the audit log is off at this level: build nothing
+	}
 	fields := []zap.Field{
 		zap.String("event", "tool_call"),
 		zap.String("tool", c.Tool),
@@ -88,5 +92,5 @@ func logToolCall(l *zap.Logger, p policy.Principal, c policy.Call, clientIP stri
 	if c.Verb != "" {
 		fields = append(fields, zap.String("verb", c.Verb))
 	}
-	l.Info("tool call", fields...)
+	ce.Write(fields...)
 }
