@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -326,7 +327,7 @@ func adminJSON(admin, method, uri string, body []byte, out any) error {
 		if strings.Contains(err.Error(), "HTTP 404") && strings.Contains(err.Error(), "not found") && !strings.Contains(uri, "/zidane/tokens/") {
 			return fmt.Errorf("the server at %s has no zidane admin routes: is it this build of caddy? (%v)", admin, err)
 		}
-		return err
+		return adminError(err)
 	}
 	defer resp.Body.Close()
 	return json.NewDecoder(resp.Body).Decode(out)
@@ -349,4 +350,22 @@ func authColumn(st *upstreamauth.Status) string {
 		return st.State
 	}
 	return st.State + " (" + strings.Join(st.Scopes, " ") + ")"
+}
+
+// adminError turns the admin API's refusal, which caddy reports as
+// "caddy responded with error: HTTP 400: {"error":"…"}", into its message.
+func adminError(err error) error {
+	msg := err.Error()
+	i := strings.Index(msg, "HTTP ")
+	j := strings.Index(msg, "{")
+	if i < 0 || j < i {
+		return err
+	}
+	var body struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal([]byte(strings.TrimSpace(msg[j:])), &body) != nil || body.Error == "" {
+		return err
+	}
+	return errors.New(body.Error)
 }

@@ -56,6 +56,10 @@ func (a *adminAPI) handleUpstreamAuth(w http.ResponseWriter, r *http.Request, na
 	case action == "auth" && r.Method == http.MethodGet:
 		return writeJSON(w, http.StatusOK, c.State())
 	case action == "login" && r.Method == http.MethodPost:
+		if !c.LogsIn() {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest,
+				Err: fmt.Errorf("upstream %q obtains its tokens with its own client credentials: it needs no login", name)}
+		}
 		u, err := c.BeginLogin(r.Context())
 		if err != nil {
 			audit.Warn("upstream login refused", zap.String("event", "upstream_login"), zap.String("upstream", name),

@@ -774,13 +774,20 @@ func TestClientIDMetadataDocumentServed(t *testing.T) {
 	port := freePort(t)
 	rawKey := make([]byte, 32)
 	rand.Read(rawKey)
-	startCaddy(t, fmt.Sprintf(`{
+	c := startCaddy(t, fmt.Sprintf(`{
 	admin %s
 	zidane {
 		upstream linear https://mcp.linear.example/mcp {
 			oauth {
 				client_metadata_url https://localhost/oauth/client.json
 				redirect_url http://localhost:%d/zidane/oauth/callback/linear
+			}
+		}
+		upstream machine https://mcp.internal.example/mcp {
+			oauth {
+				grant client_credentials
+				client_id gateway
+				client_secret ${MACHINE_SECRET}
 			}
 		}
 	}
@@ -792,7 +799,7 @@ http://:%d {
 		aggregate linear
 	}
 }
-`, AdminPlaceholder, port, port), "ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey))
+`, AdminPlaceholder, port, port), "ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey), "MACHINE_SECRET=machine-secret-5c1")
 	get := func(path string) (int, string, string) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", port, path), nil)
@@ -818,5 +825,13 @@ http://:%d {
 	}
 	if status, _, _ := get("/oauth/other.json"); status != http.StatusUnauthorized {
 		t.Fatalf("another path got %d, want the MCP endpoint's 401 without a token", status)
+	}
+	// The login command refuses, saying why, an upstream that needs no
+	// login and one that does not exist.
+	if _, stderr, err := c.Run(t, "zidane", "login", "machine", "--wait", "0"); err == nil || !strings.Contains(stderr, "needs no login") {
+		t.Fatalf("login of a client-credentials upstream: %v\n%s", err, stderr)
+	}
+	if _, stderr, err := c.Run(t, "zidane", "login", "nosuch", "--wait", "0"); err == nil || !strings.Contains(stderr, `no upstream`) || !strings.Contains(stderr, "nosuch") {
+		t.Fatalf("login of an unknown upstream: %v\n%s", err, stderr)
 	}
 }

@@ -245,6 +245,11 @@ func (c *Client) String() string {
 // interactive reports whether tokens come from an operator's login.
 func (c *Client) interactive() bool { return c.cfg.grant() == GrantAuthorizationCode }
 
+// LogsIn reports whether the upstream's tokens come from an operator's
+// login (the authorization code grant), rather than from the gateway's
+// own credentials.
+func (c *Client) LogsIn() bool { return c.interactive() }
+
 // Close releases idle connections.
 func (c *Client) Close() { c.egress.closeIdle() }
 
