@@ -324,9 +324,12 @@ func TestAggregateFastPathLostSession(t *testing.T) {
 	for ss := range up.server.Sessions() {
 		ss.Close()
 	}
+	// The call either finds the session gone (a tool error naming the
+	// upstream) or, when the broker noticed first (its upstream session's
+	// stream ended), runs on a new session.
 	res = call("lost")
-	if !res.IsError || !strings.Contains(aggText(t, res), `"a"`) {
-		t.Errorf("call on a forgotten session = %q (isError %v), want a tool error naming the upstream", aggText(t, res), res.IsError)
+	if got := aggText(t, res); !(res.IsError && strings.Contains(got, `"a"`)) && !(!res.IsError && got == "a:lost") {
+		t.Errorf("call on a forgotten session = %q (isError %v), want a tool error naming the upstream or the call's answer", got, res.IsError)
 	}
 	if res := call("again"); res.IsError || aggText(t, res) != "a:again" {
 		t.Errorf("call after a lost session = %q (isError %v)", aggText(t, res), res.IsError)

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,8 +133,27 @@ func TestAggregateSharedStdioExit(t *testing.T) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	if got := aggCallText(t, ctx, cs, "mcp_local_echo", "again"); got != "stdio: again" {
-		t.Fatalf("call after the exit: %q", got)
+	// Until the broker has seen the process end, a call may still fail
+	// fast with a tool error naming the upstream; then it starts a new one.
+	for {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_local_echo", Arguments: map[string]any{"text": "again"}})
+		if err != nil {
+			t.Fatalf("call after the exit: %v", err)
+		}
+		if !res.IsError {
+			if got := aggTextOf(res); got != "stdio: again" {
+				t.Fatalf("call after the exit: %q", got)
+			}
+			break
+		}
+		if got := aggTextOf(res); !strings.Contains(got, `"local"`) {
+			t.Fatalf("call after the exit: tool error %q does not name the upstream", got)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("calls never succeeded after the shared process exited")
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 	if pids := waitPids(t, ctx, logs, "local", 2); pids[1] == first {
 		t.Fatalf("pids = %v, want a new process", pids)
