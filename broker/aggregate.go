@@ -263,6 +263,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		}
 		if n.Transport == TransportHTTP {
 			tr.maxRetries = -1
+			tr.countNotes()
 		}
 		tr.pidDir = opts.PIDDir
 		up := &aggUpstream{cfg: n, tr: tr, timeout: n.Timeout, changed: make(chan struct{}), wake: make(chan struct{}, 1)}

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -157,4 +158,59 @@ func TestAggregateForwardsRoots(t *testing.T) {
 	if got := strings.Fields(call()); !slices.Equal(got, []string{"file:///work/a", "file:///work/b"}) {
 		t.Fatalf("after the change the upstream saw %v", got)
 	}
+}
+
+// Log messages an upstream sends just before its answer reach the client:
+// the broker writes the answer only after forwarding them (go-sdk hands
+// notifications to a queue, answers straight to the caller).
+func TestAggregateForwardsLogsBeforeTheAnswer(t *testing.T) {
+	const perCall, calls = 50, 10
+	s := mcp.NewServer(&mcp.Implementation{Name: "up", Version: "1"}, nil)
+	mcp.AddTool(s, &mcp.Tool{Name: "chatty"}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
+		// Many at once, so that the broker's handler queue is still busy
+		// when the answer arrives.
+		for i := range perCall {
+			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: fmt.Sprint("step ", i)})
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+	})
+	_, url := aggServe(t, []Upstream{serveUpstream(t, "up", s)}, AggregateOptions{})
+	var mu sync.Mutex
+	logs := 0
+	// Offering elicitation keeps these calls on the go-sdk path, where
+	// the reordering happens.
+	cs := aggConnect(t, url, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "decline"}, nil
+		},
+		LoggingMessageHandler: func(context.Context, *mcp.LoggingMessageRequest) {
+			mu.Lock()
+			logs++
+			mu.Unlock()
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
+		t.Fatal(err)
+	}
+	for range calls {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_up_chatty"})
+		if err != nil || res.IsError {
+			t.Fatalf("call: %v %+v", err, res)
+		}
+	}
+	// The client's own handler runs after its calls return, as the
+	// broker's does: give it a moment, bounded.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		n := logs
+		mu.Unlock()
+		if n == perCall*calls {
+			return
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Fatalf("%d log messages reached the client, want %d", logs, perCall*calls)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -38,8 +39,11 @@ type aggConn struct {
 	shared   bool                       // a lease of a shared stdio upstream's catalog session
 
 	client *mcp.Client // the client of cs (nil for a lease): roots changes are announced through it
-	rootMu sync.Mutex
-	marker bool // the marker root is held (see notifyRootsChanged)
+
+	received *atomic.Int64 // log and progress notifications read on cs (see awaitNotes); nil: not counted
+	handled  atomic.Int64  // and forwarded by the handlers
+	rootMu   sync.Mutex
+	marker   bool // the marker root is held (see notifyRootsChanged)
 }
 
 // session returns the state of ss, creating it (and its cleanup) on first
@@ -195,9 +199,11 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		Capabilities: &mcp.ClientCapabilities{},
 		LoggingMessageHandler: func(ctx context.Context, req *mcp.LoggingMessageRequest) {
 			_ = ss.Log(c.requestCtx(ctx, nil), req.Params)
+			c.handled.Add(1)
 		},
 		ProgressNotificationHandler: func(ctx context.Context, req *mcp.ProgressNotificationClientRequest) {
 			_ = ss.NotifyProgress(c.requestCtx(ctx, req.Params.ProgressToken), req.Params)
+			c.handled.Add(1)
 		},
 	}
 	var down *mcp.ClientCapabilities
@@ -236,6 +242,9 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 			lcancel()
 		}
 	}
+	if err == nil && up.tr.notes != nil {
+		c.received = up.tr.notes.counter(cs.ID())
+	}
 	c.cs, c.err = cs, err
 	close(c.done)
 	if err != nil {
@@ -244,6 +253,9 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	}
 	go func() {
 		cs.Wait()
+		if up.tr.notes != nil {
+			up.tr.notes.forget(cs.ID())
+		}
 		s.forget(up.cfg.Name, c)
 	}()
 }
@@ -456,6 +468,9 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			params.Arguments = req.Params.Arguments
 		}
 		res, err := c.cs.CallTool(ctx, params)
+		// The answer goes out after the log and progress notifications
+		// the upstream sent before it.
+		c.awaitNotes(ctx)
 		rec.Outcome, rec.Detail = outcome(ctx, err)
 		if err == nil && res != nil && res.IsError {
 			rec.Outcome = OutcomeError
