@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -156,11 +155,6 @@ func TestSessionsReloadKeepsRunningSession(t *testing.T) {
 	extra := fmt.Sprintf("\nhttp://127.0.0.1:%d {\n\trespond \"added by reload\"\n}\n", freePort(t))
 	changed := strings.Replace(sessionsCaddyfile(port, "", extra), "per_token 500/s 1000", "per_token 400/s 800", 1)
 	c.Reload(t, changed)
-	// Caddy's old server closes its idle keep-alive connections as it
-	// stops; a POST that picks one up at that moment gets EOF, which Go
-	// does not retry for POST. That is Caddy's reload, not the session
-	// endpoint: start from fresh connections, as a client would retry.
-	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 
 	if v := readSession(t, g, id, false); v.State != "running" {
 		t.Fatalf("right after the reload the sleeping session is %s, want still running: %+v", v.State, v)
