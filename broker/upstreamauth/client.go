@@ -635,12 +635,7 @@ func (c *Client) renew(ctx context.Context, rejected string) error {
 		err = failure
 	}
 	if err != nil {
-		msg := c.redact(err.Error())
-		c.logger.Warn("upstream oauth: cannot obtain a token", "upstream", c.name, "error", msg)
-		if !c.interactive() {
-			c.setState(StateError, msg)
-		}
-		return &UnavailableError{Upstream: c.name, Err: errors.New(msg)}
+		return c.unavailable(err, !c.interactive())
 	}
 	if c.hot.Load() == nil {
 		return c.authRequired()
@@ -798,4 +793,15 @@ func (c *Client) Logout(ctx context.Context) error {
 		return fmt.Errorf("upstream %q: the stored tokens are deleted, but %s", c.name, c.redact(revokeErr.Error()))
 	}
 	return nil
+}
+
+// unavailable reports a failure to obtain a token that a login does not
+// fix: logged and returned redacted, and, with setError, the error state.
+func (c *Client) unavailable(err error, setError bool) error {
+	msg := c.redact(err.Error())
+	c.logger.Warn("upstream oauth: cannot obtain a token", "upstream", c.name, "error", msg)
+	if setError {
+		c.setState(StateError, msg)
+	}
+	return &UnavailableError{Upstream: c.name, Err: errors.New(msg)}
 }

@@ -260,9 +260,7 @@ func (c *Client) stepUpMachine(ctx context.Context, scopes []string, gen uint64)
 		err = failure
 	}
 	if err != nil {
-		msg := c.redact(err.Error())
-		c.setState(StateError, msg)
-		return nil, &UnavailableError{Upstream: c.name, Err: errors.New(msg)}
+		return nil, c.unavailable(err, true)
 	}
 	c.setState(StateReady, "")
 	if h := c.hot.Load(); h != nil {
