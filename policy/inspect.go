@@ -69,6 +69,9 @@ func Inspect(body []byte) ([]Call, bool, error) {
 		}
 		return calls, true, nil
 	}
+	if c, ok := inspectFast(trimmed); ok {
+		return []Call{c}, false, nil
+	}
 	c, err := inspectOne(trimmed)
 	if err != nil {
 		return nil, false, err
