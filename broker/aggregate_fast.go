@@ -492,6 +492,15 @@ func (a *Aggregate) fastPost(ctx context.Context, up *aggUpstream, sessionID, ve
 
 // fastAnswer reads the upstream's answer to the request upID.
 func fastAnswer(data []byte, upID string) (result, rpcErr json.RawMessage, err error) {
+	if id, res, rerr, ok := scanEnvelope(data); ok {
+		if string(compactID(id)) != upID {
+			return nil, nil, errors.New("the upstream answered another request than the one sent")
+		}
+		if rerr != nil {
+			return nil, rerr, nil
+		}
+		return res, nil, nil
+	}
 	var env fastEnvelope
 	if err := json.Unmarshal(data, &env); err != nil {
 		return nil, nil, fmt.Errorf("the upstream's answer does not parse: %w", err)
@@ -702,6 +711,9 @@ func logSeverity(l mcp.LoggingLevel) int {
 // empty content list when it had none), any other through go-sdk's decoding
 // and [NormalizeContent]. It also says whether the tool reported an error.
 func normalizeFastResult(raw json.RawMessage) (json.RawMessage, bool, error) {
+	if textOnly, isError, ok := scanTextResult(raw); ok && textOnly {
+		return raw, isError, nil
+	}
 	// One pass reads what decides: every block's type (decoded as
 	// go-sdk decodes it) and isError. Anything unexpected (no content
 	// list, a block that is not an object) takes the go-sdk path below,

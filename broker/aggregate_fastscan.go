@@ -1,0 +1,170 @@
+package broker
+
+import (
+	"github.com/Tahul/caddy-zidane-mcp/internal/jsonscan"
+)
+
+// The fast path's reading of an upstream's answer without encoding/json,
+// for the common shape; anything else is declined and read by
+// encoding/json as before (fastAnswer, normalizeFastResult). As for the
+// edge's inspection (package policy), the cost that matters is a cold
+// encoding/json decoder on every call of a lightly loaded route.
+
+// scanEnvelope reads a JSON-RPC answer {"jsonrpc":"2.0","id":…,"result"|"error":…}
+// with plain keys and a plain string or unsigned integer id, returning the
+// raw id and the raw result or error.
+func scanEnvelope(data []byte) (id, result, rpcErr []byte, ok bool) {
+	s := &jsonscan.Scanner{B: data}
+	var seenJ, seenID, seenR, seenE bool
+	top := func(key string) bool {
+		for _, f := range [...]string{"jsonrpc", "id", "method", "params", "result", "error"} {
+			if jsonscan.FoldsTo(key, f) {
+				return false
+			}
+		}
+		switch key {
+		case "jsonrpc":
+			if seenJ {
+				return false
+			}
+			seenJ = true
+			v, ok := s.PlainString()
+			return ok && v == "2.0"
+		case "id":
+			if seenID {
+				return false
+			}
+			seenID = true
+			start := s.I
+			if s.Peek() == '"' {
+				if _, ok := s.PlainString(); !ok {
+					return false
+				}
+			} else if s.Peek() == '-' || !s.SkipNumber() {
+				return false
+			}
+			id = data[start:s.I]
+			return true
+		case "result", "error":
+			if seenR || seenE {
+				return false
+			}
+			if key == "result" {
+				seenR = true
+			} else {
+				seenE = true
+			}
+			start := s.I
+			if s.Peek() != '{' || !s.SkipValue(0) {
+				return false
+			}
+			if key == "result" {
+				result = data[start:s.I]
+			} else {
+				rpcErr = data[start:s.I]
+			}
+			return true
+		}
+		return false
+	}
+	if !s.Object(top, true) {
+		return nil, nil, nil, false
+	}
+	s.WS()
+	if s.I != len(data) || !seenJ || !seenID || seenR == seenE {
+		return nil, nil, nil, false
+	}
+	return id, result, rpcErr, true
+}
+
+// scanTextResult reports whether a tools/call result has a content list
+// whose blocks all have type "text", and its isError. ok is false when it
+// cannot tell as encoding/json would (another shape, keys in another case
+// or not plain, duplicates).
+func scanTextResult(raw []byte) (textOnly, isError, ok bool) {
+	s := &jsonscan.Scanner{B: raw}
+	var hasContent, seenErr bool
+	textOnly = true
+	block := func() bool {
+		seenType := false
+		if !s.Object(func(key string) bool {
+			if jsonscan.FoldsTo(key, "type") {
+				return false
+			}
+			if key != "type" {
+				return s.SkipValue(3)
+			}
+			if seenType {
+				return false
+			}
+			seenType = true
+			v, ok := s.PlainString()
+			if ok && v != "text" {
+				textOnly = false
+			}
+			return ok
+		}, true) {
+			return false
+		}
+		if !seenType {
+			textOnly = false
+		}
+		return true
+	}
+	member := func(key string) bool {
+		if jsonscan.FoldsTo(key, "content") || jsonscan.FoldsTo(key, "isError") {
+			return false
+		}
+		switch key {
+		case "content":
+			if hasContent {
+				return false
+			}
+			hasContent = true
+			s.WS()
+			if s.Peek() != '[' {
+				return false
+			}
+			s.I++
+			s.WS()
+			if s.Peek() == ']' {
+				s.I++
+				return true
+			}
+			for {
+				if !block() {
+					return false
+				}
+				s.WS()
+				switch s.Peek() {
+				case ',':
+					s.I++
+				case ']':
+					s.I++
+					return true
+				default:
+					return false
+				}
+			}
+		case "isError":
+			if seenErr {
+				return false
+			}
+			seenErr = true
+			if s.Literal("true") {
+				isError = true
+				return true
+			}
+			return s.Literal("false")
+		}
+		return s.SkipValue(1)
+	}
+	if !s.Object(member, true) {
+		return false, false, false
+	}
+	s.WS()
+	if s.I != len(raw) || !hasContent {
+		return false, false, false
+	}
+	return textOnly, isError, true
+}
