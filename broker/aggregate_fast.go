@@ -276,7 +276,12 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 		Method  string          `json:"method"`
 		Params  *fastToolParams `json:"params"`
 	}
-	if err := json.Unmarshal(body, &msg); err != nil || msg.JSONRPC != "2.0" || msg.Method != "tools/call" || !validCallID(msg.ID) || msg.Params == nil {
+	if id, p, ok := scanToolCall(body); ok {
+		msg.JSONRPC, msg.ID, msg.Method, msg.Params = "2.0", id, "tools/call", &p
+	} else if err := json.Unmarshal(body, &msg); err != nil {
+		return false
+	}
+	if msg.JSONRPC != "2.0" || msg.Method != "tools/call" || !validCallID(msg.ID) || msg.Params == nil {
 		return false
 	}
 	params := *msg.Params

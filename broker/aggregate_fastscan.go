@@ -168,3 +168,105 @@ func scanTextResult(raw []byte) (textOnly, isError, ok bool) {
 	}
 	return textOnly, isError, true
 }
+
+// scanToolCall reads a downstream tools/call request of the common shape,
+// as fastToolCall's encoding/json decoding would: the raw id (a plain
+// string or unsigned integer), params.name (plain), and the raw
+// params.arguments and params._meta (nil when absent). It declines params
+// with inputResponses or requestState, and everything it cannot read
+// exactly as encoding/json does.
+func scanToolCall(body []byte) (id []byte, p fastToolParams, ok bool) {
+	s := &jsonscan.Scanner{B: body}
+	var seenJ, seenID, seenM, seenP, jOK, isCall bool
+	params := func(key string) bool {
+		for _, f := range [...]string{"name", "arguments", "_meta", "inputResponses", "requestState"} {
+			if jsonscan.FoldsTo(key, f) {
+				return false
+			}
+		}
+		switch key {
+		case "name":
+			if p.Name != "" {
+				return false
+			}
+			v, ok := s.PlainString()
+			if !ok || v == "" {
+				return false
+			}
+			p.Name = v
+			return true
+		case "arguments", "_meta":
+			if (key == "arguments" && p.Arguments != nil) || (key == "_meta" && p.Meta != nil) {
+				return false
+			}
+			start := s.I
+			if !s.SkipValue(1) {
+				return false
+			}
+			if key == "arguments" {
+				p.Arguments = body[start:s.I]
+			} else {
+				p.Meta = body[start:s.I]
+			}
+			return true
+		case "inputResponses", "requestState":
+			return false
+		}
+		return s.SkipValue(1)
+	}
+	top := func(key string) bool {
+		for _, f := range [...]string{"jsonrpc", "id", "method", "params", "result", "error"} {
+			if jsonscan.FoldsTo(key, f) {
+				return false
+			}
+		}
+		switch key {
+		case "jsonrpc":
+			if seenJ {
+				return false
+			}
+			seenJ = true
+			v, ok := s.PlainString()
+			jOK = ok && v == "2.0"
+			return jOK
+		case "id":
+			if seenID {
+				return false
+			}
+			seenID = true
+			start := s.I
+			if s.Peek() == '"' {
+				if _, ok := s.PlainString(); !ok {
+					return false
+				}
+			} else if s.Peek() == '-' || !s.SkipNumber() {
+				return false
+			}
+			id = body[start:s.I]
+			return true
+		case "method":
+			if seenM {
+				return false
+			}
+			seenM = true
+			v, ok := s.PlainString()
+			isCall = ok && v == "tools/call"
+			return isCall
+		case "params":
+			if seenP {
+				return false
+			}
+			seenP = true
+			return s.Object(params, true)
+		}
+		return false
+	}
+	if !s.Object(top, true) {
+		return nil, fastToolParams{}, false
+	}
+	s.WS()
+	if s.I != len(body) || !jOK || !isCall || !seenID || !seenP || p.Name == "" {
+		return nil, fastToolParams{}, false
+	}
+	return id, p, true
+}

@@ -61,3 +61,37 @@ func FuzzScanAnswer(f *testing.F) {
 		}
 	})
 }
+
+// FuzzScanToolCall: what scanToolCall reads, fastToolCall's encoding/json
+// decoding reads the same way.
+func FuzzScanToolCall(f *testing.F) {
+	for _, s := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"mcp_a_echo","arguments":{"text":"caf\u00e9"},"_meta":{"progressToken":3}}}`,
+		`{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"t","arguments":null}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","Name":"u"}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","inputResponses":{}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		id, p, ok := scanToolCall(body)
+		if !ok {
+			return
+		}
+		var msg struct {
+			JSONRPC string          `json:"jsonrpc"`
+			ID      json.RawMessage `json:"id"`
+			Method  string          `json:"method"`
+			Params  *fastToolParams `json:"params"`
+		}
+		if err := json.Unmarshal(body, &msg); err != nil || msg.Params == nil {
+			t.Fatalf("scanToolCall read %q, which encoding/json reads otherwise (%v)", body, err)
+		}
+		if msg.JSONRPC != "2.0" || msg.Method != "tools/call" || !bytes.Equal(id, msg.ID) || p.Name != msg.Params.Name ||
+			!bytes.Equal(p.Arguments, msg.Params.Arguments) || !bytes.Equal(p.Meta, msg.Params.Meta) ||
+			len(msg.Params.InputResponses) > 0 || len(msg.Params.RequestState) > 0 {
+			t.Fatalf("scanToolCall(%q) = %s %+v; encoding/json: %+v %+v", body, id, p, msg, *msg.Params)
+		}
+	})
+}
