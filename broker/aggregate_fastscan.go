@@ -17,10 +17,8 @@ func scanEnvelope(data []byte) (id, result, rpcErr []byte, ok bool) {
 	s := &jsonscan.Scanner{B: data}
 	var seenJ, seenID, seenR, seenE bool
 	top := func(key string) bool {
-		for _, f := range [...]string{"jsonrpc", "id", "method", "params", "result", "error"} {
-			if jsonscan.FoldsTo(key, f) {
-				return false
-			}
+		if jsonscan.RPCKeyVariant(key) {
+			return false
 		}
 		switch key {
 		case "jsonrpc":
@@ -28,23 +26,15 @@ func scanEnvelope(data []byte) (id, result, rpcErr []byte, ok bool) {
 				return false
 			}
 			seenJ = true
-			v, ok := s.PlainString()
-			return ok && v == "2.0"
+			return s.Version()
 		case "id":
 			if seenID {
 				return false
 			}
 			seenID = true
-			start := s.I
-			if s.Peek() == '"' {
-				if _, ok := s.PlainString(); !ok {
-					return false
-				}
-			} else if s.Peek() == '-' || !s.SkipNumber() {
-				return false
-			}
-			id = data[start:s.I]
-			return true
+			var ok bool
+			id, ok = s.ID()
+			return ok
 		case "result", "error":
 			if seenR || seenE {
 				return false
@@ -112,7 +102,7 @@ func scanTextResult(raw []byte) (textOnly, isError, ok bool) {
 		return true
 	}
 	member := func(key string) bool {
-		if jsonscan.FoldsTo(key, "content") || jsonscan.FoldsTo(key, "isError") {
+		if jsonscan.FoldsToAny(key, "content", "isError") {
 			return false
 		}
 		switch key {
@@ -121,31 +111,7 @@ func scanTextResult(raw []byte) (textOnly, isError, ok bool) {
 				return false
 			}
 			hasContent = true
-			s.WS()
-			if s.Peek() != '[' {
-				return false
-			}
-			s.I++
-			s.WS()
-			if s.Peek() == ']' {
-				s.I++
-				return true
-			}
-			for {
-				if !block() {
-					return false
-				}
-				s.WS()
-				switch s.Peek() {
-				case ',':
-					s.I++
-				case ']':
-					s.I++
-					return true
-				default:
-					return false
-				}
-			}
+			return s.Array(block)
 		case "isError":
 			if seenErr {
 				return false
@@ -179,10 +145,8 @@ func scanToolCall(body []byte) (id []byte, p fastToolParams, ok bool) {
 	s := &jsonscan.Scanner{B: body}
 	var seenJ, seenID, seenM, seenP, jOK, isCall bool
 	params := func(key string) bool {
-		for _, f := range [...]string{"name", "arguments", "_meta", "inputResponses", "requestState"} {
-			if jsonscan.FoldsTo(key, f) {
-				return false
-			}
+		if jsonscan.FoldsToAny(key, "name", "arguments", "_meta", "inputResponses", "requestState") {
+			return false
 		}
 		switch key {
 		case "name":
@@ -215,10 +179,8 @@ func scanToolCall(body []byte) (id []byte, p fastToolParams, ok bool) {
 		return s.SkipValue(1)
 	}
 	top := func(key string) bool {
-		for _, f := range [...]string{"jsonrpc", "id", "method", "params", "result", "error"} {
-			if jsonscan.FoldsTo(key, f) {
-				return false
-			}
+		if jsonscan.RPCKeyVariant(key) {
+			return false
 		}
 		switch key {
 		case "jsonrpc":
@@ -226,24 +188,16 @@ func scanToolCall(body []byte) (id []byte, p fastToolParams, ok bool) {
 				return false
 			}
 			seenJ = true
-			v, ok := s.PlainString()
-			jOK = ok && v == "2.0"
+			jOK = s.Version()
 			return jOK
 		case "id":
 			if seenID {
 				return false
 			}
 			seenID = true
-			start := s.I
-			if s.Peek() == '"' {
-				if _, ok := s.PlainString(); !ok {
-					return false
-				}
-			} else if s.Peek() == '-' || !s.SkipNumber() {
-				return false
-			}
-			id = body[start:s.I]
-			return true
+			var ok bool
+			id, ok = s.ID()
+			return ok
 		case "method":
 			if seenM {
 				return false

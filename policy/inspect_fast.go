@@ -33,10 +33,8 @@ func inspectFast(raw []byte) (Call, bool) {
 		paramsObject              bool
 	)
 	top := func(key string) bool {
-		for _, f := range []string{"jsonrpc", "id", "method", "params", "result", "error"} {
-			if jsonscan.FoldsTo(key, f) {
-				return false
-			}
+		if jsonscan.RPCKeyVariant(key) {
+			return false
 		}
 		switch key {
 		case "jsonrpc":
@@ -44,31 +42,16 @@ func inspectFast(raw []byte) (Call, bool) {
 				return false
 			}
 			seen[0] = true
-			v, ok := s.PlainString()
-			jsonrpcOK = ok && v == "2.0"
+			jsonrpcOK = s.Version()
 			return jsonrpcOK
 		case "id":
 			if seen[1] {
 				return false
 			}
 			seen[1] = true
-			start := s.I
-			if s.Peek() == '"' {
-				if _, ok := s.PlainString(); !ok {
-					return false
-				}
-			} else {
-				if s.Peek() == '-' || !s.SkipNumber() {
-					return false
-				}
-				for _, b := range raw[start:s.I] {
-					if !jsonscan.IsDigit(b) {
-						return false // plain integers only
-					}
-				}
-			}
-			c.ID = append([]byte(nil), raw[start:s.I]...)
-			return true
+			id, ok := s.ID()
+			c.ID = append([]byte(nil), id...)
+			return ok
 		case "method":
 			if seen[2] {
 				return false
@@ -87,7 +70,7 @@ func inspectFast(raw []byte) (Call, bool) {
 			seen[3] = true
 			paramsObject = true
 			return s.Object(func(key string) bool {
-				if jsonscan.FoldsTo(key, "name") || jsonscan.FoldsTo(key, "arguments") {
+				if jsonscan.FoldsToAny(key, "name", "arguments") {
 					return false
 				}
 				switch key {

@@ -170,29 +170,40 @@ func (s *Scanner) SkipValue(depth int) bool {
 	case c == '{':
 		return s.Object(func(string) bool { return s.SkipValue(depth + 1) }, false)
 	case c == '[':
-		s.I++
-		s.WS()
-		if s.Peek() == ']' {
-			s.I++
-			return true
-		}
-		for {
-			if !s.SkipValue(depth + 1) {
-				return false
-			}
-			s.WS()
-			switch s.Peek() {
-			case ',':
-				s.I++
-			case ']':
-				s.I++
-				return true
-			default:
-				return false
-			}
-		}
+		return s.Array(func() bool { return s.SkipValue(depth + 1) })
 	}
 	return false
+}
+
+// Array reads an array, calling elem with the scanner on each element,
+// which elem must consume.
+func (s *Scanner) Array(elem func() bool) bool {
+	s.WS()
+	if s.Peek() != '[' {
+		return false
+	}
+	s.I++
+	s.WS()
+	if s.Peek() == ']' {
+		s.I++
+		return true
+	}
+	for {
+		s.WS()
+		if !elem() {
+			return false
+		}
+		s.WS()
+		switch s.Peek() {
+		case ',':
+			s.I++
+		case ']':
+			s.I++
+			return true
+		default:
+			return false
+		}
+	}
 }
 
 // Object reads an object, calling member for each key with the scanner on
@@ -262,4 +273,47 @@ func FoldsTo(key, name string) bool {
 		}
 	}
 	return true
+}
+
+// FoldsToAny reports whether key folds to one of names (see FoldsTo).
+func FoldsToAny(key string, names ...string) bool {
+	for _, n := range names {
+		if FoldsTo(key, n) {
+			return true
+		}
+	}
+	return false
+}
+
+// RPCKeyVariant reports whether key is a JSON-RPC message member
+// (jsonrpc, id, method, params, result, error) in another case, which
+// encoding/json would read as that member.
+func RPCKeyVariant(key string) bool {
+	return FoldsToAny(key, "jsonrpc", "id", "method", "params", "result", "error")
+}
+
+// Version reads the value of "jsonrpc" and reports whether it is "2.0".
+func (s *Scanner) Version() bool {
+	v, ok := s.PlainString()
+	return ok && v == "2.0"
+}
+
+// ID reads a request id of the plain kinds, a plain string or an unsigned
+// integer, and returns its raw bytes (a slice of B).
+func (s *Scanner) ID() ([]byte, bool) {
+	start := s.I
+	if s.Peek() == '"' {
+		if _, ok := s.PlainString(); !ok {
+			return nil, false
+		}
+		return s.B[start:s.I], true
+	}
+	for s.I < len(s.B) && IsDigit(s.B[s.I]) {
+		s.I++
+	}
+	// One digit, or several without a leading zero (JSON has no 01).
+	if n := s.I - start; n == 0 || (n > 1 && s.B[start] == '0') {
+		return nil, false
+	}
+	return s.B[start:s.I], true
 }
