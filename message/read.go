@@ -1,0 +1,721 @@
+package message
+
+// Call is what the edge reads of one JSON-RPC message.
+type Call struct {
+	// Method is the JSON-RPC method; "" for a response (a message with a
+	// result or an error), which a client sends back to a server's request
+	// (sampling, elicitation, roots).
+	Method string
+	// ID is the request id; zero for a notification.
+	ID ID
+	// Tool is params.name of tools/call (a non-empty string).
+	Tool string
+	// Verb is params.arguments.verb of tools/call, when present, for the
+	// tools that take one (sessions, interactions).
+	Verb string
+	// Prompt is params.name of prompts/get.
+	Prompt string
+	// URI is params.uri of resources/read, resources/subscribe and
+	// resources/unsubscribe.
+	URI string
+	// Ref is params.ref of completion/complete.
+	Ref Ref
+
+	// Spans of the body (sub-slices, not copies); nil when absent.
+
+	// Raw is the whole message.
+	Raw []byte
+	// Params is the params value.
+	Params []byte
+	// Arguments is params.arguments of tools/call.
+	Arguments []byte
+	// Meta is params._meta, when params is an object.
+	Meta []byte
+	// Result is a response's result.
+	Result []byte
+
+	// InputResponses is set when tools/call params carry inputResponses or
+	// requestState (the 2026-07-28 multi-round-trip tool call).
+	InputResponses bool
+}
+
+// Ref is the reference of a completion/complete: Type "ref/prompt" with the
+// prompt's Name, or "ref/resource" with the resource template's URI.
+type Ref struct{ Type, Name, URI string }
+
+// IsToolCall reports whether c is a tools/call request.
+func (c Call) IsToolCall() bool { return c.Method == "tools/call" }
+
+// IsResponse reports whether c is a response (it has a result or an error).
+func (c Call) IsResponse() bool { return c.Method == "" }
+
+// Name is what the MCP 2026-07-28 Mcp-Name header must carry: Tool for
+// tools/call, Prompt for prompts/get, URI for resources/read; "" otherwise.
+func (c Call) Name() string {
+	switch c.Method {
+	case "tools/call":
+		return c.Tool
+	case "prompts/get":
+		return c.Prompt
+	case "resources/read":
+		return c.URI
+	}
+	return ""
+}
+
+// Body is a read request body.
+type Body struct {
+	// Raw is the body as read; the Calls' spans are sub-slices of it.
+	Raw []byte
+	// Calls holds one Call per message, in order.
+	Calls []Call
+	// Batch reports whether the body was a JSON array of messages.
+	Batch bool
+}
+
+// oneBody is a Body with room for its one Call, so that a single message
+// costs one allocation.
+type oneBody struct {
+	Body
+	one [1]Call
+}
+
+// Read reads a JSON-RPC 2.0 body: one message or a non-empty batch. It
+// returns an *Error of kind ErrSyntax, ErrAmbiguous or ErrMalformed for
+// anything it does not accept (see the package doc); raw is not modified,
+// and the Body's spans point into it.
+func Read(raw []byte) (*Body, error) {
+	r := getReader(raw)
+	defer putReader(r)
+	r.bom()
+	r.ws()
+	if r.i >= len(raw) {
+		return nil, r.syntax(r.i, "empty body; send a JSON-RPC 2.0 message")
+	}
+	var (
+		body *Body
+		err  error
+	)
+	switch raw[r.i] {
+	case '{':
+		ob := &oneBody{}
+		ob.Calls = ob.one[:]
+		body = &ob.Body
+		err = r.message(&ob.one[0], 1)
+	case '[':
+		body = &Body{Batch: true}
+		body.Calls, err = r.batch()
+	default:
+		r.malformed(r.i, "a JSON-RPC body is one message object, or a batch: an array of them")
+		err = r.value(0)
+	}
+	if err == nil {
+		r.trailing()
+	}
+	if err := r.result(err); err != nil {
+		return nil, err
+	}
+	body.Raw = raw
+	return body, nil
+}
+
+// Validate checks the JSON-level rules alone, on any JSON value: what Read
+// refuses as ErrSyntax or ErrAmbiguous anywhere in a body (grammar, UTF-8,
+// surrogates, duplicate or folded-equal keys, "__proto__", depth, a
+// byte-order mark, bytes after the value). It is for upstream answers,
+// read before a listing is filtered.
+func Validate(raw []byte) error {
+	r := getReader(raw)
+	defer putReader(r)
+	r.bom()
+	r.ws()
+	if r.i >= len(raw) {
+		return r.syntax(r.i, "empty; send a JSON value")
+	}
+	err := r.value(0)
+	if err == nil {
+		r.trailing()
+	}
+	return r.result(err)
+}
+
+func (r *reader) batch() ([]Call, error) {
+	r.i++ // '['
+	r.ws()
+	if r.peek() == ']' {
+		r.malformed(r.i, "an empty batch; send at least one message")
+		r.i++
+		return nil, nil
+	}
+	calls := make([]Call, 0, 4)
+	for n := 0; ; n++ {
+		r.ws()
+		r.elem = n
+		var err error
+		switch r.peek() {
+		case '{':
+			calls = append(calls, Call{})
+			err = r.message(&calls[len(calls)-1], 2)
+		case '[':
+			r.malformed(r.i, "a batch inside a batch; send the messages in one array")
+			err = r.value(1)
+		default:
+			r.malformed(r.i, "a batch element must be a JSON-RPC message object")
+			err = r.value(1)
+		}
+		if err != nil {
+			return nil, err
+		}
+		r.ws()
+		if r.i >= len(r.b) {
+			return nil, r.eof()
+		}
+		switch r.b[r.i] {
+		case ',':
+			r.i++
+		case ']':
+			r.i++
+			r.elem = -1
+			r.sameIDs(calls)
+			return calls, nil
+		default:
+			return nil, r.syntax(r.i, "expected ',' or ']' after an array element")
+		}
+	}
+}
+
+// sameIDs refuses two requests with one id in a batch: which answer goes
+// to which request is then up to the server.
+func (r *reader) sameIDs(calls []Call) {
+	dup := func(i int) {
+		r.ambiguous(offsetIn(r.b, calls[i].Raw), "two requests in one batch have the same id; give each request its own id")
+	}
+	if len(calls) <= smallObject {
+		for i := range calls {
+			if calls[i].Method == "" || calls[i].ID.IsZero() {
+				continue
+			}
+			for j := 0; j < i; j++ {
+				if calls[j].Method != "" && calls[j].ID == calls[i].ID {
+					dup(i)
+					return
+				}
+			}
+		}
+		return
+	}
+	seen := make(map[ID]struct{}, len(calls))
+	for i := range calls {
+		if calls[i].Method == "" || calls[i].ID.IsZero() {
+			continue
+		}
+		if _, ok := seen[calls[i].ID]; ok {
+			dup(i)
+			return
+		}
+		seen[calls[i].ID] = struct{}{}
+	}
+}
+
+// offsetIn returns where span starts in b (span is a sub-slice of b).
+func offsetIn(b, span []byte) int {
+	if len(span) == 0 {
+		return 0
+	}
+	return cap(b) - cap(span)
+}
+
+// The fields the edge reads, object by object. In these objects a key that
+// is not one of the fields but that encoding/json would match to one (a
+// fold such as "Method", or an escaped spelling such as "n\u0061me") is
+// refused: encoding/json reads it as the field where go-sdk and JavaScript
+// ignore it, or see the field where a reader that matches raw key bytes
+// does not.
+var (
+	envelopeFields   = []string{"jsonrpc", "id", "method", "params", "result", "error"}
+	toolParamFields  = []string{"name", "arguments", "_meta", "inputResponses", "requestState"}
+	argumentFields   = []string{"verb"}
+	promptFields     = []string{"name", "_meta"}
+	resourceFields   = []string{"uri", "_meta"}
+	completionFields = []string{"ref", "_meta"}
+	refFields        = []string{"type", "name", "uri"}
+	metaOnlyFields   = []string{"_meta"}
+	errorFields      = []string{"code", "message", "data"}
+)
+
+// field returns which of fields k is, or "". A key that only encoding/json
+// would take for one of them is refused.
+func (r *reader) field(k keyRef, fields []string) string {
+	if k.plain() {
+		key := r.b[k.start:k.end]
+		for _, f := range fields {
+			if len(f) != len(key) {
+				continue
+			}
+			if string(key) == f {
+				return f
+			}
+			if asciiFoldEqual(key, []byte(f)) {
+				r.ambiguous(k.start-1, "a key that is \""+f+"\" in another case: encoding/json reads it as \""+f+"\", case-sensitive readers ignore it; spell it \""+f+"\" exactly")
+				return ""
+			}
+		}
+		return ""
+	}
+	canon := r.canon[k.cs:k.ce]
+	for _, f := range fields {
+		if canonIs(canon, f) {
+			r.ambiguous(k.start-1, "a key spelled with escapes or non-ASCII letters that reads as \""+f+"\" once decoded and folded; readers differ on whether it is \""+f+"\", spell it \""+f+"\" exactly")
+			return ""
+		}
+	}
+	return ""
+}
+
+// strValue reads the value at r.i: a string's decoded content and true,
+// or, for any other value, validates and skips it and returns false.
+func (r *reader) strValue(depth int) (string, bool, error) {
+	if r.peek() != '"' {
+		return "", false, r.value(depth)
+	}
+	s, e, fl, err := r.str()
+	if err != nil {
+		return "", false, err
+	}
+	return r.text(s, e, fl), true, nil
+}
+
+// text returns a validated string's content, decoded. A string without
+// escapes that is one of the protocol's common names costs no allocation.
+func (r *reader) text(s, e int, fl uint8) string {
+	if fl&hasEscape != 0 {
+		return string(appendUnescaped(make([]byte, 0, e-s), r.b[s:e]))
+	}
+	switch b := r.b[s:e]; string(b) {
+	case "2.0":
+		return "2.0"
+	case "tools/call":
+		return "tools/call"
+	case "tools/list":
+		return "tools/list"
+	case "prompts/get":
+		return "prompts/get"
+	case "prompts/list":
+		return "prompts/list"
+	case "resources/read":
+		return "resources/read"
+	case "resources/list":
+		return "resources/list"
+	case "resources/templates/list":
+		return "resources/templates/list"
+	case "resources/subscribe":
+		return "resources/subscribe"
+	case "resources/unsubscribe":
+		return "resources/unsubscribe"
+	case "completion/complete":
+		return "completion/complete"
+	case "initialize":
+		return "initialize"
+	case "ping":
+		return "ping"
+	case "logging/setLevel":
+		return "logging/setLevel"
+	case "notifications/initialized":
+		return "notifications/initialized"
+	case "notifications/cancelled":
+		return "notifications/cancelled"
+	case "notifications/progress":
+		return "notifications/progress"
+	case "notifications/roots/list_changed":
+		return "notifications/roots/list_changed"
+	default:
+		return string(b)
+	}
+}
+
+// message reads one JSON-RPC message object at r.i, nested depth deep.
+func (r *reader) message(c *Call, depth int) error {
+	start := r.i
+	it, err := r.openObject(depth)
+	if err != nil {
+		return err
+	}
+	var (
+		hasVersion, version                bool
+		hasID, hasMethod, hasParams        bool
+		hasResult, hasError, paramsPending bool
+		paramsAt                           int
+	)
+	for {
+		k, more, err := r.nextKey(&it)
+		if err != nil {
+			return err
+		}
+		if !more {
+			break
+		}
+		at := r.i
+		switch r.field(k, envelopeFields) {
+		case "jsonrpc":
+			hasVersion = true
+			var s string
+			s, version, err = r.strValue(depth)
+			version = version && s == "2.0"
+		case "id":
+			hasID = true
+			c.ID, err = r.requestID(depth)
+		case "method":
+			hasMethod = true
+			var ok bool
+			c.Method, ok, err = r.strValue(depth)
+			if !ok || c.Method == "" {
+				r.malformed(at, `"method" must be a non-empty string`)
+			}
+		case "params":
+			hasParams, paramsAt = true, at
+			if hasMethod {
+				err = r.params(c, depth)
+			} else {
+				// The method comes later: check the JSON now, read the
+				// params once the method is known.
+				paramsPending = true
+				err = r.value(depth)
+			}
+		case "result":
+			hasResult = true
+			err = r.value(depth)
+			c.Result = r.b[at:r.i]
+		case "error":
+			hasError = true
+			err = r.errorObject(depth)
+		default:
+			err = r.value(depth)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	end := r.i
+	c.Raw = r.b[start:end]
+	if paramsPending && hasMethod {
+		r.i = paramsAt
+		if err := r.params(c, depth); err != nil {
+			return err
+		}
+		r.i = end
+	}
+
+	switch {
+	case !hasVersion:
+		r.malformed(start, `"jsonrpc" is missing; a JSON-RPC 2.0 message has "jsonrpc": "2.0"`)
+	case !version:
+		r.malformed(start, `"jsonrpc" must be the string "2.0"`)
+	}
+	if hasMethod {
+		if hasResult || hasError {
+			r.malformed(start, `a message with a "method" is a request, and has no "result" or "error"`)
+		}
+		if !hasParams && needsParams(c.Method) {
+			r.malformed(start, c.Method+" needs params; see the MCP specification for the method")
+		}
+		return nil
+	}
+	switch {
+	case !hasResult && !hasError:
+		r.malformed(start, `a message needs a "method" (a request or notification), or a "result" or an "error" (a response)`)
+	case hasResult && hasError:
+		r.malformed(start, `a response has a "result" or an "error", not both`)
+	case !hasID:
+		r.malformed(start, `a response needs the "id" of the request it answers`)
+	case hasParams:
+		r.malformed(start, `a response has no "params"`)
+	}
+	return nil
+}
+
+func needsParams(method string) bool {
+	switch method {
+	case "tools/call", "prompts/get", "resources/read", "resources/subscribe", "resources/unsubscribe", "completion/complete":
+		return true
+	}
+	return false
+}
+
+// requestID reads a message's id: a string, a plain integer (see
+// requestInt) or null.
+func (r *reader) requestID(depth int) (ID, error) {
+	at := r.i
+	switch c := r.peek(); {
+	case c == '"':
+		s, e, fl, err := r.str()
+		if err != nil {
+			return ID{}, err
+		}
+		return stringID(r.text(s, e, fl)), nil
+	case c == 'n':
+		return ID{}, r.literal("null")
+	case c == '-' || c >= '0' && c <= '9':
+		s, e, err := r.number()
+		if err != nil {
+			return ID{}, err
+		}
+		n, ok := requestInt(r.b[s:e])
+		if !ok {
+			r.ambiguous(at, "a numeric id must be a plain integer (no fraction, exponent or -0) within ±(2^53-1): go-sdk truncates fractions and JavaScript rounds large integers; send an integer or a string id")
+		}
+		return intID(n), nil
+	}
+	r.malformed(at, `an "id" must be a string, an integer or null`)
+	return ID{}, r.value(depth)
+}
+
+// params reads the params value at r.i of a message nested depth deep,
+// by what c.Method reads of it.
+func (r *reader) params(c *Call, depth int) error {
+	at := r.i
+	var err error
+	switch c.Method {
+	case "tools/call":
+		err = r.paramsObject(c, depth, toolParamFields)
+	case "prompts/get":
+		err = r.paramsObject(c, depth, promptFields)
+	case "resources/read", "resources/subscribe", "resources/unsubscribe":
+		err = r.paramsObject(c, depth, resourceFields)
+	case "completion/complete":
+		err = r.paramsObject(c, depth, completionFields)
+	default:
+		// Params of other methods are not read; only their _meta is.
+		if r.peek() == '{' {
+			err = r.paramsObject(c, depth, metaOnlyFields)
+		} else {
+			err = r.value(depth)
+		}
+	}
+	c.Params = r.b[at:r.i]
+	return err
+}
+
+// paramsObject reads params that must be an object, with the given
+// fields.
+func (r *reader) paramsObject(c *Call, depth int, fields []string) error {
+	at := r.i
+	if r.peek() != '{' {
+		r.malformed(at, c.Method+` "params" must be an object`)
+		return r.value(depth)
+	}
+	it, err := r.openObject(depth + 1)
+	if err != nil {
+		return err
+	}
+	var hasName, hasURI, hasRef bool
+	for {
+		k, more, err := r.nextKey(&it)
+		if err != nil {
+			return err
+		}
+		if !more {
+			break
+		}
+		vat := r.i
+		var ok bool
+		switch r.field(k, fields) {
+		case "name":
+			hasName = true
+			var s string
+			s, ok, err = r.strValue(depth + 1)
+			switch {
+			case !ok:
+				r.malformed(vat, c.Method+` params.name must be a string`)
+			case c.Method == "tools/call":
+				c.Tool = s
+			default:
+				c.Prompt = s
+			}
+		case "uri":
+			hasURI = true
+			c.URI, ok, err = r.strValue(depth + 1)
+			if !ok {
+				r.malformed(vat, c.Method+` params.uri must be a string`)
+			}
+		case "arguments":
+			err = r.arguments(c, depth+1)
+		case "ref":
+			hasRef = true
+			err = r.ref(c, depth+1)
+		case "_meta":
+			if r.peek() == '{' {
+				err = r.value(depth + 1)
+				c.Meta = r.b[vat:r.i]
+			} else {
+				if r.peek() != 'n' {
+					r.malformed(vat, `params._meta must be an object`)
+				}
+				err = r.value(depth + 1)
+			}
+		case "inputResponses", "requestState":
+			c.InputResponses = true
+			err = r.value(depth + 1)
+		default:
+			err = r.value(depth + 1)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	switch c.Method {
+	case "tools/call":
+		if !hasName || c.Tool == "" {
+			r.malformed(at, `tools/call needs params.name, the tool's name, a non-empty string`)
+		}
+	case "prompts/get":
+		if !hasName {
+			r.malformed(at, `prompts/get needs params.name, the prompt's name`)
+		}
+	case "resources/read", "resources/subscribe", "resources/unsubscribe":
+		if !hasURI {
+			r.malformed(at, c.Method+` needs params.uri, the resource's URI`)
+		}
+	case "completion/complete":
+		if !hasRef {
+			r.malformed(at, `completion/complete needs params.ref, an object with a "type"`)
+		}
+	}
+	return nil
+}
+
+// arguments reads tools/call params.arguments, an object, for its verb.
+func (r *reader) arguments(c *Call, depth int) error {
+	at := r.i
+	if r.peek() != '{' {
+		r.malformed(at, `tools/call params.arguments must be an object`)
+		return r.value(depth)
+	}
+	it, err := r.openObject(depth + 1)
+	if err != nil {
+		return err
+	}
+	for {
+		k, more, err := r.nextKey(&it)
+		if err != nil {
+			return err
+		}
+		if !more {
+			break
+		}
+		if r.field(k, argumentFields) == "verb" {
+			vat := r.i
+			var ok bool
+			c.Verb, ok, err = r.strValue(depth + 1)
+			if !ok {
+				r.malformed(vat, `tools/call arguments.verb must be a string`)
+			}
+		} else {
+			err = r.value(depth + 1)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	c.Arguments = r.b[at:r.i]
+	return nil
+}
+
+// ref reads completion/complete params.ref.
+func (r *reader) ref(c *Call, depth int) error {
+	at := r.i
+	if r.peek() != '{' {
+		r.malformed(at, `completion/complete params.ref must be an object with a "type"`)
+		return r.value(depth)
+	}
+	it, err := r.openObject(depth + 1)
+	if err != nil {
+		return err
+	}
+	var hasType, hasName, hasURI bool
+	for {
+		k, more, err := r.nextKey(&it)
+		if err != nil {
+			return err
+		}
+		if !more {
+			break
+		}
+		vat := r.i
+		var ok bool
+		switch f := r.field(k, refFields); f {
+		case "type":
+			hasType = true
+			c.Ref.Type, ok, err = r.strValue(depth + 1)
+		case "name":
+			hasName = true
+			c.Ref.Name, ok, err = r.strValue(depth + 1)
+		case "uri":
+			hasURI = true
+			c.Ref.URI, ok, err = r.strValue(depth + 1)
+		default:
+			ok = true
+			err = r.value(depth + 1)
+		}
+		if !ok {
+			r.malformed(vat, `completion/complete params.ref's type, name and uri must be strings`)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case !hasType:
+		r.malformed(at, `completion/complete params.ref needs a "type" ("ref/prompt" or "ref/resource")`)
+	case c.Ref.Type == "ref/prompt" && !hasName:
+		r.malformed(at, `a "ref/prompt" reference needs the prompt's "name"`)
+	case c.Ref.Type == "ref/resource" && !hasURI:
+		r.malformed(at, `a "ref/resource" reference needs the resource's "uri"`)
+	}
+	return nil
+}
+
+// errorObject reads a response's error: an object with an integer code and
+// a string message, as go-sdk requires to read the response at all.
+func (r *reader) errorObject(depth int) error {
+	at := r.i
+	if r.peek() != '{' {
+		r.malformed(at, `a response's "error" must be an object with an integer "code" and a string "message"`)
+		return r.value(depth)
+	}
+	it, err := r.openObject(depth + 1)
+	if err != nil {
+		return err
+	}
+	var code, msg bool
+	for {
+		k, more, err := r.nextKey(&it)
+		if err != nil {
+			return err
+		}
+		if !more {
+			break
+		}
+		switch r.field(k, errorFields) {
+		case "code":
+			if c := r.peek(); c == '-' || c >= '0' && c <= '9' {
+				var s, e int
+				if s, e, err = r.number(); err == nil {
+					_, code = requestInt(r.b[s:e])
+				}
+			} else {
+				err = r.value(depth + 1)
+			}
+		case "message":
+			_, msg, err = r.strValue(depth + 1)
+		default:
+			err = r.value(depth + 1)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if !code || !msg {
+		r.malformed(at, `a response's "error" must be an object with an integer "code" and a string "message"`)
+	}
+	return nil
+}
