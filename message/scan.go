@@ -642,7 +642,7 @@ const (
 func special(w uint64) uint64 {
 	q := w ^ (lsb * '"')
 	s := w ^ (lsb * '\\')
-	return ((q - lsb) &^ q | (s - lsb) &^ s | (w - lsb*0x20) &^ w | w) & msb
+	return ((q-lsb)&^q | (s-lsb)&^s | (w-lsb*0x20)&^w | w) & msb
 }
 
 // str reads the string at r.i and returns its content's span and what it
