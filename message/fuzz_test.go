@@ -1,0 +1,332 @@
+package message
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	segjson "github.com/segmentio/encoding/json"
+)
+
+// The rule FuzzRead checks: whatever Read accepts, every reader behind the
+// gateway reads the same way. go-sdk reads the envelope with
+// jsonrpc.DecodeMessage and params with segmentio/encoding/json matching
+// keys exactly; a guarded encoding/json v1 server matches them
+// case-insensitively. A disagreement on an accepted body is a bypass.
+
+// fuzzSeeds are the table bodies and a few more shapes for the fuzzer to
+// start from (also under testdata/fuzz/FuzzRead, see TestSeedCorpus).
+func fuzzSeeds() []string {
+	seeds := make([]string, 0, len(readRows)+16)
+	for _, r := range readRows {
+		seeds = append(seeds, r.body)
+	}
+	return append(seeds,
+		string(body4KiB),
+		`{"jsonrpc":"2.0","id":"s","method":"tools/call","params":{"_meta":{"progressToken":"p"},"name":"t","arguments":{"a":[1,2.5e3,-0,true,null,{"b":"\u00e9"}],"verb":"v"}}}`,
+		`[{"jsonrpc":"2.0","id":1,"result":null},{"jsonrpc":"2.0","id":"x","error":{"code":-1,"message":"m"}},{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1}}]`,
+		`{"method":"completion/complete","jsonrpc":"2.0","id":9,"params":{"argument":{"name":"n","value":"v"},"ref":{"uri":"u","type":"ref/resource"}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ſ","arguments":{"K":"k","verb":"ẞ"}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"verb":"v","Verb2":1,"v\u0065rbs":2}}}`,
+		"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"\\u0000\",\"arguments\":{\"verb\\u0000\":\"x\"}}}",
+	)
+}
+
+func FuzzRead(f *testing.F) {
+	for _, s := range fuzzSeeds() {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		orig := bytes.Clone(raw)
+		body, err := Read(raw)
+		if !bytes.Equal(raw, orig) {
+			t.Fatal("Read modified the body")
+		}
+		verr := Validate(raw)
+		if err != nil {
+			var e *Error
+			if !errors.As(err, &e) || e.Offset < 0 || e.Offset > len(raw) || e.Msg == "" ||
+				!(e.Kind == ErrSyntax || e.Kind == ErrAmbiguous || e.Kind == ErrMalformed) {
+				t.Fatalf("Read error %#v: want an *Error of one of the three kinds", err)
+			}
+			if errors.Is(err, ErrSyntax) && json.Valid(raw) {
+				t.Fatalf("Read calls valid JSON a syntax error: %v", err)
+			}
+			if errors.Is(err, ErrSyntax) != errors.Is(verr, ErrSyntax) {
+				t.Fatalf("Read: %v; Validate: %v", err, verr)
+			}
+			return
+		}
+		if verr != nil {
+			t.Fatalf("Read accepts what Validate refuses: %v", verr)
+		}
+		if !json.Valid(raw) {
+			t.Fatal("Read accepts what encoding/json calls invalid")
+		}
+		agreeGoSDK(t, raw, body)
+		agreeV1(t, raw, body)
+	})
+}
+
+func FuzzValidate(f *testing.F) {
+	for _, s := range fuzzSeeds() {
+		f.Add([]byte(s))
+	}
+	f.Add([]byte(`{"tools":[{"name":"a","inputSchema":{"type":"object"}}],"nextCursor":"c"}`))
+	f.Add([]byte(`[1e400, -0.0e-0, "\ud83d\ude00", {"":{"":[]}}]`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		err := Validate(raw)
+		if err == nil && !json.Valid(raw) {
+			t.Fatal("Validate accepts what encoding/json calls invalid")
+		}
+		if errors.Is(err, ErrSyntax) && json.Valid(raw) {
+			t.Fatalf("Validate calls valid JSON a syntax error: %v", err)
+		}
+		if err == nil {
+			// A valid value decodes in every reader without complaint of
+			// its text.
+			var v any
+			if err := segjson.Unmarshal(raw, &v); err != nil && !isRange(err) {
+				t.Fatalf("segmentio refuses what Validate accepts: %v", err)
+			}
+		}
+	})
+}
+
+// isRange reports a decoder's refusal of a number too large for float64,
+// which is about the value, not its reading.
+func isRange(err error) bool {
+	var te *json.UnmarshalTypeError
+	var se *segjson.UnmarshalTypeError
+	return errors.As(err, &te) || errors.As(err, &se)
+}
+
+// segDecode decodes as go-sdk's internal/json does.
+func segDecode(data []byte, v any) error {
+	dec := segjson.NewDecoder(bytes.NewReader(data))
+	dec.DontMatchCaseInsensitiveStructFields()
+	return dec.Decode(v)
+}
+
+// The params each read method has, as a Go server declares them.
+type (
+	toolParams struct {
+		Name      string `json:"name"`
+		Arguments *struct {
+			Verb any `json:"verb"`
+		} `json:"arguments"`
+		Meta           json.RawMessage `json:"_meta"`
+		InputResponses json.RawMessage `json:"inputResponses"`
+		RequestState   json.RawMessage `json:"requestState"`
+	}
+	promptParams struct {
+		Name string          `json:"name"`
+		Meta json.RawMessage `json:"_meta"`
+	}
+	resourceParams struct {
+		URI  string          `json:"uri"`
+		Meta json.RawMessage `json:"_meta"`
+	}
+	completeParams struct {
+		Ref *struct {
+			Type string `json:"type"`
+			Name string `json:"name"`
+			URI  string `json:"uri"`
+		} `json:"ref"`
+		Meta json.RawMessage `json:"_meta"`
+	}
+	metaParams struct {
+		Meta json.RawMessage `json:"_meta"`
+	}
+)
+
+// paramsReading is what a decoder reads of c.Params, in Call's terms.
+func paramsReading(t *testing.T, c Call, decode func([]byte, any) error) (Call, bool) {
+	t.Helper()
+	var got Call
+	var meta json.RawMessage
+	var err error
+	switch c.Method {
+	case "tools/call":
+		var p toolParams
+		err = decode(c.Params, &p)
+		got.Tool, meta = p.Name, p.Meta
+		got.InputResponses = p.InputResponses != nil || p.RequestState != nil
+		if p.Arguments != nil && p.Arguments.Verb != nil {
+			v, ok := p.Arguments.Verb.(string)
+			if !ok {
+				t.Fatalf("verb read as %T", p.Arguments.Verb)
+			}
+			got.Verb = v
+		}
+	case "prompts/get":
+		var p promptParams
+		err = decode(c.Params, &p)
+		got.Prompt, meta = p.Name, p.Meta
+	case "resources/read", "resources/subscribe", "resources/unsubscribe":
+		var p resourceParams
+		err = decode(c.Params, &p)
+		got.URI, meta = p.URI, p.Meta
+	case "completion/complete":
+		var p completeParams
+		err = decode(c.Params, &p)
+		if p.Ref != nil {
+			got.Ref = Ref{Type: p.Ref.Type, Name: p.Ref.Name, URI: p.Ref.URI}
+		}
+		meta = p.Meta
+	default:
+		if len(c.Params) == 0 || c.Params[0] != '{' {
+			return got, false
+		}
+		var p metaParams
+		err = decode(c.Params, &p)
+		meta = p.Meta
+	}
+	if err != nil {
+		t.Fatalf("params of %s: %v", c.Method, err)
+	}
+	if string(meta) != "null" {
+		got.Meta = meta
+	}
+	return got, true
+}
+
+func compareParams(t *testing.T, reader string, c, got Call) {
+	t.Helper()
+	if got.Tool != c.Tool || got.Verb != c.Verb || got.Prompt != c.Prompt || got.URI != c.URI || got.Ref != c.Ref ||
+		got.InputResponses != c.InputResponses || !bytes.Equal(got.Meta, c.Meta) {
+		t.Fatalf("%s reads params as tool %q verb %q prompt %q uri %q ref %+v input %v meta %q;\nRead: tool %q verb %q prompt %q uri %q ref %+v input %v meta %q",
+			reader, got.Tool, got.Verb, got.Prompt, got.URI, got.Ref, got.InputResponses, got.Meta,
+			c.Tool, c.Verb, c.Prompt, c.URI, c.Ref, c.InputResponses, c.Meta)
+	}
+}
+
+// agreeGoSDK checks the body against go-sdk's reading: its readBatch, then
+// DecodeMessage per message, then segmentio on params.
+func agreeGoSDK(t *testing.T, raw []byte, body *Body) {
+	t.Helper()
+	msgs := [][]byte{raw}
+	if body.Batch {
+		var batch []json.RawMessage
+		if err := segDecode(raw, &batch); err != nil {
+			t.Fatalf("go-sdk does not read the batch: %v", err)
+		}
+		if len(batch) != len(body.Calls) {
+			t.Fatalf("go-sdk reads %d messages, Read %d", len(batch), len(body.Calls))
+		}
+		msgs = msgs[:0]
+		for i, m := range batch {
+			if !bytes.Equal(m, body.Calls[i].Raw) {
+				t.Fatalf("batch element %d: go-sdk reads %q, Read %q", i, m, body.Calls[i].Raw)
+			}
+			msgs = append(msgs, m)
+		}
+	}
+	for i, c := range body.Calls {
+		msg, err := jsonrpc.DecodeMessage(msgs[i])
+		if err != nil {
+			// go-sdk refuses a response without an id, which JSON-RPC sends
+			// to a request it could not read: a refusal, not another
+			// reading.
+			if c.IsResponse() && c.ID.IsZero() {
+				continue
+			}
+			t.Fatalf("message %d: go-sdk refuses what Read accepts: %v", i, err)
+		}
+		switch m := msg.(type) {
+		case *jsonrpc.Request:
+			if m.Method != c.Method || c.IsResponse() {
+				t.Fatalf("message %d: go-sdk reads method %q, Read %q", i, m.Method, c.Method)
+			}
+			sameID(t, "go-sdk", m.ID.Raw(), c.ID)
+			if !bytes.Equal(m.Params, c.Params) {
+				t.Fatalf("message %d: go-sdk reads params %q, Read %q", i, m.Params, c.Params)
+			}
+		case *jsonrpc.Response:
+			if !c.IsResponse() {
+				t.Fatalf("message %d: go-sdk reads a response, Read method %q", i, c.Method)
+			}
+			sameID(t, "go-sdk", m.ID.Raw(), c.ID)
+			if !bytes.Equal(m.Result, c.Result) && !(m.Error != nil && string(m.Result) == "") {
+				t.Fatalf("message %d: go-sdk reads result %q, Read %q", i, m.Result, c.Result)
+			}
+		}
+		if c.Params != nil {
+			if got, ok := paramsReading(t, c, segDecode); ok {
+				compareParams(t, "segmentio", c, got)
+			}
+		}
+	}
+}
+
+// sameID compares a decoder's id (nil, int64, float64 or string) to ours.
+func sameID(t *testing.T, reader string, v any, id ID) {
+	t.Helper()
+	ok := false
+	switch v := v.(type) {
+	case nil:
+		ok = id.IsZero()
+	case int64:
+		ok = id.kind == idInt && id.n == v
+	case float64:
+		ok = id.kind == idInt && float64(id.n) == v && v == math.Trunc(v)
+	case string:
+		ok = id.kind == idString && id.s == v
+	}
+	if !ok {
+		t.Fatalf("%s reads id %#v, Read %s", reader, v, id)
+	}
+}
+
+// v1Envelope is a JSON-RPC message as an encoding/json v1 server declares
+// it.
+type v1Envelope struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      any             `json:"id"`
+	Method  *string         `json:"method"`
+	Params  json.RawMessage `json:"params"`
+	Result  json.RawMessage `json:"result"`
+	Error   json.RawMessage `json:"error"`
+}
+
+// agreeV1 checks the body against encoding/json v1's case-insensitive
+// reading.
+func agreeV1(t *testing.T, raw []byte, body *Body) {
+	t.Helper()
+	msgs := [][]byte{raw}
+	if body.Batch {
+		var batch []json.RawMessage
+		if err := json.Unmarshal(raw, &batch); err != nil {
+			t.Fatalf("encoding/json does not read the batch: %v", err)
+		}
+		msgs = msgs[:0]
+		for _, m := range batch {
+			msgs = append(msgs, m)
+		}
+	}
+	for i, c := range body.Calls {
+		var m v1Envelope
+		if err := json.Unmarshal(msgs[i], &m); err != nil {
+			t.Fatalf("message %d: encoding/json refuses what Read accepts: %v", i, err)
+		}
+		method := ""
+		if m.Method != nil {
+			method = *m.Method
+		}
+		if m.JSONRPC != "2.0" || method != c.Method {
+			t.Fatalf("message %d: encoding/json reads jsonrpc %q method %q, Read %q", i, m.JSONRPC, method, c.Method)
+		}
+		sameID(t, "encoding/json", m.ID, c.ID)
+		if !bytes.Equal(m.Params, c.Params) {
+			t.Fatalf("message %d: encoding/json reads params %q, Read %q", i, m.Params, c.Params)
+		}
+		if c.Params != nil {
+			if got, ok := paramsReading(t, c, json.Unmarshal); ok {
+				compareParams(t, "encoding/json", c, got)
+			}
+		}
+	}
+}
