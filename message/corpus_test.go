@@ -34,8 +34,9 @@ func readCorpus(t *testing.T) [][]byte {
 		if len(lines) != 2 || lines[0] != "go test fuzz v1" {
 			t.Fatalf("%s: not a fuzz corpus file", e.Name())
 		}
-		q, ok := strings.CutPrefix(lines[1], "[]byte(")
-		if q, ok = strings.CutSuffix(q, ")"); !ok {
+		q, pre := strings.CutPrefix(lines[1], "[]byte(")
+		q, suf := strings.CutSuffix(q, ")")
+		if !pre || !suf {
 			t.Fatalf("%s: not a []byte entry", e.Name())
 		}
 		s, err := strconv.Unquote(q)

@@ -639,10 +639,15 @@ const (
 // special returns a mask with the high bit set in the lowest byte of w
 // that is '"', '\\', < 0x20 or >= 0x80 (bytes above it may be flagged
 // falsely, by a borrow; the lowest flagged byte never is).
+//
+// A byte is '"' or '\\' when it is zero once xored with it (the classic
+// (x-0x01..)&^x haszero); it is < 0x20 when subtracting 0x20 wraps it,
+// setting its high bit, and >= 0x80 when its own high bit is set. For the
+// last two, (w-0x20..)|w is ((w-0x20..)&^w)|w.
 func special(w uint64) uint64 {
 	q := w ^ (lsb * '"')
 	s := w ^ (lsb * '\\')
-	return ((q-lsb)&^q | (s-lsb)&^s | (w-lsb*0x20)&^w | w) & msb
+	return ((q-lsb)&^q | (s-lsb)&^s | (w - lsb*0x20) | w) & msb
 }
 
 // str reads the string at r.i and returns its content's span and what it
@@ -657,13 +662,18 @@ func (r *reader) str() (start, end int, flags uint8, err error) {
 	j := r.i + 1
 	start = j
 	for {
-		// Eight bytes at a time to the next byte that needs a look.
-		for j+8 <= len(b) {
-			if m := special(binary.LittleEndian.Uint64(b[j:])); m != 0 {
-				j += bits.TrailingZeros64(m) >> 3
+		// Sixteen bytes at a time to the next byte that needs a look.
+		for ; j+16 <= len(b); j += 16 {
+			m1 := special(binary.LittleEndian.Uint64(b[j:]))
+			m2 := special(binary.LittleEndian.Uint64(b[j+8:]))
+			if m1|m2 != 0 {
+				if m1 != 0 {
+					j += bits.TrailingZeros64(m1) >> 3
+				} else {
+					j += 8 + bits.TrailingZeros64(m2)>>3
+				}
 				break
 			}
-			j += 8
 		}
 		for j < len(b) && plainByte[b[j]] {
 			j++
