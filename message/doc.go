@@ -43,11 +43,11 @@
 // unicode.SimpleFold orbit, as encoding/json folds, so equal exactly when
 // strings.EqualFold says so); a key "__proto__" (JavaScript code that
 // copies the object takes it for the prototype); invalid UTF-8, and lone or
-// misordered surrogate escapes; nesting deeper than MaxDepth; a byte-order
+// misordered surrogate escapes; nesting deeper than 128 levels; a byte-order
 // mark; anything after the value. And in the objects whose fields the edge
-// reads (the envelope; params of tools/call, prompts/get,
-// resources/read|subscribe|unsubscribe and completion/complete, and the
-// _meta of any params object; tools/call arguments; a completion ref; a
+// reads (the envelope; the params object of tools/call, prompts/get,
+// resources/read|subscribe|unsubscribe and completion/complete, and of any
+// other method for its _meta; tools/call arguments; a completion ref; a
 // response's error), a key that encoding/json would take for one of those
 // fields without being it exactly: another case, another folding, or an
 // escaped spelling ("n\u0061me" alone: some readers match raw key bytes).

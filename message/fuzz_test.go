@@ -32,6 +32,16 @@ func fuzzSeeds() []string {
 		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ſ","arguments":{"K":"k","verb":"ẞ"}}}`,
 		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"verb":"v","Verb2":1,"v\u0065rbs":2}}}`,
 		"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"\\u0000\",\"arguments\":{\"verb\\u0000\":\"x\"}}}",
+		`{"jsonrpc":"2.0","id":1,"method":"x","params":[1e400,-1e-400,0.0000000000000000000001,123456789012345678901234567890,-0,0E+0]}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"verb":"v","n":1e400,"":{"":""}}},"":null}`,
+		`{"jsonrpc":"2.0","id":"\"\\\/\b\f\n\r\t\u0000\u001f\u007f\u0080\uffff\ud800\udc00","method":"ping"}`,
+		`{"jsonrpc":"2.0","id":1,"result":null}`,
+		`{"jsonrpc":"2.0","id":"e","error":{"code":-9007199254740991,"message":"","data":null}}`,
+		"\r\n\t {\"jsonrpc\"\r:\n\"2.0\"\t,\"id\" :-1,\"method\":\"prompts/get\",\"params\":{\"name\":\"p\",\"arguments\":{\"name\":\"x\"}}}\r\n",
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"verb":"v","deep":`+nest(120)+`}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///caf\u00e9/\ud83d\ude00","_meta":null}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"completion/complete","params":{"ref":{"type":"ref/other","name":"n"},"_meta":{"a":[]}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"verb":"ſ","ſ":1,"k":2,"K":3}}}`,
 	)
 }
 

@@ -565,3 +565,51 @@ func TestContext(t *testing.T) {
 		t.Fatal("FromContext of a nil Body")
 	}
 }
+
+// TestReadConcurrent: readers share a pool of scratch space; concurrent
+// reads of different bodies must not see each other's keys.
+func TestReadConcurrent(t *testing.T) {
+	type outcome struct {
+		err   error
+		calls []want
+	}
+	read := func(body string) outcome {
+		b, err := Read([]byte(body))
+		if err != nil {
+			for _, k := range []error{ErrSyntax, ErrAmbiguous, ErrMalformed} {
+				if errors.Is(err, k) {
+					return outcome{err: k}
+				}
+			}
+		}
+		var o outcome
+		for _, c := range b.Calls {
+			o.calls = append(o.calls, want{c.Method, c.ID.Key(), c.Tool, c.Verb, c.Prompt, c.URI, c.Ref, c.InputResponses})
+		}
+		return o
+	}
+	wantOut := make([]outcome, len(readRows))
+	for i, r := range readRows {
+		wantOut[i] = read(r.body)
+	}
+	done := make(chan string)
+	for g := 0; g < 8; g++ {
+		go func(g int) {
+			for n := 0; n < 20; n++ {
+				for i := range readRows {
+					j := (i + g*7 + n) % len(readRows)
+					if got := read(readRows[j].body); fmt.Sprint(got) != fmt.Sprint(wantOut[j]) {
+						done <- fmt.Sprintf("%s: %v, want %v", readRows[j].name, got, wantOut[j])
+						return
+					}
+				}
+			}
+			done <- ""
+		}(g)
+	}
+	for g := 0; g < 8; g++ {
+		if msg := <-done; msg != "" {
+			t.Error(msg)
+		}
+	}
+}

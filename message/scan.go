@@ -15,10 +15,10 @@ import (
 // keep every reader on one reading of a value (see the package doc). They
 // hold for every value anywhere in a body, read or not.
 
-// MaxDepth is how deep objects and arrays may nest. JSON.parse, go-sdk
+// maxDepth is how deep objects and arrays may nest. JSON.parse, go-sdk
 // (1000) and encoding/json (10000) each have their own limit; 128 is far
 // under all of them and far over any MCP message.
-const MaxDepth = 128
+const maxDepth = 128
 
 // smallObject is how many keys an object holds before its duplicate check
 // moves from a linear scan over the keys to a map.
@@ -70,7 +70,7 @@ func putReader(r *reader) {
 	if cap(r.keys) > 1024 || cap(r.canon) > 16<<10 {
 		return
 	}
-	r.b = nil
+	r.b, r.amb, r.bad = nil, nil, nil
 	readers.Put(r)
 }
 
@@ -107,7 +107,7 @@ func (r *reader) inElem(msg string) string {
 
 func (r *reader) tooDeep() error {
 	return &Error{Kind: ErrAmbiguous, Offset: r.i, Msg: r.inElem(fmt.Sprintf(
-		"objects and arrays nested deeper than %d levels; readers differ on how deep they go, send a flatter message", MaxDepth))}
+		"objects and arrays nested deeper than %d levels; readers differ on how deep they go, send a flatter message", maxDepth))}
 }
 
 // result is the error to return once reading is over: a syntax error
@@ -246,7 +246,7 @@ func digits(b []byte, j int) int {
 }
 
 func (r *reader) array(depth int) error {
-	if depth > MaxDepth {
+	if depth > maxDepth {
 		return r.tooDeep()
 	}
 	r.i++ // '['
@@ -305,7 +305,7 @@ type objIter struct {
 }
 
 func (r *reader) openObject(depth int) (objIter, error) {
-	if depth > MaxDepth {
+	if depth > maxDepth {
 		return objIter{}, r.tooDeep()
 	}
 	r.i++ // '{'
