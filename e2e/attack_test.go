@@ -34,8 +34,8 @@ import (
 //     start a session;
 //   - guard mode in front of the go-sdk conformance everything-server and of
 //     the TypeScript server-everything, with a token for one tool; a proxy
-//     between the guard and each server reads every forwarded body as go-sdk
-//     does and records the calls in it;
+//     between the guard and each server reads every forwarded body as the
+//     server's SDK does and records the calls in it;
 //   - the pass-through route (`broker a`) and the aggregated route
 //     (`aggregate a b`) over two go-sdk servers in this process that count
 //     every call they run, with a token for upstream b only.
@@ -43,8 +43,8 @@ import (
 // Afterwards legitimate calls still work through the SDK clients, and the
 // observers are shown to see a call when one does run.
 func TestAttackOneReading(t *testing.T) {
-	goServer := startCallRecorder(t, startEverythingServer(t))
-	tsServer := startCallRecorder(t, startNodeEverythingServer(t))
+	goServer := startCallRecorder(t, startEverythingServer(t), false)
+	tsServer := startCallRecorder(t, startNodeEverythingServer(t), true)
 	upA, upB := startCountingUpstream(t, "a"), startCountingUpstream(t, "b")
 	ports := attackPorts{sessions: freePort(t), guardGo: freePort(t), guardTS: freePort(t), broker: freePort(t), aggregate: freePort(t)}
 	c := startCaddy(t, attackCaddyfile(ports, goServer, tsServer, upA, upB))
@@ -145,8 +145,9 @@ func TestAttackOneReading(t *testing.T) {
 				continue
 			}
 			for _, f := range tg.target.Forbidden {
-				if n := tg.recorder.count(f.Method, subjectOf(f)); n > 0 {
-					t.Errorf("BYPASS: %s: %s %s reached the server %d times", tg.name, f.Method, subjectOf(f), n)
+				if n, body := tg.recorder.count(f.Method, subjectOf(f)); n > 0 {
+					t.Errorf("BYPASS: %s: the server was sent %s %s %d times, read as its SDK reads a body; the first: %s",
+						tg.name, f.Method, subjectOf(f), n, clip(body))
 				}
 			}
 		}
@@ -166,7 +167,10 @@ func TestAttackOneReading(t *testing.T) {
 		}
 		c.WaitForLog(t, "agent running", 30*time.Second)
 		for _, tg := range targets {
-			if tg.recorder != nil && tg.recorder.count(tg.target.Allowed.Method, subjectOf(tg.target.Allowed)) == 0 {
+			if tg.recorder == nil {
+				continue
+			}
+			if n, _ := tg.recorder.count(tg.target.Allowed.Method, subjectOf(tg.target.Allowed)); n == 0 {
 				t.Errorf("%s: the recorder saw no %s %s, which the legitimate clients made", tg.name, tg.target.Allowed.Method, subjectOf(tg.target.Allowed))
 			}
 		}
@@ -780,36 +784,40 @@ func (u *countingUpstream) snapshot() map[string]int {
 }
 
 // callRecorder is a proxy between the guard and an MCP server that reads
-// every request body it forwards the way go-sdk's streamable handler does
-// (a batch, else one message; keys matched exactly, the last of a repeated
-// key winning, as go-sdk and JSON.parse do) and records each request's
-// method and subject.
+// every POST body it forwards the way the server's SDK does and records
+// each request's method and subject. Both SDKs match keys exactly, the last
+// of a repeated key winning (go-sdk's decoder, JSON.parse). go-sdk reads a
+// batch only under a protocol version before 2025-06-18; the TypeScript SDK
+// reads batches, and refuses an envelope with any member but jsonrpc, id,
+// method and params (its JSONRPCRequestSchema is strict).
 type callRecorder struct {
-	addr string // host:port for reverse_proxy
+	addr       string // host:port for reverse_proxy
+	typescript bool   // the TypeScript SDK's reading, else go-sdk's
 
-	mu   sync.Mutex
-	seen map[string]int // "method subject"
+	mu      sync.Mutex
+	seen    map[string]int    // "method subject"
+	example map[string]string // the first body that carried each
 }
 
-func startCallRecorder(t *testing.T, target string) *callRecorder {
+func startCallRecorder(t *testing.T, target string, typescript bool) *callRecorder {
 	t.Helper()
 	u, err := parseHTTPURL(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &callRecorder{seen: map[string]int{}}
+	r := &callRecorder{typescript: typescript, seen: map[string]int{}, example: map[string]string{}}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = u.Scheme, u.Host, u.Host
-			if pr.Out.Body == nil {
-				return
+			if pr.Out.Body == nil || pr.Out.Method != http.MethodPost {
+				return // both SDKs read the body of a POST only
 			}
 			b, _ := io.ReadAll(io.LimitReader(pr.Out.Body, 8<<20))
 			pr.Out.Body.Close()
 			pr.Out.Body = io.NopCloser(bytes.NewReader(b))
 			pr.Out.ContentLength = int64(len(b))
-			r.record(b)
+			r.record(b, pr.Out.Header.Get("Mcp-Protocol-Version"))
 		},
 		Transport:     transport,
 		FlushInterval: -1,
@@ -828,9 +836,13 @@ func startCallRecorder(t *testing.T, target string) *callRecorder {
 	return r
 }
 
-func (r *callRecorder) record(body []byte) {
+func (r *callRecorder) record(body []byte, version string) {
 	var raws []json.RawMessage
-	if json.Unmarshal(body, &raws) != nil {
+	if json.Unmarshal(body, &raws) == nil {
+		if !r.typescript && version >= "2025-06-18" {
+			return // go-sdk answers 400
+		}
+	} else {
 		raws = []json.RawMessage{body}
 	}
 	for _, raw := range raws {
@@ -839,19 +851,40 @@ func (r *callRecorder) record(body []byte) {
 			continue
 		}
 		req, ok := msg.(*jsonrpc.Request)
-		if !ok {
+		if !ok || (r.typescript && !plainEnvelope(raw)) {
 			continue
 		}
+		k := req.Method + " " + serverSubject(req.Method, req.Params)
 		r.mu.Lock()
-		r.seen[req.Method+" "+serverSubject(req.Method, req.Params)]++
+		r.seen[k]++
+		if _, ok := r.example[k]; !ok {
+			r.example[k] = string(body)
+		}
 		r.mu.Unlock()
 	}
 }
 
-func (r *callRecorder) count(method, subject string) int {
+// plainEnvelope reports whether the request raw has no member but jsonrpc,
+// id, method and params.
+func plainEnvelope(raw []byte) bool {
+	var members map[string]json.RawMessage
+	if json.Unmarshal(raw, &members) != nil {
+		return false
+	}
+	for k := range members {
+		if k != "jsonrpc" && k != "id" && k != "method" && k != "params" {
+			return false
+		}
+	}
+	return true
+}
+
+// count returns how many requests for method and subject the server was
+// sent, and the first body that carried one.
+func (r *callRecorder) count(method, subject string) (int, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.seen[method+" "+subject]
+	return r.seen[method+" "+subject], r.example[method+" "+subject]
 }
 
 // serverSubject is what a server reads as the name of a call: a tool's or
