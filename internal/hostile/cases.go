@@ -307,13 +307,14 @@ func (b *builder) trailing() {
 	b.ambiguous("trailing: a second batch", batch(a)+batch(f))
 	b.ambiguous("trailing: a letter", a+"x")
 	b.passed("trailing: whitespace around the body", "\r\n\t "+a+" \n")
+	// A TextDecoder strips a leading byte order mark; Go readers refuse it.
+	b.ambiguous("leading: a byte order mark before the body", "\xef\xbb\xbf"+request("1", b.f).String())
 }
 
 // syntax is text that is not JSON, which lenient readers (JSON5, some
 // scripting runtimes) accept anyway.
 func (b *builder) syntax() {
 	f := request("1", b.f).String()
-	b.notJSON("syntax: a byte order mark before the body", "\xef\xbb\xbf"+f)
 	b.notJSON("syntax: a comment hiding the method", strings.Replace(f, `"method":`, `/*"method":"ping",*/"method":`, 1))
 	b.notJSON("syntax: a trailing comma", strings.TrimSuffix(f, "}")+",}")
 	b.notJSON("syntax: an id with a leading zero", request("01", b.f).String())
@@ -331,7 +332,6 @@ func (b *builder) shapes() {
 	b.notRPC("rpc: the method as a bare string", str(b.f.Method))
 	b.notRPC("rpc: null", "null")
 	b.notRPC("rpc: an object as the id", f.set("id", `{"a":1}`).String())
-	b.notRPC("rpc: a null id", f.set("id", "null").String())
 }
 
 // ids are numeric ids that readers turn into different values, or that
@@ -344,6 +344,9 @@ func (b *builder) ids() {
 		b.ambiguous("id: "+id.what, request(id.text, b.f).String())
 	}
 	b.scope("id: 2^53-1 is still an integer", request(maxSafeInteger, b.f).String())
+	// go-sdk reads a request with a null id as a notification, runs it and
+	// answers nothing; the TypeScript SDK refuses it; MCP forbids it.
+	b.ambiguous("id: null", request("null", b.f).String())
 }
 
 // lists are the listings the edge filters by matching answers to requests
@@ -404,18 +407,21 @@ func (b *builder) depth() {
 	b.ambiguous(fmt.Sprintf("depth: the method repeated after %d levels", levelsBeforeRepeat), behind.String())
 }
 
-// prototype is __proto__, which JSON.parse keeps as a plain member: the
-// call that runs is the allowed one, and the forbidden one never does.
+// prototype is __proto__, which JSON.parse keeps as a plain member and
+// JavaScript code that copies the object (Object.assign, a merge) takes for
+// the prototype, whose members then read through as the object's own.
 func (b *builder) prototype() {
 	env := request("1", b.a).before(member{key("__proto__"), request("1", b.f)[2:].String()})
-	b.passed("prototype: __proto__ in the envelope holding the forbidden call", env.String())
+	b.ambiguous("prototype: __proto__ in the envelope holding the forbidden call", env.String())
 	if b.f.Params != "" {
+		hollow := request("1", Call{Method: b.f.Method}).with(member{key("__proto__"), object{{key("params"), b.f.Params}}.String()})
+		b.ambiguous("prototype: __proto__ holding the params", hollow.String())
 		params := object{}
 		if b.a.Params != "" {
 			params = parse(b.a.Params)
 		}
 		params = params.before(member{key("__proto__"), b.f.Params})
-		b.passed("prototype: __proto__ in params holding the forbidden params", request("1", Call{Method: b.a.Method, Params: params.String()}).String())
+		b.ambiguous("prototype: __proto__ in params holding the forbidden params", request("1", Call{Method: b.a.Method, Params: params.String()}).String())
 	}
 }
 
@@ -458,6 +464,15 @@ func (b *builder) headers() {
 	})
 }
 
+// utf16LE encodes the ASCII text s as UTF-16LE.
+func utf16LE(s string) []byte {
+	out := make([]byte, 0, 2*len(s))
+	for i := 0; i < len(s); i++ {
+		out = append(out, s[i], 0)
+	}
+	return out
+}
+
 // transport is what HTTP wraps around the body: encodings and media types
 // the edge does not read, and methods that are no MCP.
 func (b *builder) transport() {
@@ -479,6 +494,10 @@ func (b *builder) transport() {
 	with("http: Content-Type text/plain", []byte(f), http.StatusUnsupportedMediaType, ReasonUnsupportedMedia, "Content-Type", "text/plain")
 	with("http: Content-Type of a form", []byte(f), http.StatusUnsupportedMediaType, ReasonUnsupportedMedia, "Content-Type", "application/x-www-form-urlencoded")
 	with("http: Content-Type JSON with charset utf-8", []byte(f), http.StatusForbidden, ReasonScope, "Content-Type", "application/json; charset=utf-8")
+	with("http: the forbidden call in UTF-16 as its charset says", utf16LE(f), http.StatusUnsupportedMediaType, ReasonUnsupportedMedia,
+		"Content-Type", "application/json; charset=utf-16le")
+	b.add(Case{Name: "http: two Content-Types", Body: []byte(f), Header: http.Header{"Content-Type": {"application/json", "text/plain"}},
+		Status: http.StatusUnsupportedMediaType, Reason: ReasonUnsupportedMedia})
 	for _, m := range []string{http.MethodPut, http.MethodPatch} {
 		b.add(Case{Name: "http: " + m, Body: []byte(f), Method: m, Status: http.StatusMethodNotAllowed, Reason: ReasonMethodNotAllowed})
 	}

@@ -8,24 +8,25 @@
 //     decision: 400, reason ambiguous_body. That is any object, at any depth,
 //     with two keys that are equal, equal after Unicode case folding, or equal
 //     once escapes are decoded; a key that is a case, fold or escape variant
-//     of a field the edge reads (Method, paramſ, n\u0061me) even alone;
-//     invalid UTF-8 (overlong forms and encoded surrogates included); lone
-//     surrogate escapes; anything but whitespace after the top-level value;
-//     a numeric id that is not a canonical integer within ±(2^53-1); two
-//     requests of one batch with the same id; nesting deeper than 128.
+//     of a field the edge reads (Method, paramſ, n\u0061me) even alone; a
+//     key __proto__; invalid UTF-8 (overlong forms and encoded surrogates
+//     included); lone surrogate escapes; a byte order mark; anything but
+//     whitespace after the top-level value; a numeric id that is not a
+//     canonical integer within ±(2^53-1), and a null id; two requests of
+//     one batch with the same id; nesting deeper than 128.
 //   - Bytes that are not JSON get 400 malformed (-32700); JSON that is no
-//     JSON-RPC request, notification or response (MCP's included: no null
-//     id) gets 400 malformed (-32600).
+//     JSON-RPC request, notification or response gets 400 malformed
+//     (-32600). Syntax comes first, then ambiguity, then the shape.
 //   - Headers Mcp-Method and Mcp-Name that disagree with the body get 400
 //     header_mismatch (-32020).
 //   - A Content-Encoding other than identity, or a Content-Type that is not
-//     JSON, gets 415 unsupported_media_type; an HTTP method other than GET,
-//     POST, DELETE and OPTIONS gets 405 method_not_allowed.
+//     JSON in UTF-8 (one header), gets 415 unsupported_media_type; an HTTP
+//     method other than GET, POST, DELETE and OPTIONS gets 405
+//     method_not_allowed.
 //   - A body read one way that holds a call the token may not make, alone or
 //     in a batch, gets 403 insufficient_scope.
 //   - What every reader reads alike is passed on: escapes inside strings, a
-//     valid surrogate pair, whitespace around the value, a __proto__ member
-//     (JSON.parse keeps it as a plain member).
+//     valid surrogate pair, whitespace around the value.
 //
 // The package sends nothing. Unit tests of the edge's reader and the
 // end-to-end attack test (e2e/attack_test.go) both run Cases.
