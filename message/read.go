@@ -33,6 +33,12 @@ type Call struct {
 	Meta []byte
 	// Result is a response's result.
 	Result []byte
+	// Error is a response's error object.
+	Error []byte
+
+	// Cancelled is params.requestId of notifications/cancelled: the
+	// request the client gives up on.
+	Cancelled ID
 
 	// InputResponses is set when tools/call params carry inputResponses or
 	// requestState (the 2026-07-28 multi-round-trip tool call).
@@ -240,6 +246,7 @@ var (
 	completionFields = []string{"ref", "_meta"}
 	refFields        = []string{"type", "name", "uri"}
 	metaOnlyFields   = []string{"_meta"}
+	cancelFields     = []string{"requestId", "_meta"}
 	errorFields      = []string{"code", "message", "data"}
 )
 
@@ -344,6 +351,7 @@ func (r *reader) message(c *Call, depth int) error {
 		hasVersion, version                bool
 		hasID, hasMethod, hasParams        bool
 		hasResult, hasError, paramsPending bool
+		idNull                             bool
 		paramsAt                           int
 	)
 	for {
@@ -363,6 +371,7 @@ func (r *reader) message(c *Call, depth int) error {
 			version = version && s == "2.0"
 		case "id":
 			hasID = true
+			idNull = r.peek() == 'n'
 			c.ID, err = r.requestID(depth)
 		case "method":
 			hasMethod = true
@@ -388,6 +397,7 @@ func (r *reader) message(c *Call, depth int) error {
 		case "error":
 			hasError = true
 			err = r.errorObject(depth)
+			c.Error = r.b[at:r.i]
 		default:
 			err = r.value(depth)
 		}
@@ -412,6 +422,9 @@ func (r *reader) message(c *Call, depth int) error {
 		r.malformed(start, `"jsonrpc" must be the string "2.0"`)
 	}
 	if hasMethod {
+		if idNull {
+			r.ambiguous(start, `a request with a null "id": go-sdk runs it as a notification, without an answer, and other readers refuse it; give the request a string or integer id, or leave "id" out for a notification`)
+		}
 		if hasResult || hasError {
 			r.malformed(start, `a message with a "method" is a request, and has no "result" or "error"`)
 		}
@@ -425,7 +438,7 @@ func (r *reader) message(c *Call, depth int) error {
 		r.malformed(start, `a message needs a "method" (a request or notification), or a "result" or an "error" (a response)`)
 	case hasResult && hasError:
 		r.malformed(start, `a response has a "result" or an "error", not both`)
-	case !hasID:
+	case !hasID || idNull:
 		r.malformed(start, `a response needs the "id" of the request it answers`)
 	case hasParams:
 		r.malformed(start, `a response has no "params"`)
@@ -483,6 +496,8 @@ func (r *reader) params(c *Call, depth int) error {
 		err = r.paramsObject(c, depth, resourceFields)
 	case "completion/complete":
 		err = r.paramsObject(c, depth, completionFields)
+	case "notifications/cancelled":
+		err = r.paramsObject(c, depth, cancelFields)
 	default:
 		// Params of other methods are not read; only their _meta is.
 		if r.peek() == '{' {
@@ -555,6 +570,8 @@ func (r *reader) paramsObject(c *Call, depth int, fields []string) error {
 		case "inputResponses", "requestState":
 			c.InputResponses = true
 			err = r.value(depth + 1)
+		case "requestId":
+			c.Cancelled, err = r.requestID(depth + 1)
 		default:
 			err = r.value(depth + 1)
 		}
@@ -586,8 +603,13 @@ func (r *reader) paramsObject(c *Call, depth int, fields []string) error {
 // arguments reads tools/call params.arguments, an object, for its verb.
 func (r *reader) arguments(c *Call, depth int) error {
 	at := r.i
+	if r.peek() == 'n' {
+		// go-sdk's client sends a nil map as null; every reader reads it
+		// as no arguments.
+		return r.value(depth)
+	}
 	if r.peek() != '{' {
-		r.malformed(at, `tools/call params.arguments must be an object`)
+		r.malformed(at, `tools/call params.arguments must be an object or null`)
 		return r.value(depth)
 	}
 	it, err := r.openObject(depth + 1)
