@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/yosida95/uritemplate/v3"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
@@ -357,6 +359,49 @@ func (a *Aggregate) ToolServer(name string) (server, tool string, ok bool) {
 		return a.ups[0].cfg.Name, name, true
 	}
 	return a.ns.Resolve(name)
+}
+
+// PromptServer resolves an aggregated prompt name into its upstream.
+func (a *Aggregate) PromptServer(name string) (string, bool) {
+	a.mu.Lock()
+	q, found := a.prompts[name]
+	a.mu.Unlock()
+	if found {
+		return q.server, true
+	}
+	if a.conditional {
+		return a.ups[0].cfg.Name, true
+	}
+	server, _, ok := a.ns.Resolve(name)
+	return server, ok
+}
+
+// ResourceOwners returns the upstreams that could serve a read of uri: the
+// upstream that offers that resource, else the upstreams whose resource
+// templates match it (go-sdk tries resources, then templates, as here).
+func (a *Aggregate) ResourceOwners(uri string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if owner, ok := a.resOwner[uri]; ok {
+		return []string{owner}
+	}
+	var owners []string
+	for tmpl, owner := range a.tmplOwner {
+		t, err := uritemplate.New(tmpl)
+		if err == nil && t.Regexp().MatchString(uri) && !slices.Contains(owners, owner) {
+			owners = append(owners, owner)
+		}
+	}
+	slices.Sort(owners)
+	return owners
+}
+
+// TemplateOwner returns the upstream that offers a resource template.
+func (a *Aggregate) TemplateOwner(uriTemplate string) (string, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	owner, ok := a.tmplOwner[uriTemplate]
+	return owner, ok
 }
 
 // Close stops the catalog, closes every upstream and downstream session and

@@ -18,6 +18,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 // The tools/call fast path of the aggregated route.
@@ -86,25 +88,6 @@ type fastCall struct {
 	sent   atomic.Bool // notifications/cancelled went upstream
 }
 
-// fastEnvelope is a JSON-RPC message as the fast path reads it.
-type fastEnvelope struct {
-	JSONRPC string          `json:"jsonrpc"`
-	ID      json.RawMessage `json:"id"`
-	Method  string          `json:"method"`
-	Params  json.RawMessage `json:"params"`
-	Result  json.RawMessage `json:"result"`
-	Error   json.RawMessage `json:"error"`
-}
-
-// fastToolParams are the params of tools/call.
-type fastToolParams struct {
-	Name           string          `json:"name"`
-	Arguments      json.RawMessage `json:"arguments"`
-	Meta           json.RawMessage `json:"_meta"`
-	InputResponses json.RawMessage `json:"inputResponses"`
-	RequestState   json.RawMessage `json:"requestState"`
-}
-
 // fastRequest is the tools/call sent upstream: id, the upstream's tool
 // name, and the downstream request's _meta and arguments (raw JSON that
 // has been parsed already, or nil to leave them out), as go-sdk's client
@@ -150,19 +133,27 @@ func (a *Aggregate) serveFast(w http.ResponseWriter, r *http.Request, sid string
 	if s == nil {
 		return false
 	}
-	body, ok := a.peekBody(r)
+	// The edge's one reading of the body; without the edge in front (a
+	// test), the same reader's.
+	b, ok := message.FromContext(r.Context())
 	if !ok {
+		body, read := a.peekBody(r)
+		if !read {
+			return false
+		}
+		var err error
+		if b, err = message.Read(body); err != nil {
+			return false
+		}
+	}
+	if b.Batch || len(b.Calls) != 1 {
 		return false
 	}
-	trimmed := bytes.TrimLeft(body, " \t\r\n")
-	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return false
-	}
-	switch {
-	case bytes.Contains(body, []byte(`"tools/call"`)):
-		return a.fastToolCall(w, r, s, body)
-	case bytes.Contains(body, []byte(`"notifications/cancelled"`)):
-		return a.fastCancel(w, s, body)
+	switch c := b.Calls[0]; c.Method {
+	case "tools/call":
+		return a.fastToolCall(w, r, s, c)
+	case "notifications/cancelled":
+		return a.fastCancel(w, s, c)
 	}
 	return false
 }
@@ -266,34 +257,17 @@ func (e errReader) Read([]byte) (int, error) {
 
 // fastToolCall serves a tools/call, or reports false when it is not one
 // the fast path takes.
-func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggSession, body []byte) bool {
-	// One pass: a body that is not a tools/call of this shape (another
-	// method, a params of another type) fails it or the checks, and goes to
-	// go-sdk.
-	var msg struct {
-		JSONRPC string          `json:"jsonrpc"`
-		ID      json.RawMessage `json:"id"`
-		Method  string          `json:"method"`
-		Params  *fastToolParams `json:"params"`
-	}
-	if id, p, ok := scanToolCall(body); ok {
-		msg.JSONRPC, msg.ID, msg.Method, msg.Params = "2.0", id, "tools/call", &p
-	} else if err := json.Unmarshal(body, &msg); err != nil {
+func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggSession, call message.Call) bool {
+	if call.ID.IsZero() || call.InputResponses {
 		return false
 	}
-	if msg.JSONRPC != "2.0" || msg.Method != "tools/call" || !validCallID(msg.ID) || msg.Params == nil {
-		return false
-	}
-	params := *msg.Params
-	if params.Name == "" || len(params.InputResponses) > 0 || len(params.RequestState) > 0 {
-		return false
-	}
+	callID := call.ID.Raw()
 	if ip := s.ss.InitializeParams(); ip == nil || ip.Capabilities == nil ||
 		ip.Capabilities.Sampling != nil || ip.Capabilities.Elicitation != nil {
 		return false
 	}
 	a.mu.Lock()
-	q, ok := a.tools[params.Name]
+	q, ok := a.tools[call.Tool]
 	a.mu.Unlock()
 	if !ok {
 		return false
@@ -334,7 +308,7 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 	rec.TokenID, rec.TokenName = a.principal(s.ss, extra)
 
 	upID := strconv.AppendQuote(make([]byte, 0, 24), "zidane-"+strconv.FormatUint(fastIDs.Add(1), 10))
-	out, err := fastRequest(upID, q.name, nullToNil(params.Meta), nullToNil(params.Arguments))
+	out, err := fastRequest(upID, q.name, nullToNil(call.Meta), nullToNil(call.Arguments))
 	if err != nil {
 		return false
 	}
@@ -342,7 +316,7 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	fc := &fastCall{upID: string(upID), up: up, c: c, cancel: cancel}
-	key := string(compactID(msg.ID))
+	key := call.ID.Key()
 	s.mu.Lock()
 	if s.fast == nil {
 		s.fast = map[string]*fastCall{}
@@ -362,20 +336,24 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 	}()
 
 	fw := &fastWriter{w: w}
-	res, rpcErr, err := a.fastExchange(ctx, s, up, c, sessionID, ir.ProtocolVersion, out, string(upID), fw)
+	upMsgID, err := message.ParseID(upID)
+	if err != nil {
+		return false
+	}
+	res, rpcErr, err := a.fastExchange(ctx, s, up, c, sessionID, ir.ProtocolVersion, out, upMsgID, fw)
 	switch {
 	case err == nil && rpcErr != nil:
 		var e jsonrpc.Error
 		_ = json.Unmarshal(rpcErr, &e)
 		rec.Outcome, rec.Detail = OutcomeError, safeError(&e)
 		a.record(rec, start)
-		fw.respond(msg.ID, "error", rpcErr)
+		fw.respond(callID, "error", rpcErr)
 	case err == nil:
 		res, isError, nerr := normalizeFastResult(res)
 		if nerr != nil {
 			rec.Outcome, rec.Detail = OutcomeError, safeError(nerr)
 			a.record(rec, start)
-			fw.respondTool(msg.ID, a.unreachable(up, nerr))
+			fw.respondTool(callID, a.unreachable(up, nerr))
 			break
 		}
 		rec.Outcome = OutcomeOK
@@ -383,7 +361,7 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 			rec.Outcome, rec.Detail = OutcomeError, "the tool reported an error"
 		}
 		a.record(rec, start)
-		fw.respond(msg.ID, "result", res)
+		fw.respond(callID, "result", res)
 	case ctx.Err() != nil:
 		// Cancelled by the client (notifications/cancelled, or its request
 		// went away): the upstream is told, and no answer is sent.
@@ -398,7 +376,7 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 			s.forget(up.cfg.Name, c)
 			go c.cs.Close()
 		}
-		fw.respondTool(msg.ID, a.unreachable(up, err))
+		fw.respondTool(callID, a.unreachable(up, err))
 	}
 	return true
 }
@@ -411,37 +389,12 @@ func nullToNil(raw json.RawMessage) json.RawMessage {
 	return raw
 }
 
-// validCallID reports whether id is a JSON-RPC request id: a string or a
-// number.
-func validCallID(id json.RawMessage) bool {
-	id = bytes.TrimSpace(id)
-	if len(id) == 0 {
-		return false
-	}
-	switch c := id[0]; {
-	case c == '"':
-		return true
-	case c == '-' || (c >= '0' && c <= '9'):
-		return true
-	}
-	return false
-}
-
-// compactID is id without insignificant whitespace, a key for it.
-func compactID(id json.RawMessage) []byte {
-	var b bytes.Buffer
-	if err := json.Compact(&b, id); err != nil {
-		return id
-	}
-	return b.Bytes()
-}
-
 // fastExchange sends the request out on the upstream session and returns
 // its answer: the raw result, or the raw JSON-RPC error object, or an
 // error when the upstream could not be used. Notifications that come on
 // the call's stream are relayed through fw, and the upstream's requests
 // answered.
-func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpstream, c *aggConn, sessionID, version string, out []byte, upID string, fw *fastWriter) (result, rpcErr json.RawMessage, err error) {
+func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpstream, c *aggConn, sessionID, version string, out []byte, upID message.ID, fw *fastWriter) (result, rpcErr json.RawMessage, err error) {
 	resp, err := a.fastPost(ctx, up, sessionID, version, out)
 	if err != nil {
 		return nil, nil, err
@@ -455,9 +408,8 @@ func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpst
 	case resp.StatusCode < 200 || resp.StatusCode >= 300:
 		// As go-sdk does: a JSON-RPC error in the body is the answer.
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		var env fastEnvelope
-		if json.Unmarshal(data, &env) == nil && len(env.Error) > 0 && string(env.Error) != "null" {
-			return nil, env.Error, nil
+		if b, err := message.Read(data); err == nil && !b.Batch && b.Calls[0].Error != nil {
+			return nil, b.Calls[0].Error, nil
 		}
 		return nil, nil, fmt.Errorf("the upstream answered HTTP %d", resp.StatusCode)
 	case mt == "application/json":
@@ -495,36 +447,35 @@ func (a *Aggregate) fastPost(ctx context.Context, up *aggUpstream, sessionID, ve
 	return resp, nil
 }
 
-// fastAnswer reads the upstream's answer to the request upID.
-func fastAnswer(data []byte, upID string) (result, rpcErr json.RawMessage, err error) {
-	if id, res, rerr, ok := scanEnvelope(data); ok {
-		if string(compactID(id)) != upID {
-			return nil, nil, errors.New("the upstream answered another request than the one sent")
-		}
-		if rerr != nil {
-			return nil, rerr, nil
-		}
-		return res, nil, nil
+// fastAnswer reads the upstream's answer to the request upID, with the
+// reader the edge uses: an answer two readers could read differently is
+// refused, and ids compare as values.
+func fastAnswer(data []byte, upID message.ID) (result, rpcErr json.RawMessage, err error) {
+	b, err := message.Read(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the upstream's answer could not be read: %w", err)
 	}
-	var env fastEnvelope
-	if err := json.Unmarshal(data, &env); err != nil {
-		return nil, nil, fmt.Errorf("the upstream's answer does not parse: %w", err)
-	}
-	if string(compactID(env.ID)) != upID {
+	c := b.Calls[0]
+	if b.Batch || !c.IsResponse() || c.ID.Key() != upID.Key() {
 		return nil, nil, errors.New("the upstream answered another request than the one sent")
 	}
-	if len(env.Error) > 0 && string(env.Error) != "null" {
-		return nil, env.Error, nil
+	return answerOf(c)
+}
+
+// answerOf is the result or error of an answer.
+func answerOf(c message.Call) (result, rpcErr json.RawMessage, err error) {
+	if c.Error != nil && string(c.Error) != "null" {
+		return nil, c.Error, nil
 	}
-	if len(env.Result) == 0 {
+	if c.Result == nil {
 		return nil, nil, errors.New("the upstream's answer has neither result nor error")
 	}
-	return env.Result, nil, nil
+	return c.Result, nil, nil
 }
 
 // fastStream reads the upstream's event stream for the request upID until
 // its answer: notifications are relayed downstream, requests answered.
-func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstream, sessionID, version string, body io.Reader, upID string, fw *fastWriter) (result, rpcErr json.RawMessage, err error) {
+func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstream, sessionID, version string, body io.Reader, upID message.ID, fw *fastWriter) (result, rpcErr json.RawMessage, err error) {
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 0, 16<<10), maxFastResult)
 	var data []byte
@@ -537,20 +488,14 @@ func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstre
 			}
 			event := data
 			data = nil
-			var env fastEnvelope
-			if json.Unmarshal(event, &env) != nil {
+			b, err := message.Read(event)
+			if err != nil || b.Batch {
 				continue
 			}
-			switch {
-			case env.Method == "" && string(compactID(env.ID)) == upID:
-				if len(env.Error) > 0 && string(env.Error) != "null" {
-					return nil, env.Error, nil
-				}
-				if len(env.Result) == 0 {
-					return nil, nil, errors.New("the upstream's answer has neither result nor error")
-				}
-				return env.Result, nil, nil
-			case env.Method != "" && len(env.ID) > 0 && string(env.ID) != "null":
+			switch env := b.Calls[0]; {
+			case env.IsResponse() && env.ID.Key() == upID.Key():
+				return answerOf(env)
+			case !env.IsResponse() && !env.ID.IsZero():
 				go a.fastAnswerUpstream(ctx, s, up, sessionID, version, env)
 			case env.Method == "notifications/progress":
 				fw.event(event)
@@ -581,14 +526,14 @@ func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstre
 // without sampling and elicitation: ping; roots/list with the downstream
 // client's roots when it offers roots, else none; "method not found" for
 // the rest.
-func (a *Aggregate) fastAnswerUpstream(ctx context.Context, s *aggSession, up *aggUpstream, sessionID, version string, req fastEnvelope) {
+func (a *Aggregate) fastAnswerUpstream(ctx context.Context, s *aggSession, up *aggUpstream, sessionID, version string, req message.Call) {
 	type answer struct {
 		JSONRPC string          `json:"jsonrpc"`
 		ID      json.RawMessage `json:"id"`
 		Result  any             `json:"result,omitempty"`
 		Error   *jsonrpc.Error  `json:"error,omitempty"`
 	}
-	ans := answer{JSONRPC: "2.0", ID: req.ID}
+	ans := answer{JSONRPC: "2.0", ID: req.ID.Raw()}
 	switch req.Method {
 	case "ping":
 		ans.Result = struct{}{}
@@ -644,26 +589,18 @@ func (a *Aggregate) fastCancelUpstream(fc *fastCall, sessionID, version, reason 
 // fastCancel takes a downstream notifications/cancelled for a call in
 // flight on the fast path: it goes upstream for the upstream's id, and the
 // call ends without an answer. Other cancellations go to go-sdk.
-func (a *Aggregate) fastCancel(w http.ResponseWriter, s *aggSession, body []byte) bool {
-	var msg fastEnvelope
-	if err := json.Unmarshal(body, &msg); err != nil || msg.JSONRPC != "2.0" || msg.Method != "notifications/cancelled" || len(msg.ID) > 0 {
-		return false
-	}
-	var params struct {
-		RequestID json.RawMessage `json:"requestId"`
-		Reason    string          `json:"reason"`
-	}
-	if err := json.Unmarshal(msg.Params, &params); err != nil || len(params.RequestID) == 0 {
+func (a *Aggregate) fastCancel(w http.ResponseWriter, s *aggSession, c message.Call) bool {
+	if !c.ID.IsZero() || c.Cancelled.IsZero() {
 		return false
 	}
 	s.mu.Lock()
-	fc := s.fast[string(compactID(params.RequestID))]
+	fc := s.fast[c.Cancelled.Key()]
 	s.mu.Unlock()
 	if fc == nil {
 		return false
 	}
 	if ir := fc.c.cs.InitializeResult(); ir != nil {
-		a.fastCancelUpstream(fc, fc.c.cs.ID(), ir.ProtocolVersion, params.Reason)
+		a.fastCancelUpstream(fc, fc.c.cs.ID(), ir.ProtocolVersion, "the client cancelled the request")
 	}
 	fc.cancel()
 	w.WriteHeader(http.StatusAccepted)

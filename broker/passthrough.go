@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -289,28 +290,34 @@ func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Pr
 	var ex exchange
 	switch r.Method {
 	case http.MethodPost:
-		var err error
-		if ex.body, err = readBody(r, pt.maxBody); err != nil {
-			if errors.Is(err, errBodyTooLarge) {
-				msg := fmt.Sprintf("the request body is over the %d-byte limit of this route; send a smaller request", pt.maxBody)
-				pt.refuse(w, r, p, ex, http.StatusRequestEntityTooLarge, codeInvalidRequest, "body_too_large", msg, msg)
+		// The edge read the body once and decided on it: forward exactly
+		// those bytes, and name the call from that one reading (for audit
+		// and for the id of an error).
+		b, read := message.FromContext(r.Context())
+		if !read {
+			var err error
+			if ex.body, err = readBody(r, pt.maxBody); err != nil {
+				if errors.Is(err, errBodyTooLarge) {
+					msg := fmt.Sprintf("the request body is over the %d-byte limit of this route; send a smaller request", pt.maxBody)
+					pt.refuse(w, r, p, ex, http.StatusRequestEntityTooLarge, codeInvalidRequest, "body_too_large", msg, msg)
+					return ex, false
+				}
+				pt.refuse(w, r, p, ex, http.StatusBadRequest, codeInvalidRequest, "body_unreadable",
+					"reading the request body: "+err.Error(), "the request body could not be read; send it again")
 				return ex, false
 			}
-			pt.refuse(w, r, p, ex, http.StatusBadRequest, codeInvalidRequest, "body_unreadable",
-				"reading the request body: "+err.Error(), "the request body could not be read; send it again")
-			return ex, false
+			if b, err = message.Read(ex.body); err != nil {
+				pt.refuse(w, r, p, ex, http.StatusBadRequest, codeInvalidRequest, "malformed", err.Error(), err.Error())
+				return ex, false
+			}
 		}
-		// The edge has inspected the body already; this pass only names
-		// the call for audit and for the id of an error. A body that does
-		// not parse is forwarded all the same, for the upstream to judge.
-		if calls, batch, err := policy.Inspect(ex.body); err == nil {
-			ex.method = calls[0].Method
-			if !batch {
-				ex.rpcID = calls[0].ID
-			}
-			if i := slices.IndexFunc(calls, policy.Call.IsToolCall); i >= 0 {
-				ex.tool = calls[i].Tool
-			}
+		ex.body = b.Raw
+		ex.method = b.Calls[0].Method
+		if !b.Batch {
+			ex.rpcID = b.Calls[0].ID.Raw()
+		}
+		if i := slices.IndexFunc(b.Calls, message.Call.IsToolCall); i >= 0 {
+			ex.tool = b.Calls[i].Tool
 		}
 	case http.MethodGet, http.MethodDelete:
 	default:

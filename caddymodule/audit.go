@@ -1,9 +1,13 @@
 package caddymodule
 
 import (
+	"net/http"
+
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/Tahul/caddy-zidane-mcp/edge"
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -44,7 +48,7 @@ type refusal struct {
 	clientIP string
 	origin   string
 	method   string // HTTP method
-	call     policy.Call
+	call     message.Call
 }
 
 func (rf refusal) log(l *zap.Logger) {
@@ -76,7 +80,7 @@ func (rf refusal) log(l *zap.Logger) {
 
 // logToolCall records an allowed tool call: who called which tool and verb,
 // never its arguments.
-func logToolCall(l *zap.Logger, p policy.Principal, c policy.Call, clientIP string) {
+func logToolCall(l *zap.Logger, p policy.Principal, c message.Call, clientIP string) {
 	ce := l.Check(zap.InfoLevel, "tool call")
 	if ce == nil {
 		return // the audit log is off at this level: build nothing
@@ -93,4 +97,23 @@ func logToolCall(l *zap.Logger, p policy.Principal, c policy.Call, clientIP stri
 		fields = append(fields, zap.String("verb", c.Verb))
 	}
 	ce.Write(fields...)
+}
+
+// auditDrop records an answer the listing filter kept from the client:
+// one it could not match to a request of the client's, or not read
+// unambiguously, or too large to filter.
+func (h *Handler) auditDrop(r *http.Request, p policy.Principal, d edge.Drop) {
+	metricRefusals.WithLabelValues(d.Reason).Inc()
+	fields := []zap.Field{
+		zap.String("event", "answer_dropped"),
+		zap.String("reason", d.Reason),
+		zap.String("token_id", p.TokenID),
+		zap.String("token_name", p.Name),
+		zap.String("client_ip", clientIP(r)),
+		zap.String("http_method", r.Method),
+	}
+	if d.ID != "" {
+		fields = append(fields, zap.String("rpc_id", d.ID))
+	}
+	h.audit.Warn("answer dropped", fields...)
 }

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
@@ -83,7 +84,6 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	if !ok {
 		return fmt.Errorf("broker %q: no such upstream; configure it in the global zidane option (upstream %s <url>) or an upstreams_file", h.Broker, h.Broker)
 	}
-	h.upstream = u
 	route := "broker:" + u.Name
 	pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
 		SessionKey:   brokerSessionKey,
@@ -103,13 +103,18 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	}
 	h.passThrough = pt
 	// The upstream's scope, and upstream:<name>, grant its every tool and
-	// method on this route.
-	grant := []policy.Rule{{Scope: "upstream:" + u.Name, Tools: []string{"*"}, Methods: []string{"*"}}}
+	// method on this route. The map is strict: a token that none of its
+	// rules grant learns nothing of the upstream.
+	grant := []policy.Rule{{Scope: policy.UpstreamScope(u.Name), Tools: []string{"*"}, Methods: []string{"*"}}}
 	if u.Scope != "" {
 		grant = append(grant, policy.Rule{Scope: u.Scope, Tools: []string{"*"}, Methods: []string{"*"}})
 	}
-	h.scopes, err = policy.NewScopeMap(append(grant, h.Scopes...), !h.NoDefaultScopes)
-	return err
+	scopes, err := policy.NewScopeMap(append(grant, h.Scopes...), !h.NoDefaultScopes)
+	if err != nil {
+		return err
+	}
+	h.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt}
+	return nil
 }
 
 func auditUpstreamCall(l *zap.Logger, c broker.CallRecord) {
@@ -185,48 +190,24 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	}
 	h.aggregate = agg
 	liveAggregates.add(agg)
-	h.aggUpstreams = map[string]broker.Upstream{}
+	byName := map[string]broker.Upstream{}
 	for _, u := range ups {
-		h.aggUpstreams[u.Name] = u
+		byName[u.Name] = u
 	}
+	h.route = &edge.Aggregate{Catalog: agg, Handler: agg, Allows: func(p policy.Principal, name string) bool {
+		return upstreamAllows(p, byName[name], !h.NoDefaultScopes)
+	}}
 	return nil
 }
 
-// aggregateAllows says whether p may use upstream name on the aggregated
-// route: with the scope upstream:<name>, the upstream's own scope, or mcp.
-func (h *Handler) aggregateAllows(p policy.Principal, name string) bool {
-	u, ok := h.aggUpstreams[name]
-	if !ok {
+// upstreamAllows says whether p may use upstream u on the aggregated
+// route: with the scope upstream:<name>, the upstream's own scope, or mcp
+// when the default rules are on.
+func upstreamAllows(p policy.Principal, u broker.Upstream, defaults bool) bool {
+	if u.Name == "" {
 		return false
 	}
-	return p.HasScope("upstream:"+name) || (u.Scope != "" && p.HasScope(u.Scope)) || (!h.NoDefaultScopes && p.HasScope("mcp"))
-}
-
-// aggregateDecide decides a call on the aggregated route: a tool call needs
-// access to the tool's upstream; other methods that need a scope (prompts,
-// resources, completion) need access to at least one upstream.
-func (h *Handler) aggregateDecide(p policy.Principal, c policy.Call) (ok bool, need []string) {
-	if c.IsToolCall() {
-		if server, _, found := h.aggregate.ToolServer(c.Tool); found {
-			if h.aggregateAllows(p, server) {
-				return true, nil
-			}
-			return false, []string{"upstream:" + server}
-		}
-		// An unknown tool: go-sdk answers it, as for any other client.
-		return true, nil
-	}
-	if d := h.scopes.Decide(p, policy.Call{Method: c.Method}); d.Allowed {
-		return true, nil
-	}
-	for name := range h.aggUpstreams {
-		if h.aggregateAllows(p, name) {
-			return true, nil
-		}
-		need = append(need, "upstream:"+name)
-	}
-	sortStrings(need)
-	return false, need
+	return p.HasScope(policy.UpstreamScope(u.Name)) || (u.Scope != "" && p.HasScope(u.Scope)) || (defaults && p.HasScope("mcp"))
 }
 
 // liveAggregates are the aggregated routes of every loaded config, which

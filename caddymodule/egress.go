@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
@@ -20,9 +20,8 @@ const egressPrefix = "/zidane/upstream/"
 // egressRoute is one upstream offered to the sessions on this host: the
 // broker's pass-through route, reached with a per-session machine token.
 type egressRoute struct {
-	upstream broker.Upstream
-	pt       *broker.PassThrough
-	scopes   *policy.ScopeMap
+	pt    *broker.PassThrough
+	route *edge.Upstream
 }
 
 // buildEgress sets up a pass-through route for each of the app's
@@ -50,26 +49,13 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 		if err != nil {
 			return nil, fmt.Errorf("session_upstreams: %w", err)
 		}
-		scopes, err := policy.NewScopeMap([]policy.Rule{{Scope: upstreamScope(name), Tools: []string{"*"}, Methods: []string{"*"}}}, false)
+		scopes, err := policy.NewScopeMap([]policy.Rule{{Scope: policy.UpstreamScope(name), Tools: []string{"*"}, Methods: []string{"*"}}}, false)
 		if err != nil {
 			return nil, err
 		}
-		routes[name] = &egressRoute{upstream: u, pt: pt, scopes: scopes}
+		routes[name] = &egressRoute{pt: pt, route: &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt}}
 	}
 	return routes, nil
-}
-
-func upstreamScope(name string) string { return "upstream:" + name }
-
-// egressFor returns the egress route a request path names, if any.
-func (s *sessionsState) egressFor(path string) (*egressRoute, bool) {
-	rest, ok := strings.CutPrefix(path, egressPrefix)
-	if !ok {
-		return nil, false
-	}
-	name, _, _ := strings.Cut(rest, "/")
-	r := s.egress[name]
-	return r, true
 }
 
 // egressServers gives a session the upstreams sessions may use, each as an
@@ -88,7 +74,7 @@ func (s *sessionsState) egressServers(tokens *policy.TokenStore, info sessions.S
 	}
 	sortStrings(names)
 	for _, n := range names {
-		scopes = append(scopes, upstreamScope(n))
+		scopes = append(scopes, policy.UpstreamScope(n))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -1,11 +1,9 @@
 package caddymodule
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -17,6 +15,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/edge"
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
 )
@@ -94,23 +94,26 @@ type Handler struct {
 	// identity provider.
 	JWT *JWTConfig `json:"jwt,omitempty"`
 
-	tokens       *policy.TokenStore
-	scopes       *policy.ScopeMap
-	origins      *policy.Origins
-	tokenLimit   *policy.Limiter
-	ipLimit      *policy.Limiter
-	limitKey     string
-	jwt          jwtVerifier
-	resURL       *url.URL // absolute when configured so, else path only
-	sess         *sessionsState
-	sessKey      string
-	upstream     broker.Upstream
-	passThrough  *broker.PassThrough
-	aggregate    *broker.Aggregate
-	aggUpstreams map[string]broker.Upstream
-	app          *App // this config's zidane app (upstream OAuth logins)
-	logger       *zap.Logger
-	audit        *zap.Logger
+	authn      policy.Authenticator
+	tokens     *policy.TokenStore
+	scopes     *policy.ScopeMap
+	origins    *policy.Origins
+	tokenLimit *policy.Limiter
+	ipLimit    *policy.Limiter
+	limitKey   string
+	jwt        jwtVerifier
+	resURL     *url.URL // absolute when configured so, else path only
+	// route is this site's mode; egress, in sessions mode, the routes of
+	// the upstreams offered to sessions, under egressPrefix<name>/.
+	route       edge.Route
+	egress      map[string]edge.Route
+	sess        *sessionsState
+	sessKey     string
+	passThrough *broker.PassThrough
+	aggregate   *broker.Aggregate
+	app         *App // this config's zidane app (upstream OAuth logins)
+	logger      *zap.Logger
+	audit       *zap.Logger
 }
 
 // SessionsMode configures the sessions endpoint. Agents are configured in
@@ -205,31 +208,24 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.tokenLimit, h.ipLimit = lv.(*limiters).token, lv.(*limiters).ip
+	h.authn = policy.Authenticator{Tokens: h.tokens}
 	if h.JWT != nil {
 		if h.jwt, err = h.JWT.build(ctx, h.resURL); err != nil {
 			return fmt.Errorf("jwt: %w", err)
 		}
+		h.authn.JWT = h.jwt
 	}
-	if h.Broker != "" {
-		if err := h.buildBroker(ctx, appIface.(*App)); err != nil {
-			return err
-		}
+	switch {
+	case h.Broker != "":
+		err = h.buildBroker(ctx, appIface.(*App))
+	case len(h.Aggregate) > 0:
+		err = h.buildAggregate(ctx, appIface.(*App))
+	case h.Sessions != nil:
+		err = h.buildSessions(ctx, appIface.(*App))
+	case h.Guard != nil:
+		h.route = &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders}
 	}
-	if len(h.Aggregate) > 0 {
-		if err := h.buildAggregate(ctx, appIface.(*App)); err != nil {
-			return err
-		}
-	}
-	if h.Sessions != nil {
-		base := ""
-		if h.resURL.IsAbs() {
-			base = h.resURL.Scheme + "://" + h.resURL.Host
-		}
-		if h.sess, h.sessKey, err = appIface.(*App).loadSessions(ctx, base, h.resURL.Path, base != ""); err != nil {
-			return err
-		}
-	}
-	return nil
+	return err
 }
 
 // Validate checks that a mode is chosen.
@@ -297,163 +293,197 @@ func parseResource(s string) (*url.URL, error) {
 	return u, nil
 }
 
-// ServeHTTP sequences the decisions; each belongs to a policy object.
+// ServeHTTP sequences the six steps of the request path; each decision
+// belongs to a core object (package edge, package policy, the route).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	rf := refusal{clientIP: clientIP(r), origin: r.Header.Get("Origin"), method: r.Method}
 
-	// 1. Host and Origin. On a loopback listener, a Host that is not
-	// loopback is a DNS-rebinding attempt (the spec's localhost rule).
-	if !h.DisableLocalhostProtection && onLoopbackListener(r) && !policy.HostIsLoopback(r.Host) {
-		return h.refuse(w, r, rf, http.StatusForbidden, "host",
-			fmt.Sprintf("Host %q is not this machine: this endpoint listens on loopback only; if a proxy in front sets another Host, set disable_localhost_protection", r.Host))
+	// 1. Host and Origin.
+	if v := h.checkHostOrigin(r); !v.Allowed() {
+		return h.refuse(w, r, rf, v)
 	}
-	if !h.origins.Allowed(rf.origin, r.Host) {
-		return h.refuse(w, r, rf, http.StatusForbidden, "origin",
-			fmt.Sprintf("Origin %q is not allowed to call this MCP endpoint; an operator can add it to allowed_origins", rf.origin))
-	}
-	if rf.origin != "" {
-		setCORS(w.Header(), rf.origin)
-		if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
-			w.Header().Set("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS")
-			w.Header().Set("Access-Control-Allow-Headers", allowedCORSHeaders)
-			w.Header().Set("Access-Control-Max-Age", "600")
-			w.WriteHeader(http.StatusNoContent)
-			return nil
-		}
-	}
-	if strings.HasPrefix(r.URL.Path, wellKnownResource) && h.servesMetadata(r.URL.Path) {
-		return h.serveMetadata(w, r)
-	}
-	if h.sess != nil && strings.HasPrefix(r.URL.Path, sessionpage.PathPrefix) {
-		// A session page carries its own capability, bound to one session.
-		h.sess.page.ServeHTTP(w, r)
+	if h.preflight(w, r, rf.origin) || h.servePublic(w, r) {
 		return nil
 	}
-	if h.app != nil && h.app.serveClientMetadata(w, r) {
-		// The gateway's Client ID Metadata Document, for an upstream's
-		// authorization server: public.
-		return nil
-	}
-	if strings.HasPrefix(r.URL.Path, OAuthCallbackPath) {
-		// An upstream login's callback carries its own capability: the
-		// state of a login that this gateway began.
-		return h.serveOAuthCallback(w, r)
+	route, v := h.routeFor(r.URL.Path)
+	if !v.Allowed() {
+		return h.refuse(w, r, rf, v)
 	}
 
 	// 2. Authenticate.
 	now := time.Now()
-	if h.ipLimit.Empty(rf.clientIP, now) {
-		_, retry := h.ipLimit.Allow(rf.clientIP, now)
-		metricRateLimited.WithLabelValues("ip").Inc()
-		return h.refuseRateLimited(w, r, rf, "rate_limited_ip", retry,
-			"too many requests without a valid token from this address; wait and retry with a valid token")
-	}
-	p, reason, msg := h.authenticate(r, now)
-	if reason == "jwt_keys_unavailable" {
-		// The identity provider's keys could not be fetched: not the
-		// client's fault, so no 401 and no charge to its address. The
-		// detail (URL, network error) goes to the log only.
-		h.logger.Error("JWT signing keys unavailable", zap.String("detail", msg))
-		w.Header().Set("Retry-After", "30")
-		return h.refuse(w, r, rf, http.StatusServiceUnavailable, reason,
-			"the identity provider's signing keys are unavailable right now; retry later")
-	}
-	if reason != "" {
-		h.ipLimit.Allow(rf.clientIP, now)
-		return h.refuse(w, r, rf, http.StatusUnauthorized, reason, msg)
+	p, v := h.authenticate(r, now)
+	if !v.Allowed() {
+		return h.refuse(w, r, rf, v)
 	}
 	rf.p = p
-	// A session's agent reaches the upstreams it was given through the
-	// sessions endpoint's egress paths, with a machine token.
-	var egress *egressRoute
-	if h.sess != nil {
-		var isEgress bool
-		if egress, isEgress = h.sess.egressFor(r.URL.Path); isEgress && egress == nil {
-			return h.refuse(w, r, rf, http.StatusNotFound, "no_upstream",
-				"no upstream is offered to sessions at this path; see session_upstreams in the zidane global option")
-		}
-	}
-	if h.sess != nil && egress == nil && p.Kind == policy.KindMachine {
-		return h.refuse(w, r, rf, http.StatusForbidden, "machine_token",
-			fmt.Sprintf("token %q is a machine token, and machine tokens may not use the sessions endpoint: use a user token", p.Name))
-	}
 
-	// 3. Inspect the JSON-RPC body.
-	var calls []policy.Call
+	// 3. Read the message once; 4. authorize it.
+	if v := edge.CheckRequest(r); !v.Allowed() {
+		return h.refuse(w, r, rf, v)
+	}
+	var body []byte
 	if r.Method == http.MethodPost {
-		body, status, err := readBody(r, h.MaxBodyBytes)
-		if err != nil {
-			reason := "malformed"
-			if status == http.StatusRequestEntityTooLarge {
-				reason = "too_large"
-			}
-			return h.refuse(w, r, rf, status, reason, err.Error())
-		}
-		if calls, _, err = policy.Inspect(body); err != nil {
-			return h.refuse(w, r, rf, http.StatusBadRequest, "malformed", err.Error()+"; send a JSON-RPC 2.0 message or batch")
+		if body, v = edge.ReadBody(r, h.MaxBodyBytes); !v.Allowed() {
+			return h.refuse(w, r, rf, v)
 		}
 	}
-
-	// 4. Authorize.
-	scopes := h.scopes
-	if egress != nil {
-		scopes = egress.scopes
-	}
-	for _, c := range calls {
-		if egress != nil && c.IsToolCall() && !egress.upstream.AllowsTool(c.Tool) {
-			rf.call = c
-			return h.refuse(w, r, rf, http.StatusForbidden, "tool_not_offered",
-				fmt.Sprintf("tool %q of upstream %q is not offered through this gateway (tools allow/deny)", c.Tool, egress.upstream.Name))
-		}
-		if h.passThrough != nil && c.IsToolCall() && !h.upstream.AllowsTool(c.Tool) {
-			rf.call = c
-			return h.refuse(w, r, rf, http.StatusForbidden, "tool_not_offered",
-				fmt.Sprintf("tool %q of upstream %q is not offered through this gateway (tools allow/deny)", c.Tool, h.upstream.Name))
-		}
-		if h.aggregate != nil {
-			if ok, need := h.aggregateDecide(p, c); !ok {
-				rf.call = c
-				return h.refuseScope(w, r, rf, need)
-			}
-			continue
-		}
-		if d := scopes.Decide(p, c); !d.Allowed {
-			rf.call = c
-			if d.Machine {
-				return h.refuse(w, r, rf, http.StatusForbidden, "machine_token",
-					fmt.Sprintf("token %q is a machine token, and machine tokens may not drive coding-agent sessions: use a user token", p.Name))
-			}
-			return h.refuseScope(w, r, rf, d.Need)
-		}
+	d := edge.Decide(route, p, r.Method, r.Header, body)
+	if !d.Allowed() {
+		rf.call = d.Call
+		return h.refuse(w, r, rf, d.Verdict)
 	}
 
 	// 5. Rate limit.
 	if ok, retry := h.tokenLimit.Allow(p.TokenID, now); !ok {
-		if len(calls) > 0 {
-			rf.call = calls[0]
+		if d.Body != nil {
+			rf.call = d.Body.Calls[0]
 		}
 		metricRateLimited.WithLabelValues("token").Inc()
 		return h.refuseRateLimited(w, r, rf, "rate_limited", retry,
 			"rate limit for this token exceeded; retry after the Retry-After delay")
 	}
 
-	// 6. Route.
+	// 6. Serve.
+	return h.serve(w, r, route, p, d.Body, next)
+}
+
+// checkHostOrigin is step 1: on a loopback listener, a Host that is not
+// loopback is a DNS-rebinding attempt (the spec's localhost rule); a
+// browser Origin must be allowed.
+func (h *Handler) checkHostOrigin(r *http.Request) edge.Verdict {
+	if !h.DisableLocalhostProtection && onLoopbackListener(r) && !policy.HostIsLoopback(r.Host) {
+		return edge.Refuse(http.StatusForbidden, "host",
+			fmt.Sprintf("Host %q is not this machine: this endpoint listens on loopback only; if a proxy in front sets another Host, set disable_localhost_protection", r.Host))
+	}
+	if origin := r.Header.Get("Origin"); !h.origins.Allowed(origin, r.Host) {
+		return edge.Refuse(http.StatusForbidden, "origin",
+			fmt.Sprintf("Origin %q is not allowed to call this MCP endpoint; an operator can add it to allowed_origins", origin))
+	}
+	return edge.Verdict{}
+}
+
+// preflight sets the CORS headers of an allowed browser Origin, and
+// answers its preflight request.
+func (h *Handler) preflight(w http.ResponseWriter, r *http.Request, origin string) bool {
+	if origin == "" {
+		return false
+	}
+	setCORS(w.Header(), origin)
+	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
+		return false
+	}
+	w.Header().Set("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS")
+	w.Header().Set("Access-Control-Allow-Headers", allowedCORSHeaders)
+	w.Header().Set("Access-Control-Max-Age", "600")
+	w.WriteHeader(http.StatusNoContent)
+	return true
+}
+
+// servePublic serves what needs no bearer token, each behind its own
+// capability or none: the RFC 9728 metadata, a session's page (a link
+// bound to one session), the gateway's OAuth client metadata document and
+// an upstream login's callback (its one-time state).
+func (h *Handler) servePublic(w http.ResponseWriter, r *http.Request) bool {
+	switch path := r.URL.Path; {
+	case strings.HasPrefix(path, wellKnownResource) && h.servesMetadata(path):
+		if err := h.serveMetadata(w, r); err != nil {
+			writeHandlerError(w, err)
+		}
+	case h.sess != nil && strings.HasPrefix(path, sessionpage.PathPrefix):
+		h.sess.page.ServeHTTP(w, r)
+	case h.app != nil && h.app.serveClientMetadata(w, r):
+	case strings.HasPrefix(path, OAuthCallbackPath):
+		_ = h.serveOAuthCallback(w, r)
+	default:
+		return false
+	}
+	return true
+}
+
+// writeHandlerError answers a handler error that carries its status.
+func writeHandlerError(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) && he.StatusCode != 0 {
+		status = he.StatusCode
+	}
+	http.Error(w, http.StatusText(status), status)
+}
+
+// routeFor is the route of a request path: a session's egress route under
+// egressPrefix<name>/ on the sessions endpoint, else the site's own.
+func (h *Handler) routeFor(path string) (edge.Route, edge.Verdict) {
+	if h.egress == nil {
+		return h.route, edge.Verdict{}
+	}
+	rest, ok := strings.CutPrefix(path, egressPrefix)
+	if !ok {
+		return h.route, edge.Verdict{}
+	}
+	name, _, _ := strings.Cut(rest, "/")
+	if r, ok := h.egress[name]; ok {
+		return r, edge.Verdict{}
+	}
+	return nil, edge.Refuse(http.StatusNotFound, "no_upstream",
+		"no upstream is offered to sessions at this path; see session_upstreams in the zidane global option")
+}
+
+// authenticate is step 2. Requests without a valid credential are charged
+// to their address, so that guessing slows down.
+func (h *Handler) authenticate(r *http.Request, now time.Time) (policy.Principal, edge.Verdict) {
+	ip := clientIP(r)
+	if h.ipLimit.Empty(ip, now) {
+		_, retry := h.ipLimit.Allow(ip, now)
+		metricRateLimited.WithLabelValues("ip").Inc()
+		v := edge.Refuse(http.StatusTooManyRequests, "rate_limited_ip",
+			"too many requests without a valid token from this address; wait and retry with a valid token")
+		v.RetryAfter = retry
+		return policy.Principal{}, v
+	}
+	p, err := h.authn.Authenticate(r.Context(), r.Header.Get("Authorization"), now)
+	switch {
+	case err == nil:
+		return p, edge.Verdict{}
+	case errors.Is(err, policy.ErrKeysUnavailable):
+		// Not the client's fault, so no 401 and no charge to its address.
+		// The detail (URL, network error) goes to the log only.
+		h.logger.Error("JWT signing keys unavailable", zap.String("detail", err.Error()))
+		v := edge.Refuse(http.StatusServiceUnavailable, "jwt_keys_unavailable",
+			"the identity provider's signing keys are unavailable right now; retry later")
+		v.RetryAfter = 30 * time.Second
+		return policy.Principal{}, v
+	case errors.Is(err, policy.ErrNoCredential):
+		h.ipLimit.Allow(ip, now)
+		return policy.Principal{}, edge.Refuse(http.StatusUnauthorized, "no_token", errMessage(err, policy.ErrNoCredential))
+	}
+	h.ipLimit.Allow(ip, now)
+	return policy.Principal{}, edge.Refuse(http.StatusUnauthorized, "invalid_token", errMessage(err, policy.ErrTokenInvalid))
+}
+
+// errMessage is err's message without the sentinel's prefix.
+func errMessage(err, sentinel error) string {
+	return strings.TrimPrefix(err.Error(), sentinel.Error()+": ")
+}
+
+// serve is step 6: the route serves the request with the principal and
+// the body it was allowed on in its context, without the client's
+// credential, and behind the listing filter when it lists something.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, next caddyhttp.Handler) error {
 	metricRequests.WithLabelValues("allowed").Inc()
 	metricTokenRequests.WithLabelValues(p.Name).Inc()
-	var listIDs map[string]bool
-	for _, c := range calls {
-		if c.IsToolCall() {
-			logToolCall(h.audit, p, c, rf.clientIP)
-		}
-		if c.Method == "tools/list" && c.ID != nil {
-			if listIDs == nil {
-				listIDs = map[string]bool{}
+	if b != nil {
+		for _, c := range b.Calls {
+			if c.IsToolCall() {
+				logToolCall(h.audit, p, c, clientIP(r))
 			}
-			listIDs[string(c.ID)] = true
 		}
 	}
 	ctx, cancel := context.WithCancel(policy.WithPrincipal(r.Context(), p))
 	defer cancel()
+	if b != nil {
+		ctx = message.NewContext(ctx, b)
+	}
 	// Streams end when the process exits, and a revoked token's open
 	// requests and streams end at once.
 	defer context.AfterFunc(processExit(), cancel)()
@@ -461,162 +491,33 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		defer h.tokens.Hold(p.TokenID, cancel)()
 	}
 	r = r.WithContext(ctx)
-	switch {
-	case egress != nil:
-		r.Header.Del("Authorization")
-		if listIDs == nil {
-			egress.pt.ServeHTTP(w, r)
-			return nil
-		}
-		fw := &toolsListWriter{
-			ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-			ids:                   listIDs,
-			visible:               egress.upstream.AllowsTool,
-		}
-		egress.pt.ServeHTTP(fw, r)
-		return fw.close()
-	case h.sess != nil:
-		return h.serveSessions(w, r, p, listIDs)
-	case h.passThrough != nil:
-		return h.serveBroker(w, r, p, listIDs)
-	case h.aggregate != nil:
-		r.Header.Del("Authorization")
-		if listIDs == nil {
-			h.aggregate.ServeHTTP(w, r)
-			return nil
-		}
-		fw := h.toolsListWriter(w, p, listIDs)
-		h.aggregate.ServeHTTP(fw, r)
-		return fw.close()
-	}
-	return h.guard(w, r, next, p, listIDs)
-}
-
-// serveBroker hands r to the pass-through route, without the client's
-// credential.
-func (h *Handler) serveBroker(w http.ResponseWriter, r *http.Request, p policy.Principal, listIDs map[string]bool) error {
 	r.Header.Del("Authorization")
-	if listIDs == nil {
-		h.passThrough.ServeHTTP(w, r)
-		return nil
+	nextFn := edge.Next(next.ServeHTTP)
+	f := edge.NewListing(route, p, r, b, func(d edge.Drop) { h.auditDrop(r, p, d) })
+	if f == nil {
+		return route.Serve(w, r, nextFn)
 	}
-	fw := h.toolsListWriter(w, p, listIDs)
-	h.passThrough.ServeHTTP(fw, r)
-	return fw.close()
-}
-
-// serveSessions hands r to the sessions endpoint.
-func (h *Handler) serveSessions(w http.ResponseWriter, r *http.Request, p policy.Principal, listIDs map[string]bool) error {
-	h.sess.setBase(requestOrigin(r))
-	// go-sdk keeps the context of the request that created an MCP session
-	// for the session's whole life. Caddy's request context holds the whole
-	// request (headers, variables, the replacer), which an idle session has
-	// no use for, so the endpoint gets a lean one: the same cancellation,
-	// only the values it reads. This halves what an idle session costs.
-	ctx, cancel := context.WithCancel(policy.WithPrincipal(context.Background(), p))
-	defer cancel()
-	defer context.AfterFunc(r.Context(), cancel)()
-	for _, key := range []any{http.LocalAddrContextKey, http.ServerContextKey} {
-		if v := r.Context().Value(key); v != nil {
-			ctx = context.WithValue(ctx, key, v)
-		}
-	}
-	r = r.WithContext(ctx)
-	if listIDs == nil {
-		h.sess.endpoint.ServeHTTP(w, r)
-		return nil
-	}
-	fw := h.toolsListWriter(w, p, listIDs)
-	h.sess.endpoint.ServeHTTP(fw, r)
-	return fw.close()
-}
-
-// guard passes r to next without the client's credential.
-func (h *Handler) guard(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, p policy.Principal, listIDs map[string]bool) error {
-	r.Header.Del("Authorization")
-	if len(h.Guard.UpstreamHeaders) > 0 {
-		repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-		for k, v := range h.Guard.UpstreamHeaders {
-			if repl != nil {
-				v = repl.ReplaceAll(v, "")
-			}
-			r.Header.Set(k, v)
-		}
-	}
-	if listIDs == nil {
-		return next.ServeHTTP(w, r)
-	}
-	fw := h.toolsListWriter(w, p, listIDs)
-	err := next.ServeHTTP(fw, r)
-	if cerr := fw.close(); err == nil {
+	fw, closeFilter := f.Wrap(w)
+	err := route.Serve(fw, r, nextFn)
+	if cerr := closeFilter(); err == nil {
 		err = cerr
 	}
 	return err
 }
 
-func (h *Handler) toolsListWriter(w http.ResponseWriter, p policy.Principal, listIDs map[string]bool) *toolsListWriter {
-	return &toolsListWriter{
-		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-		ids:                   listIDs,
-		visible: func(tool string) bool {
-			if h.aggregate != nil {
-				server, _, ok := h.aggregate.ToolServer(tool)
-				return ok && h.aggregateAllows(p, server)
-			}
-			return h.scopes.ToolVisible(p, tool) && (h.passThrough == nil || h.upstream.AllowsTool(tool))
-		},
+// setHeaders sets the guard's upstream headers on a request passed on,
+// after the client's Authorization is removed.
+func (g *Guard) setHeaders(r *http.Request) {
+	if len(g.UpstreamHeaders) == 0 {
+		return
 	}
-}
-
-// authenticate returns the principal of r's bearer token, or a refusal
-// reason and message.
-func (h *Handler) authenticate(r *http.Request, now time.Time) (policy.Principal, string, string) {
-	authz := r.Header.Get("Authorization")
-	if authz == "" {
-		return policy.Principal{}, "no_token", "this MCP endpoint needs a bearer token: send Authorization: Bearer <token>"
-	}
-	scheme, tok, ok := strings.Cut(authz, " ")
-	tok = strings.TrimSpace(tok)
-	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
-		return policy.Principal{}, "invalid_token", "send the token as Authorization: Bearer <token>"
-	}
-	if h.jwt != nil && policy.LooksLikeJWT(tok) {
-		p, err := h.jwt.Verify(r.Context(), tok)
-		if errors.Is(err, policy.ErrKeysUnavailable) {
-			return policy.Principal{}, "jwt_keys_unavailable", err.Error()
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	for k, v := range g.UpstreamHeaders {
+		if repl != nil {
+			v = repl.ReplaceAll(v, "")
 		}
-		if err != nil {
-			return policy.Principal{}, "invalid_token", err.Error()
-		}
-		return p, "", ""
+		r.Header.Set(k, v)
 	}
-	p, err := h.tokens.Check(tok, now)
-	if err != nil {
-		msg := "the token is not valid here: check it, or ask the operator for a new one"
-		if errors.Is(err, policy.ErrTokenRevoked) || errors.Is(err, policy.ErrTokenExpired) {
-			msg = err.Error() + ": ask the operator for a new token"
-		}
-		return policy.Principal{}, "invalid_token", msg
-	}
-	return p, "", ""
-}
-
-// readBody reads and restores a bounded request body.
-func readBody(r *http.Request, max int64) ([]byte, int, error) {
-	if r.ContentLength > max {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body of %d bytes is over the %d-byte limit", r.ContentLength, max)
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, max+1))
-	if err != nil {
-		return nil, http.StatusBadRequest, fmt.Errorf("reading the request body: %v", err)
-	}
-	if int64(len(body)) > max {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body is over the %d-byte limit", max)
-	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	return body, 0, nil
 }
 
 func clientIP(r *http.Request) string {

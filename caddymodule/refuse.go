@@ -9,104 +9,87 @@ import (
 	"strings"
 	"time"
 
-	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/Tahul/caddy-zidane-mcp/edge"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
-// JSON-RPC error codes of refusals. -32700 and -32600 are the spec's; the
-// others sit in the implementation-defined server-error range.
+// JSON-RPC error codes of refusals beside edge's: they sit in the
+// implementation-defined server-error range.
 const (
-	codeParse        = -32700
-	codeInvalid      = -32600
 	codeUnauthorized = -32001
 	codeForbidden    = -32003
 	codeTooLarge     = -32013
 	codeRateLimited  = -32029
 )
 
-// refuse answers a refused request with status, a JSON-RPC error body that
-// says what to do, the headers the status calls for, an audit line and the
-// refusal metrics. It returns nil: the refusal is the response.
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rf refusal, status int, reason, msg string) error {
-	rf.status, rf.reason, rf.message = status, reason, msg
-	if status == http.StatusUnauthorized {
+// refuse answers a refused request with the verdict's status, a JSON-RPC
+// error body that says what to do, the headers the status calls for, an
+// audit line and the refusal metrics. It returns nil: the refusal is the
+// response.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rf refusal, v edge.Verdict) error {
+	rf.status, rf.reason, rf.message = v.Status, v.Reason, v.Message
+	switch {
+	case v.Status == http.StatusUnauthorized:
 		challenge := fmt.Sprintf(`Bearer resource_metadata=%q`, h.metadataURL(r))
-		if reason != "no_token" {
-			challenge += fmt.Sprintf(`, error="invalid_token", error_description=%q`, quoteSafe(msg))
+		if v.Reason != "no_token" {
+			challenge += fmt.Sprintf(`, error="invalid_token", error_description=%q`, quoteSafe(v.Message))
 		}
 		w.Header().Set("WWW-Authenticate", challenge)
-	}
-	return h.writeRefusal(w, rf)
-}
-
-// refuseScope answers 403 insufficient_scope, naming the scopes that would
-// grant the call.
-func (h *Handler) refuseScope(w http.ResponseWriter, r *http.Request, rf refusal, need []string) error {
-	what := rf.call.Method
-	if rf.call.Tool != "" {
-		what = "tool " + rf.call.Tool
-		if rf.call.Verb != "" {
-			what += " verb " + rf.call.Verb
+	case v.Reason == edge.ReasonScope:
+		challenge := fmt.Sprintf(`Bearer resource_metadata=%q, error="insufficient_scope"`, h.metadataURL(r))
+		if len(v.Need) > 0 {
+			challenge += fmt.Sprintf(`, scope=%q`, strings.Join(v.Need, " "))
 		}
+		challenge += fmt.Sprintf(`, error_description=%q`, quoteSafe(v.Message))
+		w.Header().Set("WWW-Authenticate", challenge)
 	}
-	rf.status, rf.reason = http.StatusForbidden, "insufficient_scope"
-	if len(need) > 0 {
-		rf.message = fmt.Sprintf("token %q lacks a scope for %s: it needs one of %s", rf.p.Name, what, strings.Join(need, ", "))
-	} else {
-		rf.message = fmt.Sprintf("no scope grants %s on this endpoint", what)
+	if v.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(v.RetryAfter.Seconds()))))
 	}
-	challenge := fmt.Sprintf(`Bearer resource_metadata=%q, error="insufficient_scope"`, h.metadataURL(r))
-	if len(need) > 0 {
-		challenge += fmt.Sprintf(`, scope=%q`, strings.Join(need, " "))
+	if v.Allow != "" {
+		w.Header().Set("Allow", v.Allow)
 	}
-	challenge += fmt.Sprintf(`, error_description=%q`, quoteSafe(rf.message))
-	w.Header().Set("WWW-Authenticate", challenge)
-	return h.writeRefusal(w, rf)
+	return h.writeRefusal(w, rf, v.Code)
 }
 
 // refuseRateLimited answers 429 with Retry-After in whole seconds.
 func (h *Handler) refuseRateLimited(w http.ResponseWriter, r *http.Request, rf refusal, reason string, retry time.Duration, msg string) error {
-	rf.status, rf.reason, rf.message = http.StatusTooManyRequests, reason, msg
-	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
-	return h.writeRefusal(w, rf)
+	v := edge.Refuse(http.StatusTooManyRequests, reason, msg)
+	v.RetryAfter = retry
+	return h.refuse(w, r, rf, v)
 }
 
-func (h *Handler) writeRefusal(w http.ResponseWriter, rf refusal) error {
+func (h *Handler) writeRefusal(w http.ResponseWriter, rf refusal, code int) error {
 	rf.log(h.audit)
 	metricRequests.WithLabelValues("refused").Inc()
 	metricRefusals.WithLabelValues(rf.reason).Inc()
-	code := codeForbidden
-	switch {
-	case rf.status == http.StatusUnauthorized:
-		code = codeUnauthorized
-	case rf.status == http.StatusServiceUnavailable:
-		code = -32000
-	case rf.status == http.StatusTooManyRequests:
-		code = codeRateLimited
-	case rf.status == http.StatusRequestEntityTooLarge:
-		code = codeTooLarge
-	case rf.status == http.StatusBadRequest && strings.Contains(rf.message, "invalid JSON"):
-		code = codeParse
-	case rf.status == http.StatusBadRequest:
-		code = codeInvalid
+	if code == 0 {
+		switch rf.status {
+		case http.StatusUnauthorized:
+			code = codeUnauthorized
+		case http.StatusServiceUnavailable:
+			code = -32000
+		case http.StatusTooManyRequests:
+			code = codeRateLimited
+		case http.StatusRequestEntityTooLarge:
+			code = codeTooLarge
+		case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusUnsupportedMediaType:
+			code = edge.CodeInvalidRequest
+		default:
+			code = codeForbidden
+		}
 	}
 	id := json.RawMessage("null")
-	if rf.call.ID != nil {
-		id = rf.call.ID
+	if raw := rf.call.ID.Raw(); raw != nil {
+		id = raw
 	}
 	body, _ := json.Marshal(struct {
 		JSONRPC string          `json:"jsonrpc"`
 		ID      json.RawMessage `json:"id"`
-		Error   struct {
-			Code    int    `json:"code"`
-			Message string `json:"message"`
-			Data    any    `json:"data,omitempty"`
-		} `json:"error"`
-	}{JSONRPC: "2.0", ID: id, Error: struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-		Data    any    `json:"data,omitempty"`
-	}{Code: code, Message: rf.message, Data: map[string]string{"reason": rf.reason}}})
+		Error   rpcError        `json:"error"`
+	}{JSONRPC: "2.0", ID: id, Error: rpcError{Code: code, Message: rf.message, Data: map[string]string{"reason": rf.reason}}})
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(rf.status)
@@ -115,6 +98,12 @@ func (h *Handler) writeRefusal(w http.ResponseWriter, rf refusal) error {
 		return caddyhttp.Error(rf.status, err)
 	}
 	return nil
+}
+
+type rpcError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+	Data    any    `json:"data,omitempty"`
 }
 
 // quoteSafe keeps a header parameter on one line and free of quotes.

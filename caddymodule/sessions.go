@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"slices"
 	"sort"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
@@ -80,6 +82,26 @@ func (s *sessionsState) setBase(origin string) {
 }
 
 var sessionsPool = caddy.NewUsagePool()
+
+// buildSessions sets up the sessions endpoint and the egress routes of
+// the upstreams offered to its sessions.
+func (h *Handler) buildSessions(ctx caddy.Context, app *App) error {
+	base := ""
+	if h.resURL.IsAbs() {
+		base = h.resURL.Scheme + "://" + h.resURL.Host
+	}
+	var err error
+	if h.sess, h.sessKey, err = app.loadSessions(ctx, base, h.resURL.Path, base != ""); err != nil {
+		return err
+	}
+	sess := h.sess
+	h.route = &edge.Sessions{Scopes: h.scopes, Endpoint: sess.endpoint, OnServe: func(r *http.Request) { sess.setBase(requestOrigin(r)) }}
+	h.egress = make(map[string]edge.Route, len(sess.egress))
+	for name, e := range sess.egress {
+		h.egress[name] = e.route
+	}
+	return nil
+}
 
 // agentSet is the configured agents plus the built-in demo agent.
 func (a *App) agentSet() (map[string]sessions.AgentConfig, string, error) {

@@ -3,6 +3,8 @@ package policy
 import (
 	"fmt"
 	"strings"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 // Rule grants one scope access to tools, verbs and methods. A principal may
@@ -38,21 +40,29 @@ func DefaultRules() []Rule {
 	}
 }
 
-// openMethods need no scope beyond being authenticated: they set a session
-// up, or list what the session may see (tools/list answers are filtered).
-var openMethods = map[string]bool{
-	"initialize":               true,
-	"ping":                     true,
-	"tools/list":               true,
-	"prompts/list":             true,
-	"resources/list":           true,
-	"resources/templates/list": true,
-	"logging/setLevel":         true,
-	"completion/complete":      true,
+// OpenMethods need no scope beyond being authenticated on the sessions
+// endpoint and in guard mode: they set a session up, or list what the
+// session may see (listing answers are filtered).
+var OpenMethods = []string{
+	"initialize", "ping", "tools/list", "prompts/list", "resources/list",
+	"resources/templates/list", "logging/setLevel", "completion/complete",
 	// Newer protocol versions: a client asks what the server supports
 	// before it initializes, and listens for list changes.
-	"server/discover":      true,
-	"subscriptions/listen": true,
+	"server/discover", "subscriptions/listen",
+}
+
+// SetupMethods need no scope on a route that offers an upstream: they set
+// a session up and say nothing of what the upstream offers. Everything
+// else there, listings included, needs a scope (see [ScopeMap.Strict]).
+var SetupMethods = []string{"initialize", "ping", "server/discover"}
+
+// listUse is what a listing lists: on a strict map a token may list the
+// items of a kind when it may use some item of that kind.
+var listUse = map[string]string{
+	"tools/list":               "tools/call",
+	"prompts/list":             "prompts/get",
+	"resources/list":           "resources/read",
+	"resources/templates/list": "resources/read",
 }
 
 // VerbScope is the scope that grants one verb of a sessions-endpoint tool,
@@ -60,9 +70,17 @@ var openMethods = map[string]bool{
 // scopes, one per verb they were given.
 func VerbScope(tool, verb string) string { return tool + ":" + verb }
 
+// UpstreamScope is the scope that grants every tool and method of one
+// upstream of the broker, "upstream:<name>".
+func UpstreamScope(name string) string { return "upstream:" + name }
+
 // ScopeMap decides calls.
 type ScopeMap struct {
 	rules []Rule
+	// open are the methods any authenticated principal may call.
+	open map[string]bool
+	// strict: a listing needs a scope that grants an item it lists.
+	strict bool
 }
 
 // NewScopeMap builds a scope map from the operator's rules, after the
@@ -84,7 +102,23 @@ func NewScopeMap(rules []Rule, withDefaults bool) (*ScopeMap, error) {
 		}
 		all = append(all, r)
 	}
-	return &ScopeMap{rules: all}, nil
+	return &ScopeMap{rules: all, open: setOf(OpenMethods)}, nil
+}
+
+// Strict returns a copy of m for a route that offers an upstream: only
+// [SetupMethods] are open, and a listing is allowed to a principal that may
+// use some item of what it lists (a tool, a prompt, a resource), so that a
+// token without the upstream's scope learns nothing of it.
+func (m *ScopeMap) Strict() *ScopeMap {
+	return &ScopeMap{rules: m.rules, open: setOf(SetupMethods), strict: true}
+}
+
+func setOf(list []string) map[string]bool {
+	s := make(map[string]bool, len(list))
+	for _, v := range list {
+		s[v] = true
+	}
+	return s
 }
 
 // Decision is the outcome of Decide.
@@ -102,10 +136,20 @@ type Decision struct {
 // coding agents on the host, so only a person's token may call them.
 var SessionTools = []string{"sessions", "interactions"}
 
-// Decide says whether p may make call c.
-func (m *ScopeMap) Decide(p Principal, c Call) Decision {
-	if c.Method == "" || openMethods[c.Method] || strings.HasPrefix(c.Method, "notifications/") {
+// Decide says whether p may make call c. Responses to a server's requests
+// and notifications need no scope.
+func (m *ScopeMap) Decide(p Principal, c message.Call) Decision {
+	if c.IsResponse() || m.open[c.Method] || strings.HasPrefix(c.Method, "notifications/") {
 		return Decision{Allowed: true}
+	}
+	if use, listing := listUse[c.Method]; listing && m.strict {
+		if use == "tools/call" {
+			if m.anyTool(p) {
+				return Decision{Allowed: true}
+			}
+			return Decision{Need: m.scopesFor(func(r Rule) bool { return len(r.Tools) > 0 })}
+		}
+		return m.Decide(p, message.Call{Method: use})
 	}
 	if p.Kind == KindMachine && c.IsToolCall() && contains(SessionTools, c.Tool) {
 		return Decision{Machine: true}
@@ -124,6 +168,34 @@ func (m *ScopeMap) Decide(p Principal, c Call) Decision {
 		need = appendUnique(need, r.Scope)
 	}
 	return Decision{Need: need}
+}
+
+// anyTool reports whether p may call some tool.
+func (m *ScopeMap) anyTool(p Principal) bool {
+	for _, sc := range p.Scopes {
+		for _, tool := range SessionTools {
+			if strings.HasPrefix(sc, tool+":") && p.Kind != KindMachine {
+				return true
+			}
+		}
+	}
+	for _, r := range m.rules {
+		if len(r.Tools) > 0 && p.HasScope(r.Scope) {
+			return true
+		}
+	}
+	return false
+}
+
+// scopesFor lists the scopes of the rules keep selects.
+func (m *ScopeMap) scopesFor(keep func(Rule) bool) []string {
+	var need []string
+	for _, r := range m.rules {
+		if keep(r) {
+			need = appendUnique(need, r.Scope)
+		}
+	}
+	return need
 }
 
 // ToolVisible reports whether p may call tool with some verb, which is what
@@ -147,7 +219,7 @@ func (m *ScopeMap) ToolVisible(p Principal, tool string) bool {
 	return false
 }
 
-func (r Rule) grants(c Call) bool {
+func (r Rule) grants(c message.Call) bool {
 	if c.IsToolCall() {
 		if !matchAny(r.Tools, c.Tool) {
 			return false

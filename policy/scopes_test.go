@@ -3,6 +3,8 @@ package policy
 import (
 	"slices"
 	"testing"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 func TestDefaultScopes(t *testing.T) {
@@ -13,7 +15,9 @@ func TestDefaultScopes(t *testing.T) {
 	chat := Principal{Scopes: []string{"chat"}}
 	read := Principal{Scopes: []string{"read"}}
 	none := Principal{Scopes: []string{"other"}}
-	call := func(tool, verb string) Call { return Call{Method: "tools/call", Tool: tool, Verb: verb} }
+	call := func(tool, verb string) message.Call {
+		return message.Call{Method: "tools/call", Tool: tool, Verb: verb}
+	}
 
 	for _, verb := range []string{"create", "send", "steer", "cancel", "read", "list", "transcript", "wait", "events"} {
 		if !m.Decide(chat, call("sessions", verb)).Allowed {
@@ -46,15 +50,15 @@ func TestDefaultScopes(t *testing.T) {
 		t.Error("read refused interactions pending")
 	}
 	for _, method := range []string{"initialize", "ping", "tools/list", "notifications/initialized", "notifications/cancelled", ""} {
-		if !m.Decide(none, Call{Method: method}).Allowed {
+		if !m.Decide(none, message.Call{Method: method}).Allowed {
 			t.Errorf("open method %q refused", method)
 		}
 	}
 	for _, method := range []string{"resources/read", "prompts/get", "resources/subscribe"} {
-		if m.Decide(chat, Call{Method: method}).Allowed {
+		if m.Decide(chat, message.Call{Method: method}).Allowed {
 			t.Errorf("chat allowed %s", method)
 		}
-		if !m.Decide(Principal{Scopes: []string{"mcp"}}, Call{Method: method}).Allowed {
+		if !m.Decide(Principal{Scopes: []string{"mcp"}}, message.Call{Method: method}).Allowed {
 			t.Errorf("mcp refused %s", method)
 		}
 	}
@@ -69,20 +73,20 @@ func TestOperatorRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	deploy := Principal{Scopes: []string{"deploy"}}
-	if !m.Decide(deploy, Call{Method: "tools/call", Tool: "deploy_prod"}).Allowed {
+	if !m.Decide(deploy, message.Call{Method: "tools/call", Tool: "deploy_prod"}).Allowed {
 		t.Error("deploy refused deploy_prod")
 	}
-	d := m.Decide(deploy, Call{Method: "tools/call", Tool: "delete_everything"})
+	d := m.Decide(deploy, message.Call{Method: "tools/call", Tool: "delete_everything"})
 	if d.Allowed || len(d.Need) != 0 {
 		t.Errorf("ungranted tool: %+v", d)
 	}
-	if m.Decide(deploy, Call{Method: "tools/call", Tool: "sessions", Verb: "read"}).Allowed {
+	if m.Decide(deploy, message.Call{Method: "tools/call", Tool: "sessions", Verb: "read"}).Allowed {
 		t.Error("defaults off, yet sessions allowed")
 	}
 	if !m.ToolVisible(deploy, "deploy_staging") || m.ToolVisible(deploy, "echo") {
 		t.Error("ToolVisible disagrees with the rules")
 	}
-	if !m.Decide(Principal{Scopes: []string{"docs"}}, Call{Method: "resources/read"}).Allowed {
+	if !m.Decide(Principal{Scopes: []string{"docs"}}, message.Call{Method: "resources/read"}).Allowed {
 		t.Error("docs refused resources/read")
 	}
 	for _, bad := range [][]Rule{
@@ -123,7 +127,7 @@ func TestMachineTokensNeverDriveSessions(t *testing.T) {
 	m, _ := NewScopeMap(nil, true)
 	machine := Principal{Kind: KindMachine, Scopes: []string{"chat", "mcp"}}
 	for _, tool := range []string{"sessions", "interactions"} {
-		d := m.Decide(machine, Call{Method: "tools/call", Tool: tool, Verb: "read"})
+		d := m.Decide(machine, message.Call{Method: "tools/call", Tool: tool, Verb: "read"})
 		if d.Allowed || !d.Machine {
 			t.Errorf("machine token with chat scope: %s decision %+v, want refused as machine", tool, d)
 		}
@@ -131,7 +135,7 @@ func TestMachineTokensNeverDriveSessions(t *testing.T) {
 			t.Errorf("%s listed for a machine token", tool)
 		}
 	}
-	if !m.Decide(machine, Call{Method: "tools/call", Tool: "echo"}).Allowed {
+	if !m.Decide(machine, message.Call{Method: "tools/call", Tool: "echo"}).Allowed {
 		t.Error("machine token with mcp scope refused an ordinary tool")
 	}
 }
@@ -146,7 +150,7 @@ func TestVerbScopes(t *testing.T) {
 		{"sessions", "create", true}, {"sessions", "read", true}, {"sessions", "cancel", false},
 		{"interactions", "answer", true}, {"interactions", "pending", false}, {"sessions", "", false}, {"other", "create", false},
 	} {
-		if got := m.Decide(child, Call{Method: "tools/call", Tool: c.tool, Verb: c.verb}).Allowed; got != c.want {
+		if got := m.Decide(child, message.Call{Method: "tools/call", Tool: c.tool, Verb: c.verb}).Allowed; got != c.want {
 			t.Errorf("%s %s: allowed = %v", c.tool, c.verb, got)
 		}
 	}
@@ -155,7 +159,7 @@ func TestVerbScopes(t *testing.T) {
 	}
 	machine := child
 	machine.Kind = KindMachine
-	if m.Decide(machine, Call{Method: "tools/call", Tool: "sessions", Verb: "read"}).Allowed {
+	if m.Decide(machine, message.Call{Method: "tools/call", Tool: "sessions", Verb: "read"}).Allowed {
 		t.Error("a machine token drives sessions through a verb scope")
 	}
 }

@@ -1,8 +1,10 @@
-// Package jsonscan is a small validating JSON scanner for hot paths that
-// read a few fields of a message and must decline whatever they cannot read
-// exactly as encoding/json does (see policy's inspectFast and the broker's
-// aggregated fast path). It never decodes escapes: a caller that needs a
-// string's content takes plain strings only.
+// Package jsonscan is a small validating JSON scanner for a hot path that
+// reads a few fields of an upstream's tools/call result and must decline
+// whatever it cannot read exactly as encoding/json does (the broker's
+// aggregated fast path, which decides by it whether a result needs
+// normalizing). It never decodes escapes: a caller that needs a string's
+// content takes plain strings only. It reads no client's message: package
+// message is the one reader of those.
 package jsonscan
 
 // MaxDepth bounds the nesting SkipValue accepts.
@@ -283,37 +285,4 @@ func FoldsToAny(key string, names ...string) bool {
 		}
 	}
 	return false
-}
-
-// RPCKeyVariant reports whether key is a JSON-RPC message member
-// (jsonrpc, id, method, params, result, error) in another case, which
-// encoding/json would read as that member.
-func RPCKeyVariant(key string) bool {
-	return FoldsToAny(key, "jsonrpc", "id", "method", "params", "result", "error")
-}
-
-// Version reads the value of "jsonrpc" and reports whether it is "2.0".
-func (s *Scanner) Version() bool {
-	v, ok := s.PlainString()
-	return ok && v == "2.0"
-}
-
-// ID reads a request id of the plain kinds, a plain string or an unsigned
-// integer, and returns its raw bytes (a slice of B).
-func (s *Scanner) ID() ([]byte, bool) {
-	start := s.I
-	if s.Peek() == '"' {
-		if _, ok := s.PlainString(); !ok {
-			return nil, false
-		}
-		return s.B[start:s.I], true
-	}
-	for s.I < len(s.B) && IsDigit(s.B[s.I]) {
-		s.I++
-	}
-	// One digit, or several without a leading zero (JSON has no 01).
-	if n := s.I - start; n == 0 || (n > 1 && s.B[start] == '0') {
-		return nil, false
-	}
-	return s.B[start:s.I], true
 }

@@ -1,0 +1,156 @@
+package edge
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// Catalog says which upstream of an aggregated route owns what a call
+// names (package broker's Aggregate).
+type Catalog interface {
+	// Upstreams are the route's upstreams, in config order.
+	Upstreams() []string
+	// ToolServer resolves a tool as the route offers it.
+	ToolServer(name string) (server, tool string, ok bool)
+	// PromptServer resolves a prompt as the route offers it.
+	PromptServer(name string) (server string, ok bool)
+	// ResourceOwners are the upstreams that could serve a resources/read
+	// of uri: the owner of that resource, else the owners of every
+	// template it matches.
+	ResourceOwners(uri string) []string
+	// TemplateOwner is the upstream that offers a resource template.
+	TemplateOwner(uriTemplate string) (string, bool)
+}
+
+// Aggregate is the aggregated route: several upstreams on one endpoint.
+// Every call is authorized against the upstream that owns what it names —
+// a tool or prompt by its name, a resource by its uri, a completion by its
+// ref — and listings show only what the principal may use. Methods that
+// name nothing (listings, logging/setLevel) need some upstream; initialize,
+// ping and notifications need none.
+type Aggregate struct {
+	Catalog Catalog
+	// Allows reports whether p may use the named upstream.
+	Allows func(p policy.Principal, upstream string) bool
+	// Handler serves the route (broker.Aggregate).
+	Handler http.Handler
+}
+
+// Admit admits every authenticated principal; Authorize decides.
+func (*Aggregate) Admit(policy.Principal) Verdict { return Verdict{} }
+
+// Authorize decides c against its owner.
+func (a *Aggregate) Authorize(p policy.Principal, c message.Call) Verdict {
+	if c.IsResponse() || slices.Contains(policy.SetupMethods, c.Method) || strings.HasPrefix(c.Method, "notifications/") {
+		return Verdict{}
+	}
+	switch c.Method {
+	case "tools/call":
+		server, _, ok := a.Catalog.ToolServer(c.Tool)
+		if !ok {
+			// No upstream offers it: nothing runs, and go-sdk answers.
+			return Verdict{}
+		}
+		return a.owners(p, c, []string{server})
+	case "prompts/get":
+		server, ok := a.Catalog.PromptServer(c.Prompt)
+		if !ok {
+			return Verdict{}
+		}
+		return a.owners(p, c, []string{server})
+	case "resources/read", "resources/subscribe", "resources/unsubscribe":
+		return a.owners(p, c, a.Catalog.ResourceOwners(c.URI))
+	case "completion/complete":
+		switch c.Ref.Type {
+		case "ref/prompt":
+			server, ok := a.Catalog.PromptServer(c.Ref.Name)
+			if !ok {
+				return Verdict{}
+			}
+			return a.owners(p, c, []string{server})
+		case "ref/resource":
+			if owner, ok := a.Catalog.TemplateOwner(c.Ref.URI); ok {
+				return a.owners(p, c, []string{owner})
+			}
+			return a.owners(p, c, a.Catalog.ResourceOwners(c.Ref.URI))
+		}
+	}
+	// Listings and the rest name no upstream: some upstream will do, and
+	// listings are filtered.
+	var need []string
+	for _, name := range a.Catalog.Upstreams() {
+		if a.Allows(p, name) {
+			return Verdict{}
+		}
+		need = append(need, policy.UpstreamScope(name))
+	}
+	return NeedScope(p, c, need)
+}
+
+// owners allows c when p may use every upstream that could serve it. A
+// resource that no upstream offers is answered by go-sdk as not found, so
+// nothing runs; a principal that may not use every upstream is refused it
+// all the same, so that a listing it does not see and a resource that does
+// not exist look alike.
+func (a *Aggregate) owners(p policy.Principal, c message.Call, owners []string) Verdict {
+	if len(owners) == 0 {
+		for _, name := range a.Catalog.Upstreams() {
+			if !a.Allows(p, name) {
+				return Refuse(http.StatusForbidden, ReasonScope,
+					fmt.Sprintf("%s: no upstream that token %q may use offers what it names", c.Method, p.Name))
+			}
+		}
+		return Verdict{}
+	}
+	var need []string
+	for _, o := range owners {
+		if !a.Allows(p, o) {
+			need = append(need, policy.UpstreamScope(o))
+		}
+	}
+	if len(need) > 0 {
+		return NeedScope(p, c, need)
+	}
+	return Verdict{}
+}
+
+// Visible shows an item when p may use its owner.
+func (a *Aggregate) Visible(p policy.Principal, it Item) bool {
+	var owners []string
+	switch it.Kind {
+	case KindTool:
+		if server, _, ok := a.Catalog.ToolServer(it.Name); ok {
+			owners = []string{server}
+		}
+	case KindPrompt:
+		if server, ok := a.Catalog.PromptServer(it.Name); ok {
+			owners = []string{server}
+		}
+	case KindResource:
+		owners = a.Catalog.ResourceOwners(it.Name)
+	case KindResourceTemplate:
+		if owner, ok := a.Catalog.TemplateOwner(it.Name); ok {
+			owners = []string{owner}
+		}
+	}
+	if len(owners) == 0 {
+		return false
+	}
+	for _, o := range owners {
+		if !a.Allows(p, o) {
+			return false
+		}
+	}
+	return true
+}
+
+// Serve hands r to the aggregated route.
+func (a *Aggregate) Serve(w http.ResponseWriter, r *http.Request, _ Next) error {
+	a.Handler.ServeHTTP(w, r)
+	return nil
+}

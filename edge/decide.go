@@ -1,0 +1,119 @@
+package edge
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// JSON-RPC error codes of the decision's refusals. -32700 and -32600 are
+// JSON-RPC's own; -32020 is MCP 2026-07-28's header mismatch (go-sdk's
+// CodeHeaderMismatch).
+const (
+	CodeParse          = -32700
+	CodeInvalidRequest = -32600
+	CodeHeaderMismatch = -32020
+)
+
+// The 2026-07-28 headers that name what a request does. A server may route
+// on them, so they must say what the body says.
+const (
+	methodHeader = "Mcp-Method"
+	nameHeader   = "Mcp-Name"
+)
+
+// Decision is the outcome of [Decide].
+type Decision struct {
+	// Body is the body as read; nil for a request without one, or when the
+	// body was refused before it could be read.
+	Body *message.Body
+	// Verdict allows, or refuses the request as a whole.
+	Verdict
+	// Call is the message refused, when one was.
+	Call message.Call
+}
+
+// Decide is steps 3 and 4 of the request path for an authenticated
+// principal: it reads a POST body once and authorizes every message of it
+// on route. A body is refused whole when any message of it is: a batch is
+// allowed only when each of its messages would be on its own. httpMethod
+// and header are the request's; body is a POST's (nil otherwise).
+//
+// Refusals: 400 ambiguous_body for a body that two readers could read
+// differently (see package message), 400 malformed for one that is not a
+// JSON-RPC message, 400 header_mismatch when the 2026-07-28 Mcp-Method or
+// Mcp-Name header says something else than the body, and whatever the
+// route refuses (403 insufficient_scope, mostly).
+func Decide(route Route, p policy.Principal, httpMethod string, header http.Header, body []byte) Decision {
+	if v := route.Admit(p); !v.Allowed() {
+		return Decision{Verdict: v}
+	}
+	if httpMethod != http.MethodPost {
+		return Decision{}
+	}
+	b, err := message.Read(body)
+	if err != nil {
+		return Decision{Verdict: readRefusal(err)}
+	}
+	if v, c := checkHeaders(header, b); !v.Allowed() {
+		return Decision{Body: b, Verdict: v, Call: c}
+	}
+	for _, c := range b.Calls {
+		if v := route.Authorize(p, c); !v.Allowed() {
+			return Decision{Body: b, Verdict: v, Call: c}
+		}
+	}
+	return Decision{Body: b}
+}
+
+// readRefusal turns a reading error into its refusal. The error's message
+// never quotes the body.
+func readRefusal(err error) Verdict {
+	v := Verdict{Status: http.StatusBadRequest, Reason: ReasonMalformed, Code: CodeInvalidRequest}
+	switch {
+	case errors.Is(err, message.ErrAmbiguous):
+		v.Reason = ReasonAmbiguous
+		v.Message = err.Error() + "; the edge refuses a message that two JSON readers could read differently: send each key once, spelled exactly as the protocol spells it"
+	case errors.Is(err, message.ErrSyntax):
+		v.Code = CodeParse
+		v.Message = err.Error() + "; send a JSON-RPC 2.0 message or batch"
+	default:
+		v.Message = err.Error() + "; send a JSON-RPC 2.0 message or batch"
+	}
+	return v
+}
+
+// checkHeaders refuses a body whose Mcp-Method or Mcp-Name header (MCP
+// 2026-07-28) says something else than the body does. A header that is
+// absent is not checked here: the server behind decides whether it needs
+// it.
+func checkHeaders(header http.Header, b *message.Body) (Verdict, message.Call) {
+	methods, names := header.Values(methodHeader), header.Values(nameHeader)
+	if len(methods) == 0 && len(names) == 0 {
+		return Verdict{}, message.Call{}
+	}
+	mismatch := func(c message.Call, msg string) (Verdict, message.Call) {
+		return Verdict{Status: http.StatusBadRequest, Reason: "header_mismatch", Code: CodeHeaderMismatch, Message: msg}, c
+	}
+	if len(methods) > 1 || len(names) > 1 {
+		return mismatch(message.Call{}, "send the Mcp-Method and Mcp-Name headers at most once each")
+	}
+	for _, c := range b.Calls {
+		if c.IsResponse() {
+			continue
+		}
+		if len(methods) == 1 && methods[0] != c.Method {
+			return mismatch(c, fmt.Sprintf("the Mcp-Method header does not match the body's method %q: send the method the body names", c.Method))
+		}
+		if len(names) == 1 && names[0] != c.Name() {
+			if c.Name() == "" {
+				return mismatch(c, fmt.Sprintf("the Mcp-Name header was sent with method %q, which names nothing: leave it out", c.Method))
+			}
+			return mismatch(c, fmt.Sprintf("the Mcp-Name header does not match what the body's %s names: send the name the body gives", c.Method))
+		}
+	}
+	return Verdict{}, message.Call{}
+}

@@ -1,0 +1,228 @@
+package edge
+
+import (
+	"net/http"
+	"slices"
+	"testing"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// catalog is an aggregated route's catalog as data: which upstream owns
+// which tool, prompt, resource and template.
+type catalog struct {
+	upstreams []string
+	tools     map[string]string
+	prompts   map[string]string
+	resources map[string]string
+	templates map[string]string // template -> owner
+	matches   map[string][]string
+}
+
+func (c catalog) Upstreams() []string { return c.upstreams }
+func (c catalog) ToolServer(name string) (string, string, bool) {
+	s, ok := c.tools[name]
+	return s, name, ok
+}
+func (c catalog) PromptServer(name string) (string, bool) { s, ok := c.prompts[name]; return s, ok }
+func (c catalog) ResourceOwners(uri string) []string {
+	if o, ok := c.resources[uri]; ok {
+		return []string{o}
+	}
+	return c.matches[uri]
+}
+func (c catalog) TemplateOwner(t string) (string, bool) { o, ok := c.templates[t]; return o, ok }
+
+func testCatalog() catalog {
+	return catalog{
+		upstreams: []string{"a", "b"},
+		tools:     map[string]string{"mcp_a_secret": "a", "mcp_b_echo": "b"},
+		prompts:   map[string]string{"mcp_a_plan": "a", "mcp_b_greet": "b"},
+		resources: map[string]string{"file:///a/secret": "a", "file:///b/readme": "b"},
+		templates: map[string]string{"a://{id}": "a", "b://{id}": "b", "any://{x}": "a"},
+		matches:   map[string][]string{"a://1": {"a"}, "b://1": {"b"}, "any://1": {"a", "b"}},
+	}
+}
+
+// routes are one of each route kind, as the edge builds them, with the
+// principal an attacker holds on it.
+func testRoutes(t *testing.T) map[string]struct {
+	route Route
+	p     policy.Principal
+} {
+	t.Helper()
+	defaults, err := policy.NewScopeMap([]policy.Rule{{Scope: "simple", Tools: []string{"test_simple_text"}}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := broker.Upstream{Name: "a", ToolsDeny: []string{"drop_*"}}
+	upScopes, err := policy.NewScopeMap([]policy.Rule{{Scope: policy.UpstreamScope("a"), Tools: []string{"*"}, Methods: []string{"*"}}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allows := func(p policy.Principal, name string) bool { return p.HasScope(policy.UpstreamScope(name)) }
+	return map[string]struct {
+		route Route
+		p     policy.Principal
+	}{
+		"guard":       {&Guard{Scopes: defaults}, policy.Principal{TokenID: "t1", Name: "simple", Kind: policy.KindUser, Scopes: []string{"simple"}}},
+		"sessions":    {&Sessions{Scopes: defaults}, policy.Principal{TokenID: "t2", Name: "reader", Kind: policy.KindUser, Scopes: []string{"read"}}},
+		"passthrough": {&Upstream{Config: up, Scopes: upScopes.Strict()}, policy.Principal{TokenID: "t3", Name: "other", Kind: policy.KindUser, Scopes: []string{"upstream:b"}}},
+		"aggregate":   {&Aggregate{Catalog: testCatalog(), Allows: allows}, policy.Principal{TokenID: "t4", Name: "b-only", Kind: policy.KindUser, Scopes: []string{"upstream:b"}}},
+	}
+}
+
+func TestDecide(t *testing.T) {
+	routes := testRoutes(t)
+	cases := []struct {
+		route  string
+		body   string
+		status int // 0: allowed
+		reason string
+	}{
+		// Guard: one tool.
+		{"guard", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test_simple_text"}}`, 0, ""},
+		{"guard", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test_error_handling"}}`, 403, ReasonScope},
+		{"guard", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, 0, ""},
+		{"guard", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"x://y"}}`, 403, ReasonScope},
+		{"guard", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test_simple_text","Name":"test_error_handling"}}`, 400, ReasonAmbiguous},
+		{"guard", `[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test_simple_text"}},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"test_error_handling"}}]`, 403, ReasonScope},
+		{"guard", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test_simple_text"}} {"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x"}}`, 400, ReasonAmbiguous},
+		{"guard", `{"jsonrpc":"2.0","id":7.0,"method":"tools/list"}`, 400, ReasonAmbiguous},
+		{"guard", `not json`, 400, ReasonMalformed},
+		// Sessions: a read token may list, not create.
+		{"sessions", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sessions","arguments":{"verb":"list"}}}`, 0, ""},
+		{"sessions", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sessions","arguments":{"verb":"create","prompt":"hi"}}}`, 403, ReasonScope},
+		{"sessions", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sessions","arguments":{"verb":"list"},"Arguments":{"verb":"create"}}}`, 400, ReasonAmbiguous},
+		{"sessions", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sessions","arguments":{"verb":"list","Verb":"create"}}}`, 400, ReasonAmbiguous},
+		{"sessions", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sessions","arguments":{"Verb":"create"}}}`, 400, ReasonAmbiguous},
+		{"sessions", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"sessions","arguments":{}}}`, 403, ReasonScope},
+		// Pass-through: a token without the upstream's scope learns nothing.
+		{"passthrough", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`, 0, ""},
+		{"passthrough", `{"jsonrpc":"2.0","id":1,"method":"ping"}`, 0, ""},
+		{"passthrough", `{"jsonrpc":"2.0","method":"notifications/initialized"}`, 0, ""},
+		{"passthrough", `{"jsonrpc":"2.0","id":1,"result":{}}`, 0, ""},
+		{"passthrough", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, 403, ReasonScope},
+		{"passthrough", `{"jsonrpc":"2.0","id":1,"method":"prompts/list"}`, 403, ReasonScope},
+		{"passthrough", `{"jsonrpc":"2.0","id":1,"method":"resources/list"}`, 403, ReasonScope},
+		{"passthrough", `{"jsonrpc":"2.0","id":1,"method":"resources/templates/list"}`, 403, ReasonScope},
+		{"passthrough", `{"jsonrpc":"2.0","id":1,"method":"completion/complete","params":{"ref":{"type":"ref/prompt","name":"p"},"argument":{"name":"a","value":""}}}`, 403, ReasonScope},
+		{"passthrough", `{"jsonrpc":"2.0","id":1,"method":"logging/setLevel","params":{"level":"debug"}}`, 403, ReasonScope},
+		{"passthrough", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"}}`, 403, ReasonScope},
+		// Aggregate: each call against its owner.
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"mcp_b_echo"}}`, 0, ""},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"mcp_a_secret"}}`, 403, ReasonScope},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"mcp_b_greet"}}`, 0, ""},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"mcp_a_plan"}}`, 403, ReasonScope},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///b/readme"}}`, 0, ""},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///a/secret"}}`, 403, ReasonScope},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"resources/subscribe","params":{"uri":"file:///a/secret"}}`, 403, ReasonScope},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"a://1"}}`, 403, ReasonScope},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"b://1"}}`, 0, ""},
+		// A uri two upstreams' templates match: both must be allowed.
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"any://1"}}`, 403, ReasonScope},
+		// Offered by nobody: refused to a token that may not use every upstream.
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///nowhere"}}`, 403, ReasonScope},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"completion/complete","params":{"ref":{"type":"ref/prompt","name":"mcp_a_plan"},"argument":{"name":"x","value":""}}}`, 403, ReasonScope},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"completion/complete","params":{"ref":{"type":"ref/resource","uri":"a://{id}"},"argument":{"name":"id","value":""}}}`, 403, ReasonScope},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"completion/complete","params":{"ref":{"type":"ref/resource","uri":"b://{id}"},"argument":{"name":"id","value":""}}}`, 0, ""},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, 0, ""},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///b/readme","URI":"file:///a/secret"}}`, 400, ReasonAmbiguous},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"mcp_b_greet","n\u0061me":"mcp_a_plan"}}`, 400, ReasonAmbiguous},
+	}
+	for _, tc := range cases {
+		rt := routes[tc.route]
+		d := Decide(rt.route, rt.p, http.MethodPost, http.Header{}, []byte(tc.body))
+		if d.Status != tc.status || d.Reason != tc.reason {
+			t.Errorf("%s %s: got %d %q (%s), want %d %q", tc.route, tc.body, d.Status, d.Reason, d.Message, tc.status, tc.reason)
+		}
+		if tc.status == 0 && (d.Body == nil || len(d.Body.Calls) == 0) {
+			t.Errorf("%s %s: allowed without the body it read", tc.route, tc.body)
+		}
+	}
+}
+
+func TestDecideAdmit(t *testing.T) {
+	routes := testRoutes(t)
+	machine := policy.Principal{TokenID: "m", Name: "bot", Kind: policy.KindMachine, Scopes: []string{"chat", "mcp"}}
+	for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
+		d := Decide(routes["sessions"].route, machine, method, http.Header{}, []byte(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+		if d.Status != http.StatusForbidden || d.Reason != ReasonMachine {
+			t.Errorf("machine token %s on the sessions endpoint: %d %q", method, d.Status, d.Reason)
+		}
+	}
+	if d := Decide(routes["guard"].route, machine, http.MethodGet, http.Header{}, nil); !d.Allowed() {
+		t.Errorf("machine token GET in guard mode: %+v", d.Verdict)
+	}
+}
+
+func TestDecideHeaders(t *testing.T) {
+	rt := testRoutes(t)["guard"]
+	call := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test_simple_text"}}`
+	cases := []struct {
+		header http.Header
+		body   string
+		ok     bool
+	}{
+		{http.Header{"Mcp-Method": {"tools/call"}, "Mcp-Name": {"test_simple_text"}}, call, true},
+		{http.Header{"Mcp-Method": {"tools/list"}}, call, false},
+		{http.Header{"Mcp-Name": {"test_error_handling"}}, call, false},
+		{http.Header{"Mcp-Method": {"tools/call", "tools/call"}}, call, false},
+		{http.Header{"Mcp-Name": {"x"}}, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, false},
+		{http.Header{"Mcp-Method": {"tools/list"}}, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, true},
+	}
+	for _, tc := range cases {
+		d := Decide(rt.route, rt.p, http.MethodPost, tc.header, []byte(tc.body))
+		if d.Allowed() != tc.ok {
+			t.Errorf("%v %s: allowed %v (%s)", tc.header, tc.body, d.Allowed(), d.Message)
+		}
+		if !tc.ok && (d.Status != http.StatusBadRequest || d.Code != CodeHeaderMismatch || d.Reason != "header_mismatch") {
+			t.Errorf("%v: refusal %d %d %q, want 400 -32020 header_mismatch", tc.header, d.Status, d.Code, d.Reason)
+		}
+	}
+}
+
+func TestVisibleAgreesWithAuthorize(t *testing.T) {
+	routes := testRoutes(t)
+	agg := routes["aggregate"]
+	c := testCatalog()
+	for name := range c.tools {
+		it := Item{Kind: KindTool, Name: name}
+		if agg.route.Visible(agg.p, it) != agg.route.Authorize(agg.p, it.Use()).Allowed() {
+			t.Errorf("tool %s: Visible and Authorize disagree", name)
+		}
+	}
+	for name := range c.prompts {
+		it := Item{Kind: KindPrompt, Name: name}
+		if agg.route.Visible(agg.p, it) != agg.route.Authorize(agg.p, it.Use()).Allowed() {
+			t.Errorf("prompt %s: Visible and Authorize disagree", name)
+		}
+	}
+	for uri := range c.resources {
+		it := Item{Kind: KindResource, Name: uri}
+		if agg.route.Visible(agg.p, it) != agg.route.Authorize(agg.p, it.Use()).Allowed() {
+			t.Errorf("resource %s: Visible and Authorize disagree", uri)
+		}
+	}
+	var shown []string
+	for tmpl := range c.templates {
+		if agg.route.Visible(agg.p, Item{Kind: KindResourceTemplate, Name: tmpl}) {
+			shown = append(shown, tmpl)
+		}
+	}
+	if !slices.Equal(shown, []string{"b://{id}"}) {
+		t.Errorf("templates shown to an upstream:b token: %v", shown)
+	}
+	pt := routes["passthrough"]
+	if pt.route.Visible(pt.p, Item{Kind: KindTool, Name: "echo"}) {
+		t.Error("pass-through shows a tool to a token without the upstream's scope")
+	}
+	owner := policy.Principal{TokenID: "o", Name: "owner", Kind: policy.KindUser, Scopes: []string{"upstream:a"}}
+	if !pt.route.Visible(owner, Item{Kind: KindTool, Name: "echo"}) || pt.route.Visible(owner, Item{Kind: KindTool, Name: "drop_all"}) {
+		t.Error("pass-through visibility disagrees with the scope and the deny list")
+	}
+	if v := pt.route.Authorize(owner, Item{Kind: KindTool, Name: "drop_all"}.Use()); v.Reason != "tool_not_offered" {
+		t.Errorf("a denied tool: %+v", v)
+	}
+}

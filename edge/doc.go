@@ -1,0 +1,27 @@
+// Package edge is the request path of the zidane_mcp edge as plain Go, with
+// no Caddy in it: the route interface every mode implements, the decision
+// that turns a principal and a request body into allowed or a refusal, the
+// HTTP-level checks on a request, and the filter that cuts listing answers
+// down to what the principal may use.
+//
+// A request travels six steps: Host and Origin, authentication, reading
+// the message once ([message.Read], behind [ReadRequest]), authorization
+// ([Decide], which asks the [Route]), the rate limit, and serving
+// ([Route.Serve], with the listing filter of [Listing] around it where the
+// request lists something). The Caddy adapter (package caddymodule)
+// sequences them; every decision belongs to this package, to package
+// policy, or to the route.
+//
+// The routes are [Guard] (the next handler, such as reverse_proxy to an MCP
+// server), [Sessions] (the sessions endpoint), [Upstream] (one upstream
+// offered through the broker: an operator's pass-through route, or a
+// session's egress to an upstream) and [Aggregate] (several upstreams on
+// one endpoint, each call authorized against the upstream that owns what it
+// names).
+//
+// What it never does: it never decodes a client's JSON-RPC message itself
+// (package message is the one reader), never builds anything
+// security-relevant from Host or X-Forwarded-* headers, and never passes a
+// client's credential on: a route serves a request whose Authorization the
+// adapter removed.
+package edge

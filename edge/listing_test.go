@@ -1,0 +1,175 @@
+package edge
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
+)
+
+// answerThrough sends answer (with contentType) through the listing
+// filter of a request with body, as the aggregated route's b-only
+// principal, and returns what the client gets and what was dropped.
+func answerThrough(t *testing.T, httpMethod, body string, header http.Header, contentType string, answer ...string) (string, []Drop) {
+	t.Helper()
+	rt := testRoutes(t)["aggregate"]
+	r := httptest.NewRequest(httpMethod, "/mcp", strings.NewReader(body))
+	for k, v := range header {
+		r.Header[k] = v
+	}
+	var b *message.Body
+	if httpMethod == http.MethodPost {
+		var err error
+		if b, err = message.Read([]byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var drops []Drop
+	f := NewListing(rt.route, rt.p, r, b, func(d Drop) { drops = append(drops, d) })
+	if f == nil {
+		t.Fatalf("no listing filter for %s %s", httpMethod, body)
+	}
+	rec := httptest.NewRecorder()
+	w, closeFilter := f.Wrap(rec)
+	w.Header().Set("Content-Type", contentType)
+	w.WriteHeader(http.StatusOK)
+	for _, a := range answer {
+		if _, err := w.Write([]byte(a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := closeFilter(); err != nil {
+		t.Fatal(err)
+	}
+	return rec.Body.String(), drops
+}
+
+const (
+	toolsAnswer = `{"tools":[{"name":"mcp_a_secret","inputSchema":{}},{"name":"mcp_b_echo","inputSchema":{}}]}`
+	listTools   = `{"jsonrpc":"2.0","id":7,"method":"tools/list"}`
+)
+
+func TestListingFiltersByValueOfID(t *testing.T) {
+	// An upstream may spell the id of its answer otherwise than the
+	// request did: the filter compares values.
+	for _, id := range []string{`7`, `7.0`, `7e0`, `0.7e1`} {
+		out, drops := answerThrough(t, http.MethodPost, listTools, nil, "application/json",
+			`{"jsonrpc":"2.0","id":`+id+`,"result":`+toolsAnswer+`}`)
+		if strings.Contains(out, "mcp_a_secret") || !strings.Contains(out, "mcp_b_echo") || len(drops) != 0 {
+			t.Errorf("answer id %s: client got %s, drops %v", id, out, drops)
+		}
+	}
+	body := `{"jsonrpc":"2.0","id":"x","method":"tools/list"}`
+	out, _ := answerThrough(t, http.MethodPost, body, nil, "application/json", `{"jsonrpc":"2.0","id":"\u0078","result":`+toolsAnswer+`}`)
+	if strings.Contains(out, "mcp_a_secret") || !strings.Contains(out, "mcp_b_echo") {
+		t.Errorf(`answer id "\u0078" to "x": %s`, out)
+	}
+}
+
+func TestListingDropsWhatItCannotMatch(t *testing.T) {
+	for _, answer := range []string{
+		`{"jsonrpc":"2.0","id":8,"result":` + toolsAnswer + `}`,
+		`{"jsonrpc":"2.0","id":"7","result":` + toolsAnswer + `}`,
+		`{"jsonrpc":"2.0","id":null,"result":` + toolsAnswer + `}`,
+		`{"jsonrpc":"2.0","id":7,"result":` + toolsAnswer + `,"Result":{}}`,
+		`{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"mcp_b_echo","Name":"mcp_a_secret"}]}}`,
+		"{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"tools\":[{\"name\":\"mcp_a_secret\xff\"}]}}",
+	} {
+		out, drops := answerThrough(t, http.MethodPost, listTools, nil, "application/json", answer)
+		if strings.Contains(out, "mcp_a_secret") || len(drops) != 1 {
+			t.Errorf("answer %s: client got %s, drops %v", answer, out, drops)
+		}
+		var e struct {
+			Error struct{ Code int } `json:"error"`
+		}
+		if json.Unmarshal([]byte(out), &e) != nil || e.Error.Code != -32603 {
+			t.Errorf("answer %s: the client got %s, want an error in its place", answer, out)
+		}
+	}
+	// An error answer shows no listing and passes.
+	out, drops := answerThrough(t, http.MethodPost, listTools, nil, "application/json", `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"bad"}}`)
+	if !strings.Contains(out, `"bad"`) || len(drops) != 0 {
+		t.Errorf("an error answer: %s %v", out, drops)
+	}
+}
+
+func TestListingSSE(t *testing.T) {
+	events := []string{
+		"id: 1\ndata: \n\n",
+		"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"info\",\"data\":\"mcp_a_secret\"}}\n\n",
+		"event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":9,\"result\":" + toolsAnswer + "}\n\n",
+		"event: message\nid: 3\ndata: {\"jsonrpc\":\"2.0\",\"id\":7.0,\n",
+		"data: \"result\":" + toolsAnswer + "}\n\n",
+	}
+	out, drops := answerThrough(t, http.MethodPost, listTools, nil, "text/event-stream", events...)
+	if !strings.Contains(out, "notifications/message") {
+		t.Errorf("a notification was lost: %s", out)
+	}
+	if strings.Count(out, "mcp_a_secret") != 1 { // the log message's data only
+		t.Errorf("an unfiltered listing got through: %s", out)
+	}
+	if !strings.Contains(out, "mcp_b_echo") || !strings.Contains(out, "id: 3") {
+		t.Errorf("the filtered answer is missing: %s", out)
+	}
+	if len(drops) != 1 || drops[0].Reason != "unmatched_answer" {
+		t.Errorf("drops %v, want the answer to id 9", drops)
+	}
+}
+
+func TestListingBatch(t *testing.T) {
+	body := `[{"jsonrpc":"2.0","id":1,"method":"tools/list"},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"mcp_b_echo"}}]`
+	out, drops := answerThrough(t, http.MethodPost, body, nil, "application/json",
+		`[{"jsonrpc":"2.0","id":2,"result":{"content":[]}},{"jsonrpc":"2.0","id":1,"result":`+toolsAnswer+`},{"jsonrpc":"2.0","id":3,"result":`+toolsAnswer+`}]`)
+	var batch []map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(out), &batch); err != nil || len(batch) != 2 {
+		t.Fatalf("batch answer: %s (%v)", out, err)
+	}
+	if strings.Contains(out, "mcp_a_secret") || len(drops) != 1 {
+		t.Errorf("batch: %s, drops %v", out, drops)
+	}
+}
+
+func TestListingResumedStream(t *testing.T) {
+	// A GET that resumes a stream replays answers of earlier requests:
+	// every listing in them is filtered by its shape.
+	prompts := `{"prompts":[{"name":"mcp_a_plan"},{"name":"mcp_b_greet"}],"resources":[{"uri":"file:///a/secret","name":"s"},{"uri":"file:///b/readme","name":"r"}]}`
+	out, _ := answerThrough(t, http.MethodGet, "", http.Header{"Last-Event-Id": {"0_3"}}, "text/event-stream",
+		"id: 0_4\ndata: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":"+toolsAnswer+"}\n\n",
+		"id: 0_5\ndata: {\"jsonrpc\":\"2.0\",\"id\":6,\"result\":"+prompts+"}\n\n")
+	for _, hidden := range []string{"mcp_a_secret", "mcp_a_plan", "file:///a/secret"} {
+		if strings.Contains(out, hidden) {
+			t.Errorf("a resumed stream showed %s: %s", hidden, out)
+		}
+	}
+	for _, shown := range []string{"mcp_b_echo", "mcp_b_greet", "file:///b/readme"} {
+		if !strings.Contains(out, shown) {
+			t.Errorf("a resumed stream lost %s: %s", shown, out)
+		}
+	}
+}
+
+func TestListingOnlyWhereNeeded(t *testing.T) {
+	rt := testRoutes(t)["aggregate"]
+	call := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"mcp_b_echo"}}`
+	b, err := message.Read([]byte(call))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if NewListing(rt.route, rt.p, httptest.NewRequest(http.MethodPost, "/mcp", nil), b, nil) != nil {
+		t.Error("a tools/call got a listing filter")
+	}
+	if NewListing(rt.route, rt.p, httptest.NewRequest(http.MethodGet, "/mcp", nil), nil, nil) != nil {
+		t.Error("a GET that resumes nothing got a listing filter")
+	}
+}
+
+func TestListingTooLarge(t *testing.T) {
+	big := `{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"mcp_a_secret","description":"` + strings.Repeat("x", maxFilteredBody) + `"}]}}`
+	out, drops := answerThrough(t, http.MethodPost, listTools, nil, "application/json", big[:len(big)/2], big[len(big)/2:])
+	if strings.Contains(out, "mcp_a_secret") || len(drops) != 1 || drops[0].Reason != "answer_too_large" {
+		t.Errorf("a too large answer: %d bytes out, drops %v", len(out), drops)
+	}
+}

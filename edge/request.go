@@ -1,0 +1,83 @@
+package edge
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+)
+
+// allowedMethods are the HTTP methods of MCP's streamable HTTP transport,
+// and OPTIONS for a browser's preflight.
+const allowedMethods = "GET, POST, DELETE, OPTIONS"
+
+// CheckRequest refuses, before any body is read, what the edge never
+// passes on: an HTTP method that MCP does not use (405), and for a POST a
+// body that is not plain JSON (415): a Content-Encoding other than
+// identity would hide the body the edge decides on from it, and a
+// Content-Type other than application/json is not a JSON-RPC message.
+func CheckRequest(r *http.Request) Verdict {
+	switch r.Method {
+	case http.MethodGet, http.MethodDelete, http.MethodOptions:
+		return Verdict{}
+	case http.MethodPost:
+	default:
+		return Verdict{Status: http.StatusMethodNotAllowed, Reason: "method_not_allowed", Code: CodeInvalidRequest, Allow: allowedMethods,
+			Message: fmt.Sprintf("HTTP method %s is not part of MCP's streamable HTTP transport: send JSON-RPC messages with POST, open a stream with GET, end a session with DELETE", r.Method)}
+	}
+	for _, enc := range r.Header.Values("Content-Encoding") {
+		for _, e := range strings.Split(enc, ",") {
+			if e = strings.TrimSpace(e); e != "" && !strings.EqualFold(e, "identity") {
+				return Verdict{Status: http.StatusUnsupportedMediaType, Reason: ReasonUnsupportedMedia, Code: CodeInvalidRequest,
+					Message: "a request body with a Content-Encoding is not accepted: send the JSON-RPC message uncompressed, without Content-Encoding"}
+			}
+		}
+	}
+	ct := r.Header.Values("Content-Type")
+	if len(ct) != 1 || !jsonMediaType(ct[0]) {
+		return Verdict{Status: http.StatusUnsupportedMediaType, Reason: ReasonUnsupportedMedia, Code: CodeInvalidRequest,
+			Message: "a POST to this MCP endpoint carries a JSON-RPC message: send it with Content-Type: application/json"}
+	}
+	return Verdict{}
+}
+
+// jsonMediaType reports whether ct is application/json, in UTF-8 when it
+// names a charset (JSON has no other, RFC 8259).
+func jsonMediaType(ct string) bool {
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return false
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return false
+		}
+	}
+	return true
+}
+
+// ReadBody reads a POST's body, bounded by limit bytes (413 past it), and
+// puts the same bytes back as r's body, so that the route forwards exactly
+// what the edge decided on.
+func ReadBody(r *http.Request, limit int64) ([]byte, Verdict) {
+	tooLarge := func(msg string) Verdict {
+		return Verdict{Status: http.StatusRequestEntityTooLarge, Reason: "too_large", Message: msg}
+	}
+	if r.ContentLength > limit {
+		return nil, tooLarge(fmt.Sprintf("request body of %d bytes is over the %d-byte limit; send a smaller request", r.ContentLength, limit))
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, Verdict{Status: http.StatusBadRequest, Reason: ReasonMalformed, Code: CodeInvalidRequest,
+			Message: "the request body could not be read; send it again"}
+	}
+	if int64(len(body)) > limit {
+		return nil, tooLarge(fmt.Sprintf("request body is over the %d-byte limit; send a smaller request", limit))
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return body, Verdict{}
+}

@@ -1,0 +1,74 @@
+package edge
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestCheckRequest(t *testing.T) {
+	cases := []struct {
+		method string
+		header http.Header
+		status int
+		reason string
+	}{
+		{http.MethodPost, http.Header{"Content-Type": {"application/json"}}, 0, ""},
+		{http.MethodPost, http.Header{"Content-Type": {"application/json; charset=utf-8"}}, 0, ""},
+		{http.MethodPost, http.Header{"Content-Type": {"Application/JSON; charset=UTF-8"}}, 0, ""},
+		{http.MethodPost, http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"identity"}}, 0, ""},
+		{http.MethodGet, nil, 0, ""},
+		{http.MethodDelete, nil, 0, ""},
+		{http.MethodOptions, nil, 0, ""},
+		{http.MethodPost, http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"gzip"}}, 415, "unsupported_media_type"},
+		{http.MethodPost, http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"identity, br"}}, 415, "unsupported_media_type"},
+		{http.MethodPost, http.Header{"Content-Type": {"text/plain"}}, 415, "unsupported_media_type"},
+		{http.MethodPost, http.Header{"Content-Type": {"application/json; charset=latin1"}}, 415, "unsupported_media_type"},
+		{http.MethodPost, http.Header{"Content-Type": {"application/json", "text/plain"}}, 415, "unsupported_media_type"},
+		{http.MethodPost, nil, 415, "unsupported_media_type"},
+		{http.MethodPut, nil, 405, "method_not_allowed"},
+		{http.MethodPatch, nil, 405, "method_not_allowed"},
+		{"PROPFIND", nil, 405, "method_not_allowed"},
+	}
+	for _, tc := range cases {
+		r := httptest.NewRequest(tc.method, "/mcp", nil)
+		r.Header = tc.header
+		if r.Header == nil {
+			r.Header = http.Header{}
+		}
+		v := CheckRequest(r)
+		if v.Status != tc.status || v.Reason != tc.reason {
+			t.Errorf("%s %v: %d %q, want %d %q", tc.method, tc.header, v.Status, v.Reason, tc.status, tc.reason)
+		}
+		if v.Status == 405 && v.Allow != "GET, POST, DELETE, OPTIONS" {
+			t.Errorf("405 without Allow: %q", v.Allow)
+		}
+		if v.Status != 0 && !strings.Contains(v.Message, "send") {
+			t.Errorf("%s %v: the refusal does not say what to send: %q", tc.method, tc.header, v.Message)
+		}
+	}
+}
+
+func TestReadBody(t *testing.T) {
+	body := `{"jsonrpc":"2.0","id":1,"method":"ping"}`
+	r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(body))
+	got, v := ReadBody(r, 1024)
+	if !v.Allowed() || string(got) != body {
+		t.Fatalf("ReadBody: %q %+v", got, v)
+	}
+	again, _ := io.ReadAll(r.Body)
+	if string(again) != body {
+		t.Errorf("the route reads %q, not the bytes decided on", again)
+	}
+	r = httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(body))
+	if _, v := ReadBody(r, 10); v.Status != http.StatusRequestEntityTooLarge {
+		t.Errorf("over the limit: %+v", v)
+	}
+	r = httptest.NewRequest(http.MethodPost, "/mcp", io.NopCloser(strings.NewReader(body)))
+	r.ContentLength = -1
+	if _, v := ReadBody(r, 10); v.Status != http.StatusRequestEntityTooLarge {
+		t.Errorf("over the limit, length unknown: %+v", v)
+	}
+}

@@ -1,0 +1,160 @@
+package edge
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// scopeVerdict is the verdict of a scope map on one call.
+func scopeVerdict(m *policy.ScopeMap, p policy.Principal, c message.Call) Verdict {
+	d := m.Decide(p, c)
+	switch {
+	case d.Allowed:
+		return Verdict{}
+	case d.Machine:
+		return Refuse(http.StatusForbidden, ReasonMachine,
+			fmt.Sprintf("token %q is a machine token, and machine tokens may not drive coding-agent sessions: use a user token", p.Name))
+	}
+	return NeedScope(p, c, d.Need)
+}
+
+// scopeVisible says whether a scope map lets p use a listed item.
+func scopeVisible(m *policy.ScopeMap, p policy.Principal, it Item) bool {
+	if it.Kind == KindTool {
+		return m.ToolVisible(p, it.Name)
+	}
+	return m.Decide(p, it.Use()).Allowed
+}
+
+// Guard is guard mode: what the scope map allows goes to the next handler,
+// such as reverse_proxy to an MCP server.
+type Guard struct {
+	Scopes *policy.ScopeMap
+	// Prepare, when set, runs on each request passed on: it sets the
+	// operator's upstream headers.
+	Prepare func(*http.Request)
+}
+
+// Admit admits every authenticated principal.
+func (*Guard) Admit(policy.Principal) Verdict { return Verdict{} }
+
+// Authorize decides c by the scope map.
+func (g *Guard) Authorize(p policy.Principal, c message.Call) Verdict {
+	return scopeVerdict(g.Scopes, p, c)
+}
+
+// Visible shows what the scope map lets p use.
+func (g *Guard) Visible(p policy.Principal, it Item) bool { return scopeVisible(g.Scopes, p, it) }
+
+// Serve passes r on.
+func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
+	if g.Prepare != nil {
+		g.Prepare(r)
+	}
+	return next(w, r)
+}
+
+// Sessions is the sessions endpoint: the sessions and interactions tools,
+// which drive coding agents on this host, for people's tokens only.
+type Sessions struct {
+	Scopes *policy.ScopeMap
+	// Endpoint serves MCP (package mcpendpoint).
+	Endpoint http.Handler
+	// OnServe, when set, sees each request served.
+	OnServe func(*http.Request)
+}
+
+// Admit refuses machine tokens: they may not start or steer agents.
+func (*Sessions) Admit(p policy.Principal) Verdict {
+	if p.Kind == policy.KindMachine {
+		return Refuse(http.StatusForbidden, ReasonMachine,
+			fmt.Sprintf("token %q is a machine token, and machine tokens may not use the sessions endpoint: use a user token", p.Name))
+	}
+	return Verdict{}
+}
+
+// Authorize decides c by the scope map: verbs, mostly.
+func (s *Sessions) Authorize(p policy.Principal, c message.Call) Verdict {
+	return scopeVerdict(s.Scopes, p, c)
+}
+
+// Visible shows the tools p may call with some verb.
+func (s *Sessions) Visible(p policy.Principal, it Item) bool { return scopeVisible(s.Scopes, p, it) }
+
+// Serve hands r to the endpoint, on a lean context. go-sdk keeps the
+// context of the request that created an MCP session for the session's
+// whole life; Caddy's request context holds the whole request (headers,
+// variables, the replacer), which an idle session has no use for, so the
+// endpoint gets the same cancellation and only the values it reads. This
+// halves what an idle session costs.
+func (s *Sessions) Serve(w http.ResponseWriter, r *http.Request, _ Next) error {
+	if s.OnServe != nil {
+		s.OnServe(r)
+	}
+	p, _ := policy.PrincipalFrom(r.Context())
+	ctx, cancel := context.WithCancel(policy.WithPrincipal(context.Background(), p))
+	defer cancel()
+	defer context.AfterFunc(r.Context(), cancel)()
+	for _, key := range []any{http.LocalAddrContextKey, http.ServerContextKey} {
+		if v := r.Context().Value(key); v != nil {
+			ctx = context.WithValue(ctx, key, v)
+		}
+	}
+	s.Endpoint.ServeHTTP(w, r.WithContext(ctx))
+	return nil
+}
+
+// Upstream is one upstream offered through the broker: an operator's
+// pass-through route (`broker NAME`), or a session's egress to an upstream
+// it was given (with a machine token that holds upstream:NAME). A
+// principal without a scope that grants the upstream learns nothing of it:
+// the scope map is strict (see [policy.ScopeMap.Strict]), so only
+// initialize, ping and notifications need no scope.
+type Upstream struct {
+	// Config is the upstream: its name, and its tools allow and deny lists.
+	Config broker.Upstream
+	// Scopes decide calls; strict.
+	Scopes *policy.ScopeMap
+	// Handler is the broker's route to the upstream.
+	Handler http.Handler
+}
+
+// Admit admits every authenticated principal; Authorize decides.
+func (*Upstream) Admit(policy.Principal) Verdict { return Verdict{} }
+
+// Authorize refuses a tool the upstream's allow/deny lists keep back, and
+// decides the rest by the scope map.
+func (u *Upstream) Authorize(p policy.Principal, c message.Call) Verdict {
+	if c.IsToolCall() && !u.Config.AllowsTool(c.Tool) {
+		return Refuse(http.StatusForbidden, "tool_not_offered",
+			fmt.Sprintf("tool %q of upstream %q is not offered through this gateway (tools allow/deny)", c.Tool, u.Config.Name))
+	}
+	return scopeVerdict(u.Scopes, p, c)
+}
+
+// Visible shows what p may use and the upstream's lists offer.
+func (u *Upstream) Visible(p policy.Principal, it Item) bool {
+	if it.Kind == KindTool && !u.Config.AllowsTool(it.Name) {
+		return false
+	}
+	return scopeVisible(u.Scopes, p, it)
+}
+
+// Serve hands r to the broker.
+func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request, _ Next) error {
+	u.Handler.ServeHTTP(w, r)
+	return nil
+}
+
+// Interface guards.
+var (
+	_ Route = (*Guard)(nil)
+	_ Route = (*Sessions)(nil)
+	_ Route = (*Upstream)(nil)
+	_ Route = (*Aggregate)(nil)
+)
