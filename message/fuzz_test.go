@@ -49,6 +49,9 @@ func FuzzRead(f *testing.F) {
 	for _, s := range fuzzSeeds() {
 		f.Add([]byte(s))
 	}
+	for _, b := range hostileBodies() {
+		f.Add(b)
+	}
 	f.Fuzz(checkRead)
 }
 

@@ -344,6 +344,7 @@ func (r *reader) message(c *Call, depth int) error {
 		hasVersion, version                bool
 		hasID, hasMethod, hasParams        bool
 		hasResult, hasError, paramsPending bool
+		nullID                             bool
 		paramsAt                           int
 	)
 	for {
@@ -362,7 +363,7 @@ func (r *reader) message(c *Call, depth int) error {
 			s, version, err = r.strValue(depth)
 			version = version && s == "2.0"
 		case "id":
-			hasID = true
+			hasID, nullID = true, r.peek() == 'n'
 			c.ID, err = r.requestID(depth)
 		case "method":
 			hasMethod = true
@@ -412,6 +413,11 @@ func (r *reader) message(c *Call, depth int) error {
 		r.malformed(start, `"jsonrpc" must be the string "2.0"`)
 	}
 	if hasMethod {
+		if nullID {
+			// go-sdk runs it as a notification and answers nothing, the
+			// TypeScript SDK refuses it, and MCP forbids it.
+			r.ambiguous(start, `a request with a null "id": go-sdk runs it as a notification, the TypeScript SDK refuses it; send an integer or a string id, or no id for a notification`)
+		}
 		if hasResult || hasError {
 			r.malformed(start, `a message with a "method" is a request, and has no "result" or "error"`)
 		}
@@ -442,7 +448,7 @@ func needsParams(method string) bool {
 }
 
 // requestID reads a message's id: a string, a plain integer (see
-// requestInt) or null.
+// requestInt) or null (which only a response may have: see message).
 func (r *reader) requestID(depth int) (ID, error) {
 	at := r.i
 	switch c := r.peek(); {
