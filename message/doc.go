@@ -52,8 +52,10 @@
 // fields without being it exactly: another case, another folding, or an
 // escaped spelling ("n\u0061me" alone: some readers match raw key bytes).
 // Ids that readers read differently are refused too: a numeric id that is
-// not a plain integer in canonical form within ±(2^53-1), and two requests
-// with one id in a batch.
+// not a plain integer in canonical form within ±(2^53-1), a request's null
+// id (go-sdk runs it as a notification, the TypeScript SDK refuses it), and
+// two requests with one id in a batch. A response's id may be null: that
+// is how JSON-RPC answers a request whose id it could not read.
 //
 // ErrMalformed: unambiguous JSON that is not a JSON-RPC 2.0 message the
 // edge accepts (see Read's checks in read.go: the version, the method, a

@@ -49,36 +49,59 @@ func FuzzRead(f *testing.F) {
 	for _, s := range fuzzSeeds() {
 		f.Add([]byte(s))
 	}
-	f.Fuzz(func(t *testing.T, raw []byte) {
-		orig := bytes.Clone(raw)
-		body, err := Read(raw)
-		if !bytes.Equal(raw, orig) {
-			t.Fatal("Read modified the body")
-		}
-		verr := Validate(raw)
-		if err != nil {
-			var e *Error
-			if !errors.As(err, &e) || e.Offset < 0 || e.Offset > len(raw) || e.Msg == "" ||
-				!(e.Kind == ErrSyntax || e.Kind == ErrAmbiguous || e.Kind == ErrMalformed) {
-				t.Fatalf("Read error %#v: want an *Error of one of the three kinds", err)
-			}
-			if errors.Is(err, ErrSyntax) && json.Valid(raw) {
-				t.Fatalf("Read calls valid JSON a syntax error: %v", err)
-			}
-			if errors.Is(err, ErrSyntax) != errors.Is(verr, ErrSyntax) {
-				t.Fatalf("Read: %v; Validate: %v", err, verr)
-			}
-			return
-		}
-		if verr != nil {
-			t.Fatalf("Read accepts what Validate refuses: %v", verr)
-		}
-		if !json.Valid(raw) {
-			t.Fatal("Read accepts what encoding/json calls invalid")
-		}
-		agreeGoSDK(t, raw, body)
-		agreeV1(t, raw, body)
+	for _, b := range hostileBodies() {
+		f.Add(b)
+	}
+	f.Fuzz(checkRead)
+}
+
+// FuzzReadMembers assembles messages from fuzzed key spellings and values,
+// so that the fuzzer reaches bodies Read accepts far more often than by
+// mutating bytes.
+func FuzzReadMembers(f *testing.F) {
+	f.Add("tools/call", "name", `"t"`, "verb", `"v"`, "x", `1`, "7")
+	f.Add("tools/call", "n\\u0061me", `"t"`, "Verb", `"v"`, "ſ", `{"s":1}`, `"7"`)
+	f.Add("prompts/get", "name", `"p"`, "name", `"x"`, "NAME", `2`, "-1")
+	f.Add("completion/complete", "ref", `{"type":"ref/prompt","name":"p"}`, "a", `[]`, "b", `null`, "1")
+	f.Add("resources/read", "uri", `"file:///\u00e9"`, "k", `"\ud83d\ude00"`, "K", `0`, `"\u0078"`)
+	f.Add("tools/list", "_meta", `{}`, "cursor", `"c"`, "x", `1e400`, "null")
+	f.Fuzz(func(t *testing.T, method, k1, v1, k2, v2, k3, v3, id string) {
+		body := `{"jsonrpc":"2.0","id":` + id + `,"method":"` + method + `","params":{"` + k1 + `":` + v1 +
+			`,"name":"t","uri":"u","arguments":{"` + k2 + `":` + v2 + `,"` + k3 + `":` + v3 + `}}}`
+		checkRead(t, []byte(body))
 	})
+}
+
+func checkRead(t *testing.T, raw []byte) {
+	t.Helper()
+	orig := bytes.Clone(raw)
+	body, err := Read(raw)
+	if !bytes.Equal(raw, orig) {
+		t.Fatal("Read modified the body")
+	}
+	verr := Validate(raw)
+	if err != nil {
+		var e *Error
+		if !errors.As(err, &e) || e.Offset < 0 || e.Offset > len(raw) || e.Msg == "" ||
+			!(e.Kind == ErrSyntax || e.Kind == ErrAmbiguous || e.Kind == ErrMalformed) {
+			t.Fatalf("Read error %#v: want an *Error of one of the three kinds", err)
+		}
+		if errors.Is(err, ErrSyntax) && json.Valid(raw) {
+			t.Fatalf("Read calls valid JSON a syntax error: %v", err)
+		}
+		if errors.Is(err, ErrSyntax) != errors.Is(verr, ErrSyntax) {
+			t.Fatalf("Read: %v; Validate: %v", err, verr)
+		}
+		return
+	}
+	if verr != nil {
+		t.Fatalf("Read accepts what Validate refuses: %v", verr)
+	}
+	if !json.Valid(raw) {
+		t.Fatal("Read accepts what encoding/json calls invalid")
+	}
+	agreeGoSDK(t, raw, body)
+	agreeV1(t, raw, body)
 }
 
 func FuzzValidate(f *testing.F) {

@@ -221,14 +221,15 @@ func disagree(body *Body, js jsReading) string {
 	return ""
 }
 
-// nodeCorpus is the table bodies, the fuzz corpus, and deterministic
-// mutations of them.
+// nodeCorpus is the table bodies, the fuzz corpus, the threat model's
+// hostile bodies, and deterministic mutations of them.
 func nodeCorpus(t *testing.T) [][]byte {
 	var corpus [][]byte
 	for _, r := range readRows {
 		corpus = append(corpus, []byte(r.body))
 	}
 	corpus = append(corpus, readCorpus(t)...)
+	corpus = append(corpus, hostileBodies()...)
 	// Mutations of accepted bodies are accepted more often, and those are
 	// the ones compared.
 	var accepted [][]byte

@@ -351,7 +351,7 @@ func (r *reader) message(c *Call, depth int) error {
 		hasVersion, version                bool
 		hasID, hasMethod, hasParams        bool
 		hasResult, hasError, paramsPending bool
-		idNull                             bool
+		nullID                             bool
 		paramsAt                           int
 	)
 	for {
@@ -370,8 +370,7 @@ func (r *reader) message(c *Call, depth int) error {
 			s, version, err = r.strValue(depth)
 			version = version && s == "2.0"
 		case "id":
-			hasID = true
-			idNull = r.peek() == 'n'
+			hasID, nullID = true, r.peek() == 'n'
 			c.ID, err = r.requestID(depth)
 		case "method":
 			hasMethod = true
@@ -422,8 +421,10 @@ func (r *reader) message(c *Call, depth int) error {
 		r.malformed(start, `"jsonrpc" must be the string "2.0"`)
 	}
 	if hasMethod {
-		if idNull {
-			r.ambiguous(start, `a request with a null "id": go-sdk runs it as a notification, without an answer, and other readers refuse it; give the request a string or integer id, or leave "id" out for a notification`)
+		if nullID {
+			// go-sdk runs it as a notification and answers nothing, the
+			// TypeScript SDK refuses it, and MCP forbids it.
+			r.ambiguous(start, `a request with a null "id": go-sdk runs it as a notification, the TypeScript SDK refuses it; send an integer or a string id, or no id for a notification`)
 		}
 		if hasResult || hasError {
 			r.malformed(start, `a message with a "method" is a request, and has no "result" or "error"`)
@@ -438,7 +439,7 @@ func (r *reader) message(c *Call, depth int) error {
 		r.malformed(start, `a message needs a "method" (a request or notification), or a "result" or an "error" (a response)`)
 	case hasResult && hasError:
 		r.malformed(start, `a response has a "result" or an "error", not both`)
-	case !hasID || idNull:
+	case !hasID || nullID:
 		r.malformed(start, `a response needs the "id" of the request it answers`)
 	case hasParams:
 		r.malformed(start, `a response has no "params"`)
@@ -455,7 +456,7 @@ func needsParams(method string) bool {
 }
 
 // requestID reads a message's id: a string, a plain integer (see
-// requestInt) or null.
+// requestInt) or null (which only a response may have: see message).
 func (r *reader) requestID(depth int) (ID, error) {
 	at := r.i
 	switch c := r.peek(); {

@@ -122,9 +122,6 @@ var readRows = []row{
 	{name: "id 2^53-1", body: `{"jsonrpc":"2.0","id":9007199254740991,"method":"ping"}`, calls: []want{{method: "ping", id: "9007199254740991"}}},
 	{name: "id -(2^53-1)", body: `{"jsonrpc":"2.0","id":-9007199254740991,"method":"ping"}`, calls: []want{{method: "ping", id: "-9007199254740991"}}},
 	{name: "id escaped string", body: `{"jsonrpc":"2.0","id":"\u0078","method":"ping"}`, calls: []want{{method: "ping", id: `"x"`}}},
-	// go-sdk runs a request with a null id as a notification; the
-	// TypeScript SDK refuses it.
-	{name: "id null on a request", body: `{"jsonrpc":"2.0","id":null,"method":"notifications/cancelled"}`, err: ErrAmbiguous},
 
 	// Accepted: batches.
 	{name: "batch", body: `[` + tc("a", "b") + `,{"jsonrpc":"2.0","id":2,"method":"ping"}]`, batch: true,
@@ -207,6 +204,8 @@ var readRows = []row{
 	{name: "id -0", body: `{"jsonrpc":"2.0","id":-0,"method":"ping"}`, err: ErrAmbiguous},
 	{name: "id 2^53", body: `{"jsonrpc":"2.0","id":9007199254740992,"method":"ping"}`, err: ErrAmbiguous},
 	{name: "id -2^53", body: `{"jsonrpc":"2.0","id":-9007199254740992,"method":"ping"}`, err: ErrAmbiguous},
+	{name: "id null on a request", body: `{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"x"}}`, err: ErrAmbiguous},
+	{name: "id null on a notification", body: `{"jsonrpc":"2.0","id":null,"method":"notifications/cancelled"}`, err: ErrAmbiguous},
 	{name: "id 20 digits", body: `{"jsonrpc":"2.0","id":12345678901234567890,"method":"ping"}`, err: ErrAmbiguous},
 	{name: "batch, same id twice", body: `[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}]`, err: ErrAmbiguous},
 	{name: "batch, same string id, escaped", body: `[{"jsonrpc":"2.0","id":"x","method":"ping"},{"jsonrpc":"2.0","id":"\u0078","method":"ping"}]`, err: ErrAmbiguous},
