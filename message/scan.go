@@ -126,15 +126,14 @@ func (r *reader) result(err error) error {
 
 // ws skips JSON whitespace: space, tab, line feed, carriage return.
 func (r *reader) ws() {
-	for r.i < len(r.b) {
-		switch r.b[r.i] {
-		case ' ', '\t', '\n', '\r':
-			r.i++
-		default:
-			return
-		}
+	i, b := r.i, r.b
+	for i < len(b) && space[b[i]] {
+		i++
 	}
+	r.i = i
 }
+
+var space = [256]bool{' ': true, '\t': true, '\n': true, '\r': true}
 
 func (r *reader) peek() byte {
 	if r.i < len(r.b) {
@@ -640,14 +639,15 @@ const (
 // that is '"', '\\', < 0x20 or >= 0x80 (bytes above it may be flagged
 // falsely, by a borrow; the lowest flagged byte never is).
 //
-// A byte is '"' or '\\' when it is zero once xored with it (the classic
-// (x-0x01..)&^x haszero); it is < 0x20 when subtracting 0x20 wraps it,
-// setting its high bit, and >= 0x80 when its own high bit is set. For the
-// last two, (w-0x20..)|w is ((w-0x20..)&^w)|w.
+// x-0x01.. sets a byte's high bit when the byte is zero (it borrows) or
+// >= 0x81. Xored with '"' or '\\', a byte is zero when it is that
+// character, and >= 0x80 only when it was >= 0x80, which |w flags anyway;
+// w-0x20.. sets the high bit of a byte < 0x20. A borrow only leaves a byte
+// that is itself flagged, so it can only flag bytes above.
 func special(w uint64) uint64 {
 	q := w ^ (lsb * '"')
 	s := w ^ (lsb * '\\')
-	return ((q-lsb)&^q | (s-lsb)&^s | (w - lsb*0x20) | w) & msb
+	return ((q - lsb) | (s - lsb) | (w - lsb*0x20) | w) & msb
 }
 
 // str reads the string at r.i and returns its content's span and what it
