@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -558,3 +559,24 @@ var (
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
+
+// agentBase is where the agents of sessions that r creates reach this
+// gateway: the configured resource's origin, else the listener r arrived on
+// (scheme://ip:port, which the client cannot choose), never r's Host or
+// X-Forwarded-* headers. The URLs handed to agents carry their tokens.
+// Empty when neither gives one (a unix socket; the app refuses to start
+// such a site, see checkAgentBases).
+func (h *Handler) agentBase(r *http.Request) string {
+	if h.resURL.IsAbs() {
+		return h.resURL.Scheme + "://" + h.resURL.Host
+	}
+	addr, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)
+	if !ok {
+		return ""
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + net.JoinHostPort(addr.IP.String(), strconv.Itoa(addr.Port))
+}
