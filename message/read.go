@@ -455,8 +455,8 @@ func needsParams(method string) bool {
 	return false
 }
 
-// requestID reads a message's id: a string, a plain integer (see
-// requestInt) or null (which only a response may have: see message).
+// requestID reads an id: a string, a plain integer (see requestInt) or
+// null (which message then refuses, on a request and on a response alike).
 func (r *reader) requestID(depth int) (ID, error) {
 	at := r.i
 	switch c := r.peek(); {

@@ -614,3 +614,31 @@ func TestReadConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestReadCancelled: notifications/cancelled names the request it gives up
+// on by the same id rules as a request's own id.
+func TestReadCancelled(t *testing.T) {
+	for _, tt := range []struct {
+		body, key string
+		err       error
+	}{
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"SECRET"}}`, "7", nil},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"\u0078"}}`, `"x"`, nil},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"reason":"no id"}}`, "", nil},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7.0}}`, "", ErrAmbiguous},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"RequestId":2}}`, "", ErrAmbiguous},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestID":2}}`, "", ErrAmbiguous},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":true}}`, "", ErrMalformed},
+	} {
+		b, err := Read([]byte(tt.body))
+		if tt.err != nil {
+			if !errors.Is(err, tt.err) {
+				t.Errorf("%s: %v, want %v", tt.body, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || b.Calls[0].Cancelled.Key() != tt.key {
+			t.Errorf("%s: Cancelled %q, %v; want %q", tt.body, b.Calls[0].Cancelled.Key(), err, tt.key)
+		}
+	}
+}
