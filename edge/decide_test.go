@@ -47,7 +47,7 @@ func testCatalog() catalog {
 
 // routes are one of each route kind, as the edge builds them, with the
 // principal an attacker holds on it.
-func testRoutes(t *testing.T) map[string]struct {
+func testRoutes(t testing.TB) map[string]struct {
 	route Route
 	p     policy.Principal
 } {
