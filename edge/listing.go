@@ -6,6 +6,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -62,28 +63,25 @@ type Listing struct {
 // request, or a GET that resumes no stream. onDrop is told of every answer
 // kept from the client.
 func NewListing(route Route, p policy.Principal, r *http.Request, b *message.Body, onDrop func(Drop)) *Listing {
-	f := &Listing{route: route, p: p, onDrop: onDrop}
 	switch {
 	case r.Method == http.MethodGet && r.Header.Get("Last-Event-ID") != "":
-		return f
-	case b == nil:
+		return &Listing{route: route, p: p, onDrop: onDrop}
+	case b == nil || !slices.ContainsFunc(b.Calls, isListing):
 		return nil
 	}
-	lists := false
-	f.methods = make(map[string]string, len(b.Calls))
+	f := &Listing{route: route, p: p, onDrop: onDrop, methods: make(map[string]string, len(b.Calls))}
 	for _, c := range b.Calls {
-		if c.IsResponse() || c.ID.IsZero() {
-			continue
+		if !c.IsResponse() && !c.ID.IsZero() {
+			f.methods[c.ID.Key()] = c.Method
 		}
-		f.methods[c.ID.Key()] = c.Method
-		if _, ok := listings[c.Method]; ok {
-			lists = true
-		}
-	}
-	if !lists {
-		return nil
 	}
 	return f
+}
+
+// isListing reports whether c is a listing request.
+func isListing(c message.Call) bool {
+	_, ok := listings[c.Method]
+	return ok && !c.ID.IsZero()
 }
 
 // Wrap returns w with the filter in front of its body. Call the returned
