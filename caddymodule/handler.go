@@ -493,13 +493,13 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	}
 	r = r.WithContext(ctx)
 	r.Header.Del("Authorization")
-	nextFn := edge.Next(next.ServeHTTP)
-	f := edge.NewListing(route, p, r, b, func(d edge.Drop) { h.auditDrop(r, p, d) })
-	if f == nil {
-		return route.Serve(w, r, nextFn)
-	}
+	// Every answer goes through the listing filter, which reads it: ask
+	// for it uncompressed (an `encode` in front still compresses what the
+	// client gets).
+	r.Header.Del("Accept-Encoding")
+	f := edge.NewListing(route, p, b, func(d edge.Drop) { h.auditDrop(r, p, d) })
 	fw, closeFilter := f.Wrap(w)
-	err := route.Serve(fw, r, nextFn)
+	err := route.Serve(fw, r, edge.Next(next.ServeHTTP))
 	if cerr := closeFilter(); err == nil {
 		err = cerr
 	}

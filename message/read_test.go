@@ -642,3 +642,32 @@ func TestReadCancelled(t *testing.T) {
 		}
 	}
 }
+
+// ReadAnswer reads a server's ids as a client reads them: by value.
+func TestReadAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		key  string
+		err  error
+	}{
+		{`{"jsonrpc":"2.0","id":7.0,"result":{}}`, "7", nil},
+		{`{"jsonrpc":"2.0","id":0.7e1,"result":{}}`, "7", nil},
+		{`{"jsonrpc":"2.0","id":-0,"result":{}}`, "0", nil},
+		{`{"jsonrpc":"2.0","id":"\u0078","result":{}}`, `"x"`, nil},
+		{`{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse error"}}`, "", nil},
+		{`{"jsonrpc":"2.0","id":1.5,"result":{}}`, "", ErrAmbiguous},
+		{`{"jsonrpc":"2.0","id":9007199254740993,"result":{}}`, "", ErrAmbiguous},
+		{`{"jsonrpc":"2.0","id":null,"result":{"tools":[]}}`, "", ErrMalformed},
+		{`{"jsonrpc":"2.0","id":null,"method":"ping"}`, "", ErrAmbiguous},
+		{`{"jsonrpc":"2.0","id":7,"Result":{}}`, "", ErrAmbiguous},
+	} {
+		b, err := ReadAnswer([]byte(tc.body))
+		if !errors.Is(err, tc.err) || (err == nil && b.Calls[0].ID.Key() != tc.key) {
+			t.Errorf("ReadAnswer(%s) = %v, %v; want key %q, %v", tc.body, b, err, tc.key, tc.err)
+		}
+	}
+	// Read keeps the request rules.
+	if _, err := Read([]byte(`{"jsonrpc":"2.0","id":7.0,"result":{}}`)); !errors.Is(err, ErrAmbiguous) {
+		t.Errorf("Read took a non-canonical id: %v", err)
+	}
+}
