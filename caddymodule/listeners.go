@@ -14,7 +14,10 @@ import (
 // else from the listener a session was created on (see agentBase), never
 // from a request's Host. A listener's address is a name an agent can reach
 // over plain HTTP; over TLS, the address is an IP that the site's
-// certificate does not name, and a unix socket has none.
+// certificate does not name, and a unix socket has none. (Behind the
+// proxy_protocol listener wrapper, a connection's local address is what a
+// trusted PROXY header says; the README asks for an absolute resource
+// there: the loaded server no longer shows its wrappers' config.)
 func (a *App) checkAgentBases() error {
 	httpApp, err := a.ctx.AppIfConfigured("http")
 	if errors.Is(err, caddy.ErrNotConfigured) {
@@ -33,8 +36,8 @@ func (a *App) checkAgentBases() error {
 			switch {
 			case len(srv.TLSConnPolicies) > 0:
 				errs = append(errs, fmt.Errorf("server %s: the sessions endpoint on an https site needs `resource https://<this site's name>%s` in its zidane_mcp block: agents are handed URLs on it, and never one built from a request's Host", name, h.resURL.Path))
-			case !anyTCP(srv.Listen):
-				errs = append(errs, fmt.Errorf("server %s: the sessions endpoint listens on no TCP address its agents could reach: set `resource http(s)://<host:port>%s` in its zidane_mcp block", name, h.resURL.Path))
+			case anyUnix(srv.Listen):
+				errs = append(errs, fmt.Errorf("server %s: the sessions endpoint listens on a unix socket, which has no address its agents could reach: set `resource http(s)://<host:port>%s` in its zidane_mcp block", name, h.resURL.Path))
 			}
 		})
 		if len(errs) > 0 {
@@ -72,11 +75,11 @@ func walkHandlers(routes caddyhttp.RouteList, errs *caddyhttp.HTTPErrorConfig, n
 	}
 }
 
-// anyTCP reports whether one of a server's listen addresses is TCP.
-func anyTCP(listen []string) bool {
+// anyUnix reports whether one of a server's listen addresses is a unix
+// socket.
+func anyUnix(listen []string) bool {
 	for _, l := range listen {
-		na, err := caddy.ParseNetworkAddress(l)
-		if err == nil && !na.IsUnixNetwork() {
+		if na, err := caddy.ParseNetworkAddress(l); err == nil && na.IsUnixNetwork() {
 			return true
 		}
 	}
