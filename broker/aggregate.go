@@ -142,7 +142,8 @@ const DefaultStdioIdle = 10 * time.Minute
 // Failures: an upstream that never connected offers nothing (its catalog
 // retries with backoff); one that went away keeps its last listing, and a
 // call to it gets a tool error naming it. Sessions are bound to the token
-// that initialized them.
+// that initialized them, and closed, with their upstream sessions, after
+// [AggregateOptions.SessionTimeout] without a request in flight.
 type Aggregate struct {
 	ups          []*aggUpstream
 	byName       map[string]*aggUpstream
