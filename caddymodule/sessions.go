@@ -40,10 +40,10 @@ const demoAgentName = "demo"
 // engine with its agent processes, the MCP endpoint with its MCP sessions,
 // and the key that signs session links.
 type sessionsState struct {
-	engine   *sessions.Engine
-	endpoint *mcpendpoint.Endpoint
-	page     *sessionpage.Page
-	signer   *sessionpage.Signer
+	engine     *sessions.Engine
+	endpoint   *mcpendpoint.Endpoint
+	page       *sessionpage.Page
+	signer     *sessionpage.Signer
 	agentsHash string
 	unhook     func()
 	// endpointPath is the MCP endpoint's path, which orchestrator agents
