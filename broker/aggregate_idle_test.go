@@ -2,10 +2,13 @@ package broker
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,9 +20,17 @@ import (
 // id header and the body.
 func rawPost(t *testing.T, url, sid, body string) (int, string, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	status, id, answer, err := tryRawPost(url, sid, body)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return status, id, answer
+}
+
+func tryRawPost(url, sid, body string) (int, string, string, error) {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return 0, "", "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
@@ -30,11 +41,11 @@ func rawPost(t *testing.T, url, sid, body string) (int, string, string) {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return 0, "", "", err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header.Get("Mcp-Session-Id"), string(b)
+	return resp.StatusCode, resp.Header.Get("Mcp-Session-Id"), string(b), nil
 }
 
 const aggInitialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"forgetful","version":"1"}}}`
@@ -43,17 +54,26 @@ const aggInitialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"
 // holds an upstream session of its own), and leaves it.
 func forgetful(t *testing.T, url string) string {
 	t.Helper()
-	status, sid, body := rawPost(t, url, "", aggInitialize)
-	if status != http.StatusOK || sid == "" {
-		t.Fatalf("initialize: %d %q %s", status, sid, body)
-	}
-	if status, _, body := rawPost(t, url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); status != http.StatusAccepted {
-		t.Fatalf("notifications/initialized: %d %s", status, body)
-	}
-	if status, _, body := rawPost(t, url, sid, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"mcp_a_echo","arguments":{"text":"hi"}}}`); status != http.StatusOK || !strings.Contains(body, "a:hi") {
-		t.Fatalf("tools/call: %d %s", status, body)
+	sid, err := tryForgetful(url)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return sid
+}
+
+// tryForgetful is forgetful for goroutines other than the test's.
+func tryForgetful(url string) (string, error) {
+	status, sid, body, err := tryRawPost(url, "", aggInitialize)
+	if err != nil || status != http.StatusOK || sid == "" {
+		return "", fmt.Errorf("initialize: %d %q %s %v", status, sid, body, err)
+	}
+	if status, _, body, err := tryRawPost(url, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); err != nil || status != http.StatusAccepted {
+		return "", fmt.Errorf("notifications/initialized: %d %s %v", status, body, err)
+	}
+	if status, _, body, err := tryRawPost(url, sid, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"mcp_a_echo","arguments":{"text":"hi"}}}`); err != nil || status != http.StatusOK || !strings.Contains(body, "a:hi") {
+		return "", fmt.Errorf("tools/call: %d %s %v", status, body, err)
+	}
+	return sid, nil
 }
 
 // held is what the route keeps for downstream sessions.
@@ -124,8 +144,20 @@ func TestAggregateIdleSessionsAreReleased(t *testing.T) {
 	before, gBefore := settledHeap(t, a, 0)
 	const n = 100
 	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = forgetful(t, url)
+	// Opened by a few clients at once, well within the timeout, so that
+	// "peak" has them all.
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				ids[i], errs[i] = tryForgetful(url)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
 	}
 	peak, gPeak := settledHeap(t, a, 0)
 	h := a.held(up.server)

@@ -2,10 +2,13 @@ package mcpendpoint
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -14,28 +17,52 @@ import (
 // initialize and notifications/initialized, no GET stream, no DELETE.
 func openRaw(t *testing.T, url, token string) string {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(initializeBody))
+	id, err := tryOpenRaw(url, token)
 	if err != nil {
 		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Read the answer: a client that hangs up first cancels its initialize.
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	id := resp.Header.Get("Mcp-Session-Id")
-	if resp.StatusCode != http.StatusOK || id == "" {
-		t.Fatalf("initialize: status %d, session %q", resp.StatusCode, id)
-	}
-	if status, body := post(t, url, token, id, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); status != http.StatusAccepted {
-		t.Fatalf("notifications/initialized: %d %s", status, body)
 	}
 	return id
+}
+
+// tryOpenRaw is openRaw for goroutines other than the test's.
+func tryOpenRaw(url, token string) (string, error) {
+	send := func(sid, body string) (*http.Response, error) {
+		req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("MCP-Protocol-Version", "2025-11-25")
+		req.Header.Set("Authorization", "Bearer "+token)
+		if sid != "" {
+			req.Header.Set("Mcp-Session-Id", sid)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		// Read the answer: a client that hangs up first cancels its
+		// initialize.
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp, nil
+	}
+	resp, err := send("", initializeBody)
+	if err != nil {
+		return "", err
+	}
+	id := resp.Header.Get("Mcp-Session-Id")
+	if resp.StatusCode != http.StatusOK || id == "" {
+		return "", fmt.Errorf("initialize: status %d, session %q", resp.StatusCode, id)
+	}
+	if resp, err = send(id, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); err != nil {
+		return "", fmt.Errorf("notifications/initialized: %v", err)
+	}
+	if resp.StatusCode != http.StatusAccepted {
+		return "", fmt.Errorf("notifications/initialized: status %d", resp.StatusCode)
+	}
+	return id, nil
 }
 
 func (h *harness) liveSessions() (server, peers, tracked int) {
@@ -80,8 +107,20 @@ func TestIdleMCPSessionsAreClosedAndFreed(t *testing.T) {
 	const n = 300
 	before := liveHeap()
 	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = openRaw(t, h.srv.URL, "alice-token")
+	// Opened by a few clients at once, well within the timeout, so that
+	// "peak" has them all.
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				ids[i], errs[i] = tryOpenRaw(h.srv.URL, "alice-token")
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
 	}
 	peak := liveHeap()
 	if s, p, tr := h.liveSessions(); s+p+tr > 3*n || s == 0 {
