@@ -22,8 +22,9 @@ func (g *gateway) stop()    { g.p.stop() }
 
 // startGateway runs caddy with a site per route, all on loopback, and
 // creates the token the guarded routes use. The rate limit is set far above
-// what the run sends, so that it is measured but never triggers.
-func startGateway(ctx context.Context, bin, work, upstream, second string) (*gateway, error) {
+// what the run sends, so that it is measured but never triggers. zidane
+// holds more lines for the global zidane option.
+func startGateway(ctx context.Context, bin, work, upstream, second, zidane string) (*gateway, error) {
 	ports := make([]int, 5)
 	for i := range ports {
 		p, err := freePort()
@@ -57,6 +58,7 @@ http://127.0.0.1:%d {
 	zidane {
 		upstream bench http://%s/mcp
 		upstream bench2 http://%s/mcp
+%s
 	}
 }
 
@@ -82,7 +84,7 @@ http://127.0.0.1:%d {
 		}
 	}
 }
-%s`, admin, upstream, second2, rpPort, upstream, guardPort, upstream, brokerPort, aggregated)
+%s`, admin, upstream, second2, zidane, rpPort, upstream, guardPort, upstream, brokerPort, aggregated)
 	path := filepath.Join(work, "Caddyfile")
 	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
 		return nil, err
@@ -151,8 +153,10 @@ func (g *sessionsGateway) stop()    { g.p.stop() }
 
 // startSessionsGateway runs caddy with the sessions endpoint, keeping its
 // storage in dir, and creates a chat token. The rate limit is set far above
-// what the run sends.
-func startSessionsGateway(ctx context.Context, bin, dir string, maxSessions, maxAgents int, idle time.Duration) (*sessionsGateway, error) {
+// what the run sends. The run's one token may use all of max_sessions and
+// max_agents: it stands for every client of a gateway. zidane holds more
+// lines for the global zidane option.
+func startSessionsGateway(ctx context.Context, bin, dir string, maxSessions, maxAgents int, idle time.Duration, zidane string) (*sessionsGateway, error) {
 	admin, err := freePort()
 	if err != nil {
 		return nil, err
@@ -169,7 +173,10 @@ func startSessionsGateway(ctx context.Context, bin, dir string, maxSessions, max
 	zidane {
 		max_sessions %d
 		max_agents %d
+		max_sessions_per_token %d
+		max_agents_per_token %d
 		agent_idle_timeout %s
+%s
 	}
 }
 
@@ -181,7 +188,7 @@ http://127.0.0.1:%d {
 		}
 	}
 }
-`, admin, maxSessions, maxAgents, idle, port)
+`, admin, maxSessions, maxAgents, maxSessions, maxAgents, idle, zidane, port)
 	path := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
 		return nil, err

@@ -27,8 +27,12 @@ import (
 // after the last one: caddy's RSS from /proc and its live heap after a GC
 // from the admin API's pprof; for broker pass-through, whose session ids
 // are sealed and which keeps no session state itself, also the upstream's
-// RSS, since that is where the sessions' state lives. Finally a sample of
+// RSS, since that is where the sessions' state lives. Then a sample of
 // the sessions is pinged with their ids, to check they are still alive.
+// Last, on the routes that close idle sessions (the sessions endpoint and
+// the aggregated route: mcp_session_idle_timeout), the run waits out the
+// timeout after the last ping, measures again, and pings the sample once
+// more: each must now get 404.
 const (
 	idleWorkers     = 32
 	idlePings       = 20
@@ -60,6 +64,13 @@ type idleRoute struct {
 	pingsOK        int
 	pingsSampled   int
 	firstPingError string
+
+	// After the idle timeout, on the routes that close idle sessions.
+	expire      time.Duration // 0: not measured
+	rssExpired  int64
+	heapExpired int64
+	gorExpired  int
+	closed      int // sampled sessions answered 404
 }
 
 // idleResult is what the idle-sessions run measured.
@@ -81,19 +92,23 @@ func runIdle(ctx context.Context, cfg config, work, caddyBin, upstreamBin string
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
+	zidane := ""
+	if cfg.idleTimeout > 0 {
+		zidane = "\t\tmcp_session_idle_timeout " + cfg.idleTimeout.String()
+	}
 	fmt.Fprintf(os.Stderr, "bench: idle MCP sessions, %d on the sessions endpoint…\n", cfg.idle)
-	sgw, err := startSessionsGateway(ctx, caddyBin, dir, 1000, 4, 30*time.Second)
+	sgw, err := startSessionsGateway(ctx, caddyBin, dir, 1000, 4, 30*time.Second, zidane)
 	if err != nil {
 		return nil, err
 	}
-	r, err := measureIdle(ctx, "sessions endpoint", sgw.url, sgw.token, cfg.idle, sgw.pid(), sgw.admin, 0)
+	r, err := measureIdle(ctx, "sessions endpoint", sgw.url, sgw.token, cfg.idle, sgw.pid(), sgw.admin, 0, cfg.idleTimeout)
 	sgw.stop()
 	if err != nil {
 		return nil, fmt.Errorf("idle sessions, sessions endpoint: %w\n%s", err, tail(sgw.p.logs.String(), 20))
 	}
 	res.routes = append(res.routes, r)
 
-	fmt.Fprintf(os.Stderr, "bench: idle MCP sessions, %d on broker pass-through…\n", cfg.idle)
+	fmt.Fprintf(os.Stderr, "bench: idle MCP sessions, %d on broker pass-through, then on the aggregated route…\n", cfg.idle)
 	up, upAddr, err := startUpstream(ctx, upstreamBin)
 	if err != nil {
 		return nil, err
@@ -103,26 +118,35 @@ func runIdle(ctx context.Context, cfg config, work, caddyBin, upstreamBin string
 	if err := os.MkdirAll(gdir, 0o700); err != nil {
 		return nil, err
 	}
-	gw, err := startGateway(ctx, caddyBin, gdir, upAddr, "")
+	// The aggregated route, over the same upstream twice; its sessions
+	// only initialize, so they reach no upstream.
+	gw, err := startGateway(ctx, caddyBin, gdir, upAddr, upAddr, zidane)
 	if err != nil {
 		return nil, err
 	}
-	var broker *route
-	for i := range gw.routes {
-		if gw.routes[i].name == "broker pass-through" {
-			broker = &gw.routes[i]
+	defer gw.stop()
+	for _, name := range []string{"broker pass-through", "aggregated (2 upstreams)"} {
+		var rt *route
+		for i := range gw.routes {
+			if gw.routes[i].name == name {
+				rt = &gw.routes[i]
+			}
 		}
+		if rt == nil {
+			return nil, fmt.Errorf("the gateway has no %s route", name)
+		}
+		// Pass-through keeps no session state in caddy: the upstream's
+		// sessions are its own to time out.
+		upPID, expire := up.cmd.Process.Pid, time.Duration(0)
+		if name != "broker pass-through" {
+			upPID, expire = 0, cfg.idleTimeout
+		}
+		r, err = measureIdle(ctx, rt.name, rt.url, rt.token, cfg.idle, gw.pid(), gw.admin, upPID, expire)
+		if err != nil {
+			return nil, fmt.Errorf("idle sessions, %s: %w\n%s", name, err, tail(gw.p.logs.String(), 20))
+		}
+		res.routes = append(res.routes, r)
 	}
-	if broker == nil {
-		gw.stop()
-		return nil, fmt.Errorf("the gateway has no broker pass-through route")
-	}
-	r, err = measureIdle(ctx, broker.name, broker.url, broker.token, cfg.idle, gw.pid(), gw.admin, up.cmd.Process.Pid)
-	gw.stop()
-	if err != nil {
-		return nil, fmt.Errorf("idle sessions, broker pass-through: %w\n%s", err, tail(gw.p.logs.String(), 20))
-	}
-	res.routes = append(res.routes, r)
 	res.total = time.Since(began)
 	return res, nil
 }
@@ -136,9 +160,10 @@ type idleClient struct {
 }
 
 // measureIdle opens n sessions on url and measures caddy (caddyPID, admin)
-// and, when upPID is not 0, the upstream around it.
-func measureIdle(ctx context.Context, name, url, token string, n, caddyPID int, admin string, upPID int) (idleRoute, error) {
-	r := idleRoute{name: name, n: n, upstream: upPID != 0}
+// and, when upPID is not 0, the upstream around it; with expire, once more
+// after that idle timeout.
+func measureIdle(ctx context.Context, name, url, token string, n, caddyPID int, admin string, upPID int, expire time.Duration) (idleRoute, error) {
+	r := idleRoute{name: name, n: n, upstream: upPID != 0, expire: expire}
 	tr := &http.Transport{MaxIdleConns: 2 * idleWorkers, MaxIdleConnsPerHost: 2 * idleWorkers, IdleConnTimeout: time.Minute}
 	defer tr.CloseIdleConnections()
 	c := &idleClient{hc: &http.Client{Transport: tr, Timeout: idleCallTimeout}, url: url, token: token}
@@ -217,6 +242,26 @@ func measureIdle(ctx context.Context, name, url, token string, n, caddyPID int, 
 			continue
 		}
 		r.pingsOK++
+	}
+	if expire <= 0 || ctx.Err() != nil {
+		return r, ctx.Err()
+	}
+
+	// The pings were the sessions' last requests: wait the timeout out
+	// (and a little more, for the timers), then measure and ping again.
+	fmt.Fprintf(os.Stderr, "bench: waiting out the %s idle timeout on %s…\n", expire, name)
+	select {
+	case <-time.After(expire + 2*time.Second):
+	case <-ctx.Done():
+		return r, ctx.Err()
+	}
+	r.rssExpired, _ = rss(caddyPID)
+	r.heapExpired = liveHeap(ctx, admin)
+	r.gorExpired = goroutines(ctx, admin)
+	for i := range sample {
+		if err := c.ping(ctx, ids[i]); err != nil && strings.Contains(err.Error(), "HTTP 404") {
+			r.closed++
+		}
 	}
 	return r, ctx.Err()
 }
@@ -435,7 +480,45 @@ func printIdle(out io.Writer, r *idleResult) {
 			fmt.Fprintf(out, "%s: first failed ping: %s\n", x.name, x.firstPingError)
 		}
 	}
+	printExpired(out, r)
 	fmt.Fprintf(out, "wall time, whole section: %s\n", r.total.Round(10*time.Millisecond))
+}
+
+// printExpired is the table of what the routes that close idle sessions
+// hold once the timeout has passed, against what the sessions took: kept
+// is (after timeout − before) / (after opening − before).
+func printExpired(out io.Writer, r *idleResult) {
+	var rows []idleRoute
+	for _, x := range r.routes {
+		if x.expire > 0 {
+			rows = append(rows, x)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(out, "\nafter mcp_session_idle_timeout %s (waited out after the last ping): what the sessions took, and what of it is kept\n\n", rows[0].expire)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "route\tcaddy heap before → opened → after timeout\theap kept\tcaddy RSS before → opened → after timeout\tRSS kept\tgoroutines before → opened → after\tsampled sessions closed (404)\t")
+	kept := func(before, opened, after int64) string {
+		if before == 0 || opened <= before || after == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", float64(after-before)/float64(opened-before))
+	}
+	for _, x := range rows {
+		fmt.Fprintf(tw, "%s\t%s → %s → %s\t%s\t%s → %s → %s\t%s\t%d → %d → %d\t%d/%d\t\n", x.name,
+			mib(x.heapBefore), mib(x.heapAfter), mib(x.heapExpired), kept(x.heapBefore, x.heapAfter, x.heapExpired),
+			mib(x.rssBefore), mib(x.rssAfter), mib(x.rssExpired), kept(x.rssBefore, x.rssAfter, x.rssExpired),
+			x.gorBefore, x.gorAfter, x.gorExpired, x.closed, x.pingsSampled)
+	}
+	tw.Flush()
+	for _, x := range rows {
+		if x.open > x.expire {
+			fmt.Fprintf(out, "%s: opening took %s, longer than the timeout, so the first sessions had closed before \"opened\" was measured\n", x.name, x.open.Round(time.Second))
+		}
+	}
+	fmt.Fprintln(out, "RSS falls back only as fast as Go's scavenger returns freed pages to the OS; the heap is the live heap after a GC.")
 }
 
 func yesNo(b bool) string {

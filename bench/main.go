@@ -13,9 +13,12 @@
 // session (see sessions.go).
 //
 // A third section opens -idle initialized MCP sessions on the sessions
-// endpoint and on broker pass-through, leaves them open, and reports the
-// RSS and live heap they cost per session, caddy's and, for broker
-// pass-through, the upstream's, where their state lives (see idle.go).
+// endpoint, on broker pass-through and on the aggregated route, leaves them
+// open, and reports the RSS and live heap they cost per session, caddy's
+// and, for broker pass-through, the upstream's, where their state lives;
+// then it waits out -mcp-idle-timeout and reports what is left once the
+// sessions endpoint and the aggregated route have closed them (see
+// idle.go).
 //
 //	go run ./bench                       # full run
 //	go run ./bench -smoke                # a few hundred calls per route, 20 sessions, 200 idle sessions (CI)
@@ -54,7 +57,8 @@ type config struct {
 	maxAgents      int // the gateway's max_agents
 	agentIdle      time.Duration
 
-	idle int // idle MCP sessions opened on each route in the idle-sessions run; 0 skips it
+	idle        int           // idle MCP sessions opened on each route in the idle-sessions run; 0 skips it
+	idleTimeout time.Duration // the idle run's mcp_session_idle_timeout, waited out and measured after; 0: not measured
 
 	cpuProfile      string        // when set, a CPU profile of caddy is written here (see profileRoute)
 	profileRoute    string        // the route driven while it is taken: a prefix of its name
@@ -94,7 +98,8 @@ func parseFlags(args []string) (config, error) {
 	sessionClients := fs.Int("session-clients", 16, "MCP client sessions that create the demo-agent sessions")
 	maxAgents := fs.Int("max-agents", 32, "the gateway's max_agents in the session-engine run: agent processes alive at once")
 	agentIdle := fs.Duration("agent-idle", 2*time.Second, "the gateway's agent_idle_timeout in the session-engine run")
-	idle := fs.Int("idle", 10000, "initialized MCP sessions to open and leave idle on the sessions endpoint and on broker pass-through, for memory per session; 0 skips it")
+	idle := fs.Int("idle", 10000, "initialized MCP sessions to open and leave idle on the sessions endpoint, broker pass-through and the aggregated route, for memory per session; 0 skips it")
+	idleTimeout := fs.Duration("mcp-idle-timeout", 30*time.Second, "the idle run's mcp_session_idle_timeout: the run waits it out and measures memory again, to show the sessions' memory is given back; 0 skips that (smoke: 3s)")
 	cpuProfile := fs.String("cpuprofile", "", "after the calls table, write a CPU profile of caddy to this file, taken from its admin API while -profile-route is driven")
 	profileRoute := fs.String("profile-route", "aggregated", "the route driven while -cpuprofile is taken: the start of its name in the table")
 	profileSessions := fs.Int("profile-sessions", 32, "concurrent MCP sessions driving -profile-route while -cpuprofile is taken")
@@ -106,7 +111,7 @@ func parseFlags(args []string) (config, error) {
 		return config{}, err
 	}
 	cfg := config{calls: *calls, rounds: *rounds, tool: *tool, peers: peers, peerMCPGo: *peerMCPGo, timeout: *timeout, only: *only,
-		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle, idle: *idle,
+		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle, idle: *idle, idleTimeout: *idleTimeout,
 		cpuProfile: *cpuProfile, profileRoute: *profileRoute, profileSessions: *profileSessions, profileFor: *profileFor}
 	for _, s := range strings.Split(*conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -124,6 +129,9 @@ func parseFlags(args []string) (config, error) {
 		}
 		if !explicit["idle"] {
 			cfg.idle = 200
+		}
+		if !explicit["mcp-idle-timeout"] {
+			cfg.idleTimeout = 3 * time.Second
 		}
 	}
 	if cfg.calls < 1 || cfg.rounds < 1 {
@@ -155,6 +163,9 @@ func parseFlags(args []string) (config, error) {
 		if cfg.profileFor < time.Second || cfg.profileFor > 5*time.Minute {
 			return config{}, fmt.Errorf("-profile-for %s: give 1s to 5m", cfg.profileFor)
 		}
+	}
+	if cfg.idleTimeout < 0 {
+		return config{}, fmt.Errorf("-mcp-idle-timeout %s: give 0 (not measured) or a positive duration such as 30s", cfg.idleTimeout)
 	}
 	if cfg.idle < 0 || cfg.idle > 100000 {
 		return config{}, fmt.Errorf("-idle %d: give 0 (skip) to 100000", cfg.idle)

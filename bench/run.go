@@ -126,7 +126,7 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 	}
 	defer up2.stop()
 
-	gw, err := startGateway(ctx, caddyBin, work, upAddr, up2Addr)
+	gw, err := startGateway(ctx, caddyBin, work, upAddr, up2Addr, "")
 	if err != nil {
 		return nil, err
 	}

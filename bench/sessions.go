@@ -61,7 +61,7 @@ type sessionsResult struct {
 	created      int
 	createErrors int
 	firstError   string
-	retries      int // creates refused because max_agents agents ran, and retried
+	retries      int // creates refused because max_agents agents were busy (none idle to stop for room), and retried
 
 	finished     int // a finished event reached a client
 	finishedRead int // no finished event came, but read shows the turn done
@@ -153,7 +153,7 @@ func runSessions(ctx context.Context, cfg config, work, caddyBin string) (*sessi
 		maxSessions: cfg.sessions + 100, idle: cfg.agentIdle}
 	fmt.Fprintf(os.Stderr, "bench: session engine, %d demo-agent sessions from %d clients, max_agents %d…\n",
 		cfg.sessions, cfg.sessionClients, cfg.maxAgents)
-	gw, err := startSessionsGateway(ctx, caddyBin, dir, res.maxSessions, cfg.maxAgents, cfg.agentIdle)
+	gw, err := startSessionsGateway(ctx, caddyBin, dir, res.maxSessions, cfg.maxAgents, cfg.agentIdle, "")
 	if err != nil {
 		return nil, err
 	}
@@ -665,7 +665,7 @@ func printSessions(out io.Writer, r *sessionsResult) {
 	row("read p50, p99", "%s, %s (%d reads, %d errors)", p50, p99, len(r.reads), r.readErrors)
 	row("finished events delivered / expected", "%d / %d (%d to another client, %d duplicates, %d other events, %d of unknown sessions)",
 		r.delivered, r.created, r.misdirected, r.duplicates, r.otherEvents, r.unknownEvents)
-	row("create retries (max_agents refusals)", "%d", r.retries)
+	row("create retries (max_agents refusals, all agents busy)", "%d", r.retries)
 	row("agent processes at peak", "%d alive, %d zombies (sampled every %s; over max_agents in %d of %d samples; %d distinct seen)",
 		r.peakAgents, r.peakZombies, sampleEvery, r.samplesOverCap, r.samples, r.agentsSeen)
 	row("one demo agent's RSS", "%s (median of %d agents' largest sample)", mib(r.agentRSS), r.agentsSeen)

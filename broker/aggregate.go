@@ -17,6 +17,7 @@ import (
 	"github.com/yosida95/uritemplate/v3"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/internal/mcpidle"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -80,6 +81,15 @@ type AggregateOptions struct {
 	// ToolCache, when set, keeps each upstream's tool listing across
 	// restarts (see [ToolCache]).
 	ToolCache ToolCache
+	// SessionTimeout closes a downstream session that has had no request
+	// in flight for this long (an open GET stream, and a tools/call on the
+	// fast path, are requests in flight), with what the route keeps for
+	// it: its token binding, its upstream client sessions (a stdio
+	// upstream of its own ends), its subscriptions. The client gets 404
+	// and initializes again. Zero means sessions never time out. go-sdk's
+	// own StreamableHTTPOptions.SessionTimeout is not used: it counts
+	// neither GET streams nor the fast path, which bypasses go-sdk.
+	SessionTimeout time.Duration
 	// AuthRequired, when set, reports whether the named upstream waits for
 	// an operator's OAuth login. After a failed connection to such an
 	// upstream its tools, prompts and resources are withdrawn; they come
@@ -132,7 +142,8 @@ const DefaultStdioIdle = 10 * time.Minute
 // Failures: an upstream that never connected offers nothing (its catalog
 // retries with backoff); one that went away keeps its last listing, and a
 // call to it gets a tool error naming it. Sessions are bound to the token
-// that initialized them.
+// that initialized them, and closed, with their upstream sessions, after
+// [AggregateOptions.SessionTimeout] without a request in flight.
 type Aggregate struct {
 	ups          []*aggUpstream
 	byName       map[string]*aggUpstream
@@ -145,6 +156,7 @@ type Aggregate struct {
 	cache        ToolCache
 	authRequired func(string) bool
 	maxBody      int64 // MaxRequestBodyBytes, for the fast path's read
+	idle         *mcpidle.Sessions
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -241,6 +253,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		maxBody:      opts.MaxRequestBodyBytes,
 		bindings:     map[string]string{},
 		subs:         map[string]map[*mcp.ServerSession]bool{},
+		idle:         mcpidle.New(opts.SessionTimeout),
 	}
 	var names []string
 	for _, u := range ups {
@@ -431,6 +444,7 @@ func (a *Aggregate) Close() error {
 		return nil
 	}
 	a.closed = true
+	a.idle.Stop()
 	sessions := make([]*aggSession, 0, len(a.sessions))
 	for _, s := range a.sessions {
 		sessions = append(sessions, s)
@@ -478,6 +492,7 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				"unknown session: start a new session by initializing again without Mcp-Session-Id")
 			return
 		}
+		defer a.idle.Use(sid, p.TokenID)()
 		if known && a.serveFast(w, r, sid) {
 			return
 		}
@@ -490,7 +505,31 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			a.bindings[sid] = p.TokenID
 		}
 		a.mu.Unlock()
+		a.idle.Opened(sid, p.TokenID, func() { a.expire(sid) })
 	}}, r)
+}
+
+// expire closes downstream session sid, idle for SessionTimeout: its
+// server session (whose end releases what the route holds for it, see
+// dropSession) and its token binding, which a session that never finished
+// initializing has without any other state.
+func (a *Aggregate) expire(sid string) {
+	a.mu.Lock()
+	s := a.byID[sid]
+	a.mu.Unlock()
+	if s != nil {
+		s.ss.Close()
+	} else {
+		for ss := range a.server.Sessions() {
+			if ss.ID() == sid {
+				ss.Close()
+			}
+		}
+	}
+	a.mu.Lock()
+	delete(a.bindings, sid)
+	a.mu.Unlock()
+	a.logger.Debug("aggregate: downstream session closed after being idle", "session", sid)
 }
 
 // bindingWriter records the session id the handler gives out.
@@ -551,6 +590,12 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		case "initialize":
 			if ir, ok := res.(*mcp.InitializeResult); ok && ir != nil {
 				ir.Instructions = a.instructions()
+			}
+			// The session's state, and the watcher that drops it with its
+			// binding when the session ends, exist from here on, not only
+			// once the client sends notifications/initialized.
+			if ss, ok := req.GetSession().(*mcp.ServerSession); ok {
+				a.session(ss)
 			}
 		case "logging/setLevel":
 			if ss, ok := req.GetSession().(*mcp.ServerSession); ok {

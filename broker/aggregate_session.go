@@ -73,6 +73,7 @@ func (a *Aggregate) session(ss *mcp.ServerSession) *aggSession {
 // dropSession forgets a closed downstream session, closes its upstream
 // sessions and releases its subscriptions.
 func (a *Aggregate) dropSession(ss *mcp.ServerSession) {
+	a.idle.Closed(ss.ID())
 	a.mu.Lock()
 	s := a.sessions[ss]
 	delete(a.sessions, ss)

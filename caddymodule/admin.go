@@ -56,6 +56,7 @@ type createTokenRequest struct {
 	Scopes  []string `json:"scopes"`
 	Kind    string   `json:"kind,omitempty"`
 	Expires string   `json:"expires,omitempty"`
+	Roots   []string `json:"roots,omitempty"`
 }
 
 // createTokenResponse carries the secret, once.
@@ -188,7 +189,7 @@ func (req createTokenRequest) spec() (policy.TokenSpec, error) {
 	if err != nil {
 		return policy.TokenSpec{}, err
 	}
-	return policy.TokenSpec{Name: req.Name, Scopes: req.Scopes, Kind: policy.Kind(req.Kind), Expires: exp}, nil
+	return policy.TokenSpec{Name: req.Name, Scopes: req.Scopes, Kind: policy.Kind(req.Kind), Expires: exp, Roots: req.Roots}, nil
 }
 
 // redact drops the hashes from a listing: they are not secrets, but a

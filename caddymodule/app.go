@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -64,6 +65,30 @@ type App struct {
 	// Default: 30m.
 	AgentIdleTimeout caddy.Duration `json:"agent_idle_timeout,omitempty"`
 
+	// MaxSessionsPerToken bounds the live (not ended) sessions one token
+	// created. Default: a tenth of max_sessions (100).
+	MaxSessionsPerToken int `json:"max_sessions_per_token,omitempty"`
+
+	// MaxAgentsPerToken bounds the agent processes the sessions of one
+	// token hold. Default: a quarter of max_agents (16). At this limit, or
+	// at max_agents, the least recently used idle agent that supports
+	// session/load is stopped to make room; a launch is refused only when
+	// there is none.
+	MaxAgentsPerToken int `json:"max_agents_per_token,omitempty"`
+
+	// MCPSessionIdleTimeout closes an MCP session on the sessions endpoint
+	// or an aggregated route that has had no request in flight this long
+	// (an open GET stream counts as one), freeing what it holds; the client
+	// initializes again. Default: 30m; negative: never.
+	MCPSessionIdleTimeout caddy.Duration `json:"mcp_session_idle_timeout,omitempty"`
+
+	// Roots confine sessions to these directory trees: a session's cwd,
+	// and for a worktree environment its repository, git directory and new
+	// worktree, must lie inside one of them once symlinks are resolved.
+	// A token's own roots (`caddy zidane token create --root`) narrow
+	// these. Empty: any directory the gateway's user can reach.
+	Roots []string `json:"roots,omitempty"`
+
 	// Upstreams are the remote MCP servers the broker offers, by name.
 	// Header values may hold ${VAR} placeholders, expanded only where the
 	// connection is built.
@@ -112,6 +137,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if a.TokenSync < 0 || a.LastUsedFlush < 0 {
 		return fmt.Errorf("zidane: token_sync and last_used_flush must be positive durations")
+	}
+	if a.MCPSessionIdleTimeout == 0 {
+		a.MCPSessionIdleTimeout = caddy.Duration(30 * time.Minute)
+	}
+	for _, r := range a.Roots {
+		if !filepath.IsAbs(r) {
+			return fmt.Errorf("zidane: root %q is not an absolute path; give it from /, such as /srv/projects", r)
+		}
 	}
 	st := ctx.Storage()
 	ts, key, err := loadTokens(st, time.Duration(a.TokenSync), time.Duration(a.LastUsedFlush))

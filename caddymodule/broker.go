@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -182,6 +183,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		OnCall:              func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
 		Logger:              slog.New(zapslog.NewHandler(ctx.Logger().Named("aggregate").Core())),
 		ToolCache:           toolCache{app.storage},
+		SessionTimeout:      max(0, time.Duration(app.MCPSessionIdleTimeout)),
 		Credentials:         app.credentials,
 		AuthRequired:        app.authRequired,
 	})

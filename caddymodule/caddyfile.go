@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -306,6 +307,10 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //			max_agents <n>
 //			max_sessions <n>
 //			agent_idle_timeout <duration>
+//			max_sessions_per_token <n>
+//			max_agents_per_token <n>
+//			mcp_session_idle_timeout <duration>
+//			roots <path...>
 //			upstream <name> [<url>] {
 //				url <url>
 //				transport http|sse|stdio
@@ -415,7 +420,7 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			}
 			app.UpstreamsFiles = append(app.UpstreamsFiles, path)
 			continue
-		case "max_agents", "max_sessions":
+		case "max_agents", "max_sessions", "max_sessions_per_token", "max_agents_per_token":
 			var v string
 			if !d.Args(&v) || d.NextArg() {
 				return nil, d.ArgErr()
@@ -424,11 +429,28 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			if err != nil || n < 1 {
 				return nil, d.Errf("%s %q: give a positive whole number", opt, v)
 			}
-			if opt == "max_agents" {
+			switch opt {
+			case "max_agents":
 				app.MaxAgents = n
-			} else {
+			case "max_sessions":
 				app.MaxSessions = n
+			case "max_sessions_per_token":
+				app.MaxSessionsPerToken = n
+			default:
+				app.MaxAgentsPerToken = n
 			}
+			continue
+		case "roots":
+			paths := d.RemainingArgs()
+			if len(paths) == 0 {
+				return nil, d.Err("roots takes one or more absolute paths: roots /srv/projects /home/me/code")
+			}
+			for _, p := range paths {
+				if !filepath.IsAbs(p) {
+					return nil, d.Errf("roots: %q is not an absolute path; give it from /", p)
+				}
+			}
+			app.Roots = append(app.Roots, paths...)
 			continue
 		case "default_agent", "worktree_root":
 			var v string
@@ -459,6 +481,8 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			app.LinkTTL = caddy.Duration(dur)
 		case "agent_idle_timeout":
 			app.AgentIdleTimeout = caddy.Duration(dur)
+		case "mcp_session_idle_timeout":
+			app.MCPSessionIdleTimeout = caddy.Duration(dur)
 		default:
 			return nil, d.Errf("unknown zidane option %q", opt)
 		}

@@ -69,9 +69,10 @@ func adminFlags(c *cobra.Command) {
 
 func tokenCreateCommand() *cobra.Command {
 	c := &cobra.Command{
-		Use:   "create --name NAME --scope SCOPE [--scope SCOPE…] [--machine] [--expires DURATION]",
+		Use:   "create --name NAME --scope SCOPE [--scope SCOPE…] [--machine] [--expires DURATION] [--root PATH…]",
 		Short: "Creates a token and prints it once",
 		Example: `  caddy zidane token create --name laptop --scope chat
+  caddy zidane token create --name intern --scope chat --root /srv/projects/sandbox
   caddy zidane token create --name ci --scope deploy --machine --expires 30d`,
 		Args: cobra.NoArgs,
 		RunE: caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
@@ -79,7 +80,11 @@ func tokenCreateCommand() *cobra.Command {
 			if err != nil {
 				return caddy.ExitCodeFailedStartup, err
 			}
-			req := createTokenRequest{Name: fl.String("name"), Scopes: scopes, Kind: string(policy.KindUser), Expires: fl.String("expires")}
+			roots, err := fl.GetStringArray("root")
+			if err != nil {
+				return caddy.ExitCodeFailedStartup, err
+			}
+			req := createTokenRequest{Name: fl.String("name"), Scopes: scopes, Kind: string(policy.KindUser), Expires: fl.String("expires"), Roots: roots}
 			if fl.Bool("machine") {
 				req.Kind = string(policy.KindMachine)
 			}
@@ -103,8 +108,12 @@ func tokenCreateCommand() *cobra.Command {
 				return caddy.ExitCodeFailedStartup, err
 			}
 			fmt.Println(res.Token)
-			fmt.Fprintf(os.Stderr, "Created token %q (id %s, kind %s, scopes %s, expires %s).\nThis is the only time the token is shown: store it now.\n",
-				res.Record.Name, res.Record.ID, res.Record.Kind, strings.Join(res.Record.Scopes, ","), when(res.Record.Expires, "never"))
+			confined := "the gateway's"
+			if len(res.Record.Roots) > 0 {
+				confined = strings.Join(res.Record.Roots, ",")
+			}
+			fmt.Fprintf(os.Stderr, "Created token %q (id %s, kind %s, scopes %s, roots %s, expires %s).\nThis is the only time the token is shown: store it now.\n",
+				res.Record.Name, res.Record.ID, res.Record.Kind, strings.Join(res.Record.Scopes, ","), confined, when(res.Record.Expires, "never"))
 			return caddy.ExitCodeSuccess, nil
 		}),
 	}
@@ -112,6 +121,7 @@ func tokenCreateCommand() *cobra.Command {
 	c.Flags().StringArray("scope", nil, "Scope to grant; repeat for several (required)")
 	c.Flags().Bool("machine", false, "Issue a machine token (refused by the sessions endpoint)")
 	c.Flags().String("expires", "", "Lifetime, such as 12h or 30d (default: no expiry)")
+	c.Flags().StringArray("root", nil, "Confine the token's sessions to this directory tree, inside the gateway's roots; repeat for several (default: the gateway's roots)")
 	adminFlags(c)
 	return c
 }
@@ -138,7 +148,7 @@ func tokenListCommand() *cobra.Command {
 				return caddy.ExitCodeSuccess, enc.Encode(list)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tKIND\tSCOPES\tCREATED\tEXPIRES\tLAST USED\tSTATE")
+			fmt.Fprintln(tw, "ID\tNAME\tKIND\tSCOPES\tROOTS\tCREATED\tEXPIRES\tLAST USED\tSTATE")
 			now := time.Now()
 			for _, t := range list {
 				state := "active"
@@ -148,7 +158,11 @@ func tokenListCommand() *cobra.Command {
 				case !t.Active(now):
 					state = "expired"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, t.Kind, strings.Join(t.Scopes, ","),
+				roots := "-"
+				if len(t.Roots) > 0 {
+					roots = strings.Join(t.Roots, ",")
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, t.Kind, strings.Join(t.Scopes, ","), roots,
 					t.Created.Local().Format(time.DateTime), when(t.Expires, "never"), when(t.LastUsed, "-"), state)
 			}
 			return caddy.ExitCodeSuccess, tw.Flush()

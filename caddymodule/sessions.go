@@ -121,7 +121,8 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string) (*sessionsSta
 	if err != nil {
 		return nil, "", err
 	}
-	hash := fmt.Sprint(sortedAgents(agents), def, a.WorktreeRoot, a.MaxAgents, a.MaxSessions, a.AgentIdleTimeout, a.SessionUpstreams)
+	hash := fmt.Sprint(sortedAgents(agents), def, a.WorktreeRoot, a.MaxAgents, a.MaxSessions, a.AgentIdleTimeout, a.SessionUpstreams,
+		a.MaxSessionsPerToken, a.MaxAgentsPerToken, a.MCPSessionIdleTimeout)
 	key := "sessions|" + storageKey(ctx.Storage())
 	tokens := a.Tokens()
 	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
@@ -147,10 +148,13 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string) (*sessionsSta
 			DefaultAgent: def,
 			Storage:      storage.Storage(ctx.Storage()),
 			WorktreeRoot: a.WorktreeRoot,
+			Roots:        a.Roots,
 			Limits: sessions.Limits{
-				MaxAgents:   a.MaxAgents,
-				MaxSessions: a.MaxSessions,
-				IdleTimeout: time.Duration(a.AgentIdleTimeout),
+				MaxAgents:           a.MaxAgents,
+				MaxSessions:         a.MaxSessions,
+				MaxSessionsPerToken: a.MaxSessionsPerToken,
+				MaxAgentsPerToken:   a.MaxAgentsPerToken,
+				IdleTimeout:         time.Duration(a.AgentIdleTimeout),
 			},
 			LinkFor: func(id, base string) string { return st.signer.Link(base, id) },
 			MCPServers: func(info sessions.SessionInfo) []sessions.McpServer {
@@ -162,7 +166,8 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string) (*sessionsSta
 		if err != nil {
 			return nil, err
 		}
-		endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: engine, Agents: names, Logger: logger})
+		endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: engine, Agents: names, Logger: logger,
+			SessionTimeout: max(0, time.Duration(a.MCPSessionIdleTimeout))})
 		if err != nil {
 			engine.Close()
 			return nil, err
@@ -179,9 +184,17 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string) (*sessionsSta
 		return nil, "", fmt.Errorf("sessions: %w", err)
 	}
 	st := v.(*sessionsState)
+	// Roots apply at once, to the engine this config shares: a reload that
+	// narrows them must not wait for a restart.
+	if loaded {
+		if err := st.engine.SetRoots(a.Roots); err != nil {
+			sessionsPool.Delete(key)
+			return nil, "", err
+		}
+	}
 	if loaded && st.agentsHash != hash {
-		ctx.Logger().Warn("the agents configuration changed; the running session engine keeps the agents it started with until caddy restarts",
-			zap.String("hint", "restart caddy to apply agent changes"))
+		ctx.Logger().Warn("the agents or session limits changed; the running session engine keeps the ones it started with until caddy restarts (roots apply at once)",
+			zap.String("hint", "restart caddy to apply agent and limit changes"))
 	}
 	return st, key, nil
 }

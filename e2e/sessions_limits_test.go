@@ -211,7 +211,9 @@ func TestSessionsLimits(t *testing.T) {
 // Their 32 finished events check the limits of events: 20 by default, 100
 // at most.
 func TestSessionsListLimit(t *testing.T) {
-	gw := startSessionsGateway(t, "", "")
+	// One token launches all 32 at once, past the default
+	// max_agents_per_token (16): this test is about list, not quotas.
+	gw := startSessionsGateway(t, "max_agents_per_token 32", "")
 	token := createToken(t, gw.c, "lister", "--scope", "chat")
 	stranger := createToken(t, gw.c, "stranger", "--scope", "chat")
 	g := connectGoSessions(t, gw.url, token, "go-sdk")

@@ -10,7 +10,9 @@
 //   - the HTTP side: a stateful go-sdk StreamableHTTPHandler with an
 //     EventStore, behind go-sdk's bearer-token middleware whose verifier turns
 //     the principal the edge put in the request context into the session's
-//     owner, so each MCP session is bound to the token that opened it;
+//     owner, so each MCP session is bound to the token that opened it, and
+//     a session with no request in flight for Options.SessionTimeout (an
+//     open GET stream counts) is closed and forgotten (internal/mcpidle);
 //   - `<session-event>` delivery: engine events are pushed to the MCP session
 //     that created or last sent to a session, as notifications/message
 //     (logger "session-event") and, for clients that declared Claude Code's

@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/mcpidle"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
@@ -30,8 +31,12 @@ type Options struct {
 	// MaxRequestBodyBytes bounds each request body; larger ones get 413.
 	// Zero means go-sdk's default (4 MiB).
 	MaxRequestBodyBytes int64
-	// SessionTimeout closes an MCP session that received no request for this
-	// long. Zero means MCP sessions never time out.
+	// SessionTimeout closes an MCP session that has had no request in
+	// flight for this long; an open GET stream is a request in flight, so
+	// a client listening for session events keeps its session. Its memory
+	// (go-sdk's session, its event-store entries, the push queue) is
+	// released; the client gets 404 and initializes again. Zero means MCP
+	// sessions never time out.
 	SessionTimeout time.Duration
 	// Logger receives the endpoint's and go-sdk's diagnostics. Nil discards
 	// them.
@@ -49,6 +54,10 @@ type Endpoint struct {
 	// eventStore keeps what was pushed to an MCP session for replay when
 	// its GET stream (re)connects.
 	eventStore *mcp.MemoryEventStore
+	// idle closes the MCP sessions left unused for Options.SessionTimeout.
+	// It replaces go-sdk's SessionTimeout, which does not count a GET
+	// stream as use.
+	idle *mcpidle.Sessions
 
 	unsubscribe func()
 
@@ -81,6 +90,7 @@ func New(opts Options) (*Endpoint, error) {
 		agents: append([]string(nil), opts.Agents...),
 		log:    log,
 		peers:  make(map[string]*peer),
+		idle:   mcpidle.New(opts.SessionTimeout),
 	}
 
 	e.server = mcp.NewServer(&mcp.Implementation{
@@ -105,7 +115,6 @@ func New(opts Options) (*Endpoint, error) {
 	streamable := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return e.server },
 		&mcp.StreamableHTTPOptions{
 			EventStore:          e.eventStore,
-			SessionTimeout:      opts.SessionTimeout,
 			MaxRequestBodyBytes: opts.MaxRequestBodyBytes,
 			Logger:              log,
 		})
@@ -131,10 +140,14 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the sessions endpoint is shutting down: reconnect in a moment", http.StatusServiceUnavailable)
 		return
 	}
-	if p, ok := policy.PrincipalFrom(r.Context()); ok && p.Kind == policy.KindMachine {
+	p, ok := policy.PrincipalFrom(r.Context())
+	if ok && p.Kind == policy.KindMachine {
 		http.Error(w, fmt.Sprintf("token %q is a machine token, and machine tokens may not drive coding-agent sessions: use a user token", p.Name),
 			http.StatusForbidden)
 		return
+	}
+	if sid := r.Header.Get("Mcp-Session-Id"); sid != "" && ok {
+		defer e.idle.Use(sid, p.TokenID)()
 	}
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", edgeAuthorization)
@@ -151,6 +164,7 @@ func (e *Endpoint) Close() error {
 	}
 	e.closed = true
 	close(e.stopSweep)
+	e.idle.Stop()
 	peers := make([]*peer, 0, len(e.peers))
 	for _, p := range e.peers {
 		peers = append(peers, p)
@@ -220,6 +234,14 @@ func (e *Endpoint) onInitialize(next mcp.MethodHandler) mcp.MethodHandler {
 				"mcp_session", ss.ID(), "error", lerr)
 		}
 		e.track(ss)
+		if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
+			id := ss.ID()
+			e.idle.Opened(id, extra.TokenInfo.UserID, func() {
+				e.log.Debug("mcpendpoint: MCP session closed after being idle", "mcp_session", id)
+				ss.Close()
+				e.untrack(id)
+			})
+		}
 		return res, err
 	}
 }

@@ -44,10 +44,14 @@ type harness struct {
 	srv    *httptest.Server
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t *testing.T, edit ...func(*Options)) *harness {
 	t.Helper()
 	engine := newMemSessions()
-	ep, err := New(Options{Sessions: engine, Agents: []string{"claude", "codex"}})
+	opts := Options{Sessions: engine, Agents: []string{"claude", "codex"}}
+	for _, f := range edit {
+		f(&opts)
+	}
+	ep, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,8 @@ type memSessions struct {
 	seq      int64
 	changed  chan struct{} // closed and replaced on every state change
 	steering bool          // agents support _session/steering
+	// createErr, when set, is what Create returns (a quota, the roots).
+	createErr error
 
 	// What the endpoint last passed.
 	lastOwner      sessions.Owner
@@ -98,6 +100,9 @@ func (m *memSessions) Create(_ context.Context, owner sessions.Owner, req sessio
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.lastOwner, m.lastCreate = owner, req
+	if m.createErr != nil {
+		return sessions.Created{}, m.createErr
+	}
 	if req.Cwd == "" || req.Prompt == "" {
 		return sessions.Created{}, fmt.Errorf("%w: cwd and prompt are required", sessions.ErrBadRequest)
 	}

@@ -74,6 +74,20 @@ func (e *Endpoint) sweepPeers(interval time.Duration) {
 	}
 }
 
+// untrack forgets the peer of MCP session id at once, rather than at the
+// next sweep: its session was closed for idleness.
+func (e *Endpoint) untrack(id string) {
+	e.mu.Lock()
+	p := e.peers[id]
+	delete(e.peers, id)
+	e.mu.Unlock()
+	if p != nil {
+		p.mu.Lock()
+		p.gone, p.queue = true, nil
+		p.mu.Unlock()
+	}
+}
+
 // forgetClosed drops the peers whose MCP session is no longer live.
 func (e *Endpoint) forgetClosed() {
 	live := map[string]bool{}
@@ -86,6 +100,7 @@ func (e *Endpoint) forgetClosed() {
 		if !live[id] {
 			delete(e.peers, id)
 			gone = append(gone, p)
+			e.idle.Closed(id)
 		}
 	}
 	e.mu.Unlock()

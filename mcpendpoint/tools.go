@@ -236,7 +236,7 @@ func ownerOf(req *mcp.CallToolRequest) (sessions.Owner, error) {
 	ti := req.Extra.TokenInfo
 	o := sessions.Owner{TokenID: ti.UserID}
 	if p, ok := ti.Extra["principal"].(policy.Principal); ok {
-		o.TokenName = p.Name
+		o.TokenName, o.Roots = p.Name, p.Roots
 	}
 	if req.Session != nil {
 		o.MCPSession = req.Session.ID()
@@ -288,6 +288,8 @@ func errorCode(err error) string {
 		return "bad_request"
 	case errors.Is(err, sessions.ErrBusy):
 		return "busy"
+	case errors.Is(err, sessions.ErrQuota):
+		return "quota"
 	default:
 		return "engine"
 	}
@@ -318,7 +320,7 @@ func explain(err error, verb, id string) error {
 		msg = fmt.Sprintf("someone answered %q first, and their answer stands; yours was not applied. Call interactions pending for what still waits", id)
 	case errors.Is(err, sessions.ErrBadRequest):
 		msg = fmt.Sprintf("the session engine refused to %s: %v; fix the arguments and call again", verb, err)
-	case errors.Is(err, sessions.ErrBusy):
+	case errors.Is(err, sessions.ErrBusy), errors.Is(err, sessions.ErrQuota):
 		msg = fmt.Sprintf("cannot %s now: %v", verb, err)
 	default:
 		msg = fmt.Sprintf("the session engine failed to %s %s: %v; try again, and read the session if it persists", verb, id, err)

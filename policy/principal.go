@@ -26,6 +26,9 @@ type Principal struct {
 	Scopes []string
 	// Source is "token" for opaque tokens and "jwt" for JWT access tokens.
 	Source string
+	// Roots are the directory trees the token's sessions are confined to,
+	// within the gateway's own roots; nil means the gateway's alone.
+	Roots []string
 }
 
 // HasScope reports whether p was granted scope s.

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -44,6 +45,10 @@ type Token struct {
 	// Parent is the id of the token this one was derived from (a child
 	// token for an orchestrator session). Revoking the parent revokes it.
 	Parent string `json:"parent,omitempty"`
+	// Roots confine the sessions the token creates to these directory
+	// trees, inside the gateway's roots. A child token has its parent's
+	// roots, or roots inside them.
+	Roots []string `json:"roots,omitempty"`
 }
 
 // Active reports whether t may authenticate at now.
@@ -53,7 +58,7 @@ func (t Token) Active(now time.Time) bool {
 
 // Principal is what t authenticates as.
 func (t Token) Principal() Principal {
-	return Principal{TokenID: t.ID, Name: t.Name, Kind: t.Kind, Scopes: t.Scopes, Source: "token"}
+	return Principal{TokenID: t.ID, Name: t.Name, Kind: t.Kind, Scopes: t.Scopes, Source: "token", Roots: t.Roots}
 }
 
 // TokenSpec is what an operator asks for when creating a token.
@@ -63,6 +68,9 @@ type TokenSpec struct {
 	Kind    Kind          `json:"kind,omitempty"`
 	Expires time.Duration `json:"expires,omitempty"`
 	Parent  string        `json:"parent,omitempty"`
+	// Roots are absolute paths; a child token (Parent set) without any
+	// gets its parent's.
+	Roots []string `json:"roots,omitempty"`
 }
 
 // Errors returned by TokenStore. Check wraps them, so errors.Is works.
@@ -99,7 +107,44 @@ func ValidateSpec(spec TokenSpec) error {
 	if spec.Expires < 0 {
 		return fmt.Errorf("token %q: expiry must be in the future", spec.Name)
 	}
+	if len(spec.Roots) > maxTokenRoots {
+		return fmt.Errorf("token %q: %d roots given; at most %d", spec.Name, len(spec.Roots), maxTokenRoots)
+	}
+	for _, r := range spec.Roots {
+		if !filepath.IsAbs(r) {
+			return fmt.Errorf("root %q: give an absolute path, such as /srv/projects", r)
+		}
+	}
 	return nil
+}
+
+// maxTokenRoots bounds a token's roots.
+const maxTokenRoots = 64
+
+// narrowRoots returns the roots of a child token asking for want, whose
+// parent has parent: the parent's when want is empty, else want if each
+// of its roots lies inside one of the parent's (compared as written: the
+// sessions engine resolves symlinks when it checks a path against both).
+func narrowRoots(parent, want []string) ([]string, error) {
+	if len(want) == 0 || len(parent) == 0 {
+		if len(want) == 0 {
+			return append([]string(nil), parent...), nil
+		}
+		return want, nil
+	}
+	for _, w := range want {
+		inside := false
+		for _, p := range parent {
+			if rel, err := filepath.Rel(p, w); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+				inside = true
+				break
+			}
+		}
+		if !inside {
+			return nil, fmt.Errorf("root %s is not inside the parent token's roots (%s): a child token's roots can only narrow its parent's", w, strings.Join(parent, ", "))
+		}
+	}
+	return want, nil
 }
 
 // ParseExpiry parses a token lifetime: a Go duration ("12h", "90m") or a
@@ -313,6 +358,9 @@ func (s *TokenStore) Create(ctx context.Context, spec TokenSpec) (string, Token,
 		Created: now,
 		Parent:  spec.Parent,
 	}
+	for _, r := range spec.Roots {
+		tok.Roots = append(tok.Roots, filepath.Clean(r))
+	}
 	if spec.Expires > 0 {
 		exp := now.Add(spec.Expires)
 		tok.Expires = &exp
@@ -322,8 +370,15 @@ func (s *TokenStore) Create(ctx context.Context, spec TokenSpec) (string, Token,
 			if t.Name == tok.Name && t.Revoked == nil {
 				return fmt.Errorf("a token named %q already exists: revoke it first or choose another name", tok.Name)
 			}
-			if t.ID == tok.Parent && t.Revoked != nil {
-				return fmt.Errorf("parent token %q is revoked", t.Name)
+			if t.ID == tok.Parent {
+				if t.Revoked != nil {
+					return fmt.Errorf("parent token %q is revoked", t.Name)
+				}
+				roots, err := narrowRoots(t.Roots, tok.Roots)
+				if err != nil {
+					return err
+				}
+				tok.Roots = roots
 			}
 		}
 		f.Tokens = append(f.Tokens, &tok)

@@ -48,6 +48,10 @@ type Owner struct {
 	// MCPSession is the MCP session id of the caller, where events for the
 	// sessions it creates or sends to are pushed.
 	MCPSession string
+	// Roots are the token's own directory trees: the sessions it creates
+	// must lie inside one of them as well as inside Config.Roots. Nil
+	// means Config.Roots alone.
+	Roots []string
 }
 
 // Environment says where a session's agent runs.
@@ -194,6 +198,10 @@ var (
 	// ErrBusy says the gateway runs as many agent processes as it allows
 	// (max_agents). It passes: idle agents stop after agent_idle_timeout.
 	ErrBusy = errors.New("the gateway is at its agent limit")
+	// ErrQuota says the calling token has as many live sessions
+	// (max_sessions_per_token) or busy agents (max_agents_per_token) as
+	// one token may; other tokens are not affected.
+	ErrQuota = errors.New("the token is at its quota")
 )
 
 // Sessions is what the MCP endpoint needs from the engine. Every method is

@@ -74,6 +74,12 @@ type Config struct {
 	// <WorktreeRoot>/<repository>-<branch>. Empty means a .worktrees
 	// directory next to the repository: <repo>/../.worktrees/.
 	WorktreeRoot string
+	// Roots, when set, confine sessions to these directory trees: a
+	// session's cwd, and for a worktree environment the repository, its git
+	// directory and the new worktree, must each lie inside one of them once
+	// symlinks are resolved (see [Engine.SetRoots]). Empty means any
+	// directory of this host, as the gateway's user can reach it.
+	Roots []string
 	// Limits bound what the engine holds; zero fields take the defaults.
 	Limits Limits
 	// Logger gets agent launches and ends, agent stderr (Debug) and
@@ -83,23 +89,34 @@ type Config struct {
 
 // Limits bound the engine. Every zero field takes the default shown.
 type Limits struct {
-	MaxQueue           int           // prompts queued per session: 100
-	MaxTurns           int           // transcript turns kept per session: 200
-	MaxAnswerBytes     int           // agent text kept per turn: 1 MiB
-	MaxTranscriptBytes int           // transcript text kept per session: 8 MiB
-	MaxPromptBytes     int           // one prompt or steering text: 256 KiB
-	MaxEvents          int           // events kept overall: 10,000
-	MaxSessionEvents   int           // events stored per session: 500
-	MaxPending         int           // pending interactions per session: 32
-	MaxSessions        int           // sessions kept (ended ones are dropped first): 1,000
-	MaxAgents          int           // agent processes running at once: 64
-	LaunchTimeout      time.Duration // initialize + session/new or session/load: 60s
-	CancelTimeout      time.Duration // a turn's end after session/cancel: 10s
+	MaxQueue           int // prompts queued per session: 100
+	MaxTurns           int // transcript turns kept per session: 200
+	MaxAnswerBytes     int // agent text kept per turn: 1 MiB
+	MaxTranscriptBytes int // transcript text kept per session: 8 MiB
+	MaxPromptBytes     int // one prompt or steering text: 256 KiB
+	MaxEvents          int // events kept overall: 10,000
+	MaxSessionEvents   int // events stored per session: 500
+	MaxPending         int // pending interactions per session: 32
+	MaxSessions        int // sessions kept (ended ones are dropped first): 1,000
+	MaxAgents          int // agent processes running at once: 64
+	// MaxSessionsPerToken bounds the live (not ended) sessions that one
+	// token created: default a tenth of MaxSessions (100), so that one
+	// token cannot keep the gateway full. MaxAgentsPerToken bounds the
+	// agent processes that one token's sessions hold: default a quarter of
+	// MaxAgents (16), so that a token running long turns leaves the other
+	// three quarters to everyone else. Both are at least 1.
+	MaxSessionsPerToken int
+	MaxAgentsPerToken   int
+	LaunchTimeout       time.Duration // initialize + session/new or session/load: 60s
+	CancelTimeout       time.Duration // a turn's end after session/cancel: 10s
 	// IdleTimeout stops the process of a session that has been idle this
 	// long, when its agent supports session/load: the session stays idle
 	// and the next prompt relaunches the agent and loads the session.
-	// Agents without session/load are never stopped for idleness.
-	// Default 30m; negative disables.
+	// Agents without session/load are never stopped for idleness. Before
+	// a launch is refused for MaxAgents or MaxAgentsPerToken, the least
+	// recently used such idle agent is stopped the same way, whatever its
+	// idle time. Default 30m; negative disables the timer (not that
+	// eviction).
 	IdleTimeout time.Duration
 }
 
@@ -119,6 +136,8 @@ func (l Limits) withDefaults() Limits {
 	def(&l.MaxPending, 32)
 	def(&l.MaxSessions, 1000)
 	def(&l.MaxAgents, 64)
+	def(&l.MaxSessionsPerToken, max(1, l.MaxSessions/10))
+	def(&l.MaxAgentsPerToken, max(1, l.MaxAgents/4))
 	if l.LaunchTimeout <= 0 {
 		l.LaunchTimeout = 60 * time.Second
 	}

@@ -55,8 +55,11 @@ func (e *Engine) enqueueLocked(s *session, p prompt, first bool) error {
 	if s.queue.len() >= e.lim.MaxQueue {
 		return fmt.Errorf("%w: %d prompts are already queued for %s; wait for some to run, or cancel", ErrBadRequest, s.queue.len(), s.rec.ID)
 	}
-	if s.agent == nil && !s.worker && e.liveLocked() >= e.lim.MaxAgents {
-		return fmt.Errorf("%w: %d agent processes are running, the most it allows, and this session's agent must be relaunched; retry in a few seconds, when an idle agent has stopped or a session has ended", ErrBusy, e.liveLocked())
+	if !s.holdsAgent() {
+		// The session is dormant: its agent must be relaunched.
+		if err := e.roomForAgentLocked(s.rec.OwnerTokenID, s.rec.OwnerTokenName, false); err != nil {
+			return fmt.Errorf("%s's agent must be relaunched: %w", s.rec.ID, err)
+		}
 	}
 	if first {
 		s.queue.pushFront(p)

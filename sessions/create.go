@@ -22,7 +22,9 @@ func (e *Engine) checkText(what, text string) error {
 // Create starts a session and returns its id at once: the agent is
 // launched and the first prompt runs in the background. Bad input
 // (missing cwd, unknown agent, empty prompt, a worktree that cannot be
-// made) gets ErrBadRequest with what to change.
+// made, a cwd outside the roots) gets ErrBadRequest with what to change;
+// a token at its quota gets ErrQuota, a gateway at MaxAgents with no idle
+// agent to stop ErrBusy.
 func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Created, error) {
 	if err := e.checkText("prompt", req.Prompt); err != nil {
 		return Created{}, err
@@ -41,6 +43,10 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 	if err != nil {
 		return Created{}, err
 	}
+	roots := e.rootSets(owner.Roots)
+	if cwd, err = confine(roots, "cwd", cwd); err != nil {
+		return Created{}, err
+	}
 	env := req.Environment
 	switch env.Kind {
 	case "", "local":
@@ -52,7 +58,13 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 	default:
 		return Created{}, fmt.Errorf("%w: environment kind %q: use local (work in cwd) or worktree (a new git worktree of the repository at cwd)", ErrBadRequest, env.Kind)
 	}
-	if err := e.admit(); err != nil {
+	// A first look, before a worktree is made for nothing; the decision
+	// is taken again, and an idle agent stopped for room, when the session
+	// is added.
+	e.mu.Lock()
+	err = e.admitLocked(owner, true)
+	e.mu.Unlock()
+	if err != nil {
 		return Created{}, err
 	}
 
@@ -66,6 +78,7 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		Environment:    env,
 		OwnerTokenID:   owner.TokenID,
 		OwnerTokenName: owner.TokenName,
+		OwnerRoots:     append([]string(nil), owner.Roots...),
 		Target:         owner.MCPSession,
 		Tools:          append([]string(nil), req.Tools...),
 		Subscribe:      req.Subscribe,
@@ -79,7 +92,7 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		if env.Branch == "" {
 			rec.Environment.Branch = "zidane/" + strings.TrimPrefix(id, "ses_")
 		}
-		wt, err := addWorktree(ctx, e.cfg.WorktreeRoot, cwd, rec.Environment.Branch)
+		wt, err := addWorktree(ctx, e.cfg.WorktreeRoot, cwd, rec.Environment.Branch, roots)
 		if err != nil {
 			return Created{}, err
 		}
@@ -96,6 +109,13 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		e.mu.Unlock()
 		return Created{}, ErrClosed
 	}
+	if err := e.admitLocked(owner, false); err != nil {
+		e.mu.Unlock()
+		if rec.Repo != "" {
+			e.log.Warn("a session was refused after its worktree was made; the worktree is left in place", "dir", rec.Cwd, "error", err)
+		}
+		return Created{}, err
+	}
 	evicted := e.evictLocked()
 	e.sessions[id] = s
 	e.startWorkerLocked(s)
@@ -105,39 +125,6 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 	}
 	e.persist(s, saveRecord)
 	return Created{SessionID: id, Link: e.link(id)}, nil
-}
-
-// admit refuses a new session when MaxAgents agents run, or when
-// MaxSessions sessions are kept and none of them has ended.
-func (e *Engine) admit() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return ErrClosed
-	}
-	if n := e.liveLocked(); n >= e.lim.MaxAgents {
-		return fmt.Errorf("%w: %d agent processes are running, the most it allows; retry in a few seconds, when an idle agent has stopped or a session has ended", ErrBusy, n)
-	}
-	if len(e.sessions) >= e.lim.MaxSessions {
-		for _, s := range e.sessions {
-			if s.dead() {
-				return nil
-			}
-		}
-		return fmt.Errorf("%w: %d sessions are kept and none has ended; this gateway keeps at most %d", ErrBadRequest, len(e.sessions), e.lim.MaxSessions)
-	}
-	return nil
-}
-
-// liveLocked counts the sessions that hold or are launching an agent.
-func (e *Engine) liveLocked() int {
-	n := 0
-	for _, s := range e.sessions {
-		if s.agent != nil || s.worker {
-			n++
-		}
-	}
-	return n
 }
 
 // evictLocked drops the oldest ended sessions past MaxSessions-1 and

@@ -34,6 +34,16 @@ import (
 // sessions never notice. An agent that supports session/load is stopped
 // after Limits.IdleTimeout idle and relaunched by the next prompt.
 //
+// Quotas. A launch needs a slot: fewer than Limits.MaxAgents agents in
+// all, and fewer than Limits.MaxAgentsPerToken among the sessions of the
+// token that created the session. When there is none, the least recently
+// used idle agent that can resume (of that token, or of anyone for the
+// global limit) is stopped as the idle timer would stop it, and only when
+// there is no such agent is the launch refused. Agents without
+// session/load are never stopped so: they hold their slot while their
+// session lives, which the per-token limit bounds. Limits.
+// MaxSessionsPerToken bounds the live sessions a token created.
+//
 // Events are recorded when a turn finishes (done), fails (error), is
 // cancelled (cancelled), when an interaction becomes pending
 // (needs-attention), and when a session fails (error). Subscribers get them
@@ -53,6 +63,7 @@ type Engine struct {
 
 	mu            sync.Mutex
 	closed        bool
+	roots         []string // Config.Roots, cleaned (see SetRoots)
 	sessions      map[string]*session
 	pending       map[string]*interaction
 	resolved      map[string]resolution
@@ -75,8 +86,9 @@ var ErrClosed = errors.New("the session engine is shut down")
 
 // NewEngine builds an engine and brings back the sessions in storage: a
 // session whose agent supports session/load is resumed (its agent is
-// relaunched in the background and the session loaded, up to MaxAgents of
-// them, newest first; the others are relaunched on their next prompt);
+// relaunched in the background and the session loaded, newest first, up
+// to MaxAgents of them and MaxAgentsPerToken of each token's; the others
+// are relaunched on their next prompt);
 // any other is shown as ended, its transcript and events intact. ctx
 // bounds the reading of storage only.
 func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
@@ -119,6 +131,9 @@ func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
 		relays:   map[string]string{},
 	}
 	e.events = newEventLog(lim.MaxEvents, log.Warn)
+	if err := e.SetRoots(cfg.Roots); err != nil {
+		return nil, err
+	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	if err := e.restore(ctx); err != nil {
 		e.cancel()
@@ -167,17 +182,20 @@ func (e *Engine) restore(ctx context.Context) error {
 	for _, s := range changed {
 		e.persist(s, saveRecord)
 	}
-	// Newest first, up to MaxAgents: the rest stay dormant until a prompt.
+	// Newest first, up to MaxAgents and MaxAgentsPerToken: the rest stay
+	// dormant until a prompt.
 	sort.Slice(resume, func(i, j int) bool { return resume[i].rec.Updated.After(resume[j].rec.Updated) })
 	e.mu.Lock()
-	for i, s := range resume {
-		if i < e.lim.MaxAgents {
+	resuming := 0
+	for _, s := range resume {
+		if e.liveLocked() < e.lim.MaxAgents && e.agentsOfLocked(s.rec.OwnerTokenID) < e.lim.MaxAgentsPerToken {
 			e.startWorkerLocked(s)
+			resuming++
 		}
 	}
 	e.mu.Unlock()
 	if len(all) > 0 {
-		e.log.Info("sessions restored", "sessions", len(all), "resuming", min(len(resume), e.lim.MaxAgents), "ended", len(changed))
+		e.log.Info("sessions restored", "sessions", len(all), "resuming", resuming, "ended", len(changed))
 	}
 	return nil
 }

@@ -41,7 +41,8 @@ type record struct {
 	LoadSession    bool        `json:"loadSession,omitempty"` // the agent supports session/load
 	OwnerTokenID   string      `json:"ownerTokenId,omitempty"`
 	OwnerTokenName string      `json:"ownerTokenName,omitempty"`
-	Target         string      `json:"target,omitempty"` // MCP session events go to
+	OwnerRoots     []string    `json:"ownerRoots,omitempty"` // the creating token's roots, checked again at each launch
+	Target         string      `json:"target,omitempty"`     // MCP session events go to
 	Tools          []string    `json:"tools,omitempty"`
 	Subscribe      bool        `json:"subscribe,omitempty"`
 	Base           string      `json:"base,omitempty"` // CreateRequest.Base

@@ -35,6 +35,9 @@ type session struct {
 	lastErr  string        // why the last turn failed, while the session lives on
 	changed  chan struct{} // closed and replaced at every state change (Wait)
 	idle     *time.Timer
+	// idleSince is when the worker last went idle with the agent running:
+	// the least recent is stopped first to make room (see quota.go).
+	idleSince time.Time
 
 	persistMu sync.Mutex // orders this session's storage writes
 }

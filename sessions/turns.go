@@ -70,7 +70,9 @@ func (e *Engine) work(s *session) {
 		e.mu.Unlock()
 
 		stop, err := a.Prompt(e.ctx, acpID, p.text)
-		e.endTurn(s, a, t, stop, err)
+		if !e.endTurn(s, a, t, stop, err) {
+			return
+		}
 	}
 }
 
@@ -83,6 +85,12 @@ func (e *Engine) launch(s *session, gen int) error {
 	cfg, ok := e.cfg.Agents[rec.Agent]
 	if !ok {
 		return fmt.Errorf("agent %q is no longer configured; create a new session with one of the configured agents", rec.Agent)
+	}
+	// The roots may have changed since the session was created (a reload,
+	// a restart with a new configuration), and so may the directory: the
+	// agent starts only in a cwd that is inside them now.
+	if _, err := confine(e.rootSets(rec.OwnerRoots), "cwd", rec.Cwd); err != nil {
+		return fmt.Errorf("the agent was not started: %v; create a new session in an allowed directory", err)
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, e.lim.LaunchTimeout)
 	defer cancel()
@@ -185,14 +193,18 @@ func (e *Engine) failLocked(s *session, a *acpclient.Agent, msg string) {
 	s.notify()
 }
 
-// endTurn records how a turn ended, and the event that says so.
-func (e *Engine) endTurn(s *session, a *acpclient.Agent, t *turn, stop acp.StopReason, err error) {
+// endTurn records how a turn ended, and the event that says so. It
+// reports whether the worker goes on: when nothing is queued, the worker
+// ends here, in the same critical section as the turn, so that whoever
+// sees the turn ended also sees an idle agent that can make room for
+// another (see quota.go).
+func (e *Engine) endTurn(s *session, a *acpclient.Agent, t *turn, stop acp.StopReason, err error) bool {
 	e.mu.Lock()
 	if s.turn != t {
 		// failLocked ended it already, with the session.
 		e.mu.Unlock()
 		e.persist(s, saveRecord|saveTranscript|saveEvents)
-		return
+		return true
 	}
 	what := saveRecord | saveTranscript
 	var exit *acpclient.ExitError
@@ -227,9 +239,16 @@ func (e *Engine) endTurn(s *session, a *acpclient.Agent, t *turn, stop acp.StopR
 	if s.turn == t { // failLocked may have ended it just now
 		e.finishTurnLocked(s, t)
 	}
+	goOn := true
+	if s.queue.len() == 0 && s.agent == a && a != nil && !s.dead() && !e.closed {
+		s.worker = false
+		e.armIdleLocked(s)
+		goOn = false
+	}
 	s.notify()
 	e.mu.Unlock()
 	e.persist(s, what)
+	return goOn
 }
 
 // finishTurnLocked moves the running turn t, its StopReason set, to the
@@ -260,6 +279,7 @@ func turnError(err error) string {
 // stopped without loss (it supports session/load).
 func (e *Engine) armIdleLocked(s *session) {
 	e.stopIdle(s)
+	s.idleSince = time.Now()
 	if e.lim.IdleTimeout < 0 || s.agent == nil || !s.rec.LoadSession || e.closed {
 		return
 	}

@@ -47,9 +47,11 @@ type worktree struct {
 // addWorktree creates a worktree of the repository at cwd on a new branch:
 // `git worktree add -b <branch> <dir>`, from the repository's HEAD. dir is
 // <root>/<repository name>-<branch>, where root is WorktreeRoot or else a
-// .worktrees directory next to the repository. The worktree is never
-// removed by the engine: it holds the agent's work.
-func addWorktree(ctx context.Context, root, cwd, branch string) (worktree, error) {
+// .worktrees directory next to the repository. With roots set, the
+// repository, its git directory (which a .git file may place anywhere)
+// and dir must lie inside them. The worktree is never removed by the
+// engine: it holds the agent's work.
+func addWorktree(ctx context.Context, root, cwd, branch string, roots [2][]string) (worktree, error) {
 	ctx, cancel := context.WithTimeout(ctx, gitTimeout)
 	defer cancel()
 	top, err := git(ctx, cwd, "rev-parse", "--show-toplevel")
@@ -57,6 +59,18 @@ func addWorktree(ctx context.Context, root, cwd, branch string) (worktree, error
 		return worktree{}, fmt.Errorf("%w: cwd %s is not inside a git repository (%v); a worktree environment needs one: use environment kind local, or run git init there first", ErrBadRequest, cwd, err)
 	}
 	top = filepath.Clean(top)
+	if confined(roots) {
+		common, err := git(ctx, top, "rev-parse", "--path-format=absolute", "--git-common-dir")
+		if err != nil {
+			return worktree{}, fmt.Errorf("%w: the git directory of %s cannot be found (%v)", ErrBadRequest, top, err)
+		}
+		if _, err := confine(roots, "the repository", top); err != nil {
+			return worktree{}, err
+		}
+		if _, err := confine(roots, "the repository's git directory", common); err != nil {
+			return worktree{}, err
+		}
+	}
 	if _, err := git(ctx, top, "check-ref-format", "--branch", branch); err != nil {
 		return worktree{}, fmt.Errorf("%w: %q is not a valid git branch name (%v)", ErrBadRequest, branch, err)
 	}
@@ -70,6 +84,9 @@ func addWorktree(ctx context.Context, root, cwd, branch string) (worktree, error
 		root = filepath.Join(filepath.Dir(top), ".worktrees")
 	}
 	dir := filepath.Join(root, filepath.Base(top)+"-"+slug(branch))
+	if _, err := confine(roots, "the new worktree", dir); err != nil {
+		return worktree{}, fmt.Errorf("%w (worktrees go to worktree_root, else next to the repository: the operator sets worktree_root inside an allowed root)", err)
+	}
 	if _, err := os.Lstat(dir); err == nil {
 		return worktree{}, fmt.Errorf("%w: %s already exists; choose another branch name, or remove that directory", ErrBadRequest, dir)
 	}
