@@ -115,11 +115,6 @@ func fastRequest(id []byte, name string, meta, args json.RawMessage) ([]byte, er
 	return append(out, "}}"...), nil
 }
 
-// fastResult is a tools/call result as the fast path reads it.
-type fastResult struct {
-	Content []json.RawMessage `json:"content"`
-}
-
 // serveFast serves r on the fast path and reports true, or reports false
 // and leaves r (its body restored) to go-sdk. sid is the request's session
 // id, already checked against the token.
