@@ -38,6 +38,9 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		return Created{}, fmt.Errorf("%w: unknown agent %q; configured agents: %s", ErrBadRequest, agentName, strings.Join(e.cfg.agentNames(), ", "))
 	}
 	cwd, err := checkCwd(req.Cwd)
+	if err == nil {
+		err = e.checkDenied(cwd)
+	}
 	if err != nil {
 		return Created{}, err
 	}
@@ -78,7 +81,7 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		if env.Branch == "" {
 			rec.Environment.Branch = "zidane/" + strings.TrimPrefix(id, "ses_")
 		}
-		wt, err := addWorktree(ctx, e.cfg.WorktreeRoot, cwd, rec.Environment.Branch)
+		wt, err := e.addWorktree(ctx, agentName, cwd, rec.Environment.Branch)
 		if err != nil {
 			return Created{}, err
 		}

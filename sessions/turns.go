@@ -84,26 +84,40 @@ func (e *Engine) launch(s *session, gen int) error {
 	if !ok {
 		return fmt.Errorf("agent %q is no longer configured; create a new session with one of the configured agents", rec.Agent)
 	}
+	// A directory that became the gateway's (or a session restored from
+	// before the rule) is refused here too.
+	if err := e.checkDenied(rec.Cwd); err != nil {
+		return fmt.Errorf("could not launch agent %q: %v", rec.Agent, err)
+	}
 	ctx, cancel := context.WithTimeout(e.ctx, e.lim.LaunchTimeout)
 	defer cancel()
 	log := e.log.With("session", rec.ID, "agent", rec.Agent)
+	// The servers come first: a confined agent may connect to their ports.
+	var hooked []McpServer
+	if e.cfg.MCPServers != nil {
+		hooked = e.cfg.MCPServers(SessionInfo{
+			SessionID: rec.ID, Title: rec.Title, Cwd: rec.Cwd, Agent: rec.Agent,
+			Owner: Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, MCPSession: rec.Target},
+			Tools: rec.Tools, Subscribe: rec.Subscribe,
+		})
+	}
+	servers := acpServers(hooked)
+	home, tmp, err := e.makeScratch(rec.ID, cfg.User)
+	if err != nil {
+		return fmt.Errorf("could not launch agent %q: %v", rec.Agent, err)
+	}
 	a, err := acpclient.Start(ctx, acpclient.Options{
-		Command: cfg.Command,
+		Command: e.agentCommand(rec, cfg, home, hooked),
 		Env:     cfg.Env,
+		Home:    home,
+		TempDir: tmp,
+		User:    cfg.User,
 		Dir:     rec.Cwd,
 		Handler: &agentHandler{e: e, s: s, gen: gen},
 		Logger:  log,
 	})
 	if err != nil {
 		return e.launchError(ctx, rec, "launch", err)
-	}
-	var servers []acp.McpServer
-	if e.cfg.MCPServers != nil {
-		servers = acpServers(e.cfg.MCPServers(SessionInfo{
-			SessionID: rec.ID, Title: rec.Title, Cwd: rec.Cwd, Agent: rec.Agent,
-			Owner: Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, MCPSession: rec.Target},
-			Tools: rec.Tools, Subscribe: rec.Subscribe,
-		}))
 	}
 	acpID := rec.ACPSessionID
 	if acpID != "" {
@@ -128,7 +142,15 @@ func (e *Engine) launch(s *session, gen int) error {
 	e.workers.Add(1) // under the lock that saw the engine open: Close waits for it
 	go e.watch(s, a)
 	e.mu.Unlock()
-	log.Info("agent running", "pid", a.Pid(), "acpSession", acpID, "resumed", rec.ACPSessionID != "", "steering", info.Steering, "loadSession", info.LoadSession)
+	sandbox, user := "off", ""
+	if cfg.Sandbox != nil {
+		sandbox = "landlock"
+	}
+	if cfg.User != nil {
+		user = cfg.User.Name
+	}
+	log.Info("agent running", "pid", a.Pid(), "acpSession", acpID, "resumed", rec.ACPSessionID != "", "steering", info.Steering, "loadSession", info.LoadSession,
+		"sandbox", sandbox, "user", user)
 	e.persist(s, saveRecord)
 	return nil
 }
@@ -181,6 +203,9 @@ func (e *Engine) failLocked(s *session, a *acpclient.Agent, msg string) {
 	e.stopIdle(s)
 	s.queue.clear()
 	e.cancelPendingLocked(s, "the agent failed")
+	// The agent is gone for good: so is its scratch directory. The agent
+	// process may still be exiting; a file it writes now is lost with it.
+	go e.dropScratch(s.rec.ID)
 	e.recordLocked(s, Event{Status: EventError, Kind: "failed", Summary: fmt.Sprintf("%s: failed: %s", s.rec.Title, msg)})
 	s.notify()
 }
