@@ -13,6 +13,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -95,6 +96,9 @@ type App struct {
 	cimd      map[string]*upstreamauth.Client // host+path of a client_metadata_url -> its upstream's client
 	ctx       caddy.Context                   // for events
 	events    *caddyevents.App                // the events app, if configured
+
+	agentUsers map[string]*sessions.User // by agent name, for those with `user`
+	deny       []string                  // paths no agent may reach
 }
 
 // CaddyModule returns the Caddy module information.
@@ -113,7 +117,23 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.TokenSync < 0 || a.LastUsedFlush < 0 {
 		return fmt.Errorf("zidane: token_sync and last_used_flush must be positive durations")
 	}
+	// Once per process: an agent of Caddy's uid must not read its
+	// environment (the upstreams' secrets) or memory through /proc.
+	dumpableOnce.Do(func() {
+		if err := setNonDumpable(); err != nil {
+			ctx.Logger().Warn("could not make the caddy process non-dumpable; processes of its user can read its environment and memory", zap.Error(err))
+		}
+	})
+	if err := a.checkSecrets(); err != nil {
+		return err
+	}
+	if err := a.provisionAgents(ctx); err != nil {
+		return err
+	}
 	st := ctx.Storage()
+	if _, err := loadAdminKey(st, true); err != nil {
+		return err
+	}
 	ts, key, err := loadTokens(st, time.Duration(a.TokenSync), time.Duration(a.LastUsedFlush))
 	if err != nil {
 		return err
@@ -144,6 +164,9 @@ func (a *App) Cleanup() error {
 
 // Tokens is the token store shared by every config over the same storage.
 func (a *App) Tokens() *policy.TokenStore { return a.tokens.store }
+
+// dumpableOnce makes the process non-dumpable at the first provision.
+var dumpableOnce sync.Once
 
 // tokenPool holds one token store per storage backend.
 var tokenPool = caddy.NewUsagePool()

@@ -161,6 +161,11 @@ var (
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.audit = h.logger.Named("audit")
+	if h.Guard != nil {
+		if err := checkGuardHeaders(h.Guard.UpstreamHeaders); err != nil {
+			return err
+		}
+	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}

@@ -78,6 +78,12 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(binDir)
+	// Agents that run as another user (TestAgentConfinement's `user
+	// nobody`) exec caddy itself, as the sandbox and the demo agent.
+	if err := os.Chmod(binDir, 0o755); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+		return 1
+	}
 	caddyBin = filepath.Join(binDir, "caddy")
 	everythingServerBin = filepath.Join(binDir, "everything-server")
 
