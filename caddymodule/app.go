@@ -67,7 +67,7 @@ type App struct {
 
 	// Upstreams are the remote MCP servers the broker offers, by name.
 	// Header values may hold ${VAR} placeholders, expanded only where the
-	// connection is built.
+	// connection is built; a credential given literally is refused.
 	Upstreams []broker.Upstream `json:"upstreams,omitempty"`
 
 	// UpstreamsFiles are mcp.json files with more upstreams, in the shapes
@@ -82,7 +82,8 @@ type App struct {
 	// UpstreamTokenKey seals the upstreams' OAuth tokens in storage
 	// (AES-256-GCM): 32 bytes, base64-encoded. Give it as a placeholder
 	// such as {env.ZIDANE_UPSTREAM_TOKEN_KEY}, which is read at start and
-	// never written to a config file; default: that variable. Required
+	// never written to a config file (a literal key is refused); default:
+	// that variable. Required
 	// when an upstream has an oauth block. Every replica needs the same
 	// key, and a new key means the upstreams need a new login.
 	UpstreamTokenKey string `json:"upstream_token_key,omitempty"`

@@ -124,7 +124,10 @@ type SessionsMode struct{}
 type Guard struct {
 	// UpstreamHeaders are set on every request passed on, after the
 	// client's Authorization is removed: an upstream credential, for
-	// example. Values may use placeholders such as {env.UPSTREAM_TOKEN}.
+	// example, given as a placeholder such as {env.UPSTREAM_TOKEN}. A
+	// literal value is refused (the admin API and autosave.json would show
+	// it), but for Accept, Accept-Language, Content-Type, User-Agent and
+	// Mcp-Protocol-Version.
 	UpstreamHeaders map[string]string `json:"upstream_headers,omitempty"`
 }
 
