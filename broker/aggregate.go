@@ -396,6 +396,24 @@ func (a *Aggregate) ResourceOwners(uri string) []string {
 	return owners
 }
 
+// CompletionResource returns the upstream that serves a completion of a
+// ref/resource reference: the one that offers that resource, else the one
+// that offers that template. The edge authorizes a completion on it, and
+// the route sends it there.
+func (a *Aggregate) CompletionResource(uri string) (string, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.completionResourceLocked(uri)
+}
+
+func (a *Aggregate) completionResourceLocked(uri string) (string, bool) {
+	if owner, ok := a.resOwner[uri]; ok {
+		return owner, true
+	}
+	owner, ok := a.tmplOwner[uri]
+	return owner, ok
+}
+
 // TemplateOwner returns the upstream that offers a resource template.
 func (a *Aggregate) TemplateOwner(uriTemplate string) (string, bool) {
 	a.mu.Lock()

@@ -576,11 +576,7 @@ func (a *Aggregate) complete(ctx context.Context, req *mcp.CompleteRequest) (*mc
 			out.Name = q.name
 		}
 	case "ref/resource":
-		owner, ok := a.resOwner[ref.URI]
-		if !ok {
-			owner, ok = a.tmplOwner[ref.URI]
-		}
-		if ok {
+		if owner, ok := a.completionResourceLocked(ref.URI); ok {
 			up = a.byName[owner]
 		}
 	}

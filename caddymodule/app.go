@@ -95,7 +95,7 @@ type App struct {
 	oauth     map[string]*upstreamauth.Client // by upstream name
 	oauthKeys []string                        // this config's holds on oauthPool
 	cimd      map[string]*upstreamauth.Client // host+path of a client_metadata_url -> its upstream's client
-	ctx       caddy.Context                   // for events
+	ctx       caddy.Context                   // this config's: events, the http app
 	events    *caddyevents.App                // the events app, if configured
 
 	agentUsers map[string]*sessions.User // by agent name, for those with `user`
@@ -141,14 +141,17 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.tokens, a.tokensKey = ts, key
 	a.storage = st
+	a.ctx = ctx
 	if err := a.loadUpstreams(); err != nil {
 		return err
 	}
 	return a.provisionOAuth(ctx)
 }
 
-// Start implements caddy.App. The app's work runs in its pooled state.
-func (a *App) Start() error { return nil }
+// Start implements caddy.App. The app's work runs in its pooled state; it
+// refuses to start a config whose sessions endpoint cannot tell its agents
+// where it is (checkAgentBases).
+func (a *App) Start() error { return a.checkAgentBases() }
 
 // Stop implements caddy.App.
 func (a *App) Stop() error { return nil }

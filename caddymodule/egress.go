@@ -67,6 +67,10 @@ func (s *sessionsState) egressServers(tokens *policy.TokenStore, info sessions.S
 	if len(s.egress) == 0 {
 		return nil
 	}
+	if info.Base == "" {
+		log.Error("a session has no address of this gateway to reach it at; it runs without upstreams", "session", info.SessionID)
+		return nil
+	}
 	names := make([]string, 0, len(s.egress))
 	scopes := make([]string, 0, len(s.egress))
 	for name := range s.egress {
@@ -86,12 +90,11 @@ func (s *sessionsState) egressServers(tokens *policy.TokenStore, info sessions.S
 		log.Error("minting a session's egress token failed; the session runs without upstreams", "session", info.SessionID, "error", err)
 		return nil
 	}
-	base, _ := s.base.Load().(string)
 	out := make([]sessions.McpServer, 0, len(names))
 	for _, n := range names {
 		out = append(out, sessions.McpServer{
 			Name:    n,
-			URL:     base + egressPrefix + n + "/mcp",
+			URL:     info.Base + egressPrefix + n + "/mcp",
 			Headers: map[string]string{"Authorization": "Bearer " + secret},
 		})
 	}

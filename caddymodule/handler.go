@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -500,13 +501,13 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	}
 	r = r.WithContext(ctx)
 	r.Header.Del("Authorization")
-	nextFn := edge.Next(next.ServeHTTP)
-	f := edge.NewListing(route, p, r, b, func(d edge.Drop) { h.auditDrop(r, p, d) })
-	if f == nil {
-		return route.Serve(w, r, nextFn)
-	}
+	// Every answer goes through the listing filter, which reads it: ask
+	// for it uncompressed (an `encode` in front still compresses what the
+	// client gets).
+	r.Header.Del("Accept-Encoding")
+	f := edge.NewListing(route, p, b, func(d edge.Drop) { h.auditDrop(r, p, d) })
 	fw, closeFilter := f.Wrap(w)
-	err := route.Serve(fw, r, nextFn)
+	err := route.Serve(fw, r, edge.Next(next.ServeHTTP))
 	if cerr := closeFilter(); err == nil {
 		err = cerr
 	}
@@ -566,3 +567,24 @@ var (
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
+
+// agentBase is where the agents of sessions that r creates reach this
+// gateway: the configured resource's origin, else the listener r arrived on
+// (scheme://ip:port, which the client cannot choose), never r's Host or
+// X-Forwarded-* headers. The URLs handed to agents carry their tokens.
+// Empty when neither gives one (a unix socket; the app refuses to start
+// such a site, see checkAgentBases).
+func (h *Handler) agentBase(r *http.Request) string {
+	if h.resURL.IsAbs() {
+		return h.resURL.Scheme + "://" + h.resURL.Host
+	}
+	addr, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)
+	if !ok {
+		return ""
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + net.JoinHostPort(addr.IP.String(), strconv.Itoa(addr.Port))
+}

@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"slices"
 	"sort"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -52,18 +50,14 @@ const demoAgentName = "demo"
 // engine with its agent processes, the MCP endpoint with its MCP sessions,
 // and the key that signs session links.
 type sessionsState struct {
-	engine   *sessions.Engine
-	endpoint *mcpendpoint.Endpoint
-	page     *sessionpage.Page
-	signer   *sessionpage.Signer
-	// base is the scheme://host clients reach the endpoint at, for links;
-	// fixed when `resource` is absolute, else the last request's.
-	base       atomic.Value // string
-	fixedBase  bool
+	engine     *sessions.Engine
+	endpoint   *mcpendpoint.Endpoint
+	page       *sessionpage.Page
+	signer     *sessionpage.Signer
 	agentsHash string
 	unhook     func()
 	// endpointPath is the MCP endpoint's path, which orchestrator agents
-	// are given with base.
+	// are given on their session's base.
 	endpointPath string
 	// egress are the upstreams offered to sessions, by name.
 	egress map[string]*egressRoute
@@ -81,31 +75,17 @@ func (s *sessionsState) Destruct() error {
 	return err
 }
 
-// setBase records the origin clients use, for the links of new sessions.
-func (s *sessionsState) setBase(origin string) {
-	if s.fixedBase {
-		return
-	}
-	if cur, _ := s.base.Load().(string); cur != origin {
-		s.base.Store(origin)
-	}
-}
-
 var sessionsPool = caddy.NewUsagePool()
 
 // buildSessions sets up the sessions endpoint and the egress routes of
 // the upstreams offered to its sessions.
 func (h *Handler) buildSessions(ctx caddy.Context, app *App) error {
-	base := ""
-	if h.resURL.IsAbs() {
-		base = h.resURL.Scheme + "://" + h.resURL.Host
-	}
 	var err error
-	if h.sess, h.sessKey, err = app.loadSessions(ctx, base, h.resURL.Path, base != ""); err != nil {
+	if h.sess, h.sessKey, err = app.loadSessions(ctx, h.resURL.Path); err != nil {
 		return err
 	}
 	sess := h.sess
-	h.route = &edge.Sessions{Scopes: h.scopes, Endpoint: sess.endpoint, OnServe: func(r *http.Request) { sess.setBase(requestOrigin(r)) }}
+	h.route = &edge.Sessions{Scopes: h.scopes, Endpoint: sess.endpoint, Base: h.agentBase}
 	h.egress = make(map[string]edge.Route, len(sess.egress))
 	for name, e := range sess.egress {
 		h.egress[name] = e.route
@@ -146,7 +126,7 @@ func (a *App) agentSet() (map[string]sessions.AgentConfig, string, error) {
 
 // loadSessions returns the pooled sessions state for the app's storage,
 // building it on first use. Release it with sessionsPool.Delete(key).
-func (a *App) loadSessions(ctx caddy.Context, resource, endpointPath string, fixedBase bool) (*sessionsState, string, error) {
+func (a *App) loadSessions(ctx caddy.Context, endpointPath string) (*sessionsState, string, error) {
 	agents, def, err := a.agentSet()
 	if err != nil {
 		return nil, "", err
@@ -160,7 +140,7 @@ func (a *App) loadSessions(ctx caddy.Context, resource, endpointPath string, fix
 	tokens := a.Tokens()
 	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
 		logger := slog.New(zapslog.NewHandler(ctx.Logger().Named("sessions").Core()))
-		st := &sessionsState{signer: sessionpage.NewSigner(time.Duration(a.LinkTTL)), agentsHash: hash, fixedBase: fixedBase, endpointPath: endpointPath}
+		st := &sessionsState{signer: sessionpage.NewSigner(time.Duration(a.LinkTTL)), agentsHash: hash, endpointPath: endpointPath}
 		// Resumed sessions may launch while NewEngine runs; the hook that
 		// needs the engine waits for it.
 		ready := make(chan struct{})
@@ -169,7 +149,6 @@ func (a *App) loadSessions(ctx caddy.Context, resource, endpointPath string, fix
 			return nil, err
 		}
 		st.egress = egress
-		st.base.Store(resource)
 		names := make([]string, 0, len(agents))
 		for n := range agents {
 			names = append(names, n)
@@ -189,10 +168,7 @@ func (a *App) loadSessions(ctx caddy.Context, resource, endpointPath string, fix
 				MaxSessions: a.MaxSessions,
 				IdleTimeout: time.Duration(a.AgentIdleTimeout),
 			},
-			LinkFor: func(id string) string {
-				base, _ := st.base.Load().(string)
-				return st.signer.Link(base, id)
-			},
+			LinkFor: func(id, base string) string { return st.signer.Link(base, id) },
 			MCPServers: func(info sessions.SessionInfo) []sessions.McpServer {
 				<-ready
 				return append(st.orchestratorServers(tokens, info, logger), st.egressServers(tokens, info, logger)...)
@@ -243,6 +219,10 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 	if len(info.Tools) == 0 {
 		return nil
 	}
+	if info.Base == "" {
+		log.Error("an orchestrator session has no address of this gateway to reach it at; it runs without the endpoint", "session", info.SessionID)
+		return nil
+	}
 	var scopes []string
 	for _, v := range info.Tools {
 		switch {
@@ -267,10 +247,9 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 	if info.Subscribe {
 		s.engine.Relay(child.ID, info.SessionID)
 	}
-	base, _ := s.base.Load().(string)
 	return []sessions.McpServer{{
 		Name:    "zidane",
-		URL:     base + s.endpointPath,
+		URL:     info.Base + s.endpointPath,
 		Headers: map[string]string{"Authorization": "Bearer " + secret},
 	}}
 }

@@ -25,6 +25,9 @@ type Catalog interface {
 	ResourceOwners(uri string) []string
 	// TemplateOwner is the upstream that offers a resource template.
 	TemplateOwner(uriTemplate string) (string, bool)
+	// CompletionResource is the upstream that serves a completion of a
+	// ref/resource reference.
+	CompletionResource(uri string) (string, bool)
 }
 
 // Aggregate is the aggregated route: several upstreams on one endpoint.
@@ -53,14 +56,15 @@ func (a *Aggregate) Authorize(p policy.Principal, c message.Call) Verdict {
 	case "tools/call":
 		server, _, ok := a.Catalog.ToolServer(c.Tool)
 		if !ok {
-			// No upstream offers it: nothing runs, and go-sdk answers.
-			return Verdict{}
+			// No upstream offers it now; one might by the time go-sdk
+			// looks it up, so it is refused as an unknown resource is.
+			return a.owners(p, c, nil)
 		}
 		return a.owners(p, c, []string{server})
 	case "prompts/get":
 		server, ok := a.Catalog.PromptServer(c.Prompt)
 		if !ok {
-			return Verdict{}
+			return a.owners(p, c, nil)
 		}
 		return a.owners(p, c, []string{server})
 	case "resources/read", "resources/subscribe", "resources/unsubscribe":
@@ -70,14 +74,14 @@ func (a *Aggregate) Authorize(p policy.Principal, c message.Call) Verdict {
 		case "ref/prompt":
 			server, ok := a.Catalog.PromptServer(c.Ref.Name)
 			if !ok {
-				return Verdict{}
+				return a.owners(p, c, nil)
 			}
 			return a.owners(p, c, []string{server})
 		case "ref/resource":
-			if owner, ok := a.Catalog.TemplateOwner(c.Ref.URI); ok {
+			if owner, ok := a.Catalog.CompletionResource(c.Ref.URI); ok {
 				return a.owners(p, c, []string{owner})
 			}
-			return a.owners(p, c, a.Catalog.ResourceOwners(c.Ref.URI))
+			return a.owners(p, c, nil)
 		}
 	}
 	// Listings and the rest name no upstream: some upstream will do, and
@@ -92,11 +96,11 @@ func (a *Aggregate) Authorize(p policy.Principal, c message.Call) Verdict {
 	return NeedScope(p, c, need)
 }
 
-// owners allows c when p may use every upstream that could serve it. A
-// resource that no upstream offers is answered by go-sdk as not found, so
-// nothing runs; a principal that may not use every upstream is refused it
-// all the same, so that a listing it does not see and a resource that does
-// not exist look alike.
+// owners allows c when p may use every upstream that could serve it. What
+// no upstream offers (a tool, prompt or resource not listed, a completion
+// of neither) is refused to a principal that may not use every upstream:
+// the catalog may change before the call is served, and what it does not
+// see and what does not exist look alike.
 func (a *Aggregate) owners(p policy.Principal, c message.Call, owners []string) Verdict {
 	if len(owners) == 0 {
 		for _, name := range a.Catalog.Upstreams() {

@@ -33,6 +33,12 @@ func (c catalog) ResourceOwners(uri string) []string {
 	return c.matches[uri]
 }
 func (c catalog) TemplateOwner(t string) (string, bool) { o, ok := c.templates[t]; return o, ok }
+func (c catalog) CompletionResource(uri string) (string, bool) {
+	if o, ok := c.resources[uri]; ok {
+		return o, true
+	}
+	return c.TemplateOwner(uri)
+}
 
 func testCatalog() catalog {
 	return catalog{
@@ -47,7 +53,7 @@ func testCatalog() catalog {
 
 // routes are one of each route kind, as the edge builds them, with the
 // principal an attacker holds on it.
-func testRoutes(t *testing.T) map[string]struct {
+func testRoutes(t testing.TB) map[string]struct {
 	route Route
 	p     policy.Principal
 } {
@@ -128,6 +134,15 @@ func TestDecide(t *testing.T) {
 		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"completion/complete","params":{"ref":{"type":"ref/resource","uri":"a://{id}"},"argument":{"name":"id","value":""}}}`, 403, ReasonScope},
 		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"completion/complete","params":{"ref":{"type":"ref/resource","uri":"b://{id}"},"argument":{"name":"id","value":""}}}`, 0, ""},
 		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, 0, ""},
+		// Offered by no upstream yet: refused, since one may offer it by
+		// the time it is served.
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"mcp_c_later"}}`, 403, ReasonScope},
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"mcp_c_later"}}`, 403, ReasonScope},
+		// A completion of a resource goes where the route sends it: the
+		// resource's owner before a template's.
+		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"completion/complete","params":{"ref":{"type":"ref/resource","uri":"file:///a/secret"},"argument":{"name":"x","value":""}}}`, 403, ReasonScope},
+		// Guard: a completion needs what its reference needs.
+		{"guard", `{"jsonrpc":"2.0","id":1,"method":"completion/complete","params":{"ref":{"type":"ref/prompt","name":"p"},"argument":{"name":"x","value":""}}}`, 403, ReasonScope},
 		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///b/readme","URI":"file:///a/secret"}}`, 400, ReasonAmbiguous},
 		{"aggregate", `{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"mcp_b_greet","n\u0061me":"mcp_a_plan"}}`, 400, ReasonAmbiguous},
 	}

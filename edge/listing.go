@@ -4,84 +4,95 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"mime"
 	"net/http"
+	"strings"
 
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
 // maxFilteredBody bounds what the listing filter holds: a JSON answer, or
-// one SSE event. A larger one cannot be filtered, and passing it on would
-// show what the principal may not see, so it is replaced by an error.
+// one SSE event. A larger one cannot be filtered, and passing it on could
+// show what the principal may not see, so it is withheld.
 const maxFilteredBody = 8 << 20
 
-// listings are the listing methods, with the member of their result that
+// listing is one of the four listing methods: the member of its result that
 // holds the list, and the member of each item that names it.
-var listings = map[string]struct {
+type listing struct {
 	kind        Kind
 	list, named string
-}{
+}
+
+var listings = map[string]listing{
 	"tools/list":               {KindTool, "tools", "name"},
 	"prompts/list":             {KindPrompt, "prompts", "name"},
 	"resources/list":           {KindResource, "resources", "uri"},
 	"resources/templates/list": {KindResourceTemplate, "resourceTemplates", "uriTemplate"},
 }
 
+// shapes are the lists a result may hold, for an answer that is filtered by
+// its shape.
+var shapes = []listing{listings["tools/list"], listings["prompts/list"], listings["resources/list"], listings["resources/templates/list"]}
+
+// listStems are parts of the four list members' names that hold neither s
+// nor k, the letters that fold to a non-ASCII letter (ſ, K): a member
+// spelled in any case, or folded, holds one of them in ASCII.
+var listStems = []string{"tool", "prompt", "ource"}
+
 // Drop reports an answer the listing filter kept from the client.
 type Drop struct {
 	// Reason is unmatched_answer (an answer with a result whose id is none
-	// of the request's), ambiguous_answer (an answer that two JSON readers
-	// could read differently) or answer_too_large.
+	// of the request's), ambiguous_answer (an answer that two readers could
+	// read differently, or that is not a JSON-RPC message),
+	// answer_too_large, or encoded_answer (a compressed answer, which the
+	// filter cannot read).
 	Reason string
 	// ID is the answer's id, when it could be read.
 	ID string
 }
 
-// Listing is the filter that cuts listing answers (tools/list,
-// prompts/list, resources/list, resources/templates/list) down to the
-// items a principal may use, as the route's Visible says, whether the
-// answer comes as one JSON body or as an SSE stream, event by event.
+// Listing is the filter in front of every answer the edge passes back: it
+// cuts listings (tools/list, prompts/list, resources/list,
+// resources/templates/list) down to the items a principal may use, as the
+// route's Visible says, whether the answer comes as one JSON body or as an
+// SSE stream, event by event. Every answer goes through it, because a
+// server may deliver an answer on another request's stream (one that
+// routes answers by id, across requests) or replay one (a resumed GET).
 //
-// It matches answers to the requests of the body by id, compared as
-// JSON-RPC values (an upstream may answer 7 to 7.0, or "x" to "\u0078"),
-// and drops every answer with a result that it cannot match, so that no
-// unfiltered listing gets through under an id it does not recognize. On a
-// resumed stream (a GET with Last-Event-ID) the answers belong to no
-// request of this one, so every answer with a result is filtered by its
-// shape instead: whatever list of the four kinds it holds.
+//   - An answer with a result to a listing request of the body is filtered
+//     by that listing's kind; ids compare as JSON-RPC values (an upstream
+//     may answer 7.0 to 7, or "\u0078" to "x").
+//   - An answer with a result to another request of the body, and every
+//     answer on a GET stream, is filtered by its shape: whichever of the
+//     four lists its result holds.
+//   - An answer with a result whose id is none of the body's requests' is
+//     dropped, and so is one that package message refuses to read (two
+//     readers could read it differently), one that spells a list member in
+//     another case, one over maxFilteredBody, and a compressed one.
+//
+// Server requests, notifications and errors pass as they are. Each drop is
+// reported to onDrop.
 type Listing struct {
-	route   Route
-	p       policy.Principal
-	methods map[string]string // request id key -> method, nil on a resumed stream
-	onDrop  func(Drop)
+	route  Route
+	p      policy.Principal
+	ids    []requestID // the body's requests; nil for a GET
+	onDrop func(Drop)
 }
 
-// NewListing returns the listing filter for a request, or nil when the
-// request lists nothing and needs none: a POST whose body holds no listing
-// request, or a GET that resumes no stream. onDrop is told of every answer
+type requestID struct{ key, method string }
+
+// NewListing returns the listing filter of a request: b is its body as the
+// edge read it (nil for a GET or DELETE). onDrop is told of every answer
 // kept from the client.
-func NewListing(route Route, p policy.Principal, r *http.Request, b *message.Body, onDrop func(Drop)) *Listing {
+func NewListing(route Route, p policy.Principal, b *message.Body, onDrop func(Drop)) *Listing {
 	f := &Listing{route: route, p: p, onDrop: onDrop}
-	switch {
-	case r.Method == http.MethodGet && r.Header.Get("Last-Event-ID") != "":
-		return f
-	case b == nil:
-		return nil
-	}
-	lists := false
-	f.methods = make(map[string]string, len(b.Calls))
-	for _, c := range b.Calls {
-		if c.IsResponse() || c.ID.IsZero() {
-			continue
+	if b != nil {
+		f.ids = make([]requestID, 0, len(b.Calls))
+		for _, c := range b.Calls {
+			if !c.IsResponse() && !c.ID.IsZero() {
+				f.ids = append(f.ids, requestID{c.ID.Key(), c.Method})
+			}
 		}
-		f.methods[c.ID.Key()] = c.Method
-		if _, ok := listings[c.Method]; ok {
-			lists = true
-		}
-	}
-	if !lists {
-		return nil
 	}
 	return f
 }
@@ -93,36 +104,34 @@ func (f *Listing) Wrap(w http.ResponseWriter) (http.ResponseWriter, func() error
 	return lw, lw.close
 }
 
-// filterMessage filters one JSON value an upstream sent: one JSON-RPC
-// message or a batch. keep is false when nothing of it may go out.
+func (f *Listing) drop(d Drop) {
+	if f.onDrop != nil {
+		f.onDrop(d)
+	}
+}
+
+// filterMessage filters one JSON value a server sent: one JSON-RPC message
+// or a batch. keep is false when nothing of it may go out.
 func (f *Listing) filterMessage(data []byte) (out []byte, keep bool) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return data, true
 	}
-	if err := message.Validate(data); err != nil {
+	b, err := message.ReadAnswer(data)
+	if err != nil {
 		f.drop(Drop{Reason: "ambiguous_answer"})
 		return nil, false
 	}
-	trimmed := bytes.TrimSpace(data)
-	if trimmed[0] != '[' {
-		return f.filterOne(trimmed)
+	if !b.Batch {
+		return f.filterOne(b.Calls[0])
 	}
-	var batch []json.RawMessage
-	if json.Unmarshal(trimmed, &batch) != nil {
-		f.drop(Drop{Reason: "ambiguous_answer"})
-		return nil, false
-	}
-	kept, changed := batch[:0], false
-	for _, m := range batch {
-		out, ok := f.filterOne(m)
-		if !ok {
-			changed = true
-			continue
+	kept := make([]json.RawMessage, 0, len(b.Calls))
+	changed := false
+	for _, c := range b.Calls {
+		out, ok := f.filterOne(c)
+		if ok {
+			kept = append(kept, out)
 		}
-		if !bytes.Equal(out, m) {
-			changed = true
-		}
-		kept = append(kept, out)
+		changed = changed || !ok || !bytes.Equal(out, c.Raw)
 	}
 	switch {
 	case len(kept) == 0:
@@ -130,59 +139,54 @@ func (f *Listing) filterMessage(data []byte) (out []byte, keep bool) {
 	case !changed:
 		return data, true
 	}
-	out, err := json.Marshal(kept)
+	out, err = json.Marshal(kept)
 	return out, err == nil
 }
 
-// filterOne filters one JSON-RPC message. Only answers with a result can
-// hold a listing: requests and notifications of the server, and errors,
-// pass as they are.
-func (f *Listing) filterOne(m []byte) ([]byte, bool) {
-	var msg map[string]json.RawMessage
-	if json.Unmarshal(m, &msg) != nil {
-		return m, true // not an object: no listing in it
+// filterOne filters one message. Only an answer with a result can hold a
+// listing: requests and notifications of the server, and errors, pass.
+func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
+	if !c.IsResponse() || c.Result == nil {
+		return c.Raw, true
 	}
-	result, isAnswer := msg["result"]
-	if _, isRequest := msg["method"]; isRequest || !isAnswer {
-		return m, true
-	}
-	id, err := message.ParseID(msg["id"])
-	if err != nil {
-		f.drop(Drop{Reason: "unmatched_answer"})
-		return nil, false
-	}
-	var lists []string
-	if f.methods == nil {
-		// A resumed stream: filter every list the result holds.
-		for method := range listings {
-			lists = append(lists, method)
-		}
-	} else {
-		method, known := f.methods[id.Key()]
+	lists := shapes
+	if f.ids != nil {
+		method, known := f.method(c.ID.Key())
 		if !known {
-			f.drop(Drop{Reason: "unmatched_answer", ID: id.String()})
+			f.drop(Drop{Reason: "unmatched_answer", ID: clip(c.ID.String())})
 			return nil, false
 		}
-		if _, ok := listings[method]; !ok {
-			return m, true
+		if l, ok := listings[method]; ok {
+			lists = []listing{l}
 		}
-		lists = []string{method}
+	}
+	if len(lists) == len(shapes) && !mayList(c.Result) {
+		return c.Raw, true
 	}
 	var res map[string]json.RawMessage
-	if json.Unmarshal(result, &res) != nil {
-		return m, true // not an object: no list in it
+	if json.Unmarshal(c.Result, &res) != nil {
+		return c.Raw, true // not an object: no list in it
 	}
 	changed := false
-	for _, method := range lists {
-		l := listings[method]
+	for key := range res {
+		for _, l := range shapes {
+			if key != l.list && strings.EqualFold(key, l.list) {
+				// A client reading case-insensitively would take it for
+				// the list; this filter would not.
+				f.drop(Drop{Reason: "ambiguous_answer", ID: clip(c.ID.String())})
+				return nil, false
+			}
+		}
+	}
+	for _, l := range lists {
 		raw, ok := res[l.list]
 		if !ok {
 			continue
 		}
 		var items []json.RawMessage
 		if json.Unmarshal(raw, &items) != nil {
-			// A list member that is not an array shows nothing the
-			// client could use; drop it rather than guess.
+			// A list member that is not an array shows nothing a client
+			// could use; drop it rather than guess.
 			delete(res, l.list)
 			changed = true
 			continue
@@ -203,24 +207,75 @@ func (f *Listing) filterOne(m []byte) ([]byte, bool) {
 		}
 	}
 	if !changed {
-		return m, true
+		return c.Raw, true
+	}
+	var msg map[string]json.RawMessage
+	if json.Unmarshal(c.Raw, &msg) != nil {
+		return nil, false
 	}
 	msg["result"], _ = json.Marshal(res)
 	out, err := json.Marshal(msg)
 	return out, err == nil
 }
 
-func (f *Listing) drop(d Drop) {
-	if f.onDrop != nil {
-		f.onDrop(d)
+// method is the method of the body's request with id key.
+func (f *Listing) method(key string) (string, bool) {
+	for _, r := range f.ids {
+		if r.key == key {
+			return r.method, true
+		}
 	}
+	return "", false
+}
+
+// mayList reports whether a result might hold one of the four lists, in
+// any spelling: an escape, or a stem of their names in any case. Answers
+// that hold neither (most tool results, pings) pass without decoding.
+func mayList(result []byte) bool {
+	if bytes.IndexByte(result, '\\') >= 0 {
+		return true
+	}
+	for _, stem := range listStems {
+		if containsFold(result, stem) {
+			return true
+		}
+	}
+	return false
+}
+
+// containsFold reports whether b holds the lower-case ASCII word in any
+// ASCII case, without allocating.
+func containsFold(b []byte, word string) bool {
+	for i := 0; i+len(word) <= len(b); i++ {
+		j := 0
+		for ; j < len(word); j++ {
+			if b[i+j]|0x20 != word[j] {
+				break
+			}
+		}
+		if j == len(word) {
+			return true
+		}
+	}
+	return false
+}
+
+// clip keeps an id of the server's short in the audit log.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
 }
 
 // droppedAnswer replaces a JSON answer of which nothing may go out.
 var droppedAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the server's answer was withheld: it did not match the request, or could not be read unambiguously; retry the request"}}`)
 
 // tooLargeAnswer replaces an answer over maxFilteredBody.
-var tooLargeAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the server's listing answer is too large for the gateway to filter; ask the operator to page it"}}`)
+var tooLargeAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the server's answer is too large for the gateway to filter; ask the operator to page it"}}`)
+
+// encodedAnswer replaces a compressed answer.
+var encodedAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the server answered compressed, which the gateway does not pass on; ask the operator to turn compression off for this server"}}`)
 
 // listingWriter runs a response body through the filter: a JSON body when
 // it ends, an SSE stream event by event, so streamed events keep flowing.
@@ -229,11 +284,11 @@ type listingWriter struct {
 	http.ResponseWriter
 	f       *Listing
 	wrote   bool
-	filter  bool
-	sse     bool
+	json    bool // a JSON body, filtered when it ends
+	sse     *sseFilter
+	encoded bool // compressed: withheld
 	buf     bytes.Buffer
 	over    bool
-	flusher *http.ResponseController
 }
 
 func (w *listingWriter) WriteHeader(status int) {
@@ -241,12 +296,23 @@ func (w *listingWriter) WriteHeader(status int) {
 		return
 	}
 	w.wrote = true
-	mt, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type"))
-	if status == http.StatusOK && (mt == "application/json" || mt == "text/event-stream") {
-		w.filter, w.sse = true, mt == "text/event-stream"
-		w.flusher = http.NewResponseController(w.ResponseWriter)
-		// The filtered body has another length.
-		w.Header().Del("Content-Length")
+	// Any 2xx: clients read a listing from every success status.
+	if status >= 200 && status < 300 {
+		ct := strings.ToLower(w.Header().Get("Content-Type"))
+		switch {
+		case strings.Contains(ct, "text/event-stream"):
+			w.sse = &sseFilter{f: w.f}
+		case strings.Contains(ct, "json"):
+			w.json = true
+		}
+		if w.sse != nil || w.json {
+			w.Header().Del("Content-Length") // the filtered body has another length
+			if enc := w.Header().Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+				w.encoded = true
+				w.Header().Del("Content-Encoding")
+				w.f.drop(Drop{Reason: "encoded_answer"})
+			}
+		}
 	}
 	w.ResponseWriter.WriteHeader(status)
 }
@@ -255,7 +321,18 @@ func (w *listingWriter) Write(p []byte) (int, error) {
 	if !w.wrote {
 		w.WriteHeader(http.StatusOK)
 	}
-	if !w.filter {
+	switch {
+	case w.encoded:
+		return len(p), nil
+	case w.sse != nil:
+		for _, out := range w.sse.write(p) {
+			if _, err := w.ResponseWriter.Write(out); err != nil {
+				return len(p), err
+			}
+		}
+		_ = http.NewResponseController(w.ResponseWriter).Flush()
+		return len(p), nil
+	case !w.json:
 		return w.ResponseWriter.Write(p)
 	}
 	if w.over {
@@ -266,26 +343,8 @@ func (w *listingWriter) Write(p []byte) (int, error) {
 		w.over = true
 		w.buf.Reset()
 		w.f.drop(Drop{Reason: "answer_too_large"})
-		return len(p), nil
 	}
-	if !w.sse {
-		return len(p), nil
-	}
-	for {
-		b := w.buf.Bytes()
-		end, sep := eventEnd(b)
-		if end < 0 {
-			return len(p), nil
-		}
-		event := append([]byte(nil), b[:end]...)
-		w.buf.Next(end + sep)
-		if out := w.filterEvent(event); out != nil {
-			if _, err := w.ResponseWriter.Write(out); err != nil {
-				return len(p), err
-			}
-			_ = w.flusher.Flush()
-		}
-	}
+	return len(p), nil
 }
 
 // Flush passes on what the filter has let through; what it holds waits.
@@ -306,97 +365,35 @@ type writerOnly struct{ io.Writer }
 
 // close writes out what the filter still holds.
 func (w *listingWriter) close() error {
-	if !w.filter {
-		return nil
-	}
-	if w.over {
-		out := tooLargeAnswer
-		if w.sse {
-			out = sseEvent(out)
-		}
-		_, err := w.ResponseWriter.Write(out)
-		return err
-	}
-	if w.buf.Len() == 0 {
-		return nil
-	}
-	rest := append([]byte(nil), w.buf.Bytes()...)
-	w.buf.Reset()
 	var out []byte
-	if w.sse {
-		out = w.filterEvent(rest)
-	} else {
+	switch {
+	case w.encoded && w.sse != nil:
+		out = sseEvent(encodedAnswer)
+	case w.encoded && w.json:
+		out = encodedAnswer
+	case w.sse != nil:
+		out = bytes.Join(w.sse.end(), nil)
+	case !w.json:
+		return nil
+	case w.over:
+		out = tooLargeAnswer
+	case w.buf.Len() > 0:
 		var keep bool
-		if out, keep = w.f.filterMessage(rest); !keep {
+		if out, keep = w.f.filterMessage(w.buf.Bytes()); !keep {
 			out = droppedAnswer
 		}
+		w.buf.Reset()
 	}
-	if out == nil {
+	if len(out) == 0 {
 		return nil
 	}
 	_, err := w.ResponseWriter.Write(out)
 	return err
 }
 
-// eventEnd finds the blank line that ends an SSE event, returning the index
-// where the event's last line ends and the length of the separator.
-func eventEnd(b []byte) (int, int) {
-	for i := 0; i < len(b); i++ {
-		if b[i] != '\n' {
-			continue
-		}
-		switch {
-		case i+1 < len(b) && b[i+1] == '\n':
-			return i, 2
-		case i+2 < len(b) && b[i+1] == '\r' && b[i+2] == '\n':
-			return i, 3
-		}
-	}
-	return -1, 0
-}
-
-// filterEvent filters the data of one SSE event and returns the event with
-// its terminating blank line, or nil when nothing of it may go out.
-func (w *listingWriter) filterEvent(event []byte) []byte {
-	var data, other [][]byte
-	hasData := false
-	for _, l := range bytes.Split(event, []byte("\n")) {
-		l = bytes.TrimSuffix(l, []byte("\r"))
-		if d, ok := bytes.CutPrefix(l, []byte("data:")); ok {
-			hasData = true
-			data = append(data, bytes.TrimPrefix(d, []byte(" ")))
-		} else {
-			other = append(other, l)
-		}
-	}
-	var out bytes.Buffer
-	if hasData {
-		filtered, keep := w.f.filterMessage(bytes.Join(data, []byte("\n")))
-		if !keep {
-			return nil
-		}
-		for _, l := range other {
-			out.Write(l)
-			out.WriteByte('\n')
-		}
-		for _, l := range bytes.Split(filtered, []byte("\n")) {
-			out.WriteString("data: ")
-			out.Write(l)
-			out.WriteByte('\n')
-		}
-	} else {
-		for _, l := range other {
-			out.Write(l)
-			out.WriteByte('\n')
-		}
-	}
-	out.WriteByte('\n')
-	return out.Bytes()
-}
+// Unwrap gives http.ResponseController the writer underneath.
+func (w *listingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func sseEvent(data []byte) []byte {
 	return append(append([]byte("event: message\ndata: "), data...), '\n', '\n')
 }
-
-// Unwrap gives http.ResponseController the writer underneath.
-func (w *listingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -14,6 +14,10 @@ import (
 // filter of a request with body, as the aggregated route's b-only
 // principal, and returns what the client gets and what was dropped.
 func answerThrough(t *testing.T, httpMethod, body string, header http.Header, contentType string, answer ...string) (string, []Drop) {
+	return answerThroughWith(t, httpMethod, body, header, nil, http.StatusOK, contentType, answer...)
+}
+
+func answerThroughWith(t *testing.T, httpMethod, body string, header, answerHeader http.Header, status int, contentType string, answer ...string) (string, []Drop) {
 	t.Helper()
 	rt := testRoutes(t)["aggregate"]
 	r := httptest.NewRequest(httpMethod, "/mcp", strings.NewReader(body))
@@ -28,14 +32,14 @@ func answerThrough(t *testing.T, httpMethod, body string, header http.Header, co
 		}
 	}
 	var drops []Drop
-	f := NewListing(rt.route, rt.p, r, b, func(d Drop) { drops = append(drops, d) })
-	if f == nil {
-		t.Fatalf("no listing filter for %s %s", httpMethod, body)
-	}
+	f := NewListing(rt.route, rt.p, b, func(d Drop) { drops = append(drops, d) })
 	rec := httptest.NewRecorder()
+	for k, v := range answerHeader {
+		rec.Header()[k] = v
+	}
 	w, closeFilter := f.Wrap(rec)
 	w.Header().Set("Content-Type", contentType)
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(status)
 	for _, a := range answer {
 		if _, err := w.Write([]byte(a)); err != nil {
 			t.Fatal(err)
@@ -151,18 +155,82 @@ func TestListingResumedStream(t *testing.T) {
 	}
 }
 
-func TestListingOnlyWhereNeeded(t *testing.T) {
-	rt := testRoutes(t)["aggregate"]
-	call := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"mcp_b_echo"}}`
-	b, err := message.Read([]byte(call))
-	if err != nil {
-		t.Fatal(err)
+// A server that routes answers by id across requests (the TypeScript SDK
+// does) may put an earlier request's listing on another request's stream,
+// under the id of a request that lists nothing: every answer is filtered by
+// its shape all the same.
+func TestListingFiltersEveryAnswer(t *testing.T) {
+	for _, body := range []string{
+		`{"jsonrpc":"2.0","id":5,"method":"ping"}`,
+		`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"mcp_b_echo"}}`,
+		`[{"jsonrpc":"2.0","id":5,"method":"ping"},{"jsonrpc":"2.0","id":6,"method":"tools/list"}]`,
+	} {
+		for _, ct := range []string{"application/json", "text/event-stream"} {
+			answer := `{"jsonrpc":"2.0","id":5,"result":` + toolsAnswer + `}`
+			if ct == "text/event-stream" {
+				answer = "data: " + answer + "\n\n"
+			}
+			out, _ := answerThrough(t, http.MethodPost, body, nil, ct, answer)
+			if strings.Contains(out, "mcp_a_secret") || !strings.Contains(out, "mcp_b_echo") {
+				t.Errorf("%s, %s answer: %s", body, ct, out)
+			}
+		}
 	}
-	if NewListing(rt.route, rt.p, httptest.NewRequest(http.MethodPost, "/mcp", nil), b, nil) != nil {
-		t.Error("a tools/call got a listing filter")
+	// A tool's result that holds no list passes as it came, byte for byte.
+	res := `{"jsonrpc":"2.0","id":5,"result":{"content":[{"type":"text","text":"hello"}]}}`
+	if out, drops := answerThrough(t, http.MethodPost, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"mcp_b_echo"}}`, nil, "application/json", res); out != res || len(drops) != 0 {
+		t.Errorf("a plain tool result: %s %v", out, drops)
 	}
-	if NewListing(rt.route, rt.p, httptest.NewRequest(http.MethodGet, "/mcp", nil), nil, nil) != nil {
-		t.Error("a GET that resumes nothing got a listing filter")
+}
+
+// The SSE stream is read as clients read it (CR, LF and CRLF line ends, a
+// byte-order mark, fields without a space): no spelling of an event gets a
+// listing past the filter.
+func TestListingSSESpellings(t *testing.T) {
+	data := `{"jsonrpc":"2.0","id":7,"result":` + toolsAnswer + `}`
+	for name, stream := range map[string]string{
+		"CR line ends":     "id: 1\rdata: " + data + "\r\r",
+		"CR after comment": ":x\rdata: " + data + "\n\n",
+		"CRLF":             "event: message\r\ndata: " + data + "\r\n\r\n",
+		"BOM":              "\xEF\xBB\xBFdata: " + data + "\n\n",
+		"no space":         "data:" + data + "\n\n",
+		"split data lines": "data: {\"jsonrpc\":\"2.0\",\"id\":7,\ndata: \"result\":" + toolsAnswer + "}\n\n",
+	} {
+		// Sent in one piece and byte by byte.
+		for _, pieces := range [][]string{{stream}, strings.Split(stream, "")} {
+			out, _ := answerThrough(t, http.MethodPost, listTools, nil, "text/event-stream", pieces...)
+			if strings.Contains(out, "mcp_a_secret") || !strings.Contains(out, "mcp_b_echo") {
+				t.Errorf("%s (%d pieces): %q", name, len(pieces), out)
+			}
+		}
+	}
+}
+
+// Answers some clients read that the filter would read otherwise are
+// withheld: a list member in another case, any 2xx status, compressed.
+func TestListingHostileAnswers(t *testing.T) {
+	for _, answer := range []string{
+		`{"jsonrpc":"2.0","id":7,"result":{"Tools":[{"name":"mcp_a_secret"}]}}`,
+		`{"jsonrpc":"2.0","id":7,"result":{"toolſ":[{"name":"mcp_a_secret"}]}}`,
+		`{"jsonrpc":"2.0","ID":7,"result":` + toolsAnswer + `}`,
+		`{"jsonrpc":"2.0","id":7,"Result":` + toolsAnswer + `}`,
+	} {
+		out, drops := answerThrough(t, http.MethodPost, listTools, nil, "application/json", answer)
+		if strings.Contains(out, "mcp_a_secret") || len(drops) != 1 {
+			t.Errorf("%s: %s %v", answer, out, drops)
+		}
+	}
+	for _, status := range []int{http.StatusCreated, 203, http.StatusPartialContent} {
+		out, _ := answerThroughWith(t, http.MethodPost, listTools, nil, nil, status, "application/json; charset=utf-8",
+			`{"jsonrpc":"2.0","id":7,"result":`+toolsAnswer+`}`)
+		if strings.Contains(out, "mcp_a_secret") {
+			t.Errorf("status %d: %s", status, out)
+		}
+	}
+	out, drops := answerThroughWith(t, http.MethodPost, listTools, nil, http.Header{"Content-Encoding": {"gzip"}}, http.StatusOK, "text/event-stream",
+		"\x1f\x8b\x08\x00 compressed bytes")
+	if strings.Contains(out, "compressed bytes") || len(drops) != 1 || drops[0].Reason != "encoded_answer" {
+		t.Errorf("a compressed stream: %q %v", out, drops)
 	}
 }
 

@@ -72,3 +72,21 @@ func TestReadBody(t *testing.T) {
 		t.Errorf("over the limit, length unknown: %+v", v)
 	}
 }
+
+// BenchmarkEdgeSmallCall is the edge's work on a typical tools/call beyond
+// authentication: the HTTP checks, the one reading and the decision.
+func BenchmarkEdgeSmallCall(b *testing.B) {
+	rt := testRoutes(b)["guard"]
+	body := []byte(`{"jsonrpc":"2.0","id":17,"method":"tools/call","params":{"name":"test_simple_text","arguments":{"text":"hello from the benchmark client"}}}`)
+	r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+	r.Header.Set("Content-Type", "application/json")
+	b.ReportAllocs()
+	for b.Loop() {
+		if v := CheckRequest(r); !v.Allowed() {
+			b.Fatal(v)
+		}
+		if d := Decide(rt.route, rt.p, http.MethodPost, r.Header, body); !d.Allowed() {
+			b.Fatal(d.Verdict)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -65,8 +66,10 @@ type Sessions struct {
 	Scopes *policy.ScopeMap
 	// Endpoint serves MCP (package mcpendpoint).
 	Endpoint http.Handler
-	// OnServe, when set, sees each request served.
-	OnServe func(*http.Request)
+	// Base says where the agents of sessions a request creates reach this
+	// gateway (see mcpendpoint.WithBase): from configuration or the
+	// request's listener, never from its Host.
+	Base func(*http.Request) string
 }
 
 // Admit refuses machine tokens: they may not start or steer agents.
@@ -93,9 +96,6 @@ func (s *Sessions) Visible(p policy.Principal, it Item) bool { return scopeVisib
 // endpoint gets the same cancellation and only the values it reads. This
 // halves what an idle session costs.
 func (s *Sessions) Serve(w http.ResponseWriter, r *http.Request, _ Next) error {
-	if s.OnServe != nil {
-		s.OnServe(r)
-	}
 	p, _ := policy.PrincipalFrom(r.Context())
 	ctx, cancel := context.WithCancel(policy.WithPrincipal(context.Background(), p))
 	defer cancel()
@@ -104,6 +104,9 @@ func (s *Sessions) Serve(w http.ResponseWriter, r *http.Request, _ Next) error {
 		if v := r.Context().Value(key); v != nil {
 			ctx = context.WithValue(ctx, key, v)
 		}
+	}
+	if s.Base != nil {
+		ctx = mcpendpoint.WithBase(ctx, s.Base(r))
 	}
 	s.Endpoint.ServeHTTP(w, r.WithContext(ctx))
 	return nil

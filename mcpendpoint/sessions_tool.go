@@ -176,7 +176,7 @@ func (e *Endpoint) create(ctx context.Context, owner sessions.Owner, a *args) (r
 	}
 	c, err := e.engine.Create(ctx, owner, sessions.CreateRequest{
 		Cwd: cwd, Prompt: prompt, Agent: agent, Environment: env,
-		Title: title, Tools: tools, Subscribe: subscribe,
+		Title: title, Tools: tools, Subscribe: subscribe, Base: BaseFrom(ctx),
 	})
 	if err != nil {
 		return reply{}, explain(err, "create the session", cwd)

@@ -46,21 +46,22 @@
 // misordered surrogate escapes; nesting deeper than 128 levels; a byte-order
 // mark; anything after the value. And in the objects whose fields the edge
 // reads (the envelope; the params object of tools/call, prompts/get,
-// resources/read|subscribe|unsubscribe and completion/complete, and of any
-// other method for its _meta; tools/call arguments; a completion ref; a
-// response's error), a key that encoding/json would take for one of those
+// resources/read|subscribe|unsubscribe, completion/complete and
+// notifications/cancelled, and of any other method for its _meta;
+// tools/call arguments; a completion ref; a response's error), a key that encoding/json would take for one of those
 // fields without being it exactly: another case, another folding, or an
 // escaped spelling ("n\u0061me" alone: some readers match raw key bytes).
 // Ids that readers read differently are refused too: a numeric id that is
 // not a plain integer in canonical form within ±(2^53-1), a request's null
 // id (go-sdk runs it as a notification, the TypeScript SDK refuses it), and
-// two requests with one id in a batch. A response's id may be null: that
-// is how JSON-RPC answers a request whose id it could not read.
+// two requests with one id in a batch.
 //
 // ErrMalformed: unambiguous JSON that is not a JSON-RPC 2.0 message the
 // edge accepts (see Read's checks in read.go: the version, the method, a
 // request's or a response's members, and the params each read method
-// needs). Params of other methods may be any value and are not read.
+// needs). A response needs a string or integer id: go-sdk refuses one
+// without, null included. Params of other methods may be any value and are
+// not read.
 //
 // Syntax errors are reported before ambiguities, and ambiguities before
 // malformations, whatever their order in the body. Errors are *Error; they

@@ -90,9 +90,21 @@ type oneBody struct {
 // returns an *Error of kind ErrSyntax, ErrAmbiguous or ErrMalformed for
 // anything it does not accept (see the package doc); raw is not modified,
 // and the Body's spans point into it.
-func Read(raw []byte) (*Body, error) {
+func Read(raw []byte) (*Body, error) { return read(raw, false) }
+
+// ReadAnswer reads what a server sends a client (answers, and the
+// server's requests and notifications) by Read's rules, but for the ids of
+// answers, which a server may spell as it likes and a client reads as a
+// value: any number whose value is an integer within ±(2^53-1) (7.0, 7e0),
+// and null (an error answer to a request whose id the server could not
+// read). It is for the edge's listing filter, which matches answers to the
+// requests it decided on.
+func ReadAnswer(raw []byte) (*Body, error) { return read(raw, true) }
+
+func read(raw []byte, answers bool) (*Body, error) {
 	r := getReader(raw)
 	defer putReader(r)
+	r.answers = answers
 	r.bom()
 	r.ws()
 	if r.i >= len(raw) {
@@ -439,7 +451,7 @@ func (r *reader) message(c *Call, depth int) error {
 		r.malformed(start, `a message needs a "method" (a request or notification), or a "result" or an "error" (a response)`)
 	case hasResult && hasError:
 		r.malformed(start, `a response has a "result" or an "error", not both`)
-	case !hasID || nullID:
+	case !hasID || (nullID && !(r.answers && hasError)):
 		r.malformed(start, `a response needs the "id" of the request it answers`)
 	case hasParams:
 		r.malformed(start, `a response has no "params"`)
@@ -455,8 +467,8 @@ func needsParams(method string) bool {
 	return false
 }
 
-// requestID reads a message's id: a string, a plain integer (see
-// requestInt) or null (which only a response may have: see message).
+// requestID reads an id: a string, a plain integer (see requestInt) or
+// null (which message then refuses, on a request and on a response alike).
 func (r *reader) requestID(depth int) (ID, error) {
 	at := r.i
 	switch c := r.peek(); {
@@ -472,6 +484,13 @@ func (r *reader) requestID(depth int) (ID, error) {
 		s, e, err := r.number()
 		if err != nil {
 			return ID{}, err
+		}
+		if r.answers {
+			n, ok := answerInt(r.b[s:e])
+			if !ok {
+				r.ambiguous(at, "an answer's numeric id must have an integer value within ±(2^53-1)")
+			}
+			return intID(n), nil
 		}
 		n, ok := requestInt(r.b[s:e])
 		if !ok {

@@ -614,3 +614,60 @@ func TestReadConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestReadCancelled: notifications/cancelled names the request it gives up
+// on by the same id rules as a request's own id.
+func TestReadCancelled(t *testing.T) {
+	for _, tt := range []struct {
+		body, key string
+		err       error
+	}{
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"SECRET"}}`, "7", nil},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"\u0078"}}`, `"x"`, nil},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"reason":"no id"}}`, "", nil},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7.0}}`, "", ErrAmbiguous},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"RequestId":2}}`, "", ErrAmbiguous},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestID":2}}`, "", ErrAmbiguous},
+		{`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":true}}`, "", ErrMalformed},
+	} {
+		b, err := Read([]byte(tt.body))
+		if tt.err != nil {
+			if !errors.Is(err, tt.err) {
+				t.Errorf("%s: %v, want %v", tt.body, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || b.Calls[0].Cancelled.Key() != tt.key {
+			t.Errorf("%s: Cancelled %q, %v; want %q", tt.body, b.Calls[0].Cancelled.Key(), err, tt.key)
+		}
+	}
+}
+
+// ReadAnswer reads a server's ids as a client reads them: by value.
+func TestReadAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		key  string
+		err  error
+	}{
+		{`{"jsonrpc":"2.0","id":7.0,"result":{}}`, "7", nil},
+		{`{"jsonrpc":"2.0","id":0.7e1,"result":{}}`, "7", nil},
+		{`{"jsonrpc":"2.0","id":-0,"result":{}}`, "0", nil},
+		{`{"jsonrpc":"2.0","id":"\u0078","result":{}}`, `"x"`, nil},
+		{`{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse error"}}`, "", nil},
+		{`{"jsonrpc":"2.0","id":1.5,"result":{}}`, "", ErrAmbiguous},
+		{`{"jsonrpc":"2.0","id":9007199254740993,"result":{}}`, "", ErrAmbiguous},
+		{`{"jsonrpc":"2.0","id":null,"result":{"tools":[]}}`, "", ErrMalformed},
+		{`{"jsonrpc":"2.0","id":null,"method":"ping"}`, "", ErrAmbiguous},
+		{`{"jsonrpc":"2.0","id":7,"Result":{}}`, "", ErrAmbiguous},
+	} {
+		b, err := ReadAnswer([]byte(tc.body))
+		if !errors.Is(err, tc.err) || (err == nil && b.Calls[0].ID.Key() != tc.key) {
+			t.Errorf("ReadAnswer(%s) = %v, %v; want key %q, %v", tc.body, b, err, tc.key, tc.err)
+		}
+	}
+	// Read keeps the request rules.
+	if _, err := Read([]byte(`{"jsonrpc":"2.0","id":7.0,"result":{}}`)); !errors.Is(err, ErrAmbiguous) {
+		t.Errorf("Read took a non-canonical id: %v", err)
+	}
+}

@@ -38,6 +38,8 @@ type reader struct {
 	amb  *Error // first ambiguity; reading goes on, to report syntax first
 	bad  *Error // first malformation; likewise
 	elem int    // batch element being read, or -1
+
+	answers bool // reading a server's messages (ReadAnswer)
 }
 
 // keyRef is one key of an object being read: its content in b, and for a

@@ -45,7 +45,7 @@ func DefaultRules() []Rule {
 // session may see (listing answers are filtered).
 var OpenMethods = []string{
 	"initialize", "ping", "tools/list", "prompts/list", "resources/list",
-	"resources/templates/list", "logging/setLevel", "completion/complete",
+	"resources/templates/list", "logging/setLevel",
 	// Newer protocol versions: a client asks what the server supports
 	// before it initializes, and listens for list changes.
 	"server/discover", "subscriptions/listen",
@@ -108,9 +108,31 @@ func NewScopeMap(rules []Rule, withDefaults bool) (*ScopeMap, error) {
 // Strict returns a copy of m for a route that offers an upstream: only
 // [SetupMethods] are open, and a listing is allowed to a principal that may
 // use some item of what it lists (a tool, a prompt, a resource), so that a
-// token without the upstream's scope learns nothing of it.
+// token without the upstream's scope learns nothing of what it offers but
+// its name and capabilities (initialize). The sessions endpoint's grants do
+// not hold there: the rules that grant only its tools (the default chat and
+// read), and the sessions:<verb> scopes, which would otherwise reach an
+// upstream's tool that happens to be called sessions.
 func (m *ScopeMap) Strict() *ScopeMap {
-	return &ScopeMap{rules: m.rules, open: setOf(SetupMethods), strict: true}
+	var rules []Rule
+	for _, r := range m.rules {
+		if len(r.Methods) == 0 && len(r.Tools) > 0 && onlySessionTools(r.Tools) {
+			continue
+		}
+		rules = append(rules, r)
+	}
+	return &ScopeMap{rules: rules, open: setOf(SetupMethods), strict: true}
+}
+
+// onlySessionTools reports whether every pattern names a sessions-endpoint
+// tool.
+func onlySessionTools(tools []string) bool {
+	for _, t := range tools {
+		if !contains(SessionTools, t) {
+			return false
+		}
+	}
+	return true
 }
 
 func setOf(list []string) map[string]bool {
@@ -154,10 +176,23 @@ func (m *ScopeMap) Decide(p Principal, c message.Call) Decision {
 	if p.Kind == KindMachine && c.IsToolCall() && contains(SessionTools, c.Tool) {
 		return Decision{Machine: true}
 	}
-	if c.IsToolCall() && contains(SessionTools, c.Tool) && c.Verb != "" && p.HasScope(VerbScope(c.Tool, c.Verb)) {
+	if !m.strict && c.IsToolCall() && contains(SessionTools, c.Tool) && c.Verb != "" && p.HasScope(VerbScope(c.Tool, c.Verb)) {
 		return Decision{Allowed: true}
 	}
 	var need []string
+	if c.Method == "completion/complete" {
+		// A completion shows values of a prompt's arguments or a
+		// template's variables: it needs what using them needs.
+		use := message.Call{Method: "prompts/get", Prompt: c.Ref.Name}
+		if c.Ref.Type == "ref/resource" {
+			use = message.Call{Method: "resources/read", URI: c.Ref.URI}
+		}
+		d := m.Decide(p, use)
+		if d.Allowed {
+			return d
+		}
+		need = d.Need
+	}
 	for _, r := range m.rules {
 		if !r.grants(c) {
 			continue
@@ -173,6 +208,9 @@ func (m *ScopeMap) Decide(p Principal, c message.Call) Decision {
 // anyTool reports whether p may call some tool.
 func (m *ScopeMap) anyTool(p Principal) bool {
 	for _, sc := range p.Scopes {
+		if m.strict {
+			break
+		}
 		for _, tool := range SessionTools {
 			if strings.HasPrefix(sc, tool+":") && p.Kind != KindMachine {
 				return true
@@ -204,7 +242,7 @@ func (m *ScopeMap) ToolVisible(p Principal, tool string) bool {
 	if p.Kind == KindMachine && contains(SessionTools, tool) {
 		return false
 	}
-	if contains(SessionTools, tool) {
+	if contains(SessionTools, tool) && !m.strict {
 		for _, sc := range p.Scopes {
 			if strings.HasPrefix(sc, tool+":") {
 				return true

@@ -163,3 +163,58 @@ func TestVerbScopes(t *testing.T) {
 		t.Error("a machine token drives sessions through a verb scope")
 	}
 }
+
+// On a route that offers an upstream, the sessions endpoint's grants do
+// not hold: a chat, read or sessions:<verb> token reaches none of the
+// upstream's tools, not even one called sessions.
+func TestStrictDropsSessionGrants(t *testing.T) {
+	m, err := NewScopeMap([]Rule{{Scope: UpstreamScope("remote"), Tools: []string{"*"}, Methods: []string{"*"}}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	strict := m.Strict()
+	for _, scopes := range [][]string{{"chat"}, {"read"}, {VerbScope("sessions", "list")}, {VerbScope("interactions", "pending")}} {
+		p := Principal{Name: "x", Kind: KindUser, Scopes: scopes}
+		for _, c := range []message.Call{
+			{Method: "tools/list"},
+			{Method: "tools/call", Tool: "sessions", Verb: "list"},
+			{Method: "tools/call", Tool: "interactions", Verb: "pending"},
+		} {
+			if strict.Decide(p, c).Allowed {
+				t.Errorf("%v: %s %s allowed on an upstream route", scopes, c.Method, c.Tool)
+			}
+		}
+		if strict.ToolVisible(p, "sessions") {
+			t.Errorf("%v: an upstream's sessions tool is listed", scopes)
+		}
+		// On the sessions endpoint they hold as before.
+		if scopes[0] == "chat" && !m.Decide(p, message.Call{Method: "tools/call", Tool: "sessions", Verb: "list"}).Allowed {
+			t.Error("chat refused sessions list on the sessions endpoint")
+		}
+	}
+	owner := Principal{Name: "o", Kind: KindUser, Scopes: []string{UpstreamScope("remote")}}
+	if !strict.Decide(owner, message.Call{Method: "tools/call", Tool: "sessions", Verb: "list"}).Allowed || !strict.Decide(owner, message.Call{Method: "tools/list"}).Allowed {
+		t.Error("the upstream's scope no longer grants its tools")
+	}
+}
+
+// A completion needs what using its reference needs.
+func TestCompletionNeedsItsReference(t *testing.T) {
+	m, err := NewScopeMap([]Rule{{Scope: "simple", Tools: []string{"echo"}}, {Scope: "prompts", Methods: []string{"prompts/get"}}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	simple := Principal{Kind: KindUser, Scopes: []string{"simple"}}
+	prompts := Principal{Kind: KindUser, Scopes: []string{"prompts"}}
+	prompt := message.Call{Method: "completion/complete", Ref: message.Ref{Type: "ref/prompt", Name: "p"}}
+	resource := message.Call{Method: "completion/complete", Ref: message.Ref{Type: "ref/resource", URI: "x://{y}"}}
+	if m.Decide(simple, prompt).Allowed || m.Decide(simple, resource).Allowed {
+		t.Error("a tool-only token completes a prompt or a template")
+	}
+	if !m.Decide(prompts, prompt).Allowed || m.Decide(prompts, resource).Allowed {
+		t.Error("completion disagrees with prompts/get and resources/read")
+	}
+	if !m.Decide(Principal{Kind: KindUser, Scopes: []string{"mcp"}}, resource).Allowed {
+		t.Error("mcp refused a completion")
+	}
+}

@@ -70,6 +70,12 @@ type CreateRequest struct {
 	// may use; Subscribe delivers its workers' events to it as prompts.
 	Tools     []string
 	Subscribe bool
+	// Base is where the session's agent reaches this gateway,
+	// scheme://host:port: from the configured resource, or the listener
+	// the request arrived on, never from the request's Host. The agent's
+	// MCP server URLs (which carry tokens) and the session's link are built
+	// on it. Empty gives the agent no MCP servers and the session no link.
+	Base string
 }
 
 // Created is what create returns at once.

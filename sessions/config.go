@@ -82,6 +82,8 @@ type SessionInfo struct {
 	// Tools and Subscribe are CreateRequest's, for orchestrator sessions.
 	Tools     []string
 	Subscribe bool
+	// Base is CreateRequest.Base: where the agent reaches the gateway.
+	Base string
 }
 
 // Config configures an Engine.
@@ -95,8 +97,9 @@ type Config struct {
 	// Nil keeps them in memory only.
 	Storage storage.Storage
 	// LinkFor returns the link shown for a session (e.g. a page of the
-	// gateway); nil means no link.
-	LinkFor func(sessionID string) string
+	// gateway), on the session's base (CreateRequest.Base); nil means no
+	// link.
+	LinkFor func(sessionID, base string) string
 	// MCPServers returns the MCP servers a session's agent gets in
 	// session/new and session/load. It is called at every launch, a
 	// resume included, so it can mint fresh credentials. Nil means none.

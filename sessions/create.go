@@ -72,6 +72,7 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		Target:         owner.MCPSession,
 		Tools:          append([]string(nil), req.Tools...),
 		Subscribe:      req.Subscribe,
+		Base:           req.Base,
 		State:          StateIdle,
 	}
 	if rec.Title == "" {

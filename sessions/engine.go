@@ -267,7 +267,16 @@ func (e *Engine) link(id string) string {
 	if e.cfg.LinkFor == nil {
 		return ""
 	}
-	return e.cfg.LinkFor(id)
+	e.mu.Lock()
+	base := ""
+	if s := e.sessions[id]; s != nil {
+		base = s.rec.Base
+	}
+	e.mu.Unlock()
+	if base == "" {
+		return ""
+	}
+	return e.cfg.LinkFor(id, base)
 }
 
 // recordLocked adds an event about s to the log, aimed at the MCP session

@@ -12,7 +12,7 @@ import (
 func TestCreateRunsFirstPromptAndRecordsFinished(t *testing.T) {
 	e, _ := newEngine(t)
 	alice := owner("alice")
-	c, err := e.Create(ctxT(t), alice, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello there"})
+	c, err := e.Create(ctxT(t), alice, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello there", Base: "https://gw.example"})
 	if err != nil {
 		t.Fatal(err)
 	}

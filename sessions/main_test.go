@@ -117,7 +117,7 @@ func newEngine(t *testing.T, edit ...func(*sessions.Config)) (*sessions.Engine, 
 		},
 		DefaultAgent: "demo",
 		Storage:      &certmagic.FileStorage{Path: t.TempDir()},
-		LinkFor:      func(id string) string { return "https://gw.example/sessions/" + id },
+		LinkFor:      func(id, base string) string { return base + "/sessions/" + id },
 	}
 	for _, f := range edit {
 		f(&cfg)

@@ -44,6 +44,7 @@ type record struct {
 	Target         string      `json:"target,omitempty"` // MCP session events go to
 	Tools          []string    `json:"tools,omitempty"`
 	Subscribe      bool        `json:"subscribe,omitempty"`
+	Base           string      `json:"base,omitempty"` // CreateRequest.Base
 	Created        time.Time   `json:"created"`
 	Updated        time.Time   `json:"updated"`
 	// State is idle while the session lives; ended or error after.

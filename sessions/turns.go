@@ -98,7 +98,7 @@ func (e *Engine) launch(s *session, gen int) error {
 		hooked = e.cfg.MCPServers(SessionInfo{
 			SessionID: rec.ID, Title: rec.Title, Cwd: rec.Cwd, Agent: rec.Agent,
 			Owner: Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, MCPSession: rec.Target},
-			Tools: rec.Tools, Subscribe: rec.Subscribe,
+			Tools: rec.Tools, Subscribe: rec.Subscribe, Base: rec.Base,
 		})
 	}
 	servers := acpServers(hooked)

@@ -1,0 +1,134 @@
+package edge
+
+import "bytes"
+
+// sseFilter reads a server-sent event stream as the HTML standard has
+// clients read it, so that what it filters is what a client dispatches: a
+// line ends at CRLF, LF or a lone CR; a byte-order mark at the start of the
+// stream is skipped; a line starting with ':' is a comment; a field without
+// ':' has an empty value, one space after the ':' is not part of the
+// value; an event is dispatched at a blank line, its data lines joined by
+// LF. It writes each event back out with LF line ends and the data of its
+// JSON-RPC message filtered, or drops it whole.
+type sseFilter struct {
+	f       *Listing
+	buf     []byte   // bytes not yet split into lines
+	scanned int      // how much of buf holds no line end
+	started bool     // the stream's first bytes were seen (for the BOM)
+	lines   [][]byte // the current event's lines
+	size    int      // the current event's bytes
+	skip    bool     // the current event is over maxFilteredBody: dropped
+}
+
+var bom = []byte{0xEF, 0xBB, 0xBF}
+
+// write takes bytes of the stream and returns the events they complete,
+// filtered.
+func (s *sseFilter) write(p []byte) [][]byte {
+	s.buf = append(s.buf, p...)
+	if !s.started {
+		if len(s.buf) < len(bom) && bytes.HasPrefix(bom, s.buf) {
+			return nil // a BOM may still be coming
+		}
+		s.started = true
+		s.buf = bytes.TrimPrefix(s.buf, bom)
+	}
+	return s.lines0(false)
+}
+
+// end returns what the stream's last bytes complete. An event without its
+// blank line is never dispatched by a client, so it is not passed on.
+func (s *sseFilter) end() [][]byte {
+	if !s.started {
+		s.started = true
+		s.buf = bytes.TrimPrefix(s.buf, bom)
+	}
+	return s.lines0(true)
+}
+
+// lines0 splits s.buf into lines and dispatches the events they end. At
+// the end of the stream a trailing CR ends its line.
+func (s *sseFilter) lines0(final bool) [][]byte {
+	var out [][]byte
+	for {
+		i := bytes.IndexAny(s.buf[s.scanned:], "\r\n")
+		if i < 0 {
+			s.scanned = len(s.buf)
+			if len(s.buf) > maxFilteredBody {
+				s.tooLarge()
+				s.buf, s.scanned = s.buf[:0], 0
+			}
+			return out
+		}
+		i += s.scanned
+		next := i + 1
+		if s.buf[i] == '\r' {
+			if i+1 == len(s.buf) && !final {
+				s.scanned = i
+				return out // a LF may follow
+			}
+			if i+1 < len(s.buf) && s.buf[i+1] == '\n' {
+				next = i + 2
+			}
+		}
+		line := s.buf[:i]
+		if len(line) == 0 {
+			if ev := s.dispatch(); ev != nil {
+				out = append(out, ev)
+			}
+		} else if !s.skip {
+			s.size += len(line)
+			if s.size > maxFilteredBody {
+				s.tooLarge()
+			} else {
+				s.lines = append(s.lines, append([]byte(nil), line...))
+			}
+		}
+		s.buf, s.scanned = s.buf[next:], 0
+	}
+}
+
+// tooLarge drops the current event.
+func (s *sseFilter) tooLarge() {
+	if !s.skip {
+		s.f.drop(Drop{Reason: "answer_too_large"})
+	}
+	s.skip, s.lines, s.size = true, nil, 0
+}
+
+// dispatch filters the current event at its blank line, and returns it
+// written out, or nil when nothing of it may go out.
+func (s *sseFilter) dispatch() []byte {
+	lines, skip := s.lines, s.skip
+	s.lines, s.size, s.skip = nil, 0, false
+	if skip || len(lines) == 0 {
+		return nil
+	}
+	var data [][]byte
+	var kept bytes.Buffer
+	for _, l := range lines {
+		field, value, colon := bytes.Cut(l, []byte(":"))
+		switch {
+		case len(field) == 0 && colon:
+			// A comment: clients ignore it; it keeps connections alive.
+		case string(field) == "data":
+			data = append(data, bytes.TrimPrefix(value, []byte(" ")))
+			continue
+		}
+		kept.Write(l)
+		kept.WriteByte('\n')
+	}
+	if data != nil {
+		filtered, keep := s.f.filterMessage(bytes.Join(data, []byte("\n")))
+		if !keep {
+			return nil
+		}
+		for _, l := range bytes.Split(filtered, []byte("\n")) {
+			kept.WriteString("data: ")
+			kept.Write(l)
+			kept.WriteByte('\n')
+		}
+	}
+	kept.WriteByte('\n')
+	return kept.Bytes()
+}
