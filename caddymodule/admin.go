@@ -25,6 +25,7 @@ func init() {
 // adminAPI serves /zidane/ on Caddy's admin endpoint, so that the CLI
 // changes a running server's tokens at once. Caddy builds it with New() on
 // every config load, so it finds the live token store at request time.
+// Every request but GET needs the admin key (see adminkey.go).
 type adminAPI struct {
 	storage storage.Storage
 }
@@ -34,19 +35,21 @@ func (adminAPI) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "admin.api.zidane", New: func() caddy.Module { return new(adminAPI) }}
 }
 
-// Provision remembers the config's storage.
+// Provision remembers the config's storage and makes sure it holds the
+// admin key, which the routes that change state require.
 func (a *adminAPI) Provision(ctx caddy.Context) error {
 	a.storage = ctx.Storage()
-	return nil
+	_, err := loadAdminKey(a.storage, true)
+	return err
 }
 
 // Routes implements caddy.AdminRouter.
 func (a *adminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
-		{Pattern: "/zidane/tokens", Handler: caddy.AdminHandlerFunc(a.handleTokens)},
-		{Pattern: "/zidane/tokens/", Handler: caddy.AdminHandlerFunc(a.handleTokens)},
-		{Pattern: "/zidane/upstreams", Handler: caddy.AdminHandlerFunc(a.handleUpstreams)},
-		{Pattern: "/zidane/upstreams/", Handler: caddy.AdminHandlerFunc(a.handleUpstreamRestart)},
+		{Pattern: "/zidane/tokens", Handler: a.keyed(a.handleTokens)},
+		{Pattern: "/zidane/tokens/", Handler: a.keyed(a.handleTokens)},
+		{Pattern: "/zidane/upstreams", Handler: a.keyed(a.handleUpstreams)},
+		{Pattern: "/zidane/upstreams/", Handler: a.keyed(a.handleUpstreamRestart)},
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -91,7 +92,7 @@ type App struct {
 
 	// Upstreams are the remote MCP servers the broker offers, by name.
 	// Header values may hold ${VAR} placeholders, expanded only where the
-	// connection is built.
+	// connection is built; a credential given literally is refused.
 	Upstreams []broker.Upstream `json:"upstreams,omitempty"`
 
 	// UpstreamsFiles are mcp.json files with more upstreams, in the shapes
@@ -106,7 +107,8 @@ type App struct {
 	// UpstreamTokenKey seals the upstreams' OAuth tokens in storage
 	// (AES-256-GCM): 32 bytes, base64-encoded. Give it as a placeholder
 	// such as {env.ZIDANE_UPSTREAM_TOKEN_KEY}, which is read at start and
-	// never written to a config file; default: that variable. Required
+	// never written to a config file (a literal key is refused); default:
+	// that variable. Required
 	// when an upstream has an oauth block. Every replica needs the same
 	// key, and a new key means the upstreams need a new login.
 	UpstreamTokenKey string `json:"upstream_token_key,omitempty"`
@@ -120,6 +122,9 @@ type App struct {
 	cimd      map[string]*upstreamauth.Client // host+path of a client_metadata_url -> its upstream's client
 	ctx       caddy.Context                   // this config's: events, the http app
 	events    *caddyevents.App                // the events app, if configured
+
+	agentUsers map[string]*sessions.User // by agent name, for those with `user`
+	deny       []string                  // paths no agent may reach
 }
 
 // CaddyModule returns the Caddy module information.
@@ -146,7 +151,23 @@ func (a *App) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("zidane: root %q is not an absolute path; give it from /, such as /srv/projects", r)
 		}
 	}
+	// Once per process: an agent of Caddy's uid must not read its
+	// environment (the upstreams' secrets) or memory through /proc.
+	dumpableOnce.Do(func() {
+		if err := setNonDumpable(); err != nil {
+			ctx.Logger().Warn("could not make the caddy process non-dumpable; processes of its user can read its environment and memory", zap.Error(err))
+		}
+	})
+	if err := a.checkSecrets(); err != nil {
+		return err
+	}
+	if err := a.provisionAgents(ctx); err != nil {
+		return err
+	}
 	st := ctx.Storage()
+	if _, err := loadAdminKey(st, true); err != nil {
+		return err
+	}
 	ts, key, err := loadTokens(st, time.Duration(a.TokenSync), time.Duration(a.LastUsedFlush))
 	if err != nil {
 		return err
@@ -180,6 +201,9 @@ func (a *App) Cleanup() error {
 
 // Tokens is the token store shared by every config over the same storage.
 func (a *App) Tokens() *policy.TokenStore { return a.tokens.store }
+
+// dumpableOnce makes the process non-dumpable at the first provision.
+var dumpableOnce sync.Once
 
 // tokenPool holds one token store per storage backend.
 var tokenPool = caddy.NewUsagePool()

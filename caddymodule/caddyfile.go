@@ -91,6 +91,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 						h.Guard.UpstreamHeaders = map[string]string{}
 					}
 					h.Guard.UpstreamHeaders[name] = value
+					if err := checkGuardHeaders(map[string]string{name: value}); err != nil {
+						return d.Err(err.Error())
+					}
 				default:
 					return d.Errf("unknown guard option %q", d.Val())
 				}
@@ -300,6 +303,15 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //			agent <name> {
 //				command <program> [<args...>]
 //				env <name> <value>
+//				user <name>
+//				sandbox off
+//				sandbox {
+//					read <path...>
+//					write <path...>
+//					connect <port...>|any
+//					best_effort
+//					off
+//				}
 //			}
 //			default_agent <name>
 //			worktree_root <path>
@@ -379,8 +391,24 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 						ac.Env = map[string]string{}
 					}
 					ac.Env[k] = v
+					if err := checkAgentEnv(name, map[string]string{k: v}); err != nil {
+						return nil, d.Err(err.Error())
+					}
+				case "user":
+					if !d.Args(&ac.User) || d.NextArg() {
+						return nil, d.Errf("agent %s: user takes the name of an account of this host", name)
+					}
+				case "sandbox":
+					if ac.Sandbox != nil {
+						return nil, d.Errf("agent %s: sandbox is given twice", name)
+					}
+					sb, err := parseSandbox(d, name)
+					if err != nil {
+						return nil, err
+					}
+					ac.Sandbox = sb
 				default:
-					return nil, d.Errf("agent %s: unknown option %q: use command or env", name, d.Val())
+					return nil, d.Errf("agent %s: unknown option %q: use command, env, user or sandbox", name, d.Val())
 				}
 			}
 			if len(ac.Command) == 0 {
@@ -399,6 +427,9 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			if err != nil {
 				return nil, err
 			}
+			if err := checkUpstreamSecrets(u); err != nil {
+				return nil, d.Err(err.Error())
+			}
 			app.Upstreams = append(app.Upstreams, u)
 			continue
 		case "session_upstreams":
@@ -411,6 +442,9 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 		case "upstream_token_key":
 			if !d.Args(&app.UpstreamTokenKey) || d.NextArg() {
 				return nil, d.Err("upstream_token_key takes one value, such as {env.ZIDANE_UPSTREAM_TOKEN_KEY}")
+			}
+			if err := checkTokenKey(app.UpstreamTokenKey); err != nil {
+				return nil, d.Err(err.Error())
 			}
 			continue
 		case "upstreams_file":
@@ -647,4 +681,67 @@ func parseOAuth(d *caddyfile.Dispenser, upstream string) (*upstreamauth.Config, 
 		}
 	}
 	return c, nil
+}
+
+// parseSandbox reads an agent's `sandbox off` or sandbox block.
+func parseSandbox(d *caddyfile.Dispenser, agent string) (*SandboxConfig, error) {
+	sb := &SandboxConfig{}
+	args := d.RemainingArgs()
+	switch {
+	case len(args) == 1 && args[0] == "off":
+		sb.Off = true
+		if d.NextBlock(2) {
+			return nil, d.Errf("agent %s: sandbox off takes no block", agent)
+		}
+		return sb, nil
+	case len(args) != 0:
+		return nil, d.Errf("agent %s: write sandbox off, or a sandbox block: sandbox { read <path...>; write <path...>; connect <port...>|any; best_effort; off }", agent)
+	}
+	for d.NextBlock(2) {
+		opt := d.Val()
+		vals := d.RemainingArgs()
+		switch opt {
+		case "read", "write":
+			if len(vals) == 0 {
+				return nil, d.Errf("agent %s: sandbox %s takes one or more absolute paths", agent, opt)
+			}
+			for _, v := range vals {
+				if !filepath.IsAbs(v) {
+					return nil, d.Errf("agent %s: sandbox %s %q: give an absolute path", agent, opt, v)
+				}
+			}
+			if opt == "read" {
+				sb.Read = append(sb.Read, vals...)
+			} else {
+				sb.Write = append(sb.Write, vals...)
+			}
+		case "connect":
+			if len(vals) == 0 {
+				return nil, d.Errf("agent %s: sandbox connect takes TCP ports, or any", agent)
+			}
+			for _, v := range vals {
+				if v == "any" {
+					sb.ConnectAny = true
+					continue
+				}
+				n, err := strconv.Atoi(v)
+				if err != nil || n < 1 || n > 65535 {
+					return nil, d.Errf("agent %s: sandbox connect %q: give a TCP port (1 to 65535) or any", agent, v)
+				}
+				sb.Connect = append(sb.Connect, n)
+			}
+		case "best_effort", "off":
+			if len(vals) != 0 {
+				return nil, d.Errf("agent %s: sandbox %s takes no value", agent, opt)
+			}
+			if opt == "off" {
+				sb.Off = true
+			} else {
+				sb.BestEffort = true
+			}
+		default:
+			return nil, d.Errf("agent %s: unknown sandbox option %q: use read, write, connect, best_effort or off", agent, opt)
+		}
+	}
+	return sb, nil
 }

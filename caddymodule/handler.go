@@ -125,7 +125,10 @@ type SessionsMode struct{}
 type Guard struct {
 	// UpstreamHeaders are set on every request passed on, after the
 	// client's Authorization is removed: an upstream credential, for
-	// example. Values may use placeholders such as {env.UPSTREAM_TOKEN}.
+	// example, given as a placeholder such as {env.UPSTREAM_TOKEN}. A
+	// literal value is refused (the admin API and autosave.json would show
+	// it), but for Accept, Accept-Language, Content-Type, User-Agent and
+	// Mcp-Protocol-Version.
 	UpstreamHeaders map[string]string `json:"upstream_headers,omitempty"`
 }
 
@@ -162,6 +165,11 @@ var (
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.audit = h.logger.Named("audit")
+	if h.Guard != nil {
+		if err := checkGuardHeaders(h.Guard.UpstreamHeaders); err != nil {
+			return err
+		}
+	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}

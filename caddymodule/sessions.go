@@ -26,11 +26,21 @@ type AgentConfig struct {
 	// Command is the program that speaks ACP on stdio, and its arguments,
 	// such as ["claude-agent-acp"].
 	Command []string `json:"command"`
-	// Env is added to the agent's minimal environment (PATH, HOME, USER,
-	// LANG and a few more pass from the gateway; nothing else does). In a
-	// value, ${NAME} is read from the gateway's environment when the agent
-	// starts, so a secret stays out of the configuration.
+	// Env is added to the agent's minimal environment: PATH and LANG from
+	// the gateway, HOME and TMPDIR in a scratch directory of the
+	// session's; nothing else of the gateway's passes. In a value, ${NAME}
+	// is read from the gateway's environment when the agent starts, so a
+	// secret stays out of the configuration: a variable whose name looks
+	// secret (KEY, TOKEN, SECRET, PASSWORD, AUTH, CREDENTIAL) must be given
+	// so.
 	Env map[string]string `json:"env,omitempty"`
+	// User is the account the agent runs as, looked up at start. Caddy must
+	// be able to switch to it (root, or CAP_SETUID and CAP_SETGID).
+	// Default: Caddy's own.
+	User string `json:"user,omitempty"`
+	// Sandbox says what the agent may reach. Default: confined (see
+	// SandboxConfig).
+	Sandbox *SandboxConfig `json:"sandbox,omitempty"`
 }
 
 // demoAgentName is the built-in agent that needs no API key.
@@ -91,13 +101,13 @@ func (a *App) agentSet() (map[string]sessions.AgentConfig, string, error) {
 		if err != nil {
 			return nil, "", fmt.Errorf("finding this binary for the demo agent: %v", err)
 		}
-		agents[demoAgentName] = sessions.AgentConfig{Command: []string{self, "zidane", "demo-agent"}}
+		agents[demoAgentName] = sessions.AgentConfig{Command: []string{self, "zidane", "demo-agent"}, Sandbox: &sessions.Sandbox{}}
 	}
 	for name, ac := range a.Agents {
 		if ac == nil || len(ac.Command) == 0 {
 			return nil, "", fmt.Errorf("agent %q: give the command that runs it, such as `command claude-agent-acp`", name)
 		}
-		agents[name] = sessions.AgentConfig{Command: ac.Command, Env: ac.Env}
+		agents[name] = sessions.AgentConfig{Command: ac.Command, Env: ac.Env, User: a.agentUsers[name], Sandbox: ac.Sandbox.engine()}
 	}
 	def := a.DefaultAgent
 	if def == "" {
@@ -121,8 +131,12 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string) (*sessionsSta
 	if err != nil {
 		return nil, "", err
 	}
+	confineCommand, err := selfCommand("zidane", "confine")
+	if err != nil {
+		return nil, "", err
+	}
 	hash := fmt.Sprint(sortedAgents(agents), def, a.WorktreeRoot, a.MaxAgents, a.MaxSessions, a.AgentIdleTimeout, a.SessionUpstreams,
-		a.MaxSessionsPerToken, a.MaxAgentsPerToken, a.MCPSessionIdleTimeout)
+		a.MaxSessionsPerToken, a.MaxAgentsPerToken, a.MCPSessionIdleTimeout, a.deny)
 	key := "sessions|" + storageKey(ctx.Storage())
 	tokens := a.Tokens()
 	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
@@ -149,6 +163,8 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string) (*sessionsSta
 			Storage:      storage.Storage(ctx.Storage()),
 			WorktreeRoot: a.WorktreeRoot,
 			Roots:        a.Roots,
+			Confine:      confineCommand,
+			Deny:         a.deny,
 			Limits: sessions.Limits{
 				MaxAgents:           a.MaxAgents,
 				MaxSessions:         a.MaxSessions,
@@ -254,7 +270,15 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 func sortedAgents(m map[string]sessions.AgentConfig) []string {
 	var out []string
 	for name, a := range m {
-		out = append(out, fmt.Sprint(name, a.Command, a.Env))
+		var user string
+		if a.User != nil {
+			user = a.User.Name
+		}
+		var sb sessions.Sandbox
+		if a.Sandbox != nil {
+			sb = *a.Sandbox
+		}
+		out = append(out, fmt.Sprint(name, a.Command, a.Env, user, a.Sandbox != nil, sb))
 	}
 	sort.Strings(out)
 	return out

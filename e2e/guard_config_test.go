@@ -71,12 +71,12 @@ http://%s {
 	zidane_mcp {
 		guard {
 			upstream_header Authorization "Bearer {env.UPSTREAM_SECRET}"
-			upstream_header X-Api-Key static-key
+			upstream_header X-Api-Key {env.UPSTREAM_API_KEY}
 		}
 	}
 	reverse_proxy %s
 }
-`, AdminPlaceholder, site, up.addr), "UPSTREAM_SECRET=upstream-s3cret")
+`, AdminPlaceholder, site, up.addr), "UPSTREAM_SECRET=upstream-s3cret", "UPSTREAM_API_KEY=static-key")
 	token := createToken(t, c, "client", "--scope", "mcp")
 	if a := post(t, "http://"+site+"/mcp", token, initializeBody); a.status != http.StatusOK {
 		t.Fatalf("%d %s", a.status, a.body)

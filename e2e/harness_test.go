@@ -78,6 +78,12 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(binDir)
+	// Agents that run as another user (TestAgentConfinement's `user
+	// nobody`) exec caddy itself, as the sandbox and the demo agent.
+	if err := os.Chmod(binDir, 0o755); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
+		return 1
+	}
 	caddyBin = filepath.Join(binDir, "caddy")
 	everythingServerBin = filepath.Join(binDir, "everything-server")
 
@@ -257,6 +263,7 @@ type Caddy struct {
 	DataDir   string   // Caddy's data directory, $XDG_DATA_HOME/caddy; storage (certificates, this module's data) lives here
 	ConfigDir string   // Caddy's config directory, $XDG_CONFIG_HOME/caddy (autosave.json)
 	HomeDir   string   // $HOME for caddy and the processes it spawns
+	TempDir   string   // $TMPDIR for caddy: its agents' scratch directories go under it, and go with it
 	AdminAddr string   // host:port of the admin endpoint; replaces {{ADMIN}}
 	Caddyfile string   // path of the Caddyfile that runs (the last one caddy accepted)
 	Env       []string // KEY=VALUE pairs added to the environment of caddy and of Run
@@ -295,12 +302,24 @@ func startCaddy(t testing.TB, caddyfile string, env ...string) *Caddy {
 			t.Fatal(err)
 		}
 	}
+	// Not under dir (0700): an agent run as another user must reach its
+	// scratch directory. Removed after caddy stops, with what its agents
+	// left there.
+	tmp, err := os.MkdirTemp("", "zidane-e2e-tmp-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c.TempDir = tmp
 	c.writeCaddyfile(t, caddyfile)
 	t.Cleanup(func() {
 		if c.proc != nil {
 			c.proc.stop(stopGrace)
 			c.proc.dumpIfFailed(t)
 		}
+		os.RemoveAll(tmp)
 	})
 	c.start(t)
 	return c
@@ -314,6 +333,7 @@ func (c *Caddy) environ() []string {
 		"XDG_CONFIG_HOME="+filepath.Dir(c.ConfigDir),
 		"XDG_CACHE_HOME="+filepath.Join(c.Dir, "xdg-cache"),
 		"XDG_STATE_HOME="+filepath.Join(c.Dir, "xdg-state"),
+		"TMPDIR="+c.TempDir,
 		"CADDY_ADMIN="+c.AdminAddr,
 	)
 	return append(env, c.Env...) // later entries win in os/exec

@@ -17,14 +17,14 @@ import (
 func TestSessionsThirdPartyClaudeAgentACP(t *testing.T) {
 	nodeBin := node(t)
 	script := packageBin(t, "@agentclientprotocol/claude-agent-acp", "claude-agent-acp")
-	home := t.TempDir()
+	// No HOME of its own: the gateway gives each session's agent a private
+	// one, and the agent runs confined (its sandbox's defaults).
 	agent := fmt.Sprintf(`		agent claude {
 			command %s %s
-			env HOME %s
 			env IS_SANDBOX 1
 			env DISABLE_TELEMETRY 1
 			env CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC 1
-		}`, nodeBin, script, home)
+		}`, nodeBin, script)
 	gw := startSessionsGateway(t, agent, "")
 	token := createToken(t, gw.c, "claude", "--scope", "chat")
 	g := connectGoSessions(t, gw.url, token, "go-sdk")

@@ -7,6 +7,7 @@ import (
 
 	acp "github.com/coder/acp-go-sdk"
 
+	"github.com/Tahul/caddy-zidane-mcp/sessions/acpclient"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -15,13 +16,46 @@ type AgentConfig struct {
 	// Command is the program that speaks ACP on stdio, and its arguments,
 	// e.g. ["claude-agent-acp"] or ["caddy", "zidane", "demo-agent"].
 	Command []string
-	// Env is added to the agent's minimal environment (PATH, HOME, USER,
-	// LOGNAME, SHELL, TMPDIR, TZ, LANG, LC_ALL, LC_CTYPE from the gateway;
-	// nothing else of the gateway's environment passes). In a value,
-	// ${NAME} is the gateway's NAME, so a secret can stay in the
-	// environment rather than in the configuration.
+	// Env is added to the agent's minimal environment: PATH and LANG from
+	// the gateway, and HOME and TMPDIR in the session's scratch directory
+	// (see Config.ScratchRoot); nothing else of the gateway's environment
+	// passes. In a value, ${NAME} is the gateway's NAME, so a secret can
+	// stay in the environment rather than in the configuration.
 	Env map[string]string
+	// User, when set, is the account the agent (and the git that makes its
+	// worktree) runs as; the scratch directory is given to it.
+	User *User
+	// Sandbox, when set, confines the agent through Config.Confine; nil
+	// runs it unconfined.
+	Sandbox *Sandbox
 }
+
+// User is an account to run an agent as.
+type User = acpclient.User
+
+// Sandbox is what a confined agent may reach besides what every confined
+// agent may: reading the system directories (confine.SystemRead) and its
+// command's directories, writing its session's cwd, worktree and scratch
+// directory, and TCP connects to the ports of the MCP servers it is given
+// and to AgentPorts. Config.Deny stays out of reach whatever is listed.
+type Sandbox struct {
+	// Read are more paths it may read and execute.
+	Read []string
+	// Write are more paths it may write.
+	Write []string
+	// Connect are more TCP ports it may connect to.
+	Connect []uint16
+	// ConnectAny lifts the network rule.
+	ConnectAny bool
+	// BestEffort confines as far as the kernel allows instead of failing
+	// the launch on a kernel that cannot enforce the rules.
+	BestEffort bool
+}
+
+// AgentPorts are the TCP ports every confined agent may connect to, on
+// any host: HTTPS, HTTP, SSH (git) and DNS. Loopback services on other
+// ports, Caddy's admin API among them, are out of reach.
+var AgentPorts = []uint16{443, 80, 22, 53}
 
 // McpServer is an MCP server an agent should connect to, given to it in
 // session/new and session/load. Set Command for a stdio server, or URL
@@ -80,6 +114,21 @@ type Config struct {
 	// symlinks are resolved (see [Engine.SetRoots]). Empty means any
 	// directory of this host, as the gateway's user can reach it.
 	Roots []string
+	// Confine is the command that confines an agent with a Sandbox: it
+	// takes the flags of confine.Policy.Args, "--" and the agent's command,
+	// such as ["/usr/bin/caddy", "zidane", "confine"]. It must be set when
+	// an agent has a Sandbox.
+	Confine []string
+	// Deny are paths agents must never reach: Caddy's data and config
+	// directories, the files with the gateway's secrets. A session whose
+	// cwd is inside one, or holds one, is refused, for the fs/* methods
+	// that the gateway serves as well as for the sandbox.
+	Deny []string
+	// ScratchRoot holds each session's scratch directory (its agent's HOME
+	// and TMPDIR), <ScratchRoot>/<session id>, made at the first launch
+	// and removed when the session ends. Default:
+	// <os.TempDir()>/zidane-agents.
+	ScratchRoot string
 	// Limits bound what the engine holds; zero fields take the defaults.
 	Limits Limits
 	// Logger gets agent launches and ends, agent stderr (Debug) and

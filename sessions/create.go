@@ -40,11 +40,14 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		return Created{}, fmt.Errorf("%w: unknown agent %q; configured agents: %s", ErrBadRequest, agentName, strings.Join(e.cfg.agentNames(), ", "))
 	}
 	cwd, err := checkCwd(req.Cwd)
+	if err == nil {
+		err = e.checkDenied(cwd)
+	}
 	if err != nil {
 		return Created{}, err
 	}
 	roots := e.rootSets(owner.Roots)
-	if cwd, err = confine(roots, "cwd", cwd); err != nil {
+	if cwd, err = inRoots(roots, "cwd", cwd); err != nil {
 		return Created{}, err
 	}
 	env := req.Environment
@@ -92,7 +95,7 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		if env.Branch == "" {
 			rec.Environment.Branch = "zidane/" + strings.TrimPrefix(id, "ses_")
 		}
-		wt, err := addWorktree(ctx, e.cfg.WorktreeRoot, cwd, rec.Environment.Branch, roots)
+		wt, err := e.addWorktree(ctx, agentName, cwd, rec.Environment.Branch, roots)
 		if err != nil {
 			return Created{}, err
 		}

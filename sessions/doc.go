@@ -5,4 +5,15 @@
 // project's storage interface. It never speaks MCP and never checks a
 // credential: the MCP endpoint calls it through the Sessions interface with
 // an Owner the edge already authenticated.
+//
+// Agents are treated as hostile code on the host. Each gets a minimal
+// environment (PATH and LANG, a HOME and TMPDIR in a scratch directory of
+// its session's, its configured env), optionally another user, and, with a
+// Sandbox, runs under package confine: it writes only its cwd, worktree and
+// scratch directory, reads only the system and its own directories, and
+// connects only to its MCP servers' ports and AgentPorts. Config.Deny (the
+// gateway's data and configuration) is out of every agent's reach, through
+// the sandbox and through the fs/* methods the gateway serves alike. The
+// git that makes a worktree runs with no hooks, a scrubbed environment, and
+// the agent's user and sandbox, since the repository is the agent's.
 package sessions

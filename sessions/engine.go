@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -99,6 +101,12 @@ func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
 		if len(a.Command) == 0 || a.Command[0] == "" {
 			return nil, fmt.Errorf("sessions: agent %q has no command; give the program that speaks ACP on stdio", name)
 		}
+		if a.Sandbox != nil && len(cfg.Confine) == 0 {
+			return nil, fmt.Errorf("sessions: agent %q has a sandbox but Config.Confine names no command to apply it", name)
+		}
+	}
+	if cfg.ScratchRoot == "" {
+		cfg.ScratchRoot = filepath.Join(os.TempDir(), "zidane-agents")
 	}
 	// The engine reads the agents from many goroutines: keep a copy the
 	// caller cannot change.
@@ -181,6 +189,11 @@ func (e *Engine) restore(ctx context.Context) error {
 	e.events.restore(evs)
 	for _, s := range changed {
 		e.persist(s, saveRecord)
+	}
+	for _, s := range e.sessions {
+		if s.dead() {
+			e.dropScratch(s.rec.ID)
+		}
 	}
 	// Newest first, up to MaxAgents and MaxAgentsPerToken: the rest stay
 	// dormant until a prompt.

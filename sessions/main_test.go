@@ -12,12 +12,18 @@ import (
 	acp "github.com/coder/acp-go-sdk"
 
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
+	"github.com/Tahul/caddy-zidane-mcp/sessions/confine"
 	"github.com/Tahul/caddy-zidane-mcp/sessions/demoagent"
 )
 
 // The tests drive real ACP agent processes: the demo agent, served by this
-// test binary re-executed with SESSIONS_DEMOAGENT=1.
+// test binary re-executed with SESSIONS_DEMOAGENT=1. Run with --confine as
+// its first argument, the binary is the confiner instead (confine.Main, as
+// `caddy zidane confine` is), in front of an agent or a git.
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "--confine" {
+		os.Exit(confine.Main(os.Args[2:]))
+	}
 	switch os.Getenv("SESSIONS_DEMOAGENT") {
 	case "1":
 		os.Exit(demoagent.Main(context.Background()))

@@ -129,6 +129,7 @@ func (e *Engine) persist(s *session, what persistWhat) {
 // forget deletes a session's keys (eviction past Limits.MaxSessions).
 func (e *Engine) forget(id string) {
 	if e.store == nil {
+		e.dropScratch(id)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storageTimeout)
@@ -139,6 +140,7 @@ func (e *Engine) forget(id string) {
 		}
 	}
 	_ = e.store.Delete(ctx, path.Join(storagePrefix, id))
+	e.dropScratch(id)
 }
 
 // stored is one session read back from storage.

@@ -69,10 +69,10 @@ func (e *Engine) rootSets(tokenRoots []string) [2][]string {
 // confined reports whether any roots apply.
 func confined(sets [2][]string) bool { return len(sets[0]) > 0 || len(sets[1]) > 0 }
 
-// confine resolves path and checks it against sets; what names the path in
+// inRoots resolves path and checks it against sets; what names the path in
 // the refusal ("cwd", "the repository"). It returns the resolved path.
 // With no roots set it returns path unchanged, unchecked.
-func confine(sets [2][]string, what, path string) (string, error) {
+func inRoots(sets [2][]string, what, path string) (string, error) {
 	if !confined(sets) {
 		return path, nil
 	}
@@ -104,16 +104,16 @@ func insideAny(real string, roots []string) bool {
 		if err != nil {
 			continue
 		}
-		if within(rr, real) {
+		if underRoot(rr, real) {
 			return true
 		}
 	}
 	return false
 }
 
-// within reports whether path is root or lies below it; both are clean
+// underRoot reports whether path is root or lies below it; both are clean
 // absolute paths.
-func within(root, path string) bool {
+func underRoot(root, path string) bool {
 	rel, err := filepath.Rel(root, path)
 	if err != nil {
 		return false

@@ -89,29 +89,43 @@ func (e *Engine) launch(s *session, gen int) error {
 	// The roots may have changed since the session was created (a reload,
 	// a restart with a new configuration), and so may the directory: the
 	// agent starts only in a cwd that is inside them now.
-	if _, err := confine(e.rootSets(rec.OwnerRoots), "cwd", rec.Cwd); err != nil {
+	if _, err := inRoots(e.rootSets(rec.OwnerRoots), "cwd", rec.Cwd); err != nil {
 		return fmt.Errorf("the agent was not started: %v; create a new session in an allowed directory", err)
+	}
+	// A directory that became the gateway's (or a session restored from
+	// before the rule) is refused here too.
+	if err := e.checkDenied(rec.Cwd); err != nil {
+		return fmt.Errorf("could not launch agent %q: %v", rec.Agent, err)
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, e.lim.LaunchTimeout)
 	defer cancel()
 	log := e.log.With("session", rec.ID, "agent", rec.Agent)
+	// The servers come first: a confined agent may connect to their ports.
+	var hooked []McpServer
+	if e.cfg.MCPServers != nil {
+		hooked = e.cfg.MCPServers(SessionInfo{
+			SessionID: rec.ID, Title: rec.Title, Cwd: rec.Cwd, Agent: rec.Agent,
+			Owner: Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, MCPSession: rec.Target},
+			Tools: rec.Tools, Subscribe: rec.Subscribe, Base: rec.Base,
+		})
+	}
+	servers := acpServers(hooked)
+	home, tmp, err := e.makeScratch(rec.ID, cfg.User)
+	if err != nil {
+		return fmt.Errorf("could not launch agent %q: %v", rec.Agent, err)
+	}
 	a, err := acpclient.Start(ctx, acpclient.Options{
-		Command: cfg.Command,
+		Command: e.agentCommand(rec, cfg, home, hooked),
 		Env:     cfg.Env,
+		Home:    home,
+		TempDir: tmp,
+		User:    cfg.User,
 		Dir:     rec.Cwd,
 		Handler: &agentHandler{e: e, s: s, gen: gen},
 		Logger:  log,
 	})
 	if err != nil {
 		return e.launchError(ctx, rec, "launch", err)
-	}
-	var servers []acp.McpServer
-	if e.cfg.MCPServers != nil {
-		servers = acpServers(e.cfg.MCPServers(SessionInfo{
-			SessionID: rec.ID, Title: rec.Title, Cwd: rec.Cwd, Agent: rec.Agent,
-			Owner: Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, MCPSession: rec.Target},
-			Tools: rec.Tools, Subscribe: rec.Subscribe, Base: rec.Base,
-		}))
 	}
 	acpID := rec.ACPSessionID
 	if acpID != "" {
@@ -136,7 +150,15 @@ func (e *Engine) launch(s *session, gen int) error {
 	e.workers.Add(1) // under the lock that saw the engine open: Close waits for it
 	go e.watch(s, a)
 	e.mu.Unlock()
-	log.Info("agent running", "pid", a.Pid(), "acpSession", acpID, "resumed", rec.ACPSessionID != "", "steering", info.Steering, "loadSession", info.LoadSession)
+	sandbox, user := "off", ""
+	if cfg.Sandbox != nil {
+		sandbox = "landlock"
+	}
+	if cfg.User != nil {
+		user = cfg.User.Name
+	}
+	log.Info("agent running", "pid", a.Pid(), "acpSession", acpID, "resumed", rec.ACPSessionID != "", "steering", info.Steering, "loadSession", info.LoadSession,
+		"sandbox", sandbox, "user", user)
 	e.persist(s, saveRecord)
 	return nil
 }
@@ -189,6 +211,9 @@ func (e *Engine) failLocked(s *session, a *acpclient.Agent, msg string) {
 	e.stopIdle(s)
 	s.queue.clear()
 	e.cancelPendingLocked(s, "the agent failed")
+	// The agent is gone for good: so is its scratch directory. The agent
+	// process may still be exiting; a file it writes now is lost with it.
+	go e.dropScratch(s.rec.ID)
 	e.recordLocked(s, Event{Status: EventError, Kind: "failed", Summary: fmt.Sprintf("%s: failed: %s", s.rec.Title, msg)})
 	s.notify()
 }

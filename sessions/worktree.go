@@ -8,8 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/sessions/confine"
 )
 
 // gitTimeout bounds each git command of a worktree environment.
@@ -51,9 +54,16 @@ type worktree struct {
 // repository, its git directory (which a .git file may place anywhere)
 // and dir must lie inside them. The worktree is never removed by the
 // engine: it holds the agent's work.
-func addWorktree(ctx context.Context, root, cwd, branch string, roots [2][]string) (worktree, error) {
+//
+// The repository is the agent's to write, so nothing in it may run as the
+// gateway: every git gets a scrubbed environment and no hooks (gitArgs),
+// and the `worktree add`, which checks files out (and so runs the
+// repository's filters), runs as the agent's user in the agent's sandbox,
+// with write access to the repository and root only and no network.
+func (e *Engine) addWorktree(ctx context.Context, agent, cwd, branch string, roots [2][]string) (worktree, error) {
 	ctx, cancel := context.WithTimeout(ctx, gitTimeout)
 	defer cancel()
+	root := e.cfg.WorktreeRoot
 	top, err := git(ctx, cwd, "rev-parse", "--show-toplevel")
 	if err != nil {
 		return worktree{}, fmt.Errorf("%w: cwd %s is not inside a git repository (%v); a worktree environment needs one: use environment kind local, or run git init there first", ErrBadRequest, cwd, err)
@@ -64,10 +74,10 @@ func addWorktree(ctx context.Context, root, cwd, branch string, roots [2][]strin
 		if err != nil {
 			return worktree{}, fmt.Errorf("%w: the git directory of %s cannot be found (%v)", ErrBadRequest, top, err)
 		}
-		if _, err := confine(roots, "the repository", top); err != nil {
+		if _, err := inRoots(roots, "the repository", top); err != nil {
 			return worktree{}, err
 		}
-		if _, err := confine(roots, "the repository's git directory", common); err != nil {
+		if _, err := inRoots(roots, "the repository's git directory", common); err != nil {
 			return worktree{}, err
 		}
 	}
@@ -80,11 +90,15 @@ func addWorktree(ctx context.Context, root, cwd, branch string, roots [2][]strin
 	if _, err := git(ctx, top, "rev-parse", "--verify", "--quiet", "HEAD"); err != nil {
 		return worktree{}, fmt.Errorf("%w: the repository at %s has no commit yet; a worktree starts from HEAD, so commit something first", ErrBadRequest, top)
 	}
+	common, err := git(ctx, top, "rev-parse", "--path-format=absolute", "--git-common-dir")
+	if err != nil {
+		return worktree{}, fmt.Errorf("finding the git directory of %s: %v", top, err)
+	}
 	if root == "" {
 		root = filepath.Join(filepath.Dir(top), ".worktrees")
 	}
 	dir := filepath.Join(root, filepath.Base(top)+"-"+slug(branch))
-	if _, err := confine(roots, "the new worktree", dir); err != nil {
+	if _, err := inRoots(roots, "the new worktree", dir); err != nil {
 		return worktree{}, fmt.Errorf("%w (worktrees go to worktree_root, else next to the repository: the operator sets worktree_root inside an allowed root)", err)
 	}
 	if _, err := os.Lstat(dir); err == nil {
@@ -93,7 +107,21 @@ func addWorktree(ctx context.Context, root, cwd, branch string, roots [2][]strin
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return worktree{}, fmt.Errorf("create the worktree directory %s: %w", root, err)
 	}
-	if _, err := git(ctx, top, "worktree", "add", "-b", branch, dir); err != nil {
+	cfg := e.cfg.Agents[agent]
+	args := []string{"worktree", "add", "-b", branch, dir}
+	cmd := gitCommand(ctx, top, args...)
+	if cfg.Sandbox != nil {
+		p := confine.Policy{Read: []string{top}, Write: []string{top, filepath.Clean(common), root}, Deny: e.cfg.Deny, BestEffort: cfg.Sandbox.BestEffort}
+		confined := slices.Concat(e.cfg.Confine, p.Args(), []string{"--"}, cmd.Args)
+		cmd = exec.CommandContext(ctx, confined[0], confined[1:]...)
+		cmd.Dir, cmd.Env = top, gitEnv()
+	}
+	if cfg.User != nil {
+		if err := runAs(cmd, cfg.User); err != nil {
+			return worktree{}, err
+		}
+	}
+	if _, err := runGit(cmd); err != nil {
 		return worktree{}, fmt.Errorf("%w: git worktree add -b %s %s failed: %v", ErrBadRequest, branch, dir, err)
 	}
 	wt := worktree{repo: top, dir: dir, cwd: dir, branch: branch}
@@ -111,12 +139,45 @@ func addWorktree(ctx context.Context, root, cwd, branch string, roots [2][]strin
 	return wt, nil
 }
 
+// gitArgs go before every git command of the gateway's: no hook of the
+// repository's runs (a post-checkout hook would run as the gateway), nor
+// its fsmonitor command.
+var gitArgs = []string{"-c", "core.hooksPath=" + os.DevNull, "-c", "core.fsmonitor=false"}
+
+// gitEnv is the environment of the gateway's git: PATH and LANG, a HOME
+// with nothing in it, and no system or global configuration, so that
+// neither the gateway's secrets nor its git settings reach a repository's
+// filters, and no prompt waits for a terminal.
+func gitEnv() []string {
+	path := os.Getenv("PATH")
+	if path == "" {
+		path = "/usr/local/bin:/usr/bin:/bin"
+	}
+	return []string{
+		"PATH=" + path,
+		"HOME=" + os.DevNull,
+		"LANG=C",
+		"LC_ALL=C",
+		"GIT_TERMINAL_PROMPT=0",
+		"GIT_CONFIG_NOSYSTEM=1",
+		"GIT_CONFIG_GLOBAL=" + os.DevNull,
+	}
+}
+
+func gitCommand(ctx context.Context, dir string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "git", append(slices.Clone(gitArgs), args...)...)
+	cmd.Dir = dir
+	cmd.Env = gitEnv()
+	return cmd
+}
+
 // git runs git in dir and returns its trimmed stdout, or an error holding
 // its stderr.
 func git(ctx context.Context, dir string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "LC_ALL=C")
+	return runGit(gitCommand(ctx, dir, args...))
+}
+
+func runGit(cmd *exec.Cmd) (string, error) {
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {

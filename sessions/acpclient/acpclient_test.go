@@ -165,20 +165,44 @@ func TestLogOnStdoutIsAProtocolError(t *testing.T) {
 	}
 }
 
+// TestEnvironmentIsMinimal: the agent gets PATH, LANG, the HOME and
+// TMPDIR it is given and its configured env, nothing else of the
+// gateway's (not even the gateway's HOME, which holds Caddy's data).
 func TestEnvironmentIsMinimal(t *testing.T) {
 	t.Setenv("ZIDANE_TEST_SECRET", "s3cret")
 	t.Setenv("PATH", "/usr/bin:/bin")
-	_, err := start(t, "env", &recorder{}, "GIVEN=${ZIDANE_TEST_SECRET}-x")
+	t.Setenv("HOME", "/home/gateway")
+	t.Setenv("USER", "gateway")
+	home, tmp, dir := t.TempDir(), t.TempDir(), t.TempDir()
+	t.Setenv("TMPDIR", "/tmp/gateway")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = Start(ctx, Options{Command: []string{exe}, Dir: dir, Handler: &recorder{}, Home: home, TempDir: tmp,
+		Env: map[string]string{"ACPCLIENT_TEST_AGENT": "env", "GORACE": "atexit_sleep_ms=0", "GIVEN": "${ZIDANE_TEST_SECRET}-x"}})
 	var exit *ExitError
 	if !errors.As(err, &exit) || exit.Status != "exit status 7" {
 		t.Fatalf("error = %v", err)
 	}
-	env := strings.Join(exit.Stderr, "\n")
-	if !strings.Contains(env, "PATH=/usr/bin:/bin") || !strings.Contains(env, "GIVEN=s3cret-x") {
-		t.Errorf("agent environment lacks PATH or GIVEN:\n%s", env)
+	got := map[string]string{}
+	for _, kv := range exit.Stderr {
+		k, v, _ := strings.Cut(kv, "=")
+		got[k] = v
 	}
-	if strings.Contains(env, "ZIDANE_TEST_SECRET") {
-		t.Errorf("the gateway's environment leaked:\n%s", env)
+	want := map[string]string{
+		"PATH": "/usr/bin:/bin", "LANG": got["LANG"], "HOME": home, "TMPDIR": tmp,
+		"GIVEN": "s3cret-x", "ACPCLIENT_TEST_AGENT": "env", "GORACE": "atexit_sleep_ms=0",
+	}
+	if got["LANG"] == "" || len(got) != len(want) {
+		t.Fatalf("agent environment = %v, want exactly %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("agent %s = %q, want %q", k, got[k], v)
+		}
 	}
 }
 
@@ -187,15 +211,15 @@ func TestEnvExpansion(t *testing.T) {
 		v, ok := map[string]string{"A": "1", "HOME": "/h"}[k]
 		return v, ok
 	}
-	env, err := Env(map[string]string{"X": "${A}$B${A}"}, lookup)
-	if err != nil || strings.Join(env, " ") != "HOME=/h X=1$B1" {
+	env, err := Env(map[string]string{"HOME": "/scratch"}, map[string]string{"X": "${A}$B${A}"}, lookup)
+	if err != nil || strings.Join(env, " ") != "HOME=/scratch LANG=C.UTF-8 PATH=/usr/local/bin:/usr/bin:/bin X=1$B1" {
 		t.Fatalf("env = %v, %v", env, err)
 	}
-	if _, err := Env(map[string]string{"X": "${MISSING}"}, lookup); err == nil || !strings.Contains(err.Error(), "${MISSING} is not set") {
+	if _, err := Env(nil, map[string]string{"X": "${MISSING}"}, lookup); err == nil || !strings.Contains(err.Error(), "${MISSING} is not set") {
 		t.Errorf("missing var error = %v", err)
 	}
-	if _, err := Env(map[string]string{"X": "${A"}, lookup); err == nil {
-		t.Error("unterminated ${ accepted")
+	if _, err := Env(nil, map[string]string{"X": "sk-s3cret${A"}, lookup); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("unterminated ${: %v, want an error that does not quote the value", err)
 	}
 }
 

@@ -34,6 +34,13 @@ type Options struct {
 	Command []string
 	// Env is added to the minimal environment (see the Env function).
 	Env map[string]string
+	// Home and TempDir, when set, are the agent's HOME and TMPDIR: a
+	// directory of its own rather than the gateway's, which holds Caddy's
+	// data and configuration. Env may override them.
+	Home, TempDir string
+	// User, when set, is the account the agent runs as; the gateway needs
+	// the right to switch to it (root, or CAP_SETUID and CAP_SETGID).
+	User *User
 	// Dir is the agent's working directory and the root that fs/* requests
 	// may read and write. It must be an absolute path to a directory.
 	Dir string
@@ -43,6 +50,14 @@ type Options struct {
 	Logger *slog.Logger
 	// ClientName and ClientVersion are sent as clientInfo in initialize.
 	ClientName, ClientVersion string
+}
+
+// User is an account to run an agent as.
+type User struct {
+	Name     string
+	UID, GID uint32
+	// Groups are the supplementary groups.
+	Groups []uint32
 }
 
 // Info is what the agent said about itself in initialize.
@@ -123,7 +138,7 @@ func Start(ctx context.Context, opts Options) (*Agent, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	env, err := Env(opts.Env, nil)
+	env, err := Env(map[string]string{"HOME": opts.Home, "TMPDIR": opts.TempDir}, opts.Env, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +175,9 @@ func (a *Agent) launch(opts Options, env []string) error {
 	cmd := exec.Command(opts.Command[0], opts.Command[1:]...)
 	cmd.Dir = opts.Dir
 	cmd.Env = env
-	setProcessGroup(cmd)
+	if err := setProcAttr(cmd, opts.User); err != nil {
+		return err
+	}
 	// Pipes of our own rather than cmd.StdoutPipe: Wait closes those as
 	// soon as the process exits, which can cut off the last messages.
 	inR, inW, err := os.Pipe()

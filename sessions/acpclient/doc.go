@@ -5,7 +5,8 @@
 //
 // What it owns:
 //   - the process: its own process group (so stopping it also stops what it
-//     spawned), a minimal environment (see Env), a bounded ring of its last
+//     spawned), a minimal environment (see Env), the user it runs as when
+//     it is given one, a bounded ring of its last
 //     stderr lines, and a bounded stop (stdin closed, then SIGTERM, then
 //     SIGKILL to the group);
 //   - the wire: every line the agent writes to stdout must be a JSON-RPC 2.0

@@ -1,6 +1,7 @@
 package acpclient
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -8,26 +9,38 @@ import (
 )
 
 // PassedEnv lists the variables an agent process inherits from the
-// gateway's environment, when they are set. Everything else in the
-// gateway's environment (API keys, tokens, cloud credentials) stays out
-// unless the agent's configuration names it in Env.
-var PassedEnv = []string{
-	"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TZ",
-	"LANG", "LC_ALL", "LC_CTYPE",
+// gateway's environment: PATH and LANG, which hold no secret and without
+// which programs misbehave. Everything else (API keys, tokens, cloud
+// credentials, the gateway's HOME, USER, TMPDIR, XDG_* directories) stays
+// out unless the agent's configuration names it in Env.
+var PassedEnv = []string{"PATH", "LANG"}
+
+// Defaults of the passed variables when the gateway has none.
+var envDefaults = map[string]string{
+	"PATH": "/usr/local/bin:/usr/bin:/bin",
+	"LANG": "C.UTF-8",
 }
 
-// Env builds an agent's environment: the PassedEnv variables the gateway
-// has, then extra (which overrides them). In a value of extra, ${NAME} is
-// replaced by the gateway's NAME, so a configuration can name a secret
-// without holding it; a ${NAME} that is not set is an error rather than an
-// empty credential. lookup is os.LookupEnv outside tests.
-func Env(extra map[string]string, lookup func(string) (string, bool)) ([]string, error) {
+// Env builds an agent's environment: the PassedEnv variables (the
+// gateway's, else a default), then fixed (HOME and TMPDIR of the session,
+// taken as they are), then extra, which overrides both. In a value of
+// extra, ${NAME} is replaced by the gateway's NAME, so a configuration can
+// name a secret without holding it; a ${NAME} that is not set is an error
+// rather than an empty credential. lookup is os.LookupEnv outside tests.
+func Env(fixed, extra map[string]string, lookup func(string) (string, bool)) ([]string, error) {
 	if lookup == nil {
 		lookup = os.LookupEnv
 	}
 	vars := map[string]string{}
 	for _, name := range PassedEnv {
-		if v, ok := lookup(name); ok {
+		if v, ok := lookup(name); ok && v != "" {
+			vars[name] = v
+		} else {
+			vars[name] = envDefaults[name]
+		}
+	}
+	for name, v := range fixed {
+		if v != "" {
 			vars[name] = v
 		}
 	}
@@ -61,12 +74,12 @@ func expand(s string, lookup func(string) (string, bool)) (string, error) {
 		}
 		j := strings.IndexByte(s[i:], '}')
 		if j < 0 {
-			return "", fmt.Errorf("unterminated ${ in %q: write ${NAME}", s)
+			return "", errors.New("a ${ is not closed with }: write ${NAME}")
 		}
 		name := s[i+2 : i+j]
 		v, ok := lookup(name)
 		if !ok {
-			return "", fmt.Errorf("${%s} is not set in the gateway's environment; set it or write the value itself", name)
+			return "", fmt.Errorf("${%s} is not set in the gateway's environment: set %s in caddy's environment", name, name)
 		}
 		b.WriteString(s[:i])
 		b.WriteString(v)

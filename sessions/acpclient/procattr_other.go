@@ -2,9 +2,17 @@
 
 package acpclient
 
-import "os/exec"
+import (
+	"errors"
+	"os/exec"
+)
 
-func setProcessGroup(*exec.Cmd) {}
+func setProcAttr(_ *exec.Cmd, user *User) error {
+	if user != nil {
+		return errors.New("running an agent as another user needs a Unix system")
+	}
+	return nil
+}
 
 // Without process groups only the agent itself can be stopped.
 func terminate(cmd *exec.Cmd) { kill(cmd) }

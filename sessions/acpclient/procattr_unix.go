@@ -7,10 +7,15 @@ import (
 	"syscall"
 )
 
-// setProcessGroup puts the agent in a process group of its own, so that
-// stopping it also stops the tools and servers it spawned.
-func setProcessGroup(cmd *exec.Cmd) {
+// setProcAttr puts the agent in a process group of its own, so that
+// stopping it also stops the tools and servers it spawned, and runs it as
+// user when one is given.
+func setProcAttr(cmd *exec.Cmd, user *User) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if user != nil {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: user.UID, Gid: user.GID, Groups: user.Groups}
+	}
+	return nil
 }
 
 // signalGroup sends sig to the agent's whole process group.

@@ -1,0 +1,195 @@
+package caddymodule
+
+import (
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
+	"github.com/Tahul/caddy-zidane-mcp/sessions/confine"
+)
+
+// SandboxConfig is what a session's agent may reach. By default every
+// agent is confined (Landlock, on Linux 6.7 and later): it reads the system
+// directories (/usr, /bin, /sbin, /lib*, /etc, /opt, /proc, /sys, /run) and
+// the directories of its command, writes only its session's cwd, worktree
+// and scratch directory (its HOME and TMPDIR), and connects by TCP only to
+// the ports of the MCP servers it is given (this gateway's) and to 443, 80,
+// 22 and 53. Caddy's data and configuration directories, and the files
+// this config reads secrets from, stay out of reach whatever is listed.
+type SandboxConfig struct {
+	// Off runs the agent unconfined: it can then read everything Caddy's
+	// user can, and reach the admin API. A warning is logged at start.
+	Off bool `json:"off,omitempty"`
+	// Read are more paths the agent may read and execute (a toolchain
+	// outside the system directories, say).
+	Read []string `json:"read,omitempty"`
+	// Write are more paths it may write.
+	Write []string `json:"write,omitempty"`
+	// Connect are more TCP ports it may connect to, on any host (a model
+	// server on a loopback port, say).
+	Connect []int `json:"connect,omitempty"`
+	// ConnectAny lifts the network rule: the agent may connect anywhere,
+	// Caddy's admin API included.
+	ConnectAny bool `json:"connect_any,omitempty"`
+	// BestEffort confines the agent as far as the kernel allows, down to
+	// not at all, where by default a launch on a kernel that cannot enforce
+	// the rules fails.
+	BestEffort bool `json:"best_effort,omitempty"`
+}
+
+// engine is the session engine's form of c: nil when the sandbox is off.
+func (c *SandboxConfig) engine() *sessions.Sandbox {
+	if c == nil {
+		return &sessions.Sandbox{}
+	}
+	if c.Off {
+		return nil
+	}
+	sb := &sessions.Sandbox{Read: c.Read, Write: c.Write, ConnectAny: c.ConnectAny, BestEffort: c.BestEffort}
+	for _, p := range c.Connect {
+		sb.Connect = append(sb.Connect, uint16(p))
+	}
+	return sb
+}
+
+// selfCommand is this binary with args, as agents and the confiner are
+// launched.
+func selfCommand(args ...string) ([]string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding this binary, which confines agents: %v", err)
+	}
+	return append([]string{self}, args...), nil
+}
+
+// provisionAgents checks the agents' sandboxes, looks up their users and
+// collects the paths no agent may reach.
+func (a *App) provisionAgents(ctx caddy.Context) error {
+	log := ctx.Logger().Named("sessions")
+	a.agentUsers = map[string]*sessions.User{}
+	names := make([]string, 0, len(a.Agents))
+	for name := range a.Agents {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	confined, bestEffort := 0, 0
+	if _, ok := a.Agents[demoAgentName]; !ok {
+		confined++ // the built-in demo agent
+	}
+	for _, name := range names {
+		ac := a.Agents[name]
+		if ac == nil {
+			continue
+		}
+		if sb := ac.Sandbox; sb != nil {
+			for _, p := range append(append([]string{}, sb.Read...), sb.Write...) {
+				if !filepath.IsAbs(p) {
+					return fmt.Errorf("agent %s: sandbox path %q is not absolute; give it from the root", name, p)
+				}
+			}
+			for _, p := range sb.Connect {
+				if p < 1 || p > 65535 {
+					return fmt.Errorf("agent %s: sandbox connect %d is not a TCP port (1 to 65535)", name, p)
+				}
+			}
+			if sb.Off {
+				log.Warn("an agent runs unconfined (sandbox off): it can read what Caddy's user can and reach Caddy's admin API",
+					zap.String("agent", name))
+			} else if sb.BestEffort {
+				bestEffort++
+			}
+		}
+		if ac.Sandbox == nil || !ac.Sandbox.Off {
+			confined++
+		}
+		if ac.User != "" {
+			u, err := lookupAgentUser(ac.User)
+			if err != nil {
+				return fmt.Errorf("agent %s: %w", name, err)
+			}
+			a.agentUsers[name] = u
+		}
+	}
+	if confined > 0 {
+		if err := confine.Check(); err != nil {
+			// Launches fail with this message, unless the agent's sandbox
+			// is best_effort or off; saying so at start saves a surprise.
+			log.Warn("agents cannot be confined on this system, so their sessions will fail to start; set `sandbox { best_effort }` or `sandbox off` on each agent (the demo agent included: configure an agent named demo) to run them anyway",
+				zap.Error(err))
+		}
+	}
+	a.deny = a.deniedPaths(ctx)
+	return nil
+}
+
+// lookupAgentUser finds name (or a numeric uid) and checks that Caddy can
+// run a process as it.
+func lookupAgentUser(name string) (*sessions.User, error) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		if _, nerr := strconv.Atoi(name); nerr == nil {
+			u, err = user.LookupId(name)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("user %q: %v; give an account of this host", name, err)
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("user %q has no numeric uid and gid; agents can run as another user on Unix only", name)
+	}
+	out := &sessions.User{Name: u.Username, UID: uint32(uid), GID: uint32(gid)}
+	if gids, err := u.GroupIds(); err == nil {
+		for _, g := range gids {
+			if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+				out.Groups = append(out.Groups, uint32(n))
+			}
+		}
+	}
+	if int(out.UID) != os.Geteuid() {
+		if err := canSwitchUser(); err != nil {
+			return nil, fmt.Errorf("user %q: %w; run caddy as root (or with CAP_SETUID and CAP_SETGID), or drop `user`", name, err)
+		}
+	}
+	return out, nil
+}
+
+// deniedPaths are the paths no agent may reach: Caddy's data and config
+// directories, the configured storage, and the files this config reads
+// secrets or upstreams from.
+func (a *App) deniedPaths(ctx caddy.Context) []string {
+	deny := []string{caddy.AppDataDir(), caddy.AppConfigDir()}
+	if fs, ok := ctx.Storage().(*certmagic.FileStorage); ok && fs.Path != "" {
+		deny = append(deny, fs.Path)
+	}
+	if dir := os.Getenv("CREDENTIALS_DIRECTORY"); dir != "" {
+		deny = append(deny, dir)
+	}
+	deny = append(deny, a.UpstreamsFiles...)
+	for _, u := range a.Upstreams {
+		if o := u.OAuth; o != nil {
+			for _, f := range []string{o.PrivateKeyFile, o.IDTokenFile} {
+				if f != "" {
+					deny = append(deny, f)
+				}
+			}
+		}
+	}
+	out := make([]string, 0, len(deny))
+	for _, d := range deny {
+		if abs, err := filepath.Abs(d); err == nil {
+			out = append(out, abs)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
