@@ -40,14 +40,15 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		return Created{}, fmt.Errorf("%w: unknown agent %q; configured agents: %s", ErrBadRequest, agentName, strings.Join(e.cfg.agentNames(), ", "))
 	}
 	cwd, err := checkCwd(req.Cwd)
-	if err == nil {
-		err = e.checkDenied(cwd)
-	}
 	if err != nil {
 		return Created{}, err
 	}
+	// The roots first: their refusal says where a session may go.
 	roots := e.rootSets(owner.Roots)
 	if cwd, err = inRoots(roots, "cwd", cwd); err != nil {
+		return Created{}, err
+	}
+	if err := e.checkDenied(cwd); err != nil {
 		return Created{}, err
 	}
 	env := req.Environment
