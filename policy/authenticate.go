@@ -40,7 +40,17 @@ func (a Authenticator) Authenticate(ctx context.Context, authz string, now time.
 		return Principal{}, fmt.Errorf("%w: send the token as Authorization: Bearer <token>", ErrTokenInvalid)
 	}
 	if a.JWT != nil && LooksLikeJWT(tok) {
-		return a.JWT.Verify(ctx, tok)
+		p, err := a.JWT.Verify(ctx, tok)
+		if err != nil || a.Tokens == nil {
+			return p, err
+		}
+		// An operator's `token revoke jwt:<sub>` refuses the subject's
+		// access tokens issued until then; one without iat cannot show it
+		// came after.
+		if at, revoked := a.Tokens.SubjectRevoked(p.TokenID); revoked && (p.Issued == nil || !p.Issued.After(at)) {
+			return Principal{}, fmt.Errorf("%w: the operator revoked the access tokens of %q issued until %s: sign in again for a new one", ErrTokenInvalid, p.Name, at.UTC().Format(time.RFC3339))
+		}
+		return p, nil
 	}
 	p, err := a.Tokens.Check(tok, now)
 	switch {

@@ -445,7 +445,8 @@ func (v *JWTVerifier) Close() {
 // [ErrKeysUnavailable]. Verify returns within about 10s even when the
 // identity provider does not answer, or sooner if ctx ends.
 //
-// The principal's TokenID is "jwt:" followed by `sub`, its Source is "jwt",
+// The principal's TokenID and Owner are "jwt:" followed by `sub`, its
+// Expires is `exp` and its Issued `iat`, its Source is "jwt",
 // and its Scopes are the union of the `scope` claim (space-separated) and the
 // `scp` claim (a string or an array). Its Name is `sub` for a user; for a
 // machine (see JWTConfig.MachineScope) it is the first of `client_id`, `cid`,
@@ -491,11 +492,23 @@ func (v *JWTVerifier) principal(c *jwtAccessClaims) Principal {
 		}
 	}
 	p := Principal{
-		TokenID: "jwt:" + c.Subject,
+		TokenID: JWTPrefix + c.Subject,
 		Name:    c.Subject,
 		Kind:    KindUser,
 		Scopes:  scopes,
 		Source:  "jwt",
+		Owner:   JWTPrefix + c.Subject,
+	}
+	// exp bounds the tokens derived for the sessions this principal
+	// creates; iat says whether an operator's revocation of the subject
+	// came after the token was issued.
+	if c.ExpiresAt != nil {
+		exp := c.ExpiresAt.UTC()
+		p.Expires = &exp
+	}
+	if c.IssuedAt != nil {
+		iat := c.IssuedAt.UTC()
+		p.Issued = &iat
 	}
 	// Each rule recognises a client-credentials token of one provider. Being
 	// generous here is the safe side: a user mistaken for a machine loses the

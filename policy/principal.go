@@ -1,6 +1,10 @@
 package policy
 
-import "context"
+import (
+	"context"
+	"strings"
+	"time"
+)
 
 // Kind says who holds a credential: a person's client or an unattended machine.
 type Kind string
@@ -29,7 +33,38 @@ type Principal struct {
 	// Roots are the directory trees the token's sessions are confined to,
 	// within the gateway's own roots; nil means the gateway's alone.
 	Roots []string
+	// Owner is who the credential acts for, and so who the sessions it
+	// creates belong to: a token's owner (its --owner, inherited by the
+	// tokens derived from it; by default the token's own id), or
+	// "jwt:<sub>" for a JWT. See [Principal.OwnerID].
+	Owner string
+	// Parent is the credential a derived token was minted from (a token id
+	// or "jwt:<sub>"); empty for the others.
+	Parent string
+	// Expires is when the credential stops being valid: a token's expiry
+	// (for a derived token, no later than its parent's), a JWT's exp. Nil
+	// for a token that never expires.
+	Expires *time.Time
+	// Issued is a JWT's iat, when it has one; nil for tokens.
+	Issued *time.Time
 }
+
+// OwnerID is p's owner, or its TokenID when none was set (a principal built
+// by hand).
+func (p Principal) OwnerID() string {
+	if p.Owner != "" {
+		return p.Owner
+	}
+	return p.TokenID
+}
+
+// JWTPrefix starts the TokenID (and the Owner) of a JWT principal:
+// "jwt:<sub>". Opaque token ids start with "tok_", so the two never meet.
+const JWTPrefix = "jwt:"
+
+// IsJWTID reports whether id names a JWT subject ("jwt:<sub>") rather than
+// a token of the store.
+func IsJWTID(id string) bool { return strings.HasPrefix(id, JWTPrefix) }
 
 // HasScope reports whether p was granted scope s.
 func (p Principal) HasScope(s string) bool {

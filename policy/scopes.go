@@ -30,7 +30,9 @@ type Rule struct {
 //   - mcp: every tool and method, for guarding an MCP server as a whole.
 //
 // Besides the rules, a scope "sessions:<verb>" or "interactions:<verb>"
-// always grants that one verb (see VerbScope).
+// always grants that one verb (see VerbScope), and "sessions:any" or
+// "interactions:any" lets the verbs granted reach other owners' sessions
+// (see AnyOwnerScope).
 func DefaultRules() []Rule {
 	return []Rule{
 		{Scope: "chat", Tools: []string{"sessions", "interactions"}},
@@ -69,6 +71,17 @@ var listUse = map[string]string{
 // such as "sessions:read". Child tokens of orchestrator sessions carry such
 // scopes, one per verb they were given.
 func VerbScope(tool, verb string) string { return tool + ":" + verb }
+
+// AnyOwner is the word of the scopes "sessions:any" and "interactions:any"
+// (see [AnyOwnerScope]). It is no verb: such a scope grants no call.
+const AnyOwner = "any"
+
+// AnyOwnerScope is the scope that lets a principal's verbs of tool reach
+// the sessions of every owner, not only its own owner's: "sessions:any"
+// (read, send, steer, cancel … any session) or "interactions:any" (see and
+// answer any session's interactions). It grants no verb by itself, and a
+// machine token never drives sessions whatever it holds.
+func AnyOwnerScope(tool string) string { return tool + ":" + AnyOwner }
 
 // UpstreamScope is the scope that grants every tool and method of one
 // upstream of the broker, "upstream:<name>".
@@ -176,7 +189,7 @@ func (m *ScopeMap) Decide(p Principal, c message.Call) Decision {
 	if p.Kind == KindMachine && c.IsToolCall() && contains(SessionTools, c.Tool) {
 		return Decision{Machine: true}
 	}
-	if !m.strict && c.IsToolCall() && contains(SessionTools, c.Tool) && c.Verb != "" && p.HasScope(VerbScope(c.Tool, c.Verb)) {
+	if !m.strict && c.IsToolCall() && contains(SessionTools, c.Tool) && c.Verb != "" && c.Verb != AnyOwner && p.HasScope(VerbScope(c.Tool, c.Verb)) {
 		return Decision{Allowed: true}
 	}
 	var need []string
@@ -205,6 +218,13 @@ func (m *ScopeMap) Decide(p Principal, c message.Call) Decision {
 	return Decision{Need: need}
 }
 
+// GrantsVerb reports whether p may call tool (sessions or interactions)
+// with verb. The sessions endpoint asks it of an orchestrator's tools at
+// create: a child's verbs can only narrow what its creator may call.
+func (m *ScopeMap) GrantsVerb(p Principal, tool, verb string) bool {
+	return m.Decide(p, message.Call{Method: "tools/call", Tool: tool, Verb: verb}).Allowed
+}
+
 // anyTool reports whether p may call some tool.
 func (m *ScopeMap) anyTool(p Principal) bool {
 	for _, sc := range p.Scopes {
@@ -212,7 +232,7 @@ func (m *ScopeMap) anyTool(p Principal) bool {
 			break
 		}
 		for _, tool := range SessionTools {
-			if strings.HasPrefix(sc, tool+":") && p.Kind != KindMachine {
+			if strings.HasPrefix(sc, tool+":") && sc != AnyOwnerScope(tool) && p.Kind != KindMachine {
 				return true
 			}
 		}
@@ -244,7 +264,7 @@ func (m *ScopeMap) ToolVisible(p Principal, tool string) bool {
 	}
 	if contains(SessionTools, tool) && !m.strict {
 		for _, sc := range p.Scopes {
-			if strings.HasPrefix(sc, tool+":") {
+			if strings.HasPrefix(sc, tool+":") && sc != AnyOwnerScope(tool) {
 				return true
 			}
 		}

@@ -42,35 +42,71 @@ type Token struct {
 	Expires  *time.Time `json:"expires,omitempty"`
 	LastUsed *time.Time `json:"last_used,omitempty"`
 	Revoked  *time.Time `json:"revoked,omitempty"`
-	// Parent is the id of the token this one was derived from (a child
-	// token for an orchestrator session). Revoking the parent revokes it.
+	// Owner is who the token acts for (see [Principal.Owner]): set by the
+	// operator (--owner), or inherited from the parent. Empty means the
+	// token is its own owner (see [Token.OwnerID]).
+	Owner string `json:"owner,omitempty"`
+	// Parent is the id of the token this one was derived from, or
+	// "jwt:<sub>" for a token derived from a JWT. Revoking the parent
+	// revokes it, and Check refuses it once the parent is revoked, expired
+	// or gone.
 	Parent string `json:"parent,omitempty"`
 	// Roots confine the sessions the token creates to these directory
 	// trees, inside the gateway's roots. A child token has its parent's
 	// roots, or roots inside them.
 	Roots []string `json:"roots,omitempty"`
+	// Session and Purpose say which session's agent a derived token was
+	// minted for, and to do what: a session holds at most one token per
+	// purpose, and its tokens are deleted when it ends.
+	Session string  `json:"session,omitempty"`
+	Purpose Purpose `json:"purpose,omitempty"`
 }
 
-// Active reports whether t may authenticate at now.
+// Purpose says what a derived token is for.
+type Purpose string
+
+const (
+	// PurposeOrchestrator is the token of an orchestrator session's agent,
+	// which calls the sessions endpoint with the verbs it was given.
+	PurposeOrchestrator Purpose = "orchestrator"
+	// PurposeEgress is the machine token of a session's agent, which
+	// reaches the upstreams given to sessions through the broker.
+	PurposeEgress Purpose = "egress"
+)
+
+// Active reports whether t may authenticate at now, by its own record (Check
+// also refuses a token whose parent is no longer active).
 func (t Token) Active(now time.Time) bool {
 	return t.Revoked == nil && (t.Expires == nil || now.Before(*t.Expires))
 }
 
-// Principal is what t authenticates as.
-func (t Token) Principal() Principal {
-	return Principal{TokenID: t.ID, Name: t.Name, Kind: t.Kind, Scopes: t.Scopes, Source: "token", Roots: t.Roots}
+// OwnerID is who t acts for: its Owner, or its own id when it has none.
+func (t Token) OwnerID() string {
+	if t.Owner != "" {
+		return t.Owner
+	}
+	return t.ID
 }
 
-// TokenSpec is what an operator asks for when creating a token.
+// Principal is what t authenticates as.
+func (t Token) Principal() Principal {
+	return Principal{TokenID: t.ID, Name: t.Name, Kind: t.Kind, Scopes: t.Scopes, Source: "token", Roots: t.Roots,
+		Owner: t.OwnerID(), Parent: t.Parent, Expires: t.Expires}
+}
+
+// TokenSpec is what an operator asks for when creating a token. Tokens
+// derived for a session's agent are made by [TokenStore.CreateChild].
 type TokenSpec struct {
 	Name    string        `json:"name"`
 	Scopes  []string      `json:"scopes"`
 	Kind    Kind          `json:"kind,omitempty"`
 	Expires time.Duration `json:"expires,omitempty"`
-	Parent  string        `json:"parent,omitempty"`
-	// Roots are absolute paths; a child token (Parent set) without any
-	// gets its parent's.
+	// Roots are absolute paths that confine the sessions the token
+	// creates (see Token.Roots).
 	Roots []string `json:"roots,omitempty"`
+	// Owner is who the token acts for; tokens with the same owner see and
+	// drive the same sessions. Empty makes the token its own owner.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Errors returned by TokenStore. Check wraps them, so errors.Is works.
@@ -79,12 +115,25 @@ var (
 	ErrTokenRevoked  = errors.New("token revoked")
 	ErrTokenExpired  = errors.New("token expired")
 	ErrTokenNotFound = errors.New("no such token")
+	// ErrNoChild is returned by CreateChild when no token may be derived:
+	// the parent is revoked, expired or gone, the scopes are wider than
+	// the parent's, or the operator revoked the session's token.
+	ErrNoChild = errors.New("no token may be derived")
 )
 
 var (
 	namePattern  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 	scopePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9:._*-]{0,63}$`)
+	// ownerPattern admits the names operators give people and the forms
+	// owners take otherwise ("tok_…", "jwt:<sub>", whose subjects may hold
+	// '|' or '@').
+	ownerPattern   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9:@|+._-]{0,127}$`)
+	sessionPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`)
 )
+
+// maxParentChain bounds the walk up a derived token's parents. Orchestrators
+// of orchestrators nest a few levels; a longer chain is refused.
+const maxParentChain = 16
 
 // ValidateSpec checks a token request and says what is wrong with it.
 func ValidateSpec(spec TokenSpec) error {
@@ -114,6 +163,9 @@ func ValidateSpec(spec TokenSpec) error {
 		if !filepath.IsAbs(r) {
 			return fmt.Errorf("root %q: give an absolute path, such as /srv/projects", r)
 		}
+	}
+	if spec.Owner != "" && !ownerPattern.MatchString(spec.Owner) {
+		return fmt.Errorf("owner %q: use 1-128 letters, digits and ':@|+._-', starting with a letter or digit", spec.Owner)
 	}
 	return nil
 }
@@ -191,11 +243,25 @@ func newTokenID() string {
 type tokenFile struct {
 	Version int      `json:"version"`
 	Tokens  []*Token `json:"tokens"`
+	// Subjects are the JWT subjects an operator revoked: their JWTs issued
+	// until then are refused. One entry per subject, so it stays small.
+	Subjects []SubjectRevocation `json:"revoked_subjects,omitempty"`
+}
+
+// SubjectRevocation records that an operator revoked a JWT subject: the
+// subject's access tokens issued until Revoked are refused, and what was
+// derived from them is deleted.
+type SubjectRevocation struct {
+	Subject string    `json:"subject"` // "jwt:<sub>"
+	Revoked time.Time `json:"revoked"`
 }
 
 // TokenEvent is a token lifecycle change, for the audit log.
 type TokenEvent struct {
-	Action string // created, revoked, expired-use, seen-revoked
+	// Action is created, rotated (a derived token got a new secret when
+	// its agent was relaunched), revoked, deleted (a derived token whose
+	// session ended, or whose JWT subject was revoked) or seen-revoked.
+	Action string
 	Token  Token
 }
 
@@ -206,9 +272,10 @@ type TokenEvent struct {
 type TokenStore struct {
 	st storage.Storage
 
-	mu      sync.RWMutex
-	byHash  map[[32]byte]*Token
-	byID    map[string]*Token
+	mu       sync.RWMutex
+	byHash   map[[32]byte]*Token
+	byID     map[string]*Token
+	subjects map[string]time.Time // revoked JWT subjects
 	lastRaw [32]byte
 	loaded  bool
 	loadErr error
@@ -228,10 +295,11 @@ type TokenStore struct {
 // store; an unreadable one is an error, so that nothing overwrites it.
 func OpenTokenStore(ctx context.Context, st storage.Storage) (*TokenStore, error) {
 	s := &TokenStore{
-		st:     st,
-		byHash: map[[32]byte]*Token{},
-		byID:   map[string]*Token{},
-		holds:  map[string]map[uint64]func(){},
+		st:       st,
+		byHash:   map[[32]byte]*Token{},
+		byID:     map[string]*Token{},
+		subjects: map[string]time.Time{},
+		holds:    map[string]map[uint64]func(){},
 	}
 	if err := s.Sync(ctx); err != nil {
 		return nil, err
@@ -311,10 +379,34 @@ func (s *TokenStore) Check(secret string, now time.Time) (Principal, error) {
 	if t.Expires != nil && !now.Before(*t.Expires) {
 		return Principal{}, fmt.Errorf("%w: %q expired at %s", ErrTokenExpired, t.Name, t.Expires.UTC().Format(time.RFC3339))
 	}
+	if t.Parent != "" {
+		s.mu.RLock()
+		err := s.parentProblem(t, now)
+		s.mu.RUnlock()
+		if err != nil {
+			return Principal{}, err
+		}
+	}
 	if v, ok := s.used.Load(t.ID); !ok || now.Sub(v.(time.Time)) >= time.Second {
 		s.used.Store(t.ID, now)
 	}
 	return t.Principal(), nil
+}
+
+// parentProblem says why t may not authenticate because of its parents (see
+// chainProblem). The caller holds s.mu.
+func (s *TokenStore) parentProblem(t *Token, now time.Time) error {
+	return chainProblem(s.byID, s.subjects, t, now)
+}
+
+// SubjectRevoked reports when an operator revoked the JWT subject id
+// ("jwt:<sub>"), if they did: the subject's access tokens issued until then
+// are refused (see [Authenticator]).
+func (s *TokenStore) SubjectRevoked(id string) (time.Time, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	at, ok := s.subjects[id]
+	return at, ok
 }
 
 // List returns every token record, newest first. Records hold no secret.
@@ -356,7 +448,7 @@ func (s *TokenStore) Create(ctx context.Context, spec TokenSpec) (string, Token,
 		Scopes:  append([]string(nil), spec.Scopes...),
 		Kind:    spec.Kind,
 		Created: now,
-		Parent:  spec.Parent,
+		Owner:   spec.Owner,
 	}
 	for _, r := range spec.Roots {
 		tok.Roots = append(tok.Roots, filepath.Clean(r))
@@ -366,20 +458,8 @@ func (s *TokenStore) Create(ctx context.Context, spec TokenSpec) (string, Token,
 		tok.Expires = &exp
 	}
 	err := s.update(ctx, func(f *tokenFile) error {
-		for _, t := range f.Tokens {
-			if t.Name == tok.Name && t.Revoked == nil {
-				return fmt.Errorf("a token named %q already exists: revoke it first or choose another name", tok.Name)
-			}
-			if t.ID == tok.Parent {
-				if t.Revoked != nil {
-					return fmt.Errorf("parent token %q is revoked", t.Name)
-				}
-				roots, err := narrowRoots(t.Roots, tok.Roots)
-				if err != nil {
-					return err
-				}
-				tok.Roots = roots
-			}
+		if err := nameFree(f, tok.Name); err != nil {
+			return err
 		}
 		f.Tokens = append(f.Tokens, &tok)
 		return nil
@@ -491,7 +571,8 @@ func mergeLastUsed(f *tokenFile, used map[string]time.Time) {
 }
 
 // install replaces the in-memory index with the parsed raw file and returns
-// the tokens that became revoked (or disappeared) since the last install.
+// the tokens that became revoked (or disappeared) since the last install,
+// and a record for each JWT subject newly revoked.
 func (s *TokenStore) install(raw []byte) []Token {
 	f, err := decodeTokenFile(raw)
 	if err != nil {
@@ -510,8 +591,17 @@ func (s *TokenStore) install(raw []byte) []Token {
 		}
 		byID[t.ID] = t
 	}
+	subjects := make(map[string]time.Time, len(f.Subjects))
+	for _, r := range f.Subjects {
+		subjects[r.Subject] = r.Revoked
+	}
 	s.mu.Lock()
 	var gone []Token
+	for id, at := range subjects {
+		if old, ok := s.subjects[id]; s.loaded && (!ok || at.After(old)) {
+			gone = append(gone, subjectToken(id, at))
+		}
+	}
 	for id, old := range s.byID {
 		nt := byID[id]
 		if old.Revoked == nil && (nt == nil || nt.Revoked != nil) {
@@ -522,7 +612,7 @@ func (s *TokenStore) install(raw []byte) []Token {
 			}
 		}
 	}
-	s.byHash, s.byID, s.loadErr = byHash, byID, nil
+	s.byHash, s.byID, s.subjects, s.loadErr = byHash, byID, subjects, nil
 	s.lastRaw = sha256.Sum256(raw)
 	s.loaded = true
 	s.mu.Unlock()

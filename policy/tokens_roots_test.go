@@ -36,7 +36,7 @@ func TestTokenRoots(t *testing.T) {
 		{"one in, one out", []string{"/srv/work/a", "/"}, "root / is not inside"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, child, err := s.Create(ctx, TokenSpec{Name: fmt.Sprintf("child-%d", i), Scopes: []string{"chat"}, Parent: parent.ID, Roots: tc.roots})
+			_, child, err := s.CreateChild(ctx, ChildSpec{Parent: parent.Principal(), Session: fmt.Sprintf("ses_%d", i), Purpose: PurposeOrchestrator, Scopes: []string{"sessions:create"}, Roots: tc.roots})
 			if strings.HasPrefix(tc.want, "[") {
 				if err != nil || fmt.Sprint(child.Roots) != tc.want {
 					t.Fatalf("child roots = %v (%v), want %s", child.Roots, err, tc.want)
@@ -51,7 +51,7 @@ func TestTokenRoots(t *testing.T) {
 
 	// An unconfined parent's child is unconfined, unless it asks.
 	_, free, _ := s.Create(ctx, TokenSpec{Name: "free", Scopes: []string{"chat"}})
-	if _, c, err := s.Create(ctx, TokenSpec{Name: "free-child", Scopes: []string{"chat"}, Parent: free.ID}); err != nil || c.Roots != nil {
+	if _, c, err := s.CreateChild(ctx, ChildSpec{Parent: free.Principal(), Session: "ses_free", Purpose: PurposeEgress, Scopes: []string{"upstream:github"}}); err != nil || c.Roots != nil {
 		t.Fatalf("child of an unconfined parent: roots %v (%v)", c.Roots, err)
 	}
 	if err := ValidateSpec(TokenSpec{Name: "rel", Scopes: []string{"chat"}, Roots: []string{"projects"}}); err == nil || !strings.Contains(err.Error(), "absolute path") {

@@ -246,7 +246,7 @@ func TestRevokeParentRevokesChild(t *testing.T) {
 	ctx := context.Background()
 	_, s := newFileStore(t)
 	_, parent, _ := s.Create(ctx, TokenSpec{Name: "parent", Scopes: []string{"chat"}})
-	childSecret, _, err := s.Create(ctx, TokenSpec{Name: "child", Scopes: []string{"read"}, Parent: parent.ID})
+	childSecret, _, err := s.CreateChild(ctx, ChildSpec{Parent: parent.Principal(), Session: "ses_1", Purpose: PurposeOrchestrator, Scopes: []string{"sessions:read"}})
 	if err != nil {
 		t.Fatal(err)
 	}
