@@ -272,13 +272,14 @@ type TokenEvent struct {
 type TokenStore struct {
 	st storage.Storage
 
-	mu       sync.RWMutex
-	byHash   map[[32]byte]*Token
-	byID     map[string]*Token
-	subjects map[string]time.Time // revoked JWT subjects
+	mu      sync.RWMutex
+	byHash  map[[32]byte]*Token
+	byID    map[string]*Token
 	lastRaw [32]byte
 	loaded  bool
 	loadErr error
+
+	subjects map[string]time.Time // revoked JWT subjects
 	// used maps a token id to its last use not yet flushed (a time.Time).
 	// A sync.Map, written at most once a second per token, keeps the
 	// check free of any exclusive lock.

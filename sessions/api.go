@@ -40,19 +40,58 @@ const (
 	KindApproval InteractionKind = "approval" // any other session/request_permission
 )
 
-// Owner is who acts on the engine: the token behind an MCP call. Sessions
-// are tagged with the owner that created them.
+// Owner is who acts on the engine: the credential behind an MCP call, and
+// the owner it acts for. A session belongs to the owner that created it:
+// the engine lets only that owner's credentials act on it, and shows it
+// only to them, unless the caller's Access reaches further.
 type Owner struct {
 	TokenID   string
 	TokenName string
+	// ID is the owner the credential acts for (a token's owner, a JWT's
+	// "jwt:<sub>"); credentials with the same ID share their sessions.
+	// Empty means TokenID.
+	ID string
 	// MCPSession is the MCP session id of the caller, where events for the
-	// sessions it creates or sends to are pushed.
+	// sessions it creates, or sends to as their owner, are pushed.
 	MCPSession string
 	// Roots are the token's own directory trees: the sessions it creates
 	// must lie inside one of them as well as inside Config.Roots. Nil
 	// means Config.Roots alone.
 	Roots []string
+	// Expires and Issued are the caller's credential's (a JWT's exp and
+	// iat). The tokens the gateway derives for the agents of the sessions
+	// it creates expire no later, and a revocation of the credential's
+	// subject after Issued applies to them.
+	Expires, Issued *time.Time
+	// OtherSessions is how far the caller's sessions verbs reach into
+	// other owners' sessions; OtherInteractions the same for pending and
+	// answer. The zero value reaches only the caller's own owner's.
+	OtherSessions, OtherInteractions Access
 }
+
+// OwnerID is the owner o acts for: ID, or TokenID when ID is empty.
+func (o Owner) OwnerID() string {
+	if o.ID != "" {
+		return o.ID
+	}
+	return o.TokenID
+}
+
+// Access is how far a caller reaches into other owners' sessions.
+type Access uint8
+
+const (
+	// AccessOwn reaches only the caller's owner's sessions.
+	AccessOwn Access = iota
+	// AccessRead also reads every owner's sessions (list, read,
+	// transcript, wait, events; pending), but acts only on its owner's: a
+	// host whose every token is one person's (share_sessions), or a
+	// session page, which a link bound to one session opens.
+	AccessRead
+	// AccessAll also acts on them (send, steer, cancel; answer): a token
+	// with scope sessions:any (interactions:any).
+	AccessAll
+)
 
 // Environment says where a session's agent runs.
 type Environment struct {
@@ -104,6 +143,9 @@ type SessionView struct {
 	Created     time.Time `json:"created"`
 	Updated     time.Time `json:"updated"`
 	Worker      bool      `json:"worker,omitempty"` // created by the caller (list)
+	// Foreign marks a session of another owner, which the caller sees by
+	// share_sessions or sessions:any (list).
+	Foreign bool `json:"foreign,omitempty"`
 }
 
 // Turn is one prompt and what the agent answered, for `transcript`.
@@ -117,8 +159,9 @@ type Turn struct {
 }
 
 // Event is a `<session-event>`: recorded with a sequence number so that
-// `events` and `wait` see it, and pushed to the MCP session that created
-// or last sent to the session.
+// `events` and `wait` see it, and pushed to the MCP session of the owner
+// that created the session, or of the owner's credential that last sent
+// to it.
 type Event struct {
 	Seq       int64       `json:"seq"`
 	SessionID string      `json:"sessionId"`
@@ -129,6 +172,8 @@ type Event struct {
 	Time      time.Time   `json:"time"`
 	// Target is the MCP session id the event is pushed to.
 	Target string `json:"-"`
+	// Owner is the owner of the session, who sees the event.
+	Owner string `json:"-"`
 }
 
 // Render is the text a model reads for ev:
@@ -195,6 +240,9 @@ var (
 	ErrNotRunning      = errors.New("session is not running")
 	ErrEnded           = errors.New("session has ended")
 	ErrBadRequest      = errors.New("bad request")
+	// ErrNotOwner says the session belongs to another owner and the
+	// caller's Access does not reach it. The message names no token.
+	ErrNotOwner = errors.New("the session belongs to another owner")
 	// ErrBusy says the gateway runs as many agent processes as it allows
 	// (max_agents). It passes: idle agents stop after agent_idle_timeout.
 	ErrBusy = errors.New("the gateway is at its agent limit")
@@ -206,7 +254,11 @@ var (
 
 // Sessions is what the MCP endpoint needs from the engine. Every method is
 // safe for concurrent use; none blocks longer than its ctx, except Wait,
-// which returns at the latest after timeout.
+// which returns at the latest after timeout. Each takes the caller, and
+// refuses a session of another owner with ErrNotOwner unless the caller's
+// Access reaches it: reading verbs need AccessRead, send, steer and cancel
+// AccessAll in OtherSessions; pending and answer the same in
+// OtherInteractions.
 type Sessions interface {
 	Create(ctx context.Context, owner Owner, req CreateRequest) (Created, error)
 	// Send queues prompt; it runs at once when the session is idle.
@@ -219,16 +271,21 @@ type Sessions interface {
 	// Cancel interrupts the running turn; pending interactions of the
 	// session end as cancelled.
 	Cancel(ctx context.Context, owner Owner, sessionID string) error
-	Read(sessionID string, full bool) (SessionView, error)
-	// List returns sessions newest first, at most limit, and whether more
-	// exist. Worker is set on the ones owner created.
+	Read(owner Owner, sessionID string, full bool) (SessionView, error)
+	// List returns the sessions owner sees, newest first, at most limit,
+	// and whether more exist. Worker is set on the ones owner's token
+	// created.
 	List(owner Owner, limit int) (list []SessionView, partial bool)
-	Transcript(sessionID string, turns int, full bool) ([]Turn, error)
+	Transcript(owner Owner, sessionID string, turns int, full bool) ([]Turn, error)
 	// Wait returns once the session is idle, blocked, ended or errored, or
 	// after timeout.
-	Wait(ctx context.Context, sessionID string, timeout time.Duration) (SessionView, error)
-	Events(filter EventFilter) []Event
-	Pending(sessionID string) []Interaction
+	Wait(ctx context.Context, owner Owner, sessionID string, timeout time.Duration) (SessionView, error)
+	// Events returns the events of the sessions owner sees; a sessionID
+	// in filter that owner does not reach gets ErrNotOwner.
+	Events(owner Owner, filter EventFilter) ([]Event, error)
+	// Pending lists the interactions of one session, or of every session
+	// owner sees when sessionID is "".
+	Pending(owner Owner, sessionID string) ([]Interaction, error)
 	Answer(ctx context.Context, owner Owner, requestID string, answer Answer) error
 	// Subscribe calls fn for every new event, in Seq order, until the
 	// returned function is called. fn must not block.

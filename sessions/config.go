@@ -76,8 +76,9 @@ type SessionInfo struct {
 	Title     string
 	Cwd       string
 	Agent     string
-	// Owner is who created the session (MCPSession is the one that last
-	// created or sent to it).
+	// Owner is who created the session: its credential (TokenID, and the
+	// Expires and Issued of the creator's latest call), and the owner it
+	// acts for (ID). MCPSession is where the session's events go.
 	Owner Owner
 	// Tools and Subscribe are CreateRequest's, for orchestrator sessions.
 	Tools     []string
@@ -104,6 +105,12 @@ type Config struct {
 	// session/new and session/load. It is called at every launch, a
 	// resume included, so it can mint fresh credentials. Nil means none.
 	MCPServers func(s SessionInfo) []McpServer
+	// Ended, when set, is called once a session can take no more prompts
+	// (its agent failed, or could not resume after a restart) or is
+	// dropped to stay within MaxSessions, so that the gateway deletes the
+	// credentials it minted for the session's agent. It runs in a
+	// goroutine of its own; Close waits for it as for the agents.
+	Ended func(sessionID string)
 	// WorktreeRoot is where worktree environments are created, as
 	// <WorktreeRoot>/<repository>-<branch>. Empty means a .worktrees
 	// directory next to the repository: <repo>/../.worktrees/.

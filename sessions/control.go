@@ -8,14 +8,39 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/sessions/acpclient"
 )
 
-// liveSessionLocked returns a session that can take prompts.
-func (e *Engine) liveSessionLocked(id string) (*session, error) {
-	if e.closed {
-		return nil, ErrClosed
-	}
+// sessionLocked returns session id when owner's access reaches it: its own
+// owner's, or another's when access (OtherSessions or OtherInteractions)
+// is at least need.
+func (e *Engine) sessionLocked(id string, owner Owner, access, need Access) (*session, error) {
 	s := e.sessions[id]
 	if s == nil {
 		return nil, fmt.Errorf("%w: %q; list the sessions to find its id", ErrNoSession, id)
+	}
+	if err := reach(s, owner, access, need); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// reach refuses owner a session of another owner unless access reaches
+// need. The error names the session, never whose it is.
+func reach(s *session, owner Owner, access, need Access) error {
+	if s.rec.Owner == owner.OwnerID() || access >= need {
+		return nil
+	}
+	return fmt.Errorf("%w: session %s", ErrNotOwner, s.rec.ID)
+}
+
+// liveSessionLocked returns a session that owner may act on and that can
+// take prompts. Ownership is decided first, so a stranger learns nothing of
+// the session's state.
+func (e *Engine) liveSessionLocked(id string, owner Owner) (*session, error) {
+	if e.closed {
+		return nil, ErrClosed
+	}
+	s, err := e.sessionLocked(id, owner, owner.OtherSessions, AccessAll)
+	if err != nil {
+		return nil, err
 	}
 	if s.dead() {
 		return nil, fmt.Errorf("%w: %s is %s (%s); create a new session to continue", ErrEnded, id, s.rec.State, s.rec.Error)
@@ -23,13 +48,22 @@ func (e *Engine) liveSessionLocked(id string) (*session, error) {
 	return s, nil
 }
 
-// touchLocked records owner as the session's latest sender: its events go
-// to owner's MCP session from now on.
+// touchLocked records a prompt from owner. A credential of the session's
+// own owner becomes its latest sender, whose MCP session gets its events
+// from now on; the creator's own credential also refreshes the expiry that
+// bounds the agent's tokens at its next launch. Anyone else (a caller with
+// sessions:any, an orchestrator's relay) moves nothing.
 func (e *Engine) touchLocked(s *session, owner Owner) {
+	s.rec.Updated = time.Now().UTC()
+	if owner.OwnerID() != s.rec.Owner {
+		return
+	}
 	if owner.MCPSession != "" {
 		s.rec.Target = owner.MCPSession
 	}
-	s.rec.Updated = time.Now().UTC()
+	if owner.TokenID == s.rec.OwnerTokenID && owner.Expires != nil && (s.rec.OwnerExpires == nil || owner.Expires.After(*s.rec.OwnerExpires)) {
+		s.rec.OwnerExpires, s.rec.OwnerIssued = owner.Expires, owner.Issued
+	}
 }
 
 // Send queues prompt, or runs it at once when the session is idle.
@@ -39,7 +73,7 @@ func (e *Engine) Send(_ context.Context, owner Owner, sessionID, text string) (b
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s, err := e.liveSessionLocked(sessionID)
+	s, err := e.liveSessionLocked(sessionID, owner)
 	if err != nil {
 		return false, err
 	}
@@ -82,7 +116,7 @@ func (e *Engine) Steer(ctx context.Context, owner Owner, sessionID, text string)
 		return "", err
 	}
 	e.mu.Lock()
-	s, err := e.liveSessionLocked(sessionID)
+	s, err := e.liveSessionLocked(sessionID, owner)
 	if err != nil {
 		e.mu.Unlock()
 		return "", err
@@ -147,7 +181,7 @@ func (e *Engine) Cancel(ctx context.Context, owner Owner, sessionID string) erro
 		who = "a client"
 	}
 	e.mu.Lock()
-	s, err := e.liveSessionLocked(sessionID)
+	s, err := e.liveSessionLocked(sessionID, owner)
 	if err != nil {
 		e.mu.Unlock()
 		return err

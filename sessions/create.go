@@ -83,6 +83,9 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		OwnerTokenID:   owner.TokenID,
 		OwnerTokenName: owner.TokenName,
 		OwnerRoots:     append([]string(nil), owner.Roots...),
+		Owner:          owner.OwnerID(),
+		OwnerExpires:   owner.Expires,
+		OwnerIssued:    owner.Issued,
 		Target:         owner.MCPSession,
 		Tools:          append([]string(nil), req.Tools...),
 		Subscribe:      req.Subscribe,
@@ -126,6 +129,13 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 	e.mu.Unlock()
 	for _, old := range evicted {
 		e.forget(old)
+	}
+	if len(evicted) > 0 {
+		e.mu.Lock()
+		for _, old := range evicted {
+			e.endedLocked(old)
+		}
+		e.mu.Unlock()
 	}
 	e.persist(s, saveRecord)
 	return Created{SessionID: id, Link: e.link(id)}, nil

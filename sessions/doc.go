@@ -4,7 +4,13 @@
 // wins), a bounded event log and transcripts, persisted through the
 // project's storage interface. It never speaks MCP and never checks a
 // credential: the MCP endpoint calls it through the Sessions interface with
-// an Owner the edge already authenticated.
+// an Owner the edge already authenticated. It does decide ownership: each
+// session belongs to the owner that created it, whose credentials alone act
+// on it and see it, and whose MCP session its events are pushed to, unless
+// a caller's Access reaches other owners' sessions (share_sessions,
+// sessions:any). It tells the gateway, through Config hooks, when a session
+// launches an agent (MCPServers, to mint the agent's credentials) and when
+// it ends (Ended, to delete them).
 //
 // Agents are treated as hostile code on the host. Each gets a minimal
 // environment (PATH and LANG, a HOME and TMPDIR in a scratch directory of

@@ -195,6 +195,11 @@ func (e *Engine) restore(ctx context.Context) error {
 			e.dropScratch(s.rec.ID)
 		}
 	}
+	e.mu.Lock()
+	for _, s := range changed {
+		e.endedLocked(s.rec.ID)
+	}
+	e.mu.Unlock()
 	// Newest first, up to MaxAgents and MaxAgentsPerToken: the rest stay
 	// dormant until a prompt.
 	sort.Slice(resume, func(i, j int) bool { return resume[i].rec.Updated.After(resume[j].rec.Updated) })
@@ -276,6 +281,29 @@ func (e *Engine) Close() error {
 	return nil
 }
 
+// endedLocked tells the gateway that session id can take no more prompts
+// or is gone (Config.Ended), from a goroutine that Close waits for.
+func (e *Engine) endedLocked(id string) {
+	if e.cfg.Ended == nil || e.closed {
+		return
+	}
+	e.workers.Add(1)
+	go func() {
+		defer e.workers.Done()
+		e.cfg.Ended(id)
+	}()
+}
+
+// Alive reports whether the engine has session id and it can still take
+// prompts. The gateway asks it when it starts, to delete the credentials of
+// sessions that ended while it was not running.
+func (e *Engine) Alive(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.sessions[id]
+	return s != nil && !s.dead()
+}
+
 // newID returns prefix_ and 16 random characters.
 func newID(prefix string) string {
 	return prefix + "_" + strings.ToLower(rand.Text()[:16])
@@ -298,10 +326,11 @@ func (e *Engine) link(id string) string {
 }
 
 // recordLocked adds an event about s to the log, aimed at the MCP session
-// that created or last sent to s.
+// of s's owner that created or last sent to s.
 func (e *Engine) recordLocked(s *session, ev Event) {
 	ev.SessionID = s.rec.ID
 	ev.Target = s.rec.Target
+	ev.Owner = s.rec.Owner
 	ev = e.events.add(ev)
 	s.addEvent(ev, e.lim)
 	s.rec.Updated = ev.Time
@@ -330,7 +359,7 @@ func (e *Engine) relayLocked(s *session, ev Event) {
 	if o == nil || o.dead() {
 		return
 	}
-	owner := Owner{TokenID: o.rec.OwnerTokenID, TokenName: o.rec.OwnerTokenName}
+	owner := Owner{TokenID: o.rec.OwnerTokenID, TokenName: o.rec.OwnerTokenName, ID: o.rec.Owner}
 	if err := e.enqueueLocked(o, prompt{text: ev.Render(), owner: owner}, false); err != nil {
 		e.log.Warn("a worker's event could not reach its orchestrator", "orchestrator", orchID, "worker", s.rec.ID, "error", err)
 	}

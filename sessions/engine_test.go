@@ -2,6 +2,7 @@ package sessions_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -30,7 +31,7 @@ func TestCreateRunsFirstPromptAndRecordsFinished(t *testing.T) {
 	if !strings.Contains(evs[0].Summary, "You said: hello there") {
 		t.Errorf("summary %q lacks the answer", evs[0].Summary)
 	}
-	tr, err := e.Transcript(c.SessionID, 0, true)
+	tr, err := e.Transcript(looker, c.SessionID, 0, true)
 	if err != nil || len(tr) != 1 || tr[0].Prompt != "hello there" || tr[0].Answer != "You said: hello there" || tr[0].StopReason != "end_turn" || tr[0].Index != 1 {
 		t.Fatalf("transcript = %+v, %v", tr, err)
 	}
@@ -47,14 +48,14 @@ func TestSendWhileRunningIsQueuedFIFO(t *testing.T) {
 			t.Fatalf("send %q: queued=%v err=%v", p, queued, err)
 		}
 	}
-	if v, _ := e.Read(id, false); v.Queued != 3 || v.State != sessions.StateBlocked {
+	if v, _ := e.Read(looker, id, false); v.Queued != 3 || v.State != sessions.StateBlocked {
 		t.Fatalf("view = %+v, want 3 queued and blocked", v)
 	}
 	if err := e.Answer(ctxT(t), bob, it.RequestID, sessions.Answer{Decision: "allow"}); err != nil {
 		t.Fatal(err)
 	}
 	waitState(t, e, id, sessions.StateIdle)
-	tr, _ := e.Transcript(id, 0, true)
+	tr, _ := e.Transcript(looker, id, 0, true)
 	var got []string
 	for _, turn := range tr {
 		got = append(got, turn.Prompt+" => "+turn.Answer)
@@ -83,7 +84,7 @@ func TestSteerWithTheSteeringExtension(t *testing.T) {
 	if !strings.Contains(msg, "Woken early by steering") || !strings.Contains(msg, "Steered: use tabs") {
 		t.Errorf("last message = %q", msg)
 	}
-	tr, _ := e.Transcript(id, 0, true)
+	tr, _ := e.Transcript(looker, id, 0, true)
 	if len(tr) != 1 || !strings.Contains(tr[0].Prompt, "[steering] use tabs") {
 		t.Errorf("transcript = %+v, want the guidance in the turn's prompt", tr)
 	}
@@ -113,7 +114,7 @@ func TestSteerWithoutTheExtensionQueuesFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, e, id, sessions.StateIdle)
-	tr, _ := e.Transcript(id, 0, true)
+	tr, _ := e.Transcript(looker, id, 0, true)
 	var prompts []string
 	for _, turn := range tr {
 		prompts = append(prompts, turn.Prompt)
@@ -137,16 +138,16 @@ func TestCancelDuringPendingApproval(t *testing.T) {
 	if err := e.Cancel(ctxT(t), o, id); err != nil {
 		t.Fatal(err)
 	}
-	v, _ := e.Read(id, false)
+	v, _ := e.Read(looker, id, false)
 	if v.State != sessions.StateIdle || v.Queued != 0 {
 		t.Fatalf("after cancel: %+v", v)
 	}
-	if p := e.Pending(id); len(p) != 0 {
+	if p := pendingIn(e, id); len(p) != 0 {
 		t.Fatalf("still pending: %+v", p)
 	}
 	err := e.Answer(ctxT(t), o, it.RequestID, sessions.Answer{Decision: "allow"})
 	wantErr(t, err, sessions.ErrNoInteraction, "cancelled")
-	tr, _ := e.Transcript(id, 0, true)
+	tr, _ := e.Transcript(looker, id, 0, true)
 	if len(tr) != 1 || tr[0].StopReason != "cancelled" {
 		t.Fatalf("transcript = %+v, want one cancelled turn", tr)
 	}
@@ -176,7 +177,7 @@ func TestCancelDuringSleepEndsCancelled(t *testing.T) {
 	if err := e.Cancel(ctxT(t), o, id); err != nil {
 		t.Fatal(err)
 	}
-	tr, _ := e.Transcript(id, 0, true)
+	tr, _ := e.Transcript(looker, id, 0, true)
 	if len(tr) != 1 || tr[0].StopReason != "cancelled" {
 		t.Fatalf("transcript = %+v", tr)
 	}
@@ -187,17 +188,17 @@ func TestWaitTimesOutWithoutStateChange(t *testing.T) {
 	o := owner("kim")
 	id := create(t, e, o, "sleep: 10m")
 	sleeping(t, e, id)
-	v, err := e.Wait(ctxT(t), id, 20*1000*1000) // 20ms
+	v, err := e.Wait(ctxT(t), looker, id, 20*1000*1000) // 20ms
 	if err != nil || v.State != sessions.StateRunning {
 		t.Fatalf("wait = %+v, %v; want it to return still running", v, err)
 	}
-	if v, err := e.Wait(ctxT(t), id, 0); err != nil || v.State != sessions.StateRunning {
+	if v, err := e.Wait(ctxT(t), looker, id, 0); err != nil || v.State != sessions.StateRunning {
 		t.Fatalf("wait 0 = %+v, %v", v, err)
 	}
 	if err := e.Cancel(ctxT(t), o, id); err != nil {
 		t.Fatal(err)
 	}
-	_, err = e.Wait(ctxT(t), "ses_missing", 0)
+	_, err = e.Wait(ctxT(t), looker, "ses_missing", 0)
 	wantErr(t, err, sessions.ErrNoSession)
 }
 
@@ -223,11 +224,11 @@ func TestRevokeToken(t *testing.T) {
 			t.Errorf("cancelled events of %s = %+v", id, evs)
 		}
 	}
-	wantErr(t, e.Answer(ctxT(t), other, it.RequestID, sessions.Answer{Decision: "allow"}), sessions.ErrNoInteraction)
-	if v, _ := e.Read(sleepy, false); v.Queued != 0 || v.Turns != 1 {
+	wantErr(t, e.Answer(ctxT(t), mallory, it.RequestID, sessions.Answer{Decision: "allow"}), sessions.ErrNoInteraction)
+	if v, _ := e.Read(looker, sleepy, false); v.Queued != 0 || v.Turns != 1 {
 		t.Errorf("revoked session = %+v, want its queue dropped", v)
 	}
-	if v, _ := e.Read(safe, false); v.State != sessions.StateBlocked || len(e.Pending(safe)) != 1 {
+	if v, _ := e.Read(looker, safe, false); v.State != sessions.StateBlocked || len(pendingIn(e, safe)) != 1 {
 		t.Errorf("another token's session = %+v, want it untouched", v)
 	}
 }
@@ -263,26 +264,36 @@ func TestManySessionsAtOnce(t *testing.T) {
 			t.Errorf("session %d: %+v", i, v)
 		}
 	}
-	list, partial := e.List(owner("user1"), 100)
+	// user1 created i = 1, 4, 7, 10, 13, 16, 19: it lists those; with
+	// share_sessions it lists all, the others marked foreign.
+	if own, partial := e.List(owner("user1"), 100); len(own) != 7 || partial || slices.ContainsFunc(own, func(v sessions.SessionView) bool { return !v.Worker || v.Foreign }) {
+		t.Fatalf("user1 lists %d sessions (partial %v): %+v", len(own), partial, own)
+	}
+	shared := owner("user1")
+	shared.OtherSessions = sessions.AccessRead
+	list, partial := e.List(shared, 100)
 	if len(list) != n || partial {
 		t.Fatalf("list = %d sessions, partial %v", len(list), partial)
 	}
-	workers := 0
+	workers, foreign := 0, 0
 	for i, v := range list {
 		if v.Worker {
 			workers++
+		}
+		if v.Foreign {
+			foreign++
 		}
 		if i > 0 && v.Created.After(list[i-1].Created) {
 			t.Errorf("list not newest first")
 		}
 	}
-	if workers != 7 { // user1 created i = 1, 4, 7, 10, 13, 16, 19
-		t.Errorf("worker sessions = %d, want 7", workers)
+	if workers != 7 || foreign != n-7 {
+		t.Errorf("worker sessions = %d, foreign %d; want 7 and %d", workers, foreign, n-7)
 	}
-	if short, partial := e.List(owner("user1"), 5); len(short) != 5 || !partial {
+	if short, partial := e.List(shared, 5); len(short) != 5 || !partial {
 		t.Errorf("list limit 5 = %d, partial %v", len(short), partial)
 	}
-	if got := e.Events(sessions.EventFilter{Status: sessions.EventDone, Limit: 1000}); len(got) != 2*n {
+	if got := eventsIn(e, sessions.EventFilter{Status: sessions.EventDone, Limit: 1000}); len(got) != 2*n {
 		t.Errorf("finished events = %d, want %d", len(got), 2*n)
 	}
 }
@@ -292,19 +303,19 @@ func TestReadCutsLongMessagesUnlessFull(t *testing.T) {
 	long := strings.Repeat("é", 1500)
 	id := create(t, e, owner("quinn"), long)
 	waitState(t, e, id, sessions.StateIdle)
-	short, _ := e.Read(id, false)
-	full, _ := e.Read(id, true)
+	short, _ := e.Read(looker, id, false)
+	full, _ := e.Read(looker, id, true)
 	if !short.Truncated || len([]rune(short.LastMessage)) != sessions.PreviewChars+1 {
 		t.Errorf("short view: truncated=%v, %d chars", short.Truncated, len([]rune(short.LastMessage)))
 	}
 	if full.Truncated || full.LastMessage != "You said: "+long {
 		t.Errorf("full view truncated=%v", full.Truncated)
 	}
-	tr, _ := e.Transcript(id, 1, false)
+	tr, _ := e.Transcript(looker, id, 1, false)
 	if len([]rune(tr[0].Prompt)) != sessions.TranscriptChars+1 {
 		t.Errorf("transcript prompt cut at %d chars, want %d and an ellipsis", len([]rune(tr[0].Prompt)), sessions.TranscriptChars)
 	}
-	if tr, _ := e.Transcript(id, 1, true); tr[0].Prompt != long {
+	if tr, _ := e.Transcript(looker, id, 1, true); tr[0].Prompt != long {
 		t.Error("full transcript cut")
 	}
 }

@@ -68,8 +68,8 @@ func (l *eventLog) restore(evs []Event) {
 	}
 }
 
-// query returns the events f selects, newest first.
-func (l *eventLog) query(f EventFilter) []Event {
+// query returns the events f selects that visible admits, newest first.
+func (l *eventLog) query(f EventFilter, visible func(*Event) bool) []Event {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 20
@@ -84,6 +84,9 @@ func (l *eventLog) query(f EventFilter) []Event {
 			break // older ones have smaller numbers still
 		}
 		if f.SessionID != "" && ev.SessionID != f.SessionID {
+			continue
+		}
+		if !visible(&ev) {
 			continue
 		}
 		if f.Status != "" && ev.Status != f.Status {

@@ -29,7 +29,7 @@ func TestEventsFiltersSeqAndSubscribe(t *testing.T) {
 	}
 	waitState(t, e, a, sessions.StateIdle)
 
-	all := e.Events(sessions.EventFilter{Limit: 100})
+	all := eventsIn(e, sessions.EventFilter{Limit: 100})
 	if len(all) != 3 {
 		t.Fatalf("events = %+v", all)
 	}
@@ -38,24 +38,24 @@ func TestEventsFiltersSeqAndSubscribe(t *testing.T) {
 			t.Fatalf("events not newest first: %+v", all)
 		}
 	}
-	if got := e.Events(sessions.EventFilter{SessionID: a, Limit: 100}); len(got) != 2 || got[0].SessionID != a {
+	if got := eventsIn(e, sessions.EventFilter{SessionID: a, Limit: 100}); len(got) != 2 || got[0].SessionID != a {
 		t.Errorf("session filter = %+v", got)
 	}
-	failed := e.Events(sessions.EventFilter{Status: sessions.EventError})
+	failed := eventsIn(e, sessions.EventFilter{Status: sessions.EventError})
 	if len(failed) != 1 || failed[0].SessionID != b || failed[0].Kind != "failed" || !strings.Contains(failed[0].Summary, "-32603") {
 		t.Errorf("status filter = %+v", failed)
 	}
-	if got := e.Events(sessions.EventFilter{Text: "alpha project"}); len(got) != 2 {
+	if got := eventsIn(e, sessions.EventFilter{Text: "alpha project"}); len(got) != 2 {
 		t.Errorf("text filter = %+v, want both turns of the Alpha PROJECT session", got)
 	}
-	if got := e.Events(sessions.EventFilter{Since: all[1].Seq}); len(got) != 1 || got[0].Seq != all[0].Seq {
+	if got := eventsIn(e, sessions.EventFilter{Since: all[1].Seq}); len(got) != 1 || got[0].Seq != all[0].Seq {
 		t.Errorf("since filter = %+v", got)
 	}
-	if got := e.Events(sessions.EventFilter{Limit: 1}); len(got) != 1 || got[0].Seq != all[0].Seq {
+	if got := eventsIn(e, sessions.EventFilter{Limit: 1}); len(got) != 1 || got[0].Seq != all[0].Seq {
 		t.Errorf("limit = %+v", got)
 	}
 	// The failed turn leaves the session usable, with the error shown.
-	if v, _ := e.Read(b, false); v.State != sessions.StateIdle || !strings.Contains(v.Error, "the last turn failed") {
+	if v, _ := e.Read(looker, b, false); v.State != sessions.StateIdle || !strings.Contains(v.Error, "the last turn failed") {
 		t.Errorf("failed-turn session = %+v", v)
 	}
 	eventually(t, "3 pushed events", func() bool {

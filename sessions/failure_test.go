@@ -25,12 +25,12 @@ func TestCrashEndsOnlyThatSession(t *testing.T) {
 	}
 	_, err := e.Send(ctxT(t), o, bad, "hello?")
 	wantErr(t, err, sessions.ErrEnded, "create a new session")
-	tr, _ := e.Transcript(bad, 0, true)
+	tr, _ := e.Transcript(looker, bad, 0, true)
 	if len(tr) != 1 || tr[0].StopReason != "error" {
 		t.Errorf("transcript = %+v", tr)
 	}
 	// The other session never noticed.
-	if v, _ := e.Read(ok, false); v.State != sessions.StateRunning {
+	if v, _ := e.Read(looker, ok, false); v.State != sessions.StateRunning {
 		t.Fatalf("other session = %+v", v)
 	}
 	if mode, err := e.Steer(ctxT(t), o, ok, "wake up"); err != nil || mode != "steering" {
@@ -58,17 +58,17 @@ func TestCancelStopsAnAgentThatIgnoresIt(t *testing.T) {
 	o := owner("yan")
 	id := create(t, e, o, "hang", func(r *sessions.CreateRequest) { r.Agent = "minimal" })
 	eventually(t, "the turn to start", func() bool {
-		tr, _ := e.Transcript(id, 1, true)
+		tr, _ := e.Transcript(looker, id, 1, true)
 		return len(tr) == 1
 	})
 	if err := e.Cancel(ctxT(t), o, id); err != nil {
 		t.Fatal(err)
 	}
-	v, _ := e.Read(id, false)
+	v, _ := e.Read(looker, id, false)
 	if v.State != sessions.StateError || !strings.Contains(v.Error, "after session/cancel") {
 		t.Fatalf("view = %+v", v)
 	}
-	if tr, _ := e.Transcript(id, 0, true); len(tr) != 1 || tr[0].StopReason != "error" || tr[0].Ended.IsZero() {
+	if tr, _ := e.Transcript(looker, id, 0, true); len(tr) != 1 || tr[0].StopReason != "error" || tr[0].Ended.IsZero() {
 		t.Errorf("transcript = %+v", tr)
 	}
 	if len(eventsOf(e, id, sessions.EventError)) != 1 {
@@ -112,9 +112,9 @@ func TestBadInput(t *testing.T) {
 	wantErr(t, err, sessions.ErrBadRequest, "steering text is empty")
 	_, err = e.Send(ctxT(t), o, "ses_nope", "hi")
 	wantErr(t, err, sessions.ErrNoSession)
-	_, err = e.Read("ses_nope", false)
+	_, err = e.Read(looker, "ses_nope", false)
 	wantErr(t, err, sessions.ErrNoSession)
-	_, err = e.Transcript("ses_nope", 1, false)
+	_, err = e.Transcript(looker, "ses_nope", 1, false)
 	wantErr(t, err, sessions.ErrNoSession)
 	waitState(t, e, id, sessions.StateIdle)
 }

@@ -44,6 +44,7 @@ func (it *interaction) cancelled() reply {
 type resolution struct {
 	answered bool
 	why      string
+	owner    string // of the session, so that a stranger learns nothing
 }
 
 const maxResolved = 10000
@@ -222,6 +223,7 @@ func (e *Engine) takeLocked(it *interaction, res resolution) bool {
 			break
 		}
 	}
+	res.owner = it.s.rec.Owner
 	e.resolved[it.RequestID] = res
 	e.resolvedOrder = append(e.resolvedOrder, it.RequestID)
 	if len(e.resolvedOrder) > maxResolved {
@@ -242,42 +244,59 @@ func (e *Engine) cancelPendingLocked(s *session, why string) {
 }
 
 // Pending lists the interactions waiting for an answer, oldest first: the
-// session's, or every session's when sessionID is "".
-func (e *Engine) Pending(sessionID string) []Interaction {
+// session's, or those of every session owner sees when sessionID is "". A
+// session of another owner that OtherInteractions does not reach gets
+// ErrNotOwner.
+func (e *Engine) Pending(owner Owner, sessionID string) ([]Interaction, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []Interaction
 	if sessionID != "" {
 		s := e.sessions[sessionID]
 		if s == nil {
-			return nil
+			return nil, nil
+		}
+		if err := reach(s, owner, owner.OtherInteractions, AccessRead); err != nil {
+			return nil, err
 		}
 		for _, it := range s.pending {
 			out = append(out, it.Interaction)
 		}
-		return out
+		return out, nil
 	}
 	for _, it := range e.pending {
-		out = append(out, it.Interaction)
+		if reach(it.s, owner, owner.OtherInteractions, AccessRead) == nil {
+			out = append(out, it.Interaction)
+		}
 	}
 	sortInteractions(out)
-	return out
+	return out, nil
 }
 
 func sortInteractions(list []Interaction) {
 	sort.SliceStable(list, func(i, j int) bool { return list[i].Created.Before(list[j].Created) })
 }
 
-// Answer answers a pending interaction. The first valid answer wins; a
-// later one gets ErrAlreadyAnswered. An answer that does not fit the
-// interaction gets ErrBadRequest and leaves it pending.
+// Answer answers a pending interaction of a session owner may act on (its
+// owner's, or any with OtherInteractions AccessAll; else ErrNotOwner). The
+// first valid answer wins; a later one gets ErrAlreadyAnswered. An answer
+// that does not fit the interaction gets ErrBadRequest and leaves it
+// pending.
 func (e *Engine) Answer(_ context.Context, owner Owner, requestID string, a Answer) error {
 	e.mu.Lock()
 	it := e.pending[requestID]
+	if it != nil {
+		if err := reach(it.s, owner, owner.OtherInteractions, AccessAll); err != nil {
+			e.mu.Unlock()
+			return fmt.Errorf("%w (interaction %s)", err, requestID)
+		}
+	}
 	if it == nil {
 		res, known := e.resolved[requestID]
 		e.mu.Unlock()
 		switch {
+		case known && res.owner != owner.OwnerID() && owner.OtherInteractions < AccessAll:
+			return fmt.Errorf("%w (interaction %s)", ErrNotOwner, requestID)
 		case !known:
 			return fmt.Errorf("%w: %q; list the pending ones with interactions list", ErrNoInteraction, requestID)
 		case res.answered:

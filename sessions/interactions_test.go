@@ -74,7 +74,7 @@ func TestQuestionMappingAndAnswer(t *testing.T) {
 	if p.Message != "What colour should the button be?" || p.RequestedSchema.Properties["answer"] == nil || fmt.Sprint(p.RequestedSchema.Required) != "[answer]" {
 		t.Fatalf("payload = %s", it.Payload)
 	}
-	v, _ := e.Read(id, false)
+	v, _ := e.Read(looker, id, false)
 	if v.State != sessions.StateBlocked {
 		t.Fatalf("state = %s, want blocked", v.State)
 	}

@@ -158,7 +158,7 @@ func waitState(t *testing.T, e *sessions.Engine, id string, want ...sessions.Sta
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		v, err := e.Wait(ctxT(t), id, 5*time.Second)
+		v, err := e.Wait(ctxT(t), looker, id, 5*time.Second)
 		if err != nil {
 			t.Fatalf("wait %s: %v", id, err)
 		}
@@ -195,7 +195,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func sleeping(t *testing.T, e *sessions.Engine, id string) {
 	t.Helper()
 	eventually(t, "the sleep turn to start", func() bool {
-		tr, _ := e.Transcript(id, 1, true)
+		tr, _ := e.Transcript(looker, id, 1, true)
 		return len(tr) == 1 && tr[0].Ended.IsZero() && strings.Contains(tr[0].Answer, "Sleeping")
 	})
 }
@@ -203,7 +203,7 @@ func sleeping(t *testing.T, e *sessions.Engine, id string) {
 func pendingOne(t *testing.T, e *sessions.Engine, id string) sessions.Interaction {
 	t.Helper()
 	waitState(t, e, id, sessions.StateBlocked)
-	p := e.Pending(id)
+	p := pendingIn(e, id)
 	if len(p) != 1 {
 		t.Fatalf("pending = %+v, want one", p)
 	}
@@ -212,7 +212,7 @@ func pendingOne(t *testing.T, e *sessions.Engine, id string) sessions.Interactio
 
 func lastMessage(t *testing.T, e *sessions.Engine, id string) string {
 	t.Helper()
-	v, err := e.Read(id, true)
+	v, err := e.Read(looker, id, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,5 +232,25 @@ func wantErr(t *testing.T, err, target error, contains ...string) {
 }
 
 func eventsOf(e *sessions.Engine, id string, status sessions.EventStatus) []sessions.Event {
-	return e.Events(sessions.EventFilter{SessionID: id, Status: status, Limit: 1000})
+	return eventsIn(e, sessions.EventFilter{SessionID: id, Status: status, Limit: 1000})
+}
+
+// looker sees every owner's sessions, as a caller on a host with
+// share_sessions does, and acts on none but its own.
+var looker = sessions.Owner{TokenID: "tok-looker", TokenName: "looker", OtherSessions: sessions.AccessRead, OtherInteractions: sessions.AccessRead}
+
+func pendingIn(e *sessions.Engine, id string) []sessions.Interaction {
+	list, err := e.Pending(looker, id)
+	if err != nil {
+		panic(err)
+	}
+	return list
+}
+
+func eventsIn(e *sessions.Engine, f sessions.EventFilter) []sessions.Event {
+	list, err := e.Events(looker, f)
+	if err != nil {
+		panic(err)
+	}
+	return list
 }

@@ -52,12 +52,21 @@ type record struct {
 	State State  `json:"state"`
 	Error string `json:"error,omitempty"`
 	Turns int    `json:"turns"`
+	// Owner is who the session belongs to (Owner.ID of its creator); a
+	// record written before owners existed belongs to OwnerTokenID.
+	Owner string `json:"owner,omitempty"`
+	// OwnerExpires and OwnerIssued are those of the creator's credential
+	// at its latest call, which bound the tokens minted for the agent.
+	OwnerExpires *time.Time `json:"ownerExpires,omitempty"`
+	OwnerIssued  *time.Time `json:"ownerIssued,omitempty"`
 }
 
-// storedEvent is an Event with its push target, which Event's JSON omits.
+// storedEvent is an Event with its push target and owner, which Event's
+// JSON omits.
 type storedEvent struct {
 	Event
 	Target string `json:"target,omitempty"`
+	Owner  string `json:"owner,omitempty"`
 }
 
 type persistWhat int
@@ -99,7 +108,7 @@ func (e *Engine) persist(s *session, what persistWhat) {
 	if what&saveEvents != 0 {
 		evs = make([]storedEvent, len(s.events))
 		for i, ev := range s.events {
-			evs[i] = storedEvent{Event: ev, Target: ev.Target}
+			evs[i] = storedEvent{Event: ev, Target: ev.Target, Owner: ev.Owner}
 		}
 	}
 	e.mu.Unlock()
@@ -178,6 +187,9 @@ func (e *Engine) loadAll(ctx context.Context) ([]stored, error) {
 		if err == nil {
 			err = json.Unmarshal(b, &st.rec)
 		}
+		if st.rec.Owner == "" {
+			st.rec.Owner = st.rec.OwnerTokenID
+		}
 		if err != nil || st.rec.ID != id {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -196,7 +208,10 @@ func (e *Engine) loadAll(ctx context.Context) ([]stored, error) {
 				e.log.Warn("stored events cannot be read; the session keeps none", "session", id, "error", err)
 			}
 			for _, ev := range evs {
-				ev.Event.Target = ev.Target
+				ev.Event.Target, ev.Event.Owner = ev.Target, ev.Owner
+				if ev.Event.Owner == "" {
+					ev.Event.Owner = st.rec.Owner
+				}
 				st.events = append(st.events, ev.Event)
 			}
 		}

@@ -42,7 +42,7 @@ func TestRestartResumesOrEndsSessions(t *testing.T) {
 	waitState(t, e1, noLoad, sessions.StateIdle)
 	crashed := create(t, e1, o, "crash")
 	waitState(t, e1, crashed, sessions.StateError)
-	before := e1.Events(sessions.EventFilter{Limit: 100})
+	before := eventsIn(e1, sessions.EventFilter{Limit: 100})
 	acpID := storedRecord(t, st, resumable)["acpSessionId"]
 	if err := e1.Close(); err != nil {
 		t.Fatal(err)
@@ -64,32 +64,32 @@ func TestRestartResumesOrEndsSessions(t *testing.T) {
 	if got := storedRecord(t, st, resumable)["acpSessionId"]; got != acpID {
 		t.Errorf("ACP session id %v after resume, want %v (session/load, not session/new)", got, acpID)
 	}
-	tr, _ := e2.Transcript(resumable, 0, true)
+	tr, _ := e2.Transcript(looker, resumable, 0, true)
 	if len(tr) != 2 || tr[0].Answer != "You said: hello" || tr[1].Answer != "You said: again" || tr[1].Index != 2 {
 		t.Errorf("transcript after resume = %+v", tr)
 	}
 	// The turn running at shutdown is kept as interrupted.
 	v = waitState(t, e2, busy, sessions.StateIdle)
-	if tr, _ := e2.Transcript(busy, 0, true); len(tr) != 1 || tr[0].StopReason != "interrupted" {
+	if tr, _ := e2.Transcript(looker, busy, 0, true); len(tr) != 1 || tr[0].StopReason != "interrupted" {
 		t.Errorf("interrupted transcript = %+v", tr)
 	}
 	// An agent without session/load: ended, transcript intact, prompts
 	// refused.
-	v, _ = e2.Read(noLoad, true)
+	v, _ = e2.Read(looker, noLoad, true)
 	if v.State != sessions.StateEnded || !strings.Contains(v.Error, "session/load") || v.LastMessage != "ok: remember me" {
 		t.Errorf("session without load = %+v", v)
 	}
 	_, err := e2.Send(ctxT(t), o, noLoad, "hello?")
 	wantErr(t, err, sessions.ErrEnded)
-	if tr, _ := e2.Transcript(noLoad, 0, true); len(tr) != 1 || tr[0].Prompt != "remember me" {
+	if tr, _ := e2.Transcript(looker, noLoad, 0, true); len(tr) != 1 || tr[0].Prompt != "remember me" {
 		t.Errorf("transcript = %+v", tr)
 	}
 	// Errored stays errored.
-	if v, _ := e2.Read(crashed, false); v.State != sessions.StateError || !strings.Contains(v.Error, "exit status 3") {
+	if v, _ := e2.Read(looker, crashed, false); v.State != sessions.StateError || !strings.Contains(v.Error, "exit status 3") {
 		t.Errorf("crashed session = %+v", v)
 	}
 	// Events survive with their numbers, and new ones follow them.
-	after := e2.Events(sessions.EventFilter{Limit: 100})
+	after := eventsIn(e2, sessions.EventFilter{Limit: 100})
 	if len(after) != len(before)+1 || after[0].Seq <= before[0].Seq || after[1].Seq != before[0].Seq || after[1].Target != before[0].Target {
 		t.Errorf("events before %+v\nafter %+v", before, after)
 	}
@@ -108,7 +108,7 @@ func TestRestartWithAgentRemovedEndsSession(t *testing.T) {
 		c.Storage = st
 		delete(c.Agents, "nosteer")
 	})
-	v, _ := e2.Read(id, false)
+	v, _ := e2.Read(looker, id, false)
 	if v.State != sessions.StateEnded || !strings.Contains(v.Error, "no longer configured") {
 		t.Errorf("view = %+v", v)
 	}
@@ -144,7 +144,7 @@ func TestIdleAgentIsStoppedAndResumed(t *testing.T) {
 	eventually(t, "the idle agent to be stopped", func() bool {
 		return strings.Contains(logs.String(), "agent stopped after being idle")
 	})
-	if v, _ := e.Read(id, false); v.State != sessions.StateIdle {
+	if v, _ := e.Read(looker, id, false); v.State != sessions.StateIdle {
 		t.Fatalf("a dormant session shows %s, want idle", v.State)
 	}
 	if queued, err := e.Send(ctxT(t), o, id, "second"); err != nil || queued {

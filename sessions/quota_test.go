@@ -55,7 +55,7 @@ func TestOneTokenCannotLockOthersOut(t *testing.T) {
 	if got := madeRoomBy(logs); fmt.Sprint(got) != fmt.Sprint(mine[:1]) {
 		t.Fatalf("agents stopped for room: %v, want A's least recently used, %s", got, mine[0])
 	}
-	if v, _ := e.Read(mine[0], false); v.State != sessions.StateIdle || v.Error != "" {
+	if v, _ := e.Read(looker, mine[0], false); v.State != sessions.StateIdle || v.Error != "" {
 		t.Fatalf("the session whose agent made room: %+v, want it idle", v)
 	}
 
@@ -73,7 +73,7 @@ func TestOneTokenCannotLockOthersOut(t *testing.T) {
 	if got := madeRoomBy(logs); fmt.Sprint(got) != fmt.Sprint([]string{mine[0], mine[1]}) {
 		t.Errorf("agents stopped for room: %v, want %s then %s", got, mine[0], mine[1])
 	}
-	tr, _ := e.Transcript(mine[0], 0, true)
+	tr, _ := e.Transcript(looker, mine[0], 0, true)
 	if len(tr) != 2 || tr[0].Answer != "You said: a0" {
 		t.Errorf("the resumed session's transcript = %+v", tr)
 	}
@@ -106,7 +106,7 @@ func TestAgentsPerToken(t *testing.T) {
 		t.Errorf("agents stopped for room: %v, want A's idle one, %s", got, busy[0])
 	}
 	// The busy one is never stopped for room.
-	if v, _ := e.Read(busy[1], false); v.State != sessions.StateRunning {
+	if v, _ := e.Read(looker, busy[1], false); v.State != sessions.StateRunning {
 		t.Errorf("A's running session: %+v", v)
 	}
 }

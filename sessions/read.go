@@ -2,19 +2,18 @@ package sessions
 
 import (
 	"context"
-	"fmt"
 	"sort"
 	"time"
 )
 
 // Read returns a session's view; LastMessage is cut to PreviewChars
 // unless full.
-func (e *Engine) Read(sessionID string, full bool) (SessionView, error) {
+func (e *Engine) Read(owner Owner, sessionID string, full bool) (SessionView, error) {
 	e.mu.Lock()
-	s := e.sessions[sessionID]
-	if s == nil {
+	s, err := e.sessionLocked(sessionID, owner, owner.OtherSessions, AccessRead)
+	if err != nil {
 		e.mu.Unlock()
-		return SessionView{}, fmt.Errorf("%w: %q; list the sessions to find its id", ErrNoSession, sessionID)
+		return SessionView{}, err
 	}
 	v := s.view(full)
 	e.mu.Unlock()
@@ -22,8 +21,10 @@ func (e *Engine) Read(sessionID string, full bool) (SessionView, error) {
 	return v, nil
 }
 
-// List returns sessions newest first, at most limit (20 when limit <= 0),
-// and whether more exist. Worker marks the ones owner's token created.
+// List returns the sessions owner sees (its owner's, or every owner's with
+// AccessRead), newest first, at most limit (20 when limit <= 0), and
+// whether more exist. Worker marks the ones owner's token created, Foreign
+// those of other owners.
 func (e *Engine) List(owner Owner, limit int) ([]SessionView, bool) {
 	if limit <= 0 {
 		limit = 20
@@ -31,7 +32,9 @@ func (e *Engine) List(owner Owner, limit int) ([]SessionView, bool) {
 	e.mu.Lock()
 	all := make([]*session, 0, len(e.sessions))
 	for _, s := range e.sessions {
-		all = append(all, s)
+		if reach(s, owner, owner.OtherSessions, AccessRead) == nil {
+			all = append(all, s)
+		}
 	}
 	sort.Slice(all, func(i, j int) bool {
 		if !all[i].rec.Created.Equal(all[j].rec.Created) {
@@ -44,6 +47,7 @@ func (e *Engine) List(owner Owner, limit int) ([]SessionView, bool) {
 	for i, s := range all[:n] {
 		out[i] = s.view(false)
 		out[i].Worker = owner.TokenID != "" && s.rec.OwnerTokenID == owner.TokenID
+		out[i].Foreign = s.rec.Owner != owner.OwnerID()
 	}
 	e.mu.Unlock()
 	for i := range out {
@@ -55,12 +59,12 @@ func (e *Engine) List(owner Owner, limit int) ([]SessionView, bool) {
 // Transcript returns the last turns (all kept turns when turns <= 0),
 // oldest first, the running one last. Prompts and answers are cut to
 // TranscriptChars unless full.
-func (e *Engine) Transcript(sessionID string, turns int, full bool) ([]Turn, error) {
+func (e *Engine) Transcript(owner Owner, sessionID string, turns int, full bool) ([]Turn, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s := e.sessions[sessionID]
-	if s == nil {
-		return nil, fmt.Errorf("%w: %q; list the sessions to find its id", ErrNoSession, sessionID)
+	s, err := e.sessionLocked(sessionID, owner, owner.OtherSessions, AccessRead)
+	if err != nil {
+		return nil, err
 	}
 	list := append([]Turn(nil), s.turns...)
 	if s.turn != nil {
@@ -82,7 +86,7 @@ func (e *Engine) Transcript(sessionID string, turns int, full bool) ([]Turn, err
 
 // Wait returns once the session is idle, blocked, ended or errored, or
 // once timeout has passed or ctx ended, with the session's view then.
-func (e *Engine) Wait(ctx context.Context, sessionID string, timeout time.Duration) (SessionView, error) {
+func (e *Engine) Wait(ctx context.Context, owner Owner, sessionID string, timeout time.Duration) (SessionView, error) {
 	var timer <-chan time.Time
 	if timeout > 0 {
 		t := time.NewTimer(timeout)
@@ -91,10 +95,10 @@ func (e *Engine) Wait(ctx context.Context, sessionID string, timeout time.Durati
 	}
 	for {
 		e.mu.Lock()
-		s := e.sessions[sessionID]
-		if s == nil {
+		s, err := e.sessionLocked(sessionID, owner, owner.OtherSessions, AccessRead)
+		if err != nil {
 			e.mu.Unlock()
-			return SessionView{}, fmt.Errorf("%w: %q; list the sessions to find its id", ErrNoSession, sessionID)
+			return SessionView{}, err
 		}
 		v := s.view(false)
 		changed := s.changed
@@ -106,16 +110,32 @@ func (e *Engine) Wait(ctx context.Context, sessionID string, timeout time.Durati
 		select {
 		case <-changed:
 		case <-timer:
-			return e.Read(sessionID, false)
+			return e.Read(owner, sessionID, false)
 		case <-ctx.Done():
 			return v, ctx.Err()
 		}
 	}
 }
 
-// Events returns the events filter selects, newest first.
-func (e *Engine) Events(filter EventFilter) []Event {
-	return e.events.query(filter)
+// Events returns the events filter selects among those of the sessions
+// owner sees, newest first. A filter on a session that owner does not
+// reach gets ErrNotOwner; a session that is gone (dropped past
+// MaxSessions) still shows its events to its owner.
+func (e *Engine) Events(owner Owner, filter EventFilter) ([]Event, error) {
+	if filter.SessionID != "" {
+		e.mu.Lock()
+		s := e.sessions[filter.SessionID]
+		var err error
+		if s != nil {
+			err = reach(s, owner, owner.OtherSessions, AccessRead)
+		}
+		e.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+	}
+	id, all := owner.OwnerID(), owner.OtherSessions >= AccessRead
+	return e.events.query(filter, func(ev *Event) bool { return all || ev.Owner == id }), nil
 }
 
 // Subscribe calls fn with every new event, in Seq order, from a goroutine

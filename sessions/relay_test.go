@@ -24,7 +24,7 @@ func TestRelayDeliversWorkerEventsToOrchestrator(t *testing.T) {
 	// The worker's finished event runs as the orchestrator's next turn.
 	deadline := ctxT(t)
 	for {
-		tr, err := e.Transcript(orch, 0, true)
+		tr, err := e.Transcript(looker, orch, 0, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +50,7 @@ func TestRelayDeliversWorkerEventsToOrchestrator(t *testing.T) {
 	// Another token's sessions are not relayed.
 	other := create(t, e, owner("bob"), "unrelated")
 	waitState(t, e, other, sessions.StateIdle)
-	if tr, _ := e.Transcript(orch, 0, true); len(tr) != 2 {
+	if tr, _ := e.Transcript(looker, orch, 0, true); len(tr) != 2 {
 		t.Fatalf("an unrelated session reached the orchestrator: %+v", tr)
 	}
 }

@@ -105,7 +105,8 @@ func (e *Engine) launch(s *session, gen int) error {
 	if e.cfg.MCPServers != nil {
 		hooked = e.cfg.MCPServers(SessionInfo{
 			SessionID: rec.ID, Title: rec.Title, Cwd: rec.Cwd, Agent: rec.Agent,
-			Owner: Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, MCPSession: rec.Target},
+			Owner: Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, ID: rec.Owner, MCPSession: rec.Target,
+				Expires: rec.OwnerExpires, Issued: rec.OwnerIssued},
 			Tools: rec.Tools, Subscribe: rec.Subscribe, Base: rec.Base,
 		})
 	}
@@ -216,6 +217,7 @@ func (e *Engine) failLocked(s *session, a *acpclient.Agent, msg string) {
 	go e.dropScratch(s.rec.ID)
 	e.recordLocked(s, Event{Status: EventError, Kind: "failed", Summary: fmt.Sprintf("%s: failed: %s", s.rec.Title, msg)})
 	s.notify()
+	e.endedLocked(s.rec.ID)
 }
 
 // endTurn records how a turn ended, and the event that says so. It
