@@ -7,19 +7,28 @@
 //     do, and the output limits (a last message cut at 600 characters, turns
 //     cut at 1200, list/transcript/wait/events bounds), enforced here whatever
 //     the engine returns;
+//   - the caller: the engine's Owner built from the principal (its owner,
+//     its credential's expiry, how far it reaches into other owners'
+//     sessions: sessions:any, interactions:any, the route's share_sessions),
+//     the refusal of another owner's session worded with the scope that would
+//     reach it, and the check that an orchestrator's tools only narrow what
+//     its creator may call on the route (its scope map, carried by
+//     [WithAccess]). Both refusals go to Options.OnRefusal for the audit log;
 //   - the HTTP side: a stateful go-sdk StreamableHTTPHandler with an
 //     EventStore, behind go-sdk's bearer-token middleware whose verifier turns
 //     the principal the edge put in the request context into the session's
 //     owner, so each MCP session is bound to the token that opened it, and
 //     a session with no request in flight for Options.SessionTimeout (an
 //     open GET stream counts) is closed and forgotten (internal/mcpidle);
-//   - `<session-event>` delivery: engine events are pushed to the MCP session
-//     that created or last sent to a session, as notifications/message
-//     (logger "session-event") and, for clients that declared Claude Code's
-//     experimental claude/channel capability, as notifications/claude/channel.
+//   - `<session-event>` delivery: engine events are pushed to the MCP
+//     session of the session's owner that created or last sent to it, as
+//     notifications/message (logger "session-event") and, for clients that
+//     declared Claude Code's experimental claude/channel capability, as
+//     notifications/claude/channel.
 //
 // It never authenticates a credential (the edge did, and the bearer token
-// never goes further than this package's front door), never decides scopes,
+// never goes further than this package's front door), never decides a call's
+// scopes (it asks the route's scope map about an orchestrator's tools only),
 // never runs an agent and never stores anything: the engine behind
 // [sessions.Sessions] does, and an event missed by a disconnected client
 // stays in the engine's event log for `events` and `wait`.

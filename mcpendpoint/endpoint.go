@@ -41,6 +41,57 @@ type Options struct {
 	// Logger receives the endpoint's and go-sdk's diagnostics. Nil discards
 	// them.
 	Logger *slog.Logger
+	// OnRefusal, when set, hears of every call refused for whose session it
+	// is or for the tools it asked for (the edge audits the others).
+	OnRefusal func(Refusal)
+}
+
+// Refusal is a tool call the endpoint refused on its own rules: a session
+// of another owner (Reason "not_owner"), or an orchestrator's tools beyond
+// the caller's scopes ("tools_beyond_scope").
+type Refusal struct {
+	Principal policy.Principal
+	Tool      string
+	Verb      string
+	// Target is the session or request id the call named, if any.
+	Target  string
+	Reason  string
+	Message string
+}
+
+// Access is what the route in front of the endpoint says of its host: the
+// scope map that decided the call, and whether sessions are shared. The
+// endpoint is shared by every site over one storage, so each request
+// carries its route's (see WithAccess).
+type Access struct {
+	// Scopes is the route's scope map. create checks an orchestrator's
+	// tools against it: the session's token may only hold verbs its
+	// creator may call. Nil means the default rules.
+	Scopes *policy.ScopeMap
+	// ShareSessions lets every caller read every owner's sessions, for a
+	// host with one person behind every token (the share_sessions option).
+	// Acting on them still takes sessions:any.
+	ShareSessions bool
+}
+
+type accessKey struct{}
+
+// WithAccess returns a context that carries a, for requests to the
+// endpoint.
+func WithAccess(ctx context.Context, a Access) context.Context {
+	return context.WithValue(ctx, accessKey{}, a)
+}
+
+// defaultScopes decides orchestrators' tools when a request carries no
+// route's scope map (a test, or an embedding without the edge).
+var defaultScopes, _ = policy.NewScopeMap(nil, true)
+
+func accessFrom(ctx context.Context) Access {
+	a, _ := ctx.Value(accessKey{}).(Access)
+	if a.Scopes == nil {
+		a.Scopes = defaultScopes
+	}
+	return a
 }
 
 // Endpoint serves the `sessions` and `interactions` tools over MCP's
@@ -60,6 +111,7 @@ type Endpoint struct {
 	idle *mcpidle.Sessions
 
 	unsubscribe func()
+	onRefusal   func(Refusal)
 
 	mu     sync.Mutex
 	peers  map[string]*peer // connected MCP sessions, by MCP session id
@@ -91,6 +143,8 @@ func New(opts Options) (*Endpoint, error) {
 		log:    log,
 		peers:  make(map[string]*peer),
 		idle:   mcpidle.New(opts.SessionTimeout),
+
+		onRefusal: opts.OnRefusal,
 	}
 
 	e.server = mcp.NewServer(&mcp.Implementation{
@@ -208,7 +262,7 @@ func verifyPrincipal(_ context.Context, _ string, r *http.Request) (*auth.TokenI
 	return &auth.TokenInfo{
 		UserID: p.TokenID,
 		Scopes: p.Scopes,
-		Extra:  map[string]any{"principal": p},
+		Extra:  map[string]any{"principal": p, "access": accessFrom(r.Context())},
 	}, nil
 }
 

@@ -16,12 +16,16 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
 
 // principals stands in for the edge's token store: bearer token → principal.
 var principals = map[string]policy.Principal{
 	"alice-token": {TokenID: "tok-alice", Name: "alice", Kind: policy.KindUser, Scopes: []string{"chat"}, Source: "token"},
 	"bob-token":   {TokenID: "tok-bob", Name: "bob", Kind: policy.KindUser, Scopes: []string{"chat"}, Source: "token"},
+	// alice's phone: another token of alice's, who owns what her first
+	// token (its own owner, tok-alice) created.
+	"phone-token": {TokenID: "tok-phone", Name: "phone", Kind: policy.KindUser, Scopes: []string{"chat"}, Source: "token", Owner: "tok-alice"},
 	"robot-token": {TokenID: "tok-robot", Name: "robot", Kind: policy.KindMachine, Scopes: []string{"chat"}, Source: "token"},
 }
 
@@ -37,6 +41,10 @@ func edge(next http.Handler) http.Handler {
 	})
 }
 
+// harnessOwner is how a test drives the fake engine directly, as an agent
+// would: it reaches every session.
+var harnessOwner = sessions.Owner{OtherSessions: sessions.AccessAll, OtherInteractions: sessions.AccessAll}
+
 type harness struct {
 	t      *testing.T
 	engine *memSessions
@@ -46,16 +54,30 @@ type harness struct {
 
 func newHarness(t *testing.T, edit ...func(*Options)) *harness {
 	t.Helper()
-	engine := newMemSessions()
-	opts := Options{Sessions: engine, Agents: []string{"claude", "codex"}}
+	var opts Options
 	for _, f := range edit {
 		f(&opts)
 	}
+	return newHarnessWith(t, nil, opts)
+}
+
+// newHarnessWith is newHarness behind a route that gives access (nil:
+// none, as without the gateway), with opts' OnRefusal.
+func newHarnessWith(t *testing.T, access *Access, opts Options) *harness {
+	t.Helper()
+	engine := newMemSessions()
+	opts.Sessions, opts.Agents = engine, []string{"claude", "codex"}
 	ep, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(edge(ep)) // listens on 127.0.0.1
+	var front http.Handler = ep
+	if access != nil {
+		front = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ep.ServeHTTP(w, r.WithContext(WithAccess(r.Context(), *access)))
+		})
+	}
+	srv := httptest.NewServer(edge(front)) // listens on 127.0.0.1
 	h := &harness{t: t, engine: engine, ep: ep, srv: srv}
 	t.Cleanup(func() {
 		if err := ep.Close(); err != nil {

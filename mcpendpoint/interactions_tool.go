@@ -17,7 +17,7 @@ var interactionsVerbs = []verb{
 
 const interactionsDescription = `Answer the questions, plan approvals and permission prompts that coding-agent sessions wait on (a session in state blocked, or a <session-event status="needs-attention">). Set ` + "`verb`" + `:
 
-- pending {sessionId?}: the prompts waiting for an answer, for one session or all: requestId, sessionId, kind (question, plan or approval), summary and payload (a question's message and requested fields; a plan's text; an approval's tool call and its options).
+- pending {sessionId?}: the prompts waiting for an answer, for one of your sessions or all of them: requestId, sessionId, kind (question, plan or approval), summary and payload (a question's message and requested fields; a plan's text; an approval's tool call and its options).
 - answer {requestId, …}: answer one by its requestId. For an approval or a plan, pass optionId (one of the options in its payload) or decision "allow" or "reject" (the first option of that kind). For a question, pass action "accept" with content (an object with the requested fields), or action "decline" or "cancel". The first answer wins: if someone answered first, you are told so and yours is not applied.`
 
 func interactionsTool() *mcp.Tool {
@@ -45,7 +45,7 @@ func interactionsTool() *mcp.Tool {
 }
 
 func (e *Endpoint) callInteractions(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	owner, err := ownerOf(req)
+	c, err := callerOf(req)
 	if err != nil {
 		return result(reply{}, err), nil
 	}
@@ -53,22 +53,29 @@ func (e *Endpoint) callInteractions(ctx context.Context, req *mcp.CallToolReques
 	if err != nil {
 		return result(reply{}, err), nil
 	}
+	var r reply
 	if a.verb == "pending" {
-		return result(e.pending(a)), nil
+		r, err = e.pending(c, a)
+	} else {
+		r, err = e.answer(ctx, c, a)
 	}
-	return result(e.answer(ctx, owner, a)), nil
+	e.reportRefusal(c, a, err)
+	return result(r, err), nil
 }
 
 type pendingResult struct {
 	Interactions []sessions.Interaction `json:"interactions"`
 }
 
-func (e *Endpoint) pending(a *args) (reply, error) {
+func (e *Endpoint) pending(c caller, a *args) (reply, error) {
 	id, err := a.str("sessionId")
 	if err != nil {
 		return reply{}, err
 	}
-	list := e.engine.Pending(id)
+	list, err := e.engine.Pending(c.owner, id)
+	if err != nil {
+		return reply{}, explainOn("interactions", err, "list the pending interactions of", id)
+	}
 	if list == nil {
 		list = []sessions.Interaction{}
 	}
@@ -95,7 +102,7 @@ type answerResult struct {
 	Answered  bool   `json:"answered"`
 }
 
-func (e *Endpoint) answer(ctx context.Context, owner sessions.Owner, a *args) (reply, error) {
+func (e *Endpoint) answer(ctx context.Context, c caller, a *args) (reply, error) {
 	id, err := a.required("requestId", "pass the requestId that pending or a needs-attention <session-event> gave")
 	if err != nil {
 		return reply{}, err
@@ -116,8 +123,8 @@ func (e *Endpoint) answer(ctx context.Context, owner sessions.Owner, a *args) (r
 	if err := checkAnswer(ans); err != nil {
 		return reply{}, err
 	}
-	if err := e.engine.Answer(ctx, owner, id, ans); err != nil {
-		return reply{}, explain(err, "answer", id)
+	if err := e.engine.Answer(ctx, c.owner, id, ans); err != nil {
+		return reply{}, explainOn("interactions", err, "answer", id)
 	}
 	return reply{
 		text: fmt.Sprintf("Answered %s; the session carries on. A <session-event> arrives when it finishes, fails or needs another decision.", id),

@@ -10,10 +10,10 @@ import (
 func TestPendingAndAnswer(t *testing.T) {
 	h := newHarness(t)
 	alice := h.connect("alice-token", nil, nil)
-	bob := h.connect("bob-token", nil, nil)
+	phone := h.connect("phone-token", nil, nil)
 	ids := h.engine.seed(2, "tok-alice")
 	for _, id := range ids {
-		h.engine.Send(t.Context(), sessions.Owner{}, id, "work")
+		h.engine.Send(t.Context(), harnessOwner, id, "work")
 	}
 	approval, _ := h.engine.ask(ids[0], sessions.KindApproval, "run `rm -rf build`?",
 		map[string]any{"toolCall": map[string]any{"title": "rm -rf build"}, "options": []map[string]any{{"optionId": "allow", "kind": "allow_once"}}})
@@ -42,8 +42,9 @@ func TestPendingAndAnswer(t *testing.T) {
 		t.Errorf("answer: %+v, engine got %+v, state %s", a, h.engine.lastAnswer, h.engine.state(ids[0]))
 	}
 
-	// Someone answered first: the later answer is told so.
-	res = call(t, bob, "interactions", map[string]any{"verb": "answer", "requestId": approval, "optionId": "reject"})
+	// Someone answered first (alice, on her other token): the later
+	// answer is told so.
+	res = call(t, phone, "interactions", map[string]any{"verb": "answer", "requestId": approval, "optionId": "reject"})
 	failed(t, res, "someone answered \""+approval+"\" first", "yours was not applied", "interactions pending")
 	if code := errorCodeOf(res); code != "already_answered" {
 		t.Errorf("error code %q, want already_answered", code)
@@ -65,7 +66,7 @@ func TestInteractionsErrors(t *testing.T) {
 	h := newHarness(t)
 	cs := h.connect("alice-token", nil, nil)
 	id := h.engine.seed(1, "tok-alice")[0]
-	h.engine.Send(t.Context(), sessions.Owner{}, id, "work")
+	h.engine.Send(t.Context(), harnessOwner, id, "work")
 	question, _ := h.engine.ask(id, sessions.KindQuestion, "name?", map[string]any{"message": "name?"})
 
 	for _, tc := range []struct {

@@ -48,6 +48,7 @@ type memSessions struct {
 type memSession struct {
 	view    sessions.SessionView
 	creator string // token id
+	owner   string // the creator's owner
 	target  string // MCP session that created or last sent
 	turns   []sessions.Turn
 	queue   []string
@@ -118,6 +119,7 @@ func (m *memSessions) Create(_ context.Context, owner sessions.Owner, req sessio
 			Link: "http://127.0.0.1/s/" + id, Created: time.Now(),
 		},
 		creator: owner.TokenID,
+		owner:   owner.OwnerID(),
 		target:  owner.MCPSession,
 	}
 	m.sessions[id] = s
@@ -134,18 +136,38 @@ func (m *memSessions) get(id string) (*memSession, error) {
 	return s, nil
 }
 
+// memReach is the engine's ownership rule: an owner's own sessions, or
+// another's when access is at least need.
+func memReach(s *memSession, o sessions.Owner, access, need sessions.Access) error {
+	if s.owner == o.OwnerID() || access >= need {
+		return nil
+	}
+	return fmt.Errorf("%w: session %s", sessions.ErrNotOwner, s.view.SessionID)
+}
+
+// getFor is get for owner, needing access need in OtherSessions.
+func (m *memSessions) getFor(o sessions.Owner, id string, need sessions.Access) (*memSession, error) {
+	s, err := m.get(id)
+	if err != nil {
+		return nil, err
+	}
+	return s, memReach(s, o, o.OtherSessions, need)
+}
+
 func (m *memSessions) Send(_ context.Context, owner sessions.Owner, id, prompt string) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.lastOwner = owner
-	s, err := m.get(id)
+	s, err := m.getFor(owner, id, sessions.AccessAll)
 	if err != nil {
 		return false, err
 	}
 	if s.view.State == sessions.StateEnded {
 		return false, sessions.ErrEnded
 	}
-	s.target = owner.MCPSession
+	if owner.OwnerID() == s.owner {
+		s.target = owner.MCPSession
+	}
 	if s.view.State == sessions.StateRunning || s.view.State == sessions.StateBlocked {
 		s.queue = append(s.queue, prompt)
 		s.view.Queued = len(s.queue)
@@ -159,7 +181,7 @@ func (m *memSessions) Steer(_ context.Context, owner sessions.Owner, id, text st
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.lastOwner = owner
-	s, err := m.get(id)
+	s, err := m.getFor(owner, id, sessions.AccessAll)
 	if err != nil {
 		return "", err
 	}
@@ -178,7 +200,7 @@ func (m *memSessions) Cancel(_ context.Context, owner sessions.Owner, id string)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.lastOwner = owner
-	s, err := m.get(id)
+	s, err := m.getFor(owner, id, sessions.AccessAll)
 	if err != nil {
 		return err
 	}
@@ -198,11 +220,11 @@ func (m *memSessions) Cancel(_ context.Context, owner sessions.Owner, id string)
 	return nil
 }
 
-func (m *memSessions) Read(id string, full bool) (sessions.SessionView, error) {
+func (m *memSessions) Read(owner sessions.Owner, id string, full bool) (sessions.SessionView, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.lastFull = full
-	s, err := m.get(id)
+	m.lastOwner, m.lastFull = owner, full
+	s, err := m.getFor(owner, id, sessions.AccessRead)
 	if err != nil {
 		return sessions.SessionView{}, err
 	}
@@ -214,20 +236,28 @@ func (m *memSessions) List(owner sessions.Owner, limit int) ([]sessions.SessionV
 	defer m.mu.Unlock()
 	m.lastOwner, m.lastListLimit = owner, limit
 	var out []sessions.SessionView
-	for i := len(m.order) - 1; i >= 0 && len(out) < limit; i-- {
+	seen := 0
+	for i := len(m.order) - 1; i >= 0; i-- {
 		s := m.sessions[m.order[i]]
-		v := s.view
-		v.Worker = s.creator == owner.TokenID
-		out = append(out, v)
+		if memReach(s, owner, owner.OtherSessions, sessions.AccessRead) != nil {
+			continue
+		}
+		seen++
+		if len(out) < limit {
+			v := s.view
+			v.Worker = s.creator == owner.TokenID
+			v.Foreign = s.owner != owner.OwnerID()
+			out = append(out, v)
+		}
 	}
-	return out, len(m.order) > limit
+	return out, seen > limit
 }
 
-func (m *memSessions) Transcript(id string, turns int, full bool) ([]sessions.Turn, error) {
+func (m *memSessions) Transcript(owner sessions.Owner, id string, turns int, full bool) ([]sessions.Turn, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.lastTurns, m.lastFull = turns, full
-	s, err := m.get(id)
+	s, err := m.getFor(owner, id, sessions.AccessRead)
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +265,7 @@ func (m *memSessions) Transcript(id string, turns int, full bool) ([]sessions.Tu
 	return slices.Clone(s.turns[start:]), nil
 }
 
-func (m *memSessions) Wait(ctx context.Context, id string, timeout time.Duration) (sessions.SessionView, error) {
+func (m *memSessions) Wait(ctx context.Context, owner sessions.Owner, id string, timeout time.Duration) (sessions.SessionView, error) {
 	m.mu.Lock()
 	m.lastWait = timeout
 	m.mu.Unlock()
@@ -243,7 +273,7 @@ func (m *memSessions) Wait(ctx context.Context, id string, timeout time.Duration
 	defer timer.Stop()
 	for {
 		m.mu.Lock()
-		s, err := m.get(id)
+		s, err := m.getFor(owner, id, sessions.AccessRead)
 		if err != nil {
 			m.mu.Unlock()
 			return sessions.SessionView{}, err
@@ -263,10 +293,15 @@ func (m *memSessions) Wait(ctx context.Context, id string, timeout time.Duration
 	}
 }
 
-func (m *memSessions) Events(f sessions.EventFilter) []sessions.Event {
+func (m *memSessions) Events(owner sessions.Owner, f sessions.EventFilter) ([]sessions.Event, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.lastFilter = f
+	if s, ok := m.sessions[f.SessionID]; ok {
+		if err := memReach(s, owner, owner.OtherSessions, sessions.AccessRead); err != nil {
+			return nil, err
+		}
+	}
 	if f.Limit <= 0 {
 		f.Limit = 20
 	}
@@ -276,25 +311,32 @@ func (m *memSessions) Events(f sessions.EventFilter) []sessions.Event {
 		if (f.SessionID == "" || ev.SessionID == f.SessionID) &&
 			(f.Status == "" || ev.Status == f.Status) &&
 			(f.Text == "" || strings.Contains(strings.ToLower(ev.Summary), strings.ToLower(f.Text))) &&
-			ev.Seq > f.Since {
+			ev.Seq > f.Since &&
+			memReach(m.sessions[ev.SessionID], owner, owner.OtherSessions, sessions.AccessRead) == nil {
 			out = append(out, ev)
 		}
 	}
-	return out
+	return out, nil
 }
 
-func (m *memSessions) Pending(id string) []sessions.Interaction {
+func (m *memSessions) Pending(owner sessions.Owner, id string) ([]sessions.Interaction, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.lastPendingFor = id
+	if s, ok := m.sessions[id]; ok {
+		if err := memReach(s, owner, owner.OtherInteractions, sessions.AccessRead); err != nil {
+			return nil, err
+		}
+	}
 	var out []sessions.Interaction
 	for _, in := range m.inter {
-		if !in.answered && (id == "" || in.in.SessionID == id) {
+		if !in.answered && (id == "" || in.in.SessionID == id) &&
+			memReach(m.sessions[in.in.SessionID], owner, owner.OtherInteractions, sessions.AccessRead) == nil {
 			out = append(out, in.in)
 		}
 	}
 	slices.SortFunc(out, func(a, b sessions.Interaction) int { return strings.Compare(a.RequestID, b.RequestID) })
-	return out
+	return out, nil
 }
 
 func (m *memSessions) Answer(_ context.Context, owner sessions.Owner, requestID string, ans sessions.Answer) error {
@@ -304,6 +346,9 @@ func (m *memSessions) Answer(_ context.Context, owner sessions.Owner, requestID 
 	in, ok := m.inter[requestID]
 	if !ok {
 		return sessions.ErrNoInteraction
+	}
+	if err := memReach(m.sessions[in.in.SessionID], owner, owner.OtherInteractions, sessions.AccessAll); err != nil {
+		return err
 	}
 	if in.answered {
 		return sessions.ErrAlreadyAnswered

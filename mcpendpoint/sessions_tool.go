@@ -39,17 +39,19 @@ func allVerbs() []string {
 
 const sessionsDescription = `Start and drive coding-agent sessions on this host. Set ` + "`verb`" + ` and the arguments that verb takes:
 
-- create {cwd, prompt, agent?, environment?, title?, tools?, subscribe?}: start a session that works in directory cwd on a first prompt. Returns sessionId and link at once; the agent works in the background. Do NOT wait: do not call wait or read in a loop after create. You will receive a <session-event> when the session finishes, fails or needs a decision; carry on with other work meanwhile. environment defaults to {"kind":"local"} (work in cwd itself); {"kind":"worktree","branch":"fix/login"} gives the session its own git worktree of the repository at cwd, on a new branch. For an orchestrator session, tools lists the verbs of these tools it may call itself, and subscribe: true delivers its workers' events to it as prompts.
+- create {cwd, prompt, agent?, environment?, title?, tools?, subscribe?}: start a session that works in directory cwd on a first prompt. Returns sessionId and link at once; the agent works in the background. Do NOT wait: do not call wait or read in a loop after create. You will receive a <session-event> when the session finishes, fails or needs a decision; carry on with other work meanwhile. environment defaults to {"kind":"local"} (work in cwd itself); {"kind":"worktree","branch":"fix/login"} gives the session its own git worktree of the repository at cwd, on a new branch. For an orchestrator session, tools lists the verbs of these tools it may call itself (only verbs you may call yourself), and subscribe: true delivers its workers' events to it as prompts.
 - send {sessionId, prompt}: give a session a new prompt. It runs at once if the session is idle, or is queued behind the running turn (the answer says which). Do not wait afterwards either.
 - steer {sessionId, text}: add guidance to the current run; the agent sees it at its next turn boundary. The answer says whether the agent took it as steering or it went to the head of the prompt queue.
 - cancel {sessionId}: interrupt the running turn. Its pending interactions end as cancelled.
 - read {sessionId, full?}: title, cwd, state (idle, running, blocked = waiting for an answer, ended, error), turn count, link, and the last agent message, cut at 600 characters unless full is true.
-- list {limit?}: the sessions on this host, newest first, with live state. limit defaults to 30, at most 100; partial: true means more exist. worker: true marks the sessions you created.
+- list {limit?}: your sessions, newest first, with live state (every owner's on a host that shares them; foreign: true marks another owner's). limit defaults to 30, at most 100; partial: true means more exist. worker: true marks the sessions you created.
 - transcript {sessionId, turns?, full?}: the last turns (default 10, at most 50) as plain text, each prompt and answer cut at 1200 characters unless full is true.
 - wait {sessionId, timeout?}: return once the session is idle or blocked, or after timeout seconds (default 30, at most 50). Only when you have nothing else to do: <session-event> notifications make polling unnecessary.
 - events {sessionId?, status?, text?, since?, limit?}: what happened, newest first. status is done (a turn finished), error, cancelled or needs-attention (an answer is awaited); text searches the summaries; since returns only events after that seq; limit defaults to 20, at most 100.
 
-A session in state blocked, or a needs-attention event, waits for an answer: use the interactions tool.`
+A session in state blocked, or a needs-attention event, waits for an answer: use the interactions tool.
+
+A session belongs to the owner of the token that created it: only that owner's tokens (an orchestrator's included) may act on it or see it, unless a token holds sessions:any, or the host shares sessions for reading.`
 
 func sessionsTool(agents []string) *mcp.Tool {
 	agent := schemaString("create: the configured agent to run; leave it out for the default agent.")
@@ -103,7 +105,7 @@ func sessionsTool(agents []string) *mcp.Tool {
 }
 
 func (e *Endpoint) callSessions(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	owner, err := ownerOf(req)
+	c, err := callerOf(req)
 	if err != nil {
 		return result(reply{}, err), nil
 	}
@@ -111,7 +113,7 @@ func (e *Endpoint) callSessions(ctx context.Context, req *mcp.CallToolRequest) (
 	if err != nil {
 		return result(reply{}, err), nil
 	}
-	var do func(context.Context, sessions.Owner, *args) (reply, error)
+	var do func(context.Context, caller, *args) (reply, error)
 	switch a.verb {
 	case "create":
 		do = e.create
@@ -132,12 +134,14 @@ func (e *Endpoint) callSessions(ctx context.Context, req *mcp.CallToolRequest) (
 	case "events":
 		do = e.events
 	}
-	return result(do(ctx, owner, a)), nil
+	r, err := do(ctx, c, a)
+	e.reportRefusal(c, a, err)
+	return result(r, err), nil
 }
 
 const sessionIDHint = "pass the id that create or list returned"
 
-func (e *Endpoint) create(ctx context.Context, owner sessions.Owner, a *args) (reply, error) {
+func (e *Endpoint) create(ctx context.Context, c caller, a *args) (reply, error) {
 	cwd, err := a.required("cwd", "the absolute path of the directory the agent should work in")
 	if err != nil {
 		return reply{}, err
@@ -170,11 +174,14 @@ func (e *Endpoint) create(ctx context.Context, owner sessions.Owner, a *args) (r
 			return reply{}, badInput("unknown verb %q in tools: list verbs of the sessions and interactions tools (%s)", t, strings.Join(allVerbs(), ", "))
 		}
 	}
+	if err := checkTools(c, tools); err != nil {
+		return reply{}, err
+	}
 	subscribe, err := a.boolean("subscribe")
 	if err != nil {
 		return reply{}, err
 	}
-	c, err := e.engine.Create(ctx, owner, sessions.CreateRequest{
+	created, err := e.engine.Create(ctx, c.owner, sessions.CreateRequest{
 		Cwd: cwd, Prompt: prompt, Agent: agent, Environment: env,
 		Title: title, Tools: tools, Subscribe: subscribe, Base: BaseFrom(ctx),
 	})
@@ -182,13 +189,13 @@ func (e *Endpoint) create(ctx context.Context, owner sessions.Owner, a *args) (r
 		return reply{}, explain(err, "create the session", cwd)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "Started session %s", c.SessionID)
-	if c.Link != "" {
-		fmt.Fprintf(&b, " (%s)", c.Link)
+	fmt.Fprintf(&b, "Started session %s", created.SessionID)
+	if created.Link != "" {
+		fmt.Fprintf(&b, " (%s)", created.Link)
 	}
 	fmt.Fprintf(&b, ". It works in the background. Do NOT wait, poll, or call wait or read for it now: "+
-		"you will receive a <session-event session=%q> when it finishes, fails or needs a decision. Carry on with other work meanwhile.", c.SessionID)
-	return reply{text: b.String(), data: c}, nil
+		"you will receive a <session-event session=%q> when it finishes, fails or needs a decision. Carry on with other work meanwhile.", created.SessionID)
+	return reply{text: b.String(), data: created}, nil
 }
 
 // environment is create's environment argument, {"kind":"local"} by default.
@@ -220,7 +227,7 @@ type sendResult struct {
 	Queued    bool   `json:"queued"`
 }
 
-func (e *Endpoint) send(ctx context.Context, owner sessions.Owner, a *args) (reply, error) {
+func (e *Endpoint) send(ctx context.Context, c caller, a *args) (reply, error) {
 	id, err := a.required("sessionId", sessionIDHint)
 	if err != nil {
 		return reply{}, err
@@ -229,7 +236,7 @@ func (e *Endpoint) send(ctx context.Context, owner sessions.Owner, a *args) (rep
 	if err != nil {
 		return reply{}, err
 	}
-	queued, err := e.engine.Send(ctx, owner, id, prompt)
+	queued, err := e.engine.Send(ctx, c.owner, id, prompt)
 	if err != nil {
 		return reply{}, explain(err, "send to", id)
 	}
@@ -246,7 +253,7 @@ type steerResult struct {
 	Mode      string `json:"mode"`
 }
 
-func (e *Endpoint) steer(ctx context.Context, owner sessions.Owner, a *args) (reply, error) {
+func (e *Endpoint) steer(ctx context.Context, c caller, a *args) (reply, error) {
 	id, err := a.required("sessionId", sessionIDHint)
 	if err != nil {
 		return reply{}, err
@@ -255,7 +262,7 @@ func (e *Endpoint) steer(ctx context.Context, owner sessions.Owner, a *args) (re
 	if err != nil {
 		return reply{}, err
 	}
-	mode, err := e.engine.Steer(ctx, owner, id, text)
+	mode, err := e.engine.Steer(ctx, c.owner, id, text)
 	if err != nil {
 		return reply{}, explain(err, "steer", id)
 	}
@@ -276,12 +283,12 @@ type cancelResult struct {
 	Cancelled bool   `json:"cancelled"`
 }
 
-func (e *Endpoint) cancel(ctx context.Context, owner sessions.Owner, a *args) (reply, error) {
+func (e *Endpoint) cancel(ctx context.Context, c caller, a *args) (reply, error) {
 	id, err := a.required("sessionId", sessionIDHint)
 	if err != nil {
 		return reply{}, err
 	}
-	if err := e.engine.Cancel(ctx, owner, id); err != nil {
+	if err := e.engine.Cancel(ctx, c.owner, id); err != nil {
 		return reply{}, explain(err, "cancel", id)
 	}
 	return reply{
@@ -290,7 +297,7 @@ func (e *Endpoint) cancel(ctx context.Context, owner sessions.Owner, a *args) (r
 	}, nil
 }
 
-func (e *Endpoint) read(_ context.Context, _ sessions.Owner, a *args) (reply, error) {
+func (e *Endpoint) read(_ context.Context, c caller, a *args) (reply, error) {
 	id, err := a.required("sessionId", sessionIDHint)
 	if err != nil {
 		return reply{}, err
@@ -299,7 +306,7 @@ func (e *Endpoint) read(_ context.Context, _ sessions.Owner, a *args) (reply, er
 	if err != nil {
 		return reply{}, err
 	}
-	v, err := e.engine.Read(id, full)
+	v, err := e.engine.Read(c.owner, id, full)
 	if err != nil {
 		return reply{}, explain(err, "read", id)
 	}
@@ -349,12 +356,12 @@ type listResult struct {
 	Notes    []string               `json:"notes,omitempty"`
 }
 
-func (e *Endpoint) list(_ context.Context, owner sessions.Owner, a *args) (reply, error) {
+func (e *Endpoint) list(_ context.Context, c caller, a *args) (reply, error) {
 	limit, note, err := a.integer("limit", listDefault, 1, listMax, "")
 	if err != nil {
 		return reply{}, err
 	}
-	views, partial := e.engine.List(owner, limit)
+	views, partial := e.engine.List(c.owner, limit)
 	if len(views) > limit {
 		views, partial = views[:limit], true
 	}
@@ -393,7 +400,7 @@ type transcriptResult struct {
 	Notes     []string         `json:"notes,omitempty"`
 }
 
-func (e *Endpoint) transcript(_ context.Context, _ sessions.Owner, a *args) (reply, error) {
+func (e *Endpoint) transcript(_ context.Context, c caller, a *args) (reply, error) {
 	id, err := a.required("sessionId", sessionIDHint)
 	if err != nil {
 		return reply{}, err
@@ -408,7 +415,7 @@ func (e *Endpoint) transcript(_ context.Context, _ sessions.Owner, a *args) (rep
 	}
 	// Whole turns from the engine: the 1200-character cut, and whether it
 	// cut, are this endpoint's to apply and report.
-	turns, err := e.engine.Transcript(id, n, true)
+	turns, err := e.engine.Transcript(c.owner, id, n, true)
 	if err != nil {
 		return reply{}, explain(err, "read the transcript of", id)
 	}
@@ -453,7 +460,7 @@ type waitResult struct {
 	Notes   []string `json:"notes,omitempty"`
 }
 
-func (e *Endpoint) wait(ctx context.Context, _ sessions.Owner, a *args) (reply, error) {
+func (e *Endpoint) wait(ctx context.Context, c caller, a *args) (reply, error) {
 	id, err := a.required("sessionId", sessionIDHint)
 	if err != nil {
 		return reply{}, err
@@ -462,7 +469,7 @@ func (e *Endpoint) wait(ctx context.Context, _ sessions.Owner, a *args) (reply, 
 	if err != nil {
 		return reply{}, err
 	}
-	v, err := e.engine.Wait(ctx, id, time.Duration(secs)*time.Second)
+	v, err := e.engine.Wait(ctx, c.owner, id, time.Duration(secs)*time.Second)
 	if err != nil {
 		return reply{}, explain(err, "wait for", id)
 	}
@@ -481,7 +488,7 @@ type eventsResult struct {
 	Notes  []string         `json:"notes,omitempty"`
 }
 
-func (e *Endpoint) events(_ context.Context, _ sessions.Owner, a *args) (reply, error) {
+func (e *Endpoint) events(_ context.Context, c caller, a *args) (reply, error) {
 	var f sessions.EventFilter
 	var err error
 	if f.SessionID, err = a.str("sessionId"); err != nil {
@@ -510,7 +517,10 @@ func (e *Endpoint) events(_ context.Context, _ sessions.Owner, a *args) (reply, 
 		return reply{}, err
 	}
 	f.Limit = limit
-	evs := e.engine.Events(f)
+	evs, err := e.engine.Events(c.owner, f)
+	if err != nil {
+		return reply{}, explain(err, "read the events of", f.SessionID)
+	}
 	if len(evs) > limit {
 		evs = evs[:limit]
 	}

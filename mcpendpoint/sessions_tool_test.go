@@ -102,7 +102,7 @@ func TestReadCutsLastMessageAt600(t *testing.T) {
 	cs := h.connect("alice-token", nil, nil)
 	id := h.engine.seed(1, "tok-alice")[0]
 	long := strings.Repeat("é", 1000) // characters, not bytes
-	h.engine.Send(t.Context(), sessions.Owner{}, id, "more")
+	h.engine.Send(t.Context(), harnessOwner, id, "more")
 	h.engine.finish(id, long)
 
 	var v sessions.SessionView
@@ -128,7 +128,7 @@ func TestListLimits(t *testing.T) {
 	h := newHarness(t)
 	cs := h.connect("alice-token", nil, nil)
 	h.engine.seed(60, "tok-bob")
-	h.engine.seed(60, "tok-alice")
+	h.engine.seed(120, "tok-alice")
 
 	var l listResult
 	res := call(t, cs, "sessions", map[string]any{"verb": "list"})
@@ -136,7 +136,7 @@ func TestListLimits(t *testing.T) {
 	if h.engine.lastListLimit != 30 || len(l.Sessions) != 30 || !l.Partial || l.Limit != 30 {
 		t.Errorf("default list: engine limit %d, %d sessions, partial %v", h.engine.lastListLimit, len(l.Sessions), l.Partial)
 	}
-	if l.Sessions[0].SessionID != "s120" || !l.Sessions[0].Worker || !strings.Contains(text(res), "partial") {
+	if l.Sessions[0].SessionID != "s180" || !l.Sessions[0].Worker || !strings.Contains(text(res), "partial") {
 		t.Errorf("newest first with worker flag: %+v", l.Sessions[0])
 	}
 
@@ -148,8 +148,10 @@ func TestListLimits(t *testing.T) {
 	if !strings.Contains(text(res), "above the maximum: used 100") {
 		t.Errorf("clamp not said: %.200s", text(res))
 	}
-	if l.Sessions[99].Worker {
-		t.Error("bob's session marked as alice's worker")
+	for _, v := range l.Sessions {
+		if !v.Worker || v.Foreign {
+			t.Fatalf("alice lists %+v, not one of hers: bob's sessions are not hers to see", v)
+		}
 	}
 
 	ok(t, call(t, cs, "sessions", map[string]any{"verb": "list", "limit": 5}), &l)
@@ -163,11 +165,11 @@ func TestTranscriptLimitsAndCut(t *testing.T) {
 	cs := h.connect("alice-token", nil, nil)
 	id := h.engine.seed(1, "tok-alice")[0]
 	for i := range 59 {
-		h.engine.Send(t.Context(), sessions.Owner{}, id, fmt.Sprintf("prompt %d", i))
+		h.engine.Send(t.Context(), harnessOwner, id, fmt.Sprintf("prompt %d", i))
 		h.engine.finish(id, fmt.Sprintf("answer %d", i))
 	}
 	long := strings.Repeat("x", 2000)
-	h.engine.Send(t.Context(), sessions.Owner{}, id, "last")
+	h.engine.Send(t.Context(), harnessOwner, id, "last")
 	h.engine.finish(id, long)
 
 	var tr transcriptResult

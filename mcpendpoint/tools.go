@@ -226,22 +226,50 @@ func cut(s string, n int) (string, bool) {
 	return s, false
 }
 
-// ownerOf is the caller of a tool call. The identity comes from the token
+// caller is who makes a tool call: the principal the edge authenticated,
+// the engine's Owner for it, and the route's rules.
+type caller struct {
+	p      policy.Principal
+	owner  sessions.Owner
+	access Access
+}
+
+// callerOf is the caller of a tool call. The identity comes from the token
 // info of this very HTTP request (go-sdk's RequestExtra), never from the
 // handler's context, which belongs to the request that opened the session.
-func ownerOf(req *mcp.CallToolRequest) (sessions.Owner, error) {
+func callerOf(req *mcp.CallToolRequest) (caller, error) {
 	if req.Extra == nil || req.Extra.TokenInfo == nil || req.Extra.TokenInfo.UserID == "" {
-		return sessions.Owner{}, errors.New("this call carries no authenticated caller; reconnect through the zidane_mcp edge with your token")
+		return caller{}, errors.New("this call carries no authenticated caller; reconnect through the zidane_mcp edge with your token")
 	}
 	ti := req.Extra.TokenInfo
-	o := sessions.Owner{TokenID: ti.UserID}
+	c := caller{owner: sessions.Owner{TokenID: ti.UserID}}
+	c.access, _ = ti.Extra["access"].(Access)
 	if p, ok := ti.Extra["principal"].(policy.Principal); ok {
-		o.TokenName, o.Roots = p.Name, p.Roots
+		c.p = p
+		c.owner.TokenName = p.Name
+		c.owner.ID = p.OwnerID()
+		c.owner.Expires, c.owner.Issued = p.Expires, p.Issued
+		c.owner.OtherSessions = reach(p, "sessions", c.access.ShareSessions)
+		c.owner.OtherInteractions = reach(p, "interactions", c.access.ShareSessions)
+		c.owner.Roots = p.Roots
 	}
 	if req.Session != nil {
-		o.MCPSession = req.Session.ID()
+		c.owner.MCPSession = req.Session.ID()
 	}
-	return o, nil
+	return c, nil
+}
+
+// reach is how far p's verbs of tool reach into other owners' sessions: all
+// of them with tool's any-owner scope, reading them on a host that shares
+// sessions, else only p's owner's.
+func reach(p policy.Principal, tool string, share bool) sessions.Access {
+	switch {
+	case p.Kind != policy.KindMachine && p.HasScope(policy.AnyOwnerScope(tool)):
+		return sessions.AccessAll
+	case share:
+		return sessions.AccessRead
+	}
+	return sessions.AccessOwn
 }
 
 // reply is what a verb answers: a short text for the model and the same
@@ -290,6 +318,10 @@ func errorCode(err error) string {
 		return "busy"
 	case errors.Is(err, sessions.ErrQuota):
 		return "quota"
+	case errors.Is(err, sessions.ErrNotOwner):
+		return "not_owner"
+	case errors.Is(err, errToolsBeyondScope):
+		return "tools_beyond_scope"
 	default:
 		return "engine"
 	}
@@ -306,8 +338,23 @@ func (e *engineError) Error() string { return e.msg }
 func (e *engineError) Unwrap() error { return e.err }
 
 func explain(err error, verb, id string) error {
+	return explainOn("sessions", err, verb, id)
+}
+
+// explainOn is explain for a verb of tool, which names the scope that
+// reaches other owners' sessions with that tool.
+func explainOn(tool string, err error, verb, id string) error {
 	var msg string
 	switch {
+	case errors.Is(err, sessions.ErrNotOwner):
+		subject := fmt.Sprintf("session %q belongs to another owner", id)
+		if verb == "answer" {
+			subject = fmt.Sprintf("interaction %q is of a session that belongs to another owner", id)
+		}
+		msg = fmt.Sprintf("%s, so you may not %s it: only the tokens of the owner who created the session may. "+
+			"A token with scope %s reaches every owner's sessions with the verbs it holds; on a host where one person holds every token, "+
+			"the operator can set share_sessions to let every token read them. Ask the operator if you should have either",
+			subject, verb, policy.AnyOwnerScope(tool))
 	case errors.Is(err, sessions.ErrNoSession):
 		msg = fmt.Sprintf("no session %q: check the id with sessions list", id)
 	case errors.Is(err, sessions.ErrEnded):
@@ -364,3 +411,6 @@ func schemaBool(desc string) map[string]any {
 func schemaInt(desc string, lo, hi int) map[string]any {
 	return map[string]any{"type": "integer", "minimum": lo, "maximum": hi, "description": desc}
 }
+
+// errToolsBeyondScope marks a create whose tools the caller may not call.
+var errToolsBeyondScope = errors.New("tools beyond the caller's scopes")
