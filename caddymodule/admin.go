@@ -60,6 +60,7 @@ type createTokenRequest struct {
 	Kind    string   `json:"kind,omitempty"`
 	Expires string   `json:"expires,omitempty"`
 	Roots   []string `json:"roots,omitempty"`
+	Owner   string   `json:"owner,omitempty"`
 }
 
 // createTokenResponse carries the secret, once.
@@ -97,6 +98,22 @@ func (a *adminAPI) handleTokens(w http.ResponseWriter, r *http.Request) error {
 		}
 		tok.SHA256 = ""
 		return writeJSON(w, http.StatusCreated, createTokenResponse{Token: secret, Record: tok})
+	case r.Method == http.MethodDelete && rest == "" && r.URL.Query().Get("session") != "":
+		rev, err := store.RevokeSession(r.Context(), r.URL.Query().Get("session"))
+		if err != nil {
+			status := http.StatusBadRequest
+			if errors.Is(err, policy.ErrTokenNotFound) {
+				status = http.StatusNotFound
+			}
+			return caddy.APIError{HTTPStatus: status, Err: err}
+		}
+		return writeJSON(w, http.StatusOK, rev)
+	case r.Method == http.MethodDelete && policy.IsJWTID(rest):
+		rev, err := store.RevokeSubject(r.Context(), rest)
+		if err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		}
+		return writeJSON(w, http.StatusOK, rev)
 	case r.Method == http.MethodDelete && rest != "":
 		tok, err := store.Revoke(r.Context(), rest)
 		if err != nil {
@@ -110,7 +127,7 @@ func (a *adminAPI) handleTokens(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, http.StatusOK, tok)
 	default:
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed,
-			Err: fmt.Errorf("use GET or POST /zidane/tokens, or DELETE /zidane/tokens/<name-or-id>")}
+			Err: fmt.Errorf("use GET or POST /zidane/tokens, DELETE /zidane/tokens/<name-or-id|jwt:sub>, or DELETE /zidane/tokens?session=<session id>")}
 	}
 }
 
@@ -192,7 +209,7 @@ func (req createTokenRequest) spec() (policy.TokenSpec, error) {
 	if err != nil {
 		return policy.TokenSpec{}, err
 	}
-	return policy.TokenSpec{Name: req.Name, Scopes: req.Scopes, Kind: policy.Kind(req.Kind), Expires: exp, Roots: req.Roots}, nil
+	return policy.TokenSpec{Name: req.Name, Scopes: req.Scopes, Kind: policy.Kind(req.Kind), Expires: exp, Roots: req.Roots, Owner: req.Owner}, nil
 }
 
 // redact drops the hashes from a listing: they are not secrets, but a

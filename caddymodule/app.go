@@ -99,6 +99,14 @@ type App struct {
 	// clients use (a list, a name-keyed map, or one under mcpServers).
 	UpstreamsFiles []string `json:"upstreams_files,omitempty"`
 
+	// ShareSessions lets every token read every owner's sessions (list,
+	// read, transcript, wait, events; interactions pending), for a host
+	// with one person behind every token. Acting on another owner's
+	// session (send, steer, cancel; answer) still takes the scope
+	// sessions:any (interactions:any). Default: false, each token sees its
+	// owner's sessions only.
+	ShareSessions bool `json:"share_sessions,omitempty"`
+
 	// SessionUpstreams are the upstreams every session's agent is given, as
 	// MCP servers of this gateway reached with a per-session machine token.
 	// The agent never holds the upstream's credential.

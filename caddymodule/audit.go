@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/Tahul/caddy-zidane-mcp/edge"
+	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -30,8 +31,14 @@ func auditTokenEvent(ev policy.TokenEvent) {
 		zap.String("kind", string(t.Kind)),
 		zap.Strings("scopes", t.Scopes),
 	}
+	if t.Owner != "" {
+		fields = append(fields, zap.String("owner", t.Owner))
+	}
 	if t.Parent != "" {
 		fields = append(fields, zap.String("parent", t.Parent))
+	}
+	if t.Session != "" {
+		fields = append(fields, zap.String("session", t.Session), zap.String("purpose", string(t.Purpose)))
 	}
 	if t.Expires != nil {
 		fields = append(fields, zap.Time("expires", *t.Expires))
@@ -116,4 +123,24 @@ func (h *Handler) auditDrop(r *http.Request, p policy.Principal, d edge.Drop) {
 		fields = append(fields, zap.String("rpc_id", d.ID))
 	}
 	h.audit.Warn("answer dropped", fields...)
+}
+
+// auditToolRefusal records a tool call the sessions endpoint refused on its
+// own rules: a session of another owner, or an orchestrator's tools beyond
+// its creator's scopes. It names the caller, never the session's owner.
+func auditToolRefusal(r mcpendpoint.Refusal) {
+	metricRefusals.WithLabelValues(r.Reason).Inc()
+	fields := []zap.Field{
+		zap.String("event", "tool_refused"),
+		zap.String("reason", r.Reason),
+		zap.String("detail", r.Message),
+		zap.String("token_id", r.Principal.TokenID),
+		zap.String("token_name", r.Principal.Name),
+		zap.String("tool", r.Tool),
+		zap.String("verb", r.Verb),
+	}
+	if r.Target != "" {
+		fields = append(fields, zap.String("target", r.Target))
+	}
+	auditLogger().Warn("tool call refused", fields...)
 }

@@ -323,6 +323,7 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //			max_agents_per_token <n>
 //			mcp_session_idle_timeout <duration>
 //			roots <path...>
+//			share_sessions [true|false]
 //			upstream <name> [<url>] {
 //				url <url>
 //				transport http|sse|stdio
@@ -438,6 +439,16 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, d.Err("session_upstreams takes the names of configured upstreams")
 			}
 			app.SessionUpstreams = append(app.SessionUpstreams, names...)
+			continue
+		case "share_sessions":
+			v := "true"
+			if d.NextArg() {
+				v = d.Val()
+			}
+			if d.NextArg() || (v != "true" && v != "false") {
+				return nil, d.Err("share_sessions takes no value, or true or false")
+			}
+			app.ShareSessions = v == "true"
 			continue
 		case "upstream_token_key":
 			if !d.Args(&app.UpstreamTokenKey) || d.NextArg() {

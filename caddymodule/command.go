@@ -69,9 +69,10 @@ func adminFlags(c *cobra.Command) {
 
 func tokenCreateCommand() *cobra.Command {
 	c := &cobra.Command{
-		Use:   "create --name NAME --scope SCOPE [--scope SCOPE…] [--machine] [--expires DURATION] [--root PATH…]",
+		Use:   "create --name NAME --scope SCOPE [--scope SCOPE…] [--owner OWNER] [--machine] [--expires DURATION] [--root PATH…]",
 		Short: "Creates a token and prints it once",
-		Example: `  caddy zidane token create --name laptop --scope chat
+		Example: `  caddy zidane token create --name laptop --scope chat --owner alice
+  caddy zidane token create --name phone --scope chat --owner alice
   caddy zidane token create --name intern --scope chat --root /srv/projects/sandbox
   caddy zidane token create --name ci --scope deploy --machine --expires 30d`,
 		Args: cobra.NoArgs,
@@ -84,7 +85,7 @@ func tokenCreateCommand() *cobra.Command {
 			if err != nil {
 				return caddy.ExitCodeFailedStartup, err
 			}
-			req := createTokenRequest{Name: fl.String("name"), Scopes: scopes, Kind: string(policy.KindUser), Expires: fl.String("expires"), Roots: roots}
+			req := createTokenRequest{Name: fl.String("name"), Scopes: scopes, Kind: string(policy.KindUser), Expires: fl.String("expires"), Roots: roots, Owner: fl.String("owner")}
 			if fl.Bool("machine") {
 				req.Kind = string(policy.KindMachine)
 			}
@@ -112,13 +113,14 @@ func tokenCreateCommand() *cobra.Command {
 			if len(res.Record.Roots) > 0 {
 				confined = strings.Join(res.Record.Roots, ",")
 			}
-			fmt.Fprintf(os.Stderr, "Created token %q (id %s, kind %s, scopes %s, roots %s, expires %s).\nThis is the only time the token is shown: store it now.\n",
-				res.Record.Name, res.Record.ID, res.Record.Kind, strings.Join(res.Record.Scopes, ","), confined, when(res.Record.Expires, "never"))
+			fmt.Fprintf(os.Stderr, "Created token %q (id %s, owner %s, kind %s, scopes %s, roots %s, expires %s).\nThis is the only time the token is shown: store it now.\n",
+				res.Record.Name, res.Record.ID, res.Record.OwnerID(), res.Record.Kind, strings.Join(res.Record.Scopes, ","), confined, when(res.Record.Expires, "never"))
 			return caddy.ExitCodeSuccess, nil
 		}),
 	}
 	c.Flags().String("name", "", "Name of the token, unique among live tokens (required)")
 	c.Flags().StringArray("scope", nil, "Scope to grant; repeat for several (required)")
+	c.Flags().String("owner", "", "Who the token acts for: tokens of one owner share their sessions (default: the token is its own owner)")
 	c.Flags().Bool("machine", false, "Issue a machine token (refused by the sessions endpoint)")
 	c.Flags().String("expires", "", "Lifetime, such as 12h or 30d (default: no expiry)")
 	c.Flags().StringArray("root", nil, "Confine the token's sessions to this directory tree, inside the gateway's roots; repeat for several (default: the gateway's roots)")
@@ -148,9 +150,16 @@ func tokenListCommand() *cobra.Command {
 				return caddy.ExitCodeSuccess, enc.Encode(list)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tKIND\tSCOPES\tROOTS\tCREATED\tEXPIRES\tLAST USED\tSTATE")
+			fmt.Fprintln(tw, "ID\tNAME\tOWNER\tKIND\tSCOPES\tROOTS\tCREATED\tEXPIRES\tLAST USED\tSTATE")
 			now := time.Now()
-			for _, t := range list {
+			for _, row := range tokenTree(list) {
+				t := row.token
+				if t.ID == "" {
+					// A JWT subject, which tokens derive from but the store
+					// does not hold.
+					fmt.Fprintf(tw, "%s\t(JWT subject)\t%s\tuser\t-\t-\t-\t-\t-\t-\n", row.subject, row.subject)
+					continue
+				}
 				state := "active"
 				switch {
 				case t.Revoked != nil:
@@ -162,7 +171,7 @@ func tokenListCommand() *cobra.Command {
 				if len(t.Roots) > 0 {
 					roots = strings.Join(t.Roots, ",")
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, t.Kind, strings.Join(t.Scopes, ","), roots,
+				fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, strings.Repeat("  ", row.depth), t.Name, t.OwnerID(), t.Kind, strings.Join(t.Scopes, ","), roots,
 					t.Created.Local().Format(time.DateTime), when(t.Expires, "never"), when(t.LastUsed, "-"), state)
 			}
 			return caddy.ExitCodeSuccess, tw.Flush()
@@ -175,15 +184,44 @@ func tokenListCommand() *cobra.Command {
 
 func tokenRevokeCommand() *cobra.Command {
 	c := &cobra.Command{
-		Use:   "revoke NAME_OR_ID",
+		Use:   "revoke NAME_OR_ID | jwt:SUB | --session SESSION_ID",
 		Short: "Revokes a token at once, and every token derived from it",
-		Args:  cobra.ExactArgs(1),
+		Long: `
+Revokes a token at once, and every token derived from it; what they started is
+cancelled.
+
+jwt:SUB revokes a JWT subject: its access tokens issued until now are refused,
+its running sessions are cancelled, and the tokens derived from it are deleted.
+An access token the identity provider issues later is accepted: disable the
+subject there to lock it out.
+
+--session revokes the tokens the gateway minted for one session's agent (and
+those derived from them); the agent runs without them, and a relaunch of it
+does not renew them.`,
+		Example: `  caddy zidane token revoke laptop
+  caddy zidane token revoke jwt:alice
+  caddy zidane token revoke --session ses_4kq2v7x9m1abcdef`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			target := args[0]
 			return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+				session := fl.String("session")
+				if (session == "") == (len(args) == 0) {
+					return caddy.ExitCodeFailedStartup, fmt.Errorf("give a token name or id, jwt:<sub>, or --session <session id> (one of them)")
+				}
+				if session != "" {
+					return revokeDerived(fl, "/zidane/tokens?session="+url.QueryEscape(session), func(store *policy.TokenStore) (policy.Revocation, error) {
+						return store.RevokeSession(context.Background(), session)
+					})
+				}
+				target := args[0]
+				if policy.IsJWTID(target) {
+					return revokeDerived(fl, "/zidane/tokens/"+url.PathEscape(target), func(store *policy.TokenStore) (policy.Revocation, error) {
+						return store.RevokeSubject(context.Background(), target)
+					})
+				}
 				var tok policy.Token
 				err := withTokens(fl, func(admin string) error {
-					return adminJSON(admin, http.MethodDelete, "/zidane/tokens/"+target, nil, &tok)
+					return adminJSON(admin, http.MethodDelete, "/zidane/tokens/"+url.PathEscape(target), nil, &tok)
 				}, func(store *policy.TokenStore) error {
 					var err error
 					tok, err = store.Revoke(context.Background(), target)
@@ -197,8 +235,94 @@ func tokenRevokeCommand() *cobra.Command {
 			})(cmd, args)
 		},
 	}
+	c.Flags().String("session", "", "Revoke the tokens minted for this session's agent")
 	adminFlags(c)
 	return c
+}
+
+// revokeDerived runs a session's or a JWT subject's revocation, online at
+// uri or offline, and says what it did.
+func revokeDerived(fl caddycmd.Flags, uri string, offline func(*policy.TokenStore) (policy.Revocation, error)) (int, error) {
+	var rev policy.Revocation
+	err := withTokens(fl, func(admin string) error {
+		return adminJSON(admin, http.MethodDelete, uri, nil, &rev)
+	}, func(store *policy.TokenStore) error {
+		var err error
+		rev, err = offline(store)
+		return err
+	})
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	names := make([]string, len(rev.Tokens))
+	for i, t := range rev.Tokens {
+		names[i] = fmt.Sprintf("%q", t.Name)
+	}
+	list := ""
+	if len(names) > 0 {
+		list = ": " + strings.Join(names, ", ")
+	}
+	if rev.Subject != "" {
+		fmt.Printf("Revoked JWT subject %q: its access tokens issued until now are refused and its running sessions cancelled; "+
+			"%d token(s) derived from it were deleted%s.\nA fresh access token from the identity provider is accepted: disable the subject there to lock it out.\n",
+			strings.TrimPrefix(rev.Subject, policy.JWTPrefix), len(rev.Tokens), list)
+		return caddy.ExitCodeSuccess, nil
+	}
+	fmt.Printf("Revoked %d token(s) of session %s%s.\nIts agent runs without them, and a relaunch does not renew them.\n", len(rev.Tokens), rev.Session, list)
+	return caddy.ExitCodeSuccess, nil
+}
+
+// tokenRow is one line of `token list`: a token at its depth under its
+// parent, or a JWT subject heading the tokens derived from it.
+type tokenRow struct {
+	token   policy.Token
+	subject string
+	depth   int
+}
+
+// tokenTree orders list (newest first) so that each token follows its
+// parent, one level deeper; tokens derived from a JWT follow a line for
+// the subject.
+func tokenTree(list []policy.Token) []tokenRow {
+	byID := map[string]bool{}
+	children := map[string][]policy.Token{}
+	for _, t := range list {
+		byID[t.ID] = true
+	}
+	var roots []policy.Token
+	var subjects []string
+	for _, t := range list {
+		switch {
+		case t.Parent != "" && (byID[t.Parent] || policy.IsJWTID(t.Parent)):
+			if policy.IsJWTID(t.Parent) && len(children[t.Parent]) == 0 {
+				subjects = append(subjects, t.Parent)
+			}
+			children[t.Parent] = append(children[t.Parent], t)
+		default:
+			roots = append(roots, t)
+		}
+	}
+	var rows []tokenRow
+	var walk func(t policy.Token, depth int)
+	walk = func(t policy.Token, depth int) {
+		rows = append(rows, tokenRow{token: t, depth: depth})
+		if depth > 16 {
+			return // a chain this long is refused anyway; keep the listing finite
+		}
+		for _, c := range children[t.ID] {
+			walk(c, depth+1)
+		}
+	}
+	for _, t := range roots {
+		walk(t, 0)
+	}
+	for _, s := range subjects {
+		rows = append(rows, tokenRow{subject: s})
+		for _, c := range children[s] {
+			walk(c, 1)
+		}
+	}
+	return rows
 }
 
 func upstreamListCommand() *cobra.Command {

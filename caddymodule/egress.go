@@ -1,10 +1,8 @@
 package caddymodule
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
@@ -61,8 +59,11 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 // egressServers gives a session the upstreams sessions may use, each as an
 // MCP server of this gateway, with a machine token of its own that grants
 // only those upstreams. The agent never sees an upstream's credential: the
-// broker attaches it. The token is a child of the session creator's, so
-// revoking the creator's revokes it.
+// broker attaches it. The token is derived from the session creator's
+// (revoking that revokes it, and it expires with it), is renewed, not
+// added to, at a relaunch, and is deleted when the session ends. Its
+// scopes are the operator's grant to every session (session_upstreams),
+// not its parent's: a machine token, it never drives sessions.
 func (s *sessionsState) egressServers(tokens *policy.TokenStore, info sessions.SessionInfo, log *slog.Logger) []sessions.McpServer {
 	if len(s.egress) == 0 {
 		return nil
@@ -80,14 +81,8 @@ func (s *sessionsState) egressServers(tokens *policy.TokenStore, info sessions.S
 	for _, n := range names {
 		scopes = append(scopes, policy.UpstreamScope(n))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	secret, _, err := tokens.Create(ctx, policy.TokenSpec{
-		Name:   fmt.Sprintf("egress-%s-%d", info.SessionID, time.Now().UnixNano()),
-		Scopes: scopes, Parent: info.Owner.TokenID, Kind: policy.KindMachine,
-	})
-	if err != nil {
-		log.Error("minting a session's egress token failed; the session runs without upstreams", "session", info.SessionID, "error", err)
+	secret, _, ok := s.mintChild(tokens, info, policy.PurposeEgress, scopes, log)
+	if !ok {
 		return nil
 	}
 	out := make([]sessions.McpServer, 0, len(names))

@@ -493,12 +493,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	if b != nil {
 		ctx = message.NewContext(ctx, b)
 	}
-	// Streams end when the process exits, and a revoked token's open
-	// requests and streams end at once.
+	// Streams end when the process exits, and a revoked token's (or JWT
+	// subject's) open requests and streams end at once.
 	defer context.AfterFunc(processExit(), cancel)()
-	if p.Source == "token" {
-		defer h.tokens.Hold(p.TokenID, cancel)()
-	}
+	defer h.tokens.Hold(p.TokenID, cancel)()
 	r = r.WithContext(ctx)
 	r.Header.Del("Authorization")
 	// Every answer goes through the listing filter, which reads it: ask

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"slices"
 	"sort"
@@ -61,6 +62,9 @@ type sessionsState struct {
 	endpointPath string
 	// egress are the upstreams offered to sessions, by name.
 	egress map[string]*egressRoute
+	// alive is the engine's Alive: whether a session can still take
+	// prompts, and so keep the tokens minted for its agent.
+	alive func(sessionID string) bool
 }
 
 func (s *sessionsState) Destruct() error {
@@ -85,7 +89,14 @@ func (h *Handler) buildSessions(ctx caddy.Context, app *App) error {
 		return err
 	}
 	sess := h.sess
-	h.route = &edge.Sessions{Scopes: h.scopes, Endpoint: sess.endpoint, Base: h.agentBase}
+	// The endpoint is shared by every site over this storage; each site's
+	// requests carry its own scope map (what an orchestrator's creator may
+	// call, and so give) and the app's share_sessions.
+	access := mcpendpoint.Access{Scopes: h.scopes, ShareSessions: app.ShareSessions}
+	endpoint := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sess.endpoint.ServeHTTP(w, r.WithContext(mcpendpoint.WithAccess(r.Context(), access)))
+	})
+	h.route = &edge.Sessions{Scopes: h.scopes, Endpoint: endpoint, Base: h.agentBase}
 	h.egress = make(map[string]edge.Route, len(sess.egress))
 	for name, e := range sess.egress {
 		h.egress[name] = e.route
@@ -177,18 +188,36 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string) (*sessionsSta
 				<-ready
 				return append(st.orchestratorServers(tokens, info, logger), st.egressServers(tokens, info, logger)...)
 			},
+			// What was minted for a session's agent goes with the session.
+			Ended: func(id string) {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if _, err := tokens.DeleteSession(ctx, id); err != nil {
+					logger.Error("deleting the tokens of an ended session failed; the next start deletes them", "session", id, "error", err)
+				}
+			},
 			Logger: logger,
 		})
 		if err != nil {
 			return nil, err
 		}
-		endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: engine, Agents: names, Logger: logger,
+		endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: engine, Agents: names, Logger: logger, OnRefusal: auditToolRefusal,
 			SessionTimeout: max(0, time.Duration(a.MCPSessionIdleTimeout))})
 		if err != nil {
 			engine.Close()
 			return nil, err
 		}
-		st.engine, st.endpoint = engine, endpoint
+		st.engine, st.endpoint, st.alive = engine, endpoint, engine.Alive
+		// Before any agent gets a token: the tokens of sessions that ended
+		// while the gateway was down, and those minted before tokens
+		// recorded their session, have no use.
+		pruneCtx, cancelPrune := context.WithTimeout(context.Background(), 30*time.Second)
+		if gone, err := tokens.PruneDerived(pruneCtx, engine.Alive); err != nil {
+			logger.Error("deleting the tokens of ended sessions failed; they are refused all the same once their parent goes", "error", err)
+		} else if len(gone) > 0 {
+			logger.Info("deleted the tokens of sessions that have ended", "tokens", len(gone))
+		}
+		cancelPrune()
 		close(ready)
 		st.page = &sessionpage.Page{Sessions: engine, Signer: st.signer}
 		// Revoking a token cancels what it started, wherever the revocation
@@ -223,11 +252,11 @@ var (
 )
 
 // orchestratorServers gives an orchestrator session (one created with
-// `tools`) this endpoint as an MCP server, with a child token of its
-// creator's that grants only the listed verbs. Revoking the creator's
-// token revokes the child. With `subscribe`, the engine relays the events
-// of the sessions the child creates into the orchestrator. It runs at each
-// launch of the agent, so a resumed orchestrator gets a fresh token.
+// `tools`) this endpoint as an MCP server, with a token derived from its
+// creator's that grants only the listed verbs (which create checked its
+// creator may call). With `subscribe`, the engine relays the events of the
+// sessions that token creates into the orchestrator. It runs at each launch
+// of the agent: a relaunch renews the session's one token.
 func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sessions.SessionInfo, log *slog.Logger) []sessions.McpServer {
 	if len(info.Tools) == 0 {
 		return nil
@@ -249,12 +278,8 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 		log.Warn("an orchestrator session lists no known verb; it gets no MCP server", "session", info.SessionID, "tools", info.Tools)
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	name := fmt.Sprintf("orchestrator-%s-%d", info.SessionID, time.Now().UnixNano())
-	secret, child, err := tokens.Create(ctx, policy.TokenSpec{Name: name, Scopes: scopes, Parent: info.Owner.TokenID, Kind: policy.KindUser})
-	if err != nil {
-		log.Error("minting an orchestrator's child token failed; the session runs without the endpoint", "session", info.SessionID, "error", err)
+	secret, child, ok := s.mintChild(tokens, info, policy.PurposeOrchestrator, scopes, log)
+	if !ok {
 		return nil
 	}
 	if info.Subscribe {
@@ -265,6 +290,35 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 		URL:     info.Base + s.endpointPath,
 		Headers: map[string]string{"Authorization": "Bearer " + secret},
 	}}
+}
+
+// mintChild mints, or renews at a relaunch, the token of purpose for the
+// agent of info's session (see policy.TokenStore.CreateChild): derived
+// from the session's creator, with its owner, expiring with it. ok is
+// false when none may be had; the log says why and the agent runs without.
+func (s *sessionsState) mintChild(tokens *policy.TokenStore, info sessions.SessionInfo, purpose policy.Purpose, scopes []string, log *slog.Logger) (string, policy.Token, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	o := info.Owner
+	secret, tok, err := tokens.CreateChild(ctx, policy.ChildSpec{
+		Parent:  policy.Principal{TokenID: o.TokenID, Name: o.TokenName, Owner: o.ID, Expires: o.Expires, Issued: o.Issued},
+		Session: info.SessionID,
+		Purpose: purpose,
+		Scopes:  scopes,
+	})
+	if err != nil {
+		log.Error("no "+string(purpose)+" token for the session's agent; it runs without", "session", info.SessionID, "error", err)
+		return "", policy.Token{}, false
+	}
+	// A session that ended while its token was being minted, after its
+	// Ended hook deleted what it had, must not keep this one.
+	if !s.alive(info.SessionID) {
+		if _, err := tokens.DeleteSession(ctx, info.SessionID); err != nil {
+			log.Error("deleting the token of a session that ended at launch failed; the next start deletes it", "session", info.SessionID, "error", err)
+		}
+		return "", policy.Token{}, false
+	}
+	return secret, tok, true
 }
 
 func sortedAgents(m map[string]sessions.AgentConfig) []string {

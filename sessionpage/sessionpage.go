@@ -87,6 +87,11 @@ func (s *Signer) Verify(sessionID, capability string) error {
 	return nil
 }
 
+// pageReader is who reads a session for its page: the capability in the
+// link, which the session's owner was given and which is bound to that one
+// session, stands for the owner, so the page reads whoever's session it is.
+var pageReader = sessions.Owner{TokenName: "session page", OtherSessions: sessions.AccessRead, OtherInteractions: sessions.AccessRead}
+
 // Page serves session pages.
 type Page struct {
 	Sessions sessions.Sessions
@@ -117,13 +122,14 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusForbidden)
 		return
 	}
-	view, err := p.Sessions.Read(id, true)
+	view, err := p.Sessions.Read(pageReader, id, true)
 	if err != nil {
 		http.Error(w, "this session no longer exists", http.StatusNotFound)
 		return
 	}
-	turns, _ := p.Sessions.Transcript(id, 50, true)
-	data := pageData{View: view, Turns: turns, Pending: p.Sessions.Pending(id), Now: time.Now().UTC()}
+	turns, _ := p.Sessions.Transcript(pageReader, id, 50, true)
+	pending, _ := p.Sessions.Pending(pageReader, id)
+	data := pageData{View: view, Turns: turns, Pending: pending, Now: time.Now().UTC()}
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	if err := pageTemplate.Execute(w, data); err != nil {
 		// Headers are out; the page is cut short and the error is the

@@ -1,0 +1,118 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
+)
+
+// agentState is a sessionsState with what the MCPServers hook uses: the
+// endpoint's address, one upstream offered to sessions, and sessions that
+// all live.
+func agentState(alive func(string) bool) *sessionsState {
+	return &sessionsState{endpointPath: "/mcp", egress: map[string]*egressRoute{"github": nil}, alive: alive}
+}
+
+func bearerOf(t *testing.T, s sessions.McpServer) string {
+	t.Helper()
+	secret, ok := strings.CutPrefix(s.Headers["Authorization"], "Bearer ")
+	if !ok {
+		t.Fatalf("server %s has no bearer token: %v", s.Name, s.Headers)
+	}
+	return secret
+}
+
+// The issue counted 75 of 90 tokens left over by one run: every launch of
+// an agent minted two more. A hundred relaunches of an orchestrator with
+// upstreams leave its two tokens, each with the latest launch's secret.
+func TestRelaunchesKeepTheTokenCountBounded(t *testing.T) {
+	ctx := context.Background()
+	tokens, err := policy.OpenTokenStore(ctx, &certmagic.FileStorage{Path: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, human, err := tokens.Create(ctx, policy.TokenSpec{Name: "human", Scopes: []string{"chat"}, Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := agentState(func(string) bool { return true })
+	info := sessions.SessionInfo{SessionID: "ses_orchestrator", Tools: []string{"create", "read"}, Base: "http://127.0.0.1:9",
+		Owner: sessions.Owner{TokenID: human.ID, TokenName: human.Name, ID: "alice"}}
+	log := slog.New(slog.DiscardHandler)
+	var old []string
+	var latest []string
+	for range 100 {
+		servers := append(st.orchestratorServers(tokens, info, log), st.egressServers(tokens, info, log)...)
+		if len(servers) != 2 {
+			t.Fatalf("servers = %+v", servers)
+		}
+		old = append(old, latest...)
+		latest = []string{bearerOf(t, servers[0]), bearerOf(t, servers[1])}
+	}
+	list := tokens.List()
+	if len(list) != 3 {
+		t.Fatalf("after 100 launches the store holds %d tokens, want 3 (the human's, the orchestrator's, the egress one)", len(list))
+	}
+	for _, secret := range old {
+		if _, err := tokens.Check(secret, time.Now()); !errors.Is(err, policy.ErrTokenUnknown) {
+			t.Fatalf("a secret of an earlier launch: %v", err)
+		}
+	}
+	for _, secret := range latest {
+		p, err := tokens.Check(secret, time.Now())
+		if err != nil || p.OwnerID() != "alice" || p.Parent != human.ID {
+			t.Fatalf("the latest launch's token: %+v, %v", p, err)
+		}
+	}
+	// token list shows them under their parent.
+	rows := tokenTree(list)
+	if len(rows) != 3 || rows[0].token.ID != human.ID || rows[1].depth != 1 || rows[2].depth != 1 {
+		t.Fatalf("token tree: %+v", rows)
+	}
+}
+
+// A session that ended while its agent was being launched keeps no token.
+func TestASessionThatEndedAtLaunchKeepsNoToken(t *testing.T) {
+	ctx := context.Background()
+	tokens, _ := policy.OpenTokenStore(ctx, &certmagic.FileStorage{Path: t.TempDir()})
+	_, human, _ := tokens.Create(ctx, policy.TokenSpec{Name: "human", Scopes: []string{"chat"}})
+	st := agentState(func(string) bool { return false })
+	info := sessions.SessionInfo{SessionID: "ses_gone", Tools: []string{"create"}, Base: "http://127.0.0.1:9", Owner: sessions.Owner{TokenID: human.ID}}
+	log := slog.New(slog.DiscardHandler)
+	if servers := append(st.orchestratorServers(tokens, info, log), st.egressServers(tokens, info, log)...); len(servers) != 0 {
+		t.Fatalf("an ended session's agent got %+v", servers)
+	}
+	if n := len(tokens.List()); n != 1 {
+		t.Fatalf("%d tokens, want the human's only", n)
+	}
+}
+
+// Tokens derived from a JWT sit under a line for its subject.
+func TestTokenTreeShowsJWTSubjects(t *testing.T) {
+	now := time.Now()
+	list := []policy.Token{
+		{ID: "tok_w", Name: "egress-ses_w", Parent: "tok_o", Created: now},
+		{ID: "tok_o", Name: "orchestrator-ses_o", Parent: "jwt:alice", Created: now.Add(-time.Second)},
+		{ID: "tok_h", Name: "human", Created: now.Add(-time.Hour)},
+	}
+	rows := tokenTree(list)
+	var got []string
+	for _, r := range rows {
+		name := r.token.Name
+		if r.subject != "" {
+			name = r.subject
+		}
+		got = append(got, strings.Repeat(">", r.depth)+name)
+	}
+	if strings.Join(got, " ") != "human jwt:alice >orchestrator-ses_o >>egress-ses_w" {
+		t.Fatalf("tree = %v", got)
+	}
+}
