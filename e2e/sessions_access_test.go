@@ -18,14 +18,14 @@ func sessionsToolCall(tool, verb string) string {
 }
 
 // TestSessionsTokens checks who may use the endpoint: machine tokens never,
-// `read` tokens only to look, and a revoked token's running work is
-// cancelled.
+// `read` tokens only to look (at their owner's sessions), and a revoked
+// token's running work is cancelled.
 func TestSessionsTokens(t *testing.T) {
 	gw := startSessionsGateway(t, "", "")
-	owner := createToken(t, gw.c, "owner", "--scope", "chat")
-	reader := createToken(t, gw.c, "reader", "--scope", "read")
+	owner := createToken(t, gw.c, "owner", "--scope", "chat", "--owner", "team")
+	reader := createToken(t, gw.c, "reader", "--scope", "read", "--owner", "team")
 	machine := createToken(t, gw.c, "robot", "--scope", "chat", "--machine")
-	temp := createToken(t, gw.c, "temp", "--scope", "chat")
+	temp := createToken(t, gw.c, "temp", "--scope", "chat", "--owner", "team")
 	secrets := []string{owner, reader, machine, temp}
 	o := connectGoSessions(t, gw.url, owner, "owner")
 	dir := t.TempDir()
@@ -156,16 +156,16 @@ func TestSessionsTokens(t *testing.T) {
 	})
 }
 
-// TestSessionsFirstAnswerWins has two clients answer the same interaction
-// at once: exactly one answer applies, and the other is told someone
-// answered first.
+// TestSessionsFirstAnswerWins has two clients of one owner (alice on her
+// laptop and on her phone) answer the same interaction at once: exactly one
+// answer applies, and the other is told someone answered first.
 func TestSessionsFirstAnswerWins(t *testing.T) {
 	gw := startSessionsGateway(t, "", "")
-	alice := createToken(t, gw.c, "alice", "--scope", "chat")
-	bob := createToken(t, gw.c, "bob", "--scope", "chat")
+	alice := createToken(t, gw.c, "alice", "--scope", "chat", "--owner", "alice")
+	bob := createToken(t, gw.c, "alice-phone", "--scope", "chat", "--owner", "alice")
 	goAlice := connectGoSessions(t, gw.url, alice, "go-sdk alice")
-	goBob := connectGoSessions(t, gw.url, bob, "go-sdk bob")
-	tsBob := connectTSSessions(t, gw.url, bob, "typescript bob")
+	goBob := connectGoSessions(t, gw.url, bob, "go-sdk alice-phone")
+	tsBob := connectTSSessions(t, gw.url, bob, "typescript alice-phone")
 	id := createSession(t, goAlice, t.TempDir(), "ready").SessionID
 	settleIn(t, goAlice, id, "idle")
 

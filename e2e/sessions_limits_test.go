@@ -214,7 +214,8 @@ func TestSessionsListLimit(t *testing.T) {
 	// One token launches all 32 at once, past the default
 	// max_agents_per_token (16): this test is about list, not quotas.
 	gw := startSessionsGateway(t, "max_agents_per_token 32", "")
-	token := createToken(t, gw.c, "lister", "--scope", "chat")
+	token := createToken(t, gw.c, "lister", "--scope", "chat", "--owner", "lister")
+	phone := createToken(t, gw.c, "lister-phone", "--scope", "chat", "--owner", "lister")
 	stranger := createToken(t, gw.c, "stranger", "--scope", "chat")
 	g := connectGoSessions(t, gw.url, token, "go-sdk")
 	dir := t.TempDir()
@@ -269,17 +270,25 @@ func TestSessionsListLimit(t *testing.T) {
 			}
 		})
 	}
-	t.Run("another token sees them, not as its workers", func(t *testing.T) {
-		s := connectGoSessions(t, gw.url, stranger, "stranger")
+	t.Run("another token of the owner sees them, not as its workers", func(t *testing.T) {
+		s := connectGoSessions(t, gw.url, phone, "phone")
 		var l listView
 		sessionsCall(t, s, "list", map[string]any{"limit": 100}).decode(t, &l)
 		if len(l.Sessions) != n {
-			t.Fatalf("stranger lists %d sessions", len(l.Sessions))
+			t.Fatalf("the owner's other token lists %d sessions", len(l.Sessions))
 		}
 		for _, v := range l.Sessions {
 			if v.Worker {
-				t.Fatalf("stranger sees %s as its worker", v.SessionID)
+				t.Fatalf("the owner's other token sees %s as its worker", v.SessionID)
 			}
+		}
+	})
+	t.Run("another owner's token sees none of them", func(t *testing.T) {
+		s := connectGoSessions(t, gw.url, stranger, "stranger")
+		var l listView
+		sessionsCall(t, s, "list", map[string]any{"limit": 100}).decode(t, &l)
+		if len(l.Sessions) != 0 {
+			t.Fatalf("stranger lists %d sessions of another owner", len(l.Sessions))
 		}
 	})
 	if msg := callRefused(t, g, "sessions", map[string]any{"verb": "list", "limit": 0}, "bad_input"); !strings.Contains(msg, "at least 1") {

@@ -1,7 +1,11 @@
 // Package policy owns the inbound decisions of the edge, with no HTTP
 // framework in it: authentication (the opaque token format and its store,
-// JWT access-token verification), the scope map that turns a principal and
-// a JSON-RPC call (as package message read it) into allow or deny, rate
-// limiters and Origin rules. It never reads a request body, never forwards
+// JWT access-token verification, revoked JWT subjects), who a credential
+// acts for (its owner), the tokens derived for sessions' agents and their
+// bounds (scopes that only narrow the parent's, an expiry no later than the
+// parent's, one per session and purpose, gone with their session; see
+// children.go), the scope map that turns a principal and a JSON-RPC call
+// (as package message read it) into allow or deny, rate limiters and Origin
+// rules. It never reads a request body, never forwards
 // a request and never holds an upstream credential.
 package policy
