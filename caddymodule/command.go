@@ -462,7 +462,7 @@ func adminJSON(admin, method, uri string, body []byte, out any) error {
 	}
 	resp, err := caddycmd.AdminAPIRequest(admin, method, uri, cliAdminHeaders(), r)
 	if err != nil {
-		if strings.Contains(err.Error(), "HTTP 404") && strings.Contains(err.Error(), "not found") && !strings.Contains(uri, "/zidane/tokens/") {
+		if strings.Contains(err.Error(), "HTTP 404") && strings.Contains(err.Error(), "not found") && !strings.Contains(uri, "/zidane/tokens/") && !strings.Contains(uri, "?session=") {
 			return fmt.Errorf("the server at %s has no zidane admin routes: is it this build of caddy? (%v)", admin, err)
 		}
 		return adminError(err)

@@ -84,6 +84,9 @@ http://127.0.0.1:%d {
 		if got := agentAnswer(t, a, orch, call(`{"verb":"list"}`)); !strings.Contains(got, "Result of sessions on zidane") {
 			t.Fatalf("the other orchestrator lost its token too: %s", got)
 		}
+		if _, stderr, err := c.Run(t, "zidane", "token", "revoke", "--session", "ses_nosuchsession00"); err == nil || !strings.Contains(stderr, "minted none for it") {
+			t.Fatalf("revoke --session of a session without tokens: %v\n%s", err, stderr)
+		}
 	})
 
 	t.Run("revoked with the subject", func(t *testing.T) {
