@@ -77,6 +77,7 @@ type Listing struct {
 	p      policy.Principal
 	ids    []requestID // the body's requests; nil for a GET
 	onDrop func(Drop)
+	one    [1]requestID // room for the one request of most bodies
 }
 
 type requestID struct{ key, method string }
@@ -87,7 +88,7 @@ type requestID struct{ key, method string }
 func NewListing(route Route, p policy.Principal, b *message.Body, onDrop func(Drop)) *Listing {
 	f := &Listing{route: route, p: p, onDrop: onDrop}
 	if b != nil {
-		f.ids = make([]requestID, 0, len(b.Calls))
+		f.ids = f.one[:0]
 		for _, c := range b.Calls {
 			if !c.IsResponse() && !c.ID.IsZero() {
 				f.ids = append(f.ids, requestID{c.ID.Key(), c.Method})
@@ -289,6 +290,7 @@ type listingWriter struct {
 	encoded bool // compressed: withheld
 	buf     bytes.Buffer
 	over    bool
+	rc      *http.ResponseController
 }
 
 func (w *listingWriter) WriteHeader(status int) {
@@ -325,12 +327,15 @@ func (w *listingWriter) Write(p []byte) (int, error) {
 	case w.encoded:
 		return len(p), nil
 	case w.sse != nil:
-		for _, out := range w.sse.write(p) {
+		events := w.sse.write(p)
+		for _, out := range events {
 			if _, err := w.ResponseWriter.Write(out); err != nil {
 				return len(p), err
 			}
 		}
-		_ = http.NewResponseController(w.ResponseWriter).Flush()
+		if len(events) > 0 {
+			w.flush()
+		}
 		return len(p), nil
 	case !w.json:
 		return w.ResponseWriter.Write(p)
@@ -352,7 +357,14 @@ func (w *listingWriter) Flush() {
 	if !w.wrote {
 		w.WriteHeader(http.StatusOK)
 	}
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
+	w.flush()
+}
+
+func (w *listingWriter) flush() {
+	if w.rc == nil {
+		w.rc = http.NewResponseController(w.ResponseWriter)
+	}
+	_ = w.rc.Flush()
 }
 
 // ReadFrom keeps a copy through the filter: the underlying writer's

@@ -241,3 +241,33 @@ func TestListingTooLarge(t *testing.T) {
 		t.Errorf("a too large answer: %d bytes out, drops %v", len(out), drops)
 	}
 }
+
+// BenchmarkListingToolResult is the filter's work on the answer of a
+// tools/call (what every call through the edge pays), as JSON and as SSE.
+func BenchmarkListingToolResult(b *testing.B) {
+	rt := testRoutes(b)["guard"]
+	body, err := message.Read([]byte(`{"jsonrpc":"2.0","id":17,"method":"tools/call","params":{"name":"test_simple_text","arguments":{"text":"hi"}}}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	answer := []byte(`{"jsonrpc":"2.0","id":17,"result":{"content":[{"type":"text","text":"hello from the benchmark upstream, a short text answer"}]}}`)
+	for _, ct := range []string{"application/json", "text/event-stream"} {
+		data := answer
+		if ct == "text/event-stream" {
+			data = append(append([]byte("event: message\nid: 1\ndata: "), answer...), '\n', '\n')
+		}
+		b.Run(ct, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				rec := httptest.NewRecorder()
+				w, done := NewListing(rt.route, rt.p, body, nil).Wrap(rec)
+				w.Header().Set("Content-Type", ct)
+				w.WriteHeader(http.StatusOK)
+				w.Write(data)
+				if err := done(); err != nil || rec.Body.Len() == 0 {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
