@@ -18,10 +18,16 @@
 //     ([FlattenText]);
 //   - the pass-through route ([PassThrough]): one streamable-HTTP upstream
 //     offered unchanged at the HTTP level, with the upstream's session ids
-//     sealed to the principal and the route ([SessionIDs]).
+//     sealed to the principal and the route ([SessionIDs]);
+//   - the aggregated route ([Aggregate]): several upstreams (streamable
+//     HTTP, SSE, pooled stdio) on one endpoint, namespaced, with the owner
+//     of each tool, prompt, resource and completion for the edge to
+//     authorize on ([Aggregate.ToolServer], [Aggregate.ResourceOwners]),
+//     and a byte-level tools/call fast path;
+//   - each upstream's OAuth client (package upstreamauth).
 //
-// The SSE and stdio transports, the stdio server pool, the aggregated route
-// and upstream OAuth are still to come, and build on these parts.
+// The routes take the edge's one reading of a client's message from the
+// request context (package message) and forward exactly those bytes.
 //
 // What it never does: it never passes a client's credential upstream, and
 // never lets an upstream credential reach a client, an agent, a log line, an
