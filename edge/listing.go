@@ -114,7 +114,10 @@ func (f *Listing) drop(d Drop) {
 // filterMessage filters one JSON value a server sent: one JSON-RPC message
 // or a batch. keep is false when nothing of it may go out.
 func (f *Listing) filterMessage(data []byte) (out []byte, keep bool) {
-	if len(bytes.TrimSpace(data)) == 0 {
+	if len(bytes.TrimSpace(data)) == 0 || !mayList(data) {
+		// Nothing in it could spell a list, in any reader's spelling:
+		// whatever its id, it shows no item. Most answers (tool
+		// results) end here, unread.
 		return data, true
 	}
 	b, err := message.ReadAnswer(data)
@@ -229,9 +232,9 @@ func (f *Listing) method(key string) (string, bool) {
 	return "", false
 }
 
-// mayList reports whether a result might hold one of the four lists, in
-// any spelling: an escape, or a stem of their names in any case. Answers
-// that hold neither (most tool results, pings) pass without decoding.
+// mayList reports whether a message or result might hold one of the four
+// lists, in any spelling: an escape, or a stem of their names in any case.
+// One that holds neither (most tool results, pings) passes unread.
 func mayList(result []byte) bool {
 	if bytes.IndexByte(result, '\\') >= 0 {
 		return true
