@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,5 +113,24 @@ func TestFlags(t *testing.T) {
 			t.Errorf("parseFlags(%v) = calls %v, sessions %v (%d), idle %v (%d), %v", c.args, cfg.callsOn(), cfg.sessionsOn(), cfg.sessions,
 				cfg.idleOn(), cfg.idle, err)
 		}
+	}
+}
+
+// A route's ratio to reverse_proxy is taken within each round, then the
+// median of those: a round where the machine was slow for both routes
+// weighs on neither.
+func TestPairedRatios(t *testing.T) {
+	med, each := pairedRatios([]float64{2, 40, 6}, []float64{1, 20, 2})
+	if med != 2 || !slices.Equal(each, []float64{2, 2, 3}) {
+		t.Errorf("pairedRatios = %v, %v; want 2, [2 2 3]", med, each)
+	}
+	if med, _ := pairedRatios([]float64{1, 3, 2, 4}, []float64{1, 1, 1, 1}); med != 2.5 {
+		t.Errorf("median of an even count = %v, want 2.5", med)
+	}
+	if med, each := pairedRatios([]float64{1}, []float64{0}); med != 0 || each != nil {
+		t.Errorf("a zero baseline gives %v, %v; want no ratio", med, each)
+	}
+	if got := p50([]time.Duration{5, 1, 3}); got != 3 {
+		t.Errorf("p50 = %v, want 3", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -44,6 +45,13 @@ type result struct {
 	p50, p99    time.Duration
 	cpuPerCall  time.Duration // 0 when no gateway process is measured
 	rss         int64
+
+	// Each round's throughput and p50, in round order, for the ratios
+	// against reverse_proxy: a route and reverse_proxy run back to back in
+	// a round, so a ratio taken within the round leaves out the load that
+	// drifts between rounds on shared cores.
+	roundRates []float64
+	roundP50s  []time.Duration
 }
 
 // report is what a run measured, for tests; run prints it.
@@ -277,11 +285,13 @@ func summarize(name string, conc int, ss []sample, measured bool) result {
 	calls := 0
 	for _, s := range ss {
 		rates = append(rates, float64(s.calls)/s.elapsed.Seconds())
+		r.roundP50s = append(r.roundP50s, p50(s.lat))
 		all = append(all, s.lat...)
 		cpu += s.cpu
 		calls += s.calls
 		r.rss = max(r.rss, s.rss)
 	}
+	r.roundRates = slices.Clone(rates)
 	sort.Float64s(rates)
 	r.callsPerSec = rates[len(rates)/2]
 	slices.Sort(all)
@@ -293,6 +303,43 @@ func summarize(name string, conc int, ss []sample, measured bool) result {
 	return r
 }
 
+// p50 is the median of lat, which it leaves unsorted.
+func p50(lat []time.Duration) time.Duration {
+	if len(lat) == 0 {
+		return 0
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// pairedRatios are a route's figure over reverse_proxy's in each round,
+// and their median.
+func pairedRatios(r, rp []float64) (median float64, each []float64) {
+	for i := range min(len(r), len(rp)) {
+		if rp[i] > 0 {
+			each = append(each, r[i]/rp[i])
+		}
+	}
+	if len(each) == 0 {
+		return 0, nil
+	}
+	s := slices.Clone(each)
+	sort.Float64s(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2, each
+	}
+	return s[len(s)/2], each
+}
+
+func seconds(ds []time.Duration) []float64 {
+	f := make([]float64, len(ds))
+	for i, d := range ds {
+		f[i] = d.Seconds()
+	}
+	return f
+}
+
 func printTable(out io.Writer, cfg config, results []result) {
 	find := func(route string, conc int) *result {
 		for i := range results {
@@ -302,7 +349,7 @@ func printTable(out io.Writer, cfg config, results []result) {
 		}
 		return nil
 	}
-	fmt.Fprintf(out, "tools/call %q, %d calls per session per round, %d round(s); medians over rounds\n\n", cfg.tool, cfg.calls, cfg.rounds)
+	fmt.Fprintf(out, "tools/call %q, %d calls per session per round, %d round(s); calls/s is the median over rounds, p50 and p99 pool them; ratios to reverse_proxy are medians of each round's ratio\n\n", cfg.tool, cfg.calls, cfg.rounds)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "route\tsessions\tcalls/s\tp50\tp99\tgateway CPU/call\tgateway RSS\tvs direct\tvs reverse_proxy (calls/s, p50, CPU)\t")
 	for _, r := range results {
@@ -316,13 +363,34 @@ func printTable(out io.Writer, cfg config, results []result) {
 			vsDirect = fmt.Sprintf("%.2f×", r.callsPerSec/d.callsPerSec)
 		}
 		if rp := find("reverse_proxy", r.concurrency); rp != nil && r.route != "direct" {
-			vsRP = fmt.Sprintf("%.2f×, %.2f×", r.callsPerSec/rp.callsPerSec, float64(r.p50)/float64(rp.p50))
+			rate, _ := pairedRatios(r.roundRates, rp.roundRates)
+			lat, _ := pairedRatios(seconds(r.roundP50s), seconds(rp.roundP50s))
+			vsRP = fmt.Sprintf("%.2f×, %.2f×", rate, lat)
 			if r.cpuPerCall > 0 && rp.cpuPerCall > 0 {
 				vsRP += fmt.Sprintf(", %.2f×", float64(r.cpuPerCall)/float64(rp.cpuPerCall))
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.route, r.concurrency, r.callsPerSec,
 			round(r.p50), round(r.p99), cpu, mem, vsDirect, vsRP)
+	}
+	tw.Flush()
+
+	// The spread behind the p50 ratios, so that a reader sees how much of
+	// a ratio is the machine's noise.
+	fmt.Fprintf(out, "\np50 over reverse_proxy's, round by round (the column above is their median):\n\n")
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "route\tsessions\tby round\t")
+	for _, r := range results {
+		rp := find("reverse_proxy", r.concurrency)
+		if rp == nil || r.route == "direct" || r.route == "reverse_proxy" {
+			continue
+		}
+		_, each := pairedRatios(seconds(r.roundP50s), seconds(rp.roundP50s))
+		parts := make([]string, len(each))
+		for i, x := range each {
+			parts[i] = fmt.Sprintf("%.2f", x)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t\n", r.route, r.concurrency, strings.Join(parts, " "))
 	}
 	tw.Flush()
 }
