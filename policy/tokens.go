@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/pathtree"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -187,7 +188,7 @@ func narrowRoots(parent, want []string) ([]string, error) {
 	for _, w := range want {
 		inside := false
 		for _, p := range parent {
-			if rel, err := filepath.Rel(p, w); err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+			if pathtree.Within(w, p) {
 				inside = true
 				break
 			}

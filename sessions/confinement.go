@@ -7,8 +7,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/pathtree"
 	"github.com/Tahul/caddy-zidane-mcp/sessions/confine"
 )
 
@@ -24,15 +24,11 @@ func (e *Engine) checkDenied(cwd string) error {
 		if r, err := filepath.EvalSymlinks(d); err == nil {
 			d = r
 		}
-		if within(real, d) || within(d, real) {
+		if pathtree.Within(real, d) || pathtree.Within(d, real) {
 			return fmt.Errorf("%w: cwd %s holds or is inside %s, which is the gateway's own (Caddy's data or configuration, or a file of secrets); agents may not work there: give the directory of a project", ErrBadRequest, cwd, d)
 		}
 	}
 	return nil
-}
-
-func within(path, dir string) bool {
-	return path == dir || dir == "/" || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
 
 // agentCommand is the command that launches an agent: its own, or, with a

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/pathtree"
 )
 
 // Roots confine the directories sessions work in. A path is inside a root
@@ -104,21 +106,11 @@ func insideAny(real string, roots []string) bool {
 		if err != nil {
 			continue
 		}
-		if underRoot(rr, real) {
+		if pathtree.Within(real, rr) {
 			return true
 		}
 	}
 	return false
-}
-
-// underRoot reports whether path is root or lies below it; both are clean
-// absolute paths.
-func underRoot(root, path string) bool {
-	rel, err := filepath.Rel(root, path)
-	if err != nil {
-		return false
-	}
-	return rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
 }
 
 // resolveExisting is filepath.EvalSymlinks for a path whose last elements

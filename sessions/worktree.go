@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/pathtree"
 	"github.com/Tahul/caddy-zidane-mcp/sessions/confine"
 )
 
@@ -129,7 +130,7 @@ func (e *Engine) addWorktree(ctx context.Context, agent, cwd, branch string, roo
 	// the worktree.
 	if real, err := filepath.EvalSymlinks(cwd); err == nil {
 		if realTop, err := filepath.EvalSymlinks(top); err == nil {
-			if rel, err := filepath.Rel(realTop, real); err == nil && rel != "." && !strings.HasPrefix(rel, "..") {
+			if rel, err := filepath.Rel(realTop, real); err == nil && rel != "." && pathtree.Within(real, realTop) {
 				if fi, err := os.Stat(filepath.Join(dir, rel)); err == nil && fi.IsDir() {
 					wt.cwd = filepath.Join(dir, rel)
 				}

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/pathtree"
 )
 
 // Policy is what a confined command may do besides reading the system
@@ -213,7 +215,7 @@ func (pl *planner) add(path string, write, explicit bool) error {
 	}
 	pl.seen[key] = true
 	for _, d := range pl.deny {
-		if within(real, d) {
+		if pathtree.Within(real, d) {
 			if !explicit {
 				return nil
 			}
@@ -232,7 +234,7 @@ func (pl *planner) add(path string, write, explicit bool) error {
 	}
 	if fi.IsDir() {
 		for _, d := range pl.deny {
-			if within(d, real) {
+			if pathtree.Within(d, real) {
 				return pl.split(real, write)
 			}
 		}
@@ -254,14 +256,6 @@ func (pl *planner) split(dir string, write bool) error {
 		}
 	}
 	return nil
-}
-
-// within reports whether path is dir or inside it.
-func within(path, dir string) bool {
-	if dir == "/" {
-		return true
-	}
-	return path == dir || strings.HasPrefix(path, dir+"/")
 }
 
 // CommandPaths are the directories a command needs to read to run: the

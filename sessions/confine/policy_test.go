@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/pathtree"
 )
 
 func TestArgsParseRoundTrip(t *testing.T) {
@@ -84,7 +86,7 @@ func TestPlanKeepsDeniedPathsOut(t *testing.T) {
 		}
 	}
 	for _, r := range rules {
-		if within(r.path, data) || within(data, r.path) && r.dir {
+		if pathtree.Within(r.path, data) || pathtree.Within(data, r.path) && r.dir {
 			t.Errorf("rule %+v reaches the denied %s", r, data)
 		}
 	}
