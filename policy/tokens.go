@@ -284,7 +284,11 @@ type TokenStore struct {
 	// used maps a token id to its last use not yet flushed (a time.Time).
 	// A sync.Map, written at most once a second per token, keeps the
 	// check free of any exclusive lock.
-	used     sync.Map
+	used sync.Map
+	// holds are the cancel functions of the requests in flight, per token
+	// id, under their own lock: every allowed request takes it twice, and
+	// it must not contend with the check's read lock on mu.
+	holdMu   sync.Mutex
 	holds    map[string]map[uint64]func()
 	nextHold uint64
 
@@ -337,7 +341,7 @@ func (s *TokenStore) OnRevoke(fn func(Token)) (remove func()) {
 // runs. The edge holds every request it lets through, so a revoked token's
 // open streams close at once. Call release when the work ends.
 func (s *TokenStore) Hold(id string, cancel func()) (release func()) {
-	s.mu.Lock()
+	s.holdMu.Lock()
 	s.nextHold++
 	n := s.nextHold
 	m := s.holds[id]
@@ -346,16 +350,16 @@ func (s *TokenStore) Hold(id string, cancel func()) (release func()) {
 		s.holds[id] = m
 	}
 	m[n] = cancel
-	s.mu.Unlock()
+	s.holdMu.Unlock()
 	return func() {
-		s.mu.Lock()
+		s.holdMu.Lock()
 		if m := s.holds[id]; m != nil {
 			delete(m, n)
 			if len(m) == 0 {
 				delete(s.holds, id)
 			}
 		}
-		s.mu.Unlock()
+		s.holdMu.Unlock()
 	}
 }
 
@@ -710,10 +714,10 @@ func (s *TokenStore) emit(ev TokenEvent) {
 }
 
 func (s *TokenStore) fireRevoke(t Token) {
-	s.mu.Lock()
+	s.holdMu.Lock()
 	held := s.holds[t.ID]
 	delete(s.holds, t.ID)
-	s.mu.Unlock()
+	s.holdMu.Unlock()
 	for _, cancel := range held {
 		cancel()
 	}
