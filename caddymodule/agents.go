@@ -116,6 +116,12 @@ func (a *App) provisionAgents(ctx caddy.Context) error {
 				return fmt.Errorf("agent %s: %w", name, err)
 			}
 			a.agentUsers[name] = u
+		} else if os.Geteuid() == 0 {
+			// Confined, it still reads what root may read under the
+			// sandbox's system directories (/etc, /run), beyond the few
+			// files confine.SystemDeny keeps from it.
+			log.Warn("an agent runs as root, without capabilities but able to read root's files under /etc and /run (operators' EnvironmentFile= secrets among them); give it `user NAME`",
+				zap.String("agent", name))
 		}
 	}
 	if confined > 0 {

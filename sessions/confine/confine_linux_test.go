@@ -180,7 +180,7 @@ func TestConfinedProcess(t *testing.T) {
 
 	p := Policy{Read: []string{readable}, Write: []string{work}, Deny: []string{denied}, Connect: []uint16{allowedPort}}
 	tg := probeTargets{
-		Read:    []string{filepath.Join(readable, "note"), filepath.Join(denied, "key"), filepath.Join(outside, "file"), "/etc/hostname"},
+		Read:    []string{filepath.Join(readable, "note"), filepath.Join(denied, "key"), filepath.Join(outside, "file"), "/etc/hostname", "/etc/shadow"},
 		Write:   []string{filepath.Join(work, "new"), filepath.Join(readable, "new"), filepath.Join(outside, "new"), "/dev/null"},
 		Connect: []string{allowedLn.Addr().String(), otherLn.Addr().String()},
 		Environ: []int{os.Getpid()},
@@ -225,6 +225,11 @@ func TestConfinedProcess(t *testing.T) {
 			t.Errorf("capabilities of a confined root process: effective %s, bounding %s; want none", got["CapEff"], got["CapBnd"])
 		}
 		denyErr("kcore")
+		// Root reads the password hashes unconfined; a confined root
+		// process does not, though /etc is readable (SystemDeny).
+		if _, err := os.ReadFile("/etc/shadow"); err == nil {
+			denyErr("read /etc/shadow")
+		}
 	}
 	if ABI() >= 6 {
 		denyErr(fmt.Sprintf("signal %d", os.Getpid()))

@@ -42,9 +42,13 @@ type Policy struct {
 // same (see the package documentation).
 var SystemRead = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc", "/sys", "/run"}
 
-// SystemDeny are paths that hold service credentials on common systems:
-// systemd's LoadCredential= and container runtimes' secrets.
-var SystemDeny = []string{"/run/credentials", "/run/secrets"}
+// SystemDeny are paths that hold credentials on common systems, kept from
+// agents even where SystemRead's directories hold them: systemd's
+// LoadCredential= and container runtimes' secrets, and the files only root
+// may read, which an agent that runs as root (no `user`) could otherwise:
+// password hashes and TLS private keys.
+var SystemDeny = []string{"/run/credentials", "/run/secrets",
+	"/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/ssl/private"}
 
 // Devices are the device files a confined command may read and write. The
 // rest of /dev can only be listed: a raw disk or /dev/mem would give a
