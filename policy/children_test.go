@@ -363,3 +363,33 @@ func TestScopesForOtherOwners(t *testing.T) {
 		t.Fatal("chat does not grant answer")
 	}
 }
+
+// A derived token's principal names the top of its chain as the credential
+// whose quotas it counts against: the first token without a parent, or the
+// JWT subject the chain was minted from. Others count against themselves.
+func TestDerivedPrincipalsCountAgainstTheirChainsTop(t *testing.T) {
+	ctx := context.Background()
+	_, s := newFileStore(t)
+	topSecret, top, err := s.Create(ctx, TokenSpec{Name: "laptop", Scopes: []string{"chat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	childSecret, child := mustChild(t, s, orchestratorSpec(top.Principal(), "ses_1", "sessions:create"))
+	grandSecret, _ := mustChild(t, s, orchestratorSpec(child.Principal(), "ses_2", "sessions:create"))
+	now := time.Now()
+	for _, c := range []struct{ name, secret string }{{"the token", topSecret}, {"its child", childSecret}, {"its grandchild", grandSecret}} {
+		p, err := s.Check(c.secret, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.QuotaID() != top.ID {
+			t.Errorf("%s counts against %q, want the chain's top %q", c.name, p.QuotaID(), top.ID)
+		}
+	}
+	exp := now.Add(time.Hour)
+	jwt := Principal{TokenID: JWTPrefix + "alice", Name: "alice", Kind: KindUser, Scopes: []string{"chat"}, Source: "jwt", Expires: &exp}
+	jwtChild, _ := mustChild(t, s, orchestratorSpec(jwt, "ses_3", "sessions:create"))
+	if p, err := s.Check(jwtChild, now); err != nil || p.QuotaID() != JWTPrefix+"alice" {
+		t.Errorf("a JWT's child counts against %q (%v), want jwt:alice", p.QuotaID(), err)
+	}
+}

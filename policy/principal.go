@@ -41,6 +41,11 @@ type Principal struct {
 	// Parent is the credential a derived token was minted from (a token id
 	// or "jwt:<sub>"); empty for the others.
 	Parent string
+	// Quota is the credential at the top of a derived token's chain (a
+	// token id or "jwt:<sub>"): its per-token quotas are the ones a derived
+	// token's sessions count against, so that minting children does not
+	// multiply them. Empty for the others. See [Principal.QuotaID].
+	Quota string
 	// Expires is when the credential stops being valid: a token's expiry
 	// (for a derived token, no later than its parent's), a JWT's exp. Nil
 	// for a token that never expires.
@@ -54,6 +59,15 @@ type Principal struct {
 func (p Principal) OwnerID() string {
 	if p.Owner != "" {
 		return p.Owner
+	}
+	return p.TokenID
+}
+
+// QuotaID is the credential whose per-token quotas p's sessions count
+// against: the top of its parent chain, or p itself.
+func (p Principal) QuotaID() string {
+	if p.Quota != "" {
+		return p.Quota
 	}
 	return p.TokenID
 }

@@ -385,9 +385,11 @@ func (s *TokenStore) Check(secret string, now time.Time) (Principal, error) {
 	if t.Expires != nil && !now.Before(*t.Expires) {
 		return Principal{}, fmt.Errorf("%w: %q expired at %s", ErrTokenExpired, t.Name, t.Expires.UTC().Format(time.RFC3339))
 	}
+	var top string
 	if t.Parent != "" {
 		s.mu.RLock()
 		err := s.parentProblem(t, now)
+		top = chainTop(s.byID, t)
 		s.mu.RUnlock()
 		if err != nil {
 			return Principal{}, err
@@ -396,7 +398,31 @@ func (s *TokenStore) Check(secret string, now time.Time) (Principal, error) {
 	if v, ok := s.used.Load(t.ID); !ok || now.Sub(v.(time.Time)) >= time.Second {
 		s.used.Store(t.ID, now)
 	}
-	return t.Principal(), nil
+	p := t.Principal()
+	p.Quota = top
+	return p, nil
+}
+
+// chainTop is the credential at the top of t's parent chain: the first
+// token without a parent, or the JWT subject ("jwt:<sub>") the chain was
+// minted from. A chain that breaks off (a parent no longer stored) ends at
+// the last token found; parentProblem refuses such a token anyway.
+func chainTop(byID map[string]*Token, t *Token) string {
+	top := t.ID
+	for range maxParentChain + 1 {
+		if t.Parent == "" {
+			return top
+		}
+		if strings.HasPrefix(t.Parent, JWTPrefix) {
+			return t.Parent
+		}
+		next := byID[t.Parent]
+		if next == nil {
+			return top
+		}
+		t, top = next, next.ID
+	}
+	return top
 }
 
 // parentProblem says why t may not authenticate because of its parents (see

@@ -54,6 +54,10 @@ type Owner struct {
 	// MCPSession is the MCP session id of the caller, where events for the
 	// sessions it creates, or sends to as their owner, are pushed.
 	MCPSession string
+	// Quota is the credential whose per-token quotas the sessions this
+	// caller creates count against: the top of a derived token's chain.
+	// Empty means TokenID.
+	Quota string
 	// Roots are the token's own directory trees: the sessions it creates
 	// must lie inside one of them as well as inside Config.Roots. Nil
 	// means Config.Roots alone.
@@ -73,6 +77,14 @@ type Owner struct {
 func (o Owner) OwnerID() string {
 	if o.ID != "" {
 		return o.ID
+	}
+	return o.TokenID
+}
+
+// QuotaID is the credential whose quotas o's new sessions count against.
+func (o Owner) QuotaID() string {
+	if o.Quota != "" {
+		return o.Quota
 	}
 	return o.TokenID
 }

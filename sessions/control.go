@@ -91,7 +91,7 @@ func (e *Engine) enqueueLocked(s *session, p prompt, first bool) error {
 	}
 	if !s.holdsAgent() {
 		// The session is dormant: its agent must be relaunched.
-		if err := e.roomForAgentLocked(s.rec.OwnerTokenID, s.rec.OwnerTokenName, false); err != nil {
+		if err := e.roomForAgentLocked(s.rec.quotaID(), s.rec.OwnerTokenName, false); err != nil {
 			return fmt.Errorf("%s's agent must be relaunched: %w", s.rec.ID, err)
 		}
 	}

@@ -83,6 +83,7 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		OwnerTokenID:   owner.TokenID,
 		OwnerTokenName: owner.TokenName,
 		OwnerRoots:     append([]string(nil), owner.Roots...),
+		Quota:          owner.QuotaID(),
 		Owner:          owner.OwnerID(),
 		OwnerExpires:   owner.Expires,
 		OwnerIssued:    owner.Issued,

@@ -206,7 +206,7 @@ func (e *Engine) restore(ctx context.Context) error {
 	e.mu.Lock()
 	resuming := 0
 	for _, s := range resume {
-		if e.liveLocked() < e.lim.MaxAgents && e.agentsOfLocked(s.rec.OwnerTokenID) < e.lim.MaxAgentsPerToken {
+		if e.liveLocked() < e.lim.MaxAgents && e.agentsOfLocked(s.rec.quotaID()) < e.lim.MaxAgentsPerToken {
 			e.startWorkerLocked(s)
 			resuming++
 		}

@@ -42,6 +42,7 @@ type record struct {
 	OwnerTokenID   string      `json:"ownerTokenId,omitempty"`
 	OwnerTokenName string      `json:"ownerTokenName,omitempty"`
 	OwnerRoots     []string    `json:"ownerRoots,omitempty"` // the creating token's roots, checked again at each launch
+	Quota          string      `json:"quota,omitempty"`      // Owner.Quota of the creator: whose per-token quotas the session counts against
 	Target         string      `json:"target,omitempty"`     // MCP session events go to
 	Tools          []string    `json:"tools,omitempty"`
 	Subscribe      bool        `json:"subscribe,omitempty"`
@@ -219,4 +220,14 @@ func (e *Engine) loadAll(ctx context.Context) ([]stored, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].rec.Created.Before(out[j].rec.Created) })
 	return out, nil
+}
+
+// quotaID is the credential whose per-token quotas r counts against: its
+// creator's chain top, or (a record from before quotas followed chains)
+// its creator.
+func (r record) quotaID() string {
+	if r.Quota != "" {
+		return r.Quota
+	}
+	return r.OwnerTokenID
 }

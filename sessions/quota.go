@@ -8,18 +8,19 @@ import (
 // Quotas: what one token may hold, and how a launch finds room (see the
 // Engine's doc). Every function here runs under e.mu.
 
-// admitLocked decides whether tokenID may create a session: it has fewer
-// than MaxSessionsPerToken live sessions, the engine keeps fewer than
+// admitLocked decides whether owner may create a session: its credential
+// (with every token derived from the same chain top, see Owner.Quota) has
+// fewer than MaxSessionsPerToken live sessions, the engine keeps fewer than
 // MaxSessions or has an ended one to drop, and an agent can be launched
 // for it (see roomForAgentLocked). With look it only looks: no idle agent
 // is stopped.
 func (e *Engine) admitLocked(owner Owner, look bool) error {
-	tokenID := owner.TokenID
+	tokenID := owner.QuotaID()
 	if e.closed {
 		return ErrClosed
 	}
 	if n := e.sessionsOfLocked(tokenID); n >= e.lim.MaxSessionsPerToken {
-		return fmt.Errorf("%w: token %q has %d live sessions, the most one token may keep (max_sessions_per_token); a session stops counting when it ends: go on in one of them (sessions list marks them worker), or ask the operator to raise the limit", ErrQuota, owner.TokenName, n)
+		return fmt.Errorf("%w: token %q has %d live sessions, the most one token may keep (max_sessions_per_token, which counts the tokens derived from it too); a session stops counting when it ends: go on in one of them (sessions list marks them worker), or ask the operator to raise the limit", ErrQuota, owner.TokenName, n)
 	}
 	if len(e.sessions) >= e.lim.MaxSessions && !e.anyEndedLocked() {
 		return fmt.Errorf("%w: %d sessions are kept and none has ended; this gateway keeps at most %d", ErrBadRequest, len(e.sessions), e.lim.MaxSessions)
@@ -36,16 +37,17 @@ func (e *Engine) anyEndedLocked() bool {
 	return false
 }
 
-// roomForAgentLocked makes room for one more agent of a session that
-// tokenID (named name) created. At MaxAgentsPerToken it stops that token's least
-// recently used idle agent that can resume, and at MaxAgents anyone's; it
+// roomForAgentLocked makes room for one more agent of a session counted
+// against tokenID (a record's quotaID; name is its creator's name). At
+// MaxAgentsPerToken it stops the least recently used idle agent counted
+// against tokenID that can resume, and at MaxAgents anyone's; it
 // refuses only when there is none (ErrQuota, ErrBusy). With look it says
 // whether it could, without stopping anything.
 func (e *Engine) roomForAgentLocked(tokenID, name string, look bool) error {
 	if n := e.agentsOfLocked(tokenID); n >= e.lim.MaxAgentsPerToken {
 		victim := e.idlestAgentLocked(tokenID)
 		if victim == nil {
-			return fmt.Errorf("%w: the sessions token %q created hold %d agent processes, the most one token may (max_agents_per_token), and none of them is idle and able to resume; retry when one of their turns has ended, or cancel one", ErrQuota, name, n)
+			return fmt.Errorf("%w: the sessions of token %q hold %d agent processes, the most one token may (max_agents_per_token, which counts the tokens derived from the same one too), and none of them is idle and able to resume; retry when one of their turns has ended, or cancel one", ErrQuota, name, n)
 		}
 		if look {
 			return nil
@@ -76,23 +78,23 @@ func (e *Engine) liveLocked() int {
 	return n
 }
 
-// agentsOfLocked counts the sessions of tokenID that hold or are launching
-// an agent.
+// agentsOfLocked counts the sessions counted against tokenID that hold or
+// are launching an agent.
 func (e *Engine) agentsOfLocked(tokenID string) int {
 	n := 0
 	for _, s := range e.sessions {
-		if s.rec.OwnerTokenID == tokenID && s.holdsAgent() {
+		if s.rec.quotaID() == tokenID && s.holdsAgent() {
 			n++
 		}
 	}
 	return n
 }
 
-// sessionsOfLocked counts the live sessions tokenID created.
+// sessionsOfLocked counts the live sessions counted against tokenID.
 func (e *Engine) sessionsOfLocked(tokenID string) int {
 	n := 0
 	for _, s := range e.sessions {
-		if s.rec.OwnerTokenID == tokenID && !s.dead() {
+		if s.rec.quotaID() == tokenID && !s.dead() {
 			n++
 		}
 	}
@@ -105,7 +107,7 @@ func (e *Engine) sessionsOfLocked(tokenID string) int {
 func (e *Engine) idlestAgentLocked(tokenID string) *session {
 	var lru *session
 	for _, s := range e.sessions {
-		if !s.evictable() || (tokenID != "" && s.rec.OwnerTokenID != tokenID) {
+		if !s.evictable() || (tokenID != "" && s.rec.quotaID() != tokenID) {
 			continue
 		}
 		if lru == nil || s.idleSince.Before(lru.idleSince) {

@@ -156,3 +156,21 @@ func TestSessionsPerToken(t *testing.T) {
 	waitState(t, e, first, sessions.StateError)
 	create(t, e, f, "three, once one has ended")
 }
+
+// A token derived from another (an orchestrator's, minted for its agent)
+// counts against the quota of its chain's top, so that minting children
+// does not multiply what one credential may hold. A token of another chain
+// keeps its own.
+func TestDerivedTokensShareTheirChainsQuota(t *testing.T) {
+	e, _ := limited(t, 10, 10, 2)
+	f := owner("fay")
+	child := sessions.Owner{TokenID: "tok-fay-child", TokenName: "fay's orchestrator", ID: f.TokenID, Quota: f.TokenID, MCPSession: "mcp-child"}
+	grandchild := sessions.Owner{TokenID: "tok-fay-grandchild", TokenName: "its worker", ID: f.TokenID, Quota: f.TokenID, MCPSession: "mcp-grandchild"}
+	create(t, e, f, "one")
+	create(t, e, child, "two, by the child")
+	_, err := e.Create(ctxT(t), grandchild, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "three"})
+	wantErr(t, err, sessions.ErrQuota, "max_sessions_per_token")
+	_, err = e.Create(ctxT(t), f, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "three"})
+	wantErr(t, err, sessions.ErrQuota, "max_sessions_per_token")
+	create(t, e, owner("gus"), "gus is fine")
+}
