@@ -133,6 +133,9 @@ type App struct {
 
 	agentUsers map[string]*sessions.User // by agent name, for those with `user`
 	deny       []string                  // paths no agent may reach
+	// rootsFor are the running session engines this config takes over,
+	// which get its roots when it starts (see loadSessions).
+	rootsFor []*sessions.Engine
 }
 
 // CaddyModule returns the Caddy module information.
@@ -192,7 +195,17 @@ func (a *App) Provision(ctx caddy.Context) error {
 // Start implements caddy.App. The app's work runs in its pooled state; it
 // refuses to start a config whose sessions endpoint cannot tell its agents
 // where it is (checkAgentBases).
-func (a *App) Start() error { return a.checkAgentBases() }
+func (a *App) Start() error {
+	if err := a.checkAgentBases(); err != nil {
+		return err
+	}
+	for _, e := range a.rootsFor {
+		if err := e.SetRoots(a.Roots); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // Stop implements caddy.App.
 func (a *App) Stop() error { return nil }

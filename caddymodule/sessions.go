@@ -229,13 +229,16 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string) (*sessionsSta
 		return nil, "", fmt.Errorf("sessions: %w", err)
 	}
 	st := v.(*sessionsState)
-	// Roots apply at once, to the engine this config shares: a reload that
-	// narrows them must not wait for a restart.
+	// Roots apply at once to the engine this config shares, since a reload
+	// that narrows them must not wait for a restart; but only once the
+	// config has started (App.Start), so that a reload caddy refuses
+	// cannot leave the running config with the new roots.
 	if loaded {
-		if err := st.engine.SetRoots(a.Roots); err != nil {
+		if _, err := sessions.CleanRoots(a.Roots); err != nil {
 			sessionsPool.Delete(key)
-			return nil, "", err
+			return nil, "", fmt.Errorf("sessions: %w", err)
 		}
+		a.rootsFor = append(a.rootsFor, st.engine)
 	}
 	if loaded && st.agentsHash != hash {
 		ctx.Logger().Warn("the agents or session limits changed; the running session engine keeps the ones it started with until caddy restarts (roots apply at once)",

@@ -169,6 +169,27 @@ func TestSessionsRoots(t *testing.T) {
 		}
 		createSession(t, g, other, "pwd")
 	})
+
+	t.Run("a reload caddy refuses leaves the roots as they were", func(t *testing.T) {
+		// Every handler of this config provisions, roots / included; the
+		// config is refused when it starts (a sessions site on a unix
+		// socket has no address for its agents), and the running config
+		// must keep its roots.
+		dir, err := os.MkdirTemp("", "zr")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		unixSite := fmt.Sprintf("\nhttp://unix.invalid {\n\tbind unix/%s\n\tzidane_mcp {\n\t\tsessions\n\t}\n}\n", filepath.Join(dir, "s.sock"))
+		out, err := c.TryReload(t, sessionsCaddyfile(port, "roots /", unixSite))
+		if err == nil || !strings.Contains(out, "unix socket") {
+			t.Fatalf("the reload was not refused at start (%v):\n%s", err, out)
+		}
+		msg := callRefused(t, g, "sessions", map[string]any{"verb": "create", "cwd": project, "prompt": "pwd"}, "bad_request")
+		if !strings.Contains(msg, "allowed roots ("+other+")") {
+			t.Errorf("after the refused reload: %s", msg)
+		}
+	})
 }
 
 // TestMCPSessionIdleTimeout: on the sessions endpoint and on an aggregated

@@ -25,9 +25,9 @@ import (
 // maxRoots bounds a roots list, the engine's or a token's.
 const maxRoots = 64
 
-// cleanRoots checks that every root is an absolute path and returns them
+// CleanRoots checks that every root is an absolute path and returns them
 // cleaned.
-func cleanRoots(list []string) ([]string, error) {
+func CleanRoots(list []string) ([]string, error) {
 	if len(list) > maxRoots {
 		return nil, fmt.Errorf("%d roots given; at most %d are allowed", len(list), maxRoots)
 	}
@@ -45,7 +45,7 @@ func cleanRoots(list []string) ([]string, error) {
 // every later launch of an agent, resumes included, are checked against
 // them; running agents are left alone. Nil removes the confinement.
 func (e *Engine) SetRoots(roots []string) error {
-	clean, err := cleanRoots(roots)
+	clean, err := CleanRoots(roots)
 	if err != nil {
 		return fmt.Errorf("sessions: %w", err)
 	}
