@@ -89,9 +89,13 @@ func (e *Engine) launch(s *session, gen int) error {
 	// The roots may have changed since the session was created (a reload,
 	// a restart with a new configuration), and so may the directory: the
 	// agent starts only in a cwd that is inside them now.
-	if _, err := inRoots(e.rootSets(rec.OwnerRoots), "cwd", rec.Cwd); err != nil {
+	// The agent starts in the directory the check resolved, not in one
+	// that a symlink could make another by the time it starts.
+	real, err := inRoots(e.rootSets(rec.OwnerRoots), "cwd", rec.Cwd)
+	if err != nil {
 		return fmt.Errorf("the agent was not started: %v; create a new session in an allowed directory", err)
 	}
+	rec.Cwd = real
 	// A directory that became the gateway's (or a session restored from
 	// before the rule) is refused here too.
 	if err := e.checkDenied(rec.Cwd); err != nil {

@@ -75,7 +75,8 @@ func (e *Engine) addWorktree(ctx context.Context, agent, cwd, branch string, roo
 		if err != nil {
 			return worktree{}, fmt.Errorf("%w: the git directory of %s cannot be found (%v)", ErrBadRequest, top, err)
 		}
-		if _, err := inRoots(roots, "the repository", top); err != nil {
+		// What is checked is what is used: the resolved repository.
+		if top, err = inRoots(roots, "the repository", top); err != nil {
 			return worktree{}, err
 		}
 		if _, err := inRoots(roots, "the repository's git directory", common); err != nil {
@@ -99,9 +100,10 @@ func (e *Engine) addWorktree(ctx context.Context, agent, cwd, branch string, roo
 		root = filepath.Join(filepath.Dir(top), ".worktrees")
 	}
 	dir := filepath.Join(root, filepath.Base(top)+"-"+slug(branch))
-	if _, err := inRoots(roots, "the new worktree", dir); err != nil {
+	if dir, err = inRoots(roots, "the new worktree", dir); err != nil {
 		return worktree{}, fmt.Errorf("%w (worktrees go to worktree_root, else next to the repository: the operator sets worktree_root inside an allowed root)", err)
 	}
+	root = filepath.Dir(dir) // the checked, resolved place (unchanged without roots)
 	if _, err := os.Lstat(dir); err == nil {
 		return worktree{}, fmt.Errorf("%w: %s already exists; choose another branch name, or remove that directory", ErrBadRequest, dir)
 	}
