@@ -284,6 +284,13 @@ func (e *Engine) Close() error {
 // endedLocked tells the gateway that session id can take no more prompts
 // or is gone (Config.Ended), from a goroutine that Close waits for.
 func (e *Engine) endedLocked(id string) {
+	// An ended orchestrator relays no more: the children it subscribed to
+	// are its no longer.
+	for child, orch := range e.relays {
+		if orch == id {
+			delete(e.relays, child)
+		}
+	}
 	if e.cfg.Ended == nil || e.closed {
 		return
 	}

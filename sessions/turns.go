@@ -218,7 +218,16 @@ func (e *Engine) failLocked(s *session, a *acpclient.Agent, msg string) {
 	e.cancelPendingLocked(s, "the agent failed")
 	// The agent is gone for good: so is its scratch directory. The agent
 	// process may still be exiting; a file it writes now is lost with it.
-	go e.dropScratch(s.rec.ID)
+	// Close waits for the removal, unless it has begun already.
+	if id := s.rec.ID; e.closed {
+		go e.dropScratch(id)
+	} else {
+		e.workers.Add(1)
+		go func() {
+			defer e.workers.Done()
+			e.dropScratch(id)
+		}()
+	}
 	e.recordLocked(s, Event{Status: EventError, Kind: "failed", Summary: fmt.Sprintf("%s: failed: %s", s.rec.Title, msg)})
 	s.notify()
 	e.endedLocked(s.rec.ID)
