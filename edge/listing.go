@@ -43,7 +43,8 @@ var listStems = []string{"tool", "prompt", "ource"}
 type Drop struct {
 	// Reason is unmatched_answer (an answer with a result whose id is none
 	// of the request's), ambiguous_answer (an answer that two readers could
-	// read differently, or that is not a JSON-RPC message),
+	// read differently, by its body or its Content-Type, or that is not a
+	// JSON-RPC message),
 	// answer_too_large, or encoded_answer (a compressed answer, which the
 	// filter cannot read).
 	Reason string
@@ -281,6 +282,10 @@ var tooLargeAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"
 // encodedAnswer replaces a compressed answer.
 var encodedAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the server answered compressed, which the gateway does not pass on; ask the operator to turn compression off for this server"}}`)
 
+// ambiguousAnswer replaces an answer whose Content-Type clients could read
+// differently.
+var ambiguousAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the server answered with a Content-Type that clients read differently (several values, or JSON and an event stream at once), which the gateway does not pass on; ask the operator to fix the server's Content-Type"}}`)
+
 // listingWriter runs a response body through the filter: a JSON body when
 // it ends, an SSE stream event by event, so streamed events keep flowing.
 // Other bodies (an error page, a 202) pass as they are.
@@ -290,7 +295,9 @@ type listingWriter struct {
 	wrote   bool
 	json    bool // a JSON body, filtered when it ends
 	sse     *sseFilter
-	encoded bool // compressed: withheld
+	// withheld, when set, is what the client gets instead of the body: a
+	// JSON-RPC error that says why (compressed, ambiguous).
+	withheld []byte
 	buf     bytes.Buffer
 	over    bool
 	rc      *http.ResponseController
@@ -300,20 +307,36 @@ func (w *listingWriter) WriteHeader(status int) {
 	if w.wrote {
 		return
 	}
+	// An informational answer (103 Early Hints) comes before the real one,
+	// which reverse_proxy passes on after it: the filter waits for that.
+	if status >= 100 && status < 200 && status != http.StatusSwitchingProtocols {
+		w.ResponseWriter.WriteHeader(status)
+		return
+	}
 	w.wrote = true
 	// Any 2xx: clients read a listing from every success status.
 	if status >= 200 && status < 300 {
-		ct := strings.ToLower(w.Header().Get("Content-Type"))
-		switch {
-		case strings.Contains(ct, "text/event-stream"):
+		switch answerType(w.Header().Values("Content-Type")) {
+		case typeSSE:
 			w.sse = &sseFilter{f: w.f}
-		case strings.Contains(ct, "json"):
+		case typeJSON:
 			w.json = true
+		case typeAmbiguous:
+			// The TypeScript SDK reads every Content-Type value, joined,
+			// and looks for an event stream first; go-sdk reads the first
+			// value's media type. Where they could disagree, neither gets
+			// the body.
+			w.json, w.withheld = true, ambiguousAnswer
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Del("Content-Length")
+			w.f.drop(Drop{Reason: "ambiguous_answer"})
+			w.ResponseWriter.WriteHeader(status)
+			return
 		}
 		if w.sse != nil || w.json {
 			w.Header().Del("Content-Length") // the filtered body has another length
 			if enc := w.Header().Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
-				w.encoded = true
+				w.withheld = encodedAnswer
 				w.Header().Del("Content-Encoding")
 				w.f.drop(Drop{Reason: "encoded_answer"})
 			}
@@ -322,12 +345,42 @@ func (w *listingWriter) WriteHeader(status int) {
 	w.ResponseWriter.WriteHeader(status)
 }
 
+// The kinds of body answerType tells apart.
+const (
+	typeOther     = iota // neither JSON nor an event stream: MCP clients refuse it, so it passes as it is
+	typeJSON             // filtered when it ends
+	typeSSE              // filtered event by event
+	typeAmbiguous        // read as one by some client and as the other (or nothing) by another: withheld
+)
+
+// answerType classifies an answer by its Content-Type values. More than one
+// value, or one that names both JSON and an event stream, is ambiguous.
+func answerType(values []string) int {
+	if len(values) > 1 {
+		return typeAmbiguous
+	}
+	if len(values) == 0 {
+		return typeOther
+	}
+	ct := strings.ToLower(values[0])
+	sse, json := strings.Contains(ct, "event-stream"), strings.Contains(ct, "json")
+	switch {
+	case sse && json:
+		return typeAmbiguous
+	case sse:
+		return typeSSE
+	case json:
+		return typeJSON
+	}
+	return typeOther
+}
+
 func (w *listingWriter) Write(p []byte) (int, error) {
 	if !w.wrote {
 		w.WriteHeader(http.StatusOK)
 	}
 	switch {
-	case w.encoded:
+	case w.withheld != nil:
 		return len(p), nil
 	case w.sse != nil:
 		events := w.sse.write(p)
@@ -382,10 +435,10 @@ type writerOnly struct{ io.Writer }
 func (w *listingWriter) close() error {
 	var out []byte
 	switch {
-	case w.encoded && w.sse != nil:
-		out = sseEvent(encodedAnswer)
-	case w.encoded && w.json:
-		out = encodedAnswer
+	case w.withheld != nil && w.sse != nil:
+		out = sseEvent(w.withheld)
+	case w.withheld != nil:
+		out = w.withheld
 	case w.sse != nil:
 		out = bytes.Join(w.sse.end(), nil)
 	case !w.json:

@@ -1,9 +1,15 @@
 package edge
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
+	"net/http/httputil"
+	"net/textproto"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -269,5 +275,83 @@ func BenchmarkListingToolResult(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// An upstream may send an informational answer (103 Early Hints) before
+// its real one, and a reverse proxy passes both on: the filter must still
+// read the real one. Through net/http/httputil's ReverseProxy, which hands
+// on 1xx answers as Caddy's reverse_proxy does.
+func TestListingAfterAnInformationalAnswer(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte(`{"jsonrpc":"2.0","id":7,"result":` + toolsAnswer + `}`))
+	}))
+	defer upstream.Close()
+	target, _ := url.Parse(upstream.URL)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	rt := testRoutes(t)["aggregate"]
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := message.Read([]byte(listTools))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		fw, closeFilter := NewListing(rt.route, rt.p, b, func(Drop) {}).Wrap(w)
+		proxy.ServeHTTP(fw, r)
+		closeFilter()
+	}))
+	defer front.Close()
+	var informational int
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, _ textproto.MIMEHeader) error { informational = code; return nil }}
+	req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodPost, front.URL, strings.NewReader(listTools))
+	resp, err := front.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if informational != http.StatusEarlyHints {
+		t.Fatalf("the client got no 103 (got %d): the test does not exercise an informational answer", informational)
+	}
+	if strings.Contains(string(body), "mcp_a_secret") || !strings.Contains(string(body), "mcp_b_echo") {
+		t.Errorf("after a 103, the listing reached the client as %s", body)
+	}
+}
+
+// A Content-Type that clients read differently is withheld: several values
+// (the TypeScript SDK joins them and looks for an event stream first,
+// go-sdk reads the first), or one value naming JSON and an event stream.
+func TestListingAmbiguousContentType(t *testing.T) {
+	answer := `{"jsonrpc":"2.0","id":7,"result":` + toolsAnswer + `}`
+	for _, ct := range [][]string{
+		{"text/plain", "application/json"},
+		{"application/json", "text/event-stream"},
+		{"application/json; text/event-stream"},
+	} {
+		rt := testRoutes(t)["aggregate"]
+		b, err := message.Read([]byte(listTools))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var drops []Drop
+		rec := httptest.NewRecorder()
+		w, closeFilter := NewListing(rt.route, rt.p, b, func(d Drop) { drops = append(drops, d) }).Wrap(rec)
+		w.Header()["Content-Type"] = ct
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte(answer))
+		if err := closeFilter(); err != nil {
+			t.Fatal(err)
+		}
+		out := rec.Body.String()
+		if strings.Contains(out, "mcp_b_echo") || !strings.Contains(out, "Content-Type") || len(drops) != 1 || drops[0].Reason != "ambiguous_answer" {
+			t.Errorf("Content-Type %q: the client got %q (%v)", ct, out, drops)
+		}
+		if got := rec.Header().Values("Content-Type"); len(got) != 1 || got[0] != "application/json" {
+			t.Errorf("Content-Type %q: the withheld answer is sent as %q", ct, got)
+		}
 	}
 }
