@@ -291,16 +291,16 @@ var ambiguousAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,
 // Other bodies (an error page, a 202) pass as they are.
 type listingWriter struct {
 	http.ResponseWriter
-	f       *Listing
-	wrote   bool
-	json    bool // a JSON body, filtered when it ends
-	sse     *sseFilter
+	f     *Listing
+	wrote bool
+	json  bool // a JSON body, filtered when it ends
+	sse   *sseFilter
 	// withheld, when set, is what the client gets instead of the body: a
 	// JSON-RPC error that says why (compressed, ambiguous).
 	withheld []byte
-	buf     bytes.Buffer
-	over    bool
-	rc      *http.ResponseController
+	buf      bytes.Buffer
+	over     bool
+	rc       *http.ResponseController
 }
 
 func (w *listingWriter) WriteHeader(status int) {
