@@ -336,6 +336,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if body, v = edge.ReadBody(r, h.MaxBodyBytes); !v.Allowed() {
 			return h.refuse(w, r, rf, v)
 		}
+	} else if v := edge.NoBody(r); !v.Allowed() {
+		return h.refuse(w, r, rf, v)
 	}
 	d := edge.Decide(route, p, r.Method, r.Header, body)
 	if !d.Allowed() {

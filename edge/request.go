@@ -61,6 +61,23 @@ func jsonMediaType(ct string) bool {
 	return true
 }
 
+// NoBody refuses a GET, DELETE or OPTIONS request that carries a body. MCP
+// gives those no body, so the edge decides nothing on one; a server behind
+// guard that read JSON-RPC from it anyway would run a call nobody
+// authorized. A body announced (chunked, say) but empty passes.
+func NoBody(r *http.Request) Verdict {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return Verdict{}
+	}
+	var one [1]byte
+	if n, _ := io.ReadFull(r.Body, one[:]); n == 0 {
+		r.Body, r.ContentLength = http.NoBody, 0
+		return Verdict{}
+	}
+	return Verdict{Status: http.StatusBadRequest, Reason: ReasonUnexpectedBody, Code: CodeInvalidRequest,
+		Message: fmt.Sprintf("a %s request to this MCP endpoint carries no body: send JSON-RPC messages with POST", r.Method)}
+}
+
 // ReadBody reads a POST's body, bounded by limit bytes (413 past it), and
 // puts the same bytes back as r's body, so that the route forwards exactly
 // what the edge decided on.

@@ -90,3 +90,27 @@ func BenchmarkEdgeSmallCall(b *testing.B) {
 		}
 	}
 }
+
+// A GET or DELETE with a body is refused: MCP gives them none, and the
+// edge decides nothing on one. An announced but empty body passes.
+func TestNoBody(t *testing.T) {
+	for _, m := range []string{http.MethodGet, http.MethodDelete, http.MethodOptions} {
+		r := httptest.NewRequest(m, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"secret"}}`))
+		if v := NoBody(r); v.Status != http.StatusBadRequest || v.Reason != ReasonUnexpectedBody || !strings.Contains(v.Message, "POST") {
+			t.Errorf("%s with a body: %+v", m, v)
+		}
+		chunked := httptest.NewRequest(m, "/mcp", io.NopCloser(strings.NewReader("x")))
+		chunked.ContentLength = -1
+		if v := NoBody(chunked); v.Allowed() {
+			t.Errorf("%s with a body of unknown length passed", m)
+		}
+		empty := httptest.NewRequest(m, "/mcp", io.NopCloser(strings.NewReader("")))
+		empty.ContentLength = -1
+		if v := NoBody(empty); !v.Allowed() {
+			t.Errorf("%s with an empty body of unknown length: %+v", m, v)
+		}
+		if v := NoBody(httptest.NewRequest(m, "/mcp", nil)); !v.Allowed() {
+			t.Errorf("%s without a body: %+v", m, v)
+		}
+	}
+}

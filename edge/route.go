@@ -124,7 +124,9 @@ const (
 	ReasonScope     = "insufficient_scope"
 	ReasonAmbiguous = "ambiguous_body"
 	ReasonMalformed = "malformed"
-	ReasonMachine   = "machine_token"
+	// ReasonUnexpectedBody refuses a GET, DELETE or OPTIONS with a body.
+	ReasonUnexpectedBody = "unexpected_body"
+	ReasonMachine        = "machine_token"
 	// ReasonUnsupportedMedia is a 415: a body that is not plain JSON.
 	ReasonUnsupportedMedia = "unsupported_media_type"
 )
