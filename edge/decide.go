@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -91,6 +92,18 @@ func readRefusal(err error) Verdict {
 // absent is not checked here: the server behind decides whether it needs
 // it.
 func checkHeaders(header http.Header, b *message.Body) (Verdict, message.Call) {
+	// A server behind may read a header named with _ for - as the same
+	// one (CGI and WSGI map both to HTTP_MCP_METHOD), which the check below
+	// would not see: such a spelling is refused.
+	for k := range header {
+		if strings.IndexByte(k, '_') < 0 {
+			continue
+		}
+		if n := strings.ReplaceAll(k, "_", "-"); strings.EqualFold(n, methodHeader) || strings.EqualFold(n, nameHeader) {
+			return Verdict{Status: http.StatusBadRequest, Reason: "header_mismatch", Code: CodeHeaderMismatch,
+				Message: fmt.Sprintf("header %q is spelled with _ where Mcp-Method and Mcp-Name have -: send them as Mcp-Method and Mcp-Name", k)}, message.Call{}
+		}
+	}
 	methods, names := header.Values(methodHeader), header.Values(nameHeader)
 	if len(methods) == 0 && len(names) == 0 {
 		return Verdict{}, message.Call{}

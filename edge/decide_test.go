@@ -186,6 +186,11 @@ func TestDecideHeaders(t *testing.T) {
 		{http.Header{"Mcp-Method": {"tools/call", "tools/call"}}, call, false},
 		{http.Header{"Mcp-Name": {"x"}}, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, false},
 		{http.Header{"Mcp-Method": {"tools/list"}}, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, true},
+		// Spelled with _ (as Go's server keeps it), which CGI-style servers
+		// read as Mcp-Method or Mcp-Name.
+		{http.Header{"Mcp_method": {"tools/list"}}, call, false},
+		{http.Header{"Mcp-Method": {"tools/call"}, "MCP_NAME": {"test_error_handling"}}, call, false},
+		{http.Header{"X_other": {"v"}}, call, true},
 	}
 	for _, tc := range cases {
 		d := Decide(rt.route, rt.p, http.MethodPost, tc.header, []byte(tc.body))
