@@ -479,7 +479,7 @@ func errMessage(err, sentinel error) string {
 
 // serve is step 6: the route serves the request with the principal and
 // the body it was allowed on in its context, without the client's
-// credential, and behind the listing filter when it lists something.
+// credential, and behind the listing filter, which every answer passes.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, next caddyhttp.Handler) error {
 	metricRequests.WithLabelValues("allowed").Inc()
 	metricTokenRequests.WithLabelValues(p.Name).Inc()

@@ -1,14 +1,15 @@
 // Package edge is the request path of the zidane_mcp edge as plain Go, with
 // no Caddy in it: the route interface every mode implements, the decision
 // that turns a principal and a request body into allowed or a refusal, the
-// HTTP-level checks on a request, and the filter that cuts listing answers
-// down to what the principal may use.
+// HTTP-level checks on a request, and the filter every answer passes
+// through, which cuts listings down to what the principal may use and
+// withholds what it cannot read unambiguously.
 //
 // A request travels six steps: Host and Origin, authentication, reading
-// the message once ([message.Read], behind [ReadRequest]), authorization
+// the message once ([message.Read], after [CheckRequest] and [ReadBody]), authorization
 // ([Decide], which asks the [Route]), the rate limit, and serving
-// ([Route.Serve], with the listing filter of [Listing] around it where the
-// request lists something). The Caddy adapter (package caddymodule)
+// ([Route.Serve], with the filter of [Listing] around every answer: a
+// server may answer a listing on another request's stream). The Caddy adapter (package caddymodule)
 // sequences them; every decision belongs to this package, to package
 // policy, or to the route.
 //

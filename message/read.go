@@ -93,11 +93,11 @@ type oneBody struct {
 func Read(raw []byte) (*Body, error) { return read(raw, false) }
 
 // ReadAnswer reads what a server sends a client (answers, and the
-// server's requests and notifications) by Read's rules, but for the ids of
-// answers, which a server may spell as it likes and a client reads as a
-// value: any number whose value is an integer within ±(2^53-1) (7.0, 7e0),
-// and null (an error answer to a request whose id the server could not
-// read). It is for the edge's listing filter, which matches answers to the
+// server's requests and notifications) by Read's rules, but for ids (an
+// answer's, and a server request's), which a server may spell as it likes
+// and a client reads as a value: any number whose value is an integer
+// within ±(2^53-1) (7.0, 7e0), and null (an error answer to a request whose
+// id the server could not read). It is for the edge's listing filter, which matches answers to the
 // requests it decided on.
 func ReadAnswer(raw []byte) (*Body, error) { return read(raw, true) }
 
@@ -140,8 +140,8 @@ func read(raw []byte, answers bool) (*Body, error) {
 // Validate checks the JSON-level rules alone, on any JSON value: what Read
 // refuses as ErrSyntax or ErrAmbiguous anywhere in a body (grammar, UTF-8,
 // surrogates, duplicate or folded-equal keys, "__proto__", depth, a
-// byte-order mark, bytes after the value). It is for upstream answers,
-// read before a listing is filtered.
+// byte-order mark, bytes after the value). The fuzz targets check Read
+// against it; the listing filter reads answers with ReadAnswer.
 func Validate(raw []byte) error {
 	r := getReader(raw)
 	defer putReader(r)
