@@ -401,10 +401,9 @@ func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpst
 	case resp.StatusCode == http.StatusNotFound:
 		return nil, nil, fmt.Errorf("the upstream no longer knows the session (HTTP 404): %w", mcp.ErrSessionMissing)
 	case resp.StatusCode < 200 || resp.StatusCode >= 300:
-		// As go-sdk does: a JSON-RPC error in the body is the answer.
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if b, err := message.Read(data); err == nil && !b.Batch && b.Calls[0].Error != nil {
-			return nil, b.Calls[0].Error, nil
+		if rpcErr := errorAnswer(data); rpcErr != nil {
+			return nil, rpcErr, nil
 		}
 		return nil, nil, fmt.Errorf("the upstream answered HTTP %d", resp.StatusCode)
 	case mt == "application/json":
@@ -442,11 +441,21 @@ func (a *Aggregate) fastPost(ctx context.Context, up *aggUpstream, sessionID, ve
 	return resp, nil
 }
 
+// errorAnswer is the JSON-RPC error of an upstream's answer with a failure
+// status, which is the answer, as go-sdk takes it; nil when it holds none.
+// Its id is often null: the server could not read the request's.
+func errorAnswer(data []byte) json.RawMessage {
+	if b, err := message.ReadAnswer(data); err == nil && !b.Batch && b.Calls[0].Error != nil {
+		return b.Calls[0].Error
+	}
+	return nil
+}
+
 // fastAnswer reads the upstream's answer to the request upID, with the
 // reader the edge uses: an answer two readers could read differently is
 // refused, and ids compare as values.
 func fastAnswer(data []byte, upID message.ID) (result, rpcErr json.RawMessage, err error) {
-	b, err := message.Read(data)
+	b, err := message.ReadAnswer(data)
 	if err != nil {
 		return nil, nil, fmt.Errorf("the upstream's answer could not be read: %w", err)
 	}
@@ -483,7 +492,7 @@ func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstre
 			}
 			event := data
 			data = nil
-			b, err := message.Read(event)
+			b, err := message.ReadAnswer(event)
 			if err != nil || b.Batch {
 				continue
 			}

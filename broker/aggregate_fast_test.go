@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -340,5 +341,26 @@ func TestAggregateFastPathLostSession(t *testing.T) {
 	res = call("down")
 	if !res.IsError || !strings.Contains(aggText(t, res), `"a"`) {
 		t.Errorf("call to a stopped upstream = %q (isError %v), want a tool error naming it", aggText(t, res), res.IsError)
+	}
+}
+
+// The fast path reads an upstream's answer as the edge's filter does
+// (message.ReadAnswer): its id is a value, however the server spells it.
+func TestFastAnswerReadsTheIDAsAValue(t *testing.T) {
+	upID, err := message.ParseID([]byte(`"zidane-7"`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, rpcErr, err := fastAnswer([]byte(`{"jsonrpc":"2.0","id":"zidane-\u0037","result":{"content":[]}}`), upID)
+	if err != nil || rpcErr != nil || string(res) != `{"content":[]}` {
+		t.Errorf("an escaped spelling of the id: result %s, error %s, %v", res, rpcErr, err)
+	}
+	if _, _, err := fastAnswer([]byte(`{"jsonrpc":"2.0","id":"zidane-8","result":{}}`), upID); err == nil {
+		t.Error("an answer to another id was taken")
+	}
+	// A 4xx whose body is a JSON-RPC error with a null id (the server could
+	// not read the request's) is that error, as go-sdk reads it.
+	if e := errorAnswer([]byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"bad request"}}`)); !strings.Contains(string(e), "bad request") {
+		t.Errorf("the error of a 4xx answer with a null id: %s", e)
 	}
 }
