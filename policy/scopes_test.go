@@ -116,6 +116,12 @@ func TestGlob(t *testing.T) {
 		{"files/[x]", "files/[x]", true},
 		{"exact", "exact", true},
 		{"exact", "exactly", false},
+		{"a*b*c*", "abcx", true},
+		{"*b*", "abc", true},
+		{"a**c", "ac", true},
+		{"*ab", "aab", true},
+		{"a*bc", "abcbc", true},
+		{"a*bc", "abcb", false},
 	} {
 		if got := Glob(c.p, c.s); got != c.want {
 			t.Errorf("Glob(%q, %q) = %v", c.p, c.s, got)
