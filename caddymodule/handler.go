@@ -321,7 +321,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 2. Authenticate.
 	now := time.Now()
-	p, v := h.authenticate(r, now)
+	p, v := h.authenticate(r, rf.clientIP, now)
 	if !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
@@ -356,7 +356,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	// 6. Serve.
-	return h.serve(w, r, route, p, d.Body, next)
+	return h.serve(w, r, route, p, d.Body, rf.clientIP, next)
 }
 
 // checkHostOrigin is step 1: on a loopback listener, a Host that is not
@@ -442,8 +442,7 @@ func (h *Handler) routeFor(path string) (edge.Route, edge.Verdict) {
 
 // authenticate is step 2. Requests without a valid credential are charged
 // to their address, so that guessing slows down.
-func (h *Handler) authenticate(r *http.Request, now time.Time) (policy.Principal, edge.Verdict) {
-	ip := clientIP(r)
+func (h *Handler) authenticate(r *http.Request, ip string, now time.Time) (policy.Principal, edge.Verdict) {
 	if h.ipLimit.Empty(ip, now) {
 		_, retry := h.ipLimit.Allow(ip, now)
 		metricRateLimited.WithLabelValues("ip").Inc()
@@ -480,13 +479,13 @@ func errMessage(err, sentinel error) string {
 // serve is step 6: the route serves the request with the principal and
 // the body it was allowed on in its context, without the client's
 // credential, and behind the listing filter, which every answer passes.
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, next caddyhttp.Handler) error {
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, ip string, next caddyhttp.Handler) error {
 	metricRequests.WithLabelValues("allowed").Inc()
 	metricTokenRequests.WithLabelValues(p.Name).Inc()
 	if b != nil {
 		for _, c := range b.Calls {
 			if c.IsToolCall() {
-				logToolCall(h.audit, p, c, clientIP(r))
+				logToolCall(h.audit, p, c, ip)
 			}
 		}
 	}
@@ -545,6 +544,9 @@ func onLoopbackListener(r *http.Request) bool {
 	addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
 	if !ok {
 		return false
+	}
+	if tcp, ok := addr.(*net.TCPAddr); ok {
+		return tcp.IP.IsLoopback()
 	}
 	host, _, err := net.SplitHostPort(addr.String())
 	if err != nil {
