@@ -136,6 +136,9 @@ type App struct {
 	// rootsFor are the running session engines this config takes over,
 	// which get its roots when it starts (see loadSessions).
 	rootsFor []*sessions.Engine
+	// sessionScopes are the scope maps of this config's sessions sites, by
+	// the pooled state they share, stored there when it starts.
+	sessionScopes map[*sessionsState][]*policy.ScopeMap
 }
 
 // CaddyModule returns the Caddy module information.
@@ -203,6 +206,9 @@ func (a *App) Start() error {
 		if err := e.SetRoots(a.Roots); err != nil {
 			return err
 		}
+	}
+	for st, maps := range a.sessionScopes {
+		st.scopeMaps.Store(&maps)
 	}
 	return nil
 }

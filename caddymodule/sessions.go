@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -65,6 +66,10 @@ type sessionsState struct {
 	// alive is the engine's Alive: whether a session can still take
 	// prompts, and so keep the tokens minted for its agent.
 	alive func(sessionID string) bool
+	// scopeMaps are the scope maps of the running config's sessions sites.
+	// An orchestrator's token, minted again at each launch of its agent,
+	// holds only the verbs every one of them grants its creator now.
+	scopeMaps atomic.Pointer[[]*policy.ScopeMap]
 }
 
 func (s *sessionsState) Destruct() error {
@@ -85,7 +90,7 @@ var sessionsPool = caddy.NewUsagePool()
 // the upstreams offered to its sessions.
 func (h *Handler) buildSessions(ctx caddy.Context, app *App) error {
 	var err error
-	if h.sess, h.sessKey, err = app.loadSessions(ctx, h.resURL.Path); err != nil {
+	if h.sess, h.sessKey, err = app.loadSessions(ctx, h.resURL.Path, h.scopes); err != nil {
 		return err
 	}
 	sess := h.sess
@@ -137,7 +142,7 @@ func (a *App) agentSet() (map[string]sessions.AgentConfig, string, error) {
 
 // loadSessions returns the pooled sessions state for the app's storage,
 // building it on first use. Release it with sessionsPool.Delete(key).
-func (a *App) loadSessions(ctx caddy.Context, endpointPath string) (*sessionsState, string, error) {
+func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *policy.ScopeMap) (*sessionsState, string, error) {
 	agents, def, err := a.agentSet()
 	if err != nil {
 		return nil, "", err
@@ -153,6 +158,9 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string) (*sessionsSta
 	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
 		logger := slog.New(zapslog.NewHandler(ctx.Logger().Named("sessions").Core()))
 		st := &sessionsState{signer: sessionpage.NewSigner(time.Duration(a.LinkTTL)), agentsHash: hash, endpointPath: endpointPath}
+		// Until this config starts (App.Start), the sessions resumed now
+		// are held to the map of the site that built the engine.
+		st.scopeMaps.Store(&[]*policy.ScopeMap{scopes})
 		// Resumed sessions may launch while NewEngine runs; the hook that
 		// needs the engine waits for it.
 		ready := make(chan struct{})
@@ -240,6 +248,10 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string) (*sessionsSta
 		}
 		a.rootsFor = append(a.rootsFor, st.engine)
 	}
+	if a.sessionScopes == nil {
+		a.sessionScopes = map[*sessionsState][]*policy.ScopeMap{}
+	}
+	a.sessionScopes[st] = append(a.sessionScopes[st], scopes)
 	if loaded && st.agentsHash != hash {
 		ctx.Logger().Warn("the agents or session limits changed; the running session engine keeps the ones it started with until caddy restarts (roots apply at once)",
 			zap.String("hint", "restart caddy to apply agent and limit changes"))
@@ -268,17 +280,36 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 		log.Error("an orchestrator session has no address of this gateway to reach it at; it runs without the endpoint", "session", info.SessionID)
 		return nil
 	}
-	var scopes []string
+	// create checked that the creator may call every listed verb; at a
+	// relaunch the creator may hold less (a JWT with fewer scopes) or the
+	// config grant less (a reload), and the child never holds more.
+	parent, ok := s.creatorNow(tokens, info.Owner)
+	if !ok {
+		log.Warn("the creator of an orchestrator session is gone; its agent runs without the endpoint", "session", info.SessionID)
+		return nil
+	}
+	var scopes, dropped []string
 	for _, v := range info.Tools {
+		tool := ""
 		switch {
 		case slices.Contains(sessionVerbs, v):
-			scopes = append(scopes, policy.VerbScope("sessions", v))
+			tool = "sessions"
 		case slices.Contains(interactionVerbs, v):
-			scopes = append(scopes, policy.VerbScope("interactions", v))
+			tool = "interactions"
+		default:
+			continue
 		}
+		if !s.grantsVerb(parent, tool, v) {
+			dropped = append(dropped, tool+" "+v)
+			continue
+		}
+		scopes = append(scopes, policy.VerbScope(tool, v))
+	}
+	if len(dropped) > 0 {
+		log.Warn("an orchestrator's creator may no longer call some of its tools; its agent gets the rest", "session", info.SessionID, "dropped", dropped)
 	}
 	if len(scopes) == 0 {
-		log.Warn("an orchestrator session lists no known verb; it gets no MCP server", "session", info.SessionID, "tools", info.Tools)
+		log.Warn("an orchestrator session has no verb its creator may call; it gets no MCP server", "session", info.SessionID, "tools", info.Tools)
 		return nil
 	}
 	secret, child, ok := s.mintChild(tokens, info, policy.PurposeOrchestrator, scopes, log)
@@ -293,6 +324,32 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 		URL:     info.Base + s.endpointPath,
 		Headers: map[string]string{"Authorization": "Bearer " + secret},
 	}}
+}
+
+// creatorNow is the principal of an orchestrator session's creator as it
+// stands: a stored token's current record, or a JWT subject with the scopes
+// of its latest call. False when a token is gone.
+func (s *sessionsState) creatorNow(tokens *policy.TokenStore, o sessions.Owner) (policy.Principal, bool) {
+	if policy.IsJWTID(o.TokenID) {
+		return policy.Principal{TokenID: o.TokenID, Name: o.TokenName, Kind: policy.KindUser, Scopes: o.Scopes, Source: "jwt",
+			Owner: o.ID, Expires: o.Expires, Issued: o.Issued}, true
+	}
+	return tokens.Principal(o.TokenID, time.Now())
+}
+
+// grantsVerb reports whether every sessions site of the running config
+// lets p call tool with verb.
+func (s *sessionsState) grantsVerb(p policy.Principal, tool, verb string) bool {
+	maps := s.scopeMaps.Load()
+	if maps == nil || len(*maps) == 0 {
+		return false
+	}
+	for _, m := range *maps {
+		if !m.GrantsVerb(p, tool, verb) {
+			return false
+		}
+	}
+	return true
 }
 
 // mintChild mints, or renews at a relaunch, the token of purpose for the

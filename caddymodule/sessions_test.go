@@ -18,7 +18,13 @@ import (
 // endpoint's address, one upstream offered to sessions, and sessions that
 // all live.
 func agentState(alive func(string) bool) *sessionsState {
-	return &sessionsState{endpointPath: "/mcp", egress: map[string]*egressRoute{"github": nil}, alive: alive}
+	st := &sessionsState{endpointPath: "/mcp", egress: map[string]*egressRoute{"github": nil}, alive: alive}
+	m, err := policy.NewScopeMap(nil, true)
+	if err != nil {
+		panic(err)
+	}
+	st.scopeMaps.Store(&[]*policy.ScopeMap{m})
+	return st
 }
 
 func bearerOf(t *testing.T, s sessions.McpServer) string {
@@ -114,5 +120,68 @@ func TestTokenTreeShowsJWTSubjects(t *testing.T) {
 	}
 	if strings.Join(got, " ") != "human jwt:alice >orchestrator-ses_o >>egress-ses_w" {
 		t.Fatalf("tree = %v", got)
+	}
+}
+
+// An orchestrator's token is minted again at each launch of its agent, and
+// holds only the verbs its creator may call then: after a reload whose scope
+// map grants the creator's scope less, or for a JWT creator whose latest
+// call carried fewer scopes, the relaunched agent's token holds less.
+func TestRelaunchHoldsOnlyWhatTheCreatorMayCallNow(t *testing.T) {
+	ctx := context.Background()
+	tokens, err := policy.OpenTokenStore(ctx, &certmagic.FileStorage{Path: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, human, err := tokens.Create(ctx, policy.TokenSpec{Name: "human", Scopes: []string{"team"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapOf := func(rules ...policy.Rule) *policy.ScopeMap {
+		m, err := policy.NewScopeMap(rules, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	st := agentState(func(string) bool { return true })
+	st.scopeMaps.Store(&[]*policy.ScopeMap{mapOf(policy.Rule{Scope: "team", Tools: []string{"sessions"}})})
+	info := sessions.SessionInfo{SessionID: "ses_orch", Tools: []string{"create", "cancel", "read"}, Base: "http://127.0.0.1:9",
+		Owner: sessions.Owner{TokenID: human.ID, TokenName: human.Name}}
+	log := slog.New(slog.DiscardHandler)
+	scopesOf := func(servers []sessions.McpServer) []string {
+		t.Helper()
+		if len(servers) != 1 {
+			t.Fatalf("servers = %+v", servers)
+		}
+		p, err := tokens.Check(bearerOf(t, servers[0]), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Scopes
+	}
+	if got := scopesOf(st.orchestratorServers(tokens, info, log)); len(got) != 3 {
+		t.Fatalf("first launch: %v, want the three verbs", got)
+	}
+	// A reload: team may now only read.
+	st.scopeMaps.Store(&[]*policy.ScopeMap{mapOf(policy.Rule{Scope: "team", Tools: []string{"sessions"}, Verbs: []string{"read"}})})
+	if got := scopesOf(st.orchestratorServers(tokens, info, log)); len(got) != 1 || got[0] != "sessions:read" {
+		t.Fatalf("after the reload: %v, want sessions:read alone", got)
+	}
+
+	// A JWT creator whose latest call carried read only.
+	exp := time.Now().Add(time.Hour)
+	jwtInfo := sessions.SessionInfo{SessionID: "ses_jwt", Tools: []string{"create", "read"}, Base: "http://127.0.0.1:9",
+		Owner: sessions.Owner{TokenID: policy.JWTPrefix + "alice", TokenName: "alice", Expires: &exp, Scopes: []string{"read"}}}
+	st.scopeMaps.Store(&[]*policy.ScopeMap{mapOf()})
+	if got := scopesOf(st.orchestratorServers(tokens, jwtInfo, log)); len(got) != 1 || got[0] != "sessions:read" {
+		t.Fatalf("a JWT creator with read: %v, want sessions:read alone", got)
+	}
+	// A creator token that was revoked gets its orchestrator nothing.
+	if _, err := tokens.Revoke(ctx, human.ID); err != nil {
+		t.Fatal(err)
+	}
+	if servers := st.orchestratorServers(tokens, info, log); len(servers) != 0 {
+		t.Fatalf("a revoked creator's orchestrator got %+v", servers)
 	}
 }

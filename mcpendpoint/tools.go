@@ -249,6 +249,7 @@ func callerOf(req *mcp.CallToolRequest) (caller, error) {
 		c.owner.TokenName = p.Name
 		c.owner.ID = p.OwnerID()
 		c.owner.Quota = p.QuotaID()
+		c.owner.Scopes = p.Scopes
 		c.owner.Expires, c.owner.Issued = p.Expires, p.Issued
 		c.owner.OtherSessions = reach(p, "sessions", c.access.ShareSessions)
 		c.owner.OtherInteractions = reach(p, "interactions", c.access.ShareSessions)

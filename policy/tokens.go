@@ -431,6 +431,21 @@ func (s *TokenStore) parentProblem(t *Token, now time.Time) error {
 	return chainProblem(s.byID, s.subjects, t, now)
 }
 
+// Principal is the principal of the stored token id as it stands now (its
+// scopes, kind and owner), without its secret; false when there is no such
+// token, or it is revoked or expired. The gateway asks it when it mints a
+// child at an agent's relaunch, to narrow the child to what the parent may
+// do now.
+func (s *TokenStore) Principal(id string, now time.Time) (Principal, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	t := s.byID[id]
+	if t == nil || t.Revoked != nil || (t.Expires != nil && !now.Before(*t.Expires)) {
+		return Principal{}, false
+	}
+	return t.Principal(), true
+}
+
 // SubjectRevoked reports when an operator revoked the JWT subject id
 // ("jwt:<sub>"), if they did: the subject's access tokens issued until then
 // are refused (see [Authenticator]).

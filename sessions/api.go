@@ -54,6 +54,10 @@ type Owner struct {
 	// MCPSession is the MCP session id of the caller, where events for the
 	// sessions it creates, or sends to as their owner, are pushed.
 	MCPSession string
+	// Scopes are the caller's credential's scopes: a JWT's as of its latest
+	// call, kept for the tokens minted for its sessions' agents, which may
+	// hold no more.
+	Scopes []string
 	// Quota is the credential whose per-token quotas the sessions this
 	// caller creates count against: the top of a derived token's chain.
 	// Empty means TokenID.

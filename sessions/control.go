@@ -63,6 +63,7 @@ func (e *Engine) touchLocked(s *session, owner Owner) {
 	}
 	if owner.TokenID == s.rec.OwnerTokenID && owner.Expires != nil && (s.rec.OwnerExpires == nil || owner.Expires.After(*s.rec.OwnerExpires)) {
 		s.rec.OwnerExpires, s.rec.OwnerIssued = owner.Expires, owner.Issued
+		s.rec.OwnerScopes = append([]string(nil), owner.Scopes...)
 	}
 }
 

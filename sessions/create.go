@@ -86,6 +86,7 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		Quota:          owner.QuotaID(),
 		Owner:          owner.OwnerID(),
 		OwnerExpires:   owner.Expires,
+		OwnerScopes:    append([]string(nil), owner.Scopes...),
 		OwnerIssued:    owner.Issued,
 		Target:         owner.MCPSession,
 		Tools:          append([]string(nil), req.Tools...),

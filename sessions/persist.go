@@ -41,9 +41,10 @@ type record struct {
 	LoadSession    bool        `json:"loadSession,omitempty"` // the agent supports session/load
 	OwnerTokenID   string      `json:"ownerTokenId,omitempty"`
 	OwnerTokenName string      `json:"ownerTokenName,omitempty"`
-	OwnerRoots     []string    `json:"ownerRoots,omitempty"` // the creating token's roots, checked again at each launch
-	Quota          string      `json:"quota,omitempty"`      // Owner.Quota of the creator: whose per-token quotas the session counts against
-	Target         string      `json:"target,omitempty"`     // MCP session events go to
+	OwnerRoots     []string    `json:"ownerRoots,omitempty"`  // the creating token's roots, checked again at each launch
+	Quota          string      `json:"quota,omitempty"`       // Owner.Quota of the creator: whose per-token quotas the session counts against
+	OwnerScopes    []string    `json:"ownerScopes,omitempty"` // the creator's credential's scopes at its latest call (see Owner.Scopes)
+	Target         string      `json:"target,omitempty"`      // MCP session events go to
 	Tools          []string    `json:"tools,omitempty"`
 	Subscribe      bool        `json:"subscribe,omitempty"`
 	Base           string      `json:"base,omitempty"` // CreateRequest.Base

@@ -110,7 +110,7 @@ func (e *Engine) launch(s *session, gen int) error {
 		hooked = e.cfg.MCPServers(SessionInfo{
 			SessionID: rec.ID, Title: rec.Title, Cwd: rec.Cwd, Agent: rec.Agent,
 			Owner: Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, ID: rec.Owner, MCPSession: rec.Target,
-				Expires: rec.OwnerExpires, Issued: rec.OwnerIssued},
+				Expires: rec.OwnerExpires, Issued: rec.OwnerIssued, Scopes: rec.OwnerScopes},
 			Tools: rec.Tools, Subscribe: rec.Subscribe, Base: rec.Base,
 		})
 	}
