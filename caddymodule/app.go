@@ -271,6 +271,12 @@ func loadTokens(st storage.Storage, syncEvery, flushEvery time.Duration) (*token
 		}
 		store.OnEvent(auditTokenEvent)
 		ctx, cancel := context.WithCancel(context.Background())
+		// Every request the edge lets through is held in the store (see
+		// Handler.serve), so ending the held ones ends every open stream
+		// when the process exits: one hook per store, not one per request.
+		// It stays registered after the store leaves the pool, for the
+		// requests a stopped config still serves.
+		context.AfterFunc(processExit(), store.CancelHolds)
 		ts := &tokenState{store: store, cancel: cancel, done: make(chan struct{})}
 		go func() {
 			defer close(ts.done)

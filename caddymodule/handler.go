@@ -480,7 +480,7 @@ func errMessage(err, sentinel error) string {
 // the body it was allowed on in its context, without the client's
 // credential, and behind the listing filter, which every answer passes.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, ip string, next caddyhttp.Handler) error {
-	metricRequests.WithLabelValues("allowed").Inc()
+	metricAllowed.Inc()
 	metricTokenRequests.WithLabelValues(p.Name).Inc()
 	if b != nil {
 		for _, c := range b.Calls {
@@ -494,10 +494,16 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	if b != nil {
 		ctx = message.NewContext(ctx, b)
 	}
-	// Streams end when the process exits, and a revoked token's (or JWT
-	// subject's) open requests and streams end at once.
-	defer context.AfterFunc(processExit(), cancel)()
+	// A revoked token's (or JWT subject's) open requests and streams end at
+	// once, and every one ends when the process exits: the token store
+	// cancels what it holds then (see loadTokens); a request that arrives
+	// after that ends at once.
 	defer h.tokens.Hold(p.TokenID, cancel)()
+	select {
+	case <-processExit().Done():
+		cancel()
+	default:
+	}
 	r = r.WithContext(ctx)
 	r.Header.Del("Authorization")
 	// Every answer goes through the listing filter, which reads it: ask

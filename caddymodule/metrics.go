@@ -25,6 +25,10 @@ var (
 		Namespace: "zidane", Subsystem: "mcp", Name: "token_requests_total",
 		Help: "Allowed requests per token name: which tokens are in use. Never labelled by secret.",
 	}, []string{"token"})
+
+	// metricAllowed is requests_total{decision="allowed"}, looked up once:
+	// every allowed request counts on it.
+	metricAllowed = metricRequests.WithLabelValues("allowed")
 )
 
 func registerMetrics(reg *prometheus.Registry) error {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/Tahul/caddy-zidane-mcp/message"
@@ -334,6 +335,9 @@ func (w *listingWriter) WriteHeader(status int) {
 			return
 		}
 		if w.sse != nil || w.json {
+			if n, err := strconv.Atoi(w.Header().Get("Content-Length")); w.json && err == nil && n > 0 && n <= maxFilteredBody {
+				w.buf.Grow(n) // the whole answer, without regrowing
+			}
 			w.Header().Del("Content-Length") // the filtered body has another length
 			if enc := w.Header().Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
 				w.withheld = encodedAnswer

@@ -88,7 +88,16 @@ func ReadBody(r *http.Request, limit int64) ([]byte, Verdict) {
 	if r.ContentLength > limit {
 		return nil, tooLarge(fmt.Sprintf("request body of %d bytes is over the %d-byte limit; send a smaller request", r.ContentLength, limit))
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	var body []byte
+	var err error
+	if r.ContentLength > 0 {
+		// The length is known (and bounded above): one read into a buffer
+		// of that size. net/http reads no more than it says.
+		body = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(r.Body, body)
+	} else {
+		body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
+	}
 	if err != nil {
 		return nil, Verdict{Status: http.StatusBadRequest, Reason: ReasonMalformed, Code: CodeInvalidRequest,
 			Message: "the request body could not be read; send it again"}

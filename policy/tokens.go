@@ -363,6 +363,20 @@ func (s *TokenStore) Hold(id string, cancel func()) (release func()) {
 	}
 }
 
+// CancelHolds runs the cancel function of every request held (see Hold),
+// for every token: the process is exiting, and open streams must end.
+func (s *TokenStore) CancelHolds() {
+	s.holdMu.Lock()
+	held := s.holds
+	s.holds = map[string]map[uint64]func(){}
+	s.holdMu.Unlock()
+	for _, m := range held {
+		for _, cancel := range m {
+			cancel()
+		}
+	}
+}
+
 // Check authenticates secret. It does not touch storage: the last-used time
 // is recorded in memory and written by Flush.
 func (s *TokenStore) Check(secret string, now time.Time) (Principal, error) {

@@ -319,3 +319,24 @@ func BenchmarkTokenCheckParallel(b *testing.B) {
 func itoa(i int) string {
 	return string([]byte{byte('0' + i/100%10), byte('0' + i/10%10), byte('0' + i%10)})
 }
+
+// When the process exits, the store ends every request it holds, of every
+// token, so that no open stream keeps caddy from stopping; releasing one
+// afterwards is harmless.
+func TestCancelHoldsEndsEveryHeldRequest(t *testing.T) {
+	_, s := newFileStore(t)
+	var ended []string
+	releaseA := s.Hold("tok_a", func() { ended = append(ended, "a") })
+	releaseB := s.Hold("tok_b", func() { ended = append(ended, "b") })
+	s.CancelHolds()
+	if len(ended) != 2 {
+		t.Fatalf("ended %v, want both requests", ended)
+	}
+	releaseA()
+	releaseB()
+	s.Hold("tok_c", func() { ended = append(ended, "c") })()
+	s.CancelHolds()
+	if len(ended) != 2 {
+		t.Fatalf("a released request was cancelled: %v", ended)
+	}
+}
