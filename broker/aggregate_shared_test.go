@@ -185,6 +185,20 @@ func TestCleanOrphans(t *testing.T) {
 		cmd.Process.Kill()
 		<-exited
 	})
+	// Start returns once the exec has begun, which can be before the kernel
+	// shows the new command line: wait for it, as a gateway restarting
+	// later would see it.
+	want := cmdlineBytes(cmd.Args)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		got, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid))
+		if bytes.Equal(got, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the orphan's command line is %q, want %q", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	orphan := filepath.Join(dir, fmt.Sprintf("old-server-%d.pid", cmd.Process.Pid))
 	if err := os.WriteFile(orphan, cmdlineBytes(cmd.Args), 0o600); err != nil {
 		t.Fatal(err)
