@@ -330,23 +330,7 @@ func (s *TokenStore) DeleteSession(ctx context.Context, session string) ([]Token
 	if session == "" || !s.hasSession(session) {
 		return nil, nil // most sessions have no token: no write for them
 	}
-	var gone []Token
-	err := s.update(ctx, func(f *tokenFile) error {
-		ids := map[string]bool{}
-		for _, t := range f.Tokens {
-			if t.Session == session {
-				ids[t.ID] = true
-			}
-		}
-		withDescendants(f, ids)
-		gone = deleteIDs(f, ids)
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.announce("deleted", gone)
-	return gone, nil
+	return s.deleteWhere(ctx, func(t *Token) bool { return t.Session == session })
 }
 
 // hasSession reports whether some token was minted for session.
@@ -462,11 +446,17 @@ func (s *TokenStore) PruneDerived(ctx context.Context, live func(session string)
 	if !found {
 		return nil, nil
 	}
+	return s.deleteWhere(ctx, stale)
+}
+
+// deleteWhere deletes the tokens that match, with every token derived from
+// them, and audits each deletion.
+func (s *TokenStore) deleteWhere(ctx context.Context, match func(*Token) bool) ([]Token, error) {
 	var gone []Token
 	err := s.update(ctx, func(f *tokenFile) error {
 		ids := map[string]bool{}
 		for _, t := range f.Tokens {
-			if stale(t) {
+			if match(t) {
 				ids[t.ID] = true
 			}
 		}

@@ -560,16 +560,11 @@ func (s *TokenStore) Revoke(ctx context.Context, nameOrID string) (Token, error)
 		}
 		now := time.Now().UTC().Truncate(time.Second)
 		ids := map[string]bool{match.ID: true}
-		// Children, grandchildren: a token file is small, so loop to a fixed point.
-		for changed := true; changed; {
-			changed = false
-			for _, t := range f.Tokens {
-				if t.Revoked == nil && (ids[t.ID] || ids[t.Parent]) {
-					t.Revoked = &now
-					ids[t.ID] = true
-					revoked = append(revoked, *t)
-					changed = true
-				}
+		withDescendants(f, ids) // children, grandchildren
+		for _, t := range f.Tokens {
+			if ids[t.ID] && t.Revoked == nil {
+				t.Revoked = &now
+				revoked = append(revoked, *t)
 			}
 		}
 		target = *match
