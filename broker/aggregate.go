@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -169,6 +170,7 @@ type Aggregate struct {
 	prompts   map[string]qualified                   // registered prompt name -> upstream, original
 	resOwner  map[string]string                      // resource URI -> upstream
 	tmplOwner map[string]string                      // URI template -> upstream
+	tmplMatch map[string]*regexp.Regexp              // URI template -> its compiled matcher, made at first use
 	sessions  map[*mcp.ServerSession]*aggSession     // downstream sessions
 	byID      map[string]*aggSession                 // downstream sessions by session id
 	bindings  map[string]string                      // downstream session id -> token id
@@ -248,6 +250,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		prompts:      map[string]qualified{},
 		resOwner:     map[string]string{},
 		tmplOwner:    map[string]string{},
+		tmplMatch:    map[string]*regexp.Regexp{},
 		sessions:     map[*mcp.ServerSession]*aggSession{},
 		byID:         map[string]*aggSession{},
 		maxBody:      opts.MaxRequestBodyBytes,
@@ -400,8 +403,16 @@ func (a *Aggregate) ResourceOwners(uri string) []string {
 	}
 	var owners []string
 	for tmpl, owner := range a.tmplOwner {
-		t, err := uritemplate.New(tmpl)
-		if err == nil && t.Regexp().MatchString(uri) && !slices.Contains(owners, owner) {
+		// Compiled once per template, not on every read and every listed
+		// resource (this runs under a.mu).
+		re, seen := a.tmplMatch[tmpl]
+		if !seen {
+			if t, err := uritemplate.New(tmpl); err == nil {
+				re = t.Regexp()
+			}
+			a.tmplMatch[tmpl] = re // nil: a template that does not parse matches nothing
+		}
+		if re != nil && re.MatchString(uri) && !slices.Contains(owners, owner) {
 			owners = append(owners, owner)
 		}
 	}

@@ -464,6 +464,7 @@ func (a *Aggregate) refreshResources(ctx context.Context, up *aggUpstream, cs *m
 		if !keepT[u] {
 			goneT = append(goneT, u)
 			delete(a.tmplOwner, u)
+			delete(a.tmplMatch, u)
 		}
 	}
 	a.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -521,5 +522,32 @@ func TestAggregateElicitAndLog(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Error("no log message reached the client")
+	}
+}
+
+// A resource URI belongs to the upstream that lists it, else to every
+// upstream whose template matches it; each template is compiled once.
+func TestResourceOwnersByTemplate(t *testing.T) {
+	a := &Aggregate{
+		resOwner:  map[string]string{"file:///listed": "c"},
+		tmplOwner: map[string]string{"file:///{path}": "a", "db://{table}/rows": "b", "file:///{+rest}": "b", "bad{": "c"},
+		tmplMatch: map[string]*regexp.Regexp{},
+	}
+	for range 2 { // the second time from the compiled templates
+		if got := a.ResourceOwners("file:///etc"); !slices.Equal(got, []string{"a", "b"}) {
+			t.Fatalf("file:///etc: %v, want [a b]", got)
+		}
+		if got := a.ResourceOwners("db://users/rows"); !slices.Equal(got, []string{"b"}) {
+			t.Fatalf("db://users/rows: %v, want [b]", got)
+		}
+		if got := a.ResourceOwners("file:///listed"); !slices.Equal(got, []string{"c"}) {
+			t.Fatalf("a listed resource: %v, want its lister", got)
+		}
+		if got := a.ResourceOwners("http://elsewhere/"); len(got) != 0 {
+			t.Fatalf("a URI no template matches: %v", got)
+		}
+	}
+	if len(a.tmplMatch) != 4 {
+		t.Fatalf("compiled %d templates, want each of the 4 once", len(a.tmplMatch))
 	}
 }
