@@ -50,6 +50,11 @@ const aggConnectTimeout = 30 * time.Second
 
 // AggregateOptions configures [NewAggregate].
 type AggregateOptions struct {
+	// AnswerBudget, when set, bounds the bytes of upstream answers the
+	// route holds at once, across its upstreams and every other route
+	// that shares it (see [AnswerBudget]).
+	AnswerBudget *AnswerBudget
+
 	// Credentials, when set, returns the credentials layer of the named
 	// upstream's egress (see [PassThroughOptions.Credentials]); nil for an
 	// upstream without one.
@@ -271,7 +276,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		for _, w := range warnings {
 			logger.Warn(w)
 		}
-		copts := ConnOptions{OnDecision: opts.OnDecision}
+		copts := ConnOptions{OnDecision: opts.OnDecision, AnswerBudget: opts.AnswerBudget}
 		if opts.Credentials != nil {
 			copts.Credentials = opts.Credentials(n.Name)
 		}

@@ -72,9 +72,6 @@ import (
 // the upstream's id, and so is a downstream request that goes away before
 // its answer, since nobody is left to receive it.
 
-// maxFastResult bounds an upstream answer read by the fast path.
-const maxFastResult = 64 << 20
-
 // fastIDs numbers the ids the fast path gives upstream requests; they are
 // strings, and go-sdk's client numbers its own, so they cannot collide.
 var fastIDs atomic.Uint64
@@ -367,6 +364,13 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 	default:
 		rec.Outcome, rec.Detail = OutcomeError, safeError(err)
 		a.record(rec, start)
+		if IsAnswerLimit(err) {
+			// The upstream session is dropped: the next call opens another.
+			s.forget(up.cfg.Name, c)
+			go c.cs.Close()
+			fw.respondTool(callID, overLimitResult(err))
+			break
+		}
 		if errors.Is(err, mcp.ErrSessionMissing) {
 			s.forget(up.cfg.Name, c)
 			go c.cs.Close()
@@ -407,12 +411,10 @@ func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpst
 		}
 		return nil, nil, fmt.Errorf("the upstream answered HTTP %d", resp.StatusCode)
 	case mt == "application/json":
-		data, err := io.ReadAll(io.LimitReader(resp.Body, maxFastResult+1))
+		// The body fails past max_response (see answerLimit).
+		data, err := io.ReadAll(resp.Body)
 		if err != nil {
 			return nil, nil, err
-		}
-		if len(data) > maxFastResult {
-			return nil, nil, fmt.Errorf("the upstream's answer is over %d bytes", maxFastResult)
 		}
 		return fastAnswer(data, upID)
 	case mt == "text/event-stream":
@@ -481,7 +483,9 @@ func answerOf(c message.Call) (result, rpcErr json.RawMessage, err error) {
 // its answer: notifications are relayed downstream, requests answered.
 func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstream, sessionID, version string, body io.Reader, upID message.ID, fw *fastWriter) (result, rpcErr json.RawMessage, err error) {
 	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 0, 16<<10), maxFastResult)
+	// The body fails past max_response (see answerLimit) before a line
+	// could reach the scanner's own bound.
+	sc.Buffer(make([]byte, 0, 16<<10), int(up.tr.limitMax())+1)
 	var data []byte
 	for sc.Scan() {
 		line := sc.Bytes()

@@ -40,6 +40,11 @@ type aggConn struct {
 
 	client *mcp.Client // the client of cs (nil for a lease): roots changes are announced through it
 
+	// overLimit is the failure of an answer on cs over max_response or the
+	// answer budget, which also closed cs.
+	overLimit atomic.Pointer[error]
+	closeOnce sync.Once
+
 	received *atomic.Int64 // log and progress notifications read on cs (see awaitNotes); nil: not counted
 	handled  atomic.Int64  // and forwarded by the handlers
 	rootMu   sync.Mutex
@@ -246,6 +251,10 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	if err == nil && up.tr.notes != nil {
 		c.received = up.tr.notes.counter(cs.ID())
 	}
+	unwatch := func() {}
+	if err == nil {
+		unwatch = up.tr.watchLimit(cs.ID(), func(err error) { c.overLimit.Store(&err) })
+	}
 	c.cs, c.err = cs, err
 	close(c.done)
 	if err != nil {
@@ -254,6 +263,7 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	}
 	go func() {
 		cs.Wait()
+		unwatch()
 		if up.tr.notes != nil {
 			up.tr.notes.forget(cs.ID())
 		}
@@ -486,6 +496,9 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			return res, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
+		case c.limitFailure() != nil:
+			a.session(req.Session).forget(up.cfg.Name, c)
+			return overLimitResult(c.limitFailure()), nil
 		case errors.Is(err, upstreamauth.ErrAuthRequired):
 			// go-sdk reports the transport's refusal as a JSON-RPC error;
 			// the caller gets the tool error that says how to log in.
@@ -506,6 +519,9 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 func forwardErr(ctx context.Context, up *aggUpstream, err error) error {
 	if ctx.Err() != nil || upstreamRPCError(err) {
 		return err
+	}
+	if IsAnswerLimit(err) {
+		return errors.New(limitMessage(err))
 	}
 	return fmt.Errorf("the upstream MCP server %q could not be reached: %s", up.cfg.Name, safeError(err))
 }
@@ -555,10 +571,39 @@ func withConnT[T any](a *Aggregate, ctx context.Context, ss *mcp.ServerSession, 
 	untrack := c.track(ctx, nil)
 	defer untrack()
 	res, err := fn(c)
+	if err != nil && ctx.Err() == nil {
+		if lerr := c.limitFailure(); lerr != nil {
+			a.session(ss).forget(up.cfg.Name, c)
+			return zero, lerr
+		}
+	}
 	if err != nil && (errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing)) {
 		a.session(ss).forget(up.cfg.Name, c)
 	}
 	return res, err
+}
+
+// limitFailure is the answer-limit failure that closed c's upstream
+// session, or nil. The session is closed as well, so the upstream frees
+// what it holds for it.
+func (c *aggConn) limitFailure() error {
+	p := c.overLimit.Load()
+	if p == nil {
+		return nil
+	}
+	if c.cs != nil && !c.shared {
+		c.closeOnce.Do(func() { go c.cs.Close() })
+	}
+	return *p
+}
+
+// overLimitResult is the tool result of a call whose answer was over a
+// limit: an error that names the upstream and the limit.
+func overLimitResult(err error) *mcp.CallToolResult {
+	return &mcp.CallToolResult{
+		IsError: true,
+		Content: []mcp.Content{&mcp.TextContent{Text: limitMessage(err)}},
+	}
 }
 
 // complete routes completion/complete by its reference: a prompt name or a

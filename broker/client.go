@@ -94,6 +94,10 @@ type ConnOptions struct {
 	// in initialize (e.g. "2025-11-25" for upstreams that do not speak the
 	// SDK's newest one). Empty lets the SDK choose.
 	ProtocolVersion string
+
+	// AnswerBudget, when set, bounds the bytes of upstream answers held at
+	// once across every upstream that shares it (see [AnswerBudget]).
+	AnswerBudget *AnswerBudget
 }
 
 // MaxStderrLine bounds one logged line of a stdio upstream's stderr; the
@@ -245,7 +249,10 @@ func connHTTPClient(n, e Upstream, opts ConnOptions) (*http.Client, error) {
 		return nil, fmt.Errorf("%s: %w", describe(n), err)
 	}
 	return &http.Client{
-		Transport:     &originGuard{upstream: n.Name, origin: pinnedfetch.Origin(endpoint), next: pinned.Transport},
+		// Every answer is bounded by max_response and the budget, under
+		// whatever reads it (go-sdk's transports, the fast path).
+		Transport: newAnswerLimit(&originGuard{upstream: n.Name, origin: pinnedfetch.Origin(endpoint), next: pinned.Transport},
+			n.Name, n.MaxResponse, opts.AnswerBudget, false),
 		CheckRedirect: pinned.CheckRedirect,
 		// No Timeout: it would cut SSE streams. Requests are bounded by
 		// their context.
@@ -296,6 +303,7 @@ type upstreamTransports struct {
 	e      Upstream     // expanded
 	http   *http.Client // http and sse: pinned and origin-guarded; nil for stdio
 	guard  *originGuard // nil for stdio
+	limit  *answerLimit // bounds every answer; nil for stdio
 	logger *slog.Logger // receives a stdio process's stderr
 	// maxRetries is the streamable client's MaxRetries (0: go-sdk's
 	// default).
@@ -332,7 +340,8 @@ func newUpstreamTransports(n, e Upstream, opts ConnOptions, logger *slog.Logger)
 		if err != nil {
 			return nil, err
 		}
-		t.http, t.guard = hc, hc.Transport.(*originGuard)
+		t.limit = hc.Transport.(*answerLimit)
+		t.http, t.guard = hc, t.limit.next.(*originGuard)
 	case TransportStdio:
 		if v, ok := firstPlaceholder(e.Command); ok {
 			return nil, fmt.Errorf("%s: command still holds the placeholder for %s: set %s in the environment of the Caddy process", describe(n), v, v)
@@ -356,6 +365,23 @@ func (t *upstreamTransports) newTransport() mcp.Transport {
 	default:
 		return &stdioTransport{t: t}
 	}
+}
+
+// watchLimit calls fn with the limit failure of an answer on the upstream
+// session sid (http and sse), until the returned func is called.
+func (t *upstreamTransports) watchLimit(sid string, fn func(error)) (unwatch func()) {
+	if t.limit == nil {
+		return func() {}
+	}
+	return t.limit.watch(sid, fn)
+}
+
+// limitMax is the upstream's max_response (0 for stdio).
+func (t *upstreamTransports) limitMax() int64 {
+	if t.limit == nil {
+		return 0
+	}
+	return t.limit.max
 }
 
 // refusal returns, and forgets, the last request the origin guard refused

@@ -97,6 +97,15 @@ type Upstream struct {
 	// nanoseconds. Zero means the broker's default, 2 minutes.
 	Timeout time.Duration `json:"timeout,omitempty"`
 
+	// MaxResponse bounds what one answer of the server may hold, in
+	// bytes: a POST's answer whole (a JSON body, or all the events of its
+	// stream), and each event of a GET stream. Past it the call fails
+	// with an error naming the upstream and the limit, and the gateway
+	// drops its session with the upstream. Zero means
+	// [DefaultMaxResponse], 16 MiB. For stdio servers go-sdk's own bound
+	// of 16 MiB per message applies instead.
+	MaxResponse int64 `json:"max_response,omitempty"`
+
 	// Shared, for stdio servers, runs one process for every client (true,
 	// the default) rather than one per client session. Give false for
 	// servers that keep per-client state.
@@ -289,6 +298,9 @@ func (u Upstream) Validate() error {
 	}
 	if u.Scope != "" && !validScope(u.Scope) {
 		return fmt.Errorf("%s: scope %q: use letters, digits and ':._-', starting with a letter or digit, at most 64 characters", where, u.Scope)
+	}
+	if u.MaxResponse < 0 {
+		return fmt.Errorf("%s: max_response %d is negative; give a positive size such as 16MiB, or leave it out for the default", where, u.MaxResponse)
 	}
 	if u.Timeout < 0 {
 		return fmt.Errorf("%s: timeout %v is negative; give a positive duration, or leave it out for the default", where, u.Timeout)

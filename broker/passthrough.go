@@ -36,6 +36,10 @@ type PassThroughOptions struct {
 	// never calls it.
 	Lookup func(string) (string, bool)
 
+	// AnswerBudget, when set, bounds the bytes of upstream answers held at
+	// once (see [AnswerBudget]); the route holds only events being read.
+	AnswerBudget *AnswerBudget
+
 	// SessionKey seals the session ids given to clients (see
 	// [SessionIDs]): 32 random bytes. Keep it across config reloads, or
 	// every open session's client must initialize again.
@@ -164,6 +168,10 @@ func NewPassThrough(u Upstream, opts PassThroughOptions) (*PassThrough, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", describe(n), err)
 	}
+	// A JSON answer streams through the route without being held, so it
+	// takes nothing of the in-flight budget; an event is held until it is
+	// whole (see relayEvents). max_response bounds both.
+	client.Transport = newAnswerLimit(client.Transport, n.Name, n.MaxResponse, opts.AnswerBudget, true)
 	return &PassThrough{
 		name:          n.Name,
 		route:         cmp.Or(opts.Route, "broker:"+n.Name),
@@ -266,7 +274,7 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	resp, err := pt.send(r, ex.body, ex.upstreamSID)
 	if err != nil {
-		pt.failed(w, r, &rec, ex.rpcID, err)
+		pt.failed(w, r, &rec, ex.rpcID, ex.upstreamSID, err)
 		return
 	}
 	defer resp.Body.Close()
@@ -391,18 +399,34 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 	copyResponseHeaders(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
 
-	var flush func() error
-	if isEventStream(resp.Header.Get("Content-Type")) {
+	var (
+		readErr    error
+		clientGone bool
+		sse        = isEventStream(resp.Header.Get("Content-Type"))
+	)
+	if sse {
 		rc := http.NewResponseController(w)
-		flush = func() error {
+		readErr, clientGone = relayEvents(w, resp.Body, func() error {
 			if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 				return err
 			}
 			return nil
-		}
+		})
+	} else {
+		readErr, clientGone = relay(w, resp.Body, nil)
 	}
-	readErr, clientGone := relay(w, resp.Body, flush)
 	switch {
+	case IsAnswerLimit(readErr) && !clientGone && r.Context().Err() == nil:
+		rec.Outcome, rec.Detail = OutcomeError, readErr.Error()
+		pt.logger.Warn("upstream answer over its limit; dropping the upstream session", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
+		if sse && len(ex.rpcID) > 0 {
+			// The events before it went out whole; the request's answer is
+			// the error, on the same stream.
+			if answer := pt.limitAnswer(ex, readErr); answer != nil {
+				w.Write(sseMessage(answer))
+			}
+		}
+		pt.dropUpstreamSession(cmp.Or(resp.Header.Get(headerSessionID), ex.upstreamSID))
 	case readErr != nil && !clientGone && r.Context().Err() == nil:
 		// The status has gone out; ending the body early is all that is
 		// left, and the client reads it as a dropped stream.
@@ -467,7 +491,7 @@ func (c *cancelOnClose) Close() error {
 }
 
 // failed answers a request whose upstream call failed.
-func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallRecord, rpcID json.RawMessage, err error) {
+func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallRecord, rpcID json.RawMessage, upstreamSID string, err error) {
 	if r.Context().Err() != nil {
 		// The client went away; nobody is left to answer.
 		rec.Outcome = OutcomeCanceled
@@ -494,6 +518,16 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallR
 			return
 		}
 		writeRPCError(w, http.StatusServiceUnavailable, rpcID, codeUpstream, msg)
+		return
+	}
+	if IsAnswerLimit(err) {
+		pt.logger.Warn("upstream answer over its limit; dropping the upstream session", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
+		pt.dropUpstreamSession(upstreamSID)
+		if rec.Method == "tools/call" && len(rpcID) > 0 {
+			writeToolError(w, rpcID, limitMessage(err))
+			return
+		}
+		writeRPCError(w, http.StatusBadGateway, rpcID, codeUpstream, limitMessage(err))
 		return
 	}
 	pt.logger.Warn("upstream request failed", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
@@ -545,4 +579,53 @@ func pinnedClient(url string, headers []header, onDecision func(pinnedfetch.Deci
 		fetchOpts = append(fetchOpts, pinnedfetch.DenyPrivateAddresses(*denyPrivate))
 	}
 	return pinnedfetch.New(url, names, fetchOpts...)
+}
+
+// limitMessage is what a client is told of an answer over a limit.
+func limitMessage(err error) string {
+	var tl *AnswerTooLargeError
+	if errors.As(err, &tl) {
+		return tl.Error()
+	}
+	var be *AnswerBudgetError
+	if errors.As(err, &be) {
+		return be.Error()
+	}
+	return safeError(err)
+}
+
+// limitAnswer is the answer to the request of ex that an answer over a limit
+// replaces: a tool error for a tools/call, else a JSON-RPC error.
+func (pt *PassThrough) limitAnswer(ex exchange, err error) []byte {
+	if ex.method == "tools/call" {
+		if b, merr := toolErrorAnswer(ex.rpcID, limitMessage(err)); merr == nil {
+			return b
+		}
+	}
+	return rpcErrorAnswer(ex.rpcID, codeUpstream, limitMessage(err))
+}
+
+// dropUpstreamSession ends the upstream session sid, after an answer of it
+// broke a limit: the client's next request on it gets 404 and initializes
+// again, and the upstream frees what it held for the session. It runs in
+// the background and is bounded by the header timeout.
+func (pt *PassThrough) dropUpstreamSession(sid string) {
+	if sid == "" {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), pt.headerTimeout)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodDelete, pt.endpoint, nil)
+		if err != nil {
+			return
+		}
+		req.Header.Set(headerSessionID, sid)
+		resp, err := pt.client.Do(req)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+	}()
 }

@@ -142,14 +142,7 @@ type rpcErrorObject struct {
 // id when the body held a single request, else null, as JSON-RPC asks when
 // the id cannot be known.
 func writeRPCError(w http.ResponseWriter, status int, id json.RawMessage, code int, message string) {
-	if len(id) == 0 {
-		id = json.RawMessage("null")
-	}
-	body, err := json.Marshal(rpcError{JSONRPC: "2.0", ID: id, Error: rpcErrorObject{code, message}})
-	if err != nil {
-		// Only an invalid id can fail; answer without it.
-		body, _ = json.Marshal(rpcError{JSONRPC: "2.0", ID: json.RawMessage("null"), Error: rpcErrorObject{code, message}})
-	}
+	body := rpcErrorAnswer(id, code, message)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
@@ -160,14 +153,7 @@ func writeRPCError(w http.ResponseWriter, status int, id json.RawMessage, code i
 // writeToolError answers the tools/call of id with a tool result that
 // reports message as an error.
 func writeToolError(w http.ResponseWriter, id json.RawMessage, message string) {
-	body, err := json.Marshal(map[string]any{
-		"jsonrpc": "2.0",
-		"id":      id,
-		"result": map[string]any{
-			"content": []map[string]string{{"type": "text", "text": message}},
-			"isError": true,
-		},
-	})
+	body, err := toolErrorAnswer(id, message)
 	if err != nil {
 		writeRPCError(w, http.StatusServiceUnavailable, nil, codeUpstream, message)
 		return
@@ -177,6 +163,31 @@ func writeToolError(w http.ResponseWriter, id json.RawMessage, message string) {
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	w.Write(body)
+}
+
+// toolErrorAnswer is the JSON-RPC answer to the tools/call of id: a tool
+// result that reports message as an error.
+func toolErrorAnswer(id json.RawMessage, message string) ([]byte, error) {
+	return json.Marshal(map[string]any{
+		"jsonrpc": "2.0",
+		"id":      id,
+		"result": map[string]any{
+			"content": []map[string]string{{"type": "text", "text": message}},
+			"isError": true,
+		},
+	})
+}
+
+// rpcErrorAnswer is the JSON-RPC error answer to id.
+func rpcErrorAnswer(id json.RawMessage, code int, message string) []byte {
+	if len(id) == 0 {
+		id = json.RawMessage("null")
+	}
+	body, err := json.Marshal(rpcError{JSONRPC: "2.0", ID: id, Error: rpcErrorObject{code, message}})
+	if err != nil {
+		body, _ = json.Marshal(rpcError{JSONRPC: "2.0", ID: json.RawMessage("null"), Error: rpcErrorObject{code, message}})
+	}
+	return body
 }
 
 var errBodyTooLarge = errors.New("request body too large")
@@ -241,6 +252,63 @@ func relay(w http.ResponseWriter, body io.Reader, flush func() error) (readErr e
 	}
 }
 
+// relayEvents copies an upstream event stream to the client one whole event
+// at a time, flushing after each: an event is held until its blank line,
+// so that an answer cut short (by max_response) leaves no half event on
+// the client's stream, only the events before it. The body bounds what is
+// held. It returns as relay does.
+func relayEvents(w http.ResponseWriter, body io.Reader, flush func() error) (readErr error, clientGone bool) {
+	if flush() != nil {
+		return nil, true
+	}
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
+	var (
+		split   sseSplit
+		pending []byte // the current event, not yet whole
+	)
+	for {
+		n, err := body.Read(buf)
+		chunk := buf[:n]
+		for len(chunk) > 0 {
+			end := split.end(chunk)
+			if end < 0 {
+				pending = append(pending, chunk...)
+				break
+			}
+			out := chunk[:end]
+			if len(pending) > 0 {
+				pending = append(pending, out...)
+				out = pending
+			}
+			if _, werr := w.Write(out); werr != nil {
+				return nil, true
+			}
+			if flush() != nil {
+				return nil, true
+			}
+			pending, chunk = pending[:0], chunk[end:]
+			if cap(pending) > 64<<10 {
+				pending = nil // a large event's buffer is not kept for the stream's life
+			}
+		}
+		if err == io.EOF {
+			if len(pending) > 0 {
+				// A last event without its blank line: clients drop it
+				// too, but pass it on as the upstream sent it.
+				if _, werr := w.Write(pending); werr != nil {
+					return nil, true
+				}
+			}
+			return nil, false
+		}
+		if err != nil {
+			return err, false
+		}
+	}
+}
+
 // isEventStream reports whether a Content-Type is text/event-stream.
 func isEventStream(contentType string) bool {
 	mt, _, _ := strings.Cut(contentType, ";")
@@ -256,4 +324,13 @@ func visibleASCII(s string) bool {
 		}
 	}
 	return s != ""
+}
+
+// sseMessage is one event-stream event that carries the JSON-RPC message
+// data.
+func sseMessage(data []byte) []byte {
+	out := make([]byte, 0, len(data)+24)
+	out = append(out, "event: message\ndata: "...)
+	out = append(out, data...)
+	return append(out, '\n', '\n')
 }

@@ -121,6 +121,14 @@ type App struct {
 	// key, and a new key means the upstreams need a new login.
 	UpstreamTokenKey string `json:"upstream_token_key,omitempty"`
 
+	// MaxInflightResponse bounds the bytes of upstream answers the
+	// broker holds at once, across every route and upstream (see
+	// broker.AnswerBudget); past it a call fails with an error that says
+	// so. Default: 256 MiB.
+	MaxInflightResponse int64 `json:"max_inflight_response,omitempty"`
+
+	answerBudget *broker.AnswerBudget
+
 	tokens    *tokenState
 	tokensKey string
 	storage   storage.Storage // the configured storage (Caddy's)
@@ -160,6 +168,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.MCPSessionIdleTimeout == 0 {
 		a.MCPSessionIdleTimeout = caddy.Duration(30 * time.Minute)
 	}
+	if a.MaxInflightResponse < 0 {
+		return fmt.Errorf("zidane: max_inflight_response %d is negative; give a size such as 256MiB", a.MaxInflightResponse)
+	}
+	a.answerBudget = broker.NewAnswerBudget(a.MaxInflightResponse)
 	for _, r := range a.Roots {
 		if !filepath.IsAbs(r) {
 			return fmt.Errorf("zidane: root %q is not an absolute path; give it from /, such as /srv/projects", r)

@@ -90,6 +90,7 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 		SessionKey:   brokerSessionKey,
 		Route:        route,
 		MaxBodyBytes: h.MaxBodyBytes,
+		AnswerBudget: app.answerBudget,
 		OnDecision:   func(d pinnedfetch.Decision) { auditRedirect(h.audit, u.Name, d) },
 		OnCall:       func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
 		OnRefusal: func(r broker.Refusal) {
@@ -179,6 +180,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		PIDDir:              filepath.Join(caddy.AppDataDir(), "zidane", "stdio"),
 		Prefix:              h.Prefix,
 		MaxRequestBodyBytes: h.MaxBodyBytes,
+		AnswerBudget:        app.answerBudget,
 		OnDecision:          func(d pinnedfetch.Decision) { auditRedirect(h.audit, "aggregate", d) },
 		OnCall:              func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
 		Logger:              slog.New(zapslog.NewHandler(ctx.Logger().Named("aggregate").Core())),

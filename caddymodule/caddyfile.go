@@ -334,6 +334,7 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //				tools allow|deny <pattern...>
 //				scope <scope>
 //				timeout <duration>
+//				max_response <size>
 //				shared true|false
 //				oauth {
 //					grant authorization_code|client_credentials|cross_app_access
@@ -354,6 +355,7 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //				}
 //			}
 //			upstream_token_key <base64 key or {env.VAR}>
+//			max_inflight_response <size>
 //			upstreams_file <path>
 //			session_upstreams <name...>
 //		}
@@ -449,6 +451,17 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, d.Err("share_sessions takes no value, or true or false")
 			}
 			app.ShareSessions = v == "true"
+			continue
+		case "max_inflight_response":
+			var v string
+			if !d.Args(&v) || d.NextArg() {
+				return nil, d.Err("max_inflight_response takes one size, such as 256MiB")
+			}
+			n, err := humanize.ParseBytes(v)
+			if err != nil || n == 0 || n > 1<<40 {
+				return nil, d.Errf("max_inflight_response %q: give a size such as 256MiB", v)
+			}
+			app.MaxInflightResponse = int64(n)
 			continue
 		case "upstream_token_key":
 			if !d.Args(&app.UpstreamTokenKey) || d.NextArg() {
@@ -604,6 +617,15 @@ func parseUpstream(d *caddyfile.Dispenser) (broker.Upstream, error) {
 				u.ToolsAllow = append(u.ToolsAllow, args[1:]...)
 			} else {
 				u.ToolsDeny = append(u.ToolsDeny, args[1:]...)
+			}
+		case "max_response":
+			var v string
+			if v, err = one(); err == nil {
+				n, perr := humanize.ParseBytes(v)
+				if perr != nil || n == 0 || n > 1<<40 {
+					return u, d.Errf("upstream %s: max_response %q: give a size such as 16MiB", u.Name, v)
+				}
+				u.MaxResponse = int64(n)
 			}
 		case "timeout":
 			var v string

@@ -33,10 +33,11 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 		}
 		route := "egress:" + name
 		pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
-			SessionKey: brokerSessionKey,
-			Route:      route,
-			OnDecision: func(d pinnedfetch.Decision) { auditRedirect(auditLogger(), name, d) },
-			OnCall:     func(c broker.CallRecord) { auditUpstreamCall(auditLogger(), c) },
+			SessionKey:   brokerSessionKey,
+			Route:        route,
+			AnswerBudget: a.answerBudget,
+			OnDecision:   func(d pinnedfetch.Decision) { auditRedirect(auditLogger(), name, d) },
+			OnCall:       func(c broker.CallRecord) { auditUpstreamCall(auditLogger(), c) },
 			OnRefusal: func(r broker.Refusal) {
 				metricRefusals.WithLabelValues(r.Reason).Inc()
 				auditBrokerRefusal(auditLogger(), r)
