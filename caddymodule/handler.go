@@ -232,7 +232,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	case h.Sessions != nil:
 		err = h.buildSessions(ctx, appIface.(*App))
 	case h.Guard != nil:
-		h.route = &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders}
+		ids, ierr := broker.NewSessionIDs(brokerSessionKey)
+		if ierr != nil {
+			return ierr
+		}
+		// Sealed ids name the site by its resource, so one guarded site's
+		// id opens on no other with another resource.
+		h.route = &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders, IDs: ids, Route: "guard:" + h.Resource}
 	}
 	return err
 }
@@ -356,7 +362,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	// 6. Serve.
-	return h.serve(w, r, route, p, d.Body, rf.clientIP, next)
+	return h.serve(w, r, route, p, d.Body, rf, next)
 }
 
 // checkHostOrigin is step 1: on a loopback listener, a Host that is not
@@ -479,7 +485,8 @@ func errMessage(err, sentinel error) string {
 // serve is step 6: the route serves the request with the principal and
 // the body it was allowed on in its context, without the client's
 // credential, and behind the listing filter, which every answer passes.
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, ip string, next caddyhttp.Handler) error {
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, rf refusal, next caddyhttp.Handler) error {
+	ip := rf.clientIP
 	metricAllowed.Inc()
 	metricTokenRequests.WithLabelValues(p.Name).Inc()
 	if b != nil {
@@ -513,6 +520,15 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	f := edge.NewListing(route, p, b, func(d edge.Drop) { h.auditDrop(r, p, d) })
 	fw, closeFilter := f.Wrap(w)
 	err := route.Serve(fw, r, edge.Next(next.ServeHTTP))
+	var re *edge.RefusalError
+	if errors.As(err, &re) {
+		// Refused before anything was written: answered and audited as
+		// the edge's own refusals are.
+		if b != nil {
+			rf.call = b.Calls[0]
+		}
+		return h.refuse(w, r, rf, re.Verdict)
+	}
 	if cerr := closeFilter(); err == nil {
 		err = cerr
 	}

@@ -223,6 +223,51 @@ func TestGuard(t *testing.T) {
 		}
 	})
 
+	t.Run("a session id opens for its own token only", func(t *testing.T) {
+		init := post(t, mainURL, full, initializeBody)
+		sid := init.header.Get("Mcp-Session-Id")
+		if init.status != http.StatusOK || sid == "" {
+			t.Fatalf("initialize: %d, session id %q", init.status, sid)
+		}
+		get := func(token string) (int, string) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, mainURL, nil)
+			req.Header.Set("Authorization", "Bearer "+token)
+			req.Header.Set("Accept", "text/event-stream")
+			req.Header.Set("Mcp-Session-Id", sid)
+			req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var reason struct {
+				Error struct {
+					Data struct {
+						Reason string `json:"reason"`
+					} `json:"data"`
+				} `json:"error"`
+			}
+			if resp.StatusCode != http.StatusOK {
+				json.NewDecoder(resp.Body).Decode(&reason)
+			}
+			return resp.StatusCode, reason.Error.Data.Reason
+		}
+		// Another token that learned the id: 404, and the server never
+		// sees it.
+		if status, reason := get(simple); status != http.StatusNotFound || reason != "session_unknown" {
+			t.Fatalf("another token's GET with the stolen session id: %d %q; want 404 session_unknown", status, reason)
+		}
+		// The owner opens the session's GET stream.
+		if status, _ := get(full); status != http.StatusOK {
+			t.Fatalf("the owner's GET on its session: %d", status)
+		}
+		if !strings.Contains(c.Logs(), `"reason":"session_unknown"`) {
+			t.Error("the refused GET was not audited")
+		}
+	})
+
 	t.Run("go-sdk client through the guard", func(t *testing.T) {
 		cs, err := connectGo(t, mainURL, bearerClient(full, nil))
 		if err != nil {

@@ -32,34 +32,6 @@ func scopeVisible(m *policy.ScopeMap, p policy.Principal, it Item) bool {
 	return m.Decide(p, it.Use()).Allowed
 }
 
-// Guard is guard mode: what the scope map allows goes to the next handler,
-// such as reverse_proxy to an MCP server.
-type Guard struct {
-	Scopes *policy.ScopeMap
-	// Prepare, when set, runs on each request passed on: it sets the
-	// operator's upstream headers.
-	Prepare func(*http.Request)
-}
-
-// Admit admits every authenticated principal.
-func (*Guard) Admit(policy.Principal) Verdict { return Verdict{} }
-
-// Authorize decides c by the scope map.
-func (g *Guard) Authorize(p policy.Principal, c message.Call) Verdict {
-	return scopeVerdict(g.Scopes, p, c)
-}
-
-// Visible shows what the scope map lets p use.
-func (g *Guard) Visible(p policy.Principal, it Item) bool { return scopeVisible(g.Scopes, p, it) }
-
-// Serve passes r on.
-func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
-	if g.Prepare != nil {
-		g.Prepare(r)
-	}
-	return next(w, r)
-}
-
 // Sessions is the sessions endpoint: the sessions and interactions tools,
 // which drive coding agents on this host, for people's tokens only.
 type Sessions struct {

@@ -1,0 +1,222 @@
+package edge
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// Guard is guard mode: what the scope map allows goes to the next handler,
+// such as reverse_proxy to an MCP server. The guarded server chooses every
+// byte of its answers, so the guard binds what it hands out and keeps back
+// what would speak for the gateway:
+//
+//   - Mcp-Session-Id is translated both ways, as on the broker's
+//     pass-through route: the client gets the server's id sealed to its
+//     token and this route ([broker.SessionIDs]), and a request's id is
+//     opened before it goes on. An id given to another token, or to
+//     another guarded site, gets 404, which tells a client to initialize
+//     again; the server never sees it.
+//   - WWW-Authenticate, Proxy-Authenticate, Set-Cookie and the server's
+//     CORS headers never reach the client: a challenge would send the
+//     client to the server's authorization server, a cookie would be set
+//     for the gateway's origin, and CORS is the gateway's to answer. The
+//     edge's own CORS headers stay.
+//   - A 401, 403 or 407 from the server refused the gateway's request (the
+//     client's token passed the edge, and the server sees the operator's
+//     upstream_header, if any): it becomes 502 with a message for the
+//     operator, and the server's body is dropped.
+type Guard struct {
+	Scopes *policy.ScopeMap
+	// Prepare, when set, runs on each request passed on: it sets the
+	// operator's upstream headers.
+	Prepare func(*http.Request)
+	// IDs seals the server's session ids; required.
+	IDs *broker.SessionIDs
+	// Route names this guarded site in its sealed ids, so that an id
+	// opens on no other: such as "guard:" and the site's resource URL.
+	Route string
+}
+
+// Admit admits every authenticated principal.
+func (*Guard) Admit(policy.Principal) Verdict { return Verdict{} }
+
+// Authorize decides c by the scope map.
+func (g *Guard) Authorize(p policy.Principal, c message.Call) Verdict {
+	return scopeVerdict(g.Scopes, p, c)
+}
+
+// Visible shows what the scope map lets p use.
+func (g *Guard) Visible(p policy.Principal, it Item) bool { return scopeVisible(g.Scopes, p, it) }
+
+// Serve opens the request's session id and passes r on, with the answer's
+// headers bound and stripped as the type's doc says.
+func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
+	p, _ := policy.PrincipalFrom(r.Context())
+	gw := &guardWriter{ResponseWriter: w, g: g, p: p}
+	switch values := r.Header.Values(headerSessionID); {
+	case len(values) > 1:
+		return &RefusalError{Refuse(http.StatusBadRequest, "session_repeated",
+			"the request carried more than one Mcp-Session-Id; send one")}
+	case len(values) == 1:
+		upstream, err := g.IDs.Open(values[0], p.TokenID, g.Route)
+		if err != nil {
+			v := Refuse(http.StatusNotFound, "session_unknown",
+				"unknown session: this Mcp-Session-Id was not issued to this token on this endpoint, or is no longer valid; start a new session by initializing again without Mcp-Session-Id")
+			v.Code = CodeUnknownSession
+			return &RefusalError{v}
+		}
+		gw.clientSID, gw.upstreamSID = values[0], upstream
+		r.Header[headerSessionID] = []string{upstream}
+	}
+	// The edge's own CORS headers, set before the route runs: the only
+	// ones the client gets.
+	for k, v := range w.Header() {
+		if isCORSHeader(k) {
+			gw.cors = append(gw.cors, corsHeader{k, v})
+		}
+	}
+	if g.Prepare != nil {
+		g.Prepare(r)
+	}
+	return next(gw, r)
+}
+
+// CodeUnknownSession is the JSON-RPC error code of an unknown session id.
+const CodeUnknownSession = -32001
+
+const headerSessionID = "Mcp-Session-Id"
+
+// RefusalError is what a route's Serve returns when it refuses a request
+// before writing anything: the edge answers and audits the verdict as it
+// does its own refusals.
+type RefusalError struct{ Verdict Verdict }
+
+func (e *RefusalError) Error() string { return e.Verdict.Reason + ": " + e.Verdict.Message }
+
+type corsHeader struct {
+	name   string
+	values []string
+}
+
+func isCORSHeader(name string) bool {
+	return len(name) > len("Access-Control-") && strings.EqualFold(name[:len("Access-Control-")], "Access-Control-")
+}
+
+// guardWriter rewrites the guarded server's answer headers (see [Guard]).
+type guardWriter struct {
+	http.ResponseWriter
+	g                      *Guard
+	p                      policy.Principal
+	clientSID, upstreamSID string
+	cors                   []corsHeader
+	wrote                  bool
+	refused                bool // a 401/403/407 was replaced: its body is dropped
+}
+
+// strippedHeaders are the server's answer headers the client never gets.
+var strippedHeaders = []string{"Www-Authenticate", "Proxy-Authenticate", "Set-Cookie", "Set-Cookie2"}
+
+func (w *guardWriter) WriteHeader(status int) {
+	if w.wrote {
+		return
+	}
+	h := w.Header()
+	for _, name := range strippedHeaders {
+		delete(h, name)
+	}
+	for k := range h {
+		if isCORSHeader(k) {
+			delete(h, k)
+		}
+	}
+	for _, c := range w.cors {
+		h[c.name] = c.values
+	}
+	if status >= 100 && status < 200 && status != http.StatusSwitchingProtocols {
+		// Early hints pass, without what the final answer may not carry.
+		delete(h, headerSessionID)
+		w.ResponseWriter.WriteHeader(status)
+		return
+	}
+	w.wrote = true
+	switch status {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired:
+		w.refused = true
+		w.replace(http.StatusBadGateway, fmt.Sprintf("the MCP server behind this gateway refused the gateway's request (HTTP %d); your own token is fine: ask the operator to check the credentials the gateway sends it (guard upstream_header)", status))
+		return
+	}
+	switch sids := h.Values(headerSessionID); {
+	case len(sids) == 0:
+	case len(sids) > 1 || len(sids[0]) > broker.MaxUpstreamSessionID || !visibleASCII(sids[0]):
+		w.refused = true
+		w.replace(http.StatusBadGateway, "the MCP server behind this gateway gave an invalid session id; ask the operator to check the server")
+		return
+	case sids[0] == w.upstreamSID:
+		// The client's own id again: clients take a changed id for an
+		// error, and servers repeat theirs on every answer.
+		h[headerSessionID] = []string{w.clientSID}
+	default:
+		h[headerSessionID] = []string{w.g.IDs.Seal(sids[0], w.p.TokenID, w.g.Route)}
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+// replace answers with a JSON-RPC error of the gateway's own instead of
+// the server's answer.
+func (w *guardWriter) replace(status int, msg string) {
+	h := w.Header()
+	for k := range h {
+		if !isCORSHeader(k) && k != "Vary" {
+			delete(h, k)
+		}
+	}
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.ResponseWriter.WriteHeader(status)
+	body := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":null,"error":{"code":%d,"message":%q}}`, CodeUpstreamRefused, msg)
+	w.ResponseWriter.Write(body)
+}
+
+// CodeUpstreamRefused is the JSON-RPC error code of an answer the guard
+// replaced.
+const CodeUpstreamRefused = -32002
+
+func (w *guardWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.refused {
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush passes a flush on, once the headers have gone.
+func (w *guardWriter) Flush() {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.refused {
+		return
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap gives http.ResponseController the writer underneath.
+func (w *guardWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// visibleASCII reports whether s is a valid Mcp-Session-Id: visible ASCII
+// (0x21 to 0x7E), as the MCP spec requires.
+func visibleASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return s != ""
+}
