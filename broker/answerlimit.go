@@ -124,10 +124,6 @@ type answerLimit struct {
 	upstream string
 	max      int64
 	budget   *AnswerBudget
-	// streamed is set where a body that is not an event stream is relayed
-	// as it is read (the pass-through route) rather than held: its bytes
-	// take nothing of the budget.
-	streamed bool
 	// watchers are told of a failure on the upstream session they watch
 	// (by its Mcp-Session-Id): go-sdk's client reports a failed read as a
 	// closed connection, without the error that closed it.
@@ -157,11 +153,11 @@ func (l *answerLimit) failed(sid string, err error) {
 	}
 }
 
-func newAnswerLimit(next http.RoundTripper, upstream string, max int64, budget *AnswerBudget, streamed bool) *answerLimit {
+func newAnswerLimit(next http.RoundTripper, upstream string, max int64, budget *AnswerBudget) *answerLimit {
 	if max <= 0 {
 		max = DefaultMaxResponse
 	}
-	return &answerLimit{next: next, upstream: upstream, max: max, budget: budget, streamed: streamed}
+	return &answerLimit{next: next, upstream: upstream, max: max, budget: budget}
 }
 
 func (l *answerLimit) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -241,16 +237,16 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 // count takes chunk into the counts, and fails when a limit is passed.
 func (b *limitedBody) count(chunk []byte) error {
 	if !b.sse {
-		return b.add(int64(len(chunk)), !b.l.streamed)
+		return b.add(int64(len(chunk)))
 	}
 	// Walk from event end to event end: bytes up to each end are counted
 	// in the event they belong to.
 	for len(chunk) > 0 {
 		end := b.eventEnd(chunk)
 		if end < 0 {
-			return b.add(int64(len(chunk)), true)
+			return b.add(int64(len(chunk)))
 		}
-		if err := b.add(int64(end), true); err != nil {
+		if err := b.add(int64(end)); err != nil {
 			return err
 		}
 		chunk = chunk[end:]
@@ -301,13 +297,10 @@ func (s *sseSplit) end(chunk []byte) int {
 	return -1
 }
 
-func (b *limitedBody) add(n int64, hold bool) error {
+func (b *limitedBody) add(n int64) error {
 	b.n += n
 	if b.n > b.l.max {
 		return &AnswerTooLargeError{Upstream: b.l.upstream, Limit: b.l.max, Event: b.perEvent}
-	}
-	if !hold {
-		return nil
 	}
 	if !b.l.budget.take(n) {
 		return &AnswerBudgetError{Upstream: b.l.upstream, Limit: b.l.budget.max}

@@ -31,7 +31,7 @@ func limitedRead(t *testing.T, method, contentType string, withLength bool, body
 		w.Write(body)
 	}))
 	defer srv.Close()
-	c := &http.Client{Transport: newAnswerLimit(http.DefaultTransport, "up", max, budget, false)}
+	c := &http.Client{Transport: newAnswerLimit(http.DefaultTransport, "up", max, budget)}
 	req, _ := http.NewRequest(method, srv.URL, nil)
 	resp, err := c.Do(req)
 	if err != nil {
@@ -106,7 +106,7 @@ func TestAnswerBudget(t *testing.T) {
 	defer srv.Close()
 	defer close(release)
 	budget := NewAnswerBudget(64 << 10)
-	c := &http.Client{Transport: newAnswerLimit(http.DefaultTransport, "up", 1<<20, budget, false)}
+	c := &http.Client{Transport: newAnswerLimit(http.DefaultTransport, "up", 1<<20, budget)}
 	first, err := c.Get(srv.URL)
 	if err != nil {
 		t.Fatal(err)

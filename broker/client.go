@@ -252,7 +252,7 @@ func connHTTPClient(n, e Upstream, opts ConnOptions) (*http.Client, error) {
 		// Every answer is bounded by max_response and the budget, under
 		// whatever reads it (go-sdk's transports, the fast path).
 		Transport: newAnswerLimit(&originGuard{upstream: n.Name, origin: pinnedfetch.Origin(endpoint), next: pinned.Transport},
-			n.Name, n.MaxResponse, opts.AnswerBudget, false),
+			n.Name, n.MaxResponse, opts.AnswerBudget),
 		CheckRedirect: pinned.CheckRedirect,
 		// No Timeout: it would cut SSE streams. Requests are bounded by
 		// their context.

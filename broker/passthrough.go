@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
@@ -107,8 +108,16 @@ type PassThroughOptions struct {
 //     Content-Encoding, Cache-Control, Retry-After, Allow): Set-Cookie and
 //     WWW-Authenticate stay behind. An upstream 401, 403 or 407 refused the
 //     gateway's credentials, not the client's, and becomes 502.
-//   - Event-stream answers are flushed to the client after every read, so
-//     each event arrives when the upstream sent it.
+//   - Event-stream answers go to the client event by event, each flushed
+//     as soon as it is whole, so it arrives when the upstream sent it.
+//     Other answers are read whole first.
+//   - Every answer is bounded by the upstream's max_response (a POST's
+//     answer whole, a GET stream per event) and by the in-flight answer
+//     budget. Past either, the request gets an error that names the
+//     upstream and the limit (a tool error for a tools/call; on a stream,
+//     as its last event), and the upstream session is dropped: the
+//     client's next request on it gets 404, and the session is ended
+//     upstream.
 //
 // A PassThrough is safe for concurrent use. Close releases its idle
 // connections.
@@ -123,6 +132,9 @@ type PassThrough struct {
 	onCall        func(CallRecord)
 	onRefusal     func(Refusal)
 	logger        *slog.Logger
+
+	droppedMu sync.Mutex
+	dropped   map[string]bool // upstream sessions dropped after an answer over a limit
 }
 
 // NewPassThrough builds the pass-through route for u, which must be a
@@ -168,10 +180,9 @@ func NewPassThrough(u Upstream, opts PassThroughOptions) (*PassThrough, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", describe(n), err)
 	}
-	// A JSON answer streams through the route without being held, so it
-	// takes nothing of the in-flight budget; an event is held until it is
-	// whole (see relayEvents). max_response bounds both.
-	client.Transport = newAnswerLimit(client.Transport, n.Name, n.MaxResponse, opts.AnswerBudget, true)
+	// A JSON answer is held whole and an event until it is whole (see
+	// answer and relayEvents): max_response and the budget bound both.
+	client.Transport = newAnswerLimit(client.Transport, n.Name, n.MaxResponse, opts.AnswerBudget)
 	return &PassThrough{
 		name:          n.Name,
 		route:         cmp.Or(opts.Route, "broker:"+n.Name),
@@ -345,6 +356,13 @@ func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Pr
 		return ex, false
 	case len(values) == 1:
 		upstreamSID, err := pt.ids.Open(values[0], p.TokenID, pt.route)
+		if err == nil && pt.takeDropped(upstreamSID) {
+			pt.endUpstreamSession(upstreamSID)
+			pt.refuse(w, r, p, ex, http.StatusNotFound, codeUnknownSession, "session_dropped",
+				"the upstream session was dropped after an answer over the upstream's max_response",
+				"unknown session: the gateway ended this session after the upstream sent an answer over its limit; start a new session by initializing again without Mcp-Session-Id")
+			return ex, false
+		}
 		if err != nil {
 			pt.refuse(w, r, p, ex, http.StatusNotFound, codeUnknownSession, "session_unknown", err.Error(),
 				"unknown session: this Mcp-Session-Id was not issued to this token on this route, or is no longer valid; start a new session by initializing again without Mcp-Session-Id")
@@ -396,13 +414,37 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 			w.Header().Set(headerSessionID, pt.ids.Seal(sid, p.TokenID, pt.route))
 		}
 	}
+	sse := isEventStream(resp.Header.Get("Content-Type"))
+	var body []byte
+	if !sse {
+		// Held whole before a byte goes out, within max_response and the
+		// answer budget: an answer over a limit then gets a proper error
+		// instead of a cut body (clients read JSON whole anyway).
+		var err error
+		if body, err = io.ReadAll(resp.Body); err != nil {
+			if IsAnswerLimit(err) {
+				w.Header().Del(headerSessionID)
+				pt.overLimit(w, rec, ex, cmp.Or(resp.Header.Get(headerSessionID), ex.upstreamSID), err)
+				return
+			}
+			if r.Context().Err() != nil {
+				rec.Outcome = OutcomeCanceled
+				return
+			}
+			rec.Outcome, rec.Detail = OutcomeError, "upstream broke off its answer: "+safeError(err)
+			pt.logger.Warn("upstream broke off its answer", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
+			w.Header().Del(headerSessionID)
+			writeRPCError(w, http.StatusBadGateway, ex.rpcID, codeUpstream,
+				fmt.Sprintf("the upstream MCP server %q broke off its answer; try again", pt.name))
+			return
+		}
+	}
 	copyResponseHeaders(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
 
 	var (
 		readErr    error
 		clientGone bool
-		sse        = isEventStream(resp.Header.Get("Content-Type"))
 	)
 	if sse {
 		rc := http.NewResponseController(w)
@@ -412,21 +454,19 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 			}
 			return nil
 		})
-	} else {
-		readErr, clientGone = relay(w, resp.Body, nil)
+	} else if _, werr := w.Write(body); werr != nil {
+		clientGone = true
 	}
 	switch {
 	case IsAnswerLimit(readErr) && !clientGone && r.Context().Err() == nil:
 		rec.Outcome, rec.Detail = OutcomeError, readErr.Error()
 		pt.logger.Warn("upstream answer over its limit; dropping the upstream session", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
-		if sse && len(ex.rpcID) > 0 {
+		if len(ex.rpcID) > 0 {
 			// The events before it went out whole; the request's answer is
 			// the error, on the same stream.
-			if answer := pt.limitAnswer(ex, readErr); answer != nil {
-				w.Write(sseMessage(answer))
-			}
+			w.Write(sseMessage(pt.limitAnswer(ex, readErr)))
 		}
-		pt.dropUpstreamSession(cmp.Or(resp.Header.Get(headerSessionID), ex.upstreamSID))
+		pt.drop(cmp.Or(resp.Header.Get(headerSessionID), ex.upstreamSID))
 	case readErr != nil && !clientGone && r.Context().Err() == nil:
 		// The status has gone out; ending the body early is all that is
 		// left, and the client reads it as a dropped stream.
@@ -521,13 +561,7 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallR
 		return
 	}
 	if IsAnswerLimit(err) {
-		pt.logger.Warn("upstream answer over its limit; dropping the upstream session", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
-		pt.dropUpstreamSession(upstreamSID)
-		if rec.Method == "tools/call" && len(rpcID) > 0 {
-			writeToolError(w, rpcID, limitMessage(err))
-			return
-		}
-		writeRPCError(w, http.StatusBadGateway, rpcID, codeUpstream, limitMessage(err))
+		pt.overLimit(w, rec, exchange{rpcID: rpcID, method: rec.Method}, upstreamSID, err)
 		return
 	}
 	pt.logger.Warn("upstream request failed", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
@@ -605,14 +639,58 @@ func (pt *PassThrough) limitAnswer(ex exchange, err error) []byte {
 	return rpcErrorAnswer(ex.rpcID, codeUpstream, limitMessage(err))
 }
 
-// dropUpstreamSession ends the upstream session sid, after an answer of it
-// broke a limit: the client's next request on it gets 404 and initializes
-// again, and the upstream frees what it held for the session. It runs in
-// the background and is bounded by the header timeout.
-func (pt *PassThrough) dropUpstreamSession(sid string) {
+// overLimit answers a request whose answer broke a limit before any of it
+// went out: a tool error for a tools/call, else a JSON-RPC error, both
+// naming the upstream and the limit. The upstream session is dropped.
+func (pt *PassThrough) overLimit(w http.ResponseWriter, rec *CallRecord, ex exchange, upstreamSID string, err error) {
+	rec.Outcome, rec.Detail = OutcomeError, err.Error()
+	pt.logger.Warn("upstream answer over its limit; dropping the upstream session", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
+	pt.drop(upstreamSID)
+	if ex.method == "tools/call" && len(ex.rpcID) > 0 {
+		writeToolError(w, ex.rpcID, limitMessage(err))
+		return
+	}
+	writeRPCError(w, http.StatusBadGateway, ex.rpcID, codeUpstream, limitMessage(err))
+}
+
+// maxDropped bounds the upstream sessions remembered as dropped.
+const maxDropped = 4096
+
+// drop marks the upstream session sid as dropped after an answer of it
+// broke a limit. The client's next request on it gets 404, which tells it
+// to initialize again, and the gateway then ends the session upstream
+// (DELETE). Not at once: the client may still be reading the events that
+// came before the error, and a client such as go-sdk's takes its GET
+// stream ending for the end of the whole session, failing the call whose
+// error it had not read yet.
+func (pt *PassThrough) drop(sid string) {
 	if sid == "" {
 		return
 	}
+	pt.droppedMu.Lock()
+	defer pt.droppedMu.Unlock()
+	if pt.dropped == nil || len(pt.dropped) >= maxDropped {
+		// Forgetting is safe: the session then lives until the
+		// upstream's own timeout, as any session a client abandons.
+		pt.dropped = map[string]bool{}
+	}
+	pt.dropped[sid] = true
+}
+
+// takeDropped reports whether sid was dropped, and forgets it.
+func (pt *PassThrough) takeDropped(sid string) bool {
+	pt.droppedMu.Lock()
+	defer pt.droppedMu.Unlock()
+	if !pt.dropped[sid] {
+		return false
+	}
+	delete(pt.dropped, sid)
+	return true
+}
+
+// endUpstreamSession ends the upstream session sid (DELETE), in the
+// background, bounded by the header timeout.
+func (pt *PassThrough) endUpstreamSession(sid string) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), pt.headerTimeout)
 		defer cancel()

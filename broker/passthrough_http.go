@@ -219,39 +219,6 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 // stream, not latency.
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
 
-// relay copies an upstream answer to the client as it arrives. For an event
-// stream (flush set) it sends the headers at once, since a GET stream may
-// carry nothing for a long time and a client waits for them before it counts
-// the stream as open, and then flushes after every write, so each event
-// reaches the client when the upstream sent it. Other answers are copied
-// without flushing. It returns the read error (nil at the end of the body)
-// and whether writing to the client failed.
-func relay(w http.ResponseWriter, body io.Reader, flush func() error) (readErr error, clientGone bool) {
-	if flush != nil && flush() != nil {
-		return nil, true
-	}
-	bp := copyBuffers.Get().(*[]byte)
-	defer copyBuffers.Put(bp)
-	buf := *bp
-	for {
-		n, err := body.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return nil, true
-			}
-			if flush != nil && flush() != nil {
-				return nil, true
-			}
-		}
-		if err == io.EOF {
-			return nil, false
-		}
-		if err != nil {
-			return err, false
-		}
-	}
-}
-
 // relayEvents copies an upstream event stream to the client one whole event
 // at a time, flushing after each: an event is held until its blank line,
 // so that an answer cut short (by max_response) leaves no half event on

@@ -40,6 +40,7 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 //		prefix always|conditional
 //		guard {
 //			upstream_header <name> <value>
+//			max_response <size>
 //		}
 //		resource <url|path>
 //		max_body <size>
@@ -94,6 +95,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					if err := checkGuardHeaders(map[string]string{name: value}); err != nil {
 						return d.Err(err.Error())
 					}
+				case "max_response":
+					var v string
+					if !d.Args(&v) || d.NextArg() {
+						return d.Err("max_response takes one size, such as 16MiB")
+					}
+					n, err := humanize.ParseBytes(v)
+					if err != nil || n == 0 || n > 1<<40 {
+						return d.Errf("guard max_response %q: give a size such as 16MiB", v)
+					}
+					h.Guard.MaxResponse = int64(n)
 				default:
 					return d.Errf("unknown guard option %q", d.Val())
 				}

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -107,6 +108,7 @@ type Handler struct {
 	// route is this site's mode; egress, in sessions mode, the routes of
 	// the upstreams offered to sessions, under egressPrefix<name>/.
 	route       edge.Route
+	answerMax   int64 // Listing.Max of every answer: guard max_response; 0 elsewhere
 	egress      map[string]edge.Route
 	sess        *sessionsState
 	sessKey     string
@@ -130,6 +132,12 @@ type Guard struct {
 	// it), but for Accept, Accept-Language, Content-Type, User-Agent and
 	// Mcp-Protocol-Version.
 	UpstreamHeaders map[string]string `json:"upstream_headers,omitempty"`
+
+	// MaxResponse bounds what the guarded server may send in answer to
+	// one request, in bytes; past it the client gets a JSON-RPC error and
+	// the answer is ended. A GET stream is bounded per event (8 MiB).
+	// Default: 16 MiB.
+	MaxResponse int64 `json:"max_response,omitempty"`
 }
 
 // RateLimit configures the token buckets.
@@ -239,6 +247,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// Sealed ids name the site by its resource, so one guarded site's
 		// id opens on no other with another resource.
 		h.route = &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders, IDs: ids, Route: "guard:" + h.Resource}
+		if h.Guard.MaxResponse < 0 {
+			return fmt.Errorf("guard max_response %d is negative; give a size such as 16MiB", h.Guard.MaxResponse)
+		}
+		h.answerMax = cmp.Or(h.Guard.MaxResponse, broker.DefaultMaxResponse)
 	}
 	return err
 }
@@ -518,6 +530,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	// client gets).
 	r.Header.Del("Accept-Encoding")
 	f := edge.NewListing(route, p, b, func(d edge.Drop) { h.auditDrop(r, p, d) })
+	f.Max = h.answerMax
 	fw, closeFilter := f.Wrap(w)
 	err := route.Serve(fw, r, edge.Next(next.ServeHTTP))
 	var re *edge.RefusalError

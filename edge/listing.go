@@ -3,6 +3,8 @@ package edge
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -75,9 +77,17 @@ type Drop struct {
 // Server requests, notifications and errors pass as they are. Each drop is
 // reported to onDrop.
 type Listing struct {
+	// Max, when set, bounds what one answer to a POST may hold, in bytes
+	// (guard max_response): past it the filter ends the answer with a
+	// JSON-RPC error and stops reading the server's. A GET stream is
+	// bounded per event (maxFilteredBody).
+	Max int64
+
 	route  Route
 	p      policy.Principal
 	ids    []requestID // the body's requests; nil for a GET
+	post   bool        // the request had a body
+	id     []byte      // the raw id of a body's one request, for an error answer
 	onDrop func(Drop)
 	one    [1]requestID // room for the one request of most bodies
 }
@@ -90,6 +100,10 @@ type requestID struct{ key, method string }
 func NewListing(route Route, p policy.Principal, b *message.Body, onDrop func(Drop)) *Listing {
 	f := &Listing{route: route, p: p, onDrop: onDrop}
 	if b != nil {
+		f.post = true
+		if !b.Batch {
+			f.id = b.Calls[0].ID.Raw()
+		}
 		f.ids = f.one[:0]
 		for _, c := range b.Calls {
 			if !c.IsResponse() && !c.ID.IsZero() {
@@ -302,7 +316,14 @@ type listingWriter struct {
 	buf      bytes.Buffer
 	over     bool
 	rc       *http.ResponseController
+	pending  int   // the status of a JSON answer, sent with its filtered body
+	n        int64 // bytes of the answer so far, against Listing.Max
+	cut      bool  // the answer went over Listing.Max and was ended
 }
+
+// errAnswerCut is what the writer returns to the route (reverse_proxy) once
+// an answer went over Listing.Max, so that it stops reading the server.
+var errAnswerCut = errors.New("the server's answer is over the gateway's max_response; the gateway ended it")
 
 func (w *listingWriter) WriteHeader(status int) {
 	if w.wrote {
@@ -345,8 +366,28 @@ func (w *listingWriter) WriteHeader(status int) {
 				w.f.drop(Drop{Reason: "encoded_answer"})
 			}
 		}
+		if w.json {
+			// The status goes out with the filtered body, which is held
+			// whole anyway, and with its length: a client then has the
+			// whole answer even if the route's connection to the server
+			// is aborted afterwards (reverse_proxy does, when the filter
+			// stops an answer over Listing.Max).
+			w.pending = status
+			return
+		}
 	}
 	w.ResponseWriter.WriteHeader(status)
+}
+
+// writePending sends the held status of a JSON answer, with the length of
+// the n bytes that will follow.
+func (w *listingWriter) writePending(n int) {
+	if w.pending == 0 {
+		return
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(n))
+	w.ResponseWriter.WriteHeader(w.pending)
+	w.pending = 0
 }
 
 // The kinds of body answerType tells apart.
@@ -383,6 +424,15 @@ func (w *listingWriter) Write(p []byte) (int, error) {
 	if !w.wrote {
 		w.WriteHeader(http.StatusOK)
 	}
+	if w.cut {
+		return 0, errAnswerCut
+	}
+	if w.f.Max > 0 && w.f.post {
+		if w.n += int64(len(p)); w.n > w.f.Max {
+			w.cutOff()
+			return 0, errAnswerCut
+		}
+	}
 	switch {
 	case w.withheld != nil:
 		return len(p), nil
@@ -412,6 +462,30 @@ func (w *listingWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// cutOff ends an answer over Listing.Max: what the filter holds is dropped,
+// and the client gets a JSON-RPC error for its request instead, as the
+// last event of a stream or as the JSON body (whose status has gone, but
+// whose bytes the filter still held). A body of another type just ends.
+func (w *listingWriter) cutOff() {
+	w.cut = true
+	w.f.drop(Drop{Reason: "answer_too_large"})
+	id := w.f.id
+	if len(id) == 0 {
+		id = []byte("null")
+	}
+	msg := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":"the MCP server behind this gateway sent more than %d bytes in answer to one request, its max_response; the gateway ended the answer. Ask the operator to raise guard max_response if such answers are expected"}}`, id, CodeUpstreamRefused, w.f.Max)
+	switch {
+	case w.sse != nil && w.withheld == nil:
+		w.sse = nil
+		w.ResponseWriter.Write(sseEvent(msg))
+		w.flush()
+	case w.json:
+		w.buf.Reset()
+		w.writePending(len(msg))
+		w.ResponseWriter.Write(msg)
+	}
+}
+
 // Flush passes on what the filter has let through; what it holds waits.
 func (w *listingWriter) Flush() {
 	if !w.wrote {
@@ -421,6 +495,9 @@ func (w *listingWriter) Flush() {
 }
 
 func (w *listingWriter) flush() {
+	if w.pending != 0 {
+		return // a JSON answer's status waits for its body
+	}
 	if w.rc == nil {
 		w.rc = http.NewResponseController(w.ResponseWriter)
 	}
@@ -437,6 +514,9 @@ type writerOnly struct{ io.Writer }
 
 // close writes out what the filter still holds.
 func (w *listingWriter) close() error {
+	if w.cut {
+		return nil
+	}
 	var out []byte
 	switch {
 	case w.withheld != nil && w.sse != nil:
@@ -456,6 +536,7 @@ func (w *listingWriter) close() error {
 		}
 		w.buf.Reset()
 	}
+	w.writePending(len(out))
 	if len(out) == 0 {
 		return nil
 	}

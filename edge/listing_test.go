@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -353,5 +354,60 @@ func TestListingAmbiguousContentType(t *testing.T) {
 		if got := rec.Header().Values("Content-Type"); len(got) != 1 || got[0] != "application/json" {
 			t.Errorf("Content-Type %q: the withheld answer is sent as %q", ct, got)
 		}
+	}
+}
+
+// An answer to a POST over Listing.Max (guard max_response) ends with the
+// request's JSON-RPC error, and the route is told to stop reading.
+func TestListingMax(t *testing.T) {
+	rt := testRoutes(t)["guard"]
+	call := `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"test_simple_text"}}`
+	note := "event: message\ndata: " + `{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"` + strings.Repeat("n", 1000) + `"}}` + "\n\n"
+	for _, c := range []struct {
+		name, contentType, unit string
+	}{
+		{"event stream of many events", "text/event-stream", note},
+		{"one endless event", "text/event-stream", "data: " + strings.Repeat("x", 1000) + "\n"},
+		{"json", "application/json", strings.Repeat(" ", 1000)},
+		{"another type", "text/plain", strings.Repeat("p", 1000)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := message.Read([]byte(call))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var drops []Drop
+			f := NewListing(rt.route, rt.p, b, func(d Drop) { drops = append(drops, d) })
+			f.Max = 64 << 10
+			rec := httptest.NewRecorder()
+			w, closeFilter := f.Wrap(rec)
+			w.Header().Set("Content-Type", c.contentType)
+			w.WriteHeader(http.StatusOK)
+			writes := 0
+			for ; writes < 1000; writes++ {
+				if _, err = w.Write([]byte(c.unit)); err != nil {
+					break
+				}
+			}
+			if !errors.Is(err, errAnswerCut) || writes > 70 {
+				t.Fatalf("after %d writes of %d bytes: %v; want the cut at 64 KiB", writes, len(c.unit), err)
+			}
+			if err := closeFilter(); err != nil {
+				t.Fatal(err)
+			}
+			got := rec.Body.String()
+			if int64(len(got)) > f.Max+4<<10 {
+				t.Errorf("the client got %d bytes, over the limit", len(got))
+			}
+			if c.contentType == "text/plain" {
+				return
+			}
+			if !strings.Contains(got, `"id":5,"error"`) || !strings.Contains(got, "max_response") {
+				t.Errorf("the answer ends with %q; want the request's error naming max_response", got[max(0, len(got)-300):])
+			}
+			if len(drops) == 0 || drops[len(drops)-1].Reason != "answer_too_large" {
+				t.Errorf("drops %v", drops)
+			}
+		})
 	}
 }
