@@ -327,7 +327,11 @@ func parseResource(s string) (*url.URL, error) {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	rf := refusal{clientIP: clientIP(r), origin: r.Header.Get("Origin"), method: r.Method}
 
-	// 1. Host and Origin.
+	// 1. Host and Origin, once Origin and Authorization are known to be
+	// sent once each.
+	if v := edge.CheckSingleHeaders(r); !v.Allowed() {
+		return h.refuse(w, r, rf, v)
+	}
 	if v := h.checkHostOrigin(r); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
