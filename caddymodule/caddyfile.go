@@ -55,6 +55,7 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 //		rate_limit {
 //			per_token <n>/<s|m|h> <burst>
 //			per_ip <n>/<s|m|h> <burst>
+//			ipv6_prefix <bits>
 //		}
 //		jwt {
 //			issuer <url>
@@ -170,6 +171,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			for d.NextBlock(1) {
 				kind := d.Val()
+				if kind == "ipv6_prefix" {
+					n, err := parseIPv6Prefix(d)
+					if err != nil {
+						return err
+					}
+					h.RateLimit.IPv6Prefix = n
+					continue
+				}
 				var rateArg, burstArg string
 				if !d.Args(&rateArg, &burstArg) || d.NextArg() {
 					return d.Errf("%s takes a rate such as 20/s and a burst such as 40", kind)
@@ -184,7 +193,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				case "per_ip":
 					h.RateLimit.PerIP = &l
 				default:
-					return d.Errf("unknown rate_limit option %q: use per_token or per_ip", kind)
+					return d.Errf("unknown rate_limit option %q: use per_token, per_ip or ipv6_prefix", kind)
 				}
 			}
 		case "jwt":
@@ -233,6 +242,22 @@ func parseScopeRule(d *caddyfile.Dispenser) (policy.Rule, error) {
 		}
 	}
 	return r, nil
+}
+
+// parseIPv6Prefix reads ipv6_prefix's prefix length.
+func parseIPv6Prefix(d *caddyfile.Dispenser) (int, error) {
+	var bits string
+	if !d.Args(&bits) || d.NextArg() {
+		return 0, d.Err("ipv6_prefix takes a prefix length in bits, such as 64")
+	}
+	n, err := strconv.Atoi(bits)
+	if err != nil {
+		return 0, d.Errf("ipv6_prefix %q: give a prefix length as a number of bits from 1 to 128, such as 64", bits)
+	}
+	if err := policy.CheckIPv6Prefix(n); err != nil {
+		return 0, d.Errf("ipv6_prefix: %v", err)
+	}
+	return n, nil
 }
 
 // parseLimit reads "20/s" (or /m, /h) and a burst.

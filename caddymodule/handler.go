@@ -102,6 +102,7 @@ type Handler struct {
 	origins    *policy.Origins
 	tokenLimit *policy.Limiter
 	ipLimit    *policy.Limiter
+	ipv6Prefix int // the prefix length by which ipLimit keys IPv6 clients
 	limitKey   string
 	jwt        jwtVerifier
 	resURL     *url.URL // absolute when configured so, else path only
@@ -146,8 +147,24 @@ type RateLimit struct {
 	PerToken *policy.Limit `json:"per_token,omitempty"`
 	// PerIP limits requests from one client IP that carry no credential or
 	// a failed one, which slows brute force. The client IP follows the
-	// server's trusted_proxies setting.
+	// server's trusted_proxies setting; IPv6 clients are counted per
+	// prefix (see IPv6Prefix), IPv4-mapped IPv6 ones as IPv4.
 	PerIP *policy.Limit `json:"per_ip,omitempty"`
+	// IPv6Prefix is the prefix length, in bits from 1 to 128, by which
+	// PerIP counts IPv6 clients: one client holds every address of its
+	// prefix. Default 64.
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+}
+
+// ipv6Prefix is the configured IPv6Prefix, or the default.
+func (rl *RateLimit) ipv6Prefix() (int, error) {
+	if rl == nil || rl.IPv6Prefix == 0 {
+		return policy.DefaultIPv6Prefix, nil
+	}
+	if err := policy.CheckIPv6Prefix(rl.IPv6Prefix); err != nil {
+		return 0, fmt.Errorf("rate_limit ipv6_prefix: %w", err)
+	}
+	return rl.IPv6Prefix, nil
 }
 
 // CaddyModule returns the Caddy module information.
@@ -216,6 +233,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err := l.Validate(); err != nil {
 			return fmt.Errorf("rate_limit %s: %w", name, err)
 		}
+	}
+	if h.ipv6Prefix, err = h.RateLimit.ipv6Prefix(); err != nil {
+		return err
 	}
 	h.limitKey = fmt.Sprintf("limits|%s|%v|%v", h.Resource, tokenLimit, ipLimit)
 	lv, _, err := limiterPool.LoadOrNew(h.limitKey, func() (caddy.Destructor, error) {
@@ -325,7 +345,11 @@ func parseResource(s string) (*url.URL, error) {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	rf := refusal{clientIP: clientIP(r), origin: r.Header.Get("Origin"), method: r.Method}
 
-	// 1. Host and Origin.
+	// 1. Host and Origin, once Origin and Authorization are known to be
+	// sent once each.
+	if v := edge.CheckSingleHeaders(r); !v.Allowed() {
+		return h.refuse(w, r, rf, v)
+	}
 	if v := h.checkHostOrigin(r); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
@@ -459,8 +483,9 @@ func (h *Handler) routeFor(path string) (edge.Route, edge.Verdict) {
 }
 
 // authenticate is step 2. Requests without a valid credential are charged
-// to their address, so that guessing slows down.
-func (h *Handler) authenticate(r *http.Request, ip string, now time.Time) (policy.Principal, edge.Verdict) {
+// to their address (an IPv6 client's prefix), so that guessing slows down.
+func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) (policy.Principal, edge.Verdict) {
+	ip := policy.AddressKey(clientIP, h.ipv6Prefix)
 	if h.ipLimit.Empty(ip, now) {
 		_, retry := h.ipLimit.Allow(ip, now)
 		metricRateLimited.WithLabelValues("ip").Inc()

@@ -149,6 +149,55 @@ http://%s {
 	}
 }
 
+// An IPv6 client holds every address of its /64, so failed attempts from
+// any of them draw on one bucket; another /64 has its own. rate_limit
+// ipv6_prefix changes the prefix, and caddy refuses a length outside 1..128.
+func TestGuardCountsIPv6ClientsByPrefix(t *testing.T) {
+	up := startRecordingUpstream(t)
+	site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	c := func(option string) string {
+		return fmt.Sprintf(`{
+	admin %s
+	servers {
+		trusted_proxies static 127.0.0.1/32
+	}
+}
+
+http://%s {
+	zidane_mcp {
+		guard
+		rate_limit {
+			per_ip 1/m 2
+			%s
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, site, option, up.addr)
+	}
+	guess := func(xff string) int {
+		return post(t, "http://"+site+"/mcp", "zds_wrong", initializeBody, "X-Forwarded-For", xff).status
+	}
+	caddy := startCaddy(t, c(""))
+	got := []int{guess("2001:db8:1:2::a"), guess("2001:db8:1:2::b"), guess("2001:db8:1:2:ffff::c")}
+	if fmt.Sprint(got) != "[401 401 429]" {
+		t.Fatalf("three addresses of one /64: %v, want one bucket of 2 then 429", got)
+	}
+	if got := guess("2001:db8:1:3::a"); got != http.StatusUnauthorized {
+		t.Fatalf("another /64: %d, want 401 from its own bucket", got)
+	}
+
+	caddy.Reload(t, c("ipv6_prefix 128"))
+	got = []int{guess("2001:db8:9:9::1"), guess("2001:db8:9:9::2"), guess("2001:db8:9:9::3")}
+	if fmt.Sprint(got) != "[401 401 401]" {
+		t.Fatalf("ipv6_prefix 128: %v, want a bucket per address", got)
+	}
+	out, err := caddy.TryReload(t, c("ipv6_prefix 0"))
+	if err == nil || !strings.Contains(out, "ipv6_prefix") || !strings.Contains(out, "from 1 to 128") {
+		t.Fatalf("ipv6_prefix 0 was not refused with the range: %v\n%s", err, out)
+	}
+}
+
 // Offline, the CLI writes storage directly, and the running server picks
 // the change up within token_sync (1s by default).
 func TestTokenCreatedOfflineIsSeenByTheRunningServer(t *testing.T) {

@@ -376,6 +376,47 @@ func TestGuard(t *testing.T) {
 		}
 	})
 
+	t.Run("Origin or Authorization sent twice gets 400 before either is judged", func(t *testing.T) {
+		for name, h := range map[string]http.Header{
+			"two Origins, the allowed one first":         {"Origin": {"http://localhost:6274", "http://evil.example"}},
+			"Origin in two spellings":                    {"origin": {"http://localhost:6274"}, "Origin": {"http://evil.example"}},
+			"an Origin list":                             {"Origin": {"http://localhost:6274, http://evil.example"}},
+			"two Authorizations, the valid one first":    {"Authorization": {"Bearer " + full, "Bearer zds_other"}},
+			"Authorization in two spellings":             {"authorization": {"Bearer " + full}, "AUTHORIZATION": {"Bearer zds_other"}},
+			"an Authorization list, the valid one first": {"Authorization": {"Bearer " + full + ", Bearer zds_other"}},
+		} {
+			req, err := http.NewRequest(http.MethodPost, mainURL, strings.NewReader(initializeBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			req.Header.Set("Authorization", "Bearer "+full)
+			for k := range h {
+				if strings.EqualFold(k, "Authorization") {
+					req.Header.Del("Authorization")
+				}
+			}
+			for k, v := range h {
+				req.Header[k] = v // sent under this spelling
+			}
+			resp, err := shortClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var a rawAnswer
+			json.Unmarshal(b, &a.rpc)
+			if resp.StatusCode != http.StatusBadRequest || a.rpc.Error.Data.Reason != "duplicate_header" || !strings.Contains(a.rpc.Error.Message, "send one") {
+				t.Errorf("%s: %d %s, want 400 duplicate_header saying what to send", name, resp.StatusCode, b)
+			}
+			if strings.Contains(string(b), full) {
+				t.Errorf("%s: the refusal repeats the token", name)
+			}
+		}
+	})
+
 	t.Run("oversized body gets 413, malformed JSON 400", func(t *testing.T) {
 		big := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test_simple_text","arguments":{"x":"` + strings.Repeat("a", 70<<10) + `"}}}`
 		if a := post(t, mainURL, full, big); a.status != http.StatusRequestEntityTooLarge || a.rpc.Error.Data.Reason != "too_large" {
@@ -533,7 +574,7 @@ func TestGuard(t *testing.T) {
 				}
 			}
 		}
-		for _, want := range []string{"no_token", "invalid_token", "insufficient_scope", "machine_token", "origin", "too_large", "malformed", "rate_limited", "rate_limited_ip"} {
+		for _, want := range []string{"no_token", "invalid_token", "insufficient_scope", "machine_token", "origin", "too_large", "malformed", "rate_limited", "rate_limited_ip", "duplicate_header"} {
 			if !reasons[want] {
 				t.Errorf("no audit line with reason %q", want)
 			}

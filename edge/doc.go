@@ -5,7 +5,8 @@
 // through, which cuts listings down to what the principal may use and
 // withholds what it cannot read unambiguously.
 //
-// A request travels six steps: Host and Origin, authentication, reading
+// A request travels six steps: Host and Origin (after [CheckSingleHeaders]
+// refuses a second Origin or Authorization), authentication, reading
 // the message once ([message.Read], after [CheckRequest] and [ReadBody]), authorization
 // ([Decide], which asks the [Route]), the rate limit, and serving
 // ([Route.Serve], with the filter of [Listing] around every answer: a

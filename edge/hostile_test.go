@@ -58,8 +58,8 @@ var hostileTargets = map[string]hostile.Target{
 }
 
 // TestDecideHostile runs every hostile case of the end-to-end attack test
-// through the steps of package edge that decide on it (CheckRequest,
-// ReadBody, Decide), on each kind of route: each must be answered as the
+// through the steps of package edge that decide on it (CheckSingleHeaders,
+// CheckRequest, ReadBody, Decide), on each kind of route: each must be answered as the
 // case says, and a case passed on must be passed on with the body as sent.
 func TestDecideHostile(t *testing.T) {
 	routes := testRoutes(t)
@@ -89,8 +89,12 @@ func TestDecideHostile(t *testing.T) {
 	}
 }
 
-// decideRequest is what the handler does before a request is served.
+// decideRequest is what the handler does before a request is served, but
+// for the Origin check and authentication.
 func decideRequest(route Route, p policy.Principal, r *http.Request) (status int, reason string, code int) {
+	if v := CheckSingleHeaders(r); !v.Allowed() {
+		return v.Status, v.Reason, v.Code
+	}
 	if v := CheckRequest(r); !v.Allowed() {
 		return v.Status, v.Reason, v.Code
 	}

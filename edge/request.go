@@ -13,6 +13,38 @@ import (
 // and OPTIONS for a browser's preflight.
 const allowedMethods = "GET, POST, DELETE, OPTIONS"
 
+// CheckSingleHeaders refuses (400 duplicate_header) a request that carries
+// more than one Origin or Authorization header, or a list of them in one:
+// the edge judges one browser origin and authenticates one credential, and
+// a server behind it that read another (the last one, or the list an
+// intermediary joins them into) would act on what the edge never judged.
+// net/http gathers every spelling of a header name (origin, ORIGIN) under
+// its canonical one, so they count as one header sent twice. A serialized
+// origin holds no comma or space, and a bearer token no comma, so either in
+// one value is a list. The adapter runs this first, before the Origin
+// check and authentication; the message never repeats a value.
+func CheckSingleHeaders(r *http.Request) Verdict {
+	for _, h := range [...]struct {
+		name, list, send string
+	}{
+		{"Origin", ", \t", "one Origin header with one origin, such as Origin: https://app.example"},
+		{"Authorization", ",", "one Authorization header with one credential: Authorization: Bearer <token>"},
+	} {
+		var what string
+		switch values := r.Header[h.name]; {
+		case len(values) > 1:
+			what = "more than one " + h.name + " header"
+		case len(values) == 1 && strings.ContainsAny(values[0], h.list):
+			what = "an " + h.name + " header that lists several values"
+		default:
+			continue
+		}
+		return Verdict{Status: http.StatusBadRequest, Reason: ReasonDuplicateHeader, Code: CodeInvalidRequest,
+			Message: fmt.Sprintf("this request carries %s, which servers could read differently: send %s", what, h.send)}
+	}
+	return Verdict{}
+}
+
 // CheckRequest refuses, before any body is read, what the edge never
 // passes on: an HTTP method that MCP does not use (405), and for a POST a
 // body that is not plain JSON (415): a Content-Encoding other than

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"bufio"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -48,6 +49,61 @@ func TestCheckRequest(t *testing.T) {
 		if v.Status != 0 && !strings.Contains(v.Message, "send") {
 			t.Errorf("%s %v: the refusal does not say what to send: %q", tc.method, tc.header, v.Message)
 		}
+	}
+}
+
+// The edge judges one Origin and authenticates one credential. A request
+// that carries either twice, or a list of them in one header, is refused
+// before either is looked at: a server behind that read the other one (the
+// last, or the whole list) would act on something the edge never judged.
+func TestCheckSingleHeaders(t *testing.T) {
+	cases := []struct {
+		name   string
+		raw    string // the request's header lines
+		reason string
+	}{
+		{"neither", "", ""},
+		{"one of each", "Origin: https://app.example\r\nAuthorization: Bearer zds_one\r\n", ""},
+		{"the null Origin", "Origin: null\r\n", ""},
+		{"a Bearer token with padding", "Authorization: Bearer abc+/de==\r\n", ""},
+		{"two Origins, the allowed one first", "Origin: http://localhost:6274\r\nOrigin: https://evil.example\r\n", "duplicate_header"},
+		{"two equal Origins", "Origin: https://app.example\r\nOrigin: https://app.example\r\n", "duplicate_header"},
+		{"Origin in two spellings", "origin: http://localhost:6274\r\nORIGIN: https://evil.example\r\n", "duplicate_header"},
+		{"an empty Origin, then one", "Origin:\r\nOrigin: https://evil.example\r\n", "duplicate_header"},
+		{"two Authorizations", "Authorization: Bearer zds_one\r\nAuthorization: Bearer zds_two\r\n", "duplicate_header"},
+		{"Authorization in two spellings", "authorization: Bearer zds_one\r\nAuthorization: Bearer zds_two\r\n", "duplicate_header"},
+		{"an Origin list joined with a comma", "Origin: http://localhost:6274, https://evil.example\r\n", "duplicate_header"},
+		{"an Origin list joined with a space (RFC 6454)", "Origin: http://localhost:6274 https://evil.example\r\n", "duplicate_header"},
+		{"an Authorization list joined with a comma", "Authorization: Bearer zds_one, Bearer zds_two\r\n", "duplicate_header"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			// Parsed as a server parses it, so that header names are
+			// canonicalised as they are for the handler.
+			raw := "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n" + tc.raw + "\r\n"
+			r, err := http.ReadRequest(bufio.NewReader(strings.NewReader(raw)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := CheckSingleHeaders(r)
+			if v.Reason != tc.reason {
+				t.Fatalf("%q: reason %q, want %q (%+v)", tc.raw, v.Reason, tc.reason, v)
+			}
+			if tc.reason == "" {
+				return
+			}
+			if v.Status != http.StatusBadRequest || v.Code != CodeInvalidRequest {
+				t.Errorf("status %d code %d, want 400 %d", v.Status, v.Code, CodeInvalidRequest)
+			}
+			if !strings.Contains(v.Message, "send one") {
+				t.Errorf("the refusal does not say what to send: %q", v.Message)
+			}
+			for _, secret := range []string{"zds_one", "zds_two"} {
+				if strings.Contains(v.Message, secret) {
+					t.Errorf("the refusal repeats a credential: %q", v.Message)
+				}
+			}
+		})
 	}
 }
 

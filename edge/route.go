@@ -129,4 +129,6 @@ const (
 	ReasonMachine        = "machine_token"
 	// ReasonUnsupportedMedia is a 415: a body that is not plain JSON.
 	ReasonUnsupportedMedia = "unsupported_media_type"
+	// ReasonDuplicateHeader refuses Origin or Authorization sent twice.
+	ReasonDuplicateHeader = "duplicate_header"
 )

@@ -49,9 +49,11 @@ func WithTLSConfig(cfg *tls.Config) Option {
 
 // DenyPrivateAddresses switches the dial-time address guard on or off. When
 // on, every connection is checked after DNS resolution, on the address
-// actually dialed, and refused if it is private, loopback, link-local,
-// CGNAT, unspecified, multicast, reserved or a cloud metadata address (see
-// [CheckAddress]). By default the guard is on, except when the configured URL
+// actually dialed, and refused unless it is globally reachable: private,
+// loopback, link-local, CGNAT, documentation, benchmarking, reserved,
+// multicast and cloud metadata addresses are refused, and so are IPv6 forms
+// that carry one (NAT64, 6to4, Teredo; see [CheckAddress] for the list). By
+// default the guard is on, except when the configured URL
 // is itself loopback: plain http to a local server is the allowed local case.
 func DenyPrivateAddresses(deny bool) Option {
 	return func(o *options) { o.deny = &deny }

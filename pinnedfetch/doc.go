@@ -18,7 +18,9 @@
 //     HTTPS never downgrades to HTTP, chains are bounded ([MaxRedirects]) and
 //     loops are refused. Every decision can be audited ([WithDecisions]).
 //   - The dial-time address guard ([DenyPrivateAddresses], [CheckAddress]):
-//     the address actually dialed, after DNS resolution, must be public, so
+//     the address actually dialed, after DNS resolution, must be globally
+//     reachable by the IANA special-purpose address registries, with the
+//     IPv4 address inside a NAT64, 6to4 or Teredo address judged too, so
 //     DNS rebinding cannot reach a private network or a metadata service.
 //
 // What it never does: it never puts a header value, userinfo or query value

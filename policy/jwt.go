@@ -438,7 +438,8 @@ func (v *JWTVerifier) Close() {
 // Verify checks raw, a JWT access token, and returns the principal it
 // stands for. It checks the signature with an allowed algorithm, `iss`,
 // `aud`, `exp` (required), `nbf` and `iat` (when present, within the
-// leeway) and `sub` (required).
+// leeway) and `sub` (required), and refuses a token whose header lists a
+// critical extension (`crit`, RFC 7515 section 4.1.11): it implements none.
 //
 // Every error wraps [ErrTokenInvalid] and says what is wrong; none contains
 // the token. When the signing keys cannot be fetched the error also wraps
@@ -465,8 +466,12 @@ func (v *JWTVerifier) Verify(ctx context.Context, raw string) (Principal, error)
 	return v.principal(&claims), nil
 }
 
-// key finds the verification key for t, whose alg is already allowed.
+// key finds the verification key for t, whose alg is already allowed, once
+// its header passes jwtCheckCrit.
 func (v *JWTVerifier) key(ctx context.Context, t *jwt.Token) (any, error) {
+	if err := jwtCheckCrit(t.Header); err != nil {
+		return nil, &jwtKeyError{err}
+	}
 	alg := t.Method.Alg()
 	if v.jwks != nil {
 		return v.jwks.key(ctx, t, alg)
@@ -481,6 +486,62 @@ func (v *JWTVerifier) key(ctx context.Context, t *jwt.Token) (any, error) {
 		return nil, &jwtKeyError{jwtInvalid(fmt.Sprintf("no configured public key can verify %s; the token was not signed by the configured issuer's key", alg))}
 	}
 	return set, nil
+}
+
+// jwtCritExtensions are the JWS extensions this verifier implements, which
+// a token may list in its crit header: none.
+var jwtCritExtensions = map[string]bool{}
+
+// jwtHeaderParams are the header parameters JWS defines itself (RFC 7515
+// section 4.1), which crit must not list.
+var jwtHeaderParams = map[string]bool{
+	"alg": true, "jku": true, "jwk": true, "kid": true, "x5u": true, "x5c": true,
+	"x5t": true, "x5t#S256": true, "typ": true, "cty": true, "crit": true,
+}
+
+// jwtCheckCrit refuses a header whose crit (RFC 7515 section 4.1.11) lists
+// an extension this verifier does not implement: the issuer marked it as
+// one the token must not be read without, and golang-jwt does not look. A
+// crit that breaks the section's rules (not a non-empty array of distinct
+// names of parameters the header carries, beyond those JWS defines) is
+// refused too.
+func jwtCheckCrit(h map[string]any) error {
+	raw, present := h["crit"]
+	if !present {
+		return nil
+	}
+	const rule = " (RFC 7515 section 4.1.11)"
+	notNames := jwtInvalid(`the JWT header's "crit" is not an array of header parameter names` + rule)
+	list, ok := raw.([]any)
+	if !ok {
+		return notNames
+	}
+	if len(list) == 0 {
+		return jwtInvalid(`the JWT header's "crit" is empty, which is not allowed` + rule + "; the identity provider must leave it out")
+	}
+	names := make([]string, 0, len(list))
+	for _, v := range list {
+		name, ok := v.(string)
+		if !ok {
+			return notNames
+		}
+		if slices.Contains(names, name) {
+			return jwtInvalid(fmt.Sprintf(`the JWT header's "crit" names %s twice`+rule, jwtQuote(name)))
+		}
+		names = append(names, name)
+	}
+	for _, name := range names {
+		_, carried := h[name]
+		switch {
+		case jwtHeaderParams[name]:
+			return jwtInvalid(fmt.Sprintf(`the JWT header's "crit" names %s, which JWS defines itself and crit must not list`+rule, jwtQuote(name)))
+		case !carried:
+			return jwtInvalid(fmt.Sprintf(`the JWT header's "crit" names %s, which the header does not carry`+rule, jwtQuote(name)))
+		case !jwtCritExtensions[name]:
+			return jwtInvalid(fmt.Sprintf(`the JWT header's "crit" names %s, an extension this server does not implement, so it cannot read the token as its issuer meant`+rule+"; ask the identity provider for access tokens without it", jwtQuote(name)))
+		}
+	}
+	return nil
 }
 
 // principal turns verified claims into the principal they stand for.

@@ -816,3 +816,65 @@ func BenchmarkJWTVerify(b *testing.B) {
 		})
 	}
 }
+
+// A JWS header's crit lists extensions the recipient must understand, or
+// refuse the token (RFC 7515 section 4.1.11). This verifier implements
+// none, and golang-jwt ignores crit, so a token whose issuer relies on one
+// (b64: false, RFC 7797, changes what the signature covers) must not be
+// read as if it had none. Every token here is signed by the issuer's key.
+func TestJWTCritHeader(t *testing.T) {
+	k := rsaKey("rsa-1", testRSAKeyA())
+	jwks := newVerifier(t, JWTConfig{JWKSURL: newTestIdP(t, k).url()})
+	static := newVerifier(t, JWTConfig{PublicKeyPEM: k.pem(t)})
+	signWith := func(header map[string]any) string {
+		tok := jwt.NewWithClaims(k.method, claims(nil))
+		tok.Header["kid"] = k.kid
+		for name, v := range header {
+			tok.Header[name] = v
+		}
+		raw, err := tok.SignedString(k.priv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw
+	}
+	tests := []struct {
+		name   string
+		header map[string]any
+		want   string // "" is accepted
+	}{
+		{"no crit", nil, ""},
+		{"an extension this verifier does not implement", map[string]any{"crit": []string{"b64"}, "b64": false},
+			`"crit" names "b64", an extension this server does not implement`},
+		{"a private extension", map[string]any{"crit": []string{"https://idp.example/bind"}, "https://idp.example/bind": "x"},
+			`"crit" names "https://idp.example/bind", an extension this server does not implement`},
+		{"the first of several extensions", map[string]any{"crit": []string{"exp2", "b64"}, "exp2": 1, "b64": false},
+			`"crit" names "exp2", an extension this server does not implement`},
+		{"empty", map[string]any{"crit": []string{}}, `"crit" is empty`},
+		{"a string, not an array", map[string]any{"crit": "b64", "b64": false}, `"crit" is not an array of header parameter names`},
+		{"an array of numbers", map[string]any{"crit": []any{1}}, `"crit" is not an array of header parameter names`},
+		{"null", map[string]any{"crit": nil}, `"crit" is not an array of header parameter names`},
+		{"an object", map[string]any{"crit": map[string]any{"b64": true}, "b64": false}, `"crit" is not an array of header parameter names`},
+		{"a parameter the header lacks", map[string]any{"crit": []string{"ext"}}, `"crit" names "ext", which the header does not carry`},
+		{"a parameter of JWS itself", map[string]any{"crit": []string{"alg"}}, `"crit" names "alg", which JWS defines itself`},
+		{"the same name twice", map[string]any{"crit": []string{"ext", "ext"}, "ext": 1}, `"crit" names "ext" twice`},
+	}
+	for name, v := range map[string]*JWTVerifier{"jwks": jwks, "pem": static} {
+		for _, tt := range tests {
+			t.Run(name+"/"+tt.name, func(t *testing.T) {
+				raw := signWith(tt.header)
+				p, err := v.Verify(testCtx(t), raw)
+				if tt.want == "" {
+					if err != nil || p.TokenID != "jwt:user-1" {
+						t.Fatalf("Verify: %+v %v", p, err)
+					}
+					return
+				}
+				mustRefuse(t, err, raw, tt.want)
+				if !strings.Contains(err.Error(), "RFC 7515") {
+					t.Errorf("error %q does not name the rule", err)
+				}
+			})
+		}
+	}
+}

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -25,6 +26,42 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("burst %d: give at least 1", l.Burst)
 	}
 	return nil
+}
+
+// DefaultIPv6Prefix is the prefix length by which [AddressKey] groups IPv6
+// clients: a /64 is the smallest network an IPv6 subscriber is given, and
+// every address in it is the subscriber's to use.
+const DefaultIPv6Prefix = 64
+
+// CheckIPv6Prefix says what is wrong with an IPv6 prefix length for
+// [AddressKey].
+func CheckIPv6Prefix(bits int) error {
+	if bits < 1 || bits > 128 {
+		return fmt.Errorf("prefix length %d: give a number of bits from 1 to 128, such as 64 (the default), 56 or 48", bits)
+	}
+	return nil
+}
+
+// AddressKey is the key of a client address in a per-address [Limiter]. An
+// IPv4 address, written as IPv4 or IPv4-mapped IPv6, is its own key. An
+// IPv6 address is keyed by its first ipv6Prefix bits (outside 1..128,
+// [DefaultIPv6Prefix]), zone dropped, because one client holds every
+// address of its prefix and would otherwise get a fresh bucket with each.
+// A peer that is no IP address (a unix socket) is its own key.
+func AddressKey(ip string, ipv6Prefix int) string {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		return ip
+	}
+	a = a.Unmap()
+	if a.Is4() {
+		return a.String()
+	}
+	if CheckIPv6Prefix(ipv6Prefix) != nil {
+		ipv6Prefix = DefaultIPv6Prefix
+	}
+	p, _ := a.WithZone("").Prefix(ipv6Prefix)
+	return p.String()
 }
 
 // limiterShards spreads keys over independent locks so that concurrent

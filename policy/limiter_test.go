@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -72,5 +73,60 @@ func BenchmarkLimiterAllow(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		l.Allow("tok_0123456789abcdef", now)
+	}
+}
+
+// One IPv6 subscriber holds a whole /64 (or more): keyed by the full
+// address, it would have 2^64 buckets for failed attempts. Addresses in one
+// prefix share a bucket, another prefix has its own, and an IPv4 client
+// written as IPv4-mapped IPv6 shares the bucket of its IPv4 form.
+func TestAddressKeyGroupsIPv6ClientsByPrefix(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tests := []struct {
+		name       string
+		ipv6Prefix int
+		first      string
+		then       string
+		shared     bool
+	}{
+		{"two addresses of one /64", 64, "2001:db8:1:2::a", "2001:db8:1:2:ffff:ffff:ffff:ffff", true},
+		{"another /64", 64, "2001:db8:1:2::a", "2001:db8:1:3::a", false},
+		{"a zone does not make a new bucket", 64, "fe80::1", "fe80::2%eth0", true},
+		{"two /64s of one /56", 56, "2001:db8:1:200::a", "2001:db8:1:2ff::b", true},
+		{"another /56", 56, "2001:db8:1:200::a", "2001:db8:1:300::a", false},
+		{"per address at /128", 128, "2001:db8::1", "2001:db8::2", false},
+		{"IPv4-mapped is IPv4", 64, "192.0.2.1", "::ffff:192.0.2.1", true},
+		{"IPv4 per address", 64, "192.0.2.1", "192.0.2.2", false},
+		{"IPv4 is not the IPv6 prefix that maps it", 64, "192.0.2.1", "::ffff:192.0.2.2", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := NewLimiter(Limit{Rate: 1, Burst: 1})
+			if ok, _ := l.Allow(AddressKey(tt.first, tt.ipv6Prefix), now); !ok {
+				t.Fatal("first attempt refused")
+			}
+			ok, _ := l.Allow(AddressKey(tt.then, tt.ipv6Prefix), now)
+			if shared := !ok; shared != tt.shared {
+				t.Errorf("%s after %s at /%d: shared bucket = %v, want %v (keys %q, %q)", tt.then, tt.first, tt.ipv6Prefix,
+					shared, tt.shared, AddressKey(tt.first, tt.ipv6Prefix), AddressKey(tt.then, tt.ipv6Prefix))
+			}
+		})
+	}
+	if got := AddressKey("@unix-socket", 64); got != "@unix-socket" {
+		t.Errorf("a peer that is no IP address is keyed %q, want itself", got)
+	}
+}
+
+func TestCheckIPv6Prefix(t *testing.T) {
+	for _, ok := range []int{1, 48, 56, 64, 128} {
+		if err := CheckIPv6Prefix(ok); err != nil {
+			t.Errorf("CheckIPv6Prefix(%d) = %v", ok, err)
+		}
+	}
+	for _, bad := range []int{0, -1, 129, 1000} {
+		err := CheckIPv6Prefix(bad)
+		if err == nil || !strings.Contains(err.Error(), "from 1 to 128") {
+			t.Errorf("CheckIPv6Prefix(%d) = %v, want it to say the range", bad, err)
+		}
 	}
 }

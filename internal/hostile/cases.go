@@ -501,4 +501,15 @@ func (b *builder) transport() {
 	for _, m := range []string{http.MethodPut, http.MethodPatch} {
 		b.add(Case{Name: "http: " + m, Body: []byte(f), Method: m, Status: http.StatusMethodNotAllowed, Reason: ReasonMethodNotAllowed})
 	}
+	// A loopback Origin passes on a loopback Host; a server behind that
+	// reads the last Origin, or the whole list, sees another one. The
+	// credentials here replace the target's own: a second one is refused
+	// before either is checked.
+	twice := func(name string, h http.Header) {
+		b.add(Case{Name: name, Body: []byte(f), Header: h, Status: http.StatusBadRequest, Reason: ReasonDuplicateHeader})
+	}
+	twice("http: two Origin headers, a loopback one first", http.Header{"Origin": {"http://127.0.0.1", "https://evil.example"}})
+	twice("http: one Origin header listing two origins", http.Header{"Origin": {"http://127.0.0.1, https://evil.example"}})
+	twice("http: two Authorization headers", http.Header{"Authorization": {"Bearer zds_first", "Bearer zds_second"}})
+	twice("http: one Authorization header listing two credentials", http.Header{"Authorization": {"Bearer zds_first, Bearer zds_second"}})
 }

@@ -23,6 +23,8 @@
 //     JSON in UTF-8 (one header), gets 415 unsupported_media_type; an HTTP
 //     method other than GET, POST, DELETE and OPTIONS gets 405
 //     method_not_allowed.
+//   - Origin or Authorization sent twice, or as a list in one header, gets
+//     400 duplicate_header.
 //   - A body read one way that holds a call the token may not make, alone or
 //     in a batch, gets 403 insufficient_scope.
 //   - What every reader reads alike is passed on: escapes inside strings, a
@@ -43,6 +45,7 @@ const (
 	ReasonHeaderMismatch   = "header_mismatch"
 	ReasonUnsupportedMedia = "unsupported_media_type"
 	ReasonMethodNotAllowed = "method_not_allowed"
+	ReasonDuplicateHeader  = "duplicate_header"
 )
 
 // The JSON-RPC error codes that the rules fix.

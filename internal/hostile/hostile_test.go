@@ -50,7 +50,7 @@ var targets = map[string]Target{
 }
 
 func TestCasesInvariants(t *testing.T) {
-	reasons := []string{ReasonAmbiguous, ReasonMalformed, ReasonScope, ReasonHeaderMismatch, ReasonUnsupportedMedia, ReasonMethodNotAllowed}
+	reasons := []string{ReasonAmbiguous, ReasonMalformed, ReasonScope, ReasonHeaderMismatch, ReasonUnsupportedMedia, ReasonMethodNotAllowed, ReasonDuplicateHeader}
 	for name, target := range targets {
 		t.Run(name, func(t *testing.T) {
 			cases := Cases(target)
@@ -75,7 +75,7 @@ func TestCasesInvariants(t *testing.T) {
 				}
 				wantStatus := map[string]int{
 					ReasonAmbiguous: 400, ReasonMalformed: 400, ReasonHeaderMismatch: 400,
-					ReasonScope: 403, ReasonUnsupportedMedia: 415, ReasonMethodNotAllowed: 405,
+					ReasonScope: 403, ReasonUnsupportedMedia: 415, ReasonMethodNotAllowed: 405, ReasonDuplicateHeader: 400,
 				}
 				if !ok && wantStatus[c.Reason] != c.Status {
 					t.Errorf("%s: reason %s with status %d", c.Name, c.Reason, c.Status)
