@@ -14,8 +14,9 @@ import (
 const allowedMethods = "GET, POST, DELETE, OPTIONS"
 
 // CheckSingleHeaders refuses (400 duplicate_header) a request that carries
-// more than one Origin or Authorization header, or a list of them in one:
-// the edge judges one browser origin and authenticates one credential, and
+// more than one Origin, Authorization or Mcp-Protocol-Version header, or a
+// list of them in one: the edge judges one browser origin, authenticates
+// one credential and reads the body by one protocol version, and
 // a server behind it that read another (the last one, or the list an
 // intermediary joins them into) would act on what the edge never judged.
 // net/http gathers every spelling of a header name (origin, ORIGIN) under
@@ -29,6 +30,9 @@ func CheckSingleHeaders(r *http.Request) Verdict {
 	}{
 		{"Origin", ", \t", "one Origin header with one origin, such as Origin: https://app.example"},
 		{"Authorization", ",", "one Authorization header with one credential: Authorization: Bearer <token>"},
+		// The version decides how the request is read (2026-07-28 or
+		// 2025-11-25); servers read the first value or the last.
+		{"Mcp-Protocol-Version", ", \t", "one Mcp-Protocol-Version header with one version, such as Mcp-Protocol-Version: 2025-11-25"},
 	} {
 		var what string
 		switch values := r.Header[h.name]; {

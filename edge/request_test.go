@@ -75,6 +75,9 @@ func TestCheckSingleHeaders(t *testing.T) {
 		{"an Origin list joined with a comma", "Origin: http://localhost:6274, https://evil.example\r\n", "duplicate_header"},
 		{"an Origin list joined with a space (RFC 6454)", "Origin: http://localhost:6274 https://evil.example\r\n", "duplicate_header"},
 		{"an Authorization list joined with a comma", "Authorization: Bearer zds_one, Bearer zds_two\r\n", "duplicate_header"},
+		{"one protocol version", "Mcp-Protocol-Version: 2025-11-25\r\n", ""},
+		{"two protocol versions", "Mcp-Protocol-Version: 2025-11-25\r\nmcp-protocol-version: 2026-07-28\r\n", "duplicate_header"},
+		{"a protocol version list", "Mcp-Protocol-Version: 2025-11-25, 2026-07-28\r\n", "duplicate_header"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
