@@ -41,6 +41,15 @@ var ErrTokenInvalid = errors.New("invalid token")
 // 401 so that clients retry rather than ask the user to sign in again.
 var ErrKeysUnavailable = errors.New("signing keys unavailable")
 
+// PEMError is the error of [NewJWTVerifier] and [JWTConfig.Validate] about
+// [JWTConfig.PublicKeyPEM]: it holds a private key, a block that is not a
+// public key or does not parse, a key of a refused type or size, or no PEM
+// block at all. Reason says what is wrong and what to give instead, so
+// that a caller can name where the PEM came from.
+type PEMError struct{ Reason string }
+
+func (e *PEMError) Error() string { return "jwt: " + e.Reason }
+
 // Limits and timings of JWT verification. They are constants rather than
 // options because each one is a safety bound, not a matter of taste.
 const (
@@ -240,7 +249,8 @@ func jwksCheckURL(raw string) error {
 	return nil
 }
 
-// jwtParsePublicKeys reads every PEM block of data as a public key.
+// jwtParsePublicKeys reads every PEM block of data as a public key. Its
+// errors are PEMErrors.
 func jwtParsePublicKeys(data []byte) ([]crypto.PublicKey, error) {
 	var keys []crypto.PublicKey
 	rest := data
@@ -265,20 +275,20 @@ func jwtParsePublicKeys(data []byte) ([]crypto.PublicKey, error) {
 			}
 		default:
 			if strings.Contains(block.Type, "PRIVATE KEY") {
-				return nil, fmt.Errorf("jwt: the PEM holds a private key (%s): give only the public key, e.g. the output of `openssl pkey -pubout`", block.Type)
+				return nil, &PEMError{fmt.Sprintf("the PEM holds a private key (%s): give the public key instead, such as the output of `openssl pkey -in key.pem -pubout`", block.Type)}
 			}
-			return nil, fmt.Errorf("jwt: PEM block %q is not a public key: give PUBLIC KEY, RSA PUBLIC KEY or CERTIFICATE blocks", block.Type)
+			return nil, &PEMError{fmt.Sprintf("PEM block %q is not a public key: give PUBLIC KEY, RSA PUBLIC KEY or CERTIFICATE blocks", block.Type)}
 		}
 		if err != nil {
-			return nil, fmt.Errorf("jwt: PEM block %d (%s) does not parse: %v", len(keys)+1, block.Type, err)
+			return nil, &PEMError{fmt.Sprintf("PEM block %d (%s) does not parse: %v", len(keys)+1, block.Type, err)}
 		}
 		if err := jwtCheckKey(key); err != nil {
-			return nil, fmt.Errorf("jwt: PEM block %d: %w", len(keys)+1, err)
+			return nil, &PEMError{fmt.Sprintf("PEM block %d: %v", len(keys)+1, err)}
 		}
 		keys = append(keys, key)
 	}
 	if len(keys) == 0 {
-		return nil, errors.New("jwt: the public key PEM holds no PEM block: give the identity provider's public key as -----BEGIN PUBLIC KEY-----")
+		return nil, &PEMError{"the public key PEM holds no PEM block: give the identity provider's public key as -----BEGIN PUBLIC KEY-----"}
 	}
 	return keys, nil
 }
@@ -430,9 +440,12 @@ func NewJWTVerifier(ctx context.Context, cfg JWTConfig, client *http.Client) (*J
 
 // Close stops the background refresh of the key set and cancels a fetch in
 // flight. After Close, Verify still accepts tokens signed with cached keys but
-// never fetches the key set again. Close may be called more than once.
+// never fetches the key set again. Close may be called more than once, and
+// on a nil verifier.
 func (v *JWTVerifier) Close() {
-	v.stop()
+	if v != nil && v.stop != nil {
+		v.stop()
+	}
 }
 
 // Verify checks raw, a JWT access token, and returns the principal it
