@@ -9,11 +9,12 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
-	"os"
 	"slices"
 	"strings"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
@@ -285,6 +286,12 @@ func (c Config) Validate() error {
 		if c.IDTokenFile == "" {
 			return errors.New("oauth: cross_app_access needs id_token_file, the file that holds the gateway's current ID token from the IdP")
 		}
+		// The file is read at each exchange, and whatever keeps it fresh
+		// may write it only later; but a path that holds something else
+		// than a file would fail every exchange.
+		if err := configfile.Check(c.IDTokenFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("oauth: id_token_file: %v; give the path of the file that holds the ID token", err)
+		}
 		if c.RedirectURL != "" || c.ClientMetadataURL != "" {
 			return errors.New("oauth: redirect_url and client_metadata_url apply to authorization_code, not cross_app_access")
 		}
@@ -333,9 +340,9 @@ func (c Config) signingKey() (crypto.Signer, string, error) {
 	where := "private_key"
 	if c.PrivateKeyFile != "" {
 		where = "private_key_file"
-		b, err := os.ReadFile(c.PrivateKeyFile)
+		b, err := configfile.Read(c.PrivateKeyFile)
 		if err != nil {
-			return nil, "", fmt.Errorf("oauth: private_key_file: cannot read %s: %v", c.PrivateKeyFile, errors.Unwrap(err))
+			return nil, "", fmt.Errorf("oauth: private_key_file: %v; give the path of a PEM private key", err)
 		}
 		data = b
 	}
