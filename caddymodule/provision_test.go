@@ -114,3 +114,28 @@ func TestCleanupOfWhatWasNeverProvisioned(t *testing.T) {
 		t.Errorf("App.Cleanup: %v", err)
 	}
 }
+
+// The app refuses, at provision and so in `caddy validate`, names and paths
+// that only a sessions site would otherwise have looked at.
+func TestAppProvisionChecksNamesAndPaths(t *testing.T) {
+	pub, _ := pemFiles(t)
+	guard := "http://127.0.0.1:9 {\n\tzidane_mcp {\n\t\tguard\n\t}\n}\n"
+	if err := validate(t, "\tzidane {\n\t\tworktree_root "+t.TempDir()+"\n\t}", guard); err != nil {
+		t.Fatalf("the valid config the cases change is refused: %v", err)
+	}
+	for _, c := range []struct {
+		name, global, want string
+	}{
+		{"unknown default agent", "default_agent nosuch", `default_agent "nosuch" is not configured: name one of demo`},
+		{"unknown session upstream", "session_upstreams nosuch", `session_upstreams: no upstream "nosuch" is configured`},
+		{"worktree root that is a file", "worktree_root " + pub, "worktree_root " + pub + " is not a directory"},
+		{"upstreams file that is a device", "upstreams_file /dev/zero", "upstreams_file: /dev/zero is a character device, not a regular file"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := validate(t, "\tzidane {\n\t\t"+c.global+"\n\t}", guard)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("validate = %v; want an error saying %q", err, c.want)
+			}
+		})
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/MicahParks/jwkset"
 	"github.com/MicahParks/keyfunc/v3"
@@ -183,6 +184,11 @@ func (c JWTConfig) check() ([]string, []crypto.PublicKey, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// The scope claim is a space-separated list: a machine scope with a
+	// space in it could never be found there.
+	if strings.ContainsFunc(c.MachineScope, unicode.IsSpace) {
+		return nil, nil, fmt.Errorf("jwt: machine_scope %q: give one scope, without spaces", c.MachineScope)
+	}
 	if c.Leeway < 0 || c.Leeway > jwtMaxLeeway {
 		return nil, nil, fmt.Errorf("jwt: leeway %s is out of range: give a duration between 0 and %s (0 means %s)", c.Leeway, jwtMaxLeeway, jwtDefaultLeeway)
 	}
@@ -190,7 +196,7 @@ func (c JWTConfig) check() ([]string, []crypto.PublicKey, error) {
 	case c.JWKSURL == "" && len(c.PublicKeyPEM) == 0:
 		return nil, nil, errors.New("jwt: no signing keys configured: set jwks_url to the identity provider's JWKS URL, or give its public key in PEM")
 	case c.JWKSURL != "" && len(c.PublicKeyPEM) != 0:
-		return nil, nil, errors.New("jwt: both a JWKS URL and a PEM public key are configured: keep only one")
+		return nil, nil, errors.New("jwt: both jwks_url and a PEM public key are configured: keep only one")
 	case c.JWKSURL != "":
 		if err := jwksCheckURL(c.JWKSURL); err != nil {
 			return nil, nil, err
@@ -224,9 +230,9 @@ func jwtAlgorithms(configured []string) ([]string, error) {
 		case strings.EqualFold(alg, "none"):
 			return nil, errors.New(`jwt: algorithm "none" means unsigned tokens and is never accepted: remove it from algorithms`)
 		case strings.HasPrefix(strings.ToUpper(alg), "HS"):
-			return nil, fmt.Errorf("jwt: algorithm %q is symmetric: verifying it needs the provider's signing secret, which could then forge tokens; configure the provider to sign access tokens with RS256, ES256 or EdDSA", alg)
+			return nil, fmt.Errorf("jwt: algorithms: %q is symmetric: verifying it needs the provider's signing secret, which could then forge tokens; configure the provider to sign access tokens with RS256, ES256 or EdDSA", alg)
 		case !slices.Contains(jwtSupportedAlgorithms, alg):
-			return nil, fmt.Errorf("jwt: unsupported algorithm %q: use one of %s (names are case-sensitive)", alg, strings.Join(jwtSupportedAlgorithms, ", "))
+			return nil, fmt.Errorf("jwt: algorithms: unsupported algorithm %q: use one of %s (names are case-sensitive)", alg, strings.Join(jwtSupportedAlgorithms, ", "))
 		}
 		if !slices.Contains(algs, alg) {
 			algs = append(algs, alg)

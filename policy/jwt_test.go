@@ -772,6 +772,7 @@ func TestJWTConfigErrors(t *testing.T) {
 		{"relative JWKS URL", func(c *JWTConfig) { c.JWKSURL = "/jwks" }, "use https://"},
 		{"negative leeway", func(c *JWTConfig) { c.Leeway = -time.Second }, "leeway -1s is out of range"},
 		{"huge leeway", func(c *JWTConfig) { c.Leeway = time.Hour }, "leeway 1h0m0s is out of range"},
+		{"machine scope with a space", func(c *JWTConfig) { c.MachineScope = "agent machine" }, "give one scope, without spaces"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
