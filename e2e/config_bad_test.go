@@ -799,7 +799,7 @@ func TestBadConfigRunAndReload(t *testing.T) {
 	}
 	site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	config := func(jwt string) string {
-		return fmt.Sprintf("{\n\tadmin %s\n}\n\nhttp://%s {\n\troute {\n\t\tzidane_mcp {\n\t\t\tguard\n\t\t\tresource http://%s/mcp\n%s\n\t\t}\n\t\trespond 204\n\t}\n}\n",
+		return fmt.Sprintf("{\n\tadmin %s\n}\n\nhttp://%s {\n\tbind 127.0.0.1\n\troute {\n\t\tzidane_mcp {\n\t\t\tguard\n\t\t\tresource http://%s/mcp\n%s\n\t\t}\n\t\trespond 204\n\t}\n}\n",
 			AdminPlaceholder, site, site, jwt)
 	}
 	t.Run("run", func(t *testing.T) {
