@@ -256,7 +256,7 @@ func (u Upstream) Validate() error {
 			}
 		}
 		for name, value := range u.Headers {
-			if !validHeaderName(name) {
+			if !ValidHeaderName(name) {
 				return fmt.Errorf("%s: header name %q is not a valid HTTP header name", where, name)
 			}
 			if strings.ContainsAny(value, "\r\n\x00") {
@@ -509,8 +509,9 @@ func validScope(s string) bool {
 	return true
 }
 
-// validHeaderName reports whether s is an RFC 9110 token.
-func validHeaderName(s string) bool {
+// ValidHeaderName reports whether s is an RFC 9110 token, as a header name
+// must be.
+func ValidHeaderName(s string) bool {
 	if s == "" {
 		return false
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
@@ -131,6 +132,14 @@ func (a *App) provisionAgents(ctx caddy.Context) error {
 			log.Warn("agents cannot be confined on this system, so their sessions will fail to start; set `sandbox { best_effort }` or `sandbox off` on each agent (the demo agent included: configure an agent named demo) to run them anyway",
 				zap.Error(err))
 		}
+	}
+	if def := a.DefaultAgent; def != "" && def != demoAgentName && a.Agents[def] == nil {
+		known := []string{}
+		if _, ok := a.Agents[demoAgentName]; !ok {
+			known = append(known, demoAgentName)
+		}
+		known = append(known, names...)
+		return fmt.Errorf("zidane: default_agent %q is not configured: name one of %s, or configure an agent of that name", def, strings.Join(known, ", "))
 	}
 	a.deny = a.deniedPaths(ctx)
 	return nil

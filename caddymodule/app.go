@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -177,6 +178,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("zidane: root %q is not an absolute path; give it from /, such as /srv/projects", r)
 		}
 	}
+	if err := a.checkWorktreeRoot(); err != nil {
+		return err
+	}
 	// Once per process: an agent of Caddy's uid must not read its
 	// environment (the upstreams' secrets) or memory through /proc.
 	dumpableOnce.Do(func() {
@@ -204,7 +208,30 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.loadUpstreams(); err != nil {
 		return err
 	}
+	// Checked here too, not only where a sessions site uses them, so that
+	// `caddy validate` says so.
+	for _, name := range a.SessionUpstreams {
+		if _, ok := a.upstreams[name]; !ok {
+			return fmt.Errorf("zidane: session_upstreams: no upstream %q is configured; configure it (upstream %s <url>) or remove it", name, name)
+		}
+	}
 	return a.provisionOAuth(ctx)
+}
+
+// checkWorktreeRoot refuses a worktree_root that is relative (to what
+// would depend on caddy's working directory) or that names something other
+// than a directory; one that does not exist yet is created when needed.
+func (a *App) checkWorktreeRoot() error {
+	if a.WorktreeRoot == "" {
+		return nil
+	}
+	if !filepath.IsAbs(a.WorktreeRoot) {
+		return fmt.Errorf("zidane: worktree_root %q is not an absolute path; give it from /, such as /srv/worktrees", a.WorktreeRoot)
+	}
+	if fi, err := os.Stat(a.WorktreeRoot); err == nil && !fi.IsDir() {
+		return fmt.Errorf("zidane: worktree_root %s is not a directory; give a directory, or a path where one can be created", a.WorktreeRoot)
+	}
+	return nil
 }
 
 // Start implements caddy.App. The app's work runs in its pooled state; it

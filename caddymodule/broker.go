@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
+	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
@@ -43,15 +43,15 @@ func (a *App) loadUpstreams() error {
 		}
 		n, err := broker.Normalize(u)
 		if err != nil {
-			return fmt.Errorf("upstream %q: %w", u.Name, err)
+			return err // it names the upstream and where it is configured
 		}
 		inline = append(inline, n)
 	}
 	lists = append(lists, inline)
 	for _, path := range a.UpstreamsFiles {
-		raw, err := os.ReadFile(path)
+		raw, err := configfile.Read(path)
 		if err != nil {
-			return fmt.Errorf("upstreams_file: %w", err)
+			return fmt.Errorf("upstreams_file: %w; give the path of an mcp.json file", err)
 		}
 		ups, warnings, err := broker.LoadMCPJSON(raw, path)
 		if err != nil {

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -70,7 +71,7 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
-		return d.ArgErr()
+		return d.Err("zidane_mcp takes no argument, only a block of options: zidane_mcp { guard }")
 	}
 	for d.NextBlock(0) {
 		switch d.Val() {
@@ -80,7 +81,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.Guard = &Guard{}
 			if d.NextArg() {
-				return d.ArgErr()
+				return d.Err("guard takes no value; give the headers it sets in a block: guard { upstream_header <name> <value> }")
 			}
 			for d.NextBlock(1) {
 				switch d.Val() {
@@ -112,7 +113,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "sessions":
 			if d.NextArg() {
-				return d.ArgErr()
+				return d.Err("sessions takes no value; agents are configured in the global zidane option")
 			}
 			h.Sessions = &SessionsMode{}
 		case "broker":
@@ -131,22 +132,27 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "resource":
 			if !d.Args(&h.Resource) || d.NextArg() {
-				return d.ArgErr()
+				return d.Err("resource takes one URL or path, such as https://mcp.example.com/mcp or /mcp")
 			}
 		case "max_body":
 			var s string
 			if !d.Args(&s) || d.NextArg() {
-				return d.ArgErr()
+				return d.Err("max_body takes one size, such as 1MiB")
 			}
 			n, err := humanize.ParseBytes(s)
 			if err != nil || n == 0 || n > 1<<40 {
-				return d.Errf("max_body %q: give a size such as 1MiB", s)
+				return d.Errf("max_body %q: give a size such as 1MiB, at most 1TiB", s)
 			}
 			h.MaxBodyBytes = int64(n)
 		case "allowed_origins":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
-				return d.ArgErr()
+				return d.Err("allowed_origins takes one or more origins, such as https://app.example.com")
+			}
+			for _, o := range args {
+				if _, ok := policy.NormalizeOrigin(o); !ok {
+					return d.Errf("allowed_origins %q: write scheme://host[:port], such as https://app.example.com, with no path", o)
+				}
 			}
 			h.AllowedOrigins = append(h.AllowedOrigins, args...)
 		case "scope":
@@ -157,15 +163,18 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Scopes = append(h.Scopes, r)
 		case "disable_localhost_protection":
 			if d.NextArg() {
-				return d.ArgErr()
+				return d.Err("disable_localhost_protection takes no value")
 			}
 			h.DisableLocalhostProtection = true
 		case "no_default_scopes":
 			if d.NextArg() {
-				return d.ArgErr()
+				return d.Err("no_default_scopes takes no value")
 			}
 			h.NoDefaultScopes = true
 		case "rate_limit":
+			if d.NextArg() {
+				return d.Err("rate_limit takes a block: rate_limit { per_token 20/s 40 }")
+			}
 			if h.RateLimit == nil {
 				h.RateLimit = &RateLimit{}
 			}
@@ -267,6 +276,9 @@ func parseLimit(rateArg, burstArg string) (policy.Limit, error) {
 		return policy.Limit{}, fmt.Errorf("rate %q: write events per unit, such as 20/s, 600/m or 100/h", rateArg)
 	}
 	n, err := strconv.ParseFloat(num, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		return policy.Limit{}, fmt.Errorf("rate %q: %q is out of range; give a positive number of events per unit, such as 20/s", rateArg, num)
+	}
 	if err != nil {
 		return policy.Limit{}, fmt.Errorf("rate %q: %q is not a number", rateArg, num)
 	}
@@ -285,35 +297,43 @@ func parseLimit(rateArg, burstArg string) (policy.Limit, error) {
 func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 	j := &JWTConfig{}
 	if d.NextArg() {
-		return nil, d.ArgErr()
+		return nil, d.Err("jwt takes no argument, only a block: jwt { issuer <url> … }")
 	}
-	one := func(dst *string) error {
-		if !d.Args(dst) || d.NextArg() {
-			return d.ArgErr()
+	one := func(dst *string, what string) error {
+		if opt := d.Val(); !d.Args(dst) || d.NextArg() {
+			return d.Errf("jwt %s takes one value: %s", opt, what)
 		}
+		return nil
+	}
+	some := func(dst *[]string, what string) error {
+		vals := d.RemainingArgs()
+		if len(vals) == 0 {
+			return d.Errf("jwt %s takes one or more values: %s", d.Val(), what)
+		}
+		*dst = append(*dst, vals...)
 		return nil
 	}
 	for d.NextBlock(1) {
 		var err error
 		switch d.Val() {
 		case "issuer":
-			err = one(&j.Issuer)
+			err = one(&j.Issuer, "the identity provider's issuer identifier, such as https://idp.example.com/")
 		case "audience":
-			j.Audiences = append(j.Audiences, d.RemainingArgs()...)
+			err = some(&j.Audiences, "the aud values accepted, such as https://mcp.example.com/mcp")
 		case "algorithms":
-			j.Algorithms = append(j.Algorithms, d.RemainingArgs()...)
+			err = some(&j.Algorithms, "such as RS256 ES256")
 		case "jwks_url":
-			err = one(&j.JWKSURL)
+			err = one(&j.JWKSURL, "the provider's JWKS URL, such as https://idp.example.com/.well-known/jwks.json")
 		case "public_key_file":
-			err = one(&j.PublicKeyFile)
+			err = one(&j.PublicKeyFile, "the path of the provider's PEM public key")
 		case "machine_scope":
-			err = one(&j.MachineScope)
+			err = one(&j.MachineScope, "the scope that marks machine tokens")
 		case "leeway":
 			var s string
-			if err = one(&s); err == nil {
+			if err = one(&s, "a duration such as 30s, at most 5m"); err == nil {
 				dur, perr := caddy.ParseDuration(s)
 				if perr != nil {
-					return nil, d.Errf("leeway %q: %v", s, perr)
+					return nil, d.Errf("leeway %q: give a duration such as 30s, at most 5m", s)
 				}
 				j.Leeway = caddy.Duration(dur)
 			}
@@ -403,7 +423,7 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 	}
 	d.Next() // option name
 	if d.NextArg() {
-		return nil, d.ArgErr()
+		return nil, d.Err("zidane takes no argument, only a block of options: zidane { … }")
 	}
 	for d.NextBlock(0) {
 		opt := d.Val()
@@ -500,7 +520,7 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			app.MaxInflightResponse = int64(n)
 			continue
 		case "upstream_token_key":
-			if !d.Args(&app.UpstreamTokenKey) || d.NextArg() {
+			if !d.Args(&app.UpstreamTokenKey) || d.NextArg() || app.UpstreamTokenKey == "" {
 				return nil, d.Err("upstream_token_key takes one value, such as {env.ZIDANE_UPSTREAM_TOKEN_KEY}")
 			}
 			if err := checkTokenKey(app.UpstreamTokenKey); err != nil {
@@ -509,15 +529,15 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			continue
 		case "upstreams_file":
 			var path string
-			if !d.Args(&path) || d.NextArg() {
-				return nil, d.ArgErr()
+			if !d.Args(&path) || d.NextArg() || path == "" {
+				return nil, d.Err("upstreams_file takes one path, of an mcp.json file")
 			}
 			app.UpstreamsFiles = append(app.UpstreamsFiles, path)
 			continue
 		case "max_agents", "max_sessions", "max_sessions_per_token", "max_agents_per_token":
 			var v string
 			if !d.Args(&v) || d.NextArg() {
-				return nil, d.ArgErr()
+				return nil, d.Errf("%s takes one value: give a positive whole number", opt)
 			}
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 {
@@ -546,40 +566,40 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			}
 			app.Roots = append(app.Roots, paths...)
 			continue
-		case "default_agent", "worktree_root":
-			var v string
-			if !d.Args(&v) || d.NextArg() {
-				return nil, d.ArgErr()
+		case "default_agent":
+			if !d.Args(&app.DefaultAgent) || d.NextArg() {
+				return nil, d.Err("default_agent takes the name of an agent: demo, or one configured with agent <name> { … }")
 			}
-			if opt == "default_agent" {
-				app.DefaultAgent = v
-			} else {
-				app.WorktreeRoot = v
+			continue
+		case "worktree_root":
+			if !d.Args(&app.WorktreeRoot) || d.NextArg() {
+				return nil, d.Err("worktree_root takes one absolute path, such as /srv/worktrees")
+			}
+			if !filepath.IsAbs(app.WorktreeRoot) {
+				return nil, d.Errf("worktree_root %q: give an absolute path, such as /srv/worktrees", app.WorktreeRoot)
 			}
 			continue
 		}
+		durations := map[string]*caddy.Duration{
+			"token_sync":               &app.TokenSync,
+			"last_used_flush":          &app.LastUsedFlush,
+			"link_ttl":                 &app.LinkTTL,
+			"agent_idle_timeout":       &app.AgentIdleTimeout,
+			"mcp_session_idle_timeout": &app.MCPSessionIdleTimeout,
+		}
+		dst, ok := durations[opt]
+		if !ok {
+			return nil, d.Errf("unknown zidane option %q", opt)
+		}
 		var s string
 		if !d.Args(&s) || d.NextArg() {
-			return nil, d.ArgErr()
+			return nil, d.Errf("%s takes one value: give a positive duration such as 1s", opt)
 		}
 		dur, err := caddy.ParseDuration(s)
 		if err != nil || dur <= 0 {
 			return nil, d.Errf("%s %q: give a positive duration such as 1s", opt, s)
 		}
-		switch opt {
-		case "token_sync":
-			app.TokenSync = caddy.Duration(dur)
-		case "last_used_flush":
-			app.LastUsedFlush = caddy.Duration(dur)
-		case "link_ttl":
-			app.LinkTTL = caddy.Duration(dur)
-		case "agent_idle_timeout":
-			app.AgentIdleTimeout = caddy.Duration(dur)
-		case "mcp_session_idle_timeout":
-			app.MCPSessionIdleTimeout = caddy.Duration(dur)
-		default:
-			return nil, d.Errf("unknown zidane option %q", opt)
-		}
+		*dst = caddy.Duration(dur)
 	}
 	return httpcaddyfile.App{Name: "zidane", Value: caddyconfig.JSON(app, nil)}, nil
 }
@@ -596,7 +616,7 @@ func parseUpstream(d *caddyfile.Dispenser) (broker.Upstream, error) {
 		u.URL = d.Val()
 	}
 	if d.NextArg() {
-		return u, d.ArgErr()
+		return u, d.Errf("upstream takes a name, then a URL or a block: upstream %s https://mcp.example.com/mcp", u.Name)
 	}
 	for d.NextBlock(1) {
 		opt := d.Val()
@@ -664,14 +684,14 @@ func parseUpstream(d *caddyfile.Dispenser) (broker.Upstream, error) {
 				u.MaxResponse = int64(n)
 			}
 		case "timeout":
-			var v string
-			if v, err = one(); err == nil {
-				dur, perr := caddy.ParseDuration(v)
-				if perr != nil || dur <= 0 {
-					return u, d.Errf("upstream %s: timeout %q: give a positive duration such as 30s", u.Name, v)
-				}
-				u.Timeout = dur
+			if len(args) != 1 {
+				return u, d.Errf("upstream %s: timeout takes one value: give a positive duration such as 30s", u.Name)
 			}
+			dur, perr := caddy.ParseDuration(args[0])
+			if perr != nil || dur <= 0 {
+				return u, d.Errf("upstream %s: timeout %q: give a positive duration such as 30s", u.Name, args[0])
+			}
+			u.Timeout = dur
 		case "shared":
 			var v string
 			if v, err = one(); err == nil {

@@ -104,7 +104,7 @@ type Handler struct {
 	ipLimit    *policy.Limiter
 	ipv6Prefix int // the prefix length by which ipLimit keys IPv6 clients
 	limitKey   string
-	jwt        jwtVerifier
+	jwt        *policy.JWTVerifier
 	resURL     *url.URL // absolute when configured so, else path only
 	// route is this site's mode; egress, in sessions mode, the routes of
 	// the upstreams offered to sessions, under egressPrefix<name>/.
@@ -247,10 +247,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.tokenLimit, h.ipLimit = lv.(*limiters).token, lv.(*limiters).ip
 	h.authn = policy.Authenticator{Tokens: h.tokens}
 	if h.JWT != nil {
-		if h.jwt, err = h.JWT.build(ctx, h.resURL); err != nil {
-			return fmt.Errorf("jwt: %w", err)
+		v, err := h.JWT.build(ctx, h.resURL)
+		if err != nil {
+			return err
 		}
-		h.authn.JWT = h.jwt
+		h.jwt, h.authn.JWT = v, v
 	}
 	switch {
 	case h.Broker != "":

@@ -1,17 +1,17 @@
 package caddymodule
 
 import (
-	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -32,7 +32,8 @@ type JWTConfig struct {
 	// names an unknown key id.
 	JWKSURL string `json:"jwks_url,omitempty"`
 	// PublicKeyFile is a PEM file with the provider's public key(s), in
-	// place of a JWKS URL.
+	// place of a JWKS URL: a regular file of at most 1 MiB. A private key
+	// is refused.
 	PublicKeyFile string `json:"public_key_file,omitempty"`
 	// Leeway is the clock skew allowed on exp, nbf and iat. Default: 30s.
 	Leeway caddy.Duration `json:"leeway,omitempty"`
@@ -40,12 +41,9 @@ type JWTConfig struct {
 	MachineScope string `json:"machine_scope,omitempty"`
 }
 
-type jwtVerifier interface {
-	Verify(ctx context.Context, raw string) (policy.Principal, error)
-	Close()
-}
-
-func (c *JWTConfig) build(ctx caddy.Context, resource *url.URL) (jwtVerifier, error) {
+// build returns the verifier of c, or an error that names the option to
+// change. On error the verifier is nil: nothing to close.
+func (c *JWTConfig) build(ctx caddy.Context, resource *url.URL) (*policy.JWTVerifier, error) {
 	cfg := policy.JWTConfig{
 		Issuer:       c.Issuer,
 		Audiences:    c.Audiences,
@@ -57,14 +55,17 @@ func (c *JWTConfig) build(ctx caddy.Context, resource *url.URL) (jwtVerifier, er
 	}
 	if len(cfg.Audiences) == 0 {
 		if !resource.IsAbs() {
-			return nil, fmt.Errorf("set `audience` in the jwt block, or give `resource` as an absolute URL: a JWT must be issued for this resource")
+			return nil, fmt.Errorf("jwt: set `audience` in the jwt block, or give `resource` as an absolute URL: a JWT must be issued for this resource")
 		}
 		cfg.Audiences = []string{resource.String()}
 	}
 	if c.PublicKeyFile != "" {
-		pem, err := os.ReadFile(c.PublicKeyFile)
+		pem, err := configfile.Read(c.PublicKeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("public_key_file: %w", err)
+			return nil, fmt.Errorf("jwt public_key_file: %w; give the path of the identity provider's public key, in PEM", err)
+		}
+		if len(pem) == 0 {
+			return nil, fmt.Errorf("jwt public_key_file %s is empty; give the path of the identity provider's public key, in PEM", c.PublicKeyFile)
 		}
 		cfg.PublicKeyPEM = pem
 	}
@@ -74,8 +75,15 @@ func (c *JWTConfig) build(ctx caddy.Context, resource *url.URL) (jwtVerifier, er
 	if c.JWKSURL != "" {
 		var err error
 		if hc, err = pinnedfetch.New(c.JWKSURL, nil); err != nil {
-			return nil, fmt.Errorf("jwks_url: %w", err)
+			return nil, fmt.Errorf("jwt jwks_url: %w", err)
 		}
 	}
-	return policy.NewJWTVerifier(ctx, cfg, hc)
+	v, err := policy.NewJWTVerifier(ctx, cfg, hc)
+	if err != nil {
+		if pe := (*policy.PEMError)(nil); errors.As(err, &pe) && c.PublicKeyFile != "" {
+			return nil, fmt.Errorf("jwt public_key_file %s: %s", c.PublicKeyFile, pe.Reason)
+		}
+		return nil, err
+	}
+	return v, nil
 }

@@ -51,6 +51,9 @@ func (a *App) upstreamTokenKey() ([]byte, error) {
 		raw = caddy.NewReplacer().ReplaceKnown(raw, "")
 	}
 	raw = strings.TrimSpace(raw)
+	if raw == "" && a.UpstreamTokenKey != "" {
+		return nil, fmt.Errorf("upstream_token_key %s is empty: an upstream has an oauth block, so its tokens are stored encrypted; set that variable in caddy's environment to 32 random bytes in base64, e.g. the output of `openssl rand -base64 32`", a.UpstreamTokenKey)
+	}
 	if raw == "" {
 		return nil, fmt.Errorf("an upstream has an oauth block, so its tokens are stored encrypted: set %s (or upstream_token_key in the global zidane option) to 32 random bytes in base64, e.g. the output of `openssl rand -base64 32`", UpstreamTokenKeyEnv)
 	}

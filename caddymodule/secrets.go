@@ -103,9 +103,13 @@ func checkAgentEnv(agent string, env map[string]string) error {
 }
 
 // checkGuardHeaders refuses a literal credential among guard mode's
-// upstream headers, whose values go through Caddy's replacer.
+// upstream headers, whose values go through Caddy's replacer, and a name
+// that no request could carry.
 func checkGuardHeaders(headers map[string]string) error {
 	for _, k := range sortedMapKeys(headers) {
+		if !broker.ValidHeaderName(k) {
+			return fmt.Errorf("guard upstream_header %q is not a valid HTTP header name: use letters, digits and '-', such as X-Api-Key", k)
+		}
 		v := headers[k]
 		if !plainHeaders[http.CanonicalHeaderKey(k)] && v != "" && !caddyPlaceholder.MatchString(v) {
 			return literalError(fmt.Sprintf("guard upstream_header %s", k), "{env.VAR}")

@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/MicahParks/jwkset"
 	"github.com/MicahParks/keyfunc/v3"
@@ -40,6 +41,15 @@ var ErrTokenInvalid = errors.New("invalid token")
 // be fetched. The token may well be valid; the edge may answer 503 instead of
 // 401 so that clients retry rather than ask the user to sign in again.
 var ErrKeysUnavailable = errors.New("signing keys unavailable")
+
+// PEMError is the error of [NewJWTVerifier] and [JWTConfig.Validate] about
+// [JWTConfig.PublicKeyPEM]: it holds a private key, a block that is not a
+// public key or does not parse, a key of a refused type or size, or no PEM
+// block at all. Reason says what is wrong and what to give instead, so
+// that a caller can name where the PEM came from.
+type PEMError struct{ Reason string }
+
+func (e *PEMError) Error() string { return "jwt: " + e.Reason }
 
 // Limits and timings of JWT verification. They are constants rather than
 // options because each one is a safety bound, not a matter of taste.
@@ -174,6 +184,11 @@ func (c JWTConfig) check() ([]string, []crypto.PublicKey, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// The scope claim is a space-separated list: a machine scope with a
+	// space in it could never be found there.
+	if strings.ContainsFunc(c.MachineScope, unicode.IsSpace) {
+		return nil, nil, fmt.Errorf("jwt: machine_scope %q: give one scope, without spaces", c.MachineScope)
+	}
 	if c.Leeway < 0 || c.Leeway > jwtMaxLeeway {
 		return nil, nil, fmt.Errorf("jwt: leeway %s is out of range: give a duration between 0 and %s (0 means %s)", c.Leeway, jwtMaxLeeway, jwtDefaultLeeway)
 	}
@@ -181,7 +196,7 @@ func (c JWTConfig) check() ([]string, []crypto.PublicKey, error) {
 	case c.JWKSURL == "" && len(c.PublicKeyPEM) == 0:
 		return nil, nil, errors.New("jwt: no signing keys configured: set jwks_url to the identity provider's JWKS URL, or give its public key in PEM")
 	case c.JWKSURL != "" && len(c.PublicKeyPEM) != 0:
-		return nil, nil, errors.New("jwt: both a JWKS URL and a PEM public key are configured: keep only one")
+		return nil, nil, errors.New("jwt: both jwks_url and a PEM public key are configured: keep only one")
 	case c.JWKSURL != "":
 		if err := jwksCheckURL(c.JWKSURL); err != nil {
 			return nil, nil, err
@@ -215,9 +230,9 @@ func jwtAlgorithms(configured []string) ([]string, error) {
 		case strings.EqualFold(alg, "none"):
 			return nil, errors.New(`jwt: algorithm "none" means unsigned tokens and is never accepted: remove it from algorithms`)
 		case strings.HasPrefix(strings.ToUpper(alg), "HS"):
-			return nil, fmt.Errorf("jwt: algorithm %q is symmetric: verifying it needs the provider's signing secret, which could then forge tokens; configure the provider to sign access tokens with RS256, ES256 or EdDSA", alg)
+			return nil, fmt.Errorf("jwt: algorithms: %q is symmetric: verifying it needs the provider's signing secret, which could then forge tokens; configure the provider to sign access tokens with RS256, ES256 or EdDSA", alg)
 		case !slices.Contains(jwtSupportedAlgorithms, alg):
-			return nil, fmt.Errorf("jwt: unsupported algorithm %q: use one of %s (names are case-sensitive)", alg, strings.Join(jwtSupportedAlgorithms, ", "))
+			return nil, fmt.Errorf("jwt: algorithms: unsupported algorithm %q: use one of %s (names are case-sensitive)", alg, strings.Join(jwtSupportedAlgorithms, ", "))
 		}
 		if !slices.Contains(algs, alg) {
 			algs = append(algs, alg)
@@ -240,7 +255,8 @@ func jwksCheckURL(raw string) error {
 	return nil
 }
 
-// jwtParsePublicKeys reads every PEM block of data as a public key.
+// jwtParsePublicKeys reads every PEM block of data as a public key. Its
+// errors are PEMErrors.
 func jwtParsePublicKeys(data []byte) ([]crypto.PublicKey, error) {
 	var keys []crypto.PublicKey
 	rest := data
@@ -265,20 +281,20 @@ func jwtParsePublicKeys(data []byte) ([]crypto.PublicKey, error) {
 			}
 		default:
 			if strings.Contains(block.Type, "PRIVATE KEY") {
-				return nil, fmt.Errorf("jwt: the PEM holds a private key (%s): give only the public key, e.g. the output of `openssl pkey -pubout`", block.Type)
+				return nil, &PEMError{fmt.Sprintf("the PEM holds a private key (%s): give the public key instead, such as the output of `openssl pkey -in key.pem -pubout`", block.Type)}
 			}
-			return nil, fmt.Errorf("jwt: PEM block %q is not a public key: give PUBLIC KEY, RSA PUBLIC KEY or CERTIFICATE blocks", block.Type)
+			return nil, &PEMError{fmt.Sprintf("PEM block %q is not a public key: give PUBLIC KEY, RSA PUBLIC KEY or CERTIFICATE blocks", block.Type)}
 		}
 		if err != nil {
-			return nil, fmt.Errorf("jwt: PEM block %d (%s) does not parse: %v", len(keys)+1, block.Type, err)
+			return nil, &PEMError{fmt.Sprintf("PEM block %d (%s) does not parse: %v", len(keys)+1, block.Type, err)}
 		}
 		if err := jwtCheckKey(key); err != nil {
-			return nil, fmt.Errorf("jwt: PEM block %d: %w", len(keys)+1, err)
+			return nil, &PEMError{fmt.Sprintf("PEM block %d: %v", len(keys)+1, err)}
 		}
 		keys = append(keys, key)
 	}
 	if len(keys) == 0 {
-		return nil, errors.New("jwt: the public key PEM holds no PEM block: give the identity provider's public key as -----BEGIN PUBLIC KEY-----")
+		return nil, &PEMError{"the public key PEM holds no PEM block: give the identity provider's public key as -----BEGIN PUBLIC KEY-----"}
 	}
 	return keys, nil
 }
@@ -430,9 +446,12 @@ func NewJWTVerifier(ctx context.Context, cfg JWTConfig, client *http.Client) (*J
 
 // Close stops the background refresh of the key set and cancels a fetch in
 // flight. After Close, Verify still accepts tokens signed with cached keys but
-// never fetches the key set again. Close may be called more than once.
+// never fetches the key set again. Close may be called more than once, and
+// on a nil verifier.
 func (v *JWTVerifier) Close() {
-	v.stop()
+	if v != nil && v.stop != nil {
+		v.stop()
+	}
 }
 
 // Verify checks raw, a JWT access token, and returns the principal it

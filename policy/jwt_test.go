@@ -712,6 +712,33 @@ func TestJWTMachineKind(t *testing.T) {
 	}
 }
 
+// A caller that read the PEM from a file names the file: every error about
+// the PEM is a PEMError, whose Reason says what to give instead.
+func TestJWTPEMErrorsAreTyped(t *testing.T) {
+	ec := ecKey(t, "")
+	der, err := x509.MarshalPKCS8PrivateKey(ec.priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct {
+		pem  []byte
+		want string
+	}{
+		"private key":         {pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), "holds a private key (PRIVATE KEY): give the public key instead"},
+		"EC private key":      {pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), "holds a private key (EC PRIVATE KEY)"},
+		"not PEM":             {[]byte(`{"kty":"EC"}`), "holds no PEM block"},
+		"not a public key":    {pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), "is not a public key"},
+		"public then private": {append(ec.pem(t), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})...), "holds a private key"},
+	} {
+		cfg := JWTConfig{Issuer: testIssuer, Audiences: []string{testAudience}, PublicKeyPEM: c.pem}
+		_, err := NewJWTVerifier(testCtx(t), cfg, nil)
+		var pe *PEMError
+		if !errors.As(err, &pe) || !strings.Contains(pe.Reason, c.want) {
+			t.Errorf("%s: NewJWTVerifier error = %v; want a PEMError saying %q", name, err, c.want)
+		}
+	}
+}
+
 func TestJWTConfigErrors(t *testing.T) {
 	ec := ecKey(t, "")
 	small := rsaKey("", mustRSA(1024))
@@ -745,6 +772,7 @@ func TestJWTConfigErrors(t *testing.T) {
 		{"relative JWKS URL", func(c *JWTConfig) { c.JWKSURL = "/jwks" }, "use https://"},
 		{"negative leeway", func(c *JWTConfig) { c.Leeway = -time.Second }, "leeway -1s is out of range"},
 		{"huge leeway", func(c *JWTConfig) { c.Leeway = time.Hour }, "leeway 1h0m0s is out of range"},
+		{"machine scope with a space", func(c *JWTConfig) { c.MachineScope = "agent machine" }, "give one scope, without spaces"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -762,6 +790,10 @@ func TestJWTConfigErrors(t *testing.T) {
 	if err := ok.Validate(); err != nil {
 		t.Errorf("valid config refused: %v", err)
 	}
+	// Closing the verifier that a failed NewJWTVerifier did not return is
+	// what a Caddy cleanup after a failed provision does.
+	var never *JWTVerifier
+	never.Close()
 	loopback := ok
 	loopback.JWKSURL = "http://127.0.0.1:1/jwks"
 	if err := loopback.Validate(); err != nil {

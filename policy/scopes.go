@@ -107,11 +107,11 @@ func NewScopeMap(rules []Rule, withDefaults bool) (*ScopeMap, error) {
 		if !scopePattern.MatchString(r.Scope) {
 			return nil, fmt.Errorf("scope rule %d: scope %q: use letters, digits and ':._*-'", i, r.Scope)
 		}
-		if len(r.Tools) == 0 && len(r.Methods) == 0 {
-			return nil, fmt.Errorf("scope rule for %q grants nothing: name at least one tool or method", r.Scope)
-		}
 		if len(r.Verbs) > 0 && len(r.Tools) == 0 {
 			return nil, fmt.Errorf("scope rule for %q lists verbs but no tool they belong to", r.Scope)
+		}
+		if len(r.Tools) == 0 && len(r.Methods) == 0 {
+			return nil, fmt.Errorf("scope rule for %q grants nothing: name at least one tool or method", r.Scope)
 		}
 		all = append(all, r)
 	}

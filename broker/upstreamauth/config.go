@@ -9,11 +9,12 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
-	"os"
 	"slices"
 	"strings"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
@@ -224,7 +225,7 @@ func (c Config) Validate() error {
 	}
 	for _, s := range c.Scopes {
 		if !validScope(s) {
-			return fmt.Errorf("oauth: scope %q is not a valid OAuth scope (printable ASCII without spaces, quotes or backslashes)", s)
+			return fmt.Errorf("oauth: scopes: %q is not a valid OAuth scope (printable ASCII without spaces, quotes or backslashes)", s)
 		}
 	}
 	if c.MaxStepUp < 0 || c.MaxStepUp > 10 {
@@ -256,8 +257,8 @@ func (c Config) Validate() error {
 				return errors.New("oauth: client_metadata_url must be an https URL with a path, such as https://gateway.example.com/oauth/client.json")
 			}
 		}
-		if c.TokenURL != "" || c.IDPIssuer != "" || c.IDPTokenURL != "" || c.IDPClientID != "" || c.IDPClientSecret != "" || c.IDTokenFile != "" {
-			return errors.New("oauth: token_url and the idp_* settings apply to client_credentials and cross_app_access, not authorization_code")
+		if s := c.firstSet("token_url", "idp_issuer", "idp_token_url", "idp_client_id", "idp_client_secret", "id_token_file"); s != "" {
+			return fmt.Errorf("oauth: %s applies to client_credentials and cross_app_access, not authorization_code", s)
 		}
 	case GrantClientCredentials:
 		if c.ClientID == "" {
@@ -269,8 +270,8 @@ func (c Config) Validate() error {
 		if c.RedirectURL != "" || c.ClientMetadataURL != "" {
 			return errors.New("oauth: redirect_url and client_metadata_url apply to authorization_code, not client_credentials")
 		}
-		if c.IDPIssuer != "" || c.IDPTokenURL != "" || c.IDPClientID != "" || c.IDPClientSecret != "" || c.IDTokenFile != "" {
-			return errors.New("oauth: the idp_* settings apply to cross_app_access, not client_credentials")
+		if s := c.firstSet("idp_issuer", "idp_token_url", "idp_client_id", "idp_client_secret", "id_token_file"); s != "" {
+			return fmt.Errorf("oauth: %s applies to cross_app_access, not client_credentials", s)
 		}
 	case GrantCrossAppAccess:
 		if c.ClientID == "" {
@@ -285,11 +286,31 @@ func (c Config) Validate() error {
 		if c.IDTokenFile == "" {
 			return errors.New("oauth: cross_app_access needs id_token_file, the file that holds the gateway's current ID token from the IdP")
 		}
+		// The file is read at each exchange, and whatever keeps it fresh
+		// may write it only later; but a path that holds something else
+		// than a file would fail every exchange.
+		if err := configfile.Check(c.IDTokenFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("oauth: id_token_file: %v; give the path of the file that holds the ID token", err)
+		}
 		if c.RedirectURL != "" || c.ClientMetadataURL != "" {
 			return errors.New("oauth: redirect_url and client_metadata_url apply to authorization_code, not cross_app_access")
 		}
 	}
 	return nil
+}
+
+// firstSet returns the first of the named settings that is set, or "".
+func (c Config) firstSet(names ...string) string {
+	values := map[string]string{
+		"token_url": c.TokenURL, "idp_issuer": c.IDPIssuer, "idp_token_url": c.IDPTokenURL,
+		"idp_client_id": c.IDPClientID, "idp_client_secret": c.IDPClientSecret, "id_token_file": c.IDTokenFile,
+	}
+	for _, n := range names {
+		if values[n] != "" {
+			return n
+		}
+	}
+	return ""
 }
 
 // checkURL applies the egress rule (https anywhere, http to loopback only)
@@ -333,9 +354,9 @@ func (c Config) signingKey() (crypto.Signer, string, error) {
 	where := "private_key"
 	if c.PrivateKeyFile != "" {
 		where = "private_key_file"
-		b, err := os.ReadFile(c.PrivateKeyFile)
+		b, err := configfile.Read(c.PrivateKeyFile)
 		if err != nil {
-			return nil, "", fmt.Errorf("oauth: private_key_file: cannot read %s: %v", c.PrivateKeyFile, errors.Unwrap(err))
+			return nil, "", fmt.Errorf("oauth: private_key_file: %v; give the path of a PEM private key", err)
 		}
 		data = b
 	}

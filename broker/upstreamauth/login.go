@@ -8,13 +8,14 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
 	"golang.org/x/oauth2"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
 )
 
 // Bounds of the pending logins.
@@ -342,9 +343,9 @@ func (c *Client) Callback(ctx context.Context, query url.Values) error {
 // upstream's authorization server from the enterprise IdP (RFC 8693 token
 // exchange of the gateway's ID token; SEP-990).
 func (c *Client) idJAG(ctx context.Context, rec *record, scopes []string) (string, error) {
-	raw, err := os.ReadFile(c.cfg.IDTokenFile)
+	raw, err := configfile.Read(c.cfg.IDTokenFile)
 	if err != nil {
-		return "", fmt.Errorf("id_token_file: cannot read %s: %v", c.cfg.IDTokenFile, errors.Unwrap(err))
+		return "", fmt.Errorf("id_token_file: %v", err)
 	}
 	idToken := strings.TrimSpace(string(raw))
 	if idToken == "" {

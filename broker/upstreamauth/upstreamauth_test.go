@@ -16,9 +16,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -109,6 +111,59 @@ func TestConfigValidate(t *testing.T) {
 	for _, s := range []string{c.String(), fmt.Sprintf("%v %+v %#v %s", c, c, c, c)} {
 		if strings.Contains(s, secret) {
 			t.Errorf("String shows the secret: %s", s)
+		}
+	}
+}
+
+// A key file or ID token file that is not a regular file of bounded size
+// (a directory, /dev/zero, a named pipe nothing writes to, a file too big)
+// is refused when the config is checked, without a read that would never
+// end. An ID token file that is not there yet is fine: whatever keeps it
+// fresh may write it after the start.
+func TestConfigValidateRefusesFilesThatAreNotKeyFiles(t *testing.T) {
+	ecKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "pipe")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(key, []byte(pemKey(t, ecKey)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big.pem")
+	if err := os.WriteFile(big, append([]byte(pemKey(t, ecKey)), bytes.Repeat([]byte("\n"), 1<<20)...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	withKey := func(path string) Config {
+		return Config{Grant: GrantClientCredentials, ClientID: "c", PrivateKeyFile: path}
+	}
+	withIDToken := func(path string) Config {
+		return Config{Grant: GrantCrossAppAccess, ClientID: "c", IDPIssuer: "https://idp.example.com", IDPClientID: "i", IDTokenFile: path}
+	}
+	if err := withKey(key).Validate(); err != nil {
+		t.Fatalf("a PEM key file: %v", err)
+	}
+	if err := withIDToken(filepath.Join(dir, "not-yet")).Validate(); err != nil {
+		t.Fatalf("an ID token file not written yet: %v", err)
+	}
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"key: directory", withKey(dir), "private_key_file: " + dir + " is a directory"},
+		{"key: /dev/zero", withKey("/dev/zero"), "is a character device, not a regular file"},
+		{"key: named pipe", withKey(fifo), "is a named pipe, not a regular file"},
+		{"key: too big", withKey(big), "more than 1 MiB"},
+		{"key: missing", withKey(filepath.Join(dir, "missing")), "no such file"},
+		{"ID token: directory", withIDToken(dir), "id_token_file: " + dir + " is a directory"},
+		{"ID token: /dev/zero", withIDToken("/dev/zero"), "is a character device, not a regular file"},
+		{"ID token: named pipe", withIDToken(fifo), "is a named pipe, not a regular file"},
+		{"ID token: too big", withIDToken(big), "more than 1 MiB"},
+	} {
+		if err := c.cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Validate() = %v; want an error saying %q", c.name, err, c.want)
 		}
 	}
 }
