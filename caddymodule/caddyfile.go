@@ -104,7 +104,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					}
 					n, err := humanize.ParseBytes(v)
 					if err != nil || n == 0 || n > 1<<40 {
-						return d.Errf("guard max_response %q: give a size such as 16MiB", v)
+						return d.Errf("guard max_response %q: give a size such as 16MiB, at most 1TiB", v)
 					}
 					h.Guard.MaxResponse = int64(n)
 				default:
@@ -515,7 +515,7 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			}
 			n, err := humanize.ParseBytes(v)
 			if err != nil || n == 0 || n > 1<<40 {
-				return nil, d.Errf("max_inflight_response %q: give a size such as 256MiB", v)
+				return nil, d.Errf("max_inflight_response %q: give a size such as 256MiB, at most 1TiB", v)
 			}
 			app.MaxInflightResponse = int64(n)
 			continue
@@ -675,14 +675,14 @@ func parseUpstream(d *caddyfile.Dispenser) (broker.Upstream, error) {
 				u.ToolsDeny = append(u.ToolsDeny, args[1:]...)
 			}
 		case "max_response":
-			var v string
-			if v, err = one(); err == nil {
-				n, perr := humanize.ParseBytes(v)
-				if perr != nil || n == 0 || n > 1<<40 {
-					return u, d.Errf("upstream %s: max_response %q: give a size such as 16MiB", u.Name, v)
-				}
-				u.MaxResponse = int64(n)
+			if len(args) != 1 {
+				return u, d.Errf("upstream %s: max_response takes one size, such as 16MiB", u.Name)
 			}
+			n, perr := humanize.ParseBytes(args[0])
+			if perr != nil || n == 0 || n > 1<<40 {
+				return u, d.Errf("upstream %s: max_response %q: give a size such as 16MiB, at most 1TiB", u.Name, args[0])
+			}
+			u.MaxResponse = int64(n)
 		case "timeout":
 			if len(args) != 1 {
 				return u, d.Errf("upstream %s: timeout takes one value: give a positive duration such as 30s", u.Name)

@@ -401,8 +401,27 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane_mcp no_default_scopes", "a value", guarded("no_default_scopes yes"), "no_default_scopes takes no value"),
 		c("zidane_mcp disable_localhost_protection", "a value", guarded("disable_localhost_protection yes"), "disable_localhost_protection takes no value"),
 		c("zidane_mcp rate_limit", "a value", guarded("rate_limit 20/s 40"), "rate_limit takes a block"),
-		c("zidane_mcp rate_limit", "an unknown limit", guarded("rate_limit {\nper_user 1/s 1\n}"), "use per_token or per_ip"),
+		c("zidane_mcp rate_limit", "an unknown limit", guarded("rate_limit {\nper_user 1/s 1\n}"), "use per_token, per_ip or ipv6_prefix"),
 	}
+	sizeCases := func(opt string, wrap func(string) string, word, example string) []badConfig {
+		return []badConfig{
+			c(opt, labelNegative, wrap(word+" -1"), "give a size such as "+example),
+			c(opt, labelZero, wrap(word+" 0"), "give a size such as "+example),
+			c(opt, labelNotNumber, wrap(word+" lots"), "give a size such as "+example),
+			c(opt, labelHuge, wrap(word+" 2TiB"), "at most 1TiB"),
+			c(opt, labelEmpty, wrap(word), word+" takes one size"),
+		}
+	}
+	cases = append(cases, sizeCases("zidane_mcp guard max_response", func(l string) string { return mcpBlock("guard {\n" + l + "\n}") }, "max_response", "16MiB")...)
+	cases = append(cases, sizeCases("zidane upstream max_response", func(l string) string { return upstreamBlock(l) }, "max_response", "16MiB")...)
+	cases = append(cases, sizeCases("zidane max_inflight_response", func(l string) string { return zidaneBlock(l) }, "max_inflight_response", "256MiB")...)
+	ipv6 := func(v string) string { return guarded("rate_limit {\nipv6_prefix " + v + "\n}") }
+	cases = append(cases,
+		c("zidane_mcp rate_limit ipv6_prefix", labelZero, ipv6("0"), "1 to 128"),
+		c("zidane_mcp rate_limit ipv6_prefix", labelNegative, ipv6("-1"), "1 to 128"),
+		c("zidane_mcp rate_limit ipv6_prefix", labelHuge, ipv6("129"), "1 to 128"),
+		c("zidane_mcp rate_limit ipv6_prefix", labelNotNumber, ipv6("many"), "1 to 128"),
+	)
 	for _, kind := range []string{"per_token", "per_ip"} {
 		rl := func(v string) string { return guarded("rate_limit {\n" + kind + " " + v + "\n}") }
 		opt := "zidane_mcp rate_limit " + kind
