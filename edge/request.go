@@ -18,11 +18,18 @@ const allowedMethods = "GET, POST, DELETE, OPTIONS"
 // body that is not plain JSON (415): a Content-Encoding other than
 // identity would hide the body the edge decides on from it, and a
 // Content-Type other than application/json is not a JSON-RPC message.
+//
+// OPTIONS is refused too: the edge answers a browser's preflight itself,
+// before this step, so an OPTIONS that reaches it is none, and MCP has no
+// other use for one.
 func CheckRequest(r *http.Request) Verdict {
 	switch r.Method {
-	case http.MethodGet, http.MethodDelete, http.MethodOptions:
+	case http.MethodGet, http.MethodDelete:
 		return Verdict{}
 	case http.MethodPost:
+	case http.MethodOptions:
+		return Verdict{Status: http.StatusMethodNotAllowed, Reason: "method_not_allowed", Code: CodeInvalidRequest, Allow: allowedMethods,
+			Message: "OPTIONS is answered here only as a browser's CORS preflight, with Origin and Access-Control-Request-Method: send JSON-RPC messages with POST, open a stream with GET, end a session with DELETE"}
 	default:
 		return Verdict{Status: http.StatusMethodNotAllowed, Reason: "method_not_allowed", Code: CodeInvalidRequest, Allow: allowedMethods,
 			Message: fmt.Sprintf("HTTP method %s is not part of MCP's streamable HTTP transport: send JSON-RPC messages with POST, open a stream with GET, end a session with DELETE", r.Method)}
