@@ -41,7 +41,9 @@ import (
 //     callback) under their own paths;
 //   - what reaches the server is a GET, POST or DELETE with a valid token,
 //     without the client's credential (the guard's upstream header in its
-//     place) and without Accept-Encoding; a GET or DELETE has no body; a
+//     place), without Accept-Encoding and without trailers (header fields
+//     the edge never checked, which reverse_proxy passes on); a GET or
+//     DELETE has no body; a
 //     POST carries exactly the bytes the client sent, JSON in UTF-8, which
 //     package message reads in one way only, with Mcp-Method and Mcp-Name
 //     headers that agree with it; and for the token scoped to tool a, that
@@ -306,10 +308,12 @@ type reached struct {
 	url    string
 	header http.Header
 	body   []byte
-	p      policy.Principal
-	pOK    bool
-	read   *message.Body // message.FromContext
-	status int           // what it answered
+	// trailer holds the request's trailers once its body is read.
+	trailer http.Header
+	p       policy.Principal
+	pOK     bool
+	read    *message.Body // message.FromContext
+	status  int           // what it answered
 }
 
 // next is the server behind the guard: it records the request and answers
@@ -319,6 +323,7 @@ func next(rec **reached, sse bool) caddyhttp.Handler {
 		got := &reached{method: r.Method, url: r.URL.String(), header: r.Header.Clone()}
 		*rec = got
 		got.body, _ = io.ReadAll(r.Body)
+		got.trailer = r.Trailer.Clone()
 		got.p, got.pOK = policy.PrincipalFrom(r.Context())
 		got.read, _ = message.FromContext(r.Context())
 		switch r.Method {
@@ -433,6 +438,9 @@ func (e *guardEdge) check(t *testing.T, in edgeInput) {
 	}
 	if strings.Contains(got.url, secret) {
 		t.Fatal("the client's credential reached the server behind in the URL")
+	}
+	if len(got.trailer) != 0 {
+		t.Fatalf("trailers %q reached the server behind: header fields the edge never checked", got.trailer)
 	}
 	if _, ok := got.header["Accept-Encoding"]; ok {
 		t.Fatal("Accept-Encoding reached the server behind: its answer could be compressed past the listing filter")
@@ -711,6 +719,8 @@ func edgeSeeds(tb testing.TB) []edgeInput {
 		edgeInput{http.MethodPost, "/mcp", "Content-Encoding: gzip\n", []byte(list), jsonA},
 		edgeInput{http.MethodPost, "/mcp", "Mcp-Method: tools/list\nMcp-Protocol-Version: 2026-07-28\n", []byte(list), jsonA},
 		edgeInput{http.MethodPost, "/mcp", "Mcp_Name: a\n", []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"b"}}`), jsonA},
+		edgeInput{http.MethodPost, "/mcp", "Transfer-Encoding: chunked\n", []byte(fmt.Sprintf("%x\r\n%s\r\n0\r\nMcp-Name: b\r\nAuthorization: Bearer x\r\n\r\n", len(list), list)), jsonA},
+		edgeInput{http.MethodGet, "/mcp", "Transfer-Encoding: chunked\nTrailer: Mcp-Method\n", []byte("0\r\nMcp-Method: tools/call\r\n\r\n"), credToolA},
 		edgeInput{http.MethodPost, "/mcp", "", bytes.Repeat([]byte(" "), edgeMaxBodyBytes+1), jsonA},
 		edgeInput{http.MethodGet, wellKnownResource + "/mcp", "", nil, 0},
 		edgeInput{http.MethodPost, wellKnownResource, "", nil, 0},

@@ -81,3 +81,32 @@ func TestOptionsIsAnsweredAsAPreflightOrRefused(t *testing.T) {
 		})
 	}
 }
+
+// A seed of FuzzEdge showed that trailers reached the server behind the
+// guard: header fields after a chunked body, which the edge never checked
+// and reverse_proxy passes on, so that a client's token declared as a
+// trailer reached the upstream (TestGuardDropsTrailers). The edge drops
+// them with the body it read.
+func TestTrailersDoNotReachTheServerBehind(t *testing.T) {
+	e := newGuardEdge(t)
+	const list = `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`
+	for _, c := range []struct {
+		name string
+		in   edgeInput
+	}{
+		{"a POST", edgeInput{http.MethodPost, "/mcp", "Transfer-Encoding: chunked\nTrailer: Authorization, Mcp-Name\n",
+			[]byte("2e\r\n" + list + "\r\n0\r\nAuthorization: Bearer zds_the-clients-own\r\nMcp-Name: b\r\n\r\n"), credToolA | flagContentType}},
+		{"a GET with an empty body", edgeInput{http.MethodGet, "/mcp", "Transfer-Encoding: chunked\nTrailer: Mcp-Method\n",
+			[]byte("0\r\nMcp-Method: tools/call\r\n\r\n"), credAll}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, status, body := e.send(t, c.in)
+			if got == nil {
+				t.Fatalf("refused %d: %s", status, body)
+			}
+			if len(got.trailer) != 0 {
+				t.Fatalf("trailers %q reached the server behind", got.trailer)
+			}
+		})
+	}
+}

@@ -71,14 +71,16 @@ func jsonMediaType(ct string) bool {
 // NoBody refuses a GET, DELETE or OPTIONS request that carries a body. MCP
 // gives those no body, so the edge decides nothing on one; a server behind
 // guard that read JSON-RPC from it anyway would run a call nobody
-// authorized. A body announced (chunked, say) but empty passes.
+// authorized. A body announced (chunked, say) but empty passes, without
+// its trailers (see ReadBody).
 func NoBody(r *http.Request) Verdict {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		r.Trailer = nil
 		return Verdict{}
 	}
 	var one [1]byte
 	if n, _ := io.ReadFull(r.Body, one[:]); n == 0 {
-		r.Body, r.ContentLength = http.NoBody, 0
+		r.Body, r.ContentLength, r.Trailer = http.NoBody, 0, nil
 		return Verdict{}
 	}
 	return Verdict{Status: http.StatusBadRequest, Reason: ReasonUnexpectedBody, Code: CodeInvalidRequest,
@@ -88,6 +90,11 @@ func NoBody(r *http.Request) Verdict {
 // ReadBody reads a POST's body, bounded by limit bytes (413 past it), and
 // puts the same bytes back as r's body, so that the route forwards exactly
 // what the edge decided on.
+//
+// It drops the request's trailers: header fields sent after a chunked
+// body, which the edge never checked (an Authorization, an Mcp-Name that
+// says something else than the body) and which reverse_proxy would pass
+// on. MCP uses none.
 func ReadBody(r *http.Request, limit int64) ([]byte, Verdict) {
 	tooLarge := func(msg string) Verdict {
 		return Verdict{Status: http.StatusRequestEntityTooLarge, Reason: "too_large", Message: msg}
@@ -114,6 +121,7 @@ func ReadBody(r *http.Request, limit int64) ([]byte, Verdict) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
+	r.Trailer = nil
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	return body, Verdict{}
 }
