@@ -54,11 +54,18 @@ func CheckSingleHeaders(r *http.Request) Verdict {
 // body that is not plain JSON (415): a Content-Encoding other than
 // identity would hide the body the edge decides on from it, and a
 // Content-Type other than application/json is not a JSON-RPC message.
+//
+// OPTIONS is refused too: the edge answers a browser's preflight itself,
+// before this step, so an OPTIONS that reaches it is none, and MCP has no
+// other use for one.
 func CheckRequest(r *http.Request) Verdict {
 	switch r.Method {
-	case http.MethodGet, http.MethodDelete, http.MethodOptions:
+	case http.MethodGet, http.MethodDelete:
 		return Verdict{}
 	case http.MethodPost:
+	case http.MethodOptions:
+		return Verdict{Status: http.StatusMethodNotAllowed, Reason: "method_not_allowed", Code: CodeInvalidRequest, Allow: allowedMethods,
+			Message: "OPTIONS is answered here only as a browser's CORS preflight, with Origin and Access-Control-Request-Method: send JSON-RPC messages with POST, open a stream with GET, end a session with DELETE"}
 	default:
 		return Verdict{Status: http.StatusMethodNotAllowed, Reason: "method_not_allowed", Code: CodeInvalidRequest, Allow: allowedMethods,
 			Message: fmt.Sprintf("HTTP method %s is not part of MCP's streamable HTTP transport: send JSON-RPC messages with POST, open a stream with GET, end a session with DELETE", r.Method)}
@@ -100,14 +107,16 @@ func jsonMediaType(ct string) bool {
 // NoBody refuses a GET, DELETE or OPTIONS request that carries a body. MCP
 // gives those no body, so the edge decides nothing on one; a server behind
 // guard that read JSON-RPC from it anyway would run a call nobody
-// authorized. A body announced (chunked, say) but empty passes.
+// authorized. A body announced (chunked, say) but empty passes, without
+// its trailers (see ReadBody).
 func NoBody(r *http.Request) Verdict {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		r.Trailer = nil
 		return Verdict{}
 	}
 	var one [1]byte
 	if n, _ := io.ReadFull(r.Body, one[:]); n == 0 {
-		r.Body, r.ContentLength = http.NoBody, 0
+		r.Body, r.ContentLength, r.Trailer = http.NoBody, 0, nil
 		return Verdict{}
 	}
 	return Verdict{Status: http.StatusBadRequest, Reason: ReasonUnexpectedBody, Code: CodeInvalidRequest,
@@ -117,6 +126,11 @@ func NoBody(r *http.Request) Verdict {
 // ReadBody reads a POST's body, bounded by limit bytes (413 past it), and
 // puts the same bytes back as r's body, so that the route forwards exactly
 // what the edge decided on.
+//
+// It drops the request's trailers: header fields sent after a chunked
+// body, which the edge never checked (an Authorization, an Mcp-Name that
+// says something else than the body) and which reverse_proxy would pass
+// on. MCP uses none.
 func ReadBody(r *http.Request, limit int64) ([]byte, Verdict) {
 	tooLarge := func(msg string) Verdict {
 		return Verdict{Status: http.StatusRequestEntityTooLarge, Reason: "too_large", Message: msg}
@@ -143,6 +157,7 @@ func ReadBody(r *http.Request, limit int64) ([]byte, Verdict) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
+	r.Trailer = nil
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	return body, Verdict{}
 }

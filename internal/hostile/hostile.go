@@ -21,8 +21,8 @@
 //     header_mismatch (-32020).
 //   - A Content-Encoding other than identity, or a Content-Type that is not
 //     JSON in UTF-8 (one header), gets 415 unsupported_media_type; an HTTP
-//     method other than GET, POST, DELETE and OPTIONS gets 405
-//     method_not_allowed.
+//     method other than GET, POST and DELETE gets 405 method_not_allowed
+//     (OPTIONS too, but for a browser's preflight, which the edge answers).
 //   - Origin or Authorization sent twice, or as a list in one header, gets
 //     400 duplicate_header.
 //   - A body read one way that holds a call the token may not make, alone or
