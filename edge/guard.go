@@ -2,6 +2,7 @@ package edge
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 
@@ -26,6 +27,10 @@ import (
 //     client to the server's authorization server, a cookie would be set
 //     for the gateway's origin, and CORS is the gateway's to answer. The
 //     edge's own CORS headers stay.
+//   - Trailers pass neither way: the client's were not read by the edge,
+//     and the server's would carry what its headers may not (and, on a
+//     JSON answer, whose status the listing filter sends last, would
+//     become headers).
 //   - A 401, 403 or 407 from the server refused the gateway's request (the
 //     client's token passed the edge, and the server sees the operator's
 //     upstream_header, if any): it becomes 502 with a message for the
@@ -83,6 +88,10 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 	if g.Prepare != nil {
 		g.Prepare(r)
 	}
+	// The client's trailers are no part of what the edge read and decided
+	// on; reverse_proxy would forward them to the server.
+	r.Trailer = nil
+	defer gw.restore()
 	return next(gw, r)
 }
 
@@ -116,6 +125,33 @@ type guardWriter struct {
 	cors                   []corsHeader
 	wrote                  bool
 	refused                bool // a 401/403/407 was replaced: its body is dropped
+	// sent is the header as it went on with the final status. What the
+	// route sets after it (reverse_proxy copies the server's trailers into
+	// the header map) is put back to it before the handler returns: the
+	// listing filter sends a JSON answer's status only then, and net/http
+	// sends trailers only then.
+	sent http.Header
+}
+
+// restore undoes what was set on the header after the final status.
+func (w *guardWriter) restore() {
+	if w.sent == nil {
+		return
+	}
+	h := w.Header()
+	clear(h)
+	maps.Copy(h, w.sent)
+}
+
+// dropTrailers removes what would declare trailers: the guarded server's
+// trailers are never passed on.
+func dropTrailers(h http.Header) {
+	delete(h, "Trailer")
+	for k := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			delete(h, k)
+		}
+	}
 }
 
 // strippedHeaders are the server's answer headers the client never gets.
@@ -137,6 +173,7 @@ func (w *guardWriter) WriteHeader(status int) {
 	for _, c := range w.cors {
 		h[c.name] = c.values
 	}
+	dropTrailers(h)
 	if status >= 100 && status < 200 && status != http.StatusSwitchingProtocols {
 		// Early hints pass, without what the final answer may not carry.
 		delete(h, headerSessionID)
@@ -164,6 +201,7 @@ func (w *guardWriter) WriteHeader(status int) {
 		h[headerSessionID] = []string{w.g.IDs.Seal(sids[0], w.p.TokenID, w.g.Route)}
 	}
 	w.ResponseWriter.WriteHeader(status)
+	w.sent = h.Clone()
 }
 
 // replace answers with a JSON-RPC error of the gateway's own instead of
@@ -178,6 +216,7 @@ func (w *guardWriter) replace(status int, msg string) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	w.ResponseWriter.WriteHeader(status)
+	w.sent = h.Clone()
 	body := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":null,"error":{"code":%d,"message":%q}}`, CodeUpstreamRefused, msg)
 	w.ResponseWriter.Write(body)
 }

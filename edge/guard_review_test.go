@@ -1,0 +1,104 @@
+package edge
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// The guarded server's trailers reach the client neither as trailers nor,
+// on a JSON answer (whose status the listing filter sends with the filtered
+// body, after reverse_proxy copied the trailers into the header map), as
+// headers: a Set-Cookie, a CORS header or the server's own session id in a
+// trailer must not pass where the same header would not.
+func TestGuardStripsTrailers(t *testing.T) {
+	leaks := map[string]string{
+		"Set-Cookie":                  "sid=from-the-server; Path=/",
+		"Mcp-Session-Id":              "raw-upstream-session",
+		"Access-Control-Allow-Origin": "*",
+	}
+	for _, ctype := range []string{"application/json", "text/event-stream"} {
+		// declared: named in a Trailer header (reverse_proxy copies them
+		// into the header map after the body); prefixed: set under
+		// http.TrailerPrefix without being declared.
+		for _, declared := range []bool{true, false} {
+			name := ctype + map[bool]string{true: ", declared", false: ", prefixed"}[declared]
+			t.Run(name, func(t *testing.T) {
+				upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if declared {
+						names := make([]string, 0, len(leaks))
+						for k := range leaks {
+							names = append(names, k)
+						}
+						w.Header().Set("Trailer", strings.Join(names, ", "))
+					}
+					w.Header().Set("Content-Type", ctype)
+					w.WriteHeader(http.StatusOK)
+					if ctype == "application/json" {
+						io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+					} else {
+						io.WriteString(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n")
+					}
+					for k, v := range leaks {
+						if !declared {
+							k = http.TrailerPrefix + k
+						}
+						w.Header().Set(k, v)
+					}
+				}))
+				defer upstream.Close()
+				target, _ := url.Parse(upstream.URL)
+				proxy := httputil.NewSingleHostReverseProxy(target)
+				ids, err := broker.NewSessionIDs(bytes.Repeat([]byte{7}, broker.SessionKeySize))
+				if err != nil {
+					t.Fatal(err)
+				}
+				g := &Guard{IDs: ids, Route: "guard:/mcp"}
+				raw := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}`)
+				front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					b, err := message.Read(raw)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					r = r.WithContext(policy.WithPrincipal(r.Context(), alice))
+					fw, closeFilter := NewListing(g, alice, b, nil).Wrap(w)
+					if err := g.Serve(fw, r, func(w http.ResponseWriter, r *http.Request) error {
+						proxy.ServeHTTP(w, r)
+						return nil
+					}); err != nil {
+						t.Error(err)
+					}
+					closeFilter()
+				}))
+				defer front.Close()
+				resp, err := front.Client().Post(front.URL+"/mcp", "application/json", bytes.NewReader(raw))
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if !bytes.Contains(body, []byte(`"result":{}`)) {
+					t.Fatalf("the client got %q", body)
+				}
+				for k := range leaks {
+					if v := resp.Header.Values(k); len(v) > 0 {
+						t.Errorf("the server's trailer %s reached the client as a header: %q", k, v)
+					}
+					if v := resp.Trailer.Values(k); len(v) > 0 {
+						t.Errorf("the server's trailer %s reached the client: %q", k, v)
+					}
+				}
+			})
+		}
+	}
+}
