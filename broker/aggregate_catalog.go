@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -173,13 +174,13 @@ func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) 
 	opts := &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
-			go a.refreshKind(up, a.refreshTools)
+			a.listChanged(up, &up.relisting[0], a.refreshTools)
 		},
 		PromptListChangedHandler: func(context.Context, *mcp.PromptListChangedRequest) {
-			go a.refreshKind(up, a.refreshPrompts)
+			a.listChanged(up, &up.relisting[1], a.refreshPrompts)
 		},
 		ResourceListChangedHandler: func(context.Context, *mcp.ResourceListChangedRequest) {
-			go a.refreshKind(up, a.refreshResources)
+			a.listChanged(up, &up.relisting[2], a.refreshResources)
 		},
 		ResourceUpdatedHandler: func(ctx context.Context, req *mcp.ResourceUpdatedNotificationRequest) {
 			a.mu.Lock()
@@ -212,16 +213,32 @@ func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) 
 	return cs, nil
 }
 
-// refreshKind re-lists one kind of feature of up on its current catalog.
-func (a *Aggregate) refreshKind(up *aggUpstream, fn func(context.Context, *aggUpstream, *mcp.ClientSession) error) {
+// listChanged re-lists one kind of feature of up after the upstream said
+// it changed, in the background. A re-listing that is scheduled but has not
+// started yet covers every notification until it starts, so a flood of
+// notifications runs at most one re-listing and queues one more, instead
+// of a goroutine and a listing each. pending is the kind's flag in
+// up.relisting.
+func (a *Aggregate) listChanged(up *aggUpstream, pending *atomic.Bool, fn func(context.Context, *aggUpstream, *mcp.ClientSession) error) {
+	if !pending.CompareAndSwap(false, true) {
+		return
+	}
+	go a.refreshKind(up, pending, fn)
+}
+
+// refreshKind re-lists one kind of feature of up on its current catalog,
+// clearing pending once it holds the re-listing lock: a notification from
+// then on schedules another.
+func (a *Aggregate) refreshKind(up *aggUpstream, pending *atomic.Bool, fn func(context.Context, *aggUpstream, *mcp.ClientSession) error) {
+	up.refresh.Lock()
+	defer up.refresh.Unlock()
+	pending.Store(false)
 	up.mu.Lock()
 	cs := up.catalog
 	up.mu.Unlock()
 	if cs == nil {
 		return
 	}
-	up.refresh.Lock()
-	defer up.refresh.Unlock()
 	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
 	defer cancel()
 	if err := fn(ctx, up, cs); err != nil {
