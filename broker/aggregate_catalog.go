@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -294,13 +295,35 @@ func (a *Aggregate) register(up *aggUpstream, what, name string, fn func()) (ok 
 	return true
 }
 
-func (a *Aggregate) refreshTools(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
-	var listed []*mcp.Tool
-	for t, err := range cs.Tools(ctx, nil) {
+// maxListed bounds the items of one kind (tools, prompts, resources,
+// resource templates) the aggregate takes from one upstream, over every
+// page of its listing. Each page is bounded by max_response, but an
+// upstream can page without end, and every item listed is kept and
+// offered.
+const maxListed = 10000
+
+// listAll gathers the items of a paged listing of up, the first maxListed
+// of them; past those it stops reading pages and logs that the rest is left
+// out. On an error it returns what was gathered before it.
+func listAll[T any](a *Aggregate, up *aggUpstream, kind string, seq iter.Seq2[T, error]) ([]T, error) {
+	var out []T
+	for item, err := range seq {
 		if err != nil {
-			return fmt.Errorf("listing tools: %w", err)
+			return out, err
 		}
-		listed = append(listed, t)
+		if len(out) == maxListed {
+			a.logger.Warn("aggregate: upstream lists more than the gateway takes; the rest is left out", "upstream", up.cfg.Name, "kind", kind, "max", maxListed)
+			break
+		}
+		out = append(out, item)
+	}
+	return out, nil
+}
+
+func (a *Aggregate) refreshTools(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
+	listed, err := listAll(a, up, "tools", cs.Tools(ctx, nil))
+	if err != nil {
+		return fmt.Errorf("listing tools: %w", err)
 	}
 	a.registerTools(up, listed)
 	a.storeCachedTools(ctx, up, listed)
@@ -344,12 +367,9 @@ func (a *Aggregate) registerTools(up *aggUpstream, listed []*mcp.Tool) {
 }
 
 func (a *Aggregate) refreshPrompts(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
-	var listed []*mcp.Prompt
-	for p, err := range cs.Prompts(ctx, nil) {
-		if err != nil {
-			return fmt.Errorf("listing prompts: %w", err)
-		}
-		listed = append(listed, p)
+	listed, err := listAll(a, up, "prompts", cs.Prompts(ctx, nil))
+	if err != nil {
+		return fmt.Errorf("listing prompts: %w", err)
 	}
 	keep := map[string]bool{}
 	var names []string
@@ -405,21 +425,14 @@ func (a *Aggregate) replaceNames(up *aggUpstream, slot *[]string, table map[stri
 }
 
 func (a *Aggregate) refreshResources(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
-	var resources []*mcp.Resource
-	for r, err := range cs.Resources(ctx, nil) {
-		if err != nil {
-			return fmt.Errorf("listing resources: %w", err)
-		}
-		resources = append(resources, r)
+	resources, err := listAll(a, up, "resources", cs.Resources(ctx, nil))
+	if err != nil {
+		return fmt.Errorf("listing resources: %w", err)
 	}
-	var templates []*mcp.ResourceTemplate
-	for t, err := range cs.ResourceTemplates(ctx, nil) {
-		if err != nil {
-			// Some servers list resources without templates.
-			a.logger.Warn("aggregate: listing resource templates failed", "upstream", up.cfg.Name, "error", safeError(err))
-			break
-		}
-		templates = append(templates, t)
+	templates, err := listAll(a, up, "resource templates", cs.ResourceTemplates(ctx, nil))
+	if err != nil {
+		// Some servers list resources without templates.
+		a.logger.Warn("aggregate: listing resource templates failed", "upstream", up.cfg.Name, "error", safeError(err))
 	}
 	name := up.cfg.Name
 	keepR := map[string]bool{}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -91,5 +92,54 @@ func TestAggregateCoalescesListChanged(t *testing.T) {
 	}
 	if n := runtime.NumGoroutine() - before; n > 50 {
 		t.Fatalf("after %d list_changed notifications the broker runs %d more goroutines; want the re-listings coalesced", flood, n)
+	}
+}
+
+// An upstream whose tools/list never stops paging (each page well within
+// max_response) does not make the broker gather pages without end: it takes
+// at most maxListed tools over every page.
+func TestAggregateBoundsEndlessPagination(t *testing.T) {
+	const perPage, safety = 50, 300 // the upstream stops paging at safety pages
+	s := mcp.NewServer(&mcp.Implementation{Name: "pages", Version: "1"}, nil)
+	mcp.AddTool(s, &mcp.Tool{Name: "t", Description: "a tool"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{}, nil, nil
+	})
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
+	var pages atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			body, _ := io.ReadAll(r.Body)
+			var msg struct {
+				ID     json.RawMessage `json:"id"`
+				Method string          `json:"method"`
+			}
+			json.Unmarshal(body, &msg)
+			if msg.Method == "tools/list" {
+				n := pages.Add(1)
+				var b bytes.Buffer
+				fmt.Fprintf(&b, `{"jsonrpc":"2.0","id":%s,"result":{"tools":[`, msg.ID)
+				for i := range perPage {
+					if i > 0 {
+						b.WriteByte(',')
+					}
+					fmt.Fprintf(&b, `{"name":"p%d_%d","inputSchema":{"type":"object"}}`, n, i)
+				}
+				b.WriteString(`]`)
+				if n < safety {
+					fmt.Fprintf(&b, `,"nextCursor":"c%d"`, n)
+				}
+				b.WriteString(`}}`)
+				w.Header().Set("Content-Type", "application/json")
+				w.Write(b.Bytes())
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		sdk.ServeHTTP(w, r)
+	}))
+	t.Cleanup(up.Close)
+	aggServe(t, []Upstream{{Name: "pages", URL: up.URL}}, AggregateOptions{})
+	if n := int(pages.Load()); n*perPage > 10000+perPage {
+		t.Fatalf("the broker read %d pages (%d tools) of an endless listing; want it to stop after %d tools", n, n*perPage, 10000)
 	}
 }
