@@ -63,6 +63,15 @@ func (g *Guard) Visible(p policy.Principal, it Item) bool { return scopeVisible(
 func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 	p, _ := policy.PrincipalFrom(r.Context())
 	gw := &guardWriter{ResponseWriter: w, g: g, p: p}
+	for k := range r.Header {
+		// A server behind may read a name with _ for - as the session id
+		// (CGI and WSGI map both to HTTP_MCP_SESSION_ID): one the guard
+		// never opened.
+		if strings.IndexByte(k, '_') >= 0 && strings.EqualFold(strings.ReplaceAll(k, "_", "-"), headerSessionID) {
+			return &RefusalError{Refuse(http.StatusBadRequest, "session_repeated",
+				fmt.Sprintf("header %q is spelled with _ where Mcp-Session-Id has -: send one Mcp-Session-Id header", k))}
+		}
+	}
 	switch values := r.Header.Values(headerSessionID); {
 	case len(values) > 1:
 		return &RefusalError{Refuse(http.StatusBadRequest, "session_repeated",

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -99,6 +100,29 @@ func TestGuardStripsTrailers(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// An Mcp-Session-Id spelled with _ for - is refused, as the edge refuses
+// Mcp-Method spelled so: a server behind that reads it as the session id
+// (CGI and WSGI map both spellings to HTTP_MCP_SESSION_ID) would get an id
+// the guard never opened.
+func TestGuardRefusesUnderscoreSessionID(t *testing.T) {
+	f := newGuardFixture(t)
+	f.answer = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"jsonrpc":"2.0","id":1,"result":{}}`))
+	}
+	for _, name := range []string{"Mcp_Session_Id", "mcp_session-id", "MCP-SESSION_ID"} {
+		before := len(f.seen)
+		_, err := f.do(mallo, http.MethodGet, http.Header{name: {"raw-session-of-alice"}})
+		var re *RefusalError
+		if !errors.As(err, &re) || re.Verdict.Status != http.StatusBadRequest {
+			t.Errorf("%s: %v; want a 400 refusal", name, err)
+		}
+		if len(f.seen) != before {
+			t.Errorf("%s reached the server: %v", name, f.seen[len(f.seen)-1])
 		}
 	}
 }
