@@ -22,11 +22,12 @@ import (
 //     opened before it goes on. An id given to another token, or to
 //     another guarded site, gets 404, which tells a client to initialize
 //     again; the server never sees it.
-//   - WWW-Authenticate, Proxy-Authenticate, Set-Cookie and the server's
-//     CORS headers never reach the client: a challenge would send the
-//     client to the server's authorization server, a cookie would be set
-//     for the gateway's origin, and CORS is the gateway's to answer. The
-//     edge's own CORS headers stay.
+//   - WWW-Authenticate, Proxy-Authenticate, Set-Cookie, the server's CORS
+//     headers and its Clear-Site-Data, Alt-Svc and
+//     Strict-Transport-Security never reach the client: a challenge would
+//     send the client to the server's authorization server, a cookie would
+//     be set for the gateway's origin, and CORS and the origin-wide headers
+//     are the gateway's to answer. The edge's own stay.
 //   - Trailers pass neither way: the client's were not read by the edge,
 //     and the server's would carry what its headers may not (and, on a
 //     JSON answer, whose status the listing filter sends last, would
@@ -87,11 +88,11 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 		gw.clientSID, gw.upstreamSID = values[0], upstream
 		r.Header[headerSessionID] = []string{upstream}
 	}
-	// The edge's own CORS headers, set before the route runs: the only
-	// ones the client gets.
+	// The edge's own CORS and origin-wide headers, set before the route
+	// runs: the only ones the client gets.
 	for k, v := range w.Header() {
-		if isCORSHeader(k) {
-			gw.cors = append(gw.cors, corsHeader{k, v})
+		if isEdgeHeader(k) {
+			gw.own = append(gw.own, ownHeader{k, v})
 		}
 	}
 	if g.Prepare != nil {
@@ -116,13 +117,26 @@ type RefusalError struct{ Verdict Verdict }
 
 func (e *RefusalError) Error() string { return e.Verdict.Reason + ": " + e.Verdict.Message }
 
-type corsHeader struct {
+type ownHeader struct {
 	name   string
 	values []string
 }
 
-func isCORSHeader(name string) bool {
-	return len(name) > len("Access-Control-") && strings.EqualFold(name[:len("Access-Control-")], "Access-Control-")
+// isEdgeHeader reports whether a header is the edge's to send, never the
+// server's: CORS, and what speaks for the gateway's whole origin in a
+// browser (Clear-Site-Data would wipe its cookies and storage, Alt-Svc send
+// its later requests elsewhere, Strict-Transport-Security pin its
+// subdomains).
+func isEdgeHeader(name string) bool {
+	if len(name) > len("Access-Control-") && strings.EqualFold(name[:len("Access-Control-")], "Access-Control-") {
+		return true
+	}
+	for _, n := range [...]string{"Clear-Site-Data", "Alt-Svc", "Strict-Transport-Security"} {
+		if strings.EqualFold(name, n) {
+			return true
+		}
+	}
+	return false
 }
 
 // guardWriter rewrites the guarded server's answer headers (see [Guard]).
@@ -131,7 +145,7 @@ type guardWriter struct {
 	g                      *Guard
 	p                      policy.Principal
 	clientSID, upstreamSID string
-	cors                   []corsHeader
+	own                    []ownHeader // the edge's own headers (isEdgeHeader)
 	wrote                  bool
 	refused                bool // a 401/403/407 was replaced: its body is dropped
 	// sent is the header as it went on with the final status. What the
@@ -175,11 +189,11 @@ func (w *guardWriter) WriteHeader(status int) {
 		delete(h, name)
 	}
 	for k := range h {
-		if isCORSHeader(k) {
+		if isEdgeHeader(k) {
 			delete(h, k)
 		}
 	}
-	for _, c := range w.cors {
+	for _, c := range w.own {
 		h[c.name] = c.values
 	}
 	dropTrailers(h)
@@ -218,7 +232,7 @@ func (w *guardWriter) WriteHeader(status int) {
 func (w *guardWriter) replace(status int, msg string) {
 	h := w.Header()
 	for k := range h {
-		if !isCORSHeader(k) && k != "Vary" {
+		if !isEdgeHeader(k) && k != "Vary" {
 			delete(h, k)
 		}
 	}

@@ -126,3 +126,34 @@ func TestGuardRefusesUnderscoreSessionID(t *testing.T) {
 		}
 	}
 }
+
+// Headers that speak for the gateway's whole origin in a browser are the
+// edge's to send, like CORS: the server's Clear-Site-Data would wipe the
+// origin's cookies and storage, its Alt-Svc send later requests for the
+// origin elsewhere, its Strict-Transport-Security pin the origin's
+// subdomains. What the edge (Caddy) set before the route ran stays.
+func TestGuardStripsOriginWideHeaders(t *testing.T) {
+	f := newGuardFixture(t)
+	f.answer = func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Clear-Site-Data", `"cookies", "storage"`)
+		h.Set("Alt-Svc", `h2="evil.example:443"`)
+		h.Set("Strict-Transport-Security", "max-age=63072000; includeSubDomains; preload")
+		h.Set("Content-Type", "application/json")
+		w.Write([]byte(`{"jsonrpc":"2.0","id":1,"result":{}}`))
+	}
+	front := func(w http.ResponseWriter) { w.Header().Set("Alt-Svc", `h3=":443"; ma=2592000`) }
+	f.before = front
+	w, err := f.do(alice, http.MethodPost, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"Clear-Site-Data", "Strict-Transport-Security"} {
+		if v := w.Header().Values(name); len(v) > 0 {
+			t.Errorf("the client got the server's %s: %q", name, v)
+		}
+	}
+	if got := w.Header().Values("Alt-Svc"); len(got) != 1 || got[0] != `h3=":443"; ma=2592000` {
+		t.Errorf("Alt-Svc = %q; want the edge's own only", got)
+	}
+}
