@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // TestGuardRefusesUpgrade: a request that asks to switch protocols never
@@ -122,5 +125,56 @@ http://:%d {
 	}
 	if tr := <-got; len(tr) > 0 {
 		t.Fatalf("the guarded server got the client's trailers %v", tr)
+	}
+}
+
+// TestGuardJSONAnswersReachRealClients: a guarded server that answers in
+// JSON (go-sdk's JSONResponse mode), whose status the listing filter now
+// sends with the filtered body and its length, serves the TypeScript SDK
+// and go-sdk clients: they list tools and call one, through the built
+// binary.
+func TestGuardJSONAnswersReachRealClients(t *testing.T) {
+	s := mcp.NewServer(&mcp.Implementation{Name: "json", Version: "1"}, nil)
+	type args struct {
+		Text string `json:"text"`
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "echoes"}, func(_ context.Context, _ *mcp.CallToolRequest, a args) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: a.Text}}}, nil, nil
+	})
+	up := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{JSONResponse: true}))
+	t.Cleanup(up.Close)
+	port := freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+}
+
+http://:%d {
+	bind 127.0.0.1
+	zidane_mcp {
+		guard
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, port, strings.TrimPrefix(up.URL, "http://")))
+	token := createToken(t, c, "json", "--scope", "mcp")
+	url := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+
+	out, err := tsClient(t, url, token, "list-tools")
+	if err != nil || !strings.Contains(out, `"echo"`) {
+		t.Fatalf("TypeScript SDK list-tools: %v %q", err, out)
+	}
+	out, err = tsClient(t, url, token, "call", "echo", `{"text":"through the guard"}`)
+	if err != nil || !strings.Contains(out, "through the guard") {
+		t.Fatalf("TypeScript SDK call: %v %q", err, out)
+	}
+	cs, err := connectGo(t, url, bearerClient(token, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": "go-sdk"}})
+	if err != nil || res.IsError || res.Content[0].(*mcp.TextContent).Text != "go-sdk" {
+		t.Fatalf("go-sdk call: %v %+v", err, res)
 	}
 }
