@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -190,6 +191,9 @@ type aggUpstream struct {
 	timeout time.Duration
 
 	refresh sync.Mutex // serializes re-listing
+	// relisting marks, per kind (tools, prompts, resources), a re-listing
+	// scheduled that has not started yet (see [Aggregate.listChanged]).
+	relisting [3]atomic.Bool
 
 	// A shared stdio upstream (stdio, "shared" unset or true): its catalog
 	// session is the one process every downstream session's calls use.

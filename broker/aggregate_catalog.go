@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -173,13 +175,13 @@ func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) 
 	opts := &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
-			go a.refreshKind(up, a.refreshTools)
+			a.listChanged(up, &up.relisting[0], a.refreshTools)
 		},
 		PromptListChangedHandler: func(context.Context, *mcp.PromptListChangedRequest) {
-			go a.refreshKind(up, a.refreshPrompts)
+			a.listChanged(up, &up.relisting[1], a.refreshPrompts)
 		},
 		ResourceListChangedHandler: func(context.Context, *mcp.ResourceListChangedRequest) {
-			go a.refreshKind(up, a.refreshResources)
+			a.listChanged(up, &up.relisting[2], a.refreshResources)
 		},
 		ResourceUpdatedHandler: func(ctx context.Context, req *mcp.ResourceUpdatedNotificationRequest) {
 			a.mu.Lock()
@@ -212,16 +214,32 @@ func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) 
 	return cs, nil
 }
 
-// refreshKind re-lists one kind of feature of up on its current catalog.
-func (a *Aggregate) refreshKind(up *aggUpstream, fn func(context.Context, *aggUpstream, *mcp.ClientSession) error) {
+// listChanged re-lists one kind of feature of up after the upstream said
+// it changed, in the background. A re-listing that is scheduled but has not
+// started yet covers every notification until it starts, so a flood of
+// notifications runs at most one re-listing and queues one more, instead
+// of a goroutine and a listing each. pending is the kind's flag in
+// up.relisting.
+func (a *Aggregate) listChanged(up *aggUpstream, pending *atomic.Bool, fn func(context.Context, *aggUpstream, *mcp.ClientSession) error) {
+	if !pending.CompareAndSwap(false, true) {
+		return
+	}
+	go a.refreshKind(up, pending, fn)
+}
+
+// refreshKind re-lists one kind of feature of up on its current catalog,
+// clearing pending once it holds the re-listing lock: a notification from
+// then on schedules another.
+func (a *Aggregate) refreshKind(up *aggUpstream, pending *atomic.Bool, fn func(context.Context, *aggUpstream, *mcp.ClientSession) error) {
+	up.refresh.Lock()
+	defer up.refresh.Unlock()
+	pending.Store(false)
 	up.mu.Lock()
 	cs := up.catalog
 	up.mu.Unlock()
 	if cs == nil {
 		return
 	}
-	up.refresh.Lock()
-	defer up.refresh.Unlock()
 	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
 	defer cancel()
 	if err := fn(ctx, up, cs); err != nil {
@@ -277,13 +295,35 @@ func (a *Aggregate) register(up *aggUpstream, what, name string, fn func()) (ok 
 	return true
 }
 
-func (a *Aggregate) refreshTools(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
-	var listed []*mcp.Tool
-	for t, err := range cs.Tools(ctx, nil) {
+// maxListed bounds the items of one kind (tools, prompts, resources,
+// resource templates) the aggregate takes from one upstream, over every
+// page of its listing. Each page is bounded by max_response, but an
+// upstream can page without end, and every item listed is kept and
+// offered.
+const maxListed = 10000
+
+// listAll gathers the items of a paged listing of up, the first maxListed
+// of them; past those it stops reading pages and logs that the rest is left
+// out. On an error it returns what was gathered before it.
+func listAll[T any](a *Aggregate, up *aggUpstream, kind string, seq iter.Seq2[T, error]) ([]T, error) {
+	var out []T
+	for item, err := range seq {
 		if err != nil {
-			return fmt.Errorf("listing tools: %w", err)
+			return out, err
 		}
-		listed = append(listed, t)
+		if len(out) == maxListed {
+			a.logger.Warn("aggregate: upstream lists more than the gateway takes; the rest is left out", "upstream", up.cfg.Name, "kind", kind, "max", maxListed)
+			break
+		}
+		out = append(out, item)
+	}
+	return out, nil
+}
+
+func (a *Aggregate) refreshTools(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
+	listed, err := listAll(a, up, "tools", cs.Tools(ctx, nil))
+	if err != nil {
+		return fmt.Errorf("listing tools: %w", err)
 	}
 	a.registerTools(up, listed)
 	a.storeCachedTools(ctx, up, listed)
@@ -327,12 +367,9 @@ func (a *Aggregate) registerTools(up *aggUpstream, listed []*mcp.Tool) {
 }
 
 func (a *Aggregate) refreshPrompts(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
-	var listed []*mcp.Prompt
-	for p, err := range cs.Prompts(ctx, nil) {
-		if err != nil {
-			return fmt.Errorf("listing prompts: %w", err)
-		}
-		listed = append(listed, p)
+	listed, err := listAll(a, up, "prompts", cs.Prompts(ctx, nil))
+	if err != nil {
+		return fmt.Errorf("listing prompts: %w", err)
 	}
 	keep := map[string]bool{}
 	var names []string
@@ -388,21 +425,14 @@ func (a *Aggregate) replaceNames(up *aggUpstream, slot *[]string, table map[stri
 }
 
 func (a *Aggregate) refreshResources(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
-	var resources []*mcp.Resource
-	for r, err := range cs.Resources(ctx, nil) {
-		if err != nil {
-			return fmt.Errorf("listing resources: %w", err)
-		}
-		resources = append(resources, r)
+	resources, err := listAll(a, up, "resources", cs.Resources(ctx, nil))
+	if err != nil {
+		return fmt.Errorf("listing resources: %w", err)
 	}
-	var templates []*mcp.ResourceTemplate
-	for t, err := range cs.ResourceTemplates(ctx, nil) {
-		if err != nil {
-			// Some servers list resources without templates.
-			a.logger.Warn("aggregate: listing resource templates failed", "upstream", up.cfg.Name, "error", safeError(err))
-			break
-		}
-		templates = append(templates, t)
+	templates, err := listAll(a, up, "resource templates", cs.ResourceTemplates(ctx, nil))
+	if err != nil {
+		// Some servers list resources without templates.
+		a.logger.Warn("aggregate: listing resource templates failed", "upstream", up.cfg.Name, "error", safeError(err))
 	}
 	name := up.cfg.Name
 	keepR := map[string]bool{}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -69,8 +68,9 @@ func formatBytes(n int64) string {
 
 // AnswerBudget bounds the bytes of upstream answers that the broker holds at
 // once, across every call and upstream: an answer reserves its bytes as
-// they are read, and gives them back when it has been read whole (a JSON
-// body, when it is closed) or, on an event stream, at the end of each event.
+// they are read, and gives them back when it is closed (a JSON body, which
+// its reader holds whole until then) or, on an event stream, at the end of
+// each event.
 // A read that would go over the budget fails, so many concurrent large
 // answers fail instead of exhausting memory. A nil *AnswerBudget holds no
 // limit. It is safe for concurrent use.
@@ -165,8 +165,12 @@ func (l *answerLimit) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil || resp.Body == nil || resp.Body == http.NoBody {
 		return resp, err
 	}
-	perEvent := req.Method == http.MethodGet
-	sse := strings.Contains(strings.ToLower(resp.Header.Get("Content-Type")), "text/event-stream")
+	// Only a successful answer whose media type is text/event-stream is
+	// read event by event, and so bounded per event on a GET: its readers
+	// (go-sdk, the fast path, the pass-through) take every other body
+	// whole, go-sdk even the body of a failed GET stream.
+	sse := resp.StatusCode >= 200 && resp.StatusCode < 300 && isEventStream(resp.Header.Get("Content-Type"))
+	perEvent := req.Method == http.MethodGet && sse
 	if !perEvent && resp.ContentLength > l.max {
 		// Known to be over before a byte is read.
 		resp.Body.Close()
@@ -174,7 +178,7 @@ func (l *answerLimit) RoundTrip(req *http.Request) (*http.Response, error) {
 		l.failed(req.Header.Get(headerSessionID), err)
 		return nil, err
 	}
-	resp.Body = &limitedBody{rc: resp.Body, l: l, sid: req.Header.Get(headerSessionID), sse: sse, perEvent: perEvent && sse}
+	resp.Body = &limitedBody{rc: resp.Body, l: l, sid: req.Header.Get(headerSessionID), sse: sse, perEvent: perEvent}
 	return resp, nil
 }
 
@@ -227,8 +231,10 @@ func (b *limitedBody) Read(p []byte) (int, error) {
 			return 0, lerr
 		}
 	}
-	if err != nil {
-		// The answer is read whole: nothing of it is held here any more.
+	if err != nil && b.sse {
+		// The stream ended: its events have gone on. The bytes of another
+		// answer stay reserved until it is closed, since its reader holds
+		// it whole until then (the pass-through, while it writes it out).
 		b.release()
 	}
 	return n, err

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 
@@ -21,11 +22,16 @@ import (
 //     opened before it goes on. An id given to another token, or to
 //     another guarded site, gets 404, which tells a client to initialize
 //     again; the server never sees it.
-//   - WWW-Authenticate, Proxy-Authenticate, Set-Cookie and the server's
-//     CORS headers never reach the client: a challenge would send the
-//     client to the server's authorization server, a cookie would be set
-//     for the gateway's origin, and CORS is the gateway's to answer. The
-//     edge's own CORS headers stay.
+//   - WWW-Authenticate, Proxy-Authenticate, Set-Cookie, the server's CORS
+//     headers and its Clear-Site-Data, Alt-Svc and
+//     Strict-Transport-Security never reach the client: a challenge would
+//     send the client to the server's authorization server, a cookie would
+//     be set for the gateway's origin, and CORS and the origin-wide headers
+//     are the gateway's to answer. The edge's own stay.
+//   - Trailers pass neither way: the client's were not read by the edge,
+//     and the server's would carry what its headers may not (and, on a
+//     JSON answer, whose status the listing filter sends last, would
+//     become headers).
 //   - A 401, 403 or 407 from the server refused the gateway's request (the
 //     client's token passed the edge, and the server sees the operator's
 //     upstream_header, if any): it becomes 502 with a message for the
@@ -58,6 +64,15 @@ func (g *Guard) Visible(p policy.Principal, it Item) bool { return scopeVisible(
 func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 	p, _ := policy.PrincipalFrom(r.Context())
 	gw := &guardWriter{ResponseWriter: w, g: g, p: p}
+	for k := range r.Header {
+		// A server behind may read a name with _ for - as the session id
+		// (CGI and WSGI map both to HTTP_MCP_SESSION_ID): one the guard
+		// never opened.
+		if strings.IndexByte(k, '_') >= 0 && strings.EqualFold(strings.ReplaceAll(k, "_", "-"), headerSessionID) {
+			return &RefusalError{Refuse(http.StatusBadRequest, "session_repeated",
+				fmt.Sprintf("header %q is spelled with _ where Mcp-Session-Id has -: send one Mcp-Session-Id header", k))}
+		}
+	}
 	switch values := r.Header.Values(headerSessionID); {
 	case len(values) > 1:
 		return &RefusalError{Refuse(http.StatusBadRequest, "session_repeated",
@@ -73,16 +88,20 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 		gw.clientSID, gw.upstreamSID = values[0], upstream
 		r.Header[headerSessionID] = []string{upstream}
 	}
-	// The edge's own CORS headers, set before the route runs: the only
-	// ones the client gets.
+	// The edge's own CORS and origin-wide headers, set before the route
+	// runs: the only ones the client gets.
 	for k, v := range w.Header() {
-		if isCORSHeader(k) {
-			gw.cors = append(gw.cors, corsHeader{k, v})
+		if isEdgeHeader(k) {
+			gw.own = append(gw.own, ownHeader{k, v})
 		}
 	}
 	if g.Prepare != nil {
 		g.Prepare(r)
 	}
+	// The client's trailers are no part of what the edge read and decided
+	// on; reverse_proxy would forward them to the server.
+	r.Trailer = nil
+	defer gw.restore()
 	return next(gw, r)
 }
 
@@ -98,13 +117,26 @@ type RefusalError struct{ Verdict Verdict }
 
 func (e *RefusalError) Error() string { return e.Verdict.Reason + ": " + e.Verdict.Message }
 
-type corsHeader struct {
+type ownHeader struct {
 	name   string
 	values []string
 }
 
-func isCORSHeader(name string) bool {
-	return len(name) > len("Access-Control-") && strings.EqualFold(name[:len("Access-Control-")], "Access-Control-")
+// isEdgeHeader reports whether a header is the edge's to send, never the
+// server's: CORS, and what speaks for the gateway's whole origin in a
+// browser (Clear-Site-Data would wipe its cookies and storage, Alt-Svc send
+// its later requests elsewhere, Strict-Transport-Security pin its
+// subdomains).
+func isEdgeHeader(name string) bool {
+	if len(name) > len("Access-Control-") && strings.EqualFold(name[:len("Access-Control-")], "Access-Control-") {
+		return true
+	}
+	for _, n := range [...]string{"Clear-Site-Data", "Alt-Svc", "Strict-Transport-Security"} {
+		if strings.EqualFold(name, n) {
+			return true
+		}
+	}
+	return false
 }
 
 // guardWriter rewrites the guarded server's answer headers (see [Guard]).
@@ -113,9 +145,36 @@ type guardWriter struct {
 	g                      *Guard
 	p                      policy.Principal
 	clientSID, upstreamSID string
-	cors                   []corsHeader
+	own                    []ownHeader // the edge's own headers (isEdgeHeader)
 	wrote                  bool
 	refused                bool // a 401/403/407 was replaced: its body is dropped
+	// sent is the header as it went on with the final status. What the
+	// route sets after it (reverse_proxy copies the server's trailers into
+	// the header map) is put back to it before the handler returns: the
+	// listing filter sends a JSON answer's status only then, and net/http
+	// sends trailers only then.
+	sent http.Header
+}
+
+// restore undoes what was set on the header after the final status.
+func (w *guardWriter) restore() {
+	if w.sent == nil {
+		return
+	}
+	h := w.Header()
+	clear(h)
+	maps.Copy(h, w.sent)
+}
+
+// dropTrailers removes what would declare trailers: the guarded server's
+// trailers are never passed on.
+func dropTrailers(h http.Header) {
+	delete(h, "Trailer")
+	for k := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			delete(h, k)
+		}
+	}
 }
 
 // strippedHeaders are the server's answer headers the client never gets.
@@ -130,13 +189,14 @@ func (w *guardWriter) WriteHeader(status int) {
 		delete(h, name)
 	}
 	for k := range h {
-		if isCORSHeader(k) {
+		if isEdgeHeader(k) {
 			delete(h, k)
 		}
 	}
-	for _, c := range w.cors {
+	for _, c := range w.own {
 		h[c.name] = c.values
 	}
+	dropTrailers(h)
 	if status >= 100 && status < 200 && status != http.StatusSwitchingProtocols {
 		// Early hints pass, without what the final answer may not carry.
 		delete(h, headerSessionID)
@@ -164,6 +224,7 @@ func (w *guardWriter) WriteHeader(status int) {
 		h[headerSessionID] = []string{w.g.IDs.Seal(sids[0], w.p.TokenID, w.g.Route)}
 	}
 	w.ResponseWriter.WriteHeader(status)
+	w.sent = h.Clone()
 }
 
 // replace answers with a JSON-RPC error of the gateway's own instead of
@@ -171,13 +232,14 @@ func (w *guardWriter) WriteHeader(status int) {
 func (w *guardWriter) replace(status int, msg string) {
 	h := w.Header()
 	for k := range h {
-		if !isCORSHeader(k) && k != "Vary" {
+		if !isEdgeHeader(k) && k != "Vary" {
 			delete(h, k)
 		}
 	}
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	w.ResponseWriter.WriteHeader(status)
+	w.sent = h.Clone()
 	body := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":null,"error":{"code":%d,"message":%q}}`, CodeUpstreamRefused, msg)
 	w.ResponseWriter.Write(body)
 }

@@ -24,6 +24,7 @@ type guardFixture struct {
 	seen   []http.Header // what the server received, request by request
 	answer func(w http.ResponseWriter, r *http.Request)
 	proxy  *httputil.ReverseProxy
+	before func(w http.ResponseWriter) // sets headers of the edge's own before the guard runs
 }
 
 func newGuardFixture(t *testing.T) *guardFixture {
@@ -63,6 +64,9 @@ func (f *guardFixture) do(p policy.Principal, method string, header http.Header)
 		r = r.WithContext(policy.WithPrincipal(r.Context(), p))
 		w.Header().Set("Access-Control-Allow-Origin", "https://app.example")
 		w.Header().Set("Access-Control-Expose-Headers", "Mcp-Session-Id")
+		if f.before != nil {
+			f.before(w)
+		}
 		serveErr = f.g.Serve(w, r, func(w http.ResponseWriter, r *http.Request) error {
 			f.proxy.ServeHTTP(w, r)
 			return nil

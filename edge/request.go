@@ -50,15 +50,23 @@ func CheckSingleHeaders(r *http.Request) Verdict {
 }
 
 // CheckRequest refuses, before any body is read, what the edge never
-// passes on: an HTTP method that MCP does not use (405), and for a POST a
-// body that is not plain JSON (415): a Content-Encoding other than
-// identity would hide the body the edge decides on from it, and a
-// Content-Type other than application/json is not a JSON-RPC message.
+// passes on: a request to switch protocols (400, an Upgrade header), an
+// HTTP method that MCP does not use (405), and for a POST a body that is
+// not plain JSON (415): a Content-Encoding other than identity would hide
+// the body the edge decides on from it, and a Content-Type other than
+// application/json is not a JSON-RPC message.
 //
 // OPTIONS is refused too: the edge answers a browser's preflight itself,
 // before this step, so an OPTIONS that reaches it is none, and MCP has no
 // other use for one.
 func CheckRequest(r *http.Request) Verdict {
+	if len(r.Header.Values("Upgrade")) > 0 {
+		// MCP never switches protocols. Once a server behind guard answered
+		// 101, reverse_proxy would join the two connections, and nothing
+		// the client sent after it would be read, authorized or filtered.
+		return Verdict{Status: http.StatusBadRequest, Reason: ReasonUpgrade, Code: CodeInvalidRequest,
+			Message: "this MCP endpoint does not switch protocols: send the request without an Upgrade header (MCP's streamable HTTP transport uses plain POST, GET and DELETE)"}
+	}
 	switch r.Method {
 	case http.MethodGet, http.MethodDelete:
 		return Verdict{}

@@ -129,6 +129,8 @@ const (
 	ReasonMachine        = "machine_token"
 	// ReasonUnsupportedMedia is a 415: a body that is not plain JSON.
 	ReasonUnsupportedMedia = "unsupported_media_type"
+	// ReasonUpgrade is a 400: a request to switch protocols (Upgrade).
+	ReasonUpgrade = "upgrade_refused"
 	// ReasonDuplicateHeader refuses Origin or Authorization sent twice.
 	ReasonDuplicateHeader = "duplicate_header"
 )

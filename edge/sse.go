@@ -12,12 +12,15 @@ import "bytes"
 // JSON-RPC message filtered, or drops it whole.
 type sseFilter struct {
 	f       *Listing
-	buf     []byte   // bytes not yet split into lines
-	scanned int      // how much of buf holds no line end
-	started bool     // the stream's first bytes were seen (for the BOM)
-	lines   [][]byte // the current event's lines
-	size    int      // the current event's bytes
-	skip    bool     // the current event is over maxFilteredBody: dropped
+	buf     []byte // bytes not yet split into lines
+	scanned int    // how much of buf holds no line end
+	started bool   // the stream's first bytes were seen (for the BOM)
+	// event holds the current event's lines, each ended by LF, in one
+	// buffer: a slice per line would cost many times the bytes of an event
+	// of short lines.
+	event []byte
+	size  int  // the current event's bytes, line ends counted
+	skip  bool // the current event is over maxFilteredBody: dropped
 }
 
 var bom = []byte{0xEF, 0xBB, 0xBF}
@@ -77,11 +80,11 @@ func (s *sseFilter) lines0(final bool) [][]byte {
 				out = append(out, ev)
 			}
 		} else if !s.skip {
-			s.size += len(line)
+			s.size += len(line) + 1
 			if s.size > maxFilteredBody {
 				s.tooLarge()
 			} else {
-				s.lines = append(s.lines, append([]byte(nil), line...))
+				s.event = append(append(s.event, line...), '\n')
 			}
 		}
 		s.buf, s.scanned = s.buf[next:], 0
@@ -93,40 +96,55 @@ func (s *sseFilter) tooLarge() {
 	if !s.skip {
 		s.f.drop(Drop{Reason: "answer_too_large"})
 	}
-	s.skip, s.lines, s.size = true, nil, 0
+	s.skip, s.event, s.size = true, nil, 0
 }
 
 // dispatch filters the current event at its blank line, and returns it
 // written out, or nil when nothing of it may go out.
 func (s *sseFilter) dispatch() []byte {
-	lines, skip := s.lines, s.skip
-	s.lines, s.size, s.skip = nil, 0, false
-	if skip || len(lines) == 0 {
+	event, skip := s.event, s.skip
+	s.event, s.size, s.skip = nil, 0, false
+	if skip || len(event) == 0 {
 		return nil
 	}
-	var data [][]byte
-	var kept bytes.Buffer
-	for _, l := range lines {
+	var (
+		data    []byte // the data lines' values, joined by LF
+		hasData bool
+		kept    bytes.Buffer
+	)
+	for len(event) > 0 {
+		i := bytes.IndexByte(event, '\n')
+		l := event[:i]
+		event = event[i+1:]
 		field, value, colon := bytes.Cut(l, []byte(":"))
 		switch {
 		case len(field) == 0 && colon:
 			// A comment: clients ignore it; it keeps connections alive.
 		case string(field) == "data":
-			data = append(data, bytes.TrimPrefix(value, []byte(" ")))
+			if hasData {
+				data = append(data, '\n')
+			}
+			data = append(data, bytes.TrimPrefix(value, []byte(" "))...)
+			hasData = true
 			continue
 		}
 		kept.Write(l)
 		kept.WriteByte('\n')
 	}
-	if data != nil {
-		filtered, keep := s.f.filterMessage(bytes.Join(data, []byte("\n")))
+	if hasData {
+		filtered, keep := s.f.filterMessage(data)
 		if !keep {
 			return nil
 		}
-		for _, l := range bytes.Split(filtered, []byte("\n")) {
+		for {
+			l, rest, more := bytes.Cut(filtered, []byte("\n"))
 			kept.WriteString("data: ")
 			kept.Write(l)
 			kept.WriteByte('\n')
+			if !more {
+				break
+			}
+			filtered = rest
 		}
 	}
 	kept.WriteByte('\n')

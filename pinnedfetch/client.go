@@ -12,6 +12,12 @@ import (
 // [WithMaxRedirects] can lower it, never raise it.
 const MaxRedirects = 10
 
+// MaxResponseHeaderBytes bounds the headers of one answer (net/http's own
+// default is 10 MiB). A client keeps an answer's headers for as long as its
+// body is open, which for an event stream may be hours, and no bound on
+// bodies counts them.
+const MaxResponseHeaderBytes = 1 << 20
+
 // Option configures [New].
 type Option func(*options)
 
@@ -124,12 +130,13 @@ func New(configuredURL string, headerNames []string, opts ...Option) (*http.Clie
 		// closed and redialed most connections under concurrent load (a
 		// gateway's MCP sessions share one client per upstream). Idle
 		// connections still close after IdleConnTimeout.
-		MaxIdleConns:          256,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: 1 * time.Second,
-		TLSClientConfig:       tlsConfig(o.tlsConfig),
+		MaxIdleConns:           256,
+		MaxIdleConnsPerHost:    256,
+		IdleConnTimeout:        90 * time.Second,
+		TLSHandshakeTimeout:    10 * time.Second,
+		ExpectContinueTimeout:  1 * time.Second,
+		MaxResponseHeaderBytes: MaxResponseHeaderBytes,
+		TLSClientConfig:        tlsConfig(o.tlsConfig),
 	}
 	t := &transport{
 		pinned:       pinned,
