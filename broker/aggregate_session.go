@@ -46,7 +46,13 @@ type aggConn struct {
 	closeOnce sync.Once
 
 	received *atomic.Int64 // log and progress notifications read on cs (see awaitNotes); nil: not counted
-	handled  atomic.Int64  // and forwarded by the handlers
+	handled  atomic.Int64  // and forwarded by the handlers (or dropped)
+
+	fwdOnce  sync.Once
+	stopOnce sync.Once
+	fwd      chan func()   // notifications waiting to go downstream, in order
+	fwdStop  chan struct{} // closed when the upstream session ended
+	dropped  atomic.Int64  // notifications dropped: the downstream client read too slowly
 	rootMu   sync.Mutex
 	marker   bool // the marker root is held (see notifyRootsChanged)
 }
@@ -204,12 +210,12 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	opts := &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
 		LoggingMessageHandler: func(ctx context.Context, req *mcp.LoggingMessageRequest) {
-			_ = ss.Log(c.requestCtx(ctx, nil), req.Params)
-			c.handled.Add(1)
+			down := context.WithoutCancel(c.requestCtx(ctx, nil))
+			c.forward(func() { _ = ss.Log(down, req.Params) })
 		},
 		ProgressNotificationHandler: func(ctx context.Context, req *mcp.ProgressNotificationClientRequest) {
-			_ = ss.NotifyProgress(c.requestCtx(ctx, req.Params.ProgressToken), req.Params)
-			c.handled.Add(1)
+			down := context.WithoutCancel(c.requestCtx(ctx, req.Params.ProgressToken))
+			c.forward(func() { _ = ss.NotifyProgress(down, req.Params) })
 		},
 	}
 	var down *mcp.ClientCapabilities
@@ -263,6 +269,7 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	}
 	go func() {
 		cs.Wait()
+		c.stopForwarding()
 		unwatch()
 		if up.tr.notes != nil {
 			up.tr.notes.forget(cs.ID())
@@ -740,4 +747,54 @@ func LoginRequiredMessage(upstream string, err error) string {
 		return fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in with the scopes %q (`caddy zidane login %s`)", upstream, strings.Join(are.Scopes, " "), upstream)
 	}
 	return fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in (`caddy zidane login %s`)", upstream, upstream)
+}
+
+// maxQueuedNotes bounds the notifications an upstream session has waiting
+// to go downstream.
+const maxQueuedNotes = 256
+
+// forward runs send (a notification going downstream) on c's forwarding
+// goroutine, in the order given. go-sdk runs notification handlers one by
+// one and queues what arrives meanwhile without bound: a handler that waits
+// on a downstream client that reads nothing (a GET stream it never reads)
+// would let an upstream's flood pile up in that queue. So the handlers only
+// hand over, and past maxQueuedNotes waiting, a notification is dropped.
+func (c *aggConn) forward(send func()) {
+	c.fwdOnce.Do(func() {
+		c.fwd = make(chan func(), maxQueuedNotes)
+		if c.fwdStop == nil {
+			c.fwdStop = make(chan struct{})
+		}
+		go c.runForward()
+	})
+	select {
+	case c.fwd <- send:
+	default:
+		c.dropped.Add(1)
+		c.handled.Add(1)
+	}
+}
+
+func (c *aggConn) runForward() {
+	for {
+		select {
+		case send := <-c.fwd:
+			send()
+			c.handled.Add(1)
+		case <-c.fwdStop:
+			return
+		}
+	}
+}
+
+// stopForwarding ends the forwarding goroutine once the upstream session
+// has ended; what still waits is dropped.
+func (c *aggConn) stopForwarding() {
+	c.fwdOnce.Do(func() {}) // no goroutine starts after this
+	c.stopOnce.Do(func() {
+		if c.fwdStop == nil {
+			c.fwdStop = make(chan struct{})
+		}
+		close(c.fwdStop)
+	})
 }
