@@ -1,6 +1,8 @@
 package edge
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -22,9 +24,39 @@ const (
 // The 2026-07-28 headers that name what a request does. A server may route
 // on them, so they must say what the body says.
 const (
-	methodHeader = "Mcp-Method"
-	nameHeader   = "Mcp-Name"
+	methodHeader  = "Mcp-Method"
+	nameHeader    = "Mcp-Name"
+	versionHeader = "Mcp-Protocol-Version"
+	// modernVersion is the first version whose requests carry these
+	// headers and their version in _meta.
+	modernVersion = "2026-07-28"
+	// metaVersionKey is the _meta key of a request's protocol version.
+	metaVersionKey = "io.modelcontextprotocol/protocolVersion"
 )
+
+// metaVersion reads the protocol version from a request's _meta: present
+// says whether the key is there, ok whether it holds a string. The body
+// passed package message, so the object has no key two readers could take
+// differently, and a plain decode reads it as every reader does.
+func metaVersion(meta []byte) (v string, present, ok bool) {
+	// The key may be spelled with escapes, which every reader decodes:
+	// only a _meta with neither the name nor an escape is skipped unread.
+	if len(meta) == 0 || !bytes.Contains(meta, []byte("protocolVersion")) && bytes.IndexByte(meta, '\\') < 0 {
+		return "", false, true
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(meta, &m); err != nil {
+		return "", false, true // not an object: nothing of it is read
+	}
+	raw, present := m[metaVersionKey]
+	if !present {
+		return "", false, true
+	}
+	if err := json.Unmarshal(raw, &v); err != nil || v == "" {
+		return "", true, false
+	}
+	return v, true, true
+}
 
 // Decision is the outcome of [Decide].
 type Decision struct {
@@ -46,8 +78,9 @@ type Decision struct {
 // Refusals: 400 ambiguous_body for a body that two readers could read
 // differently (see package message), 400 malformed for one that is not a
 // JSON-RPC message, 400 header_mismatch when the 2026-07-28 Mcp-Method or
-// Mcp-Name header says something else than the body, and whatever the
-// route refuses (403 insufficient_scope, mostly).
+// Mcp-Name header says something else than the body (or a 2026-07-28
+// request lacks them, or its _meta version is not the header's), and
+// whatever the route refuses (403 insufficient_scope, mostly).
 func Decide(route Route, p policy.Principal, httpMethod string, header http.Header, body []byte) Decision {
 	if v := route.Admit(p); !v.Allowed() {
 		return Decision{Verdict: v}
@@ -88,9 +121,9 @@ func readRefusal(err error) Verdict {
 }
 
 // checkHeaders refuses a body whose Mcp-Method or Mcp-Name header (MCP
-// 2026-07-28) says something else than the body does. A header that is
-// absent is not checked here: the server behind decides whether it needs
-// it.
+// 2026-07-28) says something else than the body does, whose _meta protocol
+// version is not the Mcp-Protocol-Version header's, or that is a 2026-07-28
+// request on its own without those headers.
 func checkHeaders(header http.Header, b *message.Body) (Verdict, message.Call) {
 	// A server behind may read a header named with _ for - as the same
 	// one (CGI and WSGI map both to HTTP_MCP_METHOD), which the check below
@@ -105,11 +138,42 @@ func checkHeaders(header http.Header, b *message.Body) (Verdict, message.Call) {
 		}
 	}
 	methods, names := header.Values(methodHeader), header.Values(nameHeader)
-	if len(methods) == 0 && len(names) == 0 {
-		return Verdict{}, message.Call{}
-	}
 	mismatch := func(c message.Call, msg string) (Verdict, message.Call) {
 		return Verdict{Status: http.StatusBadRequest, Reason: "header_mismatch", Code: CodeHeaderMismatch, Message: msg}, c
+	}
+	// The protocol version, which decides how a server reads the request,
+	// is said twice in 2026-07-28: in the header and in each request's
+	// _meta. They must agree (go-sdk refuses a mismatch too, but a server
+	// that reads one of them only would act on what the edge did not
+	// check). A 2026-07-28 request on its own must name its method, and
+	// what it calls, in the headers: go-sdk's server requires them, and a
+	// server that routes on them must not see them absent.
+	version := header.Get(versionHeader)
+	for _, c := range b.Calls {
+		if c.IsResponse() {
+			continue
+		}
+		meta, present, ok := metaVersion(c.Meta)
+		switch {
+		case !ok:
+			return mismatch(c, fmt.Sprintf("_meta %q must be a protocol version string, such as %q", metaVersionKey, modernVersion))
+		case present && version == "":
+			return mismatch(c, fmt.Sprintf("a request whose _meta carries %q needs the Mcp-Protocol-Version header with the same version", metaVersionKey))
+		case present && meta != version:
+			return mismatch(c, fmt.Sprintf("the Mcp-Protocol-Version header does not match the request's _meta %q: send the same version in both", metaVersionKey))
+		}
+		if version < modernVersion || b.Batch {
+			continue
+		}
+		if len(methods) == 0 {
+			return mismatch(c, fmt.Sprintf("a %s request needs the Mcp-Method header: send Mcp-Method: %s", version, c.Method))
+		}
+		if len(names) == 0 && (c.Method == "tools/call" || c.Method == "prompts/get" || c.Method == "resources/read") {
+			return mismatch(c, fmt.Sprintf("a %s %s request needs the Mcp-Name header, with the name (or, for resources/read, the URI) the body gives", version, c.Method))
+		}
+	}
+	if len(methods) == 0 && len(names) == 0 {
+		return Verdict{}, message.Call{}
 	}
 	if len(methods) > 1 || len(names) > 1 {
 		return mismatch(message.Call{}, "send the Mcp-Method and Mcp-Name headers at most once each")

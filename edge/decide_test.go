@@ -3,6 +3,7 @@ package edge
 import (
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
@@ -172,6 +173,24 @@ func TestDecideAdmit(t *testing.T) {
 	}
 }
 
+// modern is the headers of a 2026-07-28 request; an empty method or name
+// leaves that header out.
+func modern(method, name string) http.Header {
+	h := http.Header{"Mcp-Protocol-Version": {"2026-07-28"}}
+	if method != "" {
+		h.Set("Mcp-Method", method)
+	}
+	if name != "" {
+		h.Set("Mcp-Name", name)
+	}
+	return h
+}
+
+// metaCall is a tools/call whose _meta carries the protocol version v.
+func metaCall(v string) string {
+	return `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test_simple_text","_meta":{"io.modelcontextprotocol/protocolVersion":"` + v + `"}}}`
+}
+
 func TestDecideHeaders(t *testing.T) {
 	rt := testRoutes(t)["guard"]
 	call := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test_simple_text"}}`
@@ -191,6 +210,21 @@ func TestDecideHeaders(t *testing.T) {
 		{http.Header{"Mcp_method": {"tools/list"}}, call, false},
 		{http.Header{"Mcp-Method": {"tools/call"}, "MCP_NAME": {"test_error_handling"}}, call, false},
 		{http.Header{"X_other": {"v"}}, call, true},
+
+		// 2026-07-28: the version in the header and in _meta agree, and a
+		// request on its own names its method and subject in the headers.
+		{modern("tools/call", "test_simple_text"), metaCall("2026-07-28"), true},
+		{modern("tools/call", "test_simple_text"), call, true}, // no _meta version: the server's to refuse
+		{modern("tools/call", "test_simple_text"), metaCall("2025-11-25"), false},
+		{http.Header{"Mcp-Protocol-Version": {"2025-11-25"}}, metaCall("2026-07-28"), false},
+		{http.Header{"Mcp-Method": {"tools/call"}, "Mcp-Name": {"test_simple_text"}}, metaCall("2026-07-28"), false},
+		{modern("tools/call", "test_simple_text"), strings.Replace(metaCall("2025-11-25"), "protocolVersion", `protocol\u0056ersion`, 1), false},
+		{modern("tools/call", "test_simple_text"), strings.Replace(metaCall("2026-07-28"), `"2026-07-28"`, `7`, 1), false},
+		{modern("", ""), call, false},
+		{modern("tools/call", ""), call, false},
+		{modern("tools/list", ""), `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, true},
+		{http.Header{"Mcp-Protocol-Version": {"2026-07-28"}}, `[` + call + `]`, true}, // a batch: go-sdk checks no headers either
+		{http.Header{"Mcp-Protocol-Version": {"2025-11-25"}}, call, true},
 	}
 	for _, tc := range cases {
 		d := Decide(rt.route, rt.p, http.MethodPost, tc.header, []byte(tc.body))

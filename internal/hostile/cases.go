@@ -457,6 +457,10 @@ func (b *builder) headers() {
 		}
 	}
 	stateless("header: both agree with the forbidden body", f, http.StatusForbidden, ReasonScope, agree...)
+	stateless("header: a 2026-07-28 request without Mcp-Method", f, http.StatusBadRequest, ReasonHeaderMismatch)
+	if subject != "" {
+		stateless("header: a 2026-07-28 call without Mcp-Name", f, http.StatusBadRequest, ReasonHeaderMismatch, MethodHeader, b.f.Method)
+	}
 	b.add(Case{
 		Name: "header: Mcp-Method says ping inside a 2025-11-25 session", Body: []byte(f),
 		Header: http.Header{MethodHeader: {decoyMethod}},

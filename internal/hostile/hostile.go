@@ -18,7 +18,8 @@
 //     JSON-RPC request, notification or response gets 400 malformed
 //     (-32600). Syntax comes first, then ambiguity, then the shape.
 //   - Headers Mcp-Method and Mcp-Name that disagree with the body get 400
-//     header_mismatch (-32020).
+//     header_mismatch (-32020), and so does a 2026-07-28 request on its own
+//     that lacks them.
 //   - A Content-Encoding other than identity, or a Content-Type that is not
 //     JSON in UTF-8 (one header), gets 415 unsupported_media_type; an HTTP
 //     method other than GET, POST and DELETE gets 405 method_not_allowed
