@@ -132,9 +132,9 @@ func checkHeaders(header http.Header, b *message.Body) (Verdict, message.Call) {
 		if strings.IndexByte(k, '_') < 0 {
 			continue
 		}
-		if n := strings.ReplaceAll(k, "_", "-"); strings.EqualFold(n, methodHeader) || strings.EqualFold(n, nameHeader) {
+		if n := strings.ReplaceAll(k, "_", "-"); strings.EqualFold(n, methodHeader) || strings.EqualFold(n, nameHeader) || strings.EqualFold(n, versionHeader) {
 			return Verdict{Status: http.StatusBadRequest, Reason: "header_mismatch", Code: CodeHeaderMismatch,
-				Message: fmt.Sprintf("header %q is spelled with _ where Mcp-Method and Mcp-Name have -: send them as Mcp-Method and Mcp-Name", k)}, message.Call{}
+				Message: fmt.Sprintf("header %q is spelled with _ where Mcp-Method, Mcp-Name and Mcp-Protocol-Version have -: send them spelled so", k)}, message.Call{}
 		}
 	}
 	methods, names := header.Values(methodHeader), header.Values(nameHeader)

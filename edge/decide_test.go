@@ -210,6 +210,7 @@ func TestDecideHeaders(t *testing.T) {
 		{http.Header{"Mcp_method": {"tools/list"}}, call, false},
 		{http.Header{"Mcp-Method": {"tools/call"}, "MCP_NAME": {"test_error_handling"}}, call, false},
 		{http.Header{"X_other": {"v"}}, call, true},
+		{http.Header{"Mcp_protocol_version": {"2026-07-28"}}, call, false},
 
 		// 2026-07-28: the version in the header and in _meta agree, and a
 		// request on its own names its method and subject in the headers.
