@@ -96,6 +96,13 @@ func (b *AnswerBudget) Used() int64 {
 	return b.used.Load()
 }
 
+// Take reserves n bytes, and reports false, reserving nothing, when they
+// would take the budget over its bound. A nil budget always has room.
+func (b *AnswerBudget) Take(n int64) bool { return b.take(n) }
+
+// Give returns n bytes reserved by Take.
+func (b *AnswerBudget) Give(n int64) { b.give(n) }
+
 func (b *AnswerBudget) take(n int64) bool {
 	if b == nil || n == 0 {
 		return true

@@ -557,6 +557,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	r.Header.Del("Accept-Encoding")
 	f := edge.NewListing(route, p, b, func(d edge.Drop) { h.auditDrop(r, p, d) })
 	f.Max = h.answerMax
+	f.Budget = h.app.answerBudget
 	fw, closeFilter := f.Wrap(w)
 	err := route.Serve(fw, r, edge.Next(next.ServeHTTP))
 	var re *edge.RefusalError

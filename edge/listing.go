@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -82,6 +83,11 @@ type Listing struct {
 	// JSON-RPC error and stops reading the server's. A GET stream is
 	// bounded per event (maxFilteredBody).
 	Max int64
+	// Budget, when set, is the gateway's in-flight answer budget: a JSON
+	// answer the filter holds reserves its bytes there until it is
+	// written out, and one that does not fit is replaced by an error
+	// that says so.
+	Budget *broker.AnswerBudget
 
 	route  Route
 	p      policy.Principal
@@ -294,6 +300,9 @@ var droppedAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"m
 // tooLargeAnswer replaces an answer over maxFilteredBody.
 var tooLargeAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the server's answer is too large for the gateway to filter; ask the operator to page it"}}`)
 
+// budgetAnswer replaces an answer that did not fit the in-flight budget.
+var budgetAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the gateway holds as many answers at once as its max_inflight_response allows, and this one did not fit; retry the request shortly"}}`)
+
 // encodedAnswer replaces a compressed answer.
 var encodedAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the server answered compressed, which the gateway does not pass on; ask the operator to turn compression off for this server"}}`)
 
@@ -318,7 +327,10 @@ type listingWriter struct {
 	rc       *http.ResponseController
 	pending  int   // the status of a JSON answer, sent with its filtered body
 	n        int64 // bytes of the answer so far, against Listing.Max
-	cut      bool  // the answer went over Listing.Max and was ended
+	held     int64 // bytes of buf reserved from Listing.Budget
+	// overBudget: the answer did not fit the in-flight budget
+	overBudget bool
+	cut        bool // the answer went over Listing.Max and was ended
 }
 
 // errAnswerCut is what the writer returns to the route (reverse_proxy) once
@@ -453,13 +465,28 @@ func (w *listingWriter) Write(p []byte) (int, error) {
 	if w.over {
 		return len(p), nil
 	}
+	if !w.f.Budget.Take(int64(len(p))) {
+		w.over, w.overBudget = true, true
+		w.release()
+		w.f.drop(Drop{Reason: "answer_budget"})
+		return len(p), nil
+	}
+	w.held += int64(len(p))
 	w.buf.Write(p)
 	if w.buf.Len() > maxFilteredBody {
 		w.over = true
-		w.buf.Reset()
+		w.release()
 		w.f.drop(Drop{Reason: "answer_too_large"})
 	}
 	return len(p), nil
+}
+
+// release drops the JSON answer the filter holds, and gives its bytes back
+// to the budget.
+func (w *listingWriter) release() {
+	w.buf.Reset()
+	w.f.Budget.Give(w.held)
+	w.held = 0
 }
 
 // cutOff ends an answer over Listing.Max: what the filter holds is dropped,
@@ -480,7 +507,7 @@ func (w *listingWriter) cutOff() {
 		w.ResponseWriter.Write(sseEvent(msg))
 		w.flush()
 	case w.json:
-		w.buf.Reset()
+		w.release()
 		w.writePending(len(msg))
 		w.ResponseWriter.Write(msg)
 	}
@@ -527,6 +554,8 @@ func (w *listingWriter) close() error {
 		out = bytes.Join(w.sse.end(), nil)
 	case !w.json:
 		return nil
+	case w.overBudget:
+		out = budgetAnswer
 	case w.over:
 		out = tooLargeAnswer
 	case w.buf.Len() > 0:
@@ -534,7 +563,9 @@ func (w *listingWriter) close() error {
 		if out, keep = w.f.filterMessage(w.buf.Bytes()); !keep {
 			out = droppedAnswer
 		}
-		w.buf.Reset()
+		// out is a new slice, or buf itself: buf is given back once out
+		// is written.
+		defer w.release()
 	}
 	w.writePending(len(out))
 	if len(out) == 0 {

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
@@ -409,5 +410,52 @@ func TestListingMax(t *testing.T) {
 				t.Errorf("drops %v", drops)
 			}
 		})
+	}
+}
+
+// JSON answers the filter holds reserve their bytes in the in-flight
+// budget until they are written: one that does not fit is replaced by an
+// error that names max_inflight_response, and the budget is whole again
+// once both are out.
+func TestListingBudget(t *testing.T) {
+	rt := testRoutes(t)["guard"]
+	budget := broker.NewAnswerBudget(64 << 10)
+	call := `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"test_simple_text"}}`
+	answer := `{"jsonrpc":"2.0","id":5,"result":{"content":[{"type":"text","text":"` + strings.Repeat("a", 48<<10) + `"}]}}`
+	open := func() (*httptest.ResponseRecorder, http.ResponseWriter, func() error) {
+		b, err := message.Read([]byte(call))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := NewListing(rt.route, rt.p, b, nil)
+		f.Budget = budget
+		rec := httptest.NewRecorder()
+		w, closeFilter := f.Wrap(rec)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		if _, err := w.Write([]byte(answer)); err != nil {
+			t.Fatal(err)
+		}
+		return rec, w, closeFilter
+	}
+	first, _, closeFirst := open()
+	if used := budget.Used(); used != int64(len(answer)) {
+		t.Fatalf("the held answer reserves %d bytes, want %d", used, len(answer))
+	}
+	second, _, closeSecond := open()
+	if err := closeSecond(); err != nil {
+		t.Fatal(err)
+	}
+	if body := second.Body.String(); !strings.Contains(body, "max_inflight_response") {
+		t.Fatalf("the answer over the budget became %.200q; want the budget's error", body)
+	}
+	if err := closeFirst(); err != nil {
+		t.Fatal(err)
+	}
+	if body := first.Body.String(); !strings.Contains(body, strings.Repeat("a", 100)) {
+		t.Fatalf("the first answer did not go out whole: %.200q", body)
+	}
+	if used := budget.Used(); used != 0 {
+		t.Fatalf("the budget holds %d bytes after both answers went out", used)
 	}
 }
