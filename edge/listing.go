@@ -503,6 +503,7 @@ func (w *listingWriter) cutOff() {
 	msg := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":"the MCP server behind this gateway sent more than %d bytes in answer to one request, its max_response; the gateway ended the answer. Ask the operator to raise guard max_response if such answers are expected"}}`, id, CodeUpstreamRefused, w.f.Max)
 	switch {
 	case w.sse != nil && w.withheld == nil:
+		w.sse.release()
 		w.sse = nil
 		w.ResponseWriter.Write(sseEvent(msg))
 		w.flush()

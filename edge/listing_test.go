@@ -459,3 +459,50 @@ func TestListingBudget(t *testing.T) {
 		t.Fatalf("the budget holds %d bytes after both answers went out", used)
 	}
 }
+
+// An unfinished event the stream filter holds reserves its bytes in the
+// budget too: a second one that does not fit is dropped, and everything is
+// given back once the events are out and the streams end.
+func TestListingSSEBudget(t *testing.T) {
+	rt := testRoutes(t)["guard"]
+	budget := broker.NewAnswerBudget(64 << 10)
+	part := "data: " + `{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"` + strings.Repeat("m", 48<<10)
+	open := func() (*httptest.ResponseRecorder, http.ResponseWriter, func() error, *[]Drop) {
+		drops := &[]Drop{}
+		f := NewListing(rt.route, rt.p, nil, func(d Drop) { *drops = append(*drops, d) })
+		f.Budget = budget
+		rec := httptest.NewRecorder()
+		w, closeFilter := f.Wrap(rec)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		if _, err := w.Write([]byte(part)); err != nil {
+			t.Fatal(err)
+		}
+		return rec, w, closeFilter, drops
+	}
+	first, w1, close1, _ := open()
+	if used := budget.Used(); used < 48<<10 {
+		t.Fatalf("the unfinished event reserves %d bytes", used)
+	}
+	second, w2, close2, drops := open()
+	if len(*drops) != 1 || (*drops)[0].Reason != "answer_budget" {
+		t.Fatalf("drops of the event over the budget: %v", *drops)
+	}
+	for _, w := range []http.ResponseWriter{w1, w2} {
+		if _, err := w.Write([]byte(`"}}` + "\n\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !strings.Contains(first.Body.String(), strings.Repeat("m", 100)) {
+		t.Errorf("the first event did not go out")
+	}
+	if strings.Contains(second.Body.String(), "mmmm") {
+		t.Errorf("the event over the budget went out")
+	}
+	if err := errors.Join(close1(), close2()); err != nil {
+		t.Fatal(err)
+	}
+	if used := budget.Used(); used != 0 {
+		t.Fatalf("the budget holds %d bytes after both streams ended", used)
+	}
+}

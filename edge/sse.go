@@ -19,8 +19,38 @@ type sseFilter struct {
 	// buffer: a slice per line would cost many times the bytes of an event
 	// of short lines.
 	event []byte
-	size  int  // the current event's bytes, line ends counted
-	skip  bool // the current event is over maxFilteredBody: dropped
+	size  int   // the current event's bytes, line ends counted
+	skip  bool  // the current event is over maxFilteredBody: dropped
+	held  int64 // bytes of buf and event reserved from the Listing's budget
+}
+
+// account keeps what the filter holds (the unsplit bytes and the current
+// event) reserved in the Listing's in-flight budget. When the budget has
+// no room, the current event is dropped, as one over maxFilteredBody is.
+func (s *sseFilter) account() {
+	want := int64(len(s.buf) + len(s.event))
+	switch {
+	case want < s.held:
+		s.f.Budget.Give(s.held - want)
+		s.held = want
+	case want > s.held:
+		if s.f.Budget.Take(want - s.held) {
+			s.held = want
+			return
+		}
+		if !s.skip {
+			s.f.drop(Drop{Reason: "answer_budget"})
+		}
+		s.skip, s.event, s.size = true, nil, 0
+		s.buf, s.scanned = s.buf[:0], 0
+		s.release()
+	}
+}
+
+// release gives back all the filter holds in the budget.
+func (s *sseFilter) release() {
+	s.f.Budget.Give(s.held)
+	s.held = 0
 }
 
 var bom = []byte{0xEF, 0xBB, 0xBF}
@@ -36,7 +66,9 @@ func (s *sseFilter) write(p []byte) [][]byte {
 		s.started = true
 		s.buf = bytes.TrimPrefix(s.buf, bom)
 	}
-	return s.lines0(false)
+	out := s.lines0(false)
+	s.account()
+	return out
 }
 
 // end returns what the stream's last bytes complete. An event without its
@@ -46,6 +78,7 @@ func (s *sseFilter) end() [][]byte {
 		s.started = true
 		s.buf = bytes.TrimPrefix(s.buf, bom)
 	}
+	defer s.release()
 	return s.lines0(true)
 }
 
