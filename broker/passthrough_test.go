@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -914,9 +915,24 @@ func TestPassThroughHeaderTimeout(t *testing.T) {
 }
 
 func TestPassThroughUnreachableUpstream(t *testing.T) {
-	srv := httptest.NewServer(http.NotFoundHandler())
-	addr := srv.URL
-	srv.Close()
+	// An upstream that hangs up on every connection. (A closed server's
+	// port, as before, could be taken by another test's server meanwhile,
+	// which then answered.)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	addr := "http://" + ln.Addr().String()
 	rt := newRoute(t, addr+"/mcp?key=query-secret", nil)
 	resp, body := post(t, rt.endpoint(), aliceBearer, "", toolsListBody)
 	if resp.StatusCode != http.StatusBadGateway {
