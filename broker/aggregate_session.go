@@ -503,7 +503,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			return res, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
-		case c.limitFailure() != nil:
+		case c.overLimit.Load() != nil:
 			a.session(req.Session).forget(up.cfg.Name, c)
 			return overLimitResult(c.limitFailure()), nil
 		case errors.Is(err, upstreamauth.ErrAuthRequired):

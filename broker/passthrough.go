@@ -405,7 +405,7 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 			// later response as an error, and some servers repeat theirs
 			// on every response.
 			w.Header().Set(headerSessionID, ex.clientSID)
-		case len(sid) > MaxUpstreamSessionID || !visibleASCII(sid):
+		case !ValidSessionID(sid):
 			rec.Outcome, rec.Detail = OutcomeError, "upstream gave a session id that is not 1 to 512 visible ASCII characters"
 			writeRPCError(w, http.StatusBadGateway, ex.rpcID, codeUpstream,
 				fmt.Sprintf("the upstream MCP server %q gave an invalid session id; ask the operator to check the server", pt.name))

@@ -9,6 +9,10 @@ import (
 	"sync"
 )
 
+// CodeUnknownSession is the JSON-RPC error code of an unknown session id,
+// the code MCP SDKs use for "Session not found".
+const CodeUnknownSession = -32001
+
 // Header names the pass-through route handles itself.
 const (
 	headerSessionID       = "Mcp-Session-Id"
@@ -117,7 +121,7 @@ func reservedUpstreamHeader(canonical string) bool {
 // JSON-RPC error codes the route answers with.
 const (
 	// codeUnknownSession is the code MCP SDKs use for "Session not found".
-	codeUnknownSession = -32001
+	codeUnknownSession = CodeUnknownSession
 	// codeUpstream is for an upstream that failed or refused the gateway.
 	codeUpstream = -32002
 	// codeInvalidRequest is JSON-RPC's Invalid Request.
@@ -282,15 +286,19 @@ func isEventStream(contentType string) bool {
 	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
-// visibleASCII reports whether s is a valid Mcp-Session-Id: visible ASCII
+// ValidSessionID reports whether an upstream's Mcp-Session-Id is one the
+// gateway seals: 1 to [MaxUpstreamSessionID] visible ASCII characters
 // (0x21 to 0x7E), as the MCP spec requires.
-func visibleASCII(s string) bool {
+func ValidSessionID(s string) bool {
+	if s == "" || len(s) > MaxUpstreamSessionID {
+		return false
+	}
 	for i := 0; i < len(s); i++ {
 		if s[i] < 0x21 || s[i] > 0x7e {
 			return false
 		}
 	}
-	return s != ""
+	return true
 }
 
 // sseMessage is one event-stream event that carries the JSON-RPC message

@@ -81,53 +81,6 @@ http://:%d {
 	}
 }
 
-// TestGuardDropsRequestTrailers: a client's trailers are no part of what the
-// edge read and decided on, so they never reach the guarded server; an
-// Mcp-Session-Id in a trailer would pass unopened.
-func TestGuardDropsRequestTrailers(t *testing.T) {
-	got := make(chan http.Header, 1)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		got <- r.Trailer.Clone()
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}`)
-	}))
-	t.Cleanup(up.Close)
-	port := freePort(t)
-	c := startCaddy(t, fmt.Sprintf(`{
-	admin %s
-}
-
-http://:%d {
-	bind 127.0.0.1
-	zidane_mcp {
-		guard
-	}
-	reverse_proxy %s
-}
-`, AdminPlaceholder, port, strings.TrimPrefix(up.URL, "http://")))
-	token := createToken(t, c, "trailers", "--scope", "mcp")
-	conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(20 * time.Second))
-	body := `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`
-	fmt.Fprintf(conn, "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nTransfer-Encoding: chunked\r\nTrailer: Mcp-Session-Id\r\n\r\n%x\r\n%s\r\n0\r\nMcp-Session-Id: raw-session-of-someone-else\r\n\r\n", port, token, len(body), body)
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	if tr := <-got; len(tr) > 0 {
-		t.Fatalf("the guarded server got the client's trailers %v", tr)
-	}
-}
-
 // TestGuardJSONAnswersReachRealClients: a guarded server that answers in
 // JSON (go-sdk's JSONResponse mode), whose status the listing filter now
 // sends with the filtered body and its length, serves the TypeScript SDK

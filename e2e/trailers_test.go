@@ -11,8 +11,9 @@ import (
 	"time"
 )
 
-// TestGuardDropsTrailers: a client declares its bearer token and an
-// Mcp-Name as trailers of a chunked POST. reverse_proxy passes request
+// TestGuardDropsTrailers: a client declares its bearer token, an Mcp-Name
+// and another client's raw Mcp-Session-Id (which would pass unopened) as
+// trailers of a chunked POST. reverse_proxy passes request
 // trailers on, and the edge checks only the headers, so without the edge
 // dropping them the upstream got the client's token, the passthrough the
 // spec forbids. The upstream here records what arrives; it stands for any
@@ -53,7 +54,7 @@ http://%s {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
 	fmt.Fprintf(conn, "POST /mcp HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
-		"Transfer-Encoding: chunked\r\nTrailer: Authorization, Mcp-Name\r\n\r\n%x\r\n%s\r\n0\r\nAuthorization: Bearer %s\r\nMcp-Name: b\r\n\r\n",
+		"Transfer-Encoding: chunked\r\nTrailer: Authorization, Mcp-Name, Mcp-Session-Id\r\n\r\n%x\r\n%s\r\n0\r\nAuthorization: Bearer %s\r\nMcp-Name: b\r\nMcp-Session-Id: raw-session-of-someone-else\r\n\r\n",
 		site, token, len(ping), ping, token)
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {

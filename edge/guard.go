@@ -106,7 +106,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 }
 
 // CodeUnknownSession is the JSON-RPC error code of an unknown session id.
-const CodeUnknownSession = -32001
+const CodeUnknownSession = broker.CodeUnknownSession
 
 const headerSessionID = "Mcp-Session-Id"
 
@@ -212,7 +212,7 @@ func (w *guardWriter) WriteHeader(status int) {
 	}
 	switch sids := h.Values(headerSessionID); {
 	case len(sids) == 0:
-	case len(sids) > 1 || len(sids[0]) > broker.MaxUpstreamSessionID || !visibleASCII(sids[0]):
+	case len(sids) > 1 || !broker.ValidSessionID(sids[0]):
 		w.refused = true
 		w.replace(http.StatusBadGateway, "the MCP server behind this gateway gave an invalid session id; ask the operator to check the server")
 		return
@@ -271,14 +271,3 @@ func (w *guardWriter) Flush() {
 
 // Unwrap gives http.ResponseController the writer underneath.
 func (w *guardWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// visibleASCII reports whether s is a valid Mcp-Session-Id: visible ASCII
-// (0x21 to 0x7E), as the MCP spec requires.
-func visibleASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x21 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return s != ""
-}
