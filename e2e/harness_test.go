@@ -538,8 +538,22 @@ func randomHex(n int) string {
 // one. Cleanup kills it.
 func startEverythingServer(t testing.TB) (url string) {
 	t.Helper()
+	return startEverythingServerMode(t, false)
+}
+
+// startStatelessEverythingServer runs the go-sdk conformance
+// everything-server in its default stateless mode, which speaks both MCP
+// 2026-07-28 (server/discover, subscriptions/listen, multi-round-trip
+// tools) and 2025-11-25, and returns its MCP endpoint URL.
+func startStatelessEverythingServer(t testing.TB) (url string) {
+	t.Helper()
+	return startEverythingServerMode(t, true)
+}
+
+func startEverythingServerMode(t testing.TB, stateless bool) (url string) {
+	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	cmd := exec.Command(everythingServerBin, "-http", addr, "-stateless=false")
+	cmd := exec.Command(everythingServerBin, "-http", addr, "-stateless="+strconv.FormatBool(stateless))
 	cmd.Dir = t.TempDir()
 	p := startProcess(t, "everything-server", cmd, filepath.Join(cmd.Dir, "everything-server.log"))
 	t.Cleanup(func() {
