@@ -1,0 +1,31 @@
+// Package cluster is what several replicas of the gateway share through
+// NATS JetStream. It is the only package that imports nats.go.
+//
+// What it holds today is [Storage], a certmagic.Storage on JetStream, for
+// everything the file storage holds on a single node (tokens, sessions,
+// upstream credentials, TLS certificates):
+//
+//   - values live in a KV bucket ("zidane" by default), one entry per key;
+//     each path segment of a key is one KV token, escaped so that the
+//     mapping is one-to-one and no key reaches NATS as a wildcard;
+//   - a value over the inline limit (half the server's max payload, at most
+//     512 KiB; transcripts reach megabytes) goes to an object store, which
+//     chunks it, and the KV entry holds its name, size and SHA-256, checked
+//     on every load; replacing or deleting the value deletes the object;
+//   - locks are entries of a second KV bucket whose entries expire one lock
+//     TTL (15 s by default) after they were last written. Lock creates its
+//     entry only if there is none, the holder renews it every third of the
+//     TTL by compare-and-set on its revision, and Unlock deletes it only at
+//     the holder's revision. A holder whose renewal finds its entry gone or
+//     taken has lost the lock: what it writes under it is refused
+//     ([ErrLockLost]);
+//   - writes are fenced: a key read under the lock of the same name (the
+//     read-modify-write of storage.Update) is written back by
+//     compare-and-set on the revision that was read, so a holder that
+//     stalled past its TTL while another took the lock and wrote cannot
+//     overwrite that write ([ErrFenced]).
+//
+// Listings, Stat and Delete follow certmagic.FileStorage: a directory is a
+// prefix of keys, List without recursion gives a prefix's children, and
+// Delete removes a key and everything under it.
+package cluster

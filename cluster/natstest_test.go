@@ -1,0 +1,64 @@
+package cluster
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// startNATS runs a real nats-server with JetStream, embedded, on a free
+// loopback port, and returns its URL.
+func startNATS(t testing.TB) string {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		NoSigs: true, NoLog: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats-server did not become ready")
+	}
+	return ns.ClientURL()
+}
+
+// connect opens a NATS connection of its own (one per simulated replica).
+func connect(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// newStorage opens a Storage on a connection of its own.
+func newStorage(t testing.TB, url string, opts StorageOptions) (*Storage, *nats.Conn) {
+	t.Helper()
+	nc := connect(t, url)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := NewStorage(ctx, js, nc.MaxPayload(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, nc
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,633 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Errors a lock holder gets when its lock no longer protects it.
+var (
+	// ErrLockLost: the holder's lock lapsed (it could not renew it within
+	// its TTL) or was taken by another holder; what the holder writes under
+	// that lock is refused.
+	ErrLockLost = errors.New("storage lock lost: it lapsed or another holder took it")
+	// ErrFenced: another holder wrote the key after this holder read it
+	// under its lock; the write is refused so that no update is lost.
+	ErrFenced = errors.New("storage write fenced: another holder wrote this key since it was read under the lock")
+)
+
+// StorageOptions configure a [Storage].
+type StorageOptions struct {
+	// Bucket names the KV bucket of values; "<Bucket>_locks" holds the
+	// locks and "<Bucket>_blobs" (an object store) the values too large for
+	// one NATS message. Default "zidane".
+	Bucket string
+	// Replicas of each bucket: 3 on a three-node cluster. Default 1.
+	Replicas int
+	// Owner names this holder in the locks it takes (a node id). A random
+	// suffix is added, so two Storages never mistake each other's locks.
+	Owner string
+	// LockTTL is how long a lock outlives its holder's last renewal.
+	// Default 15 s; the holder renews every third of it.
+	LockTTL time.Duration
+	// LockPoll bounds how long a waiting Lock goes without trying again
+	// (a lock that lapses makes no event to wake on). Default 1 s.
+	LockPoll time.Duration
+	// InlineMax is the largest value kept in the KV bucket itself; larger
+	// ones go to the object store, in chunks. Default: half the server's
+	// max payload, at most 512 KiB.
+	InlineMax int
+}
+
+// Storage is a certmagic.Storage (and so a storage.Storage) on JetStream:
+// values in a KV bucket, large values in an object store, locks in a KV
+// bucket whose entries expire after the lock TTL. See the package doc.
+type Storage struct {
+	data   jetstream.KeyValue
+	locks  jetstream.KeyValue
+	blobs  jetstream.ObjectStore
+	opts   StorageOptions
+	holder string
+
+	mu   sync.Mutex
+	held map[string]*heldLock // lock name -> the lock this Storage holds
+
+	// stalled, in tests, stops renewals the way a paused process would:
+	// no renewal runs and none fails.
+	stalled atomic.Bool
+}
+
+type heldLock struct {
+	key  string // KV key in the locks bucket
+	stop chan struct{}
+	done chan struct{}
+
+	mu   sync.Mutex
+	rev  uint64            // the lock entry's revision after the last renewal
+	lost bool              // renewal failed for good
+	seen map[string]uint64 // storage key -> data revision read under this lock (0: absent)
+}
+
+// value tags: the first byte of every value in the data bucket.
+const (
+	tagInline = 0x00
+	tagBlob   = 0x01
+)
+
+// blobRef is what the data bucket holds for a value in the object store.
+type blobRef struct {
+	Object string `json:"o"`
+	Size   int64  `json:"n"`
+	SHA256 string `json:"h"`
+}
+
+// lockValue is what a lock entry holds.
+type lockValue struct {
+	Holder string    `json:"holder"`
+	At     time.Time `json:"at"`
+}
+
+// NewStorage opens (creating them if need be) the buckets of a Storage on
+// js. maxPayload is the server's max payload (nats.Conn.MaxPayload), which
+// bounds what one KV value may hold.
+func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, opts StorageOptions) (*Storage, error) {
+	if opts.Bucket == "" {
+		opts.Bucket = "zidane"
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = 1
+	}
+	if opts.LockTTL == 0 {
+		opts.LockTTL = 15 * time.Second
+	}
+	if opts.LockPoll == 0 {
+		opts.LockPoll = time.Second
+	}
+	if opts.InlineMax == 0 {
+		opts.InlineMax = int(min(maxPayload/2, 512<<10))
+	}
+	if opts.InlineMax <= 0 || int64(opts.InlineMax) >= maxPayload {
+		return nil, fmt.Errorf("cluster storage: inline max %d must be positive and under the server's max payload (%d)", opts.InlineMax, maxPayload)
+	}
+	if opts.LockTTL < time.Second {
+		return nil, fmt.Errorf("cluster storage: lock TTL %v is under 1s; JetStream expires entries about once a second", opts.LockTTL)
+	}
+	data, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: opts.Bucket, History: 1, Replicas: opts.Replicas,
+		Description: "caddy-zidane-mcp storage: values",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster storage: KV bucket %q: %w", opts.Bucket, err)
+	}
+	locks, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: opts.Bucket + "_locks", History: 1, Replicas: opts.Replicas, TTL: opts.LockTTL,
+		Description: "caddy-zidane-mcp storage: locks, each expiring one TTL after its last renewal",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster storage: KV bucket %q: %w", opts.Bucket+"_locks", err)
+	}
+	blobs, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket: opts.Bucket + "_blobs", Replicas: opts.Replicas,
+		Description: "caddy-zidane-mcp storage: values over the inline limit",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster storage: object store %q: %w", opts.Bucket+"_blobs", err)
+	}
+	return &Storage{
+		data: data, locks: locks, blobs: blobs, opts: opts,
+		holder: opts.Owner + "#" + randomHex(8),
+		held:   map[string]*heldLock{},
+	}, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Store puts value at key.
+func (s *Storage) Store(ctx context.Context, key string, value []byte) error {
+	k, err := kvKey(key)
+	if err != nil {
+		return err
+	}
+	stored, blob, err := s.encode(ctx, key, value)
+	if err != nil {
+		return err
+	}
+	old, _ := s.data.Get(ctx, k) // to free the old blob, if any
+	if err := s.write(ctx, key, k, stored); err != nil {
+		if blob != "" {
+			_ = s.blobs.Delete(context.WithoutCancel(ctx), blob)
+		}
+		return err
+	}
+	s.freeBlob(ctx, old, blob)
+	return nil
+}
+
+// write stores an encoded value: fenced by the revision read under this
+// Storage's lock named key, when there is one.
+func (s *Storage) write(ctx context.Context, key, k string, stored []byte) error {
+	s.mu.Lock()
+	hl := s.held[key]
+	s.mu.Unlock()
+	if hl == nil {
+		_, err := s.data.Put(ctx, k, stored)
+		return wrapNATS("store", key, err)
+	}
+	hl.mu.Lock()
+	defer hl.mu.Unlock()
+	if hl.lost {
+		return fmt.Errorf("store %q: %w", key, ErrLockLost)
+	}
+	rev, seen := hl.seen[key]
+	var err error
+	var next uint64
+	switch {
+	case !seen:
+		next, err = s.data.Put(ctx, k, stored)
+	case rev == 0:
+		next, err = s.data.Create(ctx, k, stored)
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("store %q: %w", key, ErrFenced)
+		}
+	default:
+		next, err = s.data.Update(ctx, k, stored, rev)
+		if errors.Is(err, jetstream.ErrKeyExists) || isRevisionMismatch(err) {
+			return fmt.Errorf("store %q: %w", key, ErrFenced)
+		}
+	}
+	if err != nil {
+		return wrapNATS("store", key, err)
+	}
+	hl.seen[key] = next
+	return nil
+}
+
+func isRevisionMismatch(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == 10164)
+}
+
+// encode turns a value into what the data bucket holds: the value itself
+// behind a tag byte, or a reference to an object holding it.
+func (s *Storage) encode(ctx context.Context, key string, value []byte) (stored []byte, blob string, err error) {
+	if len(value)+1 <= s.opts.InlineMax {
+		stored = make([]byte, 1+len(value))
+		stored[0] = tagInline
+		copy(stored[1:], value)
+		return stored, "", nil
+	}
+	sum := sha256.Sum256(value)
+	blob = randomHex(16)
+	if _, err := s.blobs.PutBytes(ctx, blob, value); err != nil {
+		return nil, "", wrapNATS("store", key, err)
+	}
+	ref, _ := json.Marshal(blobRef{Object: blob, Size: int64(len(value)), SHA256: hex.EncodeToString(sum[:])})
+	return append([]byte{tagBlob}, ref...), blob, nil
+}
+
+// freeBlob deletes the object an overwritten or deleted entry referred to.
+func (s *Storage) freeBlob(ctx context.Context, old jetstream.KeyValueEntry, keep string) {
+	if old == nil {
+		return
+	}
+	v := old.Value()
+	if len(v) == 0 || v[0] != tagBlob {
+		return
+	}
+	var ref blobRef
+	if json.Unmarshal(v[1:], &ref) == nil && ref.Object != "" && ref.Object != keep {
+		_ = s.blobs.Delete(context.WithoutCancel(ctx), ref.Object)
+	}
+}
+
+// Load returns the value at key; fs.ErrNotExist when there is none.
+func (s *Storage) Load(ctx context.Context, key string) ([]byte, error) {
+	k, err := kvKey(key)
+	if err != nil {
+		return nil, err
+	}
+	// A value being replaced may lose its object between reading the
+	// reference and the object: read the reference again, a few times.
+	for range 3 {
+		e, err := s.data.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			s.noteRead(key, 0)
+			return nil, fmt.Errorf("load %q: %w", key, fs.ErrNotExist)
+		}
+		if err != nil {
+			return nil, wrapNATS("load", key, err)
+		}
+		v, retry, err := s.decode(ctx, key, e.Value())
+		if retry {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		s.noteRead(key, e.Revision())
+		return v, nil
+	}
+	return nil, fmt.Errorf("load %q: its value kept changing while it was read; try again", key)
+}
+
+// noteRead records, under this Storage's lock named key, the revision of
+// key that its holder read, for write to fence on.
+func (s *Storage) noteRead(key string, rev uint64) {
+	s.mu.Lock()
+	hl := s.held[key]
+	s.mu.Unlock()
+	if hl == nil {
+		return
+	}
+	hl.mu.Lock()
+	hl.seen[key] = rev
+	hl.mu.Unlock()
+}
+
+func (s *Storage) decode(ctx context.Context, key string, v []byte) (value []byte, retry bool, err error) {
+	if len(v) == 0 {
+		return nil, false, fmt.Errorf("load %q: the stored entry is empty; it was not written by this storage", key)
+	}
+	switch v[0] {
+	case tagInline:
+		return bytes.Clone(v[1:]), false, nil
+	case tagBlob:
+		var ref blobRef
+		if err := json.Unmarshal(v[1:], &ref); err != nil || ref.Object == "" {
+			return nil, false, fmt.Errorf("load %q: the stored reference is unreadable", key)
+		}
+		b, err := s.blobs.GetBytes(ctx, ref.Object)
+		if errors.Is(err, jetstream.ErrObjectNotFound) {
+			return nil, true, nil
+		}
+		if err != nil {
+			return nil, false, wrapNATS("load", key, err)
+		}
+		sum := sha256.Sum256(b)
+		if int64(len(b)) != ref.Size || hex.EncodeToString(sum[:]) != ref.SHA256 {
+			return nil, false, fmt.Errorf("load %q: the stored object does not match its reference (size or SHA-256)", key)
+		}
+		return b, false, nil
+	}
+	return nil, false, fmt.Errorf("load %q: the stored entry has unknown tag %#x; it was not written by this storage", key, v[0])
+}
+
+// keysUnder lists the storage keys at or under prefix ("" for all).
+func (s *Storage) keysUnder(ctx context.Context, prefix string) (exact bool, under []string, err error) {
+	filter := ">"
+	var pk string
+	if prefix != "" {
+		if pk, err = kvKey(prefix); err != nil {
+			return false, nil, err
+		}
+		filter = pk + ".>"
+	}
+	filters := []string{filter}
+	if pk != "" {
+		filters = append(filters, pk)
+	}
+	lister, err := s.data.ListKeysFiltered(ctx, filters...)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return false, nil, nil
+	}
+	if err != nil {
+		return false, nil, wrapNATS("list", prefix, err)
+	}
+	defer func() { _ = lister.Stop() }()
+	for k := range lister.Keys() {
+		if k == pk {
+			exact = true
+			continue
+		}
+		sk, err := storageKey(k)
+		if err != nil {
+			return false, nil, err
+		}
+		under = append(under, sk)
+	}
+	return exact, under, ctx.Err()
+}
+
+// List returns the keys under prefix, as certmagic.FileStorage does: with
+// recursive, every key and every "directory" on the way to one; without,
+// the prefix's immediate children. fs.ErrNotExist when prefix is neither a
+// key nor a directory.
+func (s *Storage) List(ctx context.Context, prefix string, recursive bool) ([]string, error) {
+	prefix = strings.TrimSuffix(prefix, "/")
+	exact, under, err := s.keysUnder(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	if !exact && len(under) == 0 {
+		return nil, fmt.Errorf("list %q: %w", prefix, fs.ErrNotExist)
+	}
+	set := map[string]struct{}{}
+	base := prefix
+	if base != "" {
+		base += "/"
+	}
+	for _, k := range under {
+		rest := strings.TrimPrefix(k, base)
+		segs := strings.Split(rest, "/")
+		if !recursive {
+			set[base+segs[0]] = struct{}{}
+			continue
+		}
+		for i := range segs {
+			set[base+strings.Join(segs[:i+1], "/")] = struct{}{}
+		}
+	}
+	out := make([]string, 0, len(set))
+	for k := range set {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// Exists says whether key is a key or a directory.
+func (s *Storage) Exists(ctx context.Context, key string) bool {
+	exact, under, err := s.keysUnder(ctx, strings.TrimSuffix(key, "/"))
+	return err == nil && (exact || len(under) > 0)
+}
+
+// Stat describes key.
+func (s *Storage) Stat(ctx context.Context, key string) (certmagic.KeyInfo, error) {
+	k, err := kvKey(key)
+	if err != nil {
+		return certmagic.KeyInfo{}, err
+	}
+	e, err := s.data.Get(ctx, k)
+	switch {
+	case err == nil:
+		info := certmagic.KeyInfo{Key: key, Modified: e.Created(), IsTerminal: true, Size: int64(len(e.Value())) - 1}
+		if v := e.Value(); len(v) > 0 && v[0] == tagBlob {
+			var ref blobRef
+			if json.Unmarshal(v[1:], &ref) == nil {
+				info.Size = ref.Size
+			}
+		}
+		return info, nil
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return certmagic.KeyInfo{}, wrapNATS("stat", key, err)
+	}
+	if _, under, err := s.keysUnder(ctx, key); err != nil {
+		return certmagic.KeyInfo{}, err
+	} else if len(under) > 0 {
+		return certmagic.KeyInfo{Key: key, IsTerminal: false}, nil
+	}
+	return certmagic.KeyInfo{}, fmt.Errorf("stat %q: %w", key, fs.ErrNotExist)
+}
+
+// Delete deletes key and every key under it. A missing key is not an error.
+func (s *Storage) Delete(ctx context.Context, key string) error {
+	key = strings.TrimSuffix(key, "/")
+	exact, under, err := s.keysUnder(ctx, key)
+	if err != nil {
+		return err
+	}
+	if exact {
+		under = append(under, key)
+	}
+	for _, sk := range under {
+		k, err := kvKey(sk)
+		if err != nil {
+			return err
+		}
+		old, _ := s.data.Get(ctx, k)
+		if err := s.data.Delete(ctx, k); err != nil {
+			return wrapNATS("delete", sk, err)
+		}
+		s.freeBlob(ctx, old, "")
+	}
+	return nil
+}
+
+// Lock takes the lock named name, waiting while another holder has it. The
+// lock lapses one TTL after its holder last renewed it; this Storage renews
+// it until Unlock.
+func (s *Storage) Lock(ctx context.Context, name string) error {
+	for {
+		ok, err := s.TryLock(ctx, name)
+		if err != nil || ok {
+			return err
+		}
+		if err := s.waitLock(ctx, name); err != nil {
+			return err
+		}
+	}
+}
+
+// waitLock returns when the lock named name may be free: it was deleted,
+// or a poll interval passed (a lapse makes no event).
+func (s *Storage) waitLock(ctx context.Context, name string) error {
+	lk, _ := lockKey(name)
+	wctx, cancel := context.WithTimeout(ctx, s.opts.LockPoll)
+	defer cancel()
+	w, err := s.locks.Watch(wctx, lk, jetstream.UpdatesOnly())
+	if err != nil {
+		<-wctx.Done()
+		return ctx.Err()
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return ctx.Err()
+			}
+			if e != nil && e.Operation() != jetstream.KeyValuePut {
+				return nil
+			}
+		case <-wctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// TryLock takes the lock named name if it is free.
+func (s *Storage) TryLock(ctx context.Context, name string) (bool, error) {
+	lk, err := lockKey(name)
+	if err != nil {
+		return false, err
+	}
+	val, _ := json.Marshal(lockValue{Holder: s.holder, At: time.Now()})
+	rev, err := s.locks.Create(ctx, lk, val)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return false, nil
+	}
+	if err != nil {
+		return false, wrapNATS("lock", name, err)
+	}
+	hl := &heldLock{key: lk, rev: rev, stop: make(chan struct{}), done: make(chan struct{}), seen: map[string]uint64{}}
+	s.mu.Lock()
+	s.held[name] = hl
+	s.mu.Unlock()
+	go s.renew(hl)
+	return true, nil
+}
+
+// renew keeps hl alive until it is unlocked, or marks it lost when a
+// renewal finds it taken or no renewal succeeds within the TTL.
+func (s *Storage) renew(hl *heldLock) {
+	defer close(hl.done)
+	every := s.opts.LockTTL / 3
+	last := time.Now()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-hl.stop:
+			return
+		case <-t.C:
+		}
+		if s.stalled.Load() {
+			continue
+		}
+		if !s.renewOnce(hl) {
+			if time.Since(last) >= s.opts.LockTTL {
+				hl.mu.Lock()
+				hl.lost = true
+				hl.mu.Unlock()
+				return
+			}
+			continue
+		}
+		last = time.Now()
+	}
+}
+
+// renewOnce renews hl once: false when it could not (hl is then marked
+// lost if another holder has it).
+func (s *Storage) renewOnce(hl *heldLock) bool {
+	hl.mu.Lock()
+	defer hl.mu.Unlock()
+	if hl.lost {
+		return false
+	}
+	val, _ := json.Marshal(lockValue{Holder: s.holder, At: time.Now()})
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.LockTTL/3)
+	defer cancel()
+	rev, err := s.locks.Update(ctx, hl.key, val, hl.rev)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) || isRevisionMismatch(err) || errors.Is(err, jetstream.ErrKeyNotFound) {
+			hl.lost = true
+		}
+		return false
+	}
+	hl.rev = rev
+	return true
+}
+
+// RenewLockLease renews the lock named name now (certmagic's
+// LockLeaseRenewer); the lease is this Storage's lock TTL, whatever
+// leaseDuration asks.
+func (s *Storage) RenewLockLease(_ context.Context, name string, _ time.Duration) error {
+	s.mu.Lock()
+	hl := s.held[name]
+	s.mu.Unlock()
+	if hl == nil {
+		return fmt.Errorf("renew lock %q: this storage does not hold it", name)
+	}
+	if !s.renewOnce(hl) {
+		return fmt.Errorf("renew lock %q: %w", name, ErrLockLost)
+	}
+	return nil
+}
+
+// Unlock releases the lock named name. A lock that lapsed and was taken by
+// another holder is left to it, and Unlock says the lock was lost.
+func (s *Storage) Unlock(ctx context.Context, name string) error {
+	s.mu.Lock()
+	hl := s.held[name]
+	delete(s.held, name)
+	s.mu.Unlock()
+	if hl == nil {
+		return fmt.Errorf("unlock %q: this storage does not hold that lock", name)
+	}
+	close(hl.stop)
+	<-hl.done
+	hl.mu.Lock()
+	defer hl.mu.Unlock()
+	if hl.lost {
+		return fmt.Errorf("unlock %q: %w", name, ErrLockLost)
+	}
+	err := s.locks.Delete(ctx, hl.key, jetstream.LastRevision(hl.rev))
+	if err != nil && (isRevisionMismatch(err) || errors.Is(err, jetstream.ErrKeyExists)) {
+		return fmt.Errorf("unlock %q: %w", name, ErrLockLost)
+	}
+	return wrapNATS("unlock", name, err)
+}
+
+func wrapNATS(op, key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s %q: NATS: %w", op, key, err)
+}
+
+// Interface guards.
+var (
+	_ certmagic.Storage          = (*Storage)(nil)
+	_ certmagic.TryLocker        = (*Storage)(nil)
+	_ certmagic.LockLeaseRenewer = (*Storage)(nil)
+)

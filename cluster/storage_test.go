@@ -1,0 +1,372 @@
+package cluster
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+
+	"github.com/Tahul/caddy-zidane-mcp/storage"
+)
+
+// The keys the contract test stores: what certmagic and this project
+// write, and keys whose bytes a naive mapping to NATS subjects would get
+// wrong (dots, wildcards, spaces, '=', non-ASCII).
+var contractKeys = []string{
+	"certificates/acme-v02.api.letsencrypt.org-directory/example.com/example.com.crt",
+	"certificates/acme-v02.api.letsencrypt.org-directory/example.com/example.com.key",
+	"certificates/acme-v02.api.letsencrypt.org-directory/*.example.com/wildcard_.example.com.json",
+	"zidane/tokens/tok_1.json",
+	"zidane/tokens/tok_2.json",
+	"zidane/sessions/s1/transcript.jsonl",
+	"zidane/sessions/s1/meta.json",
+	"zidane/sessions/s 2/meta=3D.json",
+	"zidane/sessions/ü>x/meta.json",
+	"zidane/top.json",
+}
+
+// TestStorageMatchesFileStorage runs the same operations on certmagic's
+// FileStorage (the storage a single node uses) and on the JetStream
+// storage, and requires the same answers.
+func TestStorageMatchesFileStorage(t *testing.T) {
+	ctx := testCtx(t)
+	fsys := &certmagic.FileStorage{Path: t.TempDir()}
+	nats, _ := newStorage(t, startNATS(t), StorageOptions{})
+	stores := map[string]certmagic.Storage{"file": fsys, "nats": nats}
+
+	for name, s := range stores {
+		for i, k := range contractKeys {
+			if err := s.Store(ctx, k, []byte(fmt.Sprintf("value %d of %s", i, k))); err != nil {
+				t.Fatalf("%s: Store(%q): %v", name, k, err)
+			}
+		}
+	}
+	for _, k := range contractKeys {
+		f, err1 := fsys.Load(ctx, k)
+		n, err2 := nats.Load(ctx, k)
+		if err1 != nil || err2 != nil || !bytes.Equal(f, n) {
+			t.Errorf("Load(%q): file %q %v, nats %q %v", k, f, err1, n, err2)
+		}
+	}
+	for _, c := range []struct {
+		prefix    string
+		recursive bool
+	}{
+		{"zidane", false}, {"zidane", true}, {"zidane/sessions", false}, {"zidane/sessions", true},
+		{"zidane/sessions/s1", false}, {"certificates", true}, {"zidane/top.json", false},
+	} {
+		f, err1 := fsys.List(ctx, c.prefix, c.recursive)
+		n, err2 := nats.List(ctx, c.prefix, c.recursive)
+		slices.Sort(f)
+		slices.Sort(n)
+		if err1 != nil || err2 != nil || !slices.Equal(f, n) {
+			t.Errorf("List(%q, %v):\n file %q %v\n nats %q %v", c.prefix, c.recursive, f, err1, n, err2)
+		}
+	}
+	for _, missing := range []string{"nope", "zidane/tokens/tok_3.json", "zidane/sess"} {
+		for name, s := range stores {
+			if _, err := s.Load(ctx, missing); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("%s: Load(%q) = %v, want fs.ErrNotExist", name, missing, err)
+			}
+			if _, err := s.Stat(ctx, missing); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("%s: Stat(%q) = %v, want fs.ErrNotExist", name, missing, err)
+			}
+			if s.Exists(ctx, missing) {
+				t.Errorf("%s: Exists(%q) = true", name, missing)
+			}
+		}
+		if _, err := nats.List(ctx, missing, true); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("nats: List(%q) = %v, want fs.ErrNotExist", missing, err)
+		}
+	}
+	for _, k := range []string{"zidane/tokens/tok_1.json", "zidane/sessions"} {
+		f, err1 := fsys.Stat(ctx, k)
+		n, err2 := nats.Stat(ctx, k)
+		if err1 != nil || err2 != nil || f.Key != n.Key || f.IsTerminal != n.IsTerminal || (f.IsTerminal && f.Size != n.Size) {
+			t.Errorf("Stat(%q): file %+v %v, nats %+v %v", k, f, err1, n, err2)
+		}
+	}
+	for name, s := range stores {
+		if err := s.Delete(ctx, "zidane/sessions"); err != nil {
+			t.Fatalf("%s: Delete(dir): %v", name, err)
+		}
+		if err := s.Delete(ctx, "zidane/never-was"); err != nil {
+			t.Errorf("%s: Delete(missing) = %v, want nil", name, err)
+		}
+	}
+	f, _ := fsys.List(ctx, "zidane", true)
+	n, _ := nats.List(ctx, "zidane", true)
+	slices.Sort(f)
+	slices.Sort(n)
+	if !slices.Equal(f, n) || slices.Contains(n, "zidane/sessions/s1/meta.json") {
+		t.Errorf("after deleting zidane/sessions:\n file %q\n nats %q", f, n)
+	}
+}
+
+var kvKeyPattern = regexp.MustCompile(`^[-/_=A-Za-z0-9]+(\.[-/_=A-Za-z0-9]+)*$`)
+
+// FuzzKeyMapping: every key maps to a valid KV key with one token per
+// segment, and back to itself, so no two keys share a KV key and no key
+// reaches NATS as a wildcard.
+func FuzzKeyMapping(f *testing.F) {
+	for _, k := range contractKeys {
+		f.Add(k)
+	}
+	f.Add("a.b/c")
+	f.Add("a/*/>")
+	f.Fuzz(func(t *testing.T, key string) {
+		k, err := kvKey(key)
+		if err != nil {
+			return
+		}
+		if !kvKeyPattern.MatchString(k) {
+			t.Fatalf("kvKey(%q) = %q: not a valid KV key", key, k)
+		}
+		back, err := storageKey(k)
+		if err != nil || back != key {
+			t.Fatalf("storageKey(kvKey(%q)) = %q, %v", key, back, err)
+		}
+		if bytes.Count([]byte(k), []byte(".")) != bytes.Count([]byte(key), []byte("/")) {
+			t.Fatalf("kvKey(%q) = %q: tokens do not match segments", key, k)
+		}
+	})
+}
+
+func TestBadKeysAreRefused(t *testing.T) {
+	ctx := testCtx(t)
+	s, _ := newStorage(t, startNATS(t), StorageOptions{})
+	for _, k := range []string{"", "/a", "a/", "a//b"} {
+		if err := s.Store(ctx, k, []byte("x")); err == nil {
+			t.Errorf("Store(%q) succeeded", k)
+		}
+	}
+}
+
+// TestLargeValues: values past one NATS message go to the object store,
+// come back whole, and leave no object behind once replaced or deleted.
+func TestLargeValues(t *testing.T) {
+	ctx := testCtx(t)
+	s, _ := newStorage(t, startNATS(t), StorageOptions{})
+	big := make([]byte, 5<<20+17) // a transcript of several MiB
+	_, _ = rand.Read(big)
+	if err := s.Store(ctx, "zidane/sessions/s1/transcript.jsonl", big); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Load(ctx, "zidane/sessions/s1/transcript.jsonl")
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("Load: %d bytes, %v; want the %d stored", len(got), err, len(big))
+	}
+	info, err := s.Stat(ctx, "zidane/sessions/s1/transcript.jsonl")
+	if err != nil || info.Size != int64(len(big)) || !info.IsTerminal {
+		t.Fatalf("Stat = %+v, %v", info, err)
+	}
+	objects := func() int {
+		l, err := s.blobs.List(ctx)
+		if err != nil {
+			return 0 // jetstream.ErrNoObjectsFound
+		}
+		return len(l)
+	}
+	if n := objects(); n != 1 {
+		t.Fatalf("%d objects after one large store, want 1", n)
+	}
+	big2 := bytes.Repeat([]byte("y"), 2<<20)
+	if err := s.Store(ctx, "zidane/sessions/s1/transcript.jsonl", big2); err != nil {
+		t.Fatal(err)
+	}
+	if n := objects(); n != 1 {
+		t.Fatalf("%d objects after replacing a large value, want 1", n)
+	}
+	if err := s.Store(ctx, "zidane/sessions/s1/transcript.jsonl", []byte("small")); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Load(ctx, "zidane/sessions/s1/transcript.jsonl"); string(got) != "small" {
+		t.Fatalf("Load after small store = %q", got)
+	}
+	if n := objects(); n != 0 {
+		t.Fatalf("%d objects after replacing with a small value, want 0", n)
+	}
+	if err := s.Store(ctx, "zidane/sessions/s1/transcript.jsonl", big); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "zidane/sessions"); err != nil {
+		t.Fatal(err)
+	}
+	if n := objects(); n != 0 {
+		t.Fatalf("%d objects after delete, want 0", n)
+	}
+}
+
+// TestLockExclusiveAcrossConnections: three storages, each on a NATS
+// connection of its own (three replicas), increment one stored counter
+// under the lock through storage.Update; no two are ever inside at once
+// and no increment is lost.
+func TestLockExclusiveAcrossConnections(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	var replicas []*Storage
+	for i := range 3 {
+		s, _ := newStorage(t, url, StorageOptions{Owner: fmt.Sprintf("node%d", i), LockPoll: 50 * time.Millisecond})
+		replicas = append(replicas, s)
+	}
+	const perWorker = 8
+	var inside, maxInside atomic.Int32
+	var wg sync.WaitGroup
+	errs := make(chan error, 6*perWorker)
+	for w := range 6 {
+		s := replicas[w%3]
+		wg.Go(func() {
+			for range perWorker {
+				err := storage.Update(ctx, s, "zidane/counter", func(old []byte) ([]byte, error) {
+					n := inside.Add(1)
+					defer inside.Add(-1)
+					for {
+						m := maxInside.Load()
+						if n <= m || maxInside.CompareAndSwap(m, n) {
+							break
+						}
+					}
+					var c int
+					if old != nil {
+						fmt.Sscan(string(old), &c)
+					}
+					return []byte(fmt.Sprint(c + 1)), nil
+				})
+				if err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	got, err := replicas[0].Load(ctx, "zidane/counter")
+	if err != nil || string(got) != fmt.Sprint(6*perWorker) {
+		t.Fatalf("counter = %q, %v; want %d", got, err, 6*perWorker)
+	}
+	if m := maxInside.Load(); m != 1 {
+		t.Fatalf("%d holders were inside the lock at once", m)
+	}
+}
+
+// TestLockFreedWhenHolderDies: a holder whose connection dies holds the
+// lock no longer than its TTL; another replica then takes it.
+func TestLockFreedWhenHolderDies(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	opts := StorageOptions{LockTTL: time.Second, LockPoll: 100 * time.Millisecond}
+	a, aConn := newStorage(t, url, opts)
+	b, _ := newStorage(t, url, opts)
+	if err := a.Lock(ctx, "issue_cert_example.com"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.TryLock(ctx, "issue_cert_example.com"); ok || err != nil {
+		t.Fatalf("TryLock while another holds it = %v, %v", ok, err)
+	}
+	aConn.Close() // the holder dies without unlocking
+	if err := b.Lock(ctx, "issue_cert_example.com"); err != nil {
+		t.Fatalf("Lock after the holder died: %v", err)
+	}
+	if err := b.Unlock(ctx, "issue_cert_example.com"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStaleHolderIsFenced: a holder that stalls past its lock's TTL (a
+// paused process) comes back to find another holder has written the key:
+// its write is refused, the other's value stays, and its Unlock does not
+// free the other's lock.
+func TestStaleHolderIsFenced(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	opts := StorageOptions{LockTTL: time.Second, LockPoll: 100 * time.Millisecond}
+	a, _ := newStorage(t, url, opts)
+	b, _ := newStorage(t, url, opts)
+	c, _ := newStorage(t, url, opts)
+	const key = "zidane/tokens/index.json"
+	if err := a.Store(ctx, key, []byte("v0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Lock(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Load(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	a.stalled.Store(true)
+
+	if err := b.Lock(ctx, key); err != nil { // waits out a's TTL
+		t.Fatal(err)
+	}
+	if _, err := b.Load(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Store(ctx, key, []byte("from b")); err != nil {
+		t.Fatal(err)
+	}
+
+	err := a.Store(ctx, key, []byte("from a, stale"))
+	if !errors.Is(err, ErrFenced) {
+		t.Fatalf("stale holder's Store = %v, want ErrFenced", err)
+	}
+	if got, _ := c.Load(ctx, key); string(got) != "from b" {
+		t.Fatalf("value = %q, want b's", got)
+	}
+	if err := a.Unlock(ctx, key); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("stale holder's Unlock = %v, want ErrLockLost", err)
+	}
+	if ok, _ := c.TryLock(ctx, key); ok {
+		t.Fatal("the stale holder's Unlock freed the current holder's lock")
+	}
+	if err := b.Unlock(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.TryLock(ctx, key); !ok || err != nil {
+		t.Fatalf("TryLock after release = %v, %v", ok, err)
+	}
+	_ = c.Unlock(ctx, key)
+}
+
+// TestStaleHolderWithoutReadIsRefused: a holder whose renewal finds its
+// lock taken writes nothing more under it, even keys it never read.
+func TestLostLockRefusesWrites(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	opts := StorageOptions{LockTTL: time.Second, LockPoll: 100 * time.Millisecond}
+	a, _ := newStorage(t, url, opts)
+	b, _ := newStorage(t, url, opts)
+	const key = "zidane/upstreams/github.json"
+	if err := a.Lock(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	a.stalled.Store(true)
+	if err := b.Lock(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	a.stalled.Store(false)
+	a.mu.Lock()
+	hl := a.held[key]
+	a.mu.Unlock()
+	if a.renewOnce(hl) {
+		t.Fatal("renewal of a lock another holder took succeeded")
+	}
+	if err := a.Store(ctx, key, []byte("x")); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Store under a lost lock = %v, want ErrLockLost", err)
+	}
+	if _, err := b.Load(ctx, key); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the lost holder's write landed: %v", err)
+	}
+	_ = b.Unlock(ctx, key)
+}
