@@ -39,7 +39,7 @@ func (adminAPI) CaddyModule() caddy.ModuleInfo {
 // admin key, which the routes that change state require.
 func (a *adminAPI) Provision(ctx caddy.Context) error {
 	a.storage = ctx.Storage()
-	_, err := loadAdminKey(a.storage, true)
+	_, err := loadAdminKey(adminKeyStorage(a.storage), true)
 	return err
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -24,7 +25,11 @@ import (
 // reach it. The key is made with crypto/rand at the first start and kept in
 // Caddy's storage next to the tokens (Caddy's file storage writes it 0600,
 // in 0700 directories); the `caddy zidane` CLI reads it from the same
-// storage and sends it.
+// storage and sends it. On NATS storage (storage zidane_nats), which every
+// replica and every holder of NATS credentials can read, the key stays in
+// this host's file storage instead (adminKeyStorage): it guards this
+// host's admin API, and a secret is never kept in plaintext where others
+// read.
 
 // The admin key travels as "Authorization: Zidane-Admin-Key <key>":
 // Caddy's admin API logs the headers of every request it receives but
@@ -39,6 +44,15 @@ const (
 const adminKeyStorageKey = "zidane/admin.key"
 
 var adminKeys sync.Map // storageKey -> string
+
+// adminKeyStorage is the storage that holds the admin key of a server on
+// st: st itself, or this host's file storage when st is shared.
+func adminKeyStorage(st storage.Storage) storage.Storage {
+	if _, shared := st.(*cluster.Storage); shared {
+		return caddy.DefaultStorage
+	}
+	return st
+}
 
 // loadAdminKey returns the admin key of st, making it first when create is
 // set and there is none.
@@ -91,7 +105,7 @@ func (a *adminAPI) keyed(h caddy.AdminHandlerFunc) caddy.AdminHandlerFunc {
 		if r.Method == http.MethodGet || r.Method == http.MethodHead {
 			return h(w, r)
 		}
-		want, err := loadAdminKey(a.storage, true)
+		want, err := loadAdminKey(adminKeyStorage(a.storage), true)
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
 		}

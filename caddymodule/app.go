@@ -195,7 +195,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return err
 	}
 	st := ctx.Storage()
-	if _, err := loadAdminKey(st, true); err != nil {
+	if err := markStorage(st); err != nil {
+		ctx.Logger().Warn("could not record in the local storage which storage this server uses; the CLI's offline mode may not know", zap.Error(err))
+	}
+	if _, err := loadAdminKey(adminKeyStorage(st), true); err != nil {
 		return err
 	}
 	ts, key, err := loadTokens(st, time.Duration(a.TokenSync), time.Duration(a.LastUsedFlush))

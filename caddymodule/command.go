@@ -432,6 +432,9 @@ func withTokens(fl caddycmd.Flags, online func(admin string) error, offline func
 		return online(admin)
 	}
 	st := caddy.DefaultStorage
+	if err := refuseClusterOffline(fl.String("config"), fl.String("adapter")); err != nil {
+		return fmt.Errorf("no server answers at %s, and %w", admin, err)
+	}
 	fmt.Fprintf(os.Stderr, "No server answers at %s: using storage %s directly; a running server sees the change within 2s.\n", admin, st.Path)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

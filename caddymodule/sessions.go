@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -143,6 +145,11 @@ func (a *App) agentSet() (map[string]sessions.AgentConfig, string, error) {
 // loadSessions returns the pooled sessions state for the app's storage,
 // building it on first use. Release it with sessionsPool.Delete(key).
 func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *policy.ScopeMap) (*sessionsState, string, error) {
+	if _, shared := ctx.Storage().(*cluster.Storage); shared {
+		// Until sessions have a node that owns them, every replica on a
+		// shared storage would resume every session and run its agent.
+		return nil, "", errors.New("zidane_mcp sessions: the sessions endpoint does not run on shared NATS storage (storage zidane_nats) yet: every replica would resume every session and run its agent twice; serve sessions from a gateway on the file storage")
+	}
 	agents, def, err := a.agentSet()
 	if err != nil {
 		return nil, "", err

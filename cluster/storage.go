@@ -48,6 +48,9 @@ type StorageOptions struct {
 	// LockPoll bounds how long a waiting Lock goes without trying again
 	// (a lock that lapses makes no event to wake on). Default 1 s.
 	LockPoll time.Duration
+	// Name says which storage this is, for String (and so for pooling what
+	// is kept per storage across config reloads).
+	Name string
 	// InlineMax is the largest value kept in the KV bucket itself; larger
 	// ones go to the object store, in chunks. Default: half the server's
 	// max payload, at most 512 KiB.
@@ -154,6 +157,9 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 		held:   map[string]*heldLock{},
 	}, nil
 }
+
+// String names the storage: stable for as long as its options are.
+func (s *Storage) String() string { return "zidane_nats:" + s.opts.Name + "/" + s.opts.Bucket }
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -369,4 +370,31 @@ func TestLostLockRefusesWrites(t *testing.T) {
 		t.Fatalf("the lost holder's write landed: %v", err)
 	}
 	_ = b.Unlock(ctx, key)
+}
+
+func TestConnConfigCheck(t *testing.T) {
+	for _, c := range []struct {
+		cfg  ConnConfig
+		want string // "" when the config is accepted
+	}{
+		{ConnConfig{URLs: []string{"nats://127.0.0.1:4222", "nats://[::1]:4222", "nats://localhost:4222"}}, ""},
+		{ConnConfig{URLs: []string{"tls://nats-1.internal:4222"}}, ""},
+		{ConnConfig{URLs: []string{"nats://nats-1.internal:4222"}, TLSCA: "/ca.pem"}, ""},
+		{ConnConfig{}, "no NATS URL"},
+		{ConnConfig{URLs: []string{"nats://10.1.2.3:4222"}}, "not loopback"},
+		{ConnConfig{URLs: []string{"nats://u:pw@127.0.0.1:4222"}}, "creds file"},
+		{ConnConfig{URLs: []string{"ws://127.0.0.1:4222"}}, "scheme"},
+		{ConnConfig{URLs: []string{"127.0.0.1:4222"}}, "is not a URL"},
+		{ConnConfig{URLs: []string{"tls://n:4222"}, TLSKey: "/k.pem"}, "go together"},
+	} {
+		err := c.cfg.Check()
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%+v: %v", c.cfg, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%+v: %v, want an error saying %q", c.cfg, err, c.want)
+		case err != nil && strings.Contains(err.Error(), "pw"):
+			t.Errorf("the error shows the password: %v", err)
+		}
+	}
 }

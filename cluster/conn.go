@@ -1,0 +1,121 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ConnConfig says how to reach NATS.
+type ConnConfig struct {
+	// URLs of the NATS servers (nats://, tls://). Plain nats:// is allowed
+	// to loopback only: anywhere else the connection must use TLS (a
+	// tls:// URL or TLSCA), since what travels on it is the gateway's state.
+	URLs []string
+	// CredsFile is a NATS user credentials file (JWT and NKey seed).
+	CredsFile string
+	// TLSCA, TLSCert and TLSKey are PEM files: the CA that signs the
+	// servers' certificates, and this client's certificate and key.
+	TLSCA, TLSCert, TLSKey string
+	// Name is the connection's name, as the NATS server's monitoring shows it.
+	Name string
+}
+
+// Check refuses a config that could not work or would not be safe, with a
+// message that says what to set.
+func (c ConnConfig) Check() error {
+	if len(c.URLs) == 0 {
+		return errors.New("no NATS URL: give one or more, such as tls://nats-1.internal:4222")
+	}
+	tlsOn := c.TLSCA != "" || c.TLSCert != ""
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return errors.New("tls_cert and tls_key go together: give both, or neither")
+	}
+	for _, raw := range c.URLs {
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" {
+			return fmt.Errorf("NATS URL %q is not a URL such as nats://127.0.0.1:4222 or tls://nats-1.internal:4222", raw)
+		}
+		if u.User != nil {
+			return fmt.Errorf("NATS URL %q carries a user or password: give credentials in a creds file (creds), not in the URL, which logs and listings show", redactURL(u))
+		}
+		switch u.Scheme {
+		case "tls":
+		case "nats":
+			if !tlsOn && !loopbackHost(u.Hostname()) {
+				return fmt.Errorf("NATS URL %q is plain nats:// to a host that is not loopback: use tls://, or give tls_ca, so the gateway's state does not cross the network in the clear", raw)
+			}
+		default:
+			return fmt.Errorf("NATS URL %q: the scheme must be nats:// (loopback) or tls://", raw)
+		}
+	}
+	return nil
+}
+
+func redactURL(u *url.URL) string {
+	v := *u
+	v.User = nil
+	return v.String()
+}
+
+func loopbackHost(h string) bool {
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Conn is a connection to NATS with JetStream.
+type Conn struct {
+	nc *nats.Conn
+	js jetstream.JetStream
+}
+
+// Dial connects to NATS. It keeps reconnecting for as long as the Conn is
+// open; Close ends it.
+func Dial(c ConnConfig) (*Conn, error) {
+	if err := c.Check(); err != nil {
+		return nil, err
+	}
+	opts := []nats.Option{
+		nats.Name(c.Name),
+		nats.Timeout(5 * time.Second),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+	}
+	if c.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(c.CredsFile))
+	}
+	if c.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(c.TLSCA))
+	}
+	if c.TLSCert != "" {
+		opts = append(opts, nats.ClientCert(c.TLSCert, c.TLSKey))
+	}
+	nc, err := nats.Connect(strings.Join(c.URLs, ","), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to NATS at %s: %w", strings.Join(c.URLs, ", "), err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("NATS JetStream: %w", err)
+	}
+	return &Conn{nc: nc, js: js}, nil
+}
+
+// Close closes the connection.
+func (c *Conn) Close() { c.nc.Close() }
+
+// Storage opens the storage on c.
+func (c *Conn) Storage(ctx context.Context, opts StorageOptions) (*Storage, error) {
+	return NewStorage(ctx, c.js, c.nc.MaxPayload(), opts)
+}

@@ -1,0 +1,162 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	natsServerOnce sync.Once
+	natsServerBin  string
+	natsServerErr  error
+)
+
+// startNATSServer runs a real nats-server (built from the version go.mod
+// pins, on first use) with JetStream on a free loopback port, and returns
+// its client URL.
+func startNATSServer(t testing.TB) string {
+	t.Helper()
+	natsServerOnce.Do(func() {
+		natsServerBin = filepath.Join(filepath.Dir(caddyBin), "nats-server")
+		natsServerErr = goBuild(natsServerBin, "github.com/nats-io/nats-server/v2")
+	})
+	if natsServerErr != nil {
+		t.Fatalf("building nats-server: %v", natsServerErr)
+	}
+	port := freePort(t)
+	dir := t.TempDir()
+	cmd := exec.Command(natsServerBin, "-a", "127.0.0.1", "-p", fmt.Sprint(port), "-js", "-sd", filepath.Join(dir, "js"))
+	cmd.Dir = dir
+	p := startProcess(t, "nats-server", cmd, filepath.Join(dir, "nats-server.log"))
+	t.Cleanup(func() {
+		p.stop(2 * time.Second)
+		p.dumpIfFailed(t)
+	})
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	waitListening(t, p, addr, startTimeout)
+	return "nats://" + addr
+}
+
+// waitStatus polls url with token until it answers want, for at most
+// bound, and returns how long that took.
+func waitStatus(t *testing.T, url, token string, want int, bound time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	status := 0
+	for time.Since(start) < bound {
+		if status = post(t, url, token, initializeBody).status; status == want {
+			return time.Since(start)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s answered %d for %s, want %d", url, status, bound, want)
+	return 0
+}
+
+// Two replicas on one NATS storage (storage zidane_nats) share their
+// tokens: one made on A works on B, and one revoked on A stops working on
+// B. The CLI refuses to write the local storage behind their backs, and a
+// sessions site is refused on shared storage, where every replica would
+// resume every session.
+func TestClusterStorageSharesTokens(t *testing.T) {
+	natsURL := startNATSServer(t)
+	up := startRecordingUpstream(t)
+	replica := func() (*Caddy, string) {
+		site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats {
+		url %s
+		lock_ttl 5s
+	}
+}
+
+http://%s {
+	zidane_mcp {
+		guard
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, natsURL, site, up.addr))
+		return c, "http://" + site + "/mcp"
+	}
+	a, urlA := replica()
+	b, urlB := replica()
+
+	stdout, stderr, err := a.Run(t, "zidane", "token", "create", "--name", "shared", "--scope", "mcp")
+	if err != nil {
+		t.Fatalf("token create on A: %v %s", err, stderr)
+	}
+	token := strings.TrimSpace(stdout)
+	if got := post(t, urlA, token, initializeBody).status; got != http.StatusOK {
+		t.Fatalf("A refused its own token: %d", got)
+	}
+	made := waitStatus(t, urlB, token, http.StatusOK, 20*time.Second)
+
+	if _, stderr, err := a.Run(t, "zidane", "token", "revoke", "shared"); err != nil {
+		t.Fatalf("token revoke on A: %v %s", err, stderr)
+	}
+	revoked := waitStatus(t, urlB, token, http.StatusUnauthorized, 20*time.Second)
+	t.Logf("a token made on A worked on B after %v; revoked on A, it failed on B after %v", made.Round(time.Millisecond), revoked.Round(time.Millisecond))
+
+	// Offline, the CLI would write the local file storage, which neither
+	// replica reads: it refuses, and says what to do.
+	offline := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	_, stderr, err = b.Run(t, "zidane", "token", "create", "--name", "offline", "--scope", "mcp", "--address", offline)
+	if err == nil || !strings.Contains(stderr, "NATS") || !strings.Contains(stderr, "--address") {
+		t.Fatalf("offline token create on a NATS-storage host: err %v, stderr %q; want a refusal that names NATS and --address", err, stderr)
+	}
+	list, _, err := a.Run(t, "zidane", "token", "list", "--json")
+	if err != nil || strings.Contains(list, `"offline"`) {
+		t.Fatalf("token list after the refused offline create: %v %s", err, list)
+	}
+
+	out, err := a.TryReload(t, fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats {
+		url %s
+		lock_ttl 5s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		sessions
+	}
+}
+`, AdminPlaceholder, natsURL, freePort(t)))
+	if err == nil || !strings.Contains(out, "shared NATS storage") {
+		t.Fatalf("a sessions site on NATS storage was not refused: %v\n%s", err, out)
+	}
+	if got := post(t, urlA, "", initializeBody).status; got != http.StatusUnauthorized {
+		t.Fatalf("A's config after the refused reload: %d, want its guard's 401", got)
+	}
+}
+
+// Bad NATS storage settings are refused before anything connects.
+func TestClusterStorageBadSettings(t *testing.T) {
+	c := startCaddy(t, fmt.Sprintf("{\n\tadmin %s\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", AdminPlaceholder, freePort(t)))
+	for _, bad := range []struct{ block, want string }{
+		{"url nats://10.0.0.9:4222", "not loopback"},
+		{"url nats://user:secret@127.0.0.1:4222", "creds file"},
+		{"url http://127.0.0.1:4222", "scheme"},
+		{"url tls://n1:4222\n\t\ttls_cert /c.pem", "tls_key"},
+		{"url tls://n1:4222\n\t\treplicas 7", "1 to 5"},
+		{"url tls://n1:4222\n\t\tlock_ttl 10ms", "1s or more"},
+		{"url tls://n1:4222\n\t\tbogus 1", "unknown option"},
+	} {
+		out, err := c.TryReload(t, fmt.Sprintf("{\n\tadmin %s\n\tstorage zidane_nats {\n\t\t%s\n\t}\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", AdminPlaceholder, bad.block, freePort(t)))
+		if err == nil || !strings.Contains(out, bad.want) {
+			t.Errorf("storage zidane_nats { %s }: %v, want a refusal saying %q\n%s", bad.block, err, bad.want, out)
+		}
+		if strings.Contains(out, "secret") {
+			t.Errorf("the refusal shows the URL's password: %s", out)
+		}
+	}
+}
