@@ -2,10 +2,13 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -40,6 +43,11 @@ type NATSStorage struct {
 	Replicas int `json:"replicas,omitempty"`
 	// LockTTL is how long a lock outlives its holder (default 15s).
 	LockTTL caddy.Duration `json:"lock_ttl,omitempty"`
+	// Key is the cluster key as a placeholder ({env.VAR}, read when the
+	// storage is provisioned, so the key never sits in the config); by
+	// default the environment variable ZIDANE_CLUSTER_KEY. 32 bytes in
+	// base64. Every value is sealed with a key derived from it.
+	Key string `json:"key,omitempty"`
 
 	key string // natsPool key
 }
@@ -85,9 +93,41 @@ func (s *NATSStorage) Provision(caddy.Context) error {
 	if s.LockTTL != 0 && time.Duration(s.LockTTL) < time.Second {
 		return fmt.Errorf("storage zidane_nats: lock_ttl %v is under 1s; JetStream expires entries about once a second", time.Duration(s.LockTTL))
 	}
+	if s.Key != "" && !caddyPlaceholder.MatchString(s.Key) {
+		return fmt.Errorf("storage zidane_nats: %w", literalError("key", "{env.VAR} (or leave it out and set "+ClusterKeyEnv+")"))
+	}
+	if _, err := s.clusterKey(); err != nil {
+		return fmt.Errorf("storage zidane_nats: %w", err)
+	}
 	b, _ := json.Marshal(s)
 	s.key = string(b)
 	return nil
+}
+
+// ClusterKeyEnv is the environment variable read for the cluster key when
+// the storage's key option is not set.
+const ClusterKeyEnv = "ZIDANE_CLUSTER_KEY"
+
+// clusterKey reads and decodes the cluster key.
+func (s *NATSStorage) clusterKey() ([]byte, error) {
+	raw, where := s.Key, "key "+s.Key
+	if raw == "" {
+		raw, where = os.Getenv(ClusterKeyEnv), ClusterKeyEnv
+	} else {
+		raw = caddy.NewReplacer().ReplaceKnown(raw, "")
+	}
+	raw = strings.TrimSpace(raw)
+	if raw == "" {
+		return nil, fmt.Errorf("no cluster key: %s is empty; set it in caddy's environment, on every replica alike, to 32 random bytes in base64 (`openssl rand -base64 32`)", where)
+	}
+	key, err := base64.StdEncoding.DecodeString(raw)
+	if err != nil {
+		key, err = base64.RawURLEncoding.DecodeString(strings.TrimRight(raw, "="))
+	}
+	if err != nil || len(key) != cluster.KeySize {
+		return nil, fmt.Errorf("%s must be %d bytes in base64 (`openssl rand -base64 32`); the value given is not", where, cluster.KeySize)
+	}
+	return key, nil
 }
 
 // CertMagicStorage connects (or reuses this configuration's connection)
@@ -103,9 +143,14 @@ func (s *NATSStorage) CertMagicStorage() (certmagic.Storage, error) {
 		if err != nil {
 			return nil, fmt.Errorf("storage zidane_nats: %w", err)
 		}
+		key, err := s.clusterKey()
+		if err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("storage zidane_nats: %w", err)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		st, err := conn.Storage(ctx, cluster.StorageOptions{
+		st, err := conn.Storage(ctx, cluster.StorageOptions{Key: key,
 			Bucket: s.Bucket, Replicas: s.Replicas, LockTTL: time.Duration(s.LockTTL),
 			Name: fmt.Sprint(s.URLs), Owner: "caddy",
 		})
@@ -141,6 +186,7 @@ func (s *NATSStorage) Cleanup() error {
 //		bucket    <name>
 //		replicas  <n>
 //		lock_ttl  <duration>
+//		key       {env.VAR}
 //	}
 func (s *NATSStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the module name
@@ -184,6 +230,10 @@ func (s *NATSStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 				s.Replicas = n
 			}
+		case "key":
+			if err = one(&s.Key); err == nil && !caddyPlaceholder.MatchString(s.Key) {
+				return d.Err(literalError("key", "{env.VAR} (or leave it out and set "+ClusterKeyEnv+")").Error())
+			}
 		case "lock_ttl":
 			var v string
 			if err = one(&v); err == nil {
@@ -194,7 +244,7 @@ func (s *NATSStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				s.LockTTL = caddy.Duration(dur)
 			}
 		default:
-			return d.Errf("storage zidane_nats: unknown option %q; the options are url, creds, tls_ca, tls_cert, tls_key, bucket, replicas, lock_ttl", d.Val())
+			return d.Errf("storage zidane_nats: unknown option %q; the options are url, creds, tls_ca, tls_cert, tls_key, bucket, replicas, lock_ttl, key", d.Val())
 		}
 		if err != nil {
 			return err

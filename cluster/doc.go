@@ -25,6 +25,13 @@
 //     stalled past its TTL while another took the lock and wrote cannot
 //     overwrite that write ([ErrFenced]).
 //
+// Every value, and every object, is sealed with AES-256-GCM under a key
+// derived from the cluster key ([Derive]), with the bucket, the key and the
+// entry's kind as additional data: a NATS user without the cluster key
+// reads nothing and cannot make, move or alter a value this storage
+// accepts ([ErrUnsealed]). It can still delete values or put back an older
+// sealed value of the same key, which NATS permissions must prevent.
+//
 // Listings, Stat and Delete follow certmagic.FileStorage: a directory is a
 // prefix of keys, List without recursion gives a prefix's children, and
 // Delete removes a key and everything under it.

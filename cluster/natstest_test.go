@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
 	"testing"
 	"time"
 
@@ -40,9 +41,20 @@ func connect(t testing.TB, url string) *nats.Conn {
 	return nc
 }
 
-// newStorage opens a Storage on a connection of its own.
+// testKey is the cluster key the tests' replicas share.
+var testKey = func() []byte {
+	k := make([]byte, KeySize)
+	_, _ = rand.Read(k)
+	return k
+}()
+
+// newStorage opens a Storage on a connection of its own, with testKey
+// unless opts has a key.
 func newStorage(t testing.TB, url string, opts StorageOptions) (*Storage, *nats.Conn) {
 	t.Helper()
+	if opts.Key == nil {
+		opts.Key = testKey
+	}
 	nc := connect(t, url)
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -1,10 +1,8 @@
 package cluster
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -48,6 +46,9 @@ type StorageOptions struct {
 	// LockPoll bounds how long a waiting Lock goes without trying again
 	// (a lock that lapses makes no event to wake on). Default 1 s.
 	LockPoll time.Duration
+	// Key is the cluster key (KeySize bytes): every value is sealed with a
+	// key derived from it. Required.
+	Key []byte
 	// Name says which storage this is, for String (and so for pooling what
 	// is kept per storage across config reloads).
 	Name string
@@ -66,6 +67,7 @@ type Storage struct {
 	blobs  jetstream.ObjectStore
 	opts   StorageOptions
 	holder string
+	seal   *sealer
 
 	mu   sync.Mutex
 	held map[string]*heldLock // lock name -> the lock this Storage holds
@@ -96,7 +98,6 @@ const (
 type blobRef struct {
 	Object string `json:"o"`
 	Size   int64  `json:"n"`
-	SHA256 string `json:"h"`
 }
 
 // lockValue is what a lock entry holds.
@@ -127,6 +128,10 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 	if opts.InlineMax <= 0 || int64(opts.InlineMax) >= maxPayload {
 		return nil, fmt.Errorf("cluster storage: inline max %d must be positive and under the server's max payload (%d)", opts.InlineMax, maxPayload)
 	}
+	sl, err := newSealer(opts.Key)
+	if err != nil {
+		return nil, fmt.Errorf("cluster storage: %w", err)
+	}
 	if opts.LockTTL < time.Second {
 		return nil, fmt.Errorf("cluster storage: lock TTL %v is under 1s; JetStream expires entries about once a second", opts.LockTTL)
 	}
@@ -152,7 +157,7 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 		return nil, fmt.Errorf("cluster storage: object store %q: %w", opts.Bucket+"_blobs", err)
 	}
 	return &Storage{
-		data: data, locks: locks, blobs: blobs, opts: opts,
+		data: data, locks: locks, blobs: blobs, opts: opts, seal: sl,
 		holder: opts.Owner + "#" + randomHex(8),
 		held:   map[string]*heldLock{},
 	}, nil
@@ -232,35 +237,53 @@ func isRevisionMismatch(err error) bool {
 	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == 10164)
 }
 
-// encode turns a value into what the data bucket holds: the value itself
-// behind a tag byte, or a reference to an object holding it.
+// encode turns a value into what the data bucket holds: a tag byte, then
+// the value sealed, or a sealed reference to an object holding the value
+// sealed.
 func (s *Storage) encode(ctx context.Context, key string, value []byte) (stored []byte, blob string, err error) {
-	if len(value)+1 <= s.opts.InlineMax {
-		stored = make([]byte, 1+len(value))
-		stored[0] = tagInline
-		copy(stored[1:], value)
-		return stored, "", nil
+	if len(value)+1+sealOverhead <= s.opts.InlineMax {
+		return s.seal.seal([]byte{tagInline}, value, s.valueAD(key, tagInline)), "", nil
 	}
-	sum := sha256.Sum256(value)
 	blob = randomHex(16)
-	if _, err := s.blobs.PutBytes(ctx, blob, value); err != nil {
+	if _, err := s.blobs.PutBytes(ctx, blob, s.seal.seal(nil, value, where("blob", s.opts.Bucket, blob))); err != nil {
 		return nil, "", wrapNATS("store", key, err)
 	}
-	ref, _ := json.Marshal(blobRef{Object: blob, Size: int64(len(value)), SHA256: hex.EncodeToString(sum[:])})
-	return append([]byte{tagBlob}, ref...), blob, nil
+	ref, _ := json.Marshal(blobRef{Object: blob, Size: int64(len(value))})
+	return s.seal.seal([]byte{tagBlob}, ref, s.valueAD(key, tagBlob)), blob, nil
 }
+
+// valueAD binds a sealed entry to its bucket, its key and its tag.
+func (s *Storage) valueAD(key string, tag byte) []byte {
+	return append(where("value", s.opts.Bucket, key), 0, tag)
+}
+
+// openRef opens the reference an entry of key holds, if it holds one.
+func (s *Storage) openRef(key string, v []byte) (blobRef, bool) {
+	var ref blobRef
+	if len(v) == 0 || v[0] != tagBlob {
+		return ref, false
+	}
+	raw, err := s.seal.open(v[1:], s.valueAD(key, tagBlob))
+	if err != nil || json.Unmarshal(raw, &ref) != nil || ref.Object == "" {
+		return ref, false
+	}
+	return ref, true
+}
+
+// sealOverhead is what sealing adds: a 12-byte nonce and a 16-byte tag.
+const sealOverhead = 12 + 16
 
 // freeBlob deletes the object an overwritten or deleted entry referred to.
 func (s *Storage) freeBlob(ctx context.Context, old jetstream.KeyValueEntry, keep string) {
 	if old == nil {
 		return
 	}
-	v := old.Value()
-	if len(v) == 0 || v[0] != tagBlob {
+	sk, err := storageKey(old.Key())
+	if err != nil {
 		return
 	}
-	var ref blobRef
-	if json.Unmarshal(v[1:], &ref) == nil && ref.Object != "" && ref.Object != keep {
+	ref, ok := s.openRef(sk, old.Value())
+	if ok && ref.Object != keep {
 		_ = s.blobs.Delete(context.WithoutCancel(ctx), ref.Object)
 	}
 }
@@ -315,11 +338,15 @@ func (s *Storage) decode(ctx context.Context, key string, v []byte) (value []byt
 	}
 	switch v[0] {
 	case tagInline:
-		return bytes.Clone(v[1:]), false, nil
+		p, err := s.seal.open(v[1:], s.valueAD(key, tagInline))
+		if err != nil {
+			return nil, false, fmt.Errorf("load %q: %w", key, err)
+		}
+		return p, false, nil
 	case tagBlob:
-		var ref blobRef
-		if err := json.Unmarshal(v[1:], &ref); err != nil || ref.Object == "" {
-			return nil, false, fmt.Errorf("load %q: the stored reference is unreadable", key)
+		ref, ok := s.openRef(key, v)
+		if !ok {
+			return nil, false, fmt.Errorf("load %q: %w", key, ErrUnsealed)
 		}
 		b, err := s.blobs.GetBytes(ctx, ref.Object)
 		if errors.Is(err, jetstream.ErrObjectNotFound) {
@@ -328,11 +355,11 @@ func (s *Storage) decode(ctx context.Context, key string, v []byte) (value []byt
 		if err != nil {
 			return nil, false, wrapNATS("load", key, err)
 		}
-		sum := sha256.Sum256(b)
-		if int64(len(b)) != ref.Size || hex.EncodeToString(sum[:]) != ref.SHA256 {
-			return nil, false, fmt.Errorf("load %q: the stored object does not match its reference (size or SHA-256)", key)
+		p, err := s.seal.open(b, where("blob", s.opts.Bucket, ref.Object))
+		if err != nil || int64(len(p)) != ref.Size {
+			return nil, false, fmt.Errorf("load %q: its object: %w", key, ErrUnsealed)
 		}
-		return b, false, nil
+		return p, false, nil
 	}
 	return nil, false, fmt.Errorf("load %q: the stored entry has unknown tag %#x; it was not written by this storage", key, v[0])
 }
@@ -425,12 +452,9 @@ func (s *Storage) Stat(ctx context.Context, key string) (certmagic.KeyInfo, erro
 	e, err := s.data.Get(ctx, k)
 	switch {
 	case err == nil:
-		info := certmagic.KeyInfo{Key: key, Modified: e.Created(), IsTerminal: true, Size: int64(len(e.Value())) - 1}
-		if v := e.Value(); len(v) > 0 && v[0] == tagBlob {
-			var ref blobRef
-			if json.Unmarshal(v[1:], &ref) == nil {
-				info.Size = ref.Size
-			}
+		info := certmagic.KeyInfo{Key: key, Modified: e.Created(), IsTerminal: true, Size: int64(len(e.Value())) - 1 - sealOverhead}
+		if ref, ok := s.openRef(key, e.Value()); ok {
+			info.Size = ref.Size
 		}
 		return info, nil
 	case !errors.Is(err, jetstream.ErrKeyNotFound):

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -395,6 +396,113 @@ func TestConnConfigCheck(t *testing.T) {
 			t.Errorf("%+v: %v, want an error saying %q", c.cfg, err, c.want)
 		case err != nil && strings.Contains(err.Error(), "pw"):
 			t.Errorf("the error shows the password: %v", err)
+		}
+	}
+}
+
+// TestValuesAreSealed: a NATS user who can read and write the buckets but
+// has no cluster key reads no value and makes none this storage accepts:
+// not a forged one, not one moved from another key, not one with its tag
+// changed, not one sealed with another key.
+func TestValuesAreSealed(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	s, _ := newStorage(t, url, StorageOptions{})
+	secret := []byte(`{"tokens":[{"name":"ops","hash":"very-secret-material"}]}`)
+	big := bytes.Repeat([]byte("very-secret-material "), 100_000)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(s.Store(ctx, "zidane/tokens.json", secret))
+	must(s.Store(ctx, "zidane/other.json", []byte(`{"tokens":[]}`)))
+	must(s.Store(ctx, "zidane/sessions/s1/transcript.jsonl", big))
+	must(s.Store(ctx, "zidane/sessions/s2/transcript.jsonl", big[:len(big)/2]))
+
+	raw := func(key string) []byte {
+		k, _ := kvKey(key)
+		e, err := s.data.Get(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e.Value()
+	}
+	put := func(key string, v []byte) {
+		k, _ := kvKey(key)
+		if _, err := s.data.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if bytes.Contains(raw("zidane/tokens.json"), []byte("secret")) {
+		t.Fatal("the KV bucket holds the value in plaintext")
+	}
+	objs, err := s.blobs.List(ctx)
+	if err != nil || len(objs) != 2 {
+		t.Fatalf("objects: %d, %v", len(objs), err)
+	}
+	for _, o := range objs {
+		b, _ := s.blobs.GetBytes(ctx, o.Name)
+		if bytes.Contains(b, []byte("secret")) {
+			t.Fatal("the object store holds a value in plaintext")
+		}
+	}
+
+	other, _ := newStorage(t, url, StorageOptions{Key: bytes.Repeat([]byte{7}, KeySize)})
+	if _, err := other.Load(ctx, "zidane/tokens.json"); !errors.Is(err, ErrUnsealed) {
+		t.Fatalf("a storage with another key: Load = %v, want ErrUnsealed", err)
+	}
+
+	refuse := func(what, key string) {
+		t.Helper()
+		if v, err := s.Load(ctx, key); !errors.Is(err, ErrUnsealed) {
+			t.Errorf("%s: Load = %q, %v; want ErrUnsealed", what, v, err)
+		}
+	}
+	put("zidane/forged.json", append([]byte{tagInline}, `{"tokens":[{"name":"me"}]}`...))
+	refuse("a forged value", "zidane/forged.json")
+
+	put("zidane/other.json", raw("zidane/tokens.json"))
+	refuse("a value moved from another key", "zidane/other.json")
+
+	flipped := bytes.Clone(raw("zidane/tokens.json"))
+	flipped[0] = tagBlob
+	put("zidane/flipped.json", flipped)
+	refuse("a value whose tag was changed", "zidane/flipped.json")
+
+	put("zidane/sessions/s2/transcript.jsonl", raw("zidane/sessions/s1/transcript.jsonl"))
+	refuse("a reference moved from another key", "zidane/sessions/s2/transcript.jsonl")
+
+	// The object behind a reference swapped for another object.
+	ref, ok := s.openRef("zidane/sessions/s1/transcript.jsonl", raw("zidane/sessions/s1/transcript.jsonl"))
+	if !ok {
+		t.Fatal("no reference")
+	}
+	var otherObj string
+	for _, o := range objs {
+		if o.Name != ref.Object {
+			otherObj = o.Name
+		}
+	}
+	b, _ := s.blobs.GetBytes(ctx, otherObj)
+	if _, err := s.blobs.PutBytes(ctx, ref.Object, b); err != nil {
+		t.Fatal(err)
+	}
+	refuse("an object swapped for another", "zidane/sessions/s1/transcript.jsonl")
+
+	if got, err := s.Load(ctx, "zidane/tokens.json"); err != nil || !bytes.Equal(got, secret) {
+		t.Fatalf("the untouched value: %q, %v", got, err)
+	}
+}
+
+func TestStorageNeedsTheClusterKey(t *testing.T) {
+	url := startNATS(t)
+	nc := connect(t, url)
+	js, _ := jetstream.New(nc)
+	for _, key := range [][]byte{nil, make([]byte, 16)} {
+		if _, err := NewStorage(testCtx(t), js, nc.MaxPayload(), StorageOptions{Key: key}); err == nil || !strings.Contains(err.Error(), "cluster key must be 32 bytes") {
+			t.Errorf("key of %d bytes: %v", len(key), err)
 		}
 	}
 }

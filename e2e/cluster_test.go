@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/base64"
 	"fmt"
 	"net/http"
 	"os/exec"
@@ -67,6 +68,7 @@ func waitStatus(t *testing.T, url, token string, want int, bound time.Duration) 
 func TestClusterStorageSharesTokens(t *testing.T) {
 	natsURL := startNATSServer(t)
 	up := startRecordingUpstream(t)
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
 	replica := func() (*Caddy, string) {
 		site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		c := startCaddy(t, fmt.Sprintf(`{
@@ -83,7 +85,7 @@ http://%s {
 	}
 	reverse_proxy %s
 }
-`, AdminPlaceholder, natsURL, site, up.addr))
+`, AdminPlaceholder, natsURL, site, up.addr), clusterKey)
 		return c, "http://" + site + "/mcp"
 	}
 	a, urlA := replica()
@@ -150,13 +152,16 @@ func TestClusterStorageBadSettings(t *testing.T) {
 		{"url tls://n1:4222\n\t\treplicas 7", "1 to 5"},
 		{"url tls://n1:4222\n\t\tlock_ttl 10ms", "1s or more"},
 		{"url tls://n1:4222\n\t\tbogus 1", "unknown option"},
+		{"url nats://127.0.0.1:1", "no cluster key"},
+		{"url nats://127.0.0.1:1\n\t\tkey {env.ZIDANE_E2E_UNSET_KEY}", "no cluster key"},
+		{"url nats://127.0.0.1:1\n\t\tkey c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=", "literal"},
 	} {
 		out, err := c.TryReload(t, fmt.Sprintf("{\n\tadmin %s\n\tstorage zidane_nats {\n\t\t%s\n\t}\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", AdminPlaceholder, bad.block, freePort(t)))
 		if err == nil || !strings.Contains(out, bad.want) {
 			t.Errorf("storage zidane_nats { %s }: %v, want a refusal saying %q\n%s", bad.block, err, bad.want, out)
 		}
-		if strings.Contains(out, "secret") {
-			t.Errorf("the refusal shows the URL's password: %s", out)
+		if strings.Contains(out, "secret") || strings.Contains(out, "c2VjcmV0") {
+			t.Errorf("the refusal shows a secret it was given: %s", out)
 		}
 	}
 }
