@@ -20,6 +20,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -31,6 +32,16 @@ var brokerSessionKey = func() []byte {
 	rand.Read(k)
 	return k
 }()
+
+// sessionIDKey is the key that seals session ids on storage st: on NATS
+// storage, one derived from the cluster key, so an id one replica sealed
+// opens on every other; elsewhere brokerSessionKey.
+func sessionIDKey(st storage.Storage) ([]byte, error) {
+	if cs, ok := st.(*cluster.Storage); ok {
+		return cs.DeriveKey("session ids")
+	}
+	return brokerSessionKey, nil
+}
 
 // loadUpstreams reads the configured upstreams: inline ones first, then
 // those of each upstreams_file, in order. Names must be unique.
@@ -86,8 +97,12 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 		return fmt.Errorf("broker %q: no such upstream; configure it in the global zidane option (upstream %s <url>) or an upstreams_file", h.Broker, h.Broker)
 	}
 	route := "broker:" + u.Name
+	sessionKey, err := sessionIDKey(ctx.Storage())
+	if err != nil {
+		return err
+	}
 	pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
-		SessionKey:   brokerSessionKey,
+		SessionKey:   sessionKey,
 		Route:        route,
 		MaxBodyBytes: h.MaxBodyBytes,
 		AnswerBudget: app.answerBudget,

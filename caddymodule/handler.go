@@ -261,7 +261,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	case h.Sessions != nil:
 		err = h.buildSessions(ctx, appIface.(*App))
 	case h.Guard != nil:
-		ids, ierr := broker.NewSessionIDs(brokerSessionKey)
+		key, kerr := sessionIDKey(ctx.Storage())
+		if kerr != nil {
+			return kerr
+		}
+		ids, ierr := broker.NewSessionIDs(key)
 		if ierr != nil {
 			return ierr
 		}

@@ -163,6 +163,11 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 	}, nil
 }
 
+// DeriveKey returns the key for purpose derived from the cluster key this
+// storage seals with: what one replica seals or signs for that purpose,
+// every replica opens.
+func (s *Storage) DeriveKey(purpose string) ([]byte, error) { return Derive(s.opts.Key, purpose) }
+
 // String names the storage: stable for as long as its options are.
 func (s *Storage) String() string { return "zidane_nats:" + s.opts.Name + "/" + s.opts.Bucket }
 

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/base64"
 	"fmt"
 	"net/http"
@@ -8,8 +9,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 var (
@@ -163,5 +167,109 @@ func TestClusterStorageBadSettings(t *testing.T) {
 		if strings.Contains(out, "secret") || strings.Contains(out, "c2VjcmV0") {
 			t.Errorf("the refusal shows a secret it was given: %s", out)
 		}
+	}
+}
+
+// roundRobin sends each request to the next of hosts in turn: an ordinary
+// load balancer without affinity.
+func roundRobin(hosts []string, counts []atomic.Int64) http.RoundTripper {
+	var n atomic.Uint64
+	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		i := int(n.Add(1)-1) % len(hosts)
+		counts[i].Add(1)
+		r = r.Clone(r.Context())
+		r.URL.Host = hosts[i]
+		r.Host = hosts[i]
+		return http.DefaultTransport.RoundTrip(r)
+	})
+}
+
+// On NATS storage the key that seals upstream session ids is derived from
+// the cluster key, so a 2025-11-25 session opened through one replica goes
+// on through the other, on the guard and on the pass-through route, with
+// no affinity. A replica with another cluster key opens none of them.
+func TestClusterSessionIDsOpenOnEveryReplica(t *testing.T) {
+	natsURL := startNATSServer(t)
+	upstream := startEverythingServer(t) // stateful: every call needs its session
+	key := func() string {
+		return "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+	}
+	shared := key()
+	replica := func(env string, bucket string) (c *Caddy, guard, pass string) {
+		g, p := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		c = startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats {
+		url %s
+		bucket %s
+	}
+	zidane {
+		upstream ev %s
+	}
+}
+
+http://%s {
+	zidane_mcp {
+		guard
+	}
+	reverse_proxy %s
+}
+
+http://%s {
+	zidane_mcp {
+		broker ev
+	}
+}
+`, AdminPlaceholder, natsURL, bucket, upstream, g, strings.TrimPrefix(strings.TrimSuffix(upstream, "/mcp"), "http://"), p), env)
+		return c, g, p
+	}
+	a, guardA, passA := replica(shared, "zidane")
+	_, guardB, passB := replica(shared, "zidane")
+	token := createToken(t, a, "lb", "--scope", "mcp", "--scope", "upstream:ev")
+	waitStatus(t, "http://"+guardB+"/mcp", token, http.StatusOK, 20*time.Second) // B has read the token
+
+	for _, route := range []struct {
+		name  string
+		hosts []string
+	}{
+		{"guard", []string{guardA, guardB}},
+		{"pass-through", []string{passA, passB}},
+	} {
+		t.Run(route.name, func(t *testing.T) {
+			counts := make([]atomic.Int64, 2)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			client := mcp.NewClient(&mcp.Implementation{Name: "e2e-lb", Version: "1"}, nil)
+			cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{
+				Endpoint: "http://" + route.hosts[0] + "/mcp", HTTPClient: bearerClient(token, roundRobin(route.hosts, counts)), MaxRetries: -1,
+			}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+			if err != nil {
+				t.Fatalf("connect through both replicas: %v", err)
+			}
+			defer cs.Close()
+			for i := range 6 {
+				res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "test_simple_text"})
+				if err != nil || res.IsError {
+					t.Fatalf("call %d: %v %+v", i, err, res)
+				}
+			}
+			if counts[0].Load() == 0 || counts[1].Load() == 0 {
+				t.Fatalf("requests per replica: %d and %d; the load balancer did not use both", counts[0].Load(), counts[1].Load())
+			}
+			t.Logf("%s: %d requests through A, %d through B, one session", route.name, counts[0].Load(), counts[1].Load())
+		})
+	}
+
+	// A replica with another cluster key (and so its own bucket: it could
+	// not open the shared one's values) does not open the others' ids.
+	c, guardC, _ := replica(key(), "other")
+	tokenC := createToken(t, c, "c", "--scope", "mcp")
+	init := post(t, "http://"+guardA+"/mcp", token, initializeBody)
+	sid := init.header.Get("Mcp-Session-Id")
+	if init.status != http.StatusOK || sid == "" {
+		t.Fatalf("initialize on A: %d, session %q", init.status, sid)
+	}
+	if got := post(t, "http://"+guardC+"/mcp", tokenC, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`, "Mcp-Session-Id", sid, "Mcp-Protocol-Version", "2025-11-25"); got.status != http.StatusNotFound {
+		t.Fatalf("A's session id on a replica with another cluster key: %d, want 404", got.status)
 	}
 }
