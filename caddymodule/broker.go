@@ -16,11 +16,11 @@ import (
 	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
-	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -15,8 +16,10 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -239,7 +242,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.limitKey = fmt.Sprintf("limits|%s|%v|%v", h.Resource, tokenLimit, ipLimit)
 	lv, _, err := limiterPool.LoadOrNew(h.limitKey, func() (caddy.Destructor, error) {
-		return &limiters{token: policy.NewLimiter(tokenLimit), ip: policy.NewLimiter(ipLimit)}, nil
+		l := &limiters{token: policy.NewLimiter(tokenLimit), ip: policy.NewLimiter(ipLimit)}
+		return l, l.share(ctx, h.limitKey)
 	})
 	if err != nil {
 		return err
@@ -323,9 +327,43 @@ func (h *Handler) Cleanup() error {
 // each bucket has left.
 var limiterPool = caddy.NewUsagePool()
 
-type limiters struct{ token, ip *policy.Limiter }
+type limiters struct {
+	token, ip *policy.Limiter
+	shares    []*cluster.LimitShare // on NATS storage: the usage shared with the other replicas
+}
 
-func (*limiters) Destruct() error { return nil }
+// limitSharePeriod is how often a replica tells the others what its
+// limiters let through. Off the request path; what replicas let through
+// before they hear of each other's usage is what a shared budget can be
+// over by.
+const limitSharePeriod = 100 * time.Millisecond
+
+// share, on NATS storage, shares both limiters' usage with every replica
+// whose site has the same resource and limits.
+func (l *limiters) share(ctx caddy.Context, key string) error {
+	cs, ok := ctx.Storage().(*cluster.Storage)
+	if !ok {
+		return nil
+	}
+	log := slog.New(zapslog.NewHandler(ctx.Logger().Named("limits").Core()))
+	for name, lim := range map[string]*policy.Limiter{"token": l.token, "ip": l.ip} {
+		s, err := cs.ShareLimits(key+"|"+name, lim, limitSharePeriod, log)
+		if err != nil {
+			_ = l.Destruct()
+			return fmt.Errorf("zidane_mcp rate_limit: %w", err)
+		}
+		l.shares = append(l.shares, s)
+	}
+	return nil
+}
+
+func (l *limiters) Destruct() error {
+	for _, s := range l.shares {
+		s.Close()
+	}
+	l.shares = nil
+	return nil
+}
 
 func parseResource(s string) (*url.URL, error) {
 	u, err := url.Parse(s)

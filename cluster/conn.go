@@ -117,5 +117,9 @@ func (c *Conn) Close() { c.nc.Close() }
 
 // Storage opens the storage on c.
 func (c *Conn) Storage(ctx context.Context, opts StorageOptions) (*Storage, error) {
-	return NewStorage(ctx, c.js, c.nc.MaxPayload(), opts)
+	st, err := NewStorage(ctx, c.js, c.nc.MaxPayload(), opts)
+	if err == nil {
+		st.conn = c
+	}
+	return st, err
 }

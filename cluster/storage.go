@@ -68,6 +68,7 @@ type Storage struct {
 	opts   StorageOptions
 	holder string
 	seal   *sealer
+	conn   *Conn // when opened by Conn.Storage
 
 	mu   sync.Mutex
 	held map[string]*heldLock // lock name -> the lock this Storage holds

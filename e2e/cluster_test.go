@@ -22,10 +22,21 @@ var (
 	natsServerErr  error
 )
 
+// natsServer is a real nats-server process with JetStream.
+type natsServer struct {
+	url, addr, dir string
+	p              *process
+}
+
 // startNATSServer runs a real nats-server (built from the version go.mod
 // pins, on first use) with JetStream on a free loopback port, and returns
 // its client URL.
 func startNATSServer(t testing.TB) string {
+	t.Helper()
+	return startNATS(t).url
+}
+
+func startNATS(t testing.TB) *natsServer {
 	t.Helper()
 	natsServerOnce.Do(func() {
 		natsServerBin = filepath.Join(filepath.Dir(caddyBin), "nats-server")
@@ -34,18 +45,32 @@ func startNATSServer(t testing.TB) string {
 	if natsServerErr != nil {
 		t.Fatalf("building nats-server: %v", natsServerErr)
 	}
-	port := freePort(t)
-	dir := t.TempDir()
-	cmd := exec.Command(natsServerBin, "-a", "127.0.0.1", "-p", fmt.Sprint(port), "-js", "-sd", filepath.Join(dir, "js"))
-	cmd.Dir = dir
-	p := startProcess(t, "nats-server", cmd, filepath.Join(dir, "nats-server.log"))
+	n := &natsServer{addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), dir: t.TempDir()}
+	n.url = "nats://" + n.addr
+	n.start(t)
 	t.Cleanup(func() {
-		p.stop(2 * time.Second)
-		p.dumpIfFailed(t)
+		if n.p != nil {
+			n.p.stop(2 * time.Second)
+			n.p.dumpIfFailed(t)
+		}
 	})
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	waitListening(t, p, addr, startTimeout)
-	return "nats://" + addr
+	return n
+}
+
+// start starts the server on its address and store directory.
+func (n *natsServer) start(t testing.TB) {
+	t.Helper()
+	host, port, _ := strings.Cut(n.addr, ":")
+	cmd := exec.Command(natsServerBin, "-a", host, "-p", port, "-js", "-sd", filepath.Join(n.dir, "js"))
+	cmd.Dir = n.dir
+	n.p = startProcess(t, "nats-server", cmd, filepath.Join(n.dir, "nats-server.log"))
+	waitListening(t, n.p, n.addr, startTimeout)
+}
+
+// stop stops the server; start brings it back with what it stored.
+func (n *natsServer) stop() {
+	n.p.stop(2 * time.Second)
+	n.p = nil
 }
 
 // waitStatus polls url with token until it answers want, for at most
@@ -272,4 +297,95 @@ http://%s {
 	if got := post(t, "http://"+guardC+"/mcp", tokenC, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`, "Mcp-Session-Id", sid, "Mcp-Protocol-Version", "2025-11-25"); got.status != http.StatusNotFound {
 		t.Fatalf("A's session id on a replica with another cluster key: %d, want 404", got.status)
 	}
+}
+
+// Three replicas on one NATS share their rate-limit usage: a token limited
+// to 20/s with a burst of 40 (the default), sent 100 requests a second for
+// 10 s round-robin across them, gets between 200 and 264 through (one
+// node's budget is 40 + 10 × 20 = 240), not three budgets.
+func TestClusterRateLimitIsShared(t *testing.T) {
+	nats := startNATS(t)
+	natsURL := nats.url
+	up := startRecordingUpstream(t)
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+	var sites []string
+	var first *Caddy
+	for range 3 {
+		site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats {
+		url %s
+	}
+}
+
+http://%s {
+	zidane_mcp {
+		guard
+		rate_limit {
+			per_token 20/s 40
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, natsURL, site, up.addr), clusterKey)
+		if first == nil {
+			first = c
+		}
+		sites = append(sites, "http://"+site+"/mcp")
+	}
+	token := createToken(t, first, "load", "--scope", "mcp")
+	// Tokens live in one stored list: once a token made after the load
+	// token works on a replica, that replica knows the load token too,
+	// whose budget is still whole.
+	probe := createToken(t, first, "probe", "--scope", "mcp")
+	for _, s := range sites {
+		waitStatus(t, s, probe, http.StatusOK, 20*time.Second)
+	}
+
+	const rate, seconds = 100, 10
+	client := &http.Client{Timeout: 10 * time.Second}
+	var ok, limited, other atomic.Int64
+	var wg sync.WaitGroup
+	tick := time.NewTicker(time.Second / rate)
+	defer tick.Stop()
+	for i := range rate * seconds {
+		<-tick.C
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodPost, sites[i%len(sites)], strings.NewReader(initializeBody))
+			req.Header.Set("Authorization", "Bearer "+token)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			resp, err := client.Do(req)
+			if err != nil {
+				other.Add(1)
+				return
+			}
+			resp.Body.Close()
+			switch resp.StatusCode {
+			case http.StatusOK:
+				ok.Add(1)
+			case http.StatusTooManyRequests:
+				limited.Add(1)
+			default:
+				other.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d requests at %d/s over 3 replicas: %d admitted, %d limited, %d other", rate*seconds, rate, ok.Load(), limited.Load(), other.Load())
+	if other.Load() != 0 {
+		t.Fatalf("%d requests failed otherwise than 429", other.Load())
+	}
+	if n := ok.Load(); n < 200 || n > 264 {
+		t.Fatalf("%d admitted; one budget of 20/s with a burst of 40 over 10 s admits 240 (200 to 264 allowed)", n)
+	}
+
+	// NATS away: each replica limits on its own, says so, and keeps
+	// serving the tokens it knows; NATS back: sharing again, said too.
+	nats.stop()
+	first.WaitForLog(t, "NATS is away: rate limits now hold per replica", 30*time.Second)
+	waitStatus(t, sites[0], probe, http.StatusOK, 20*time.Second)
+	nats.start(t)
+	first.WaitForLog(t, "NATS is back: rate limits are shared across replicas again", 30*time.Second)
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -76,12 +77,16 @@ type Limiter struct {
 	limit  Limit
 	refill time.Duration // time for an empty bucket to fill
 	shards [limiterShards]limiterShard
+	// recording says whether Allow counts what it lets through, for
+	// TakeUsage (replicas that share their usage; see Debit).
+	recording atomic.Bool
 }
 
 type limiterShard struct {
 	mu        sync.Mutex
 	buckets   map[string]*bucket
 	lastSweep time.Time
+	usage     map[string]int // events let through since the last TakeUsage, when recording
 }
 
 type bucket struct {
@@ -125,7 +130,67 @@ func (l *Limiter) Allow(key string, now time.Time) (bool, time.Duration) {
 		r.CancelAt(now)
 		return false, d
 	}
+	if l.recording.Load() {
+		if sh.usage == nil {
+			sh.usage = map[string]int{}
+		}
+		sh.usage[key]++
+	}
 	return true, 0
+}
+
+// RecordUsage makes Allow count, per key, the events it lets through, for
+// TakeUsage to hand to other replicas.
+func (l *Limiter) RecordUsage() { l.recording.Store(true) }
+
+// TakeUsage returns the events let through per key since the last call, and
+// starts counting again. Nil when there were none.
+func (l *Limiter) TakeUsage() map[string]int {
+	var out map[string]int
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		u := sh.usage
+		sh.usage = nil
+		sh.mu.Unlock()
+		if len(u) == 0 {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]int, len(u))
+		}
+		for k, n := range u {
+			out[k] += n
+		}
+	}
+	return out
+}
+
+// Debit takes n events from key's bucket at now, as events another replica
+// let through: the bucket may go below empty, and then lets nothing
+// through until it has refilled past zero. So replicas that debit each
+// other's usage hold one budget between them, give or take what each let
+// through before it heard of the others'.
+func (l *Limiter) Debit(key string, n int, now time.Time) {
+	if n <= 0 {
+		return
+	}
+	sh := &l.shards[fnv32(key)%limiterShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	b := sh.buckets[key]
+	if b == nil {
+		b = &bucket{lim: rate.NewLimiter(rate.Limit(l.limit.Rate), l.limit.Burst)}
+		sh.buckets[key] = b
+	}
+	b.seen = now
+	// A reservation of at most the burst is always granted, as a wait, and
+	// takes its events from the bucket: never cancelled, it is the debit.
+	for n > 0 {
+		k := min(n, l.limit.Burst)
+		b.lim.ReserveN(now, k)
+		n -= k
+	}
 }
 
 // Empty reports whether key's bucket has no event left at now, without
@@ -162,7 +227,9 @@ func (l *Limiter) Sweep(now time.Time) {
 
 func (sh *limiterShard) sweep(now time.Time, refill time.Duration) {
 	for k, b := range sh.buckets {
-		if now.Sub(b.seen) >= refill {
+		// A bucket that Debit took below empty takes longer than refill
+		// to be full again: it is kept until it is.
+		if now.Sub(b.seen) >= refill && b.lim.TokensAt(now) >= float64(b.lim.Burst()) {
 			delete(sh.buckets, k)
 		}
 	}

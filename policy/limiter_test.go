@@ -130,3 +130,49 @@ func TestCheckIPv6Prefix(t *testing.T) {
 		}
 	}
 }
+
+// Another replica's usage, debited, empties a bucket past zero: nothing
+// gets through until it has refilled past zero, and a sweep keeps it.
+func TestLimiterDebit(t *testing.T) {
+	l := NewLimiter(Limit{Rate: 10, Burst: 5})
+	now := time.Unix(1000, 0)
+	l.Debit("tok", 12, now) // 5 - 12 = -7 events
+	if ok, _ := l.Allow("tok", now); ok {
+		t.Fatal("a debited bucket let an event through")
+	}
+	l.Sweep(now.Add(time.Second)) // idle for the refill time, but not full
+	if ok, _ := l.Allow("tok", now.Add(750*time.Millisecond)); ok {
+		t.Fatal("let an event through at -7 + 7.5 = 0.5")
+	}
+	if ok, _ := l.Allow("tok", now.Add(850*time.Millisecond)); !ok {
+		t.Fatal("refused an event at -7 + 8.5 = 1.5")
+	}
+	l.Debit("new", 2, now) // an unknown key starts full
+	for i := range 3 {
+		if ok, _ := l.Allow("new", now); !ok {
+			t.Fatalf("event %d of the 3 left after a debit of 2 from 5 was refused", i+1)
+		}
+	}
+	if ok, _ := l.Allow("new", now); ok {
+		t.Fatal("a fourth event got through")
+	}
+}
+
+// With usage recorded, TakeUsage hands over what got through per key, once.
+func TestLimiterTakeUsage(t *testing.T) {
+	l := NewLimiter(Limit{Rate: 1, Burst: 3})
+	now := time.Unix(1000, 0)
+	l.Allow("a", now) // before recording: not counted
+	l.RecordUsage()
+	for range 4 { // 2 get through: a's bucket had 2 left
+		l.Allow("a", now)
+	}
+	l.Allow("b", now)
+	got := l.TakeUsage()
+	if len(got) != 2 || got["a"] != 2 || got["b"] != 1 {
+		t.Fatalf("usage = %v, want a:2 b:1 (refused events are not usage)", got)
+	}
+	if again := l.TakeUsage(); again != nil {
+		t.Fatalf("usage taken twice: %v", again)
+	}
+}
