@@ -14,6 +14,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
@@ -320,6 +321,16 @@ func loadTokens(st storage.Storage, syncEvery, flushEvery time.Duration) (*token
 		// requests a stopped config still serves.
 		context.AfterFunc(processExit(), store.CancelHolds)
 		ts := &tokenState{store: store, cancel: cancel, done: make(chan struct{})}
+		if cs, ok := st.(*cluster.Storage); ok {
+			// Replicas on NATS storage hear of a change to the tokens
+			// (one revoked on another replica) as it is written; the
+			// sync every syncEvery stays, for a change the watch missed.
+			go cs.Watch(ctx, policy.TokensKey, func() {
+				if err := store.Sync(ctx); err != nil && ctx.Err() == nil {
+					auditLogger().Error("token store", zap.Error(err))
+				}
+			})
+		}
 		go func() {
 			defer close(ts.done)
 			var mu sync.Mutex

@@ -273,6 +273,13 @@ type TokenEvent struct {
 type TokenStore struct {
 	st storage.Storage
 
+	// installMu orders what install is given: a Sync's load and install
+	// happen under it, so a Sync that loaded the file before a write cannot
+	// install that older file after the write's own install (which would
+	// bring a just-revoked token back until the next sync), and two Syncs
+	// (the periodic one and a storage watch's) do not cross either.
+	installMu sync.Mutex
+
 	mu      sync.RWMutex
 	byHash  map[[32]byte]*Token
 	byID    map[string]*Token
@@ -599,7 +606,9 @@ func (s *TokenStore) update(ctx context.Context, fn func(*tokenFile) error) erro
 	if err != nil {
 		return err
 	}
+	s.installMu.Lock()
 	s.install(written)
+	s.installMu.Unlock()
 	return nil
 }
 
@@ -679,6 +688,8 @@ func (s *TokenStore) install(raw []byte) []Token {
 // tokens that another process revoked or deleted. A corrupt file leaves the
 // last good index in place and is reported.
 func (s *TokenStore) Sync(ctx context.Context) error {
+	s.installMu.Lock()
+	defer s.installMu.Unlock()
 	raw, err := s.st.Load(ctx, TokensKey)
 	if err != nil && !storage.IsNotExist(err) {
 		return fmt.Errorf("loading tokens: %w", err)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -338,5 +339,73 @@ func TestCancelHoldsEndsEveryHeldRequest(t *testing.T) {
 	s.CancelHolds()
 	if len(ended) != 2 {
 		t.Fatalf("a released request was cancelled: %v", ended)
+	}
+}
+
+// gatedStorage holds up the next Load of the token file once it has read
+// it, until release is closed.
+type gatedStorage struct {
+	*certmagic.FileStorage
+	armed   atomic.Bool
+	loaded  chan struct{}
+	release chan struct{}
+}
+
+func (g *gatedStorage) Load(ctx context.Context, key string) ([]byte, error) {
+	raw, err := g.FileStorage.Load(ctx, key)
+	if key == TokensKey && g.armed.CompareAndSwap(true, false) {
+		close(g.loaded)
+		<-g.release
+	}
+	return raw, err
+}
+
+// A sync that read the token file just before a revocation wrote it must
+// not install that older file after the revocation's own install: the
+// revoked token would work again until the next sync (on NATS storage a
+// watch and the periodic sync both run Sync, so they cross too).
+func TestSyncDoesNotUndoAConcurrentRevoke(t *testing.T) {
+	ctx := context.Background()
+	g := &gatedStorage{FileStorage: &certmagic.FileStorage{Path: t.TempDir()}, loaded: make(chan struct{}), release: make(chan struct{})}
+	s, err := OpenTokenStore(ctx, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret, tok, err := s.Create(ctx, TokenSpec{Name: "ops", Scopes: []string{"mcp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another process changes the file, so that Sync has something to
+	// install: its last-used time, say.
+	other, _ := OpenTokenStore(ctx, g.FileStorage)
+	if _, _, err := other.Create(ctx, TokenSpec{Name: "other", Scopes: []string{"mcp"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	g.armed.Store(true)
+	synced := make(chan error, 1)
+	go func() { synced <- s.Sync(ctx) }()
+	<-g.loaded // the sync holds the file as it was: ops not revoked
+	revoked := make(chan error, 1)
+	go func() { _, err := s.Revoke(ctx, tok.ID); revoked <- err }()
+	// The revocation writes the file and then installs it, or waits to;
+	// the sync then goes on with what it read.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		raw, _ := g.FileStorage.Load(ctx, TokensKey)
+		if bytes.Contains(raw, []byte(`"revoked"`)) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(g.release)
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-revoked; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Check(secret, time.Now()); err == nil {
+		t.Fatal("a revoked token works again: a sync installed the file as it was before the revocation")
 	}
 }
