@@ -145,8 +145,7 @@ type Client struct {
 	tokenGen    uint64    // incremented for each new access token
 	hotAccess   string    // the access token of tokenGen
 	stepAt      time.Time // when it came
-	pending     map[string]*pendingLogin
-	secretsSet  []string // known secrets, for redaction
+	secretsSet  []string  // known secrets, for redaction
 }
 
 // hotToken is what the Transport needs on its hot path.
@@ -189,7 +188,6 @@ func New(ctx context.Context, name, mcpURL string, cfg Config, opts Options) (*C
 		egress:  newEgress(opts.HTTPOptions),
 		skew:    opts.RefreshSkew,
 		now:     opts.Now,
-		pending: map[string]*pendingLogin{},
 		flight:  make(chan struct{}, 1),
 		onState: opts.OnState,
 	}

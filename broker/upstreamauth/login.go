@@ -3,6 +3,8 @@ package upstreamauth
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +18,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
 // Bounds of the pending logins.
@@ -27,13 +30,97 @@ const (
 	LoginTimeout = 10 * time.Minute
 )
 
+// PendingPrefix is where the logins awaiting their callback are kept, in
+// storage, so that the callback may land on any replica that shares it:
+// PendingPrefix + upstream + "/" + a hash of the login's state. Each is
+// sealed like the upstream's record, bound to that key, and taken (read
+// and deleted under the storage lock) by the one callback that uses it.
+const PendingPrefix = "zidane/upstream-oauth-pending/"
+
 // pendingLogin is a login between BeginLogin and Callback.
 type pendingLogin struct {
-	created  time.Time
-	verifier string
-	scopes   []string
-	srv      *server
-	reg      *registration // the client used (CIMD, DCR, or the configured one: Kind "")
+	Created  time.Time     `json:"created"`
+	Verifier string        `json:"verifier"`
+	Scopes   []string      `json:"scopes,omitempty"`
+	Srv      *server       `json:"server"`
+	Reg      *registration `json:"registration"` // the client used (CIMD, DCR, or the configured one: Kind "")
+}
+
+// pendingDir is the storage directory of this upstream's pending logins.
+func (c *Client) pendingDir() string { return PendingPrefix + c.name }
+
+// pendingKey is the storage key of the login whose state is state. The
+// state is hashed: it is the login's CSRF secret, and storage keys show in
+// listings.
+func (c *Client) pendingKey(state string) string {
+	h := sha256.Sum256([]byte(state))
+	return c.pendingDir() + "/" + hex.EncodeToString(h[:16])
+}
+
+// savePending stores p under state, first deleting the expired pending
+// logins and, past MaxPendingLogins, the oldest.
+func (c *Client) savePending(ctx context.Context, state string, p *pendingLogin) error {
+	dir := c.pendingDir()
+	if err := c.store.Lock(ctx, dir); err != nil {
+		return err
+	}
+	defer c.store.Unlock(context.WithoutCancel(ctx), dir)
+	keys, err := c.store.List(ctx, dir, false)
+	if err != nil && !storage.IsNotExist(err) {
+		return err
+	}
+	type entry struct {
+		key     string
+		created time.Time
+	}
+	var live []entry
+	now := c.now()
+	for _, k := range keys {
+		var old pendingLogin
+		b, err := c.store.Load(ctx, k)
+		if err != nil || c.seal.openValue(b, "pending\x00"+k, &old) != nil || now.Sub(old.Created) > LoginTimeout {
+			_ = c.store.Delete(ctx, k) // expired, or not ours to read
+			continue
+		}
+		live = append(live, entry{k, old.Created})
+	}
+	slices.SortFunc(live, func(a, b entry) int { return a.created.Compare(b.created) })
+	for len(live) >= MaxPendingLogins {
+		_ = c.store.Delete(ctx, live[0].key)
+		live = live[1:]
+	}
+	key := c.pendingKey(state)
+	b, err := c.seal.sealValue(p, "pending\x00"+key)
+	if err != nil {
+		return err
+	}
+	return c.store.Store(ctx, key, b)
+}
+
+// takePending returns and deletes the pending login of state: nil when
+// there is none (unknown, already used, or evicted). Two callbacks with
+// one state, on two replicas, take it once between them.
+func (c *Client) takePending(ctx context.Context, state string) (*pendingLogin, error) {
+	key := c.pendingKey(state)
+	if err := c.store.Lock(ctx, key); err != nil {
+		return nil, err
+	}
+	defer c.store.Unlock(context.WithoutCancel(ctx), key)
+	b, err := c.store.Load(ctx, key)
+	if storage.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := c.store.Delete(ctx, key); err != nil {
+		return nil, err
+	}
+	var p pendingLogin
+	if err := c.seal.openValue(b, "pending\x00"+key, &p); err != nil || p.Srv == nil || p.Reg == nil {
+		return nil, nil
+	}
+	return &p, nil
 }
 
 // BeginLogin starts an authorization-code login and returns the URL the
@@ -106,24 +193,9 @@ func (c *Client) BeginLogin(ctx context.Context) (string, error) {
 	}
 	authURL := cfg.AuthCodeURL(state, oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("resource", srv.Resource))
 
-	now := c.now()
-	c.mu.Lock()
-	for k, p := range c.pending {
-		if now.Sub(p.created) > LoginTimeout {
-			delete(c.pending, k)
-		}
+	if err := c.savePending(ctx, state, &pendingLogin{Created: c.now(), Verifier: verifier, Scopes: scopes, Srv: srv, Reg: reg}); err != nil {
+		return "", wrap(fmt.Errorf("keeping the login until its callback: %w", err))
 	}
-	for len(c.pending) >= MaxPendingLogins {
-		oldest := ""
-		for k, p := range c.pending {
-			if oldest == "" || p.created.Before(c.pending[oldest].created) {
-				oldest = k
-			}
-		}
-		delete(c.pending, oldest)
-	}
-	c.pending[state] = &pendingLogin{created: now, verifier: verifier, scopes: scopes, srv: srv, reg: reg}
-	c.mu.Unlock()
 	c.logger.Info("upstream oauth: login started", "upstream", c.name, "issuer", srv.Meta.Issuer, "scopes", strings.Join(scopes, " "), "client", reg.Kind)
 	return authURL, nil
 }
@@ -256,14 +328,17 @@ func (c *Client) Callback(ctx context.Context, query url.Values) error {
 		return fmt.Errorf("upstream %q: %w: %s", c.name, ErrLogin, c.redact(fmt.Sprintf(format, args...)))
 	}
 	state := query.Get("state")
-	c.mu.Lock()
-	p := c.pending[state]
-	delete(c.pending, state)
-	c.mu.Unlock()
-	if state == "" || p == nil {
+	var p *pendingLogin
+	if state != "" {
+		var err error
+		if p, err = c.takePending(ctx, state); err != nil {
+			return fmt.Errorf("upstream %q: login: reading the login under way: %s", c.name, c.redact(err.Error()))
+		}
+	}
+	if p == nil {
 		return refuse("the state does not belong to a login under way (unknown, already used, or evicted); run the login again")
 	}
-	if c.now().Sub(p.created) > LoginTimeout {
+	if c.now().Sub(p.Created) > LoginTimeout {
 		return refuse("the login expired after %v; run it again", LoginTimeout)
 	}
 	if e := query.Get("error"); e != "" {
@@ -273,9 +348,9 @@ func (c *Client) Callback(ctx context.Context, query url.Values) error {
 	// advertised must be present.
 	iss := query.Get("iss")
 	switch {
-	case iss != "" && iss != p.srv.Meta.Issuer:
-		return refuse("the authorization response comes from issuer %q, not %s (RFC 9207); a mix-up attack is possible, so the code is not redeemed", clip(iss, 200), p.srv.Meta.Issuer)
-	case iss == "" && p.srv.Meta.AuthorizationResponseIssParameterSupported:
+	case iss != "" && iss != p.Srv.Meta.Issuer:
+		return refuse("the authorization response comes from issuer %q, not %s (RFC 9207); a mix-up attack is possible, so the code is not redeemed", clip(iss, 200), p.Srv.Meta.Issuer)
+	case iss == "" && p.Srv.Meta.AuthorizationResponseIssParameterSupported:
 		return refuse("the authorization server advertises the iss parameter (RFC 9207) but the response has none; the code is not redeemed")
 	}
 	code := query.Get("code")
@@ -296,26 +371,26 @@ func (c *Client) Callback(ctx context.Context, query url.Values) error {
 			"grant_type":    {"authorization_code"},
 			"code":          {code},
 			"redirect_uri":  {c.cfg.RedirectURL},
-			"code_verifier": {p.verifier},
+			"code_verifier": {p.Verifier},
 		}
-		if p.srv.Resource != "" {
-			form.Set("resource", p.srv.Resource)
+		if p.Srv.Resource != "" {
+			form.Set("resource", p.Srv.Resource)
 		}
-		auth := c.grantAuth(p.reg, p.srv.Meta.Issuer, p.srv.Meta.TokenEndpoint, p.srv.Meta.TokenEndpointAuthMethodsSupported)
-		tr, err := c.egress.requestToken(ctx, p.srv.Meta.TokenEndpoint, form, auth, c.now(), c.redact)
+		auth := c.grantAuth(p.Reg, p.Srv.Meta.Issuer, p.Srv.Meta.TokenEndpoint, p.Srv.Meta.TokenEndpointAuthMethodsSupported)
+		tr, err := c.egress.requestToken(ctx, p.Srv.Meta.TokenEndpoint, form, auth, c.now(), c.redact)
 		if err != nil {
 			failure = err
 			return nil, errNoChange
 		}
 		rec.RefreshToken = ""
-		c.storeToken(rec, tr, p.scopes)
-		rec.Resource = p.srv.Resource
-		rec.Issuer = p.srv.Meta.Issuer
-		rec.TokenEndpoint = p.srv.Meta.TokenEndpoint
-		rec.RevocationEndpoint = p.srv.Meta.RevocationEndpoint
-		rec.AuthMethods = slices.Clone(p.srv.Meta.TokenEndpointAuthMethodsSupported)
-		if p.reg.Kind != "" {
-			rec.Client = p.reg
+		c.storeToken(rec, tr, p.Scopes)
+		rec.Resource = p.Srv.Resource
+		rec.Issuer = p.Srv.Meta.Issuer
+		rec.TokenEndpoint = p.Srv.Meta.TokenEndpoint
+		rec.RevocationEndpoint = p.Srv.Meta.RevocationEndpoint
+		rec.AuthMethods = slices.Clone(p.Srv.Meta.TokenEndpointAuthMethodsSupported)
+		if p.Reg.Kind != "" {
+			rec.Client = p.Reg
 		} else if rec.Client != nil && rec.Client.Kind == "cimd" {
 			rec.Client = nil
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/internal/oauthtest"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
 // env is one upstream (an oauthtest.MCPServer) with its authorization
@@ -29,7 +30,7 @@ type env struct {
 	clock   *oauthtest.Clock
 	as      *oauthtest.AuthServer
 	mcp     *oauthtest.MCPServer
-	store   *certmagic.FileStorage
+	store   storage.Storage
 	key     []byte
 	logs    *syncBuffer
 }

@@ -109,8 +109,12 @@ func newSealer(key []byte, upstream string) (*sealer, error) {
 	return &sealer{aead: aead, ad: []byte("zidane upstream-oauth v1\x00" + upstream)}, nil
 }
 
-func (s *sealer) seal(r *record) ([]byte, error) {
-	plain, err := json.Marshal(r)
+func (s *sealer) seal(r *record) ([]byte, error) { return s.sealValue(r, "") }
+
+// sealValue seals v's JSON; what is a record, what a pending login (and
+// whose) is told apart by what, which is bound to the sealed bytes.
+func (s *sealer) sealValue(v any, what string) ([]byte, error) {
+	plain, err := json.Marshal(v)
 	if err != nil {
 		return nil, err
 	}
@@ -119,27 +123,42 @@ func (s *sealer) seal(r *record) ([]byte, error) {
 	if _, err := rand.Read(out[1:]); err != nil {
 		return nil, err
 	}
-	out = s.aead.Seal(out, out[1:1+s.aead.NonceSize()], plain, s.ad)
+	out = s.aead.Seal(out, out[1:1+s.aead.NonceSize()], plain, s.adFor(what))
 	clear(plain)
 	return out, nil
+}
+
+func (s *sealer) adFor(what string) []byte {
+	if what == "" {
+		return s.ad
+	}
+	return append(append(slices.Clone(s.ad), 0), what...)
 }
 
 var errUnseal = errors.New("the stored OAuth record does not decrypt with the configured key (was the key changed, or the record copied from another upstream?); run the login again, which replaces it")
 
 func (s *sealer) open(b []byte) (*record, error) {
-	n := s.aead.NonceSize()
-	if len(b) < 1+n+s.aead.Overhead() || b[0] != sealVersion {
-		return nil, errUnseal
-	}
-	plain, err := s.aead.Open(nil, b[1:1+n], b[1+n:], s.ad)
-	if err != nil {
-		return nil, errUnseal
-	}
 	var r record
-	err = json.Unmarshal(plain, &r)
-	clear(plain)
-	if err != nil {
-		return nil, errUnseal
+	if err := s.openValue(b, "", &r); err != nil {
+		return nil, err
 	}
 	return &r, nil
+}
+
+// openValue opens what sealValue sealed with the same what, into v.
+func (s *sealer) openValue(b []byte, what string, v any) error {
+	n := s.aead.NonceSize()
+	if len(b) < 1+n+s.aead.Overhead() || b[0] != sealVersion {
+		return errUnseal
+	}
+	plain, err := s.aead.Open(nil, b[1:1+n], b[1+n:], s.adFor(what))
+	if err != nil {
+		return errUnseal
+	}
+	err = json.Unmarshal(plain, v)
+	clear(plain)
+	if err != nil {
+		return errUnseal
+	}
+	return nil
 }

@@ -395,8 +395,11 @@ func TestCallbackRefusals(t *testing.T) {
 }
 
 // loggedIn returns an env and a client with a token from a login.
-func loggedIn(t *testing.T, opts oauthtest.AuthServerOptions, toolScope string) (*env, *Client) {
+func loggedIn(t *testing.T, opts oauthtest.AuthServerOptions, toolScope string, onNATS ...bool) (*env, *Client) {
 	e := newEnv(t, opts, []string{"mcp:read"}, toolScope)
+	if len(onNATS) > 0 && onNATS[0] {
+		e.onNATS()
+	}
 	e.as.AddClient("gw", "", nil)
 	c := e.client(Config{ClientID: "gw", RedirectURL: redirect})
 	e.login(c)
@@ -476,8 +479,10 @@ func TestUnauthorizedRefreshesAndRetriesOnce(t *testing.T) {
 	}
 }
 
-func TestRefreshSingleFlightAcrossReplicas(t *testing.T) {
-	e, a := loggedIn(t, oauthtest.AuthServerOptions{}, "")
+func TestRefreshSingleFlightAcrossReplicas(t *testing.T) { testRefreshSingleFlight(t, false) }
+
+func testRefreshSingleFlight(t *testing.T, onNATS bool) {
+	e, a := loggedIn(t, oauthtest.AuthServerOptions{}, "", onNATS)
 	b := e.client(Config{ClientID: "gw", RedirectURL: redirect}) // a second replica, same storage
 	for round := range 3 {
 		e.clock.Advance(time.Hour) // every token expired
