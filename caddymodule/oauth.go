@@ -22,7 +22,9 @@ import (
 	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
 // UpstreamTokenKeyEnv is the environment variable read for the upstream
@@ -34,11 +36,34 @@ const UpstreamTokenKeyEnv = "ZIDANE_UPSTREAM_TOKEN_KEY"
 // callback; a changed config gets a new client (the stored token stays).
 var oauthPool = caddy.NewUsagePool()
 
-type oauthEntry struct{ client *upstreamauth.Client }
+type oauthEntry struct {
+	client *upstreamauth.Client
+	stop   context.CancelFunc // the storage watch, on NATS storage
+}
 
 func (e *oauthEntry) Destruct() error {
+	if e.stop != nil {
+		e.stop()
+	}
 	e.client.Close()
 	return nil
+}
+
+// watchRecord, on NATS storage, has c read its stored record again each
+// time another replica writes it (a login, a logout, a renewal), so that
+// a logout on one replica stops the token's use on every other at once.
+func watchRecord(st storage.Storage, name string, c *upstreamauth.Client, logger *zap.Logger) context.CancelFunc {
+	cs, ok := st.(*cluster.Storage)
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go cs.Watch(ctx, upstreamauth.StorageKey(name), func() {
+		if err := c.Reload(ctx); err != nil && ctx.Err() == nil {
+			logger.Warn("upstream oauth: could not read the record another replica wrote", zap.String("upstream", name), zap.Error(err))
+		}
+	})
+	return cancel
 }
 
 // upstreamTokenKey decodes the key that seals upstream tokens.
@@ -121,7 +146,7 @@ func (a *App) provisionOAuth(ctx caddy.Context) error {
 			if err != nil {
 				return nil, err
 			}
-			return &oauthEntry{client: c}, nil
+			return &oauthEntry{client: c, stop: watchRecord(a.storage, name, c, logger)}, nil
 		})
 		if err != nil {
 			a.cleanupOAuth()

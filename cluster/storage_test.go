@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -504,5 +505,55 @@ func TestStorageNeedsTheClusterKey(t *testing.T) {
 		if _, err := NewStorage(testCtx(t), js, nc.MaxPayload(), StorageOptions{Key: key}); err == nil || !strings.Contains(err.Error(), "cluster key must be 32 bytes") {
 			t.Errorf("key of %d bytes: %v", len(key), err)
 		}
+	}
+}
+
+// Watch tells one replica of every write another makes to a key, and of
+// nothing else.
+func TestWatchSeesOtherReplicasWrites(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	a, _ := newStorage(t, url, StorageOptions{})
+	b, _ := newStorage(t, url, StorageOptions{})
+	fired := make(chan struct{}, 16)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ready := make(chan struct{})
+	go func() {
+		close(ready)
+		b.Watch(wctx, "zidane/tokens.json", func() { fired <- struct{}{} })
+	}()
+	<-ready
+	// The watch may start after a first write: write until it fires.
+	deadline := time.Now().Add(20 * time.Second)
+	for got := false; !got; {
+		if err := a.Store(ctx, "zidane/tokens.json", []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-fired:
+			got = true
+		case <-time.After(100 * time.Millisecond):
+			if time.Now().After(deadline) {
+				t.Fatal("the watch never fired")
+			}
+		}
+	}
+	for len(fired) > 0 {
+		<-fired
+	}
+	if err := a.Store(ctx, "zidane/other.json", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Delete(ctx, "zidane/tokens.json"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-fired: // the delete; the other key's write came first and fired nothing
+	case <-time.After(20 * time.Second):
+		t.Fatal("the watch missed a delete")
+	}
+	if len(fired) != 0 {
+		t.Fatal("the watch fired for another key")
 	}
 }

@@ -298,6 +298,16 @@ func (c *Client) load(ctx context.Context) error {
 	return nil
 }
 
+// Reload reads the stored record again and adopts it, dropping any
+// failure it was answering from: another replica logged in, logged out or
+// renewed the token.
+func (c *Client) Reload(ctx context.Context) error {
+	c.mu.Lock()
+	c.loaded, c.failed = false, nil
+	c.mu.Unlock()
+	return c.load(ctx)
+}
+
 // adopt makes rec the current record (nil: none) and derives the state.
 func (c *Client) adopt(rec *record) {
 	c.mu.Lock()

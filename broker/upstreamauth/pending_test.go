@@ -172,3 +172,41 @@ func TestPendingLoginsBounded(t *testing.T) {
 func TestRefreshSingleFlightAcrossReplicasOnNATS(t *testing.T) {
 	testRefreshSingleFlight(t, true)
 }
+
+// A logout on one replica ends the token's use on another once it reads
+// the record again (on NATS storage a watch calls Reload on every write),
+// and a login on one is usable on another at once, even while that one was
+// answering from a recent failure.
+func TestReloadSeesAnotherReplicasLoginAndLogout(t *testing.T) {
+	e := newEnv(t, oauthtest.AuthServerOptions{}, nil, "")
+	e.as.AddClient("gw", "", nil)
+	e.onNATS()
+	a := e.client(Config{ClientID: "gw", RedirectURL: redirect})
+	b := e.client(Config{ClientID: "gw", RedirectURL: redirect})
+	if err := e.callEcho(b, "before"); !errors.Is(err, ErrAuthRequired) {
+		t.Fatalf("b before any login: %v", err)
+	}
+	e.login(a)
+	if err := b.Reload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.callEcho(b, "after a's login"); err != nil {
+		t.Fatalf("b after a's login and a reload: %v", err)
+	}
+	if err := a.Logout(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Reload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.State(); st.State != StateAuthRequired {
+		t.Fatalf("b after a's logout: %+v", st)
+	}
+	before, _ := e.mcp.Stats()
+	if err := e.callEcho(b, "after a's logout"); !errors.Is(err, ErrAuthRequired) {
+		t.Fatalf("b after a's logout: %v", err)
+	}
+	if after, _ := e.mcp.Stats(); after != before {
+		t.Fatal("b sent the logged-out token upstream")
+	}
+}
