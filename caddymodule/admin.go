@@ -14,6 +14,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -197,11 +198,17 @@ func (a *adminAPI) handleUpstreamRestart(w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
 	}
-	if n == 0 {
+	// On NATS storage every other replica carries it out too.
+	shared, aerr := announceAction(a.storage, cluster.Action{Kind: action, Upstream: name})
+	if aerr != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadGateway,
+			Err: fmt.Errorf("upstream %q: done on this replica (%d routes), but not announced to the others: %v", name, n, aerr)}
+	}
+	if n == 0 && !shared {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound,
 			Err: fmt.Errorf("no running aggregated route serves upstream %q (the pass-through route keeps no connection to %s)", name, action)}
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"upstream": name, "routes": n})
+	return writeJSON(w, http.StatusOK, map[string]any{"upstream": name, "routes": n, "replicas": shared})
 }
 
 func (req createTokenRequest) spec() (policy.TokenSpec, error) {

@@ -131,15 +131,16 @@ type App struct {
 
 	answerBudget *broker.AnswerBudget
 
-	tokens    *tokenState
-	tokensKey string
-	storage   storage.Storage // the configured storage (Caddy's)
-	upstreams map[string]broker.Upstream
-	oauth     map[string]*upstreamauth.Client // by upstream name
-	oauthKeys []string                        // this config's holds on oauthPool
-	cimd      map[string]*upstreamauth.Client // host+path of a client_metadata_url -> its upstream's client
-	ctx       caddy.Context                   // this config's: events, the http app
-	events    *caddyevents.App                // the events app, if configured
+	tokens     *tokenState
+	tokensKey  string
+	storage    storage.Storage // the configured storage (Caddy's)
+	upstreams  map[string]broker.Upstream
+	oauth      map[string]*upstreamauth.Client // by upstream name
+	oauthKeys  []string                        // this config's holds on oauthPool
+	actionsKey string                          // this config's hold on actionsPool (NATS storage)
+	cimd       map[string]*upstreamauth.Client // host+path of a client_metadata_url -> its upstream's client
+	ctx        caddy.Context                   // this config's: events, the http app
+	events     *caddyevents.App                // the events app, if configured
 
 	agentUsers map[string]*sessions.User // by agent name, for those with `user`
 	deny       []string                  // paths no agent may reach
@@ -209,6 +210,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.tokens, a.tokensKey = ts, key
 	a.storage = st
 	a.ctx = ctx
+	if a.actionsKey, err = provisionActions(st); err != nil {
+		return err
+	}
 	if err := a.loadUpstreams(); err != nil {
 		return err
 	}
@@ -262,6 +266,9 @@ func (a *App) Stop() error { return nil }
 // Cleanup releases this config's hold on the pooled state.
 func (a *App) Cleanup() error {
 	a.cleanupOAuth()
+	if a.actionsKey != "" {
+		_, _ = actionsPool.Delete(a.actionsKey)
+	}
 	if a.tokensKey != "" {
 		_, err := tokenPool.Delete(a.tokensKey)
 		return err

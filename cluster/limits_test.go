@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"log/slog"
 	"testing"
@@ -68,15 +69,19 @@ func TestSharedLimitsRefuseForgedAndReplayed(t *testing.T) {
 	vs := shareOn(t, url, testKey, victim)
 	attacker := connect(t, url)
 
-	// A sender of our own, with the cluster key, to sign the markers and
-	// the message that is replayed.
-	signer := &LimitShare{mac: vs.mac, subject: vs.subject}
-	msg := func(node string, seq uint64, usage map[string]int, sign bool, macKey []byte) *nats.Msg {
-		data, _ := json.Marshal(usageMsg{Node: node, Seq: seq, At: time.Now().UnixMilli(), Usage: usage})
-		m := &nats.Msg{Subject: vs.subject, Data: data, Header: nats.Header{}}
-		if sign {
-			s := &LimitShare{mac: macKey, subject: vs.subject}
-			m.Header.Set(macHeader, s.sign(data))
+	// Senders of our own: one with the cluster key (for the markers and
+	// the message that is replayed), one with another cluster's key.
+	good := &bus{nc: attacker, mac: vs.bus.mac, subject: vs.bus.subject, node: "good", last: map[string]senderState{}}
+	foreign, _ := newBus(attacker, make([]byte, KeySize), "rate-limit usage v1", vs.bus.subject)
+	envelopeOf := func(node string, seq uint64, at time.Time, usage map[string]int) []byte {
+		body, _ := json.Marshal(usage)
+		data, _ := json.Marshal(envelope{Node: node, Seq: seq, At: at.UnixMilli(), Body: body})
+		return data
+	}
+	msg := func(data []byte, signer *bus) *nats.Msg {
+		m := &nats.Msg{Subject: vs.bus.subject, Data: data, Header: nats.Header{}}
+		if signer != nil {
+			m.Header.Set(macHeader, base64.RawStdEncoding.EncodeToString(signer.sign(data)))
 		}
 		return m
 	}
@@ -86,20 +91,20 @@ func TestSharedLimitsRefuseForgedAndReplayed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	other, _ := Derive(make([]byte, KeySize), "rate-limit usage v1")
+	now := time.Now
 
-	publish(msg("evil", 1, map[string]int{"tok_victim": 100}, false, nil))   // no MAC
-	publish(msg("evil", 2, map[string]int{"tok_victim": 100}, true, other))  // another cluster's key
-	publish(msg("good", 1, map[string]int{"marker_1": 5}, true, signer.mac)) // authentic
+	publish(msg(envelopeOf("evil", 1, now(), map[string]int{"tok_victim": 100}), nil))     // no MAC
+	publish(msg(envelopeOf("evil", 2, now(), map[string]int{"tok_victim": 100}), foreign)) // another cluster's key
+	publish(msg(envelopeOf("good", 1, now(), map[string]int{"marker_1": 5}), good))        // authentic
 	waitEmpty(t, victim, "marker_1")
 	if victim.Empty("tok_victim", time.Now()) {
 		t.Fatal("a message without the cluster key's MAC debited a bucket")
 	}
 
-	replayed := msg("good", 2, map[string]int{"tok_victim": 3}, true, signer.mac)
+	replayed := msg(envelopeOf("good", 2, now(), map[string]int{"tok_victim": 3}), good)
 	publish(replayed)
-	publish(replayed)                                                        // the same message again
-	publish(msg("good", 3, map[string]int{"marker_2": 5}, true, signer.mac)) // authentic
+	publish(replayed)                                                               // the same message again
+	publish(msg(envelopeOf("good", 3, now(), map[string]int{"marker_2": 5}), good)) // authentic
 	waitEmpty(t, victim, "marker_2")
 	for i := range 2 { // 5 - 3 = 2 left: the replay took none
 		if ok, _ := victim.Allow("tok_victim", time.Now()); !ok {
@@ -107,14 +112,8 @@ func TestSharedLimitsRefuseForgedAndReplayed(t *testing.T) {
 		}
 	}
 
-	stale := msg("good", 4, map[string]int{"tok_stale": 5}, true, signer.mac)
-	var m usageMsg
-	_ = json.Unmarshal(stale.Data, &m)
-	m.At = time.Now().Add(-time.Minute).UnixMilli()
-	stale.Data, _ = json.Marshal(m)
-	stale.Header.Set(macHeader, signer.sign(stale.Data))
-	publish(stale)
-	publish(msg("good", 5, map[string]int{"marker_3": 5}, true, signer.mac))
+	publish(msg(envelopeOf("good", 4, now().Add(-time.Minute), map[string]int{"tok_stale": 5}), good)) // stale
+	publish(msg(envelopeOf("good", 5, now(), map[string]int{"marker_3": 5}), good))
 	waitEmpty(t, victim, "marker_3")
 	if victim.Empty("tok_stale", time.Now()) {
 		t.Fatal("a stale message debited a bucket")

@@ -389,3 +389,68 @@ http://%s {
 	nats.start(t)
 	first.WaitForLog(t, "NATS is back: rate limits are shared across replicas again", 30*time.Second)
 }
+
+// An operator's upstream retire on one replica reaches the others: the
+// stdio process each replica runs for the upstream ends on both.
+func TestClusterUpstreamActionsReachEveryReplica(t *testing.T) {
+	natsURL := startNATSServer(t)
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+	var replicas []*Caddy
+	var urls []string
+	for range 2 {
+		port := freePort(t)
+		c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats {
+		url %s
+	}
+	zidane {
+		upstream local {
+			command %s
+		}
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		aggregate local
+	}
+}
+`, AdminPlaceholder, natsURL, everythingServerBin, port), clusterKey)
+		replicas = append(replicas, c)
+		urls = append(urls, fmt.Sprintf("http://127.0.0.1:%d/mcp", port))
+	}
+	token := createToken(t, replicas[0], "ops", "--scope", "mcp")
+	waitStatus(t, urls[1], token, http.StatusOK, 20*time.Second)
+	pidFiles := func(c *Caddy) []string {
+		m, _ := filepath.Glob(filepath.Join(c.DataDir, "zidane", "stdio", "local-*.pid"))
+		return m
+	}
+	for i, u := range urls {
+		cs, err := connectGo(t, u, bearerClient(token, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "mcp_local_test_simple_text"}); err != nil || res.IsError {
+			t.Fatalf("replica %d: %+v %v", i, res, err)
+		}
+		if len(pidFiles(replicas[i])) != 1 {
+			t.Fatalf("replica %d runs no stdio process for the upstream", i)
+		}
+	}
+	out, stderr, err := replicas[0].Run(t, "zidane", "upstream", "retire", "local")
+	if err != nil {
+		t.Fatalf("retire on A: %v %s\n%s", err, stderr, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(pidFiles(replicas[1])) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("B still runs the upstream retired on A: %v\n%s", pidFiles(replicas[1]), tail(replicas[1].Logs(), 4000))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(pidFiles(replicas[0])) != 0 {
+		t.Fatal("A still runs the upstream it retired")
+	}
+	replicas[1].WaitForLog(t, "upstream action from another replica", 10*time.Second)
+}

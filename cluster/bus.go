@@ -1,0 +1,130 @@
+package cluster
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Bounds of a bus.
+const (
+	busFreshness  = 10 * time.Second // older (or newer) messages are dropped
+	maxBusSenders = 256              // replicas remembered for replay checks
+	macHeader     = "Zidane-Mac"
+)
+
+// bus is an authenticated subject between replicas, on core NATS: each
+// message carries its sender, a sequence number and a time, and a MAC with
+// a key derived from the cluster key for the bus's purpose. A receiver
+// drops what has no valid MAC (a NATS client without the key), what is
+// over busFreshness old, what it sent itself, and what a sender already
+// sent (a replay).
+type bus struct {
+	nc      *nats.Conn
+	mac     []byte
+	subject string
+	node    string
+
+	mu   sync.Mutex
+	seq  uint64
+	last map[string]senderState // node -> its last accepted message
+}
+
+type senderState struct {
+	seq  uint64
+	seen time.Time
+}
+
+// envelope is what travels on a bus.
+type envelope struct {
+	Node string          `json:"n"`
+	Seq  uint64          `json:"s"`
+	At   int64           `json:"t"` // Unix milliseconds
+	Body json.RawMessage `json:"b"`
+}
+
+func newBus(nc *nats.Conn, clusterKey []byte, purpose, subject string) (*bus, error) {
+	mac, err := Derive(clusterKey, purpose)
+	if err != nil {
+		return nil, err
+	}
+	return &bus{nc: nc, mac: mac, subject: subject, node: randomHex(8), last: map[string]senderState{}}, nil
+}
+
+// publish sends body (JSON) to every other replica on the bus.
+func (b *bus) publish(body any) error {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.seq++
+	env := envelope{Node: b.node, Seq: b.seq, At: time.Now().UnixMilli(), Body: raw}
+	b.mu.Unlock()
+	data, _ := json.Marshal(env)
+	msg := &nats.Msg{Subject: b.subject, Data: data, Header: nats.Header{}}
+	msg.Header.Set(macHeader, base64.RawStdEncoding.EncodeToString(b.sign(data)))
+	return b.nc.PublishMsg(msg)
+}
+
+func (b *bus) sign(data []byte) []byte {
+	h := hmac.New(sha256.New, b.mac)
+	h.Write([]byte(b.subject))
+	h.Write([]byte{0})
+	h.Write(data)
+	return h.Sum(nil)
+}
+
+// subscribe calls fn with the body of each authentic, fresh, new message
+// another replica sends.
+func (b *bus) subscribe(fn func(body json.RawMessage)) (*nats.Subscription, error) {
+	sub, err := b.nc.Subscribe(b.subject, func(msg *nats.Msg) {
+		if body, ok := b.accept(msg); ok {
+			fn(body)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("subscribing to %s: %w", b.subject, err)
+	}
+	return sub, nil
+}
+
+func (b *bus) accept(msg *nats.Msg) (json.RawMessage, bool) {
+	got, err := base64.RawStdEncoding.DecodeString(msg.Header.Get(macHeader))
+	if err != nil || !hmac.Equal(got, b.sign(msg.Data)) {
+		return nil, false // not from a replica of this cluster
+	}
+	var env envelope
+	if json.Unmarshal(msg.Data, &env) != nil || env.Node == "" || env.Node == b.node {
+		return nil, false
+	}
+	now := time.Now()
+	at := time.UnixMilli(env.At)
+	if at.Before(now.Add(-busFreshness)) || at.After(now.Add(busFreshness)) {
+		return nil, false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	prev, known := b.last[env.Node]
+	if known && env.Seq <= prev.seq {
+		return nil, false // a replay
+	}
+	if !known && len(b.last) >= maxBusSenders {
+		for n, st := range b.last {
+			if now.Sub(st.seen) > busFreshness {
+				delete(b.last, n)
+			}
+		}
+		if len(b.last) >= maxBusSenders {
+			return nil, false
+		}
+	}
+	b.last[env.Node] = senderState{seq: env.Seq, seen: now}
+	return env.Body, true
+}
