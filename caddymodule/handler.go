@@ -440,6 +440,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			"rate limit for this token exceeded; retry after the Retry-After delay")
 	}
 
+	// A replica that is shutting down finishes the sessions it holds and
+	// opens none.
+	if draining() && opensLegacySession(r, d.Body) {
+		rf.call = d.Body.Calls[0]
+		w.Header().Set("Retry-After", "1")
+		return h.refuse(w, r, rf, drainingVerdict())
+	}
+
 	// 6. Serve.
 	return h.serve(w, r, route, p, d.Body, rf, next)
 }
@@ -491,6 +499,8 @@ func (h *Handler) servePublic(w http.ResponseWriter, r *http.Request) bool {
 	case h.app != nil && h.app.serveClientMetadata(w, r):
 	case strings.HasPrefix(path, OAuthCallbackPath):
 		_ = h.serveOAuthCallback(w, r)
+	case path == HealthzPath:
+		h.serveHealthz(w, r)
 	default:
 		return false
 	}

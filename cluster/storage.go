@@ -169,6 +169,9 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 // every replica opens.
 func (s *Storage) DeriveKey(purpose string) ([]byte, error) { return Derive(s.opts.Key, purpose) }
 
+// Connected says whether the storage's NATS connection is up now.
+func (s *Storage) Connected() bool { return s.conn != nil && s.conn.nc.IsConnected() }
+
 // String names the storage: stable for as long as its options are.
 func (s *Storage) String() string { return "zidane_nats:" + s.opts.Name + "/" + s.opts.Bucket }
 

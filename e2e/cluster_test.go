@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -383,9 +384,26 @@ http://%s {
 
 	// NATS away: each replica limits on its own, says so, and keeps
 	// serving the tokens it knows; NATS back: sharing again, said too.
+	healthz := func() (int, string) {
+		t.Helper()
+		resp, err := http.Get(strings.TrimSuffix(sites[0], "/mcp") + "/zidane/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := healthz(); code != http.StatusOK || !strings.Contains(body, `"nats":"connected"`) {
+		t.Fatalf("health check with NATS up: %d %s", code, body)
+	}
 	nats.stop()
 	first.WaitForLog(t, "NATS is away: rate limits now hold per replica", 30*time.Second)
 	waitStatus(t, sites[0], probe, http.StatusOK, 20*time.Second)
+	// NATS away fails no health check: every replica loses it at once.
+	if code, body := healthz(); code != http.StatusOK || !strings.Contains(body, `"nats":"away"`) {
+		t.Fatalf("health check with NATS away: %d %s", code, body)
+	}
 	nats.start(t)
 	first.WaitForLog(t, "NATS is back: rate limits are shared across replicas again", 30*time.Second)
 }
