@@ -69,4 +69,3 @@ func drainingVerdict() edge.Verdict {
 	return edge.Refuse(http.StatusServiceUnavailable, "draining",
 		"this gateway replica is shutting down and opens no new session: retry, and the load balancer sends you to another replica")
 }
-
