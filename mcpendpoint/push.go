@@ -114,6 +114,7 @@ func (e *Endpoint) forgetClosed() {
 // onEvent is the engine subscription. It must not block: it hands the event
 // to the target session's queue.
 func (e *Endpoint) onEvent(ev sessions.Event) {
+	e.queueUpdate(ev.SessionID)
 	if ev.Target == "" {
 		return
 	}

@@ -139,6 +139,13 @@ func (e *Endpoint) callSessions(ctx context.Context, req *mcp.CallToolRequest) (
 	return result(r, err), nil
 }
 
+// createdModern is what create answers a 2026-07-28 caller: also the
+// session's events resource, to listen to.
+type createdModern struct {
+	sessions.Created
+	EventsResource string `json:"eventsResource"`
+}
+
 const sessionIDHint = "pass the id that create or list returned"
 
 func (e *Endpoint) create(ctx context.Context, c caller, a *args) (reply, error) {
@@ -192,6 +199,14 @@ func (e *Endpoint) create(ctx context.Context, c caller, a *args) (reply, error)
 	fmt.Fprintf(&b, "Started session %s", created.SessionID)
 	if created.Link != "" {
 		fmt.Fprintf(&b, " (%s)", created.Link)
+	}
+	if c.modern {
+		// MCP 2026-07-28: nothing is pushed to a request; the events are a
+		// resource the client listens to.
+		fmt.Fprintf(&b, ". It works in the background. Its events are the resource %s: subscribe to it with subscriptions/listen "+
+			"and you are told (notifications/resources/updated) when it finishes, fails or needs a decision; then read the resource or call events. "+
+			"Without a subscription, call wait when you have nothing else to do.", EventsURI(created.SessionID))
+		return reply{text: b.String(), data: createdModern{Created: created, EventsResource: EventsURI(created.SessionID)}}, nil
 	}
 	fmt.Fprintf(&b, ". It works in the background. Do NOT wait, poll, or call wait or read for it now: "+
 		"you will receive a <session-event session=%q> when it finishes, fails or needs a decision. Carry on with other work meanwhile.", created.SessionID)
