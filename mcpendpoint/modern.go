@@ -135,8 +135,8 @@ type listenKey struct{}
 type listens struct {
 	mu       sync.Mutex
 	perToken map[string]int
-	perID    map[string]int        // session id → streams subscribed to its events
-	cancel   map[*int]func()       // open streams, ended by Close
+	perID    map[string]int  // session id → streams subscribed to its events
+	cancel   map[*int]func() // open streams, ended by Close
 	closed   bool
 }
 
