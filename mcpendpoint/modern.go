@@ -12,7 +12,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -72,19 +71,13 @@ func sessionOfEventsURI(uri string) (string, bool) {
 }
 
 // isModern reports whether r is served statelessly: its
-// Mcp-Protocol-Version is 2026-07-28 or later (compared as go-sdk compares
-// versions), or, without a session, its body as the edge read it is one
-// server/discover, which lists both versions whatever it carries. Anything
-// else, an initialize without the header included, is 2025-11-25's.
+// Mcp-Protocol-Version is 2026-07-28 or later, compared as go-sdk compares
+// versions. Every 2026-07-28 request carries the header (the edge refuses
+// one whose _meta names a version without it, -32020); anything else, an
+// initialize without the header included, is 2025-11-25's.
 func isModern(r *http.Request) bool {
-	if v := r.Header.Get(protocolVersionHeader); v != "" && v >= ModernVersion {
-		return true
-	}
-	if r.Method != http.MethodPost || r.Header.Get("Mcp-Session-Id") != "" {
-		return false
-	}
-	b, ok := message.FromContext(r.Context())
-	return ok && len(b.Calls) == 1 && b.Calls[0].Method == "server/discover"
+	v := r.Header.Get(protocolVersionHeader)
+	return v != "" && v >= ModernVersion
 }
 
 // newModernServer is the go-sdk server of 2026-07-28 requests: the same

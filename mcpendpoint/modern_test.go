@@ -175,29 +175,25 @@ func TestBothVersionsOnOneURL(t *testing.T) {
 
 func TestDiscoverListsBothVersions(t *testing.T) {
 	h := newHarness(t)
-	for _, header := range []string{ModernVersion, ""} {
-		meta := `,"params":{` + metaModern + `}`
-		if header == "" {
-			meta = "" // a bare probe: served statelessly only when the edge read it
-		}
-		st, msgs := h.post("alice-token", header, `{"jsonrpc":"2.0","id":1,"method":"server/discover"`+meta+`}`)
-		if header == "" {
-			// Without the edge's reading in the context the header decides:
-			// the stateful side answers a discover with legacy versions only.
-			continue
-		}
-		if st != http.StatusOK || len(msgs) != 1 {
-			t.Fatalf("discover: %d %v", st, msgs)
-		}
-		var r struct {
-			Result struct {
-				SupportedVersions []string `json:"supportedVersions"`
-			} `json:"result"`
-		}
-		json.Unmarshal(msgs[0], &r)
-		if !slices.Contains(r.Result.SupportedVersions, ModernVersion) || !slices.Contains(r.Result.SupportedVersions, legacyVersion) {
-			t.Errorf("discover lists %v, want both %s and %s", r.Result.SupportedVersions, ModernVersion, legacyVersion)
-		}
+	st, msgs := h.post("alice-token", ModernVersion, `{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{`+metaModern+`}}`)
+	if st != http.StatusOK || len(msgs) != 1 {
+		t.Fatalf("discover: %d %s", st, msgs)
+	}
+	var r struct {
+		Result struct {
+			SupportedVersions []string `json:"supportedVersions"`
+		} `json:"result"`
+	}
+	json.Unmarshal(msgs[0], &r)
+	if !slices.Contains(r.Result.SupportedVersions, ModernVersion) || !slices.Contains(r.Result.SupportedVersions, legacyVersion) {
+		t.Errorf("discover lists %v, want both %s and %s", r.Result.SupportedVersions, ModernVersion, legacyVersion)
+	}
+	// A discover that names no 2026-07-28 version is no 2026-07-28
+	// request: the stateful side answers method-not-found, on which a
+	// client falls back to initialize.
+	st, msgs = h.post("alice-token", legacyVersion, `{"jsonrpc":"2.0","id":1,"method":"server/discover"}`)
+	if code, _, msg := rpcError(t, msgs); code != -32601 {
+		t.Errorf("a 2025-11-25 discover: %d %d %s", st, code, msg)
 	}
 }
 
