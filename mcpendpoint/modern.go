@@ -32,7 +32,7 @@ const (
 
 	// MaxListensPerToken bounds the subscriptions/listen streams one token
 	// holds open at once on this endpoint.
-	MaxListensPerToken = 4
+	MaxListensPerToken = 16
 	// MaxURIsPerListen bounds the resources one subscriptions/listen
 	// stream subscribes to: the default max_sessions_per_token.
 	MaxURIsPerListen = 100
@@ -309,7 +309,8 @@ func truncateURI(uri string) string {
 }
 
 // readEvents serves resources/read of a session's events: what
-// `sessions events {sessionId}` returns, authorized the same way.
+// `sessions events {sessionId}` returns (its latest 20), authorized the
+// same way, each event with its <session-event> text.
 func (e *Endpoint) readEvents(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 	c, err := callerFrom(req.Extra, req.Session)
 	if err != nil {
@@ -323,13 +324,26 @@ func (e *Endpoint) readEvents(ctx context.Context, req *mcp.ReadResourceRequest)
 	if err != nil {
 		return nil, refused(errorCode(err), err.Error())
 	}
-	data, err := json.Marshal(r.data)
+	// Each event as a 2025-11-25 client gets it pushed: the event and the
+	// <session-event> text a model reads.
+	res := r.data.(eventsResult)
+	out := resourceEvents{Events: make([]eventData, len(res.Events)), Limit: res.Limit}
+	for i, ev := range res.Events {
+		out.Events[i] = eventData{Event: ev, Text: ev.Render()}
+	}
+	data, err := json.Marshal(out)
 	if err != nil {
 		return nil, err
 	}
 	return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{
 		{URI: req.Params.URI, MIMEType: "application/json", Text: string(data)},
 	}}, nil
+}
+
+// resourceEvents is the content of a session's events resource.
+type resourceEvents struct {
+	Events []eventData `json:"events"`
+	Limit  int         `json:"limit"`
 }
 
 // queueUpdate hands session id's new event to the update sender, when a

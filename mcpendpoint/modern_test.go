@@ -374,6 +374,11 @@ func TestModernEventsThroughListen(t *testing.T) {
 	if len(evs.Events) == 0 || evs.Events[0].Seq != ev.Seq || evs.Events[0].Summary != ev.Summary {
 		t.Errorf("read %+v, want the event %+v first", evs.Events, ev)
 	}
+	var withText resourceEvents
+	json.Unmarshal([]byte(rr.Contents[0].Text), &withText)
+	if len(withText.Events) == 0 || withText.Events[0].Text != ev.Render() || !strings.Contains(withText.Events[0].Text, "done &lt;b&gt;") {
+		t.Errorf("read %s, want each event with its <session-event> text", rr.Contents[0].Text)
+	}
 
 	// Unsubscribing ends the stream and frees what it held.
 	if err := cs.Unsubscribe(t.Context(), &mcp.UnsubscribeParams{URI: uri}); err != nil {
