@@ -195,7 +195,7 @@ func New(opts Options) (*Endpoint, error) {
 		&mcp.StreamableHTTPOptions{
 			Stateless:           true,
 			MaxRequestBodyBytes: opts.MaxRequestBodyBytes,
-			Logger:              log,
+			Logger:              quietLogger(log),
 			// A client that hangs up ends its call (a wait, a listen).
 			PropagateRequestCancellation: true,
 		}))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -91,7 +92,9 @@ func (e *Endpoint) newModernServer() *mcp.Server {
 		Version: "1",
 	}, &mcp.ServerOptions{
 		Instructions: modernInstructions,
-		Logger:       e.log,
+		// go-sdk logs a session's connection and end at info: once per
+		// POST here, which would bury the log.
+		Logger: quietLogger(e.log),
 		// Resource subscriptions come only through subscriptions/listen,
 		// which the gate authorized (see listenGate); a bare
 		// resources/subscribe never reaches here.
@@ -118,6 +121,19 @@ func (e *Endpoint) newModernServer() *mcp.Server {
 }
 
 const modernInstructions = `This server runs coding-agent sessions on its host. Use the sessions tool to start one (verb create), give it more work (send, steer), stop it (cancel) and look at it (read, list, transcript, events). Sessions run in the background. Each session's events are the resource zidane://sessions/<sessionId>/events: subscribe to it with subscriptions/listen to be told when the session finishes, fails or needs a decision, then read it. Without a subscription, call sessions wait when you have nothing else to do. Answer decisions with the interactions tool.`
+
+// quietLogger is log without its records below warning.
+func quietLogger(log *slog.Logger) *slog.Logger {
+	return slog.New(minLevel{log.Handler()})
+}
+
+type minLevel struct{ slog.Handler }
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
+}
+func (h minLevel) WithAttrs(as []slog.Attr) slog.Handler { return minLevel{h.Handler.WithAttrs(as)} }
+func (h minLevel) WithGroup(g string) slog.Handler       { return minLevel{h.Handler.WithGroup(g)} }
 
 // listenKey carries, in a subscriptions/listen request's context, the
 // resource URIs the gate authorized for it.
