@@ -168,13 +168,6 @@ func (m *modernSessions) read(uri string) {
 	}
 }
 
-// updatesFor is how many notifications/resources/updated uri got.
-func (m *modernSessions) updatesFor(uri string) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.updates[uri]
-}
-
 // TestSessionsModern: a go-sdk client at 2026-07-28 and one at 2025-11-25
 // on the same URL each drive a session through every verb, the first
 // following it through subscriptions/listen, the second through pushes.
