@@ -1,4 +1,4 @@
-//lint:file-ignore SA1019 session events travel as notifications/message, deprecated only from protocol 2026-07-28 (SEP-2577), which this stateful endpoint does not speak; see doc.go.
+//lint:file-ignore SA1019 session events travel as notifications/message to 2025-11-25 clients only (deprecated from 2026-07-28, SEP-2577, whose clients get resource updates instead); see doc.go.
 
 package mcpendpoint
 
