@@ -388,3 +388,73 @@ func rpcErrorOf(msg json.RawMessage) rpcErr {
 	json.Unmarshal(msg, &r)
 	return r.Error
 }
+
+// TestSessionsModernListenRevoked: a raw subscriptions/listen stream gets
+// notifications/resources/updated at a session's new event, and ends when
+// its token is revoked (the edge ends a revoked token's open requests).
+func TestSessionsModernListenRevoked(t *testing.T) {
+	gw := startSessionsGateway(t, "", "")
+	token := createToken(t, gw.c, "listener", "--scope", "chat")
+	g := &goSessions{label: "listener", cs: connectModernSessions(t, gw.url, token, "listener").cs, log: newPushLog()}
+	var cr createdView
+	sessionsCall(t, g, "create", map[string]any{"cwd": t.TempDir(), "prompt": "first"}).decode(t, &cr)
+	settleIn(t, g, cr.SessionID, "idle")
+	uri := "zidane://sessions/" + cr.SessionID + "/events"
+	uris, _ := json.Marshal([]string{uri})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*pushTimeout)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, gw.url, strings.NewReader(
+		`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"resourceSubscriptions":`+string(uris)+`},`+modernMeta+`}}`))
+	for k, v := range map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+		"Authorization": "Bearer " + token, "Mcp-Protocol-Version": modernVersion, "Mcp-Method": "subscriptions/listen"} {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("listen: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	msgs := make(chan string, 16)
+	go func() {
+		defer close(msgs)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				msgs <- data
+			}
+		}
+	}()
+	next := func(what string) (string, bool) {
+		t.Helper()
+		select {
+		case m, ok := <-msgs:
+			return m, ok
+		case <-ctx.Done():
+			t.Fatalf("nothing on the listen stream: %s", what)
+			return "", false
+		}
+	}
+	if m, _ := next("the acknowledgement"); !strings.Contains(m, "notifications/subscriptions/acknowledged") || !strings.Contains(m, uri) {
+		t.Fatalf("first message: %s", m)
+	}
+	sendPrompt(t, g, cr.SessionID, "second")
+	if m, _ := next("an update"); !strings.Contains(m, `"notifications/resources/updated"`) || !strings.Contains(m, uri) {
+		t.Fatalf("update: %s", m)
+	}
+	if _, stderr, err := gw.c.Run(t, "zidane", "token", "revoke", "listener"); err != nil {
+		t.Fatalf("revoke: %v\n%s", err, stderr)
+	}
+	for {
+		m, ok := next("the end of the stream after the revocation")
+		if !ok {
+			break
+		}
+		if strings.Contains(m, `"notifications/resources/updated"`) {
+			continue // the second turn's other events
+		}
+	}
+}

@@ -207,13 +207,13 @@ func (l *listens) count() int {
 func (l *listens) closeAll() {
 	l.mu.Lock()
 	l.closed = true
-	var cancels []func()
-	for _, c := range l.cancel {
-		cancels = append(cancels, c)
+	var ends []func()
+	for _, end := range l.cancel {
+		ends = append(ends, end)
 	}
 	l.mu.Unlock()
-	for _, c := range cancels {
-		c()
+	for _, end := range ends {
+		end()
 	}
 }
 
