@@ -96,7 +96,7 @@ func (e *Endpoint) newModernServer() *mcp.Server {
 		// POST here, which would bury the log.
 		Logger: quietLogger(e.log),
 		// Resource subscriptions come only through subscriptions/listen,
-		// which the gate authorized (see listenGate); a bare
+		// which the gate authorized (see modernGate); a bare
 		// resources/subscribe never reaches here.
 		SubscribeHandler: func(ctx context.Context, req *mcp.SubscribeRequest) error {
 			if allowed, _ := ctx.Value(listenKey{}).(map[string]bool); req.Params != nil && allowed[req.Params.URI] {
@@ -106,7 +106,9 @@ func (e *Endpoint) newModernServer() *mcp.Server {
 		},
 		UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 	})
-	s.AddTool(sessionsTool(e.agents), e.callSessions)
+	tool := sessionsTool(e.agents)
+	tool.Description = modernDescription(tool.Description)
+	s.AddTool(tool, e.callSessions)
 	s.AddTool(interactionsTool(), e.callInteractions)
 	s.AddResourceTemplate(&mcp.ResourceTemplate{
 		URITemplate: EventsURITemplate,
@@ -118,6 +120,21 @@ func (e *Endpoint) newModernServer() *mcp.Server {
 	}, e.readEvents)
 	s.AddReceivingMiddleware(e.modernGate)
 	return s
+}
+
+// modernDescription is the sessions tool's description for a 2026-07-28
+// client, to which nothing is pushed: events are told through the
+// session's events resource.
+func modernDescription(d string) string {
+	for _, r := range [][2]string{
+		{"You will receive a <session-event> when the session finishes, fails or needs a decision; carry on with other work meanwhile.",
+			"Its events are the resource create returns as eventsResource (zidane://sessions/<sessionId>/events): subscribe to it with subscriptions/listen to be told when the session finishes, fails or needs a decision, then read it; carry on with other work meanwhile."},
+		{"Only when you have nothing else to do: <session-event> notifications make polling unnecessary.",
+			"Only when you have nothing else to do and listen to no events resource: a subscription makes polling unnecessary."},
+	} {
+		d = strings.Replace(d, r[0], r[1], 1)
+	}
+	return d
 }
 
 const modernInstructions = `This server runs coding-agent sessions on its host. Use the sessions tool to start one (verb create), give it more work (send, steer), stop it (cancel) and look at it (read, list, transcript, events). Sessions run in the background. Each session's events are the resource zidane://sessions/<sessionId>/events: subscribe to it with subscriptions/listen to be told when the session finishes, fails or needs a decision, then read it. Without a subscription, call sessions wait when you have nothing else to do. Answer decisions with the interactions tool.`

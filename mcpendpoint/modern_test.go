@@ -170,6 +170,27 @@ func TestBothVersionsOnOneURL(t *testing.T) {
 	if caps := modern.InitializeResult().Capabilities; caps.Resources == nil || !caps.Resources.Subscribe {
 		t.Errorf("modern capabilities: %+v", caps)
 	}
+	// Each is told how its events reach it.
+	for _, tc := range []struct {
+		cs        *mcp.ClientSession
+		want, not string
+	}{
+		{legacy, "You will receive a <session-event>", "eventsResource"},
+		{modern, "subscribe to it with subscriptions/listen", "You will receive a <session-event>"},
+	} {
+		tl, err := tc.cs.ListTools(t.Context(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(tl.Tools, func(tool *mcp.Tool) bool { return tool.Name == "sessions" })
+		if i < 0 || !strings.Contains(tl.Tools[i].Description, tc.want) || strings.Contains(tl.Tools[i].Description, tc.not) {
+			t.Errorf("%s: sessions tool description lacks %q or has %q", negotiated(tc.cs), tc.want, tc.not)
+		}
+	}
+	res := call(t, modern, "sessions", map[string]any{"verb": "send", "sessionId": c.SessionID, "prompt": "and more"})
+	if !strings.Contains(text(res), EventsURI(c.SessionID)) || strings.Contains(text(res), "<session-event>") {
+		t.Errorf("send told a 2026-07-28 client: %s", text(res))
+	}
 	heldNothing(t, h, 1)
 }
 

@@ -146,6 +146,15 @@ type createdModern struct {
 	EventsResource string `json:"eventsResource"`
 }
 
+// eventHint says how the caller learns of session id's next event: pushed
+// to a 2025-11-25 session, or its events resource for a 2026-07-28 caller.
+func eventHint(c caller, id string) string {
+	if c.modern {
+		return fmt.Sprintf("its events resource %s is updated when it finishes, fails or needs a decision (subscribe to it with subscriptions/listen)", EventsURI(id))
+	}
+	return "a <session-event> arrives when it finishes, fails or needs a decision"
+}
+
 const sessionIDHint = "pass the id that create or list returned"
 
 func (e *Endpoint) create(ctx context.Context, c caller, a *args) (reply, error) {
@@ -259,7 +268,7 @@ func (e *Endpoint) send(ctx context.Context, c caller, a *args) (reply, error) {
 	if queued {
 		text = fmt.Sprintf("Session %s is busy: your prompt is queued behind the running turn and runs after it.", id)
 	}
-	text += " Do not wait: a <session-event> arrives when it finishes, fails or needs a decision."
+	text += " Do not wait: " + eventHint(c, id) + "."
 	return reply{text: text, data: sendResult{SessionID: id, Queued: queued}}, nil
 }
 
@@ -492,7 +501,7 @@ func (e *Endpoint) wait(ctx context.Context, c caller, a *args) (reply, error) {
 	res := waitResult{SessionView: v, Settled: v.State != sessions.StateRunning, Timeout: secs, Notes: notes(note)}
 	text := renderView(v)
 	if !res.Settled {
-		text = fmt.Sprintf("Session %s is still running after %d seconds. Do not wait again: a <session-event> arrives when it finishes, fails or needs a decision.\n", id, secs) + text
+		text = fmt.Sprintf("Session %s is still running after %d seconds. Do not wait again: %s.\n", id, secs, eventHint(c, id)) + text
 	}
 	return reply{text: withNotes(text, res.Notes), data: res}, nil
 }
