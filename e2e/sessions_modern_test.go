@@ -352,6 +352,18 @@ func TestSessionsModernAccess(t *testing.T) {
 		}
 	}
 
+	// The events template is listed to whoever may read events, to nobody
+	// else.
+	for _, tc := range []struct {
+		token string
+		want  bool
+	}{{alice, true}, {reader, true}, {nobody, false}, {anyOwner, false}} {
+		st, msg, body := rawModern(t, gw.url, tc.token, "resources/templates/list", "", "")
+		if st != http.StatusOK || strings.Contains(string(msg), "zidane://sessions/{sessionId}/events") != tc.want {
+			t.Errorf("resources/templates/list: %d %s (want the template listed: %v)", st, body, tc.want)
+		}
+	}
+
 	// A read token cannot start or drive an agent at 2026-07-28 either.
 	for _, verb := range []string{"create", "send", "steer", "cancel"} {
 		st, _, body := rawModern(t, gw.url, reader, "tools/call", "sessions",
