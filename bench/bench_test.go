@@ -53,8 +53,8 @@ func TestSmoke(t *testing.T) {
 	switch {
 	case rep.idle == nil:
 		t.Errorf("the smoke run has no idle-sessions section")
-	case len(rep.idle.routes) != 3:
-		t.Errorf("the idle-sessions section has %d routes, want the sessions endpoint, broker pass-through and the aggregated route", len(rep.idle.routes))
+	case len(rep.idle.routes) != 4:
+		t.Errorf("the idle-sessions section has %d routes, want the sessions endpoint at each version, broker pass-through and the aggregated route", len(rep.idle.routes))
 	}
 	if rep.idle != nil {
 		for _, r := range rep.idle.routes {
@@ -74,7 +74,8 @@ func TestSmoke(t *testing.T) {
 	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "broker pass-through", "aggregated (2 upstreams)", "vs reverse_proxy",
 		"session engine", "create→finished", "finished events delivered / expected", "agent processes at peak",
 		"idle MCP sessions", "sessions endpoint", "caddy RSS/session", "upstream RSS/session",
-		"after mcp_session_idle_timeout 3s", "heap kept", "sampled sessions closed (404)"} {
+		"after mcp_session_idle_timeout 3s", "heap kept", "sampled sessions closed (404)",
+		"sessions endpoint, 2026-07-28: 200 clients each sent server/discover and a tools/call"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}

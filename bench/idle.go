@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,6 +60,7 @@ type idleRoute struct {
 	gorBefore      int // caddy's goroutines; 0 when unknown
 	gorAfter       int
 	upstream       bool // the upstream's figures apply
+	modern         bool // 2026-07-28 clients: no session; "opened" counts clients that made their calls
 	upRSSBefore    int64
 	upRSSAfter     int64
 	pingsOK        int
@@ -105,6 +107,23 @@ func runIdle(ctx context.Context, cfg config, work, caddyBin, upstreamBin string
 	sgw.stop()
 	if err != nil {
 		return nil, fmt.Errorf("idle sessions, sessions endpoint: %w\n%s", err, tail(sgw.p.logs.String(), 20))
+	}
+	res.routes = append(res.routes, r)
+
+	// 2026-07-28 clients of the sessions endpoint, in a caddy of their own.
+	fmt.Fprintf(os.Stderr, "bench: %d idle 2026-07-28 clients on the sessions endpoint…\n", cfg.idle)
+	mdir := filepath.Join(work, "idle-modern")
+	if err := os.MkdirAll(mdir, 0o700); err != nil {
+		return nil, err
+	}
+	mgw, err := startSessionsGateway(ctx, caddyBin, mdir, 1000, 4, 30*time.Second, zidane)
+	if err != nil {
+		return nil, err
+	}
+	r, err = measureIdleModern(ctx, "sessions endpoint, 2026-07-28", mgw.url, mgw.token, cfg.idle, mgw.pid(), mgw.admin)
+	mgw.stop()
+	if err != nil {
+		return nil, fmt.Errorf("idle 2026-07-28 clients, sessions endpoint: %w\n%s", err, tail(mgw.p.logs.String(), 20))
 	}
 	res.routes = append(res.routes, r)
 
@@ -266,6 +285,130 @@ func measureIdle(ctx context.Context, name, url, token string, n, caddyPID int, 
 	return r, ctx.Err()
 }
 
+// measureIdleModern is measureIdle for MCP 2026-07-28 clients, which have
+// no session: each of n clients sends server/discover and one tools/call
+// (sessions list), everything such a client does before it goes idle, and
+// then nothing. What caddy holds for them afterwards (the live heap after
+// a GC, over the heap before, per client) is the session state an idle
+// 2026-07-28 client costs. A sample then calls again, to check that a
+// client that went idle needs nothing kept to be served. The harness's
+// connections are opened before "before", so their buffers are not counted.
+func measureIdleModern(ctx context.Context, name, url, token string, n, caddyPID int, admin string) (idleRoute, error) {
+	r := idleRoute{name: name, n: n, modern: true}
+	tr := &http.Transport{MaxIdleConns: 2 * idleWorkers, MaxIdleConnsPerHost: 2 * idleWorkers, IdleConnTimeout: time.Minute}
+	defer tr.CloseIdleConnections()
+	c := &idleClient{hc: &http.Client{Transport: tr, Timeout: idleCallTimeout}, url: url, token: token}
+	// As many first clients as workers, at once, so that the harness's
+	// keep-alive connections (and caddy's buffers for them) are all open in
+	// "before" and not counted as the clients' state.
+	var warm sync.WaitGroup
+	warmErrs := make(chan error, idleWorkers)
+	for range min(idleWorkers, n) {
+		warm.Add(1)
+		go func() {
+			defer warm.Done()
+			if err := c.modernClient(ctx); err != nil {
+				warmErrs <- err
+			}
+		}()
+	}
+	warm.Wait()
+	close(warmErrs)
+	if err := <-warmErrs; err != nil {
+		return r, fmt.Errorf("a first 2026-07-28 client: %w", err)
+	}
+	r.rssBefore, _ = rss(caddyPID)
+	r.heapBefore = liveHeap(ctx, admin)
+	r.gorBefore = goroutines(ctx, admin)
+
+	var (
+		next  atomic.Int64
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		start = time.Now()
+	)
+	for w := 0; w < min(idleWorkers, n); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil && next.Add(1) <= int64(n) {
+				err := c.modernClient(ctx)
+				mu.Lock()
+				if err != nil {
+					r.failures++
+					if r.firstError == "" {
+						r.firstError = err.Error()
+					}
+				} else {
+					r.opened++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	r.open = time.Since(start)
+	if err := ctx.Err(); err != nil {
+		return r, err
+	}
+	r.rssAfter, _ = rss(caddyPID)
+	r.heapAfter = liveHeap(ctx, admin)
+	r.gorAfter = goroutines(ctx, admin)
+	for range min(idlePings, r.opened) {
+		r.pingsSampled++
+		if _, err := c.modernCall(ctx, "tools/call", "sessions", map[string]any{"name": "sessions", "arguments": map[string]any{"verb": "list", "limit": 1}}); err != nil {
+			if r.firstPingError == "" {
+				r.firstPingError = err.Error()
+			}
+			continue
+		}
+		r.pingsOK++
+	}
+	return r, ctx.Err()
+}
+
+// modernClient is one 2026-07-28 client's life before it goes idle:
+// server/discover, then a tools/call.
+func (c *idleClient) modernClient(ctx context.Context) error {
+	res, err := c.modernCall(ctx, "server/discover", "", map[string]any{})
+	if err != nil {
+		return err
+	}
+	var d struct {
+		SupportedVersions []string `json:"supportedVersions"`
+	}
+	if json.Unmarshal(res, &d) != nil || !slices.Contains(d.SupportedVersions, modernProtocol) {
+		return fmt.Errorf("server/discover answered %s, without %s", truncate(res, 200), modernProtocol)
+	}
+	_, err = c.modernCall(ctx, "tools/call", "sessions", map[string]any{"name": "sessions", "arguments": map[string]any{"verb": "list", "limit": 1}})
+	return err
+}
+
+// modernProtocol is the stateless MCP version.
+const modernProtocol = "2026-07-28"
+
+// modernCall sends one 2026-07-28 request: its version, method and name
+// in the headers and the version, capabilities and client in _meta.
+func (c *idleClient) modernCall(ctx context.Context, method, name string, params map[string]any) (json.RawMessage, error) {
+	params["_meta"] = map[string]any{
+		"io.modelcontextprotocol/protocolVersion":    modernProtocol,
+		"io.modelcontextprotocol/clientCapabilities": map[string]any{},
+		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "zidane-bench-idle", "version": "1"},
+	}
+	hdr := map[string]string{"Mcp-Protocol-Version": modernProtocol, "Mcp-Method": method}
+	if name != "" {
+		hdr["Mcp-Name"] = name
+	}
+	status, _, res, err := c.postHeaders(ctx, idleSession{}, hdr, map[string]any{"jsonrpc": "2.0", "id": c.ids.Add(1), "method": method, "params": params})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", method, err)
+	}
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("%s: HTTP %d", method, status)
+	}
+	return res, nil
+}
+
 // idleSession is an opened session: its id and negotiated version.
 type idleSession struct {
 	id, version string
@@ -326,6 +469,11 @@ func (c *idleClient) ping(ctx context.Context, s idleSession) error {
 // and, for a request, the result of the answer, read from a JSON body or an
 // event stream. A JSON-RPC error is an error.
 func (c *idleClient) post(ctx context.Context, s idleSession, msg map[string]any) (int, http.Header, json.RawMessage, error) {
+	return c.postHeaders(ctx, s, nil, msg)
+}
+
+// postHeaders is post with more request headers.
+func (c *idleClient) postHeaders(ctx context.Context, s idleSession, more map[string]string, msg map[string]any) (int, http.Header, json.RawMessage, error) {
 	body, err := json.Marshal(msg)
 	if err != nil {
 		return 0, nil, nil, err
@@ -344,6 +492,9 @@ func (c *idleClient) post(ctx context.Context, s idleSession, msg map[string]any
 	if s.id != "" {
 		req.Header.Set("Mcp-Session-Id", s.id)
 		req.Header.Set("Mcp-Protocol-Version", s.version)
+	}
+	for k, v := range more {
+		req.Header.Set(k, v)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -480,6 +631,12 @@ func printIdle(out io.Writer, r *idleResult) {
 			fmt.Fprintf(out, "%s: first failed ping: %s\n", x.name, x.firstPingError)
 		}
 	}
+	for _, x := range r.routes {
+		if x.modern && x.opened > 0 && x.heapBefore > 0 && x.heapAfter > 0 {
+			fmt.Fprintf(out, "%s: %d clients each sent server/discover and a tools/call, then nothing; no MCP session: what caddy's live heap (after a GC) holds for them is %s in all, %d B per client, and %+d goroutines\n",
+				x.name, x.opened, signedKiB(x.heapAfter-x.heapBefore), (x.heapAfter-x.heapBefore)/int64(x.opened), x.gorAfter-x.gorBefore)
+		}
+	}
 	printExpired(out, r)
 	fmt.Fprintf(out, "wall time, whole section: %s\n", r.total.Round(10*time.Millisecond))
 }
@@ -520,6 +677,9 @@ func printExpired(out io.Writer, r *idleResult) {
 	}
 	fmt.Fprintln(out, "RSS falls back only as fast as Go's scavenger returns freed pages to the OS; the heap is the live heap after a GC.")
 }
+
+// signedKiB is a byte count in KiB, with its sign.
+func signedKiB(b int64) string { return fmt.Sprintf("%+.1fKiB", float64(b)/1024) }
 
 func yesNo(b bool) string {
 	if b {

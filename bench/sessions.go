@@ -267,7 +267,9 @@ func (r *sessionsRun) connect(ctx context.Context, hc *http.Client, url string, 
 	})
 	cctx, cancel := context.WithTimeout(ctx, sessionCallTimeout)
 	defer cancel()
-	cs, err := client.Connect(cctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc}, nil)
+	// 2025-11-25: the version whose clients get the events pushed.
+	cs, err := client.Connect(cctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc},
+		&mcp.ClientSessionOptions{ProtocolVersion: benchProtocolVersion})
 	if err != nil {
 		return nil, err
 	}

@@ -212,10 +212,12 @@ http://127.0.0.1:%d {
 		{"aggregated route", fmt.Sprintf("http://127.0.0.1:%d/mcp", aggPort)},
 	} {
 		t.Run(route.name, func(t *testing.T) {
-			listener, err := connectGo(t, route.url, bearerClient(token, nil)) // go-sdk opens its GET stream
+			// go-sdk at 2025-11-25 opens its GET stream (2026-07-28 has none).
+			g, err := tryConnectGoSessionsAt(t, route.url, token, "listener", legacyVersion)
 			if err != nil {
 				t.Fatal(err)
 			}
+			listener := g.cs
 			init := post(t, route.url, token, initializeBody)
 			sid := init.header.Get("Mcp-Session-Id")
 			if init.status != http.StatusOK || sid == "" {

@@ -270,6 +270,19 @@ func connectGoSessions(t testing.TB, url, token, label string) *goSessions {
 
 func tryConnectGoSessions(t testing.TB, url, token, label string) (*goSessions, error) {
 	t.Helper()
+	return tryConnectGoSessionsAt(t, url, token, label, legacyVersion)
+}
+
+// legacyVersion is the protocol version whose clients get session events
+// pushed as notifications/message: most sessions tests are about those
+// pushes, so their go-sdk client is pinned to it (sessions_modern_test.go
+// drives the endpoint at 2026-07-28).
+const legacyVersion = "2025-11-25"
+
+// tryConnectGoSessionsAt connects the go-sdk client pinned to protocol
+// version ("" lets it choose, and it tries 2026-07-28 first).
+func tryConnectGoSessionsAt(t testing.TB, url, token, label, version string) (*goSessions, error) {
+	t.Helper()
 	g := &goSessions{label: label, log: newPushLog()}
 	client := mcp.NewClient(&mcp.Implementation{Name: "e2e-sessions-" + label, Version: "1"}, &mcp.ClientOptions{
 		LoggingMessageHandler: func(_ context.Context, req *mcp.LoggingMessageRequest) {
@@ -278,7 +291,8 @@ func tryConnectGoSessions(t testing.TB, url, token, label string) (*goSessions, 
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: bearerClient(token, nil)}, nil)
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: bearerClient(token, nil)},
+		&mcp.ClientSessionOptions{ProtocolVersion: version})
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
@@ -53,13 +54,38 @@ func (*Sessions) Admit(p policy.Principal) Verdict {
 	return Verdict{}
 }
 
-// Authorize decides c by the scope map: verbs, mostly.
+// Authorize decides c by the scope map: verbs, mostly. The endpoint's only
+// resources are the sessions' events (MCP 2026-07-28), so reading one, or
+// subscribing to one, is decided as `sessions events` is, whatever the URI
+// (the endpoint then decides whose session it is): no resource method
+// reaches an agent, and a token that may not call events gets none.
 func (s *Sessions) Authorize(p policy.Principal, c message.Call) Verdict {
+	switch c.Method {
+	case "resources/read", "resources/subscribe", "resources/unsubscribe":
+		if v := scopeVerdict(s.Scopes, p, sessionEvents); !v.Allowed() {
+			if len(v.Need) == 0 {
+				return v
+			}
+			v.Message = fmt.Sprintf("token %q may not read sessions' events (%s of a resource is decided as sessions events): it needs one of %s",
+				p.Name, c.Method, strings.Join(v.Need, ", "))
+			return v
+		}
+		return Verdict{}
+	}
 	return scopeVerdict(s.Scopes, p, c)
 }
 
-// Visible shows the tools p may call with some verb.
-func (s *Sessions) Visible(p policy.Principal, it Item) bool { return scopeVisible(s.Scopes, p, it) }
+// sessionEvents is the call a sessions-endpoint resource is decided as.
+var sessionEvents = message.Call{Method: "tools/call", Tool: "sessions", Verb: "events"}
+
+// Visible shows the tools p may call with some verb, and the events
+// resources to whoever may call sessions events.
+func (s *Sessions) Visible(p policy.Principal, it Item) bool {
+	if it.Kind == KindResource || it.Kind == KindResourceTemplate {
+		return s.Scopes.Decide(p, sessionEvents).Allowed
+	}
+	return scopeVisible(s.Scopes, p, it)
+}
 
 // Serve hands r to the endpoint, on a lean context. go-sdk keeps the
 // context of the request that created an MCP session for the session's

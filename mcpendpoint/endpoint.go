@@ -1,4 +1,4 @@
-//lint:file-ignore SA1019 session events travel as notifications/message, deprecated only from protocol 2026-07-28 (SEP-2577), which this stateful endpoint does not speak; see doc.go.
+//lint:file-ignore SA1019 session events travel as notifications/message to 2025-11-25 clients only (deprecated from 2026-07-28, SEP-2577, whose clients get resource updates instead); see doc.go.
 
 package mcpendpoint
 
@@ -102,6 +102,14 @@ type Endpoint struct {
 	log     *slog.Logger
 	server  *mcp.Server
 	handler http.Handler
+	// modern and stateless serve MCP 2026-07-28: the same tools and the
+	// sessions' events resources, with no state between requests.
+	modern    *mcp.Server
+	stateless http.Handler
+	// listening counts the open subscriptions/listen streams; updates
+	// queues the sessions whose events they wait for.
+	listening *listens
+	updates   chan string
 	// eventStore keeps what was pushed to an MCP session for replay when
 	// its GET stream (re)connects.
 	eventStore *mcp.MemoryEventStore
@@ -172,15 +180,31 @@ func New(opts Options) (*Endpoint, error) {
 			MaxRequestBodyBytes: opts.MaxRequestBodyBytes,
 			Logger:              log,
 		})
-	e.handler = auth.RequireBearerToken(verifyPrincipal, &auth.RequireBearerTokenOptions{
+	bearer := auth.RequireBearerToken(verifyPrincipal, &auth.RequireBearerTokenOptions{
 		// Principals carry no expiry of their own: the edge checked it.
 		AllowMissingExpiration: true,
-	})(channelStreams(streamable))
+	})
+	e.handler = bearer(channelStreams(streamable))
+
+	// MCP 2026-07-28: a temporary go-sdk session per POST, closed when the
+	// POST ends; no event store, since there is no stream to resume.
+	e.modern = e.newModernServer()
+	e.listening = newListens()
+	e.updates = make(chan string, updateQueue)
+	e.stateless = bearer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return e.modern },
+		&mcp.StreamableHTTPOptions{
+			Stateless:           true,
+			MaxRequestBodyBytes: opts.MaxRequestBodyBytes,
+			Logger:              quietLogger(log),
+			// A client that hangs up ends its call (a wait, a listen).
+			PropagateRequestCancellation: true,
+		}))
 
 	e.unsubscribe = e.engine.Subscribe(e.onEvent)
 	e.stopSweep = make(chan struct{})
-	e.wg.Add(1)
+	e.wg.Add(2)
 	go e.sweepPeers(peerSweepEvery)
+	go e.sendUpdates()
 	return e, nil
 }
 
@@ -200,11 +224,16 @@ func (e *Endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.StatusForbidden)
 		return
 	}
-	if sid := r.Header.Get("Mcp-Session-Id"); sid != "" && ok {
+	modern := isModern(r)
+	if sid := r.Header.Get("Mcp-Session-Id"); sid != "" && ok && !modern {
 		defer e.idle.Use(sid, p.TokenID)()
 	}
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", edgeAuthorization)
+	if modern {
+		e.stateless.ServeHTTP(w, r)
+		return
+	}
 	e.handler.ServeHTTP(w, r)
 }
 
@@ -226,6 +255,7 @@ func (e *Endpoint) Close() error {
 	e.mu.Unlock()
 
 	e.unsubscribe()
+	e.listening.closeAll()
 	var errs []error
 	for _, p := range peers {
 		if err := p.ss.Close(); err != nil {

@@ -103,8 +103,20 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	return b.base.RoundTrip(r)
 }
 
-// connect opens an MCP session with the real go-sdk client.
+// legacyVersion is the protocol version of the stateful endpoint, where
+// events are pushed as notifications/message.
+const legacyVersion = "2025-11-25"
+
+// connect opens an MCP session with the real go-sdk client at 2025-11-25,
+// the version whose pushes most tests are about (connectAt chooses).
 func (h *harness) connect(token string, opts *mcp.ClientOptions, rt http.RoundTripper) *mcp.ClientSession {
+	h.t.Helper()
+	return h.connectAt(legacyVersion, token, opts, rt)
+}
+
+// connectAt connects the go-sdk client pinned to protocol version (""
+// lets it choose: it tries 2026-07-28 first).
+func (h *harness) connectAt(version, token string, opts *mcp.ClientOptions, rt http.RoundTripper) *mcp.ClientSession {
 	h.t.Helper()
 	if rt == nil {
 		rt = http.DefaultTransport
@@ -114,7 +126,7 @@ func (h *harness) connect(token string, opts *mcp.ClientOptions, rt http.RoundTr
 		Endpoint:   h.srv.URL,
 		HTTPClient: &http.Client{Transport: bearer{token, rt}},
 		MaxRetries: -1,
-	}, nil)
+	}, &mcp.ClientSessionOptions{ProtocolVersion: version})
 	if err != nil {
 		h.t.Fatalf("connect: %v", err)
 	}

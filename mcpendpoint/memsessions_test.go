@@ -165,7 +165,9 @@ func (m *memSessions) Send(_ context.Context, owner sessions.Owner, id, prompt s
 	if s.view.State == sessions.StateEnded {
 		return false, sessions.ErrEnded
 	}
-	if owner.OwnerID() == s.owner {
+	if owner.OwnerID() == s.owner && owner.MCPSession != "" {
+		// As the engine does: a caller without an MCP session (2026-07-28)
+		// moves nothing.
 		s.target = owner.MCPSession
 	}
 	if s.view.State == sessions.StateRunning || s.view.State == sessions.StateBlocked {

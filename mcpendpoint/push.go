@@ -1,4 +1,4 @@
-//lint:file-ignore SA1019 session events travel as notifications/message, deprecated only from protocol 2026-07-28 (SEP-2577), which this stateful endpoint does not speak; see doc.go.
+//lint:file-ignore SA1019 session events travel as notifications/message to 2025-11-25 clients only (deprecated from 2026-07-28, SEP-2577, whose clients get resource updates instead); see doc.go.
 
 package mcpendpoint
 
@@ -114,6 +114,7 @@ func (e *Endpoint) forgetClosed() {
 // onEvent is the engine subscription. It must not block: it hands the event
 // to the target session's queue.
 func (e *Endpoint) onEvent(ev sessions.Event) {
+	e.queueUpdate(ev.SessionID)
 	if ev.Target == "" {
 		return
 	}

@@ -242,7 +242,7 @@ func TestEventWithNoStreamOpenIsReplayedWhenOneOpens(t *testing.T) {
 		Endpoint:             h.srv.URL,
 		HTTPClient:           &http.Client{Transport: bearer{"alice-token", http.DefaultTransport}},
 		DisableStandaloneSSE: true,
-	}, nil)
+	}, &mcp.ClientSessionOptions{ProtocolVersion: legacyVersion}) // the GET stream is 2025-11-25's
 	if err != nil {
 		t.Fatal(err)
 	}

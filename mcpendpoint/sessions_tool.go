@@ -139,6 +139,22 @@ func (e *Endpoint) callSessions(ctx context.Context, req *mcp.CallToolRequest) (
 	return result(r, err), nil
 }
 
+// createdModern is what create answers a 2026-07-28 caller: also the
+// session's events resource, to listen to.
+type createdModern struct {
+	sessions.Created
+	EventsResource string `json:"eventsResource"`
+}
+
+// eventHint says how the caller learns of session id's next event: pushed
+// to a 2025-11-25 session, or its events resource for a 2026-07-28 caller.
+func eventHint(c caller, id string) string {
+	if c.modern {
+		return fmt.Sprintf("its events resource %s is updated when it finishes, fails or needs a decision (subscribe to it with subscriptions/listen)", EventsURI(id))
+	}
+	return "a <session-event> arrives when it finishes, fails or needs a decision"
+}
+
 const sessionIDHint = "pass the id that create or list returned"
 
 func (e *Endpoint) create(ctx context.Context, c caller, a *args) (reply, error) {
@@ -193,6 +209,14 @@ func (e *Endpoint) create(ctx context.Context, c caller, a *args) (reply, error)
 	if created.Link != "" {
 		fmt.Fprintf(&b, " (%s)", created.Link)
 	}
+	if c.modern {
+		// MCP 2026-07-28: nothing is pushed to a request; the events are a
+		// resource the client listens to.
+		fmt.Fprintf(&b, ". It works in the background. Its events are the resource %s: subscribe to it with subscriptions/listen "+
+			"and you are told (notifications/resources/updated) when it finishes, fails or needs a decision; then read the resource or call events. "+
+			"Without a subscription, call wait when you have nothing else to do.", EventsURI(created.SessionID))
+		return reply{text: b.String(), data: createdModern{Created: created, EventsResource: EventsURI(created.SessionID)}}, nil
+	}
 	fmt.Fprintf(&b, ". It works in the background. Do NOT wait, poll, or call wait or read for it now: "+
 		"you will receive a <session-event session=%q> when it finishes, fails or needs a decision. Carry on with other work meanwhile.", created.SessionID)
 	return reply{text: b.String(), data: created}, nil
@@ -244,7 +268,7 @@ func (e *Endpoint) send(ctx context.Context, c caller, a *args) (reply, error) {
 	if queued {
 		text = fmt.Sprintf("Session %s is busy: your prompt is queued behind the running turn and runs after it.", id)
 	}
-	text += " Do not wait: a <session-event> arrives when it finishes, fails or needs a decision."
+	text += " Do not wait: " + eventHint(c, id) + "."
 	return reply{text: text, data: sendResult{SessionID: id, Queued: queued}}, nil
 }
 
@@ -477,7 +501,7 @@ func (e *Endpoint) wait(ctx context.Context, c caller, a *args) (reply, error) {
 	res := waitResult{SessionView: v, Settled: v.State != sessions.StateRunning, Timeout: secs, Notes: notes(note)}
 	text := renderView(v)
 	if !res.Settled {
-		text = fmt.Sprintf("Session %s is still running after %d seconds. Do not wait again: a <session-event> arrives when it finishes, fails or needs a decision.\n", id, secs) + text
+		text = fmt.Sprintf("Session %s is still running after %d seconds. Do not wait again: %s.\n", id, secs, eventHint(c, id)) + text
 	}
 	return reply{text: withNotes(text, res.Notes), data: res}, nil
 }

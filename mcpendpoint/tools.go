@@ -232,16 +232,29 @@ type caller struct {
 	p      policy.Principal
 	owner  sessions.Owner
 	access Access
+	// modern is set for a request without an MCP session (MCP
+	// 2026-07-28, stateless): nothing is pushed to it, and its events are
+	// at the session's events resource.
+	modern bool
 }
 
 // callerOf is the caller of a tool call. The identity comes from the token
 // info of this very HTTP request (go-sdk's RequestExtra), never from the
 // handler's context, which belongs to the request that opened the session.
 func callerOf(req *mcp.CallToolRequest) (caller, error) {
-	if req.Extra == nil || req.Extra.TokenInfo == nil || req.Extra.TokenInfo.UserID == "" {
+	return callerFrom(req.Extra, req.Session)
+}
+
+// callerFrom is the caller of any request, from its RequestExtra: the same
+// reading for tool calls, resource reads and subscriptions, at every
+// protocol version. ss is the request's MCP session: a 2025-11-25 client's,
+// where its events are pushed, or the temporary session of a 2026-07-28
+// POST, whose id is empty, so that such a caller moves no session's events.
+func callerFrom(extra *mcp.RequestExtra, ss *mcp.ServerSession) (caller, error) {
+	if extra == nil || extra.TokenInfo == nil || extra.TokenInfo.UserID == "" {
 		return caller{}, errors.New("this call carries no authenticated caller; reconnect through the zidane_mcp edge with your token")
 	}
-	ti := req.Extra.TokenInfo
+	ti := extra.TokenInfo
 	c := caller{owner: sessions.Owner{TokenID: ti.UserID}}
 	c.access, _ = ti.Extra["access"].(Access)
 	if p, ok := ti.Extra["principal"].(policy.Principal); ok {
@@ -255,9 +268,10 @@ func callerOf(req *mcp.CallToolRequest) (caller, error) {
 		c.owner.OtherInteractions = reach(p, "interactions", c.access.ShareSessions)
 		c.owner.Roots = p.Roots
 	}
-	if req.Session != nil {
-		c.owner.MCPSession = req.Session.ID()
+	if ss != nil {
+		c.owner.MCPSession = ss.ID()
 	}
+	c.modern = c.owner.MCPSession == ""
 	return c, nil
 }
 
