@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -136,23 +137,29 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 	if opts.LockTTL < time.Second {
 		return nil, fmt.Errorf("cluster storage: lock TTL %v is under 1s; JetStream expires entries about once a second", opts.LockTTL)
 	}
-	data, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kvBucket := func(cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+		kv, _, err := retry(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateOrUpdateKeyValue(ctx, cfg) })
+		return kv, err
+	}
+	data, err := kvBucket(jetstream.KeyValueConfig{
 		Bucket: opts.Bucket, History: 1, Replicas: opts.Replicas,
 		Description: "caddy-zidane-mcp storage: values",
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cluster storage: KV bucket %q: %w", opts.Bucket, err)
 	}
-	locks, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	locks, err := kvBucket(jetstream.KeyValueConfig{
 		Bucket: opts.Bucket + "_locks", History: 1, Replicas: opts.Replicas, TTL: opts.LockTTL,
 		Description: "caddy-zidane-mcp storage: locks, each expiring one TTL after its last renewal",
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cluster storage: KV bucket %q: %w", opts.Bucket+"_locks", err)
 	}
-	blobs, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
-		Bucket: opts.Bucket + "_blobs", Replicas: opts.Replicas,
-		Description: "caddy-zidane-mcp storage: values over the inline limit",
+	blobs, _, err := retry(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) {
+		return js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+			Bucket: opts.Bucket + "_blobs", Replicas: opts.Replicas,
+			Description: "caddy-zidane-mcp storage: values over the inline limit",
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cluster storage: object store %q: %w", opts.Bucket+"_blobs", err)
@@ -191,7 +198,7 @@ func (s *Storage) Store(ctx context.Context, key string, value []byte) error {
 	if err != nil {
 		return err
 	}
-	old, _ := s.data.Get(ctx, k) // to free the old blob, if any
+	old, _, _ := retry(ctx, func(ctx context.Context) (jetstream.KeyValueEntry, error) { return s.data.Get(ctx, k) }) // to free the old blob, if any
 	if err := s.write(ctx, key, k, stored); err != nil {
 		if blob != "" {
 			_ = s.blobs.Delete(context.WithoutCancel(ctx), blob)
@@ -209,7 +216,7 @@ func (s *Storage) write(ctx context.Context, key, k string, stored []byte) error
 	hl := s.held[key]
 	s.mu.Unlock()
 	if hl == nil {
-		_, err := s.data.Put(ctx, k, stored)
+		_, _, err := retry(ctx, func(ctx context.Context) (uint64, error) { return s.data.Put(ctx, k, stored) })
 		return wrapNATS("store", key, err)
 	}
 	hl.mu.Lock()
@@ -220,17 +227,27 @@ func (s *Storage) write(ctx context.Context, key, k string, stored []byte) error
 	rev, seen := hl.seen[key]
 	var err error
 	var next uint64
+	var tried int
 	switch {
 	case !seen:
-		next, err = s.data.Put(ctx, k, stored)
-	case rev == 0:
-		next, err = s.data.Create(ctx, k, stored)
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return fmt.Errorf("store %q: %w", key, ErrFenced)
-		}
+		next, _, err = retry(ctx, func(ctx context.Context) (uint64, error) { return s.data.Put(ctx, k, stored) })
 	default:
-		next, err = s.data.Update(ctx, k, stored, rev)
+		next, tried, err = retry(ctx, func(ctx context.Context) (uint64, error) {
+			if rev == 0 {
+				return s.data.Create(ctx, k, stored)
+			}
+			return s.data.Update(ctx, k, stored, rev)
+		})
 		if errors.Is(err, jetstream.ErrKeyExists) || isRevisionMismatch(err) {
+			// After an attempt that got no answer, the compare-and-set may
+			// have landed and its retry found it: the entry is then ours,
+			// byte for byte (every sealing has its own nonce).
+			if tried > 1 {
+				if e, gerr := s.data.Get(ctx, k); gerr == nil && bytes.Equal(e.Value(), stored) {
+					hl.seen[key] = e.Revision()
+					return nil
+				}
+			}
 			return fmt.Errorf("store %q: %w", key, ErrFenced)
 		}
 	}
@@ -254,7 +271,8 @@ func (s *Storage) encode(ctx context.Context, key string, value []byte) (stored 
 		return s.seal.seal([]byte{tagInline}, value, s.valueAD(key, tagInline)), "", nil
 	}
 	blob = randomHex(16)
-	if _, err := s.blobs.PutBytes(ctx, blob, s.seal.seal(nil, value, where("blob", s.opts.Bucket, blob))); err != nil {
+	sealed := s.seal.seal(nil, value, where("blob", s.opts.Bucket, blob))
+	if _, _, err := retry(ctx, func(ctx context.Context) (*jetstream.ObjectInfo, error) { return s.blobs.PutBytes(ctx, blob, sealed) }); err != nil {
 		return nil, "", wrapNATS("store", key, err)
 	}
 	ref, _ := json.Marshal(blobRef{Object: blob, Size: int64(len(value))})
@@ -306,7 +324,7 @@ func (s *Storage) Load(ctx context.Context, key string) ([]byte, error) {
 	// A value being replaced may lose its object between reading the
 	// reference and the object: read the reference again, a few times.
 	for range 3 {
-		e, err := s.data.Get(ctx, k)
+		e, _, err := retry(ctx, func(ctx context.Context) (jetstream.KeyValueEntry, error) { return s.data.Get(ctx, k) })
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			s.noteRead(key, 0)
 			return nil, fmt.Errorf("load %q: %w", key, fs.ErrNotExist)
@@ -314,8 +332,8 @@ func (s *Storage) Load(ctx context.Context, key string) ([]byte, error) {
 		if err != nil {
 			return nil, wrapNATS("load", key, err)
 		}
-		v, retry, err := s.decode(ctx, key, e.Value())
-		if retry {
+		v, again, err := s.decode(ctx, key, e.Value())
+		if again {
 			continue
 		}
 		if err != nil {
@@ -341,7 +359,7 @@ func (s *Storage) noteRead(key string, rev uint64) {
 	hl.mu.Unlock()
 }
 
-func (s *Storage) decode(ctx context.Context, key string, v []byte) (value []byte, retry bool, err error) {
+func (s *Storage) decode(ctx context.Context, key string, v []byte) (value []byte, again bool, err error) {
 	if len(v) == 0 {
 		return nil, false, fmt.Errorf("load %q: the stored entry is empty; it was not written by this storage", key)
 	}
@@ -357,7 +375,7 @@ func (s *Storage) decode(ctx context.Context, key string, v []byte) (value []byt
 		if !ok {
 			return nil, false, fmt.Errorf("load %q: %w", key, ErrUnsealed)
 		}
-		b, err := s.blobs.GetBytes(ctx, ref.Object)
+		b, _, err := retry(ctx, func(ctx context.Context) ([]byte, error) { return s.blobs.GetBytes(ctx, ref.Object) })
 		if errors.Is(err, jetstream.ErrObjectNotFound) {
 			return nil, true, nil
 		}
@@ -387,6 +405,8 @@ func (s *Storage) keysUnder(ctx context.Context, prefix string) (exact bool, und
 	if pk != "" {
 		filters = append(filters, pk)
 	}
+	// Not through retry: the lister reads its keys after the call, on
+	// the call's context.
 	lister, err := s.data.ListKeysFiltered(ctx, filters...)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
 		return false, nil, nil
@@ -458,7 +478,7 @@ func (s *Storage) Stat(ctx context.Context, key string) (certmagic.KeyInfo, erro
 	if err != nil {
 		return certmagic.KeyInfo{}, err
 	}
-	e, err := s.data.Get(ctx, k)
+	e, _, err := retry(ctx, func(ctx context.Context) (jetstream.KeyValueEntry, error) { return s.data.Get(ctx, k) })
 	switch {
 	case err == nil:
 		info := certmagic.KeyInfo{Key: key, Modified: e.Created(), IsTerminal: true, Size: int64(len(e.Value())) - 1 - sealOverhead}
@@ -493,7 +513,7 @@ func (s *Storage) Delete(ctx context.Context, key string) error {
 			return err
 		}
 		old, _ := s.data.Get(ctx, k)
-		if err := s.data.Delete(ctx, k); err != nil {
+		if err := retry0(ctx, func(ctx context.Context) error { return s.data.Delete(ctx, k) }); err != nil {
 			return wrapNATS("delete", sk, err)
 		}
 		s.freeBlob(ctx, old, "")
@@ -550,7 +570,7 @@ func (s *Storage) TryLock(ctx context.Context, name string) (bool, error) {
 		return false, err
 	}
 	val, _ := json.Marshal(lockValue{Holder: s.holder, At: time.Now()})
-	rev, err := s.locks.Create(ctx, lk, val)
+	rev, _, err := retry(ctx, func(ctx context.Context) (uint64, error) { return s.locks.Create(ctx, lk, val) })
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return false, nil
 	}
@@ -650,7 +670,7 @@ func (s *Storage) Unlock(ctx context.Context, name string) error {
 	if hl.lost {
 		return fmt.Errorf("unlock %q: %w", name, ErrLockLost)
 	}
-	err := s.locks.Delete(ctx, hl.key, jetstream.LastRevision(hl.rev))
+	err := retry0(ctx, func(ctx context.Context) error { return s.locks.Delete(ctx, hl.key, jetstream.LastRevision(hl.rev)) })
 	if err != nil && (isRevisionMismatch(err) || errors.Is(err, jetstream.ErrKeyExists)) {
 		return fmt.Errorf("unlock %q: %w", name, ErrLockLost)
 	}

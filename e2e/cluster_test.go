@@ -37,7 +37,8 @@ func startNATSServer(t testing.TB) string {
 	return startNATS(t).url
 }
 
-func startNATS(t testing.TB) *natsServer {
+// buildNATSServer builds nats-server once for the run.
+func buildNATSServer(t testing.TB) {
 	t.Helper()
 	natsServerOnce.Do(func() {
 		natsServerBin = filepath.Join(filepath.Dir(caddyBin), "nats-server")
@@ -46,6 +47,11 @@ func startNATS(t testing.TB) *natsServer {
 	if natsServerErr != nil {
 		t.Fatalf("building nats-server: %v", natsServerErr)
 	}
+}
+
+func startNATS(t testing.TB) *natsServer {
+	t.Helper()
+	buildNATSServer(t)
 	n := &natsServer{addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), dir: t.TempDir()}
 	n.url = "nats://" + n.addr
 	n.start(t)

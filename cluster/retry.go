@@ -1,0 +1,66 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Retries while JetStream is between leaders: when a server that led a
+// stream dies, the others elect a new leader within seconds, and requests
+// meanwhile get no answer. A storage operation is retried for up to
+// retryFor, each attempt bounded by attemptTimeout, so such a failover is
+// a stall, not an error.
+const (
+	retryFor       = 8 * time.Second
+	attemptTimeout = 2 * time.Second
+)
+
+// transient says whether err is one JetStream gives while a stream has no
+// leader, or while the connection reconnects to another server.
+func transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.Code == 503 {
+		return true // "JetStream system temporarily unavailable" and kin
+	}
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, context.DeadlineExceeded)
+}
+
+// retry runs fn until it succeeds, fails for good, ctx ends, or retryFor
+// has passed; tried reports how many attempts there were.
+func retry[T any](ctx context.Context, fn func(context.Context) (T, error)) (v T, tried int, err error) {
+	deadline := time.Now().Add(retryFor)
+	wait := 50 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		v, err = fn(actx)
+		cancel()
+		tried++
+		if err == nil || !transient(err) || ctx.Err() != nil || time.Now().After(deadline) {
+			if err != nil && ctx.Err() != nil {
+				err = errors.Join(err, ctx.Err())
+			}
+			return v, tried, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, tried, errors.Join(err, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// retry0 is retry for an operation with no value.
+func retry0(ctx context.Context, fn func(context.Context) error) error {
+	_, _, err := retry(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, fn(ctx) })
+	return err
+}

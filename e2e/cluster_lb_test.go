@@ -1,0 +1,367 @@
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// natsNode is one nats-server of a JetStream cluster on loopback.
+type natsNode struct {
+	name, addr, clusterAddr, dir string
+	routes                       []string
+	p                            *process
+}
+
+func (n *natsNode) start(t testing.TB) {
+	t.Helper()
+	host, port, _ := strings.Cut(n.addr, ":")
+	cmd := exec.Command(natsServerBin, "-a", host, "-p", port, "-js", "-sd", filepath.Join(n.dir, "js"),
+		"-n", n.name, "--cluster_name", "zidane", "--cluster", "nats://"+n.clusterAddr, "--routes", strings.Join(n.routes, ","))
+	cmd.Dir = n.dir
+	n.p = startProcess(t, n.name, cmd, filepath.Join(n.dir, n.name+".log"))
+	waitListening(t, n.p, n.addr, startTimeout)
+}
+
+func (n *natsNode) kill() {
+	_ = syscall.Kill(-n.p.cmd.Process.Pid, syscall.SIGKILL)
+	<-n.p.done
+}
+
+// startNATSCluster runs three nats-servers as one JetStream cluster and
+// waits until it can hold a bucket with three replicas.
+func startNATSCluster(t *testing.T) (nodes []*natsNode, urls []string) {
+	t.Helper()
+	buildNATSServer(t)
+	for i := range 3 {
+		nodes = append(nodes, &natsNode{
+			name: fmt.Sprintf("nats-%d", i), dir: t.TempDir(),
+			addr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), clusterAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		})
+	}
+	for _, n := range nodes {
+		for _, o := range nodes {
+			if o != n {
+				n.routes = append(n.routes, "nats://"+o.clusterAddr)
+			}
+		}
+		urls = append(urls, "nats://"+n.addr)
+	}
+	for _, n := range nodes {
+		n.start(t)
+		t.Cleanup(func() {
+			n.p.stop(2 * time.Second)
+			n.p.dumpIfFailed(t)
+		})
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "ready", Replicas: 3})
+		if err == nil {
+			_, err = kv.Put(ctx, "k", []byte("v"))
+		}
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the NATS cluster did not hold a replicated bucket within 60s: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return nodes, urls
+}
+
+// streamLeader names the NATS server that leads stream.
+func streamLeader(t *testing.T, urls []string, stream string) string {
+	t.Helper()
+	nc, err := nats.Connect(strings.Join(urls, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.Cluster == nil {
+		t.Fatalf("stream %s: %v", stream, err)
+	}
+	return info.Cluster.Leader
+}
+
+// callLoop makes a tools/call through cs every period until stop, and
+// records when each started and whether it failed.
+type callRecord struct {
+	at  time.Time
+	err error
+}
+
+func callLoop(cs *mcp.ClientSession, period time.Duration, stop <-chan struct{}) <-chan []callRecord {
+	out := make(chan []callRecord, 1)
+	go func() {
+		var recs []callRecord
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				out <- recs
+				return
+			case <-t.C:
+			}
+			start := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "test_simple_text"})
+			cancel()
+			if err == nil && res.IsError {
+				err = fmt.Errorf("tool error: %+v", res.Content)
+			}
+			recs = append(recs, callRecord{start, err})
+		}
+	}()
+	return out
+}
+
+// Three replicas on a three-node NATS cluster, behind a Caddy
+// reverse_proxy load balancer with health checks on /zidane/healthz, with
+// go-sdk clients at both protocol versions: steady load without errors;
+// a revocation on one replica in force on every replica within 2 s; a
+// replica killed mid-load costs at most its in-flight calls, and every
+// call succeeds again 5 s later; the NATS stream leader killed: no call
+// fails and a write (a token made) stalls under 10 s; a rolling restart
+// of the replicas fails no 2026-07-28 call.
+func TestClusterBehindLoadBalancer(t *testing.T) {
+	nodes, natsURLs := startNATSCluster(t)
+	upstream := startStatelessEverythingServer(t) // both protocol versions
+	upHost := strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp")
+	key := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+
+	var replicas []*Caddy
+	var sites []string
+	for range 3 {
+		site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		replicas = append(replicas, startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	grace_period 10s
+	storage zidane_nats {
+		url %s
+		replicas 3
+	}
+}
+
+http://%s {
+	zidane_mcp {
+		guard
+		rate_limit {
+			per_token 1000/s 1000
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, strings.Join(natsURLs, " "), site, upHost), key))
+		sites = append(sites, site)
+	}
+	lbAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	startCaddy(t, fmt.Sprintf(`{
+	admin %s
+}
+
+http://%s {
+	reverse_proxy %s {
+		lb_policy round_robin
+		lb_try_duration 5s
+		lb_try_interval 50ms
+		fail_duration 5s
+		health_uri /zidane/healthz
+		health_interval 250ms
+		health_timeout 1s
+		flush_interval -1
+	}
+}
+`, AdminPlaceholder, lbAddr, strings.Join(sites, " ")))
+	lb := "http://" + lbAddr + "/mcp"
+
+	token := createToken(t, replicas[0], "load", "--scope", "mcp")
+	for _, s := range sites {
+		waitStatus(t, "http://"+s+"/mcp", token, http.StatusOK, 20*time.Second)
+	}
+	connect := func(version string) *mcp.ClientSession {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		client := mcp.NewClient(&mcp.Implementation{Name: "e2e-lb-" + version, Version: "1"}, nil)
+		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: lb, HTTPClient: bearerClient(token, nil), MaxRetries: -1},
+			&mcp.ClientSessionOptions{ProtocolVersion: version})
+		if err != nil {
+			t.Fatalf("connect at %s through the load balancer: %v", version, err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		if got := cs.InitializeResult().ProtocolVersion; got != version {
+			t.Fatalf("negotiated %s, want %s", got, version)
+		}
+		return cs
+	}
+
+	t.Run("steady load", func(t *testing.T) {
+		var wg sync.WaitGroup
+		errs := make(chan error, 200)
+		for _, v := range []string{"2025-11-25", "2026-07-28"} {
+			for range 3 {
+				cs := connect(v)
+				wg.Go(func() {
+					for i := range 20 {
+						res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "test_simple_text"})
+						if err != nil || res.IsError {
+							errs <- fmt.Errorf("%s call %d: %v", v, i, err)
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	})
+
+	t.Run("revocation on every replica", func(t *testing.T) {
+		victim := createToken(t, replicas[1], "victim", "--scope", "mcp")
+		for _, s := range sites {
+			waitStatus(t, "http://"+s+"/mcp", victim, http.StatusOK, 20*time.Second)
+		}
+		if _, stderr, err := replicas[1].Run(t, "zidane", "token", "revoke", "victim"); err != nil {
+			t.Fatalf("revoke: %v %s", err, stderr)
+		}
+		revoked := time.Now()
+		var wg sync.WaitGroup
+		lags := make([]time.Duration, len(sites))
+		for i, s := range sites {
+			wg.Go(func() {
+				for time.Since(revoked) < 10*time.Second {
+					if post(t, "http://"+s+"/mcp", victim, initializeBody).status == http.StatusUnauthorized {
+						lags[i] = time.Since(revoked)
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				lags[i] = -1
+			})
+		}
+		wg.Wait()
+		t.Logf("revocation lag per replica: %v", lags)
+		for i, l := range lags {
+			if l < 0 || l > 2*time.Second {
+				t.Errorf("replica %d: revocation took %v, want at most 2s", i, l)
+			}
+		}
+	})
+
+	t.Run("replica killed mid-load", func(t *testing.T) {
+		cs := connect("2026-07-28")
+		stop := make(chan struct{})
+		done := callLoop(cs, 20*time.Millisecond, stop)
+		time.Sleep(time.Second) // calls before the kill
+		victim := replicas[2]
+		killedAt := time.Now()
+		_ = syscall.Kill(-victim.proc.cmd.Process.Pid, syscall.SIGKILL)
+		<-victim.proc.done
+		time.Sleep(7 * time.Second) // 5 s to recover, then 2 s of calls that must all succeed
+		close(stop)
+		recs := <-done
+		failed, after, failedAfter := 0, 0, 0
+		for _, r := range recs {
+			if r.err != nil {
+				failed++
+			}
+			if r.at.After(killedAt.Add(5 * time.Second)) {
+				after++
+				if r.err != nil {
+					failedAfter++
+					t.Errorf("a call 5s after the kill failed: %v", r.err)
+				}
+			}
+		}
+		t.Logf("%d calls, %d failed (in flight at the kill), %d made from 5s after it, %d of them failed", len(recs), failed, after, failedAfter)
+		if after == 0 {
+			t.Fatal("no call was made after the recovery window")
+		}
+		victim.start(t) // back for the next steps
+		waitStatus(t, "http://"+sites[2]+"/mcp", token, http.StatusOK, 20*time.Second)
+	})
+
+	t.Run("NATS leader killed", func(t *testing.T) {
+		leader := streamLeader(t, natsURLs, "KV_zidane")
+		cs := connect("2026-07-28")
+		stop := make(chan struct{})
+		done := callLoop(cs, 20*time.Millisecond, stop)
+		for _, n := range nodes {
+			if n.name == leader {
+				n.kill()
+			}
+		}
+		start := time.Now()
+		if _, stderr, err := replicas[0].Run(t, "zidane", "token", "create", "--name", "after-leader", "--scope", "mcp"); err != nil {
+			t.Fatalf("a write after the NATS leader died: %v %s", err, stderr)
+		}
+		stall := time.Since(start)
+		close(stop)
+		recs := <-done
+		for _, r := range recs {
+			if r.err != nil {
+				t.Errorf("a call failed after the NATS leader died: %v", r.err)
+			}
+		}
+		t.Logf("NATS leader %s killed: a token write took %v; %d calls meanwhile", leader, stall.Round(time.Millisecond), len(recs))
+		if stall > 10*time.Second {
+			t.Errorf("the write stalled %v, want at most 10s", stall)
+		}
+		for _, n := range nodes {
+			if n.name == leader {
+				n.start(t)
+			}
+		}
+	})
+
+	t.Run("rolling restart", func(t *testing.T) {
+		cs := connect("2026-07-28")
+		stop := make(chan struct{})
+		done := callLoop(cs, 20*time.Millisecond, stop)
+		for i, r := range replicas {
+			r.Restart(t)
+			waitStatus(t, "http://"+sites[i]+"/mcp", token, http.StatusOK, 20*time.Second)
+		}
+		close(stop)
+		recs := <-done
+		for _, r := range recs {
+			if r.err != nil {
+				t.Errorf("a 2026-07-28 call failed during the rolling restart: %v", r.err)
+			}
+		}
+		t.Logf("rolling restart of 3 replicas: %d calls", len(recs))
+	})
+}
