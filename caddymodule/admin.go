@@ -95,14 +95,14 @@ func (a *adminAPI) handleTokens(w http.ResponseWriter, r *http.Request) error {
 		}
 		secret, tok, err := store.Create(r.Context(), spec)
 		if err != nil {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+			return caddy.APIError{HTTPStatus: storeStatus(err, http.StatusBadRequest), Err: err}
 		}
 		tok.SHA256 = ""
 		return writeJSON(w, http.StatusCreated, createTokenResponse{Token: secret, Record: tok})
 	case r.Method == http.MethodDelete && rest == "" && r.URL.Query().Get("session") != "":
 		rev, err := store.RevokeSession(r.Context(), r.URL.Query().Get("session"))
 		if err != nil {
-			status := http.StatusBadRequest
+			status := storeStatus(err, http.StatusBadRequest)
 			if errors.Is(err, policy.ErrTokenNotFound) {
 				status = http.StatusNotFound
 			}
@@ -112,13 +112,13 @@ func (a *adminAPI) handleTokens(w http.ResponseWriter, r *http.Request) error {
 	case r.Method == http.MethodDelete && policy.IsJWTID(rest):
 		rev, err := store.RevokeSubject(r.Context(), rest)
 		if err != nil {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+			return caddy.APIError{HTTPStatus: storeStatus(err, http.StatusBadRequest), Err: err}
 		}
 		return writeJSON(w, http.StatusOK, rev)
 	case r.Method == http.MethodDelete && rest != "":
 		tok, err := store.Revoke(r.Context(), rest)
 		if err != nil {
-			status := http.StatusBadRequest
+			status := storeStatus(err, http.StatusBadRequest)
 			if errors.Is(err, policy.ErrTokenNotFound) {
 				status = http.StatusNotFound
 			}
@@ -226,6 +226,16 @@ func redact(list []policy.Token) []policy.Token {
 		list[i].SHA256 = ""
 	}
 	return list
+}
+
+// storeStatus is the status of an admin write that failed with err: 503
+// when shared storage did not answer (the write may be retried), else
+// fallback.
+func storeStatus(err error, fallback int) int {
+	if errors.Is(err, cluster.ErrUnavailable) {
+		return http.StatusServiceUnavailable
+	}
+	return fallback
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {

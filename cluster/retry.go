@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -18,6 +19,10 @@ const (
 	retryFor       = 8 * time.Second
 	attemptTimeout = 2 * time.Second
 )
+
+// ErrUnavailable: NATS did not answer within the retries (no quorum, or a
+// failover that outlasted them); nothing was stored.
+var ErrUnavailable = errors.New("NATS did not answer (it may have lost its quorum, or be failing over); nothing was stored: retry once NATS is back")
 
 // transient says whether err is one JetStream gives while a stream has no
 // leader, or while the connection reconnects to another server.
@@ -45,8 +50,11 @@ func retry[T any](ctx context.Context, fn func(context.Context) (T, error)) (v T
 		cancel()
 		tried++
 		if err == nil || !transient(err) || ctx.Err() != nil || time.Now().After(deadline) {
-			if err != nil && ctx.Err() != nil {
+			switch {
+			case err != nil && ctx.Err() != nil:
 				err = errors.Join(err, ctx.Err())
+			case transient(err):
+				err = fmt.Errorf("%w (%v)", ErrUnavailable, err)
 			}
 			return v, tried, err
 		}

@@ -153,7 +153,9 @@ func callLoop(cs *mcp.ClientSession, period time.Duration, stop <-chan struct{})
 // replica killed mid-load costs at most its in-flight calls, and every
 // call succeeds again 5 s later; the NATS stream leader killed: no call
 // fails and a write (a token made) stalls under 10 s; a rolling restart
-// of the replicas fails no 2026-07-28 call.
+// of the replicas fails no 2026-07-28 call. Without NATS quorum, writes
+// get a clear 503, known tokens keep working, and writes come back with
+// quorum.
 func TestClusterBehindLoadBalancer(t *testing.T) {
 	nodes, natsURLs := startNATSCluster(t)
 	upstream := startStatelessEverythingServer(t) // both protocol versions
@@ -345,6 +347,41 @@ http://%s {
 				n.start(t)
 			}
 		}
+	})
+
+	t.Run("NATS quorum lost", func(t *testing.T) {
+		cs := connect("2026-07-28")
+		for _, n := range nodes[:2] {
+			n.kill()
+		}
+		// Writes fail, and say why; tokens already known keep working
+		// (they live in each replica's memory for as long as it runs).
+		start := time.Now()
+		_, stderr, err := replicas[0].Run(t, "zidane", "token", "create", "--name", "no-quorum", "--scope", "mcp")
+		if err == nil || !strings.Contains(stderr, "NATS did not answer") {
+			t.Errorf("a write without quorum: %v %s; want a refusal that says NATS did not answer", err, stderr)
+		}
+		t.Logf("without quorum a token write failed after %v: %s", time.Since(start).Round(time.Millisecond), lastLine(stderr))
+		for i := range 10 {
+			if res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "test_simple_text"}); err != nil || res.IsError {
+				t.Errorf("call %d without quorum: %v", i, err)
+			}
+		}
+		for _, n := range nodes[:2] {
+			n.start(t)
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			_, stderr, err := replicas[0].Run(t, "zidane", "token", "create", "--name", "quorum-back", "--scope", "mcp")
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("writes did not recover within 60s of quorum's return: %s", stderr)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		t.Logf("writes back %v after quorum returned", time.Since(deadline.Add(-60*time.Second)).Round(time.Millisecond))
 	})
 
 	t.Run("rolling restart", func(t *testing.T) {
