@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 )
@@ -50,6 +52,7 @@ type NATSStorage struct {
 	Key string `json:"key,omitempty"`
 
 	key string // natsPool key
+	log *slog.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -78,12 +81,15 @@ func (n *natsState) Destruct() error {
 func (s *NATSStorage) connConfig() cluster.ConnConfig {
 	return cluster.ConnConfig{
 		URLs: s.URLs, CredsFile: s.CredsFile, TLSCA: s.TLSCA, TLSCert: s.TLSCert, TLSKey: s.TLSKey,
-		Name: "caddy-zidane-mcp",
+		Name: "caddy-zidane-mcp", Logger: s.log,
 	}
 }
 
 // Provision checks the configuration.
-func (s *NATSStorage) Provision(caddy.Context) error {
+func (s *NATSStorage) Provision(ctx caddy.Context) error {
+	if ctx.Context != nil {
+		s.log = slog.New(zapslog.NewHandler(ctx.Logger().Core()))
+	}
 	if err := s.connConfig().Check(); err != nil {
 		return fmt.Errorf("storage zidane_nats: %w", err)
 	}

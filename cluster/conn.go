@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"strings"
@@ -26,6 +27,9 @@ type ConnConfig struct {
 	TLSCA, TLSCert, TLSKey string
 	// Name is the connection's name, as the NATS server's monitoring shows it.
 	Name string
+	// Logger gets what NATS reports asynchronously (a permission the NATS
+	// user lacks, a slow consumer, a reconnection); nil discards it.
+	Logger *slog.Logger
 }
 
 // Check refuses a config that could not work or would not be safe, with a
@@ -85,8 +89,25 @@ func Dial(c ConnConfig) (*Conn, error) {
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
+	log := c.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	opts := []nats.Option{
 		nats.Name(c.Name),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subject := ""
+			if sub != nil {
+				subject = sub.Subject
+			}
+			log.Warn("NATS reports an error", "error", err, "subject", subject)
+		}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("NATS connection lost; reconnecting", "error", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted()) }),
 		nats.Timeout(5 * time.Second),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
