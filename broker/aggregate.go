@@ -33,9 +33,9 @@ const (
 // RouteAggregate is the Route of the aggregated route's [CallRecord]s.
 const RouteAggregate = "aggregate"
 
-// aggProtocolVersion is the protocol the broker speaks to upstreams, and the
-// newest it offers downstream: the session-based protocol, where a server
-// may send requests (sampling, elicitation) to its client.
+// aggProtocolVersion is the newest session-based protocol, where a server
+// may send requests (sampling, elicitation) to its client: the fast path
+// serves downstream and upstream sessions at it or older only.
 const aggProtocolVersion = "2025-11-25"
 
 // aggInitWait bounds how long initialize and the list methods wait for the

@@ -24,7 +24,9 @@ func (up *aggUpstream) transport() mcp.Transport {
 func (a *Aggregate) dial(up *aggUpstream, client *mcp.Client) (*mcp.ClientSession, error) {
 	ctx, cancel := context.WithCancel(a.ctx)
 	timer := time.AfterFunc(up.timeout, cancel)
-	cs, err := client.Connect(ctx, up.transport(), &mcp.ClientSessionOptions{ProtocolVersion: aggProtocolVersion})
+	// No version asked for: go-sdk's client tries 2026-07-28 (server/discover)
+	// first and falls back to initialize at 2025-11-25.
+	cs, err := client.Connect(ctx, up.transport(), nil)
 	expired := !timer.Stop()
 	if err == nil && expired {
 		cs.Close()
@@ -195,6 +197,7 @@ func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) 
 	if up.shared {
 		a.sharedClientOptions(up, opts)
 	}
+	opts.MultiRoundTrip = &mcp.MultiRoundTripOptions{Disabled: true}
 	client := mcp.NewClient(&mcp.Implementation{Name: "zidane-mcp-broker", Version: "1"}, opts)
 	if up.shared {
 		client.AddReceivingMiddleware(refuseSharedRequests(up))

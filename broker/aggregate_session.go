@@ -240,6 +240,8 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	if down != nil && down.RootsV2 != nil {
 		opts.Capabilities.RootsV2 = &mcp.RootCapabilities{ListChanged: down.RootsV2.ListChanged}
 	}
+	// Input-required answers come back to the route (see aggregate_mrtr.go).
+	opts.MultiRoundTrip = &mcp.MultiRoundTripOptions{Disabled: true}
 	client := mcp.NewClient(&mcp.Implementation{Name: "zidane-mcp-broker", Version: "1"}, opts)
 	client.AddReceivingMiddleware(relayMiddleware(ss, c, down))
 	c.client = client
@@ -481,11 +483,12 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			untrack := c.track(ctx, req.Params.GetProgressToken())
 			defer untrack()
 		}
-		params := &mcp.CallToolParams{Meta: meta, Name: orig}
+		params := &mcp.CallToolParams{Meta: upstreamMeta(meta, c.cs), Name: orig,
+			InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState}
 		if len(req.Params.Arguments) > 0 {
 			params.Arguments = req.Params.Arguments
 		}
-		res, err := c.cs.CallTool(ctx, params)
+		res, err := callRounds(ctx, c.cs, req.Session, params)
 		// The answer goes out after the log and progress notifications
 		// the upstream sent before it.
 		c.awaitNotes(ctx)
@@ -495,6 +498,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			rec.Detail = "the tool reported an error"
 		}
 		a.record(rec, start)
+		var ie *inputError
 		switch {
 		case err == nil:
 			if res != nil {
@@ -512,6 +516,8 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			return a.unreachable(up, err), nil
 		case upstreamRPCError(err):
 			return nil, err
+		case errors.As(err, &ie):
+			return inputFailed(up, ie), nil
 		default:
 			if errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing) {
 				a.session(req.Session).forget(up.cfg.Name, c)
@@ -539,7 +545,7 @@ func (a *Aggregate) promptHandler(up *aggUpstream, orig string) mcp.PromptHandle
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "prompts/get"}
 		rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.GetPromptResult, error) {
-			return c.cs.GetPrompt(ctx, &mcp.GetPromptParams{Meta: req.Params.Meta, Name: orig, Arguments: req.Params.Arguments})
+			return c.cs.GetPrompt(ctx, &mcp.GetPromptParams{Meta: upstreamMeta(req.Params.Meta, c.cs), Name: orig, Arguments: req.Params.Arguments})
 		})
 		rec.Outcome, rec.Detail = outcome(ctx, err)
 		a.record(rec, start)
@@ -556,7 +562,7 @@ func (a *Aggregate) resourceHandler(up *aggUpstream) mcp.ResourceHandler {
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "resources/read"}
 		rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.ReadResourceResult, error) {
-			return c.cs.ReadResource(ctx, &mcp.ReadResourceParams{Meta: req.Params.Meta, URI: req.Params.URI})
+			return c.cs.ReadResource(ctx, &mcp.ReadResourceParams{Meta: upstreamMeta(req.Params.Meta, c.cs), URI: req.Params.URI})
 		})
 		rec.Outcome, rec.Detail = outcome(ctx, err)
 		a.record(rec, start)
@@ -643,7 +649,9 @@ func (a *Aggregate) complete(ctx context.Context, req *mcp.CompleteRequest) (*mc
 	params := *req.Params
 	params.Ref = &out
 	res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.CompleteResult, error) {
-		return c.cs.Complete(ctx, &params)
+		p := params
+		p.Meta = upstreamMeta(params.Meta, c.cs)
+		return c.cs.Complete(ctx, &p)
 	})
 	rec.Outcome, rec.Detail = outcome(ctx, err)
 	a.record(rec, start)
@@ -685,7 +693,7 @@ func (a *Aggregate) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 		if cs == nil {
 			err = errors.New("its catalog session is not connected")
 		} else {
-			err = cs.Subscribe(ctx, &mcp.SubscribeParams{Meta: req.Params.Meta, URI: uri})
+			err = cs.Subscribe(ctx, &mcp.SubscribeParams{Meta: upstreamMeta(req.Params.Meta, cs), URI: uri})
 		}
 	}
 	rec.Outcome, rec.Detail = outcome(ctx, err)
