@@ -157,7 +157,9 @@ type Aggregate struct {
 	ns           *Namespace
 	conditional  bool
 	server       *mcp.Server
-	handler      *mcp.StreamableHTTPHandler
+	handler      *mcp.StreamableHTTPHandler // 2025-11-25 and older: sessions
+	stateless    *mcp.StreamableHTTPHandler // 2026-07-28 (see aggregate_modern.go)
+	pidle        *mcpidle.Sessions          // principal sessions
 	onCall       func(CallRecord)
 	logger       *slog.Logger
 	cache        ToolCache
@@ -170,19 +172,20 @@ type Aggregate struct {
 	wg     sync.WaitGroup
 	ready  chan struct{}
 
-	mu        sync.Mutex
-	pending   int                                    // upstreams whose catalog has not had a first round
-	tools     map[string]qualified                   // registered tool name -> upstream, original
-	prompts   map[string]qualified                   // registered prompt name -> upstream, original
-	resOwner  map[string]string                      // resource URI -> upstream
-	tmplOwner map[string]string                      // URI template -> upstream
-	tmplMatch map[string]*regexp.Regexp              // URI template -> its compiled matcher, made at first use
-	sessions  map[*mcp.ServerSession]*aggSession     // downstream sessions
-	byID      map[string]*aggSession                 // downstream sessions by session id
-	bindings  map[string]string                      // downstream session id -> token id
-	subs      map[string]map[*mcp.ServerSession]bool // resource URI -> subscribed sessions
-	withdrawn map[string]string                      // tool name -> upstream, while it waits for a login
-	closed    bool
+	mu         sync.Mutex
+	pending    int                                    // upstreams whose catalog has not had a first round
+	tools      map[string]qualified                   // registered tool name -> upstream, original
+	prompts    map[string]qualified                   // registered prompt name -> upstream, original
+	resOwner   map[string]string                      // resource URI -> upstream
+	tmplOwner  map[string]string                      // URI template -> upstream
+	tmplMatch  map[string]*regexp.Regexp              // URI template -> its compiled matcher, made at first use
+	sessions   map[*mcp.ServerSession]*aggSession     // downstream sessions
+	byID       map[string]*aggSession                 // downstream sessions by session id
+	bindings   map[string]string                      // downstream session id -> token id
+	subs       map[string]map[*mcp.ServerSession]bool // resource URI -> subscribed sessions
+	withdrawn  map[string]string                      // tool name -> upstream, while it waits for a login
+	principals map[string]*aggSession                 // token id -> its 2026-07-28 requests' upstream sessions
+	closed     bool
 }
 
 type aggUpstream struct {
@@ -266,6 +269,12 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		bindings:     map[string]string{},
 		subs:         map[string]map[*mcp.ServerSession]bool{},
 		idle:         mcpidle.New(opts.SessionTimeout),
+		principals:   map[string]*aggSession{},
+	}
+	if opts.SessionTimeout > 0 {
+		a.pidle = mcpidle.New(opts.SessionTimeout)
+	} else {
+		a.pidle = mcpidle.New(principalIdle)
 	}
 	var names []string
 	for _, u := range ups {
@@ -331,7 +340,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		CompletionHandler:         a.complete,
 		SubscribeHandler:          a.subscribe,
 		UnsubscribeHandler:        a.unsubscribe,
-		SupportedProtocolVersions: []string{"2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"},
+		SupportedProtocolVersions: []string{protocolModern, "2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"},
 		Capabilities: &mcp.ServerCapabilities{
 			Logging:   &mcp.LoggingCapabilities{},
 			Tools:     &mcp.ToolCapabilities{ListChanged: true},
@@ -343,6 +352,8 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 	a.server.AddSendingMiddleware(elicitResultHolder)
 	a.handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return a.server },
 		&mcp.StreamableHTTPOptions{MaxRequestBodyBytes: opts.MaxRequestBodyBytes})
+	a.stateless = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return a.server },
+		&mcp.StreamableHTTPOptions{Stateless: true, MaxRequestBodyBytes: opts.MaxRequestBodyBytes})
 
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	a.pending = len(a.ups)
@@ -465,10 +476,15 @@ func (a *Aggregate) Close() error {
 	}
 	a.closed = true
 	a.idle.Stop()
-	sessions := make([]*aggSession, 0, len(a.sessions))
+	a.pidle.Stop()
+	sessions := make([]*aggSession, 0, len(a.sessions)+len(a.principals))
 	for _, s := range a.sessions {
 		sessions = append(sessions, s)
 	}
+	for _, s := range a.principals {
+		sessions = append(sessions, s)
+	}
+	clear(a.principals)
 	a.mu.Unlock()
 	a.cancel()
 	for ss := range a.server.Sessions() {
@@ -501,6 +517,12 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.logger.Error("aggregated route called without a principal in the request context; it must sit behind the zidane_mcp edge")
 		writeRPCError(w, http.StatusInternalServerError, nil, codeInternal,
 			"the broker route is misconfigured (it must sit behind the zidane_mcp edge); ask the operator to check the server log")
+		return
+	}
+	if modernRequest(r) {
+		// No session: the request's calls go through its token's
+		// principal session (see aggregate_modern.go).
+		a.stateless.ServeHTTP(w, r)
 		return
 	}
 	if sid := r.Header.Get(headerSessionID); sid != "" {
@@ -590,7 +612,7 @@ func (b *bindingWriter) Unwrap() http.ResponseWriter { return b.ResponseWriter }
 func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		switch method {
-		case "initialize", "tools/list", "prompts/list", "resources/list", "resources/templates/list":
+		case "initialize", "server/discover", "tools/list", "prompts/list", "resources/list", "resources/templates/list":
 			wctx, cancel := context.WithTimeout(ctx, aggInitWait)
 			_ = a.Ready(wctx)
 			cancel()
@@ -607,6 +629,10 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return res, err
 		}
 		switch method {
+		case "server/discover":
+			if dr, ok := res.(*mcp.DiscoverResult); ok && dr != nil {
+				dr.Instructions = a.instructions()
+			}
 		case "initialize":
 			if ir, ok := res.(*mcp.InitializeResult); ok && ir != nil {
 				ir.Instructions = a.instructions()
@@ -644,10 +670,19 @@ func (a *Aggregate) instructions() string {
 }
 
 // principal returns who a handler's request acts for: the request's token
-// info when the transport set one, else the principal bound to the session.
-func (a *Aggregate) principal(ss *mcp.ServerSession, extra *mcp.RequestExtra) (id, name string) {
+// info when the transport set one, else for a 2026-07-28 request the
+// principal in its context, else the principal bound to the session.
+func (a *Aggregate) principal(ctx context.Context, ss *mcp.ServerSession, extra *mcp.RequestExtra) (id, name string) {
 	if extra != nil && extra.TokenInfo != nil {
 		return tokenInfoPrincipal(extra.TokenInfo)
+	}
+	if modernSession(ss) {
+		// A 2026-07-28 request is its own session: the edge's principal
+		// travels in its context.
+		if p, ok := policy.PrincipalFrom(ctx); ok {
+			return p.TokenID, p.Name
+		}
+		return "", ""
 	}
 	if ss != nil {
 		a.mu.Lock()

@@ -15,7 +15,9 @@ import (
 )
 
 // aggSession is the broker's state for one downstream session: its
-// upstream client sessions, opened on first use.
+// upstream client sessions, opened on first use. A principal's session
+// (see principalSession) has no ss: it holds the upstream sessions that
+// serve the 2026-07-28 requests of one token.
 type aggSession struct {
 	a  *Aggregate
 	ss *mcp.ServerSession
@@ -37,6 +39,7 @@ type aggConn struct {
 	progress map[string]context.Context // progress token -> downstream request ctx
 	calls    []context.Context          // downstream request ctxs in flight
 	shared   bool                       // a lease of a shared stdio upstream's catalog session
+	home     *aggSession                // the session whose conns hold it (nil for a lease)
 
 	client *mcp.Client // the client of cs (nil for a lease): roots changes are announced through it
 
@@ -164,12 +167,27 @@ func (a *Aggregate) conn(ctx context.Context, ss *mcp.ServerSession, up *aggUpst
 	if up.shared {
 		return a.sharedConn(ctx, up)
 	}
+	if modernSession(ss) {
+		s, done, err := a.principalSession(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err = a.connOf(ctx, s, up)
+		if err != nil {
+			done()
+			return nil, nil, err
+		}
+		return c, done, nil
+	}
 	c, err = a.ownConn(ctx, ss, up)
 	return c, func() {}, err
 }
 
 func (a *Aggregate) ownConn(ctx context.Context, ss *mcp.ServerSession, up *aggUpstream) (*aggConn, error) {
-	s := a.session(ss)
+	return a.connOf(ctx, a.session(ss), up)
+}
+
+func (a *Aggregate) connOf(ctx context.Context, s *aggSession, up *aggUpstream) (*aggConn, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -177,7 +195,7 @@ func (a *Aggregate) ownConn(ctx context.Context, ss *mcp.ServerSession, up *aggU
 	}
 	c := s.conns[up.cfg.Name]
 	if c == nil {
-		c = &aggConn{done: make(chan struct{}), progress: map[string]context.Context{}}
+		c = &aggConn{done: make(chan struct{}), progress: map[string]context.Context{}, home: s}
 		s.conns[up.cfg.Name] = c
 		go s.open(up, c)
 	}
@@ -193,6 +211,14 @@ func (a *Aggregate) ownConn(ctx context.Context, ss *mcp.ServerSession, up *aggU
 	return c, nil
 }
 
+// forgetIn drops c from the connections of the session that opened it,
+// if it is still there (a lease of a shared session has none).
+func (c *aggConn) forgetIn(name string) {
+	if c.home != nil {
+		c.home.forget(name, c)
+	}
+}
+
 // forget drops c from the session's connections if it is still there, so
 // that the next call opens a new one.
 func (s *aggSession) forget(name string, c *aggConn) {
@@ -204,23 +230,39 @@ func (s *aggSession) forget(name string, c *aggConn) {
 }
 
 // open connects c to up, forwarding the upstream's requests and
-// notifications to this downstream session.
+// notifications to this downstream session. A principal's session (ss
+// nil, see principalSession) forwards progress to the 2026-07-28 request it
+// belongs to, drops log messages (that protocol has no session log level)
+// and offers the upstream no server-to-client requests: its clients are
+// asked for input through input-required answers instead.
 func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	a, ss := s.a, s.ss
 	opts := &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
 		LoggingMessageHandler: func(ctx context.Context, req *mcp.LoggingMessageRequest) {
 			down := context.WithoutCancel(c.requestCtx(ctx, nil))
-			c.forward(func() { _ = ss.Log(down, req.Params) })
+			target := downSession(down, ss)
+			c.forward(func() {
+				if target != nil && target == ss {
+					_ = target.Log(down, req.Params)
+				}
+			})
 		},
 		ProgressNotificationHandler: func(ctx context.Context, req *mcp.ProgressNotificationClientRequest) {
 			down := context.WithoutCancel(c.requestCtx(ctx, req.Params.ProgressToken))
-			c.forward(func() { _ = ss.NotifyProgress(down, req.Params) })
+			target := downSession(down, ss)
+			c.forward(func() {
+				if target != nil {
+					_ = target.NotifyProgress(down, req.Params)
+				}
+			})
 		},
 	}
 	var down *mcp.ClientCapabilities
-	if ip := ss.InitializeParams(); ip != nil {
-		down = ip.Capabilities
+	if ss != nil {
+		if ip := ss.InitializeParams(); ip != nil {
+			down = ip.Capabilities
+		}
 	}
 	if down != nil && down.Sampling != nil {
 		opts.Capabilities.Sampling = &mcp.SamplingCapabilities{}
@@ -463,7 +505,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		start := time.Now()
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: orig}
-		rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 		c, release, err := a.conn(ctx, req.Session, up)
 		if err != nil {
 			rec.Outcome, rec.Detail = outcome(ctx, err)
@@ -480,7 +522,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			meta, unroute = a.sharedProgressToken(ctx, up, req.Session, meta, req.Params.GetProgressToken())
 			defer unroute()
 		} else {
-			untrack := c.track(ctx, req.Params.GetProgressToken())
+			untrack := c.track(trackCtx(ctx, req.Session), req.Params.GetProgressToken())
 			defer untrack()
 		}
 		params := &mcp.CallToolParams{Meta: upstreamMeta(meta, c.cs), Name: orig,
@@ -508,7 +550,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
 		case c.overLimit.Load() != nil:
-			a.session(req.Session).forget(up.cfg.Name, c)
+			c.forgetIn(up.cfg.Name)
 			return overLimitResult(c.limitFailure()), nil
 		case errors.Is(err, upstreamauth.ErrAuthRequired):
 			// go-sdk reports the transport's refusal as a JSON-RPC error;
@@ -520,7 +562,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			return inputFailed(up, ie), nil
 		default:
 			if errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing) {
-				a.session(req.Session).forget(up.cfg.Name, c)
+				c.forgetIn(up.cfg.Name)
 			}
 			return a.unreachable(up, err), nil
 		}
@@ -543,7 +585,7 @@ func (a *Aggregate) promptHandler(up *aggUpstream, orig string) mcp.PromptHandle
 	return func(ctx context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
 		start := time.Now()
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "prompts/get"}
-		rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.GetPromptResult, error) {
 			return c.cs.GetPrompt(ctx, &mcp.GetPromptParams{Meta: upstreamMeta(req.Params.Meta, c.cs), Name: orig, Arguments: req.Params.Arguments})
 		})
@@ -560,7 +602,7 @@ func (a *Aggregate) resourceHandler(up *aggUpstream) mcp.ResourceHandler {
 	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		start := time.Now()
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "resources/read"}
-		rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.ReadResourceResult, error) {
 			return c.cs.ReadResource(ctx, &mcp.ReadResourceParams{Meta: upstreamMeta(req.Params.Meta, c.cs), URI: req.Params.URI})
 		})
@@ -581,17 +623,17 @@ func withConnT[T any](a *Aggregate, ctx context.Context, ss *mcp.ServerSession, 
 		return zero, err
 	}
 	defer release()
-	untrack := c.track(ctx, nil)
+	untrack := c.track(trackCtx(ctx, ss), nil)
 	defer untrack()
 	res, err := fn(c)
 	if err != nil && ctx.Err() == nil {
 		if lerr := c.limitFailure(); lerr != nil {
-			a.session(ss).forget(up.cfg.Name, c)
+			c.forgetIn(up.cfg.Name)
 			return zero, lerr
 		}
 	}
 	if err != nil && (errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing)) {
-		a.session(ss).forget(up.cfg.Name, c)
+		c.forgetIn(up.cfg.Name)
 	}
 	return res, err
 }
@@ -645,7 +687,7 @@ func (a *Aggregate) complete(ctx context.Context, req *mcp.CompleteRequest) (*mc
 	}
 	start := time.Now()
 	rec := CallRecord{Upstream: up.cfg.Name, Method: "completion/complete"}
-	rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+	rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 	params := *req.Params
 	params.Ref = &out
 	res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.CompleteResult, error) {
@@ -684,7 +726,7 @@ func (a *Aggregate) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 	a.mu.Unlock()
 	start := time.Now()
 	rec := CallRecord{Upstream: owner, Method: "resources/subscribe"}
-	rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+	rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 	var err error
 	if first {
 		up.mu.Lock()
