@@ -213,13 +213,15 @@ type aggUpstream struct {
 	prompts      []string
 	resources    []string
 	templates    []string
-	changed      chan struct{} // closed and replaced when catalog changes or an attempt fails
-	failures     int           // failed catalog attempts
-	inflight     int           // calls on the shared catalog session
-	idleGen      int           // invalidates armed idle timers
-	idleClosed   bool          // the catalog was closed for idleness
-	cachedJSON   []byte        // what the ToolCache holds, as last loaded or stored
-	fromCache    bool          // its tools were registered from the ToolCache at start
+	changed      chan struct{}  // closed and replaced when catalog changes or an attempt fails
+	failures     int            // failed catalog attempts
+	inflight     int            // calls on the shared catalog session
+	idleGen      int            // invalidates armed idle timers
+	idleClosed   bool           // the catalog was closed for idleness
+	ttl          [numKinds]int  // ttlMs of the last listing of each kind (see aggregate_cacheable.go)
+	ttlKnown     [numKinds]bool // the upstream gave one
+	cachedJSON   []byte         // what the ToolCache holds, as last loaded or stored
+	fromCache    bool           // its tools were registered from the ToolCache at start
 }
 
 // NewAggregate builds the aggregated route over ups, which must have
@@ -338,6 +340,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 			a.session(req.Session).rootsChanged()
 		},
 		CompletionHandler:         a.complete,
+		SetCacheable:              a.setCacheable,
 		SubscribeHandler:          a.subscribe,
 		UnsubscribeHandler:        a.unsubscribe,
 		SupportedProtocolVersions: []string{protocolModern, "2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"},

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iter"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -306,25 +305,86 @@ func (a *Aggregate) register(up *aggUpstream, what, name string, fn func()) (ok 
 const maxListed = 10000
 
 // listAll gathers the items of a paged listing of up, the first maxListed
-// of them; past those it stops reading pages and logs that the rest is left
-// out. On an error it returns what was gathered before it.
-func listAll[T any](a *Aggregate, up *aggUpstream, kind string, seq iter.Seq2[T, error]) ([]T, error) {
-	var out []T
-	for item, err := range seq {
-		if err != nil {
-			return out, err
-		}
-		if len(out) == maxListed {
-			a.logger.Warn("aggregate: upstream lists more than the gateway takes; the rest is left out", "upstream", up.cfg.Name, "kind", kind, "max", maxListed)
-			break
-		}
-		out = append(out, item)
+// of them; past those (or past maxListed pages) it stops reading pages and
+// logs that the rest is left out. On an error it returns what was gathered
+// before it. ttl is the smallest ttlMs of the pages read, -1 when up
+// speaks a protocol without ttlMs.
+func listAll[T any](ctx context.Context, a *Aggregate, up *aggUpstream, cs *mcp.ClientSession, kind string, page func(ctx context.Context, cursor string) ([]T, string, int, error)) (out []T, ttl int, err error) {
+	ttl = -1
+	modern := false
+	if ir := cs.InitializeResult(); ir != nil && ir.ProtocolVersion >= protocolModern {
+		modern = true
 	}
-	return out, nil
+	cursor := ""
+	for pages := 0; ; pages++ {
+		if pages == maxListed {
+			a.logger.Warn("aggregate: upstream lists more pages than the gateway reads; the rest is left out", "upstream", up.cfg.Name, "kind", kind, "max", maxListed)
+			return out, ttl, nil
+		}
+		items, next, pageTTL, err := page(ctx, cursor)
+		if err != nil {
+			return out, ttl, err
+		}
+		if modern && (ttl < 0 || pageTTL < ttl) {
+			ttl = max(pageTTL, 0)
+		}
+		for _, item := range items {
+			if len(out) == maxListed {
+				a.logger.Warn("aggregate: upstream lists more than the gateway takes; the rest is left out", "upstream", up.cfg.Name, "kind", kind, "max", maxListed)
+				return out, ttl, nil
+			}
+			out = append(out, item)
+		}
+		if next == "" {
+			return out, ttl, nil
+		}
+		cursor = next
+	}
+}
+
+func toolPage(cs *mcp.ClientSession) func(context.Context, string) ([]*mcp.Tool, string, int, error) {
+	return func(ctx context.Context, cursor string) ([]*mcp.Tool, string, int, error) {
+		res, err := cs.ListTools(ctx, &mcp.ListToolsParams{Cursor: cursor})
+		if err != nil {
+			return nil, "", 0, err
+		}
+		return res.Tools, res.NextCursor, res.TTLMs, nil
+	}
+}
+
+func promptPage(cs *mcp.ClientSession) func(context.Context, string) ([]*mcp.Prompt, string, int, error) {
+	return func(ctx context.Context, cursor string) ([]*mcp.Prompt, string, int, error) {
+		res, err := cs.ListPrompts(ctx, &mcp.ListPromptsParams{Cursor: cursor})
+		if err != nil {
+			return nil, "", 0, err
+		}
+		return res.Prompts, res.NextCursor, res.TTLMs, nil
+	}
+}
+
+func resourcePage(cs *mcp.ClientSession) func(context.Context, string) ([]*mcp.Resource, string, int, error) {
+	return func(ctx context.Context, cursor string) ([]*mcp.Resource, string, int, error) {
+		res, err := cs.ListResources(ctx, &mcp.ListResourcesParams{Cursor: cursor})
+		if err != nil {
+			return nil, "", 0, err
+		}
+		return res.Resources, res.NextCursor, res.TTLMs, nil
+	}
+}
+
+func templatePage(cs *mcp.ClientSession) func(context.Context, string) ([]*mcp.ResourceTemplate, string, int, error) {
+	return func(ctx context.Context, cursor string) ([]*mcp.ResourceTemplate, string, int, error) {
+		res, err := cs.ListResourceTemplates(ctx, &mcp.ListResourceTemplatesParams{Cursor: cursor})
+		if err != nil {
+			return nil, "", 0, err
+		}
+		return res.ResourceTemplates, res.NextCursor, res.TTLMs, nil
+	}
 }
 
 func (a *Aggregate) refreshTools(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
-	listed, err := listAll(a, up, "tools", cs.Tools(ctx, nil))
+	listed, ttl, err := listAll(ctx, a, up, cs, "tools", toolPage(cs))
+	up.setTTL(kindTools, ttl, err)
 	if err != nil {
 		return fmt.Errorf("listing tools: %w", err)
 	}
@@ -370,7 +430,8 @@ func (a *Aggregate) registerTools(up *aggUpstream, listed []*mcp.Tool) {
 }
 
 func (a *Aggregate) refreshPrompts(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
-	listed, err := listAll(a, up, "prompts", cs.Prompts(ctx, nil))
+	listed, ttl, err := listAll(ctx, a, up, cs, "prompts", promptPage(cs))
+	up.setTTL(kindPrompts, ttl, err)
 	if err != nil {
 		return fmt.Errorf("listing prompts: %w", err)
 	}
@@ -428,11 +489,13 @@ func (a *Aggregate) replaceNames(up *aggUpstream, slot *[]string, table map[stri
 }
 
 func (a *Aggregate) refreshResources(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
-	resources, err := listAll(a, up, "resources", cs.Resources(ctx, nil))
+	resources, ttl, err := listAll(ctx, a, up, cs, "resources", resourcePage(cs))
+	up.setTTL(kindResources, ttl, err)
 	if err != nil {
 		return fmt.Errorf("listing resources: %w", err)
 	}
-	templates, err := listAll(a, up, "resource templates", cs.ResourceTemplates(ctx, nil))
+	templates, ttl, err := listAll(ctx, a, up, cs, "resource templates", templatePage(cs))
+	up.setTTL(kindTemplates, ttl, err)
 	if err != nil {
 		// Some servers list resources without templates.
 		a.logger.Warn("aggregate: listing resource templates failed", "upstream", up.cfg.Name, "error", safeError(err))
