@@ -160,6 +160,7 @@ type Aggregate struct {
 	handler      *mcp.StreamableHTTPHandler // 2025-11-25 and older: sessions
 	stateless    *mcp.StreamableHTTPHandler // 2026-07-28 (see aggregate_modern.go)
 	pidle        *mcpidle.Sessions          // principal sessions
+	bridge       *bridge                    // 2026-07-28 calls pending on 2025-11-25 upstreams
 	onCall       func(CallRecord)
 	logger       *slog.Logger
 	cache        ToolCache
@@ -272,6 +273,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		subs:         map[string]map[*mcp.ServerSession]bool{},
 		idle:         mcpidle.New(opts.SessionTimeout),
 		principals:   map[string]*aggSession{},
+		bridge:       newBridge(),
 	}
 	if opts.SessionTimeout > 0 {
 		a.pidle = mcpidle.New(opts.SessionTimeout)

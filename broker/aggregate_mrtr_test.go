@@ -86,6 +86,15 @@ func newMRTRUp(t *testing.T, name string, stateless bool) *mrtrUp {
 			"sample": &mcp.CreateMessageParams{Messages: []*mcp.SamplingMessage{{Role: "user", Content: &mcp.TextContent{Text: "hi"}}}, MaxTokens: 10},
 		}, RequestState: "rs"}, nil, nil
 	})
+	// A 2025-11-25 server's way: a request to the client during the call.
+	mcp.AddTool(s, &mcp.Tool{Name: "ask_classic"}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
+		record(req)
+		er, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: "classic?", RequestedSchema: nameSchema})
+		if err != nil {
+			return nil, nil, err
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("got %v", er.Content["name"])}}}, nil, nil
+	})
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: stateless})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)

@@ -40,6 +40,7 @@ type aggConn struct {
 	calls    []context.Context          // downstream request ctxs in flight
 	shared   bool                       // a lease of a shared stdio upstream's catalog session
 	home     *aggSession                // the session whose conns hold it (nil for a lease)
+	bridges  []*bridgeCall              // pending calls of 2026-07-28 clients (see aggregate_bridge.go)
 
 	client *mcp.Client // the client of cs (nil for a lease): roots changes are announced through it
 
@@ -282,10 +283,25 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	if down != nil && down.RootsV2 != nil {
 		opts.Capabilities.RootsV2 = &mcp.RootCapabilities{ListChanged: down.RootsV2.ListChanged}
 	}
+	if ss == nil {
+		// A principal session: to a 2025-11-25 upstream it offers what a
+		// 2026-07-28 client can answer through input-required results
+		// (see aggregate_bridge.go). A 2026-07-28 upstream gets each
+		// request's own client capabilities instead.
+		opts.Capabilities = &mcp.ClientCapabilities{
+			Elicitation: &mcp.ElicitationCapabilities{Form: &mcp.FormElicitationCapabilities{}},
+			Sampling:    &mcp.SamplingCapabilities{},
+			RootsV2:     &mcp.RootCapabilities{},
+		}
+	}
 	// Input-required answers come back to the route (see aggregate_mrtr.go).
 	opts.MultiRoundTrip = &mcp.MultiRoundTripOptions{Disabled: true}
 	client := mcp.NewClient(&mcp.Implementation{Name: "zidane-mcp-broker", Version: "1"}, opts)
-	client.AddReceivingMiddleware(relayMiddleware(ss, c, down))
+	if ss == nil {
+		client.AddReceivingMiddleware(bridgeMiddleware(c))
+	} else {
+		client.AddReceivingMiddleware(relayMiddleware(ss, c, down))
+	}
 	c.client = client
 	cs, err := a.dial(up, client)
 	if err == nil {
@@ -530,7 +546,12 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 		if len(req.Params.Arguments) > 0 {
 			params.Arguments = req.Params.Arguments
 		}
-		res, err := callRounds(ctx, c.cs, req.Session, params)
+		var res *mcp.CallToolResult
+		if bridged(req.Session, c) {
+			res, err = a.bridgeCallTool(ctx, c, req.Params.Name, params)
+		} else {
+			res, err = callRounds(ctx, c.cs, req.Session, params)
+		}
 		// The answer goes out after the log and progress notifications
 		// the upstream sent before it.
 		c.awaitNotes(ctx)
