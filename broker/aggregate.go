@@ -102,6 +102,12 @@ type AggregateOptions struct {
 	// upstream its tools, prompts and resources are withdrawn; they come
 	// back when it connects again (see [Aggregate.Reconnect]).
 	AuthRequired func(upstream string) bool
+	// MayUse, when set, reports whether principal p may use the named
+	// upstream. The edge authorizes subscriptions/listen (MCP 2026-07-28)
+	// as a method that names no upstream; the resources it subscribes to
+	// are checked here, each against its owner, and a resource of an
+	// upstream the token may not use fails the listen request.
+	MayUse func(p policy.Principal, upstream string) bool
 }
 
 // DefaultStdioIdle is the default of [AggregateOptions.StdioIdle].
@@ -165,6 +171,7 @@ type Aggregate struct {
 	logger       *slog.Logger
 	cache        ToolCache
 	authRequired func(string) bool
+	mayUse       func(policy.Principal, string) bool
 	maxBody      int64 // MaxRequestBodyBytes, for the fast path's read
 	idle         *mcpidle.Sessions
 
@@ -260,6 +267,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		logger:       logger,
 		cache:        opts.ToolCache,
 		authRequired: opts.AuthRequired,
+		mayUse:       opts.MayUse,
 		ready:        make(chan struct{}),
 		tools:        map[string]qualified{},
 		prompts:      map[string]qualified{},

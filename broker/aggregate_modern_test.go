@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
 // tokenRT sends every request as the test token tok (see aggServe).
@@ -237,6 +239,63 @@ func TestAggregateDiscover(t *testing.T) {
 	for _, want := range []string{`"2026-07-28"`, `"2025-11-25"`, "Use a wisely."} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("server/discover answered %s; want %s in it", out, want)
+		}
+	}
+}
+
+// subscriptions/listen names resources the edge does not check: each is
+// checked against its owner, and one of an upstream the token may not use
+// fails the listen request.
+func TestAggregateListenChecksResourceOwners(t *testing.T) {
+	a, b := newAggUp(t, "a"), newAggUp(t, "b")
+	_, url := aggServe(t, []Upstream{a.config(), b.config()}, AggregateOptions{
+		MayUse: func(p policy.Principal, upstream string) bool { return p.TokenID == "tok-1" && upstream == "a" },
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	updated := make(chan string, 8)
+	cs := modernClient(t, url, "tok-1", &mcp.ClientOptions{
+		ResourceUpdatedHandler: func(_ context.Context, req *mcp.ResourceUpdatedNotificationRequest) { updated <- req.Params.URI },
+	})
+	// The listen request itself, as the client sends it: an error that
+	// names the scope, not an acknowledgement.
+	body := `{"jsonrpc":"2.0","id":5,"method":"subscriptions/listen","params":{"notifications":{"resourceSubscriptions":["test://b/doc"]},` +
+		`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`
+	req, _ := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
+	req.Header.Set("Mcp-Method", "subscriptions/listen")
+	req.Header.Set("X-Test-Token", "tok-1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(data), `"error"`) || !strings.Contains(string(data), "upstream:b") || strings.Contains(string(data), "acknowledged") {
+		t.Fatalf("listen for b's resource with a token for a only answered %s; want an error naming upstream:b", data)
+	}
+	// go-sdk's client listens in the background and reports nothing: what
+	// shows is that b's updates never come, while a's do.
+	_ = cs.Subscribe(ctx, &mcp.SubscribeParams{URI: "test://b/doc"})
+	if err := cs.Subscribe(ctx, &mcp.SubscribeParams{URI: "test://a/doc"}); err != nil {
+		t.Fatalf("subscribing to a's resource: %v", err)
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		_ = b.server.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "test://b/doc"})
+		_ = a.server.ResourceUpdated(ctx, &mcp.ResourceUpdatedNotificationParams{URI: "test://a/doc"})
+		select {
+		case uri := <-updated:
+			if uri != "test://a/doc" {
+				t.Fatalf("the client got an update of %q", uri)
+			}
+			return
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatal("no update of a's resource")
 		}
 	}
 }

@@ -9,9 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
 // aggSession is the broker's state for one downstream session: its
@@ -733,6 +735,13 @@ func (a *Aggregate) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 	a.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("resource %q is not offered by any upstream", uri)
+	}
+	if modernSession(req.Session) && a.mayUse != nil {
+		// subscriptions/listen: the edge did not see this resource.
+		if p, ok := policy.PrincipalFrom(ctx); !ok || !a.mayUse(p, owner) {
+			return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf(
+				"resource %q: this token may not use the upstream that offers it (it needs the scope %s); subscribe to what the token may read", uri, policy.UpstreamScope(owner))}
+		}
 	}
 	up := a.byName[owner]
 	a.session(req.Session)
