@@ -176,23 +176,33 @@ func samplingWithTools(p *mcp.CreateMessageParams) *mcp.CreateMessageWithToolsPa
 // exchange (its version and identity), so they are dropped and the
 // broker's client sets its own; the client capabilities stay when the
 // upstream speaks 2026-07-28 too, since they tell it which input requests
-// the client can answer (go-sdk's client keeps a key the params hold).
-// Nothing else of meta is changed; meta itself is not modified.
-func upstreamMeta(meta mcp.Meta, cs *mcp.ClientSession) mcp.Meta {
+// the client can answer (go-sdk's client keeps a key the params hold). A
+// 2026-07-28 request that declares none declares none upstream either,
+// rather than the broker client's. Nothing else of meta is changed; meta
+// itself is not modified.
+func upstreamMeta(meta mcp.Meta, cs *mcp.ClientSession, ss *mcp.ServerSession) mcp.Meta {
+	upModern := false
+	if ir := cs.InitializeResult(); ir != nil && ir.ProtocolVersion >= protocolModern {
+		upModern = true
+	}
 	_, v := meta[mcp.MetaKeyProtocolVersion]
 	_, i := meta[mcp.MetaKeyClientInfo]
 	_, c := meta[mcp.MetaKeyClientCapabilities]
-	if !v && !i && !c {
+	none := upModern && !c && modernSession(ss)
+	if !v && !i && !(c && !upModern) && !none {
 		return meta
 	}
-	out := make(mcp.Meta, len(meta))
+	out := make(mcp.Meta, len(meta)+1)
 	for k, x := range meta {
 		out[k] = x
 	}
 	delete(out, mcp.MetaKeyProtocolVersion)
 	delete(out, mcp.MetaKeyClientInfo)
-	if ir := cs.InitializeResult(); ir == nil || ir.ProtocolVersion < protocolModern {
+	if !upModern {
 		delete(out, mcp.MetaKeyClientCapabilities)
+	}
+	if none {
+		out[mcp.MetaKeyClientCapabilities] = map[string]any{}
 	}
 	if len(out) == 0 {
 		return nil

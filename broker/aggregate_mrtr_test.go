@@ -189,3 +189,42 @@ func TestAggregateLegacyClientWithoutElicitationMRTR(t *testing.T) {
 		t.Fatalf("the upstream saw %q, want only the first call", got)
 	}
 }
+
+// The downstream client's per-request _meta keys never reach an upstream
+// as the broker client's; its capabilities reach a 2026-07-28 upstream
+// only, and a 2026-07-28 request that declares none declares none there.
+func TestUpstreamMetaKeys(t *testing.T) {
+	modernUp, legacyUp := newMRTRUp(t, "m", true), newMRTRUp(t, "l", false)
+	connect := func(u Upstream) *mcp.ClientSession {
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "b", Version: "1"}, nil).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: u.URL, MaxRetries: -1}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		return cs
+	}
+	mcs, lcs := connect(modernUp.ups), connect(legacyUp.ups)
+	if mcs.InitializeResult().ProtocolVersion != protocolModern || lcs.InitializeResult().ProtocolVersion >= protocolModern {
+		t.Fatalf("versions %s %s", mcs.InitializeResult().ProtocolVersion, lcs.InitializeResult().ProtocolVersion)
+	}
+	caps := map[string]any{"elicitation": map[string]any{}}
+	full := mcp.Meta{mcp.MetaKeyProtocolVersion: "2026-07-28", mcp.MetaKeyClientInfo: map[string]any{"name": "x"}, mcp.MetaKeyClientCapabilities: caps, "progressToken": "p"}
+	got := upstreamMeta(full, mcs, nil)
+	if _, ok := got[mcp.MetaKeyProtocolVersion]; ok || got["progressToken"] != "p" || got[mcp.MetaKeyClientCapabilities] == nil {
+		t.Errorf("to a 2026-07-28 upstream: %v", got)
+	}
+	if _, ok := got[mcp.MetaKeyClientInfo]; ok {
+		t.Errorf("clientInfo forwarded: %v", got)
+	}
+	got = upstreamMeta(full, lcs, nil)
+	if len(got) != 1 || got["progressToken"] != "p" {
+		t.Errorf("to a 2025-11-25 upstream: %v, want only the progress token", got)
+	}
+	if _, ok := full[mcp.MetaKeyProtocolVersion]; !ok {
+		t.Error("upstreamMeta changed its argument")
+	}
+	plain := mcp.Meta{"progressToken": "p"}
+	if got := upstreamMeta(plain, lcs, nil); len(got) != 1 {
+		t.Errorf("a plain _meta to a legacy upstream: %v", got)
+	}
+}

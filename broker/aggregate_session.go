@@ -543,7 +543,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			untrack := c.track(trackCtx(ctx, req.Session), req.Params.GetProgressToken())
 			defer untrack()
 		}
-		params := &mcp.CallToolParams{Meta: upstreamMeta(meta, c.cs), Name: orig,
+		params := &mcp.CallToolParams{Meta: upstreamMeta(meta, c.cs, req.Session), Name: orig,
 			InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState}
 		if len(req.Params.Arguments) > 0 {
 			params.Arguments = req.Params.Arguments
@@ -610,7 +610,7 @@ func (a *Aggregate) promptHandler(up *aggUpstream, orig string) mcp.PromptHandle
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "prompts/get"}
 		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.GetPromptResult, error) {
-			return c.cs.GetPrompt(ctx, &mcp.GetPromptParams{Meta: upstreamMeta(req.Params.Meta, c.cs), Name: orig, Arguments: req.Params.Arguments})
+			return c.cs.GetPrompt(ctx, &mcp.GetPromptParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), Name: orig, Arguments: req.Params.Arguments})
 		})
 		rec.Outcome, rec.Detail = outcome(ctx, err)
 		a.record(rec, start)
@@ -627,7 +627,7 @@ func (a *Aggregate) resourceHandler(up *aggUpstream) mcp.ResourceHandler {
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "resources/read"}
 		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.ReadResourceResult, error) {
-			return c.cs.ReadResource(ctx, &mcp.ReadResourceParams{Meta: upstreamMeta(req.Params.Meta, c.cs), URI: req.Params.URI})
+			return c.cs.ReadResource(ctx, &mcp.ReadResourceParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), URI: req.Params.URI})
 		})
 		rec.Outcome, rec.Detail = outcome(ctx, err)
 		a.record(rec, start)
@@ -715,7 +715,7 @@ func (a *Aggregate) complete(ctx context.Context, req *mcp.CompleteRequest) (*mc
 	params.Ref = &out
 	res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.CompleteResult, error) {
 		p := params
-		p.Meta = upstreamMeta(params.Meta, c.cs)
+		p.Meta = upstreamMeta(params.Meta, c.cs, req.Session)
 		return c.cs.Complete(ctx, &p)
 	})
 	rec.Outcome, rec.Detail = outcome(ctx, err)
@@ -765,7 +765,7 @@ func (a *Aggregate) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 		if cs == nil {
 			err = errors.New("its catalog session is not connected")
 		} else {
-			err = cs.Subscribe(ctx, &mcp.SubscribeParams{Meta: upstreamMeta(req.Params.Meta, cs), URI: uri})
+			err = cs.Subscribe(ctx, &mcp.SubscribeParams{Meta: upstreamMeta(req.Params.Meta, cs, req.Session), URI: uri})
 		}
 	}
 	rec.Outcome, rec.Detail = outcome(ctx, err)

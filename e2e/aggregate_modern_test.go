@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -259,4 +260,152 @@ func callTextOrNil(res *mcp.CallToolResult) string {
 		return ""
 	}
 	return callText(res)
+}
+
+// modernCall is a raw 2026-07-28 tools/call body: its _meta carries the
+// protocol version, and extra (JSON members) follows the name.
+func modernCall(tool, extra string) string {
+	return fmt.Sprintf(`{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":%q,"arguments":{}%s,`+
+		`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{}}}}}`, tool, extra)
+}
+
+// Attacks on the aggregated route's 2026-07-28 side, through the binary.
+func TestAggregatedRouteModernAttacks(t *testing.T) {
+	gs := startStatelessEverythingServer(t)
+	gf := startEverythingServer(t)
+	ts := startNodeEverythingServer(t)
+	port := freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	zidane {
+		upstream gs %s
+		upstream gf %s
+		upstream ts %s
+	}
+}
+
+http://:%d {
+	bind 127.0.0.1
+	zidane_mcp {
+		aggregate gs gf ts
+		rate_limit {
+			per_token 1000/s 1000
+		}
+	}
+}
+`, AdminPlaceholder, gs, gf, ts, port))
+	all := createToken(t, c, "all", "--scope", "upstream:gs", "--scope", "upstream:gf", "--scope", "upstream:ts")
+	other := createToken(t, c, "other", "--scope", "upstream:gs", "--scope", "upstream:gf", "--scope", "upstream:ts")
+	gsOnly := createToken(t, c, "gs-only", "--scope", "upstream:gs")
+	url := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	waitForAggregate(t, url, all, "mcp_gs_test_simple_text", "mcp_gf_test_simple_text", "mcp_ts_echo")
+	modern := []string{"Mcp-Protocol-Version", "2026-07-28", "Mcp-Method", "tools/call"}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	t.Run("a retry for a tool the token may not call is refused", func(t *testing.T) {
+		tool := "mcp_gf_test_input_required_result_request_state"
+		body := modernCall(tool, `,"requestState":"request_state","inputResponses":{"confirm":{"action":"accept","content":{"ok":true}}}`)
+		a := post(t, url, gsOnly, body, append(modern, "Mcp-Name", tool)...)
+		if a.status != http.StatusForbidden || !strings.Contains(a.header.Get("WWW-Authenticate"), `scope="upstream:gf"`) {
+			t.Fatalf("%d %q %s", a.status, a.header.Get("WWW-Authenticate"), a.body)
+		}
+		// The same retry from a token that may call it is served.
+		a = post(t, url, all, body, append(modern, "Mcp-Name", tool)...)
+		if a.status != http.StatusOK || !strings.Contains(a.body, "state-ok") {
+			t.Fatalf("the allowed retry: %d %s", a.status, a.body)
+		}
+	})
+
+	t.Run("headers that disagree with the body are refused", func(t *testing.T) {
+		tool := "mcp_gs_test_simple_text"
+		for _, tc := range []struct {
+			name, body string
+			headers    []string
+		}{
+			{"Mcp-Name names another tool", modernCall(tool, ""), append(modern, "Mcp-Name", "mcp_gf_test_simple_text")},
+			{"Mcp-Method names another method", modernCall(tool, ""), []string{"Mcp-Protocol-Version", "2026-07-28", "Mcp-Method", "prompts/get", "Mcp-Name", tool}},
+			{"no Mcp-Method", modernCall(tool, ""), []string{"Mcp-Protocol-Version", "2026-07-28", "Mcp-Name", tool}},
+			{"_meta version is not the header's", strings.Replace(modernCall(tool, ""), `"2026-07-28"`, `"2025-11-25"`, 1), append(modern, "Mcp-Name", tool)},
+		} {
+			a := post(t, url, all, tc.body, tc.headers...)
+			if a.status != http.StatusBadRequest || a.rpc.Error.Code != -32020 {
+				t.Errorf("%s: %d %s; want 400 with -32020", tc.name, a.status, a.body)
+			}
+		}
+	})
+
+	t.Run("a sealed requestState opens only for its token and unaltered", func(t *testing.T) {
+		tool := "mcp_gf_test_input_required_result_elicitation"
+		ac := connectAggClientOpts(t, url, all, &mcp.ClientOptions{MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true},
+			ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+				return nil, fmt.Errorf("not asked")
+			}})
+		res, err := ac.CallTool(ctx, &mcp.CallToolParams{Name: tool})
+		if err != nil || !res.NeedsInput() || len(res.InputRequests) != 1 {
+			t.Fatalf("first call: %v %+v", err, res)
+		}
+		state := res.RequestState
+		var key string
+		for k := range res.InputRequests {
+			key = k
+		}
+		answer := fmt.Sprintf(`,"inputResponses":{%q:{"action":"accept","content":{"name":"Ada"}}}`, key)
+		altered := []byte(state)
+		altered[len(altered)-3] ^= 1
+		for _, tc := range []struct{ name, token, state string }{
+			{"another token replays it", other, state},
+			{"altered", all, string(altered)},
+			{"forged", all, "zidane-mrtr.1.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"},
+		} {
+			body := modernCall(tool, fmt.Sprintf(`,"requestState":%q`, tc.state)+answer)
+			a := post(t, url, tc.token, body, append(modern, "Mcp-Name", tool)...)
+			if a.rpc.Error.Code != -32602 || !strings.Contains(a.rpc.Error.Message, "requestState refused") {
+				t.Errorf("%s: %d %s; want -32602 requestState refused", tc.name, a.status, a.body)
+			}
+		}
+		a := post(t, url, all, modernCall(tool, fmt.Sprintf(`,"requestState":%q`, state)+answer), append(modern, "Mcp-Name", tool)...)
+		if a.status != http.StatusOK || !strings.Contains(a.body, "Hello, Ada!") {
+			t.Fatalf("the right retry: %d %s", a.status, a.body)
+		}
+	})
+
+	t.Run("listening to a resource of an upstream the token may not use is refused", func(t *testing.T) {
+		ac := connectAggClientOpts(t, url, all, nil)
+		var uri string
+		for r, err := range ac.Resources(ctx, nil) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.HasPrefix(r.URI, "demo://") {
+				uri = r.URI
+				break
+			}
+		}
+		if uri == "" {
+			t.Fatal("the TypeScript upstream lists no demo:// resource")
+		}
+		body := fmt.Sprintf(`{"jsonrpc":"2.0","id":4,"method":"subscriptions/listen","params":{"notifications":{"resourceSubscriptions":[%q]},`+
+			`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`, uri)
+		a := post(t, url, gsOnly, body, "Mcp-Protocol-Version", "2026-07-28", "Mcp-Method", "subscriptions/listen")
+		if !strings.Contains(a.body, `"error"`) || !strings.Contains(a.body, "upstream:ts") {
+			t.Fatalf("%d %s; want an error naming upstream:ts", a.status, a.body)
+		}
+	})
+}
+
+func connectAggClientOpts(t *testing.T, url, token string, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-agg-attack", Version: "1"}, opts).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: url, HTTPClient: bearerClient(token, nil), MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	if v := cs.InitializeResult().ProtocolVersion; v != "2026-07-28" {
+		t.Fatalf("negotiated %q, want 2026-07-28", v)
+	}
+	return cs
 }
