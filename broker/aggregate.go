@@ -113,8 +113,8 @@ type AggregateOptions struct {
 // DefaultStdioIdle is the default of [AggregateOptions.StdioIdle].
 const DefaultStdioIdle = 10 * time.Minute
 
-// Aggregate is the aggregated route: one MCP endpoint (a stateful go-sdk
-// streamable HTTP handler over one shared server) offering the tools,
+// Aggregate is the aggregated route: one MCP endpoint (go-sdk streamable
+// HTTP handlers, stateful and stateless, over one shared server) offering the tools,
 // prompts, resources and resource templates of several upstreams.
 //
 // A "catalog" client session per upstream lists its features and registers
@@ -139,12 +139,17 @@ const DefaultStdioIdle = 10 * time.Minute
 // (the broker gives each call a token of its own); its log messages are
 // dropped (logged at debug level), and logging/setLevel is not forwarded.
 //
-// Protocol: the route offers the session-based protocol (2025-11-25 and
-// older) downstream and speaks 2025-11-25 upstream, since forwarding
-// sampling and elicitation needs server-to-client requests.
+// Protocol: downstream, the route serves the session-based protocol
+// (2025-11-25 and older) through a stateful handler and 2026-07-28 through
+// a stateless one over the same server, chosen per request by
+// MCP-Protocol-Version (see aggregate_modern.go). Upstream, go-sdk's client
+// tries 2026-07-28 and falls back to 2025-11-25. Multi-round-trip calls
+// work in each combination (aggregate_mrtr.go, aggregate_bridge.go).
 //
-// Fast path: a tools/call of a client that offers neither sampling nor
-// elicitation, to a streamable-HTTP upstream whose session for it is open,
+// Fast path: a tools/call of a 2025-11-25 client that offers neither
+// sampling nor elicitation, to a streamable-HTTP upstream whose session for
+// it is open and speaks 2025-11-25 (a 2026-07-28 upstream is served by
+// go-sdk, which sends the headers and _meta that protocol needs),
 // is forwarded as JSON bytes on that session rather than decoded and
 // encoded again by go-sdk on both sides; its result is normalized only
 // when it holds other blocks than text. Audit records, allow/deny, tool

@@ -19,10 +19,9 @@ import (
 // and 2025-11-25) with multi-round-trip tools, recording the protocol
 // version and requestState of every call it sees.
 type mrtrUp struct {
-	mu    sync.Mutex
-	seen  []string // "<version> <tool> state=<requestState>"
-	ups   Upstream
-	stale bool
+	mu   sync.Mutex
+	seen []string // "<version> <tool> state=<requestState>"
+	ups  Upstream
 }
 
 func (u *mrtrUp) saw() []string {
