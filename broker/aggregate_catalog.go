@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,11 +22,16 @@ func (up *aggUpstream) transport() mcp.Transport {
 // The connection's context lasts as long as the session, since the SSE
 // client reads its stream under it; Aggregate.Close cancels it.
 func (a *Aggregate) dial(up *aggUpstream, client *mcp.Client) (*mcp.ClientSession, error) {
+	return a.dialOn(up, client, up.transport())
+}
+
+// dialOn is dial over transport t.
+func (a *Aggregate) dialOn(up *aggUpstream, client *mcp.Client, t mcp.Transport) (*mcp.ClientSession, error) {
 	ctx, cancel := context.WithCancel(a.ctx)
 	timer := time.AfterFunc(up.timeout, cancel)
 	// No version asked for: go-sdk's client tries 2026-07-28 (server/discover)
 	// first and falls back to initialize at 2025-11-25.
-	cs, err := client.Connect(ctx, up.transport(), nil)
+	cs, err := client.Connect(ctx, t, nil)
 	expired := !timer.Stop()
 	if err == nil && expired {
 		cs.Close()
@@ -201,9 +207,34 @@ func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) 
 	if up.shared {
 		client.AddReceivingMiddleware(refuseSharedRequests(up))
 	}
-	cs, err := a.dial(up, client)
+	// A 2026-07-28 upstream's list-changed stream ending ends the session
+	// (see listenWatch); before the session exists, it fails the attempt.
+	var (
+		mu    sync.Mutex
+		live  *mcp.ClientSession
+		ended bool
+	)
+	onEnd := func() {
+		mu.Lock()
+		ended = true
+		cs := live
+		mu.Unlock()
+		if cs != nil {
+			a.logger.Warn("aggregate: the upstream's list-changed stream ended; reconnecting its catalog", "upstream", up.cfg.Name)
+			go cs.Close()
+		}
+	}
+	cs, err := a.dialOn(up, client, up.catalogTransport(onEnd))
 	if err != nil {
 		return nil, err
+	}
+	mu.Lock()
+	live = cs
+	gone := ended
+	mu.Unlock()
+	if gone {
+		cs.Close()
+		return nil, errors.New("connecting: the upstream's list-changed stream ended at once")
 	}
 	up.mu.Lock()
 	up.catalog = cs

@@ -2,8 +2,12 @@ package broker
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
+	"io"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -64,7 +68,6 @@ func (a *Aggregate) principalSession(ctx context.Context) (s *aggSession, done f
 	if !ok || p.TokenID == "" {
 		return nil, nil, errors.New("the request carries no principal")
 	}
-	key := "principal:" + p.TokenID
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
@@ -73,14 +76,16 @@ func (a *Aggregate) principalSession(ctx context.Context) (s *aggSession, done f
 	s = a.principals[p.TokenID]
 	created := s == nil
 	if created {
-		s = &aggSession{a: a, conns: map[string]*aggConn{}}
+		// Its idle key is its own: one that replaces a closing one is
+		// tracked afresh.
+		s = &aggSession{a: a, conns: map[string]*aggConn{}, idleKey: "principal:" + rand.Text()}
 		a.principals[p.TokenID] = s
+		// Opened under a.mu, so that dropPrincipal's Closed, which runs
+		// after the map lets go of s, never precedes it.
+		a.pidle.Opened(s.idleKey, p.TokenID, func() { a.dropPrincipal(p.TokenID, s) })
 	}
 	a.mu.Unlock()
-	if created {
-		a.pidle.Opened(key, p.TokenID, func() { a.dropPrincipal(p.TokenID, s) })
-	}
-	return s, a.pidle.Use(key, p.TokenID), nil
+	return s, a.pidle.Use(s.idleKey, p.TokenID), nil
 }
 
 // dropPrincipal closes a principal session, idle for its timeout.
@@ -90,7 +95,7 @@ func (a *Aggregate) dropPrincipal(tokenID string, s *aggSession) {
 		delete(a.principals, tokenID)
 	}
 	a.mu.Unlock()
-	a.pidle.Closed("principal:" + tokenID)
+	a.pidle.Closed(s.idleKey)
 	s.closeAll()
 	a.logger.Debug("aggregate: a token's 2026-07-28 upstream sessions closed after being idle")
 }
@@ -103,4 +108,79 @@ func trackCtx(ctx context.Context, ss *mcp.ServerSession) context.Context {
 		return context.WithValue(ctx, downSessionKey{}, ss)
 	}
 	return ctx
+}
+
+// The catalog of a 2026-07-28 upstream learns of list changes through the
+// subscriptions/listen stream that go-sdk's client opens when it connects.
+// A stateless upstream has no session whose end the client would see: when
+// that stream ends (the upstream restarted, the connection broke), go-sdk
+// says nothing and the catalog would stay deaf. listenWatch ends the
+// catalog session when it does, so that the catalog reconnects, lists again
+// and listens again (with the backoff of any reconnection).
+
+// listenWatch is an HTTP transport that calls onEnd when the body of the
+// first subscriptions/listen POST it carries ends.
+type listenWatch struct {
+	next  http.RoundTripper
+	armed atomic.Bool
+	onEnd func()
+}
+
+func (l *listenWatch) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method != http.MethodPost || r.Header.Get("Mcp-Method") != "subscriptions/listen" || !l.armed.CompareAndSwap(true, false) {
+		return l.next.RoundTrip(r)
+	}
+	resp, err := l.next.RoundTrip(r)
+	if err != nil {
+		l.onEnd()
+		return resp, err
+	}
+	resp.Body = &endBody{ReadCloser: resp.Body, onEnd: l.onEnd}
+	return resp, nil
+}
+
+func (l *listenWatch) CloseIdleConnections() {
+	if ci, ok := l.next.(interface{ CloseIdleConnections() }); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
+type endBody struct {
+	io.ReadCloser
+	once  sync.Once
+	onEnd func()
+}
+
+func (b *endBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.once.Do(b.onEnd)
+	}
+	return n, err
+}
+
+func (b *endBody) Close() error {
+	b.once.Do(b.onEnd)
+	return b.ReadCloser.Close()
+}
+
+// catalogTransport is the transport of up's catalog session: for a
+// streamable-HTTP upstream, one whose list-changed stream is watched
+// (onEnd runs when it ends).
+func (up *aggUpstream) catalogTransport(onEnd func()) mcp.Transport {
+	t := up.tr.newTransport()
+	st, ok := t.(*mcp.StreamableClientTransport)
+	if !ok || st.HTTPClient == nil {
+		return t
+	}
+	hc := *st.HTTPClient
+	next := hc.Transport
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	w := &listenWatch{next: next, onEnd: onEnd}
+	w.armed.Store(true)
+	hc.Transport = w
+	st.HTTPClient = &hc
+	return st
 }

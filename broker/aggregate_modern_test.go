@@ -299,3 +299,61 @@ func TestAggregateListenChecksResourceOwners(t *testing.T) {
 		}
 	}
 }
+
+// When a 2026-07-28 upstream's list-changed stream ends (here: the
+// upstream ends it), the catalog connects again and listens again: a tool
+// the upstream adds afterwards reaches the aggregate's listing.
+func TestAggregateCatalogListensAgain(t *testing.T) {
+	s := mcp.NewServer(&mcp.Implementation{Name: "m", Version: "1"}, nil)
+	mcp.AddTool(s, &mcp.Tool{Name: "first"}, func(context.Context, *mcp.CallToolRequest, any) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{}, nil, nil
+	})
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true})
+	var mu sync.Mutex
+	var listens []context.CancelFunc
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Mcp-Method") == "subscriptions/listen" {
+			ctx, cancel := context.WithCancel(r.Context())
+			mu.Lock()
+			listens = append(listens, cancel)
+			mu.Unlock()
+			r = r.WithContext(ctx)
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	listening := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(listens)
+	}
+	_, url := aggServe(t, []Upstream{{Name: "m", URL: srv.URL}}, AggregateOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if n := listening(); n != 1 {
+		t.Fatalf("%d listen streams after the catalog connected, want 1", n)
+	}
+	mu.Lock()
+	listens[0]() // the upstream ends the stream
+	mu.Unlock()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for listening() < 2 {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatal("the catalog did not listen again after its stream ended")
+		}
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "second"}, func(context.Context, *mcp.CallToolRequest, any) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{}, nil, nil
+	})
+	cs := modernClient(t, url, "tok-1", nil)
+	for !slices.Contains(aggToolNames(t, ctx, cs), "mcp_m_second") {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatal("the tool added after the stream ended never reached the aggregate")
+		}
+	}
+}

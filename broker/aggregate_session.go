@@ -29,6 +29,8 @@ type aggSession struct {
 	level  mcp.LoggingLevel
 	closed bool                 // closeAll ran: no new upstream sessions
 	fast   map[string]*fastCall // tools/call in flight on the fast path, by request id
+
+	idleKey string // a principal session's key in Aggregate.pidle
 }
 
 // aggConn is one upstream client session of a downstream session.
@@ -583,6 +585,11 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			return nil, err
 		case errors.As(err, &ie):
 			return inputFailed(up, ie), nil
+		case IsAnswerLimit(err):
+			// A 2026-07-28 upstream has no session id to watch the limit
+			// by: the failure comes back as the call's error.
+			c.forgetIn(up.cfg.Name)
+			return overLimitResult(err), nil
 		default:
 			if errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing) {
 				c.forgetIn(up.cfg.Name)
