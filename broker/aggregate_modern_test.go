@@ -357,3 +357,32 @@ func TestAggregateCatalogListensAgain(t *testing.T) {
 		}
 	}
 }
+
+// An upstream's progress for a 2026-07-28 request reaches that request's
+// stream, through the token's principal session.
+func TestAggregateModernClientProgress(t *testing.T) {
+	up := newFastUp(t, "l", false)
+	_, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	progress := make(chan string, 4)
+	cs := modernClient(t, url, "tok-1", &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			progress <- req.Params.Message
+		},
+	})
+	params := &mcp.CallToolParams{Name: "mcp_l_progress", Arguments: map[string]any{"text": "x"}}
+	params.SetProgressToken("p-1")
+	res, err := cs.CallTool(ctx, params)
+	if err != nil || aggText(t, res) != "done" {
+		t.Fatalf("progress tool: %v %v", res, err)
+	}
+	select {
+	case m := <-progress:
+		if m != "half" {
+			t.Fatalf("progress %q", m)
+		}
+	case <-ctx.Done():
+		t.Fatal("no progress reached the 2026-07-28 client")
+	}
+}

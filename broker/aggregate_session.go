@@ -617,7 +617,12 @@ func (a *Aggregate) promptHandler(up *aggUpstream, orig string) mcp.PromptHandle
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "prompts/get"}
 		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.GetPromptResult, error) {
-			return c.cs.GetPrompt(ctx, &mcp.GetPromptParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), Name: orig, Arguments: req.Params.Arguments})
+			// A multi-round-trip retry's answers and state go to the
+			// upstream as they came (go-sdk's server fulfils an older
+			// client's input requests and calls this handler again with
+			// them).
+			return c.cs.GetPrompt(ctx, &mcp.GetPromptParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), Name: orig, Arguments: req.Params.Arguments,
+				InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState})
 		})
 		rec.Outcome, rec.Detail = outcome(ctx, err)
 		a.record(rec, start)
@@ -634,7 +639,8 @@ func (a *Aggregate) resourceHandler(up *aggUpstream) mcp.ResourceHandler {
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "resources/read"}
 		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.ReadResourceResult, error) {
-			return c.cs.ReadResource(ctx, &mcp.ReadResourceParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), URI: req.Params.URI})
+			return c.cs.ReadResource(ctx, &mcp.ReadResourceParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), URI: req.Params.URI,
+				InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState})
 		})
 		rec.Outcome, rec.Detail = outcome(ctx, err)
 		a.record(rec, start)

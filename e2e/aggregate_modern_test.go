@@ -209,6 +209,23 @@ func TestAggregatedRouteBothProtocols(t *testing.T) {
 						})
 					}
 				}
+				if u.mrtr {
+					t.Run("test_input_required_result_prompt", func(t *testing.T) {
+						res, err := ac.cs.GetPrompt(ctx, &mcp.GetPromptParams{Name: "mcp_" + u.name + "_test_input_required_result_prompt"})
+						if err != nil {
+							t.Fatal(err)
+						}
+						text := ""
+						for _, m := range res.Messages {
+							if tc, ok := m.Content.(*mcp.TextContent); ok {
+								text += tc.Text
+							}
+						}
+						if text != "Context: v-context" {
+							t.Fatalf("prompt messages %q, want \"Context: v-context\"", text)
+						}
+					})
+				}
 				if u.listChanged {
 					t.Run("list_changed", func(t *testing.T) {
 						drain(ac.changed)
