@@ -426,3 +426,16 @@ func connectAggClientOpts(t *testing.T, url, token string, opts *mcp.ClientOptio
 	}
 	return cs
 }
+
+// connectGoAt is connectGo with the client asking for version.
+func connectGoAt(t *testing.T, url string, hc *http.Client, version string) (*mcp.ClientSession, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	client := mcp.NewClient(&mcp.Implementation{Name: "e2e-go", Version: "1"}, nil)
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, &mcp.ClientSessionOptions{ProtocolVersion: version})
+	if err == nil {
+		t.Cleanup(func() { cs.Close() })
+	}
+	return cs, err
+}

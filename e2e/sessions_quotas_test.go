@@ -212,7 +212,9 @@ http://127.0.0.1:%d {
 		{"aggregated route", fmt.Sprintf("http://127.0.0.1:%d/mcp", aggPort)},
 	} {
 		t.Run(route.name, func(t *testing.T) {
-			listener, err := connectGo(t, route.url, bearerClient(token, nil)) // go-sdk opens its GET stream
+			// A 2025-11-25 session: go-sdk opens its GET stream (2026-07-28
+			// has neither sessions nor that stream).
+			listener, err := connectGoAt(t, route.url, bearerClient(token, nil), "2025-11-25")
 			if err != nil {
 				t.Fatal(err)
 			}
