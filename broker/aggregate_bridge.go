@@ -20,8 +20,8 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
-// The bridge: a 2026-07-28 client's call to an upstream that speaks only
-// 2025-11-25.
+// The bridge: a 2026-07-28 client's call (tools/call, prompts/get,
+// resources/read) to an upstream that speaks only 2025-11-25.
 //
 // Such an upstream asks for input by sending requests to the gateway's
 // client (elicitation/create, sampling/createMessage, roots/list) while the
@@ -29,15 +29,16 @@ import (
 // route turns them into a multi-round-trip answer: the call stays pending
 // upstream, and the client gets an input-required result holding the
 // upstream's requests and a requestState the gateway sealed. The client's
-// retry (a new tools/call of the same tool, authorized by the edge as any
-// call) carries the answers and that state; the route opens the state,
+// retry (a new request for the same tool, prompt or resource, authorized
+// by the edge as any) carries the answers and that state; the route opens the state,
 // answers the upstream's requests with them, and waits for the call's
 // result or for its next requests.
 //
 // The sealed state is AES-GCM under a key the route draws at start: it
-// names the token that made the call, the tool as the client called it and
-// the pending call, so a state that is altered, forged, replayed by
-// another token or sent with another tool is refused (JSON-RPC -32602,
+// names the token that made the call, the method and tool, prompt or
+// resource as the client named them, and the pending call, so a state that
+// is altered, forged, replayed by another token or sent with another
+// request is refused (JSON-RPC -32602,
 // "call the tool again without requestState"). A requestState the gateway
 // did not seal (one the upstream gave) goes to the upstream untouched.
 //
@@ -84,7 +85,7 @@ func newBridge() *bridge {
 
 // bridgeCall is one pending upstream call of a 2026-07-28 client.
 type bridgeCall struct {
-	id, token, tool string
+	id, token, call string
 	c               *aggConn
 	cancel          context.CancelFunc
 	done            chan bridgeOutcome // the upstream call's end, once
@@ -101,7 +102,7 @@ type bridgeCall struct {
 }
 
 type bridgeOutcome struct {
-	res *mcp.CallToolResult
+	res mcp.Result
 	err error
 }
 
@@ -115,7 +116,7 @@ type bridgeAsk struct {
 // sealed is what a sealed requestState holds.
 type sealed struct {
 	Token string `json:"t"`
-	Tool  string `json:"n"`
+	Call  string `json:"n"` // the method and what it names, as the client sent them
 	ID    string `json:"i"`
 }
 
@@ -161,56 +162,74 @@ func bridged(ss *mcp.ServerSession, c *aggConn) bool {
 	return ir != nil && ir.ProtocolVersion < protocolModern
 }
 
-// bridgeCallTool serves a 2026-07-28 client's call on c (see bridged):
-// a first call, or a retry that carries a sealed requestState.
-func (a *Aggregate) bridgeCallTool(ctx context.Context, c *aggConn, tool string, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
+// bridgeDo serves a 2026-07-28 client's request on c (see bridged): a
+// first request, or a retry that carries a sealed requestState (state,
+// with the client's answers). call is what names the request (method and
+// tool, prompt or resource), run makes it upstream, and needInput builds
+// the input-required result of a round.
+func bridgeDo[R mcp.Result](a *Aggregate, ctx context.Context, c *aggConn, call, state string, answers mcp.InputResponseMap,
+	run func(context.Context) (R, error), needInput func(mcp.InputRequestMap, string) R) (R, error) {
+	var zero R
 	p, _ := policy.PrincipalFrom(ctx)
 	b := a.bridge
-	if strings.HasPrefix(params.RequestState, bridgeSealPrefix) {
-		s, err := b.open(params.RequestState)
+	if strings.HasPrefix(state, bridgeSealPrefix) {
+		s, err := b.open(state)
 		if err != nil {
-			return nil, refusedState(err.Error())
+			return zero, refusedState(err.Error())
 		}
 		if s.Token != p.TokenID {
-			return nil, refusedState("it was given to another token")
+			return zero, refusedState("it was given to another token")
 		}
-		if s.Tool != tool {
-			return nil, refusedState(fmt.Sprintf("it was given for tool %q", s.Tool))
+		if s.Call != call {
+			return zero, refusedState(fmt.Sprintf("it was given for %s", s.Call))
 		}
 		b.mu.Lock()
 		bc := b.pending[s.ID]
 		b.mu.Unlock()
 		if bc == nil || bc.c != c {
-			return nil, refusedState("its call is over (answered, cancelled, or not retried within " + bridgeRoundWait.String() + ")")
+			return zero, refusedState("its call is over (answered, cancelled, or not retried within " + bridgeRoundWait.String() + ")")
 		}
-		bc.answer(params.InputResponses)
-		return a.bridgeWait(ctx, bc)
+		bc.answer(answers)
+		return bridgeWait(a, ctx, bc, needInput)
 	}
 	b.mu.Lock()
 	if len(b.pending) >= bridgeMaxPending || b.byToken[p.TokenID] >= bridgeMaxPerToken {
 		b.mu.Unlock()
-		return nil, &inputError{fmt.Errorf("too many calls wait for input (at most %d per token); answer or abandon one first", bridgeMaxPerToken)}
+		return zero, &inputError{fmt.Errorf("too many calls wait for input (at most %d per token); answer or abandon one first", bridgeMaxPerToken)}
 	}
 	id := rand.Text()
 	callCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	bc := &bridgeCall{id: id, token: p.TokenID, tool: tool, c: c, cancel: cancel,
+	bc := &bridgeCall{id: id, token: p.TokenID, call: call, c: c, cancel: cancel,
 		done: make(chan bridgeOutcome, 1), ended: make(chan struct{}), asks: map[string]*bridgeAsk{}, asked: make(chan struct{}, 1)}
 	b.pending[id] = bc
 	b.byToken[p.TokenID]++
 	b.mu.Unlock()
 	c.setBridge(bc)
 	go func() {
-		res, err := c.cs.CallTool(callCtx, params)
+		res, err := run(callCtx)
 		c.clearBridge(bc)
 		bc.done <- bridgeOutcome{res, err}
 	}()
-	return a.bridgeWait(ctx, bc)
+	return bridgeWait(a, ctx, bc, needInput)
+}
+
+// bridgeCallTool is bridgeDo for tools/call.
+func (a *Aggregate) bridgeCallTool(ctx context.Context, c *aggConn, tool string, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
+	return bridgeDo(a, ctx, c, "tools/call "+tool, params.RequestState, params.InputResponses,
+		func(ctx context.Context) (*mcp.CallToolResult, error) { return c.cs.CallTool(ctx, params) },
+		func(reqs mcp.InputRequestMap, state string) *mcp.CallToolResult {
+			return &mcp.CallToolResult{InputRequests: reqs, RequestState: state}
+		})
 }
 
 // bridgeWait waits, bounded by ctx, for bc's result or for the upstream's
 // requests that are not yet with the client, which it returns as an
 // input-required result.
-func (a *Aggregate) bridgeWait(ctx context.Context, bc *bridgeCall) (*mcp.CallToolResult, error) {
+func bridgeWait[R mcp.Result](a *Aggregate, ctx context.Context, bc *bridgeCall, needInput func(mcp.InputRequestMap, string) R) (R, error) {
+	outcome := func(r bridgeOutcome) (R, error) {
+		res, _ := r.res.(R)
+		return res, r.err
+	}
 	bc.mu.Lock()
 	if bc.timer != nil {
 		bc.timer.Stop()
@@ -218,7 +237,7 @@ func (a *Aggregate) bridgeWait(ctx context.Context, bc *bridgeCall) (*mcp.CallTo
 	if r := bc.result; r != nil {
 		bc.mu.Unlock()
 		a.bridgeEnd(bc)
-		return r.res, r.err
+		return outcome(*r)
 	}
 	bc.mu.Unlock()
 	for {
@@ -226,8 +245,7 @@ func (a *Aggregate) bridgeWait(ctx context.Context, bc *bridgeCall) (*mcp.CallTo
 			bc.mu.Lock()
 			bc.timer = time.AfterFunc(bridgeRoundWait, func() { a.bridgeEnd(bc) })
 			bc.mu.Unlock()
-			return &mcp.CallToolResult{InputRequests: reqs,
-				RequestState: a.bridge.seal(sealed{Token: bc.token, Tool: bc.tool, ID: bc.id})}, nil
+			return needInput(reqs, a.bridge.seal(sealed{Token: bc.token, Call: bc.call, ID: bc.id})), nil
 		}
 		select {
 		case r := <-bc.done:
@@ -235,14 +253,16 @@ func (a *Aggregate) bridgeWait(ctx context.Context, bc *bridgeCall) (*mcp.CallTo
 			bc.result = &r
 			bc.mu.Unlock()
 			a.bridgeEnd(bc)
-			return r.res, r.err
+			return outcome(r)
 		case <-bc.asked:
 		case <-bc.ended:
-			return nil, refusedState("its call is over (answered, cancelled, or not retried within " + bridgeRoundWait.String() + ")")
+			var zero R
+			return zero, refusedState("its call is over (answered, cancelled, or not retried within " + bridgeRoundWait.String() + ")")
 		case <-ctx.Done():
 			// The client went away: the upstream call is abandoned.
 			a.bridgeEnd(bc)
-			return nil, ctx.Err()
+			var zero R
+			return zero, ctx.Err()
 		}
 	}
 }

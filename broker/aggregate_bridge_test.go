@@ -72,7 +72,7 @@ func TestAggregateBridgeRefusesForeignState(t *testing.T) {
 	refused(alice, "mcp_l_ask_classic", string(b), "altered")
 	refused(alice, "mcp_l_ask_classic", bridgeSealPrefix+"Zm9yZ2Vk", "not one the gateway sealed")
 	refused(mallory, "mcp_l_ask_classic", state, "another token")
-	refused(alice, "mcp_l_two_rounds", state, "for tool")
+	refused(alice, "mcp_l_two_rounds", state, "given for tools/call mcp_l_ask_classic")
 
 	res, err := alice.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_l_ask_classic", RequestState: state, InputResponses: answer})
 	if err != nil || aggText(t, res) != "got ada" {

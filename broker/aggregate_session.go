@@ -621,8 +621,16 @@ func (a *Aggregate) promptHandler(up *aggUpstream, orig string) mcp.PromptHandle
 			// upstream as they came (go-sdk's server fulfils an older
 			// client's input requests and calls this handler again with
 			// them).
-			return c.cs.GetPrompt(ctx, &mcp.GetPromptParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), Name: orig, Arguments: req.Params.Arguments,
-				InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState})
+			params := &mcp.GetPromptParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), Name: orig, Arguments: req.Params.Arguments,
+				InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState}
+			if bridged(req.Session, c) {
+				return bridgeDo(a, ctx, c, "prompts/get "+req.Params.Name, params.RequestState, params.InputResponses,
+					func(ctx context.Context) (*mcp.GetPromptResult, error) { return c.cs.GetPrompt(ctx, params) },
+					func(reqs mcp.InputRequestMap, state string) *mcp.GetPromptResult {
+						return &mcp.GetPromptResult{InputRequests: reqs, RequestState: state}
+					})
+			}
+			return c.cs.GetPrompt(ctx, params)
 		})
 		rec.Outcome, rec.Detail = outcome(ctx, err)
 		a.record(rec, start)
@@ -639,8 +647,16 @@ func (a *Aggregate) resourceHandler(up *aggUpstream) mcp.ResourceHandler {
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "resources/read"}
 		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.ReadResourceResult, error) {
-			return c.cs.ReadResource(ctx, &mcp.ReadResourceParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), URI: req.Params.URI,
-				InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState})
+			params := &mcp.ReadResourceParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), URI: req.Params.URI,
+				InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState}
+			if bridged(req.Session, c) {
+				return bridgeDo(a, ctx, c, "resources/read "+req.Params.URI, params.RequestState, params.InputResponses,
+					func(ctx context.Context) (*mcp.ReadResourceResult, error) { return c.cs.ReadResource(ctx, params) },
+					func(reqs mcp.InputRequestMap, state string) *mcp.ReadResourceResult {
+						return &mcp.ReadResourceResult{InputRequests: reqs, RequestState: state}
+					})
+			}
+			return c.cs.ReadResource(ctx, params)
 		})
 		rec.Outcome, rec.Detail = outcome(ctx, err)
 		a.record(rec, start)
