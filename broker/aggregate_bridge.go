@@ -60,7 +60,8 @@ const (
 
 // bridge holds the pending calls of one aggregate.
 type bridge struct {
-	aead cipher.AEAD
+	aead      cipher.AEAD
+	roundWait time.Duration // bridgeRoundWait; tests shorten it
 
 	mu      sync.Mutex
 	pending map[string]*bridgeCall
@@ -80,7 +81,7 @@ func newBridge() *bridge {
 	if err != nil {
 		panic(err)
 	}
-	return &bridge{aead: aead, pending: map[string]*bridgeCall{}, byToken: map[string]int{}}
+	return &bridge{aead: aead, roundWait: bridgeRoundWait, pending: map[string]*bridgeCall{}, byToken: map[string]int{}}
 }
 
 // bridgeCall is one pending upstream call of a 2026-07-28 client.
@@ -243,7 +244,7 @@ func bridgeWait[R mcp.Result](a *Aggregate, ctx context.Context, bc *bridgeCall,
 	for {
 		if reqs := bc.unsent(); len(reqs) > 0 {
 			bc.mu.Lock()
-			bc.timer = time.AfterFunc(bridgeRoundWait, func() { a.bridgeEnd(bc) })
+			bc.timer = time.AfterFunc(a.bridge.roundWait, func() { a.bridgeEnd(bc) })
 			bc.mu.Unlock()
 			return needInput(reqs, a.bridge.seal(sealed{Token: bc.token, Call: bc.call, ID: bc.id})), nil
 		}
@@ -339,8 +340,21 @@ func (bc *bridgeCall) ask(ctx context.Context, params mcp.InputRequest) (mcp.Inp
 	select {
 	case r := <-ask.answer:
 		return r, nil
+	case <-bc.ended:
+		return nil, errors.New("the call is over: the client did not answer")
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+}
+
+// endBridges ends the pending calls on c, before its session closes (go-sdk
+// waits for the upstream's requests in flight, which wait for the client).
+func (a *Aggregate) endBridges(c *aggConn) {
+	c.mu.Lock()
+	pending := append([]*bridgeCall(nil), c.bridges...)
+	c.mu.Unlock()
+	for _, bc := range pending {
+		a.bridgeEnd(bc)
 	}
 }
 

@@ -111,3 +111,39 @@ func TestAggregateBridgeModernClientLegacyUpstream(t *testing.T) {
 		t.Fatalf("the client was asked %d times, want 3", n)
 	}
 }
+
+// A call whose client does not retry within the round's wait is cancelled
+// upstream, and its state opens nothing afterwards; a token has at most
+// bridgeMaxPerToken calls waiting.
+func TestAggregateBridgeBounds(t *testing.T) {
+	up := newMRTRUp(t, "l", false)
+	a, url := aggServe(t, []Upstream{up.ups}, AggregateOptions{})
+	a.bridge.roundWait = 50 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cs := modernClient(t, url, "tok-1", &mcp.ClientOptions{MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}})
+	res := firstInput(t, ctx, cs, "mcp_l_ask_classic")
+	select {
+	case <-up.failed: // the upstream's elicitation was cancelled
+	case <-ctx.Done():
+		t.Fatal("the upstream call was not cancelled after the round's wait")
+	}
+	_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_l_ask_classic", RequestState: res.RequestState,
+		InputResponses: mcp.InputResponseMap{onlyKey(res.InputRequests): &mcp.ElicitResult{Action: "accept", Content: map[string]any{"name": "late"}}}})
+	if err == nil || !strings.Contains(err.Error(), "over") {
+		t.Fatalf("a late retry: %v; want its refusal", err)
+	}
+
+	a.bridge.roundWait = time.Minute
+	for i := range bridgeMaxPerToken {
+		firstInput(t, ctx, cs, "mcp_l_ask_classic")
+		_ = i
+	}
+	res2, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_l_ask_classic"})
+	if err != nil || !res2.IsError || !strings.Contains(aggText(t, res2), "too many calls wait for input") {
+		t.Fatalf("call %d of one token: %v %v; want the bound's tool error", bridgeMaxPerToken+1, res2, err)
+	}
+	// Another token is not held back by this one's.
+	other := modernClient(t, url, "tok-2", &mcp.ClientOptions{MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}})
+	firstInput(t, ctx, other, "mcp_l_ask_classic")
+}

@@ -15,13 +15,15 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// mrtrUp is a real go-sdk upstream in stateless mode (it speaks 2026-07-28
-// and 2025-11-25) with multi-round-trip tools, recording the protocol
-// version and requestState of every call it sees.
+// mrtrUp is a real go-sdk upstream, stateless (it speaks 2026-07-28 and
+// 2025-11-25) or stateful (2025-11-25 only), with multi-round-trip tools,
+// recording the protocol version and requestState of every call it sees.
 type mrtrUp struct {
-	mu   sync.Mutex
-	seen []string // "<version> <tool> state=<requestState>"
-	ups  Upstream
+	failed chan struct{}   // an ask_classic whose elicitation failed
+	stop   context.Context // done when the test ends
+	mu     sync.Mutex
+	seen   []string // "<version> <tool> state=<requestState>"
+	ups    Upstream
 }
 
 func (u *mrtrUp) saw() []string {
@@ -32,7 +34,7 @@ func (u *mrtrUp) saw() []string {
 
 func newMRTRUp(t *testing.T, name string, stateless bool) *mrtrUp {
 	t.Helper()
-	u := &mrtrUp{}
+	u := &mrtrUp{failed: make(chan struct{}, 64)}
 	s := mcp.NewServer(&mcp.Implementation{Name: name, Version: "1"}, nil)
 	nameSchema := &jsonschema.Schema{Type: "object", Properties: map[string]*jsonschema.Schema{"name": {Type: "string"}}, Required: []string{"name"}}
 	accepted := func(r mcp.InputResponseMap, key string) map[string]any {
@@ -88,8 +90,22 @@ func newMRTRUp(t *testing.T, name string, stateless bool) *mrtrUp {
 	// A 2025-11-25 server's way: a request to the client during the call.
 	mcp.AddTool(s, &mcp.Tool{Name: "ask_classic"}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
 		record(req)
+		// Bounded by the test too: go-sdk's server waits for a handler
+		// whose request to the client got no answer (a client that left)
+		// before it ends the session.
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(u.stop, cancel)
+		defer stop()
 		er, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: "classic?", RequestedSchema: nameSchema})
 		if err != nil {
+			u.mu.Lock()
+			u.seen = append(u.seen, "ask_classic failed: "+err.Error())
+			u.mu.Unlock()
+			select {
+			case u.failed <- struct{}{}:
+			default:
+			}
 			return nil, nil, err
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("got %v", er.Content["name"])}}}, nil, nil
@@ -97,6 +113,9 @@ func newMRTRUp(t *testing.T, name string, stateless bool) *mrtrUp {
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: stateless})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
+	stopCtx, stop := context.WithCancel(context.Background())
+	u.stop = stopCtx
+	t.Cleanup(stop) // before srv.Close
 	u.ups = Upstream{Name: name, URL: srv.URL}
 	return u
 }

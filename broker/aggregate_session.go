@@ -133,6 +133,7 @@ func (s *aggSession) closeAll() {
 		wg.Go(func() {
 			<-c.done
 			if c.cs != nil {
+				s.a.endBridges(c)
 				c.cs.Close()
 			}
 		})
