@@ -33,9 +33,9 @@ const (
 // RouteAggregate is the Route of the aggregated route's [CallRecord]s.
 const RouteAggregate = "aggregate"
 
-// aggProtocolVersion is the protocol the broker speaks to upstreams, and the
-// newest it offers downstream: the session-based protocol, where a server
-// may send requests (sampling, elicitation) to its client.
+// aggProtocolVersion is the newest session-based protocol, where a server
+// may send requests (sampling, elicitation) to its client: the fast path
+// serves downstream and upstream sessions at it or older only.
 const aggProtocolVersion = "2025-11-25"
 
 // aggInitWait bounds how long initialize and the list methods wait for the
@@ -102,13 +102,19 @@ type AggregateOptions struct {
 	// upstream its tools, prompts and resources are withdrawn; they come
 	// back when it connects again (see [Aggregate.Reconnect]).
 	AuthRequired func(upstream string) bool
+	// MayUse, when set, reports whether principal p may use the named
+	// upstream. The edge authorizes subscriptions/listen (MCP 2026-07-28)
+	// as a method that names no upstream; the resources it subscribes to
+	// are checked here, each against its owner, and a resource of an
+	// upstream the token may not use fails the listen request.
+	MayUse func(p policy.Principal, upstream string) bool
 }
 
 // DefaultStdioIdle is the default of [AggregateOptions.StdioIdle].
 const DefaultStdioIdle = 10 * time.Minute
 
-// Aggregate is the aggregated route: one MCP endpoint (a stateful go-sdk
-// streamable HTTP handler over one shared server) offering the tools,
+// Aggregate is the aggregated route: one MCP endpoint (go-sdk streamable
+// HTTP handlers, stateful and stateless, over one shared server) offering the tools,
 // prompts, resources and resource templates of several upstreams.
 //
 // A "catalog" client session per upstream lists its features and registers
@@ -133,12 +139,17 @@ const DefaultStdioIdle = 10 * time.Minute
 // (the broker gives each call a token of its own); its log messages are
 // dropped (logged at debug level), and logging/setLevel is not forwarded.
 //
-// Protocol: the route offers the session-based protocol (2025-11-25 and
-// older) downstream and speaks 2025-11-25 upstream, since forwarding
-// sampling and elicitation needs server-to-client requests.
+// Protocol: downstream, the route serves the session-based protocol
+// (2025-11-25 and older) through a stateful handler and 2026-07-28 through
+// a stateless one over the same server, chosen per request by
+// MCP-Protocol-Version (see aggregate_modern.go). Upstream, go-sdk's client
+// tries 2026-07-28 and falls back to 2025-11-25. Multi-round-trip calls
+// work in each combination (aggregate_mrtr.go, aggregate_bridge.go).
 //
-// Fast path: a tools/call of a client that offers neither sampling nor
-// elicitation, to a streamable-HTTP upstream whose session for it is open,
+// Fast path: a tools/call of a 2025-11-25 client that offers neither
+// sampling nor elicitation, to a streamable-HTTP upstream whose session for
+// it is open and speaks 2025-11-25 (a 2026-07-28 upstream is served by
+// go-sdk, which sends the headers and _meta that protocol needs),
 // is forwarded as JSON bytes on that session rather than decoded and
 // encoded again by go-sdk on both sides; its result is normalized only
 // when it holds other blocks than text. Audit records, allow/deny, tool
@@ -157,11 +168,15 @@ type Aggregate struct {
 	ns           *Namespace
 	conditional  bool
 	server       *mcp.Server
-	handler      *mcp.StreamableHTTPHandler
+	handler      *mcp.StreamableHTTPHandler // 2025-11-25 and older: sessions
+	stateless    *mcp.StreamableHTTPHandler // 2026-07-28 (see aggregate_modern.go)
+	pidle        *mcpidle.Sessions          // principal sessions
+	bridge       *bridge                    // 2026-07-28 calls pending on 2025-11-25 upstreams
 	onCall       func(CallRecord)
 	logger       *slog.Logger
 	cache        ToolCache
 	authRequired func(string) bool
+	mayUse       func(policy.Principal, string) bool
 	maxBody      int64 // MaxRequestBodyBytes, for the fast path's read
 	idle         *mcpidle.Sessions
 
@@ -170,19 +185,20 @@ type Aggregate struct {
 	wg     sync.WaitGroup
 	ready  chan struct{}
 
-	mu        sync.Mutex
-	pending   int                                    // upstreams whose catalog has not had a first round
-	tools     map[string]qualified                   // registered tool name -> upstream, original
-	prompts   map[string]qualified                   // registered prompt name -> upstream, original
-	resOwner  map[string]string                      // resource URI -> upstream
-	tmplOwner map[string]string                      // URI template -> upstream
-	tmplMatch map[string]*regexp.Regexp              // URI template -> its compiled matcher, made at first use
-	sessions  map[*mcp.ServerSession]*aggSession     // downstream sessions
-	byID      map[string]*aggSession                 // downstream sessions by session id
-	bindings  map[string]string                      // downstream session id -> token id
-	subs      map[string]map[*mcp.ServerSession]bool // resource URI -> subscribed sessions
-	withdrawn map[string]string                      // tool name -> upstream, while it waits for a login
-	closed    bool
+	mu         sync.Mutex
+	pending    int                                    // upstreams whose catalog has not had a first round
+	tools      map[string]qualified                   // registered tool name -> upstream, original
+	prompts    map[string]qualified                   // registered prompt name -> upstream, original
+	resOwner   map[string]string                      // resource URI -> upstream
+	tmplOwner  map[string]string                      // URI template -> upstream
+	tmplMatch  map[string]*regexp.Regexp              // URI template -> its compiled matcher, made at first use
+	sessions   map[*mcp.ServerSession]*aggSession     // downstream sessions
+	byID       map[string]*aggSession                 // downstream sessions by session id
+	bindings   map[string]string                      // downstream session id -> token id
+	subs       map[string]map[*mcp.ServerSession]bool // resource URI -> subscribed sessions
+	withdrawn  map[string]string                      // tool name -> upstream, while it waits for a login
+	principals map[string]*aggSession                 // token id -> its 2026-07-28 requests' upstream sessions
+	closed     bool
 }
 
 type aggUpstream struct {
@@ -210,13 +226,15 @@ type aggUpstream struct {
 	prompts      []string
 	resources    []string
 	templates    []string
-	changed      chan struct{} // closed and replaced when catalog changes or an attempt fails
-	failures     int           // failed catalog attempts
-	inflight     int           // calls on the shared catalog session
-	idleGen      int           // invalidates armed idle timers
-	idleClosed   bool          // the catalog was closed for idleness
-	cachedJSON   []byte        // what the ToolCache holds, as last loaded or stored
-	fromCache    bool          // its tools were registered from the ToolCache at start
+	changed      chan struct{}  // closed and replaced when catalog changes or an attempt fails
+	failures     int            // failed catalog attempts
+	inflight     int            // calls on the shared catalog session
+	idleGen      int            // invalidates armed idle timers
+	idleClosed   bool           // the catalog was closed for idleness
+	ttl          [numKinds]int  // ttlMs of the last listing of each kind (see aggregate_cacheable.go)
+	ttlKnown     [numKinds]bool // the upstream gave one
+	cachedJSON   []byte         // what the ToolCache holds, as last loaded or stored
+	fromCache    bool           // its tools were registered from the ToolCache at start
 }
 
 // NewAggregate builds the aggregated route over ups, which must have
@@ -254,6 +272,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		logger:       logger,
 		cache:        opts.ToolCache,
 		authRequired: opts.AuthRequired,
+		mayUse:       opts.MayUse,
 		ready:        make(chan struct{}),
 		tools:        map[string]qualified{},
 		prompts:      map[string]qualified{},
@@ -266,6 +285,13 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		bindings:     map[string]string{},
 		subs:         map[string]map[*mcp.ServerSession]bool{},
 		idle:         mcpidle.New(opts.SessionTimeout),
+		principals:   map[string]*aggSession{},
+		bridge:       newBridge(),
+	}
+	if opts.SessionTimeout > 0 {
+		a.pidle = mcpidle.New(opts.SessionTimeout)
+	} else {
+		a.pidle = mcpidle.New(principalIdle)
 	}
 	var names []string
 	for _, u := range ups {
@@ -329,9 +355,10 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 			a.session(req.Session).rootsChanged()
 		},
 		CompletionHandler:         a.complete,
+		SetCacheable:              a.setCacheable,
 		SubscribeHandler:          a.subscribe,
 		UnsubscribeHandler:        a.unsubscribe,
-		SupportedProtocolVersions: []string{"2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"},
+		SupportedProtocolVersions: []string{protocolModern, "2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"},
 		Capabilities: &mcp.ServerCapabilities{
 			Logging:   &mcp.LoggingCapabilities{},
 			Tools:     &mcp.ToolCapabilities{ListChanged: true},
@@ -343,6 +370,8 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 	a.server.AddSendingMiddleware(elicitResultHolder)
 	a.handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return a.server },
 		&mcp.StreamableHTTPOptions{MaxRequestBodyBytes: opts.MaxRequestBodyBytes})
+	a.stateless = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return a.server },
+		&mcp.StreamableHTTPOptions{Stateless: true, MaxRequestBodyBytes: opts.MaxRequestBodyBytes})
 
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	a.pending = len(a.ups)
@@ -465,10 +494,15 @@ func (a *Aggregate) Close() error {
 	}
 	a.closed = true
 	a.idle.Stop()
-	sessions := make([]*aggSession, 0, len(a.sessions))
+	a.pidle.Stop()
+	sessions := make([]*aggSession, 0, len(a.sessions)+len(a.principals))
 	for _, s := range a.sessions {
 		sessions = append(sessions, s)
 	}
+	for _, s := range a.principals {
+		sessions = append(sessions, s)
+	}
+	clear(a.principals)
 	a.mu.Unlock()
 	a.cancel()
 	for ss := range a.server.Sessions() {
@@ -501,6 +535,12 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.logger.Error("aggregated route called without a principal in the request context; it must sit behind the zidane_mcp edge")
 		writeRPCError(w, http.StatusInternalServerError, nil, codeInternal,
 			"the broker route is misconfigured (it must sit behind the zidane_mcp edge); ask the operator to check the server log")
+		return
+	}
+	if modernRequest(r) {
+		// No session: the request's calls go through its token's
+		// principal session (see aggregate_modern.go).
+		a.stateless.ServeHTTP(w, r)
 		return
 	}
 	if sid := r.Header.Get(headerSessionID); sid != "" {
@@ -590,7 +630,7 @@ func (b *bindingWriter) Unwrap() http.ResponseWriter { return b.ResponseWriter }
 func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		switch method {
-		case "initialize", "tools/list", "prompts/list", "resources/list", "resources/templates/list":
+		case "initialize", "server/discover", "tools/list", "prompts/list", "resources/list", "resources/templates/list":
 			wctx, cancel := context.WithTimeout(ctx, aggInitWait)
 			_ = a.Ready(wctx)
 			cancel()
@@ -607,6 +647,10 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return res, err
 		}
 		switch method {
+		case "server/discover":
+			if dr, ok := res.(*mcp.DiscoverResult); ok && dr != nil {
+				dr.Instructions = a.instructions()
+			}
 		case "initialize":
 			if ir, ok := res.(*mcp.InitializeResult); ok && ir != nil {
 				ir.Instructions = a.instructions()
@@ -644,10 +688,19 @@ func (a *Aggregate) instructions() string {
 }
 
 // principal returns who a handler's request acts for: the request's token
-// info when the transport set one, else the principal bound to the session.
-func (a *Aggregate) principal(ss *mcp.ServerSession, extra *mcp.RequestExtra) (id, name string) {
+// info when the transport set one, else for a 2026-07-28 request the
+// principal in its context, else the principal bound to the session.
+func (a *Aggregate) principal(ctx context.Context, ss *mcp.ServerSession, extra *mcp.RequestExtra) (id, name string) {
 	if extra != nil && extra.TokenInfo != nil {
 		return tokenInfoPrincipal(extra.TokenInfo)
+	}
+	if modernSession(ss) {
+		// A 2026-07-28 request is its own session: the edge's principal
+		// travels in its context.
+		if p, ok := policy.PrincipalFrom(ctx); ok {
+			return p.TokenID, p.Name
+		}
+		return "", ""
 	}
 	if ss != nil {
 		a.mu.Lock()

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"iter"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,9 +22,16 @@ func (up *aggUpstream) transport() mcp.Transport {
 // The connection's context lasts as long as the session, since the SSE
 // client reads its stream under it; Aggregate.Close cancels it.
 func (a *Aggregate) dial(up *aggUpstream, client *mcp.Client) (*mcp.ClientSession, error) {
+	return a.dialOn(up, client, up.transport())
+}
+
+// dialOn is dial over transport t.
+func (a *Aggregate) dialOn(up *aggUpstream, client *mcp.Client, t mcp.Transport) (*mcp.ClientSession, error) {
 	ctx, cancel := context.WithCancel(a.ctx)
 	timer := time.AfterFunc(up.timeout, cancel)
-	cs, err := client.Connect(ctx, up.transport(), &mcp.ClientSessionOptions{ProtocolVersion: aggProtocolVersion})
+	// No version asked for: go-sdk's client tries 2026-07-28 (server/discover)
+	// first and falls back to initialize at 2025-11-25.
+	cs, err := client.Connect(ctx, t, nil)
 	expired := !timer.Stop()
 	if err == nil && expired {
 		cs.Close()
@@ -195,13 +202,39 @@ func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) 
 	if up.shared {
 		a.sharedClientOptions(up, opts)
 	}
+	opts.MultiRoundTrip = &mcp.MultiRoundTripOptions{Disabled: true}
 	client := mcp.NewClient(&mcp.Implementation{Name: "zidane-mcp-broker", Version: "1"}, opts)
 	if up.shared {
 		client.AddReceivingMiddleware(refuseSharedRequests(up))
 	}
-	cs, err := a.dial(up, client)
+	// A 2026-07-28 upstream's list-changed stream ending ends the session
+	// (see listenWatch); before the session exists, it fails the attempt.
+	var (
+		mu    sync.Mutex
+		live  *mcp.ClientSession
+		ended bool
+	)
+	onEnd := func() {
+		mu.Lock()
+		ended = true
+		cs := live
+		mu.Unlock()
+		if cs != nil {
+			a.logger.Warn("aggregate: the upstream's list-changed stream ended; reconnecting its catalog", "upstream", up.cfg.Name)
+			go cs.Close()
+		}
+	}
+	cs, err := a.dialOn(up, client, up.catalogTransport(onEnd))
 	if err != nil {
 		return nil, err
+	}
+	mu.Lock()
+	live = cs
+	gone := ended
+	mu.Unlock()
+	if gone {
+		cs.Close()
+		return nil, errors.New("connecting: the upstream's list-changed stream ended at once")
 	}
 	up.mu.Lock()
 	up.catalog = cs
@@ -303,25 +336,86 @@ func (a *Aggregate) register(up *aggUpstream, what, name string, fn func()) (ok 
 const maxListed = 10000
 
 // listAll gathers the items of a paged listing of up, the first maxListed
-// of them; past those it stops reading pages and logs that the rest is left
-// out. On an error it returns what was gathered before it.
-func listAll[T any](a *Aggregate, up *aggUpstream, kind string, seq iter.Seq2[T, error]) ([]T, error) {
-	var out []T
-	for item, err := range seq {
-		if err != nil {
-			return out, err
-		}
-		if len(out) == maxListed {
-			a.logger.Warn("aggregate: upstream lists more than the gateway takes; the rest is left out", "upstream", up.cfg.Name, "kind", kind, "max", maxListed)
-			break
-		}
-		out = append(out, item)
+// of them; past those (or past maxListed pages) it stops reading pages and
+// logs that the rest is left out. On an error it returns what was gathered
+// before it. ttl is the smallest ttlMs of the pages read, -1 when up
+// speaks a protocol without ttlMs.
+func listAll[T any](ctx context.Context, a *Aggregate, up *aggUpstream, cs *mcp.ClientSession, kind string, page func(ctx context.Context, cursor string) ([]T, string, int, error)) (out []T, ttl int, err error) {
+	ttl = -1
+	modern := false
+	if ir := cs.InitializeResult(); ir != nil && ir.ProtocolVersion >= protocolModern {
+		modern = true
 	}
-	return out, nil
+	cursor := ""
+	for pages := 0; ; pages++ {
+		if pages == maxListed {
+			a.logger.Warn("aggregate: upstream lists more pages than the gateway reads; the rest is left out", "upstream", up.cfg.Name, "kind", kind, "max", maxListed)
+			return out, ttl, nil
+		}
+		items, next, pageTTL, err := page(ctx, cursor)
+		if err != nil {
+			return out, ttl, err
+		}
+		if modern && (ttl < 0 || pageTTL < ttl) {
+			ttl = max(pageTTL, 0)
+		}
+		for _, item := range items {
+			if len(out) == maxListed {
+				a.logger.Warn("aggregate: upstream lists more than the gateway takes; the rest is left out", "upstream", up.cfg.Name, "kind", kind, "max", maxListed)
+				return out, ttl, nil
+			}
+			out = append(out, item)
+		}
+		if next == "" {
+			return out, ttl, nil
+		}
+		cursor = next
+	}
+}
+
+func toolPage(cs *mcp.ClientSession) func(context.Context, string) ([]*mcp.Tool, string, int, error) {
+	return func(ctx context.Context, cursor string) ([]*mcp.Tool, string, int, error) {
+		res, err := cs.ListTools(ctx, &mcp.ListToolsParams{Cursor: cursor})
+		if err != nil {
+			return nil, "", 0, err
+		}
+		return res.Tools, res.NextCursor, res.TTLMs, nil
+	}
+}
+
+func promptPage(cs *mcp.ClientSession) func(context.Context, string) ([]*mcp.Prompt, string, int, error) {
+	return func(ctx context.Context, cursor string) ([]*mcp.Prompt, string, int, error) {
+		res, err := cs.ListPrompts(ctx, &mcp.ListPromptsParams{Cursor: cursor})
+		if err != nil {
+			return nil, "", 0, err
+		}
+		return res.Prompts, res.NextCursor, res.TTLMs, nil
+	}
+}
+
+func resourcePage(cs *mcp.ClientSession) func(context.Context, string) ([]*mcp.Resource, string, int, error) {
+	return func(ctx context.Context, cursor string) ([]*mcp.Resource, string, int, error) {
+		res, err := cs.ListResources(ctx, &mcp.ListResourcesParams{Cursor: cursor})
+		if err != nil {
+			return nil, "", 0, err
+		}
+		return res.Resources, res.NextCursor, res.TTLMs, nil
+	}
+}
+
+func templatePage(cs *mcp.ClientSession) func(context.Context, string) ([]*mcp.ResourceTemplate, string, int, error) {
+	return func(ctx context.Context, cursor string) ([]*mcp.ResourceTemplate, string, int, error) {
+		res, err := cs.ListResourceTemplates(ctx, &mcp.ListResourceTemplatesParams{Cursor: cursor})
+		if err != nil {
+			return nil, "", 0, err
+		}
+		return res.ResourceTemplates, res.NextCursor, res.TTLMs, nil
+	}
 }
 
 func (a *Aggregate) refreshTools(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
-	listed, err := listAll(a, up, "tools", cs.Tools(ctx, nil))
+	listed, ttl, err := listAll(ctx, a, up, cs, "tools", toolPage(cs))
+	up.setTTL(kindTools, ttl, err)
 	if err != nil {
 		return fmt.Errorf("listing tools: %w", err)
 	}
@@ -367,7 +461,8 @@ func (a *Aggregate) registerTools(up *aggUpstream, listed []*mcp.Tool) {
 }
 
 func (a *Aggregate) refreshPrompts(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
-	listed, err := listAll(a, up, "prompts", cs.Prompts(ctx, nil))
+	listed, ttl, err := listAll(ctx, a, up, cs, "prompts", promptPage(cs))
+	up.setTTL(kindPrompts, ttl, err)
 	if err != nil {
 		return fmt.Errorf("listing prompts: %w", err)
 	}
@@ -425,11 +520,13 @@ func (a *Aggregate) replaceNames(up *aggUpstream, slot *[]string, table map[stri
 }
 
 func (a *Aggregate) refreshResources(ctx context.Context, up *aggUpstream, cs *mcp.ClientSession) error {
-	resources, err := listAll(a, up, "resources", cs.Resources(ctx, nil))
+	resources, ttl, err := listAll(ctx, a, up, cs, "resources", resourcePage(cs))
+	up.setTTL(kindResources, ttl, err)
 	if err != nil {
 		return fmt.Errorf("listing resources: %w", err)
 	}
-	templates, err := listAll(a, up, "resource templates", cs.ResourceTemplates(ctx, nil))
+	templates, ttl, err := listAll(ctx, a, up, cs, "resource templates", templatePage(cs))
+	up.setTTL(kindTemplates, ttl, err)
 	if err != nil {
 		// Some servers list resources without templates.
 		a.logger.Warn("aggregate: listing resource templates failed", "upstream", up.cfg.Name, "error", safeError(err))

@@ -297,7 +297,7 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 	if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
 		extra = &mcp.RequestExtra{TokenInfo: ti}
 	}
-	rec.TokenID, rec.TokenName = a.principal(s.ss, extra)
+	rec.TokenID, rec.TokenName = a.principal(r.Context(), s.ss, extra)
 
 	upID := strconv.AppendQuote(make([]byte, 0, 24), "zidane-"+strconv.FormatUint(fastIDs.Add(1), 10))
 	out, err := fastRequest(upID, q.name, nullToNil(call.Meta), nullToNil(call.Arguments))

@@ -3,6 +3,7 @@ package broker
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -362,5 +363,65 @@ func TestFastAnswerReadsTheIDAsAValue(t *testing.T) {
 	// not read the request's) is that error, as go-sdk reads it.
 	if e := errorAnswer([]byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"bad request"}}`)); !strings.Contains(string(e), "bad request") {
 		t.Errorf("the error of a 4xx answer with a null id: %s", e)
+	}
+}
+
+// A 2026-07-28 upstream is not served by the fast path (which speaks the
+// session protocol only): a session client's calls to it go through go-sdk,
+// with the headers and _meta that protocol needs, while calls to a
+// 2025-11-25 upstream beside it keep the fast path.
+func TestAggregateFastPathLeavesModernUpstreams(t *testing.T) {
+	type seen struct{ id, method, name, meta string }
+	var mu sync.Mutex
+	var calls []seen
+	s := mcp.NewServer(&mcp.Implementation{Name: "m", Version: "1"}, nil)
+	mcp.AddTool(s, &mcp.Tool{Name: "echo"}, func(ctx context.Context, req *mcp.CallToolRequest, in aggIn) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "m:" + in.Text}}}, nil, nil
+	})
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if bytes.Contains(body, []byte(`"tools/call"`)) {
+			var m struct {
+				ID     json.RawMessage `json:"id"`
+				Params struct {
+					Meta map[string]any `json:"_meta"`
+				} `json:"params"`
+			}
+			_ = json.Unmarshal(body, &m)
+			v, _ := m.Params.Meta["io.modelcontextprotocol/protocolVersion"].(string)
+			mu.Lock()
+			calls = append(calls, seen{string(m.ID), r.Header.Get("Mcp-Method"), r.Header.Get("Mcp-Name"), v})
+			mu.Unlock()
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	legacy := newFastUp(t, "l", true)
+	_, url := aggServe(t, []Upstream{{Name: "m", URL: srv.URL}, legacy.config()}, AggregateOptions{})
+	cs := aggConnect(t, url, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 3 {
+		for _, tool := range []string{"mcp_m_echo", "mcp_l_echo"} {
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: map[string]any{"text": "q"}})
+			if err != nil || res.IsError || !strings.HasSuffix(aggText(t, res), ":q") {
+				t.Fatalf("call %d of %s: %v %v", i, tool, res, err)
+			}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 3 {
+		t.Fatalf("the 2026-07-28 upstream saw %d calls, want 3", len(calls))
+	}
+	for _, c := range calls {
+		if strings.Contains(c.id, "zidane-") || c.method != "tools/call" || c.name != "echo" || c.meta != "2026-07-28" {
+			t.Errorf("a call reached the 2026-07-28 upstream as %+v; want go-sdk's, with Mcp-Method, Mcp-Name and _meta", c)
+		}
+	}
+	if n := legacy.fast.Load(); n < 2 {
+		t.Errorf("%d calls to the 2025-11-25 upstream took the fast path, want at least 2 of 3", n)
 	}
 }

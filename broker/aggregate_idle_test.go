@@ -199,7 +199,7 @@ func TestAggregateFastPathKeepsASession(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	busy, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: aggAuthRT{http.DefaultTransport}},
-		MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+		MaxRetries: -1, DisableStandaloneSSE: true}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 	if err != nil {
 		t.Fatal(err)
 	}

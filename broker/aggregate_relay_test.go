@@ -73,7 +73,7 @@ func TestAggregateRelaysElicitationSchemasAsTheyAre(t *testing.T) {
 	call := func(endpoint, tool string) string {
 		t.Helper()
 		shown = nil
-		cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: &http.Client{Transport: aggAuthRT{http.DefaultTransport}}, MaxRetries: -1}, nil)
+		cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: &http.Client{Transport: aggAuthRT{http.DefaultTransport}}, MaxRetries: -1}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -133,7 +133,7 @@ func TestAggregateForwardsRoots(t *testing.T) {
 	c.AddRoots(&mcp.Root{URI: "file:///work/a"})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: aggAuthRT{http.DefaultTransport}}, MaxRetries: -1}, nil)
+	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: aggAuthRT{http.DefaultTransport}}, MaxRetries: -1}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 	if err != nil {
 		t.Fatal(err)
 	}

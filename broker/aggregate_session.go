@@ -9,13 +9,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
 // aggSession is the broker's state for one downstream session: its
-// upstream client sessions, opened on first use.
+// upstream client sessions, opened on first use. A principal's session
+// (see principalSession) has no ss: it holds the upstream sessions that
+// serve the 2026-07-28 requests of one token.
 type aggSession struct {
 	a  *Aggregate
 	ss *mcp.ServerSession
@@ -25,6 +29,8 @@ type aggSession struct {
 	level  mcp.LoggingLevel
 	closed bool                 // closeAll ran: no new upstream sessions
 	fast   map[string]*fastCall // tools/call in flight on the fast path, by request id
+
+	idleKey string // a principal session's key in Aggregate.pidle
 }
 
 // aggConn is one upstream client session of a downstream session.
@@ -37,6 +43,8 @@ type aggConn struct {
 	progress map[string]context.Context // progress token -> downstream request ctx
 	calls    []context.Context          // downstream request ctxs in flight
 	shared   bool                       // a lease of a shared stdio upstream's catalog session
+	home     *aggSession                // the session whose conns hold it (nil for a lease)
+	bridges  []*bridgeCall              // pending calls of 2026-07-28 clients (see aggregate_bridge.go)
 
 	client *mcp.Client // the client of cs (nil for a lease): roots changes are announced through it
 
@@ -125,6 +133,7 @@ func (s *aggSession) closeAll() {
 		wg.Go(func() {
 			<-c.done
 			if c.cs != nil {
+				s.a.endBridges(c)
 				c.cs.Close()
 			}
 		})
@@ -164,12 +173,27 @@ func (a *Aggregate) conn(ctx context.Context, ss *mcp.ServerSession, up *aggUpst
 	if up.shared {
 		return a.sharedConn(ctx, up)
 	}
+	if modernSession(ss) {
+		s, done, err := a.principalSession(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err = a.connOf(ctx, s, up)
+		if err != nil {
+			done()
+			return nil, nil, err
+		}
+		return c, done, nil
+	}
 	c, err = a.ownConn(ctx, ss, up)
 	return c, func() {}, err
 }
 
 func (a *Aggregate) ownConn(ctx context.Context, ss *mcp.ServerSession, up *aggUpstream) (*aggConn, error) {
-	s := a.session(ss)
+	return a.connOf(ctx, a.session(ss), up)
+}
+
+func (a *Aggregate) connOf(ctx context.Context, s *aggSession, up *aggUpstream) (*aggConn, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -177,7 +201,7 @@ func (a *Aggregate) ownConn(ctx context.Context, ss *mcp.ServerSession, up *aggU
 	}
 	c := s.conns[up.cfg.Name]
 	if c == nil {
-		c = &aggConn{done: make(chan struct{}), progress: map[string]context.Context{}}
+		c = &aggConn{done: make(chan struct{}), progress: map[string]context.Context{}, home: s}
 		s.conns[up.cfg.Name] = c
 		go s.open(up, c)
 	}
@@ -193,6 +217,14 @@ func (a *Aggregate) ownConn(ctx context.Context, ss *mcp.ServerSession, up *aggU
 	return c, nil
 }
 
+// forgetIn drops c from the connections of the session that opened it,
+// if it is still there (a lease of a shared session has none).
+func (c *aggConn) forgetIn(name string) {
+	if c.home != nil {
+		c.home.forget(name, c)
+	}
+}
+
 // forget drops c from the session's connections if it is still there, so
 // that the next call opens a new one.
 func (s *aggSession) forget(name string, c *aggConn) {
@@ -204,23 +236,39 @@ func (s *aggSession) forget(name string, c *aggConn) {
 }
 
 // open connects c to up, forwarding the upstream's requests and
-// notifications to this downstream session.
+// notifications to this downstream session. A principal's session (ss
+// nil, see principalSession) forwards progress to the 2026-07-28 request it
+// belongs to, drops log messages (that protocol has no session log level)
+// and offers the upstream no server-to-client requests: its clients are
+// asked for input through input-required answers instead.
 func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	a, ss := s.a, s.ss
 	opts := &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
 		LoggingMessageHandler: func(ctx context.Context, req *mcp.LoggingMessageRequest) {
 			down := context.WithoutCancel(c.requestCtx(ctx, nil))
-			c.forward(func() { _ = ss.Log(down, req.Params) })
+			target := downSession(down, ss)
+			c.forward(func() {
+				if target != nil && target == ss {
+					_ = target.Log(down, req.Params)
+				}
+			})
 		},
 		ProgressNotificationHandler: func(ctx context.Context, req *mcp.ProgressNotificationClientRequest) {
 			down := context.WithoutCancel(c.requestCtx(ctx, req.Params.ProgressToken))
-			c.forward(func() { _ = ss.NotifyProgress(down, req.Params) })
+			target := downSession(down, ss)
+			c.forward(func() {
+				if target != nil {
+					_ = target.NotifyProgress(down, req.Params)
+				}
+			})
 		},
 	}
 	var down *mcp.ClientCapabilities
-	if ip := ss.InitializeParams(); ip != nil {
-		down = ip.Capabilities
+	if ss != nil {
+		if ip := ss.InitializeParams(); ip != nil {
+			down = ip.Capabilities
+		}
 	}
 	if down != nil && down.Sampling != nil {
 		opts.Capabilities.Sampling = &mcp.SamplingCapabilities{}
@@ -240,8 +288,25 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	if down != nil && down.RootsV2 != nil {
 		opts.Capabilities.RootsV2 = &mcp.RootCapabilities{ListChanged: down.RootsV2.ListChanged}
 	}
+	if ss == nil {
+		// A principal session: to a 2025-11-25 upstream it offers what a
+		// 2026-07-28 client can answer through input-required results
+		// (see aggregate_bridge.go). A 2026-07-28 upstream gets each
+		// request's own client capabilities instead.
+		opts.Capabilities = &mcp.ClientCapabilities{
+			Elicitation: &mcp.ElicitationCapabilities{Form: &mcp.FormElicitationCapabilities{}},
+			Sampling:    &mcp.SamplingCapabilities{},
+			RootsV2:     &mcp.RootCapabilities{},
+		}
+	}
+	// Input-required answers come back to the route (see aggregate_mrtr.go).
+	opts.MultiRoundTrip = &mcp.MultiRoundTripOptions{Disabled: true}
 	client := mcp.NewClient(&mcp.Implementation{Name: "zidane-mcp-broker", Version: "1"}, opts)
-	client.AddReceivingMiddleware(relayMiddleware(ss, c, down))
+	if ss == nil {
+		client.AddReceivingMiddleware(bridgeMiddleware(c))
+	} else {
+		client.AddReceivingMiddleware(relayMiddleware(ss, c, down))
+	}
 	c.client = client
 	cs, err := a.dial(up, client)
 	if err == nil {
@@ -461,7 +526,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		start := time.Now()
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: orig}
-		rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 		c, release, err := a.conn(ctx, req.Session, up)
 		if err != nil {
 			rec.Outcome, rec.Detail = outcome(ctx, err)
@@ -478,14 +543,20 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			meta, unroute = a.sharedProgressToken(ctx, up, req.Session, meta, req.Params.GetProgressToken())
 			defer unroute()
 		} else {
-			untrack := c.track(ctx, req.Params.GetProgressToken())
+			untrack := c.track(trackCtx(ctx, req.Session), req.Params.GetProgressToken())
 			defer untrack()
 		}
-		params := &mcp.CallToolParams{Meta: meta, Name: orig}
+		params := &mcp.CallToolParams{Meta: upstreamMeta(meta, c.cs, req.Session), Name: orig,
+			InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState}
 		if len(req.Params.Arguments) > 0 {
 			params.Arguments = req.Params.Arguments
 		}
-		res, err := c.cs.CallTool(ctx, params)
+		var res *mcp.CallToolResult
+		if bridged(req.Session, c) {
+			res, err = a.bridgeCallTool(ctx, c, req.Params.Name, params)
+		} else {
+			res, err = callRounds(ctx, c.cs, req.Session, params)
+		}
 		// The answer goes out after the log and progress notifications
 		// the upstream sent before it.
 		c.awaitNotes(ctx)
@@ -495,6 +566,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			rec.Detail = "the tool reported an error"
 		}
 		a.record(rec, start)
+		var ie *inputError
 		switch {
 		case err == nil:
 			if res != nil {
@@ -504,7 +576,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
 		case c.overLimit.Load() != nil:
-			a.session(req.Session).forget(up.cfg.Name, c)
+			c.forgetIn(up.cfg.Name)
 			return overLimitResult(c.limitFailure()), nil
 		case errors.Is(err, upstreamauth.ErrAuthRequired):
 			// go-sdk reports the transport's refusal as a JSON-RPC error;
@@ -512,9 +584,16 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			return a.unreachable(up, err), nil
 		case upstreamRPCError(err):
 			return nil, err
+		case errors.As(err, &ie):
+			return inputFailed(up, ie), nil
+		case IsAnswerLimit(err):
+			// A 2026-07-28 upstream has no session id to watch the limit
+			// by: the failure comes back as the call's error.
+			c.forgetIn(up.cfg.Name)
+			return overLimitResult(err), nil
 		default:
 			if errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing) {
-				a.session(req.Session).forget(up.cfg.Name, c)
+				c.forgetIn(up.cfg.Name)
 			}
 			return a.unreachable(up, err), nil
 		}
@@ -537,9 +616,22 @@ func (a *Aggregate) promptHandler(up *aggUpstream, orig string) mcp.PromptHandle
 	return func(ctx context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
 		start := time.Now()
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "prompts/get"}
-		rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.GetPromptResult, error) {
-			return c.cs.GetPrompt(ctx, &mcp.GetPromptParams{Meta: req.Params.Meta, Name: orig, Arguments: req.Params.Arguments})
+			// A multi-round-trip retry's answers and state go to the
+			// upstream as they came (go-sdk's server fulfils an older
+			// client's input requests and calls this handler again with
+			// them).
+			params := &mcp.GetPromptParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), Name: orig, Arguments: req.Params.Arguments,
+				InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState}
+			if bridged(req.Session, c) {
+				return bridgeDo(a, ctx, c, "prompts/get "+req.Params.Name, params.RequestState, params.InputResponses,
+					func(ctx context.Context) (*mcp.GetPromptResult, error) { return c.cs.GetPrompt(ctx, params) },
+					func(reqs mcp.InputRequestMap, state string) *mcp.GetPromptResult {
+						return &mcp.GetPromptResult{InputRequests: reqs, RequestState: state}
+					})
+			}
+			return c.cs.GetPrompt(ctx, params)
 		})
 		rec.Outcome, rec.Detail = outcome(ctx, err)
 		a.record(rec, start)
@@ -554,9 +646,18 @@ func (a *Aggregate) resourceHandler(up *aggUpstream) mcp.ResourceHandler {
 	return func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		start := time.Now()
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "resources/read"}
-		rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.ReadResourceResult, error) {
-			return c.cs.ReadResource(ctx, &mcp.ReadResourceParams{Meta: req.Params.Meta, URI: req.Params.URI})
+			params := &mcp.ReadResourceParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), URI: req.Params.URI,
+				InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState}
+			if bridged(req.Session, c) {
+				return bridgeDo(a, ctx, c, "resources/read "+req.Params.URI, params.RequestState, params.InputResponses,
+					func(ctx context.Context) (*mcp.ReadResourceResult, error) { return c.cs.ReadResource(ctx, params) },
+					func(reqs mcp.InputRequestMap, state string) *mcp.ReadResourceResult {
+						return &mcp.ReadResourceResult{InputRequests: reqs, RequestState: state}
+					})
+			}
+			return c.cs.ReadResource(ctx, params)
 		})
 		rec.Outcome, rec.Detail = outcome(ctx, err)
 		a.record(rec, start)
@@ -575,17 +676,17 @@ func withConnT[T any](a *Aggregate, ctx context.Context, ss *mcp.ServerSession, 
 		return zero, err
 	}
 	defer release()
-	untrack := c.track(ctx, nil)
+	untrack := c.track(trackCtx(ctx, ss), nil)
 	defer untrack()
 	res, err := fn(c)
 	if err != nil && ctx.Err() == nil {
 		if lerr := c.limitFailure(); lerr != nil {
-			a.session(ss).forget(up.cfg.Name, c)
+			c.forgetIn(up.cfg.Name)
 			return zero, lerr
 		}
 	}
 	if err != nil && (errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing)) {
-		a.session(ss).forget(up.cfg.Name, c)
+		c.forgetIn(up.cfg.Name)
 	}
 	return res, err
 }
@@ -639,11 +740,13 @@ func (a *Aggregate) complete(ctx context.Context, req *mcp.CompleteRequest) (*mc
 	}
 	start := time.Now()
 	rec := CallRecord{Upstream: up.cfg.Name, Method: "completion/complete"}
-	rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+	rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 	params := *req.Params
 	params.Ref = &out
 	res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.CompleteResult, error) {
-		return c.cs.Complete(ctx, &params)
+		p := params
+		p.Meta = upstreamMeta(params.Meta, c.cs, req.Session)
+		return c.cs.Complete(ctx, &p)
 	})
 	rec.Outcome, rec.Detail = outcome(ctx, err)
 	a.record(rec, start)
@@ -663,6 +766,13 @@ func (a *Aggregate) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 	if !ok {
 		return fmt.Errorf("resource %q is not offered by any upstream", uri)
 	}
+	if modernSession(req.Session) && a.mayUse != nil {
+		// subscriptions/listen: the edge did not see this resource.
+		if p, ok := policy.PrincipalFrom(ctx); !ok || !a.mayUse(p, owner) {
+			return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf(
+				"resource %q: this token may not use the upstream that offers it (it needs the scope %s); subscribe to what the token may read", uri, policy.UpstreamScope(owner))}
+		}
+	}
 	up := a.byName[owner]
 	a.session(req.Session)
 	a.mu.Lock()
@@ -676,7 +786,7 @@ func (a *Aggregate) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 	a.mu.Unlock()
 	start := time.Now()
 	rec := CallRecord{Upstream: owner, Method: "resources/subscribe"}
-	rec.TokenID, rec.TokenName = a.principal(req.Session, req.Extra)
+	rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 	var err error
 	if first {
 		up.mu.Lock()
@@ -685,7 +795,7 @@ func (a *Aggregate) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 		if cs == nil {
 			err = errors.New("its catalog session is not connected")
 		} else {
-			err = cs.Subscribe(ctx, &mcp.SubscribeParams{Meta: req.Params.Meta, URI: uri})
+			err = cs.Subscribe(ctx, &mcp.SubscribeParams{Meta: upstreamMeta(req.Params.Meta, cs, req.Session), URI: uri})
 		}
 	}
 	rec.Outcome, rec.Detail = outcome(ctx, err)

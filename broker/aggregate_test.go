@@ -113,12 +113,20 @@ func aggServe(t *testing.T, ups []Upstream, opts AggregateOptions) (*Aggregate, 
 	return a, srv.URL
 }
 
+// aggConnect connects a 2025-11-25 client (a session).
 func aggConnect(t *testing.T, url string, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
+	return aggConnectAt(t, url, "2025-11-25", opts)
+}
+
+// aggConnectAt connects a go-sdk client asking for version (empty: the
+// SDK's choice, 2026-07-28 where it is served).
+func aggConnectAt(t *testing.T, url, version string, opts *mcp.ClientOptions) *mcp.ClientSession {
 	t.Helper()
 	c := mcp.NewClient(&mcp.Implementation{Name: "downstream", Version: "1"}, opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: aggAuthRT{http.DefaultTransport}}, MaxRetries: -1}, nil)
+	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: aggAuthRT{http.DefaultTransport}}, MaxRetries: -1}, &mcp.ClientSessionOptions{ProtocolVersion: version})
 	if err != nil {
 		t.Fatal(err)
 	}

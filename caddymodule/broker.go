@@ -189,6 +189,13 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		}
 		ups = append(ups, u)
 	}
+	byName := map[string]broker.Upstream{}
+	for _, u := range ups {
+		byName[u.Name] = u
+	}
+	allows := func(p policy.Principal, name string) bool {
+		return upstreamAllows(p, byName[name], !h.NoDefaultScopes)
+	}
 	agg, err := broker.NewAggregate(ups, broker.AggregateOptions{
 		// Pid files of stdio upstreams: a gateway that crashed leaves them,
 		// and the next start ends the processes they name.
@@ -203,19 +210,14 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		SessionTimeout:      max(0, time.Duration(app.MCPSessionIdleTimeout)),
 		Credentials:         app.credentials,
 		AuthRequired:        app.authRequired,
+		MayUse:              allows,
 	})
 	if err != nil {
 		return fmt.Errorf("aggregate: %w", err)
 	}
 	h.aggregate = agg
 	liveAggregates.add(agg)
-	byName := map[string]broker.Upstream{}
-	for _, u := range ups {
-		byName[u.Name] = u
-	}
-	h.route = &edge.Aggregate{Catalog: agg, Handler: agg, Allows: func(p policy.Principal, name string) bool {
-		return upstreamAllows(p, byName[name], !h.NoDefaultScopes)
-	}}
+	h.route = &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows}
 	return nil
 }
 
