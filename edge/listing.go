@@ -218,11 +218,20 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 			continue
 		}
 		kept := make([]json.RawMessage, 0, len(items))
+		params := paramsOf(f.route)
 		for _, it := range items {
 			var named map[string]json.RawMessage
 			var name string
-			if json.Unmarshal(it, &named) == nil && json.Unmarshal(named[l.named], &name) == nil &&
-				f.route.Visible(f.p, Item{Kind: l.kind, Name: name}) {
+			if json.Unmarshal(it, &named) != nil || json.Unmarshal(named[l.named], &name) != nil {
+				continue
+			}
+			if l.kind == KindTool {
+				// What its Mcp-Param-* headers carry (see ParamHeaders),
+				// learned whoever may see it: a tool's schema is the
+				// server's, the same for every principal.
+				params.learn(name, named["inputSchema"])
+			}
+			if f.route.Visible(f.p, Item{Kind: l.kind, Name: name}) {
 				kept = append(kept, it)
 			}
 		}
