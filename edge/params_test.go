@@ -113,6 +113,8 @@ func TestParamHeaders(t *testing.T) {
 		{"two values, one matching", geo("Mcp-Param-Region", "us", "Mcp-Param-Region", "eu"), geoCall(`{"region":"us"}`), false},
 		{"spelled with _", geo("Mcp_Param_Region", "eu"), geoCall(`{"region":"us"}`), false},
 		{"prefix spelled with _", geo("Mcp-Param_region", "eu"), geoCall(`{"region":"us"}`), false},
+		{"spelled with _ beside the matching one", geo("Mcp-Param-Region", "us", "Mcp_param_region", "eu"), geoCall(`{"region":"us"}`), false},
+		{"prefix spelled with _ beside the matching one", geo("Mcp-Param-Region", "us", "Mcp-Param_region", "eu"), geoCall(`{"region":"us"}`), false},
 		{"header the tool does not bind", geo("Mcp-Param-Note", "x"), geoCall(`{"note":"x"}`), false},
 		{"header of a nested name at the top", geo("Mcp-Param-Zone", "b"), geoCall(`{"zone":"b"}`), false},
 		{"missing header, 2026-07-28", geo(), geoCall(`{"region":"us"}`), false},
