@@ -593,7 +593,6 @@ func headersEqual(a, b http.Header) bool {
 	return true
 }
 
-
 // checkScopedRetry: a token whose scope grants one multi-round-trip tool
 // completes it, retry included; the same retry renamed to another tool
 // (its requestState and inputResponses kept, the Mcp-Name header changed
