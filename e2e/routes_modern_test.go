@@ -726,3 +726,68 @@ func checkParamHeaderAttacks(t *testing.T, endpoint, token string, up *tap) {
 		t.Errorf("an agreeing header: %d %s", a.status, clip(a.body))
 	}
 }
+
+// TestListenOutlastsMaxResponse: a subscriptions/listen stream lasts as
+// long as its client listens, so max_response bounds each of its events,
+// not the stream: through guard and pass-through, both with a
+// max_response of 12 KiB, a 2026-07-28 client keeps getting list_changed
+// notifications long past 12 KiB of them (150 of about 150 bytes each).
+func TestListenOutlastsMaxResponse(t *testing.T) {
+	upstream := startStatelessEverythingServer(t)
+	guardPort, brokerPort := freePort(t), freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	zidane {
+		upstream stateless %s {
+			max_response 12KiB
+		}
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard {
+			max_response 12KiB
+		}
+		rate_limit {
+			per_token 1000/s 1000
+			per_ip 1000/s 1000
+		}
+	}
+	reverse_proxy %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		broker stateless
+		rate_limit {
+			per_token 1000/s 1000
+			per_ip 1000/s 1000
+		}
+	}
+}
+`, AdminPlaceholder, upstream, guardPort, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp"), brokerPort))
+	token := createToken(t, c, "all", "--scope", "mcp")
+	for name, port := range map[string]int{"guard": guardPort, "passthrough": brokerPort} {
+		t.Run(name, func(t *testing.T) {
+			p, err := connectPeer(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", port), bearerClient(token, nil), modernVersion)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v := p.cs.InitializeResult().ProtocolVersion; v != modernVersion {
+				t.Fatalf("negotiated %q", v)
+			}
+			const n = 150
+			for i := range n {
+				// Only a notification sent after this trigger counts.
+				for len(p.toolsChanged) > 0 {
+					<-p.toolsChanged
+				}
+				if res, err := callRouteTool(p.cs, "test_trigger_tool_change", nil); err != nil || res.IsError {
+					t.Fatalf("trigger %d: %s", i, outcome(res, err))
+				}
+				waitChan(t, p.toolsChanged, fmt.Sprintf("list_changed %d of %d on the listen stream", i+1, n), 10*time.Second)
+			}
+		})
+	}
+}

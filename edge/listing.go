@@ -180,8 +180,13 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 		return c.Raw, true
 	}
 	lists := shapes
+	// Bindings are learned from an answer to a tools/list of the body
+	// only: an answer taken for a listing by its shape is the server's
+	// to any request, one a client could have it echo.
+	learn := false
 	if f.ids != nil {
 		method, known := f.method(c.ID.Key())
+		learn = method == "tools/list"
 		if !known {
 			f.drop(Drop{Reason: "unmatched_answer", ID: clip(c.ID.String())})
 			return nil, false
@@ -229,7 +234,7 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 			if json.Unmarshal(it, &named) != nil || json.Unmarshal(named[l.named], &name) != nil {
 				continue
 			}
-			if l.kind == KindTool {
+			if learn && l.kind == KindTool {
 				// What its Mcp-Param-* headers carry (see ParamHeaders),
 				// learned whoever may see it: a tool's schema is the
 				// server's, the same for every principal.

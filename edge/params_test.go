@@ -59,7 +59,14 @@ func paramRoutes(t *testing.T) map[string]struct {
 // as the edge does on its way to the client.
 func learnThrough(t *testing.T, route Route, p policy.Principal, answer string) {
 	t.Helper()
-	b, err := message.Read([]byte(listTools))
+	answerThroughRoute(t, route, p, listTools, answer)
+}
+
+// answerThroughRoute passes answer, to the request body, through route's
+// listing filter.
+func answerThroughRoute(t *testing.T, route Route, p policy.Principal, body, answer string) {
+	t.Helper()
+	b, err := message.Read([]byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,6 +190,15 @@ func TestParamHeadersRelearn(t *testing.T) {
 	hd := http.Header{"Mcp-Protocol-Version": {"2026-07-28"}, "Mcp-Method": {"tools/call"}, "Mcp-Name": {"geo"}, "Mcp-Param-Region": {"us"}}
 	if d := Decide(rt.route, rt.p, http.MethodPost, hd, []byte(geoCall(`{"region":"us"}`))); d.Allowed() {
 		t.Error("a header the tool no longer binds was allowed")
+	}
+
+	// An answer to another request, shaped as a tools list (a server may
+	// echo what a client sent it), teaches nothing.
+	echo := paramRoutes(t)["passthrough"]
+	answerThroughRoute(t, echo.route, echo.p, `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo"}}`,
+		`{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"geo","inputSchema":{"type":"object","properties":{"note":{"type":"string","x-mcp-header":"Region"}}}}]}}`)
+	if _, known := paramsOf(echo.route).lookup("geo"); known {
+		t.Error("bindings were learned from the answer to a tools/call")
 	}
 
 	var many strings.Builder
