@@ -192,6 +192,15 @@ func TestParamHeadersRelearn(t *testing.T) {
 		t.Error("a header the tool no longer binds was allowed")
 	}
 
+	// A binding's name is matched as HTTP matches header names, whatever
+	// the case the schema spells it in (go-sdk's client canonicalizes it
+	// too, and so does Go's server the header it receives).
+	learnThrough(t, rt.route, rt.p, `{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"geo","inputSchema":{"type":"object","properties":{"region":{"type":"string","x-mcp-header":"rEGION"}}}}]}}`)
+	hd.Set("mcp-param-REGION", "us")
+	if d := Decide(rt.route, rt.p, http.MethodPost, hd, []byte(geoCall(`{"region":"us"}`))); !d.Allowed() {
+		t.Errorf("a binding spelled rEGION refused Mcp-Param-Region: %s", d.Message)
+	}
+
 	// An answer to another request, shaped as a tools list (a server may
 	// echo what a client sent it), teaches nothing.
 	echo := paramRoutes(t)["passthrough"]
