@@ -71,7 +71,15 @@ func TestSmoke(t *testing.T) {
 			}
 		}
 	}
+	// The 2026-07-28 rows: each route in front of the stateless upstream,
+	// with the version each negotiated.
+	for _, r := range rep.calls {
+		if strings.HasSuffix(r.route, " "+modernProtocolVersion) && r.version != modernProtocolVersion && !strings.HasPrefix(r.route, "aggregated") {
+			t.Errorf("%s negotiated %q", r.route, r.version)
+		}
+	}
 	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "broker pass-through", "aggregated (2 upstreams)", "vs reverse_proxy",
+		"direct 2026-07-28", "reverse_proxy 2026-07-28", "guard+reverse_proxy 2026-07-28", "broker pass-through 2026-07-28", "aggregated (2 upstreams) 2026-07-28", "protocol",
 		"session engine", "create→finished", "finished events delivered / expected", "agent processes at peak",
 		"idle MCP sessions", "sessions endpoint", "caddy RSS/session", "upstream RSS/session",
 		"after mcp_session_idle_timeout 3s", "heap kept", "sampled sessions closed (404)",

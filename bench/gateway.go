@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -23,9 +24,11 @@ func (g *gateway) stop()    { g.p.stop() }
 // startGateway runs caddy with a site per route, all on loopback, and
 // creates the token the guarded routes use. The rate limit is set far above
 // what the run sends, so that it is measured but never triggers. zidane
-// holds more lines for the global zidane option.
-func startGateway(ctx context.Context, bin, work, upstream, second, zidane string) (*gateway, error) {
-	ports := make([]int, 5)
+// holds more lines for the global zidane option. modern and modern2, when
+// set, are stateless upstreams (MCP 2026-07-28): each route is offered in
+// front of them too, for clients that speak 2026-07-28.
+func startGateway(ctx context.Context, bin, work, upstream, second, modern, modern2, zidane string) (*gateway, error) {
+	ports := make([]int, 9)
 	for i := range ports {
 		p, err := freePort()
 		if err != nil {
@@ -34,6 +37,43 @@ func startGateway(ctx context.Context, bin, work, upstream, second, zidane strin
 		ports[i] = p
 	}
 	admin, rpPort, guardPort, brokerPort, aggPort := ports[0], ports[1], ports[2], ports[3], ports[4]
+	modernSites, modernUpstreams := "", ""
+	if modern != "" {
+		modernUpstreams = fmt.Sprintf("\t\tupstream benchm http://%s/mcp\n\t\tupstream benchm2 http://%s/mcp\n", modern, cmp.Or(modern2, modern))
+		modernSites = fmt.Sprintf(`
+http://127.0.0.1:%d {
+	reverse_proxy %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
+	}
+	reverse_proxy %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		broker benchm
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		aggregate benchm benchm2
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
+	}
+}
+`, ports[5], modern, ports[6], modern, ports[7], ports[8])
+	}
 	// The aggregated route runs over both upstreams when there is a second.
 	second2, aggregated := second, ""
 	if second2 == "" {
@@ -58,7 +98,7 @@ http://127.0.0.1:%d {
 	zidane {
 		upstream bench http://%s/mcp
 		upstream bench2 http://%s/mcp
-%s
+%s%s
 	}
 }
 
@@ -84,7 +124,7 @@ http://127.0.0.1:%d {
 		}
 	}
 }
-%s`, admin, upstream, second2, zidane, rpPort, upstream, guardPort, upstream, brokerPort, aggregated)
+%s%s`, admin, upstream, second2, modernUpstreams, zidane, rpPort, upstream, guardPort, upstream, brokerPort, aggregated, modernSites)
 	path := filepath.Join(work, "Caddyfile")
 	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
 		return nil, err
@@ -112,6 +152,14 @@ http://127.0.0.1:%d {
 	if aggregated != "" {
 		g.routes = append(g.routes, route{name: "aggregated (2 upstreams)", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", aggPort),
 			token: token, pid: g.pid(), prefix: "mcp_bench_"})
+	}
+	if modern != "" {
+		m := func(name string, port int, token, prefix string) route {
+			return route{name: name + " " + modernProtocolVersion, url: fmt.Sprintf("http://127.0.0.1:%d/mcp", port), token: token,
+				pid: g.pid(), prefix: prefix, version: modernProtocolVersion}
+		}
+		g.routes = append(g.routes, m("reverse_proxy", ports[5], "", ""), m("guard+reverse_proxy", ports[6], token, ""),
+			m("broker pass-through", ports[7], token, ""), m("aggregated (2 upstreams)", ports[8], token, "mcp_benchm_"))
 	}
 	return g, nil
 }

@@ -3,7 +3,12 @@
 // route of one caddy process, in interleaved rounds so that a noisy machine
 // weighs on every route alike. It prints one table with throughput, latency,
 // caddy's CPU time per call and RSS, and ratios against direct and against
-// plain reverse_proxy measured in the same run.
+// plain reverse_proxy measured in the same run. Each route is measured
+// twice: with clients pinned at MCP 2025-11-25 in front of the stateful
+// upstream, and (the rows named "… 2026-07-28") with clients pinned at
+// 2026-07-28 in front of the same upstream program run statelessly, each
+// against the reverse_proxy row of its version; the protocol column is the
+// version the route negotiated.
 //
 // A second section scales the session engine: a caddy serving the sessions
 // endpoint, and a pool of go-sdk clients that create -sessions sessions of

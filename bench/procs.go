@@ -74,8 +74,8 @@ func (p *proc) stop() {
 }
 
 // startUpstream runs the upstream MCP server and returns its address.
-func startUpstream(ctx context.Context, bin string) (*proc, string, error) {
-	return startListening(ctx, bin, "-addr", "127.0.0.1:0")
+func startUpstream(ctx context.Context, bin string, args ...string) (*proc, string, error) {
+	return startListening(ctx, bin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
 }
 
 // startListening runs bin with args and returns its address, which it

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -16,8 +17,13 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// benchProtocolVersion is the MCP version the load's clients speak.
+// benchProtocolVersion is the MCP version the load's clients speak, but on
+// the rows of modernProtocolVersion.
 const benchProtocolVersion = "2025-11-25"
+
+// modernProtocolVersion is the stateless MCP version: its rows run in
+// front of the stateless upstream, with clients pinned at it.
+const modernProtocolVersion = "2026-07-28"
 
 // route is one way to reach the upstream.
 type route struct {
@@ -26,10 +32,23 @@ type route struct {
 	token  string
 	pid    int    // the gateway process whose CPU and RSS are measured (caddy's, a peer's); 0: none
 	prefix string // put before the tool's name: the aggregated route's namespace
+	// version is the protocol version its clients ask for; "" is
+	// benchProtocolVersion. Its ratios are to the reverse_proxy row of the
+	// same version.
+	version string
+}
+
+// baseline is the name of the reverse_proxy row a route's ratios are to.
+func (r route) baseline() string {
+	if r.version == "" {
+		return "reverse_proxy"
+	}
+	return "reverse_proxy " + r.version
 }
 
 // sample is one route at one concurrency in one round.
 type sample struct {
+	version string // the protocol version the sessions negotiated
 	calls   int
 	elapsed time.Duration
 	lat     []time.Duration
@@ -40,6 +59,8 @@ type sample struct {
 // result is the figures for one route at one concurrency over all rounds.
 type result struct {
 	route       string
+	baseline    string // the reverse_proxy row its ratios are to
+	version     string // the protocol version negotiated (the rounds' versions, if they differ)
 	concurrency int
 	callsPerSec float64
 	p50, p99    time.Duration
@@ -134,13 +155,27 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 	}
 	defer up2.stop()
 
-	gw, err := startGateway(ctx, caddyBin, work, upAddr, up2Addr, "")
+	// Two stateless upstreams (the same program), for the 2026-07-28 rows:
+	// the stateful one speaks 2025-11-25 only.
+	mup, mupAddr, err := startUpstream(ctx, upstreamBin, "-stateless")
+	if err != nil {
+		return nil, err
+	}
+	defer mup.stop()
+	mup2, mup2Addr, err := startUpstream(ctx, upstreamBin, "-stateless")
+	if err != nil {
+		return nil, err
+	}
+	defer mup2.stop()
+
+	gw, err := startGateway(ctx, caddyBin, work, upAddr, up2Addr, mupAddr, mup2Addr, "")
 	if err != nil {
 		return nil, err
 	}
 	defer gw.stop()
 
-	routes := append([]route{{name: "direct", url: "http://" + upAddr + "/mcp"}}, gw.routes...)
+	routes := append([]route{{name: "direct", url: "http://" + upAddr + "/mcp"},
+		{name: "direct " + modernProtocolVersion, url: "http://" + mupAddr + "/mcp", version: modernProtocolVersion}}, gw.routes...)
 	if cfg.peerMCPGo {
 		peer, r, err := startMCPGoPeer(ctx, work, upAddr, up2Addr)
 		if err != nil {
@@ -184,7 +219,9 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 	var results []result
 	for _, r := range routes {
 		for _, conc := range cfg.concurrency {
-			results = append(results, summarize(r.name, conc, samples[r.name][conc], r.pid != 0))
+			res := summarize(r.name, conc, samples[r.name][conc], r.pid != 0)
+			res.baseline = r.baseline()
+			results = append(results, res)
 		}
 	}
 	return results, nil
@@ -204,21 +241,30 @@ func drive(ctx context.Context, r route, conc, calls int, tool string) (sample, 
 	}
 	defer hc.CloseIdleConnections()
 	sessions := make([]*mcp.ClientSession, conc)
+	version := cmp.Or(r.version, benchProtocolVersion)
+	var negotiated string
 	for i := range sessions {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		client := mcp.NewClient(&mcp.Implementation{Name: "zidane-bench", Version: "1"}, nil)
-		// Every route speaks 2025-11-25, the newest the stateful routes
-		// serve: left to choose, go-sdk's client would speak the stateless
+		// The stateful routes speak 2025-11-25, the newest they serve:
+		// left to choose, go-sdk's client would speak the stateless
 		// 2026-07-28 protocol to a peer that offers it, whose per-request
 		// _meta a proxy that re-sends it passes to the stateful upstream.
+		// The 2026-07-28 rows ask for it; a route that does not serve it
+		// falls back, and its row says so.
 		cs, err := client.Connect(cctx, &mcp.StreamableClientTransport{Endpoint: r.url, HTTPClient: hc, MaxRetries: -1, DisableStandaloneSSE: true},
-			&mcp.ClientSessionOptions{ProtocolVersion: benchProtocolVersion})
+			&mcp.ClientSessionOptions{ProtocolVersion: version})
 		cancel()
 		if err != nil {
 			return sample{}, fmt.Errorf("connect: %w", err)
 		}
 		defer cs.Close()
 		sessions[i] = cs
+		if v := cs.InitializeResult().ProtocolVersion; negotiated == "" {
+			negotiated = v
+		} else if v != negotiated {
+			negotiated = "mixed"
+		}
 	}
 	args := map[string]any{}
 	if tool == "echo" {
@@ -265,7 +311,7 @@ func drive(ctx context.Context, r route, conc, calls int, tool string) (sample, 
 		}()
 	}
 	wg.Wait()
-	s := sample{calls: len(lat), elapsed: time.Since(start), lat: lat}
+	s := sample{version: negotiated, calls: len(lat), elapsed: time.Since(start), lat: lat}
 	if firstEr != nil {
 		return s, firstEr
 	}
@@ -284,6 +330,11 @@ func summarize(name string, conc int, ss []sample, measured bool) result {
 	var cpu time.Duration
 	calls := 0
 	for _, s := range ss {
+		if r.version == "" {
+			r.version = s.version
+		} else if s.version != r.version {
+			r.version = "mixed"
+		}
 		rates = append(rates, float64(s.calls)/s.elapsed.Seconds())
 		r.roundP50s = append(r.roundP50s, p50(s.lat))
 		all = append(all, s.lat...)
@@ -351,7 +402,7 @@ func printTable(out io.Writer, cfg config, results []result) {
 	}
 	fmt.Fprintf(out, "tools/call %q, %d calls per session per round, %d round(s); calls/s is the median over rounds, p50 and p99 pool them; ratios to reverse_proxy are medians of each round's ratio\n\n", cfg.tool, cfg.calls, cfg.rounds)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "route\tsessions\tcalls/s\tp50\tp99\tgateway CPU/call\tgateway RSS\tvs direct\tvs reverse_proxy (calls/s, p50, CPU)\t")
+	fmt.Fprintln(tw, "route\tprotocol\tsessions\tcalls/s\tp50\tp99\tgateway CPU/call\tgateway RSS\tvs direct\tvs reverse_proxy (calls/s, p50, CPU)\t")
 	for _, r := range results {
 		cpu, mem := "-", "-"
 		if r.cpuPerCall > 0 || r.rss > 0 {
@@ -359,10 +410,14 @@ func printTable(out io.Writer, cfg config, results []result) {
 			mem = fmt.Sprintf("%.1fMiB", float64(r.rss)/(1<<20))
 		}
 		vsDirect, vsRP := "-", "-"
-		if d := find("direct", r.concurrency); d != nil {
+		direct := "direct"
+		if r.baseline != "reverse_proxy" && r.baseline != "" {
+			direct = "direct" + strings.TrimPrefix(r.baseline, "reverse_proxy")
+		}
+		if d := find(direct, r.concurrency); d != nil {
 			vsDirect = fmt.Sprintf("%.2f×", r.callsPerSec/d.callsPerSec)
 		}
-		if rp := find("reverse_proxy", r.concurrency); rp != nil && r.route != "direct" {
+		if rp := find(r.baseline, r.concurrency); rp != nil && r.route != direct {
 			rate, _ := pairedRatios(r.roundRates, rp.roundRates)
 			lat, _ := pairedRatios(seconds(r.roundP50s), seconds(rp.roundP50s))
 			vsRP = fmt.Sprintf("%.2f×, %.2f×", rate, lat)
@@ -370,7 +425,7 @@ func printTable(out io.Writer, cfg config, results []result) {
 				vsRP += fmt.Sprintf(", %.2f×", float64(r.cpuPerCall)/float64(rp.cpuPerCall))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.route, r.concurrency, r.callsPerSec,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.route, r.version, r.concurrency, r.callsPerSec,
 			round(r.p50), round(r.p99), cpu, mem, vsDirect, vsRP)
 	}
 	tw.Flush()
@@ -381,8 +436,8 @@ func printTable(out io.Writer, cfg config, results []result) {
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "route\tsessions\tby round\t")
 	for _, r := range results {
-		rp := find("reverse_proxy", r.concurrency)
-		if rp == nil || r.route == "direct" || r.route == "reverse_proxy" {
+		rp := find(r.baseline, r.concurrency)
+		if rp == nil || strings.HasPrefix(r.route, "direct") || r.route == r.baseline {
 			continue
 		}
 		_, each := pairedRatios(seconds(r.roundP50s), seconds(rp.roundP50s))

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -19,12 +20,29 @@ const DefaultAnswerBudget = 256 << 20
 
 // AnswerTooLargeError is the failure of an upstream answer over the
 // upstream's max_response: for a POST, the whole answer (a JSON body, or
-// every event of its stream together); for a GET stream, one event.
+// every event of its stream together); for a GET stream, and the stream
+// of a subscriptions/listen (which lasts as long as its client listens),
+// one event.
 type AnswerTooLargeError struct {
 	Upstream string
 	Limit    int64
-	// Event is set for a GET stream, where the limit is per event.
+	// Event is set for a stream whose limit is per event.
 	Event bool
+}
+
+// eventLimitKey marks the context of an upstream POST whose event stream
+// is bounded per event (see [withEventLimit]).
+type eventLimitKey struct{}
+
+// withEventLimit marks ctx's request as one whose event stream is bounded
+// per event, as a GET stream is: a subscriptions/listen.
+func withEventLimit(ctx context.Context) context.Context {
+	return context.WithValue(ctx, eventLimitKey{}, true)
+}
+
+func eventLimited(ctx context.Context) bool {
+	v, _ := ctx.Value(eventLimitKey{}).(bool)
+	return v
 }
 
 func (e *AnswerTooLargeError) Error() string {
@@ -177,7 +195,7 @@ func (l *answerLimit) RoundTrip(req *http.Request) (*http.Response, error) {
 	// (go-sdk, the fast path, the pass-through) take every other body
 	// whole, go-sdk even the body of a failed GET stream.
 	sse := resp.StatusCode >= 200 && resp.StatusCode < 300 && isEventStream(resp.Header.Get("Content-Type"))
-	perEvent := req.Method == http.MethodGet && sse
+	perEvent := sse && (req.Method == http.MethodGet || eventLimited(req.Context()))
 	if !perEvent && resp.ContentLength > l.max {
 		// Known to be over before a byte is read.
 		resp.Body.Close()

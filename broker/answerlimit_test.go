@@ -32,7 +32,11 @@ func limitedRead(t *testing.T, method, contentType string, withLength bool, body
 	}))
 	defer srv.Close()
 	c := &http.Client{Transport: newAnswerLimit(http.DefaultTransport, "up", max, budget)}
-	req, _ := http.NewRequest(method, srv.URL, nil)
+	ctx := context.Background()
+	if method == listen {
+		method, ctx = http.MethodPost, withEventLimit(ctx)
+	}
+	req, _ := http.NewRequestWithContext(ctx, method, srv.URL, nil)
 	resp, err := c.Do(req)
 	if err != nil {
 		return nil, err
@@ -40,6 +44,10 @@ func limitedRead(t *testing.T, method, contentType string, withLength bool, body
 	defer resp.Body.Close()
 	return io.ReadAll(resp.Body)
 }
+
+// listen, as limitedRead's method, is the POST of a subscriptions/listen,
+// whose stream the pass-through bounds per event.
+const listen = "LISTEN"
 
 func events(n, size int, end string) []byte {
 	var b bytes.Buffer
@@ -71,6 +79,9 @@ func TestAnswerLimit(t *testing.T) {
 		{"get stream, one event of many lines", "GET", "text/event-stream", false, bytes.Repeat([]byte("data: "+strings.Repeat("l", 1<<10)+"\n"), 100), true, true},
 		{"get stream, one endless line", "GET", "text/event-stream", false, bytes.Repeat([]byte("d"), max+1), true, true},
 		{"get json over", "GET", "application/json", false, bytes.Repeat([]byte(" "), max+1), true, false},
+		{"listen stream, many events under each", listen, "text/event-stream", false, events(400, 2<<10, "\n"), false, false},
+		{"listen stream, one event over", listen, "text/event-stream", false, bytes.Repeat([]byte("data: "+strings.Repeat("l", 1<<10)+"\n"), 100), true, true},
+		{"listen answered with json over", listen, "application/json", false, bytes.Repeat([]byte(" "), max+1), true, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

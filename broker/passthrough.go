@@ -283,6 +283,11 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			pt.onCall(rec)
 		}
 	}()
+	if ex.method == "subscriptions/listen" && len(ex.rpcID) > 0 {
+		// A listen's stream lasts as long as the client listens: its
+		// events are bounded one by one (max_response each), not in all.
+		r = r.WithContext(withEventLimit(r.Context()))
+	}
 	resp, err := pt.send(r, ex.body, ex.upstreamSID)
 	if err != nil {
 		pt.failed(w, r, &rec, ex.rpcID, ex.upstreamSID, err)

@@ -42,7 +42,13 @@ type Aggregate struct {
 	Allows func(p policy.Principal, upstream string) bool
 	// Handler serves the route (broker.Aggregate).
 	Handler http.Handler
+	// Params is what the route learned of its tools' x-mcp-header
+	// bindings (by the names it lists them under), to check Mcp-Param-*
+	// headers against; the zero value starts empty.
+	Params ParamHeaders
 }
+
+func (a *Aggregate) paramHeaders() *ParamHeaders { return &a.Params }
 
 // Admit admits every authenticated principal; Authorize decides.
 func (*Aggregate) Admit(policy.Principal) Verdict { return Verdict{} }

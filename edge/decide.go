@@ -77,9 +77,11 @@ type Decision struct {
 //
 // Refusals: 400 ambiguous_body for a body that two readers could read
 // differently (see package message), 400 malformed for one that is not a
-// JSON-RPC message, 400 header_mismatch when the 2026-07-28 Mcp-Method or
-// Mcp-Name header says something else than the body (or a 2026-07-28
-// request lacks them, or its _meta version is not the header's), and
+// JSON-RPC message, 400 header_mismatch when the 2026-07-28 Mcp-Method,
+// Mcp-Name or Mcp-Param-* header says something else than the body (or a
+// 2026-07-28 request lacks them, or its _meta version is not the
+// header's, or the route cannot check a Mcp-Param-* header: see
+// [ParamHeaders]), and
 // whatever the route refuses (403 insufficient_scope, mostly).
 func Decide(route Route, p policy.Principal, httpMethod string, header http.Header, body []byte) Decision {
 	if v := route.Admit(p); !v.Allowed() {
@@ -93,6 +95,9 @@ func Decide(route Route, p policy.Principal, httpMethod string, header http.Head
 		return Decision{Verdict: readRefusal(err)}
 	}
 	if v, c := checkHeaders(header, b); !v.Allowed() {
+		return Decision{Body: b, Verdict: v, Call: c}
+	}
+	if v, c := checkParamHeaders(header, b, paramsOf(route), header.Get(versionHeader)); !v.Allowed() {
 		return Decision{Body: b, Verdict: v, Call: c}
 	}
 	for _, c := range b.Calls {

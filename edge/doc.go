@@ -8,7 +8,9 @@
 // A request travels six steps: Host and Origin (after [CheckSingleHeaders]
 // refuses a second Origin or Authorization), authentication, reading
 // the message once ([message.Read], after [CheckRequest] and [ReadBody]), authorization
-// ([Decide], which asks the [Route]), the rate limit, and serving
+// ([Decide], which checks the MCP 2026-07-28 headers against the body, Mcp-Param-* by
+// the x-mcp-header bindings the route learned from the tools/list answers its filter
+// read (see [ParamHeaders]), and asks the [Route]), the rate limit, and serving
 // ([Route.Serve], with the filter of [Listing] around every answer: a
 // server may answer a listing on another request's stream). The Caddy adapter (package caddymodule)
 // sequences them; every decision belongs to this package, to package

@@ -46,7 +46,13 @@ type Guard struct {
 	// Route names this guarded site in its sealed ids, so that an id
 	// opens on no other: such as "guard:" and the site's resource URL.
 	Route string
+	// Params is what the guard learned of the server's x-mcp-header
+	// bindings, to check Mcp-Param-* headers against; the zero value
+	// starts empty.
+	Params ParamHeaders
 }
+
+func (g *Guard) paramHeaders() *ParamHeaders { return &g.Params }
 
 // Admit admits every authenticated principal.
 func (*Guard) Admit(policy.Principal) Verdict { return Verdict{} }

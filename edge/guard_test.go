@@ -160,9 +160,7 @@ func TestGuardBindsSessionsToTheirToken(t *testing.T) {
 	}
 
 	// Another guarded site (another resource) does not open Alice's id.
-	other := *f.g
-	other.Route = "guard:https://other.example/mcp"
-	f.g = &other
+	f.g = &Guard{Scopes: f.g.Scopes, Prepare: f.g.Prepare, IDs: f.g.IDs, Route: "guard:https://other.example/mcp"}
 	if _, err = f.do(alice, http.MethodGet, http.Header{"Mcp-Session-Id": {sealed}}); err == nil {
 		t.Fatal("an id sealed for one guarded site opened on another")
 	}

@@ -80,8 +80,10 @@ type Drop struct {
 type Listing struct {
 	// Max, when set, bounds what one answer to a POST may hold, in bytes
 	// (guard max_response): past it the filter ends the answer with a
-	// JSON-RPC error and stops reading the server's. A GET stream is
-	// bounded per event (maxFilteredBody).
+	// JSON-RPC error and stops reading the server's. The event stream
+	// that answers a subscriptions/listen (MCP 2026-07-28), which lasts as
+	// long as the client listens, is bounded per event instead, and a GET
+	// stream per event by maxFilteredBody.
 	Max int64
 	// Budget, when set, is the gateway's in-flight answer budget: a JSON
 	// answer the filter holds reserves its bytes there until it is
@@ -93,6 +95,7 @@ type Listing struct {
 	p      policy.Principal
 	ids    []requestID // the body's requests; nil for a GET
 	post   bool        // the request had a body
+	listen bool        // the body is one subscriptions/listen: Max bounds each event of its stream
 	id     []byte      // the raw id of a body's one request, for an error answer
 	onDrop func(Drop)
 	one    [1]requestID // room for the one request of most bodies
@@ -109,6 +112,7 @@ func NewListing(route Route, p policy.Principal, b *message.Body, onDrop func(Dr
 		f.post = true
 		if !b.Batch {
 			f.id = b.Calls[0].ID.Raw()
+			f.listen = b.Calls[0].Method == "subscriptions/listen"
 		}
 		f.ids = f.one[:0]
 		for _, c := range b.Calls {
@@ -176,8 +180,13 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 		return c.Raw, true
 	}
 	lists := shapes
+	// Bindings are learned from an answer to a tools/list of the body
+	// only: an answer taken for a listing by its shape is the server's
+	// to any request, one a client could have it echo.
+	learn := false
 	if f.ids != nil {
 		method, known := f.method(c.ID.Key())
+		learn = method == "tools/list"
 		if !known {
 			f.drop(Drop{Reason: "unmatched_answer", ID: clip(c.ID.String())})
 			return nil, false
@@ -218,11 +227,20 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 			continue
 		}
 		kept := make([]json.RawMessage, 0, len(items))
+		params := paramsOf(f.route)
 		for _, it := range items {
 			var named map[string]json.RawMessage
 			var name string
-			if json.Unmarshal(it, &named) == nil && json.Unmarshal(named[l.named], &name) == nil &&
-				f.route.Visible(f.p, Item{Kind: l.kind, Name: name}) {
+			if json.Unmarshal(it, &named) != nil || json.Unmarshal(named[l.named], &name) != nil {
+				continue
+			}
+			if learn && l.kind == KindTool {
+				// What its Mcp-Param-* headers carry (see ParamHeaders),
+				// learned whoever may see it: a tool's schema is the
+				// server's, the same for every principal.
+				params.learn(name, named["inputSchema"])
+			}
+			if f.route.Visible(f.p, Item{Kind: l.kind, Name: name}) {
 				kept = append(kept, it)
 			}
 		}
@@ -439,7 +457,8 @@ func (w *listingWriter) Write(p []byte) (int, error) {
 	if w.cut {
 		return 0, errAnswerCut
 	}
-	if w.f.Max > 0 && w.f.post {
+	perEvent := w.f.listen && w.sse != nil && w.withheld == nil
+	if w.f.Max > 0 && w.f.post && !perEvent {
 		if w.n += int64(len(p)); w.n > w.f.Max {
 			w.cutOff()
 			return 0, errAnswerCut
@@ -457,6 +476,11 @@ func (w *listingWriter) Write(p []byte) (int, error) {
 		}
 		if len(events) > 0 {
 			w.flush()
+		}
+		if perEvent && w.f.Max > 0 && int64(w.sse.pending()) > w.f.Max {
+			// The events before it have gone whole; this one is not.
+			w.cutOff()
+			return 0, errAnswerCut
 		}
 		return len(p), nil
 	case !w.json:
@@ -500,7 +524,11 @@ func (w *listingWriter) cutOff() {
 	if len(id) == 0 {
 		id = []byte("null")
 	}
-	msg := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":"the MCP server behind this gateway sent more than %d bytes in answer to one request, its max_response; the gateway ended the answer. Ask the operator to raise guard max_response if such answers are expected"}}`, id, CodeUpstreamRefused, w.f.Max)
+	what := "in answer to one request"
+	if w.f.listen && w.sse != nil {
+		what = "in one event of a subscriptions/listen stream"
+	}
+	msg := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":"the MCP server behind this gateway sent more than %d bytes %s, its max_response; the gateway ended the answer. Ask the operator to raise guard max_response if such answers are expected"}}`, id, CodeUpstreamRefused, w.f.Max, what)
 	switch {
 	case w.sse != nil && w.withheld == nil:
 		w.sse.release()

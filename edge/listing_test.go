@@ -506,3 +506,53 @@ func TestListingSSEBudget(t *testing.T) {
 		t.Fatalf("the budget holds %d bytes after both streams ended", used)
 	}
 }
+
+// The stream that answers a subscriptions/listen lasts as long as the
+// client listens: Listing.Max bounds each of its events, not the whole,
+// so notifications keep coming past max_response in total, and one event
+// over it ends the stream with the request's error.
+func TestListingMaxListen(t *testing.T) {
+	rt := testRoutes(t)["guard"]
+	listen := `{"jsonrpc":"2.0","id":9,"method":"subscriptions/listen","params":{"notifications":{"toolsListChanged":true}}}`
+	note := "event: message\ndata: " + `{"jsonrpc":"2.0","method":"notifications/tools/list_changed","params":{"_meta":{"pad":"` + strings.Repeat("n", 1000) + `"}}}` + "\n\n"
+	b, err := message.Read([]byte(listen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var drops []Drop
+	f := NewListing(rt.route, rt.p, b, func(d Drop) { drops = append(drops, d) })
+	f.Max = 16 << 10
+	rec := httptest.NewRecorder()
+	w, closeFilter := f.Wrap(rec)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	const events = 200 // 200 KiB in all, twelve times Max
+	for i := range events {
+		if _, err := w.Write([]byte(note)); err != nil {
+			t.Fatalf("event %d of a listen stream, %d bytes in all: %v", i, i*len(note), err)
+		}
+	}
+	if got := strings.Count(rec.Body.String(), "notifications/tools/list_changed"); got != events {
+		t.Fatalf("the client got %d of %d events", got, events)
+	}
+	big := "data: " + strings.Repeat("x", 1000) + "\n"
+	writes := 0
+	for ; writes < 100; writes++ {
+		if _, err = w.Write([]byte(big)); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, errAnswerCut) || writes > 20 {
+		t.Fatalf("after %d writes of one endless event: %v; want the cut at 16 KiB", writes, err)
+	}
+	if err := closeFilter(); err != nil {
+		t.Fatal(err)
+	}
+	got := rec.Body.String()
+	if strings.Count(got, "notifications/tools/list_changed") != events || !strings.Contains(got, `"id":9,"error"`) || !strings.Contains(got, "subscriptions/listen") {
+		t.Errorf("the stream ends with %q; want every event, then the listen's error", got[max(0, len(got)-300):])
+	}
+	if len(drops) == 0 || drops[len(drops)-1].Reason != "answer_too_large" {
+		t.Errorf("drops %v", drops)
+	}
+}

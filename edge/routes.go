@@ -123,7 +123,13 @@ type Upstream struct {
 	Scopes *policy.ScopeMap
 	// Handler is the broker's route to the upstream.
 	Handler http.Handler
+	// Params is what the route learned of the upstream's x-mcp-header
+	// bindings, to check Mcp-Param-* headers against; the zero value
+	// starts empty.
+	Params ParamHeaders
 }
+
+func (u *Upstream) paramHeaders() *ParamHeaders { return &u.Params }
 
 // Admit admits every authenticated principal; Authorize decides.
 func (*Upstream) Admit(policy.Principal) Verdict { return Verdict{} }

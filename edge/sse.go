@@ -47,6 +47,10 @@ func (s *sseFilter) account() {
 	}
 }
 
+// pending is how many bytes of the current, unfinished event the filter
+// has seen: its lines so far and what is not yet split into lines.
+func (s *sseFilter) pending() int { return s.size + len(s.buf) }
+
 // release gives back all the filter holds in the budget.
 func (s *sseFilter) release() {
 	s.f.Budget.Give(s.held)

@@ -1,6 +1,8 @@
 // Command upstream is the benchmark's upstream MCP server: a go-sdk
 // streamable HTTP server with an `echo` tool and a `payload` tool that
-// returns 4 KiB of text. It listens on loopback only.
+// returns 4 KiB of text. It listens on loopback only. With -stateless it
+// serves go-sdk's stateless mode, which speaks MCP 2026-07-28 beside
+// 2025-11-25; without, it is stateful and speaks 2025-11-25.
 package main
 
 import (
@@ -20,6 +22,7 @@ type echoArgs struct {
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "loopback address to listen on")
+	stateless := flag.Bool("stateless", false, "serve statelessly: MCP 2026-07-28 and 2025-11-25, no session")
 	flag.Parse()
 	host, _, err := net.SplitHostPort(*addr)
 	if err != nil || (host != "127.0.0.1" && host != "::1" && host != "localhost") {
@@ -36,7 +39,7 @@ func main() {
 		func(context.Context, *mcp.CallToolRequest, any) (*mcp.CallToolResult, any, error) {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: payload}}}, nil, nil
 		})
-	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{JSONResponse: true})
+	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{JSONResponse: true, Stateless: *stateless})
 
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
