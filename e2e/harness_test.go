@@ -532,6 +532,12 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
+// The two protocol versions a go-sdk v1.8.0 client can be pinned at.
+const (
+	modernVersion = "2026-07-28"
+	legacyVersion = "2025-11-25"
+)
+
 // startEverythingServer runs the go-sdk conformance everything-server
 // (stateful streamable HTTP) on a free loopback port and returns its MCP
 // endpoint URL. The server answers on every path; /mcp is the conventional

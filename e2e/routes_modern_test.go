@@ -21,12 +21,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// The two protocol versions a go-sdk v1.8.0 client can be pinned at.
-const (
-	modernVersion = "2026-07-28"
-	legacyVersion = "2025-11-25"
-)
-
 // mrtrTools are the go-sdk everything-server's multi-round-trip tools
 // (SEP-2322).
 var mrtrTools = []string{

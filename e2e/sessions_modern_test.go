@@ -17,8 +17,6 @@ import (
 // The sessions endpoint at MCP 2026-07-28, beside 2025-11-25 on one URL,
 // through the built binary with the demo agent.
 
-const modernVersion = "2026-07-28"
-
 // modernSessions is the go-sdk client at 2026-07-28. Nothing is pushed to
 // it: it follows each session it creates as a 2026-07-28 client does, by
 // subscribing to the session's events resource through subscriptions/listen

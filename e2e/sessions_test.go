@@ -273,12 +273,6 @@ func tryConnectGoSessions(t testing.TB, url, token, label string) (*goSessions, 
 	return tryConnectGoSessionsAt(t, url, token, label, legacyVersion)
 }
 
-// legacyVersion is the protocol version whose clients get session events
-// pushed as notifications/message: most sessions tests are about those
-// pushes, so their go-sdk client is pinned to it (sessions_modern_test.go
-// drives the endpoint at 2026-07-28).
-const legacyVersion = "2025-11-25"
-
 // tryConnectGoSessionsAt connects the go-sdk client pinned to protocol
 // version ("" lets it choose, and it tries 2026-07-28 first).
 func tryConnectGoSessionsAt(t testing.TB, url, token, label, version string) (*goSessions, error) {
