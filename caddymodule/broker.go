@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -130,7 +131,8 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	if err != nil {
 		return err
 	}
-	h.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt}
+	h.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt,
+		SharedParams: h.sharedParams("params|broker|" + u.Name + "|" + u.URL)}
 	return nil
 }
 
@@ -217,7 +219,8 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	}
 	h.aggregate = agg
 	liveAggregates.add(agg)
-	h.route = &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows}
+	h.route = &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows,
+		SharedParams: h.sharedParams("params|aggregate|" + h.Prefix + "|" + strings.Join(h.Aggregate, ","))}
 	return nil
 }
 

@@ -107,6 +107,7 @@ type Handler struct {
 	ipLimit    *policy.Limiter
 	ipv6Prefix int // the prefix length by which ipLimit keys IPv6 clients
 	limitKey   string
+	paramsKey  string // this handler's hold on paramsPool
 	jwt        *policy.JWTVerifier
 	resURL     *url.URL // absolute when configured so, else path only
 	// route is this site's mode; egress, in sessions mode, the routes of
@@ -275,7 +276,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		// Sealed ids name the site by its resource, so one guarded site's
 		// id opens on no other with another resource.
-		h.route = &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders, IDs: ids, Route: "guard:" + h.Resource}
+		h.route = &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders, IDs: ids, Route: "guard:" + h.Resource,
+			SharedParams: h.sharedParams("params|guard|" + h.Resource)}
 		if h.Guard.MaxResponse < 0 {
 			return fmt.Errorf("guard max_response %d is negative; give a size such as 16MiB", h.Guard.MaxResponse)
 		}
@@ -311,6 +313,9 @@ func (h *Handler) Cleanup() error {
 		h.aggregate.Close()
 	}
 	var err error
+	if h.paramsKey != "" {
+		_, _ = paramsPool.Delete(h.paramsKey)
+	}
 	if h.limitKey != "" {
 		_, err = limiterPool.Delete(h.limitKey)
 	}

@@ -785,3 +785,46 @@ http://127.0.0.1:%d {
 		})
 	}
 }
+
+// A config reload keeps what a route learned of its tools' x-mcp-header
+// bindings: a 2026-07-28 client that listed tools before the reload goes on
+// calling a tool with a Mcp-Param-* header after it, without listing again.
+func TestParamBindingsSurviveReload(t *testing.T) {
+	upstream := startStatelessEverythingServer(t)
+	port := freePort(t)
+	conf := func(rate int) string {
+		return fmt.Sprintf(`{
+	admin %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		rate_limit {
+			per_token %d/s 1000
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, port, rate, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp"))
+	}
+	c := startCaddy(t, conf(1000))
+	token := createToken(t, c, "params", "--scope", "mcp")
+	cs, err := connectGoAt(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", port), bearerClient(token, nil), modernVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.ListTools(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	call := func(when string) {
+		t.Helper()
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "test_x_mcp_header", Arguments: map[string]any{"region": "eu-west1"}})
+		if err != nil || res.IsError {
+			t.Fatalf("%s: %+v %v", when, res, err)
+		}
+	}
+	call("before the reload")
+	c.Reload(t, conf(999))
+	call("after the reload, without listing tools again")
+}

@@ -46,9 +46,19 @@ type Aggregate struct {
 	// bindings (by the names it lists them under), to check Mcp-Param-*
 	// headers against; the zero value starts empty.
 	Params ParamHeaders
+	// SharedParams, when set, is used instead of Params: a store kept
+	// across config reloads, so that a reload does not forget what the
+	// route learned and refuse its clients' Mcp-Param-* headers until they
+	// list tools again.
+	SharedParams *ParamHeaders
 }
 
-func (a *Aggregate) paramHeaders() *ParamHeaders { return &a.Params }
+func (a *Aggregate) paramHeaders() *ParamHeaders {
+	if a.SharedParams != nil {
+		return a.SharedParams
+	}
+	return &a.Params
+}
 
 // Admit admits every authenticated principal; Authorize decides.
 func (*Aggregate) Admit(policy.Principal) Verdict { return Verdict{} }

@@ -50,9 +50,19 @@ type Guard struct {
 	// bindings, to check Mcp-Param-* headers against; the zero value
 	// starts empty.
 	Params ParamHeaders
+	// SharedParams, when set, is used instead of Params: a store kept
+	// across config reloads, so that a reload does not forget what the
+	// route learned and refuse its clients' Mcp-Param-* headers until they
+	// list tools again.
+	SharedParams *ParamHeaders
 }
 
-func (g *Guard) paramHeaders() *ParamHeaders { return &g.Params }
+func (g *Guard) paramHeaders() *ParamHeaders {
+	if g.SharedParams != nil {
+		return g.SharedParams
+	}
+	return &g.Params
+}
 
 // Admit admits every authenticated principal.
 func (*Guard) Admit(policy.Principal) Verdict { return Verdict{} }

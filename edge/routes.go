@@ -127,9 +127,19 @@ type Upstream struct {
 	// bindings, to check Mcp-Param-* headers against; the zero value
 	// starts empty.
 	Params ParamHeaders
+	// SharedParams, when set, is used instead of Params: a store kept
+	// across config reloads, so that a reload does not forget what the
+	// route learned and refuse its clients' Mcp-Param-* headers until they
+	// list tools again.
+	SharedParams *ParamHeaders
 }
 
-func (u *Upstream) paramHeaders() *ParamHeaders { return &u.Params }
+func (u *Upstream) paramHeaders() *ParamHeaders {
+	if u.SharedParams != nil {
+		return u.SharedParams
+	}
+	return &u.Params
+}
 
 // Admit admits every authenticated principal; Authorize decides.
 func (*Upstream) Admit(policy.Principal) Verdict { return Verdict{} }
