@@ -31,6 +31,7 @@
 //	go run ./bench -only idle -idle 10000            # idle MCP sessions only
 //	go run ./bench -peer http://127.0.0.1:9000/mcp   # add another gateway
 //	go run ./bench -only calls -peer-mcpgo           # add the mcp-go aggregator stand-in (bench/peer/mcpgoproxy)
+//	go run ./bench -only calls -cluster              # add guard rows from a caddy on NATS storage
 //	go run ./bench -only calls -cpuprofile agg.pprof # then profile caddy while the aggregated route is driven
 //
 // Everything listens on loopback and every loop is bounded.
@@ -53,6 +54,7 @@ type config struct {
 	tool        string
 	peers       []string
 	peerMCPGo   bool // run the mcp-go aggregator stand-in as one more route
+	cluster     bool // add guard rows from a second caddy on NATS storage
 	timeout     time.Duration
 
 	only string // "", "calls", "sessions" or "idle": run that section alone
@@ -110,12 +112,13 @@ func parseFlags(args []string) (config, error) {
 	profileSessions := fs.Int("profile-sessions", 32, "concurrent MCP sessions driving -profile-route while -cpuprofile is taken")
 	profileFor := fs.Duration("profile-for", 15*time.Second, "how long the -cpuprofile profile runs")
 	peerMCPGo := fs.Bool("peer-mcpgo", false, "build and run bench/peer/mcpgoproxy, a stand-in for TBXark/mcp-proxy on mark3labs/mcp-go, over the same two upstreams, as one more route")
+	cluster := fs.Bool("cluster", false, "add guard rows from a second caddy whose storage is on NATS JetStream (storage zidane_nats over a nats-server built from go.mod), in the same rounds, to compare cluster mode with one node")
 	var peers stringList
 	fs.Var(&peers, "peer", "URL of another MCP gateway's endpoint to measure as one more route (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
-	cfg := config{calls: *calls, rounds: *rounds, tool: *tool, peers: peers, peerMCPGo: *peerMCPGo, timeout: *timeout, only: *only,
+	cfg := config{calls: *calls, rounds: *rounds, tool: *tool, peers: peers, peerMCPGo: *peerMCPGo, cluster: *cluster, timeout: *timeout, only: *only,
 		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle, idle: *idle, idleTimeout: *idleTimeout,
 		cpuProfile: *cpuProfile, profileRoute: *profileRoute, profileSessions: *profileSessions, profileFor: *profileFor}
 	for _, s := range strings.Split(*conc, ",") {

@@ -174,6 +174,20 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 	}
 	defer gw.stop()
 
+	var clusterRoutes []route
+	if cfg.cluster {
+		root, err := moduleRoot(ctx)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintln(os.Stderr, "bench: building nats-server, starting a caddy on NATS storage…")
+		cg, err := startClusterGateway(ctx, root, work, caddyBin, upAddr, mupAddr)
+		if err != nil {
+			return nil, err
+		}
+		defer cg.stop()
+		clusterRoutes = cg.routes
+	}
 	routes := append([]route{{name: "direct", url: "http://" + upAddr + "/mcp"},
 		{name: "direct " + modernProtocolVersion, url: "http://" + mupAddr + "/mcp", version: modernProtocolVersion}}, gw.routes...)
 	if cfg.peerMCPGo {
@@ -184,6 +198,7 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 		defer peer.stop()
 		routes = append(routes, r)
 	}
+	routes = append(routes, clusterRoutes...)
 	for i, p := range cfg.peers {
 		routes = append(routes, route{name: fmt.Sprintf("peer%d", i+1), url: p})
 	}
