@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
@@ -182,7 +183,7 @@ const (
 	wellKnownResource  = "/.well-known/oauth-protected-resource"
 	mcpSessionHeader   = "Mcp-Session-Id"
 	protocolHeader     = "Mcp-Protocol-Version"
-	allowedCORSHeaders = "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID"
+	allowedCORSHeaders = "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name"
 )
 
 var (
@@ -472,6 +473,29 @@ func (h *Handler) checkHostOrigin(r *http.Request) edge.Verdict {
 	return edge.Verdict{}
 }
 
+// maxCORSParamHeaders bounds the Mcp-Param-* names a preflight is allowed.
+const maxCORSParamHeaders = 64
+
+// corsAllowHeaders is what a preflight allows: the MCP headers, and the
+// Mcp-Param-* headers (2026-07-28, one per x-mcp-header binding, so no
+// fixed list names them) that the browser asks for, each a plain header
+// name; the edge checks their values against the body like any client's.
+func corsAllowHeaders(requested []string) string {
+	out := allowedCORSHeaders
+	n := 0
+	for _, line := range requested {
+		for name := range strings.SplitSeq(line, ",") {
+			name = strings.TrimSpace(name)
+			if n < maxCORSParamHeaders && len(name) <= 128 && len(name) > len("mcp-param-") &&
+				strings.EqualFold(name[:len("mcp-param-")], "mcp-param-") && httpguts.ValidHeaderFieldName(name) {
+				out += ", " + name
+				n++
+			}
+		}
+	}
+	return out
+}
+
 // preflight sets the CORS headers of an allowed browser Origin, and
 // answers its preflight request.
 func (h *Handler) preflight(w http.ResponseWriter, r *http.Request, origin string) bool {
@@ -483,7 +507,7 @@ func (h *Handler) preflight(w http.ResponseWriter, r *http.Request, origin strin
 		return false
 	}
 	w.Header().Set("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS")
-	w.Header().Set("Access-Control-Allow-Headers", allowedCORSHeaders)
+	w.Header().Set("Access-Control-Allow-Headers", corsAllowHeaders(r.Header.Values("Access-Control-Request-Headers")))
 	w.Header().Set("Access-Control-Max-Age", "600")
 	w.WriteHeader(http.StatusNoContent)
 	return true
