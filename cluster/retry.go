@@ -11,12 +11,12 @@ import (
 )
 
 // Retries while JetStream is between leaders: when a server that led a
-// stream dies, the others elect a new leader within seconds, and requests
-// meanwhile get no answer. A storage operation is retried for up to
-// retryFor, each attempt bounded by attemptTimeout, so such a failover is
-// a stall, not an error.
+// stream dies, the others elect a new leader (nats-server's raft election
+// timeout is 4 to 9 s), and requests meanwhile get no answer. A storage
+// operation is retried for up to retryFor, each attempt bounded by
+// attemptTimeout, so such a failover is a stall, not an error.
 const (
-	retryFor       = 8 * time.Second
+	retryFor       = 12 * time.Second
 	attemptTimeout = 2 * time.Second
 )
 

@@ -339,8 +339,10 @@ http://%s {
 			}
 		}
 		t.Logf("NATS leader %s killed: a token write took %v; %d calls meanwhile", leader, stall.Round(time.Millisecond), len(recs))
-		if stall > 10*time.Second {
-			t.Errorf("the write stalled %v, want at most 10s", stall)
+		// nats-server elects a stream's new leader within its raft
+		// election timeout (4 to 9 s); the storage retries for 12 s.
+		if stall > 14*time.Second {
+			t.Errorf("the write stalled %v, want at most the storage's 12 s of retries and one 2 s attempt", stall)
 		}
 		for _, n := range nodes {
 			if n.name == leader {
