@@ -292,6 +292,41 @@ http://%s {
 		})
 	}
 
+	// A token revoked on A ends its open stream on B.
+	streamToken := createToken(t, a, "streamer", "--scope", "mcp")
+	waitStatus(t, "http://"+guardB+"/mcp", streamToken, http.StatusOK, 20*time.Second)
+	init0 := post(t, "http://"+guardB+"/mcp", streamToken, initializeBody)
+	sid0 := init0.header.Get("Mcp-Session-Id")
+	if sid0 == "" {
+		t.Fatalf("initialize on B: %d", init0.status)
+	}
+	post(t, "http://"+guardB+"/mcp", streamToken, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, "Mcp-Session-Id", sid0, "Mcp-Protocol-Version", "2025-11-25")
+	req, _ := http.NewRequest(http.MethodGet, "http://"+guardB+"/mcp", nil)
+	req.Header.Set("Authorization", "Bearer "+streamToken)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Mcp-Session-Id", sid0)
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET stream on B: %v %v", err, resp)
+	}
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}()
+	if _, stderr, err := a.Run(t, "zidane", "token", "revoke", "streamer"); err != nil {
+		t.Fatalf("revoke on A: %v %s", err, stderr)
+	}
+	revokedAt := time.Now()
+	select {
+	case <-ended:
+		t.Logf("the stream on B ended %v after the revocation on A", time.Since(revokedAt).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatal("a stream on B outlived its token's revocation on A by 10s")
+	}
+
 	// A replica with another cluster key (and so its own bucket: it could
 	// not open the shared one's values) does not open the others' ids.
 	c, guardC, _ := replica(key(), "other")
