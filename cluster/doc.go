@@ -23,7 +23,9 @@
 //     read-modify-write of storage.Update) is written back by
 //     compare-and-set on the revision that was read, so a holder that
 //     stalled past its TTL while another took the lock and wrote cannot
-//     overwrite that write ([ErrFenced]).
+//     overwrite that write ([ErrFenced]). A Delete of a key read under its
+//     lock is fenced the same way, so a stale holder takes nothing twice
+//     (a pending login, read and deleted under its lock).
 //
 // Every value, and every object, is sealed with AES-256-GCM under a key
 // derived from the cluster key ([Derive]), with the bucket, the key and the

@@ -328,7 +328,7 @@ func (s *Storage) Load(ctx context.Context, key string) ([]byte, error) {
 }
 
 // noteRead records, under this Storage's lock named key, the revision of
-// key that its holder read, for write to fence on.
+// key that its holder read, for write and Delete to fence on.
 func (s *Storage) noteRead(key string, rev uint64) {
 	s.mu.Lock()
 	hl := s.held[key]
@@ -484,7 +484,9 @@ func (s *Storage) Delete(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	if exact {
+	if exact || s.readUnderLock(key) {
+		// A key this Storage read under its lock is deleted fenced even
+		// when it is gone: another holder took it meanwhile.
 		under = append(under, key)
 	}
 	for _, sk := range under {
@@ -492,12 +494,73 @@ func (s *Storage) Delete(ctx context.Context, key string) error {
 		if err != nil {
 			return err
 		}
-		old, _ := s.data.Get(ctx, k)
+		if err := s.deleteKey(ctx, sk, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readUnderLock says whether this Storage holds the lock named key and
+// read key under it.
+func (s *Storage) readUnderLock(key string) bool {
+	s.mu.Lock()
+	hl := s.held[key]
+	s.mu.Unlock()
+	if hl == nil {
+		return false
+	}
+	hl.mu.Lock()
+	defer hl.mu.Unlock()
+	_, seen := hl.seen[key]
+	return seen
+}
+
+// deleteKey deletes one key: fenced, like write, by the revision read
+// under this Storage's lock named key, when there is one, so that a holder
+// that stalled past its TTL neither takes twice what another holder took
+// (a pending login, read and deleted under its lock) nor deletes what
+// another holder wrote since.
+func (s *Storage) deleteKey(ctx context.Context, key, k string) error {
+	s.mu.Lock()
+	hl := s.held[key]
+	s.mu.Unlock()
+	old, _ := s.data.Get(ctx, k) // to free its blob, if any
+	if hl == nil {
 		if err := s.data.Delete(ctx, k); err != nil {
-			return wrapNATS("delete", sk, err)
+			return wrapNATS("delete", key, err)
 		}
 		s.freeBlob(ctx, old, "")
+		return nil
 	}
+	hl.mu.Lock()
+	defer hl.mu.Unlock()
+	if hl.lost {
+		return fmt.Errorf("delete %q: %w", key, ErrLockLost)
+	}
+	rev, seen := hl.seen[key]
+	switch {
+	case !seen:
+		if err := s.data.Delete(ctx, k); err != nil {
+			return wrapNATS("delete", key, err)
+		}
+	case rev == 0:
+		// Absent when the holder read it: another holder made it since.
+		if old != nil {
+			return fmt.Errorf("delete %q: %w", key, ErrFenced)
+		}
+		return nil
+	default:
+		err := s.data.Delete(ctx, k, jetstream.LastRevision(rev))
+		if errors.Is(err, jetstream.ErrKeyExists) || isRevisionMismatch(err) {
+			return fmt.Errorf("delete %q: %w", key, ErrFenced)
+		}
+		if err != nil {
+			return wrapNATS("delete", key, err)
+		}
+	}
+	hl.seen[key] = 0
+	s.freeBlob(ctx, old, "")
 	return nil
 }
 

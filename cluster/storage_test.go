@@ -374,6 +374,58 @@ func TestLostLockRefusesWrites(t *testing.T) {
 	_ = b.Unlock(ctx, key)
 }
 
+// A stale holder takes nothing twice: a holder that read a key under its
+// lock, stalled past the TTL while another took the lock and deleted the
+// key (a pending login taken once), has its own Delete refused; and one
+// whose key another holder rewrote does not delete that write.
+func TestStaleHolderDeleteIsFenced(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	opts := StorageOptions{LockTTL: time.Second, LockPoll: 100 * time.Millisecond}
+	for _, other := range []string{"deletes", "rewrites"} {
+		t.Run(other, func(t *testing.T) {
+			a, _ := newStorage(t, url, opts)
+			b, _ := newStorage(t, url, opts)
+			key := "zidane/upstream-oauth-pending/gh/" + other
+			if err := a.Store(ctx, key, []byte("pending")); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Lock(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Load(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			a.stalled.Store(true)
+			if err := b.Lock(ctx, key); err != nil { // waits out a's TTL
+				t.Fatal(err)
+			}
+			if _, err := b.Load(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if other == "deletes" {
+				err = b.Delete(ctx, key)
+			} else {
+				err = b.Store(ctx, key, []byte("from b"))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Delete(ctx, key); !errors.Is(err, ErrFenced) {
+				t.Fatalf("stale holder's Delete after b %s the key = %v, want ErrFenced", other, err)
+			}
+			if other == "rewrites" {
+				if got, err := b.Load(ctx, key); err != nil || string(got) != "from b" {
+					t.Fatalf("b's write after the stale Delete: %q, %v", got, err)
+				}
+			}
+			_ = b.Unlock(ctx, key)
+			_ = a.Unlock(ctx, key)
+		})
+	}
+}
+
 func TestConnConfigCheck(t *testing.T) {
 	for _, c := range []struct {
 		cfg  ConnConfig
