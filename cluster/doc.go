@@ -25,7 +25,9 @@
 //     stalled past its TTL while another took the lock and wrote cannot
 //     overwrite that write ([ErrFenced]). A Delete of a key read under its
 //     lock is fenced the same way, so a stale holder takes nothing twice
-//     (a pending login, read and deleted under its lock).
+//     (a pending login, read and deleted under its lock). The fence is the
+//     revision first read under the lock: a later read, which may see the
+//     other holder's write, does not move it.
 //
 // Every value, and every object, is sealed with AES-256-GCM under a key
 // derived from the cluster key ([Derive]), with the bucket, the key and the

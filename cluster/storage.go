@@ -328,7 +328,11 @@ func (s *Storage) Load(ctx context.Context, key string) ([]byte, error) {
 }
 
 // noteRead records, under this Storage's lock named key, the revision of
-// key that its holder read, for write and Delete to fence on.
+// key that its holder read, for write and Delete to fence on. The first
+// read under the lock sets the fence and later reads leave it (the
+// holder's own writes move it): a read that sees another holder's write
+// (another goroutine of this process, a token sync woken by that write)
+// must not make a stale holder's write-back look fresh.
 func (s *Storage) noteRead(key string, rev uint64) {
 	s.mu.Lock()
 	hl := s.held[key]
@@ -337,7 +341,9 @@ func (s *Storage) noteRead(key string, rev uint64) {
 		return
 	}
 	hl.mu.Lock()
-	hl.seen[key] = rev
+	if _, ok := hl.seen[key]; !ok {
+		hl.seen[key] = rev
+	}
 	hl.mu.Unlock()
 }
 

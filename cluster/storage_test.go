@@ -426,6 +426,49 @@ func TestStaleHolderDeleteIsFenced(t *testing.T) {
 	}
 }
 
+// The fence is the revision the holder first read under its lock: a later
+// read of the key in the same process (another goroutine: a token sync
+// woken by the other holder's write) does not move it, so the stale
+// holder's read-modify-write is still refused.
+func TestStaleHolderRereadIsFenced(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	opts := StorageOptions{LockTTL: time.Second, LockPoll: 100 * time.Millisecond}
+	a, _ := newStorage(t, url, opts)
+	b, _ := newStorage(t, url, opts)
+	const key = "zidane/tokens/index.json"
+	if err := a.Store(ctx, key, []byte("v0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Lock(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Load(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	a.stalled.Store(true)
+	if err := b.Lock(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Load(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Store(ctx, key, []byte("from b")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Load(ctx, key); err != nil || string(got) != "from b" {
+		t.Fatalf("a's second read: %q, %v", got, err)
+	}
+	if err := a.Store(ctx, key, []byte("v0 changed by a, stale")); !errors.Is(err, ErrFenced) {
+		t.Fatalf("stale holder's Store after a re-read = %v, want ErrFenced", err)
+	}
+	if got, _ := b.Load(ctx, key); string(got) != "from b" {
+		t.Fatalf("value = %q, want b's", got)
+	}
+	_ = b.Unlock(ctx, key)
+	_ = a.Unlock(ctx, key)
+}
+
 func TestConnConfigCheck(t *testing.T) {
 	for _, c := range []struct {
 		cfg  ConnConfig
