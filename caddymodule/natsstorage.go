@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -93,7 +94,7 @@ func (s *NATSStorage) Provision(caddy.Context) error {
 	if s.LockTTL != 0 && time.Duration(s.LockTTL) < time.Second {
 		return fmt.Errorf("storage zidane_nats: lock_ttl %v is under 1s; JetStream expires entries about once a second", time.Duration(s.LockTTL))
 	}
-	if s.Key != "" && !caddyPlaceholder.MatchString(s.Key) {
+	if s.Key != "" && !onePlaceholder.MatchString(s.Key) {
 		return fmt.Errorf("storage zidane_nats: %w", literalError("key", "{env.VAR} (or leave it out and set "+ClusterKeyEnv+")"))
 	}
 	if _, err := s.clusterKey(); err != nil {
@@ -103,6 +104,11 @@ func (s *NATSStorage) Provision(caddy.Context) error {
 	s.key = string(b)
 	return nil
 }
+
+// onePlaceholder matches a value that is one placeholder of Caddy's
+// replacer and nothing else: the cluster key has no part that may be
+// written out, where /config/ and autosave.json would show it.
+var onePlaceholder = regexp.MustCompile(`^\{[A-Za-z][A-Za-z0-9_\-]*\.[A-Za-z0-9_.\-]+\}$`)
 
 // ClusterKeyEnv is the environment variable read for the cluster key when
 // the storage's key option is not set.
@@ -231,7 +237,7 @@ func (s *NATSStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				s.Replicas = n
 			}
 		case "key":
-			if err = one(&s.Key); err == nil && !caddyPlaceholder.MatchString(s.Key) {
+			if err = one(&s.Key); err == nil && !onePlaceholder.MatchString(s.Key) {
 				return d.Err(literalError("key", "{env.VAR} (or leave it out and set "+ClusterKeyEnv+")").Error())
 			}
 		case "lock_ttl":

@@ -185,6 +185,7 @@ func TestClusterStorageBadSettings(t *testing.T) {
 		{"url nats://127.0.0.1:1", "no cluster key"},
 		{"url nats://127.0.0.1:1\n\t\tkey {env.ZIDANE_E2E_UNSET_KEY}", "no cluster key"},
 		{"url nats://127.0.0.1:1\n\t\tkey c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=", "literal"},
+		{"url nats://127.0.0.1:1\n\t\tkey c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI={env.ZIDANE_E2E_UNSET_KEY}", "literal"},
 	} {
 		out, err := c.TryReload(t, fmt.Sprintf("{\n\tadmin %s\n\tstorage zidane_nats {\n\t\t%s\n\t}\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", AdminPlaceholder, bad.block, freePort(t)))
 		if err == nil || !strings.Contains(out, bad.want) {
