@@ -1,12 +1,14 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"slices"
 	"strings"
@@ -363,9 +365,12 @@ func (s *Storage) decode(ctx context.Context, key string, v []byte) (value []byt
 		if !ok {
 			return nil, false, fmt.Errorf("load %q: %w", key, ErrUnsealed)
 		}
-		b, err := s.blobs.GetBytes(ctx, ref.Object)
+		b, err := s.readBlob(ctx, ref)
 		if errors.Is(err, jetstream.ErrObjectNotFound) {
 			return nil, true, nil
+		}
+		if errors.Is(err, ErrUnsealed) {
+			return nil, false, fmt.Errorf("load %q: its object: %w", key, err)
 		}
 		if err != nil {
 			return nil, false, wrapNATS("load", key, err)
@@ -377,6 +382,49 @@ func (s *Storage) decode(ctx context.Context, key string, v []byte) (value []byt
 		return p, false, nil
 	}
 	return nil, false, fmt.Errorf("load %q: the stored entry has unknown tag %#x; it was not written by this storage", key, v[0])
+}
+
+// blobReadTimeout bounds the reading of one object.
+const blobReadTimeout = time.Minute
+
+// readBlob reads the object ref names, as this storage wrote it: an object
+// of the size ref gives (sealed), not a link. Whoever can write the object
+// store's metadata can make it a link, which nats.go follows (a link to
+// itself until the context ends), or an object of any size, which
+// GetBytes would read whole: neither is read.
+func (s *Storage) readBlob(ctx context.Context, ref blobRef) ([]byte, error) {
+	want := uint64(ref.Size) + sealOverhead
+	ours := func(info *jetstream.ObjectInfo) bool {
+		return info != nil && info.Name == ref.Object && (info.Opts == nil || info.Opts.Link == nil) && info.Size == want
+	}
+	ctx, cancel := context.WithTimeout(ctx, blobReadTimeout)
+	defer cancel()
+	info, err := s.blobs.GetInfo(ctx, ref.Object)
+	if err != nil {
+		return nil, err
+	}
+	if !ours(info) {
+		return nil, ErrUnsealed
+	}
+	// What changed since GetInfo is checked again on what Get read; a link
+	// made in between is followed only until blobReadTimeout.
+	res, err := s.blobs.Get(ctx, ref.Object)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = res.Close() }()
+	if i, err := res.Info(); err != nil || !ours(i) {
+		return nil, ErrUnsealed
+	}
+	b := make([]byte, 0, want)
+	buf := bytes.NewBuffer(b)
+	if _, err := buf.ReadFrom(io.LimitReader(res, int64(want)+1)); err != nil {
+		return nil, err
+	}
+	if uint64(buf.Len()) != want {
+		return nil, ErrUnsealed
+	}
+	return buf.Bytes(), nil
 }
 
 // keysUnder lists the storage keys at or under prefix ("" for all).

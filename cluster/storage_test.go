@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -16,6 +18,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/Tahul/caddy-zidane-mcp/storage"
@@ -590,6 +593,67 @@ func TestValuesAreSealed(t *testing.T) {
 	if got, err := s.Load(ctx, "zidane/tokens.json"); err != nil || !bytes.Equal(got, secret) {
 		t.Fatalf("the untouched value: %q, %v", got, err)
 	}
+}
+
+// A NATS user without the key who rewrites the object store's metadata
+// makes a replica neither follow a link (nats.go follows one, and a link
+// to itself recurses until the context ends) nor read an object of a size
+// the sealed reference does not give: the value is refused at once.
+func TestObjectsAreNotFollowed(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	s, nc := newStorage(t, url, StorageOptions{})
+	big := bytes.Repeat([]byte("transcript line\n"), 100_000)
+	const key, other = "zidane/sessions/s1/transcript.jsonl", "zidane/sessions/s2/transcript.jsonl"
+	for _, k := range []string{key, other} {
+		if err := s.Store(ctx, k, big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref := func(k string) string {
+		kk, _ := kvKey(k)
+		e, err := s.data.Get(ctx, kk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, ok := s.openRef(k, e.Value())
+		if !ok {
+			t.Fatal("no reference")
+		}
+		return r.Object
+	}
+	js, _ := jetstream.New(nc)
+	bucket := s.opts.Bucket + "_blobs"
+	putMeta := func(name string, link *jetstream.ObjectLink) {
+		t.Helper()
+		info := jetstream.ObjectInfo{Bucket: bucket, NUID: "forged", ObjectMeta: jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{Link: link}}}
+		raw, _ := json.Marshal(info)
+		msg := nats.NewMsg("$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name)))
+		msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+		msg.Data = raw
+		if _, err := js.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	load := func(what, k string) {
+		t.Helper()
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if v, err := s.Load(lctx, k); !errors.Is(err, ErrUnsealed) {
+			t.Errorf("%s: Load = %d bytes, %v; want ErrUnsealed", what, len(v), err)
+		}
+	}
+
+	name := ref(key)
+	putMeta(name, &jetstream.ObjectLink{Bucket: bucket, Name: name})
+	load("the object made a link to itself", key)
+
+	// An object of another size than the reference gives (a huge one, in
+	// an attack) is not read.
+	if _, err := s.blobs.PutBytes(ctx, ref(other), append(bytes.Clone(big), big...)); err != nil {
+		t.Fatal(err)
+	}
+	load("the object replaced by a larger one", other)
 }
 
 func TestStorageNeedsTheClusterKey(t *testing.T) {
