@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	neturl "net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -714,5 +716,50 @@ func TestWatchSeesOtherReplicasWrites(t *testing.T) {
 	}
 	if len(fired) != 0 {
 		t.Fatal("the watch fired for another key")
+	}
+}
+
+// A connection in the clear (nats:// to loopback, no TLS) stays with the
+// servers it was given: a NATS server advertises its cluster's other
+// servers, and nats.go would fail over to them with the same scheme, in
+// the clear across the network, carrying what the replicas share.
+func TestPlainConnectionIgnoresDiscoveredServers(t *testing.T) {
+	start := func(opts *server.Options) *server.Server {
+		t.Helper()
+		ns, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go ns.Start()
+		t.Cleanup(ns.Shutdown)
+		if !ns.ReadyForConnections(30 * time.Second) {
+			t.Fatal("nats-server did not become ready")
+		}
+		return ns
+	}
+	a := start(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true,
+		Cluster: server.ClusterOpts{Name: "zc", Host: "127.0.0.1", Port: -1}})
+	routeURL, _ := neturl.Parse(fmt.Sprintf("nats://%s", a.ClusterAddr()))
+	// b advertises an address off this host (never dialled here: a stays up
+	// until the connections close).
+	start(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true, ClientAdvertise: "nats-b.example:4222",
+		Cluster: server.ClusterOpts{Name: "zc", Host: "127.0.0.1", Port: -1}, Routes: []*neturl.URL{routeURL}})
+	// A connection of nats.go's own hears of b once the route is up.
+	control := connect(t, a.ClientURL())
+	deadline := time.Now().Add(30 * time.Second)
+	for !slices.Contains(control.DiscoveredServers(), "nats://nats-b.example:4222") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the control connection never heard of b: %v", control.DiscoveredServers())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	c, err := Dial(ConnConfig{URLs: []string{a.ClientURL()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if got := c.nc.Servers(); len(got) != 1 || slices.ContainsFunc(got, func(s string) bool { return strings.Contains(s, "nats-b.example") }) {
+		t.Fatalf("a plain connection's servers: %v; want the one it was given, not b's advertised address", got)
 	}
 }
