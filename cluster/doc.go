@@ -13,7 +13,8 @@
 //     chunks it, and the KV entry holds its name, size and SHA-256, checked
 //     on every load; replacing or deleting the value deletes the object;
 //   - locks are entries of a second KV bucket whose entries expire one lock
-//     TTL (15 s by default) after they were last written. Lock creates its
+//     TTL (15 s by default; the longest any replica asked for, so that none
+//     lowers it under another's locks) after they were last written. Lock creates its
 //     entry only if there is none, the holder renews it every third of the
 //     TTL by compare-and-set on its revision, and Unlock deletes it only at
 //     the holder's revision. A holder whose renewal finds its entry gone or

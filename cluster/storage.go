@@ -42,7 +42,8 @@ type StorageOptions struct {
 	// Owner names this holder in the locks it takes (a node id). A random
 	// suffix is added, so two Storages never mistake each other's locks.
 	Owner string
-	// LockTTL is how long a lock outlives its holder's last renewal.
+	// LockTTL is how long a lock outlives its holder's last renewal, at
+	// least (the locks bucket keeps the longest TTL a replica asked for).
 	// Default 15 s; the holder renews every third of it.
 	LockTTL time.Duration
 	// LockPoll bounds how long a waiting Lock goes without trying again
@@ -145,8 +146,18 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 	if err != nil {
 		return nil, fmt.Errorf("cluster storage: KV bucket %q: %w", opts.Bucket, err)
 	}
+	// The locks bucket's TTL is the longest any replica asked for: one with
+	// a shorter lock_ttl renews more often than it must, while lowering the
+	// TTL under a replica that renews every third of a longer one would
+	// make its locks lapse while it holds them.
+	bucketTTL := opts.LockTTL
+	if kv, err := js.KeyValue(ctx, opts.Bucket+"_locks"); err == nil {
+		if st, err := kv.Status(ctx); err == nil && st.TTL() > bucketTTL {
+			bucketTTL = st.TTL()
+		}
+	}
 	locks, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: opts.Bucket + "_locks", History: 1, Replicas: opts.Replicas, TTL: opts.LockTTL,
+		Bucket: opts.Bucket + "_locks", History: 1, Replicas: opts.Replicas, TTL: bucketTTL,
 		Description: "caddy-zidane-mcp storage: locks, each expiring one TTL after its last renewal",
 	})
 	if err != nil {

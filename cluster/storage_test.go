@@ -474,6 +474,28 @@ func TestStaleHolderRereadIsFenced(t *testing.T) {
 	_ = a.Unlock(ctx, key)
 }
 
+// Replicas configured with different lock TTLs share one locks bucket,
+// whose entries expire after one TTL: a replica with a shorter one must
+// not lower it under a holder that renews every third of a longer one
+// (its locks would lapse while it holds them).
+func TestShorterLockTTLDoesNotShortenOthersLocks(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	a, _ := newStorage(t, url, StorageOptions{LockTTL: 6 * time.Second})
+	newStorage(t, url, StorageOptions{LockTTL: time.Second})
+	st, err := a.locks.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.TTL() != 6*time.Second {
+		t.Fatalf("locks bucket TTL = %v after a replica with lock_ttl 1s started; a's locks (6s, renewed every 2s) would lapse while held", st.TTL())
+	}
+	c, _ := newStorage(t, url, StorageOptions{LockTTL: 9 * time.Second})
+	if st, err = c.locks.Status(ctx); err != nil || st.TTL() != 9*time.Second {
+		t.Fatalf("locks bucket TTL = %v, %v after a replica with lock_ttl 9s started; want 9s", st.TTL(), err)
+	}
+}
+
 func TestConnConfigCheck(t *testing.T) {
 	for _, c := range []struct {
 		cfg  ConnConfig
