@@ -10,8 +10,10 @@
 //     mapping is one-to-one and no key reaches NATS as a wildcard;
 //   - a value over the inline limit (half the server's max payload, at most
 //     512 KiB; transcripts reach megabytes) goes to an object store, which
-//     chunks it, and the KV entry holds its name, size and SHA-256, checked
-//     on every load; replacing or deleting the value deletes the object;
+//     chunks it (nats.go checks its SHA-256 digest when it reads it), and
+//     the KV entry holds its name and size, sealed; an object is read only
+//     if it is no link and of that size, and opens only under its name;
+//     replacing or deleting the value deletes the object;
 //   - locks are entries of a second KV bucket whose entries expire one lock
 //     TTL (15 s by default; the longest any replica asked for, so that none
 //     lowers it under another's locks) after they were last written. Lock creates its
