@@ -1,9 +1,10 @@
 package cluster
 
 import (
-	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,7 +59,7 @@ func TestSharedLimitsDebitOtherReplicas(t *testing.T) {
 	}
 }
 
-// A message without the cluster key's MAC, or one replayed, debits
+// A message not sealed with the cluster key, or one replayed, debits
 // nothing. Each is followed, on the same connection, by an authentic
 // message for a marker key: once the marker's debit shows, the message
 // before it has been handled.
@@ -71,17 +72,17 @@ func TestSharedLimitsRefuseForgedAndReplayed(t *testing.T) {
 
 	// Senders of our own: one with the cluster key (for the markers and
 	// the message that is replayed), one with another cluster's key.
-	good := &bus{nc: attacker, mac: vs.bus.mac, subject: vs.bus.subject, node: "good", last: map[string]senderState{}}
+	good := &bus{nc: attacker, aead: vs.bus.aead, subject: vs.bus.subject, node: "good", last: map[string]senderState{}}
 	foreign, _ := newBus(attacker, make([]byte, KeySize), "rate-limit usage v1", vs.bus.subject)
 	envelopeOf := func(node string, seq uint64, at time.Time, usage map[string]int) []byte {
 		body, _ := json.Marshal(usage)
 		data, _ := json.Marshal(envelope{Node: node, Seq: seq, At: at.UnixMilli(), Body: body})
 		return data
 	}
-	msg := func(data []byte, signer *bus) *nats.Msg {
-		m := &nats.Msg{Subject: vs.bus.subject, Data: data, Header: nats.Header{}}
-		if signer != nil {
-			m.Header.Set(macHeader, base64.RawStdEncoding.EncodeToString(signer.sign(data)))
+	msg := func(data []byte, sealer *bus) *nats.Msg {
+		m := &nats.Msg{Subject: vs.bus.subject, Data: data}
+		if sealer != nil {
+			m.Data = sealer.seal(data)
 		}
 		return m
 	}
@@ -93,12 +94,12 @@ func TestSharedLimitsRefuseForgedAndReplayed(t *testing.T) {
 	}
 	now := time.Now
 
-	publish(msg(envelopeOf("evil", 1, now(), map[string]int{"tok_victim": 100}), nil))     // no MAC
+	publish(msg(envelopeOf("evil", 1, now(), map[string]int{"tok_victim": 100}), nil))     // not sealed
 	publish(msg(envelopeOf("evil", 2, now(), map[string]int{"tok_victim": 100}), foreign)) // another cluster's key
 	publish(msg(envelopeOf("good", 1, now(), map[string]int{"marker_1": 5}), good))        // authentic
 	waitEmpty(t, victim, "marker_1")
 	if victim.Empty("tok_victim", time.Now()) {
-		t.Fatal("a message without the cluster key's MAC debited a bucket")
+		t.Fatal("a message not sealed with the cluster key debited a bucket")
 	}
 
 	replayed := msg(envelopeOf("good", 2, now(), map[string]int{"tok_victim": 3}), good)
@@ -117,5 +118,35 @@ func TestSharedLimitsRefuseForgedAndReplayed(t *testing.T) {
 	waitEmpty(t, victim, "marker_3")
 	if victim.Empty("tok_stale", time.Now()) {
 		t.Fatal("a stale message debited a bucket")
+	}
+}
+
+// A NATS client without the cluster key that listens on the replicas'
+// subjects learns nothing of whom they serve: not the JWT subjects and
+// token ids that rate-limit usage names, not the client addresses, not
+// the upstreams an operator restarts.
+func TestBusMessagesAreSealed(t *testing.T) {
+	url := startNATS(t)
+	limit := policy.Limit{Rate: 1, Burst: 10}
+	a := policy.NewLimiter(limit)
+	share := shareOn(t, url, testKey, a)
+	listener := connect(t, url)
+	sub, err := listener.SubscribeSync(share.bus.subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := listener.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	const who = "jwt:alice@example.com"
+	if ok, _ := a.Allow(who, time.Now()); !ok {
+		t.Fatal("refused")
+	}
+	m, err := sub.NextMsg(20 * time.Second)
+	if err != nil {
+		t.Fatalf("no usage message: %v", err)
+	}
+	if strings.Contains(string(m.Data), "alice") || strings.Contains(fmt.Sprint(m.Header), "alice") {
+		t.Fatalf("a listener without the cluster key reads the usage message: %s", m.Data)
 	}
 }
