@@ -32,8 +32,10 @@ type bus struct {
 	subject string
 	node    string
 
+	pubMu sync.Mutex
+	seq   uint64 // of the last message published, under pubMu
+
 	mu   sync.Mutex
-	seq  uint64
 	last map[string]senderState // node -> its last accepted message
 }
 
@@ -72,10 +74,13 @@ func (b *bus) publish(body any) error {
 	if err != nil {
 		return err
 	}
-	b.mu.Lock()
+	// Numbered and published under one lock: two messages published at
+	// once must leave in the order of their numbers, or the receivers'
+	// replay check drops the one numbered first.
+	b.pubMu.Lock()
+	defer b.pubMu.Unlock()
 	b.seq++
 	env := envelope{Node: b.node, Seq: b.seq, At: time.Now().UnixMilli(), Body: raw}
-	b.mu.Unlock()
 	data, _ := json.Marshal(env)
 	return b.nc.Publish(b.subject, b.seal(data))
 }

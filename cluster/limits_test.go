@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -148,5 +149,65 @@ func TestBusMessagesAreSealed(t *testing.T) {
 	}
 	if strings.Contains(string(m.Data), "alice") || strings.Contains(fmt.Sprint(m.Header), "alice") {
 		t.Fatalf("a listener without the cluster key reads the usage message: %s", m.Data)
+	}
+}
+
+// Actions announced at once (two operators, two admin requests) all
+// reach the other replicas: the sequence numbers go out in order, so the
+// replay check drops none of them.
+func TestConcurrentAnnouncementsAllArrive(t *testing.T) {
+	url := startNATS(t)
+	ctx := testCtx(t)
+	a, _ := newStorage(t, url, StorageOptions{})
+	b, _ := newStorage(t, url, StorageOptions{})
+	aNC := connect(t, url)
+	a.conn = &Conn{nc: aNC}
+	b.conn = &Conn{nc: connect(t, url)}
+	got := make(chan string, 1000)
+	rb, err := b.Actions(func(act Action) { got <- act.Upstream })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rb.Close)
+	if err := b.conn.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ra, err := a.Actions(func(Action) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ra.Close)
+	const n = 400
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			if err := ra.Announce(Action{Kind: "restart", Upstream: fmt.Sprintf("u%d", i)}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := aNC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// A marker after all of them: once it arrives, every announcement
+	// before it has been handled or dropped.
+	if err := ra.Announce(Action{Kind: "restart", Upstream: "marker"}); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for {
+		select {
+		case u := <-got:
+			seen[u] = true
+		case <-ctx.Done():
+			t.Fatal("the marker never arrived")
+		}
+		if seen["marker"] {
+			break
+		}
+	}
+	if len(seen) != n+1 {
+		t.Fatalf("%d of %d announcements made at once arrived; the others were dropped as replays", len(seen)-1, n)
 	}
 }
