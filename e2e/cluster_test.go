@@ -473,3 +473,67 @@ http://127.0.0.1:%d {
 	}
 	replicas[1].WaitForLog(t, "upstream action from another replica", 10*time.Second)
 }
+
+// A replica whose NATS storage settings change on a config reload (a NATS
+// URL added) shares its rate-limit usage on the new connection: the old
+// one closes with the old config. A token's burst used up on B is then
+// refused on A, reloaded, and on C, which was not.
+func TestClusterRateLimitSharedAfterStorageReload(t *testing.T) {
+	nats := startNATS(t)
+	up := startRecordingUpstream(t)
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+	config := func(urls, site string) string {
+		return fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats {
+		url %s
+	}
+}
+
+http://%s {
+	zidane_mcp {
+		guard
+		rate_limit {
+			per_token 1/h 5
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, urls, site, up.addr)
+	}
+	var cs []*Caddy
+	var sites []string
+	for range 3 {
+		site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		cs = append(cs, startCaddy(t, config(nats.url, site), clusterKey))
+		sites = append(sites, site)
+	}
+	a, urlA, urlB, urlC := cs[0], "http://"+sites[0]+"/mcp", "http://"+sites[1]+"/mcp", "http://"+sites[2]+"/mcp"
+	token := createToken(t, a, "load", "--scope", "mcp")
+	probe := createToken(t, a, "probe", "--scope", "mcp")
+	for _, u := range []string{urlA, urlB, urlC} {
+		waitStatus(t, u, probe, http.StatusOK, 20*time.Second) // knows the load token too
+	}
+
+	// The same server under a second name: a new connection for A.
+	a.Reload(t, config(nats.url+" nats://localhost:"+strings.TrimPrefix(nats.addr, "127.0.0.1:"), sites[0]))
+
+	for i := range 5 {
+		if got := post(t, urlB, token, initializeBody).status; got != http.StatusOK {
+			t.Fatalf("request %d of the burst on B: %d", i+1, got)
+		}
+	}
+	// C, not reloaded, is the witness that B's usage went out: once it
+	// refuses the token, B's message has been delivered.
+	waitStatus(t, urlC, token, http.StatusTooManyRequests, 20*time.Second)
+	admitted := 0
+	for post(t, urlA, token, initializeBody).status == http.StatusOK {
+		if admitted++; admitted == 5 {
+			t.Fatalf("A, reloaded onto a new NATS connection, admitted the token's whole burst after B used it: its limiter still listens on the connection the reload closed\n%s", tail(a.Logs(), 3000))
+		}
+	}
+	if admitted > 2 {
+		t.Fatalf("A admitted %d of the token's requests after B used its burst; want at most 2 (B's usage on its way)", admitted)
+	}
+	t.Logf("after B used the burst, A (reloaded onto a new NATS connection) admitted %d", admitted)
+}
