@@ -21,6 +21,11 @@ func shareOn(t *testing.T, url string, key []byte, lim *policy.Limiter) *LimitSh
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The server has the subscription once a flush returns: what another
+	// connection publishes after that reaches it.
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(s.Close)
 	return s
 }
