@@ -279,20 +279,19 @@ var (
 const clusterMarkerKey = "zidane/state-in-nats"
 
 // refuseClusterOffline says why the CLI must not write the local storage:
-// the config it was given, or the last server that ran on this host, keeps
-// its state in NATS.
+// the config it was given (without --config, a Caddyfile in the working
+// directory, which caddy would run), or the last server that ran on this
+// host, keeps its state in NATS.
 func refuseClusterOffline(configFile, adapter string) error {
-	if configFile != "" {
-		raw, _, _, err := caddycmd.LoadConfig(configFile, adapter)
-		if err == nil {
-			var cfg struct {
-				Storage struct {
-					Module string `json:"module"`
-				} `json:"storage"`
-			}
-			if json.Unmarshal(raw, &cfg) == nil && cfg.Storage.Module == "zidane_nats" {
-				return errClusterStorageOffline
-			}
+	raw, _, _, err := caddycmd.LoadConfig(configFile, adapter)
+	if err == nil && len(raw) > 0 {
+		var cfg struct {
+			Storage struct {
+				Module string `json:"module"`
+			} `json:"storage"`
+		}
+		if json.Unmarshal(raw, &cfg) == nil && cfg.Storage.Module == "zidane_nats" {
+			return errClusterStorageOffline
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -536,4 +537,29 @@ http://%s {
 		t.Fatalf("A admitted %d of the token's requests after B used its burst; want at most 2 (B's usage on its way)", admitted)
 	}
 	t.Logf("after B used the burst, A (reloaded onto a new NATS connection) admitted %d", admitted)
+}
+
+// The CLI run offline where a Caddyfile on NATS storage lies (the one
+// `caddy` would read, with no --config given) refuses, on a host that
+// has no marker of a server on NATS (another user's, an operator's
+// machine): a revocation written to a local storage that no replica reads
+// would say it was done while every replica still accepts the token.
+func TestClusterOfflineCLIReadsTheCaddyfileHere(t *testing.T) {
+	dir := t.TempDir()
+	caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tstorage zidane_nats {\n\t\turl nats://127.0.0.1:%d\n\t}\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", freePort(t), freePort(t), freePort(t))
+	if err := os.WriteFile(filepath.Join(dir, "Caddyfile"), []byte(caddyfile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	cmd := boundedCommand(ctx, caddyBin, "zidane", "token", "create", "--name", "offline", "--scope", "mcp")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "HOME="+filepath.Join(dir, "home"), "XDG_DATA_HOME="+filepath.Join(dir, "data"), "XDG_CONFIG_HOME="+filepath.Join(dir, "config"))
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "NATS") {
+		t.Fatalf("offline token create beside a Caddyfile on NATS storage: %v\n%s\nwant a refusal that names NATS", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data", "caddy", "zidane")); err == nil {
+		t.Fatal("the refused command wrote the local storage")
+	}
 }
