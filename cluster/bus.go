@@ -24,13 +24,16 @@ const (
 // reads what replicas tell each other (token ids, JWT subjects, client
 // addresses, upstream names) nor makes a message they accept. A receiver
 // drops what does not open (a NATS client without the key), what is over
-// busFreshness old, what it sent itself, and what a sender already sent
-// (a replay).
+// busFreshness old, what it sent itself, what a sender already sent (a
+// replay), and what a sender it has not heard from yet sent before the
+// receiver started (a replay to a replica that just started).
 type bus struct {
 	nc      *nats.Conn
 	aead    cipher.AEAD
 	subject string
 	node    string
+
+	started time.Time // a sender first heard of must have sent after it
 
 	pubMu sync.Mutex
 	seq   uint64 // of the last message published, under pubMu
@@ -65,7 +68,7 @@ func newBus(nc *nats.Conn, clusterKey []byte, purpose, subject string) (*bus, er
 	if err != nil {
 		return nil, err
 	}
-	return &bus{nc: nc, aead: aead, subject: subject, node: randomHex(8), last: map[string]senderState{}}, nil
+	return &bus{nc: nc, aead: aead, subject: subject, node: randomHex(8), started: time.Now(), last: map[string]senderState{}}, nil
 }
 
 // publish sends body (JSON) to every other replica on the bus.
@@ -121,6 +124,12 @@ func (b *bus) accept(msg *nats.Msg) (json.RawMessage, bool) {
 	prev, known := b.last[env.Node]
 	if known && env.Seq <= prev.seq {
 		return nil, false // a replay
+	}
+	if !known && at.Before(b.started) {
+		// Sent before this receiver started, so it has no sequence of the
+		// sender's to check it against: perhaps recorded and replayed. A
+		// sender whose clock is behind is heard once it has caught up.
+		return nil, false
 	}
 	if !known && len(b.last) >= maxBusSenders {
 		for n, st := range b.last {

@@ -216,3 +216,32 @@ func TestConcurrentAnnouncementsAllArrive(t *testing.T) {
 		t.Fatalf("%d of %d announcements made at once arrived; the others were dropped as replays", len(seen)-1, n)
 	}
 }
+
+// A replica that starts (or a limiter a reload makes) knows no sender's
+// sequence yet: a message another replica sent a few seconds before it
+// started, fresh by its time, that a NATS client recorded and replays to
+// it, must not be debited.
+func TestReplayToANewReceiverIsRefused(t *testing.T) {
+	url := startNATS(t)
+	limit := policy.Limit{Rate: 1, Burst: 5}
+	victim := policy.NewLimiter(limit)
+	vs := shareOn(t, url, testKey, victim)
+	attacker := connect(t, url)
+	sender := &bus{nc: attacker, aead: vs.bus.aead, subject: vs.bus.subject}
+	sealed := func(seq uint64, at time.Time, usage map[string]int) *nats.Msg {
+		body, _ := json.Marshal(usage)
+		data, _ := json.Marshal(envelope{Node: "replica-a", Seq: seq, At: at.UnixMilli(), Body: body})
+		return &nats.Msg{Subject: vs.bus.subject, Data: sender.seal(data)}
+	}
+	recorded := sealed(7, time.Now().Add(-2*time.Second), map[string]int{"tok_victim": 5}) // before vs started
+	marker := sealed(8, time.Now(), map[string]int{"marker": 5})
+	for _, m := range []*nats.Msg{recorded, marker} {
+		if err := attacker.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitEmpty(t, victim, "marker")
+	if victim.Empty("tok_victim", time.Now()) {
+		t.Fatal("a message sent before this receiver started, replayed to it, was debited")
+	}
+}
