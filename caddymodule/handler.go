@@ -242,10 +242,18 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.ipv6Prefix, err = h.RateLimit.ipv6Prefix(); err != nil {
 		return err
 	}
-	h.limitKey = fmt.Sprintf("limits|%s|%v|%v", h.Resource, tokenLimit, ipLimit)
+	// The usage is shared under a name of the resource and the limits,
+	// which every replica gives alike; the pooled limiters are kept per
+	// NATS storage too, whose connection their sharing uses: a reload onto
+	// other NATS settings closes the old connection with the old config.
+	shareName := fmt.Sprintf("limits|%s|%v|%v", h.Resource, tokenLimit, ipLimit)
+	h.limitKey = shareName
+	if _, shared := ctx.Storage().(*cluster.Storage); shared {
+		h.limitKey += "|" + storageKey(ctx.Storage())
+	}
 	lv, _, err := limiterPool.LoadOrNew(h.limitKey, func() (caddy.Destructor, error) {
 		l := &limiters{token: policy.NewLimiter(tokenLimit), ip: policy.NewLimiter(ipLimit)}
-		return l, l.share(ctx, h.limitKey)
+		return l, l.share(ctx, shareName)
 	})
 	if err != nil {
 		return err

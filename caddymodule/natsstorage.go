@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -99,7 +100,7 @@ func (s *NATSStorage) Provision(ctx caddy.Context) error {
 	if s.LockTTL != 0 && time.Duration(s.LockTTL) < time.Second {
 		return fmt.Errorf("storage zidane_nats: lock_ttl %v is under 1s; JetStream expires entries about once a second", time.Duration(s.LockTTL))
 	}
-	if s.Key != "" && !caddyPlaceholder.MatchString(s.Key) {
+	if s.Key != "" && !onePlaceholder.MatchString(s.Key) {
 		return fmt.Errorf("storage zidane_nats: %w", literalError("key", "{env.VAR} (or leave it out and set "+ClusterKeyEnv+")"))
 	}
 	if _, err := s.clusterKey(); err != nil {
@@ -109,6 +110,11 @@ func (s *NATSStorage) Provision(ctx caddy.Context) error {
 	s.key = string(b)
 	return nil
 }
+
+// onePlaceholder matches a value that is one placeholder of Caddy's
+// replacer and nothing else: the cluster key has no part that may be
+// written out, where /config/ and autosave.json would show it.
+var onePlaceholder = regexp.MustCompile(`^\{[A-Za-z][A-Za-z0-9_\-]*\.[A-Za-z0-9_.\-]+\}$`)
 
 // ClusterKeyEnv is the environment variable read for the cluster key when
 // the storage's key option is not set.
@@ -237,7 +243,7 @@ func (s *NATSStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				s.Replicas = n
 			}
 		case "key":
-			if err = one(&s.Key); err == nil && !caddyPlaceholder.MatchString(s.Key) {
+			if err = one(&s.Key); err == nil && !onePlaceholder.MatchString(s.Key) {
 				return d.Err(literalError("key", "{env.VAR} (or leave it out and set "+ClusterKeyEnv+")").Error())
 			}
 		case "lock_ttl":
@@ -279,20 +285,19 @@ var (
 const clusterMarkerKey = "zidane/state-in-nats"
 
 // refuseClusterOffline says why the CLI must not write the local storage:
-// the config it was given, or the last server that ran on this host, keeps
-// its state in NATS.
+// the config it was given (without --config, a Caddyfile in the working
+// directory, which caddy would run), or the last server that ran on this
+// host, keeps its state in NATS.
 func refuseClusterOffline(configFile, adapter string) error {
-	if configFile != "" {
-		raw, _, _, err := caddycmd.LoadConfig(configFile, adapter)
-		if err == nil {
-			var cfg struct {
-				Storage struct {
-					Module string `json:"module"`
-				} `json:"storage"`
-			}
-			if json.Unmarshal(raw, &cfg) == nil && cfg.Storage.Module == "zidane_nats" {
-				return errClusterStorageOffline
-			}
+	raw, _, _, err := caddycmd.LoadConfig(configFile, adapter)
+	if err == nil && len(raw) > 0 {
+		var cfg struct {
+			Storage struct {
+				Module string `json:"module"`
+			} `json:"storage"`
+		}
+		if json.Unmarshal(raw, &cfg) == nil && cfg.Storage.Module == "zidane_nats" {
+			return errClusterStorageOffline
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -1,9 +1,8 @@
 package cluster
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
+	"crypto/aes"
+	"crypto/cipher"
 	"encoding/json"
 	"fmt"
 	"sync"
@@ -16,23 +15,30 @@ import (
 const (
 	busFreshness  = 10 * time.Second // older (or newer) messages are dropped
 	maxBusSenders = 256              // replicas remembered for replay checks
-	macHeader     = "Zidane-Mac"
 )
 
 // bus is an authenticated subject between replicas, on core NATS: each
-// message carries its sender, a sequence number and a time, and a MAC with
-// a key derived from the cluster key for the bus's purpose. A receiver
-// drops what has no valid MAC (a NATS client without the key), what is
-// over busFreshness old, what it sent itself, and what a sender already
-// sent (a replay).
+// message carries its sender, a sequence number and a time, sealed
+// (AES-256-GCM, bound to the subject) with a key derived from the cluster
+// key for the bus's purpose, so a NATS client without the key neither
+// reads what replicas tell each other (token ids, JWT subjects, client
+// addresses, upstream names) nor makes a message they accept. A receiver
+// drops what does not open (a NATS client without the key), what is over
+// busFreshness old, what it sent itself, what a sender already sent (a
+// replay), and what a sender it has not heard from yet sent before the
+// receiver started (a replay to a replica that just started).
 type bus struct {
 	nc      *nats.Conn
-	mac     []byte
+	aead    cipher.AEAD
 	subject string
 	node    string
 
+	started time.Time // a sender first heard of must have sent after it
+
+	pubMu sync.Mutex
+	seq   uint64 // of the last message published, under pubMu
+
 	mu   sync.Mutex
-	seq  uint64
 	last map[string]senderState // node -> its last accepted message
 }
 
@@ -50,11 +56,19 @@ type envelope struct {
 }
 
 func newBus(nc *nats.Conn, clusterKey []byte, purpose, subject string) (*bus, error) {
-	mac, err := Derive(clusterKey, purpose)
+	k, err := Derive(clusterKey, purpose)
 	if err != nil {
 		return nil, err
 	}
-	return &bus{nc: nc, mac: mac, subject: subject, node: randomHex(8), last: map[string]senderState{}}, nil
+	block, err := aes.NewCipher(k)
+	if err != nil {
+		return nil, err
+	}
+	aead, err := cipher.NewGCMWithRandomNonce(block)
+	if err != nil {
+		return nil, err
+	}
+	return &bus{nc: nc, aead: aead, subject: subject, node: randomHex(8), started: time.Now(), last: map[string]senderState{}}, nil
 }
 
 // publish sends body (JSON) to every other replica on the bus.
@@ -63,23 +77,19 @@ func (b *bus) publish(body any) error {
 	if err != nil {
 		return err
 	}
-	b.mu.Lock()
+	// Numbered and published under one lock: two messages published at
+	// once must leave in the order of their numbers, or the receivers'
+	// replay check drops the one numbered first.
+	b.pubMu.Lock()
+	defer b.pubMu.Unlock()
 	b.seq++
 	env := envelope{Node: b.node, Seq: b.seq, At: time.Now().UnixMilli(), Body: raw}
-	b.mu.Unlock()
 	data, _ := json.Marshal(env)
-	msg := &nats.Msg{Subject: b.subject, Data: data, Header: nats.Header{}}
-	msg.Header.Set(macHeader, base64.RawStdEncoding.EncodeToString(b.sign(data)))
-	return b.nc.PublishMsg(msg)
+	return b.nc.Publish(b.subject, b.seal(data))
 }
 
-func (b *bus) sign(data []byte) []byte {
-	h := hmac.New(sha256.New, b.mac)
-	h.Write([]byte(b.subject))
-	h.Write([]byte{0})
-	h.Write(data)
-	return h.Sum(nil)
-}
+// seal seals an envelope for the bus's subject.
+func (b *bus) seal(env []byte) []byte { return b.aead.Seal(nil, nil, env, []byte(b.subject)) }
 
 // subscribe calls fn with the body of each authentic, fresh, new message
 // another replica sends.
@@ -96,12 +106,12 @@ func (b *bus) subscribe(fn func(body json.RawMessage)) (*nats.Subscription, erro
 }
 
 func (b *bus) accept(msg *nats.Msg) (json.RawMessage, bool) {
-	got, err := base64.RawStdEncoding.DecodeString(msg.Header.Get(macHeader))
-	if err != nil || !hmac.Equal(got, b.sign(msg.Data)) {
+	data, err := b.aead.Open(nil, nil, msg.Data, []byte(b.subject))
+	if err != nil {
 		return nil, false // not from a replica of this cluster
 	}
 	var env envelope
-	if json.Unmarshal(msg.Data, &env) != nil || env.Node == "" || env.Node == b.node {
+	if json.Unmarshal(data, &env) != nil || env.Node == "" || env.Node == b.node {
 		return nil, false
 	}
 	now := time.Now()
@@ -114,6 +124,12 @@ func (b *bus) accept(msg *nats.Msg) (json.RawMessage, bool) {
 	prev, known := b.last[env.Node]
 	if known && env.Seq <= prev.seq {
 		return nil, false // a replay
+	}
+	if !known && at.Before(b.started) {
+		// Sent before this receiver started, so it has no sequence of the
+		// sender's to check it against: perhaps recorded and replayed. A
+		// sender whose clock is behind is heard once it has caught up.
+		return nil, false
 	}
 	if !known && len(b.last) >= maxBusSenders {
 		for n, st := range b.last {

@@ -19,6 +19,8 @@ type ConnConfig struct {
 	// URLs of the NATS servers (nats://, tls://). Plain nats:// is allowed
 	// to loopback only: anywhere else the connection must use TLS (a
 	// tls:// URL or TLSCA), since what travels on it is the gateway's state.
+	// A plain connection ignores the servers NATS advertises, which are
+	// not loopback.
 	URLs []string
 	// CredsFile is a NATS user credentials file (JWT and NKey seed).
 	CredsFile string
@@ -61,6 +63,20 @@ func (c ConnConfig) Check() error {
 		}
 	}
 	return nil
+}
+
+// plain says whether the connection goes without TLS: no TLS file and no
+// tls:// URL (nats.go engages TLS for every server when one URL asks).
+func (c ConnConfig) plain() bool {
+	if c.TLSCA != "" || c.TLSCert != "" {
+		return false
+	}
+	for _, raw := range c.URLs {
+		if u, err := url.Parse(raw); err == nil && u.Scheme == "tls" {
+			return false
+		}
+	}
+	return true
 }
 
 func redactURL(u *url.URL) string {
@@ -111,6 +127,12 @@ func Dial(c ConnConfig) (*Conn, error) {
 		nats.Timeout(5 * time.Second),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
+	}
+	if c.plain() {
+		// The servers a NATS server advertises (its cluster's others) would
+		// be dialled with this connection's scheme: in the clear, off this
+		// host. A plain connection stays with the loopback servers given.
+		opts = append(opts, nats.IgnoreDiscoveredServers())
 	}
 	if c.CredsFile != "" {
 		opts = append(opts, nats.UserCredentials(c.CredsFile))

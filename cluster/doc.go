@@ -10,10 +10,13 @@
 //     mapping is one-to-one and no key reaches NATS as a wildcard;
 //   - a value over the inline limit (half the server's max payload, at most
 //     512 KiB; transcripts reach megabytes) goes to an object store, which
-//     chunks it, and the KV entry holds its name, size and SHA-256, checked
-//     on every load; replacing or deleting the value deletes the object;
+//     chunks it (nats.go checks its SHA-256 digest when it reads it), and
+//     the KV entry holds its name and size, sealed; an object is read only
+//     if it is no link and of that size, and opens only under its name;
+//     replacing or deleting the value deletes the object;
 //   - locks are entries of a second KV bucket whose entries expire one lock
-//     TTL (15 s by default) after they were last written. Lock creates its
+//     TTL (15 s by default; the longest any replica asked for, so that none
+//     lowers it under another's locks) after they were last written. Lock creates its
 //     entry only if there is none, the holder renews it every third of the
 //     TTL by compare-and-set on its revision, and Unlock deletes it only at
 //     the holder's revision. A holder whose renewal finds its entry gone or
@@ -23,7 +26,11 @@
 //     read-modify-write of storage.Update) is written back by
 //     compare-and-set on the revision that was read, so a holder that
 //     stalled past its TTL while another took the lock and wrote cannot
-//     overwrite that write ([ErrFenced]).
+//     overwrite that write ([ErrFenced]). A Delete of a key read under its
+//     lock is fenced the same way, so a stale holder takes nothing twice
+//     (a pending login, read and deleted under its lock). The fence is the
+//     revision first read under the lock: a later read, which may see the
+//     other holder's write, does not move it.
 //
 // Every value, and every object, is sealed with AES-256-GCM under a key
 // derived from the cluster key ([Derive]), with the bucket, the key and the

@@ -59,7 +59,7 @@ func (c *Conn) ShareLimits(clusterKey []byte, name string, lim UsageLimiter, per
 }
 
 // ShareLimits shares lim's usage with the replicas on this storage's NATS
-// connection, MACed with its cluster key (see [Conn.ShareLimits]).
+// connection, sealed with its cluster key (see [Conn.ShareLimits]).
 func (s *Storage) ShareLimits(name string, lim UsageLimiter, period time.Duration, log *slog.Logger) (*LimitShare, error) {
 	if s.conn == nil {
 		return nil, fmt.Errorf("rate-limit sharing: this storage was not opened on a cluster connection")

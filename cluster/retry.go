@@ -39,13 +39,22 @@ func transient(err error) bool {
 		errors.Is(err, context.DeadlineExceeded)
 }
 
+// blobAttemptTimeout bounds one attempt at reading or writing an object:
+// a value of megabytes may take longer than attemptTimeout on a slow link.
+const blobAttemptTimeout = 30 * time.Second
+
 // retry runs fn until it succeeds, fails for good, ctx ends, or retryFor
 // has passed; tried reports how many attempts there were.
 func retry[T any](ctx context.Context, fn func(context.Context) (T, error)) (v T, tried int, err error) {
-	deadline := time.Now().Add(retryFor)
+	return retryEach(ctx, attemptTimeout, fn)
+}
+
+// retryEach is retry with each attempt bounded by attempt.
+func retryEach[T any](ctx context.Context, attempt time.Duration, fn func(context.Context) (T, error)) (v T, tried int, err error) {
+	deadline := time.Now().Add(max(retryFor, attempt))
 	wait := 50 * time.Millisecond
 	for {
-		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		actx, cancel := context.WithTimeout(ctx, attempt)
 		v, err = fn(actx)
 		cancel()
 		tried++

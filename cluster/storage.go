@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"slices"
 	"strings"
@@ -41,7 +42,8 @@ type StorageOptions struct {
 	// Owner names this holder in the locks it takes (a node id). A random
 	// suffix is added, so two Storages never mistake each other's locks.
 	Owner string
-	// LockTTL is how long a lock outlives its holder's last renewal.
+	// LockTTL is how long a lock outlives its holder's last renewal, at
+	// least (the locks bucket keeps the longest TTL a replica asked for).
 	// Default 15 s; the holder renews every third of it.
 	LockTTL time.Duration
 	// LockPoll bounds how long a waiting Lock goes without trying again
@@ -148,8 +150,18 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 	if err != nil {
 		return nil, fmt.Errorf("cluster storage: KV bucket %q: %w", opts.Bucket, err)
 	}
+	// The locks bucket's TTL is the longest any replica asked for: one with
+	// a shorter lock_ttl renews more often than it must, while lowering the
+	// TTL under a replica that renews every third of a longer one would
+	// make its locks lapse while it holds them.
+	bucketTTL := opts.LockTTL
+	if kv, err := js.KeyValue(ctx, opts.Bucket+"_locks"); err == nil {
+		if st, err := kv.Status(ctx); err == nil && st.TTL() > bucketTTL {
+			bucketTTL = st.TTL()
+		}
+	}
 	locks, err := kvBucket(jetstream.KeyValueConfig{
-		Bucket: opts.Bucket + "_locks", History: 1, Replicas: opts.Replicas, TTL: opts.LockTTL,
+		Bucket: opts.Bucket + "_locks", History: 1, Replicas: opts.Replicas, TTL: bucketTTL,
 		Description: "caddy-zidane-mcp storage: locks, each expiring one TTL after its last renewal",
 	})
 	if err != nil {
@@ -272,7 +284,7 @@ func (s *Storage) encode(ctx context.Context, key string, value []byte) (stored 
 	}
 	blob = randomHex(16)
 	sealed := s.seal.seal(nil, value, where("blob", s.opts.Bucket, blob))
-	if _, _, err := retry(ctx, func(ctx context.Context) (*jetstream.ObjectInfo, error) { return s.blobs.PutBytes(ctx, blob, sealed) }); err != nil {
+	if _, _, err := retryEach(ctx, blobAttemptTimeout, func(ctx context.Context) (*jetstream.ObjectInfo, error) { return s.blobs.PutBytes(ctx, blob, sealed) }); err != nil {
 		return nil, "", wrapNATS("store", key, err)
 	}
 	ref, _ := json.Marshal(blobRef{Object: blob, Size: int64(len(value))})
@@ -346,7 +358,11 @@ func (s *Storage) Load(ctx context.Context, key string) ([]byte, error) {
 }
 
 // noteRead records, under this Storage's lock named key, the revision of
-// key that its holder read, for write to fence on.
+// key that its holder read, for write and Delete to fence on. The first
+// read under the lock sets the fence and later reads leave it (the
+// holder's own writes move it): a read that sees another holder's write
+// (another goroutine of this process, a token sync woken by that write)
+// must not make a stale holder's write-back look fresh.
 func (s *Storage) noteRead(key string, rev uint64) {
 	s.mu.Lock()
 	hl := s.held[key]
@@ -355,7 +371,9 @@ func (s *Storage) noteRead(key string, rev uint64) {
 		return
 	}
 	hl.mu.Lock()
-	hl.seen[key] = rev
+	if _, ok := hl.seen[key]; !ok {
+		hl.seen[key] = rev
+	}
 	hl.mu.Unlock()
 }
 
@@ -375,9 +393,12 @@ func (s *Storage) decode(ctx context.Context, key string, v []byte) (value []byt
 		if !ok {
 			return nil, false, fmt.Errorf("load %q: %w", key, ErrUnsealed)
 		}
-		b, _, err := retry(ctx, func(ctx context.Context) ([]byte, error) { return s.blobs.GetBytes(ctx, ref.Object) })
+		b, _, err := retryEach(ctx, blobAttemptTimeout, func(ctx context.Context) ([]byte, error) { return s.readBlob(ctx, ref) })
 		if errors.Is(err, jetstream.ErrObjectNotFound) {
 			return nil, true, nil
+		}
+		if errors.Is(err, ErrUnsealed) {
+			return nil, false, fmt.Errorf("load %q: its object: %w", key, err)
 		}
 		if err != nil {
 			return nil, false, wrapNATS("load", key, err)
@@ -389,6 +410,49 @@ func (s *Storage) decode(ctx context.Context, key string, v []byte) (value []byt
 		return p, false, nil
 	}
 	return nil, false, fmt.Errorf("load %q: the stored entry has unknown tag %#x; it was not written by this storage", key, v[0])
+}
+
+// blobReadTimeout bounds the reading of one object.
+const blobReadTimeout = time.Minute
+
+// readBlob reads the object ref names, as this storage wrote it: an object
+// of the size ref gives (sealed), not a link. Whoever can write the object
+// store's metadata can make it a link, which nats.go follows (a link to
+// itself until the context ends), or an object of any size, which
+// GetBytes would read whole: neither is read.
+func (s *Storage) readBlob(ctx context.Context, ref blobRef) ([]byte, error) {
+	want := uint64(ref.Size) + sealOverhead
+	ours := func(info *jetstream.ObjectInfo) bool {
+		return info != nil && info.Name == ref.Object && (info.Opts == nil || info.Opts.Link == nil) && info.Size == want
+	}
+	ctx, cancel := context.WithTimeout(ctx, blobReadTimeout)
+	defer cancel()
+	info, err := s.blobs.GetInfo(ctx, ref.Object)
+	if err != nil {
+		return nil, err
+	}
+	if !ours(info) {
+		return nil, ErrUnsealed
+	}
+	// What changed since GetInfo is checked again on what Get read; a link
+	// made in between is followed only until blobReadTimeout.
+	res, err := s.blobs.Get(ctx, ref.Object)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = res.Close() }()
+	if i, err := res.Info(); err != nil || !ours(i) {
+		return nil, ErrUnsealed
+	}
+	b := make([]byte, 0, want)
+	buf := bytes.NewBuffer(b)
+	if _, err := buf.ReadFrom(io.LimitReader(res, int64(want)+1)); err != nil {
+		return nil, err
+	}
+	if uint64(buf.Len()) != want {
+		return nil, ErrUnsealed
+	}
+	return buf.Bytes(), nil
 }
 
 // keysUnder lists the storage keys at or under prefix ("" for all).
@@ -504,7 +568,9 @@ func (s *Storage) Delete(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	if exact {
+	if exact || s.readUnderLock(key) {
+		// A key this Storage read under its lock is deleted fenced even
+		// when it is gone: another holder took it meanwhile.
 		under = append(under, key)
 	}
 	for _, sk := range under {
@@ -512,12 +578,73 @@ func (s *Storage) Delete(ctx context.Context, key string) error {
 		if err != nil {
 			return err
 		}
-		old, _ := s.data.Get(ctx, k)
+		if err := s.deleteKey(ctx, sk, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readUnderLock says whether this Storage holds the lock named key and
+// read key under it.
+func (s *Storage) readUnderLock(key string) bool {
+	s.mu.Lock()
+	hl := s.held[key]
+	s.mu.Unlock()
+	if hl == nil {
+		return false
+	}
+	hl.mu.Lock()
+	defer hl.mu.Unlock()
+	_, seen := hl.seen[key]
+	return seen
+}
+
+// deleteKey deletes one key: fenced, like write, by the revision read
+// under this Storage's lock named key, when there is one, so that a holder
+// that stalled past its TTL neither takes twice what another holder took
+// (a pending login, read and deleted under its lock) nor deletes what
+// another holder wrote since.
+func (s *Storage) deleteKey(ctx context.Context, key, k string) error {
+	s.mu.Lock()
+	hl := s.held[key]
+	s.mu.Unlock()
+	old, _ := s.data.Get(ctx, k) // to free its blob, if any
+	if hl == nil {
 		if err := retry0(ctx, func(ctx context.Context) error { return s.data.Delete(ctx, k) }); err != nil {
-			return wrapNATS("delete", sk, err)
+			return wrapNATS("delete", key, err)
 		}
 		s.freeBlob(ctx, old, "")
+		return nil
 	}
+	hl.mu.Lock()
+	defer hl.mu.Unlock()
+	if hl.lost {
+		return fmt.Errorf("delete %q: %w", key, ErrLockLost)
+	}
+	rev, seen := hl.seen[key]
+	switch {
+	case !seen:
+		if err := retry0(ctx, func(ctx context.Context) error { return s.data.Delete(ctx, k) }); err != nil {
+			return wrapNATS("delete", key, err)
+		}
+	case rev == 0:
+		// Absent when the holder read it: another holder made it since.
+		if old != nil {
+			return fmt.Errorf("delete %q: %w", key, ErrFenced)
+		}
+		return nil
+	default:
+		err := s.data.Delete(ctx, k, jetstream.LastRevision(rev))
+		if errors.Is(err, jetstream.ErrKeyExists) || isRevisionMismatch(err) {
+			return fmt.Errorf("delete %q: %w", key, ErrFenced)
+		}
+		if err != nil {
+			return wrapNATS("delete", key, err)
+		}
+	}
+	hl.seen[key] = 0
+	s.freeBlob(ctx, old, "")
 	return nil
 }
 

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	neturl "net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -16,6 +19,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/Tahul/caddy-zidane-mcp/storage"
@@ -374,6 +379,123 @@ func TestLostLockRefusesWrites(t *testing.T) {
 	_ = b.Unlock(ctx, key)
 }
 
+// A stale holder takes nothing twice: a holder that read a key under its
+// lock, stalled past the TTL while another took the lock and deleted the
+// key (a pending login taken once), has its own Delete refused; and one
+// whose key another holder rewrote does not delete that write.
+func TestStaleHolderDeleteIsFenced(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	opts := StorageOptions{LockTTL: time.Second, LockPoll: 100 * time.Millisecond}
+	for _, other := range []string{"deletes", "rewrites"} {
+		t.Run(other, func(t *testing.T) {
+			a, _ := newStorage(t, url, opts)
+			b, _ := newStorage(t, url, opts)
+			key := "zidane/upstream-oauth-pending/gh/" + other
+			if err := a.Store(ctx, key, []byte("pending")); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Lock(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Load(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			a.stalled.Store(true)
+			if err := b.Lock(ctx, key); err != nil { // waits out a's TTL
+				t.Fatal(err)
+			}
+			if _, err := b.Load(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if other == "deletes" {
+				err = b.Delete(ctx, key)
+			} else {
+				err = b.Store(ctx, key, []byte("from b"))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Delete(ctx, key); !errors.Is(err, ErrFenced) {
+				t.Fatalf("stale holder's Delete after b %s the key = %v, want ErrFenced", other, err)
+			}
+			if other == "rewrites" {
+				if got, err := b.Load(ctx, key); err != nil || string(got) != "from b" {
+					t.Fatalf("b's write after the stale Delete: %q, %v", got, err)
+				}
+			}
+			_ = b.Unlock(ctx, key)
+			_ = a.Unlock(ctx, key)
+		})
+	}
+}
+
+// The fence is the revision the holder first read under its lock: a later
+// read of the key in the same process (another goroutine: a token sync
+// woken by the other holder's write) does not move it, so the stale
+// holder's read-modify-write is still refused.
+func TestStaleHolderRereadIsFenced(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	opts := StorageOptions{LockTTL: time.Second, LockPoll: 100 * time.Millisecond}
+	a, _ := newStorage(t, url, opts)
+	b, _ := newStorage(t, url, opts)
+	const key = "zidane/tokens/index.json"
+	if err := a.Store(ctx, key, []byte("v0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Lock(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Load(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	a.stalled.Store(true)
+	if err := b.Lock(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Load(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Store(ctx, key, []byte("from b")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Load(ctx, key); err != nil || string(got) != "from b" {
+		t.Fatalf("a's second read: %q, %v", got, err)
+	}
+	if err := a.Store(ctx, key, []byte("v0 changed by a, stale")); !errors.Is(err, ErrFenced) {
+		t.Fatalf("stale holder's Store after a re-read = %v, want ErrFenced", err)
+	}
+	if got, _ := b.Load(ctx, key); string(got) != "from b" {
+		t.Fatalf("value = %q, want b's", got)
+	}
+	_ = b.Unlock(ctx, key)
+	_ = a.Unlock(ctx, key)
+}
+
+// Replicas configured with different lock TTLs share one locks bucket,
+// whose entries expire after one TTL: a replica with a shorter one must
+// not lower it under a holder that renews every third of a longer one
+// (its locks would lapse while it holds them).
+func TestShorterLockTTLDoesNotShortenOthersLocks(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	a, _ := newStorage(t, url, StorageOptions{LockTTL: 6 * time.Second})
+	newStorage(t, url, StorageOptions{LockTTL: time.Second})
+	st, err := a.locks.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.TTL() != 6*time.Second {
+		t.Fatalf("locks bucket TTL = %v after a replica with lock_ttl 1s started; a's locks (6s, renewed every 2s) would lapse while held", st.TTL())
+	}
+	c, _ := newStorage(t, url, StorageOptions{LockTTL: 9 * time.Second})
+	if st, err = c.locks.Status(ctx); err != nil || st.TTL() != 9*time.Second {
+		t.Fatalf("locks bucket TTL = %v, %v after a replica with lock_ttl 9s started; want 9s", st.TTL(), err)
+	}
+}
+
 func TestConnConfigCheck(t *testing.T) {
 	for _, c := range []struct {
 		cfg  ConnConfig
@@ -497,6 +619,67 @@ func TestValuesAreSealed(t *testing.T) {
 	}
 }
 
+// A NATS user without the key who rewrites the object store's metadata
+// makes a replica neither follow a link (nats.go follows one, and a link
+// to itself recurses until the context ends) nor read an object of a size
+// the sealed reference does not give: the value is refused at once.
+func TestObjectsAreNotFollowed(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	s, nc := newStorage(t, url, StorageOptions{})
+	big := bytes.Repeat([]byte("transcript line\n"), 100_000)
+	const key, other = "zidane/sessions/s1/transcript.jsonl", "zidane/sessions/s2/transcript.jsonl"
+	for _, k := range []string{key, other} {
+		if err := s.Store(ctx, k, big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref := func(k string) string {
+		kk, _ := kvKey(k)
+		e, err := s.data.Get(ctx, kk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, ok := s.openRef(k, e.Value())
+		if !ok {
+			t.Fatal("no reference")
+		}
+		return r.Object
+	}
+	js, _ := jetstream.New(nc)
+	bucket := s.opts.Bucket + "_blobs"
+	putMeta := func(name string, link *jetstream.ObjectLink) {
+		t.Helper()
+		info := jetstream.ObjectInfo{Bucket: bucket, NUID: "forged", ObjectMeta: jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{Link: link}}}
+		raw, _ := json.Marshal(info)
+		msg := nats.NewMsg("$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name)))
+		msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+		msg.Data = raw
+		if _, err := js.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	load := func(what, k string) {
+		t.Helper()
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if v, err := s.Load(lctx, k); !errors.Is(err, ErrUnsealed) {
+			t.Errorf("%s: Load = %d bytes, %v; want ErrUnsealed", what, len(v), err)
+		}
+	}
+
+	name := ref(key)
+	putMeta(name, &jetstream.ObjectLink{Bucket: bucket, Name: name})
+	load("the object made a link to itself", key)
+
+	// An object of another size than the reference gives (a huge one, in
+	// an attack) is not read.
+	if _, err := s.blobs.PutBytes(ctx, ref(other), append(bytes.Clone(big), big...)); err != nil {
+		t.Fatal(err)
+	}
+	load("the object replaced by a larger one", other)
+}
+
 func TestStorageNeedsTheClusterKey(t *testing.T) {
 	url := startNATS(t)
 	nc := connect(t, url)
@@ -555,5 +738,50 @@ func TestWatchSeesOtherReplicasWrites(t *testing.T) {
 	}
 	if len(fired) != 0 {
 		t.Fatal("the watch fired for another key")
+	}
+}
+
+// A connection in the clear (nats:// to loopback, no TLS) stays with the
+// servers it was given: a NATS server advertises its cluster's other
+// servers, and nats.go would fail over to them with the same scheme, in
+// the clear across the network, carrying what the replicas share.
+func TestPlainConnectionIgnoresDiscoveredServers(t *testing.T) {
+	start := func(opts *server.Options) *server.Server {
+		t.Helper()
+		ns, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go ns.Start()
+		t.Cleanup(ns.Shutdown)
+		if !ns.ReadyForConnections(30 * time.Second) {
+			t.Fatal("nats-server did not become ready")
+		}
+		return ns
+	}
+	a := start(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true,
+		Cluster: server.ClusterOpts{Name: "zc", Host: "127.0.0.1", Port: -1}})
+	routeURL, _ := neturl.Parse(fmt.Sprintf("nats://%s", a.ClusterAddr()))
+	// b advertises an address off this host (never dialled here: a stays up
+	// until the connections close).
+	start(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true, ClientAdvertise: "nats-b.example:4222",
+		Cluster: server.ClusterOpts{Name: "zc", Host: "127.0.0.1", Port: -1}, Routes: []*neturl.URL{routeURL}})
+	// A connection of nats.go's own hears of b once the route is up.
+	control := connect(t, a.ClientURL())
+	deadline := time.Now().Add(30 * time.Second)
+	for !slices.Contains(control.DiscoveredServers(), "nats://nats-b.example:4222") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the control connection never heard of b: %v", control.DiscoveredServers())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	c, err := Dial(ConnConfig{URLs: []string{a.ClientURL()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if got := c.nc.Servers(); len(got) != 1 || slices.ContainsFunc(got, func(s string) bool { return strings.Contains(s, "nats-b.example") }) {
+		t.Fatalf("a plain connection's servers: %v; want the one it was given, not b's advertised address", got)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -191,6 +192,7 @@ func TestClusterStorageBadSettings(t *testing.T) {
 		{"url nats://127.0.0.1:1", "no cluster key"},
 		{"url nats://127.0.0.1:1\n\t\tkey {env.ZIDANE_E2E_UNSET_KEY}", "no cluster key"},
 		{"url nats://127.0.0.1:1\n\t\tkey c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=", "literal"},
+		{"url nats://127.0.0.1:1\n\t\tkey c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI={env.ZIDANE_E2E_UNSET_KEY}", "literal"},
 	} {
 		out, err := c.TryReload(t, fmt.Sprintf("{\n\tadmin %s\n\tstorage zidane_nats {\n\t\t%s\n\t}\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", AdminPlaceholder, bad.block, freePort(t)))
 		if err == nil || !strings.Contains(out, bad.want) {
@@ -512,4 +514,93 @@ http://127.0.0.1:%d {
 		t.Fatal("A still runs the upstream it retired")
 	}
 	replicas[1].WaitForLog(t, "upstream action from another replica", 10*time.Second)
+}
+
+// A replica whose NATS storage settings change on a config reload (a NATS
+// URL added) shares its rate-limit usage on the new connection: the old
+// one closes with the old config. A token's burst used up on B is then
+// refused on A, reloaded, and on C, which was not.
+func TestClusterRateLimitSharedAfterStorageReload(t *testing.T) {
+	nats := startNATS(t)
+	up := startRecordingUpstream(t)
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+	config := func(urls, site string) string {
+		return fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats {
+		url %s
+	}
+}
+
+http://%s {
+	zidane_mcp {
+		guard
+		rate_limit {
+			per_token 1/h 5
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, urls, site, up.addr)
+	}
+	var cs []*Caddy
+	var sites []string
+	for range 3 {
+		site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		cs = append(cs, startCaddy(t, config(nats.url, site), clusterKey))
+		sites = append(sites, site)
+	}
+	a, urlA, urlB, urlC := cs[0], "http://"+sites[0]+"/mcp", "http://"+sites[1]+"/mcp", "http://"+sites[2]+"/mcp"
+	token := createToken(t, a, "load", "--scope", "mcp")
+	probe := createToken(t, a, "probe", "--scope", "mcp")
+	for _, u := range []string{urlA, urlB, urlC} {
+		waitStatus(t, u, probe, http.StatusOK, 20*time.Second) // knows the load token too
+	}
+
+	// The same server under a second name: a new connection for A.
+	a.Reload(t, config(nats.url+" nats://localhost:"+strings.TrimPrefix(nats.addr, "127.0.0.1:"), sites[0]))
+
+	for i := range 5 {
+		if got := post(t, urlB, token, initializeBody).status; got != http.StatusOK {
+			t.Fatalf("request %d of the burst on B: %d", i+1, got)
+		}
+	}
+	// C, not reloaded, is the witness that B's usage went out: once it
+	// refuses the token, B's message has been delivered.
+	waitStatus(t, urlC, token, http.StatusTooManyRequests, 20*time.Second)
+	admitted := 0
+	for post(t, urlA, token, initializeBody).status == http.StatusOK {
+		if admitted++; admitted == 5 {
+			t.Fatalf("A, reloaded onto a new NATS connection, admitted the token's whole burst after B used it: its limiter still listens on the connection the reload closed\n%s", tail(a.Logs(), 3000))
+		}
+	}
+	if admitted > 2 {
+		t.Fatalf("A admitted %d of the token's requests after B used its burst; want at most 2 (B's usage on its way)", admitted)
+	}
+	t.Logf("after B used the burst, A (reloaded onto a new NATS connection) admitted %d", admitted)
+}
+
+// The CLI run offline where a Caddyfile on NATS storage lies (the one
+// `caddy` would read, with no --config given) refuses, on a host that
+// has no marker of a server on NATS (another user's, an operator's
+// machine): a revocation written to a local storage that no replica reads
+// would say it was done while every replica still accepts the token.
+func TestClusterOfflineCLIReadsTheCaddyfileHere(t *testing.T) {
+	dir := t.TempDir()
+	caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tstorage zidane_nats {\n\t\turl nats://127.0.0.1:%d\n\t}\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", freePort(t), freePort(t), freePort(t))
+	if err := os.WriteFile(filepath.Join(dir, "Caddyfile"), []byte(caddyfile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	cmd := boundedCommand(ctx, caddyBin, "zidane", "token", "create", "--name", "offline", "--scope", "mcp")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "HOME="+filepath.Join(dir, "home"), "XDG_DATA_HOME="+filepath.Join(dir, "data"), "XDG_CONFIG_HOME="+filepath.Join(dir, "config"))
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "NATS") {
+		t.Fatalf("offline token create beside a Caddyfile on NATS storage: %v\n%s\nwant a refusal that names NATS", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data", "caddy", "zidane")); err == nil {
+		t.Fatal("the refused command wrote the local storage")
+	}
 }
