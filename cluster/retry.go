@@ -24,6 +24,9 @@ const (
 // failover that outlasted them); nothing was stored.
 var ErrUnavailable = errors.New("NATS did not answer (it may have lost its quorum, or be failing over); nothing was stored: retry once NATS is back")
 
+// errStaleView marks a compare-and-set failure that a retry resolves.
+var errStaleView = errors.New("NATS answered from a view that is changing")
+
 // transient says whether err is one JetStream gives while a stream has no
 // leader, or while the connection reconnects to another server.
 func transient(err error) bool {
@@ -34,7 +37,7 @@ func transient(err error) bool {
 	if errors.As(err, &apiErr) && apiErr.Code == 503 {
 		return true // "JetStream system temporarily unavailable" and kin
 	}
-	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+	return errors.Is(err, errStaleView) || errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionReconnecting) ||
 		errors.Is(err, context.DeadlineExceeded)
 }

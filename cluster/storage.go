@@ -697,7 +697,18 @@ func (s *Storage) TryLock(ctx context.Context, name string) (bool, error) {
 		return false, err
 	}
 	val, _ := json.Marshal(lockValue{Holder: s.holder, At: time.Now()})
-	rev, _, err := retry(ctx, func(ctx context.Context) (uint64, error) { return s.locks.Create(ctx, lk, val) })
+	rev, _, err := retry(ctx, func(ctx context.Context) (uint64, error) {
+		rev, err := s.locks.Create(ctx, lk, val)
+		if !errors.Is(err, jetstream.ErrKeyExists) && isRevisionMismatch(err) {
+			// Create over a deleted lock compares with the delete's
+			// revision: a mismatch is a race lost to another holder, or a
+			// server that has not yet noticed it lost its quorum. Try
+			// again: the first ends as ErrKeyExists, the second as
+			// ErrUnavailable.
+			err = fmt.Errorf("%w: %w", errStaleView, err)
+		}
+		return rev, err
+	})
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return false, nil
 	}
