@@ -198,7 +198,10 @@ type Aggregate struct {
 	subs       map[string]map[*mcp.ServerSession]bool // resource URI -> subscribed sessions
 	withdrawn  map[string]string                      // tool name -> upstream, while it waits for a login
 	principals map[string]*aggSession                 // token id -> its 2026-07-28 requests' upstream sessions
-	closed     bool
+
+	noModernFast    atomic.Bool  // tests: 2026-07-28 tools/call always through go-sdk
+	modernFastCalls atomic.Int64 // tools/call served by the 2026-07-28 fast path
+	closed          bool
 }
 
 type aggUpstream struct {
@@ -348,7 +351,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 	}
 	a.conditional = opts.Prefix == PrefixConditional && len(a.ups) == 1
 
-	a.server = mcp.NewServer(&mcp.Implementation{Name: "zidane-mcp-aggregate", Version: "1"}, &mcp.ServerOptions{
+	a.server = mcp.NewServer(aggImplementation, &mcp.ServerOptions{
 		Logger:             logger,
 		InitializedHandler: func(_ context.Context, req *mcp.InitializedRequest) { a.session(req.Session) },
 		RootsListChangedHandler: func(_ context.Context, req *mcp.RootsListChangedRequest) {
@@ -540,6 +543,9 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if modernRequest(r) {
 		// No session: the request's calls go through its token's
 		// principal session (see aggregate_modern.go).
+		if a.serveModernFast(w, r) {
+			return
+		}
 		a.stateless.ServeHTTP(w, r)
 		return
 	}
@@ -738,6 +744,9 @@ func outcome(ctx context.Context, err error) (string, string) {
 		return OutcomeError, safeError(err)
 	}
 }
+
+// aggImplementation is the aggregated route's own server identity.
+var aggImplementation = &mcp.Implementation{Name: "zidane-mcp-aggregate", Version: "1"}
 
 // upstreamRPCError reports whether err is a JSON-RPC error the upstream
 // answered, which is passed on as it is.
