@@ -146,11 +146,12 @@ const DefaultStdioIdle = 10 * time.Minute
 // tries 2026-07-28 and falls back to 2025-11-25. Multi-round-trip calls
 // work in each combination (aggregate_mrtr.go, aggregate_bridge.go).
 //
-// Fast path: a tools/call of a 2025-11-25 client that offers neither
+// Fast paths: a tools/call of a 2026-07-28 client to a 2026-07-28
+// streamable-HTTP upstream that the token's principal session is connected
+// to goes as one POST with the tool renamed (see aggregate_fastmodern.go).
+// A tools/call of a 2025-11-25 client that offers neither
 // sampling nor elicitation, to a streamable-HTTP upstream whose session for
-// it is open and speaks 2025-11-25 (a 2026-07-28 upstream is served by
-// go-sdk, which sends the headers and _meta that protocol needs),
-// is forwarded as JSON bytes on that session rather than decoded and
+// it is open and speaks 2025-11-25, is forwarded as JSON bytes on that session rather than decoded and
 // encoded again by go-sdk on both sides; its result is normalized only
 // when it holds other blocks than text. Audit records, allow/deny, tool
 // errors, progress, logs and cancellation behave as on the go-sdk path

@@ -71,6 +71,14 @@ func newModernUp(t *testing.T, name string) *modernUp {
 	s.AddTool(&mcp.Tool{Name: "http500", InputSchema: obj}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "never served"}}}, nil
 	})
+	s.AddTool(&mcp.Tool{Name: "progress", InputSchema: obj}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		if tok := req.Params.GetProgressToken(); tok != nil {
+			if err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Message: "half", Progress: 1, Total: 2}); err != nil {
+				return nil, err
+			}
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil
+	})
 	nameSchema := &jsonschema.Schema{Type: "object", Properties: map[string]*jsonschema.Schema{"name": {Type: "string"}}, Required: []string{"name"}}
 	s.AddTool(&mcp.Tool{Name: "ask", InputSchema: obj}, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		if req.Params.RequestState == "" {
@@ -377,5 +385,39 @@ func TestAggregateModernFastRenameRefusals(t *testing.T) {
 		if !bytes.Contains(c.body, []byte(`"name":"echo"`)) {
 			t.Fatalf("upstream b got %s", c.body)
 		}
+	}
+}
+
+// The upstream's progress for a call on the fast path reaches the client's
+// request, with the client's own progress token.
+func TestAggregateModernFastProgress(t *testing.T) {
+	up := newModernUp(t, "a")
+	a, url := aggServeEdge(t, []Upstream{{Name: "a", URL: up.url}}, AggregateOptions{})
+	progress := make(chan any, 4)
+	cs := modernClient(t, url, "tok-1", &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			progress <- req.Params.ProgressToken
+		},
+	})
+	callOutcome(t, cs, &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": "warm"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	before := a.modernFastCalls.Load()
+	params := &mcp.CallToolParams{Name: "mcp_a_progress"}
+	params.SetProgressToken("p-7")
+	res, err := cs.CallTool(ctx, params)
+	if err != nil || aggText(t, res) != "done" {
+		t.Fatalf("progress tool: %v %v", res, err)
+	}
+	if a.modernFastCalls.Load() != before+1 {
+		t.Fatal("the call did not take the fast path")
+	}
+	select {
+	case tok := <-progress:
+		if tok != "p-7" {
+			t.Fatalf("progress token %v, want p-7", tok)
+		}
+	case <-ctx.Done():
+		t.Fatal("no progress reached the client")
 	}
 }
