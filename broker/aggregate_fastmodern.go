@@ -135,8 +135,9 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 	hdr := http.Header{}
 	hdr["Mcp-Method"] = []string{"tools/call"}
 	hdr["Mcp-Name"] = []string{q.name}
+	// In the one spelling the edge checks (it refuses the others).
 	for k, v := range r.Header {
-		if len(k) > len("Mcp-Param-") && strings.EqualFold(k[:len("Mcp-Param-")], "Mcp-Param-") {
+		if len(k) > len("Mcp-Param-") && strings.HasPrefix(k, "Mcp-Param-") {
 			hdr[k] = v
 		}
 	}
