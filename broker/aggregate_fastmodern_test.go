@@ -421,3 +421,46 @@ func TestAggregateModernFastProgress(t *testing.T) {
 		t.Fatal("no progress reached the client")
 	}
 }
+
+// An answer that does not fit in the answer budget fails alike on both
+// paths: a tool error naming the upstream, and the budget is given back.
+func TestAggregateModernFastAnswerBudget(t *testing.T) {
+	up := newModernUp(t, "a")
+	budget := NewAnswerBudget(1 << 20)
+	a, url := aggServeEdge(t, []Upstream{{Name: "a", URL: up.url}}, AggregateOptions{AnswerBudget: budget})
+	cs := modernClient(t, url, "tok-1", nil)
+	warm := func() {
+		a.noModernFast.Store(true)
+		if got := callOutcome(t, cs, &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": "w"}}); !strings.Contains(got, "a:w@") {
+			t.Fatalf("warm-up call: %s", got)
+		}
+		a.noModernFast.Store(false)
+	}
+	warm()
+	// All but 32 KiB of the budget is held: the 64 KiB answer of "big"
+	// cannot fit, small answers can.
+	held := int64(1<<20 - 32<<10)
+	if !budget.Take(held) {
+		t.Fatal("could not hold the budget")
+	}
+	defer budget.Give(held)
+	used := budget.Used()
+	before := a.modernFastCalls.Load()
+	fast := callOutcome(t, cs, &mcp.CallToolParams{Name: "mcp_a_big"})
+	if a.modernFastCalls.Load() != before+1 {
+		t.Fatalf("the call did not take the fast path: %s", fast)
+	}
+	if !strings.Contains(fast, "max_inflight_response") || !strings.Contains(fast, `\"a\"`) {
+		t.Fatalf("fast path: %s", fast)
+	}
+	warm()
+	a.noModernFast.Store(true)
+	slow := callOutcome(t, cs, &mcp.CallToolParams{Name: "mcp_a_big"})
+	a.noModernFast.Store(false)
+	if shape(t, fast) != shape(t, slow) {
+		t.Fatalf("fast path:\n%s\ngo-sdk path:\n%s", fast, slow)
+	}
+	if got := budget.Used(); got != used {
+		t.Fatalf("the budget holds %d bytes after the calls, want %d", got, used)
+	}
+}
