@@ -146,11 +146,12 @@ const DefaultStdioIdle = 10 * time.Minute
 // tries 2026-07-28 and falls back to 2025-11-25. Multi-round-trip calls
 // work in each combination (aggregate_mrtr.go, aggregate_bridge.go).
 //
-// Fast path: a tools/call of a 2025-11-25 client that offers neither
+// Fast paths: a tools/call of a 2026-07-28 client to a 2026-07-28
+// streamable-HTTP upstream that the token's principal session is connected
+// to goes as one POST with the tool renamed (see aggregate_fastmodern.go).
+// A tools/call of a 2025-11-25 client that offers neither
 // sampling nor elicitation, to a streamable-HTTP upstream whose session for
-// it is open and speaks 2025-11-25 (a 2026-07-28 upstream is served by
-// go-sdk, which sends the headers and _meta that protocol needs),
-// is forwarded as JSON bytes on that session rather than decoded and
+// it is open and speaks 2025-11-25, is forwarded as JSON bytes on that session rather than decoded and
 // encoded again by go-sdk on both sides; its result is normalized only
 // when it holds other blocks than text. Audit records, allow/deny, tool
 // errors, progress, logs and cancellation behave as on the go-sdk path
@@ -198,7 +199,10 @@ type Aggregate struct {
 	subs       map[string]map[*mcp.ServerSession]bool // resource URI -> subscribed sessions
 	withdrawn  map[string]string                      // tool name -> upstream, while it waits for a login
 	principals map[string]*aggSession                 // token id -> its 2026-07-28 requests' upstream sessions
-	closed     bool
+
+	noModernFast    atomic.Bool  // tests: 2026-07-28 tools/call always through go-sdk
+	modernFastCalls atomic.Int64 // tools/call served by the 2026-07-28 fast path
+	closed          bool
 }
 
 type aggUpstream struct {
@@ -348,7 +352,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 	}
 	a.conditional = opts.Prefix == PrefixConditional && len(a.ups) == 1
 
-	a.server = mcp.NewServer(&mcp.Implementation{Name: "zidane-mcp-aggregate", Version: "1"}, &mcp.ServerOptions{
+	a.server = mcp.NewServer(aggImplementation, &mcp.ServerOptions{
 		Logger:             logger,
 		InitializedHandler: func(_ context.Context, req *mcp.InitializedRequest) { a.session(req.Session) },
 		RootsListChangedHandler: func(_ context.Context, req *mcp.RootsListChangedRequest) {
@@ -540,6 +544,9 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if modernRequest(r) {
 		// No session: the request's calls go through its token's
 		// principal session (see aggregate_modern.go).
+		if a.serveModernFast(w, r) {
+			return
+		}
 		a.stateless.ServeHTTP(w, r)
 		return
 	}
@@ -738,6 +745,9 @@ func outcome(ctx context.Context, err error) (string, string) {
 		return OutcomeError, safeError(err)
 	}
 }
+
+// aggImplementation is the aggregated route's own server identity.
+var aggImplementation = &mcp.Implementation{Name: "zidane-mcp-aggregate", Version: "1"}
 
 // upstreamRPCError reports whether err is a JSON-RPC error the upstream
 // answered, which is passed on as it is.

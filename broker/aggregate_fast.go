@@ -153,15 +153,21 @@ func (a *Aggregate) serveFast(w http.ResponseWriter, r *http.Request, sid string
 // fastHeaders reports whether go-sdk would accept r's headers, so that the
 // fast path answers only what go-sdk would have served.
 func fastHeaders(r *http.Request) bool {
+	switch r.Header.Get(headerProtocolVersion) {
+	case "", "2025-11-25", "2025-06-18", "2025-03-26":
+	default:
+		return false
+	}
+	return fastTransportHeaders(r)
+}
+
+// fastTransportHeaders reports whether go-sdk would accept r's
+// Content-Type, Accept and Host.
+func fastTransportHeaders(r *http.Request) bool {
 	if mt, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";"); !strings.EqualFold(strings.TrimSpace(mt), "application/json") {
 		return false
 	}
 	if !acceptsBoth(r.Header.Values("Accept")) {
-		return false
-	}
-	switch r.Header.Get(headerProtocolVersion) {
-	case "", "2025-11-25", "2025-06-18", "2025-03-26":
-	default:
 		return false
 	}
 	// go-sdk's DNS rebinding protection: a loopback listener serves only a

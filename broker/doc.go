@@ -23,7 +23,8 @@
 //     HTTP, SSE, pooled stdio) on one endpoint, namespaced, with the owner
 //     of each tool, prompt, resource and completion for the edge to
 //     authorize on ([Aggregate.ToolServer], [Aggregate.ResourceOwners]),
-//     and a byte-level tools/call fast path; it serves MCP 2026-07-28 and
+//     and byte-level tools/call fast paths (one per protocol generation,
+//     when both sides speak it); it serves MCP 2026-07-28 and
 //     2025-11-25 clients on one URL and speaks to each upstream the newest
 //     of the two it answers, multi-round-trip calls included in every
 //     combination;
