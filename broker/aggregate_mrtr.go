@@ -45,6 +45,18 @@ func modernSession(ss *mcp.ServerSession) bool {
 	return ip != nil && ip.ProtocolVersion >= protocolModern
 }
 
+// knowTools makes sure cs has listed its upstream's tools when it speaks
+// 2026-07-28: go-sdk's client sends a tool's Mcp-Param-* headers (SEP-2243),
+// which such an upstream requires for the arguments it binds, only for a
+// tool it has listed in that session. A listing still fresh is answered
+// from go-sdk's cache; a failed one leaves the call to fail as it would.
+func knowTools(ctx context.Context, cs *mcp.ClientSession) {
+	if ir := cs.InitializeResult(); ir == nil || ir.ProtocolVersion < protocolModern {
+		return
+	}
+	_, _ = cs.ListTools(ctx, nil)
+}
+
 // protocolModern is MCP 2026-07-28, the stateless protocol.
 const protocolModern = "2026-07-28"
 
@@ -53,6 +65,7 @@ const protocolModern = "2026-07-28"
 // aggMaxRounds times. For a 2026-07-28 client it returns the first answer,
 // input-required or not.
 func callRounds(ctx context.Context, cs *mcp.ClientSession, ss *mcp.ServerSession, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
+	knowTools(ctx, cs)
 	res, err := cs.CallTool(ctx, params)
 	if err != nil || res == nil || !res.NeedsInput() || modernSession(ss) {
 		return res, err

@@ -439,3 +439,40 @@ func connectGoAt(t *testing.T, url string, hc *http.Client, version string) (*mc
 	}
 	return cs, err
 }
+
+// A 2026-07-28 client's first call through the aggregated route to a tool
+// that binds an argument to a Mcp-Param-* header (the everything-server's
+// test_x_mcp_header) succeeds: the gateway's own session to the upstream
+// sends the header the upstream requires, as the later (fast-path) calls
+// pass on the client's.
+func TestAggregatedModernParamHeaderTool(t *testing.T) {
+	upstream := startStatelessEverythingServer(t)
+	port := freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	zidane {
+		upstream ev %s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		aggregate ev
+	}
+}
+`, AdminPlaceholder, upstream, port))
+	token := createToken(t, c, "params", "--scope", "mcp")
+	cs, err := connectGoAt(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", port), bearerClient(token, nil), modernVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.ListTools(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 { // the first goes through go-sdk, the rest may take the fast path
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "mcp_ev_test_x_mcp_header", Arguments: map[string]any{"region": "eu-west1"}})
+		if err != nil || res.IsError {
+			t.Fatalf("call %d: %+v %v", i, res, err)
+		}
+	}
+}
