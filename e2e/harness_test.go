@@ -134,16 +134,34 @@ func goBuild(out, pkg string) error {
 	return nil
 }
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// and that no earlier call in this run returned: two ports taken one after
+// the other for one config (two sites, a site and an upstream) are never
+// the same, which the kernel alone does not promise.
 func freePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("freePort: %v", err)
+	issuedMu.Lock()
+	defer issuedMu.Unlock()
+	for range 1000 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("freePort: %v", err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if !issued[port] {
+			issued[port] = true
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatal("freePort: no port this run has not handed out already")
+	return 0
 }
+
+var (
+	issuedMu sync.Mutex
+	issued   = map[int]bool{}
+)
 
 // process is a child process whose stdout and stderr go to a log file.
 type process struct {
