@@ -488,6 +488,24 @@ func answerOf(c message.Call) (result, rpcErr json.RawMessage, err error) {
 // fastStream reads the upstream's event stream for the request upID until
 // its answer: notifications are relayed downstream, requests answered.
 func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstream, sessionID, version string, body io.Reader, upID message.ID, fw *fastWriter) (result, rpcErr json.RawMessage, err error) {
+	return readStream(ctx, up, body, upID, func(event []byte, env message.Call) {
+		switch {
+		case !env.IsResponse() && !env.ID.IsZero():
+			go a.fastAnswerUpstream(ctx, s, up, sessionID, version, env)
+		case env.Method == "notifications/progress":
+			fw.event(event)
+		case env.Method == "notifications/message":
+			if s.logs(env.Params) {
+				fw.event(event)
+			}
+		}
+	})
+}
+
+// readStream reads an upstream's event stream, one whole event at a time,
+// until the answer to id, and hands every other message to other: the one
+// reader of both fast paths' streams.
+func readStream(ctx context.Context, up *aggUpstream, body io.Reader, id message.ID, other func(event []byte, env message.Call)) (result, rpcErr json.RawMessage, err error) {
 	sc := bufio.NewScanner(body)
 	// The body fails past max_response (see answerLimit) before a line
 	// could reach the scanner's own bound.
@@ -506,18 +524,11 @@ func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstre
 			if err != nil || b.Batch {
 				continue
 			}
-			switch env := b.Calls[0]; {
-			case env.IsResponse() && env.ID.Key() == upID.Key():
+			env := b.Calls[0]
+			if env.IsResponse() && env.ID.Key() == id.Key() {
 				return answerOf(env)
-			case !env.IsResponse() && !env.ID.IsZero():
-				go a.fastAnswerUpstream(ctx, s, up, sessionID, version, env)
-			case env.Method == "notifications/progress":
-				fw.event(event)
-			case env.Method == "notifications/message":
-				if s.logs(env.Params) {
-					fw.event(event)
-				}
 			}
+			other(event, env)
 		case bytes.HasPrefix(line, []byte("data:")):
 			v := bytes.TrimPrefix(line[5:], []byte(" "))
 			if data != nil {

@@ -1,11 +1,9 @@
 package broker
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -289,43 +287,11 @@ func (a *Aggregate) modernExchange(ctx context.Context, up *aggUpstream, hdr htt
 // log messages dropped (as the principal session drops them), anything
 // else ignored.
 func modernStream(ctx context.Context, up *aggUpstream, body io.Reader, id message.ID, fw *fastWriter) (result, rpcErr json.RawMessage, err error) {
-	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 0, 16<<10), int(up.tr.limitMax())+1)
-	var data []byte
-	for sc.Scan() {
-		line := sc.Bytes()
-		switch {
-		case len(line) == 0:
-			if len(data) == 0 {
-				continue
-			}
-			event := data
-			data = nil
-			b, err := message.ReadAnswer(event)
-			if err != nil || b.Batch {
-				continue
-			}
-			switch env := b.Calls[0]; {
-			case env.IsResponse() && env.ID.Key() == id.Key():
-				return answerOf(env)
-			case env.ID.IsZero() && env.Method == "notifications/progress":
-				fw.event(event)
-			}
-		case bytes.HasPrefix(line, []byte("data:")):
-			v := bytes.TrimPrefix(line[5:], []byte(" "))
-			if data != nil {
-				data = append(data, '\n')
-			}
-			data = append(data, v...)
+	return readStream(ctx, up, body, id, func(event []byte, env message.Call) {
+		if env.ID.IsZero() && env.Method == "notifications/progress" {
+			fw.event(event)
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, nil, err
-	}
-	if ctx.Err() != nil {
-		return nil, nil, ctx.Err()
-	}
-	return nil, nil, errors.New("the upstream ended its stream without answering")
+	})
 }
 
 // normalizeModernResult is normalizeFastResult, except that an
