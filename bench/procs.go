@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -105,14 +106,32 @@ func startListening(ctx context.Context, bin string, args ...string) (*proc, str
 	return p, addr, nil
 }
 
+// freePort returns a loopback port nothing listens on, and never the same
+// one twice in a run. The kernel may hand a just-closed port out again, and
+// caddy binds with SO_REUSEPORT: two sites (or a site and the admin API)
+// given one port would both bind it and split its connections between them.
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	issuedMu.Lock()
+	defer issuedMu.Unlock()
+	for range 1000 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if !issued[port] {
+			issued[port] = true
+			return port, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("no free loopback port this run has not handed out already")
 }
+
+var (
+	issuedMu sync.Mutex
+	issued   = map[int]bool{}
+)
 
 func waitListening(ctx context.Context, addr string) error {
 	deadline := time.Now().Add(time.Minute)
