@@ -1,8 +1,6 @@
 package edge
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -30,33 +28,7 @@ const (
 	// modernVersion is the first version whose requests carry these
 	// headers and their version in _meta.
 	modernVersion = "2026-07-28"
-	// metaVersionKey is the _meta key of a request's protocol version.
-	metaVersionKey = "io.modelcontextprotocol/protocolVersion"
 )
-
-// metaVersion reads the protocol version from a request's _meta: present
-// says whether the key is there, ok whether it holds a string. The body
-// passed package message, so the object has no key two readers could take
-// differently, and a plain decode reads it as every reader does.
-func metaVersion(meta []byte) (v string, present, ok bool) {
-	// The key may be spelled with escapes, which every reader decodes:
-	// only a _meta with neither the name nor an escape is skipped unread.
-	if len(meta) == 0 || !bytes.Contains(meta, []byte("protocolVersion")) && bytes.IndexByte(meta, '\\') < 0 {
-		return "", false, true
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(meta, &m); err != nil {
-		return "", false, true // not an object: nothing of it is read
-	}
-	raw, present := m[metaVersionKey]
-	if !present {
-		return "", false, true
-	}
-	if err := json.Unmarshal(raw, &v); err != nil || v == "" {
-		return "", true, false
-	}
-	return v, true, true
-}
 
 // Decision is the outcome of [Decide].
 type Decision struct {
@@ -158,14 +130,14 @@ func checkHeaders(header http.Header, b *message.Body) (Verdict, message.Call) {
 		if c.IsResponse() {
 			continue
 		}
-		meta, present, ok := metaVersion(c.Meta)
+		meta, present, ok := c.MetaVersion, c.HasMetaVersion, !c.HasMetaVersion || c.MetaVersion != ""
 		switch {
 		case !ok:
-			return mismatch(c, fmt.Sprintf("_meta %q must be a protocol version string, such as %q", metaVersionKey, modernVersion))
+			return mismatch(c, fmt.Sprintf("_meta %q must be a protocol version string, such as %q", message.MetaVersionKey, modernVersion))
 		case present && version == "":
-			return mismatch(c, fmt.Sprintf("a request whose _meta carries %q needs the Mcp-Protocol-Version header with the same version", metaVersionKey))
+			return mismatch(c, fmt.Sprintf("a request whose _meta carries %q needs the Mcp-Protocol-Version header with the same version", message.MetaVersionKey))
 		case present && meta != version:
-			return mismatch(c, fmt.Sprintf("the Mcp-Protocol-Version header does not match the request's _meta %q: send the same version in both", metaVersionKey))
+			return mismatch(c, fmt.Sprintf("the Mcp-Protocol-Version header does not match the request's _meta %q: send the same version in both", message.MetaVersionKey))
 		}
 		if version < modernVersion || b.Batch {
 			continue

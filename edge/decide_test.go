@@ -219,13 +219,29 @@ func TestDecideHeaders(t *testing.T) {
 		{modern("tools/call", "test_simple_text"), metaCall("2025-11-25"), false},
 		{http.Header{"Mcp-Protocol-Version": {"2025-11-25"}}, metaCall("2026-07-28"), false},
 		{http.Header{"Mcp-Method": {"tools/call"}, "Mcp-Name": {"test_simple_text"}}, metaCall("2026-07-28"), false},
-		{modern("tools/call", "test_simple_text"), strings.Replace(metaCall("2025-11-25"), "protocolVersion", `protocol\u0056ersion`, 1), false},
+		// The version's value may be escaped: every reader decodes it.
+		{modern("tools/call", "test_simple_text"), strings.Replace(metaCall("2026-07-28"), "07-28", `07\u002d28`, 1), true},
 		{modern("tools/call", "test_simple_text"), strings.Replace(metaCall("2026-07-28"), `"2026-07-28"`, `7`, 1), false},
 		{modern("", ""), call, false},
 		{modern("tools/call", ""), call, false},
 		{modern("tools/list", ""), `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, true},
 		{http.Header{"Mcp-Protocol-Version": {"2026-07-28"}}, `[` + call + `]`, true}, // a batch: go-sdk checks no headers either
 		{http.Header{"Mcp-Protocol-Version": {"2025-11-25"}}, call, true},
+	}
+	// The version's key spelled with escapes or in another case: readers
+	// that match raw key bytes, fold case, or decode differ on whether it
+	// is the version, so the body is refused as ambiguous, whatever the
+	// header says.
+	for _, body := range []string{
+		strings.Replace(metaCall("2025-11-25"), "protocolVersion", `protocol\u0056ersion`, 1),
+		strings.Replace(metaCall("2026-07-28"), "protocolVersion", `protocol\u0056ersion`, 1),
+		strings.Replace(metaCall("2026-07-28"), "protocolVersion", `ProtocolVersion`, 1),
+		strings.Replace(metaCall("2026-07-28"), "io.modelcontextprotocol/", `io.modelcontextprotocol\/`, 1),
+	} {
+		d := Decide(rt.route, rt.p, http.MethodPost, modern("tools/call", "test_simple_text"), []byte(body))
+		if d.Allowed() || d.Status != http.StatusBadRequest || d.Reason != "ambiguous_body" {
+			t.Errorf("%s: allowed %v, %d %q, want 400 ambiguous_body", body, d.Allowed(), d.Status, d.Reason)
+		}
 	}
 	for _, tc := range cases {
 		d := Decide(rt.route, rt.p, http.MethodPost, tc.header, []byte(tc.body))

@@ -2,7 +2,6 @@ package edge
 
 import (
 	"fmt"
-	"maps"
 	"net/http"
 	"strings"
 
@@ -164,22 +163,36 @@ type guardWriter struct {
 	own                    []ownHeader // the edge's own headers (isEdgeHeader)
 	wrote                  bool
 	refused                bool // a 401/403/407 was replaced: its body is dropped
-	// sent is the header as it went on with the final status. What the
-	// route sets after it (reverse_proxy copies the server's trailers into
-	// the header map) is put back to it before the handler returns: the
-	// listing filter sends a JSON answer's status only then, and net/http
-	// sends trailers only then.
-	sent http.Header
+	// sent is the header as it went on with the final status (sentBuf
+	// holds it for most answers). What the route sets after it
+	// (reverse_proxy copies the server's trailers into the header map with
+	// Header.Add) is put back to it before the handler returns: the listing
+	// filter sends a JSON answer's status only then, and net/http sends
+	// trailers only then. It shares the value slices: Add and Set after the
+	// status give a key another slice, or grow one past the length kept.
+	sent     []ownHeader
+	snapshot bool
+	sentBuf  [10]ownHeader
+}
+
+// keep records h as it goes on with the final status.
+func (w *guardWriter) keep(h http.Header) {
+	w.sent, w.snapshot = w.sentBuf[:0], true
+	for k, v := range h {
+		w.sent = append(w.sent, ownHeader{k, v[:len(v):len(v)]})
+	}
 }
 
 // restore undoes what was set on the header after the final status.
 func (w *guardWriter) restore() {
-	if w.sent == nil {
+	if !w.snapshot {
 		return
 	}
 	h := w.Header()
 	clear(h)
-	maps.Copy(h, w.sent)
+	for _, c := range w.sent {
+		h[c.name] = c.values
+	}
 }
 
 // dropTrailers removes what would declare trailers: the guarded server's
@@ -240,7 +253,7 @@ func (w *guardWriter) WriteHeader(status int) {
 		h[headerSessionID] = []string{w.g.IDs.Seal(sids[0], w.p.TokenID, w.g.Route)}
 	}
 	w.ResponseWriter.WriteHeader(status)
-	w.sent = h.Clone()
+	w.keep(h)
 }
 
 // replace answers with a JSON-RPC error of the gateway's own instead of
@@ -255,7 +268,7 @@ func (w *guardWriter) replace(status int, msg string) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	w.ResponseWriter.WriteHeader(status)
-	w.sent = h.Clone()
+	w.keep(h)
 	body := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":null,"error":{"code":%d,"message":%q}}`, CodeUpstreamRefused, msg)
 	w.ResponseWriter.Write(body)
 }

@@ -40,7 +40,8 @@ var shapes = []listing{listings["tools/list"], listings["prompts/list"], listing
 
 // listStems are parts of the four list members' names that hold neither s
 // nor k, the letters that fold to a non-ASCII letter (ſ, K): a member
-// spelled in any case, or folded, holds one of them in ASCII.
+// spelled in any case, or folded, holds one of them in ASCII. mayList looks
+// for them.
 var listStems = []string{"tool", "prompt", "ource"}
 
 // Drop reports an answer the listing filter kept from the client.
@@ -99,6 +100,7 @@ type Listing struct {
 	id     []byte      // the raw id of a body's one request, for an error answer
 	onDrop func(Drop)
 	one    [1]requestID // room for the one request of most bodies
+	lw     listingWriter
 }
 
 type requestID struct{ key, method string }
@@ -125,10 +127,12 @@ func NewListing(route Route, p policy.Principal, b *message.Body, onDrop func(Dr
 }
 
 // Wrap returns w with the filter in front of its body. Call the returned
-// close when the route has written all.
+// close when the route has written all. A filter wraps one writer: call
+// Wrap once.
 func (f *Listing) Wrap(w http.ResponseWriter) (http.ResponseWriter, func() error) {
-	lw := &listingWriter{ResponseWriter: w, f: f}
-	return lw, lw.close
+	// The writer lives in the filter: one allocation for both.
+	f.lw = listingWriter{ResponseWriter: w, f: f}
+	return &f.lw, f.lw.close
 }
 
 func (f *Listing) drop(d Drop) {
@@ -276,32 +280,42 @@ func (f *Listing) method(key string) (string, bool) {
 // lists, in any spelling: an escape, or a stem of their names in any case.
 // One that holds neither (most tool results, pings) passes unread.
 func mayList(result []byte) bool {
-	if bytes.IndexByte(result, '\\') >= 0 {
-		return true
-	}
-	for _, stem := range listStems {
-		if containsFold(result, stem) {
+	// One pass over the answer, for an escape or the first letter of a
+	// stem in either case, then the stem itself (listStems, spelled out).
+	for i, c := range result {
+		if c == '\\' {
 			return true
+		}
+		switch c | 0x20 {
+		case 't':
+			if hasFoldAt(result, i, "tool") {
+				return true
+			}
+		case 'p':
+			if hasFoldAt(result, i, "prompt") {
+				return true
+			}
+		case 'o':
+			if hasFoldAt(result, i, "ource") {
+				return true
+			}
 		}
 	}
 	return false
 }
 
-// containsFold reports whether b holds the lower-case ASCII word in any
-// ASCII case, without allocating.
-func containsFold(b []byte, word string) bool {
-	for i := 0; i+len(word) <= len(b); i++ {
-		j := 0
-		for ; j < len(word); j++ {
-			if b[i+j]|0x20 != word[j] {
-				break
-			}
-		}
-		if j == len(word) {
-			return true
+// hasFoldAt reports whether b holds the lower-case ASCII word at i, in any
+// ASCII case.
+func hasFoldAt(b []byte, i int, word string) bool {
+	if len(b)-i < len(word) {
+		return false
+	}
+	for j := 0; j < len(word); j++ {
+		if b[i+j]|0x20 != word[j] {
+			return false
 		}
 	}
-	return false
+	return true
 }
 
 // clip keeps an id of the server's short in the audit log.
@@ -386,8 +400,10 @@ func (w *listingWriter) WriteHeader(status int) {
 			return
 		}
 		if w.sse != nil || w.json {
-			if n, err := strconv.Atoi(w.Header().Get("Content-Length")); w.json && err == nil && n > 0 && n <= maxFilteredBody {
-				w.buf.Grow(n) // the whole answer, without regrowing
+			if cl := w.Header().Get("Content-Length"); w.json && cl != "" {
+				if n, err := strconv.Atoi(cl); err == nil && n > 0 && n <= maxFilteredBody {
+					w.buf.Grow(n) // the whole answer, without regrowing
+				}
 			}
 			w.Header().Del("Content-Length") // the filtered body has another length
 			if enc := w.Header().Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {

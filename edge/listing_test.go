@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -555,4 +556,36 @@ func TestListingMaxListen(t *testing.T) {
 	if len(drops) == 0 || drops[len(drops)-1].Reason != "answer_too_large" {
 		t.Errorf("drops %v", drops)
 	}
+}
+
+// mayListByStems is mayList as its doc says it, stem by stem: an escape, or
+// one of listStems in any ASCII case.
+func mayListByStems(b []byte) bool {
+	if bytes.IndexByte(b, '\\') >= 0 {
+		return true
+	}
+	for _, stem := range listStems {
+		for i := 0; i+len(stem) <= len(b); i++ {
+			if hasFoldAt(b, i, stem) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// mayList's one pass finds what a search for each stem finds.
+func FuzzMayList(f *testing.F) {
+	for _, seed := range []string{
+		`{"content":[{"type":"text","text":"hello"}]}`,
+		`{"tools":[]}`, `{"TOOLS":[]}`, `{"Prompts":[]}`, `{"resourceTemplates":[]}`, `{"RESOURCES":[]}`,
+		`{"n\u0061me":1}`, `tol`, `promp`, `ourc`, `toOl`, `xxxxprompT`, `ource`, `T`, ``,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, want := mayList(b), mayListByStems(b); got != want {
+			t.Fatalf("mayList(%q) = %v, searching stem by stem gives %v", b, got, want)
+		}
+	})
 }

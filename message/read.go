@@ -43,7 +43,18 @@ type Call struct {
 	// InputResponses is set when tools/call params carry inputResponses or
 	// requestState (the 2026-07-28 multi-round-trip tool call).
 	InputResponses bool
+
+	// HasMetaVersion reports whether params._meta has the key
+	// "io.modelcontextprotocol/protocolVersion" (MCP 2026-07-28's
+	// per-request protocol version), and MetaVersion is its value when
+	// that is a non-empty string ("" when it is anything else).
+	HasMetaVersion bool
+	MetaVersion    string
 }
+
+// MetaVersionKey is the _meta key of a 2026-07-28 request's protocol
+// version.
+const MetaVersionKey = "io.modelcontextprotocol/protocolVersion"
 
 // Ref is the reference of a completion/complete: Type "ref/prompt" with the
 // prompt's Name, or "ref/resource" with the resource template's URI.
@@ -258,6 +269,7 @@ var (
 	completionFields = []string{"ref", "_meta"}
 	refFields        = []string{"type", "name", "uri"}
 	metaOnlyFields   = []string{"_meta"}
+	metaFields       = []string{MetaVersionKey}
 	cancelFields     = []string{"requestId", "_meta"}
 	errorFields      = []string{"code", "message", "data"}
 )
@@ -347,6 +359,14 @@ func (r *reader) text(s, e int, fl uint8) string {
 		return "notifications/progress"
 	case "notifications/roots/list_changed":
 		return "notifications/roots/list_changed"
+	case "server/discover":
+		return "server/discover"
+	case "subscriptions/listen":
+		return "subscriptions/listen"
+	case "2026-07-28":
+		return "2026-07-28"
+	case "2025-11-25":
+		return "2025-11-25"
 	default:
 		return string(b)
 	}
@@ -579,7 +599,7 @@ func (r *reader) paramsObject(c *Call, depth int, fields []string) error {
 			err = r.ref(c, depth+1)
 		case "_meta":
 			if r.peek() == '{' {
-				err = r.value(depth + 1)
+				err = r.meta(c, depth+1)
 				c.Meta = r.b[vat:r.i]
 			} else {
 				if r.peek() != 'n' {
@@ -660,6 +680,37 @@ func (r *reader) arguments(c *Call, depth int) error {
 	}
 	c.Arguments = r.b[at:r.i]
 	return nil
+}
+
+// meta reads params._meta, an object, for the protocol version it may
+// carry. It is read here, with the rest of the message, so that the edge
+// checks the version against the header on the reading it decided on.
+func (r *reader) meta(c *Call, depth int) error {
+	it, err := r.openObject(depth + 1)
+	if err != nil {
+		return err
+	}
+	for {
+		k, more, err := r.nextKey(&it)
+		if err != nil {
+			return err
+		}
+		if !more {
+			return nil
+		}
+		if r.field(k, metaFields) == MetaVersionKey {
+			c.HasMetaVersion = true
+			var ok bool
+			if c.MetaVersion, ok, err = r.strValue(depth + 1); !ok {
+				c.MetaVersion = ""
+			}
+		} else {
+			err = r.value(depth + 1)
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 // ref reads completion/complete params.ref.

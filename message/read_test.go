@@ -671,3 +671,41 @@ func TestReadAnswer(t *testing.T) {
 		t.Errorf("Read took a non-canonical id: %v", err)
 	}
 }
+
+// The protocol version a 2026-07-28 request carries in params._meta is read
+// with the rest of the message, on any method, and its key is refused when
+// a reader could take another key for it.
+func TestReadMetaVersion(t *testing.T) {
+	const key = `"io.modelcontextprotocol/protocolVersion"`
+	for _, c := range []struct {
+		body    string
+		present bool
+		version string
+	}{
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","_meta":{` + key + `:"2026-07-28"}}}`, true, "2026-07-28"},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"progressToken":1,` + key + `:"2026-07-28","x":{}}}}`, true, "2026-07-28"},
+		{`{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"p","_meta":{` + key + `:"2026\u002d07-28"}}}`, true, "2026-07-28"},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","_meta":{` + key + `:7}}}`, true, ""},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","_meta":{` + key + `:""}}}`, true, ""},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","_meta":{"other":"2026-07-28"}}}`, false, ""},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","_meta":null}}`, false, ""},
+		{`{"jsonrpc":"2.0","id":1,"method":"ping"}`, false, ""},
+	} {
+		b, err := Read([]byte(c.body))
+		if err != nil {
+			t.Fatalf("%s: %v", c.body, err)
+		}
+		if got := b.Calls[0]; got.HasMetaVersion != c.present || got.MetaVersion != c.version {
+			t.Errorf("%s: read %v %q, want %v %q", c.body, got.HasMetaVersion, got.MetaVersion, c.present, c.version)
+		}
+	}
+	for _, body := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","_meta":{"io.modelcontextprotocol/protocol\u0056ersion":"2026-07-28"}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"IO.modelcontextprotocol/protocolVersion":"2026-07-28"}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{` + key + `:"2026-07-28",` + key + `:"2025-11-25"}}}`,
+	} {
+		if _, err := Read([]byte(body)); !errors.Is(err, ErrAmbiguous) {
+			t.Errorf("%s: %v, want ErrAmbiguous", body, err)
+		}
+	}
+}
