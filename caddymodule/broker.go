@@ -132,7 +132,7 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 		return err
 	}
 	h.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt,
-		SharedParams: h.sharedParams("params|broker|" + u.Name + "|" + u.URL)}
+		SharedParams: h.sharedParams(ctx, "params|broker|"+u.Name+"|"+u.URL)}
 	return nil
 }
 
@@ -220,7 +220,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	h.aggregate = agg
 	liveAggregates.add(agg)
 	h.route = &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows,
-		SharedParams: h.sharedParams("params|aggregate|" + h.Prefix + "|" + strings.Join(h.Aggregate, ","))}
+		SharedParams: h.sharedParams(ctx, "params|aggregate|"+h.Prefix+"|"+strings.Join(h.Aggregate, ","))}
 	return nil
 }
 

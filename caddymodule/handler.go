@@ -286,7 +286,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		// Sealed ids name the site by its resource, so one guarded site's
 		// id opens on no other with another resource.
 		h.route = &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders, IDs: ids, Route: "guard:" + h.Resource,
-			SharedParams: h.sharedParams("params|guard|" + h.Resource)}
+			SharedParams: h.sharedParams(ctx, "params|guard|"+h.Resource)}
 		if h.Guard.MaxResponse < 0 {
 			return fmt.Errorf("guard max_response %d is negative; give a size such as 16MiB", h.Guard.MaxResponse)
 		}

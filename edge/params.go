@@ -8,9 +8,11 @@ import (
 	"math"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/message"
 )
@@ -42,18 +44,44 @@ const (
 // (it has not seen the tool listed on this route since it started), or
 // the tool declares no such binding. It is bounded (maxParamTools), and
 // its zero value is ready to use.
+//
+// Replicas share what they learn (see Export and Merge): a client whose
+// tools/list went to one replica may send its tools/call to another.
 type ParamHeaders struct {
-	mu    sync.RWMutex
-	tools map[string]toolParams
+	mu       sync.RWMutex
+	tools    map[string]toolParams
+	onChange func()
 }
 
 // toolParams are one tool's bindings. invalid marks a tool whose
 // annotations go-sdk's client would reject (it drops such a tool from
-// tools/list): no Mcp-Param-* header is accepted for it.
+// tools/list): no Mcp-Param-* header is accepted for it. at is when they
+// were learned (Unix nanoseconds): of two replicas' readings of a tool,
+// the later one holds.
 type toolParams struct {
 	bindings []paramBinding
 	invalid  bool
+	at       int64
 }
+
+// same reports whether tp and o bind the same headers to the same
+// arguments.
+func (tp toolParams) same(o toolParams) bool {
+	if tp.invalid != o.invalid || len(tp.bindings) != len(o.bindings) {
+		return false
+	}
+	for i, b := range tp.bindings {
+		if b.header != o.bindings[i].header || !slices.Equal(b.path, o.bindings[i].path) {
+			return false
+		}
+	}
+	return true
+}
+
+// OnChange sets fn, called (without the store's lock held) each time a
+// listing changes what the store holds of a tool; Merge does not call it.
+// Set it before the store is used.
+func (ph *ParamHeaders) OnChange(fn func()) { ph.onChange = fn }
 
 // paramBinding maps a (possibly nested) argument to its header, by the
 // header's canonical name.
@@ -91,14 +119,114 @@ func (ph *ParamHeaders) learn(tool string, schema json.RawMessage) {
 	}
 	tp := parseParams(schema)
 	ph.mu.Lock()
-	defer ph.mu.Unlock()
-	if _, known := ph.tools[tool]; !known && len(ph.tools) >= maxParamTools {
+	old, known := ph.tools[tool]
+	switch {
+	case known && old.same(tp):
+		ph.mu.Unlock()
+		return
+	case !known && len(ph.tools) >= maxParamTools:
+		ph.mu.Unlock()
 		return
 	}
 	if ph.tools == nil {
 		ph.tools = make(map[string]toolParams)
 	}
+	tp.at = time.Now().UnixNano()
 	ph.tools[tool] = tp
+	ph.mu.Unlock()
+	if ph.onChange != nil {
+		ph.onChange()
+	}
+}
+
+// sharedParams is the form in which Export and Merge carry a store.
+type sharedParams struct {
+	Tools map[string]sharedTool `json:"tools"`
+}
+
+type sharedTool struct {
+	At       int64           `json:"at"`
+	Invalid  bool            `json:"invalid,omitempty"`
+	Bindings []sharedBinding `json:"bindings,omitempty"`
+}
+
+type sharedBinding struct {
+	Path   []string `json:"path"`
+	Header string   `json:"header"`
+}
+
+// Export returns what the store holds, for Merge on another replica.
+func (ph *ParamHeaders) Export() []byte {
+	ph.mu.RLock()
+	out := sharedParams{Tools: make(map[string]sharedTool, len(ph.tools))}
+	for name, tp := range ph.tools {
+		st := sharedTool{At: tp.at, Invalid: tp.invalid}
+		for _, b := range tp.bindings {
+			st.Bindings = append(st.Bindings, sharedBinding{Path: b.path, Header: b.header})
+		}
+		out.Tools[name] = st
+	}
+	ph.mu.RUnlock()
+	b, _ := json.Marshal(out)
+	return b
+}
+
+// Merge takes in what another replica's store exported: each tool this
+// store does not know, or learned before the other did. A tool whose
+// bindings break this package's rules (a header that is no canonical
+// Mcp-Param- name, two for one header, past the bounds) is skipped and
+// counted in skipped; data that is not an export is an error, and changes
+// nothing.
+func (ph *ParamHeaders) Merge(data []byte) (skipped int, err error) {
+	var in sharedParams
+	if err := json.Unmarshal(data, &in); err != nil {
+		return 0, fmt.Errorf("not an export of x-mcp-header bindings: %w", err)
+	}
+	ph.mu.Lock()
+	defer ph.mu.Unlock()
+	for name, st := range in.Tools {
+		tp, ok := st.params()
+		if name == "" || !ok {
+			skipped++
+			continue
+		}
+		old, known := ph.tools[name]
+		switch {
+		case known && old.at >= tp.at:
+			continue
+		case !known && len(ph.tools) >= maxParamTools:
+			skipped++
+			continue
+		}
+		if ph.tools == nil {
+			ph.tools = make(map[string]toolParams)
+		}
+		ph.tools[name] = tp
+	}
+	return skipped, nil
+}
+
+// params checks a shared tool by the rules learn keeps, and returns it.
+func (st sharedTool) params() (toolParams, bool) {
+	tp := toolParams{invalid: st.Invalid, at: st.At}
+	if st.Invalid {
+		return tp, len(st.Bindings) == 0
+	}
+	if len(st.Bindings) > maxParamBindings {
+		return tp, false
+	}
+	seen := map[string]bool{}
+	for _, b := range st.Bindings {
+		name, ok := strings.CutPrefix(b.Header, paramHeaderPrefix)
+		if !ok || !validHeaderName(name) || textproto.CanonicalMIMEHeaderKey(b.Header) != b.Header ||
+			seen[strings.ToLower(name)] || len(b.Path) == 0 || len(b.Path) > maxParamDepth {
+			return tp, false
+		}
+		seen[strings.ToLower(name)] = true
+		tp.bindings = append(tp.bindings, paramBinding{path: slices.Clone(b.Path), header: b.Header})
+	}
+	slices.SortFunc(tp.bindings, func(a, b paramBinding) int { return strings.Compare(a.header, b.header) })
+	return tp, true
 }
 
 // schemaProperty is what of an inputSchema property the bindings need, as
@@ -128,6 +256,9 @@ func parseParams(schema json.RawMessage) toolParams {
 	if !collectParams(s.Properties, nil, 0, seen, &tp.bindings) {
 		return toolParams{invalid: true}
 	}
+	// In one order, whatever the schema's map gave: a listing read again
+	// is the same bindings, and checks report the same header first.
+	slices.SortFunc(tp.bindings, func(a, b paramBinding) int { return strings.Compare(a.header, b.header) })
 	return tp
 }
 

@@ -343,3 +343,90 @@ func TestParamHeadersOfGoSDK(t *testing.T) {
 		t.Errorf("the server took %d calls the edge should have refused", len(seen)-n)
 	}
 }
+
+// What one replica learns of a tool's bindings, another takes in through
+// Export and Merge, and then checks a call's Mcp-Param- headers by it; a
+// later reading holds over an earlier one, and a shared tool that breaks
+// the rules learn keeps is not taken.
+func TestParamHeadersShared(t *testing.T) {
+	p := policy.Principal{TokenID: "t", Name: "all", Kind: policy.KindUser, Scopes: []string{"all"}}
+	all, err := policy.NewScopeMap([]policy.Rule{{Scope: "all", Tools: []string{"*"}, Methods: []string{"*"}}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := &Guard{Scopes: all, SharedParams: new(ParamHeaders)}, &Guard{Scopes: all, SharedParams: new(ParamHeaders)}
+	changes := 0
+	a.SharedParams.OnChange(func() { changes++ })
+	learnThrough(t, a, p, paramTools)
+	if changes != 3 {
+		t.Fatalf("learning a listing of three tools told of %d changes, want 3", changes)
+	}
+	learnThrough(t, a, p, paramTools)
+	if changes != 3 {
+		t.Fatalf("the same listing again told of a change")
+	}
+	header := http.Header{"Mcp-Protocol-Version": {"2026-07-28"}, "Mcp-Method": {"tools/call"}, "Mcp-Name": {"geo"}, "Mcp-Param-Region": {"eu"}}
+	call := geoCall(`{"region":"eu"}`)
+	if d := Decide(b, p, http.MethodPost, header, []byte(call)); d.Allowed() {
+		t.Fatal("a replica that never saw the listing checked the header")
+	}
+	if skipped, err := b.SharedParams.Merge(a.SharedParams.Export()); err != nil || skipped != 0 {
+		t.Fatalf("Merge: %d skipped, %v", skipped, err)
+	}
+	if d := Decide(b, p, http.MethodPost, header, []byte(call)); !d.Allowed() {
+		t.Fatalf("after Merge: %s", d.Message)
+	}
+	if d := Decide(b, p, http.MethodPost, header, []byte(geoCall(`{"region":"us"}`))); d.Allowed() || d.Code != CodeHeaderMismatch {
+		t.Fatalf("after Merge a mismatching header passed: %+v", d.Verdict)
+	}
+	if changes != 3 {
+		t.Fatal("Merge told of a change")
+	}
+
+	// The upstream drops geo's region binding; b reads that listing later
+	// than a read the first: b's reading holds on a, and a's older export
+	// does not undo it on b.
+	relisted := strings.Replace(paramTools, `"region":{"type":"string","x-mcp-header":"Region"}`, `"region":{"type":"string"}`, 1)
+	older := a.SharedParams.Export()
+	learnThrough(t, b, p, relisted)
+	if _, err := b.SharedParams.Merge(older); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.SharedParams.Merge(b.SharedParams.Export()); err != nil {
+		t.Fatal(err)
+	}
+	for name, g := range map[string]*Guard{"a": a, "b": b} {
+		if d := Decide(g, p, http.MethodPost, header, []byte(call)); d.Allowed() {
+			t.Errorf("%s still takes the dropped binding's header", name)
+		}
+	}
+
+	// Shared tools that break the rules are skipped; others are taken.
+	c := new(ParamHeaders)
+	skipped, err := c.Merge([]byte(`{"tools":{
+		"lower":{"at":1,"bindings":[{"path":["x"],"header":"mcp-param-x"}]},
+		"other":{"at":1,"bindings":[{"path":["x"],"header":"Authorization"}]},
+		"twice":{"at":1,"bindings":[{"path":["x"],"header":"Mcp-Param-X"},{"path":["y"],"header":"Mcp-Param-X"}]},
+		"nopath":{"at":1,"bindings":[{"path":[],"header":"Mcp-Param-X"}]},
+		"badname":{"at":1,"bindings":[{"path":["x"],"header":"Mcp-Param-A B"}]},
+		"invalid-with-bindings":{"at":1,"invalid":true,"bindings":[{"path":["x"],"header":"Mcp-Param-X"}]},
+		"":{"at":1},
+		"good":{"at":1,"bindings":[{"path":["x"],"header":"Mcp-Param-X"}]}}}`))
+	if err != nil || skipped != 7 {
+		t.Fatalf("Merge of bad tools: %d skipped, %v; want 7", skipped, err)
+	}
+	if _, known := c.lookup("good"); !known {
+		t.Error("the good tool was not taken")
+	}
+	for _, bad := range []string{"lower", "other", "twice", "nopath", "badname", "invalid-with-bindings"} {
+		if _, known := c.lookup(bad); known {
+			t.Errorf("tool %q was taken", bad)
+		}
+	}
+	if _, err := c.Merge([]byte(`[1,2]`)); err == nil {
+		t.Error("Merge took data that is no export")
+	}
+	if _, known := c.lookup("good"); !known {
+		t.Error("a refused Merge changed the store")
+	}
+}
