@@ -68,17 +68,21 @@ func paramsStorageKey(name string) string {
 	return "zidane/param-bindings/" + hex.EncodeToString(sum[:16])
 }
 
-// Bounds of the sharing: how long one storage operation may take, and how
-// large a shared document may be (4096 tools of 64 bindings are far less).
+// Bounds of the sharing: how long one storage operation may take, how
+// large a shared document may be (a route's tools with a few bindings
+// each are kilobytes), and how often one replica writes it: an upstream
+// that changes its tools on every listing costs NATS at most two writes a
+// second per route.
 const (
 	paramsOpTimeout = 15 * time.Second
-	paramsMaxShared = 16 << 20
+	paramsMaxShared = 4 << 20
+	paramsMinGap    = 500 * time.Millisecond
 )
 
 // shareParams shares ph with every replica on st under key until ctx ends:
 // it takes in what is stored when it starts and each time another replica
 // writes it (a watch), and writes ph, with what is stored merged in, each
-// time ph learns something. Writes are one at a time and after the change
+// time ph learns something (at most once per paramsMinGap). Writes are one at a time and after the change
 // that asked for them, so the last write holds all that was learned
 // before it; two replicas writing at once may each drop what the other
 // just wrote, which the next listing on either writes again. Storage
@@ -137,6 +141,11 @@ func shareParams(ctx context.Context, st *cluster.Storage, key string, ph *edge.
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			log.Warn("sharing the x-mcp-header bindings", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(paramsMinGap):
 		}
 	}
 }
