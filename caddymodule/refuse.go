@@ -30,6 +30,9 @@ const (
 // response.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rf refusal, v edge.Verdict) error {
 	rf.status, rf.reason, rf.message = v.Status, v.Reason, v.Message
+	if v.ToolError {
+		return h.writeToolError(w, rf)
+	}
 	switch {
 	case v.Status == http.StatusUnauthorized:
 		challenge := fmt.Sprintf(`Bearer resource_metadata=%q`, h.metadataURL(r))
@@ -98,6 +101,36 @@ func (h *Handler) writeRefusal(w http.ResponseWriter, rf refusal, code int) erro
 		return caddyhttp.Error(rf.status, err)
 	}
 	return nil
+}
+
+// writeToolError answers a refused tools/call with a tool error: a result
+// whose content says why, with isError set, which the model reads (a
+// JSON-RPC error would read as the gateway failing). It is audited and
+// counted as the other refusals are.
+func (h *Handler) writeToolError(w http.ResponseWriter, rf refusal) error {
+	rf.log(h.audit)
+	metricRequests.WithLabelValues("refused").Inc()
+	metricRefusals.WithLabelValues(rf.reason).Inc()
+	type content struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	body, _ := json.Marshal(struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Result  struct {
+			Content []content `json:"content"`
+			IsError bool      `json:"isError"`
+		} `json:"result"`
+	}{JSONRPC: "2.0", ID: rf.call.ID.Raw(), Result: struct {
+		Content []content `json:"content"`
+		IsError bool      `json:"isError"`
+	}{Content: []content{{Type: "text", Text: rf.message}}, IsError: true}})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_, err := w.Write(body)
+	return err
 }
 
 type rpcError struct {

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -51,6 +52,18 @@ type Aggregate struct {
 	// route learned and refuse its clients' Mcp-Param-* headers until they
 	// list tools again.
 	SharedParams *ParamHeaders
+	// Pins, when set, pins each upstream's tool definitions under the
+	// upstream's name, by the upstream's own name for the tool (see
+	// package pins): the pins the pass-through route keeps.
+	Pins *pins.Store
+}
+
+func (a *Aggregate) toolPin(tool string) (*pins.Store, string, string) {
+	server, name, ok := a.Catalog.ToolServer(tool)
+	if !ok {
+		return nil, "", ""
+	}
+	return a.Pins, server, name
 }
 
 func (a *Aggregate) paramHeaders() *ParamHeaders {

@@ -53,8 +53,9 @@ type Decision struct {
 // Mcp-Name or Mcp-Param-* header says something else than the body (or a
 // 2026-07-28 request lacks them, or its _meta version is not the
 // header's, or the route cannot check a Mcp-Param-* header: see
-// [ParamHeaders]), and
-// whatever the route refuses (403 insufficient_scope, mostly).
+// [ParamHeaders]), a tool error (tool_changed) for a call of a tool whose
+// pinned definition changed (see package pins), and whatever the route
+// refuses (403 insufficient_scope, mostly).
 func Decide(route Route, p policy.Principal, httpMethod string, header http.Header, body []byte) Decision {
 	if v := route.Admit(p); !v.Allowed() {
 		return Decision{Verdict: v}
@@ -75,6 +76,11 @@ func Decide(route Route, p policy.Principal, httpMethod string, header http.Head
 	for _, c := range b.Calls {
 		if v := route.Authorize(p, c); !v.Allowed() {
 			return Decision{Body: b, Verdict: v, Call: c}
+		}
+		if c.IsToolCall() {
+			if v := pinVerdict(route, c.Tool, b.Batch); !v.Allowed() {
+				return Decision{Body: b, Verdict: v, Call: c}
+			}
 		}
 	}
 	return Decision{Body: b}

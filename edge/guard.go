@@ -7,6 +7,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -54,7 +55,13 @@ type Guard struct {
 	// route learned and refuse its clients' Mcp-Param-* headers until they
 	// list tools again.
 	SharedParams *ParamHeaders
+	// Pins, when set, pins the server's tool definitions under the
+	// namespace PinNS (see package pins).
+	Pins  *pins.Store
+	PinNS string
 }
+
+func (g *Guard) toolPin(tool string) (*pins.Store, string, string) { return g.Pins, g.PinNS, tool }
 
 func (g *Guard) paramHeaders() *ParamHeaders {
 	if g.SharedParams != nil {

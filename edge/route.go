@@ -85,6 +85,10 @@ type Verdict struct {
 	Allow string
 	// RetryAfter, when set, is the Retry-After of a 429 or 503.
 	RetryAfter time.Duration
+	// ToolError answers a tools/call with a tool error (a result with
+	// isError, status 200) that carries Message, instead of a JSON-RPC
+	// error: what the model should read.
+	ToolError bool
 }
 
 // Allowed reports whether v allows.

@@ -9,6 +9,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -132,6 +133,13 @@ type Upstream struct {
 	// route learned and refuse its clients' Mcp-Param-* headers until they
 	// list tools again.
 	SharedParams *ParamHeaders
+	// Pins, when set, pins the upstream's tool definitions under its name
+	// (see package pins).
+	Pins *pins.Store
+}
+
+func (u *Upstream) toolPin(tool string) (*pins.Store, string, string) {
+	return u.Pins, u.Config.Name, tool
 }
 
 func (u *Upstream) paramHeaders() *ParamHeaders {

@@ -120,19 +120,6 @@ func (d *document) apply(o op) (*Event, error) {
 	return ev, nil
 }
 
-func (d *document) clone() *document {
-	out := &document{Namespace: d.Namespace, Tools: make(map[string]*record, len(d.Tools))}
-	for k, r := range d.Tools {
-		c := *r
-		if r.Pending != nil {
-			p := *r.Pending
-			c.Pending = &p
-		}
-		out.Tools[k] = &c
-	}
-	return out
-}
-
 // space is one namespace in memory.
 type space struct {
 	mode   Mode
