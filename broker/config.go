@@ -11,6 +11,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -118,6 +119,14 @@ type Upstream struct {
 	// the upstream's origin. Its client_secret, private_key and
 	// idp_client_secret may be ${VAR} placeholders, expanded like headers.
 	OAuth *upstreamauth.Config `json:"oauth,omitempty"`
+
+	// Pin is what the gateway does when one of the upstream's tools
+	// changes its definition after it was first listed (package pins):
+	// "strict" (withhold it until an operator approves), "warn" (let it
+	// through, audited) or "off". Empty means strict for a remote server,
+	// warn for one on loopback or run with stdio. A config from an
+	// untrusted source cannot set it (see PinMode).
+	Pin string `json:"pin,omitempty"`
 
 	// FromUntrusted marks a config that came from a source which must not
 	// read this process's environment, such as a file a session supplied:
@@ -302,10 +311,34 @@ func (u Upstream) Validate() error {
 	if u.MaxResponse < 0 {
 		return fmt.Errorf("%s: max_response %d is negative; give a positive size such as 16MiB, or leave it out for the default", where, u.MaxResponse)
 	}
+	if u.Pin != "" {
+		if _, err := pins.ParseMode(u.Pin); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+	}
 	if u.Timeout < 0 {
 		return fmt.Errorf("%s: timeout %v is negative; give a positive duration, or leave it out for the default", where, u.Timeout)
 	}
 	return nil
+}
+
+// PinMode is the upstream's pin mode: Pin, or its default (strict for a
+// remote server, warn for one on loopback or run with stdio). A config
+// from an untrusted source gets the default, whatever it says: a session
+// that supplies a server must not turn the check of that server off.
+func (u Upstream) PinMode() pins.Mode {
+	if u.Pin != "" && !u.FromUntrusted {
+		if m, err := pins.ParseMode(u.Pin); err == nil {
+			return m
+		}
+	}
+	if u.Transport == TransportStdio {
+		return pins.Warn
+	}
+	if parsed, err := url.Parse(u.URL); err == nil && !HasPlaceholder(u.URL) && pinnedfetch.IsLoopbackHost(parsed.Hostname()) {
+		return pins.Warn
+	}
+	return pins.Strict
 }
 
 // Endpoint parses the URL of an http or sse upstream and applies the

@@ -133,6 +133,8 @@ type App struct {
 
 	tokens     *tokenState
 	tokensKey  string
+	pins       *pinsState // the pinned tool definitions (package pins)
+	pinsKey    string
 	storage    storage.Storage // the configured storage (Caddy's)
 	upstreams  map[string]broker.Upstream
 	oauth      map[string]*upstreamauth.Client // by upstream name
@@ -208,6 +210,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return err
 	}
 	a.tokens, a.tokensKey = ts, key
+	if a.pins, a.pinsKey, err = loadPins(st); err != nil {
+		return err
+	}
 	a.storage = st
 	a.ctx = ctx
 	if a.actionsKey, err = provisionActions(st); err != nil {
@@ -268,6 +273,9 @@ func (a *App) Cleanup() error {
 	a.cleanupOAuth()
 	if a.actionsKey != "" {
 		_, _ = actionsPool.Delete(a.actionsKey)
+	}
+	if a.pinsKey != "" {
+		_, _ = pinsPool.Delete(a.pinsKey)
 	}
 	if a.tokensKey != "" {
 		_, err := tokenPool.Delete(a.tokensKey)

@@ -21,6 +21,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -132,7 +133,7 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 		return err
 	}
 	h.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt,
-		SharedParams: h.sharedParams(ctx, "params|broker|"+u.Name+"|"+u.URL)}
+		SharedParams: h.sharedParams(ctx, "params|broker|"+u.Name+"|"+u.URL), Pins: h.openPins(ctx, u.Name, u.PinMode())}
 	return nil
 }
 
@@ -219,8 +220,14 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	}
 	h.aggregate = agg
 	liveAggregates.add(agg)
+	var store *pins.Store
+	for _, name := range h.Aggregate {
+		if u, ok := app.Upstream(name); ok {
+			store = h.openPins(ctx, name, u.PinMode())
+		}
+	}
 	h.route = &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows,
-		SharedParams: h.sharedParams(ctx, "params|aggregate|"+h.Prefix+"|"+strings.Join(h.Aggregate, ","))}
+		SharedParams: h.sharedParams(ctx, "params|aggregate|"+h.Prefix+"|"+strings.Join(h.Aggregate, ",")), Pins: store}
 	return nil
 }
 

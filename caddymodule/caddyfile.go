@@ -17,6 +17,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -107,6 +108,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 						return d.Errf("guard max_response %q: give a size such as 16MiB, at most 1TiB", v)
 					}
 					h.Guard.MaxResponse = int64(n)
+				case "pin":
+					if !d.Args(&h.Guard.Pin) || d.NextArg() {
+						return d.Err("pin takes one value: strict, warn or off")
+					}
+					if _, err := pins.ParseMode(h.Guard.Pin); err != nil {
+						return d.Errf("guard %v", err)
+					}
 				default:
 					return d.Errf("unknown guard option %q", d.Val())
 				}
@@ -635,6 +643,12 @@ func parseUpstream(d *caddyfile.Dispenser) (broker.Upstream, error) {
 			u.Transport, err = one()
 		case "scope":
 			u.Scope, err = one()
+		case "pin":
+			if u.Pin, err = one(); err == nil {
+				if _, perr := pins.ParseMode(u.Pin); perr != nil {
+					return u, d.Errf("upstream %s: %v", u.Name, perr)
+				}
+			}
 		case "header", "env":
 			if len(args) != 2 {
 				return u, d.Errf("upstream %s: %s takes a name and a value", u.Name, opt)

@@ -1,8 +1,10 @@
 package caddymodule
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
@@ -52,7 +54,12 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 		if err != nil {
 			return nil, err
 		}
-		routes[name] = &egressRoute{pt: pt, route: &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt}}
+		// The sessions' view of the upstream is pinned as every route's
+		// is: an agent reads tool descriptions as instructions too.
+		octx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		a.pins.open(octx, name, u.PinMode())
+		cancel()
+		routes[name] = &egressRoute{pt: pt, route: &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt, Pins: a.pins.store}}
 	}
 	return routes, nil
 }

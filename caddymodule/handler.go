@@ -23,6 +23,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
 )
@@ -109,6 +110,7 @@ type Handler struct {
 	ipv6Prefix int // the prefix length by which ipLimit keys IPv6 clients
 	limitKey   string
 	paramsKey  string // this handler's hold on paramsPool
+	pinNS      []string // the pin namespaces this handler opened
 	jwt        *policy.JWTVerifier
 	resURL     *url.URL // absolute when configured so, else path only
 	// route is this site's mode; egress, in sessions mode, the routes of
@@ -144,6 +146,12 @@ type Guard struct {
 	// the answer is ended. A GET stream is bounded per event (8 MiB).
 	// Default: 16 MiB.
 	MaxResponse int64 `json:"max_response,omitempty"`
+
+	// Pin is what the guard does when one of the server's tools changes
+	// its definition after it was first listed (package pins): "strict"
+	// (the default: withhold it until an operator approves), "warn" or
+	// "off".
+	Pin string `json:"pin,omitempty"`
 }
 
 // RateLimit configures the token buckets.
@@ -285,8 +293,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		// Sealed ids name the site by its resource, so one guarded site's
 		// id opens on no other with another resource.
+		mode := pins.Strict
+		if h.Guard.Pin != "" {
+			if mode, err = pins.ParseMode(h.Guard.Pin); err != nil {
+				return fmt.Errorf("guard %w", err)
+			}
+		}
+		ns := "guard:" + h.Resource
 		h.route = &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders, IDs: ids, Route: "guard:" + h.Resource,
-			SharedParams: h.sharedParams(ctx, "params|guard|"+h.Resource)}
+			SharedParams: h.sharedParams(ctx, "params|guard|"+h.Resource), Pins: h.openPins(ctx, ns, mode), PinNS: ns}
 		if h.Guard.MaxResponse < 0 {
 			return fmt.Errorf("guard max_response %d is negative; give a size such as 16MiB", h.Guard.MaxResponse)
 		}
@@ -325,6 +340,7 @@ func (h *Handler) Cleanup() error {
 	if h.paramsKey != "" {
 		_, _ = paramsPool.Delete(h.paramsKey)
 	}
+	h.closePins()
 	if h.limitKey != "" {
 		_, err = limiterPool.Delete(h.limitKey)
 	}

@@ -415,6 +415,12 @@ func badConfigs(fx configFixtures) []badConfig {
 	cases = append(cases, sizeCases("zidane_mcp guard max_response", func(l string) string { return mcpBlock("guard {\n" + l + "\n}") }, "max_response", "16MiB")...)
 	cases = append(cases, sizeCases("zidane upstream max_response", func(l string) string { return upstreamBlock(l) }, "max_response", "16MiB")...)
 	cases = append(cases, sizeCases("zidane max_inflight_response", func(l string) string { return zidaneBlock(l) }, "max_inflight_response", "256MiB")...)
+	cases = append(cases,
+		c("zidane_mcp guard pin", "an unknown mode", mcpBlock("guard {\npin loose\n}"), "use strict, warn or off"),
+		c("zidane_mcp guard pin", labelEmpty, mcpBlock("guard {\npin\n}"), "pin takes one value"),
+		c("zidane upstream pin", "an unknown mode", upstreamBlock("pin loose"), "use strict, warn or off"),
+		c("zidane upstream pin", labelEmpty, upstreamBlock("pin"), "pin takes one value"),
+	)
 	ipv6 := func(v string) string { return guarded("rate_limit {\nipv6_prefix " + v + "\n}") }
 	cases = append(cases,
 		c("zidane_mcp rate_limit ipv6_prefix", labelZero, ipv6("0"), "1 to 128"),

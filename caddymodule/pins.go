@@ -1,0 +1,158 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/pins"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
+)
+
+// pinsPool holds one pin store per storage backend, across reloads: the
+// changes it has not written yet, and its namespaces' watches, outlive a
+// config.
+var pinsPool = caddy.NewUsagePool()
+
+// pinsState is a pooled pin store and the loop that writes it.
+type pinsState struct {
+	store  *pins.Store
+	cancel context.CancelFunc
+	done   chan struct{}
+	cs     *cluster.Storage // set on NATS storage: namespaces are watched
+
+	mu      sync.Mutex
+	watched map[string]context.CancelFunc
+}
+
+// pinsFlushFor bounds how long a stopping server spends writing the pins
+// it has not written yet.
+const pinsFlushFor = 10 * time.Second
+
+func (p *pinsState) Destruct() error {
+	p.mu.Lock()
+	for _, stop := range p.watched {
+		stop()
+	}
+	p.mu.Unlock()
+	p.cancel()
+	<-p.done
+	return nil
+}
+
+// loadPins returns the pooled pin store of st; release it with
+// pinsPool.Delete(key).
+func loadPins(st storage.Storage) (*pinsState, string, error) {
+	key := "pins|" + storageKey(st)
+	v, _, err := pinsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
+		log := slog.New(zapslog.NewHandler(auditLogger().Core())).With("logger", "pins")
+		ctx, cancel := context.WithCancel(context.Background())
+		p := &pinsState{store: pins.NewStore(st, log, auditPinEvent), cancel: cancel, done: make(chan struct{}), watched: map[string]context.CancelFunc{}}
+		p.cs, _ = st.(*cluster.Storage)
+		go func() {
+			defer close(p.done)
+			p.store.Run(ctx, pinsFlushFor)
+		}()
+		return p, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return v.(*pinsState), key, nil
+}
+
+// open opens namespace ns with mode for a route. On NATS storage the
+// namespace is watched, so an approval on another replica is in force here
+// as soon as it is written.
+func (p *pinsState) open(ctx context.Context, ns string, mode pins.Mode) {
+	if err := p.store.Open(ctx, ns, mode); err != nil {
+		// The namespace withholds what it cannot check until the store's
+		// loop reads it (strict) or lets it through (warn).
+		auditLogger().Error("reading tool pins; tools of this namespace are withheld (pin strict) until they are read",
+			zap.String("namespace", ns), zap.Error(err))
+	}
+	if p.cs == nil || mode == pins.Off {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.watched[ns]; ok {
+		return
+	}
+	wctx, stop := context.WithCancel(context.Background())
+	p.watched[ns] = stop
+	go p.cs.Watch(wctx, pins.Key(ns), func() {
+		rctx, cancel := context.WithTimeout(wctx, 15*time.Second)
+		defer cancel()
+		if err := p.store.Reload(rctx, ns); err != nil && wctx.Err() == nil {
+			auditLogger().Warn("reading tool pins after another replica wrote them", zap.String("namespace", ns), zap.Error(err))
+		}
+	})
+}
+
+// auditPinEvent writes a change to the pins as one audit line.
+func auditPinEvent(ev pins.Event) {
+	l := auditLogger()
+	fields := []zap.Field{
+		zap.String("event", "tool_"+ev.Kind),
+		zap.String("namespace", ev.Namespace),
+		zap.String("tool", ev.Tool),
+		zap.String("new_digest", ev.New),
+	}
+	if ev.Old != "" {
+		fields = append(fields, zap.String("old_digest", ev.Old))
+	}
+	if len(ev.Diff) > 0 {
+		fields = append(fields, zap.Strings("changed_fields", pins.ChangedFields(ev.Diff)))
+		diff, _ := json.Marshal(clipDiff(ev.Diff))
+		fields = append(fields, zap.String("diff", string(diff)))
+	}
+	switch ev.Kind {
+	case "changed":
+		l.Warn("a tool's definition changed since it was pinned", fields...)
+	case "pinned":
+		l.Info("a tool's definition was pinned", fields...)
+	default:
+		l.Info("a tool's pin changed", fields...)
+	}
+}
+
+// clipDiff keeps each field of a diff in the audit line under 2 KiB; the
+// whole is in `caddy zidane tools diff`.
+func clipDiff(d []pins.FieldDiff) []pins.FieldDiff {
+	const max = 2 << 10
+	clip := func(b json.RawMessage) json.RawMessage {
+		if len(b) <= max {
+			return b
+		}
+		s, _ := json.Marshal(string(b[:max]) + "…")
+		return s
+	}
+	out := make([]pins.FieldDiff, len(d))
+	for i, f := range d {
+		out[i] = pins.FieldDiff{Field: f.Field, Old: clip(f.Old), New: clip(f.New)}
+	}
+	return out
+}
+
+// openPins opens namespace ns for this handler's route and returns the
+// store; closePins releases what it opened.
+func (h *Handler) openPins(ctx context.Context, ns string, mode pins.Mode) *pins.Store {
+	h.app.pins.open(ctx, ns, mode)
+	h.pinNS = append(h.pinNS, ns)
+	return h.app.pins.store
+}
+
+func (h *Handler) closePins() {
+	for _, ns := range h.pinNS {
+		h.app.pins.store.Close(ns)
+	}
+	h.pinNS = nil
+}
