@@ -119,6 +119,9 @@ func (h *Handler) auditDrop(r *http.Request, p policy.Principal, d edge.Drop) {
 		zap.String("client_ip", clientIP(r)),
 		zap.String("http_method", r.Method),
 	}
+	if d.Item != "" {
+		fields = append(fields, zap.String("item", d.Item))
+	}
 	if d.ID != "" {
 		fields = append(fields, zap.String("rpc_id", d.ID))
 	}

@@ -50,11 +50,15 @@ type Drop struct {
 	// of the request's), ambiguous_answer (an answer that two readers could
 	// read differently, by its body or its Content-Type, or that is not a
 	// JSON-RPC message),
-	// answer_too_large, or encoded_answer (a compressed answer, which the
-	// filter cannot read).
+	// answer_too_large, encoded_answer (a compressed answer, which the
+	// filter cannot read), or duplicate_item (a listing that holds two
+	// items of one name: both are kept from the client, the rest of the
+	// answer goes).
 	Reason string
 	// ID is the answer's id, when it could be read.
 	ID string
+	// Item is the name of a duplicate_item.
+	Item string
 }
 
 // Listing is the filter in front of every answer the edge passes back: it
@@ -232,10 +236,33 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 		}
 		kept := make([]json.RawMessage, 0, len(items))
 		params := paramsOf(f.route)
+		type entry struct {
+			raw   json.RawMessage
+			named map[string]json.RawMessage
+			name  string
+		}
+		entries := make([]entry, 0, len(items))
+		count := make(map[string]int, len(items))
 		for _, it := range items {
 			var named map[string]json.RawMessage
 			var name string
 			if json.Unmarshal(it, &named) != nil || json.Unmarshal(named[l.named], &name) != nil {
+				continue
+			}
+			entries = append(entries, entry{it, named, name})
+			count[name]++
+		}
+		for _, e := range entries {
+			it, named, name := e.raw, e.named, e.name
+			if count[name] > 1 {
+				// Two items of one name: clients keep the first or the
+				// last, and the pin and the scopes decide on one of them.
+				// Neither goes out.
+				f.drop(Drop{Reason: "duplicate_item", ID: clip(c.ID.String()), Item: clip(name)})
+				count[name] = -1 // one audit line for the name
+				continue
+			}
+			if count[name] < 0 {
 				continue
 			}
 			if learn && l.kind == KindTool {

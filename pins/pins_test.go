@@ -3,6 +3,7 @@ package pins
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -280,5 +281,38 @@ func TestUnreadablePinsWithhold(t *testing.T) {
 	}
 	if err := s.Reload(ctx, "up"); err == nil {
 		t.Fatal("another namespace's pins were read")
+	}
+}
+
+// A namespace holds at most maxHeld bytes of definitions: an upstream that
+// lists ever more large tools gets the ones past it withheld (strict), not
+// pinned, and this process's memory stays bounded.
+func TestHeldDefinitionsAreBounded(t *testing.T) {
+	st := &certmagic.FileStorage{Path: t.TempDir()}
+	s := newStore(t, st, &events{}, "up", Strict)
+	desc := strings.Repeat("d", MaxDefinition-1024)
+	shown, refused := 0, 0
+	for i := range 3 * maxHeld / MaxDefinition {
+		name := fmt.Sprintf("t%03d", i)
+		v, _ := s.Listed("up", name, tool(t, `{"name":"`+name+`","description":"`+desc+`"}`))
+		switch v {
+		case Shown:
+			shown++
+		case Unpinnable:
+			refused++
+		}
+	}
+	if refused == 0 || shown*MaxDefinition > maxHeld+MaxDefinition {
+		t.Fatalf("%d shown, %d refused: the bound did not hold", shown, refused)
+	}
+	s.mu.Lock()
+	held := s.spaces["up"].doc.bytes
+	s.mu.Unlock()
+	if held > maxHeld {
+		t.Fatalf("%d bytes held, over %d", held, maxHeld)
+	}
+	s.flush(context.Background())
+	if data, err := st.Load(context.Background(), Key("up")); err != nil || len(data) > maxDocument {
+		t.Fatalf("stored %d bytes (%v)", len(data), err)
 	}
 }

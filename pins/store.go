@@ -36,6 +36,36 @@ type pending struct {
 type document struct {
 	Namespace string             `json:"namespace"`
 	Tools     map[string]*record `json:"tools"`
+	// bytes counts the definitions held, against maxHeld.
+	bytes int
+}
+
+// maxHeld bounds the definitions one namespace holds, pinned and pending,
+// in memory and so in storage (where JSON's escapes may double them).
+const maxHeld = maxDocument / 2
+
+func (d Definition) size() int {
+	n := len(d.Digest)
+	for f, v := range d.Fields {
+		n += len(f) + len(v)
+	}
+	return n
+}
+
+func (r *record) size() int {
+	n := r.Pinned.size()
+	if r.Pending != nil {
+		n += r.Pending.size()
+	}
+	return n
+}
+
+// recount sets d.bytes from what d holds.
+func (d *document) recount() {
+	d.bytes = 0
+	for _, r := range d.Tools {
+		d.bytes += r.size()
+	}
 }
 
 // Event is one change to a namespace's pins, reported once, by the
@@ -83,14 +113,19 @@ func (d *document) apply(o op) (*Event, error) {
 	}
 	rec := d.Tools[o.tool]
 	ev := &Event{Namespace: d.Namespace, Tool: o.tool}
+	if rec != nil {
+		d.bytes -= rec.size()
+		defer func() { d.bytes += d.Tools[o.tool].size() }()
+	}
 	switch o.kind {
 	case opSeen:
 		switch {
 		case rec == nil:
-			if len(d.Tools) >= MaxTools {
+			if len(d.Tools) >= MaxTools || d.bytes+o.def.size() > maxHeld {
 				return nil, nil
 			}
 			d.Tools[o.tool] = &record{Pinned: o.def, PinnedAt: o.at}
+			d.bytes += o.def.size()
 			ev.Kind, ev.New = "pinned", o.def.Digest
 		case rec.Pinned.Digest == o.def.Digest:
 			if rec.Pending == nil {
@@ -99,6 +134,10 @@ func (d *document) apply(o op) (*Event, error) {
 			ev.Kind, ev.Old, ev.New = "reverted", rec.Pending.Digest, o.def.Digest
 			rec.Pending = nil
 		case rec.Pending != nil && rec.Pending.Digest == o.def.Digest:
+			return nil, nil
+		case d.bytes+rec.Pinned.size()+o.def.size() > maxHeld:
+			// No room to hold the change: the pin stays, and the tool
+			// differs from it, so strict mode withholds it.
 			return nil, nil
 		default:
 			rec.Pending = &pending{Definition: o.def, Seen: o.at}
@@ -214,6 +253,7 @@ func (s *Store) load(ctx context.Context, ns string) error {
 		}
 	}
 	doc.Namespace = ns
+	doc.recount()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sp := s.spaces[ns]
@@ -423,6 +463,7 @@ func (s *Store) update(ctx context.Context, ns string, ops []op) (*document, []E
 			if doc.Namespace != ns {
 				return nil, fmt.Errorf("the stored pins are %q's (nothing was written)", doc.Namespace)
 			}
+			doc.recount()
 		}
 		var firstErr error
 		for _, o := range ops {
