@@ -51,6 +51,8 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/zidane/tokens/", Handler: a.keyed(a.handleTokens)},
 		{Pattern: "/zidane/upstreams", Handler: a.keyed(a.handleUpstreams)},
 		{Pattern: "/zidane/upstreams/", Handler: a.keyed(a.handleUpstreamRestart)},
+		{Pattern: "/zidane/tools", Handler: a.keyed(a.handleTools)},
+		{Pattern: "/zidane/tools/", Handler: a.keyed(a.handleTools)},
 	}
 }
 

@@ -109,7 +109,7 @@ type Handler struct {
 	ipLimit    *policy.Limiter
 	ipv6Prefix int // the prefix length by which ipLimit keys IPv6 clients
 	limitKey   string
-	paramsKey  string // this handler's hold on paramsPool
+	paramsKey  string   // this handler's hold on paramsPool
 	pinNS      []string // the pin namespaces this handler opened
 	jwt        *policy.JWTVerifier
 	resURL     *url.URL // absolute when configured so, else path only
