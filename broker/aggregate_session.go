@@ -525,6 +525,9 @@ func (a *Aggregate) unreachable(up *aggUpstream, err error) *mcp.CallToolResult 
 func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		start := time.Now()
+		if req.Extra != nil {
+			ctx = TraceFromHeader(ctx, req.Extra.Header)
+		}
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: orig}
 		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
 		c, release, err := a.conn(ctx, req.Session, up)

@@ -251,7 +251,7 @@ func connHTTPClient(n, e Upstream, opts ConnOptions) (*http.Client, error) {
 	return &http.Client{
 		// Every answer is bounded by max_response and the budget, under
 		// whatever reads it (go-sdk's transports, the fast path).
-		Transport: newAnswerLimit(&originGuard{upstream: n.Name, origin: pinnedfetch.Origin(endpoint), next: pinned.Transport},
+		Transport: newAnswerLimit(&traceTransport{upstream: n.Name, next: &originGuard{upstream: n.Name, origin: pinnedfetch.Origin(endpoint), next: pinned.Transport}},
 			n.Name, n.MaxResponse, opts.AnswerBudget),
 		CheckRedirect: pinned.CheckRedirect,
 		// No Timeout: it would cut SSE streams. Requests are bounded by
@@ -341,7 +341,7 @@ func newUpstreamTransports(n, e Upstream, opts ConnOptions, logger *slog.Logger)
 			return nil, err
 		}
 		t.limit = hc.Transport.(*answerLimit)
-		t.http, t.guard = hc, t.limit.next.(*originGuard)
+		t.http, t.guard = hc, t.limit.next.(*traceTransport).next.(*originGuard)
 	case TransportStdio:
 		if v, ok := firstPlaceholder(e.Command); ok {
 			return nil, fmt.Errorf("%s: command still holds the placeholder for %s: set %s in the environment of the Caddy process", describe(n), v, v)

@@ -182,7 +182,7 @@ func NewPassThrough(u Upstream, opts PassThroughOptions) (*PassThrough, error) {
 	}
 	// A JSON answer is held whole and an event until it is whole (see
 	// answer and relayEvents): max_response and the budget bound both.
-	client.Transport = newAnswerLimit(client.Transport, n.Name, n.MaxResponse, opts.AnswerBudget)
+	client.Transport = &traceTransport{upstream: n.Name, next: newAnswerLimit(client.Transport, n.Name, n.MaxResponse, opts.AnswerBudget)}
 	return &PassThrough{
 		name:          n.Name,
 		route:         cmp.Or(opts.Route, "broker:"+n.Name),

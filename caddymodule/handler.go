@@ -441,6 +441,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, r, rf, v)
 	}
 	rf.p = p
+	tr := traceSteps(r)
+	if tr.on() {
+		tr.event("auth", "allowed", "", principalAttrs(p)...)
+	}
 
 	// 3. Read the message once; 4. authorize it.
 	if v := edge.CheckRequest(r); !v.Allowed() {
@@ -459,6 +463,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		rf.call = d.Call
 		return h.refuse(w, r, rf, d.Verdict)
 	}
+	if tr.on() {
+		tr.event("inspect", "allowed", "", callAttrs(d.Body)...)
+		tr.event("decide", "allowed", "", callAttrs(d.Body)...)
+	}
 
 	// 5. Rate limit.
 	if ok, retry := h.tokenLimit.Allow(p.TokenID, now); !ok {
@@ -469,6 +477,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuseRateLimited(w, r, rf, "rate_limited", retry,
 			"rate limit for this token exceeded; retry after the Retry-After delay")
 	}
+	tr.event("limit", "allowed", "")
 
 	// A replica that is shutting down finishes the sessions it holds and
 	// opens none.
@@ -628,7 +637,7 @@ func errMessage(err, sentinel error) string {
 // serve is step 6: the route serves the request with the principal and
 // the body it was allowed on in its context, without the client's
 // credential, and behind the listing filter, which every answer passes.
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, rf refusal, next caddyhttp.Handler) error {
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, rf refusal, next caddyhttp.Handler) (err error) {
 	ip := rf.clientIP
 	metricAllowed.Inc()
 	metricTokenRequests.WithLabelValues(p.Name).Inc()
@@ -639,7 +648,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 			}
 		}
 	}
-	ctx, cancel := context.WithCancel(policy.WithPrincipal(r.Context(), p))
+	ctx, span := traceSteps(r).routeSpan(r.Context(), r, routeName(route), p, b)
+	defer func() { endRoute(span, err) }()
+	ctx, cancel := context.WithCancel(policy.WithPrincipal(ctx, p))
 	defer cancel()
 	if b != nil {
 		ctx = message.NewContext(ctx, b)
@@ -664,7 +675,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	f.Max = h.answerMax
 	f.Budget = h.app.answerBudget
 	fw, closeFilter := f.Wrap(w)
-	err := route.Serve(fw, r, edge.Next(next.ServeHTTP))
+	err = route.Serve(fw, r, edge.Next(next.ServeHTTP))
 	var re *edge.RefusalError
 	if errors.As(err, &re) {
 		// Refused before anything was written: answered and audited as

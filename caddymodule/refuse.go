@@ -30,6 +30,7 @@ const (
 // response.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rf refusal, v edge.Verdict) error {
 	rf.status, rf.reason, rf.message = v.Status, v.Reason, v.Message
+	traceSteps(r).refused(rf)
 	if v.ToolError {
 		return h.writeToolError(w, rf)
 	}
