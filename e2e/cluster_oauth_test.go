@@ -366,7 +366,7 @@ func TestClusterOAuthCallbackOnAnotherReplica(t *testing.T) {
 	for _, base := range append(slices.Clone(g.sites), g.lb) {
 		status, page, err := deliver(callback, base)
 		if err != nil || status != http.StatusBadRequest || !strings.Contains(page, "Login to remote failed") ||
-			!strings.Contains(page, "does not belong to a login under way") || !strings.Contains(page, loginHint) {
+			!strings.Contains(page, "does not belong to a login under way (unknown, already used, or evicted); run the login again. Run `"+loginHint+"` to try again.") {
 			t.Errorf("the callback replayed at %s: %d %v\n%s", base, status, err, page)
 		}
 	}
