@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -276,7 +277,7 @@ func (g *oauthCluster) recordRevision(t *testing.T) uint64 {
 	defer cancel()
 	e, err := g.kv.Get(ctx, "zidane.upstream-oauth.remote")
 	if err != nil {
-		if err == jetstream.ErrKeyNotFound {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return 0
 		}
 		t.Fatal(err)
