@@ -80,6 +80,10 @@ type Storage struct {
 	mu   sync.Mutex
 	held map[string]*heldLock // lock name -> the lock this Storage holds
 
+	// beforeWait, in tests, runs when a Lock that found the lock taken is
+	// about to wait for it.
+	beforeWait func()
+
 	// stalled, in tests, stops renewals the way a paused process would:
 	// no renewal runs and none fails.
 	stalled atomic.Bool
@@ -722,25 +726,39 @@ func (s *Storage) Lock(ctx context.Context, name string) error {
 }
 
 // waitLock returns when the lock named name may be free: it was deleted,
-// or a poll interval passed (a lapse makes no event).
+// or a poll interval passed (a lapse makes no event). The watch starts
+// with the lock's entry as it is now, so a holder that unlocked after the
+// caller's try and before the watch began wakes it at once: the entry is
+// then a delete, or gone.
 func (s *Storage) waitLock(ctx context.Context, name string) error {
 	lk, _ := lockKey(name)
 	wctx, cancel := context.WithTimeout(ctx, s.opts.LockPoll)
 	defer cancel()
-	w, err := s.locks.Watch(wctx, lk, jetstream.UpdatesOnly())
+	if s.beforeWait != nil {
+		s.beforeWait()
+	}
+	w, err := s.locks.Watch(wctx, lk)
 	if err != nil {
 		<-wctx.Done()
 		return ctx.Err()
 	}
 	defer func() { _ = w.Stop() }()
+	held := false // the entry the watch started with is a holder's
 	for {
 		select {
 		case e, ok := <-w.Updates():
 			if !ok {
 				return ctx.Err()
 			}
-			if e != nil && e.Operation() != jetstream.KeyValuePut {
+			switch {
+			case e == nil: // the end of the entry as it is now
+				if !held {
+					return nil
+				}
+			case e.Operation() != jetstream.KeyValuePut:
 				return nil
+			default:
+				held = true // taken, or renewed
 			}
 		case <-wctx.Done():
 			return ctx.Err()

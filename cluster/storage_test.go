@@ -871,3 +871,32 @@ func TestLockedReadsComeFromTheStreamLeader(t *testing.T) {
 		t.Fatalf("Load after the locked write = %q, %v", got, err)
 	}
 }
+
+// TestLockWaiterWakesOnAnUnlockBeforeItsWatch: a holder that unlocks
+// between a waiter's failed try and the start of its watch wakes the
+// waiter at once, not one LockPoll later (an hour here).
+func TestLockWaiterWakesOnAnUnlockBeforeItsWatch(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	a, _ := newStorage(t, url, StorageOptions{})
+	b, _ := newStorage(t, url, StorageOptions{LockPoll: time.Hour})
+	if err := a.Lock(ctx, "zidane/upstream-oauth/remote"); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	b.beforeWait = func() {
+		once.Do(func() {
+			if err := a.Unlock(ctx, "zidane/upstream-oauth/remote"); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := b.Lock(wctx, "zidane/upstream-oauth/remote"); err != nil {
+		t.Fatalf("Lock after the holder unlocked before the waiter watched: %v", err)
+	}
+	if err := b.Unlock(ctx, "zidane/upstream-oauth/remote"); err != nil {
+		t.Fatal(err)
+	}
+}
