@@ -251,6 +251,38 @@ func (g *oauthCluster) auth(t *testing.T, i int) replicaAuth {
 	return st
 }
 
+// awaitToken waits until every replica holds a token other than the one
+// that expires at prev (zero: none): a login's record reaches the other
+// replicas through their storage watch. It returns how long each took,
+// from the call, and the expiry they agree on. A replica that refused a
+// call for want of a login in the last moments answers the next ones from
+// that refusal until its watch delivers the record (see
+// upstreamauth.Client.Reload): calls are made after this.
+func (g *oauthCluster) awaitToken(t *testing.T, prev time.Time) ([]time.Duration, time.Time) {
+	t.Helper()
+	start := time.Now()
+	lags := make([]time.Duration, len(g.replicas))
+	var expiry time.Time
+	for i := range g.replicas {
+		for {
+			st := g.auth(t, i)
+			if st.State == "ready" && !st.Expiry.IsZero() && !st.Expiry.Equal(prev) {
+				lags[i] = time.Since(start).Round(time.Millisecond)
+				if i > 0 && !st.Expiry.Equal(expiry) {
+					t.Fatalf("replica %d holds a token expiring at %v, replica 0 one expiring at %v", i, st.Expiry, expiry)
+				}
+				expiry = st.Expiry
+				break
+			}
+			if time.Since(start) > 10*time.Second {
+				t.Fatalf("replica %d does not hold the new token 10s after the login completed: %+v", i, st)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return lags, expiry
+}
+
 // pendingLogins counts the logins awaiting their callback in the shared
 // storage (zidane/upstream-oauth-pending/remote/…).
 func (g *oauthCluster) pendingLogins(t *testing.T) int {
@@ -328,10 +360,11 @@ func TestClusterOAuthCallbackOnAnotherReplica(t *testing.T) {
 		t.Errorf("%d pending logins left in the shared storage after the callback, want 0", n)
 	}
 
-	// At once, on every replica and through the load balancer.
+	// On every replica and through the load balancer.
+	lags, expiry := g.awaitToken(t, time.Time{})
 	for i := range g.replicas {
 		if err := g.echo(g.sites[i], fmt.Sprintf("replica %d", i)); err != nil {
-			t.Errorf("replica %d right after the callback on replica %d: %v", i, callbackReplica, err)
+			t.Errorf("replica %d after the callback on replica %d: %v", i, callbackReplica, err)
 		}
 	}
 	for i := range 6 {
@@ -429,6 +462,7 @@ func TestClusterOAuthCallbackOnAnotherReplica(t *testing.T) {
 		t.Errorf("%d pending logins left in the shared storage, want 0", n)
 	}
 	issued = g.as.AccessTokens()
+	lags2, _ := g.awaitToken(t, expiry)
 	before := len(g.up.Bearers())
 	for i := range g.replicas {
 		if err := g.echo(g.sites[i], "after the second login"); err != nil {
@@ -441,8 +475,8 @@ func TestClusterOAuthCallbackOnAnotherReplica(t *testing.T) {
 		}
 	}
 	all, _ := codeGrants(g.as)
-	t.Logf("login started on replica 0, callback through the load balancer on replica %d: 200; replays on 3 replicas and the load balancer: 400; one callback on 3 replicas at once: statuses %v; code redemptions %d",
-		callbackReplica, statuses, all)
+	t.Logf("login started on replica 0, callback through the load balancer on replica %d: 200, token held by replicas 0..2 after %v; replays on 3 replicas and the load balancer: 400; one callback on 3 replicas at once: statuses %v, token held after %v; code redemptions %d",
+		callbackReplica, lags, statuses, lags2, all)
 }
 
 // Three replicas hold one upstream token that expires; 60 concurrent tool
@@ -465,6 +499,7 @@ func TestClusterOAuthRefreshOnceAcrossReplicas(t *testing.T) {
 	if len(login) != 1 {
 		t.Fatalf("%d access tokens issued by the login, want 1", len(login))
 	}
+	g.awaitToken(t, time.Time{})
 	for i := range g.replicas {
 		if err := g.echo(g.sites[i], "warm"); err != nil {
 			t.Fatalf("replica %d after the login: %v", i, err)
