@@ -66,16 +66,17 @@ type StorageOptions struct {
 // values in a KV bucket, large values in an object store, locks in a KV
 // bucket whose entries expire after the lock TTL. See the package doc.
 type Storage struct {
-	data jetstream.KeyValue
-	// leader reads the data bucket's stream from its leader (see
-	// loadEntry); nats.go's KeyValue reads by direct get only.
-	leader nats.JetStreamContext
+	data   jetstream.KeyValue
 	locks  jetstream.KeyValue
 	blobs  jetstream.ObjectStore
 	opts   StorageOptions
 	holder string
 	seal   *sealer
 	conn   *Conn // when opened by Conn.Storage
+
+	// leader reads the data bucket's stream from its leader (see
+	// loadEntry); nats.go's KeyValue reads by direct get only.
+	leader nats.JetStreamContext
 
 	mu   sync.Mutex
 	held map[string]*heldLock // lock name -> the lock this Storage holds
