@@ -32,8 +32,9 @@ import (
 const UpstreamTokenKeyEnv = "ZIDANE_UPSTREAM_TOKEN_KEY"
 
 // oauthPool holds one OAuth client per storage, upstream and OAuth config,
-// so a reload keeps its token in memory and the logins awaiting their
-// callback; a changed config gets a new client (the stored token stays).
+// so a reload keeps its token in memory; a changed config gets a new
+// client (the stored token, and the logins awaiting their callback, which
+// are in storage too, stay).
 var oauthPool = caddy.NewUsagePool()
 
 type oauthEntry struct {

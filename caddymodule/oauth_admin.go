@@ -119,7 +119,7 @@ func (h *Handler) serveOAuthCallback(w http.ResponseWriter, r *http.Request) err
 	if err := c.Callback(r.Context(), r.URL.Query()); err != nil {
 		audit.Warn("upstream login refused", zap.String("event", "upstream_login"), zap.String("upstream", name),
 			zap.String("outcome", "refused"), zap.String("client_ip", clientIP(r)), zap.String("detail", err.Error()))
-		return page(http.StatusBadRequest, "Login to "+name+" failed", err.Error()+" Run `caddy zidane login "+name+"` to try again.")
+		return page(http.StatusBadRequest, "Login to "+name+" failed", strings.TrimRight(err.Error(), ". ")+". Run `caddy zidane login "+name+"` to try again.")
 	}
 	liveAggregates.reconnect(name)
 	st := c.State()

@@ -30,7 +30,13 @@
 //     lock is fenced the same way, so a stale holder takes nothing twice
 //     (a pending login, read and deleted under its lock). The fence is the
 //     revision first read under the lock: a later read, which may see the
-//     other holder's write, does not move it.
+//     other holder's write, does not move it;
+//   - a key read under the lock of the same name is read from its stream's
+//     leader, not by direct get (which the nearest replica answers, and a
+//     follower may not yet have applied the write another holder made just
+//     before it released the lock): what a read-modify-write acts on before
+//     it writes back (a refresh token it redeems, a pending login it takes)
+//     is the last value written.
 //
 // Every value, and every object, is sealed with AES-256-GCM under a key
 // derived from the cluster key ([Derive]), with the bucket, the key and the

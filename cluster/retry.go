@@ -37,6 +37,10 @@ func transient(err error) bool {
 	if errors.As(err, &apiErr) && apiErr.Code == 503 {
 		return true // "JetStream system temporarily unavailable" and kin
 	}
+	var legacyErr *nats.APIError // the reads from a stream's leader
+	if errors.As(err, &legacyErr) && legacyErr.Code == 503 {
+		return true
+	}
 	return errors.Is(err, errStaleView) || errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionReconnecting) ||
 		errors.Is(err, context.DeadlineExceeded)

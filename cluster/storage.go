@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -73,8 +74,16 @@ type Storage struct {
 	seal   *sealer
 	conn   *Conn // when opened by Conn.Storage
 
+	// leader reads the data bucket's stream from its leader (see
+	// loadEntry); nats.go's KeyValue reads by direct get only.
+	leader nats.JetStreamContext
+
 	mu   sync.Mutex
 	held map[string]*heldLock // lock name -> the lock this Storage holds
+
+	// beforeWait, in tests, runs when a Lock that found the lock taken is
+	// about to wait for it.
+	beforeWait func()
 
 	// stalled, in tests, stops renewals the way a paused process would:
 	// no renewal runs and none fails.
@@ -176,8 +185,17 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 	if err != nil {
 		return nil, fmt.Errorf("cluster storage: object store %q: %w", opts.Bucket+"_blobs", err)
 	}
+	jo := js.Options()
+	prefix := nats.APIPrefix(jo.APIPrefix)
+	if jo.Domain != "" {
+		prefix = nats.Domain(jo.Domain)
+	}
+	leader, err := js.Conn().JetStream(prefix)
+	if err != nil {
+		return nil, fmt.Errorf("cluster storage: %w", err)
+	}
 	return &Storage{
-		data: data, locks: locks, blobs: blobs, opts: opts, seal: sl,
+		data: data, leader: leader, locks: locks, blobs: blobs, opts: opts, seal: sl,
 		holder: opts.Owner + "#" + randomHex(8),
 		held:   map[string]*heldLock{},
 	}, nil
@@ -335,8 +353,9 @@ func (s *Storage) Load(ctx context.Context, key string) ([]byte, error) {
 	}
 	// A value being replaced may lose its object between reading the
 	// reference and the object: read the reference again, a few times.
+	fromLeader := s.holds(key)
 	for range 3 {
-		e, _, err := retry(ctx, func(ctx context.Context) (jetstream.KeyValueEntry, error) { return s.data.Get(ctx, k) })
+		e, _, err := retry(ctx, func(ctx context.Context) (entry, error) { return s.loadEntry(ctx, k, fromLeader) })
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			s.noteRead(key, 0)
 			return nil, fmt.Errorf("load %q: %w", key, fs.ErrNotExist)
@@ -344,17 +363,61 @@ func (s *Storage) Load(ctx context.Context, key string) ([]byte, error) {
 		if err != nil {
 			return nil, wrapNATS("load", key, err)
 		}
-		v, again, err := s.decode(ctx, key, e.Value())
+		v, again, err := s.decode(ctx, key, e.value)
 		if again {
 			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		s.noteRead(key, e.Revision())
+		s.noteRead(key, e.rev)
 		return v, nil
 	}
 	return nil, fmt.Errorf("load %q: its value kept changing while it was read; try again", key)
+}
+
+// entry is a data bucket entry as Load reads it.
+type entry struct {
+	value []byte
+	rev   uint64
+}
+
+// holds says whether this Storage holds the lock named key.
+func (s *Storage) holds(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held[key] != nil
+}
+
+// loadEntry reads the entry of KV key k; jetstream.ErrKeyNotFound when
+// there is none. fromLeader reads it from the stream's leader: a direct
+// get (what KeyValue.Get does) is answered by whichever replica of the
+// stream is nearest, and a follower may not yet have applied a write the
+// leader acknowledged. A read under the key's lock starts a
+// read-modify-write whose last writer may have been another replica an
+// instant ago, just before it released the lock: from a follower, it
+// could get the value before that write, and act on it (redeem a rotated
+// refresh token again, miss a pending login just stored) before the
+// fenced write-back refuses the rest.
+func (s *Storage) loadEntry(ctx context.Context, k string, fromLeader bool) (entry, error) {
+	if !fromLeader {
+		e, err := s.data.Get(ctx, k)
+		if err != nil {
+			return entry{}, err
+		}
+		return entry{e.Value(), e.Revision()}, nil
+	}
+	m, err := s.leader.GetLastMsg("KV_"+s.opts.Bucket, "$KV."+s.opts.Bucket+"."+k, nats.Context(ctx))
+	if errors.Is(err, nats.ErrMsgNotFound) {
+		return entry{}, jetstream.ErrKeyNotFound
+	}
+	if err != nil {
+		return entry{}, err
+	}
+	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+		return entry{}, jetstream.ErrKeyNotFound
+	}
+	return entry{m.Data, m.Sequence}, nil
 }
 
 // noteRead records, under this Storage's lock named key, the revision of
@@ -664,25 +727,39 @@ func (s *Storage) Lock(ctx context.Context, name string) error {
 }
 
 // waitLock returns when the lock named name may be free: it was deleted,
-// or a poll interval passed (a lapse makes no event).
+// or a poll interval passed (a lapse makes no event). The watch starts
+// with the lock's entry as it is now, so a holder that unlocked after the
+// caller's try and before the watch began wakes it at once: the entry is
+// then a delete, or gone.
 func (s *Storage) waitLock(ctx context.Context, name string) error {
 	lk, _ := lockKey(name)
 	wctx, cancel := context.WithTimeout(ctx, s.opts.LockPoll)
 	defer cancel()
-	w, err := s.locks.Watch(wctx, lk, jetstream.UpdatesOnly())
+	if s.beforeWait != nil {
+		s.beforeWait()
+	}
+	w, err := s.locks.Watch(wctx, lk)
 	if err != nil {
 		<-wctx.Done()
 		return ctx.Err()
 	}
 	defer func() { _ = w.Stop() }()
+	held := false // the entry the watch started with is a holder's
 	for {
 		select {
 		case e, ok := <-w.Updates():
 			if !ok {
 				return ctx.Err()
 			}
-			if e != nil && e.Operation() != jetstream.KeyValuePut {
+			switch {
+			case e == nil: // the end of the entry as it is now
+				if !held {
+					return nil
+				}
+			case e.Operation() != jetstream.KeyValuePut:
 				return nil
+			default:
+				held = true // taken, or renewed
 			}
 		case <-wctx.Done():
 			return ctx.Err()

@@ -785,3 +785,118 @@ func TestPlainConnectionIgnoresDiscoveredServers(t *testing.T) {
 		t.Fatalf("a plain connection's servers: %v; want the one it was given, not b's advertised address", got)
 	}
 }
+
+// TestLockedReadsComeFromTheStreamLeader: a key read under the lock of the
+// same name (the read of a read-modify-write: a token refresh, a pending
+// login taken once) is read from the stream's leader, which has applied
+// every write it acknowledged; a direct get may be answered by a follower
+// that has not applied the write another replica made just before it
+// released the lock. Other reads stay direct gets, which any replica
+// answers.
+func TestLockedReadsComeFromTheStreamLeader(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	s, _ := newStorage(t, url, StorageOptions{})
+	if err := s.Store(ctx, "zidane/upstream-oauth/remote", []byte("v1")); err != nil {
+		t.Fatal(err)
+	}
+	// The JetStream API requests of the reads, as a NATS user sees them.
+	spy := connect(t, url)
+	requests := make(chan string, 64)
+	for _, subj := range []string{"$JS.API.DIRECT.GET.KV_zidane.>", "$JS.API.STREAM.MSG.GET.KV_zidane"} {
+		if _, err := spy.Subscribe(subj, func(m *nats.Msg) { requests <- m.Subject + " " + string(m.Data) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	next := func() string {
+		t.Helper()
+		select {
+		case r := <-requests:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("no JetStream API request seen for the read")
+			return ""
+		}
+	}
+	const leaderGet = "$JS.API.STREAM.MSG.GET.KV_zidane "
+	k := "$KV.zidane.zidane.upstream-oauth.remote"
+
+	if got, err := s.Load(ctx, "zidane/upstream-oauth/remote"); err != nil || string(got) != "v1" {
+		t.Fatalf("Load = %q, %v", got, err)
+	}
+	if r := next(); r != "$JS.API.DIRECT.GET.KV_zidane."+k+" " {
+		t.Errorf("a read without the lock went as %q, want a direct get", r)
+	}
+
+	if err := s.Lock(ctx, "zidane/upstream-oauth/remote"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Load(ctx, "zidane/upstream-oauth/remote"); err != nil || string(got) != "v1" {
+		t.Fatalf("Load under the lock = %q, %v", got, err)
+	}
+	if r := next(); !strings.HasPrefix(r, leaderGet) || !strings.Contains(r, `"last_by_subj":"`+k+`"`) {
+		t.Errorf("a read under the lock of its key went as %q, want a get from the stream leader", r)
+	}
+	// Absent and deleted keys read under their lock are absent.
+	for _, key := range []string{"zidane/upstream-oauth-pending/remote/gone", "zidane/upstream-oauth-pending/remote/never"} {
+		if key == "zidane/upstream-oauth-pending/remote/gone" {
+			if err := s.Store(ctx, key, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Delete(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.Lock(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Load(ctx, key); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("Load of %s under its lock: %v, want fs.ErrNotExist", key, err)
+		}
+		if err := s.Unlock(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The write back is fenced on the revision the leader gave.
+	if err := s.Store(ctx, "zidane/upstream-oauth/remote", []byte("v2")); err != nil {
+		t.Fatalf("Store under the lock after a leader read: %v", err)
+	}
+	if err := s.Unlock(ctx, "zidane/upstream-oauth/remote"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Load(ctx, "zidane/upstream-oauth/remote"); err != nil || string(got) != "v2" {
+		t.Fatalf("Load after the locked write = %q, %v", got, err)
+	}
+}
+
+// TestLockWaiterWakesOnAnUnlockBeforeItsWatch: a holder that unlocks
+// between a waiter's failed try and the start of its watch wakes the
+// waiter at once, not one LockPoll later (an hour here).
+func TestLockWaiterWakesOnAnUnlockBeforeItsWatch(t *testing.T) {
+	ctx := testCtx(t)
+	url := startNATS(t)
+	a, _ := newStorage(t, url, StorageOptions{})
+	b, _ := newStorage(t, url, StorageOptions{LockPoll: time.Hour})
+	if err := a.Lock(ctx, "zidane/upstream-oauth/remote"); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	b.beforeWait = func() {
+		once.Do(func() {
+			if err := a.Unlock(ctx, "zidane/upstream-oauth/remote"); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := b.Lock(wctx, "zidane/upstream-oauth/remote"); err != nil {
+		t.Fatalf("Lock after the holder unlocked before the waiter watched: %v", err)
+	}
+	if err := b.Unlock(ctx, "zidane/upstream-oauth/remote"); err != nil {
+		t.Fatal(err)
+	}
+}

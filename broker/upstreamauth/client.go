@@ -280,12 +280,24 @@ func (c *Client) load(ctx context.Context) error {
 		return nil
 	}
 	b, err := c.store.Load(ctx, c.key)
-	if err != nil && !storage.IsNotExist(err) {
+	if storage.IsNotExist(err) {
+		b, err = nil, nil
+	}
+	return c.adoptStored(b, err)
+}
+
+// adoptStored adopts the sealed record b read from storage (nil: none), or
+// records the failure err to read it; the next use reads again then.
+func (c *Client) adoptStored(b []byte, err error) error {
+	if err != nil {
+		c.mu.Lock()
+		c.loaded = false
+		c.mu.Unlock()
 		c.setState(StateError, "cannot read the stored token: "+err.Error())
 		return err
 	}
 	var rec *record
-	if err == nil {
+	if b != nil {
 		if rec, err = c.seal.open(b); err != nil {
 			c.setState(StateError, err.Error())
 			return err
@@ -300,12 +312,24 @@ func (c *Client) load(ctx context.Context) error {
 
 // Reload reads the stored record again and adopts it, dropping any
 // failure it was answering from: another replica logged in, logged out or
-// renewed the token.
+// renewed the token. It reads under the storage lock, as a renewal does:
+// on NATS storage that read comes from the stream's leader, which holds
+// the write that woke the watch, where a plain read may be answered by a
+// follower that has not applied it yet, and leave this replica on the
+// state before it with no further event to correct it.
 func (c *Client) Reload(ctx context.Context) error {
 	c.mu.Lock()
-	c.loaded, c.failed = false, nil
+	c.failed = nil
 	c.mu.Unlock()
-	return c.load(ctx)
+	var stored []byte
+	err := storage.Update(ctx, c.store, c.key, func(old []byte) ([]byte, error) {
+		stored = old
+		return nil, errNoChange
+	})
+	if errors.Is(err, errNoChange) {
+		err = nil
+	}
+	return c.adoptStored(stored, err)
 }
 
 // adopt makes rec the current record (nil: none) and derives the state.

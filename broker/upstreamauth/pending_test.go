@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/internal/oauthtest"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
 // onNATS puts e's storage on a real nats-server (embedded), as replicas
@@ -208,5 +210,76 @@ func TestReloadSeesAnotherReplicasLoginAndLogout(t *testing.T) {
 	}
 	if after, _ := e.mcp.Stats(); after != before {
 		t.Fatal("b sent the logged-out token upstream")
+	}
+}
+
+// lockWatch is a storage that records, for each Load, whether the caller
+// held the lock named after the key.
+type lockWatch struct {
+	storage.Storage
+	mu    sync.Mutex
+	held  map[string]int
+	loads []bool // per Load of key: under its lock
+	ofKey string
+}
+
+func (l *lockWatch) Lock(ctx context.Context, name string) error {
+	if err := l.Storage.Lock(ctx, name); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.held[name]++
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *lockWatch) Unlock(ctx context.Context, name string) error {
+	l.mu.Lock()
+	l.held[name]--
+	l.mu.Unlock()
+	return l.Storage.Unlock(ctx, name)
+}
+
+func (l *lockWatch) Load(ctx context.Context, key string) ([]byte, error) {
+	l.mu.Lock()
+	if key == l.ofKey {
+		l.loads = append(l.loads, l.held[key] > 0)
+	}
+	l.mu.Unlock()
+	return l.Storage.Load(ctx, key)
+}
+
+// Reload, which a replica runs when its watch sees another replica write
+// the record, reads the record under its storage lock: on NATS storage
+// that read comes from the stream leader, where a plain read may come from
+// a follower that has not yet applied the write that woke the watch, and
+// leave the replica on the state before a login (refusing calls) or a
+// logout (using the revoked token) with no further event to correct it.
+func TestReloadReadsUnderTheStorageLock(t *testing.T) {
+	e := newEnv(t, oauthtest.AuthServerOptions{}, nil, "")
+	e.as.AddClient("gw", "", nil)
+	e.onNATS()
+	a := e.client(Config{ClientID: "gw", RedirectURL: redirect})
+	lw := &lockWatch{Storage: e.store, held: map[string]int{}, ofKey: StorageKey(testUpstream)}
+	e.store = lw
+	b := e.client(Config{ClientID: "gw", RedirectURL: redirect})
+	e.login(a)
+	lw.mu.Lock()
+	lw.loads = nil
+	lw.mu.Unlock()
+	if err := b.Reload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	lw.mu.Lock()
+	loads := slices.Clone(lw.loads)
+	lw.mu.Unlock()
+	if len(loads) == 0 || slices.Contains(loads, false) {
+		t.Fatalf("Reload's reads of the record, under its lock or not: %v; want every one under it", loads)
+	}
+	if st := b.State(); st.State != StateReady {
+		t.Fatalf("b after a's login and a reload: %+v", st)
+	}
+	if err := e.callEcho(b, "after the reload"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -99,7 +99,7 @@ type TokenRequest struct {
 type RefreshToken struct {
 	Token    string
 	Redeemed int  // refresh_token grants that presented it (more than 1: a reuse)
-	Revoked  bool // revoked, or refused for reuse
+	Revoked  bool // revoked, or its grant revoked for a reuse
 }
 
 type asClient struct {
@@ -126,6 +126,7 @@ type asRefresh struct {
 	redeemed  int
 	revoked   bool
 	issuedFor string // the access token issued with it
+	grant     int    // the authorization it descends from, by rotation
 }
 
 // AuthServer is an OAuth 2.1 authorization server on 127.0.0.1. It is safe
@@ -145,6 +146,8 @@ type AuthServer struct {
 	access    map[string]*asAccess
 	accessSeq []string // access tokens in the order issued
 	refresh   []*asRefresh
+	grants    int      // authorizations that issued a refresh token
+	reuses    int      // refresh_token grants that presented a rotated token
 	issued    []string // every secret handed out
 	allCodes  []string // every authorization code handed out
 	revoked   []string // tokens presented at the revocation endpoint
@@ -332,9 +335,10 @@ func (as *AuthServer) authenticate(r *http.Request) (string, string, error) {
 	return id, AuthNone, nil
 }
 
-// issue answers a token request with a new access token (and a refresh
-// token when withRefresh).
-func (as *AuthServer) issue(w http.ResponseWriter, client string, scopes []string, resource string, withRefresh bool) {
+// issue answers a token request with a new access token (and, when
+// grant is not noRefresh, a refresh token of that grant: newGrant for a
+// new authorization, or the grant of the refresh token it rotates).
+func (as *AuthServer) issue(w http.ResponseWriter, client string, scopes []string, resource string, grant int) {
 	if as.opts.GrantScopes != nil {
 		scopes = as.opts.GrantScopes(scopes)
 	}
@@ -348,15 +352,25 @@ func (as *AuthServer) issue(w http.ResponseWriter, client string, scopes []strin
 	as.access[at] = &asAccess{scopes: scopes, expiry: as.now().Add(ttl)}
 	as.accessSeq = append(as.accessSeq, at)
 	as.issued = append(as.issued, at)
-	if withRefresh {
+	if grant != noRefresh {
+		if grant == newGrant {
+			as.grants++
+			grant = as.grants
+		}
 		rt := NewSecret("rt")
-		as.refresh = append(as.refresh, &asRefresh{token: rt, client: client, scopes: scopes, resource: resource, issuedFor: at})
+		as.refresh = append(as.refresh, &asRefresh{token: rt, client: client, scopes: scopes, resource: resource, issuedFor: at, grant: grant})
 		as.issued = append(as.issued, rt)
 		resp["refresh_token"] = rt
 	}
 	as.mu.Unlock()
 	writeJSON(w, http.StatusOK, resp)
 }
+
+// Values of issue's grant that name no grant.
+const (
+	noRefresh = -1 // no refresh token (a machine grant)
+	newGrant  = 0  // a new authorization
+)
 
 // refused records the error of the last token request and answers it.
 func (as *AuthServer) refused(w http.ResponseWriter, status int, code, desc string) {
@@ -413,7 +427,7 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 			as.mu.Lock()
 			as.pkceOK++
 			as.mu.Unlock()
-			as.issue(w, client, code.scopes, code.resource, true)
+			as.issue(w, client, code.scopes, code.resource, newGrant)
 		}
 	case GrantRefreshToken:
 		as.mu.Lock()
@@ -421,15 +435,22 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 		ok := rt != nil && rt.client == client && !rt.revoked && rt.redeemed == 0 && f.Get("resource") == rt.resource
 		if rt != nil {
 			rt.redeemed++
+			if rt.redeemed > 1 {
+				// A rotated refresh token came back: two parties hold
+				// the grant (a theft, or a client that raced itself).
+				// OAuth 2.1 §4.3.1: revoke the grant, every token of it.
+				as.reuses++
+				as.revokeGrantLocked(rt.grant)
+			}
 		}
 		as.mu.Unlock()
 		if !ok {
 			as.refused(w, http.StatusBadRequest, "invalid_grant", "refresh token unknown, revoked or already used")
 			return
 		}
-		as.issue(w, client, rt.scopes, rt.resource, true)
+		as.issue(w, client, rt.scopes, rt.resource, rt.grant)
 	case GrantClientCredentials:
-		as.issue(w, client, strings.Fields(f.Get("scope")), f.Get("resource"), false)
+		as.issue(w, client, strings.Fields(f.Get("scope")), f.Get("resource"), noRefresh)
 	case GrantTokenExchange:
 		// The IdP side of SEP-990: an ID token for an ID-JAG.
 		as.mu.Lock()
@@ -455,7 +476,7 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 			as.refused(w, http.StatusBadRequest, "invalid_grant", "unknown assertion")
 			return
 		}
-		as.issue(w, client, strings.Fields(f.Get("scope")), resource, false)
+		as.issue(w, client, strings.Fields(f.Get("scope")), resource, noRefresh)
 	default:
 		as.refused(w, http.StatusBadRequest, "unsupported_grant_type", f.Get("grant_type"))
 	}
@@ -508,6 +529,19 @@ func (as *AuthServer) handleRevoke(w http.ResponseWriter, r *http.Request) {
 		rt.revoked = true
 		if at := as.access[rt.issuedFor]; at != nil {
 			at.revoked = true
+		}
+	}
+}
+
+// revokeGrantLocked revokes every refresh token of grant and the access
+// tokens issued with them. as.mu is held.
+func (as *AuthServer) revokeGrantLocked(grant int) {
+	for _, rt := range as.refresh {
+		if rt.grant == grant {
+			rt.revoked = true
+			if at := as.access[rt.issuedFor]; at != nil {
+				at.revoked = true
+			}
 		}
 	}
 }
@@ -633,6 +667,15 @@ func (as *AuthServer) AccessTokens() []string {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	return slices.Clone(as.accessSeq)
+}
+
+// RefreshReuses returns how many refresh_token grants presented a refresh
+// token that had been redeemed before. Each revoked the grant it belongs
+// to: its refresh tokens and the access tokens issued with them.
+func (as *AuthServer) RefreshReuses() int {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return as.reuses
 }
 
 // RefreshTokens returns the refresh tokens issued, in order.

@@ -8,8 +8,10 @@
 // the operator's browser), a token endpoint (authorization_code,
 // refresh_token with rotation and reuse detection, client_credentials, and
 // both halves of SEP-990 cross-app access), RFC 7591 dynamic registration
-// and RFC 7009 revocation. Access tokens are opaque; [MCPServer] checks
-// them against the AuthServer that issued them.
+// and RFC 7009 revocation. A rotated refresh token presented again is
+// refused and revokes its whole grant, as OAuth 2.1 asks, and is counted
+// ([AuthServer.RefreshReuses]). Access tokens are opaque; [MCPServer]
+// checks them against the AuthServer that issued them.
 //
 // [MCPServer] is a go-sdk MCP server (stateless, JSON responses) behind a
 // bearer check: RFC 9728 protected resource metadata, 401 with

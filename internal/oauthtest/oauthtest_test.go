@@ -156,21 +156,43 @@ func TestRefreshRotationAndRevocation(t *testing.T) {
 	if next.Access == "" || next.Refresh == "" || next.Refresh == tr.Refresh || next.Scope != "read admin" {
 		t.Fatalf("refresh: %+v", next)
 	}
-	if again := refresh(tr.Refresh); again.Error != "invalid_grant" {
-		t.Errorf("a rotated refresh token redeemed again: %+v", again)
-	}
 	if status, _ := mcpCall(t, m, next.Access, "admin_op"); status != http.StatusOK {
 		t.Errorf("admin_op with scope admin: %d", status)
 	}
-	as.RevokeRefreshTokens()
-	if status, _ := mcpCall(t, m, next.Access, "echo"); status != http.StatusOK {
-		t.Errorf("the access token stopped working with the refresh tokens: %d", status)
+	if as.RefreshReuses() != 0 {
+		t.Errorf("%d reuses counted before any", as.RefreshReuses())
+	}
+
+	// A rotated refresh token presented again is refused, counted, and
+	// revokes the grant: the tokens its rotation issued stop working.
+	other := login(t, as, m, "read") // another grant, which the reuse leaves alone
+	if again := refresh(tr.Refresh); again.Error != "invalid_grant" {
+		t.Errorf("a rotated refresh token redeemed again: %+v", again)
+	}
+	if n := as.RefreshReuses(); n != 1 {
+		t.Errorf("%d reuses counted, want 1", n)
+	}
+	if status, _ := mcpCall(t, m, next.Access, "echo"); status != http.StatusUnauthorized {
+		t.Errorf("an access token of the grant whose refresh token was reused: %d, want 401", status)
 	}
 	if r := refresh(next.Refresh); r.Error != "invalid_grant" {
+		t.Errorf("the refresh token of the grant whose refresh token was reused: %+v", r)
+	}
+	if status, _ := mcpCall(t, m, other.Access, "echo"); status != http.StatusOK {
+		t.Errorf("another grant's access token after the reuse: %d", status)
+	}
+
+	// Revoking the refresh tokens leaves the access tokens until they
+	// expire.
+	as.RevokeRefreshTokens()
+	if status, _ := mcpCall(t, m, other.Access, "echo"); status != http.StatusOK {
+		t.Errorf("the access token stopped working with the refresh tokens: %d", status)
+	}
+	if r := refresh(other.Refresh); r.Error != "invalid_grant" {
 		t.Errorf("a revoked refresh token: %+v", r)
 	}
 	rts := as.RefreshTokens()
-	if len(rts) != 2 || rts[0].Redeemed != 2 || !rts[1].Revoked {
+	if len(rts) != 3 || rts[0].Redeemed != 2 || !rts[0].Revoked || !rts[1].Revoked || rts[1].Redeemed != 1 || !rts[2].Revoked {
 		t.Errorf("refresh tokens %+v", rts)
 	}
 	var failed []string
@@ -179,11 +201,11 @@ func TestRefreshRotationAndRevocation(t *testing.T) {
 			failed = append(failed, r.GrantType+":"+r.Error)
 		}
 	}
-	if want := []string{"authorization_code:invalid_grant", "refresh_token:invalid_grant", "refresh_token:invalid_grant"}; !slices.Equal(failed, want) {
+	if want := []string{"authorization_code:invalid_grant", "authorization_code:invalid_grant", "refresh_token:invalid_grant", "refresh_token:invalid_grant", "refresh_token:invalid_grant"}; !slices.Equal(failed, want) {
 		t.Errorf("refused token requests %v, want %v", failed, want)
 	}
 	as.RevokeAccessTokens()
-	if status, _ := mcpCall(t, m, next.Access, "echo"); status != http.StatusUnauthorized {
+	if status, _ := mcpCall(t, m, other.Access, "echo"); status != http.StatusUnauthorized {
 		t.Errorf("a revoked access token: %d", status)
 	}
 }
