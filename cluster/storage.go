@@ -72,6 +72,8 @@ type Storage struct {
 	holder string
 	seal   *sealer
 	conn   *Conn // when opened by Conn.Storage
+	js     jetstream.JetStream
+	nodes  atomic.Pointer[Nodes] // the node registry started on this storage, if any
 
 	mu   sync.Mutex
 	held map[string]*heldLock // lock name -> the lock this Storage holds
@@ -177,7 +179,7 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 		return nil, fmt.Errorf("cluster storage: object store %q: %w", opts.Bucket+"_blobs", err)
 	}
 	return &Storage{
-		data: data, locks: locks, blobs: blobs, opts: opts, seal: sl,
+		data: data, locks: locks, blobs: blobs, opts: opts, seal: sl, js: js,
 		holder: opts.Owner + "#" + randomHex(8),
 		held:   map[string]*heldLock{},
 	}, nil
