@@ -3,23 +3,15 @@ package caddymodule
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/base64"
-	"encoding/binary"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -54,99 +46,19 @@ import (
 // under an HMAC-SHA256 with the sending and the receiving node, the route,
 // the session id, a time and a random nonce. The owner takes a hop only if
 // the MAC holds, it names this node and this route, its time is within
-// hopFreshness of the owner's clock, its nonce is new, and the sender is
+// edge.HopFreshness of the owner's clock, its nonce is new, and the sender is
 // alive in the registry; anything else is refused (401, 403 for a sender
 // it does not know) with an audit line. A client cannot send a hop: the
 // headers are refused from anyone without the cluster key.
 
-// Hop headers.
+// Bounds of the forwarding.
 const (
-	hopHeader          = "Zidane-Hop"
-	hopPrincipalHeader = "Zidane-Hop-Principal"
-	hopRefusedHeader   = "Zidane-Hop-Refused" // on the owner's refusal of a hop, for the sender
-)
-
-// Bounds of the hop.
-const (
-	hopFreshness       = 10 * time.Second // older or newer hops are refused
-	maxHopNonces       = 1 << 16          // nonces remembered for the replay check
-	maxHopPrincipal    = 16 << 10         // the principal header, encoded
 	hopDialTimeout     = 5 * time.Second
 	hopResponseTimeout = 30 * time.Second // until the owner's answer's headers
 )
 
-// hopForwardedHeaders are the only request headers a hop carries: what the
-// aggregated route reads. The client's Authorization, cookies, Origin,
-// Host-derived headers and X-Forwarded-* never leave the edge.
-var hopForwardedHeaders = []string{"Accept", "Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID"}
-
 // hopAnswerHeaders are the only answer headers passed back to the client.
 var hopAnswerHeaders = []string{"Content-Type", "Mcp-Session-Id", "Cache-Control", "Retry-After", "Allow"}
-
-// hopKey signs and checks hops with a key derived from the cluster key.
-type hopKey struct {
-	key []byte
-
-	mu   sync.Mutex
-	seen map[string]time.Time // from+nonce -> when it may be forgotten
-}
-
-func newHopKey(key []byte) *hopKey { return &hopKey{key: key, seen: map[string]time.Time{}} }
-
-// hopClaims is what a checked hop says.
-type hopClaims struct {
-	from, to  string
-	at        int64 // Unix milliseconds
-	nonce     string
-	principal policy.Principal
-}
-
-// mac is the hop's MAC: every field length-prefixed, so that no two hops
-// share an input.
-func (k *hopKey) mac(method, uri, route, sid, from, to, at, nonce, principal string, body []byte, h http.Header) []byte {
-	m := hmac.New(sha256.New, k.key)
-	var n [binary.MaxVarintLen64]byte
-	field := func(s string) {
-		m.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
-		m.Write([]byte(s))
-	}
-	field("zidane aggregate hop v1")
-	for _, s := range []string{method, uri, route, sid, from, to, at, nonce, principal} {
-		field(s)
-	}
-	digest := sha256.Sum256(body)
-	field(string(digest[:]))
-	for _, name := range hopForwardedHeaders {
-		vs := h.Values(name)
-		field(strconv.Itoa(len(vs)))
-		for _, v := range vs {
-			field(v)
-		}
-	}
-	return m.Sum(nil)
-}
-
-// sign sets out's hop headers: out goes from node from to node to, for
-// session sid on route, acting for p, with body. out's forwarded headers
-// must be set already.
-func (k *hopKey) sign(out *http.Request, route, sid, from, to string, p policy.Principal, body []byte, now time.Time) error {
-	pj, err := json.Marshal(p)
-	if err != nil {
-		return err
-	}
-	principal := base64.RawURLEncoding.EncodeToString(pj)
-	if len(principal) > maxHopPrincipal {
-		return fmt.Errorf("the principal is %d bytes encoded, over the hop's %d", len(principal), maxHopPrincipal)
-	}
-	nb := make([]byte, 16)
-	_, _ = rand.Read(nb)
-	nonce := hex.EncodeToString(nb)
-	at := strconv.FormatInt(now.UnixMilli(), 10)
-	mac := k.mac(out.Method, out.URL.RequestURI(), route, sid, from, to, at, nonce, principal, body, out.Header)
-	out.Header.Set(hopHeader, "v1;from="+from+";to="+to+";t="+at+";n="+nonce+";mac="+base64.RawURLEncoding.EncodeToString(mac))
-	out.Header.Set(hopPrincipalHeader, principal)
-	return nil
-}
 
 // hopURL is r's URL as the client sent it, before Caddy's rewrites.
 func hopURL(r *http.Request) *url.URL {
@@ -159,98 +71,18 @@ func hopURL(r *http.Request) *url.URL {
 // hopURI is the request URI a hop is signed over.
 func hopURI(r *http.Request) string { return hopURL(r).RequestURI() }
 
-// hopRefused is the refusal of a hop: 401 with reason, and the message the
-// audit line and the sender get.
-func hopRefused(reason, msg string) edge.Verdict {
-	return edge.Refuse(http.StatusUnauthorized, reason, msg)
-}
-
-// verify checks r, a hop with body, as received by node self on route.
-func (k *hopKey) verify(r *http.Request, body []byte, self, route string, now time.Time) (hopClaims, edge.Verdict) {
-	uri := hopURI(r)
-	if len(r.Header.Values(hopHeader)) != 1 || len(r.Header.Values(hopPrincipalHeader)) != 1 {
-		return hopClaims{}, hopRefused("hop_malformed", "a forwarded request carries one Zidane-Hop and one Zidane-Hop-Principal header; these are the replicas' own")
-	}
-	fields := map[string]string{}
-	parts := strings.Split(r.Header.Get(hopHeader), ";")
-	if len(parts) != 6 || parts[0] != "v1" {
-		return hopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop header is not one a replica of this cluster writes")
-	}
-	for _, p := range parts[1:] {
-		name, v, ok := strings.Cut(p, "=")
-		if !ok || fields[name] != "" {
-			return hopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop header is not one a replica of this cluster writes")
-		}
-		fields[name] = v
-	}
-	from, to, at, nonce, macB64 := fields["from"], fields["to"], fields["t"], fields["n"], fields["mac"]
-	principal := r.Header.Get(hopPrincipalHeader)
-	mac, err := base64.RawURLEncoding.DecodeString(macB64)
-	if err != nil || len(mac) != sha256.Size || len(nonce) != 32 || from == "" || to == "" || len(principal) > maxHopPrincipal {
-		return hopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop header is not one a replica of this cluster writes")
-	}
-	want := k.mac(r.Method, uri, route, r.Header.Get(mcpSessionHeader), from, to, at, nonce, principal, body, r.Header)
-	if !hmac.Equal(mac, want) {
-		return hopClaims{}, hopRefused("hop_forged", "the forwarded request's signature does not hold: it was altered, meant for another route, or signed with another cluster key")
-	}
-	if to != self {
-		return hopClaims{}, hopRefused("hop_misdirected", fmt.Sprintf("the forwarded request is meant for node %q, not this one", to))
-	}
-	ms, err := strconv.ParseInt(at, 10, 64)
-	if err != nil {
-		return hopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop time is not a number")
-	}
-	if t := time.UnixMilli(ms); t.Before(now.Add(-hopFreshness)) || t.After(now.Add(hopFreshness)) {
-		return hopClaims{}, hopRefused("hop_stale", fmt.Sprintf("the forwarded request is dated %v from this node's clock, over the %v allowed: a replay, or clocks that differ (run NTP on every replica)", t.Sub(now).Round(time.Millisecond), hopFreshness))
-	}
-	var p policy.Principal
-	pj, err := base64.RawURLEncoding.DecodeString(principal)
-	if err != nil || json.Unmarshal(pj, &p) != nil || p.TokenID == "" {
-		return hopClaims{}, hopRefused("hop_malformed", "the forwarded request's principal does not decode")
-	}
-	if v := k.fresh(from+"|"+nonce, now); !v.Allowed() {
-		return hopClaims{}, v
-	}
-	return hopClaims{from: from, to: to, at: ms, nonce: nonce, principal: p}, edge.Verdict{}
-}
-
-// fresh records a hop's nonce, and refuses one already seen.
-func (k *hopKey) fresh(id string, now time.Time) edge.Verdict {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if _, seen := k.seen[id]; seen {
-		return hopRefused("hop_replayed", "this forwarded request was received before: a replay")
-	}
-	if len(k.seen) >= maxHopNonces {
-		for n, until := range k.seen {
-			if now.After(until) {
-				delete(k.seen, n)
-			}
-		}
-		if len(k.seen) >= maxHopNonces {
-			v := edge.Refuse(http.StatusServiceUnavailable, "hop_busy", "this node holds as many recent forwarded requests as it checks for replays; retry in a few seconds")
-			v.RetryAfter = hopFreshness
-			return v
-		}
-	}
-	// A hop is refused as stale once 2×hopFreshness have passed (its time
-	// is at most hopFreshness ahead), so its nonce may be forgotten then.
-	k.seen[id] = now.Add(2 * hopFreshness)
-	return edge.Verdict{}
-}
-
 // aggForward is an aggregated route's cluster side: the node ids sealed in
 // its session ids, the registry, and the hop.
 type aggForward struct {
 	ids    *broker.SessionIDs
 	route  string // the route's identity, the same on every replica
 	nodes  *cluster.Nodes
-	hop    *hopKey
+	hop    *edge.HopKey
 	client *http.Client
 	audit  *zap.Logger
 }
 
-func newAggForward(ids *broker.SessionIDs, route string, nodes *cluster.Nodes, hop *hopKey, audit *zap.Logger) *aggForward {
+func newAggForward(ids *broker.SessionIDs, route string, nodes *cluster.Nodes, hop *edge.HopKey, audit *zap.Logger) *aggForward {
 	tr := &http.Transport{
 		Proxy:                 nil, // a hop goes to the registry's address, never through a proxy from the environment
 		DialContext:           (&net.Dialer{Timeout: hopDialTimeout}).DialContext,
@@ -354,12 +186,12 @@ func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self
 	// target address is the registry's, whatever the Host.
 	out.Host = r.Host
 	out.ContentLength = int64(len(body))
-	for _, name := range hopForwardedHeaders {
+	for _, name := range edge.HopForwardedHeaders {
 		for _, v := range r.Header.Values(name) {
 			out.Header.Add(name, v)
 		}
 	}
-	if err := f.hop.sign(out, f.route, sid, self, node, p, body, time.Now()); err != nil {
+	if err := f.hop.Sign(out, f.route, sid, self, node, p, body, time.Now()); err != nil {
 		return &edge.RefusalError{Verdict: edge.Refuse(http.StatusBadGateway, "hop_failed", "this request cannot be forwarded to the replica that holds its session: "+err.Error())}
 	}
 	resp, err := f.client.Do(out)
@@ -371,8 +203,8 @@ func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self
 		return unknownSession("session_node_unreachable", fmt.Sprintf("unknown session: the replica that held it (node %q) does not answer; start a new session by initializing again without Mcp-Session-Id", node))
 	}
 	defer resp.Body.Close()
-	if resp.Header.Get(hopRefusedHeader) != "" {
-		reason := resp.Header.Get(hopRefusedHeader)
+	if resp.Header.Get(edge.HopRefusedHeader) != "" {
+		reason := resp.Header.Get(edge.HopRefusedHeader)
 		f.audit.Error("a replica refused a forwarded request", zap.String("event", "session_forward_refused"), zap.String("node", node), zap.String("reason", reason), zap.Int("status", resp.StatusCode))
 		v := edge.Refuse(http.StatusBadGateway, "hop_refused", fmt.Sprintf("the replica that holds this session (node %q) refused the forwarded request (%s); the operator should check that every replica has the same cluster key and configuration, and synchronized clocks", node, reason))
 		return &edge.RefusalError{Verdict: v}
@@ -448,7 +280,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	now := time.Now()
 	ip := policy.AddressKey(rf.clientIP, h.ipv6Prefix)
 	refuse := func(v edge.Verdict) error {
-		w.Header().Set(hopRefusedHeader, v.Reason)
+		w.Header().Set(edge.HopRefusedHeader, v.Reason)
 		if v.Status == http.StatusUnauthorized || v.Status == http.StatusForbidden {
 			h.ipLimit.Allow(ip, now)
 		}
@@ -475,15 +307,15 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		return h.refuse(w, r, rf, v)
 	}
 	f := ca.fwd
-	claims, v := f.hop.verify(r, body, f.nodes.Self(), f.route, now)
+	claims, v := f.hop.Verify(r, hopURI(r), body, f.nodes.Self(), f.route, now)
 	if !v.Allowed() {
 		return refuse(v)
 	}
-	p := claims.principal
+	p := claims.Principal
 	rf.p = p
-	if _, alive := f.nodes.Lookup(claims.from); !alive {
+	if _, alive := f.nodes.Lookup(claims.From); !alive {
 		return refuse(edge.Refuse(http.StatusForbidden, "hop_unknown_node",
-			fmt.Sprintf("the forwarded request comes from node %q, which is not alive in the node registry", claims.from)))
+			fmt.Sprintf("the forwarded request comes from node %q, which is not alive in the node registry", claims.From)))
 	}
 	if node, ok := f.owner(r.Header.Get(mcpSessionHeader)); !ok || node != f.nodes.Self() {
 		return h.refuse(w, r, rf, unknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict)
@@ -508,10 +340,10 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	default:
 	}
 	r = r.WithContext(ctx)
-	r.Header.Del(hopHeader)
-	r.Header.Del(hopPrincipalHeader)
+	r.Header.Del(edge.HopHeader)
+	r.Header.Del(edge.HopPrincipalHeader)
 	r.Header.Del("Authorization")
-	h.audit.Debug("forwarded request", zap.String("event", "session_forwarded_in"), zap.String("from", claims.from),
+	h.audit.Debug("forwarded request", zap.String("event", "session_forwarded_in"), zap.String("from", claims.From),
 		zap.String("token_id", p.TokenID), zap.String("http_method", r.Method))
 	// The sender's edge filters the answer (its listing filter): served
 	// here as the route serves its own requests.

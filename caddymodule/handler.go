@@ -409,7 +409,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	// A request another replica forwarded (forward.go) is checked by its
 	// signature, which no client can make, and nothing else.
-	if r.Header[hopHeader] != nil || r.Header[hopPrincipalHeader] != nil {
+	if r.Header[edge.HopHeader] != nil || r.Header[edge.HopPrincipalHeader] != nil {
 		return h.serveHop(w, r, rf)
 	}
 	if v := h.checkHostOrigin(r); !v.Allowed() {
