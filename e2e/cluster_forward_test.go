@@ -90,7 +90,8 @@ http://%s {
 // answer. One go-sdk session round-robined over three replicas runs
 // initialize, its standalone GET stream, tools/list and tools/call (with
 // progress notifications on the answer's SSE stream); a GET stream opened
-// through a replica that does not hold the session streams. When the
+// through a replica that does not hold the session streams, and a DELETE
+// through another ends the session. When the
 // replica that holds it is killed, the session gets 404 on the others and
 // the client initializes again on a replica that lives.
 func TestClusterForwardsAggregatedLegacySessions(t *testing.T) {
@@ -178,6 +179,20 @@ func TestClusterForwardsAggregatedLegacySessions(t *testing.T) {
 		t.Fatalf("GET stream through replica 2: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	resp.Body.Close()
+	// DELETE through replica 1 ends that session on replica 0: replica 2
+	// then gets 404 for it.
+	del, _ := http.NewRequestWithContext(ctx, http.MethodDelete, "http://"+hosts[1]+"/mcp", nil)
+	del.Header.Set("Authorization", "Bearer "+token)
+	del.Header.Set("Mcp-Session-Id", rawSID)
+	del.Header.Set("Mcp-Protocol-Version", legacyVersion)
+	dresp, err := shortClient.Do(del)
+	if err != nil || dresp.StatusCode >= 300 {
+		t.Fatalf("DELETE through replica 1: %v %v", err, dresp)
+	}
+	dresp.Body.Close()
+	if got := post(t, "http://"+hosts[2]+"/mcp", token, `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`, "Mcp-Session-Id", rawSID, "Mcp-Protocol-Version", legacyVersion); got.status != http.StatusNotFound {
+		t.Fatalf("the deleted session through replica 2: %d, want 404", got.status)
+	}
 
 	// Another token does not reach the session through another replica.
 	other := createToken(t, replicas[0], "other", "--scope", "mcp")
