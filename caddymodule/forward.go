@@ -53,12 +53,14 @@ import (
 
 // Bounds of the forwarding.
 const (
-	hopDialTimeout     = 5 * time.Second
-	hopResponseTimeout = 30 * time.Second // until the owner's answer's headers
+	// No bound on the answer's headers: go-sdk writes a POST's SSE
+	// headers with its first message, which a long tool call sends last.
+	// The client's request (and its token's revocation) bounds the hop.
+	hopDialTimeout = 5 * time.Second
 )
 
 // hopAnswerHeaders are the only answer headers passed back to the client.
-var hopAnswerHeaders = []string{"Content-Type", "Mcp-Session-Id", "Cache-Control", "Retry-After", "Allow"}
+var hopAnswerHeaders = []string{"Content-Type", "Mcp-Session-Id", "Cache-Control", "Retry-After", "Allow", "WWW-Authenticate"}
 
 // hopURL is r's URL as the client sent it, before Caddy's rewrites.
 func hopURL(r *http.Request) *url.URL {
@@ -84,15 +86,14 @@ type aggForward struct {
 
 func newAggForward(ids *broker.SessionIDs, route string, nodes *cluster.Nodes, hop *edge.HopKey, audit *zap.Logger) *aggForward {
 	tr := &http.Transport{
-		Proxy:                 nil, // a hop goes to the registry's address, never through a proxy from the environment
-		DialContext:           (&net.Dialer{Timeout: hopDialTimeout}).DialContext,
-		TLSClientConfig:       &tls.Config{MinVersion: tls.VersionTLS12},
-		TLSHandshakeTimeout:   hopDialTimeout,
-		ResponseHeaderTimeout: hopResponseTimeout,
-		MaxIdleConnsPerHost:   32,
-		IdleConnTimeout:       90 * time.Second,
-		ForceAttemptHTTP2:     true,
-		DisableCompression:    true,
+		Proxy:               nil, // a hop goes to the registry's address, never through a proxy from the environment
+		DialContext:         (&net.Dialer{Timeout: hopDialTimeout}).DialContext,
+		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout: hopDialTimeout,
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   true,
+		DisableCompression:  true,
 	}
 	if audit == nil {
 		audit = zap.NewNop()
@@ -191,7 +192,8 @@ func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self
 			out.Header.Add(name, v)
 		}
 	}
-	if err := f.hop.Sign(out, f.route, sid, self, node, p, body, time.Now()); err != nil {
+	nonce, err := f.hop.Sign(out, f.route, self, node, p, body, time.Now())
+	if err != nil {
 		return &edge.RefusalError{Verdict: edge.Refuse(http.StatusBadGateway, "hop_failed", "this request cannot be forwarded to the replica that holds its session: "+err.Error())}
 	}
 	resp, err := f.client.Do(out)
@@ -207,6 +209,13 @@ func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self
 		reason := resp.Header.Get(edge.HopRefusedHeader)
 		f.audit.Error("a replica refused a forwarded request", zap.String("event", "session_forward_refused"), zap.String("node", node), zap.String("reason", reason), zap.Int("status", resp.StatusCode))
 		v := edge.Refuse(http.StatusBadGateway, "hop_refused", fmt.Sprintf("the replica that holds this session (node %q) refused the forwarded request (%s); the operator should check that every replica has the same cluster key and configuration, and synchronized clocks", node, reason))
+		return &edge.RefusalError{Verdict: v}
+	}
+	if !f.hop.CheckAnswer(resp.Header.Get(edge.HopAnswerHeader), self, node, nonce) {
+		// Something answered at the advertised address, but not the route
+		// the hop was for: relay none of it.
+		f.audit.Error("a replica's advertised address answered without the route's tag", zap.String("event", "session_forward_untagged"), zap.String("node", node), zap.Int("status", resp.StatusCode))
+		v := edge.Refuse(http.StatusBadGateway, "hop_untagged", fmt.Sprintf("the replica that holds this session (node %q) did not answer through its aggregated route; the operator should check that its advertise address reaches this same site", node))
 		return &edge.RefusalError{Verdict: v}
 	}
 	for _, name := range hopAnswerHeaders {
@@ -317,6 +326,9 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		return refuse(edge.Refuse(http.StatusForbidden, "hop_unknown_node",
 			fmt.Sprintf("the forwarded request comes from node %q, which is not alive in the node registry", claims.From)))
 	}
+	// From here on this node answers for the route, refusals included
+	// (an unknown session's 404 reaches the client as such).
+	w.Header().Set(edge.HopAnswerHeader, f.hop.AnswerTag(claims))
 	if node, ok := f.owner(r.Header.Get(mcpSessionHeader)); !ok || node != f.nodes.Self() {
 		return h.refuse(w, r, rf, unknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict)
 	}

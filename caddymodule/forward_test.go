@@ -3,10 +3,13 @@ package caddymodule
 import (
 	"bytes"
 	"crypto/rand"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
@@ -95,28 +98,41 @@ func TestCheckAdvertise(t *testing.T) {
 }
 
 // The hop carries the forwarded headers only: no Authorization, cookie,
-// Origin or X-Forwarded-*.
+// Origin or X-Forwarded-*; the answer's headers come back by an allowlist,
+// and only an answer that carries the hop's tag (from the route the hop
+// was for) is relayed at all.
 func TestHopCarriesOnlyForwardedHeaders(t *testing.T) {
 	k := testHopKey(t)
 	var got http.Header
+	tagged := true
 	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got = r.Header.Clone()
+		body, _ := io.ReadAll(r.Body)
+		c, v := k.Verify(r, r.URL.RequestURI(), body, "b", hopRoute, time.Now())
+		if !v.Allowed() {
+			t.Errorf("the owner refuses the hop: %+v", v)
+		}
+		if tagged {
+			w.Header().Set(edge.HopAnswerHeader, k.AnswerTag(c))
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Set-Cookie", "x=1")
-		_, _ = w.Write([]byte(`{}`))
+		_, _ = w.Write([]byte(`{"internal":"page"}`))
 	}))
 	defer owner.Close()
 	f := newAggForward(nil, hopRoute, nil, k, nil)
-	in := httptest.NewRequest(http.MethodPost, "http://mcp.example/mcp", bytes.NewReader([]byte(`{}`)))
-	for name, v := range map[string]string{
-		"Authorization": "Bearer secret", "Cookie": "a=b", "Origin": "http://evil", "X-Forwarded-For": "1.2.3.4",
-		"X-Forwarded-Host": "evil", "Mcp-Session-Id": hopSID, "Content-Type": "application/json", "Accept": "application/json",
-	} {
-		in.Header.Set(name, v)
+	request := func() *http.Request {
+		in := httptest.NewRequest(http.MethodPost, "http://mcp.example/mcp", bytes.NewReader([]byte(`{}`)))
+		for name, v := range map[string]string{
+			"Authorization": "Bearer secret", "Cookie": "a=b", "Origin": "http://evil", "X-Forwarded-For": "1.2.3.4",
+			"X-Forwarded-Host": "evil", "Mcp-Session-Id": hopSID, "Content-Type": "application/json", "Accept": "application/json",
+		} {
+			in.Header.Set(name, v)
+		}
+		return in.WithContext(policy.WithPrincipal(in.Context(), policy.Principal{TokenID: "tok_1"}))
 	}
-	in = in.WithContext(policy.WithPrincipal(in.Context(), policy.Principal{TokenID: "tok_1"}))
 	w := httptest.NewRecorder()
-	if err := f.forwardTo(w, in, hopSID, "a", "b", owner.URL); err != nil {
+	if err := f.forwardTo(w, request(), hopSID, "a", "b", owner.URL); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"Authorization", "Cookie", "Origin", "X-Forwarded-For", "X-Forwarded-Host"} {
@@ -127,7 +143,18 @@ func TestHopCarriesOnlyForwardedHeaders(t *testing.T) {
 	if got.Get("Mcp-Session-Id") != hopSID || got.Get(edge.HopHeader) == "" {
 		t.Errorf("the hop lacks what the owner needs: %v", got)
 	}
-	if w.Header().Get("Set-Cookie") != "" {
-		t.Error("the owner's Set-Cookie reached the client")
+	if w.Header().Get("Set-Cookie") != "" || w.Header().Get(edge.HopAnswerHeader) != "" {
+		t.Errorf("the owner's Set-Cookie or tag reached the client: %v", w.Header())
+	}
+	if w.Body.String() != `{"internal":"page"}` {
+		t.Errorf("the tagged answer was not relayed: %q", w.Body.String())
+	}
+
+	tagged = false
+	w = httptest.NewRecorder()
+	err := f.forwardTo(w, request(), hopSID, "a", "b", owner.URL)
+	var re *edge.RefusalError
+	if !errors.As(err, &re) || re.Verdict.Reason != "hop_untagged" || w.Body.Len() != 0 {
+		t.Fatalf("an untagged answer: %v, %q relayed", err, w.Body.String())
 	}
 }

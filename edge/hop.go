@@ -35,6 +35,7 @@ const (
 	HopHeader          = "Zidane-Hop"
 	HopPrincipalHeader = "Zidane-Hop-Principal"
 	HopRefusedHeader   = "Zidane-Hop-Refused" // on the owner's refusal of a hop, for the sender
+	HopAnswerHeader    = "Zidane-Hop-Answer"  // on the owner's answer to a hop it took (see [HopKey.AnswerTag])
 )
 
 // Bounds of the hop.
@@ -94,26 +95,52 @@ func (k *HopKey) mac(method, uri, route, sid, from, to, at, nonce, principal str
 	return m.Sum(nil)
 }
 
-// sign sets out's hop headers: out goes from node from to node to, for
-// session sid on route, acting for p, with body. out's forwarded headers
-// must be set already.
-func (k *HopKey) Sign(out *http.Request, route, sid, from, to string, p policy.Principal, body []byte, now time.Time) error {
+// Sign sets out's hop headers: out goes from node from to node to, on
+// route, acting for p, with body; out's forwarded headers (its
+// Mcp-Session-Id among them) must be set already. It returns the hop's
+// nonce, which the answer's tag is bound to ([HopKey.CheckAnswer]).
+func (k *HopKey) Sign(out *http.Request, route, from, to string, p policy.Principal, body []byte, now time.Time) (nonce string, err error) {
 	pj, err := json.Marshal(p)
 	if err != nil {
-		return err
+		return "", err
 	}
 	principal := base64.RawURLEncoding.EncodeToString(pj)
 	if len(principal) > maxHopPrincipal {
-		return fmt.Errorf("the principal is %d bytes encoded, over the hop's %d", len(principal), maxHopPrincipal)
+		return "", fmt.Errorf("the principal is %d bytes encoded, over the hop's %d", len(principal), maxHopPrincipal)
 	}
 	nb := make([]byte, 16)
 	_, _ = rand.Read(nb)
-	nonce := hex.EncodeToString(nb)
+	nonce = hex.EncodeToString(nb)
 	at := strconv.FormatInt(now.UnixMilli(), 10)
-	mac := k.mac(out.Method, out.URL.RequestURI(), route, sid, from, to, at, nonce, principal, body, out.Header)
+	mac := k.mac(out.Method, out.URL.RequestURI(), route, out.Header.Get("Mcp-Session-Id"), from, to, at, nonce, principal, body, out.Header)
 	out.Header.Set(HopHeader, "v1;from="+from+";to="+to+";t="+at+";n="+nonce+";mac="+base64.RawURLEncoding.EncodeToString(mac))
 	out.Header.Set(HopPrincipalHeader, principal)
-	return nil
+	return nonce, nil
+}
+
+// AnswerTag is what the receiver of a checked hop sets in its answer's
+// HopAnswerHeader: proof, for the sender, that the answer comes from the
+// route the hop was for (and not from whatever else listens at the
+// advertised address), bound to that one hop.
+func (k *HopKey) AnswerTag(c HopClaims) string {
+	return base64.RawURLEncoding.EncodeToString(k.answerMAC(c.From, c.To, c.Nonce))
+}
+
+// CheckAnswer says whether tag is the answer tag of the hop with nonce
+// from node from to node to.
+func (k *HopKey) CheckAnswer(tag, from, to, nonce string) bool {
+	got, err := base64.RawURLEncoding.DecodeString(tag)
+	return err == nil && hmac.Equal(got, k.answerMAC(from, to, nonce))
+}
+
+func (k *HopKey) answerMAC(from, to, nonce string) []byte {
+	m := hmac.New(sha256.New, k.key)
+	var n [binary.MaxVarintLen64]byte
+	for _, s := range []string{"zidane aggregate hop answer v1", from, to, nonce} {
+		m.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+		m.Write([]byte(s))
+	}
+	return m.Sum(nil)
 }
 
 // hopRefused is the refusal of a hop: 401 with reason, and the message the

@@ -33,7 +33,7 @@ func signedHop(t *testing.T, k *HopKey, method, body string, at time.Time) *http
 	out.Header.Set("Mcp-Session-Id", hopSID)
 	out.Header.Set("Mcp-Protocol-Version", "2025-11-25")
 	p := policy.Principal{TokenID: "tok_1", Name: "alice", Scopes: []string{"mcp"}}
-	if err := k.Sign(out, hopRoute, hopSID, "a", "b", p, []byte(body), at); err != nil {
+	if _, err := k.Sign(out, hopRoute, "a", "b", p, []byte(body), at); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -160,5 +160,28 @@ func TestHopReplayCacheIsBounded(t *testing.T) {
 	}
 	if _, v := k.Verify(r, r.URL.RequestURI(), nil, "b", hopRoute, now); !v.Allowed() {
 		t.Fatalf("after expiry: %+v", v)
+	}
+}
+
+// The answer tag binds the answer to its hop: another hop's nonce, other
+// nodes, another key do not check.
+func TestHopAnswerTag(t *testing.T) {
+	k := testHopKey(t)
+	c := HopClaims{From: "a", To: "b", Nonce: "0123456789abcdef0123456789abcdef"}
+	tag := k.AnswerTag(c)
+	if !k.CheckAnswer(tag, "a", "b", c.Nonce) {
+		t.Fatal("the tag of the hop does not check")
+	}
+	for name, ok := range map[string]bool{
+		"another nonce":  k.CheckAnswer(tag, "a", "b", "ffffffffffffffffffffffffffffffff"),
+		"other nodes":    k.CheckAnswer(tag, "b", "a", c.Nonce),
+		"another key":    testHopKey(t).CheckAnswer(tag, "a", "b", c.Nonce),
+		"no tag":         k.CheckAnswer("", "a", "b", c.Nonce),
+		"a made-up tag":  k.CheckAnswer("AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "a", "b", c.Nonce),
+		"not base64url!": k.CheckAnswer("***", "a", "b", c.Nonce),
+	} {
+		if ok {
+			t.Errorf("%s: checks", name)
+		}
 	}
 }
