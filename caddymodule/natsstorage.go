@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -205,7 +206,7 @@ func (s *NATSStorage) CertMagicStorage() (certmagic.Storage, error) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		node := "caddy"
+		node := cmp.Or(s.Node, "caddy") // names this replica in the locks it holds
 		if s.Advertise != "" {
 			if node, err = s.nodeID(); err != nil {
 				conn.Close()
