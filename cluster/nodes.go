@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
@@ -55,6 +56,8 @@ type NodeOptions struct {
 	TTL time.Duration
 	// Logger gets the registry's warnings; nil discards them.
 	Logger *slog.Logger
+
+	instance string // tests: another process's instance
 }
 
 // nodeEntry is what a node's registry entry holds, sealed.
@@ -155,7 +158,7 @@ func (s *Storage) StartNodes(ctx context.Context, opts NodeOptions) (*Nodes, err
 	}
 	n := &Nodes{
 		st: s, kv: kv, aead: aead, bucket: bucket, ttl: opts.TTL, log: log, started: time.Now(),
-		self: nodeEntry{Node: opts.Node, Advertise: opts.Advertise, Instance: processInstance},
+		self: nodeEntry{Node: opts.Node, Advertise: opts.Advertise, Instance: cmp.Or(opts.instance, processInstance)},
 		stop: make(chan struct{}), done: make(chan struct{}),
 		nodes: map[string]nodeSeen{},
 	}

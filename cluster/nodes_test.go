@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"crypto/rand"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -169,5 +170,31 @@ func TestNodesOptions(t *testing.T) {
 			n.Close()
 			t.Errorf("%+v accepted", o)
 		}
+	}
+}
+
+// Two processes heartbeating under one node id (a copied config) are told
+// apart by their instance, and each logs that the other is there.
+func TestNodesDuplicateIDIsLogged(t *testing.T) {
+	url := startNATS(t)
+	logs := &recordLog{}
+	for _, inst := range []string{"one", "two"} {
+		st, nc := newStorage(t, url, StorageOptions{Bucket: "nodes"})
+		st.conn = &Conn{nc: nc}
+		n, err := st.StartNodes(testCtx(t), NodeOptions{Node: "gw-1", Advertise: "http://127.0.0.1:1", TTL: time.Second, Logger: slog.New(logs), instance: inst})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(n.Close)
+	}
+	if !waitFor(10*time.Second, func() bool {
+		for _, m := range logs.all() {
+			if strings.Contains(m, "another process heartbeats under this node's id") && strings.Contains(m, "node=gw-1") {
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("no duplicate logged: %v", logs.all())
 	}
 }
