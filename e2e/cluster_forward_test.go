@@ -21,6 +21,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 )
 
@@ -343,7 +344,9 @@ func (h testHop) sign(t *testing.T, req *http.Request, body, from, to string, at
 	req.Header.Set("Zidane-Hop-Principal", principal)
 }
 
-// Hops signed here with the cluster key, straight to the owner: a
+// Session ids that name a node are refused 404 unless the cluster key
+// sealed them for this route and a live node. Hops signed here with the
+// cluster key, straight to the owner: a
 // correctly signed hop from a registered node is served (so the signer is
 // right, and the refusals below are the owner's checks); the session stays
 // bound to its token even then (another token's principal gets 404); the
@@ -379,6 +382,32 @@ func TestClusterHopChecks(t *testing.T) {
 		t.Fatalf("initialize on A: %d (token id %q)", init.status, tokenID)
 	}
 	post(t, "http://"+hostA+"/mcp", token, `{"jsonrpc":"2.0","method":"notifications/initialized"}`, "Mcp-Session-Id", sid, "Mcp-Protocol-Version", legacyVersion)
+
+	// Session ids that name a node without the cluster key's seal name
+	// none: refused 404 on B, never forwarded. One sealed with the key
+	// for a node the registry does not know gets 404 too.
+	sk, err := cluster.Derive(rawKey, "session ids")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := broker.NewSessionIDs(sk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flipped := []byte(sid)
+	flipped[len(flipped)/2] ^= 1
+	for _, tc := range []struct{ name, sid, reason string }{
+		{"a node id in plain text", "gw-a/" + randomHex(16), "session_unknown"},
+		{"base64 of a node id", base64.RawURLEncoding.EncodeToString([]byte("gw-a/" + randomHex(16))), "session_unknown"},
+		{"A's session id altered", string(flipped), "session_unknown"},
+		{"sealed for A on another route", ids.Seal("gw-a/"+randomHex(16), "", "aggregate-node|/mcp||other"), "session_unknown"},
+		{"sealed for an unknown node", ids.Seal("gw-x/"+randomHex(16), "", "aggregate-node|/mcp||ev"), "session_node_gone"},
+	} {
+		got := post(t, "http://"+hostB+"/mcp", token, `{"jsonrpc":"2.0","id":4,"method":"tools/list"}`, "Mcp-Session-Id", tc.sid, "Mcp-Protocol-Version", legacyVersion)
+		if got.status != http.StatusNotFound || !strings.Contains(got.body, `"reason":"`+tc.reason+`"`) {
+			t.Errorf("%s through B: %d %s, want 404 %s", tc.name, got.status, tail(got.body, 200), tc.reason)
+		}
+	}
 
 	hk, err := cluster.Derive(rawKey, "aggregate hop v1")
 	if err != nil {
