@@ -222,7 +222,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		// and another for another site or upstream list, so that no id or
 		// hop of one aggregated route is taken by another.
 		route := "aggregate-node|" + h.Resource + "|" + h.Prefix + "|" + strings.Join(h.Aggregate, ",")
-		fwd = newAggForward(ids, route, nodes, edge.NewHopKey(hk), h.audit)
+		fwd = newAggForward(ids, route, nodes, sharedHopKey(hk), h.audit)
 	}
 	opts := broker.AggregateOptions{
 		// Pid files of stdio upstreams: a gateway that crashed leaves them,

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -72,6 +73,18 @@ func hopURL(r *http.Request) *url.URL {
 
 // hopURI is the request URI a hop is signed over.
 func hopURI(r *http.Request) string { return hopURL(r).RequestURI() }
+
+// hopKeys holds one HopKey per hop key for the life of the process, so
+// that a config reload keeps the nonces seen: a hop taken before a reload
+// is a replay after it. (A process that restarts forgets them, and with
+// them every session a replayed hop could name.) One entry per cluster
+// key the process has run with.
+var hopKeys sync.Map // string(key) -> *edge.HopKey
+
+func sharedHopKey(key []byte) *edge.HopKey {
+	v, _ := hopKeys.LoadOrStore(string(key), edge.NewHopKey(key))
+	return v.(*edge.HopKey)
+}
 
 // aggForward is an aggregated route's cluster side: the node ids sealed in
 // its session ids, the registry, and the hop.
