@@ -198,3 +198,26 @@ func TestNodesDuplicateIDIsLogged(t *testing.T) {
 		t.Fatalf("no duplicate logged: %v", logs.all())
 	}
 }
+
+// A config reload onto other NATS settings opens a second registry for
+// the node before the first closes: closing the first leaves the entry
+// the second wrote, so the node is never gone for the others.
+func TestNodesCloseLeavesANewerRegistrysEntry(t *testing.T) {
+	url := startNATS(t)
+	old, _ := startNode(t, url, "gw-1", time.Second, nil)
+	newer, _ := startNode(t, url, "gw-1", time.Second, nil)
+	old.Close()
+	kv := rawNodes(t, url)
+	e, err := kv.Get(testCtx(t), "gw-1")
+	if err != nil {
+		t.Fatalf("the newer registry's entry is gone after the old one closed: %v", err)
+	}
+	if e.Revision() < newer.lastRev.Load() {
+		t.Fatalf("the entry is at revision %d, before the newer registry's %d", e.Revision(), newer.lastRev.Load())
+	}
+	// The newer one, closing last, removes it.
+	newer.Close()
+	if _, err := kv.Get(testCtx(t), "gw-1"); err == nil {
+		t.Fatal("the entry outlived the last registry of its node")
+	}
+}
