@@ -108,6 +108,12 @@ type AggregateOptions struct {
 	// are checked here, each against its owner, and a resource of an
 	// upstream the token may not use fails the listen request.
 	MayUse func(p policy.Principal, upstream string) bool
+	// NewSessionID, when set, gives the id of each new 2025-11-25
+	// downstream session (go-sdk's ServerOptions.GetSessionID); by
+	// default 128 random bits. In a cluster it seals the node that holds
+	// the session into its id, so that another replica can forward to it.
+	// It must be unguessable and visible ASCII.
+	NewSessionID func() string
 }
 
 // DefaultStdioIdle is the default of [AggregateOptions.StdioIdle].
@@ -362,6 +368,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		SetCacheable:              a.setCacheable,
 		SubscribeHandler:          a.subscribe,
 		UnsubscribeHandler:        a.unsubscribe,
+		GetSessionID:              opts.NewSessionID,
 		SupportedProtocolVersions: []string{protocolModern, "2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"},
 		Capabilities: &mcp.ServerCapabilities{
 			Logging:   &mcp.LoggingCapabilities{},

@@ -41,6 +41,11 @@ import (
 const principalIdle = 10 * time.Minute
 
 // modernRequest reports whether r is a 2026-07-28 request.
+// ModernRequest says whether the aggregated route serves r at 2026-07-28,
+// without a session, as it does every request whose MCP-Protocol-Version
+// is that or later (whatever its Mcp-Session-Id).
+func ModernRequest(r *http.Request) bool { return modernRequest(r) }
+
 func modernRequest(r *http.Request) bool {
 	return r.Header.Get(headerProtocolVersion) >= protocolModern
 }

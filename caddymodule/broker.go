@@ -199,7 +199,33 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	allows := func(p policy.Principal, name string) bool {
 		return upstreamAllows(p, byName[name], !h.NoDefaultScopes)
 	}
-	agg, err := broker.NewAggregate(ups, broker.AggregateOptions{
+	// In cluster mode the route's 2025-11-25 sessions name the node that
+	// holds them, and other replicas forward to it (see forward.go).
+	var fwd *aggForward
+	if cs, ok := ctx.Storage().(*cluster.Storage); ok {
+		nodes := cs.Nodes()
+		if nodes == nil {
+			return errors.New("aggregate on storage zidane_nats: set advertise (and node, unless the host name is this replica's id) in the storage zidane_nats block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see the README's cluster section")
+		}
+		key, err := sessionIDKey(cs)
+		if err != nil {
+			return err
+		}
+		ids, err := broker.NewSessionIDs(key)
+		if err != nil {
+			return err
+		}
+		hk, err := cs.DeriveKey("aggregate hop v1")
+		if err != nil {
+			return err
+		}
+		// The route's identity: the same on every replica of one config,
+		// and another for another site or upstream list, so that no id or
+		// hop of one aggregated route is taken by another.
+		route := "aggregate-node|" + h.Resource + "|" + h.Prefix + "|" + strings.Join(h.Aggregate, ",")
+		fwd = newAggForward(ids, route, nodes, sharedHopKey(hk), h.audit)
+	}
+	opts := broker.AggregateOptions{
 		// Pid files of stdio upstreams: a gateway that crashed leaves them,
 		// and the next start ends the processes they name.
 		PIDDir:              filepath.Join(caddy.AppDataDir(), "zidane", "stdio"),
@@ -214,7 +240,11 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		Credentials:         app.credentials,
 		AuthRequired:        app.authRequired,
 		MayUse:              allows,
-	})
+	}
+	if fwd != nil {
+		opts.NewSessionID = fwd.mint
+	}
+	agg, err := broker.NewAggregate(ups, opts)
 	if err != nil {
 		return fmt.Errorf("aggregate: %w", err)
 	}
@@ -226,8 +256,12 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 			store = h.openPins(ctx, name, u.PinMode())
 		}
 	}
-	h.route = &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows,
+	route := &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows,
 		SharedParams: h.sharedParams(ctx, "params|aggregate|"+h.Prefix+"|"+strings.Join(h.Aggregate, ",")), Pins: store}
+	h.route = route
+	if fwd != nil {
+		h.route = &clusterAggregate{Aggregate: route, fwd: fwd}
+	}
 	return nil
 }
 

@@ -423,6 +423,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if v := edge.CheckSingleHeaders(r); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
+	// A request another replica forwarded (forward.go) is checked by its
+	// signature, which no client can make, and nothing else.
+	if r.Header[edge.HopHeader] != nil || r.Header[edge.HopPrincipalHeader] != nil {
+		return h.serveHop(w, r, rf)
+	}
 	if v := h.checkHostOrigin(r); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -51,6 +52,17 @@ type NATSStorage struct {
 	// default the environment variable ZIDANE_CLUSTER_KEY. 32 bytes in
 	// base64. Every value is sealed with a key derived from it.
 	Key string `json:"key,omitempty"`
+	// Node is this replica's id in the cluster (1 to 64 of A-Z a-z 0-9 .
+	// _ -): the aggregated route seals it into the 2025-11-25 session ids
+	// it gives out, so another replica knows where to forward them.
+	// Default: the host name, which must then be such an id. Every replica
+	// needs its own.
+	Node string `json:"node,omitempty"`
+	// Advertise is the URL other replicas forward this one's sessions to:
+	// https://host:port (http:// to loopback only), reaching the same
+	// Caddy sites. Required for an aggregated route on this storage;
+	// setting it registers this replica in the node registry.
+	Advertise string `json:"advertise,omitempty"`
 
 	key string // natsPool key
 	log *slog.Logger
@@ -70,11 +82,15 @@ func (NATSStorage) CaddyModule() caddy.ModuleInfo {
 var natsPool = caddy.NewUsagePool()
 
 type natsState struct {
-	conn *cluster.Conn
-	st   *cluster.Storage
+	conn  *cluster.Conn
+	st    *cluster.Storage
+	nodes *cluster.Nodes // when advertise is set
 }
 
 func (n *natsState) Destruct() error {
+	if n.nodes != nil {
+		n.nodes.Close()
+	}
 	n.conn.Close()
 	return nil
 }
@@ -105,6 +121,19 @@ func (s *NATSStorage) Provision(ctx caddy.Context) error {
 	}
 	if _, err := s.clusterKey(); err != nil {
 		return fmt.Errorf("storage zidane_nats: %w", err)
+	}
+	if s.Node != "" {
+		if err := cluster.CheckNodeID(s.Node); err != nil {
+			return fmt.Errorf("storage zidane_nats: node: %w", err)
+		}
+	}
+	if s.Advertise != "" {
+		if err := checkAdvertise(s.Advertise); err != nil {
+			return fmt.Errorf("storage zidane_nats: %w", err)
+		}
+		if _, err := s.nodeID(); err != nil {
+			return fmt.Errorf("storage zidane_nats: %w", err)
+		}
 	}
 	b, _ := json.Marshal(s)
 	s.key = string(b)
@@ -142,6 +171,21 @@ func (s *NATSStorage) clusterKey() ([]byte, error) {
 	return key, nil
 }
 
+// nodeID is the configured node id, or the host name.
+func (s *NATSStorage) nodeID() (string, error) {
+	if s.Node != "" {
+		return s.Node, nil
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("node: no node id is set and the host name is unknown (%v); set node, such as node gw-1", err)
+	}
+	if err := cluster.CheckNodeID(h); err != nil {
+		return "", fmt.Errorf("node: no node id is set and the host name %q is not one: set node, 1 to %d characters of A-Z a-z 0-9 . _ -, such as node gw-1", h, cluster.MaxNodeIDLen)
+	}
+	return h, nil
+}
+
 // CertMagicStorage connects (or reuses this configuration's connection)
 // and returns the storage.
 func (s *NATSStorage) CertMagicStorage() (certmagic.Storage, error) {
@@ -162,15 +206,29 @@ func (s *NATSStorage) CertMagicStorage() (certmagic.Storage, error) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		node := cmp.Or(s.Node, "caddy") // names this replica in the locks it holds
+		if s.Advertise != "" {
+			if node, err = s.nodeID(); err != nil {
+				conn.Close()
+				return nil, fmt.Errorf("storage zidane_nats: %w", err)
+			}
+		}
 		st, err := conn.Storage(ctx, cluster.StorageOptions{Key: key,
 			Bucket: s.Bucket, Replicas: s.Replicas, LockTTL: time.Duration(s.LockTTL),
-			Name: fmt.Sprint(s.URLs), Owner: "caddy",
+			Name: fmt.Sprint(s.URLs), Owner: node,
 		})
 		if err != nil {
 			conn.Close()
 			return nil, fmt.Errorf("storage zidane_nats: %w", err)
 		}
-		return &natsState{conn: conn, st: st}, nil
+		state := &natsState{conn: conn, st: st}
+		if s.Advertise != "" {
+			if state.nodes, err = st.StartNodes(ctx, cluster.NodeOptions{Node: node, Advertise: s.Advertise, Logger: s.log}); err != nil {
+				conn.Close()
+				return nil, fmt.Errorf("storage zidane_nats: %w", err)
+			}
+		}
+		return state, nil
 	})
 	if err != nil {
 		return nil, err
@@ -199,6 +257,8 @@ func (s *NATSStorage) Cleanup() error {
 //		replicas  <n>
 //		lock_ttl  <duration>
 //		key       {env.VAR}
+//		node      <id>
+//		advertise <url>
 //	}
 func (s *NATSStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the module name
@@ -246,6 +306,18 @@ func (s *NATSStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err = one(&s.Key); err == nil && !onePlaceholder.MatchString(s.Key) {
 				return d.Err(literalError("key", "{env.VAR} (or leave it out and set "+ClusterKeyEnv+")").Error())
 			}
+		case "node":
+			if err = one(&s.Node); err == nil {
+				if cerr := cluster.CheckNodeID(s.Node); cerr != nil {
+					return d.Errf("node: %v", cerr)
+				}
+			}
+		case "advertise":
+			if err = one(&s.Advertise); err == nil {
+				if cerr := checkAdvertise(s.Advertise); cerr != nil {
+					return d.Err(cerr.Error())
+				}
+			}
 		case "lock_ttl":
 			var v string
 			if err = one(&v); err == nil {
@@ -256,7 +328,7 @@ func (s *NATSStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				s.LockTTL = caddy.Duration(dur)
 			}
 		default:
-			return d.Errf("storage zidane_nats: unknown option %q; the options are url, creds, tls_ca, tls_cert, tls_key, bucket, replicas, lock_ttl, key", d.Val())
+			return d.Errf("storage zidane_nats: unknown option %q; the options are url, creds, tls_ca, tls_cert, tls_key, bucket, replicas, lock_ttl, key, node, advertise", d.Val())
 		}
 		if err != nil {
 			return err

@@ -150,7 +150,7 @@ func routeName(route edge.Route) string {
 		return "guard"
 	case *edge.Upstream:
 		return "broker"
-	case *edge.Aggregate:
+	case *edge.Aggregate, *clusterAggregate:
 		return "aggregate"
 	}
 	return "sessions"

@@ -47,19 +47,19 @@ func (c ConnConfig) Check() error {
 	for _, raw := range c.URLs {
 		u, err := url.Parse(raw)
 		if err != nil || u.Host == "" {
-			return fmt.Errorf("NATS URL %q is not a URL such as nats://127.0.0.1:4222 or tls://nats-1.internal:4222", raw)
+			return fmt.Errorf("NATS url %q is not a URL such as nats://127.0.0.1:4222 or tls://nats-1.internal:4222", raw)
 		}
 		if u.User != nil {
-			return fmt.Errorf("NATS URL %q carries a user or password: give credentials in a creds file (creds), not in the URL, which logs and listings show", redactURL(u))
+			return fmt.Errorf("NATS url %q carries a user or password: give credentials in a creds file (creds), not in the URL, which logs and listings show", redactURL(u))
 		}
 		switch u.Scheme {
 		case "tls":
 		case "nats":
 			if !tlsOn && !loopbackHost(u.Hostname()) {
-				return fmt.Errorf("NATS URL %q is plain nats:// to a host that is not loopback: use tls://, or give tls_ca, so the gateway's state does not cross the network in the clear", raw)
+				return fmt.Errorf("NATS url %q is plain nats:// to a host that is not loopback: use tls://, or give tls_ca, so the gateway's state does not cross the network in the clear", raw)
 			}
 		default:
-			return fmt.Errorf("NATS URL %q: the scheme must be nats:// (loopback) or tls://", raw)
+			return fmt.Errorf("NATS url %q: the scheme must be nats:// (loopback) or tls://", raw)
 		}
 	}
 	return nil

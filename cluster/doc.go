@@ -1,9 +1,16 @@
 // Package cluster is what several replicas of the gateway share through
 // NATS JetStream. It is the only package that imports nats.go.
 //
-// What it holds today is [Storage], a certmagic.Storage on JetStream, for
-// everything the file storage holds on a single node (tokens, sessions,
-// upstream credentials, TLS certificates):
+// It holds [Storage], a certmagic.Storage on JetStream, for everything the
+// file storage holds on a single node (tokens, sessions, upstream
+// credentials, TLS certificates); on the storage's connection, the sharing
+// of rate-limit usage ([LimitShare]) and of operators' actions ([Actions]),
+// each on a sealed bus; and the node registry ([Nodes]: each node's
+// advertised address under its id, sealed, heartbeat every third of a TTL,
+// dead one TTL after its last heartbeat), through which the aggregated
+// route finds the replica that holds a session.
+//
+// The storage:
 //
 //   - values live in a KV bucket ("zidane" by default), one entry per key;
 //     each path segment of a key is one KV token, escaped so that the

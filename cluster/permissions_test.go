@@ -29,22 +29,22 @@ import (
 
 // LeastPrivilege is the NATS authorization the README gives for the
 // gateway's NATS user with the default bucket: what TestLeastPrivilegeNATSUser
-// runs the whole storage, the rate-limit sharing and the admin actions
-// under. Keep the two in step.
+// runs the whole storage, the rate-limit sharing, the admin actions and
+// the node registry under. Keep the two in step.
 const leastPrivilege = `
 	publish: {
 		allow: [
 			"$JS.API.INFO",
-			"$JS.API.STREAM.INFO.KV_zidane", "$JS.API.STREAM.INFO.KV_zidane_locks", "$JS.API.STREAM.INFO.OBJ_zidane_blobs",
-			"$JS.API.STREAM.CREATE.KV_zidane", "$JS.API.STREAM.CREATE.KV_zidane_locks", "$JS.API.STREAM.CREATE.OBJ_zidane_blobs",
-			"$JS.API.STREAM.UPDATE.KV_zidane", "$JS.API.STREAM.UPDATE.KV_zidane_locks", "$JS.API.STREAM.UPDATE.OBJ_zidane_blobs",
-			"$JS.API.STREAM.MSG.GET.KV_zidane", "$JS.API.STREAM.MSG.GET.KV_zidane_locks", "$JS.API.STREAM.MSG.GET.OBJ_zidane_blobs",
-			"$JS.API.DIRECT.GET.KV_zidane.>", "$JS.API.DIRECT.GET.KV_zidane_locks.>", "$JS.API.DIRECT.GET.OBJ_zidane_blobs.>",
+			"$JS.API.STREAM.INFO.KV_zidane", "$JS.API.STREAM.INFO.KV_zidane_locks", "$JS.API.STREAM.INFO.KV_zidane_nodes", "$JS.API.STREAM.INFO.OBJ_zidane_blobs",
+			"$JS.API.STREAM.CREATE.KV_zidane", "$JS.API.STREAM.CREATE.KV_zidane_locks", "$JS.API.STREAM.CREATE.KV_zidane_nodes", "$JS.API.STREAM.CREATE.OBJ_zidane_blobs",
+			"$JS.API.STREAM.UPDATE.KV_zidane", "$JS.API.STREAM.UPDATE.KV_zidane_locks", "$JS.API.STREAM.UPDATE.KV_zidane_nodes", "$JS.API.STREAM.UPDATE.OBJ_zidane_blobs",
+			"$JS.API.STREAM.MSG.GET.KV_zidane", "$JS.API.STREAM.MSG.GET.KV_zidane_locks", "$JS.API.STREAM.MSG.GET.KV_zidane_nodes", "$JS.API.STREAM.MSG.GET.OBJ_zidane_blobs",
+			"$JS.API.DIRECT.GET.KV_zidane.>", "$JS.API.DIRECT.GET.KV_zidane_locks.>", "$JS.API.DIRECT.GET.KV_zidane_nodes.>", "$JS.API.DIRECT.GET.OBJ_zidane_blobs.>",
 			"$JS.API.STREAM.PURGE.OBJ_zidane_blobs",
-			"$JS.API.CONSUMER.CREATE.KV_zidane.>", "$JS.API.CONSUMER.CREATE.KV_zidane_locks.>", "$JS.API.CONSUMER.CREATE.OBJ_zidane_blobs.>",
-			"$JS.API.CONSUMER.DELETE.KV_zidane.>", "$JS.API.CONSUMER.DELETE.KV_zidane_locks.>", "$JS.API.CONSUMER.DELETE.OBJ_zidane_blobs.>",
-			"$JS.FC.KV_zidane.>", "$JS.FC.KV_zidane_locks.>", "$JS.FC.OBJ_zidane_blobs.>",
-			"$KV.zidane.>", "$KV.zidane_locks.>", "$O.zidane_blobs.>",
+			"$JS.API.CONSUMER.CREATE.KV_zidane.>", "$JS.API.CONSUMER.CREATE.KV_zidane_locks.>", "$JS.API.CONSUMER.CREATE.KV_zidane_nodes.>", "$JS.API.CONSUMER.CREATE.OBJ_zidane_blobs.>",
+			"$JS.API.CONSUMER.DELETE.KV_zidane.>", "$JS.API.CONSUMER.DELETE.KV_zidane_locks.>", "$JS.API.CONSUMER.DELETE.KV_zidane_nodes.>", "$JS.API.CONSUMER.DELETE.OBJ_zidane_blobs.>",
+			"$JS.FC.KV_zidane.>", "$JS.FC.KV_zidane_locks.>", "$JS.FC.KV_zidane_nodes.>", "$JS.FC.OBJ_zidane_blobs.>",
+			"$KV.zidane.>", "$KV.zidane_locks.>", "$KV.zidane_nodes.>", "$O.zidane_blobs.>",
 			"zidane.limits.>", "zidane.admin.zidane"
 		]
 	}
@@ -298,6 +298,20 @@ authorization {
 				t.Fatal("the action never arrived")
 			}
 		}
+	}
+	// The node registry: each sees the other.
+	na, err := a.StartNodes(ctx, NodeOptions{Node: "gw-a", Advertise: "http://127.0.0.1:1", TTL: 2 * time.Second, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatalf("node registry as the least-privilege user: %v", err)
+	}
+	t.Cleanup(na.Close)
+	nb, err := b.StartNodes(ctx, NodeOptions{Node: "gw-b", Advertise: "http://127.0.0.1:2", TTL: 2 * time.Second, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatalf("node registry as the least-privilege user: %v", err)
+	}
+	t.Cleanup(nb.Close)
+	if !waitFor(20*time.Second, func() bool { _, ab := na.Lookup("gw-b"); _, ba := nb.Lookup("gw-a"); return ab && ba }) {
+		t.Fatal("the nodes did not see each other under the least-privilege user")
 	}
 	for _, m := range logs.all() {
 		if strings.Contains(strings.ToLower(m), "permission") {

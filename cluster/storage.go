@@ -73,6 +73,8 @@ type Storage struct {
 	holder string
 	seal   *sealer
 	conn   *Conn // when opened by Conn.Storage
+	js     jetstream.JetStream
+	nodes  atomic.Pointer[Nodes] // the node registry started on this storage, if any
 
 	// leader reads the data bucket's stream from its leader (see
 	// loadEntry); nats.go's KeyValue reads by direct get only.
@@ -195,7 +197,7 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 		return nil, fmt.Errorf("cluster storage: %w", err)
 	}
 	return &Storage{
-		data: data, leader: leader, locks: locks, blobs: blobs, opts: opts, seal: sl,
+		data: data, leader: leader, locks: locks, blobs: blobs, opts: opts, seal: sl, js: js,
 		holder: opts.Owner + "#" + randomHex(8),
 		held:   map[string]*heldLock{},
 	}, nil

@@ -458,12 +458,14 @@ func TestClusterUpstreamActionsReachEveryReplica(t *testing.T) {
 	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
 	var replicas []*Caddy
 	var urls []string
-	for range 2 {
+	for i := range 2 {
 		port := freePort(t)
 		c := startCaddy(t, fmt.Sprintf(`{
 	admin %s
 	storage zidane_nats {
 		url %s
+		node gw-%d
+		advertise http://127.0.0.1:%d
 	}
 	zidane {
 		upstream local {
@@ -477,7 +479,7 @@ http://127.0.0.1:%d {
 		aggregate local
 	}
 }
-`, AdminPlaceholder, natsURL, everythingServerBin, port), clusterKey)
+`, AdminPlaceholder, natsURL, i, port, everythingServerBin, port), clusterKey)
 		replicas = append(replicas, c)
 		urls = append(urls, fmt.Sprintf("http://127.0.0.1:%d/mcp", port))
 	}

@@ -50,7 +50,8 @@ type referenceOption struct {
 }
 
 // referenceOptions reads the options of the README's caddyfile blocks
-// under "Directive reference: `zidane_mcp`" and "Global option: `zidane`":
+// under "Directive reference: `zidane_mcp`", "Global option: `zidane`" and
+// "Shared storage on NATS (several replicas)" (the storage block):
 // every line's first word, named by the blocks it sits in. The block names
 // are options too ("zidane_mcp jwt"), and so are the directive and the
 // global option themselves. A first word such as a|b names two options.
@@ -62,7 +63,7 @@ func referenceOptions(t *testing.T) []referenceOption {
 	}
 	var opts []referenceOption
 	seen := map[string]bool{}
-	for _, heading := range []string{"## Directive reference: `zidane_mcp`", "## Global option: `zidane`"} {
+	for _, heading := range []string{"## Directive reference: `zidane_mcp`", "## Global option: `zidane`", "## Shared storage on NATS (several replicas)"} {
 		_, after, ok := strings.Cut(string(raw), "\n"+heading+"\n")
 		if !ok {
 			t.Fatalf("README.md has no heading %q", heading)
@@ -622,7 +623,48 @@ func badConfigs(fx configFixtures) []badConfig {
 	} {
 		cases = append(cases, c(m.option, labelMissing, m.caddyfile, "no such file"))
 	}
+	// The storage block: refused before caddy dials NATS (nats://127.0.0.1:1
+	// would refuse the connection).
+	nats := func(option, label string, lines ...string) func(want ...string) badConfig {
+		return func(want ...string) badConfig {
+			return withEnv(c(option, label, natsBlock(lines...), want...), clusterKeyEnv)
+		}
+	}
+	cases = append(cases,
+		c("storage", "an argument", "{\n\tadmin off\n\tstorage zidane_nats extra {\n\t\turl nats://127.0.0.1:1\n\t}\n}\n\n"+badConfigSite+" {\n\trespond 404\n}\n", "extra"),
+		nats("storage url", labelEmpty, "url")("url needs one or more NATS URLs"),
+		nats("storage url", "plain to a remote host", "url nats://10.0.0.9:4222")("not loopback", "use tls://"),
+		nats("storage url", "a password", "url nats://user:pw@127.0.0.1:4222")("creds file"),
+		nats("storage creds", labelEmpty, "url nats://127.0.0.1:1", "creds")(),
+		nats("storage tls_ca", labelEmpty, "url nats://127.0.0.1:1", "tls_ca")(),
+		nats("storage tls_cert", "without tls_key", "url tls://127.0.0.1:1", "tls_cert /c.pem")("tls_key go together"),
+		nats("storage tls_key", labelEmpty, "url nats://127.0.0.1:1", "tls_key")(),
+		nats("storage bucket", labelEmpty, "url nats://127.0.0.1:1", "bucket")(),
+		nats("storage replicas", labelHuge, "url nats://127.0.0.1:1", "replicas 7")("give 1 to 5"),
+		nats("storage replicas", labelNotNumber, "url nats://127.0.0.1:1", "replicas three")("give 1 to 5"),
+		nats("storage lock_ttl", "under 1s", "url nats://127.0.0.1:1", "lock_ttl 10ms")("1s or more"),
+		nats("storage lock_ttl", labelNotNumber, "url nats://127.0.0.1:1", "lock_ttl soon")("1s or more"),
+		nats("storage key", "a literal key", "url nats://127.0.0.1:1", "key c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=")("literal", "{env.VAR}"),
+		c("storage key", "an unset variable", natsBlock("url nats://127.0.0.1:1", "key {env.ZIDANE_E2E_UNSET}"), "no cluster key"),
+		nats("storage node", labelEmpty, "url nats://127.0.0.1:1", "node")(),
+		nats("storage node", "a slash", "url nats://127.0.0.1:1", "node a/b")("1 to 64", "such as gw-1"),
+		nats("storage node", "too long", "url nats://127.0.0.1:1", "node "+strings.Repeat("n", 65))("1 to 64"),
+		nats("storage advertise", labelEmpty, "url nats://127.0.0.1:1", "advertise")(),
+		nats("storage advertise", "plain http to a remote host", "url nats://127.0.0.1:1", "advertise http://10.0.0.2:8080")("in the clear", "https://"),
+		nats("storage advertise", "no scheme", "url nats://127.0.0.1:1", "advertise gw-1:8443")("such as https://gw-1.internal:8443"),
+		nats("storage advertise", "a path", "url nats://127.0.0.1:1", "advertise https://gw-1/mcp")("no user, path or query"),
+		nats("storage advertise", "the unspecified address", "url nats://127.0.0.1:1", "advertise https://0.0.0.0:8443")("no address another replica can reach"),
+	)
 	return cases
+}
+
+// clusterKeyEnv gives the storage cases a cluster key, so that only the
+// wrong value is wrong.
+var clusterKeyEnv = "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{9}, 32))
+
+// natsBlock is a config on storage zidane_nats with lines.
+func natsBlock(lines ...string) string {
+	return caddyfileOf("storage zidane_nats {\n"+strings.Join(lines, "\n")+"\n}", "zidane_mcp {\nguard\n}")
 }
 
 // oauthBlockWithKey is oauthBlock with upstream_token_key set.

@@ -23,6 +23,13 @@
 // one endpoint, each call authorized against the upstream that owns what it
 // names).
 //
+// In a cluster, a request for an aggregated 2025-11-25 session that
+// another replica holds is served there: the replica that got it runs the
+// six steps, then sends it over a hop that [HopKey] signs and the holder's
+// [HopKey.Verify] checks (MAC over the request and the principal, the
+// nodes, a time and a nonce; see hop.go). The holder decides the request
+// again ([Decide]) under the principal the hop carries.
+//
 // What it never does: it never decodes a client's JSON-RPC message itself
 // (package message is the one reader), never builds anything
 // security-relevant from Host or X-Forwarded-* headers, and never passes a

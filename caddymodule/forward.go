@@ -1,0 +1,376 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/edge"
+	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// Forwarding the aggregated route's 2025-11-25 sessions between replicas.
+//
+// The aggregated route holds a 2025-11-25 session (its go-sdk server
+// session, its upstream client sessions, stdio processes of its own) in
+// the memory of the replica that opened it. In cluster mode that replica's
+// node id is sealed in the session id it gives out (with a key derived from
+// the cluster key, bound to the route), so any replica reads, and none can
+// be made to believe, which node holds a session. A replica that gets a
+// request for another node's session runs the whole edge on it as usual
+// (authentication, authorization, rate limit, the listing filter on the
+// answer), then sends it to that node's advertised address, found in the
+// node registry (never in the request's Host or X-Forwarded-* headers),
+// over a hop signed with a key derived from the cluster key, and streams
+// the answer back. A node that is not alive in the registry, or that
+// cannot be reached, has its sessions answered 404, the spec's answer for
+// an unknown session, so clients initialize again.
+//
+// The hop carries the request's method, path, forwarded headers and body,
+// and the principal the edge authenticated (never the client's credential),
+// under an HMAC-SHA256 with the sending and the receiving node, the route,
+// the session id, a time and a random nonce. The owner takes a hop only if
+// the MAC holds, it names this node and this route, its time is within
+// edge.HopFreshness of the owner's clock, its nonce is new, and the sender is
+// alive in the registry; anything else is refused (401, 403 for a sender
+// it does not know) with an audit line. A client cannot send a hop: the
+// headers are refused from anyone without the cluster key.
+
+// Bounds of the forwarding.
+const (
+	// No bound on the answer's headers: go-sdk writes a POST's SSE
+	// headers with its first message, which a long tool call sends last.
+	// The client's request (and its token's revocation) bounds the hop.
+	hopDialTimeout = 5 * time.Second
+)
+
+// hopAnswerHeaders are the only answer headers passed back to the client.
+var hopAnswerHeaders = []string{"Content-Type", "Mcp-Session-Id", "Cache-Control", "Retry-After", "Allow", "WWW-Authenticate"}
+
+// hopURL is r's URL as the client sent it, before Caddy's rewrites.
+func hopURL(r *http.Request) *url.URL {
+	if orig, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request); ok && orig.URL != nil {
+		return orig.URL
+	}
+	return r.URL
+}
+
+// hopURI is the request URI a hop is signed over.
+func hopURI(r *http.Request) string { return hopURL(r).RequestURI() }
+
+// hopKeys holds one HopKey per hop key for the life of the process, so
+// that a config reload keeps the nonces seen: a hop taken before a reload
+// is a replay after it. (A process that restarts forgets them, and with
+// them every session a replayed hop could name.) One entry per cluster
+// key the process has run with.
+var hopKeys sync.Map // string(key) -> *edge.HopKey
+
+func sharedHopKey(key []byte) *edge.HopKey {
+	v, _ := hopKeys.LoadOrStore(string(key), edge.NewHopKey(key))
+	return v.(*edge.HopKey)
+}
+
+// aggForward is an aggregated route's cluster side: the node ids sealed in
+// its session ids, the registry, and the hop.
+type aggForward struct {
+	ids    *broker.SessionIDs
+	route  string // the route's identity, the same on every replica
+	nodes  *cluster.Nodes
+	hop    *edge.HopKey
+	client *http.Client
+	audit  *zap.Logger
+}
+
+func newAggForward(ids *broker.SessionIDs, route string, nodes *cluster.Nodes, hop *edge.HopKey, audit *zap.Logger) *aggForward {
+	tr := &http.Transport{
+		Proxy:               nil, // a hop goes to the registry's address, never through a proxy from the environment
+		DialContext:         (&net.Dialer{Timeout: hopDialTimeout}).DialContext,
+		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout: hopDialTimeout,
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   true,
+		DisableCompression:  true,
+	}
+	if audit == nil {
+		audit = zap.NewNop()
+	}
+	return &aggForward{ids: ids, route: route, nodes: nodes, hop: hop, audit: audit, client: &http.Client{
+		Transport:     tr,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
+}
+
+// mint is the route's next session id: this node's id and 128 random
+// bits, sealed.
+func (f *aggForward) mint() string {
+	return f.ids.Seal(f.nodes.Self()+"/"+rand.Text(), "", f.route)
+}
+
+// owner is the node that holds session sid, if sid is one this cluster's
+// aggregated route gave out.
+func (f *aggForward) owner(sid string) (string, bool) {
+	plain, err := f.ids.Open(sid, "", f.route)
+	if err != nil {
+		return "", false
+	}
+	node, _, ok := strings.Cut(plain, "/")
+	return node, ok && cluster.CheckNodeID(node) == nil
+}
+
+func unknownSession(reason, msg string) *edge.RefusalError {
+	v := edge.Refuse(http.StatusNotFound, reason, msg)
+	v.Code = broker.CodeUnknownSession
+	return &edge.RefusalError{Verdict: v}
+}
+
+// clusterAggregate is the aggregated route in cluster mode: a request for
+// another node's 2025-11-25 session goes there.
+type clusterAggregate struct {
+	*edge.Aggregate
+	fwd *aggForward
+}
+
+// Serve serves r here, or forwards it to the node that holds its session.
+func (c *clusterAggregate) Serve(w http.ResponseWriter, r *http.Request, next edge.Next) error {
+	sid := r.Header.Get(mcpSessionHeader)
+	if sid == "" || broker.ModernRequest(r) {
+		return c.Aggregate.Serve(w, r, next)
+	}
+	node, ok := c.fwd.owner(sid)
+	if !ok {
+		return unknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id")
+	}
+	if node == c.fwd.nodes.Self() {
+		return c.Aggregate.Serve(w, r, next)
+	}
+	addr, alive := c.fwd.nodes.Lookup(node)
+	if !alive {
+		return unknownSession("session_node_gone", fmt.Sprintf("unknown session: the replica that held it (node %q) is gone; start a new session by initializing again without Mcp-Session-Id", node))
+	}
+	return c.fwd.forward(w, r, sid, node, addr)
+}
+
+// forward sends r to node at addr and streams its answer to w.
+func (f *aggForward) forward(w http.ResponseWriter, r *http.Request, sid, node, addr string) error {
+	return f.forwardTo(w, r, sid, f.nodes.Self(), node, addr)
+}
+
+// forwardTo sends r from node self to node at addr.
+func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self, node, addr string) error {
+	p, _ := policy.PrincipalFrom(r.Context())
+	var body []byte
+	if r.Body != nil {
+		// The edge read the body already (bounded): this is its copy.
+		var err error
+		if body, err = io.ReadAll(r.Body); err != nil {
+			return &edge.RefusalError{Verdict: edge.Refuse(http.StatusBadRequest, edge.ReasonMalformed, "the request body could not be read; send it again")}
+		}
+	}
+	target, err := url.Parse(addr)
+	if err != nil {
+		return unknownSession("session_node_gone", "unknown session: its replica's address does not parse; start a new session")
+	}
+	// The path the client asked for, before any rewrite here: the owner's
+	// Caddy routes it as this one did.
+	orig := hopURL(r)
+	target.Path, target.RawPath, target.RawQuery = orig.Path, orig.RawPath, orig.RawQuery
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, target.String(), bytes.NewReader(body))
+	if err != nil {
+		return unknownSession("session_node_gone", "unknown session: its replica's address is not usable; start a new session")
+	}
+	// The owner's site is the one the client reached here: the same Host,
+	// so that Caddy routes the hop to the same site block there. The
+	// target address is the registry's, whatever the Host.
+	out.Host = r.Host
+	out.ContentLength = int64(len(body))
+	for _, name := range edge.HopForwardedHeaders {
+		for _, v := range r.Header.Values(name) {
+			out.Header.Add(name, v)
+		}
+	}
+	nonce, err := f.hop.Sign(out, f.route, self, node, p, body, time.Now())
+	if err != nil {
+		return &edge.RefusalError{Verdict: edge.Refuse(http.StatusBadGateway, "hop_failed", "this request cannot be forwarded to the replica that holds its session: "+err.Error())}
+	}
+	resp, err := f.client.Do(out)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return nil // the client went away
+		}
+		f.audit.Warn("session forward failed", zap.String("event", "session_forward_failed"), zap.String("node", node), zap.String("token_id", p.TokenID), zap.String("error", err.Error()))
+		return unknownSession("session_node_unreachable", fmt.Sprintf("unknown session: the replica that held it (node %q) does not answer; start a new session by initializing again without Mcp-Session-Id", node))
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get(edge.HopRefusedHeader) != "" {
+		reason := resp.Header.Get(edge.HopRefusedHeader)
+		f.audit.Error("a replica refused a forwarded request", zap.String("event", "session_forward_refused"), zap.String("node", node), zap.String("reason", reason), zap.Int("status", resp.StatusCode))
+		v := edge.Refuse(http.StatusBadGateway, "hop_refused", fmt.Sprintf("the replica that holds this session (node %q) refused the forwarded request (%s); the operator should check that every replica has the same cluster key and configuration, and synchronized clocks", node, reason))
+		return &edge.RefusalError{Verdict: v}
+	}
+	if !f.hop.CheckAnswer(resp.Header.Get(edge.HopAnswerHeader), self, node, nonce) {
+		// Something answered at the advertised address, but not the route
+		// the hop was for: relay none of it.
+		f.audit.Error("a replica's advertised address answered without the route's tag", zap.String("event", "session_forward_untagged"), zap.String("node", node), zap.Int("status", resp.StatusCode))
+		v := edge.Refuse(http.StatusBadGateway, "hop_untagged", fmt.Sprintf("the replica that holds this session (node %q) did not answer through its aggregated route; the operator should check that its advertise address reaches this same site", node))
+		return &edge.RefusalError{Verdict: v}
+	}
+	for _, name := range hopAnswerHeaders {
+		for _, v := range resp.Header.Values(name) {
+			w.Header().Add(name, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	buf := make([]byte, 32<<10)
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return nil // the client went away
+			}
+			if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+				return nil
+			}
+		}
+		if rerr != nil {
+			return nil // the owner ended the answer, or went away: the client sees the stream end
+		}
+	}
+}
+
+// checkAdvertise checks the address replicas forward to: an http(s) URL
+// with a host, nothing else; http only to loopback, since a hop carries
+// the session's messages.
+func checkAdvertise(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" || u.Hostname() == "" {
+		return fmt.Errorf("advertise %q: give the URL other replicas reach this one at, such as https://gw-1.internal:8443", raw)
+	}
+	if u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("advertise %q: give a scheme, host and port only, such as https://gw-1.internal:8443 (no user, path or query)", raw)
+	}
+	if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("advertise %q: %s is no address another replica can reach; give this replica's own address or name", raw, u.Hostname())
+	}
+	switch u.Scheme {
+	case "https":
+	case "http":
+		if !loopbackHost(u.Hostname()) {
+			return fmt.Errorf("advertise %q: plain http to a host that is not loopback would carry sessions' messages in the clear; use https://", raw)
+		}
+	default:
+		return fmt.Errorf("advertise %q: the scheme must be https:// (or http:// to loopback)", raw)
+	}
+	return nil
+}
+
+func loopbackHost(h string) bool {
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+// serveHop serves a request another replica forwarded: an aggregated
+// route's 2025-11-25 session that this node holds. The sender ran the edge
+// on it; this node checks the hop (see verify), that the sender is alive
+// in the registry and that the session is this node's, decides the
+// request again as the sender did (the same config, the same principal),
+// and serves it, with the principal the hop carries in its context. A
+// refused hop is answered 401 (403 for a sender the registry does not
+// know) and audited, and its address charged like a failed credential.
+func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) error {
+	now := time.Now()
+	ip := policy.AddressKey(rf.clientIP, h.ipv6Prefix)
+	refuse := func(v edge.Verdict) error {
+		w.Header().Set(edge.HopRefusedHeader, v.Reason)
+		if v.Status == http.StatusUnauthorized || v.Status == http.StatusForbidden {
+			h.ipLimit.Allow(ip, now)
+		}
+		return h.refuse(w, r, rf, v)
+	}
+	if h.ipLimit.Empty(ip, now) {
+		_, retry := h.ipLimit.Allow(ip, now)
+		v := edge.Refuse(http.StatusTooManyRequests, "rate_limited_ip", "too many refused requests from this address; wait and retry")
+		v.RetryAfter = retry
+		return h.refuse(w, r, rf, v)
+	}
+	ca, ok := h.route.(*clusterAggregate)
+	if !ok {
+		return refuse(edge.Refuse(http.StatusForbidden, "hop_refused",
+			"Zidane-Hop headers are the replicas' own, and this site takes no forwarded requests; send the request without them"))
+	}
+	var body []byte
+	var v edge.Verdict
+	if r.Method == http.MethodPost {
+		if body, v = edge.ReadBody(r, h.MaxBodyBytes); !v.Allowed() {
+			return h.refuse(w, r, rf, v)
+		}
+	} else if v := edge.NoBody(r); !v.Allowed() {
+		return h.refuse(w, r, rf, v)
+	}
+	f := ca.fwd
+	claims, v := f.hop.Verify(r, hopURI(r), body, f.nodes.Self(), f.route, now)
+	if !v.Allowed() {
+		return refuse(v)
+	}
+	p := claims.Principal
+	rf.p = p
+	if _, alive := f.nodes.Lookup(claims.From); !alive {
+		return refuse(edge.Refuse(http.StatusForbidden, "hop_unknown_node",
+			fmt.Sprintf("the forwarded request comes from node %q, which is not alive in the node registry", claims.From)))
+	}
+	// From here on this node answers for the route, refusals included
+	// (an unknown session's 404 reaches the client as such).
+	w.Header().Set(edge.HopAnswerHeader, f.hop.AnswerTag(claims))
+	if node, ok := f.owner(r.Header.Get(mcpSessionHeader)); !ok || node != f.nodes.Self() {
+		return h.refuse(w, r, rf, unknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict)
+	}
+	if v := edge.CheckRequest(r); !v.Allowed() {
+		return h.refuse(w, r, rf, v)
+	}
+	d := edge.Decide(h.route, p, r.Method, r.Header, body)
+	if !d.Allowed() {
+		rf.call = d.Call
+		return h.refuse(w, r, rf, d.Verdict)
+	}
+	ctx, cancel := context.WithCancel(policy.WithPrincipal(r.Context(), p))
+	defer cancel()
+	if d.Body != nil {
+		ctx = message.NewContext(ctx, d.Body)
+	}
+	defer h.tokens.Hold(p.TokenID, cancel)()
+	select {
+	case <-processExit().Done():
+		cancel()
+	default:
+	}
+	r = r.WithContext(ctx)
+	r.Header.Del(edge.HopHeader)
+	r.Header.Del(edge.HopPrincipalHeader)
+	r.Header.Del("Authorization")
+	h.audit.Debug("forwarded request", zap.String("event", "session_forwarded_in"), zap.String("from", claims.From),
+		zap.String("token_id", p.TokenID), zap.String("http_method", r.Method))
+	// The sender's edge filters the answer (its listing filter): served
+	// here as the route serves its own requests.
+	return ca.Aggregate.Serve(w, r, nil)
+}

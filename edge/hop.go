@@ -1,0 +1,223 @@
+package edge
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// The hop between replicas: a request one replica's edge allowed, sent to
+// the replica that holds its session (the aggregated route's 2025-11-25
+// sessions live in one replica's memory). It carries the request's method,
+// request URI, body and [HopForwardedHeaders], and the principal the
+// sender's edge authenticated (never the client's credential), under an
+// HMAC-SHA256, with a key derived from the cluster key, over all of them,
+// the session id, the sending and the receiving node, the route, a time
+// and a random nonce, each field length-prefixed. [HopKey.Verify] takes a
+// hop only if the MAC holds, it names the receiving node, its time is
+// within [HopFreshness] of the receiver's clock and its nonce is new; a
+// client without the cluster key can make none.
+
+// Hop headers.
+const (
+	HopHeader          = "Zidane-Hop"
+	HopPrincipalHeader = "Zidane-Hop-Principal"
+	HopRefusedHeader   = "Zidane-Hop-Refused" // on the owner's refusal of a hop, for the sender
+	HopAnswerHeader    = "Zidane-Hop-Answer"  // on the owner's answer to a hop it took (see [HopKey.AnswerTag])
+)
+
+// Bounds of the hop.
+const (
+	HopFreshness    = 10 * time.Second // older or newer hops are refused
+	MaxHopNonces    = 1 << 16          // nonces remembered for the replay check
+	maxHopPrincipal = 16 << 10         // the principal header, encoded
+)
+
+// HopForwardedHeaders are the only request headers a hop carries: what the
+// aggregated route reads. The client's Authorization, cookies, Origin,
+// Host-derived headers and X-Forwarded-* never leave the edge.
+var HopForwardedHeaders = []string{"Accept", "Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID"}
+
+// HopKey signs and checks hops with a key derived from the cluster key.
+type HopKey struct {
+	key []byte
+
+	mu   sync.Mutex
+	seen map[string]time.Time // from+nonce -> when it may be forgotten
+}
+
+// NewHopKey returns a HopKey for key (derived from the cluster key for
+// the hop; every replica has the same).
+func NewHopKey(key []byte) *HopKey { return &HopKey{key: key, seen: map[string]time.Time{}} }
+
+// HopClaims is what a checked hop says.
+type HopClaims struct {
+	From, To  string           // the sending and the receiving node
+	At        int64            // Unix milliseconds
+	Nonce     string           // 128 random bits, hex
+	Principal policy.Principal // whom the sender's edge authenticated
+}
+
+// mac is the hop's MAC: every field length-prefixed, so that no two hops
+// share an input.
+func (k *HopKey) mac(method, uri, route, sid, from, to, at, nonce, principal string, body []byte, h http.Header) []byte {
+	m := hmac.New(sha256.New, k.key)
+	var n [binary.MaxVarintLen64]byte
+	field := func(s string) {
+		m.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+		m.Write([]byte(s))
+	}
+	field("zidane aggregate hop v1")
+	for _, s := range []string{method, uri, route, sid, from, to, at, nonce, principal} {
+		field(s)
+	}
+	digest := sha256.Sum256(body)
+	field(string(digest[:]))
+	for _, name := range HopForwardedHeaders {
+		vs := h.Values(name)
+		field(strconv.Itoa(len(vs)))
+		for _, v := range vs {
+			field(v)
+		}
+	}
+	return m.Sum(nil)
+}
+
+// Sign sets out's hop headers: out goes from node from to node to, on
+// route, acting for p, with body; out's forwarded headers (its
+// Mcp-Session-Id among them) must be set already. It returns the hop's
+// nonce, which the answer's tag is bound to ([HopKey.CheckAnswer]).
+func (k *HopKey) Sign(out *http.Request, route, from, to string, p policy.Principal, body []byte, now time.Time) (nonce string, err error) {
+	pj, err := json.Marshal(p)
+	if err != nil {
+		return "", err
+	}
+	principal := base64.RawURLEncoding.EncodeToString(pj)
+	if len(principal) > maxHopPrincipal {
+		return "", fmt.Errorf("the principal is %d bytes encoded, over the hop's %d", len(principal), maxHopPrincipal)
+	}
+	nb := make([]byte, 16)
+	_, _ = rand.Read(nb)
+	nonce = hex.EncodeToString(nb)
+	at := strconv.FormatInt(now.UnixMilli(), 10)
+	mac := k.mac(out.Method, out.URL.RequestURI(), route, out.Header.Get("Mcp-Session-Id"), from, to, at, nonce, principal, body, out.Header)
+	out.Header.Set(HopHeader, "v1;from="+from+";to="+to+";t="+at+";n="+nonce+";mac="+base64.RawURLEncoding.EncodeToString(mac))
+	out.Header.Set(HopPrincipalHeader, principal)
+	return nonce, nil
+}
+
+// AnswerTag is what the receiver of a checked hop sets in its answer's
+// HopAnswerHeader: proof, for the sender, that the answer comes from the
+// route the hop was for (and not from whatever else listens at the
+// advertised address), bound to that one hop.
+func (k *HopKey) AnswerTag(c HopClaims) string {
+	return base64.RawURLEncoding.EncodeToString(k.answerMAC(c.From, c.To, c.Nonce))
+}
+
+// CheckAnswer says whether tag is the answer tag of the hop with nonce
+// from node from to node to.
+func (k *HopKey) CheckAnswer(tag, from, to, nonce string) bool {
+	got, err := base64.RawURLEncoding.DecodeString(tag)
+	return err == nil && hmac.Equal(got, k.answerMAC(from, to, nonce))
+}
+
+func (k *HopKey) answerMAC(from, to, nonce string) []byte {
+	m := hmac.New(sha256.New, k.key)
+	var n [binary.MaxVarintLen64]byte
+	for _, s := range []string{"zidane aggregate hop answer v1", from, to, nonce} {
+		m.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+		m.Write([]byte(s))
+	}
+	return m.Sum(nil)
+}
+
+// hopRefused is the refusal of a hop: 401 with reason, and the message the
+// audit line and the sender get.
+func hopRefused(reason, msg string) Verdict {
+	return Refuse(http.StatusUnauthorized, reason, msg)
+}
+
+// verify checks r, a hop with body, as received by node self on route.
+func (k *HopKey) Verify(r *http.Request, uri string, body []byte, self, route string, now time.Time) (HopClaims, Verdict) {
+	if len(r.Header.Values(HopHeader)) != 1 || len(r.Header.Values(HopPrincipalHeader)) != 1 {
+		return HopClaims{}, hopRefused("hop_malformed", "a forwarded request carries one Zidane-Hop and one Zidane-Hop-Principal header; these are the replicas' own")
+	}
+	fields := map[string]string{}
+	parts := strings.Split(r.Header.Get(HopHeader), ";")
+	if len(parts) != 6 || parts[0] != "v1" {
+		return HopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop header is not one a replica of this cluster writes")
+	}
+	for _, p := range parts[1:] {
+		name, v, ok := strings.Cut(p, "=")
+		if !ok || fields[name] != "" {
+			return HopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop header is not one a replica of this cluster writes")
+		}
+		fields[name] = v
+	}
+	from, to, at, nonce, macB64 := fields["from"], fields["to"], fields["t"], fields["n"], fields["mac"]
+	principal := r.Header.Get(HopPrincipalHeader)
+	mac, err := base64.RawURLEncoding.DecodeString(macB64)
+	if err != nil || len(mac) != sha256.Size || len(nonce) != 32 || from == "" || to == "" || len(principal) > maxHopPrincipal {
+		return HopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop header is not one a replica of this cluster writes")
+	}
+	want := k.mac(r.Method, uri, route, r.Header.Get("Mcp-Session-Id"), from, to, at, nonce, principal, body, r.Header)
+	if !hmac.Equal(mac, want) {
+		return HopClaims{}, hopRefused("hop_forged", "the forwarded request's signature does not hold: it was altered, meant for another route, or signed with another cluster key")
+	}
+	if to != self {
+		return HopClaims{}, hopRefused("hop_misdirected", fmt.Sprintf("the forwarded request is meant for node %q, not this one", to))
+	}
+	ms, err := strconv.ParseInt(at, 10, 64)
+	if err != nil {
+		return HopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop time is not a number")
+	}
+	if t := time.UnixMilli(ms); t.Before(now.Add(-HopFreshness)) || t.After(now.Add(HopFreshness)) {
+		return HopClaims{}, hopRefused("hop_stale", fmt.Sprintf("the forwarded request is dated %v from this node's clock, over the %v allowed: a replay, or clocks that differ (run NTP on every replica)", t.Sub(now).Round(time.Millisecond), HopFreshness))
+	}
+	var p policy.Principal
+	pj, err := base64.RawURLEncoding.DecodeString(principal)
+	if err != nil || json.Unmarshal(pj, &p) != nil || p.TokenID == "" {
+		return HopClaims{}, hopRefused("hop_malformed", "the forwarded request's principal does not decode")
+	}
+	if v := k.fresh(from+"|"+nonce, now); !v.Allowed() {
+		return HopClaims{}, v
+	}
+	return HopClaims{From: from, To: to, At: ms, Nonce: nonce, Principal: p}, Verdict{}
+}
+
+// fresh records a hop's nonce, and refuses one already seen.
+func (k *HopKey) fresh(id string, now time.Time) Verdict {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, seen := k.seen[id]; seen {
+		return hopRefused("hop_replayed", "this forwarded request was received before: a replay")
+	}
+	if len(k.seen) >= MaxHopNonces {
+		for n, until := range k.seen {
+			if now.After(until) {
+				delete(k.seen, n)
+			}
+		}
+		if len(k.seen) >= MaxHopNonces {
+			v := Refuse(http.StatusServiceUnavailable, "hop_busy", "this node holds as many recent forwarded requests as it checks for replays; retry in a few seconds")
+			v.RetryAfter = HopFreshness
+			return v
+		}
+	}
+	// A hop is refused as stale once 2×HopFreshness have passed (its time
+	// is at most HopFreshness ahead), so its nonce may be forgotten then.
+	k.seen[id] = now.Add(2 * HopFreshness)
+	return Verdict{}
+}

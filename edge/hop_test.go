@@ -1,0 +1,187 @@
+package edge
+
+import (
+	"crypto/rand"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+func testHopKey(t *testing.T) *HopKey {
+	t.Helper()
+	k := make([]byte, 32)
+	_, _ = rand.Read(k)
+	return NewHopKey(k)
+}
+
+const (
+	hopRoute = "aggregate-node|/mcp||a,b"
+	hopSID   = "sid-1"
+)
+
+// signedHop is a hop from node a to node b, as the owner receives it.
+func signedHop(t *testing.T, k *HopKey, method, body string, at time.Time) *http.Request {
+	t.Helper()
+	out := httptest.NewRequest(method, "http://127.0.0.1:9/mcp", strings.NewReader(body))
+	out.Header.Set("Content-Type", "application/json")
+	out.Header.Set("Accept", "application/json, text/event-stream")
+	out.Header.Set("Mcp-Session-Id", hopSID)
+	out.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	p := policy.Principal{TokenID: "tok_1", Name: "alice", Scopes: []string{"mcp"}}
+	if _, err := k.Sign(out, hopRoute, "a", "b", p, []byte(body), at); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Every alteration of a signed hop, a replay, a stale one, one meant for
+// another node or route, and one signed with another key are refused; the
+// hop as signed is taken once, with its principal.
+func TestHopRefusesForgedAlteredReplayed(t *testing.T) {
+	k := testHopKey(t)
+	now := time.Now()
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`
+	verify := func(r *http.Request, body, self, route string) (HopClaims, string) {
+		c, v := k.Verify(r, r.URL.RequestURI(), []byte(body), self, route, now)
+		return c, v.Reason
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(r *http.Request) (body, self, route string)
+		want   string
+	}{
+		{"another body", func(r *http.Request) (string, string, string) {
+			return strings.Replace(body, "tools/list", "tools/call", 1), "b", hopRoute
+		}, "hop_forged"},
+		{"another method", func(r *http.Request) (string, string, string) {
+			r.Method = http.MethodDelete
+			return body, "b", hopRoute
+		}, "hop_forged"},
+		{"another path", func(r *http.Request) (string, string, string) { r.URL.Path = "/other"; return body, "b", hopRoute }, "hop_forged"},
+		{"another session", func(r *http.Request) (string, string, string) {
+			r.Header.Set("Mcp-Session-Id", "sid-2")
+			return body, "b", hopRoute
+		}, "hop_forged"},
+		{"another protocol version", func(r *http.Request) (string, string, string) {
+			r.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+			return body, "b", hopRoute
+		}, "hop_forged"},
+		{"a Last-Event-ID added", func(r *http.Request) (string, string, string) {
+			r.Header.Set("Last-Event-ID", "0")
+			return body, "b", hopRoute
+		}, "hop_forged"},
+		{"another principal", func(r *http.Request) (string, string, string) {
+			other := signedHop(t, k, http.MethodPost, body, now)
+			other.Header.Set(HopPrincipalHeader, "eyJUb2tlbklEIjoidG9rX2FkbWluIiwiU2NvcGVzIjpbImFkbWluIl19")
+			r.Header.Set(HopPrincipalHeader, other.Header.Get(HopPrincipalHeader))
+			return body, "b", hopRoute
+		}, "hop_forged"},
+		{"another sender named", func(r *http.Request) (string, string, string) {
+			r.Header.Set(HopHeader, strings.Replace(r.Header.Get(HopHeader), "from=a", "from=c", 1))
+			return body, "b", hopRoute
+		}, "hop_forged"},
+		{"another route", func(r *http.Request) (string, string, string) { return body, "b", "aggregate-node|/mcp||a" }, "hop_forged"},
+		{"received by another node", func(r *http.Request) (string, string, string) { return body, "c", hopRoute }, "hop_misdirected"},
+		{"another cluster key", func(r *http.Request) (string, string, string) {
+			*r = *signedHop(t, testHopKey(t), http.MethodPost, body, now)
+			return body, "b", hopRoute
+		}, "hop_forged"},
+		{"stale", func(r *http.Request) (string, string, string) {
+			*r = *signedHop(t, k, http.MethodPost, body, now.Add(-HopFreshness-time.Second))
+			return body, "b", hopRoute
+		}, "hop_stale"},
+		{"from the future", func(r *http.Request) (string, string, string) {
+			*r = *signedHop(t, k, http.MethodPost, body, now.Add(HopFreshness+time.Second))
+			return body, "b", hopRoute
+		}, "hop_stale"},
+		{"no principal header", func(r *http.Request) (string, string, string) {
+			r.Header.Del(HopPrincipalHeader)
+			return body, "b", hopRoute
+		}, "hop_malformed"},
+		{"two hop headers", func(r *http.Request) (string, string, string) {
+			r.Header.Add(HopHeader, r.Header.Get(HopHeader))
+			return body, "b", hopRoute
+		}, "hop_malformed"},
+		{"a made-up header", func(r *http.Request) (string, string, string) {
+			r.Header.Set(HopHeader, "v1;from=a;to=b;t=1;n=00000000000000000000000000000000;mac=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")
+			return body, "b", hopRoute
+		}, "hop_forged"},
+		{"garbage", func(r *http.Request) (string, string, string) {
+			r.Header.Set(HopHeader, "let me in")
+			return body, "b", hopRoute
+		}, "hop_malformed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := signedHop(t, k, http.MethodPost, body, now)
+			b, self, route := tc.change(r)
+			if _, reason := verify(r, b, self, route); reason != tc.want {
+				t.Fatalf("refused with %q, want %q", reason, tc.want)
+			}
+		})
+	}
+
+	r := signedHop(t, k, http.MethodPost, body, now)
+	c, reason := verify(r, body, "b", hopRoute)
+	if reason != "" || c.From != "a" || c.Principal.TokenID != "tok_1" || c.Principal.Name != "alice" {
+		t.Fatalf("the hop as signed: %q %+v", reason, c)
+	}
+	if _, reason := verify(r, body, "b", hopRoute); reason != "hop_replayed" {
+		t.Fatalf("the same hop again: %q, want hop_replayed", reason)
+	}
+	// GET and DELETE hops, without a body, are signed and checked alike.
+	for _, m := range []string{http.MethodGet, http.MethodDelete} {
+		r := signedHop(t, k, m, "", now)
+		if _, reason := verify(r, "", "b", hopRoute); reason != "" {
+			t.Fatalf("%s hop: %q", m, reason)
+		}
+	}
+}
+
+// The replay check is bounded: when it holds as many live nonces as it
+// may, it refuses (503) rather than forget one that could be replayed.
+func TestHopReplayCacheIsBounded(t *testing.T) {
+	k := testHopKey(t)
+	now := time.Now()
+	for i := range MaxHopNonces {
+		k.seen[strconv.Itoa(i)+"|x"] = now.Add(time.Minute)
+	}
+	r := signedHop(t, k, http.MethodGet, "", now)
+	if _, v := k.Verify(r, r.URL.RequestURI(), nil, "b", hopRoute, now); v.Status != http.StatusServiceUnavailable {
+		t.Fatalf("full replay cache: %d %q, want 503", v.Status, v.Reason)
+	}
+	// Expired nonces make room.
+	for n := range k.seen {
+		k.seen[n] = now.Add(-time.Second)
+	}
+	if _, v := k.Verify(r, r.URL.RequestURI(), nil, "b", hopRoute, now); !v.Allowed() {
+		t.Fatalf("after expiry: %+v", v)
+	}
+}
+
+// The answer tag binds the answer to its hop: another hop's nonce, other
+// nodes, another key do not check.
+func TestHopAnswerTag(t *testing.T) {
+	k := testHopKey(t)
+	c := HopClaims{From: "a", To: "b", Nonce: "0123456789abcdef0123456789abcdef"}
+	tag := k.AnswerTag(c)
+	if !k.CheckAnswer(tag, "a", "b", c.Nonce) {
+		t.Fatal("the tag of the hop does not check")
+	}
+	for name, ok := range map[string]bool{
+		"another nonce":  k.CheckAnswer(tag, "a", "b", "ffffffffffffffffffffffffffffffff"),
+		"other nodes":    k.CheckAnswer(tag, "b", "a", c.Nonce),
+		"another key":    testHopKey(t).CheckAnswer(tag, "a", "b", c.Nonce),
+		"no tag":         k.CheckAnswer("", "a", "b", c.Nonce),
+		"a made-up tag":  k.CheckAnswer("AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "a", "b", c.Nonce),
+		"not base64url!": k.CheckAnswer("***", "a", "b", c.Nonce),
+	} {
+		if ok {
+			t.Errorf("%s: checks", name)
+		}
+	}
+}
