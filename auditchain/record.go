@@ -96,7 +96,7 @@ func partialOf(b []byte) *Partial {
 // the rest of the line after them.
 func parsePrefix(line []byte) (seq uint64, prev Hash, rest []byte, err error) {
 	if !bytes.HasPrefix(line, []byte(seqKey)) {
-		return 0, prev, nil, errors.New(`it does not begin with {"seq":`)
+		return 0, prev, nil, errors.New(`it does not begin with the "seq" field`)
 	}
 	rest = line[len(seqKey):]
 	i := 0
@@ -202,8 +202,24 @@ func appendRecord(dst []byte, seq uint64, prev Hash, entry []byte) []byte {
 // recorded as a string, under "raw".
 func plainObject(entry []byte) bool {
 	return len(entry) >= 2 && entry[0] == '{' && entry[len(entry)-1] == '}' &&
-		!bytes.HasPrefix(entry[1:], []byte(checkpointKey)) &&
-		!bytes.Contains(entry, []byte(`"seq":`)) && !bytes.Contains(entry, []byte(`"prev":`))
+		!bytes.HasPrefix(entry[1:], []byte(checkpointKey)) && !hasChainKey(entry)
+}
+
+// hasChainKey reports whether entry holds `"seq":` or `"prev":` (a key, at
+// any depth: inside a JSON string a quote is escaped), in one pass over its
+// colons.
+func hasChainKey(entry []byte) bool {
+	for i := 0; ; {
+		j := bytes.IndexByte(entry[i:], ':')
+		if j < 0 {
+			return false
+		}
+		i += j
+		if bytes.HasSuffix(entry[:i], []byte(`"seq"`)) || bytes.HasSuffix(entry[:i], []byte(`"prev"`)) {
+			return true
+		}
+		i++
+	}
 }
 
 func appendPrefix(dst []byte, seq uint64, prev Hash) []byte {
