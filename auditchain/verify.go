@@ -406,7 +406,7 @@ func (v *verifier) record(l rawLine, p parsed, acked bool) *Failure {
 		if p.prev == v.hash {
 			return &Failure{At: m.prevLoc, Seq: m.prevSeq, Kind: KindChanged, Msg: fmt.Sprintf("the record was changed: its hash is not the prev that seq %d (%s) carries", m.seq, m.loc)}
 		}
-		return &Failure{At: m.loc, Seq: m.seq, Kind: KindChanged, Msg: fmt.Sprintf("the record was changed: its prev is not the hash of seq %d (%s), and its own hash is not the prev of the record after it", m.prevSeq, m.prevLoc)}
+		return &Failure{At: m.loc, Seq: m.seq, Kind: KindChanged, Msg: fmt.Sprintf("the record was changed: its prev is not the hash of seq %d (%s), and its own hash is not the prev of the record after it (its prev was edited, or seq %d was changed too)", m.prevSeq, m.prevLoc, m.prevSeq)}
 	}
 	if !v.have {
 		switch {
