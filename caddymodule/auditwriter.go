@@ -222,6 +222,7 @@ var (
 type auditFile struct {
 	chain     *auditchain.Chain
 	instances []*AuditWriter
+	unlock    func() // releases the file's lock; set under the chain's lock
 	reset     chan time.Duration
 	stop      chan struct{}
 	done      chan struct{}
@@ -260,11 +261,23 @@ func attachAudit(w *AuditWriter) {
 	if f == nil {
 		path := w.path
 		f = &auditFile{
-			chain: auditchain.New(w.openFile, func() (auditchain.Tail, error) { return auditchain.ReadTail(path) }, w.signer),
 			reset: make(chan time.Duration, 1),
 			stop:  make(chan struct{}),
 			done:  make(chan struct{}),
 		}
+		// The lock is taken where the chain opens the file, at its first
+		// record: a config that is only validated takes none.
+		tail := func() (auditchain.Tail, error) {
+			if f.unlock == nil {
+				unlock, err := lockAuditFile(path)
+				if err != nil {
+					return auditchain.Tail{}, err
+				}
+				f.unlock = unlock
+			}
+			return auditchain.ReadTail(path)
+		}
+		f.chain = auditchain.New(w.openFile, tail, w.signer)
 		auditFiles[path] = f
 		go f.tick(w.every())
 	} else {
@@ -290,7 +303,11 @@ func detachAudit(w *AuditWriter) error {
 		}
 		close(f.stop)
 		<-f.done
-		return f.chain.Close()
+		err := f.chain.Close()
+		if f.unlock != nil {
+			f.unlock()
+		}
+		return err
 	}
 	if newest {
 		f.takeOver(w, f.instances[len(f.instances)-1])

@@ -202,3 +202,35 @@ func BenchmarkAuditedToolCall(b *testing.B) {
 	b.ReportMetric(float64(tChained-tPlain)/float64(n), "added-ns/call")
 	b.ReportMetric(float64(tChained)/float64(tPlain), "ratio")
 }
+
+// A second writer of the same file (another caddy process) is refused
+// rather than forking the chain.
+func TestAuditWriterRefusesASecondProcess(t *testing.T) {
+	t.Setenv("AUDIT_KEY_A", seedOf(1))
+	path := filepath.Join(t.TempDir(), "audit.log")
+	release, err := lockAuditFile(path) // what the other process holds
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := provisionedAuditWriter(t, AuditWriter{Filename: path, SigningKey: "{env.AUDIT_KEY_A}"})
+	h, err := w.OpenWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Write([]byte(`{"msg":"x"}` + "\n")); err == nil || !strings.Contains(err.Error(), "another process writes the audit log") {
+		t.Fatalf("write while another process holds the file: %v", err)
+	}
+	release()
+	if _, err := h.Write([]byte(`{"msg":"x"}` + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := auditchain.Verify([]auditchain.Source{auditchain.FileSource(path)}, auditchain.Options{Keys: []ed25519.PublicKey{publicOf(t, seedOf(1))}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockAuditFile(path); err != nil {
+		t.Fatalf("the lock outlives the writer: %v", err)
+	}
+}
