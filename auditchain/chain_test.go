@@ -334,14 +334,19 @@ type failingWriter struct {
 func (f *failingWriter) Write(p []byte) (int, error) {
 	f.writes++
 	if f.writes == f.fail {
-		k, _ := f.w.Write(p[:f.n])
+		n := f.n
+		if n < 0 {
+			n = len(p) + n // all but the last -n bytes
+		}
+		k, _ := f.w.Write(p[:n])
 		return k, errors.New("disk full")
 	}
 	return f.w.Write(p)
 }
 
 func TestFailedWriteIsAcknowledged(t *testing.T) {
-	for _, n := range []int{0, 25, len(entry(1)) + 70} {
+	// Nothing, a few bytes, most of the record, all of it but its newline.
+	for _, n := range []int{0, 25, len(entry(1)) + 70, -1} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			s := testSigner(t)
 			var buf bytes.Buffer

@@ -255,8 +255,13 @@ func (h *auditHandle) Write(p []byte) (int, error) {
 func (h *auditHandle) Close() error { return nil }
 
 func attachAudit(w *AuditWriter) {
+	logTakeOver(attachAuditLocked(w))
+}
+
+func attachAuditLocked(w *AuditWriter) error {
 	auditMu.Lock()
 	defer auditMu.Unlock()
+	var err error
 	f := auditFiles[w.path]
 	if f == nil {
 		path := w.path
@@ -281,19 +286,34 @@ func attachAudit(w *AuditWriter) {
 		auditFiles[path] = f
 		go f.tick(w.every())
 	} else {
-		f.takeOver(f.instances[len(f.instances)-1], w)
+		err = f.takeOver(f.instances[len(f.instances)-1], w)
 	}
 	w.file = f
 	f.instances = append(f.instances, w)
+	return err
+}
+
+// logTakeOver logs what a take-over could not write, outside auditMu: the
+// log it goes to may be this writer.
+func logTakeOver(err error) {
+	if err != nil {
+		caddy.Log().Named("zidane.audit_writer").Error("handing the audit log over to the new configuration", zap.Error(err))
+	}
 }
 
 func detachAudit(w *AuditWriter) error {
+	err, takeOverErr := detachAuditLocked(w)
+	logTakeOver(takeOverErr)
+	return err
+}
+
+func detachAuditLocked(w *AuditWriter) (err, takeOverErr error) {
 	auditMu.Lock()
 	defer auditMu.Unlock()
 	f := w.file
 	i := slices.Index(f.instances, w)
 	if i < 0 {
-		return nil
+		return nil, nil
 	}
 	newest := i == len(f.instances)-1
 	f.instances = slices.Delete(f.instances, i, i+1)
@@ -307,27 +327,28 @@ func detachAudit(w *AuditWriter) error {
 		if f.unlock != nil {
 			f.unlock()
 		}
-		return err
+		return err, nil
 	}
 	if newest {
-		f.takeOver(w, f.instances[len(f.instances)-1])
+		return nil, f.takeOver(w, f.instances[len(f.instances)-1])
 	}
-	return nil
+	return nil, nil
 }
 
 // takeOver puts next's options in force after old's: a checkpoint signed
 // with old's key first, then next's key, interval and file options.
-func (f *auditFile) takeOver(old, next *AuditWriter) {
+func (f *auditFile) takeOver(old, next *AuditWriter) error {
 	if old.signer.KeyID() == next.signer.KeyID() && old.every() == next.every() && old.fileOptions() == next.fileOptions() {
-		return
+		return nil
 	}
+	var errs []error
 	if err := f.chain.Checkpoint(auditchain.ReasonReload); err != nil {
-		caddy.Log().Named("zidane.audit_writer").Error("writing the audit log's reload checkpoint", zap.String("file", old.path), zap.Error(err))
+		errs = append(errs, fmt.Errorf("the reload checkpoint of %s: %w", old.path, err))
 	}
 	f.chain.SetSigner(next.signer)
 	if old.fileOptions() != next.fileOptions() {
 		if err := f.chain.Reopen(next.openFile); err != nil {
-			caddy.Log().Named("zidane.audit_writer").Error("reopening the audit log with its new options", zap.String("file", next.path), zap.Error(err))
+			errs = append(errs, fmt.Errorf("reopening %s with its new options: %w", next.path, err))
 		}
 	}
 	select {
@@ -335,6 +356,7 @@ func (f *auditFile) takeOver(old, next *AuditWriter) {
 	default:
 	}
 	f.reset <- next.every()
+	return errors.Join(errs...)
 }
 
 // tick writes the interval checkpoints.
