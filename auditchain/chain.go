@@ -169,6 +169,12 @@ func (c *Chain) checkpoint(reason string, genesis bool) error {
 	c.seq++
 	c.prev = HashLine(line[start : len(line)-1])
 	c.dirty = 0
+	// What a checkpoint vouches for is on the disk before it counts.
+	if s, ok := c.out.(interface{ Sync() error }); ok {
+		if err := s.Sync(); err != nil {
+			return fmt.Errorf("auditchain: syncing checkpoint %d: %w", c.seq, err)
+		}
+	}
 	return nil
 }
 

@@ -298,6 +298,30 @@ func TestRestartContinuesTheChain(t *testing.T) {
 	}
 }
 
+// A restart reads back past a last record longer than the tail reader's
+// first chunk.
+func TestRestartAfterALongRecord(t *testing.T) {
+	s := testSigner(t)
+	path := filepath.Join(t.TempDir(), "audit.log")
+	c := fileChain(t, path, s)
+	long := append([]byte(`{"msg":"`), bytes.Repeat([]byte("y"), 300<<10)...)
+	long = append(long, `"}`...)
+	if _, err := c.Write(long); err != nil {
+		t.Fatal(err)
+	}
+	// No stop checkpoint: the long record is the last line at the restart.
+	b, _ := os.ReadFile(path)
+	c2 := fileChain(t, path, s)
+	if _, err := c2.Write(entry(1)); err != nil {
+		t.Fatal(err)
+	}
+	c2.Close()
+	rep, err := verifyFiles(s, Options{}, path)
+	if err != nil || rep.Records != 5 || len(b) < 300<<10 {
+		t.Fatalf("%v %+v", err, rep)
+	}
+}
+
 func TestCrashRemnantIsAcknowledgedAtRestart(t *testing.T) {
 	s := testSigner(t)
 	path := filepath.Join(t.TempDir(), "audit.log")

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -397,7 +398,7 @@ func (v *verifier) record(l rawLine, p parsed, acked bool) *Failure {
 	if p.cp != nil {
 		key, ok := v.keys[p.cp.KeyID]
 		if !ok {
-			return fail(KindSignature, "the checkpoint is signed by key %s, which no --public-key given is", p.cp.KeyID)
+			return fail(KindSignature, "the checkpoint is signed by key %s, which no --public-key given is (they are %s)", p.cp.KeyID, v.keyIDs())
 		}
 		sigOK = ed25519.Verify(key, append([]byte(signContext), p.body...), p.sig)
 	}
@@ -462,6 +463,19 @@ func (v *verifier) record(l rawLine, p parsed, acked bool) *Failure {
 		v.rep.Unsigned++
 	}
 	return nil
+}
+
+// keyIDs lists the ids of the keys given.
+func (v *verifier) keyIDs() string {
+	ids := make([]string, 0, len(v.keys))
+	for id := range v.keys {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	if len(ids) == 0 {
+		return "none"
+	}
+	return strings.Join(ids, ", ")
 }
 
 // find looks for the record of seq after the line at (and not before)
