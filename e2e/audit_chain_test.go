@@ -73,10 +73,11 @@ func waitForAuditRecord(t *testing.T, path, substr string) {
 
 // TestAuditChain runs caddy with the zidane_audit log writer: refusals
 // enough to rotate the file, tool calls, an interval checkpoint, a reload
-// to another signing key and a restart. `caddy zidane audit verify` passes
-// the whole log, across its rotated (gzip) files, and catches a deleted
-// line, an edited field and two swapped lines, each with the file, the
-// line and the seq.
+// to another signing key, a restart, and a crash (SIGKILL, the last record
+// then cut short) that the next start recovers. `caddy zidane audit verify`
+// passes the whole log, across its rotated (gzip) files, and catches a
+// deleted line, an edited field and two swapped lines, each with the file,
+// the line and the seq.
 func TestAuditChain(t *testing.T) {
 	upstream := startEverythingServer(t)
 	site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -124,7 +125,6 @@ func TestAuditChain(t *testing.T) {
 	// A restart goes on with the chain.
 	c.Restart(t)
 	callTools(2)
-	c.Stop(t)
 
 	pubA, stderr, err := c.Run(t, "zidane", "audit", "public-key", "--env", "E2E_AUDIT_KEY_A")
 	if err != nil {
@@ -138,14 +138,43 @@ func TestAuditChain(t *testing.T) {
 	if err := os.WriteFile(pubAFile, []byte(pubA), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	files, _ := filepath.Glob(filepath.Join(dir, "audit*.log*"))
-	if len(files) < 2 || !slices.ContainsFunc(files, func(f string) bool { return strings.HasSuffix(f, ".gz") }) {
-		t.Fatalf("the audit log did not rotate into a compressed file: %v", files)
-	}
+	var files []string
 	verify := func(files ...string) (string, error) {
 		args := append([]string{"zidane", "audit", "verify", "--public-key", pubAFile, "--public-key", strings.TrimSpace(pubB)}, files...)
 		stdout, stderr, err := c.Run(t, args...)
 		return stdout + stderr, err
+	}
+	logFiles := func() []string {
+		t.Helper()
+		files, _ := filepath.Glob(filepath.Join(dir, "audit*.log*"))
+		if len(files) < 2 || !slices.ContainsFunc(files, func(f string) bool { return strings.HasSuffix(f, ".gz") }) {
+			t.Fatalf("the audit log did not rotate into a compressed file: %v", files)
+		}
+		return files
+	}
+
+	// A crash: SIGKILL, and then the last record cut short, as a crash in
+	// the middle of its write leaves it.
+	c.proc.cmd.Process.Kill()
+	<-c.proc.done
+	files = logFiles()
+	if out, err := verify(files...); err != nil || !strings.Contains(out, "WARNING: the log does not end with a stop checkpoint") {
+		t.Fatalf("verify after a crash: %v\n%s", err, out)
+	}
+	crashed := []byte(readFile(t, auditPath))
+	if err := os.WriteFile(auditPath, crashed[:len(crashed)-25], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := verify(files...); err == nil || !strings.Contains(out, "FAILED (truncated)") || !strings.Contains(out, "cut short") {
+		t.Fatalf("verify of a record cut short: %v\n%s", err, out)
+	}
+	// The restart terminates the cut-short record and acknowledges it.
+	c.start(t)
+	callTools(1)
+	c.Stop(t)
+	files = logFiles()
+	if out, err := verify(files...); err != nil || !strings.Contains(out, "a record cut short by a crash or a failed write, which the checkpoint after it acknowledges") {
+		t.Fatalf("verify after the restart that recovered the cut-short record: %v\n%s", err, out)
 	}
 
 	t.Run("the real log verifies", func(t *testing.T) {
