@@ -516,6 +516,7 @@ func TestEntriesOfEveryShapeAreRecorded(t *testing.T) {
 		[]byte(`{"checkpoint":{"reason":"stop"},"msg":"looks like a checkpoint"}`),
 		[]byte(`{"nested":{"prev":"x"}}`),
 		big,
+		bytes.Repeat([]byte{1}, MaxEntry/2), // not JSON, and six times longer escaped
 	} {
 		if _, err := c.Write(e); err != nil {
 			t.Fatal(err)
@@ -526,11 +527,11 @@ func TestEntriesOfEveryShapeAreRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Records != 8 {
+	if rep.Records != 9 {
 		t.Fatalf("report %+v", rep)
 	}
 	lines := readLines(t, path)
-	for i, want := range []string{`}`, `"raw":"plain text`, `"raw":"{\"seq\":99`, `"raw":"{\"checkpoint\"`, `"raw":"{\"nested\"`, `"oversize":{"bytes":`} {
+	for i, want := range []string{`}`, `"raw":"plain text`, `"raw":"{\"seq\":99`, `"raw":"{\"checkpoint\"`, `"raw":"{\"nested\"`, `"oversize":{"bytes":`, `"oversize":{"bytes":`} {
 		if !strings.Contains(lines[i+1], want) {
 			t.Errorf("line %d: %.200s, want %s", i+2, lines[i+1], want)
 		}

@@ -33,8 +33,9 @@ import (
 )
 
 // MaxLine is the longest record line Verify and the tail reader accept. The
-// writer keeps its lines shorter: an entry over MaxEntry is recorded by its
-// length, hash and first HeadBytes (see Chain.Write).
+// writer keeps its lines shorter: an entry over MaxEntry (or one that is not
+// a JSON object, over MaxEntry/6, as escaping may grow it six-fold) is
+// recorded by its length, hash and first HeadBytes.
 const (
 	MaxLine   = 4 << 20
 	MaxEntry  = MaxLine - 1024
@@ -170,8 +171,11 @@ func parseLine(line []byte) (parsed, error) {
 func appendRecord(dst []byte, seq uint64, prev Hash, entry []byte) []byte {
 	entry = bytes.TrimRight(entry, "\r\n")
 	dst = appendPrefix(dst, seq, prev)
+	plain := plainObject(entry)
 	switch {
-	case len(entry) > MaxEntry:
+	// Escaped as a JSON string, an entry may grow six-fold: the line must
+	// stay under MaxLine all the same.
+	case len(entry) > MaxEntry || (!plain && len(entry) > MaxEntry/6):
 		head := entry[:HeadBytes]
 		h := sha256.Sum256(entry)
 		dst = append(dst, `,"oversize":{"bytes":`...)
@@ -181,7 +185,7 @@ func appendRecord(dst []byte, seq uint64, prev Hash, entry []byte) []byte {
 		dst = append(dst, `","head":`...)
 		dst = appendJSONString(dst, head)
 		dst = append(dst, "}}"...)
-	case plainObject(entry):
+	case plain:
 		if len(bytes.TrimSpace(entry[1:len(entry)-1])) == 0 {
 			dst = append(dst, '}')
 		} else {
