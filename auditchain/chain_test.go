@@ -322,6 +322,68 @@ func TestRestartAfterALongRecord(t *testing.T) {
 	}
 }
 
+// chainFileChain is fileChain that goes on from rotated files, as the
+// writer does.
+func chainFileChain(t testing.TB, path string, s *Signer) *Chain {
+	t.Helper()
+	return New(func() (io.Writer, error) {
+		return os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	}, func() (Tail, error) { return ReadChainTail(path) }, s)
+}
+
+// A start after a rotation left the current file without a record (moved,
+// or cut short by a crash in its first write) goes on from the newest
+// rotated file, compressed or not.
+func TestRestartAfterRotationGoesOnFromTheRotatedFile(t *testing.T) {
+	for _, current := range []string{"missing", "empty", "cut short"} {
+		t.Run(current, func(t *testing.T) {
+			s := testSigner(t)
+			dir := t.TempDir()
+			path := filepath.Join(dir, "audit.log")
+			writeLog(t, path, s, 3, 0)
+			older := filepath.Join(dir, "audit-2026-01-01T00-00-00.000-size.log")
+			os.Rename(path, older)
+			c := chainFileChain(t, path, s)
+			for i := range 2 {
+				c.Write(entry(i))
+			}
+			c.Close()
+			newer := filepath.Join(dir, "audit-2026-01-02T00-00-00.000-size.log")
+			os.Rename(path, newer)
+			raw, _ := os.ReadFile(newer)
+			var zb bytes.Buffer
+			zw := gzip.NewWriter(&zb)
+			zw.Write(raw)
+			zw.Close()
+			os.WriteFile(newer+".gz", zb.Bytes(), 0o600)
+			os.Remove(newer)
+			switch current {
+			case "empty":
+				os.WriteFile(path, nil, 0o600)
+			case "cut short":
+				os.WriteFile(path, []byte(`{"seq":10,"prev":"00`), 0o600)
+			}
+			if current == "cut short" {
+				// Before the restart, verify names the cut-short file.
+				_, err := verifyFiles(s, Options{}, path, older, newer+".gz")
+				wantFailure(t, err, KindTruncated, 1, 10)
+			}
+			c = chainFileChain(t, path, s)
+			if _, err := c.Write(entry(9)); err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+			rep, err := verifyFiles(s, Options{}, path, older, newer+".gz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Records != 5+4+3 || rep.Files[2] != path {
+				t.Fatalf("report %+v", rep)
+			}
+		})
+	}
+}
+
 func TestCrashRemnantIsAcknowledgedAtRestart(t *testing.T) {
 	s := testSigner(t)
 	path := filepath.Join(t.TempDir(), "audit.log")

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 )
 
 // Tail is where a file's chain ends: the seq and hash of its last record
@@ -80,5 +82,105 @@ func ReadTail(path string) (Tail, error) {
 		}
 		t.Seq, t.Hash = p.seq, HashLine(line)
 		return t, nil
+	}
+}
+
+// ReadChainTail is ReadTail for a file that rotation renames: when the file
+// at path holds no complete record (missing, empty, or only a record cut
+// short, as a crash right after a rotation leaves it), the chain goes on
+// from the last record of its newest rotated file, named as Caddy's file
+// writer names them (NAME-<time>-<reason>EXT, maybe .gz or .zst).
+func ReadChainTail(path string) (Tail, error) {
+	t, err := ReadTail(path)
+	if err != nil || t.Seq != 0 {
+		return t, err
+	}
+	prev, ok, err := newestRotated(path)
+	if err != nil || !ok {
+		return t, err
+	}
+	bt, err := tailOfSource(FileSource(prev))
+	if err != nil {
+		return Tail{}, err
+	}
+	switch {
+	case bt.Partial != nil && t.Partial != nil:
+		return Tail{}, fmt.Errorf("%s and %s both end with a record cut short: move one of them away", prev, path)
+	case t.Partial != nil:
+		bt.Partial = t.Partial
+	}
+	return bt, nil
+}
+
+// newestRotated is the path of the newest rotated file of path.
+func newestRotated(path string) (string, bool, error) {
+	dir, base := filepath.Split(path)
+	ext := filepath.Ext(base)
+	prefix := strings.TrimSuffix(base, ext) + "-"
+	entries, err := os.ReadDir(filepath.Clean(dir))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", false, nil
+		}
+		return "", false, err
+	}
+	best, bestKey := "", ""
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		key, compressed := name, false
+		for _, z := range []string{".gz", ".zst"} {
+			if k, ok := strings.CutSuffix(name, z); ok {
+				key, compressed = k, true
+			}
+		}
+		if !strings.HasSuffix(key, ext) {
+			continue
+		}
+		// The time in the name orders them; an uncompressed file wins over
+		// its compressed copy, which may be half written.
+		if !compressed {
+			key += "\x01"
+		}
+		if key > bestKey {
+			best, bestKey = name, key
+		}
+	}
+	if best == "" {
+		return "", false, nil
+	}
+	return filepath.Join(dir, best), true, nil
+}
+
+// tailOfSource reads a whole source for its last record, and what follows
+// it cut short.
+func tailOfSource(s Source) (Tail, error) {
+	lr := newLineReader([]Source{s})
+	defer lr.close()
+	var t Tail
+	var lastErr error // of the last complete line: the lines before it are Verify's to judge
+	for {
+		l, ok, err := lr.next()
+		if err != nil {
+			return Tail{}, err
+		}
+		if !ok {
+			return t, lastErr
+		}
+		if !l.terminated {
+			t.Partial = partialOf(l.b)
+			continue
+		}
+		if len(l.b) == 0 {
+			continue
+		}
+		p, err := parseLine(l.b)
+		if err != nil {
+			lastErr = fmt.Errorf("%s: not an audit record (%v): the chain cannot go on from it", l.loc, err)
+			continue
+		}
+		t.Seq, t.Hash, lastErr = p.seq, HashLine(l.b), nil
 	}
 }

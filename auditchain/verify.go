@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -188,17 +189,34 @@ func firstSeq(s Source) (seq uint64, loc Location, ok bool, err error) {
 	defer lr.close()
 	for {
 		l, more, err := lr.next()
-		if err != nil || !more {
+		if err != nil {
 			return 0, loc, false, err
+		}
+		if !more {
+			return 0, loc, loc.Line > 0, nil
 		}
 		if len(l.b) == 0 && l.terminated && l.loc.Line == 1 {
 			continue // the newline that terminates a remnant of the file before
 		}
 		seq, _, _, perr := parsePrefix(l.b)
-		if perr != nil {
-			return 0, l.loc, true, nil
+		if perr == nil {
+			return seq, l.loc, true, nil
 		}
-		return seq, l.loc, true, nil
+		// A record cut short, at the start of a file: the checkpoint that
+		// acknowledges it, next, takes its seq.
+		if loc.Line == 0 && l.terminated {
+			loc = l.loc
+			continue
+		}
+		if loc.Line == 0 {
+			// The file is one record cut short (a crash in its first
+			// write): it goes last, where Verify says so.
+			return math.MaxUint64, l.loc, true, nil
+		}
+		if loc.Line == 0 {
+			loc = l.loc
+		}
+		return 0, loc, true, nil
 	}
 }
 

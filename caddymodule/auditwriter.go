@@ -280,7 +280,7 @@ func attachAuditLocked(w *AuditWriter) error {
 				}
 				f.unlock = unlock
 			}
-			return auditchain.ReadTail(path)
+			return auditchain.ReadChainTail(path)
 		}
 		f.chain = auditchain.New(w.openFile, tail, w.signer)
 		auditFiles[path] = f
