@@ -1,7 +1,8 @@
 // Package caddymodule is the only package of caddy-zidane-mcp that imports
 // Caddy. It registers the zidane app, the http.handlers.zidane_mcp handler
-// and its Caddyfile directive, the admin.api.zidane routes and the
-// `caddy zidane` command; it parses config, builds the core objects from the
+// and its Caddyfile directive, the admin.api.zidane routes, the
+// caddy.logging.writers.zidane_audit log writer and the `caddy zidane`
+// command; it parses config, builds the core objects from the
 // policy, pinnedfetch, mcpendpoint, sessions and broker packages, and hands
 // requests to them. It holds no decision logic of its own.
 package caddymodule

@@ -51,7 +51,8 @@ type referenceOption struct {
 
 // referenceOptions reads the options of the README's caddyfile blocks
 // under "Directive reference: `zidane_mcp`", "Global option: `zidane`" and
-// "Shared storage on NATS (several replicas)" (the storage block):
+// "Shared storage on NATS (several replicas)" (the storage block) and
+// "Log writer reference: `zidane_audit`":
 // every line's first word, named by the blocks it sits in. The block names
 // are options too ("zidane_mcp jwt"), and so are the directive and the
 // global option themselves. A first word such as a|b names two options.
@@ -63,7 +64,8 @@ func referenceOptions(t *testing.T) []referenceOption {
 	}
 	var opts []referenceOption
 	seen := map[string]bool{}
-	for _, heading := range []string{"## Directive reference: `zidane_mcp`", "## Global option: `zidane`", "## Shared storage on NATS (several replicas)"} {
+	for _, heading := range []string{"## Directive reference: `zidane_mcp`", "## Global option: `zidane`", "## Shared storage on NATS (several replicas)",
+		"## Log writer reference: `zidane_audit`"} {
 		_, after, ok := strings.Cut(string(raw), "\n"+heading+"\n")
 		if !ok {
 			t.Fatalf("README.md has no heading %q", heading)
@@ -80,6 +82,9 @@ func referenceOptions(t *testing.T) []referenceOption {
 		for line := range strings.Lines(block) {
 			line, _, _ = strings.Cut(line, "#")
 			words := strings.Fields(line)
+			if len(words) > 2 && words[0] == "output" {
+				words = words[1:] // `output zidane_audit {`: the writer's options are "zidane_audit …"
+			}
 			switch {
 			case len(words) == 0:
 				continue
@@ -256,6 +261,12 @@ func agentBlock(lines ...string) string {
 	return zidaneBlock("agent coder {\ncommand /bin/true\n" + strings.Join(lines, "\n") + "\n}")
 }
 
+// auditWriterBlock is a log of the audit logger to the zidane_audit writer
+// with lines; the default signing key is in the environment.
+func auditWriterBlock(_ configFixtures, lines ...string) string {
+	return caddyfileOf("log audit {\ninclude http.handlers.zidane_mcp.audit\noutput zidane_audit {\n"+strings.Join(lines, "\n")+"\n}\nformat json\n}", "zidane_mcp {\nguard\n}")
+}
+
 func sandboxBlock(lines ...string) string {
 	return agentBlock("sandbox {\n" + strings.Join(lines, "\n") + "\n}")
 }
@@ -277,6 +288,7 @@ func baselines(fx configFixtures) map[string]string {
 		"upstreams":     zidaneBlock("upstreams_file " + fx.mcpJSON),
 		"broker":        caddyfileOf("zidane {\nupstream up "+badConfigSite+"/mcp\n}", "zidane_mcp {\nbroker up\n}"),
 		"default agent": zidaneBlock("agent coder {\ncommand /bin/true\n}", "default_agent coder", "session_upstreams up", "upstream up "+badConfigSite+"/mcp"),
+		"audit writer":  auditWriterBlock(fx, "file "+filepath.Join(fx.dir, "audit.log"), "checkpoint_every 1m", "signing_key {env.AUDIT_KEY}"),
 	}
 }
 
@@ -616,6 +628,7 @@ func badConfigs(fx configFixtures) []badConfig {
 	// The ID token file is read at each exchange, and may be written only
 	// after caddy starts; what is there must be a file all the same.
 	cases = append(cases, fileCases("zidane upstream oauth id_token_file", fx, fx.bigIDToken, func(l string) string { return oauthBlock(oauthXAA(fx), l) })...)
+	cases = append(cases, auditWriterCases(fx)...)
 	for _, m := range []struct{ option, caddyfile string }{
 		{"zidane_mcp jwt public_key_file", jwtBlock("public_key_file " + fx.missing)},
 		{"zidane upstream oauth private_key_file", oauthBlock(oauthKey(fx), "private_key_file "+fx.missing)},
@@ -667,6 +680,58 @@ func natsBlock(lines ...string) string {
 	return caddyfileOf("storage zidane_nats {\n"+strings.Join(lines, "\n")+"\n}", "zidane_mcp {\nguard\n}")
 }
 
+// auditWriterCases are the bad values of the zidane_audit log writer's
+// options.
+func auditWriterCases(fx configFixtures) []badConfig {
+	c := func(option, label, caddyfile string, want ...string) badConfig {
+		return badConfig{option: option, label: label, caddyfile: caddyfile, want: want}
+	}
+	file := "file " + filepath.Join(fx.dir, "audit.log")
+	w := func(lines ...string) string { return auditWriterBlock(fx, append([]string{file}, lines...)...) }
+	cases := []badConfig{
+		c("zidane_audit", "an argument", caddyfileOf("log audit {\noutput zidane_audit /var/log/audit.log {\n}\n}", "zidane_mcp {\nguard\n}"), "zidane_audit takes no argument", "file <path>"),
+		c("zidane_audit", "no file", auditWriterBlock(fx, "checkpoint_every 1m"), "file is missing"),
+		c("zidane_audit", "an unknown option", w("sign_with ed25519"), "unknown option", "checkpoint_every"),
+		c("zidane_audit file", labelEmpty, auditWriterBlock(fx, "file"), "file takes one value"),
+		c("zidane_audit file", "two paths", auditWriterBlock(fx, "file /a /b"), "file takes one value"),
+		c("zidane_audit file", labelDir, auditWriterBlock(fx, "file "+fx.dir), "is not a regular file"),
+		c("zidane_audit file", labelDevZero, auditWriterBlock(fx, "file /dev/zero"), "is not a regular file"),
+		c("zidane_audit file", labelFIFO, auditWriterBlock(fx, "file "+fx.fifo), "is not a regular file"),
+		c("zidane_audit checkpoint_every", labelEmpty, w("checkpoint_every"), "checkpoint_every takes one value"),
+		c("zidane_audit signing_key", "a literal key", w("signing_key "+base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{5}, 32))), "holds a literal value", "{env.VAR}"),
+		c("zidane_audit signing_key", labelEmpty, w("signing_key"), "signing_key takes one value"),
+		c("zidane_audit signing_key", "an unset variable", w("signing_key {env.ZIDANE_E2E_UNSET}"), "is empty", "openssl rand -base64 32"),
+		withEnv(c("zidane_audit signing_key", "the default variable unset", w(), "ZIDANE_AUDIT_SIGNING_KEY is empty"), "ZIDANE_AUDIT_SIGNING_KEY="),
+		withEnv(c("zidane_audit signing_key", "a short key", w("signing_key {env.SHORT_AUDIT_KEY}"), "must be an Ed25519 seed of 32 bytes"), "SHORT_AUDIT_KEY=c2hvcnQ="),
+		c("zidane_audit roll_disabled", "a value", w("roll_disabled yes"), "roll_disabled takes no value"),
+		c("zidane_audit roll_size", labelNegative, w("roll_size -1"), "give a size such as 100MiB"),
+		c("zidane_audit roll_size", labelZero, w("roll_size 0"), "give a size such as 100MiB"),
+		c("zidane_audit roll_size", labelNotNumber, w("roll_size lots"), "give a size such as 100MiB"),
+		c("zidane_audit roll_size", labelHuge, w("roll_size 2TiB"), "at most 1TiB"),
+		c("zidane_audit roll_size", labelEmpty, w("roll_size"), "roll_size takes one value"),
+		c("zidane_audit roll_keep", labelEmpty, w("roll_keep"), "roll_keep takes one value"),
+		c("zidane_audit roll_keep_for", labelEmpty, w("roll_keep_for"), "roll_keep_for takes one value"),
+		c("zidane_audit roll_compression", "unknown", w("roll_compression brotli"), "give none, gzip or zstd"),
+		c("zidane_audit roll_compression", labelEmpty, w("roll_compression"), "roll_compression takes one value"),
+	}
+	for _, v := range []struct{ label, value string }{
+		{labelNegative, "-1s"}, {labelZero, "0s"}, {labelNotNumber, "soon"}, {labelHuge, "9999999999999h"}, {"under 1s", "500ms"}, {"over 24h", "25h"},
+	} {
+		cases = append(cases, c("zidane_audit checkpoint_every", v.label, w("checkpoint_every "+v.value), "give a duration from 1s to 24h"))
+	}
+	for _, v := range []struct{ label, value string }{
+		{labelNegative, "-1"}, {labelZero, "0"}, {labelNotNumber, "many"}, {labelHuge, "99999999999999999999"}, {"a fraction", "1.5"},
+	} {
+		cases = append(cases, c("zidane_audit roll_keep", v.label, w("roll_keep "+v.value), "give a positive whole number"))
+	}
+	for _, v := range []struct{ label, value string }{
+		{labelNegative, "-1s"}, {labelZero, "0s"}, {labelNotNumber, "soon"}, {labelHuge, "9999999999999h"}, {"over 10 years", "3651d"},
+	} {
+		cases = append(cases, c("zidane_audit roll_keep_for", v.label, w("roll_keep_for "+v.value), "give a positive duration such as 90d"))
+	}
+	return cases
+}
+
 // oauthBlockWithKey is oauthBlock with upstream_token_key set.
 func oauthBlockWithKey(base []string, key string) string {
 	return zidaneBlock("upstream_token_key "+key, "upstream up {\nurl "+badConfigSite+"/mcp\noauth {\n"+strings.Join(base, "\n")+"\n}\n}")
@@ -712,6 +777,8 @@ func runBadConfig(t *testing.T, caddyfile string, env []string, args ...string) 
 		"TMPDIR="+dir,
 		"ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32)),
 		"UP_SECRET=e2e-upstream-secret",
+		"ZIDANE_AUDIT_SIGNING_KEY="+base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{9}, 32)),
+		"AUDIT_KEY="+base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{8}, 32)),
 	)
 	cmd.Env = append(cmd.Env, env...)
 	var out bytes.Buffer
