@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.opentelemetry.io/otel/attribute"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 	"golang.org/x/net/http/httpguts"
@@ -468,9 +469,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		rf.call = d.Call
 		return h.refuse(w, r, rf, d.Verdict)
 	}
+	var traced []attribute.KeyValue // the principal and the call, for the step events after auth
 	if tr.on() {
-		tr.event("inspect", "allowed", "", callAttrs(d.Body)...)
-		tr.event("decide", "allowed", "", callAttrs(d.Body)...)
+		traced = append(principalAttrs(p), callAttrs(d.Body)...)
+		tr.event("inspect", "allowed", "", traced...)
+		tr.event("decide", "allowed", "", traced...)
 	}
 
 	// 5. Rate limit.
@@ -482,7 +485,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuseRateLimited(w, r, rf, "rate_limited", retry,
 			"rate limit for this token exceeded; retry after the Retry-After delay")
 	}
-	tr.event("limit", "allowed", "")
+	tr.event("limit", "allowed", "", traced...)
 
 	// A replica that is shutting down finishes the sessions it holds and
 	// opens none.

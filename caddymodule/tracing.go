@@ -112,7 +112,7 @@ func (s steps) routeSpan(ctx context.Context, r *http.Request, route string, p p
 	if s.span == nil {
 		return ctx, nil
 	}
-	attrs := append([]attribute.KeyValue{attribute.String("zidane.route", route)}, principalAttrs(p)...)
+	attrs := append([]attribute.KeyValue{attribute.String("zidane.route", route), attribute.String("zidane.decision", "allowed")}, principalAttrs(p)...)
 	attrs = append(attrs, callAttrs(b)...)
 	kind := trace.SpanKindInternal
 	if route == "guard" {

@@ -216,16 +216,24 @@ http://127.0.0.1:%d {
 	for _, cl := range clients[1:] {
 		withheld(cl)
 	}
-	c.WaitForLog(t, `"event":"tool_changed"`, 10*time.Second)
+	// The audit lines are written once each change is stored, off the
+	// request path: wait for both namespaces' (bounded).
 	var changes []map[string]any
-	for _, line := range strings.Split(c.Logs(), "\n") {
-		if strings.Contains(line, `"event":"tool_changed"`) {
-			var m map[string]any
-			if err := json.Unmarshal([]byte(line), &m); err != nil {
-				t.Fatalf("audit line: %v: %s", err, line)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		changes = nil
+		for _, line := range strings.Split(c.Logs(), "\n") {
+			if strings.Contains(line, `"event":"tool_changed"`) {
+				var m map[string]any
+				if err := json.Unmarshal([]byte(line), &m); err != nil {
+					t.Fatalf("audit line: %v: %s", err, line)
+				}
+				changes = append(changes, m)
 			}
-			changes = append(changes, m)
 		}
+		if len(changes) >= 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	// One line per namespace: the guard's, and the upstream's (shared by
 	// pass-through and aggregated).

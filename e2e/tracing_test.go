@@ -260,17 +260,21 @@ http://127.0.0.1:%d {
 			if server == nil || hex.EncodeToString(server.ParentSpanId) != clientSpan {
 				t.Fatalf("the route span's parent is not Caddy's server span of the client's trace")
 			}
-			events := map[string]string{}
+			events := map[string]map[string]string{}
 			for _, ev := range server.Events {
+				a := map[string]string{}
 				for _, kv := range ev.Attributes {
-					if kv.Key == "zidane.decision" {
-						events[ev.Name] = kv.Value.GetStringValue()
-					}
+					a[kv.Key] = kv.Value.GetStringValue()
 				}
+				events[ev.Name] = a
 			}
 			for _, step := range []string{"zidane_mcp.auth", "zidane_mcp.inspect", "zidane_mcp.decide", "zidane_mcp.limit"} {
-				if events[step] != "allowed" {
-					t.Errorf("the server span's %s event: %q (events %v)", step, events[step], events)
+				a := events[step]
+				if a["zidane.decision"] != "allowed" || a["zidane.principal.id"] == "" {
+					t.Errorf("the server span's %s event: %v (events %v)", step, a, events)
+				}
+				if step != "zidane_mcp.auth" && a["gen_ai.tool.name"] != route.tool {
+					t.Errorf("the %s event names tool %q, want %q", step, a["gen_ai.tool.name"], route.tool)
 				}
 			}
 			if attr(routeSpan, "zidane.principal.id") == "" {
