@@ -96,15 +96,6 @@ func (c *otlpCollector) trace(t *testing.T, traceID, name string) []*tracepb.Spa
 	}
 }
 
-func spanNamed(spans []*tracepb.Span, name string) *tracepb.Span {
-	for _, s := range spans {
-		if s.Name == name {
-			return s
-		}
-	}
-	return nil
-}
-
 func attr(s *tracepb.Span, key string) string {
 	for _, kv := range s.Attributes {
 		if kv.Key == key {
