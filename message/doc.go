@@ -48,7 +48,8 @@
 // reads (the envelope; the params object of tools/call, prompts/get,
 // resources/read|subscribe|unsubscribe, completion/complete and
 // notifications/cancelled, and of any other method for its _meta;
-// tools/call arguments; a params._meta, for its protocol version; a
+// tools/call arguments; a params._meta, for its protocol version and the
+// trace context keys (traceparent, tracestate, baggage); a
 // completion ref; a response's error), a key that encoding/json would take for one of those
 // fields without being it exactly: another case, another folding, or an
 // escaped spelling ("n\u0061me" alone: some readers match raw key bytes).

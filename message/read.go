@@ -269,9 +269,12 @@ var (
 	completionFields = []string{"ref", "_meta"}
 	refFields        = []string{"type", "name", "uri"}
 	metaOnlyFields   = []string{"_meta"}
-	metaFields       = []string{MetaVersionKey}
-	cancelFields     = []string{"requestId", "_meta"}
-	errorFields      = []string{"code", "message", "data"}
+	// The trace context SEP-414 reserves in _meta is among them: the
+	// broker replaces it and drops baggage by these exact keys, so a
+	// spelling that a reader could take for one of them is refused.
+	metaFields   = []string{MetaVersionKey, "traceparent", "tracestate", "baggage"}
+	cancelFields = []string{"requestId", "_meta"}
+	errorFields  = []string{"code", "message", "data"}
 )
 
 // field returns which of fields k is, or "". A key that only encoding/json

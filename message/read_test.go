@@ -709,3 +709,22 @@ func TestReadMetaVersion(t *testing.T) {
 		}
 	}
 }
+
+// The trace context keys SEP-414 reserves in _meta are read exactly: a
+// case or escape variant, which a case-insensitive reader behind would
+// take for the one the gateway replaces or drops, is refused.
+func TestReadMetaTraceKeys(t *testing.T) {
+	ok := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","_meta":{"traceparent":"00-x","tracestate":"a=b","baggage":"k=v"}}}`
+	if _, err := Read([]byte(ok)); err != nil {
+		t.Fatalf("%s: %v", ok, err)
+	}
+	for _, body := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","_meta":{"Baggage":"user=admin"}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"TraceParent":"00-x"}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"bagg\u0061ge":"user=admin"}}}`,
+	} {
+		if _, err := Read([]byte(body)); !errors.Is(err, ErrAmbiguous) {
+			t.Errorf("%s: %v, want ErrAmbiguous", body, err)
+		}
+	}
+}
