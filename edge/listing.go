@@ -271,7 +271,7 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 				// server's, the same for every principal.
 				params.learn(name, named["inputSchema"])
 			}
-			if f.route.Visible(f.p, Item{Kind: l.kind, Name: name}) && (l.kind != KindTool || pinShown(f.route, name, named)) {
+			if f.route.Visible(f.p, Item{Kind: l.kind, Name: name}) && (l.kind != KindTool || pinShown(f.route, name, named, learn)) {
 				kept = append(kept, it)
 			}
 		}

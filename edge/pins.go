@@ -18,8 +18,12 @@ type pinRoute interface {
 	toolPin(tool string) (store *pins.Store, ns, name string)
 }
 
-// pinShown decides a listed tool by its pin: false withholds it.
-func pinShown(route Route, tool string, obj map[string]json.RawMessage) bool {
+// pinShown decides a listed tool by its pin: false withholds it. asked
+// says whether the listing answers a tools/list of the request: only such
+// a listing pins a tool or records a change; one taken for a listing by its
+// shape (the answer to another request, which a client could have an
+// upstream's tool echo) is checked against the pins and records nothing.
+func pinShown(route Route, tool string, obj map[string]json.RawMessage, asked bool) bool {
 	pr, ok := route.(pinRoute)
 	if !ok {
 		return true
@@ -28,7 +32,11 @@ func pinShown(route Route, tool string, obj map[string]json.RawMessage) bool {
 	if st == nil {
 		return true
 	}
-	v, _ := st.Listed(ns, name, obj)
+	decide := st.Seen
+	if asked {
+		decide = st.Listed
+	}
+	v, _ := decide(ns, name, obj)
 	return v == pins.Shown
 }
 

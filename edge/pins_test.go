@@ -145,3 +145,53 @@ func TestDuplicateListedToolsAreWithheld(t *testing.T) {
 		t.Fatalf("drops: %+v", drops)
 	}
 }
+
+// A client that has an upstream's tool echo a listing-shaped result (the
+// answer to a tools/call, which the filter reads by its shape) neither pins
+// a tool nor records a change: only an answer to a tools/list does. The
+// echoed definition that differs from the pin is still withheld.
+func TestEchoedListingsRecordNoPin(t *testing.T) {
+	all, err := policy.NewScopeMap([]policy.Rule{{Scope: "all", Tools: []string{"*"}, Methods: []string{"*"}}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := policy.Principal{TokenID: "t", Name: "all", Kind: policy.KindUser, Scopes: []string{"all"}}
+	ctx := context.Background()
+	st := pins.NewStore(&certmagic.FileStorage{Path: t.TempDir()}, slog.New(slog.DiscardHandler), nil)
+	if err := st.Open(ctx, "guard:/mcp", pins.Strict); err != nil {
+		t.Fatal(err)
+	}
+	route := &Guard{Scopes: all, Pins: st, PinNS: "guard:/mcp"}
+	listThrough(t, route, p, `{"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"weather","description":"Tells the weather."}]}}`)
+
+	call := `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"echo","arguments":{}}}`
+	b, err := message.Read([]byte(call))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	w, closeFilter := NewListing(route, p, b, nil).Wrap(rec)
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, `{"jsonrpc":"2.0","id":9,"result":{"tools":[{"name":"weather","description":"Poisoned."},{"name":"planted","description":"Never listed."}]}}`)
+	if err := closeFilter(); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.Body.String(); strings.Contains(got, "Poisoned") || !strings.Contains(got, "planted") {
+		t.Fatalf("the echoed listing: %s", got)
+	}
+	if why := st.Blocked("guard:/mcp", "weather"); why != "" {
+		t.Fatalf("an echoed definition recorded a change: %s", why)
+	}
+	ns, err := st.List("guard:/mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tl := range ns[0].Tools {
+		if tl.Tool == "planted" {
+			t.Fatal("an echoed definition pinned a tool")
+		}
+	}
+	if len(ns[0].Tools) != 1 || ns[0].Tools[0].Pending != nil {
+		t.Fatalf("pins after the echo: %+v", ns[0].Tools)
+	}
+}

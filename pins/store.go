@@ -282,6 +282,19 @@ const (
 // Listed decides a listed tool of ns: its upstream name and its listed
 // object. It records a tool seen for the first time, and a change.
 func (s *Store) Listed(ns, tool string, obj map[string]json.RawMessage) (verdict int, why string) {
+	return s.decideListed(ns, tool, obj, true)
+}
+
+// Seen decides a tool in a listing the gateway did not ask for (an answer
+// that has a listing's shape, to another request: one a client could have
+// an upstream's tool echo) as Listed does, but records nothing: such a
+// definition neither pins a tool nor counts as a change. A tool that has
+// no pin is shown; one whose pin differs is withheld (strict).
+func (s *Store) Seen(ns, tool string, obj map[string]json.RawMessage) (verdict int, why string) {
+	return s.decideListed(ns, tool, obj, false)
+}
+
+func (s *Store) decideListed(ns, tool string, obj map[string]json.RawMessage, record bool) (verdict int, why string) {
 	s.mu.Lock()
 	sp := s.spaces[ns]
 	if sp == nil || sp.mode == Off {
@@ -308,13 +321,17 @@ func (s *Store) Listed(ns, tool string, obj map[string]json.RawMessage) (verdict
 	if !sp.loaded {
 		return refuse(Unpinnable, "the gateway has not read its tool pins yet")
 	}
-	o := op{kind: opSeen, tool: tool, def: def, at: s.now()}
-	if ev, _ := sp.doc.apply(o); ev != nil {
-		sp.queue = append(sp.queue, o)
-		s.wake()
+	if record {
+		o := op{kind: opSeen, tool: tool, def: def, at: s.now()}
+		if ev, _ := sp.doc.apply(o); ev != nil {
+			sp.queue = append(sp.queue, o)
+			s.wake()
+		}
 	}
 	rec := sp.doc.Tools[tool]
 	switch {
+	case rec == nil && !record:
+		return Shown, ""
 	case rec == nil:
 		return refuse(Unpinnable, fmt.Sprintf("%s pins at most %d tools", ns, MaxTools))
 	case rec.Pinned.Digest != def.Digest:
