@@ -28,10 +28,16 @@
 //     2025-11-25 clients on one URL and speaks to each upstream the newest
 //     of the two it answers, multi-round-trip calls included in every
 //     combination;
-//   - each upstream's OAuth client (package upstreamauth).
+//   - each upstream's OAuth client (package upstreamauth);
+//   - the trace of each upstream request: a client span of the edge's
+//     route span, when it records, whose W3C trace context goes in the
+//     request's headers and, for MCP 2026-07-28, in params._meta (SEP-414);
+//     never a client's baggage.
 //
 // The routes take the edge's one reading of a client's message from the
-// request context (package message) and forward exactly those bytes.
+// request context (package message) and forward exactly those bytes, but
+// for that trace context in _meta when tracing is on (the values of every
+// other key unchanged).
 //
 // What it never does: it never passes a client's credential upstream, and
 // never lets an upstream credential reach a client, an agent, a log line, an

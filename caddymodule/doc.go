@@ -3,6 +3,8 @@
 // and its Caddyfile directive, the admin.api.zidane routes, the
 // caddy.logging.writers.zidane_audit log writer and the `caddy zidane`
 // command; it parses config, builds the core objects from the
-// policy, pinnedfetch, mcpendpoint, sessions and broker packages, and hands
-// requests to them. It holds no decision logic of its own.
+// policy, pinnedfetch, mcpendpoint, sessions, broker, pins and cluster
+// packages, and hands requests to them; with Caddy's tracing on it records
+// the edge's steps in the request's span. It holds no decision logic of its
+// own.
 package caddymodule
