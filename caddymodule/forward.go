@@ -301,17 +301,22 @@ func loopbackHost(h string) bool {
 func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) error {
 	now := time.Now()
 	ip := policy.AddressKey(rf.clientIP, h.ipv6Prefix)
+	// The address's bucket is charged for refused hops, and stops them
+	// once empty, but never a hop that verifies: the address is a
+	// replica's, which whatever else shares it (an agent's shell on that
+	// host) must not be able to cut off by sending bad hops.
 	refuse := func(v edge.Verdict) error {
 		w.Header().Set(edge.HopRefusedHeader, v.Reason)
 		if v.Status == http.StatusUnauthorized || v.Status == http.StatusForbidden {
-			h.ipLimit.Allow(ip, now)
+			if h.ipLimit.Empty(ip, now) {
+				_, retry := h.ipLimit.Allow(ip, now)
+				v = edge.Refuse(http.StatusTooManyRequests, "rate_limited_ip", "too many refused requests from this address; wait and retry")
+				v.RetryAfter = retry
+				w.Header().Set(edge.HopRefusedHeader, v.Reason)
+			} else {
+				h.ipLimit.Allow(ip, now)
+			}
 		}
-		return h.refuse(w, r, rf, v)
-	}
-	if h.ipLimit.Empty(ip, now) {
-		_, retry := h.ipLimit.Allow(ip, now)
-		v := edge.Refuse(http.StatusTooManyRequests, "rate_limited_ip", "too many refused requests from this address; wait and retry")
-		v.RetryAfter = retry
 		return h.refuse(w, r, rf, v)
 	}
 	ca, ok := h.route.(*clusterAggregate)

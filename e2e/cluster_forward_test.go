@@ -493,4 +493,27 @@ func TestClusterHopChecks(t *testing.T) {
 			}
 		})
 	}
+
+	// Whatever shares a replica's address (an agent's shell on its host)
+	// sends bad hops until that address's bucket is empty: bad hops are
+	// then refused 429, and a hop that verifies is still served.
+	limited := false
+	for range 40 {
+		got := send(func(req *http.Request) {
+			hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID))
+			req.Header.Set("Zidane-Hop", strings.Replace(req.Header.Get("Zidane-Hop"), "mac=", "mac=00", 1))
+		}, body)
+		if got.status == http.StatusTooManyRequests {
+			limited = true
+			break
+		}
+	}
+	if !limited {
+		t.Fatal("40 bad hops from one address were never rate limited")
+	}
+	if got := send(func(req *http.Request) {
+		hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID))
+	}, body); got.status != http.StatusOK {
+		t.Fatalf("a correctly signed hop after bad ones from its address: %d %s", got.status, tail(got.body, 300))
+	}
 }
