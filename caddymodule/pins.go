@@ -117,6 +117,8 @@ func auditPinEvent(ev pins.Event) {
 	switch ev.Kind {
 	case "changed":
 		l.Warn("a tool's definition changed since it was pinned", fields...)
+	case "unrecorded":
+		l.Warn("a tool's listing could not be pinned or its change recorded (too large, or past the bounds); with pin strict its calls are refused", fields...)
 	case "pinned":
 		l.Info("a tool's definition was pinned", fields...)
 	default:

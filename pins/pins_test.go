@@ -316,3 +316,41 @@ func TestHeldDefinitionsAreBounded(t *testing.T) {
 		t.Fatalf("stored %d bytes (%v)", len(data), err)
 	}
 }
+
+// A change the store cannot record (a definition over MaxDefinition, or
+// past the bytes a namespace holds) is still a change: strict mode refuses
+// the tool's calls as well as withholding it, and either mode reports it,
+// once; a listing that matches the pin again lifts it.
+func TestUnrecordableChangeIsRefusedAndReported(t *testing.T) {
+	for _, mode := range []Mode{Strict, Warn} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ev := &events{}
+			s := newStore(t, &certmagic.FileStorage{Path: t.TempDir()}, ev, "up", mode)
+			s.Listed("up", "weather", tool(t, weather))
+			huge := strings.Replace(weather, "Tells the weather.", "Tells the weather. "+strings.Repeat("x", MaxDefinition), 1)
+			for range 3 {
+				v, _ := s.Listed("up", "weather", tool(t, huge))
+				if mode == Strict && v == Shown {
+					t.Fatal("strict showed an unpinnable change")
+				}
+			}
+			blocked := s.Blocked("up", "weather")
+			if (mode == Strict) != (blocked != "") {
+				t.Fatalf("%s: Blocked = %q", mode, blocked)
+			}
+			if got := strings.Join(ev.kinds(), " "); strings.Count(got, "unrecorded:weather") != 1 {
+				t.Fatalf("events %q, want one unrecorded:weather for three listings", got)
+			}
+			s.Listed("up", "weather", tool(t, weather))
+			if s.Blocked("up", "weather") != "" {
+				t.Fatal("the pinned definition listed again did not lift the refusal")
+			}
+		})
+	}
+	// A brand-new tool past the bounds is refused too (strict).
+	s := newStore(t, &certmagic.FileStorage{Path: t.TempDir()}, &events{}, "up", Strict)
+	huge := strings.Replace(weather, "Tells the weather.", strings.Repeat("x", MaxDefinition), 1)
+	if v, _ := s.Listed("up", "weather", tool(t, huge)); v == Shown || s.Blocked("up", "weather") == "" {
+		t.Fatal("a new tool that cannot be pinned was shown or left callable")
+	}
+}

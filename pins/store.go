@@ -165,7 +165,12 @@ type space struct {
 	loaded bool
 	doc    *document
 	queue  []op // applied in memory, not yet stored
-	uses   int
+	// unrecorded holds, by tool, why its last listing (an answer to a
+	// tools/list) could not be pinned or its change recorded: too large,
+	// past the bounds. Strict mode refuses its calls until a listing
+	// matches its pin again; each new reason is one event.
+	unrecorded map[string]string
+	uses       int
 	// storing serializes the writes of this namespace (store, decide):
 	// each takes the queue's head and drops it once written.
 	storing sync.Mutex
@@ -295,29 +300,63 @@ func (s *Store) Seen(ns, tool string, obj map[string]json.RawMessage) (verdict i
 }
 
 func (s *Store) decideListed(ns, tool string, obj map[string]json.RawMessage, record bool) (verdict int, why string) {
-	s.mu.Lock()
-	sp := s.spaces[ns]
-	if sp == nil || sp.mode == Off {
-		s.mu.Unlock()
-		return Shown, ""
+	var ev *Event
+	verdict, why, ev = s.decideLocked(ns, tool, obj, record)
+	if ev != nil {
+		s.onEvent(*ev)
 	}
-	mode := sp.mode
-	s.mu.Unlock()
-	refuse := func(v int, why string) (int, string) {
-		if mode == Warn {
-			return Shown, why
-		}
-		return v, why
+	return verdict, why
+}
+
+// unrecordedKind is the Event kind of a listing that could not be pinned or
+// recorded (see space.unrecorded).
+const unrecordedKind = "unrecorded"
+
+// noteUnrecorded records on sp why tool's listing could not be recorded,
+// and returns the event to report when the reason is new; "" clears it.
+func noteUnrecorded(sp *space, ns, tool, why, old, new string) *Event {
+	if sp.unrecorded == nil {
+		sp.unrecorded = map[string]string{}
 	}
-	def, err := Canonical(tool, obj)
-	if err != nil {
-		return refuse(Unpinnable, err.Error())
+	if sp.unrecorded[tool] == why {
+		return nil
 	}
-	if !validName(tool) {
-		return refuse(Unpinnable, fmt.Sprintf("tool name %q cannot be pinned", tool))
+	if why == "" {
+		delete(sp.unrecorded, tool)
+		return nil
 	}
+	sp.unrecorded[tool] = why
+	return &Event{Kind: unrecordedKind, Namespace: ns, Tool: tool, Old: old, New: new}
+}
+
+func (s *Store) decideLocked(ns, tool string, obj map[string]json.RawMessage, record bool) (verdict int, why string, ev *Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	sp := s.spaces[ns]
+	if sp == nil || sp.mode == Off {
+		return Shown, "", nil
+	}
+	mode := sp.mode
+	refuse := func(v int, why string) (int, string, *Event) {
+		if mode == Warn {
+			return Shown, why, ev
+		}
+		return v, why, ev
+	}
+	def, err := Canonical(tool, obj)
+	if err == nil && !validName(tool) {
+		err = fmt.Errorf("tool name %q cannot be pinned", tool)
+	}
+	if err != nil {
+		if record && validName(tool) {
+			old := ""
+			if rec := sp.doc.Tools[tool]; rec != nil {
+				old = rec.Pinned.Digest
+			}
+			ev = noteUnrecorded(sp, ns, tool, err.Error(), old, "")
+		}
+		return refuse(Unpinnable, err.Error())
+	}
 	if !sp.loaded {
 		return refuse(Unpinnable, "the gateway has not read its tool pins yet")
 	}
@@ -331,13 +370,23 @@ func (s *Store) decideListed(ns, tool string, obj map[string]json.RawMessage, re
 	rec := sp.doc.Tools[tool]
 	switch {
 	case rec == nil && !record:
-		return Shown, ""
+		return Shown, "", nil
 	case rec == nil:
-		return refuse(Unpinnable, fmt.Sprintf("%s pins at most %d tools", ns, MaxTools))
+		why := fmt.Sprintf("%s pins at most %d tools, or %d bytes of definitions; tool %q is past them and cannot be pinned", ns, MaxTools, maxHeld, tool)
+		ev = noteUnrecorded(sp, ns, tool, why, "", def.Digest)
+		return refuse(Unpinnable, why)
 	case rec.Pinned.Digest != def.Digest:
+		if record && (rec.Pending == nil || rec.Pending.Digest != def.Digest) {
+			// No room to record the change: the pin stays, and the
+			// tool is refused until a listing matches it again.
+			ev = noteUnrecorded(sp, ns, tool, fmt.Sprintf("tool %q of %s changed, and the change is past the bytes %s may hold (%d), so it could not be recorded for approval", tool, ns, ns, maxHeld), rec.Pinned.Digest, def.Digest)
+		}
 		return refuse(Withheld, changedMessage(ns, tool))
 	}
-	return Shown, ""
+	if record {
+		noteUnrecorded(sp, ns, tool, "", "", "")
+	}
+	return Shown, "", nil
 }
 
 // Blocked says why a call to tool of ns is refused: it changed since it
@@ -356,6 +405,9 @@ func (s *Store) Blocked(ns, tool string) string {
 	}
 	if rec := sp.doc.Tools[tool]; rec != nil && rec.Pending != nil {
 		return changedMessage(ns, tool)
+	}
+	if why := sp.unrecorded[tool]; why != "" {
+		return why + "; the gateway refuses its calls until the upstream lists a definition it can check"
 	}
 	return ""
 }
