@@ -253,7 +253,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	var store *pins.Store
 	for _, name := range h.Aggregate {
 		if u, ok := app.Upstream(name); ok {
-			store = h.openPins(ctx, name, u.PinMode())
+			store = h.openPins(ctx, edge.AggregatePinNS(name), u.PinMode())
 		}
 	}
 	route := &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows,

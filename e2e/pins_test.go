@@ -96,12 +96,12 @@ http://127.0.0.1:%d {
 	token := createToken(t, c, "pins", "--scope", "mcp", "--scope", "upstream:up")
 
 	type client struct {
-		name, weather string
+		name, weather, ns string
 		cs            *mcp.ClientSession
 		changed       chan struct{}
 	}
-	connect := func(name string, port int, weather string) *client {
-		cl := &client{name: name, weather: weather, changed: make(chan struct{}, 16)}
+	connect := func(name string, port int, weather, ns string) *client {
+		cl := &client{name: name, weather: weather, ns: ns, changed: make(chan struct{}, 16)}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		mc := mcp.NewClient(&mcp.Implementation{Name: "e2e-pins", Version: "1"}, &mcp.ClientOptions{
@@ -155,7 +155,7 @@ http://127.0.0.1:%d {
 		return b.String()
 	}
 
-	clients := []*client{connect("guard", guard, "weather"), connect("pass-through", pass, "weather"), connect("aggregated", agg, "mcp_up_weather")}
+	clients := []*client{connect("guard", guard, "weather", "guard:/mcp"), connect("pass-through", pass, "weather", "up"), connect("aggregated", agg, "mcp_up_weather", "aggregate:up")}
 	for _, cl := range clients {
 		if names := listed(cl); !slices.Contains(names, cl.weather) {
 			t.Fatalf("%s: first listing %v lacks %s", cl.name, names, cl.weather)
@@ -194,7 +194,7 @@ http://127.0.0.1:%d {
 		}
 		before := len(up.calls)
 		res := call(cl)
-		if !res.IsError || !strings.Contains(text(res), "caddy zidane tools approve up weather") {
+		if !res.IsError || !strings.Contains(text(res), "caddy zidane tools approve "+cl.ns+" weather") {
 			t.Fatalf("%s: a call of the changed tool: isError %v, %q", cl.name, res.IsError, text(res))
 		}
 		if len(up.calls) != before {
@@ -230,15 +230,15 @@ http://127.0.0.1:%d {
 				changes = append(changes, m)
 			}
 		}
-		if len(changes) >= 2 || time.Now().After(deadline) {
+		if len(changes) >= 3 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	// One line per namespace: the guard's, and the upstream's (shared by
-	// pass-through and aggregated).
-	if len(changes) != 2 {
-		t.Fatalf("%d tool_changed audit lines, want 2 (guard:/mcp and up)", len(changes))
+	// One line per namespace: the guard's, the upstream's (the
+	// pass-through's) and the aggregated route's.
+	if len(changes) != 3 {
+		t.Fatalf("%d tool_changed audit lines, want 3 (guard:/mcp, up, aggregate:up)", len(changes))
 	}
 	for _, m := range changes {
 		if m["old_digest"] == m["new_digest"] || !strings.HasPrefix(fmt.Sprint(m["new_digest"]), "sha256:") ||
@@ -249,7 +249,7 @@ http://127.0.0.1:%d {
 
 	// The change survives a restart: still withheld.
 	c.Restart(t)
-	clients = []*client{connect("guard", guard, "weather"), connect("pass-through", pass, "weather"), connect("aggregated", agg, "mcp_up_weather")}
+	clients = []*client{connect("guard", guard, "weather", "guard:/mcp"), connect("pass-through", pass, "weather", "up"), connect("aggregated", agg, "mcp_up_weather", "aggregate:up")}
 	withheldGuard(clients[0])
 	for _, cl := range clients[1:] {
 		withheld(cl)
@@ -270,13 +270,23 @@ http://127.0.0.1:%d {
 	if out, errOut, err := c.Run(t, "zidane", "tools", "approve", "up", "weather"); err != nil || !strings.Contains(out, "approved") {
 		t.Fatalf("tools approve: %v %s %s", err, out, errOut)
 	}
-	for _, cl := range clients[1:] {
-		if names := listed(cl); !slices.Contains(names, cl.weather) {
-			t.Fatalf("%s: after approval the tool is still withheld: %v", cl.name, names)
-		}
-		if res := call(cl); res.IsError {
-			t.Fatalf("%s: after approval: %s", cl.name, text(res))
-		}
+	// Each namespace decides for its routes: the upstream's for the
+	// pass-through, the aggregated route's own for it.
+	if names := listed(clients[1]); !slices.Contains(names, "weather") {
+		t.Fatalf("pass-through: after approval the tool is still withheld: %v", names)
+	}
+	if res := call(clients[1]); res.IsError {
+		t.Fatalf("pass-through: after approval: %s", text(res))
+	}
+	withheld(clients[2])
+	if _, errOut, err := c.Run(t, "zidane", "tools", "approve", "aggregate:up", "weather"); err != nil {
+		t.Fatalf("approving the aggregated route's change: %v %s", err, errOut)
+	}
+	if names := listed(clients[2]); !slices.Contains(names, "mcp_up_weather") {
+		t.Fatalf("aggregated: after approval the tool is still withheld: %v", names)
+	}
+	if res := call(clients[2]); res.IsError {
+		t.Fatalf("aggregated: after approval: %s", text(res))
 	}
 	// The guard's namespace is its own, and still withheld.
 	withheldGuard(clients[0])

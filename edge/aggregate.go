@@ -53,17 +53,25 @@ type Aggregate struct {
 	// list tools again.
 	SharedParams *ParamHeaders
 	// Pins, when set, pins each upstream's tool definitions under the
-	// upstream's name, by the upstream's own name for the tool (see
-	// package pins): the pins the pass-through route keeps.
+	// namespace AggregatePinNS(upstream), by the upstream's own name for
+	// the tool (see package pins). Not the pass-through route's namespace:
+	// this route lists a tool as go-sdk decoded and wrote it again
+	// (annotations completed, numbers as float64), so the same definition
+	// has another digest here, and one namespace would take each route's
+	// listing for a change of the other's.
 	Pins *pins.Store
 }
+
+// AggregatePinNS is the pin namespace of upstream's tools on the
+// aggregated route.
+func AggregatePinNS(upstream string) string { return "aggregate:" + upstream }
 
 func (a *Aggregate) toolPin(tool string) (*pins.Store, string, string) {
 	server, name, ok := a.Catalog.ToolServer(tool)
 	if !ok {
 		return nil, "", ""
 	}
-	return a.Pins, server, name
+	return a.Pins, AggregatePinNS(server), name
 }
 
 func (a *Aggregate) paramHeaders() *ParamHeaders {

@@ -68,7 +68,7 @@ func TestPinnedToolsOnEveryRoute(t *testing.T) {
 		{"pass-through", "a", "weather", func(s *pins.Store) Route {
 			return &Upstream{Config: broker.Upstream{Name: "a"}, Scopes: all.Strict(), Pins: s}
 		}},
-		{"aggregated", "a", "mcp_a_weather", func(s *pins.Store) Route {
+		{"aggregated", "aggregate:a", "mcp_a_weather", func(s *pins.Store) Route {
 			return &Aggregate{Catalog: prefixed{testCatalog()}, Allows: func(policy.Principal, string) bool { return true }, Pins: s}
 		}},
 	} {
