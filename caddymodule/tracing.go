@@ -110,6 +110,16 @@ func (s steps) routeSpan(ctx context.Context, r *http.Request, route string, p p
 		ctx = baggage.ContextWithoutBaggage(ctx)
 	}
 	if s.span == nil {
+		if route == "aggregate" {
+			// The aggregated route reads a trace context from these
+			// headers where go-sdk lost the request's context
+			// (broker.TraceFromHeader): with no span of the edge's here,
+			// whatever they hold is the client's, which must not become
+			// the parent of the gateway's spans on a site that traces
+			// nothing.
+			r.Header.Del("Traceparent")
+			r.Header.Del("Tracestate")
+		}
 		return ctx, nil
 	}
 	attrs := append([]attribute.KeyValue{attribute.String("zidane.route", route), attribute.String("zidane.decision", "allowed")}, principalAttrs(p)...)

@@ -70,28 +70,28 @@ func startOTLPCollector(t *testing.T) *otlpCollector {
 	return c
 }
 
-// trace returns the spans of trace id, once one named name is among them.
-func (c *otlpCollector) trace(t *testing.T, traceID, name string) []*tracepb.Span {
+// trace returns the spans of trace id, once the ones ready looks for are
+// among them (every request of a client's session shares its trace id,
+// and they arrive in batches).
+func (c *otlpCollector) trace(t *testing.T, traceID string, ready func([]*tracepb.Span) bool) []*tracepb.Span {
 	t.Helper()
 	deadline := time.After(30 * time.Second)
 	for {
 		c.mu.Lock()
 		var out []*tracepb.Span
-		found := false
 		for _, s := range c.spans {
 			if hex.EncodeToString(s.TraceId) == traceID {
 				out = append(out, s)
-				found = found || s.Name == name
 			}
 		}
 		c.mu.Unlock()
-		if found {
+		if ready(out) {
 			return out
 		}
 		select {
 		case <-c.got:
 		case <-deadline:
-			t.Fatalf("no span %q of trace %s reached the collector within 30s (%d spans of it)", name, traceID, len(out))
+			t.Fatalf("the spans looked for in trace %s did not reach the collector within 30s (%d spans of it)", traceID, len(out))
 		}
 	}
 }
@@ -169,7 +169,7 @@ func TestTracesAcrossTheHop(t *testing.T) {
 	upstream := httptest.NewServer(rec)
 	t.Cleanup(upstream.Close)
 
-	guard, agg := freePort(t), freePort(t)
+	guard, agg, untraced := freePort(t), freePort(t), freePort(t)
 	c := startCaddy(t, fmt.Sprintf(`{
 	admin %s
 	zidane {
@@ -195,7 +195,13 @@ http://127.0.0.1:%d {
 		aggregate up
 	}
 }
-`, AdminPlaceholder, upstream.URL, guard, strings.TrimPrefix(upstream.URL, "http://"), agg),
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		aggregate up
+	}
+}
+`, AdminPlaceholder, upstream.URL, guard, strings.TrimPrefix(upstream.URL, "http://"), agg, untraced),
 		"OTEL_EXPORTER_OTLP_ENDPOINT="+collector.url, "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
 		"OTEL_TRACES_EXPORTER=otlp", "OTEL_TRACES_SAMPLER=always_on", "OTEL_BSP_SCHEDULE_DELAY=100")
 	token := createToken(t, c, "traced", "--scope", "mcp", "--scope", "upstream:up")
@@ -233,7 +239,32 @@ http://127.0.0.1:%d {
 			if err != nil || res.IsError {
 				t.Fatalf("call: %v %+v", err, res)
 			}
-			spans := collector.trace(t, traceID, route.routeSpan)
+			// The call's route span, and on the aggregated route the
+			// upstream call under it.
+			spans := collector.trace(t, traceID, func(spans []*tracepb.Span) bool {
+				var rs *tracepb.Span
+				for _, s := range spans {
+					if s.Name == route.routeSpan && attr(s, "gen_ai.tool.name") == route.tool {
+						rs = s
+					}
+				}
+				if rs == nil {
+					return false
+				}
+				server := false // Caddy's span, the route span's parent, ends after it
+				for _, s := range spans {
+					server = server || bytes.Equal(s.SpanId, rs.ParentSpanId)
+				}
+				if !server || route.name != "aggregated" {
+					return server
+				}
+				for _, s := range spans {
+					if s.Name == "mcp upstream up" && bytes.Equal(s.ParentSpanId, rs.SpanId) && attr(s, "mcp.method.name") == "tools/call" {
+						return true
+					}
+				}
+				return false
+			})
 			var server, routeSpan *tracepb.Span
 			for _, s := range spans {
 				if s.Name == route.routeSpan && attr(s, "gen_ai.tool.name") == route.tool {
@@ -301,6 +332,30 @@ http://127.0.0.1:%d {
 			}
 		})
 	}
+	// On a site without tracing, in the same process, a client's
+	// traceparent never becomes the parent of the gateway's upstream call:
+	// the upstream gets no trace context of the client's.
+	t.Run("aggregated without tracing", func(t *testing.T) {
+		const clientTrace = "0123456789abcdef0123456789abcdef"
+		hc := bearerClient(token, roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			r = r.Clone(r.Context())
+			r.Header.Set("Traceparent", "00-"+clientTrace+"-0123456789abcdef-01")
+			return http.DefaultTransport.RoundTrip(r)
+		}))
+		cs, err := connectGoAt(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", untraced), hc, "2025-11-25")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_up_weather", Arguments: map[string]any{"city": "x"}}); err != nil || res.IsError {
+			t.Fatalf("call: %v %+v", err, res)
+		}
+		got, ok := rec.lastCall()
+		if !ok || strings.Contains(got.traceparent, clientTrace) {
+			t.Fatalf("the upstream got the client's trace context on an untraced site: %q", got.traceparent)
+		}
+	})
 	collector.mu.Lock()
 	raw := collector.raw.String()
 	collector.mu.Unlock()
