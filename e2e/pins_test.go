@@ -97,8 +97,8 @@ http://127.0.0.1:%d {
 
 	type client struct {
 		name, weather, ns string
-		cs            *mcp.ClientSession
-		changed       chan struct{}
+		cs                *mcp.ClientSession
+		changed           chan struct{}
 	}
 	connect := func(name string, port int, weather, ns string) *client {
 		cl := &client{name: name, weather: weather, ns: ns, changed: make(chan struct{}, 16)}
