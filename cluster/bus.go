@@ -125,10 +125,12 @@ func (b *bus) accept(msg *nats.Msg) (json.RawMessage, bool) {
 	if known && env.Seq <= prev.seq {
 		return nil, false // a replay
 	}
-	if !known && at.Before(b.started) {
+	if !known && env.At < b.started.UnixMilli() {
 		// Sent before this receiver started, so it has no sequence of the
 		// sender's to check it against: perhaps recorded and replayed. A
 		// sender whose clock is behind is heard once it has caught up.
+		// Compared in milliseconds, the envelope's resolution: a message
+		// sent in the millisecond the receiver started is not older.
 		return nil, false
 	}
 	if !known && len(b.last) >= maxBusSenders {
