@@ -19,7 +19,7 @@ import (
 //	GET  /zidane/tools                          -> every namespace's pins
 //	GET  /zidane/tools/<ns>                     -> one namespace's
 //	GET  /zidane/tools/<ns>/<tool>              -> the tool's pending change, field by field
-//	POST /zidane/tools/<ns>/<tool>/approve      -> pins the pending change ({"digest": …} optional)
+//	POST /zidane/tools/<ns>/<tool>/approve      -> pins the pending change whose digest is {"digest": …}
 //	POST /zidane/tools/<ns>/<tool>/reject       -> marks it rejected
 //
 // Segments are path-escaped: a guarded site's namespace is guard:<resource>.
@@ -76,6 +76,9 @@ func (a *adminAPI) handleTools(w http.ResponseWriter, r *http.Request) error {
 		decide := store.Approve
 		if parts[2] == "reject" {
 			decide = store.Reject
+		} else if req.Digest == "" {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest,
+				Err: errors.New(`approve needs {"digest": "sha256:…"}, the pending digest its diff shows, so that only the change read is approved`)}
 		}
 		ev, err := decide(r.Context(), parts[0], parts[1], req.Digest)
 		if err != nil {

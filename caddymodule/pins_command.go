@@ -146,7 +146,7 @@ func toolsDecideCommand(action string) func() *cobra.Command {
 			short = "Rejects a tool's pending change: the tool stays withheld (pin strict) while the upstream lists it"
 		}
 		c := &cobra.Command{
-			Use:   action + " UPSTREAM TOOL [--digest sha256:…]",
+			Use:   action + " UPSTREAM TOOL --digest sha256:…",
 			Short: short,
 			Args:  cobra.ExactArgs(2),
 			RunE: func(cmd *cobra.Command, args []string) error {
@@ -155,7 +155,13 @@ func toolsDecideCommand(action string) func() *cobra.Command {
 					if err != nil {
 						return caddy.ExitCodeFailedStartup, err
 					}
-					body, _ := json.Marshal(map[string]string{"digest": fl.String("digest")})
+					digest := fl.String("digest")
+					if action == "approve" && digest == "" {
+						// Whatever is pending when the command runs may be a
+						// change that came after the diff the operator read.
+						return caddy.ExitCodeFailedStartup, fmt.Errorf("approve needs --digest: the pending digest that `caddy zidane tools diff %s %s` shows, so that only the change you read is approved", args[0], args[1])
+					}
+					body, _ := json.Marshal(map[string]string{"digest": digest})
 					var res struct {
 						Outcome string   `json:"outcome"`
 						New     string   `json:"new_digest"`
@@ -169,7 +175,11 @@ func toolsDecideCommand(action string) func() *cobra.Command {
 				})(cmd, args)
 			},
 		}
-		c.Flags().String("digest", "", "The pending digest to decide on, as diff shows it (default: whichever is pending)")
+		usage := "The pending digest to decide on, as diff shows it"
+		if action == "reject" {
+			usage += " (default: whichever is pending)"
+		}
+		c.Flags().String("digest", "", usage)
 		adminFlags(c)
 		return c
 	}

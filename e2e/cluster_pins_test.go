@@ -100,7 +100,7 @@ http://127.0.0.1:%d {
 		out, _, err := a.Run(t, "zidane", "tools", "list", "up")
 		return err == nil && strings.Contains(out, "changed: [description]")
 	})
-	if out, errOut, err := a.Run(t, "zidane", "tools", "approve", "up", "weather"); err != nil {
+	if out, errOut, err := a.Run(t, "zidane", "tools", "approve", "up", "weather", "--digest", pendingDigest(t, a, "up", "weather")); err != nil {
 		t.Fatalf("approve through A: %v %s %s", err, out, errOut)
 	}
 	until("B lists the tool approved through A", func() bool { return slices.Contains(listed(csB), "weather") })

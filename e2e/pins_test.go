@@ -267,7 +267,10 @@ http://127.0.0.1:%d {
 	if _, errOut, err := c.Run(t, "zidane", "tools", "approve", "up", "weather", "--digest", "sha256:0000"); err == nil || !strings.Contains(errOut, "no pending change") {
 		t.Fatalf("approving another digest: %v %s", err, errOut)
 	}
-	if out, errOut, err := c.Run(t, "zidane", "tools", "approve", "up", "weather"); err != nil || !strings.Contains(out, "approved") {
+	if _, errOut, err := c.Run(t, "zidane", "tools", "approve", "up", "weather"); err == nil || !strings.Contains(errOut, "approve needs --digest") {
+		t.Fatalf("approving with no digest: %v %s", err, errOut)
+	}
+	if out, errOut, err := c.Run(t, "zidane", "tools", "approve", "up", "weather", "--digest", pendingDigest(t, c, "up", "weather")); err != nil || !strings.Contains(out, "approved") {
 		t.Fatalf("tools approve: %v %s %s", err, out, errOut)
 	}
 	// Each namespace decides for its routes: the upstream's for the
@@ -279,7 +282,7 @@ http://127.0.0.1:%d {
 		t.Fatalf("pass-through: after approval: %s", text(res))
 	}
 	withheld(clients[2])
-	if _, errOut, err := c.Run(t, "zidane", "tools", "approve", "aggregate:up", "weather"); err != nil {
+	if _, errOut, err := c.Run(t, "zidane", "tools", "approve", "aggregate:up", "weather", "--digest", pendingDigest(t, c, "aggregate:up", "weather")); err != nil {
 		t.Fatalf("approving the aggregated route's change: %v %s", err, errOut)
 	}
 	if names := listed(clients[2]); !slices.Contains(names, "mcp_up_weather") {
@@ -290,10 +293,27 @@ http://127.0.0.1:%d {
 	}
 	// The guard's namespace is its own, and still withheld.
 	withheldGuard(clients[0])
-	if _, errOut, err := c.Run(t, "zidane", "tools", "approve", "guard:/mcp", "weather"); err != nil {
+	if _, errOut, err := c.Run(t, "zidane", "tools", "approve", "guard:/mcp", "weather", "--digest", pendingDigest(t, c, "guard:/mcp", "weather")); err != nil {
 		t.Fatalf("approving the guard's change: %v %s", err, errOut)
 	}
 	if names := listed(clients[0]); !slices.Contains(names, "weather") {
 		t.Fatalf("guard: after approval the tool is still withheld: %v", names)
 	}
+}
+
+// pendingDigest is the digest of tool's pending change in namespace ns, as
+// `caddy zidane tools diff --json` shows it to the operator.
+func pendingDigest(t *testing.T, c *Caddy, ns, tool string) string {
+	t.Helper()
+	out, errOut, err := c.Run(t, "zidane", "tools", "diff", ns, tool, "--json")
+	if err != nil {
+		t.Fatalf("tools diff %s %s: %v %s", ns, tool, err, errOut)
+	}
+	var d struct {
+		Pending string `json:"pending"`
+	}
+	if err := json.Unmarshal([]byte(out), &d); err != nil || d.Pending == "" {
+		t.Fatalf("tools diff --json: %v %s", err, out)
+	}
+	return d.Pending
 }
