@@ -61,6 +61,14 @@ within two seconds.`,
 // the file that implements it.
 var zidaneSubcommands []func() *cobra.Command
 
+// printJSON writes v to stdout as indented JSON: the --json output of the
+// commands that list.
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
 func adminFlags(c *cobra.Command) {
 	c.Flags().String("address", "", "Address of the admin API of a running server (default: from --config, else "+caddy.DefaultAdminListen+")")
 	c.Flags().StringP("config", "c", "", "Configuration file to read the admin address from")
@@ -145,9 +153,7 @@ func tokenListCommand() *cobra.Command {
 				return caddy.ExitCodeFailedStartup, err
 			}
 			if fl.Bool("json") {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return caddy.ExitCodeSuccess, enc.Encode(list)
+				return caddy.ExitCodeSuccess, printJSON(list)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tNAME\tOWNER\tKIND\tSCOPES\tROOTS\tCREATED\tEXPIRES\tLAST USED\tSTATE")
@@ -340,9 +346,7 @@ func upstreamListCommand() *cobra.Command {
 				return caddy.ExitCodeFailedStartup, err
 			}
 			if fl.Bool("json") {
-				enc := json.NewEncoder(os.Stdout)
-				enc.SetIndent("", "  ")
-				return caddy.ExitCodeSuccess, enc.Encode(raw)
+				return caddy.ExitCodeSuccess, printJSON(raw)
 			}
 			// Each entry is an upstream with, for one with an oauth block,
 			// an "auth" object beside its fields.

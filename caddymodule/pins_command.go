@@ -61,9 +61,7 @@ func toolsListCommand() *cobra.Command {
 					return caddy.ExitCodeFailedStartup, err
 				}
 				if fl.Bool("json") {
-					enc := json.NewEncoder(os.Stdout)
-					enc.SetIndent("", "  ")
-					return caddy.ExitCodeSuccess, enc.Encode(list)
+					return caddy.ExitCodeSuccess, printJSON(list)
 				}
 				tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "UPSTREAM\tPIN\tTOOL\tSTATE\tDIGEST\tSINCE")
@@ -110,9 +108,7 @@ func toolsDiffCommand() *cobra.Command {
 					return caddy.ExitCodeFailedStartup, err
 				}
 				if fl.Bool("json") {
-					enc := json.NewEncoder(os.Stdout)
-					enc.SetIndent("", "  ")
-					return caddy.ExitCodeSuccess, enc.Encode(d)
+					return caddy.ExitCodeSuccess, printJSON(d)
 				}
 				fmt.Printf("tool %q of %s\npinned  %s\npending %s", d.Tool, d.Namespace, d.Pinned, d.Pending)
 				if d.Rejected {
