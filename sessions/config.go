@@ -94,9 +94,17 @@ type Config struct {
 	// DefaultAgent is used when a CreateRequest names none. With a single
 	// configured agent it may be left empty.
 	DefaultAgent string
-	// Storage keeps sessions across restarts (keys under zidane/sessions/).
-	// Nil keeps them in memory only.
+	// Storage keeps sessions across restarts (keys under zidane/sessions/,
+	// or zidane/nodes/<Node>/sessions/ with a Node). Nil keeps them in
+	// memory only.
 	Storage storage.Storage
+	// Node is this gateway's node id in a cluster whose replicas share
+	// Storage ([CheckNode]). It ends every session and request id
+	// ("ses_<16>.<node>"), so that any replica knows which one runs a
+	// session ([NodeOf]), and it keeps each node's sessions under a key of
+	// its own, so a node resumes its own sessions at restart and no one
+	// else's. Empty on a single node.
+	Node string
 	// LinkFor returns the link shown for a session (e.g. a page of the
 	// gateway), on the session's base (CreateRequest.Base); nil means no
 	// link.

@@ -72,7 +72,7 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		return Created{}, err
 	}
 
-	id := newID("ses")
+	id := e.newID("ses")
 	rec := record{
 		V:              recordVersion,
 		ID:             id,
@@ -99,7 +99,7 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 	}
 	if env.Kind == "worktree" {
 		if env.Branch == "" {
-			rec.Environment.Branch = "zidane/" + strings.TrimPrefix(id, "ses_")
+			rec.Environment.Branch = "zidane/" + id[len("ses_"):idLen] // the random part: a node id may end in ".lock", which git refuses
 		}
 		wt, err := e.addWorktree(ctx, agentName, cwd, rec.Environment.Branch, roots)
 		if err != nil {

@@ -105,6 +105,11 @@ func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("sessions: agent %q has a sandbox but Config.Confine names no command to apply it", name)
 		}
 	}
+	if cfg.Node != "" {
+		if err := CheckNode(cfg.Node); err != nil {
+			return nil, fmt.Errorf("sessions: %w", err)
+		}
+	}
 	if cfg.ScratchRoot == "" {
 		cfg.ScratchRoot = filepath.Join(os.TempDir(), "zidane-agents")
 	}
@@ -311,9 +316,51 @@ func (e *Engine) Alive(id string) bool {
 	return s != nil && !s.dead()
 }
 
-// newID returns prefix_ and 16 random characters.
-func newID(prefix string) string {
-	return prefix + "_" + strings.ToLower(rand.Text()[:16])
+// newID returns prefix_ and 16 random characters, and .node with a
+// Config.Node.
+func (e *Engine) newID(prefix string) string {
+	id := prefix + "_" + strings.ToLower(rand.Text()[:16])
+	if e.cfg.Node != "" {
+		id += "." + e.cfg.Node
+	}
+	return id
+}
+
+// idLen is the length of an id newID makes without a node: "ses_" or
+// "req_" and 16 characters.
+const idLen = 4 + 16
+
+// NodeOf is the node that runs the session or interaction with id, as
+// newID wrote it: "" for an id of a single node's, or one that no engine
+// made.
+func NodeOf(id string) string {
+	if len(id) <= idLen+1 || id[idLen] != '.' || id[3] != '_' {
+		return ""
+	}
+	node := id[idLen+1:]
+	if CheckNode(node) != nil {
+		return ""
+	}
+	return node
+}
+
+// MaxNodeLen bounds a node id.
+const MaxNodeLen = 64
+
+// CheckNode says whether node may name a node in ids: 1 to 64 of
+// [A-Za-z0-9._-], starting with a letter or digit.
+func CheckNode(node string) error {
+	if node == "" || len(node) > MaxNodeLen {
+		return fmt.Errorf("node id %q: give 1 to %d characters of A-Z a-z 0-9 . _ -, such as gw-1", node, MaxNodeLen)
+	}
+	for i := 0; i < len(node); i++ {
+		c := node[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
+			return fmt.Errorf("node id %q: give 1 to %d characters of A-Z a-z 0-9 . _ -, starting with a letter or digit, such as gw-1", node, MaxNodeLen)
+		}
+	}
+	return nil
 }
 
 func (e *Engine) link(id string) string {

@@ -161,7 +161,7 @@ func (e *Engine) ask(ctx context.Context, s *session, gen int, it *interaction) 
 	it.reply = make(chan reply, 1)
 	it.s = s
 	it.SessionID = s.rec.ID
-	it.RequestID = newID("req")
+	it.RequestID = e.newID("req")
 	it.Created = time.Now().UTC()
 
 	e.mu.Lock()

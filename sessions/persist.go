@@ -18,6 +18,9 @@ import (
 //	zidane/sessions/<id>/transcript.json  []Turn: the finished turns kept
 //	zidane/sessions/<id>/events.json      []storedEvent: the session's recent events
 //
+// With a Config.Node the directory is zidane/nodes/<node>/sessions/<id>/:
+// the replicas of a cluster share storage, and each resumes only its own.
+//
 // The record is written when the session is created, when its agent is
 // launched and at every turn end or state change; the transcript at every
 // turn end; the events at every event. Nothing is written per chunk.
@@ -79,7 +82,15 @@ const (
 	saveEvents
 )
 
-func key(id, name string) string { return path.Join(storagePrefix, id, name) }
+// prefix is where e keeps its sessions.
+func (e *Engine) prefix() string {
+	if e.cfg.Node != "" {
+		return path.Join("zidane/nodes", e.cfg.Node, "sessions")
+	}
+	return storagePrefix
+}
+
+func (e *Engine) key(id, name string) string { return path.Join(e.prefix(), id, name) }
 
 // persist writes what of s. The snapshot is taken after persistMu is held,
 // so the last write of a session always carries its newest state.
@@ -120,7 +131,7 @@ func (e *Engine) persist(s *session, what persistWhat) {
 	write := func(name string, v any) {
 		b, err := json.Marshal(v)
 		if err == nil {
-			err = e.store.Store(ctx, key(rec.ID, name), b)
+			err = e.store.Store(ctx, e.key(rec.ID, name), b)
 		}
 		if err != nil {
 			e.log.Error("storing a session failed; it may be lost at restart", "session", rec.ID, "key", name, "error", err)
@@ -146,11 +157,11 @@ func (e *Engine) forget(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), storageTimeout)
 	defer cancel()
 	for _, name := range []string{"session.json", "transcript.json", "events.json"} {
-		if err := e.store.Delete(ctx, key(id, name)); err != nil && !storage.IsNotExist(err) {
+		if err := e.store.Delete(ctx, e.key(id, name)); err != nil && !storage.IsNotExist(err) {
 			e.log.Warn("deleting an evicted session failed", "session", id, "error", err)
 		}
 	}
-	_ = e.store.Delete(ctx, path.Join(storagePrefix, id))
+	_ = e.store.Delete(ctx, path.Join(e.prefix(), id))
 	e.dropScratch(id)
 }
 
@@ -168,16 +179,17 @@ func (e *Engine) loadAll(ctx context.Context) ([]stored, error) {
 	if e.store == nil {
 		return nil, nil
 	}
-	keys, err := e.store.List(ctx, storagePrefix, false)
+	prefix := e.prefix()
+	keys, err := e.store.List(ctx, prefix, false)
 	if err != nil {
 		if storage.IsNotExist(err) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("list stored sessions under %s: %w", storagePrefix, err)
+		return nil, fmt.Errorf("list stored sessions under %s: %w", prefix, err)
 	}
 	ids := map[string]bool{}
 	for _, k := range keys {
-		rest := strings.TrimPrefix(strings.TrimPrefix(k, storagePrefix), "/")
+		rest := strings.TrimPrefix(strings.TrimPrefix(k, prefix), "/")
 		if id, _, _ := strings.Cut(rest, "/"); id != "" {
 			ids[id] = true
 		}
@@ -185,7 +197,7 @@ func (e *Engine) loadAll(ctx context.Context) ([]stored, error) {
 	var out []stored
 	for id := range ids {
 		var st stored
-		b, err := e.store.Load(ctx, key(id, "session.json"))
+		b, err := e.store.Load(ctx, e.key(id, "session.json"))
 		if err == nil {
 			err = json.Unmarshal(b, &st.rec)
 		}
@@ -199,12 +211,12 @@ func (e *Engine) loadAll(ctx context.Context) ([]stored, error) {
 			e.log.Warn("skipping a stored session that cannot be read", "session", id, "error", err)
 			continue
 		}
-		if b, err := e.store.Load(ctx, key(id, "transcript.json")); err == nil {
+		if b, err := e.store.Load(ctx, e.key(id, "transcript.json")); err == nil {
 			if err := json.Unmarshal(b, &st.turns); err != nil {
 				e.log.Warn("a stored transcript cannot be read; the session keeps none", "session", id, "error", err)
 			}
 		}
-		if b, err := e.store.Load(ctx, key(id, "events.json")); err == nil {
+		if b, err := e.store.Load(ctx, e.key(id, "events.json")); err == nil {
 			var evs []storedEvent
 			if err := json.Unmarshal(b, &evs); err != nil {
 				e.log.Warn("stored events cannot be read; the session keeps none", "session", id, "error", err)

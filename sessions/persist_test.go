@@ -158,3 +158,63 @@ func TestIdleAgentIsStoppedAndResumed(t *testing.T) {
 		t.Errorf("the agent was not relaunched with session/load; logs:\n%s", logs.String())
 	}
 }
+
+// Two nodes of a cluster share one storage: each names its sessions after
+// itself, keeps them under a key of its own, and at restart resumes its own
+// and no one else's (or every replica would run every agent).
+func TestNodesOnOneStorageResumeOnlyTheirOwn(t *testing.T) {
+	st := &certmagic.FileStorage{Path: t.TempDir()}
+	on := func(node string) func(*sessions.Config) {
+		return func(c *sessions.Config) { c.Storage, c.Node = st, node }
+	}
+	o := owner("sam")
+	a, _ := newEngine(t, on("gw-a"))
+	b, _ := newEngine(t, on("gw-b"))
+	idA := create(t, a, o, "hello")
+	idB := create(t, b, o, "hello")
+	if sessions.NodeOf(idA) != "gw-a" || sessions.NodeOf(idB) != "gw-b" {
+		t.Fatalf("ids %q and %q do not name their nodes", idA, idB)
+	}
+	waitState(t, a, idA, sessions.StateIdle)
+	waitState(t, b, idB, sessions.StateIdle)
+	if _, err := st.Load(context.Background(), "zidane/nodes/gw-a/sessions/"+idA+"/session.json"); err != nil {
+		t.Fatalf("node gw-a's session is not under its node: %v", err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a2, _ := newEngine(t, on("gw-a"))
+	if v := waitState(t, a2, idA, sessions.StateIdle); v.Turns != 1 {
+		t.Errorf("resumed %s = %+v", idA, v)
+	}
+	if _, err := a2.Read(looker, idB, false); !errors.Is(err, sessions.ErrNoSession) {
+		t.Errorf("node gw-a resumed gw-b's session %s: %v", idB, err)
+	}
+	if list, _ := a2.List(looker, 10); len(list) != 1 || list[0].SessionID != idA {
+		t.Errorf("node gw-a lists %+v, want only %s", list, idA)
+	}
+	if _, err := b.Read(looker, idB, false); err != nil {
+		t.Errorf("gw-b lost its session: %v", err)
+	}
+	if _, err := sessions.NewEngine(context.Background(), sessions.Config{Agents: map[string]sessions.AgentConfig{"demo": demoAgent(t)}, Node: "gw/../x"}); err == nil || !strings.Contains(err.Error(), "node id") {
+		t.Errorf("a node id with a path in it was taken: %v", err)
+	}
+}
+
+func TestNodeOf(t *testing.T) {
+	for id, want := range map[string]string{
+		"ses_abcdefghijklmnop.gw-1":                       "gw-1",
+		"req_abcdefghijklmnop.a.b":                        "a.b",
+		"ses_abcdefghijklmnop":                            "",
+		"ses_abcdefghijklmnop.":                           "",
+		"ses_abcdefghijklmnop.-x":                         "",
+		"ses_abcdefghijklmnop.a/b":                        "",
+		"ses_abcdefghijklmno.pgw":                         "",
+		"sesXabcdefghijklmnop.gw":                         "",
+		"ses_abcdefghijklmnop." + strings.Repeat("a", 65): "",
+	} {
+		if got := sessions.NodeOf(id); got != want {
+			t.Errorf("NodeOf(%q) = %q, want %q", id, got, want)
+		}
+	}
+}
