@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -248,9 +249,14 @@ func (n *Nodes) apply(entry jetstream.KeyValueEntry) {
 		return
 	}
 	// When the heartbeat was written, as the NATS server dates it, but no
-	// later than now: an entry read at the watch's start may be up to one
-	// TTL old.
+	// later than now (an entry read at the watch's start may be up to one
+	// TTL old), nor than the time sealed in it: a NATS user without the
+	// key who puts an old entry back gets a new server date, not a longer
+	// life for a node that died.
 	seen := entry.Created()
+	if at := time.UnixMilli(e.At); at.Before(seen) {
+		seen = at
+	}
 	if seen.After(now) {
 		seen = now
 	}
@@ -320,6 +326,20 @@ func (n *Nodes) Lookup(node string) (advertise string, alive bool) {
 		return "", false
 	}
 	return s.advertise, true
+}
+
+// Alive returns the other nodes that heartbeat within the TTL, sorted.
+func (n *Nodes) Alive() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []string
+	for id, s := range n.nodes {
+		if time.Since(s.seen) <= n.ttl {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Close stops heartbeating and removes this node's entry, so the others

@@ -1,0 +1,271 @@
+package cluster
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Bounds of an RPC service.
+const (
+	// rpcFreshness is how far a request's time may be from the receiver's
+	// clock; the receiver remembers every request id it took for twice
+	// that, so none is carried out twice.
+	rpcFreshness = 10 * time.Second
+	// maxRPCSeen bounds the request ids a node remembers: past it, a new
+	// request is refused until older ones age out (about 3,200 requests a
+	// second sustained over 2*rpcFreshness).
+	maxRPCSeen = 65536
+	// maxRPCInFlight bounds the requests a node serves at once; one over
+	// it is refused at once rather than queued.
+	maxRPCInFlight = 256
+	// MaxRPCWait bounds how long a request may run on the node that serves
+	// it, whatever deadline its caller gave.
+	MaxRPCWait = 2 * time.Minute
+)
+
+// ErrRPCUnreachable says the node a request was for did not answer: it is
+// down, or not serving. The caller may tell it from a refusal.
+var ErrRPCUnreachable = errors.New("the node did not answer")
+
+// RPCHandler serves one request: method and body as the caller sent them.
+// What it returns goes back as the reply's body; an error it returns goes
+// back as a message, for faults of the service, not of the request (a
+// service that has answers about the request puts them in the body).
+type RPCHandler func(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error)
+
+// RPC is request/reply between the nodes of a cluster on core NATS: each
+// node serves its requests on "zidane.rpc.<bucket>.<service>.<node>".
+// Requests and replies are sealed (AES-256-GCM) with a key derived from
+// the cluster key for the service: a request is bound to its subject, so
+// it reaches only the node it was sealed for, and carries a random id and
+// its time; a reply is bound to that id, so it answers only that request.
+// A NATS client without the cluster key reads neither, and makes neither a
+// request a node carries out nor a reply a caller takes. A request over
+// rpcFreshness old or new, or whose id the node already took (a replay),
+// is dropped unanswered.
+type RPC struct {
+	nc      *nats.Conn
+	aead    cipher.AEAD
+	prefix  string // subject up to the node
+	self    string
+	handler RPCHandler
+	log     *slog.Logger
+	sub     *nats.Subscription
+	slots   chan struct{}
+
+	ctx    context.Context // ends at Close: the handlers' base
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex
+	seen  map[string]time.Time // request id -> when it may be forgotten
+	order []seenID             // the same, oldest first
+}
+
+type seenID struct {
+	id     string
+	forget time.Time
+}
+
+type rpcRequest struct {
+	ID       string          `json:"i"`
+	From     string          `json:"f"`
+	At       int64           `json:"t"` // Unix milliseconds
+	Deadline int64           `json:"d"` // Unix milliseconds; 0 means MaxRPCWait
+	Method   string          `json:"m"`
+	Body     json.RawMessage `json:"b"`
+}
+
+type rpcReply struct {
+	ID   string          `json:"i"`
+	Body json.RawMessage `json:"b,omitempty"`
+	Err  string          `json:"e,omitempty"`
+}
+
+// ServeRPC serves this node's requests of service (a NATS subject token:
+// letters, digits, - and _) with handler, and returns the RPC through which
+// this node calls the others'. Close stops serving.
+func (s *Storage) ServeRPC(service, node string, handler RPCHandler, log *slog.Logger) (*RPC, error) {
+	if s.conn == nil {
+		return nil, errors.New("cluster rpc: this storage was not opened on a cluster connection")
+	}
+	if err := CheckNodeID(node); err != nil {
+		return nil, fmt.Errorf("cluster rpc: %w", err)
+	}
+	for _, c := range service {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return nil, fmt.Errorf("cluster rpc: service %q is not one subject token", service)
+		}
+	}
+	k, err := Derive(s.opts.Key, "rpc v1 "+service)
+	if err != nil {
+		return nil, err
+	}
+	block, err := aes.NewCipher(k)
+	if err != nil {
+		return nil, err
+	}
+	aead, err := cipher.NewGCMWithRandomNonce(block)
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &RPC{
+		nc: s.conn.nc, aead: aead, prefix: "zidane.rpc." + s.opts.Bucket + "." + service + ".", self: node,
+		handler: handler, log: log, slots: make(chan struct{}, maxRPCInFlight),
+		ctx: ctx, cancel: cancel, seen: map[string]time.Time{},
+	}
+	// Not a queue subscription: a node's subject is its own, and two
+	// processes under one node id (a misconfiguration the node registry
+	// logs) would both carry out a request.
+	r.sub, err = r.nc.Subscribe(r.prefix+node, r.serve)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("cluster rpc: subscribing: %w", err)
+	}
+	// Serving once this returns: the server has the subscription.
+	if err := r.nc.FlushTimeout(10 * time.Second); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("cluster rpc: subscribing: %w", err)
+	}
+	return r, nil
+}
+
+// Self is the node this RPC serves.
+func (r *RPC) Self() string { return r.self }
+
+// Close stops serving, ends the requests being served and waits for them.
+func (r *RPC) Close() {
+	_ = r.sub.Unsubscribe()
+	r.cancel()
+	r.wg.Wait()
+}
+
+// Call sends method and body to node and returns the reply's body. It
+// waits until ctx ends, or MaxRPCWait; a node that does not answer gives
+// ErrRPCUnreachable.
+func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessage) (json.RawMessage, error) {
+	if err := CheckNodeID(node); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, MaxRPCWait)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	req := rpcRequest{ID: randomHex(16), From: r.self, At: time.Now().UnixMilli(), Deadline: deadline.UnixMilli(), Method: method, Body: body}
+	data, _ := json.Marshal(req)
+	subject := r.prefix + node
+	msg, err := r.nc.RequestWithContext(ctx, subject, r.aead.Seal(nil, nil, data, []byte(subject)))
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return nil, fmt.Errorf("%w: node %s is not serving", ErrRPCUnreachable, node)
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
+		return nil, fmt.Errorf("%w: node %s did not answer in time", ErrRPCUnreachable, node)
+	case err != nil:
+		return nil, fmt.Errorf("%w: node %s: %v", ErrRPCUnreachable, node, err)
+	}
+	plain, err := r.aead.Open(nil, nil, msg.Data, []byte("reply "+req.ID))
+	if err != nil {
+		return nil, fmt.Errorf("%w: node %s: the reply does not open under the cluster key", ErrRPCUnreachable, node)
+	}
+	var rep rpcReply
+	if json.Unmarshal(plain, &rep) != nil || rep.ID != req.ID {
+		return nil, fmt.Errorf("%w: node %s: the reply is not for this request", ErrRPCUnreachable, node)
+	}
+	if rep.Err != "" {
+		return nil, fmt.Errorf("node %s: %s", node, rep.Err)
+	}
+	return rep.Body, nil
+}
+
+func (r *RPC) serve(msg *nats.Msg) {
+	if msg.Reply == "" {
+		return
+	}
+	plain, err := r.aead.Open(nil, nil, msg.Data, []byte(msg.Subject))
+	if err != nil {
+		return // not from a node of this cluster, or sealed for another node
+	}
+	var req rpcRequest
+	if json.Unmarshal(plain, &req) != nil || req.ID == "" || len(req.ID) > 64 {
+		return
+	}
+	now := time.Now()
+	at := time.UnixMilli(req.At)
+	if at.Before(now.Add(-rpcFreshness)) || at.After(now.Add(rpcFreshness)) {
+		return
+	}
+	reply := func(rep rpcReply) {
+		rep.ID = req.ID
+		data, _ := json.Marshal(rep)
+		if err := msg.Respond(r.aead.Seal(nil, nil, data, []byte("reply "+req.ID))); err != nil {
+			r.log.Warn("answering another node failed", "from", req.From, "method", req.Method, "error", err)
+		}
+	}
+	if !r.take(req.ID, now) {
+		if r.full() {
+			reply(rpcReply{Err: "this node is taking too many requests; try again shortly"})
+		}
+		return // a replay: carried out once already
+	}
+	select {
+	case r.slots <- struct{}{}:
+	default:
+		reply(rpcReply{Err: "this node is serving too many requests at once; try again shortly"})
+		return
+	}
+	deadline := now.Add(MaxRPCWait)
+	if d := time.UnixMilli(req.Deadline); req.Deadline != 0 && d.Before(deadline) {
+		deadline = d
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer func() { <-r.slots }()
+		ctx, cancel := context.WithDeadline(r.ctx, deadline)
+		defer cancel()
+		body, err := r.handler(ctx, req.Method, req.Body)
+		if err != nil {
+			reply(rpcReply{Err: err.Error()})
+			return
+		}
+		reply(rpcReply{Body: body})
+	}()
+}
+
+// take records request id, unless it was taken already or the record is
+// full.
+func (r *RPC) take(id string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.order) > 0 && now.After(r.order[0].forget) {
+		if r.seen[r.order[0].id] == r.order[0].forget {
+			delete(r.seen, r.order[0].id)
+		}
+		r.order = r.order[1:]
+	}
+	if _, dup := r.seen[id]; dup || len(r.seen) >= maxRPCSeen {
+		return false
+	}
+	forget := now.Add(2 * rpcFreshness)
+	r.seen[id] = forget
+	r.order = append(r.order, seenID{id, forget})
+	return true
+}
+
+func (r *RPC) full() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.seen) >= maxRPCSeen
+}

@@ -1,0 +1,219 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// rpcNode serves service "svc" as node on a connection of its own; calls
+// counts the requests its handler carried out.
+func rpcNode(t *testing.T, url, node string, key []byte, handler RPCHandler) (*RPC, *nats.Conn) {
+	t.Helper()
+	st, nc := newStorage(t, url, StorageOptions{Bucket: "rpc", Key: key})
+	st.conn = &Conn{nc: nc}
+	r, err := st.ServeRPC("svc", node, handler, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r, nc
+}
+
+func echo(calls *atomic.Int64) RPCHandler {
+	return func(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
+		calls.Add(1)
+		if method == "fail" {
+			return nil, errors.New("it failed")
+		}
+		return json.Marshal(map[string]any{"method": method, "body": body})
+	}
+}
+
+func TestRPCCallsAnotherNode(t *testing.T) {
+	url := startNATS(t)
+	var aCalls, bCalls atomic.Int64
+	a, _ := rpcNode(t, url, "a", nil, echo(&aCalls))
+	rpcNode(t, url, "b", nil, echo(&bCalls))
+	got, err := a.Call(testCtx(t), "b", "read", json.RawMessage(`{"x":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != `{"body":{"x":1},"method":"read"}` {
+		t.Fatalf("reply %s", got)
+	}
+	if bCalls.Load() != 1 || aCalls.Load() != 0 {
+		t.Fatalf("b served %d, a %d; want 1, 0", bCalls.Load(), aCalls.Load())
+	}
+	if _, err := a.Call(testCtx(t), "b", "fail", nil); err == nil || !strings.Contains(err.Error(), "it failed") {
+		t.Fatalf("a handler's error came back as %v", err)
+	}
+	if _, err := a.Call(testCtx(t), "nosuch", "read", nil); !errors.Is(err, ErrRPCUnreachable) {
+		t.Fatalf("a node that does not serve: %v", err)
+	}
+	if _, err := a.Call(testCtx(t), "b.*", "read", nil); err == nil {
+		t.Fatal("a wildcard node id was sent")
+	}
+}
+
+// A NATS client without the cluster key cannot drive a node: what it
+// sends is dropped, and a request it recorded and replays is carried out
+// once. A request sealed for one node is not carried out by another.
+func TestRPCRefusesForgedAndReplayedRequests(t *testing.T) {
+	url := startNATS(t)
+	var calls atomic.Int64
+	a, _ := rpcNode(t, url, "a", nil, echo(&calls))
+	rpcNode(t, url, "b", nil, echo(&calls))
+	other := make([]byte, KeySize)
+	copy(other, testKey)
+	other[0] ^= 1
+	stranger, _ := rpcNode(t, url, "s", other, echo(new(atomic.Int64)))
+	short, cancel := context.WithTimeout(testCtx(t), 500*time.Millisecond)
+	defer cancel()
+	if _, err := stranger.Call(short, "b", "read", nil); !errors.Is(err, ErrRPCUnreachable) {
+		t.Fatalf("a node with another key was answered: %v", err)
+	}
+	if calls.Load() != 0 {
+		t.Fatalf("b carried out %d requests sealed with another key", calls.Load())
+	}
+
+	// A spy records a's request to b and replays it, and sends it to c.
+	spy := connect(t, url)
+	recorded := make(chan *nats.Msg, 1)
+	sub, err := spy.Subscribe("zidane.rpc.rpc.svc.b", func(m *nats.Msg) {
+		select {
+		case recorded <- m:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Call(testCtx(t), "b", "answer", json.RawMessage(`"allow"`)); err != nil {
+		t.Fatal(err)
+	}
+	m := <-recorded
+	if calls.Load() != 1 {
+		t.Fatalf("b served %d", calls.Load())
+	}
+	// The spy replays it to b, sends it to c (whose subject it was not
+	// sealed for), and sends garbage, each asking for a reply on its inbox.
+	var cCalls atomic.Int64
+	rpcNode(t, url, "c", nil, echo(&cCalls))
+	inbox := nats.NewInbox()
+	replies, err := spy.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, send := range []struct {
+		subject string
+		data    []byte
+	}{
+		{"zidane.rpc.rpc.svc.b", m.Data},
+		{"zidane.rpc.rpc.svc.c", m.Data},
+		{"zidane.rpc.rpc.svc.b", []byte(`{"i":"x","m":"answer"}`)},
+	} {
+		if err := spy.PublishRequest(send.subject, inbox, send.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// A node takes its requests in order of arrival: once a's next call is
+	// answered, b has dropped or taken the spy's.
+	if _, err := a.Call(testCtx(t), "b", "read", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Call(testCtx(t), "c", "read", nil); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ := replies.Pending(); n != 0 {
+		m, _ := replies.NextMsg(time.Second)
+		t.Fatalf("the spy got %d replies: %q %v", n, m.Data, m.Header)
+	}
+	if calls.Load() != 2 || cCalls.Load() != 1 {
+		t.Fatalf("b carried out %d requests (want 2: a's two), c %d (want 1: a's)", calls.Load(), cCalls.Load())
+	}
+}
+
+// A reply answers only its request: a reply to another request (a spy's
+// replay of an earlier one) is not taken.
+func TestRPCReplyIsBoundToItsRequest(t *testing.T) {
+	url := startNATS(t)
+	var calls atomic.Int64
+	a, _ := rpcNode(t, url, "a", nil, echo(&calls))
+	b, nc := rpcNode(t, url, "b", nil, echo(&calls))
+	// A reply sealed for another request id, sent where a waits.
+	forged := func(msg *nats.Msg) {
+		data, _ := json.Marshal(rpcReply{ID: "other", Body: json.RawMessage(`"forged"`)})
+		_ = msg.Respond(b.aead.Seal(nil, nil, data, []byte("reply other")))
+	}
+	b.Close()
+	sub, err := nc.Subscribe("zidane.rpc.rpc.svc.b", forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Call(testCtx(t), "b", "read", nil); err == nil {
+		t.Fatalf("a took a reply to another request: %s", got)
+	}
+}
+
+// The handler's context ends with the caller's deadline, and with Close.
+func TestRPCDeadlineReachesTheHandler(t *testing.T) {
+	url := startNATS(t)
+	ended := make(chan error, 1)
+	a, _ := rpcNode(t, url, "a", nil, echo(new(atomic.Int64)))
+	rpcNode(t, url, "b", nil, func(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
+		<-ctx.Done()
+		ended <- ctx.Err()
+		return nil, ctx.Err()
+	})
+	ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	defer cancel()
+	if _, err := a.Call(ctx, "b", "wait", nil); err == nil {
+		t.Fatalf("a call past its deadline: %v", err)
+	}
+	select {
+	case err := <-ended:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("the handler's context ended with %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler still runs 30s after its caller's deadline")
+	}
+}
+
+func TestRPCSeenIsBounded(t *testing.T) {
+	r := &RPC{seen: map[string]time.Time{}}
+	now := time.Now()
+	for i := range maxRPCSeen {
+		if !r.take(strconv.Itoa(i), now) {
+			t.Fatalf("request %d refused", i)
+		}
+	}
+	if r.take("one more", now) {
+		t.Fatal("a request past the bound was taken")
+	}
+	if r.take("0", now.Add(2*rpcFreshness+time.Second)) != true {
+		t.Fatal("an id forgotten after its time was refused")
+	}
+	if len(r.seen) != 1 {
+		t.Fatalf("%d ids kept after they aged out", len(r.seen))
+	}
+}
