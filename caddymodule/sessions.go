@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/clustersessions"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -55,6 +56,7 @@ const demoAgentName = "demo"
 // and the key that signs session links.
 type sessionsState struct {
 	engine     *sessions.Engine
+	cluster    *clustersessions.Sessions // on a cluster's storage, else nil
 	endpoint   *mcpendpoint.Endpoint
 	page       *sessionpage.Page
 	signer     *sessionpage.Signer
@@ -80,6 +82,9 @@ func (s *sessionsState) Destruct() error {
 		r.pt.Close()
 	}
 	err := s.endpoint.Close()
+	if s.cluster != nil {
+		s.cluster.Close()
+	}
 	if cerr := s.engine.Close(); err == nil {
 		err = cerr
 	}
@@ -145,10 +150,16 @@ func (a *App) agentSet() (map[string]sessions.AgentConfig, string, error) {
 // loadSessions returns the pooled sessions state for the app's storage,
 // building it on first use. Release it with sessionsPool.Delete(key).
 func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *policy.ScopeMap) (*sessionsState, string, error) {
-	if _, shared := ctx.Storage().(*cluster.Storage); shared {
-		// Until sessions have a node that owns them, every replica on a
-		// shared storage would resume every session and run its agent.
-		return nil, "", errors.New("zidane_mcp sessions: the sessions endpoint does not run on shared NATS storage (storage zidane_nats) yet: every replica would resume every session and run its agent twice; serve sessions from a gateway on the file storage")
+	// On a cluster's storage, each session runs on the node that created
+	// it, which every other replica reaches through the node registry.
+	shared, _ := ctx.Storage().(*cluster.Storage)
+	node := ""
+	if shared != nil {
+		nodes := shared.Nodes()
+		if nodes == nil {
+			return nil, "", errors.New("zidane_mcp sessions: on storage zidane_nats, the sessions endpoint needs this replica's id and address: set `node` (such as gw-1) and `advertise` (where the other replicas reach it) in the storage block, so that each session runs on one replica and the others reach it there")
+		}
+		node = nodes.Self()
 	}
 	agents, def, err := a.agentSet()
 	if err != nil {
@@ -164,7 +175,18 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 	tokens := a.Tokens()
 	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
 		logger := slog.New(zapslog.NewHandler(ctx.Logger().Named("sessions").Core()))
-		st := &sessionsState{signer: sessionpage.NewSigner(time.Duration(a.LinkTTL)), agentsHash: hash, endpointPath: endpointPath}
+		signer := sessionpage.NewSigner(time.Duration(a.LinkTTL))
+		if shared != nil {
+			// A link any replica signed opens on every other.
+			k, err := shared.DeriveKey("session page links v1")
+			if err == nil {
+				signer, err = sessionpage.NewSignerKey(k, time.Duration(a.LinkTTL))
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		st := &sessionsState{signer: signer, agentsHash: hash, endpointPath: endpointPath}
 		// Until this config starts (App.Start), the sessions resumed now
 		// are held to the map of the site that built the engine.
 		st.scopeMaps.Store(&[]*policy.ScopeMap{scopes})
@@ -187,6 +209,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 			Agents:       agents,
 			DefaultAgent: def,
 			Storage:      storage.Storage(ctx.Storage()),
+			Node:         node,
 			WorktreeRoot: a.WorktreeRoot,
 			Roots:        a.Roots,
 			Confine:      confineCommand,
@@ -216,9 +239,39 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 		if err != nil {
 			return nil, err
 		}
-		endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: engine, Agents: names, Logger: logger, OnRefusal: auditToolRefusal,
+		// What the endpoint and the page serve: this engine, or on a
+		// cluster every node's sessions.
+		var served sessions.Sessions = engine
+		alive := engine.Alive
+		if shared != nil {
+			st.cluster, err = clustersessions.New(openCtx, clustersessions.Options{
+				Local: engine, Node: node, Storage: shared, Logger: logger,
+				Peers: func() []string {
+					if n := shared.Nodes(); n != nil {
+						return n.Alive()
+					}
+					return nil
+				},
+			})
+			if err != nil {
+				engine.Close()
+				return nil, err
+			}
+			served = st.cluster
+			// Another node's sessions are its to judge: their tokens stay.
+			alive = func(id string) bool {
+				if n := sessions.NodeOf(id); n != node {
+					return true
+				}
+				return engine.Alive(id)
+			}
+		}
+		endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: served, Agents: names, Logger: logger, OnRefusal: auditToolRefusal,
 			SessionTimeout: max(0, time.Duration(a.MCPSessionIdleTimeout))})
 		if err != nil {
+			if st.cluster != nil {
+				st.cluster.Close()
+			}
 			engine.Close()
 			return nil, err
 		}
@@ -227,14 +280,14 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 		// while the gateway was down, and those minted before tokens
 		// recorded their session, have no use.
 		pruneCtx, cancelPrune := context.WithTimeout(context.Background(), 30*time.Second)
-		if gone, err := tokens.PruneDerived(pruneCtx, engine.Alive); err != nil {
+		if gone, err := tokens.PruneDerived(pruneCtx, alive); err != nil {
 			logger.Error("deleting the tokens of ended sessions failed; they are refused all the same once their parent goes", "error", err)
 		} else if len(gone) > 0 {
 			logger.Info("deleted the tokens of sessions that have ended", "tokens", len(gone))
 		}
 		cancelPrune()
 		close(ready)
-		st.page = &sessionpage.Page{Sessions: engine, Signer: st.signer}
+		st.page = &sessionpage.Page{Sessions: served, Signer: st.signer}
 		// Revoking a token cancels what it started, wherever the revocation
 		// came from (admin API, CLI offline, parent token).
 		st.unhook = tokens.OnRevoke(func(t policy.Token) { engine.RevokeToken(t.ID) })

@@ -77,6 +77,15 @@ func (e *EventStream) Publish(ctx context.Context, id string, body []byte) (uint
 	return ack.Sequence, nil
 }
 
+// Last is the number of the stream's last message (0 when empty).
+func (e *EventStream) Last(ctx context.Context) (uint64, error) {
+	info, err := e.stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("event stream %q: %w", e.name, err)
+	}
+	return info.State.LastSeq, nil
+}
+
 // Follow calls fn with every message of the stream, in order: the last
 // `last` messages kept, then each new one as it comes, until stop is
 // called. fn runs on one goroutine, and must not block long. A message

@@ -100,8 +100,8 @@ func waitStatus(t *testing.T, url, token string, want int, bound time.Duration) 
 // Two replicas on one NATS storage (storage zidane_nats) share their
 // tokens: one made on A works on B, and one revoked on A stops working on
 // B. The CLI refuses to write the local storage behind their backs, and a
-// sessions site is refused on shared storage, where every replica would
-// resume every session.
+// sessions site is refused on shared storage without a node id and
+// address, where the replicas could not tell whose sessions are whose.
 func TestClusterStorageSharesTokens(t *testing.T) {
 	natsURL := startNATSServer(t)
 	up := startRecordingUpstream(t)
@@ -170,8 +170,8 @@ http://127.0.0.1:%d {
 	}
 }
 `, AdminPlaceholder, natsURL, freePort(t)))
-	if err == nil || !strings.Contains(out, "shared NATS storage") {
-		t.Fatalf("a sessions site on NATS storage was not refused: %v\n%s", err, out)
+	if err == nil || !strings.Contains(out, "set `node`") || !strings.Contains(out, "`advertise`") {
+		t.Fatalf("a sessions site on NATS storage without a node was not refused: %v\n%s", err, out)
 	}
 	if got := post(t, urlA, "", initializeBody).status; got != http.StatusUnauthorized {
 		t.Fatalf("A's config after the refused reload: %d, want its guard's 401", got)

@@ -47,6 +47,19 @@ func NewSigner(ttl time.Duration) *Signer {
 	return &Signer{key: key, ttl: ttl, now: time.Now}
 }
 
+// NewSignerKey returns a signer with key (at least 32 bytes): the key the
+// replicas of a cluster derive from its cluster key, so that a link one
+// signs opens on every other.
+func NewSignerKey(key []byte, ttl time.Duration) (*Signer, error) {
+	if len(key) < 32 {
+		return nil, errors.New("sessionpage: a signing key has at least 32 bytes")
+	}
+	if ttl <= 0 {
+		ttl = DefaultTTL
+	}
+	return &Signer{key: key, ttl: ttl, now: time.Now}, nil
+}
+
 // Link returns the page URL of sessionID under base (scheme://host).
 func (s *Signer) Link(base, sessionID string) string {
 	now := s.now()

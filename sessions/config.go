@@ -184,6 +184,9 @@ type Limits struct {
 	IdleTimeout time.Duration
 }
 
+// DefaultMaxEvents is Limits.MaxEvents unless set.
+const DefaultMaxEvents = 10000
+
 func (l Limits) withDefaults() Limits {
 	def := func(v *int, d int) {
 		if *v <= 0 {
@@ -195,7 +198,7 @@ func (l Limits) withDefaults() Limits {
 	def(&l.MaxAnswerBytes, 1<<20)
 	def(&l.MaxTranscriptBytes, 8<<20)
 	def(&l.MaxPromptBytes, 256<<10)
-	def(&l.MaxEvents, 10000)
+	def(&l.MaxEvents, DefaultMaxEvents)
 	def(&l.MaxSessionEvents, 500)
 	def(&l.MaxPending, 32)
 	def(&l.MaxSessions, 1000)

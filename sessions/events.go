@@ -106,14 +106,14 @@ func (l *eventLog) subscribe(fn func(Event)) func() {
 	l.subs[s] = struct{}{}
 	l.mu.Unlock()
 	go s.run(l)
-	var once sync.Once
 	return func() {
-		once.Do(func() {
-			l.mu.Lock()
-			delete(l.subs, s)
-			l.mu.Unlock()
+		l.mu.Lock()
+		_, open := l.subs[s]
+		delete(l.subs, s)
+		l.mu.Unlock()
+		if open { // closeAll may have ended it already
 			close(s.stop)
-		})
+		}
 	}
 }
 
@@ -176,4 +176,57 @@ func (s *subscriber) run(l *eventLog) {
 			s.fn(ev)
 		}
 	}
+}
+
+// EventLog is a bounded log of events that its caller numbers: the
+// cluster's log of every node's events, numbered by the stream they travel
+// in, which the replicas' MCP endpoints query and subscribe to as they
+// would an engine's. It keeps and delivers events as the engine's own log
+// does (see Engine.Events and Engine.Subscribe).
+type EventLog struct{ l *eventLog }
+
+// NewEventLog returns a log of the last max events (Limits.MaxEvents when
+// max <= 0); warn gets what a slow subscriber lost.
+func NewEventLog(max int, warn func(msg string, args ...any)) *EventLog {
+	if max <= 0 {
+		max = DefaultMaxEvents
+	}
+	return &EventLog{l: newEventLog(max, warn)}
+}
+
+// Put keeps ev, numbered already above every event kept, and hands it to
+// the subscribers unless it is an old event put back (restore).
+func (l *EventLog) Put(ev Event, restore bool) {
+	l.l.mu.Lock()
+	defer l.l.mu.Unlock()
+	if ev.Seq <= l.l.seq {
+		return
+	}
+	l.l.seq = ev.Seq
+	l.l.keep(ev)
+	if restore {
+		return
+	}
+	for s := range l.l.subs {
+		s.offer(ev)
+	}
+}
+
+// Query returns the events f selects among those owner sees, newest
+// first; it does not check f.SessionID's owner (Engine.Events does).
+func (l *EventLog) Query(owner Owner, f EventFilter) []Event {
+	return l.l.query(f, visibleEvents(owner))
+}
+
+// Subscribe calls fn with every event Put from now on, as Engine.Subscribe.
+func (l *EventLog) Subscribe(fn func(Event)) func() { return l.l.subscribe(fn) }
+
+// Close ends every subscription.
+func (l *EventLog) Close() { l.l.closeAll() }
+
+// visibleEvents says which events owner sees: its owner's, or all with
+// AccessRead.
+func visibleEvents(owner Owner) func(*Event) bool {
+	id, all := owner.OwnerID(), owner.OtherSessions >= AccessRead
+	return func(ev *Event) bool { return all || ev.Owner == id }
 }

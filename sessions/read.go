@@ -134,8 +134,7 @@ func (e *Engine) Events(owner Owner, filter EventFilter) ([]Event, error) {
 			return nil, err
 		}
 	}
-	id, all := owner.OwnerID(), owner.OtherSessions >= AccessRead
-	return e.events.query(filter, func(ev *Event) bool { return all || ev.Owner == id }), nil
+	return e.events.query(filter, visibleEvents(owner)), nil
 }
 
 // Subscribe calls fn with every new event, in Seq order, from a goroutine

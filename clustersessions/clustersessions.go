@@ -1,0 +1,569 @@
+// Package clustersessions serves the agent sessions of every replica of a
+// cluster from any one of them. A session runs on the node that created it
+// (its id ends in that node's id, [sessions.NodeOf]), whose engine alone
+// holds its agent process, its queue and its pending interactions; every
+// other replica serves a verb on it by asking that node over the cluster's
+// sealed request/reply ([cluster.RPC]), with the caller as this replica
+// authenticated it. The owning engine decides everything as it does on a
+// single node: who may act on the session, and which answer to an
+// interaction comes first. `list` and `pending` ask every live node, so
+// that the rules of who sees what stay in one place, the engine.
+//
+// Events go through one JetStream stream ([cluster.EventStream]): each
+// node publishes its engine's events, every node follows the stream, and
+// the stream's sequence is the event's number, the same on every replica.
+// A replica's MCP endpoint queries and subscribes to that log, so a client
+// on any replica gets the `<session-event>`s of sessions on every node.
+package clustersessions
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
+)
+
+// Options configure the cluster's sessions on one node.
+type Options struct {
+	// Local is this node's engine; its Config.Node is Node.
+	Local sessions.Sessions
+	// Node is this node's id.
+	Node string
+	// Storage is the cluster's storage, whose connection carries the
+	// requests and the events.
+	Storage *cluster.Storage
+	// Peers returns the other live nodes (the node registry's Alive).
+	Peers func() []string
+	// MaxEvents is how many events the log keeps (and a node reads back
+	// from the stream when it starts). Default sessions.DefaultMaxEvents.
+	MaxEvents int
+	Logger    *slog.Logger
+}
+
+// Sessions is sessions.Sessions for a whole cluster, on one node.
+type Sessions struct {
+	local  sessions.Sessions
+	node   string
+	rpc    *cluster.RPC
+	stream *cluster.EventStream
+	peers  func() []string
+	log    *slog.Logger
+	events *sessions.EventLog
+
+	stopFollow  func()
+	unsubscribe func()
+	published   chan struct{} // closed once the publisher has stopped
+
+	mu   sync.Mutex
+	last map[string]int64 // node -> the engine's number of its last event taken
+}
+
+var _ sessions.Sessions = (*Sessions)(nil)
+
+// The service name of the requests, and the stream's.
+const (
+	service    = "sessions"
+	streamName = "session_events"
+)
+
+// publishTries bounds the tries to publish one event while NATS is away.
+const publishTries = 5
+
+// New starts serving this node's sessions to the other replicas and
+// following the cluster's events. Close stops both.
+func New(ctx context.Context, opts Options) (*Sessions, error) {
+	if opts.Local == nil || opts.Storage == nil || opts.Peers == nil {
+		return nil, errors.New("clustersessions: Local, Storage and Peers are required")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	max := opts.MaxEvents
+	if max <= 0 {
+		max = sessions.DefaultMaxEvents
+	}
+	s := &Sessions{
+		local: opts.Local, node: opts.Node, peers: opts.Peers, log: log,
+		events: sessions.NewEventLog(max, log.Warn), last: map[string]int64{},
+		published: make(chan struct{}),
+	}
+	var err error
+	if s.stream, err = opts.Storage.OpenEventStream(ctx, streamName, int64(max), log); err != nil {
+		return nil, err
+	}
+	if s.rpc, err = opts.Storage.ServeRPC(service, opts.Node, s.serve, log); err != nil {
+		return nil, err
+	}
+	// What the stream holds at start is put back, not pushed again: those
+	// events were pushed when they happened.
+	var backlog uint64
+	if backlog, err = s.stream.Last(ctx); err == nil {
+		s.stopFollow, err = s.stream.Follow(ctx, uint64(max), func(seq uint64, body []byte) { s.take(seq, body, seq <= backlog) })
+	}
+	if err != nil {
+		s.rpc.Close()
+		return nil, err
+	}
+	s.startPublisher()
+	return s, nil
+}
+
+// Close stops serving and following. The engine is the caller's to close.
+func (s *Sessions) Close() {
+	s.unsubscribe()
+	<-s.published
+	s.rpc.Close()
+	s.stopFollow()
+	s.events.Close()
+}
+
+// wireEvent is an event as it travels in the stream: who published it and
+// its number there, which a replayed copy cannot raise.
+type wireEvent struct {
+	Node   string         `json:"node"`
+	Local  int64          `json:"local"`
+	Event  sessions.Event `json:"event"`
+	Target string         `json:"target,omitempty"`
+	Owner  string         `json:"owner,omitempty"`
+}
+
+// startPublisher publishes every event of this node's engine to the
+// stream, in the engine's order, each under an id of its own so that a
+// retry is kept once.
+func (s *Sessions) startPublisher() {
+	queue := make(chan sessions.Event, 1024)
+	stop := make(chan struct{})
+	unsub := s.local.Subscribe(func(ev sessions.Event) {
+		select {
+		case queue <- ev:
+		case <-stop:
+		}
+	})
+	var once sync.Once
+	s.unsubscribe = func() {
+		once.Do(func() {
+			unsub()
+			close(stop)
+		})
+	}
+	go func() {
+		defer close(s.published)
+		for {
+			select {
+			case <-stop:
+				return
+			case ev := <-queue:
+				s.publish(ev, stop)
+			}
+		}
+	}()
+}
+
+func (s *Sessions) publish(ev sessions.Event, stop <-chan struct{}) {
+	body, _ := json.Marshal(wireEvent{Node: s.node, Local: ev.Seq, Event: ev, Target: ev.Target, Owner: ev.Owner})
+	id := s.node + ":" + strconv.FormatInt(ev.Seq, 10)
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := s.stream.Publish(ctx, id, body)
+		cancel()
+		if err == nil {
+			return
+		}
+		if try == publishTries {
+			s.log.Error("an event of a session could not reach the other replicas; their clients miss it (this replica's log keeps it)", "session", ev.SessionID, "seq", ev.Seq, "error", err)
+			return
+		}
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(try) * time.Second):
+		}
+	}
+}
+
+// take puts one event of the stream into the log.
+func (s *Sessions) take(seq uint64, body []byte, restore bool) {
+	var w wireEvent
+	if json.Unmarshal(body, &w) != nil || sessions.CheckNode(w.Node) != nil || sessions.NodeOf(w.Event.SessionID) != w.Node {
+		return
+	}
+	s.mu.Lock()
+	if w.Local <= s.last[w.Node] {
+		s.mu.Unlock()
+		return // a copy of one taken, put back in the stream
+	}
+	s.last[w.Node] = w.Local
+	s.mu.Unlock()
+	ev := w.Event
+	ev.Seq, ev.Target, ev.Owner = int64(seq), w.Target, w.Owner
+	s.events.Put(ev, restore)
+}
+
+// nodeOf is the node that runs id, or "" when it is this one's (or no
+// node's: the local engine then says it does not know it).
+func (s *Sessions) nodeOf(id string) string {
+	if n := sessions.NodeOf(id); n != s.node {
+		return n
+	}
+	return ""
+}
+
+// Create starts the session here: this node runs its agent.
+func (s *Sessions) Create(ctx context.Context, owner sessions.Owner, req sessions.CreateRequest) (sessions.Created, error) {
+	return s.local.Create(ctx, owner, req)
+}
+
+func (s *Sessions) Send(ctx context.Context, owner sessions.Owner, id, prompt string) (bool, error) {
+	if n := s.nodeOf(id); n != "" {
+		var out struct{ Queued bool }
+		err := s.call(ctx, n, "send", request{Owner: owner, ID: id, Text: prompt}, &out)
+		return out.Queued, err
+	}
+	return s.local.Send(ctx, owner, id, prompt)
+}
+
+func (s *Sessions) Steer(ctx context.Context, owner sessions.Owner, id, text string) (string, error) {
+	if n := s.nodeOf(id); n != "" {
+		var out struct{ Mode string }
+		err := s.call(ctx, n, "steer", request{Owner: owner, ID: id, Text: text}, &out)
+		return out.Mode, err
+	}
+	return s.local.Steer(ctx, owner, id, text)
+}
+
+func (s *Sessions) Cancel(ctx context.Context, owner sessions.Owner, id string) error {
+	if n := s.nodeOf(id); n != "" {
+		return s.call(ctx, n, "cancel", request{Owner: owner, ID: id}, nil)
+	}
+	return s.local.Cancel(ctx, owner, id)
+}
+
+func (s *Sessions) Read(owner sessions.Owner, id string, full bool) (sessions.SessionView, error) {
+	if n := s.nodeOf(id); n != "" {
+		var v sessions.SessionView
+		err := s.read(n, "read", request{Owner: owner, ID: id, Full: full}, &v)
+		return v, err
+	}
+	return s.local.Read(owner, id, full)
+}
+
+func (s *Sessions) Transcript(owner sessions.Owner, id string, turns int, full bool) ([]sessions.Turn, error) {
+	if n := s.nodeOf(id); n != "" {
+		var out []sessions.Turn
+		err := s.read(n, "transcript", request{Owner: owner, ID: id, N: turns, Full: full}, &out)
+		return out, err
+	}
+	return s.local.Transcript(owner, id, turns, full)
+}
+
+func (s *Sessions) Wait(ctx context.Context, owner sessions.Owner, id string, timeout time.Duration) (sessions.SessionView, error) {
+	if n := s.nodeOf(id); n != "" {
+		var v sessions.SessionView
+		err := s.call(ctx, n, "wait", request{Owner: owner, ID: id, Wait: timeout}, &v)
+		return v, err
+	}
+	return s.local.Wait(ctx, owner, id, timeout)
+}
+
+// List merges every live node's list, newest first.
+func (s *Sessions) List(owner sessions.Owner, limit int) ([]sessions.SessionView, bool) {
+	if limit <= 0 {
+		limit = 20
+	}
+	type part struct {
+		List    []sessions.SessionView
+		Partial bool
+	}
+	parts := s.everyNode(func(n string) (any, error) {
+		var p part
+		err := s.read(n, "list", request{Owner: owner, N: limit}, &p)
+		return p, err
+	}, func() any {
+		l, partial := s.local.List(owner, limit)
+		return part{l, partial}
+	})
+	var all []sessions.SessionView
+	partial := false
+	for _, p := range parts {
+		if p == nil {
+			partial = true // a node did not answer: its sessions are missing
+			continue
+		}
+		all = append(all, p.(part).List...)
+		partial = partial || p.(part).Partial
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if !all[i].Created.Equal(all[j].Created) {
+			return all[i].Created.After(all[j].Created)
+		}
+		return all[i].SessionID > all[j].SessionID
+	})
+	if len(all) > limit {
+		all, partial = all[:limit], true
+	}
+	return all, partial
+}
+
+// Events are the cluster's, from the stream. A filter on a session of
+// another node asks that node whether owner reaches it.
+func (s *Sessions) Events(owner sessions.Owner, filter sessions.EventFilter) ([]sessions.Event, error) {
+	if filter.SessionID != "" {
+		var err error
+		if n := s.nodeOf(filter.SessionID); n != "" {
+			_, err = s.Read(owner, filter.SessionID, false)
+		} else {
+			_, err = s.local.Events(owner, sessions.EventFilter{SessionID: filter.SessionID, Limit: 1})
+		}
+		if errors.Is(err, sessions.ErrNotOwner) {
+			return nil, err
+		}
+	}
+	return s.events.Query(owner, filter), nil
+}
+
+// Pending is a session's, from its node, or every live node's.
+func (s *Sessions) Pending(owner sessions.Owner, id string) ([]sessions.Interaction, error) {
+	if id != "" {
+		if n := s.nodeOf(id); n != "" {
+			var out []sessions.Interaction
+			err := s.read(n, "pending", request{Owner: owner, ID: id}, &out)
+			return out, err
+		}
+		return s.local.Pending(owner, id)
+	}
+	parts := s.everyNode(func(n string) (any, error) {
+		var out []sessions.Interaction
+		err := s.read(n, "pending", request{Owner: owner}, &out)
+		return out, err
+	}, func() any {
+		out, _ := s.local.Pending(owner, "")
+		return out
+	})
+	var all []sessions.Interaction
+	for _, p := range parts {
+		if p != nil {
+			all = append(all, p.([]sessions.Interaction)...)
+		}
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].Created.Before(all[j].Created) })
+	return all, nil
+}
+
+// Answer goes to the node of the interaction, whose engine takes the
+// first answer and refuses the others.
+func (s *Sessions) Answer(ctx context.Context, owner sessions.Owner, requestID string, a sessions.Answer) error {
+	if n := s.nodeOf(requestID); n != "" {
+		return s.call(ctx, n, "answer", request{Owner: owner, ID: requestID, Answer: &a}, nil)
+	}
+	return s.local.Answer(ctx, owner, requestID, a)
+}
+
+// Subscribe delivers the cluster's events.
+func (s *Sessions) Subscribe(fn func(sessions.Event)) func() { return s.events.Subscribe(fn) }
+
+// RevokeToken cancels what the token started here; every node hears of
+// the revocation through the shared token store and does the same.
+func (s *Sessions) RevokeToken(tokenID string) { s.local.RevokeToken(tokenID) }
+
+// everyNode runs remote on every live peer and local here, at once, and
+// returns what each gave; nil for a peer that failed (logged).
+func (s *Sessions) everyNode(remote func(node string) (any, error), local func() any) []any {
+	peers := s.peers()
+	out := make([]any, len(peers)+1)
+	var wg sync.WaitGroup
+	for i, n := range peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := remote(n)
+			if err != nil {
+				s.log.Warn("a node did not answer; what it holds is left out", "node", n, "error", err)
+				return
+			}
+			out[i] = v
+		}()
+	}
+	out[len(peers)] = local()
+	wg.Wait()
+	return out
+}
+
+// readTimeout bounds a verb that does not wait (all but wait, send and
+// the like, which have their caller's context).
+const readTimeout = 15 * time.Second
+
+// read calls a verb whose caller gives no context, bounded by readTimeout.
+func (s *Sessions) read(node, method string, req request, out any) error {
+	ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+	defer cancel()
+	return s.call(ctx, node, method, req, out)
+}
+
+// request is a verb's arguments, as they travel to the session's node.
+type request struct {
+	Owner  sessions.Owner   `json:"owner"`
+	ID     string           `json:"id,omitempty"`
+	Text   string           `json:"text,omitempty"`
+	Full   bool             `json:"full,omitempty"`
+	N      int              `json:"n,omitempty"`
+	Wait   time.Duration    `json:"wait,omitempty"`
+	Answer *sessions.Answer `json:"answer,omitempty"`
+}
+
+// reply is a verb's outcome: a result, or the engine's error as a code
+// that names it and its message.
+type reply struct {
+	Result json.RawMessage `json:"result,omitempty"`
+	Code   string          `json:"code,omitempty"`
+	Error  string          `json:"error,omitempty"`
+}
+
+// codes name the engine's errors on the wire, in the order encode tries
+// them.
+var codes = []struct {
+	code string
+	kind error
+}{
+	{"not_owner", sessions.ErrNotOwner}, {"no_session", sessions.ErrNoSession},
+	{"no_interaction", sessions.ErrNoInteraction}, {"already_answered", sessions.ErrAlreadyAnswered},
+	{"not_running", sessions.ErrNotRunning}, {"ended", sessions.ErrEnded},
+	{"bad_request", sessions.ErrBadRequest}, {"busy", sessions.ErrBusy},
+	{"quota", sessions.ErrQuota}, {"closed", sessions.ErrClosed},
+}
+
+func kindOf(code string) error {
+	for _, c := range codes {
+		if c.code == code {
+			return c.kind
+		}
+	}
+	return nil
+}
+
+// remoteError is an engine's error from another node: its message as the
+// engine wrote it, and the engine error it is.
+type remoteError struct {
+	msg  string
+	kind error
+}
+
+func (e *remoteError) Error() string { return e.msg }
+func (e *remoteError) Unwrap() error { return e.kind }
+
+// ErrUnreachable says the node that runs a session did not answer.
+var ErrUnreachable = errors.New("the replica that runs this session did not answer")
+
+func (s *Sessions) call(ctx context.Context, node, method string, req request, out any) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	raw, err := s.rpc.Call(ctx, node, method, body)
+	if err != nil {
+		if errors.Is(err, cluster.ErrRPCUnreachable) {
+			// Its node is down: as far as this replica can tell, the
+			// session is gone until its node is back.
+			return fmt.Errorf("%w: %w (node %s); try again once it is back", sessions.ErrNoSession, ErrUnreachable, node)
+		}
+		return fmt.Errorf("%w (node %s)", err, node)
+	}
+	var rep reply
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return fmt.Errorf("node %s answered what this replica cannot read: %w", node, err)
+	}
+	if rep.Code != "" || rep.Error != "" {
+		kind := kindOf(rep.Code)
+		if kind == nil {
+			return errors.New(rep.Error)
+		}
+		return &remoteError{msg: rep.Error, kind: kind}
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(rep.Result, out); err != nil {
+		return fmt.Errorf("node %s answered what this replica cannot read: %w", node, err)
+	}
+	return nil
+}
+
+// serve carries out another replica's request on this node's engine. It
+// serves only this node's sessions: a request about another node's is
+// refused, so that no request is passed on twice.
+func (s *Sessions) serve(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
+	var req request
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, fmt.Errorf("a request this node cannot read: %w", err)
+	}
+	if req.ID != "" && sessions.NodeOf(req.ID) != s.node {
+		return encode(nil, fmt.Errorf("%w: %q is not a session of node %s", sessions.ErrNoSession, req.ID, s.node))
+	}
+	var (
+		result any
+		err    error
+	)
+	switch method {
+	case "send":
+		var q bool
+		q, err = s.local.Send(ctx, req.Owner, req.ID, req.Text)
+		result = struct{ Queued bool }{q}
+	case "steer":
+		var m string
+		m, err = s.local.Steer(ctx, req.Owner, req.ID, req.Text)
+		result = struct{ Mode string }{m}
+	case "cancel":
+		err = s.local.Cancel(ctx, req.Owner, req.ID)
+	case "read":
+		result, err = s.local.Read(req.Owner, req.ID, req.Full)
+	case "transcript":
+		result, err = s.local.Transcript(req.Owner, req.ID, req.N, req.Full)
+	case "wait":
+		result, err = s.local.Wait(ctx, req.Owner, req.ID, min(req.Wait, cluster.MaxRPCWait-5*time.Second))
+	case "list":
+		l, partial := s.local.List(req.Owner, req.N)
+		result = struct {
+			List    []sessions.SessionView
+			Partial bool
+		}{l, partial}
+	case "pending":
+		result, err = s.local.Pending(req.Owner, req.ID)
+	case "answer":
+		if req.Answer == nil {
+			err = fmt.Errorf("%w: an answer is missing", sessions.ErrBadRequest)
+			break
+		}
+		err = s.local.Answer(ctx, req.Owner, req.ID, *req.Answer)
+	default:
+		return nil, fmt.Errorf("no such verb %q", method)
+	}
+	return encode(result, err)
+}
+
+func encode(result any, err error) (json.RawMessage, error) {
+	var rep reply
+	if err != nil {
+		rep.Error = err.Error()
+		for _, c := range codes {
+			if errors.Is(err, c.kind) {
+				rep.Code = c.code
+				break
+			}
+		}
+	} else if result != nil {
+		b, merr := json.Marshal(result)
+		if merr != nil {
+			return nil, merr
+		}
+		rep.Result = b
+	}
+	return json.Marshal(rep)
+}

@@ -1,0 +1,362 @@
+package clustersessions_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/clustersessions"
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
+	"github.com/Tahul/caddy-zidane-mcp/sessions/demoagent"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("CLUSTERSESSIONS_DEMOAGENT") == "1" {
+		os.Exit(demoagent.Main(context.Background()))
+	}
+	os.Exit(m.Run())
+}
+
+func startNATS(t *testing.T) string {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats-server did not become ready")
+	}
+	return ns.ClientURL()
+}
+
+var key = func() []byte {
+	k := make([]byte, cluster.KeySize)
+	_, _ = rand.Read(k)
+	return k
+}()
+
+// node is one replica: its engine and the cluster's sessions on it.
+type node struct {
+	id     string
+	engine *sessions.Engine
+	cs     *clustersessions.Sessions
+	events chan sessions.Event // what its subscribers get
+}
+
+type peers struct {
+	mu    sync.Mutex
+	alive map[string]bool
+}
+
+func (p *peers) of(self string) func() []string {
+	return func() []string {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		var out []string
+		for n, up := range p.alive {
+			if up && n != self {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+}
+
+func startNode(t *testing.T, url, id string, p *peers) *node {
+	t.Helper()
+	conn, err := cluster.Dial(cluster.ConnConfig{URLs: []string{url}, Name: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := conn.Storage(ctx, cluster.StorageOptions{Key: key, Owner: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine, err := sessions.NewEngine(ctx, sessions.Config{
+		Agents: map[string]sessions.AgentConfig{"demo": {Command: []string{exe}, Env: map[string]string{
+			"CLUSTERSESSIONS_DEMOAGENT": "1", "GORACE": "atexit_sleep_ms=0"}}},
+		DefaultAgent: "demo", Storage: st, Node: id,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { engine.Close() })
+	cs, err := clustersessions.New(ctx, clustersessions.Options{Local: engine, Node: id, Storage: st, Peers: p.of(id)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cs.Close)
+	n := &node{id: id, engine: engine, cs: cs, events: make(chan sessions.Event, 100)}
+	unsub := cs.Subscribe(func(ev sessions.Event) { n.events <- ev })
+	t.Cleanup(unsub)
+	p.mu.Lock()
+	p.alive[id] = true
+	p.mu.Unlock()
+	return n
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func owner(name string) sessions.Owner {
+	return sessions.Owner{TokenID: "tok-" + name, TokenName: name, MCPSession: "mcp-" + name}
+}
+
+func settle(t *testing.T, n *node, o sessions.Owner, id string) sessions.SessionView {
+	t.Helper()
+	for range 20 {
+		v, err := n.cs.Wait(ctxT(t), o, id, 5*time.Second)
+		if err != nil {
+			t.Fatalf("wait %s on %s: %v", id, n.id, err)
+		}
+		if v.State != sessions.StateRunning {
+			return v
+		}
+	}
+	t.Fatalf("session %s still runs", id)
+	return sessions.SessionView{}
+}
+
+// eventFor waits for n's subscribers to get an event of session id.
+func eventFor(t *testing.T, n *node, id string, status sessions.EventStatus) sessions.Event {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case ev := <-n.events:
+			if ev.SessionID == id && ev.Status == status {
+				return ev
+			}
+		case <-timeout:
+			t.Fatalf("node %s got no %s event of %s in 30s", n.id, status, id)
+		}
+	}
+}
+
+// Every verb works from a replica that does not run the session, with the
+// owning engine's decisions (ownership, errors) as on a single node.
+func TestEveryVerbFromAnotherReplica(t *testing.T) {
+	url := startNATS(t)
+	p := &peers{alive: map[string]bool{}}
+	a := startNode(t, url, "gw-a", p)
+	b := startNode(t, url, "gw-b", p)
+	sam, eve := owner("sam"), owner("eve")
+
+	c, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sessions.NodeOf(c.SessionID) != "gw-a" {
+		t.Fatalf("session %s is not gw-a's", c.SessionID)
+	}
+	if v := settle(t, b, sam, c.SessionID); v.State != sessions.StateIdle || v.LastMessage != "You said: hello" {
+		t.Fatalf("read through gw-b: %+v", v)
+	}
+	if _, err := b.cs.Send(ctxT(t), sam, c.SessionID, "again"); err != nil {
+		t.Fatalf("send through gw-b: %v", err)
+	}
+	settle(t, b, sam, c.SessionID)
+	turns, err := b.cs.Transcript(sam, c.SessionID, 0, false)
+	if err != nil || len(turns) != 2 || turns[1].Answer != "You said: again" {
+		t.Fatalf("transcript through gw-b: %+v, %v", turns, err)
+	}
+	if mode, err := b.cs.Steer(ctxT(t), sam, c.SessionID, "go left"); err != nil || mode == "" {
+		t.Fatalf("steer through gw-b: %q, %v", mode, err)
+	}
+	settle(t, b, sam, c.SessionID)
+
+	// Another owner is refused by the owning engine, and the refusal is
+	// the engine's error on the other replica too.
+	if _, err := b.cs.Read(eve, c.SessionID, false); !errors.Is(err, sessions.ErrNotOwner) {
+		t.Fatalf("eve reads sam's session through gw-b: %v", err)
+	}
+	if _, err := b.cs.Send(ctxT(t), eve, c.SessionID, "rm -rf"); !errors.Is(err, sessions.ErrNotOwner) {
+		t.Fatalf("eve sends to sam's session through gw-b: %v", err)
+	}
+	if _, err := b.cs.Events(eve, sessions.EventFilter{SessionID: c.SessionID}); !errors.Is(err, sessions.ErrNotOwner) {
+		t.Fatalf("eve's events of sam's session through gw-b: %v", err)
+	}
+	if err := b.cs.Cancel(ctxT(t), sam, c.SessionID); !errors.Is(err, sessions.ErrNotRunning) {
+		t.Fatalf("cancel of an idle session through gw-b: %v", err)
+	}
+	// An id that names gw-b but that gw-b never made.
+	if _, err := a.cs.Read(sam, "ses_aaaaaaaaaaaaaaaa.gw-b", false); !errors.Is(err, sessions.ErrNoSession) {
+		t.Fatalf("an unknown session of gw-b through gw-a: %v", err)
+	}
+
+	// list on either replica shows both nodes' sessions, once each.
+	cb, err := b.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle(t, a, sam, cb.SessionID)
+	for _, n := range []*node{a, b} {
+		list, partial := n.cs.List(sam, 10)
+		if len(list) != 2 || partial || list[0].SessionID != cb.SessionID || list[1].SessionID != c.SessionID {
+			t.Fatalf("list on %s: %+v (partial %v)", n.id, list, partial)
+		}
+		if list, _ := n.cs.List(eve, 10); len(list) != 0 {
+			t.Fatalf("eve lists sam's sessions on %s: %+v", n.id, list)
+		}
+		if list, partial := n.cs.List(sam, 1); len(list) != 1 || !partial || list[0].SessionID != cb.SessionID {
+			t.Fatalf("list of 1 on %s: %+v (partial %v)", n.id, list, partial)
+		}
+	}
+
+	// A node that is down: its sessions are gone from the others' view
+	// until it is back, with an error that says so.
+	a.cs.Close()
+	if _, err := b.cs.Read(sam, c.SessionID, false); !errors.Is(err, sessions.ErrNoSession) || !errors.Is(err, clustersessions.ErrUnreachable) {
+		t.Fatalf("read of a session whose node is down: %v", err)
+	}
+	if list, partial := b.cs.List(sam, 10); len(list) != 1 || !partial {
+		t.Fatalf("list with a node down: %+v (partial %v); want gw-b's only, marked partial", list, partial)
+	}
+}
+
+// Events are numbered by the stream: one sequence for the cluster, the
+// same on every replica, and each replica's subscribers get every node's.
+func TestEventsAreNumberedForTheCluster(t *testing.T) {
+	url := startNATS(t)
+	p := &peers{alive: map[string]bool{}}
+	a := startNode(t, url, "gw-a", p)
+	b := startNode(t, url, "gw-b", p)
+	sam := owner("sam")
+	ca, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evA := eventFor(t, b, ca.SessionID, sessions.EventDone)
+	if ev := eventFor(t, a, ca.SessionID, sessions.EventDone); ev.Seq != evA.Seq {
+		t.Fatalf("one event has seq %d on gw-a and %d on gw-b", ev.Seq, evA.Seq)
+	}
+	cb, err := b.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evB := eventFor(t, a, cb.SessionID, sessions.EventDone)
+	if ev := eventFor(t, b, cb.SessionID, sessions.EventDone); ev.Seq != evB.Seq {
+		t.Fatalf("one event has seq %d on gw-b and %d on gw-a", ev.Seq, evB.Seq)
+	}
+	if evB.Seq <= evA.Seq {
+		t.Fatalf("gw-b's later event has seq %d, gw-a's earlier one %d", evB.Seq, evA.Seq)
+	}
+	if evA.Target != "mcp-sam" || evA.Owner != sam.OwnerID() {
+		t.Fatalf("an event lost its target or owner on the way: %+v", evA)
+	}
+	for _, n := range []*node{a, b} {
+		evs, err := n.cs.Events(sam, sessions.EventFilter{Status: sessions.EventDone})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) != 2 || evs[0].Seq != evB.Seq || evs[1].Seq != evA.Seq {
+			t.Fatalf("events on %s: %+v; want seqs %d, %d", n.id, evs, evB.Seq, evA.Seq)
+		}
+		if evs, _ := n.cs.Events(sam, sessions.EventFilter{Since: evA.Seq}); len(evs) == 0 || evs[len(evs)-1].Seq <= evA.Seq {
+			t.Fatalf("events since %d on %s: %+v", evA.Seq, n.id, evs)
+		}
+		if evs, _ := n.cs.Events(owner("eve"), sessions.EventFilter{}); len(evs) != 0 {
+			t.Fatalf("eve sees sam's events on %s: %+v", n.id, evs)
+		}
+	}
+	// A node that starts late reads the log back, with the same numbers.
+	c := startNode(t, url, "gw-c", p)
+	evs, err := c.cs.Events(sam, sessions.EventFilter{Status: sessions.EventDone})
+	for range 100 {
+		if err != nil || len(evs) == 2 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+		evs, err = c.cs.Events(sam, sessions.EventFilter{Status: sessions.EventDone})
+	}
+	if err != nil || len(evs) != 2 || evs[0].Seq != evB.Seq || evs[1].Seq != evA.Seq {
+		t.Fatalf("events on a node started later: %+v, %v", evs, err)
+	}
+	select {
+	case ev := <-c.events:
+		t.Fatalf("a node started later pushed an old event again: %+v", ev)
+	default:
+	}
+}
+
+// Pending interactions of every node show on each; answers go to the
+// interaction's node, where the first one wins.
+func TestFirstAnswerWinsAcrossReplicas(t *testing.T) {
+	url := startNATS(t)
+	p := &peers{alive: map[string]bool{}}
+	a := startNode(t, url, "gw-a", p)
+	b := startNode(t, url, "gw-b", p)
+	sam := owner("sam")
+	c, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "approve: ship it"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := eventFor(t, b, c.SessionID, sessions.EventNeedsAttention)
+	var pending []sessions.Interaction
+	for range 100 {
+		if pending, err = b.cs.Pending(sam, ""); err != nil || len(pending) == 1 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || len(pending) != 1 || pending[0].RequestID != ev.RequestID || sessions.NodeOf(ev.RequestID) != "gw-a" {
+		t.Fatalf("pending on gw-b: %+v, %v (event %+v)", pending, err, ev)
+	}
+	if mine, err := b.cs.Pending(sam, c.SessionID); err != nil || len(mine) != 1 {
+		t.Fatalf("the session's pending on gw-b: %+v, %v", mine, err)
+	}
+	if theirs, err := b.cs.Pending(owner("eve"), ""); err != nil || len(theirs) != 0 {
+		t.Fatalf("eve's pending on gw-b: %+v, %v", theirs, err)
+	}
+	if err := b.cs.Answer(ctxT(t), owner("eve"), ev.RequestID, sessions.Answer{Decision: "allow"}); !errors.Is(err, sessions.ErrNotOwner) {
+		t.Fatalf("eve answers sam's interaction through gw-b: %v", err)
+	}
+	// Two answers at once, one through each replica.
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, n := range []*node{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = n.cs.Answer(ctxT(t), sam, ev.RequestID, sessions.Answer{Decision: "allow"})
+		}()
+	}
+	wg.Wait()
+	won, lost := 0, 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			won++
+		case errors.Is(err, sessions.ErrAlreadyAnswered):
+			lost++
+		default:
+			t.Fatalf("an answer failed: %v", err)
+		}
+	}
+	if won != 1 || lost != 1 {
+		t.Fatalf("%d answers won and %d lost; want 1 and 1", won, lost)
+	}
+	if v := settle(t, b, sam, c.SessionID); v.State != sessions.StateIdle || !strings.Contains(v.LastMessage, "ship it") {
+		t.Fatalf("after the answer: %+v", v)
+	}
+}
