@@ -209,6 +209,11 @@ func (r *RPC) serve(msg *nats.Msg) {
 	reply := func(rep rpcReply) {
 		rep.ID = req.ID
 		data, _ := json.Marshal(rep)
+		// Sealing adds a nonce and a tag; NATS refuses a message over its
+		// max payload, which would leave the caller waiting for nothing.
+		if limit := r.nc.MaxPayload(); int64(len(data))+64 > limit {
+			data, _ = json.Marshal(rpcReply{ID: req.ID, Err: fmt.Sprintf("the answer is %d bytes, over the %d a NATS message carries between replicas; ask for less (fewer turns, or not in full), or ask the replica that runs the session", len(data), limit)})
+		}
 		if err := msg.Respond(r.aead.Seal(nil, nil, data, []byte("reply "+req.ID))); err != nil {
 			r.log.Warn("answering another node failed", "from", req.From, "method", req.Method, "error", err)
 		}

@@ -217,3 +217,17 @@ func TestRPCSeenIsBounded(t *testing.T) {
 		t.Fatalf("%d ids kept after they aged out", len(r.seen))
 	}
 }
+
+// An answer too large for one NATS message comes back as an error that
+// says so, not as silence.
+func TestRPCAnswerOverThePayloadLimit(t *testing.T) {
+	url := startNATS(t)
+	a, nc := rpcNode(t, url, "a", nil, echo(new(atomic.Int64)))
+	rpcNode(t, url, "b", nil, func(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
+		return json.Marshal(strings.Repeat("x", int(nc.MaxPayload())))
+	})
+	_, err := a.Call(testCtx(t), "b", "transcript", nil)
+	if err == nil || !strings.Contains(err.Error(), "ask for less") || errors.Is(err, ErrRPCUnreachable) {
+		t.Fatalf("an answer over the limit: %v", err)
+	}
+}
