@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -45,12 +46,16 @@ const leastPrivilege = `
 			"$JS.API.CONSUMER.DELETE.KV_zidane.>", "$JS.API.CONSUMER.DELETE.KV_zidane_locks.>", "$JS.API.CONSUMER.DELETE.KV_zidane_nodes.>", "$JS.API.CONSUMER.DELETE.OBJ_zidane_blobs.>",
 			"$JS.FC.KV_zidane.>", "$JS.FC.KV_zidane_locks.>", "$JS.FC.KV_zidane_nodes.>", "$JS.FC.OBJ_zidane_blobs.>",
 			"$KV.zidane.>", "$KV.zidane_locks.>", "$KV.zidane_nodes.>", "$O.zidane_blobs.>",
+			"$JS.API.STREAM.INFO.zidane_session_events", "$JS.API.STREAM.CREATE.zidane_session_events", "$JS.API.STREAM.UPDATE.zidane_session_events",
+			"$JS.API.CONSUMER.CREATE.zidane_session_events.>", "$JS.API.CONSUMER.DELETE.zidane_session_events.>", "$JS.API.CONSUMER.MSG.NEXT.zidane_session_events.>",
+			"zidane.stream.zidane.>", "zidane.rpc.zidane.>",
 			"zidane.limits.>", "zidane.admin.zidane"
 		]
 	}
 	subscribe: {
-		allow: ["_INBOX.>", "zidane.limits.>", "zidane.admin.zidane"]
-	}`
+		allow: ["_INBOX.>", "zidane.limits.>", "zidane.admin.zidane", "zidane.rpc.zidane.>"]
+	}
+	allow_responses: true`
 
 // tlsFiles writes a CA, a server certificate for 127.0.0.1 and client
 // certificates for the given common names, and returns their paths.
@@ -312,6 +317,48 @@ authorization {
 	t.Cleanup(nb.Close)
 	if !waitFor(20*time.Second, func() bool { _, ab := na.Lookup("gw-b"); _, ba := nb.Lookup("gw-a"); return ab && ba }) {
 		t.Fatal("the nodes did not see each other under the least-privilege user")
+	}
+	// Requests between nodes, and the sessions' event stream.
+	ra, err := a.ServeRPC("sessions", "gw-a", func(context.Context, string, json.RawMessage) (json.RawMessage, error) { return nil, nil }, slog.New(logs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ra.Close)
+	rb, err := b.ServeRPC("sessions", "gw-b", func(_ context.Context, m string, _ json.RawMessage) (json.RawMessage, error) {
+		return json.Marshal(m)
+	}, slog.New(logs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rb.Close)
+	if got, err := ra.Call(ctx, "gw-b", "read", nil); err != nil || string(got) != `"read"` {
+		t.Fatalf("a request between nodes as the least-privilege user: %s, %v", got, err)
+	}
+	ea, err := a.OpenEventStream(ctx, "session_events", 100, slog.New(logs))
+	if err != nil {
+		t.Fatalf("the event stream as the least-privilege user: %v", err)
+	}
+	eb, err := b.OpenEventStream(ctx, "session_events", 100, slog.New(logs))
+	if err != nil {
+		t.Fatalf("the event stream as the least-privilege user: %v", err)
+	}
+	seen := make(chan uint64, 4)
+	stop, err := eb.Follow(ctx, 10, func(seq uint64, _ []byte) { seen <- seq })
+	if err != nil {
+		t.Fatalf("following the event stream as the least-privilege user: %v", err)
+	}
+	t.Cleanup(stop)
+	seq, err := ea.Publish(ctx, "e1", []byte("event"))
+	if err != nil {
+		t.Fatalf("publishing an event as the least-privilege user: %v", err)
+	}
+	select {
+	case got := <-seen:
+		if got != seq {
+			t.Fatalf("followed seq %d, published %d", got, seq)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the event never reached the follower")
 	}
 	for _, m := range logs.all() {
 		if strings.Contains(strings.ToLower(m), "permission") {
