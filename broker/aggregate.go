@@ -114,6 +114,14 @@ type AggregateOptions struct {
 	// the session into its id, so that another replica can forward to it.
 	// It must be unguessable and visible ASCII.
 	NewSessionID func() string
+	// BridgeKey and Node, in a cluster, seal the requestState of a
+	// 2026-07-28 call bridged to a 2025-11-25 upstream under a key every
+	// replica holds (32 bytes, derived from the cluster key), naming this
+	// node, which holds the pending call: another replica that gets the
+	// retry reads the node ([Aggregate.BridgeNode]) and forwards it there.
+	// Without them the key is drawn at start and no node is named.
+	BridgeKey []byte
+	Node      string
 }
 
 // DefaultStdioIdle is the default of [AggregateOptions.StdioIdle].
@@ -296,7 +304,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		subs:         map[string]map[*mcp.ServerSession]bool{},
 		idle:         mcpidle.New(opts.SessionTimeout),
 		principals:   map[string]*aggSession{},
-		bridge:       newBridge(),
+		bridge:       newBridge(opts.BridgeKey, opts.Node),
 	}
 	if opts.SessionTimeout > 0 {
 		a.pidle = mcpidle.New(opts.SessionTimeout)

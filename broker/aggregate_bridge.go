@@ -61,6 +61,7 @@ const (
 // bridge holds the pending calls of one aggregate.
 type bridge struct {
 	aead      cipher.AEAD
+	node      string        // named in the states sealed here: a cluster's node id, or empty
 	roundWait time.Duration // bridgeRoundWait; tests shorten it
 
 	mu      sync.Mutex
@@ -68,20 +69,24 @@ type bridge struct {
 	byToken map[string]int
 }
 
-func newBridge() *bridge {
-	key := make([]byte, 32)
-	if _, err := rand.Read(key); err != nil {
-		panic("aggregate: no randomness for the multi-round-trip seal: " + err.Error())
+// newBridge seals with key, or a key drawn now when key is nil; node is
+// named in every state it seals.
+func newBridge(key []byte, node string) *bridge {
+	if key == nil {
+		key = make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			panic("aggregate: no randomness for the multi-round-trip seal: " + err.Error())
+		}
 	}
 	block, err := aes.NewCipher(key)
 	if err != nil {
-		panic(err)
+		panic("aggregate: the multi-round-trip seal's key: " + err.Error())
 	}
 	aead, err := cipher.NewGCM(block)
 	if err != nil {
 		panic(err)
 	}
-	return &bridge{aead: aead, roundWait: bridgeRoundWait, pending: map[string]*bridgeCall{}, byToken: map[string]int{}}
+	return &bridge{aead: aead, node: node, roundWait: bridgeRoundWait, pending: map[string]*bridgeCall{}, byToken: map[string]int{}}
 }
 
 // bridgeCall is one pending upstream call of a 2026-07-28 client.
@@ -119,6 +124,8 @@ type sealed struct {
 	Token string `json:"t"`
 	Call  string `json:"n"` // the method and what it names, as the client sent them
 	ID    string `json:"i"`
+	// Node holds the pending call (in a cluster).
+	Node string `json:"o,omitempty"`
 }
 
 func (b *bridge) seal(s sealed) string {
@@ -127,6 +134,20 @@ func (b *bridge) seal(s sealed) string {
 	_, _ = rand.Read(nonce)
 	out := b.aead.Seal(nonce, nonce, plain, []byte(bridgeSealPrefix))
 	return bridgeSealPrefix + base64.RawURLEncoding.EncodeToString(out)
+}
+
+// BridgeNode is the node that holds the pending call a requestState the
+// route sealed names, when the route runs in a cluster: "" for a state
+// that is not one it sealed, or that names no node.
+func (a *Aggregate) BridgeNode(state string) string {
+	if !strings.HasPrefix(state, bridgeSealPrefix) {
+		return ""
+	}
+	s, err := a.bridge.open(state)
+	if err != nil {
+		return ""
+	}
+	return s.Node
 }
 
 // open returns the sealed state's content; an error when it does not open.
@@ -246,7 +267,7 @@ func bridgeWait[R mcp.Result](a *Aggregate, ctx context.Context, bc *bridgeCall,
 			bc.mu.Lock()
 			bc.timer = time.AfterFunc(a.bridge.roundWait, func() { a.bridgeEnd(bc) })
 			bc.mu.Unlock()
-			return needInput(reqs, a.bridge.seal(sealed{Token: bc.token, Call: bc.call, ID: bc.id})), nil
+			return needInput(reqs, a.bridge.seal(sealed{Token: bc.token, Call: bc.call, ID: bc.id, Node: a.bridge.node})), nil
 		}
 		select {
 		case r := <-bc.done:

@@ -243,6 +243,15 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	}
 	if fwd != nil {
 		opts.NewSessionID = fwd.mint
+		// A 2026-07-28 client's retry of a bridged call may reach any
+		// replica: every one opens the requestState, which names the node
+		// that holds the call, and forwards the retry there.
+		key, err := fwd.bridgeKey(ctx.Storage().(*cluster.Storage))
+		if err != nil {
+			return err
+		}
+		opts.BridgeKey = key
+		opts.Node = fwd.nodes.Self()
 	}
 	agg, err := broker.NewAggregate(ups, opts)
 	if err != nil {
@@ -260,7 +269,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		SharedParams: h.sharedParams(ctx, "params|aggregate|"+h.Prefix+"|"+strings.Join(h.Aggregate, ",")), Pins: store}
 	h.route = route
 	if fwd != nil {
-		h.route = &clusterAggregate{Aggregate: route, fwd: fwd}
+		h.route = &clusterAggregate{Aggregate: route, agg: agg, fwd: fwd}
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -117,6 +118,12 @@ func newAggForward(ids *broker.SessionIDs, route string, nodes *cluster.Nodes, h
 	}}
 }
 
+// bridgeKey is the key of the route's sealed requestStates, the same on
+// every replica of the route and another for another route.
+func (f *aggForward) bridgeKey(cs *cluster.Storage) ([]byte, error) {
+	return cs.DeriveKey("aggregate bridge v1|" + f.route)
+}
+
 // mint is the route's next session id: this node's id and 128 random
 // bits, sealed.
 func (f *aggForward) mint() string {
@@ -144,13 +151,27 @@ func unknownSession(reason, msg string) *edge.RefusalError {
 // another node's 2025-11-25 session goes there.
 type clusterAggregate struct {
 	*edge.Aggregate
+	agg *broker.Aggregate
 	fwd *aggForward
 }
 
-// Serve serves r here, or forwards it to the node that holds its session.
+// Serve serves r here, or forwards it to the node that holds its session,
+// or the pending call its requestState names.
 func (c *clusterAggregate) Serve(w http.ResponseWriter, r *http.Request, next edge.Next) error {
+	if broker.ModernRequest(r) {
+		// A 2026-07-28 retry of a call bridged to a 2025-11-25 upstream:
+		// the node that sealed its requestState holds the pending call.
+		if node := c.bridgeNode(r); node != "" && node != c.fwd.nodes.Self() {
+			if addr, alive := c.fwd.nodes.Lookup(node); alive {
+				return c.fwd.forward(w, r, "", node, addr)
+			}
+			// Its node is gone, and the call with it: served here, the
+			// state is refused with "call the tool again".
+		}
+		return c.Aggregate.Serve(w, r, next)
+	}
 	sid := r.Header.Get(mcpSessionHeader)
-	if sid == "" || broker.ModernRequest(r) {
+	if sid == "" {
 		return c.Aggregate.Serve(w, r, next)
 	}
 	node, ok := c.fwd.owner(sid)
@@ -165,6 +186,30 @@ func (c *clusterAggregate) Serve(w http.ResponseWriter, r *http.Request, next ed
 		return unknownSession("session_node_gone", fmt.Sprintf("unknown session: the replica that held it (node %q) is gone; start a new session by initializing again without Mcp-Session-Id", node))
 	}
 	return c.fwd.forward(w, r, sid, node, addr)
+}
+
+// bridgeNode is the node that holds the pending call r's requestState
+// names, read from the message the edge decided on; "" when it names none.
+// A misreading here could only send the retry to a node that does not
+// hold the call, which refuses the state: the node decides the request
+// again on the same body.
+func (c *clusterAggregate) bridgeNode(r *http.Request) string {
+	b, ok := message.FromContext(r.Context())
+	if !ok || b.Batch || len(b.Calls) != 1 {
+		return ""
+	}
+	switch b.Calls[0].Method {
+	case "tools/call", "prompts/get", "resources/read":
+	default:
+		return ""
+	}
+	var params struct {
+		RequestState string `json:"requestState"`
+	}
+	if json.Unmarshal(b.Calls[0].Params, &params) != nil {
+		return ""
+	}
+	return c.agg.BridgeNode(params.RequestState)
 }
 
 // forward sends r to node at addr and streams its answer to w.
@@ -204,6 +249,9 @@ func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self
 		for _, v := range r.Header.Values(name) {
 			out.Header.Add(name, v)
 		}
+	}
+	for _, name := range edge.HopParamHeaders(r.Header) {
+		out.Header[name] = append([]string(nil), r.Header[name]...)
 	}
 	nonce, err := f.hop.Sign(out, f.route, self, node, p, body, time.Now())
 	if err != nil {
@@ -347,8 +395,11 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	// From here on this node answers for the route, refusals included
 	// (an unknown session's 404 reaches the client as such).
 	w.Header().Set(edge.HopAnswerHeader, f.hop.AnswerTag(claims))
-	if node, ok := f.owner(r.Header.Get(mcpSessionHeader)); !ok || node != f.nodes.Self() {
-		return h.refuse(w, r, rf, unknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict)
+	modern := broker.ModernRequest(r)
+	if !modern {
+		if node, ok := f.owner(r.Header.Get(mcpSessionHeader)); !ok || node != f.nodes.Self() {
+			return h.refuse(w, r, rf, unknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict)
+		}
 	}
 	if v := edge.CheckRequest(r); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
@@ -362,6 +413,14 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	defer cancel()
 	if d.Body != nil {
 		ctx = message.NewContext(ctx, d.Body)
+	}
+	if modern {
+		// A 2026-07-28 request is forwarded only as the retry of a call
+		// this node holds (Serve): anything else is no hop's to make.
+		if node := ca.bridgeNode(r.WithContext(ctx)); node != f.nodes.Self() {
+			return h.refuse(w, r, rf, edge.Refuse(http.StatusBadRequest, "hop_misdirected",
+				"this replica holds no pending call that the forwarded request's requestState names; call the tool again without requestState and inputResponses"))
+		}
 	}
 	defer h.tokens.Hold(p.TokenID, cancel)()
 	select {

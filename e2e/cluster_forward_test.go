@@ -333,10 +333,26 @@ func (h testHop) sign(t *testing.T, req *http.Request, body, from, to string, at
 	}
 	d := sha256.Sum256([]byte(body))
 	field(string(d[:]))
-	for _, name := range []string{"Accept", "Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID"} {
+	for _, name := range []string{"Accept", "Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID", "Mcp-Method", "Mcp-Name"} {
 		vs := req.Header.Values(name)
 		field(strconv.Itoa(len(vs)))
 		for _, v := range vs {
+			field(v)
+		}
+	}
+	// Then every Mcp-Param-* header, by canonical name, sorted.
+	var params []string
+	for name := range req.Header {
+		if strings.HasPrefix(name, "Mcp-Param-") {
+			params = append(params, name)
+		}
+	}
+	slices.Sort(params)
+	field(strconv.Itoa(len(params)))
+	for _, name := range params {
+		field(name)
+		field(strconv.Itoa(len(req.Header[name])))
+		for _, v := range req.Header[name] {
 			field(v)
 		}
 	}
@@ -515,5 +531,82 @@ func TestClusterHopChecks(t *testing.T) {
 		hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID))
 	}, body); got.status != http.StatusOK {
 		t.Fatalf("a correctly signed hop after bad ones from its address: %d %s", got.status, tail(got.body, 300))
+	}
+}
+
+// A 2026-07-28 client needs no affinity on the aggregated route even when
+// a call to a 2025-11-25 upstream asks it for input: the pending call lives
+// on the replica that made it, whose node the requestState seals (with a
+// key every replica derives from the cluster key), and a retry that reaches
+// another replica is forwarded there over the hop. A go-sdk client
+// round-robined over two replicas has its elicitation answered and the
+// call completed; a retry of another token's state, through the replica
+// that does not hold it, is refused by the one that does.
+func TestClusterBridgedRetryOnAnotherReplica(t *testing.T) {
+	natsURL := startNATSServer(t)
+	upstream := startEverythingServer(t)
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+	a, hostA := clusterAggregateReplica(t, natsURL, upstream, "gw-a", clusterKey)
+	_, hostB := clusterAggregateReplica(t, natsURL, upstream, "gw-b", clusterKey)
+	token := createToken(t, a, "mrtr", "--scope", "mcp")
+	other := createToken(t, a, "other", "--scope", "mcp")
+	const tool = "mcp_ev_test_input_required_result_elicitation"
+	for _, h := range []string{hostA, hostB} {
+		waitStatus(t, "http://"+h+"/mcp", token, http.StatusOK, 20*time.Second)
+		waitStatus(t, "http://"+h+"/mcp", other, http.StatusOK, 20*time.Second)
+		waitForAggregate(t, "http://"+h+"/mcp", token, tool)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	rt := &rotation{hosts: []string{hostA, hostB}, counts: map[string]int{}}
+	asked := 0
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-mrtr", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			asked++
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"name": "Ada"}}, nil
+		}}).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: "http://" + hostA + "/mcp", HTTPClient: bearerClient(token, rt), MaxRetries: -1},
+		&mcp.ClientSessionOptions{ProtocolVersion: modernVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	for i := range 3 {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool})
+		if err != nil || res.IsError || len(res.Content) == 0 || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "Ada") {
+			t.Fatalf("call %d round-robined over two replicas: %v %+v", i, err, res)
+		}
+	}
+	if asked != 3 || rt.count(hostA) == 0 || rt.count(hostB) == 0 {
+		t.Fatalf("asked %d times (want 3); requests to A %d, to B %d", asked, rt.count(hostA), rt.count(hostB))
+	}
+
+	// By hand: the first call through A, the retry through B.
+	modern := []string{"Mcp-Protocol-Version", modernVersion, "Mcp-Method", "tools/call", "Mcp-Name", tool}
+	first := post(t, "http://"+hostA+"/mcp", token, modernCall(tool, ""), modern...)
+	var res struct {
+		Result struct {
+			RequestState  string                     `json:"requestState"`
+			InputRequests map[string]json.RawMessage `json:"inputRequests"`
+		} `json:"result"`
+	}
+	data := first.body
+	if i := strings.Index(data, "data: "); i >= 0 { // an SSE answer: its one message
+		data, _, _ = strings.Cut(data[i+len("data: "):], "\n")
+	}
+	if err := json.Unmarshal([]byte(data), &res); err != nil || res.Result.RequestState == "" || len(res.Result.InputRequests) != 1 {
+		t.Fatalf("first call through A: %d %s", first.status, first.body)
+	}
+	var key string
+	for k := range res.Result.InputRequests {
+		key = k
+	}
+	retry := modernCall(tool, fmt.Sprintf(`,"requestState":%q,"inputResponses":{%q:{"action":"accept","content":{"name":"Grace"}}}`, res.Result.RequestState, key))
+	// Another token's retry through B reaches A, which refuses it.
+	if got := post(t, "http://"+hostB+"/mcp", other, retry, modern...); got.rpc.Error.Code != -32602 || !strings.Contains(got.rpc.Error.Message, "another token") {
+		t.Fatalf("another token's retry through B: %d %s", got.status, got.body)
+	}
+	if got := post(t, "http://"+hostB+"/mcp", token, retry, modern...); got.status != http.StatusOK || !strings.Contains(got.body, "Grace") {
+		t.Fatalf("the retry through B: %d %s", got.status, got.body)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,10 +46,24 @@ const (
 	maxHopPrincipal = 16 << 10         // the principal header, encoded
 )
 
-// HopForwardedHeaders are the only request headers a hop carries: what the
-// aggregated route reads. The client's Authorization, cookies, Origin,
+// HopForwardedHeaders are the only request headers a hop carries, with
+// every Mcp-Param-* header ([HopParamHeaders]): what the aggregated route
+// and the edge read. The client's Authorization, cookies, Origin,
 // Host-derived headers and X-Forwarded-* never leave the edge.
-var HopForwardedHeaders = []string{"Accept", "Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID"}
+var HopForwardedHeaders = []string{"Accept", "Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID", "Mcp-Method", "Mcp-Name"}
+
+// HopParamHeaders are h's Mcp-Param-* headers (MCP 2026-07-28), by
+// canonical name, sorted: a hop carries them, under its MAC.
+func HopParamHeaders(h http.Header) []string {
+	var names []string
+	for name := range h {
+		if len(name) > len(paramHeaderPrefix) && strings.EqualFold(name[:len(paramHeaderPrefix)], paramHeaderPrefix) {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
 
 // HopKey signs and checks hops with a key derived from the cluster key.
 type HopKey struct {
@@ -87,6 +102,16 @@ func (k *HopKey) mac(method, uri, route, sid, from, to, at, nonce, principal str
 	field(string(digest[:]))
 	for _, name := range HopForwardedHeaders {
 		vs := h.Values(name)
+		field(strconv.Itoa(len(vs)))
+		for _, v := range vs {
+			field(v)
+		}
+	}
+	params := HopParamHeaders(h)
+	field(strconv.Itoa(len(params)))
+	for _, name := range params {
+		vs := h[name]
+		field(name)
 		field(strconv.Itoa(len(vs)))
 		for _, v := range vs {
 			field(v)

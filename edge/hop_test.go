@@ -75,6 +75,14 @@ func TestHopRefusesForgedAlteredReplayed(t *testing.T) {
 			r.Header.Set("Last-Event-ID", "0")
 			return body, "b", hopRoute
 		}, "hop_forged"},
+		{"an Mcp-Name added", func(r *http.Request) (string, string, string) {
+			r.Header.Set("Mcp-Name", "delete_everything")
+			return body, "b", hopRoute
+		}, "hop_forged"},
+		{"an Mcp-Param header added", func(r *http.Request) (string, string, string) {
+			r.Header.Set("Mcp-Param-Region", "eu")
+			return body, "b", hopRoute
+		}, "hop_forged"},
 		{"another principal", func(r *http.Request) (string, string, string) {
 			other := signedHop(t, k, http.MethodPost, body, now)
 			other.Header.Set(HopPrincipalHeader, "eyJUb2tlbklEIjoidG9rX2FkbWluIiwiU2NvcGVzIjpbImFkbWluIl19")
@@ -183,5 +191,41 @@ func TestHopAnswerTag(t *testing.T) {
 		if ok {
 			t.Errorf("%s: checks", name)
 		}
+	}
+}
+
+// The Mcp-Param-* headers a hop carries are under its MAC, by name and
+// value: one changed, renamed or dropped is refused.
+func TestHopCoversParamHeaders(t *testing.T) {
+	k := testHopKey(t)
+	now := time.Now()
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"region":"us"}}}`
+	sign := func() *http.Request {
+		out := httptest.NewRequest(http.MethodPost, "http://127.0.0.1:9/mcp", strings.NewReader(body))
+		out.Header.Set("Mcp-Protocol-Version", "2026-07-28")
+		out.Header.Set("Mcp-Method", "tools/call")
+		out.Header.Set("Mcp-Name", "t")
+		out.Header.Set("Mcp-Param-Region", "us")
+		if _, err := k.Sign(out, hopRoute, "a", "b", policy.Principal{TokenID: "tok_1"}, []byte(body), now); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	for name, change := range map[string]func(http.Header){
+		"value changed": func(h http.Header) { h.Set("Mcp-Param-Region", "eu") },
+		"renamed":       func(h http.Header) { h.Del("Mcp-Param-Region"); h.Set("Mcp-Param-Zone", "us") },
+		"dropped":       func(h http.Header) { h.Del("Mcp-Param-Region") },
+		"doubled":       func(h http.Header) { h.Add("Mcp-Param-Region", "eu") },
+		"method":        func(h http.Header) { h.Set("Mcp-Method", "tools/list") },
+	} {
+		r := sign()
+		change(r.Header)
+		if _, v := k.Verify(r, r.URL.RequestURI(), []byte(body), "b", hopRoute, now); v.Reason != "hop_forged" {
+			t.Errorf("%s: %+v, want hop_forged", name, v)
+		}
+	}
+	r := sign()
+	if _, v := k.Verify(r, r.URL.RequestURI(), []byte(body), "b", hopRoute, now); !v.Allowed() {
+		t.Fatalf("the hop as signed: %+v", v)
 	}
 }
