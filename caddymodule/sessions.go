@@ -245,7 +245,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 		alive := engine.Alive
 		if shared != nil {
 			st.cluster, err = clustersessions.New(openCtx, clustersessions.Options{
-				Local: engine, Node: node, Storage: shared, Logger: logger,
+				Local: engine, Node: node, Storage: shared, Logger: logger, Relay: engine.RelayEvent,
 				Peers: func() []string {
 					if n := shared.Nodes(); n != nil {
 						return n.Alive()

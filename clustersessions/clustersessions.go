@@ -42,6 +42,10 @@ type Options struct {
 	Storage *cluster.Storage
 	// Peers returns the other live nodes (the node registry's Alive).
 	Peers func() []string
+	// Relay, when set, gets every new event of the cluster (not those read
+	// back at start), for the orchestrators on this node whose workers
+	// run anywhere (the engine's RelayEvent).
+	Relay func(sessions.Event)
 	// MaxEvents is how many events the log keeps (and a node reads back
 	// from the stream when it starts). Default sessions.DefaultMaxEvents.
 	MaxEvents int
@@ -57,6 +61,7 @@ type Sessions struct {
 	peers  func() []string
 	log    *slog.Logger
 	events *sessions.EventLog
+	relay  func(sessions.Event)
 
 	stopFollow  func()
 	unsubscribe func()
@@ -92,7 +97,7 @@ func New(ctx context.Context, opts Options) (*Sessions, error) {
 		max = sessions.DefaultMaxEvents
 	}
 	s := &Sessions{
-		local: opts.Local, node: opts.Node, peers: opts.Peers, log: log,
+		local: opts.Local, node: opts.Node, peers: opts.Peers, log: log, relay: opts.Relay,
 		events: sessions.NewEventLog(max, log.Warn), last: map[string]int64{},
 		published: make(chan struct{}),
 	}
@@ -129,11 +134,12 @@ func (s *Sessions) Close() {
 // wireEvent is an event as it travels in the stream: who published it and
 // its number there, which a replayed copy cannot raise.
 type wireEvent struct {
-	Node   string         `json:"node"`
-	Local  int64          `json:"local"`
-	Event  sessions.Event `json:"event"`
-	Target string         `json:"target,omitempty"`
-	Owner  string         `json:"owner,omitempty"`
+	Node    string         `json:"node"`
+	Local   int64          `json:"local"`
+	Event   sessions.Event `json:"event"`
+	Target  string         `json:"target,omitempty"`
+	Owner   string         `json:"owner,omitempty"`
+	Creator string         `json:"creator,omitempty"`
 }
 
 // startPublisher publishes every event of this node's engine to the
@@ -169,7 +175,7 @@ func (s *Sessions) startPublisher() {
 }
 
 func (s *Sessions) publish(ev sessions.Event, stop <-chan struct{}) {
-	body, _ := json.Marshal(wireEvent{Node: s.node, Local: ev.Seq, Event: ev, Target: ev.Target, Owner: ev.Owner})
+	body, _ := json.Marshal(wireEvent{Node: s.node, Local: ev.Seq, Event: ev, Target: ev.Target, Owner: ev.Owner, Creator: ev.Creator})
 	id := s.node + ":" + strconv.FormatInt(ev.Seq, 10)
 	for try := 1; ; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -204,8 +210,11 @@ func (s *Sessions) take(seq uint64, body []byte, restore bool) {
 	s.last[w.Node] = w.Local
 	s.mu.Unlock()
 	ev := w.Event
-	ev.Seq, ev.Target, ev.Owner = int64(seq), w.Target, w.Owner
+	ev.Seq, ev.Target, ev.Owner, ev.Creator = int64(seq), w.Target, w.Owner, w.Creator
 	s.events.Put(ev, restore)
+	if !restore && s.relay != nil {
+		s.relay(ev)
+	}
 }
 
 // nodeOf is the node that runs id, or "" when it is this one's (or no

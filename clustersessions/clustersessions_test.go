@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -98,7 +99,7 @@ func startNode(t *testing.T, url, id string, p *peers) *node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { engine.Close() })
-	cs, err := clustersessions.New(ctx, clustersessions.Options{Local: engine, Node: id, Storage: st, Peers: p.of(id)})
+	cs, err := clustersessions.New(ctx, clustersessions.Options{Local: engine, Node: id, Storage: st, Peers: p.of(id), Relay: engine.RelayEvent})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,4 +360,39 @@ func TestFirstAnswerWinsAcrossReplicas(t *testing.T) {
 	if v := settle(t, b, sam, c.SessionID); v.State != sessions.StateIdle || !strings.Contains(v.LastMessage, "ship it") {
 		t.Fatalf("after the answer: %+v", v)
 	}
+}
+
+// An orchestrator subscribed to its workers gets their events as prompts
+// wherever they run: a worker its token created on another node.
+func TestOrchestratorHearsWorkersOnOtherNodes(t *testing.T) {
+	url := startNATS(t)
+	p := &peers{alive: map[string]bool{}}
+	a := startNode(t, url, "gw-a", p)
+	b := startNode(t, url, "gw-b", p)
+	sam := owner("sam")
+	orch, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "orchestrate"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle(t, a, sam, orch.SessionID)
+	a.engine.Relay("tok-child", orch.SessionID)
+	child := sessions.Owner{TokenID: "tok-child", ID: sam.OwnerID(), MCPSession: "mcp-child"}
+	w, err := b.cs.Create(ctxT(t), child, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "work"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := eventFor(t, a, w.SessionID, sessions.EventDone)
+	for range 100 {
+		turns, err := a.cs.Transcript(sam, orch.SessionID, 0, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, turn := range turns {
+			if strings.Contains(turn.Prompt, `<session-event session="`+w.SessionID+`" status="done" seq="`+strconv.FormatInt(done.Seq, 10)+`"`) {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("the orchestrator on gw-a never got the event of its worker %s on gw-b", w.SessionID)
 }

@@ -190,6 +190,9 @@ type Event struct {
 	Target string `json:"-"`
 	// Owner is the owner of the session, who sees the event.
 	Owner string `json:"-"`
+	// Creator is the token that created the session, whose orchestrator,
+	// if it has one, gets the event as a prompt (Engine.Relay).
+	Creator string `json:"-"`
 }
 
 // Render is the text a model reads for ev:

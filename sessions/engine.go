@@ -385,10 +385,25 @@ func (e *Engine) recordLocked(s *session, ev Event) {
 	ev.SessionID = s.rec.ID
 	ev.Target = s.rec.Target
 	ev.Owner = s.rec.Owner
+	ev.Creator = s.rec.OwnerTokenID
 	ev = e.events.add(ev)
 	s.addEvent(ev, e.lim)
 	s.rec.Updated = ev.Time
-	e.relayLocked(s, ev)
+	if e.cfg.Node == "" {
+		// In a cluster the worker may run on another node: every node's
+		// events reach the orchestrator through RelayEvent instead.
+		e.relayLocked(ev)
+	}
+}
+
+// RelayEvent queues ev into the orchestrator session here that subscribed
+// to the token that created ev's session, if any: in a cluster, where
+// every node's events, numbered for the cluster, come to each node, and an
+// orchestrator's workers may run on other nodes than its own.
+func (e *Engine) RelayEvent(ev Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.relayLocked(ev)
 }
 
 // Relay delivers the events of every session that the token childTokenID
@@ -402,11 +417,12 @@ func (e *Engine) Relay(childTokenID, orchestratorID string) {
 	e.relays[childTokenID] = orchestratorID
 }
 
-// relayLocked queues ev into the orchestrator that subscribed to s's
-// creator, if any. The prompt keeps the orchestrator's own event target.
-func (e *Engine) relayLocked(s *session, ev Event) {
-	orchID, ok := e.relays[s.rec.OwnerTokenID]
-	if !ok || orchID == s.rec.ID {
+// relayLocked queues ev into the orchestrator that subscribed to the
+// creator of ev's session, if any. The prompt keeps the orchestrator's own
+// event target.
+func (e *Engine) relayLocked(ev Event) {
+	orchID, ok := e.relays[ev.Creator]
+	if !ok || orchID == ev.SessionID {
 		return
 	}
 	o := e.sessions[orchID]
@@ -415,6 +431,6 @@ func (e *Engine) relayLocked(s *session, ev Event) {
 	}
 	owner := Owner{TokenID: o.rec.OwnerTokenID, TokenName: o.rec.OwnerTokenName, ID: o.rec.Owner}
 	if err := e.enqueueLocked(o, prompt{text: ev.Render(), owner: owner}, false); err != nil {
-		e.log.Warn("a worker's event could not reach its orchestrator", "orchestrator", orchID, "worker", s.rec.ID, "error", err)
+		e.log.Warn("a worker's event could not reach its orchestrator", "orchestrator", orchID, "worker", ev.SessionID, "error", err)
 	}
 }
