@@ -5,10 +5,13 @@
 // file storage holds on a single node (tokens, sessions, upstream
 // credentials, TLS certificates); on the storage's connection, the sharing
 // of rate-limit usage ([LimitShare]) and of operators' actions ([Actions]),
-// each on a sealed bus; and the node registry ([Nodes]: each node's
+// each on a sealed bus; the node registry ([Nodes]: each node's
 // advertised address under its id, sealed, heartbeat every third of a TTL,
 // dead one TTL after its last heartbeat), through which the aggregated
-// route finds the replica that holds a session.
+// route finds the replica that holds a session; sealed request/reply
+// between nodes ([RPC]), through which any replica acts on an agent
+// session where it runs; and sealed event streams ([EventStream]), one
+// sequence for the whole cluster.
 //
 // The storage:
 //
