@@ -170,22 +170,87 @@ func (c *clusterAggregate) Serve(w http.ResponseWriter, r *http.Request, next ed
 		}
 		return c.Aggregate.Serve(w, r, next)
 	}
+	return c.fwd.serveLegacy(w, r, next, c.Aggregate)
+}
+
+// serveLegacy serves a 2025-11-25 request on route here when its session
+// is this node's (or it has none: an initialize), or forwards it to the
+// node that holds it.
+func (f *aggForward) serveLegacy(w http.ResponseWriter, r *http.Request, next edge.Next, route edge.Route) error {
 	sid := r.Header.Get(mcpSessionHeader)
 	if sid == "" {
-		return c.Aggregate.Serve(w, r, next)
+		return route.Serve(w, r, next)
 	}
-	node, ok := c.fwd.owner(sid)
+	node, ok := f.owner(sid)
 	if !ok {
 		return unknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id")
 	}
-	if node == c.fwd.nodes.Self() {
-		return c.Aggregate.Serve(w, r, next)
+	if node == f.nodes.Self() {
+		return route.Serve(w, r, next)
 	}
-	addr, alive := c.fwd.nodes.Lookup(node)
+	addr, alive := f.nodes.Lookup(node)
 	if !alive {
 		return unknownSession("session_node_gone", fmt.Sprintf("unknown session: the replica that held it (node %q) is gone; start a new session by initializing again without Mcp-Session-Id", node))
 	}
-	return c.fwd.forward(w, r, sid, node, addr)
+	return f.forward(w, r, sid, node, addr)
+}
+
+// holds says whether this node serves the forwarded request r (its
+// message decided, in its context): a 2026-07-28 retry of a call it holds,
+// or a request of a 2025-11-25 session it holds.
+func (c *clusterAggregate) holds(r *http.Request) bool {
+	if broker.ModernRequest(r) {
+		return c.bridgeNode(r) == c.fwd.nodes.Self()
+	}
+	return c.fwd.holdsSession(r)
+}
+
+func (c *clusterAggregate) forwarder() *aggForward { return c.fwd }
+
+func (c *clusterAggregate) serveForwarded(w http.ResponseWriter, r *http.Request) error {
+	return c.Aggregate.Serve(w, r, nil)
+}
+
+// holdsSession says whether r's 2025-11-25 session is this node's.
+func (f *aggForward) holdsSession(r *http.Request) bool {
+	node, ok := f.owner(r.Header.Get(mcpSessionHeader))
+	return ok && node == f.nodes.Self()
+}
+
+// clusterSessions is the sessions endpoint in cluster mode: its 2025-11-25
+// MCP sessions live in the memory of the replica that opened them (their
+// pushed events, their streams), so a request for another node's goes
+// there, as the aggregated route's do. Its 2026-07-28 requests are served
+// here: the sessions they act on are reached wherever they run (package
+// clustersessions).
+type clusterSessions struct {
+	*edge.Sessions
+	fwd *aggForward
+}
+
+func (c *clusterSessions) Serve(w http.ResponseWriter, r *http.Request, next edge.Next) error {
+	if broker.ModernRequest(r) {
+		return c.Sessions.Serve(w, r, next)
+	}
+	return c.fwd.serveLegacy(w, r, next, c.Sessions)
+}
+
+func (c *clusterSessions) holds(r *http.Request) bool {
+	return !broker.ModernRequest(r) && c.fwd.holdsSession(r)
+}
+
+func (c *clusterSessions) forwarder() *aggForward { return c.fwd }
+
+func (c *clusterSessions) serveForwarded(w http.ResponseWriter, r *http.Request) error {
+	return c.Sessions.Serve(w, r, nil)
+}
+
+// forwardedRoute is a route that takes requests other replicas forward.
+type forwardedRoute interface {
+	edge.Route
+	forwarder() *aggForward
+	holds(r *http.Request) bool
+	serveForwarded(w http.ResponseWriter, r *http.Request) error
 }
 
 // bridgeNode is the node that holds the pending call r's requestState
@@ -367,7 +432,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		}
 		return h.refuse(w, r, rf, v)
 	}
-	ca, ok := h.route.(*clusterAggregate)
+	ca, ok := h.route.(forwardedRoute)
 	if !ok {
 		return refuse(edge.Refuse(http.StatusForbidden, "hop_refused",
 			"Zidane-Hop headers are the replicas' own, and this site takes no forwarded requests; send the request without them"))
@@ -381,7 +446,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	} else if v := edge.NoBody(r); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
-	f := ca.fwd
+	f := ca.forwarder()
 	claims, v := f.hop.Verify(r, hopURI(r), body, f.nodes.Self(), f.route, now)
 	if !v.Allowed() {
 		return refuse(v)
@@ -396,10 +461,8 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	// (an unknown session's 404 reaches the client as such).
 	w.Header().Set(edge.HopAnswerHeader, f.hop.AnswerTag(claims))
 	modern := broker.ModernRequest(r)
-	if !modern {
-		if node, ok := f.owner(r.Header.Get(mcpSessionHeader)); !ok || node != f.nodes.Self() {
-			return h.refuse(w, r, rf, unknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict)
-		}
+	if !modern && !f.holdsSession(r) {
+		return h.refuse(w, r, rf, unknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict)
 	}
 	if v := edge.CheckRequest(r); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
@@ -414,13 +477,11 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	if d.Body != nil {
 		ctx = message.NewContext(ctx, d.Body)
 	}
-	if modern {
+	if modern && !ca.holds(r.WithContext(ctx)) {
 		// A 2026-07-28 request is forwarded only as the retry of a call
 		// this node holds (Serve): anything else is no hop's to make.
-		if node := ca.bridgeNode(r.WithContext(ctx)); node != f.nodes.Self() {
-			return h.refuse(w, r, rf, edge.Refuse(http.StatusBadRequest, "hop_misdirected",
-				"this replica holds no pending call that the forwarded request's requestState names; call the tool again without requestState and inputResponses"))
-		}
+		return h.refuse(w, r, rf, edge.Refuse(http.StatusBadRequest, "hop_misdirected",
+			"this replica holds no pending call that the forwarded request's requestState names; call the tool again without requestState and inputResponses"))
 	}
 	defer h.tokens.Hold(p.TokenID, cancel)()
 	select {
@@ -436,5 +497,5 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		zap.String("token_id", p.TokenID), zap.String("http_method", r.Method))
 	// The sender's edge filters the answer (its listing filter): served
 	// here as the route serves its own requests.
-	return ca.Aggregate.Serve(w, r, nil)
+	return ca.serveForwarded(w, r)
 }

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/clustersessions"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
@@ -108,7 +110,21 @@ func (h *Handler) buildSessions(ctx caddy.Context, app *App) error {
 	endpoint := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sess.endpoint.ServeHTTP(w, r.WithContext(mcpendpoint.WithAccess(r.Context(), access)))
 	})
-	h.route = &edge.Sessions{Scopes: h.scopes, Endpoint: endpoint, Base: h.agentBase}
+	route := &edge.Sessions{Scopes: h.scopes, Endpoint: endpoint, Base: h.agentBase}
+	h.route = route
+	if cs, ok := ctx.Storage().(*cluster.Storage); ok {
+		// The endpoint's 2025-11-25 MCP sessions name their node (see
+		// sessionsMint); another replica forwards to it.
+		ids, err := sessionsIDs(cs)
+		if err != nil {
+			return err
+		}
+		hk, err := cs.DeriveKey("aggregate hop v1")
+		if err != nil {
+			return err
+		}
+		h.route = &clusterSessions{Sessions: route, fwd: newAggForward(ids, sessionsRoute, cs.Nodes(), sharedHopKey(hk), h.audit)}
+	}
 	h.egress = make(map[string]edge.Route, len(sess.egress))
 	for name, e := range sess.egress {
 		h.egress[name] = e.route
@@ -245,7 +261,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 		alive := engine.Alive
 		if shared != nil {
 			st.cluster, err = clustersessions.New(openCtx, clustersessions.Options{
-				Local: engine, Node: node, Storage: shared, Logger: logger, Relay: engine.RelayEvent,
+				Local: engine, Node: node, Storage: shared, Logger: logger, Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq,
 				Peers: func() []string {
 					if n := shared.Nodes(); n != nil {
 						return n.Alive()
@@ -266,8 +282,18 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 				return engine.Alive(id)
 			}
 		}
+		var mint func() string
+		if shared != nil {
+			ids, err := sessionsIDs(shared)
+			if err != nil {
+				engine.Close()
+				st.cluster.Close()
+				return nil, err
+			}
+			mint = func() string { return ids.Seal(node+"/"+rand.Text(), "", sessionsRoute) }
+		}
 		endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: served, Agents: names, Logger: logger, OnRefusal: auditToolRefusal,
-			SessionTimeout: max(0, time.Duration(a.MCPSessionIdleTimeout))})
+			SessionTimeout: max(0, time.Duration(a.MCPSessionIdleTimeout)), NewSessionID: mint})
 		if err != nil {
 			if st.cluster != nil {
 				st.cluster.Close()
@@ -317,6 +343,21 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 			zap.String("hint", "restart caddy to apply agent and limit changes"))
 	}
 	return st, key, nil
+}
+
+// sessionsRoute is the sessions endpoint's identity in the node ids its
+// 2025-11-25 MCP session ids seal, and in its hops: one endpoint serves
+// every sessions site over a storage.
+const sessionsRoute = "sessions-node|v1"
+
+// sessionsIDs seals and opens the node ids in the sessions endpoint's MCP
+// session ids, with a key derived from the cluster key.
+func sessionsIDs(cs *cluster.Storage) (*broker.SessionIDs, error) {
+	key, err := sessionIDKey(cs)
+	if err != nil {
+		return nil, err
+	}
+	return broker.NewSessionIDs(key)
 }
 
 // sessionVerbs and interactionVerbs are the verbs an orchestrator's tools

@@ -42,6 +42,11 @@ type Options struct {
 	Storage *cluster.Storage
 	// Peers returns the other live nodes (the node registry's Alive).
 	Peers func() []string
+	// LastEvent is the number of the last event Local recorded (the
+	// engine's LastEventSeq): Events waits until the events up to it have
+	// come back through the stream, so that what a caller just saw
+	// happen (a wait that returned) is in what it reads next.
+	LastEvent func() int64
 	// Relay, when set, gets every new event of the cluster (not those read
 	// back at start), for the orchestrators on this node whose workers
 	// run anywhere (the engine's RelayEvent).
@@ -62,13 +67,19 @@ type Sessions struct {
 	log    *slog.Logger
 	events *sessions.EventLog
 	relay  func(sessions.Event)
+	lastEv func() int64
 
 	stopFollow  func()
 	unsubscribe func()
-	published   chan struct{} // closed once the publisher has stopped
+	pubDone     chan struct{} // closed once the publisher has stopped
 
 	mu   sync.Mutex
+	cond *sync.Cond       // on mu: broadcast when last, settled or published move
 	last map[string]int64 // node -> the engine's number of its last event taken
+	// settled is the engine's number of the last event of this node's the
+	// publisher is done with (published, or given up on), published of the
+	// last it published.
+	settled, published int64
 }
 
 var _ sessions.Sessions = (*Sessions)(nil)
@@ -97,9 +108,13 @@ func New(ctx context.Context, opts Options) (*Sessions, error) {
 		max = sessions.DefaultMaxEvents
 	}
 	s := &Sessions{
-		local: opts.Local, node: opts.Node, peers: opts.Peers, log: log, relay: opts.Relay,
+		local: opts.Local, node: opts.Node, peers: opts.Peers, log: log, relay: opts.Relay, lastEv: opts.LastEvent,
 		events: sessions.NewEventLog(max, log.Warn), last: map[string]int64{},
-		published: make(chan struct{}),
+		pubDone: make(chan struct{}),
+	}
+	s.cond = sync.NewCond(&s.mu)
+	if s.lastEv == nil {
+		s.lastEv = func() int64 { return 0 }
 	}
 	var err error
 	if s.stream, err = opts.Storage.OpenEventStream(ctx, streamName, int64(max), log); err != nil {
@@ -125,7 +140,7 @@ func New(ctx context.Context, opts Options) (*Sessions, error) {
 // Close stops serving and following. The engine is the caller's to close.
 func (s *Sessions) Close() {
 	s.unsubscribe()
-	<-s.published
+	<-s.pubDone
 	s.rpc.Close()
 	s.stopFollow()
 	s.events.Close()
@@ -162,7 +177,7 @@ func (s *Sessions) startPublisher() {
 		})
 	}
 	go func() {
-		defer close(s.published)
+		defer close(s.pubDone)
 		for {
 			select {
 			case <-stop:
@@ -175,6 +190,16 @@ func (s *Sessions) startPublisher() {
 }
 
 func (s *Sessions) publish(ev sessions.Event, stop <-chan struct{}) {
+	ok := false
+	defer func() {
+		s.mu.Lock()
+		s.settled = max(s.settled, ev.Seq)
+		if ok {
+			s.published = max(s.published, ev.Seq)
+		}
+		s.mu.Unlock()
+		s.cond.Broadcast()
+	}()
 	body, _ := json.Marshal(wireEvent{Node: s.node, Local: ev.Seq, Event: ev, Target: ev.Target, Owner: ev.Owner, Creator: ev.Creator})
 	id := s.node + ":" + strconv.FormatInt(ev.Seq, 10)
 	for try := 1; ; try++ {
@@ -182,6 +207,7 @@ func (s *Sessions) publish(ev sessions.Event, stop <-chan struct{}) {
 		_, err := s.stream.Publish(ctx, id, body)
 		cancel()
 		if err == nil {
+			ok = true
 			return
 		}
 		if try == publishTries {
@@ -209,6 +235,7 @@ func (s *Sessions) take(seq uint64, body []byte, restore bool) {
 	}
 	s.last[w.Node] = w.Local
 	s.mu.Unlock()
+	s.cond.Broadcast()
 	ev := w.Event
 	ev.Seq, ev.Target, ev.Owner, ev.Creator = int64(seq), w.Target, w.Owner, w.Creator
 	s.events.Put(ev, restore)
@@ -292,7 +319,7 @@ func (s *Sessions) List(owner sessions.Owner, limit int) ([]sessions.SessionView
 		List    []sessions.SessionView
 		Partial bool
 	}
-	parts := s.everyNode(func(n string) (any, error) {
+	_, parts := s.everyNode(func(n string) (any, error) {
 		var p part
 		err := s.read(n, "list", request{Owner: owner, N: limit}, &p)
 		return p, err
@@ -322,21 +349,86 @@ func (s *Sessions) List(owner sessions.Owner, limit int) ([]sessions.SessionView
 	return all, partial
 }
 
-// Events are the cluster's, from the stream. A filter on a session of
+// syncWait bounds how long Events waits for the events a node recorded
+// to come back through the stream.
+const syncWait = 2 * time.Second
+
+// Events are the cluster's, from the stream. First each node that may
+// hold them (the filter's session's, or every live one) says how far it
+// has published its events, and Events waits, bounded, until the stream
+// has brought them here: what a caller saw happen just before (a wait
+// that returned idle) is in what it reads. A filter on a session of
 // another node asks that node whether owner reaches it.
 func (s *Sessions) Events(owner sessions.Owner, filter sessions.EventFilter) ([]sessions.Event, error) {
-	if filter.SessionID != "" {
-		var err error
-		if n := s.nodeOf(filter.SessionID); n != "" {
-			_, err = s.Read(owner, filter.SessionID, false)
+	marks := map[string]int64{}
+	if n := s.nodeOf(filter.SessionID); n != "" {
+		var mark int64
+		if err := s.read(n, "mark", request{Owner: owner, ID: filter.SessionID}, &mark); err != nil {
+			if errors.Is(err, sessions.ErrNotOwner) {
+				return nil, err
+			}
 		} else {
-			_, err = s.local.Events(owner, sessions.EventFilter{SessionID: filter.SessionID, Limit: 1})
+			marks[n] = mark
 		}
-		if errors.Is(err, sessions.ErrNotOwner) {
-			return nil, err
+	} else {
+		if filter.SessionID != "" {
+			if _, err := s.local.Events(owner, sessions.EventFilter{SessionID: filter.SessionID, Limit: 1}); errors.Is(err, sessions.ErrNotOwner) {
+				return nil, err
+			}
+		} else {
+			peers, parts := s.everyNode(func(n string) (any, error) {
+				var mark int64
+				err := s.read(n, "mark", request{Owner: owner}, &mark)
+				return mark, err
+			}, func() any { return nil })
+			for i, n := range peers {
+				if parts[i] != nil {
+					marks[n] = parts[i].(int64)
+				}
+			}
 		}
+		marks[s.node] = s.mark()
 	}
+	s.caughtUp(marks)
 	return s.events.Query(owner, filter), nil
+}
+
+// mark waits, bounded, until the publisher is done with every event the
+// engine has recorded, and returns the engine's number of the last one it
+// published.
+func (s *Sessions) mark() int64 {
+	target := s.lastEv()
+	deadline := time.Now().Add(syncWait)
+	stop := time.AfterFunc(syncWait, s.cond.Broadcast)
+	defer stop.Stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.settled < target && time.Now().Before(deadline) {
+		s.cond.Wait()
+	}
+	return s.published
+}
+
+// caughtUp waits, bounded, until the stream has brought the events of
+// each node up to its mark.
+func (s *Sessions) caughtUp(marks map[string]int64) {
+	deadline := time.Now().Add(syncWait)
+	stop := time.AfterFunc(syncWait, s.cond.Broadcast)
+	defer stop.Stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for time.Now().Before(deadline) {
+		behind := false
+		for n, m := range marks {
+			if s.last[n] < m {
+				behind = true
+			}
+		}
+		if !behind {
+			return
+		}
+		s.cond.Wait()
+	}
 }
 
 // Pending is a session's, from its node, or every live node's.
@@ -349,7 +441,7 @@ func (s *Sessions) Pending(owner sessions.Owner, id string) ([]sessions.Interact
 		}
 		return s.local.Pending(owner, id)
 	}
-	parts := s.everyNode(func(n string) (any, error) {
+	_, parts := s.everyNode(func(n string) (any, error) {
 		var out []sessions.Interaction
 		err := s.read(n, "pending", request{Owner: owner}, &out)
 		return out, err
@@ -384,10 +476,11 @@ func (s *Sessions) Subscribe(fn func(sessions.Event)) func() { return s.events.S
 func (s *Sessions) RevokeToken(tokenID string) { s.local.RevokeToken(tokenID) }
 
 // everyNode runs remote on every live peer and local here, at once, and
-// returns what each gave; nil for a peer that failed (logged).
-func (s *Sessions) everyNode(remote func(node string) (any, error), local func() any) []any {
-	peers := s.peers()
-	out := make([]any, len(peers)+1)
+// returns what each gave, the peers' in the order of peers and then
+// local's; nil for a peer that failed (logged).
+func (s *Sessions) everyNode(remote func(node string) (any, error), local func() any) (peers []string, out []any) {
+	peers = s.peers()
+	out = make([]any, len(peers)+1)
 	var wg sync.WaitGroup
 	for i, n := range peers {
 		wg.Add(1)
@@ -403,7 +496,7 @@ func (s *Sessions) everyNode(remote func(node string) (any, error), local func()
 	}
 	out[len(peers)] = local()
 	wg.Wait()
-	return out
+	return peers, out
 }
 
 // readTimeout bounds a verb that does not wait (all but wait, send and
@@ -468,9 +561,6 @@ type remoteError struct {
 func (e *remoteError) Error() string { return e.msg }
 func (e *remoteError) Unwrap() error { return e.kind }
 
-// ErrUnreachable says the node that runs a session did not answer.
-var ErrUnreachable = errors.New("the replica that runs this session did not answer")
-
 func (s *Sessions) call(ctx context.Context, node, method string, req request, out any) error {
 	body, err := json.Marshal(req)
 	if err != nil {
@@ -481,7 +571,7 @@ func (s *Sessions) call(ctx context.Context, node, method string, req request, o
 		if errors.Is(err, cluster.ErrRPCUnreachable) {
 			// Its node is down: as far as this replica can tell, the
 			// session is gone until its node is back.
-			return fmt.Errorf("%w: %w (node %s); try again once it is back", sessions.ErrNoSession, ErrUnreachable, node)
+			return fmt.Errorf("%w: %w (node %s); try again once it is back", sessions.ErrNoSession, sessions.ErrUnreachable, node)
 		}
 		return fmt.Errorf("%w (node %s)", err, node)
 	}
@@ -545,6 +635,13 @@ func (s *Sessions) serve(ctx context.Context, method string, body json.RawMessag
 		}{l, partial}
 	case "pending":
 		result, err = s.local.Pending(req.Owner, req.ID)
+	case "mark":
+		if req.ID != "" {
+			if _, err = s.local.Events(req.Owner, sessions.EventFilter{SessionID: req.ID, Limit: 1}); err != nil {
+				break
+			}
+		}
+		result = s.mark()
 	case "answer":
 		if req.Answer == nil {
 			err = fmt.Errorf("%w: an answer is missing", sessions.ErrBadRequest)

@@ -99,7 +99,7 @@ func startNode(t *testing.T, url, id string, p *peers) *node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { engine.Close() })
-	cs, err := clustersessions.New(ctx, clustersessions.Options{Local: engine, Node: id, Storage: st, Peers: p.of(id), Relay: engine.RelayEvent})
+	cs, err := clustersessions.New(ctx, clustersessions.Options{Local: engine, Node: id, Storage: st, Peers: p.of(id), Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestEveryVerbFromAnotherReplica(t *testing.T) {
 	// A node that is down: its sessions are gone from the others' view
 	// until it is back, with an error that says so.
 	a.cs.Close()
-	if _, err := b.cs.Read(sam, c.SessionID, false); !errors.Is(err, sessions.ErrNoSession) || !errors.Is(err, clustersessions.ErrUnreachable) {
+	if _, err := b.cs.Read(sam, c.SessionID, false); !errors.Is(err, sessions.ErrNoSession) || !errors.Is(err, sessions.ErrUnreachable) {
 		t.Fatalf("read of a session whose node is down: %v", err)
 	}
 	if list, partial := b.cs.List(sam, 10); len(list) != 1 || !partial {

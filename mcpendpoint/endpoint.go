@@ -38,6 +38,12 @@ type Options struct {
 	// released; the client gets 404 and initializes again. Zero means MCP
 	// sessions never time out.
 	SessionTimeout time.Duration
+	// NewSessionID, when set, gives the id of each new 2025-11-25 MCP
+	// session (go-sdk's ServerOptions.GetSessionID); by default go-sdk's
+	// random one. In a cluster it seals the node that holds the session
+	// into its id, so that another replica can forward to it. It must be
+	// unguessable and visible ASCII.
+	NewSessionID func() string
 	// Logger receives the endpoint's and go-sdk's diagnostics. Nil discards
 	// them.
 	Logger *slog.Logger
@@ -162,6 +168,7 @@ func New(opts Options) (*Endpoint, error) {
 	}, &mcp.ServerOptions{
 		Instructions: serverInstructions,
 		Logger:       log,
+		GetSessionID: opts.NewSessionID,
 		Capabilities: &mcp.ServerCapabilities{
 			Logging: &mcp.LoggingCapabilities{},
 			// Claude Code listens for notifications/claude/channel from

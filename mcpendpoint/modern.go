@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
 
 // MCP 2026-07-28 (stateless) beside 2025-11-25 (stateful): see doc.go.
@@ -64,9 +65,13 @@ func sessionOfEventsURI(uri string) (string, bool) {
 		return "", false
 	}
 	for _, r := range id {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.') {
 			return "", false
 		}
+	}
+	// A dot only as a cluster's session ids have it, before their node.
+	if strings.Contains(id, ".") && sessions.NodeOf(id) == "" {
+		return "", false
 	}
 	return id, true
 }

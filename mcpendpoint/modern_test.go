@@ -599,3 +599,26 @@ func (m *memSessions) awaitWaiter(t *testing.T, d time.Duration) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// An events URI names a session in one spelling: a cluster's ids (which
+// end in ".<node>") are taken, and no other dot.
+func TestSessionOfEventsURI(t *testing.T) {
+	for id, want := range map[string]bool{
+		"ses_abcdefghijklmnop":          true,
+		"ses_abcdefghijklmnop.gw-1":     true,
+		"ses_abcdefghijklmnop.a.b":      true,
+		"ses_abcdefghijklmnop..":        false,
+		"..":                            false,
+		"ses.x":                         false,
+		"ses_abcdefghijklmnop.":         false,
+		"ses_abcdefghijklmnop.-gw":      false,
+		"ses_abcdefghijklmnop.gw%2F..":  false,
+		"ses_abcdefghijklmnop.gw/../x":  false,
+		"ses_abcdefghijklmnop.GW-1?x=1": false,
+	} {
+		got, ok := sessionOfEventsURI(EventsURI(id))
+		if ok != want || (ok && got != id) {
+			t.Errorf("%q: %q %v, want %v", id, got, ok, want)
+		}
+	}
+}

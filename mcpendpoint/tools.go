@@ -318,6 +318,8 @@ func errorCode(err error) string {
 	switch {
 	case errors.As(err, &ie):
 		return "bad_input"
+	case errors.Is(err, sessions.ErrUnreachable):
+		return "node_unreachable"
 	case errors.Is(err, sessions.ErrNoSession):
 		return "no_session"
 	case errors.Is(err, sessions.ErrNoInteraction):
@@ -371,6 +373,12 @@ func explainOn(tool string, err error, verb, id string) error {
 			"A token with scope %s reaches every owner's sessions with the verbs it holds; on a host where one person holds every token, "+
 			"the operator can set share_sessions to let every token read them. Ask the operator if you should have either",
 			subject, verb, policy.AnyOwnerScope(tool))
+	case errors.Is(err, sessions.ErrUnreachable):
+		what := "session"
+		if verb == "answer" {
+			what = "interaction"
+		}
+		msg = fmt.Sprintf("%s %q runs on replica %q, which does not answer (it is down, or restarting); try again once it is back, or create a new session", what, id, sessions.NodeOf(id))
 	case errors.Is(err, sessions.ErrNoSession):
 		msg = fmt.Sprintf("no session %q: check the id with sessions list", id)
 	case errors.Is(err, sessions.ErrEnded):

@@ -269,6 +269,10 @@ var (
 	// (max_sessions_per_token) or busy agents (max_agents_per_token) as
 	// one token may; other tokens are not affected.
 	ErrQuota = errors.New("the token is at its quota")
+	// ErrUnreachable says the replica of a cluster that runs the session
+	// does not answer; it comes with ErrNoSession, since as far as this
+	// replica can tell the session is gone until its node is back.
+	ErrUnreachable = errors.New("the replica that runs the session does not answer")
 )
 
 // Sessions is what the MCP endpoint needs from the engine. Every method is

@@ -137,6 +137,14 @@ func (e *Engine) Events(owner Owner, filter EventFilter) ([]Event, error) {
 	return e.events.query(filter, visibleEvents(owner)), nil
 }
 
+// LastEventSeq is the number of the last event the engine recorded (0
+// before any).
+func (e *Engine) LastEventSeq() int64 {
+	e.events.mu.Lock()
+	defer e.events.mu.Unlock()
+	return e.events.seq
+}
+
 // Subscribe calls fn with every new event, in Seq order, from a goroutine
 // of the subscription's own, until unsubscribe is called (a call already
 // under way may still complete). A subscriber that falls 1,024 events
