@@ -11,6 +11,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
+
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"go.uber.org/zap"
 
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
@@ -179,12 +181,18 @@ func lookupAgentUser(name string) (*sessions.User, error) {
 }
 
 // deniedPaths are the paths no agent may reach: Caddy's data and config
-// directories, the configured storage, and the files this config reads
-// secrets or upstreams from.
+// directories, the configured storage (a file storage's directory, a NATS
+// storage's credentials and TLS client key and certificate), and the files
+// this config reads secrets or upstreams from.
 func (a *App) deniedPaths(ctx caddy.Context) []string {
 	deny := []string{caddy.AppDataDir(), caddy.AppConfigDir()}
 	if fs, ok := ctx.Storage().(*certmagic.FileStorage); ok && fs.Path != "" {
 		deny = append(deny, fs.Path)
+	}
+	// On a cluster's storage: what logs into NATS, with which an agent
+	// could delete values or put back old ones.
+	if cs, ok := ctx.Storage().(*cluster.Storage); ok {
+		deny = append(deny, cs.SecretFiles()...)
 	}
 	if dir := os.Getenv("CREDENTIALS_DIRECTORY"); dir != "" {
 		deny = append(deny, dir)

@@ -95,9 +95,15 @@ func loopbackHost(h string) bool {
 
 // Conn is a connection to NATS with JetStream.
 type Conn struct {
-	nc *nats.Conn
-	js jetstream.JetStream
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	files []string // the secret files the connection was made with
 }
+
+// SecretFiles are the files that hold what authenticates this connection
+// to NATS (the credentials file, the TLS client certificate and key):
+// what an agent on this host must not read.
+func (c *Conn) SecretFiles() []string { return append([]string(nil), c.files...) }
 
 // Dial connects to NATS. It keeps reconnecting for as long as the Conn is
 // open; Close ends it.
@@ -152,7 +158,13 @@ func Dial(c ConnConfig) (*Conn, error) {
 		nc.Close()
 		return nil, fmt.Errorf("NATS JetStream: %w", err)
 	}
-	return &Conn{nc: nc, js: js}, nil
+	var files []string
+	for _, f := range []string{c.CredsFile, c.TLSCert, c.TLSKey} {
+		if f != "" {
+			files = append(files, f)
+		}
+	}
+	return &Conn{nc: nc, js: js, files: files}, nil
 }
 
 // Close closes the connection.

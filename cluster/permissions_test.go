@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -186,6 +187,11 @@ authorization {
 		st, err := c.Storage(ctx, StorageOptions{Key: testKey, LockTTL: 2 * time.Second, LockPoll: 50 * time.Millisecond})
 		if err != nil {
 			t.Fatalf("storage as the least-privilege user: %v", err)
+		}
+		// What logs into NATS is what agents are denied (caddymodule's
+		// deniedPaths): the client certificate and its key, not the CA.
+		if got, want := st.SecretFiles(), []string{filepath.Join(certs, "zidane.pem"), filepath.Join(certs, "zidane-key.pem")}; !slices.Equal(got, want) {
+			t.Fatalf("secret files %v, want %v", got, want)
 		}
 		replicas = append(replicas, st)
 	}

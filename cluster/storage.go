@@ -208,6 +208,15 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 // every replica opens.
 func (s *Storage) DeriveKey(purpose string) ([]byte, error) { return Derive(s.opts.Key, purpose) }
 
+// SecretFiles are the files that authenticate this storage's connection to
+// NATS ([Conn.SecretFiles]); none for a storage opened without one.
+func (s *Storage) SecretFiles() []string {
+	if s.conn == nil {
+		return nil
+	}
+	return s.conn.SecretFiles()
+}
+
 // Connected says whether the storage's NATS connection is up now.
 func (s *Storage) Connected() bool { return s.conn != nil && s.conn.nc.IsConnected() }
 
