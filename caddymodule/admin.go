@@ -44,6 +44,18 @@ func (a *adminAPI) Provision(ctx caddy.Context) error {
 	return err
 }
 
+// store is the storage the admin routes act on: the running config's.
+// Caddy starts a config's admin routes before it provisions its apps, and
+// keeps them when the config then fails to load, with the storage that
+// config opened and its failure closed: the running app's is the one that
+// lives.
+func (a *adminAPI) store() storage.Storage {
+	if app := liveApp(); app != nil && app.storage != nil {
+		return app.storage
+	}
+	return a.storage
+}
+
 // Routes implements caddy.AdminRouter.
 func (a *adminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
@@ -73,7 +85,7 @@ type createTokenResponse struct {
 }
 
 func (a *adminAPI) handleTokens(w http.ResponseWriter, r *http.Request) error {
-	ts, key, err := loadTokens(a.storage, time.Second, 30*time.Second)
+	ts, key, err := loadTokens(a.store(), time.Second, 30*time.Second)
 	if err != nil {
 		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
 	}
@@ -201,7 +213,7 @@ func (a *adminAPI) handleUpstreamRestart(w http.ResponseWriter, r *http.Request)
 		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
 	}
 	// On NATS storage every other replica carries it out too.
-	shared, aerr := announceAction(a.storage, cluster.Action{Kind: action, Upstream: name})
+	shared, aerr := announceAction(a.store(), cluster.Action{Kind: action, Upstream: name})
 	if aerr != nil {
 		return caddy.APIError{HTTPStatus: http.StatusBadGateway,
 			Err: fmt.Errorf("upstream %q: done on this replica (%d routes), but not announced to the others: %v", name, n, aerr)}

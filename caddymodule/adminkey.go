@@ -105,7 +105,7 @@ func (a *adminAPI) keyed(h caddy.AdminHandlerFunc) caddy.AdminHandlerFunc {
 		if r.Method == http.MethodGet || r.Method == http.MethodHead {
 			return h(w, r)
 		}
-		want, err := loadAdminKey(adminKeyStorage(a.storage), true)
+		want, err := loadAdminKey(adminKeyStorage(a.store()), true)
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
 		}

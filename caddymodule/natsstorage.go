@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -215,7 +216,11 @@ func (s *NATSStorage) CertMagicStorage() (certmagic.Storage, error) {
 		}
 		st, err := conn.Storage(ctx, cluster.StorageOptions{Key: key,
 			Bucket: s.Bucket, Replicas: s.Replicas, LockTTL: time.Duration(s.LockTTL),
-			Name: fmt.Sprint(s.URLs), Owner: node,
+			// The name is the whole block's (its settings, no secret):
+			// what is kept per storage across reloads (the token store,
+			// the sessions engine) follows this connection, which a
+			// changed block replaces.
+			Name: fmt.Sprintf("%v#%x", s.URLs, sha256.Sum256([]byte(s.key))), Owner: node,
 		})
 		if err != nil {
 			conn.Close()

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,13 +58,16 @@ const demoAgentName = "demo"
 // engine with its agent processes, the MCP endpoint with its MCP sessions,
 // and the key that signs session links.
 type sessionsState struct {
-	engine     *sessions.Engine
-	cluster    *clustersessions.Sessions // on a cluster's storage, else nil
-	endpoint   *mcpendpoint.Endpoint
-	page       *sessionpage.Page
-	signer     *sessionpage.Signer
-	agentsHash string
-	unhook     func()
+	engine  *sessions.Engine
+	cluster *clustersessions.Sessions // on a cluster's storage, else nil
+	// node and poolKey, on a cluster's storage, hold this state's entry in
+	// nodeEngines.
+	node, poolKey string
+	endpoint      *mcpendpoint.Endpoint
+	page          *sessionpage.Page
+	signer        *sessionpage.Signer
+	agentsHash    string
+	unhook        func()
 	// endpointPath is the MCP endpoint's path, which orchestrator agents
 	// are given on their session's base.
 	endpointPath string
@@ -79,6 +83,9 @@ type sessionsState struct {
 }
 
 func (s *sessionsState) Destruct() error {
+	if s.node != "" {
+		nodeEngines.CompareAndDelete(s.node, s.poolKey)
+	}
 	s.unhook()
 	for _, r := range s.egress {
 		r.pt.Close()
@@ -94,6 +101,10 @@ func (s *sessionsState) Destruct() error {
 }
 
 var sessionsPool = caddy.NewUsagePool()
+
+// nodeEngines holds, per node id, the pool key of the sessions state whose
+// engine runs that node's sessions in this process.
+var nodeEngines sync.Map
 
 // buildSessions sets up the sessions endpoint and the egress routes of
 // the upstreams offered to its sessions.
@@ -190,6 +201,14 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 	key := "sessions|" + storageKey(ctx.Storage())
 	tokens := a.Tokens()
 	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
+		if shared != nil {
+			// One engine per node id: another over a storage block that
+			// changed would resume this node's sessions while the running
+			// config's engine still runs them.
+			if other, busy := nodeEngines.LoadOrStore(node, key); busy && other != key {
+				return nil, fmt.Errorf("the storage zidane_nats settings changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", node)
+			}
+		}
 		logger := slog.New(zapslog.NewHandler(ctx.Logger().Named("sessions").Core()))
 		signer := sessionpage.NewSigner(time.Duration(a.LinkTTL))
 		if shared != nil {
@@ -202,7 +221,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 				return nil, err
 			}
 		}
-		st := &sessionsState{signer: signer, agentsHash: hash, endpointPath: endpointPath}
+		st := &sessionsState{signer: signer, agentsHash: hash, endpointPath: endpointPath, node: node, poolKey: key}
 		// Until this config starts (App.Start), the sessions resumed now
 		// are held to the map of the site that built the engine.
 		st.scopeMaps.Store(&[]*policy.ScopeMap{scopes})
@@ -320,6 +339,9 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 		return st, nil
 	})
 	if err != nil {
+		if shared != nil {
+			nodeEngines.CompareAndDelete(node, key) // the state was not made
+		}
 		return nil, "", fmt.Errorf("sessions: %w", err)
 	}
 	st := v.(*sessionsState)
