@@ -294,8 +294,11 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 			}
 			served = st.cluster
 			// Another node's sessions are its to judge: their tokens stay.
+			// An id with no node is no other node's either (a session of
+			// this host's from before it joined a cluster): this engine
+			// judges it.
 			alive = func(id string) bool {
-				if n := sessions.NodeOf(id); n != node {
+				if n := sessions.NodeOf(id); n != "" && n != node {
 					return true
 				}
 				return engine.Alive(id)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -86,11 +87,12 @@ func (e *EventStream) Last(ctx context.Context) (uint64, error) {
 	return info.State.LastSeq, nil
 }
 
-// Follow calls fn with every message of the stream, in order: the last
-// `last` messages kept, then each new one as it comes, until stop is
-// called. fn runs on one goroutine, and must not block long. A message
-// that does not open under the cluster key is skipped.
-func (e *EventStream) Follow(ctx context.Context, last uint64, fn func(seq uint64, body []byte)) (stop func(), err error) {
+// Follow calls fn with every message of the stream, in order, with its
+// number and the time the stream took it: the last `last` messages kept,
+// then each new one as it comes, until stop is called. fn runs on one
+// goroutine, and must not block long. A message that does not open under
+// the cluster key is skipped.
+func (e *EventStream) Follow(ctx context.Context, last uint64, fn func(seq uint64, at time.Time, body []byte)) (stop func(), err error) {
 	info, err := e.stream.Info(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("event stream %q: %w", e.name, err)
@@ -118,7 +120,7 @@ func (e *EventStream) Follow(ctx context.Context, last uint64, fn func(seq uint6
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		fn(md.Sequence.Stream, body)
+		fn(md.Sequence.Stream, md.Timestamp, body)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("event stream %q: %w", e.name, err)

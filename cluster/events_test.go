@@ -16,7 +16,7 @@ type followed struct {
 	msgs []string
 }
 
-func (f *followed) add(seq uint64, body []byte) {
+func (f *followed) add(seq uint64, _ time.Time, body []byte) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.seqs = append(f.seqs, seq)

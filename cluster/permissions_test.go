@@ -349,7 +349,7 @@ authorization {
 		t.Fatalf("the event stream as the least-privilege user: %v", err)
 	}
 	seen := make(chan uint64, 4)
-	stop, err := eb.Follow(ctx, 10, func(seq uint64, _ []byte) { seen <- seq })
+	stop, err := eb.Follow(ctx, 10, func(seq uint64, _ time.Time, _ []byte) { seen <- seq })
 	if err != nil {
 		t.Fatalf("following the event stream as the least-privilege user: %v", err)
 	}

@@ -36,6 +36,11 @@ const (
 // down, or not serving. The caller may tell it from a refusal.
 var ErrRPCUnreachable = errors.New("the node did not answer")
 
+// ErrRPCNotServing says that no process serves the node's subject (NATS
+// has no responder for it): the node is down, or serves no such service.
+// It comes with ErrRPCUnreachable.
+var ErrRPCNotServing = errors.New("the node serves no such requests")
+
 // RPCHandler serves one request: method and body as the caller sent them.
 // What it returns goes back as the reply's body; an error it returns goes
 // back as a message, for faults of the service, not of the request (a
@@ -62,9 +67,13 @@ type RPC struct {
 	sub     *nats.Subscription
 	slots   chan struct{}
 
-	ctx    context.Context // ends at Close: the handlers' base
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	ctx     context.Context // ends at Close: the handlers' base
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	started time.Time // a request sealed before it is a replay to this process
+
+	flightMu sync.Mutex
+	inFlight map[string]context.CancelFunc // request id -> its handler's cancel
 
 	mu    sync.Mutex
 	seen  map[string]time.Time // request id -> when it may be forgotten
@@ -78,6 +87,7 @@ type seenID struct {
 
 type rpcRequest struct {
 	ID       string          `json:"i"`
+	Abort    bool            `json:"x,omitempty"` // the caller gave up on request ID
 	From     string          `json:"f"`
 	At       int64           `json:"t"` // Unix milliseconds
 	Deadline int64           `json:"d"` // Unix milliseconds; 0 means MaxRPCWait
@@ -125,7 +135,7 @@ func (s *Storage) ServeRPC(service, node string, handler RPCHandler, log *slog.L
 	r := &RPC{
 		nc: s.conn.nc, aead: aead, prefix: "zidane.rpc." + s.opts.Bucket + "." + service + ".", self: node,
 		handler: handler, log: log, slots: make(chan struct{}, maxRPCInFlight),
-		ctx: ctx, cancel: cancel, seen: map[string]time.Time{},
+		ctx: ctx, cancel: cancel, seen: map[string]time.Time{}, started: time.Now(), inFlight: map[string]context.CancelFunc{},
 	}
 	// Not a queue subscription: a node's subject is its own, and two
 	// processes under one node id (a misconfiguration the node registry
@@ -155,7 +165,9 @@ func (r *RPC) Close() {
 
 // Call sends method and body to node and returns the reply's body. It
 // waits until ctx ends, or MaxRPCWait; a node that does not answer gives
-// ErrRPCUnreachable.
+// ErrRPCUnreachable. A caller that gives up tells the node, which ends the
+// request's handler. A request too large for one NATS message is refused
+// before it is sent.
 func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessage) (json.RawMessage, error) {
 	if err := CheckNodeID(node); err != nil {
 		return nil, err
@@ -166,33 +178,54 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 	req := rpcRequest{ID: randomHex(16), From: r.self, At: time.Now().UnixMilli(), Deadline: deadline.UnixMilli(), Method: method, Body: body}
 	data, _ := json.Marshal(req)
 	subject := r.prefix + node
-	msg, err := r.nc.RequestWithContext(ctx, subject, r.aead.Seal(nil, nil, data, []byte(subject)))
-	switch {
-	case errors.Is(err, nats.ErrNoResponders):
-		return nil, fmt.Errorf("%w: node %s is not serving", ErrRPCUnreachable, node)
-	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
-		return nil, fmt.Errorf("%w: node %s did not answer in time", ErrRPCUnreachable, node)
-	case err != nil:
+	sealed := r.aead.Seal(nil, nil, data, []byte(subject))
+	if limit := r.nc.MaxPayload(); int64(len(sealed)) > limit {
+		return nil, fmt.Errorf("the request is %d bytes, over the %d a NATS message carries between replicas: send less, or send it to the replica that runs the session (node %s)", len(sealed), limit, node)
+	}
+	// Replies come to an inbox of this call's own, where whatever does not
+	// open under the cluster key as the reply to this request (a NATS
+	// client without the key answering first) is skipped: the first
+	// message on the inbox is not taken for the node's.
+	inbox := r.nc.NewRespInbox()
+	sub, err := r.nc.SubscribeSync(inbox)
+	if err != nil {
 		return nil, fmt.Errorf("%w: node %s: %v", ErrRPCUnreachable, node, err)
 	}
-	plain, err := r.aead.Open(nil, nil, msg.Data, []byte("reply "+req.ID))
-	if err != nil {
-		return nil, fmt.Errorf("%w: node %s: the reply does not open under the cluster key", ErrRPCUnreachable, node)
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := r.nc.PublishMsg(&nats.Msg{Subject: subject, Reply: inbox, Data: sealed}); err != nil {
+		return nil, fmt.Errorf("%w: node %s: %v", ErrRPCUnreachable, node, err)
 	}
-	var rep rpcReply
-	if json.Unmarshal(plain, &rep) != nil || rep.ID != req.ID {
-		return nil, fmt.Errorf("%w: node %s: the reply is not for this request", ErrRPCUnreachable, node)
+	for {
+		msg, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			r.abort(subject, req.ID)
+			return nil, fmt.Errorf("%w: node %s did not answer in time", ErrRPCUnreachable, node)
+		}
+		if len(msg.Data) == 0 && msg.Header.Get("Status") == "503" {
+			return nil, fmt.Errorf("%w: %w: node %s is not serving", ErrRPCUnreachable, ErrRPCNotServing, node)
+		}
+		plain, err := r.aead.Open(nil, nil, msg.Data, []byte("reply "+req.ID))
+		if err != nil {
+			continue // not the node's reply to this request
+		}
+		var rep rpcReply
+		if json.Unmarshal(plain, &rep) != nil || rep.ID != req.ID {
+			continue
+		}
+		if rep.Err != "" {
+			return nil, fmt.Errorf("node %s: %s", node, rep.Err)
+		}
+		return rep.Body, nil
 	}
-	if rep.Err != "" {
-		return nil, fmt.Errorf("node %s: %s", node, rep.Err)
-	}
-	return rep.Body, nil
+}
+
+// abort tells the node that the caller of request id gave up on it.
+func (r *RPC) abort(subject, id string) {
+	data, _ := json.Marshal(rpcRequest{ID: id, Abort: true, From: r.self, At: time.Now().UnixMilli()})
+	_ = r.nc.Publish(subject, r.aead.Seal(nil, nil, data, []byte(subject)))
 }
 
 func (r *RPC) serve(msg *nats.Msg) {
-	if msg.Reply == "" {
-		return
-	}
 	plain, err := r.aead.Open(nil, nil, msg.Data, []byte(msg.Subject))
 	if err != nil {
 		return // not from a node of this cluster, or sealed for another node
@@ -204,6 +237,20 @@ func (r *RPC) serve(msg *nats.Msg) {
 	now := time.Now()
 	at := time.UnixMilli(req.At)
 	if at.Before(now.Add(-rpcFreshness)) || at.After(now.Add(rpcFreshness)) {
+		return
+	}
+	if req.Abort {
+		r.flightMu.Lock()
+		cancel := r.inFlight[req.ID]
+		r.flightMu.Unlock()
+		if cancel != nil {
+			cancel()
+		}
+		return
+	}
+	if msg.Reply == "" || req.At < r.started.UnixMilli() {
+		// Sealed before this process started: a replay of a request to
+		// the node's previous process, which has no record of it here.
 		return
 	}
 	reply := func(rep rpcReply) {
@@ -240,6 +287,14 @@ func (r *RPC) serve(msg *nats.Msg) {
 		defer func() { <-r.slots }()
 		ctx, cancel := context.WithDeadline(r.ctx, deadline)
 		defer cancel()
+		r.flightMu.Lock()
+		r.inFlight[req.ID] = cancel
+		r.flightMu.Unlock()
+		defer func() {
+			r.flightMu.Lock()
+			delete(r.inFlight, req.ID)
+			r.flightMu.Unlock()
+		}()
 		body, err := r.handler(ctx, req.Method, req.Body)
 		if err != nil {
 			reply(rpcReply{Err: err.Error()})

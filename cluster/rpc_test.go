@@ -148,29 +148,124 @@ func TestRPCRefusesForgedAndReplayedRequests(t *testing.T) {
 	}
 }
 
-// A reply answers only its request: a reply to another request (a spy's
-// replay of an earlier one) is not taken.
+// A reply answers only its request: a reply sealed for another request,
+// or one that does not open (a NATS client without the key answering
+// first), is skipped, and the node's own reply after it is taken.
 func TestRPCReplyIsBoundToItsRequest(t *testing.T) {
 	url := startNATS(t)
+	a, _ := rpcNode(t, url, "a", nil, echo(new(atomic.Int64)))
 	var calls atomic.Int64
-	a, _ := rpcNode(t, url, "a", nil, echo(&calls))
-	b, nc := rpcNode(t, url, "b", nil, echo(&calls))
-	// A reply sealed for another request id, sent where a waits.
-	forged := func(msg *nats.Msg) {
-		data, _ := json.Marshal(rpcReply{ID: "other", Body: json.RawMessage(`"forged"`)})
-		_ = msg.Respond(b.aead.Seal(nil, nil, data, []byte("reply other")))
-	}
-	b.Close()
-	sub, err := nc.Subscribe("zidane.rpc.rpc.svc.b", forged)
+	junkSent := make(chan struct{})
+	b, nc := rpcNode(t, url, "b", nil, func(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
+		<-junkSent // the node answers after the spy
+		calls.Add(1)
+		return json.RawMessage(`"done"`), nil
+	})
+	spy := connect(t, url)
+	var once atomic.Bool
+	sub, err := spy.Subscribe("zidane.rpc.rpc.svc.b", func(m *nats.Msg) {
+		if !once.CompareAndSwap(false, true) {
+			return
+		}
+		_ = spy.Publish(m.Reply, []byte("not sealed"))
+		other, _ := json.Marshal(rpcReply{ID: "other", Body: json.RawMessage(`"forged"`)})
+		_ = nc.Publish(m.Reply, b.aead.Seal(nil, nil, other, []byte("reply other")))
+		_ = spy.Flush()
+		_ = nc.Flush()
+		close(junkSent)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
+	if err := spy.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := a.Call(testCtx(t), "b", "read", nil); err == nil {
-		t.Fatalf("a took a reply to another request: %s", got)
+	got, err := a.Call(testCtx(t), "b", "answer", json.RawMessage(`"allow"`))
+	if err != nil || string(got) != `"done"` || calls.Load() != 1 {
+		t.Fatalf("a call answered first by a spy: %s, %v (b served %d)", got, err, calls.Load())
+	}
+}
+
+// A request recorded and replayed to the node's next process (a restart
+// under the same id) is dropped: it was sealed before that process started.
+func TestRPCReplayToARestartedNodeIsDropped(t *testing.T) {
+	url := startNATS(t)
+	var calls atomic.Int64
+	a, _ := rpcNode(t, url, "a", nil, echo(new(atomic.Int64)))
+	b, _ := rpcNode(t, url, "b", nil, echo(&calls))
+	spy := connect(t, url)
+	recorded := make(chan *nats.Msg, 1)
+	sub, err := spy.Subscribe("zidane.rpc.rpc.svc.b", func(m *nats.Msg) {
+		select {
+		case recorded <- m:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Call(testCtx(t), "b", "send", json.RawMessage(`"rm -rf"`)); err != nil {
+		t.Fatal(err)
+	}
+	m := <-recorded
+	_ = sub.Unsubscribe()
+	b.Close()
+	// The request was sealed in a millisecond before this one ends.
+	sealedBy := time.Now().UnixMilli()
+	waitFor(time.Second, func() bool { return time.Now().UnixMilli() > sealedBy })
+	rpcNode(t, url, "b", nil, echo(&calls)) // b restarts under the same id
+	inbox := nats.NewInbox()
+	replies, err := spy.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.PublishRequest("zidane.rpc.rpc.svc.b", inbox, m.Data); err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The node takes its requests in order: once a's next call is
+	// answered, it has dropped or taken the replay.
+	if _, err := a.Call(testCtx(t), "b", "read", nil); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ := replies.Pending(); n != 0 || calls.Load() != 2 {
+		t.Fatalf("the restarted node answered the replay (%d replies) or served %d requests (want 2: the call before the restart and the one after)", n, calls.Load())
+	}
+}
+
+// A caller that gives up tells the node: the handler's context ends, and
+// its slot is free again.
+func TestRPCCallerThatGivesUpEndsTheHandler(t *testing.T) {
+	url := startNATS(t)
+	a, _ := rpcNode(t, url, "a", nil, echo(new(atomic.Int64)))
+	started, ended := make(chan struct{}, 1), make(chan error, 1)
+	rpcNode(t, url, "b", nil, func(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		ended <- ctx.Err()
+		return nil, ctx.Err()
+	})
+	ctx, cancel := context.WithCancel(testCtx(t))
+	go func() {
+		<-started
+		cancel()
+	}()
+	if _, err := a.Call(ctx, "b", "wait", nil); !errors.Is(err, ErrRPCUnreachable) {
+		t.Fatalf("a call its caller gave up on: %v", err)
+	}
+	select {
+	case err := <-ended:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("the handler's context ended with %v, want the caller's cancel", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler still runs 30s after its caller gave up")
 	}
 }
 
@@ -191,7 +286,8 @@ func TestRPCDeadlineReachesTheHandler(t *testing.T) {
 	}
 	select {
 	case err := <-ended:
-		if !errors.Is(err, context.DeadlineExceeded) {
+		// Its deadline, or the caller's abort when its own came first.
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 			t.Fatalf("the handler's context ended with %v", err)
 		}
 	case <-time.After(30 * time.Second):

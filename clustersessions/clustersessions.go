@@ -18,6 +18,7 @@ package clustersessions
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -73,9 +74,17 @@ type Sessions struct {
 	unsubscribe func()
 	pubDone     chan struct{} // closed once the publisher has stopped
 
+	// instance tells this process's events from those of an earlier
+	// process under the same node id, whose engine may have numbered
+	// events as this one does (a crash before it stored its events).
+	instance string
+
 	mu   sync.Mutex
-	cond *sync.Cond       // on mu: broadcast when last, settled or published move
-	last map[string]int64 // node -> the engine's number of its last event taken
+	cond *sync.Cond        // on mu: broadcast when last, settled or published move
+	last map[string]int64  // node -> the engine's number of its last event taken
+	inst map[string]string // node -> the instance of its last event taken
+	// waits counts, per owner, the waits open here for other replicas.
+	waits map[string]int
 	// settled is the engine's number of the last event of this node's the
 	// publisher is done with (published, or given up on), published of the
 	// last it published.
@@ -109,8 +118,9 @@ func New(ctx context.Context, opts Options) (*Sessions, error) {
 	}
 	s := &Sessions{
 		local: opts.Local, node: opts.Node, peers: opts.Peers, log: log, relay: opts.Relay, lastEv: opts.LastEvent,
-		events: sessions.NewEventLog(max, log.Warn), last: map[string]int64{},
-		pubDone: make(chan struct{}),
+		events: sessions.NewEventLog(max, log.Warn), last: map[string]int64{}, inst: map[string]string{}, waits: map[string]int{},
+		instance: rand.Text()[:16],
+		pubDone:  make(chan struct{}),
 	}
 	s.cond = sync.NewCond(&s.mu)
 	if s.lastEv == nil {
@@ -127,7 +137,7 @@ func New(ctx context.Context, opts Options) (*Sessions, error) {
 	// events were pushed when they happened.
 	var backlog uint64
 	if backlog, err = s.stream.Last(ctx); err == nil {
-		s.stopFollow, err = s.stream.Follow(ctx, uint64(max), func(seq uint64, body []byte) { s.take(seq, body, seq <= backlog) })
+		s.stopFollow, err = s.stream.Follow(ctx, uint64(max), func(seq uint64, at time.Time, body []byte) { s.take(seq, at, body, seq <= backlog) })
 	}
 	if err != nil {
 		s.rpc.Close()
@@ -146,15 +156,18 @@ func (s *Sessions) Close() {
 	s.events.Close()
 }
 
-// wireEvent is an event as it travels in the stream: who published it and
-// its number there, which a replayed copy cannot raise.
+// wireEvent is an event as it travels in the stream: who published it
+// (node and process), its number there and when, which a copy put back in
+// the stream cannot change.
 type wireEvent struct {
-	Node    string         `json:"node"`
-	Local   int64          `json:"local"`
-	Event   sessions.Event `json:"event"`
-	Target  string         `json:"target,omitempty"`
-	Owner   string         `json:"owner,omitempty"`
-	Creator string         `json:"creator,omitempty"`
+	Node     string         `json:"node"`
+	Instance string         `json:"instance"`
+	Local    int64          `json:"local"`
+	At       int64          `json:"at"` // Unix milliseconds
+	Event    sessions.Event `json:"event"`
+	Target   string         `json:"target,omitempty"`
+	Owner    string         `json:"owner,omitempty"`
+	Creator  string         `json:"creator,omitempty"`
 }
 
 // startPublisher publishes every event of this node's engine to the
@@ -200,8 +213,9 @@ func (s *Sessions) publish(ev sessions.Event, stop <-chan struct{}) {
 		s.mu.Unlock()
 		s.cond.Broadcast()
 	}()
-	body, _ := json.Marshal(wireEvent{Node: s.node, Local: ev.Seq, Event: ev, Target: ev.Target, Owner: ev.Owner, Creator: ev.Creator})
-	id := s.node + ":" + strconv.FormatInt(ev.Seq, 10)
+	body, _ := json.Marshal(wireEvent{Node: s.node, Instance: s.instance, Local: ev.Seq, At: time.Now().UnixMilli(),
+		Event: ev, Target: ev.Target, Owner: ev.Owner, Creator: ev.Creator})
+	id := s.node + ":" + s.instance + ":" + strconv.FormatInt(ev.Seq, 10)
 	for try := 1; ; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := s.stream.Publish(ctx, id, body)
@@ -211,7 +225,13 @@ func (s *Sessions) publish(ev sessions.Event, stop <-chan struct{}) {
 			return
 		}
 		if try == publishTries {
-			s.log.Error("an event of a session could not reach the other replicas; their clients miss it (this replica's log keeps it)", "session", ev.SessionID, "seq", ev.Seq, "error", err)
+			// Not numbered for the cluster, and not in its log: still
+			// pushed to this replica's clients and orchestrators.
+			s.log.Error("an event of a session could not reach the cluster's stream: this replica's clients get it without a cluster number, the others' miss it, and events does not list it", "session", ev.SessionID, "engine_seq", ev.Seq, "error", err)
+			s.events.Offer(ev)
+			if s.relay != nil {
+				s.relay(ev)
+			}
 			return
 		}
 		select {
@@ -222,18 +242,34 @@ func (s *Sessions) publish(ev sessions.Event, stop <-chan struct{}) {
 	}
 }
 
-// take puts one event of the stream into the log.
-func (s *Sessions) take(seq uint64, body []byte, restore bool) {
+// eventFreshness is how far the time an event was published may be from
+// the time the stream took it: a copy put back in the stream later, by a
+// NATS user without the key, is not taken.
+const eventFreshness = 10 * time.Second
+
+// maxInstances bounds the nodes whose last event's process is remembered.
+const maxInstances = 4096
+
+// take puts one event of the stream, which the stream took at at, into
+// the log.
+func (s *Sessions) take(seq uint64, at time.Time, body []byte, restore bool) {
 	var w wireEvent
 	if json.Unmarshal(body, &w) != nil || sessions.CheckNode(w.Node) != nil || sessions.NodeOf(w.Event.SessionID) != w.Node {
 		return
 	}
-	s.mu.Lock()
-	if w.Local <= s.last[w.Node] {
-		s.mu.Unlock()
-		return // a copy of one taken, put back in the stream
+	if d := at.Sub(time.UnixMilli(w.At)); d > eventFreshness || d < -eventFreshness {
+		return // published long before the stream took it: a copy put back
 	}
-	s.last[w.Node] = w.Local
+	s.mu.Lock()
+	if s.inst[w.Node] == w.Instance && w.Local <= s.last[w.Node] {
+		s.mu.Unlock()
+		return // a copy of one taken
+	}
+	if _, known := s.inst[w.Node]; !known && len(s.inst) >= maxInstances {
+		s.mu.Unlock()
+		return
+	}
+	s.last[w.Node], s.inst[w.Node] = w.Local, w.Instance
 	s.mu.Unlock()
 	s.cond.Broadcast()
 	ev := w.Event
@@ -330,12 +366,13 @@ func (s *Sessions) List(owner sessions.Owner, limit int) ([]sessions.SessionView
 	var all []sessions.SessionView
 	partial := false
 	for _, p := range parts {
-		if p == nil {
+		switch p := p.(type) {
+		case nil:
 			partial = true // a node did not answer: its sessions are missing
-			continue
+		case part:
+			all = append(all, p.List...)
+			partial = partial || p.Partial
 		}
-		all = append(all, p.(part).List...)
-		partial = partial || p.(part).Partial
 	}
 	sort.Slice(all, func(i, j int) bool {
 		if !all[i].Created.Equal(all[j].Created) {
@@ -382,8 +419,8 @@ func (s *Sessions) Events(owner sessions.Owner, filter sessions.EventFilter) ([]
 				return mark, err
 			}, func() any { return nil })
 			for i, n := range peers {
-				if parts[i] != nil {
-					marks[n] = parts[i].(int64)
+				if m, ok := parts[i].(int64); ok {
+					marks[n] = m
 				}
 			}
 		}
@@ -451,8 +488,8 @@ func (s *Sessions) Pending(owner sessions.Owner, id string) ([]sessions.Interact
 	})
 	var all []sessions.Interaction
 	for _, p := range parts {
-		if p != nil {
-			all = append(all, p.([]sessions.Interaction)...)
+		if p, ok := p.([]sessions.Interaction); ok {
+			all = append(all, p...)
 		}
 	}
 	sort.SliceStable(all, func(i, j int) bool { return all[i].Created.Before(all[j].Created) })
@@ -475,9 +512,13 @@ func (s *Sessions) Subscribe(fn func(sessions.Event)) func() { return s.events.S
 // the revocation through the shared token store and does the same.
 func (s *Sessions) RevokeToken(tokenID string) { s.local.RevokeToken(tokenID) }
 
+// empty is what everyNode gives for a node that serves no sessions.
+var empty = struct{}{}
+
 // everyNode runs remote on every live peer and local here, at once, and
 // returns what each gave, the peers' in the order of peers and then
-// local's; nil for a peer that failed (logged).
+// local's; nil for a peer that failed (logged), empty for one that serves
+// no sessions.
 func (s *Sessions) everyNode(remote func(node string) (any, error), local func() any) (peers []string, out []any) {
 	peers = s.peers()
 	out = make([]any, len(peers)+1)
@@ -487,7 +528,13 @@ func (s *Sessions) everyNode(remote func(node string) (any, error), local func()
 		go func() {
 			defer wg.Done()
 			v, err := remote(n)
-			if err != nil {
+			switch {
+			case errors.Is(err, cluster.ErrRPCNotServing):
+				// Alive in the registry, but with no sessions endpoint
+				// (an aggregated route's replica): it holds none.
+				out[i] = empty
+				return
+			case err != nil:
 				s.log.Warn("a node did not answer; what it holds is left out", "node", n, "error", err)
 				return
 			}
@@ -497,6 +544,29 @@ func (s *Sessions) everyNode(remote func(node string) (any, error), local func()
 	out[len(peers)] = local()
 	wg.Wait()
 	return peers, out
+}
+
+// maxWaitsPerOwner bounds the waits one owner holds open on a node for
+// other replicas, each in one of the node's request slots: a caller that
+// keeps many open cannot take the slots every other owner's verbs need.
+const maxWaitsPerOwner = 16
+
+// holdWait counts a wait of owner's, if it has fewer than
+// maxWaitsPerOwner open; release uncounts it.
+func (s *Sessions) holdWait(owner string) (release func(), ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.waits[owner] >= maxWaitsPerOwner {
+		return nil, false
+	}
+	s.waits[owner]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.waits[owner]--; s.waits[owner] <= 0 {
+			delete(s.waits, owner)
+		}
+	}, true
 }
 
 // readTimeout bounds a verb that does not wait (all but wait, send and
@@ -626,7 +696,13 @@ func (s *Sessions) serve(ctx context.Context, method string, body json.RawMessag
 	case "transcript":
 		result, err = s.local.Transcript(req.Owner, req.ID, req.N, req.Full)
 	case "wait":
+		release, ok := s.holdWait(req.Owner.OwnerID())
+		if !ok {
+			err = fmt.Errorf("%w: %d waits of this owner are open on node %s already; wait on fewer sessions at once, or rely on the <session-event> notifications", sessions.ErrBadRequest, maxWaitsPerOwner, s.node)
+			break
+		}
 		result, err = s.local.Wait(ctx, req.Owner, req.ID, min(req.Wait, cluster.MaxRPCWait-5*time.Second))
+		release()
 	case "list":
 		l, partial := s.local.List(req.Owner, req.N)
 		result = struct {

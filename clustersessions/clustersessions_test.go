@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/clustersessions"
@@ -395,4 +396,166 @@ func TestOrchestratorHearsWorkersOnOtherNodes(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("the orchestrator on gw-a never got the event of its worker %s on gw-b", w.SessionID)
+}
+
+// One owner's waits on a node's sessions, from another replica, hold at
+// most maxWaitsPerOwner of the node's request slots, so another owner's
+// verbs go on; and waits whose callers gave up end on the node, so the
+// owner may wait again.
+func TestWaitsFromAnotherReplicaAreBounded(t *testing.T) {
+	url := startNATS(t)
+	p := &peers{alive: map[string]bool{}}
+	a := startNode(t, url, "gw-a", p)
+	b := startNode(t, url, "gw-b", p)
+	sam, eve := owner("sam"), owner("eve")
+	long, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "sleep: 5m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hers, err := a.cs.Create(ctxT(t), eve, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle(t, b, eve, hers.SessionID)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	refusedOwner := make(chan error, 300)
+	var wg sync.WaitGroup
+	for range 300 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := b.cs.Wait(ctx, sam, long.SessionID, 50*time.Second); err != nil && strings.Contains(err.Error(), "waits of this owner") {
+				refusedOwner <- err
+			}
+		}()
+	}
+	select {
+	case <-refusedOwner:
+	case <-time.After(30 * time.Second):
+		t.Fatal("300 waits of one owner were all taken")
+	}
+	if _, err := b.cs.Read(eve, hers.SessionID, false); err != nil {
+		t.Fatalf("eve's read of her own session through gw-b while sam waits: %v", err)
+	}
+	cancel()
+	wg.Wait()
+	// The node hears that the callers gave up: sam may wait again.
+	for i := 0; ; i++ {
+		short, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := b.cs.Wait(short, sam, long.SessionID, time.Second)
+		stop()
+		if err == nil {
+			break
+		}
+		if i == 100 || !strings.Contains(err.Error(), "waits of this owner") {
+			t.Fatalf("a wait after the others were abandoned: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A node that restarts with fewer events stored than it published (a
+// crash before the engine's asynchronous events.json write landed,
+// simulated by deleting it) numbers its next events again from there: they
+// are another process's, which the stream's readers and its duplicate
+// window tell apart, so every replica, itself included, takes them.
+func TestEventsOfANodeRestartedWithFewerStoredEvents(t *testing.T) {
+	url := startNATS(t)
+	p := &peers{alive: map[string]bool{}}
+	a := startNode(t, url, "gw-a", p)
+	b := startNode(t, url, "gw-b", p)
+	sam := owner("sam")
+	c1, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventFor(t, b, c1.SessionID, sessions.EventDone)
+	settle(t, a, sam, c1.SessionID)
+	a.cs.Close()
+	if err := a.engine.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// What a crash leaves: the stream has the events, storage not.
+	conn, err := cluster.Dial(cluster.ConnConfig{URLs: []string{url}, Name: "crash"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	st, err := conn.Storage(ctxT(t), cluster.StorageOptions{Key: key, Owner: "crash"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete(ctxT(t), "zidane/nodes/gw-a/sessions/"+c1.SessionID+"/events.json"); err != nil {
+		t.Fatal(err)
+	}
+	// A raw subscriber sees every publish to the stream's subject.
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	published := make(chan struct{}, 100)
+	sub, err := nc.Subscribe("zidane.stream.>", func(*nats.Msg) { published <- struct{}{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	a2 := startNode(t, url, "gw-a", p)
+	c2, err := a2.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle(t, a2, sam, c2.SessionID)
+	local, err := a2.engine.Events(sam, sessions.EventFilter{SessionID: c2.SessionID})
+	if err != nil || len(local) == 0 {
+		t.Fatalf("gw-a's engine has no events of %s: %v", c2.SessionID, err)
+	}
+	for range local {
+		select {
+		case <-published:
+		case <-time.After(30 * time.Second):
+			t.Fatal("gw-a did not publish its events")
+		}
+	}
+	// A later event on gw-b comes after gw-a's in the stream.
+	c3, err := b.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventFor(t, b, c3.SessionID, sessions.EventDone)
+	eventFor(t, a2, c3.SessionID, sessions.EventDone)
+	for _, n := range []*node{b, a2} {
+		if evs, _ := n.cs.Events(sam, sessions.EventFilter{SessionID: c2.SessionID}); len(evs) == 0 {
+			t.Errorf("%s's log holds none of the %d events of gw-a's new session %s (engine numbers %d..%d)", n.id, len(local), c2.SessionID, local[len(local)-1].Seq, local[0].Seq)
+		}
+	}
+}
+
+// A prompt the owning node accepts (under MaxPromptBytes, 256 KiB) may grow
+// past NATS's max payload once JSON-escaped: through another replica it is
+// refused with what is wrong, not as a session that is gone.
+func TestLargePromptFromAnotherReplica(t *testing.T) {
+	url := startNATS(t)
+	p := &peers{alive: map[string]bool{}}
+	a := startNode(t, url, "gw-a", p)
+	b := startNode(t, url, "gw-b", p)
+	sam := owner("sam")
+	c, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle(t, a, sam, c.SessionID)
+	prompt := strings.Repeat("<", 200<<10)
+	if _, err := a.cs.Send(ctxT(t), sam, c.SessionID, prompt); err != nil {
+		t.Fatalf("the owning node refused the prompt: %v", err)
+	}
+	settle(t, a, sam, c.SessionID)
+	if _, err := b.cs.Send(ctxT(t), sam, c.SessionID, prompt); err == nil || errors.Is(err, sessions.ErrNoSession) || !strings.Contains(err.Error(), "send less") {
+		t.Errorf("the same prompt through gw-b: %v", err)
+	}
 }

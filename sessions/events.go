@@ -212,6 +212,17 @@ func (l *EventLog) Put(ev Event, restore bool) {
 	}
 }
 
+// Offer hands ev to the subscribers without keeping it: an event that
+// could not be numbered (the cluster's stream was away), still pushed to
+// the clients this replica serves.
+func (l *EventLog) Offer(ev Event) {
+	l.l.mu.Lock()
+	defer l.l.mu.Unlock()
+	for s := range l.l.subs {
+		s.offer(ev)
+	}
+}
+
 // Query returns the events f selects among those owner sees, newest
 // first; it does not check f.SessionID's owner (Engine.Events does).
 func (l *EventLog) Query(owner Owner, f EventFilter) []Event {
