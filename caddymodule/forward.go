@@ -268,13 +268,46 @@ func (c *clusterAggregate) bridgeNode(r *http.Request) string {
 	default:
 		return ""
 	}
-	var params struct {
-		RequestState string `json:"requestState"`
-	}
-	if json.Unmarshal(b.Calls[0].Params, &params) != nil {
+	state, ok := exactStringKey(b.Calls[0].Params, "requestState")
+	if !ok {
 		return ""
 	}
-	return c.agg.BridgeNode(params.RequestState)
+	return c.agg.BridgeNode(state)
+}
+
+// exactStringKey is the string value of key in the JSON object obj, read
+// as go-sdk reads params: the key spelled exactly so (encoding/json would
+// also take "RequestState"), and once; false for anything else (another
+// spelling, twice, not a string).
+func exactStringKey(obj []byte, key string) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(obj))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return "", false
+	}
+	var value string
+	found := false
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		k, _ := t.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return "", false
+		}
+		if !strings.EqualFold(k, key) {
+			continue
+		}
+		if k != key || found || json.Unmarshal(raw, &value) != nil {
+			return "", false
+		}
+		found = true
+	}
+	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
+		return "", false
+	}
+	return value, found
 }
 
 // forward sends r to node at addr and streams its answer to w.
@@ -328,6 +361,11 @@ func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self
 			return nil // the client went away
 		}
 		f.audit.Warn("session forward failed", zap.String("event", "session_forward_failed"), zap.String("node", node), zap.String("token_id", p.TokenID), zap.String("error", err.Error()))
+		if broker.ModernRequest(r) {
+			// A bridged call's retry: there is no session to initialize.
+			return &edge.RefusalError{Verdict: edge.Refuse(http.StatusBadGateway, "call_node_unreachable",
+				fmt.Sprintf("the replica that holds this call (node %q) does not answer; call the tool again without requestState and inputResponses", node))}
+		}
 		return unknownSession("session_node_unreachable", fmt.Sprintf("unknown session: the replica that held it (node %q) does not answer; start a new session by initializing again without Mcp-Session-Id", node))
 	}
 	defer resp.Body.Close()

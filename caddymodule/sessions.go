@@ -63,6 +63,7 @@ type sessionsState struct {
 	// node and poolKey, on a cluster's storage, hold this state's entry in
 	// nodeEngines.
 	node, poolKey string
+	unserve       func() // takes the sessions service out of this node's registry entry
 	endpoint      *mcpendpoint.Endpoint
 	page          *sessionpage.Page
 	signer        *sessionpage.Signer
@@ -92,6 +93,7 @@ func (s *sessionsState) Destruct() error {
 	}
 	err := s.endpoint.Close()
 	if s.cluster != nil {
+		s.unserve()
 		s.cluster.Close()
 	}
 	if cerr := s.engine.Close(); err == nil {
@@ -283,7 +285,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 				Local: engine, Node: node, Storage: shared, Logger: logger, Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq,
 				Peers: func() []string {
 					if n := shared.Nodes(); n != nil {
-						return n.Alive()
+						return n.AliveServing(sessionsService)
 					}
 					return nil
 				},
@@ -324,6 +326,11 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 			return nil, err
 		}
 		st.engine, st.endpoint, st.alive = engine, endpoint, engine.Alive
+		if st.cluster != nil {
+			// The others ask this node about its sessions once its
+			// registry entry says it serves them.
+			st.unserve = shared.Nodes().Serve(sessionsService)
+		}
 		// Before any agent gets a token: the tokens of sessions that ended
 		// while the gateway was down, and those minted before tokens
 		// recorded their session, have no use.
@@ -374,6 +381,10 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 // 2025-11-25 MCP session ids seal, and in its hops: one endpoint serves
 // every sessions site over a storage.
 const sessionsRoute = "sessions-node|v1"
+
+// sessionsService is the RPC service of agent sessions
+// (package clustersessions), as the node registry lists it.
+const sessionsService = "sessions"
 
 // sessionsIDs seals and opens the node ids in the sessions endpoint's MCP
 // session ids, with a key derived from the cluster key.

@@ -63,10 +63,11 @@ type NodeOptions struct {
 
 // nodeEntry is what a node's registry entry holds, sealed.
 type nodeEntry struct {
-	Node      string `json:"n"`
-	Advertise string `json:"a"`
-	Instance  string `json:"i"` // random per process: two processes under one id tell each other apart
-	At        int64  `json:"t"` // Unix milliseconds, the heartbeat's time
+	Node      string   `json:"n"`
+	Advertise string   `json:"a"`
+	Services  []string `json:"s,omitempty"` // the RPC services the node serves (Nodes.Serve)
+	Instance  string   `json:"i"`           // random per process: two processes under one id tell each other apart
+	At        int64    `json:"t"`           // Unix milliseconds, the heartbeat's time
 }
 
 // processInstance tells this process's entries from another process's
@@ -76,6 +77,7 @@ var processInstance = randomHex(8)
 
 type nodeSeen struct {
 	advertise string
+	services  []string
 	instance  string
 	seen      time.Time // when this node last heartbeat, as this process knows it
 }
@@ -107,9 +109,10 @@ type Nodes struct {
 	closeOne sync.Once
 	lastRev  atomic.Uint64 // the revision of this node's last heartbeat
 
-	mu      sync.Mutex
-	nodes   map[string]nodeSeen
-	dupSeen time.Time // last time a duplicate of this node's id was logged
+	mu       sync.Mutex
+	nodes    map[string]nodeSeen
+	services []string  // this node's, in its heartbeats
+	dupSeen  time.Time // last time a duplicate of this node's id was logged
 }
 
 // StartNodes registers this node in the registry on s, heartbeats for as
@@ -191,6 +194,9 @@ func (n *Nodes) where(node string) []byte { return where("node", n.bucket, node)
 func (n *Nodes) beat(ctx context.Context) error {
 	e := n.self
 	e.At = time.Now().UnixMilli()
+	n.mu.Lock()
+	e.Services = slices.Clone(n.services)
+	n.mu.Unlock()
 	raw, _ := json.Marshal(e)
 	sealed := n.aead.Seal(nil, nil, raw, n.where(e.Node))
 	rev, _, err := retry(ctx, func(ctx context.Context) (uint64, error) { return n.kv.Put(ctx, nodeKey(e.Node), sealed) })
@@ -279,7 +285,7 @@ func (n *Nodes) apply(entry jetstream.KeyValueEntry) {
 			return
 		}
 	}
-	n.nodes[e.Node] = nodeSeen{advertise: e.Advertise, instance: e.Instance, seen: seen}
+	n.nodes[e.Node] = nodeSeen{advertise: e.Advertise, services: e.Services, instance: e.Instance, seen: seen}
 }
 
 // open opens an entry under KV key k: sealed for that node, fresh.
@@ -329,17 +335,53 @@ func (n *Nodes) Lookup(node string) (advertise string, alive bool) {
 }
 
 // Alive returns the other nodes that heartbeat within the TTL, sorted.
-func (n *Nodes) Alive() []string {
+func (n *Nodes) Alive() []string { return n.AliveServing("") }
+
+// AliveServing returns the other nodes that heartbeat within the TTL and
+// serve service (any when ""), sorted. What a node serves is in its sealed
+// entry: no one without the cluster key can make a node look as if it
+// served nothing, where NATS's own "no responders" answer could be forged.
+func (n *Nodes) AliveServing(service string) []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var out []string
 	for id, s := range n.nodes {
-		if time.Since(s.seen) <= n.ttl {
+		if time.Since(s.seen) <= n.ttl && (service == "" || slices.Contains(s.services, service)) {
 			out = append(out, id)
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Serve adds service to what this node's heartbeats say it serves, and
+// heartbeats at once; stop takes it out again.
+func (n *Nodes) Serve(service string) (stop func()) {
+	n.mu.Lock()
+	n.services = append(n.services, service)
+	n.mu.Unlock()
+	n.beatNow()
+	return func() {
+		n.mu.Lock()
+		if i := slices.Index(n.services, service); i >= 0 {
+			n.services = slices.Delete(n.services, i, i+1)
+		}
+		n.mu.Unlock()
+		n.beatNow()
+	}
+}
+
+func (n *Nodes) beatNow() {
+	select {
+	case <-n.stop:
+		return // closed: its entry is removed, and stays so
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := n.beat(ctx); err != nil {
+		n.log.Warn("node registry: a heartbeat failed; the next one tries again", "error", err)
+	}
 }
 
 // Close stops heartbeating and removes this node's entry, so the others

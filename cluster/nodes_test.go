@@ -221,3 +221,31 @@ func TestNodesCloseLeavesANewerRegistrysEntry(t *testing.T) {
 		t.Fatal("the entry outlived the last registry of its node")
 	}
 }
+
+// What a node serves is in its sealed entry: AliveServing lists a node for
+// a service once it serves it, and no longer once it stops.
+func TestNodesServices(t *testing.T) {
+	url := startNATS(t)
+	a, _ := startNode(t, url, "a", time.Second, nil)
+	b, _ := startNode(t, url, "b", time.Second, nil)
+	if !waitFor(10*time.Second, func() bool { return len(a.Alive()) == 1 }) {
+		t.Fatal("a never saw b")
+	}
+	if got := a.AliveServing("sessions"); len(got) != 0 {
+		t.Fatalf("b serves nothing yet, a lists %v", got)
+	}
+	stop := b.Serve("sessions")
+	if !waitFor(10*time.Second, func() bool { return len(a.AliveServing("sessions")) == 1 }) {
+		t.Fatal("a never saw that b serves sessions")
+	}
+	if got := a.AliveServing("other"); len(got) != 0 {
+		t.Fatalf("b serves sessions only, a lists it for other: %v", got)
+	}
+	stop()
+	if !waitFor(10*time.Second, func() bool { return len(a.AliveServing("sessions")) == 0 }) {
+		t.Fatal("a still lists b for sessions after b stopped serving them")
+	}
+	if len(a.Alive()) != 1 {
+		t.Fatal("b stopped serving sessions and left the registry")
+	}
+}

@@ -191,18 +191,31 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 	if err != nil {
 		return nil, fmt.Errorf("%w: node %s: %v", ErrRPCUnreachable, node, err)
 	}
+	// One reply is expected: what a flood of others leaves pending is
+	// bounded (nats.go drops past it, and the sealed reply is the one
+	// that matters).
+	_ = sub.SetPendingLimits(64, 4<<20)
 	defer func() { _ = sub.Unsubscribe() }()
 	if err := r.nc.PublishMsg(&nats.Msg{Subject: subject, Reply: inbox, Data: sealed}); err != nil {
 		return nil, fmt.Errorf("%w: node %s: %v", ErrRPCUnreachable, node, err)
 	}
+	// NATS's "no responders" status is not sealed: anyone who can publish
+	// to the inbox can send one. It ends nothing here; a caller that must
+	// know which nodes serve a service asks the node registry
+	// (Nodes.AliveServing), whose entries are sealed.
+	noResponders := false
 	for {
 		msg, err := sub.NextMsgWithContext(ctx)
+		if errors.Is(err, nats.ErrNoResponders) {
+			noResponders = true
+			continue
+		}
 		if err != nil {
 			r.abort(subject, req.ID)
+			if noResponders {
+				return nil, fmt.Errorf("%w: %w: node %s is not serving", ErrRPCUnreachable, ErrRPCNotServing, node)
+			}
 			return nil, fmt.Errorf("%w: node %s did not answer in time", ErrRPCUnreachable, node)
-		}
-		if len(msg.Data) == 0 && msg.Header.Get("Status") == "503" {
-			return nil, fmt.Errorf("%w: %w: node %s is not serving", ErrRPCUnreachable, ErrRPCNotServing, node)
 		}
 		plain, err := r.aead.Open(nil, nil, msg.Data, []byte("reply "+req.ID))
 		if err != nil {
@@ -248,9 +261,7 @@ func (r *RPC) serve(msg *nats.Msg) {
 		}
 		return
 	}
-	if msg.Reply == "" || req.At < r.started.UnixMilli() {
-		// Sealed before this process started: a replay of a request to
-		// the node's previous process, which has no record of it here.
+	if msg.Reply == "" {
 		return
 	}
 	reply := func(rep rpcReply) {
@@ -264,6 +275,14 @@ func (r *RPC) serve(msg *nats.Msg) {
 		if err := msg.Respond(r.aead.Seal(nil, nil, data, []byte("reply "+req.ID))); err != nil {
 			r.log.Warn("answering another node failed", "from", req.From, "method", req.Method, "error", err)
 		}
+	}
+	if req.At < r.started.UnixMilli() {
+		// Sealed before this process started: perhaps a replay of a
+		// request to the node's previous process, which has no record of
+		// it here. Refused, not carried out; a caller whose request
+		// crossed the restart is told to send it again.
+		reply(rpcReply{Err: "this node restarted after the request was sent; send it again"})
+		return
 	}
 	if !r.take(req.ID, now) {
 		if r.full() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -55,7 +56,9 @@ func TestRPCCallsAnotherNode(t *testing.T) {
 	if _, err := a.Call(testCtx(t), "b", "fail", nil); err == nil || !strings.Contains(err.Error(), "it failed") {
 		t.Fatalf("a handler's error came back as %v", err)
 	}
-	if _, err := a.Call(testCtx(t), "nosuch", "read", nil); !errors.Is(err, ErrRPCUnreachable) {
+	short, cancel := context.WithTimeout(testCtx(t), 500*time.Millisecond)
+	defer cancel()
+	if _, err := a.Call(short, "nosuch", "read", nil); !errors.Is(err, ErrRPCUnreachable) || !errors.Is(err, ErrRPCNotServing) {
 		t.Fatalf("a node that does not serve: %v", err)
 	}
 	if _, err := a.Call(testCtx(t), "b.*", "read", nil); err == nil {
@@ -234,9 +237,10 @@ func TestRPCReplayToARestartedNodeIsDropped(t *testing.T) {
 	if _, err := a.Call(testCtx(t), "b", "read", nil); err != nil {
 		t.Fatal(err)
 	}
-	if n, _, _ := replies.Pending(); n != 0 || calls.Load() != 2 {
-		t.Fatalf("the restarted node answered the replay (%d replies) or served %d requests (want 2: the call before the restart and the one after)", n, calls.Load())
+	if calls.Load() != 2 {
+		t.Fatalf("the restarted node served %d requests (want 2: the call before the restart and the one after, not the replay)", calls.Load())
 	}
+	_ = replies // it may be told to send again: a refusal, sealed
 }
 
 // A caller that gives up tells the node: the handler's context ends, and
@@ -325,5 +329,46 @@ func TestRPCAnswerOverThePayloadLimit(t *testing.T) {
 	_, err := a.Call(testCtx(t), "b", "transcript", nil)
 	if err == nil || !strings.Contains(err.Error(), "ask for less") || errors.Is(err, ErrRPCUnreachable) {
 		t.Fatalf("an answer over the limit: %v", err)
+	}
+}
+
+// NATS's "no responders" status, which anyone who can publish to a reply
+// inbox can forge, ends no call: the node's sealed reply is taken, and the
+// node's handler is not aborted.
+func TestRPCForgedNoRespondersEndsNothing(t *testing.T) {
+	url := startNATS(t)
+	a, _ := rpcNode(t, url, "a", nil, echo(new(atomic.Int64)))
+	forged := make(chan struct{})
+	var handlerErr atomic.Value
+	rpcNode(t, url, "b", nil, func(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
+		<-forged
+		handlerErr.Store(fmt.Sprint(ctx.Err()))
+		return json.RawMessage(`"done"`), nil
+	})
+	spy := connect(t, url)
+	var once atomic.Bool
+	sub, err := spy.Subscribe("zidane.rpc.rpc.svc.b", func(m *nats.Msg) {
+		if !once.CompareAndSwap(false, true) {
+			return
+		}
+		status := nats.NewMsg(m.Reply)
+		status.Header.Set("Status", "503")
+		_ = spy.PublishMsg(status)
+		_ = spy.Flush()
+		close(forged)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.Call(testCtx(t), "b", "send", nil)
+	if err != nil || string(got) != `"done"` {
+		t.Fatalf("a call answered first by a forged no-responders status: %s, %v", got, err)
+	}
+	if e := handlerErr.Load(); e != "<nil>" {
+		t.Fatalf("the handler's context was ended: %v", e)
 	}
 }

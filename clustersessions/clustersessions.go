@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -41,7 +42,9 @@ type Options struct {
 	// Storage is the cluster's storage, whose connection carries the
 	// requests and the events.
 	Storage *cluster.Storage
-	// Peers returns the other live nodes (the node registry's Alive).
+	// Peers returns the other live nodes that serve sessions (the node
+	// registry's AliveServing("sessions")): a node is asked only if it is
+	// among them.
 	Peers func() []string
 	// LastEvent is the number of the last event Local recorded (the
 	// engine's LastEventSeq): Events waits until the events up to it have
@@ -213,10 +216,12 @@ func (s *Sessions) publish(ev sessions.Event, stop <-chan struct{}) {
 		s.mu.Unlock()
 		s.cond.Broadcast()
 	}()
-	body, _ := json.Marshal(wireEvent{Node: s.node, Instance: s.instance, Local: ev.Seq, At: time.Now().UnixMilli(),
-		Event: ev, Target: ev.Target, Owner: ev.Owner, Creator: ev.Creator})
 	id := s.node + ":" + s.instance + ":" + strconv.FormatInt(ev.Seq, 10)
 	for try := 1; ; try++ {
+		// Dated at each try: the stream takes it within eventFreshness of
+		// this, or not at all.
+		body, _ := json.Marshal(wireEvent{Node: s.node, Instance: s.instance, Local: ev.Seq, At: time.Now().UnixMilli(),
+			Event: ev, Target: ev.Target, Owner: ev.Owner, Creator: ev.Creator})
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := s.stream.Publish(ctx, id, body)
 		cancel()
@@ -400,7 +405,7 @@ func (s *Sessions) Events(owner sessions.Owner, filter sessions.EventFilter) ([]
 	marks := map[string]int64{}
 	if n := s.nodeOf(filter.SessionID); n != "" {
 		var mark int64
-		if err := s.read(n, "mark", request{Owner: owner, ID: filter.SessionID}, &mark); err != nil {
+		if err := s.readWithin(n, "mark", request{Owner: owner, ID: filter.SessionID}, &mark, markTimeout); err != nil {
 			if errors.Is(err, sessions.ErrNotOwner) {
 				return nil, err
 			}
@@ -415,7 +420,7 @@ func (s *Sessions) Events(owner sessions.Owner, filter sessions.EventFilter) ([]
 		} else {
 			peers, parts := s.everyNode(func(n string) (any, error) {
 				var mark int64
-				err := s.read(n, "mark", request{Owner: owner}, &mark)
+				err := s.readWithin(n, "mark", request{Owner: owner}, &mark, markTimeout)
 				return mark, err
 			}, func() any { return nil })
 			for i, n := range peers {
@@ -436,7 +441,7 @@ func (s *Sessions) Events(owner sessions.Owner, filter sessions.EventFilter) ([]
 func (s *Sessions) mark() int64 {
 	target := s.lastEv()
 	deadline := time.Now().Add(syncWait)
-	stop := time.AfterFunc(syncWait, s.cond.Broadcast)
+	stop := time.AfterFunc(syncWait, s.wake)
 	defer stop.Stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -446,11 +451,19 @@ func (s *Sessions) mark() int64 {
 	return s.published
 }
 
+// wake wakes the waiters of cond, under its lock, so that a waiter
+// between its check and its Wait does not miss it.
+func (s *Sessions) wake() {
+	s.mu.Lock()
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
 // caughtUp waits, bounded, until the stream has brought the events of
 // each node up to its mark.
 func (s *Sessions) caughtUp(marks map[string]int64) {
 	deadline := time.Now().Add(syncWait)
-	stop := time.AfterFunc(syncWait, s.cond.Broadcast)
+	stop := time.AfterFunc(syncWait, s.wake)
 	defer stop.Stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -573,9 +586,17 @@ func (s *Sessions) holdWait(owner string) (release func(), ok bool) {
 // the like, which have their caller's context).
 const readTimeout = 15 * time.Second
 
+// markTimeout bounds a node's answer to "mark", which waits at most
+// syncWait for its publisher.
+const markTimeout = syncWait + time.Second
+
 // read calls a verb whose caller gives no context, bounded by readTimeout.
 func (s *Sessions) read(node, method string, req request, out any) error {
-	ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+	return s.readWithin(node, method, req, out, readTimeout)
+}
+
+func (s *Sessions) readWithin(node, method string, req request, out any, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	return s.call(ctx, node, method, req, out)
 }
@@ -635,6 +656,11 @@ func (s *Sessions) call(ctx context.Context, node, method string, req request, o
 	body, err := json.Marshal(req)
 	if err != nil {
 		return err
+	}
+	if !slices.Contains(s.peers(), node) {
+		// Not alive in the registry, or serving no sessions: down, or
+		// restarting.
+		return fmt.Errorf("%w: %w (node %s); try again once it is back", sessions.ErrNoSession, sessions.ErrUnreachable, node)
 	}
 	raw, err := s.rpc.Call(ctx, node, method, body)
 	if err != nil {
