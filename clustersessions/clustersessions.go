@@ -586,6 +586,10 @@ func (s *Sessions) holdWait(owner string) (release func(), ok bool) {
 // the like, which have their caller's context).
 const readTimeout = 15 * time.Second
 
+// unlistedWait bounds the wait for a node the registry does not list as
+// serving sessions.
+const unlistedWait = 2 * time.Second
+
 // markTimeout bounds a node's answer to "mark", which waits at most
 // syncWait for its publisher.
 const markTimeout = syncWait + time.Second
@@ -658,9 +662,13 @@ func (s *Sessions) call(ctx context.Context, node, method string, req request, o
 		return err
 	}
 	if !slices.Contains(s.peers(), node) {
-		// Not alive in the registry, or serving no sessions: down, or
-		// restarting.
-		return fmt.Errorf("%w: %w (node %s); try again once it is back", sessions.ErrNoSession, sessions.ErrUnreachable, node)
+		// Not alive in the registry, or serving no sessions: down or
+		// restarting, most likely, or between two heartbeats of a
+		// registry that a failed reload closed. It is asked all the same,
+		// briefly: only its sealed answer counts.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, unlistedWait)
+		defer cancel()
 	}
 	raw, err := s.rpc.Call(ctx, node, method, body)
 	if err != nil {
