@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"crypto/aes"
 	"crypto/cipher"
 	"encoding/json"
 	"fmt"
@@ -56,15 +55,7 @@ type envelope struct {
 }
 
 func newBus(nc *nats.Conn, clusterKey []byte, purpose, subject string) (*bus, error) {
-	k, err := Derive(clusterKey, purpose)
-	if err != nil {
-		return nil, err
-	}
-	block, err := aes.NewCipher(k)
-	if err != nil {
-		return nil, err
-	}
-	aead, err := cipher.NewGCMWithRandomNonce(block)
+	aead, err := aeadFor(clusterKey, purpose)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"crypto/aes"
 	"crypto/cipher"
 	"errors"
 	"fmt"
@@ -42,15 +41,7 @@ func (s *Storage) OpenEventStream(ctx context.Context, name string, keep int64, 
 	}
 	stream := s.opts.Bucket + "_" + name
 	subject := "zidane.stream." + s.opts.Bucket + "." + name
-	k, err := Derive(s.opts.Key, "event stream v1 "+stream)
-	if err != nil {
-		return nil, err
-	}
-	block, err := aes.NewCipher(k)
-	if err != nil {
-		return nil, err
-	}
-	aead, err := cipher.NewGCMWithRandomNonce(block)
+	aead, err := aeadFor(s.opts.Key, "event stream v1 "+stream)
 	if err != nil {
 		return nil, err
 	}

@@ -3,7 +3,6 @@ package cluster
 import (
 	"cmp"
 	"context"
-	"crypto/aes"
 	"crypto/cipher"
 	"encoding/json"
 	"errors"
@@ -138,15 +137,7 @@ func (s *Storage) StartNodes(ctx context.Context, opts NodeOptions) (*Nodes, err
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	k, err := Derive(s.opts.Key, "node registry v1")
-	if err != nil {
-		return nil, err
-	}
-	block, err := aes.NewCipher(k)
-	if err != nil {
-		return nil, err
-	}
-	aead, err := cipher.NewGCMWithRandomNonce(block)
+	aead, err := aeadFor(s.opts.Key, "node registry v1")
 	if err != nil {
 		return nil, err
 	}

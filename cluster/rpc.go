@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"crypto/aes"
 	"crypto/cipher"
 	"encoding/json"
 	"errors"
@@ -116,15 +115,7 @@ func (s *Storage) ServeRPC(service, node string, handler RPCHandler, log *slog.L
 			return nil, fmt.Errorf("cluster rpc: service %q is not one subject token", service)
 		}
 	}
-	k, err := Derive(s.opts.Key, "rpc v1 "+service)
-	if err != nil {
-		return nil, err
-	}
-	block, err := aes.NewCipher(k)
-	if err != nil {
-		return nil, err
-	}
-	aead, err := cipher.NewGCMWithRandomNonce(block)
+	aead, err := aeadFor(s.opts.Key, "rpc v1 "+service)
 	if err != nil {
 		return nil, err
 	}

@@ -35,15 +35,7 @@ func Derive(clusterKey []byte, purpose string) ([]byte, error) {
 }
 
 func newSealer(clusterKey []byte) (*sealer, error) {
-	k, err := Derive(clusterKey, "storage v1")
-	if err != nil {
-		return nil, err
-	}
-	block, err := aes.NewCipher(k)
-	if err != nil {
-		return nil, err
-	}
-	aead, err := cipher.NewGCMWithRandomNonce(block)
+	aead, err := aeadFor(clusterKey, "storage v1")
 	if err != nil {
 		return nil, err
 	}
@@ -63,4 +55,19 @@ func (s *sealer) open(sealed, ad []byte) ([]byte, error) {
 		return nil, ErrUnsealed
 	}
 	return p, nil
+}
+
+// aeadFor is AES-256-GCM, with random nonces, under the key derived from
+// clusterKey for purpose: every sealed thing the replicas share has a
+// purpose, and so a key, of its own.
+func aeadFor(clusterKey []byte, purpose string) (cipher.AEAD, error) {
+	k, err := Derive(clusterKey, purpose)
+	if err != nil {
+		return nil, err
+	}
+	block, err := aes.NewCipher(k)
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCMWithRandomNonce(block)
 }
