@@ -291,15 +291,17 @@ func (r *RPC) serve(msg *nats.Msg) {
 	if d := time.UnixMilli(req.Deadline); req.Deadline != 0 && d.Before(deadline) {
 		deadline = d
 	}
+	// In flight before the next message is read: an abort that follows
+	// the request on the subject finds it.
+	ctx, cancel := context.WithDeadline(r.ctx, deadline)
+	r.flightMu.Lock()
+	r.inFlight[req.ID] = cancel
+	r.flightMu.Unlock()
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
 		defer func() { <-r.slots }()
-		ctx, cancel := context.WithDeadline(r.ctx, deadline)
 		defer cancel()
-		r.flightMu.Lock()
-		r.inFlight[req.ID] = cancel
-		r.flightMu.Unlock()
 		defer func() {
 			r.flightMu.Lock()
 			delete(r.inFlight, req.ID)
