@@ -169,6 +169,10 @@ func TestClusterBehindLoadBalancer(t *testing.T) {
 		replicas = append(replicas, startCaddy(t, fmt.Sprintf(`{
 	admin %s
 	grace_period 10s
+	# Stopping, a replica answers its health check 503 (draining) and
+	# still serves for this long, so the load balancer (health_interval
+	# 250ms) has stopped sending to it before its listener closes.
+	shutdown_delay 1s
 	storage zidane_nats {
 		url %s
 		replicas 3
