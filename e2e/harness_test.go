@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -142,6 +143,24 @@ func freePort(t testing.TB) int {
 	t.Helper()
 	issuedMu.Lock()
 	defer issuedMu.Unlock()
+	// Below the kernel's ephemeral range, when there is room: a port the
+	// kernel gave a test's outgoing connection (to NATS, to an upstream)
+	// can never be one handed out here, which a caddy listening on ":port"
+	// would then fail to bind ("address already in use"). Each is checked
+	// on every address, as caddy binds it.
+	if lo := ephemeralLow(); lo > 11000 {
+		for range 1000 {
+			port := 10000 + mrand.IntN(lo-10000)
+			if issued[port] {
+				continue
+			}
+			if ln, err := net.Listen("tcp", fmt.Sprintf(":%d", port)); err == nil {
+				ln.Close()
+				issued[port] = true
+				return port
+			}
+		}
+	}
 	for range 1000 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -156,6 +175,21 @@ func freePort(t testing.TB) int {
 	}
 	t.Fatal("freePort: no port this run has not handed out already")
 	return 0
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range, or 0
+// when it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	lo, _ := strconv.Atoi(f[0])
+	return lo
 }
 
 var (
