@@ -191,25 +191,7 @@ http://%s {
 `, AdminPlaceholder, strings.Join(natsURLs, " "), site, upHost), key))
 		sites = append(sites, site)
 	}
-	lbAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	startCaddy(t, fmt.Sprintf(`{
-	admin %s
-}
-
-http://%s {
-	reverse_proxy %s {
-		lb_policy round_robin
-		lb_try_duration 5s
-		lb_try_interval 50ms
-		fail_duration 5s
-		health_uri /zidane/healthz
-		health_interval 250ms
-		health_timeout 1s
-		flush_interval -1
-	}
-}
-`, AdminPlaceholder, lbAddr, strings.Join(sites, " ")))
-	lb := "http://" + lbAddr + "/mcp"
+	lb := startLoadBalancer(t, sites)
 
 	token := createToken(t, replicas[0], "load", "--scope", "mcp")
 	for _, s := range sites {
@@ -407,4 +389,31 @@ http://%s {
 		}
 		t.Logf("rolling restart of 3 replicas: %d calls", len(recs))
 	})
+}
+
+// startLoadBalancer starts a Caddy reverse_proxy over the replicas at
+// hosts (host:port): round robin, retrying for 5 s, with health checks on
+// /zidane/healthz every 250 ms, streaming answers as they come. It returns
+// its /mcp URL.
+func startLoadBalancer(t *testing.T, hosts []string) string {
+	t.Helper()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	startCaddy(t, fmt.Sprintf(`{
+	admin %s
+}
+
+http://%s {
+	reverse_proxy %s {
+		lb_policy round_robin
+		lb_try_duration 5s
+		lb_try_interval 50ms
+		fail_duration 5s
+		health_uri /zidane/healthz
+		health_interval 250ms
+		health_timeout 1s
+		flush_interval -1
+	}
+}
+`, AdminPlaceholder, addr, strings.Join(hosts, " ")))
+	return "http://" + addr + "/mcp"
 }

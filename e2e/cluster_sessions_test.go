@@ -466,25 +466,7 @@ func TestClusterAgentSessions(t *testing.T) {
 	})
 
 	t.Run("through the load balancer at both protocol versions", func(t *testing.T) {
-		lbAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		startCaddy(t, fmt.Sprintf(`{
-	admin %s
-}
-
-http://%s {
-	reverse_proxy %s {
-		lb_policy round_robin
-		lb_try_duration 5s
-		lb_try_interval 50ms
-		fail_duration 5s
-		health_uri /zidane/healthz
-		health_interval 250ms
-		health_timeout 1s
-		flush_interval -1
-	}
-}
-`, AdminPlaceholder, lbAddr, strings.Join(hosts, " ")))
-		lb := "http://" + lbAddr + "/mcp"
+		lb := startLoadBalancer(t, hosts)
 		// Two clients at each version; one that cannot connect is a
 		// failure, and the others go on.
 		var clients []*goSessions
