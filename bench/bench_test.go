@@ -78,7 +78,7 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s negotiated %q", r.route, r.version)
 		}
 	}
-	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "broker pass-through", "aggregated (2 upstreams)", "vs reverse_proxy",
+	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "broker pass-through", "aggregated (2 upstreams)", "vs baseline",
 		"direct 2026-07-28", "reverse_proxy 2026-07-28", "guard+reverse_proxy 2026-07-28", "broker pass-through 2026-07-28", "aggregated (2 upstreams) 2026-07-28", "protocol",
 		"session engine", "create→finished", "finished events delivered / expected", "agent processes at peak",
 		"idle MCP sessions", "sessions endpoint", "caddy RSS/session", "upstream RSS/session",
@@ -94,7 +94,7 @@ func TestSmoke(t *testing.T) {
 func TestFlags(t *testing.T) {
 	for _, bad := range [][]string{{"-concurrency", "0"}, {"-concurrency", "x"}, {"-tool", "nope"}, {"-calls", "0"},
 		{"-only", "nope"}, {"-only", "sessions", "-sessions", "0"}, {"-sessions", "-1"}, {"-session-clients", "0"},
-		{"-max-agents", "0"}, {"-agent-idle", "0s"}, {"-idle", "-1"}, {"-only", "idle", "-idle", "0"}, {"-mcp-idle-timeout", "-1s"}} {
+		{"-max-agents", "0"}, {"-agent-idle", "0s"}, {"-idle", "-1"}, {"-only", "idle", "-idle", "0"}, {"-mcp-idle-timeout", "-1s"}, {"-versions", "2024-11-05"}} {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("parseFlags(%v) accepted", bad)
 		}
@@ -122,6 +122,41 @@ func TestFlags(t *testing.T) {
 			t.Errorf("parseFlags(%v) = calls %v, sessions %v (%d), idle %v (%d), %v", c.args, cfg.callsOn(), cfg.sessionsOn(), cfg.sessions,
 				cfg.idleOn(), cfg.idle, err)
 		}
+	}
+}
+
+// -routes keeps the routes named and the baselines of their ratios, in
+// their order; -versions keeps a protocol's; a choice of nothing says what
+// there is.
+func TestSelectRoutes(t *testing.T) {
+	routes := []route{{name: "direct"}, {name: "reverse_proxy"}, {name: "guard+reverse_proxy"},
+		{name: "reverse_proxy 2026-07-28", version: modernProtocolVersion},
+		{name: "guard+reverse_proxy 2026-07-28", version: modernProtocolVersion},
+		{name: "broker pass-through 2026-07-28", version: modernProtocolVersion},
+		{name: "guard+reverse_proxy on NATS storage", base: "guard+reverse_proxy"}}
+	names := func(rs []route) []string {
+		var n []string
+		for _, r := range rs {
+			n = append(n, r.name)
+		}
+		return n
+	}
+	for _, c := range []struct {
+		prefixes, versions, want []string
+	}{
+		{nil, nil, names(routes)},
+		{[]string{"broker"}, nil, []string{"reverse_proxy 2026-07-28", "broker pass-through 2026-07-28"}},
+		{[]string{"guard"}, []string{"2025-11-25"}, []string{"reverse_proxy", "guard+reverse_proxy", "guard+reverse_proxy on NATS storage"}},
+		{[]string{"guard+reverse_proxy on"}, nil, []string{"reverse_proxy", "guard+reverse_proxy", "guard+reverse_proxy on NATS storage"}},
+		{nil, []string{"2026-07-28"}, []string{"reverse_proxy 2026-07-28", "guard+reverse_proxy 2026-07-28", "broker pass-through 2026-07-28"}},
+	} {
+		got, err := selectRoutes(routes, c.prefixes, c.versions)
+		if err != nil || !slices.Equal(names(got), c.want) {
+			t.Errorf("selectRoutes(%q, %q) = %q, %v; want %q", c.prefixes, c.versions, names(got), err, c.want)
+		}
+	}
+	if _, err := selectRoutes(routes, []string{"nope"}, nil); err == nil || !strings.Contains(err.Error(), `"broker pass-through 2026-07-28" (2026-07-28)`) {
+		t.Errorf("a choice of no route gives %v; want the routes listed", err)
 	}
 }
 

@@ -98,9 +98,10 @@ http://127.0.0.1:%d {
 	}
 	pid := p.cmd.Process.Pid
 	g.routes = []route{
-		{name: "guard+reverse_proxy on NATS storage", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, pid: pid},
+		{name: "guard+reverse_proxy on NATS storage", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, pid: pid,
+			base: "guard+reverse_proxy"},
 		{name: "guard+reverse_proxy on NATS storage " + modernProtocolVersion, url: fmt.Sprintf("http://127.0.0.1:%d/mcp", modernPort),
-			token: token, pid: pid, version: modernProtocolVersion},
+			token: token, pid: pid, version: modernProtocolVersion, base: "guard+reverse_proxy " + modernProtocolVersion},
 	}
 	return g, nil
 }

@@ -32,6 +32,7 @@
 //	go run ./bench -peer http://127.0.0.1:9000/mcp   # add another gateway
 //	go run ./bench -only calls -peer-mcpgo           # add the mcp-go aggregator stand-in (bench/peer/mcpgoproxy)
 //	go run ./bench -only calls -cluster              # add guard rows from a caddy on NATS storage
+//	go run ./bench -only calls -routes guard -versions 2026-07-28 -rounds 15   # one route and its baseline, more rounds
 //	go run ./bench -only calls -cpuprofile agg.pprof # then profile caddy while the aggregated route is driven
 //
 // Everything listens on loopback and every loop is bounded.
@@ -53,8 +54,10 @@ type config struct {
 	rounds      int
 	tool        string
 	peers       []string
-	peerMCPGo   bool // run the mcp-go aggregator stand-in as one more route
-	cluster     bool // add guard rows from a second caddy on NATS storage
+	peerMCPGo   bool     // run the mcp-go aggregator stand-in as one more route
+	cluster     bool     // add guard rows from a second caddy on NATS storage
+	routes      []string // when set, only the routes whose names start with one of these, and their baselines
+	versions    []string // when set, only the routes whose clients speak one of these protocol versions, and their baselines
 	timeout     time.Duration
 
 	only string // "", "calls", "sessions" or "idle": run that section alone
@@ -113,6 +116,8 @@ func parseFlags(args []string) (config, error) {
 	profileFor := fs.Duration("profile-for", 15*time.Second, "how long the -cpuprofile profile runs")
 	peerMCPGo := fs.Bool("peer-mcpgo", false, "build and run bench/peer/mcpgoproxy, a stand-in for TBXark/mcp-proxy on mark3labs/mcp-go, over the same two upstreams, as one more route")
 	cluster := fs.Bool("cluster", false, "add guard rows from a second caddy whose storage is on NATS JetStream (storage zidane_nats over a nats-server built from go.mod), in the same rounds, to compare cluster mode with one node")
+	routesFlag := fs.String("routes", "", "comma-separated starts of route names (direct, reverse_proxy, guard, broker, aggregated, …): measure only those routes and the baselines their ratios are to, so more rounds fit in the same time")
+	versionsFlag := fs.String("versions", "", "comma-separated protocol versions (2025-11-25, 2026-07-28): measure only the routes whose clients speak one, and their baselines")
 	var peers stringList
 	fs.Var(&peers, "peer", "URL of another MCP gateway's endpoint to measure as one more route (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -121,6 +126,20 @@ func parseFlags(args []string) (config, error) {
 	cfg := config{calls: *calls, rounds: *rounds, tool: *tool, peers: peers, peerMCPGo: *peerMCPGo, cluster: *cluster, timeout: *timeout, only: *only,
 		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle, idle: *idle, idleTimeout: *idleTimeout,
 		cpuProfile: *cpuProfile, profileRoute: *profileRoute, profileSessions: *profileSessions, profileFor: *profileFor}
+	for _, s := range strings.Split(*routesFlag, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			cfg.routes = append(cfg.routes, s)
+		}
+	}
+	for _, s := range strings.Split(*versionsFlag, ",") {
+		switch s = strings.TrimSpace(s); s {
+		case "":
+		case benchProtocolVersion, modernProtocolVersion:
+			cfg.versions = append(cfg.versions, s)
+		default:
+			return config{}, fmt.Errorf("-versions %q: give %s, %s or both", *versionsFlag, benchProtocolVersion, modernProtocolVersion)
+		}
+	}
 	for _, s := range strings.Split(*conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 1 || n > 1024 {

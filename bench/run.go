@@ -34,12 +34,17 @@ type route struct {
 	prefix string // put before the tool's name: the aggregated route's namespace
 	// version is the protocol version its clients ask for; "" is
 	// benchProtocolVersion. Its ratios are to the reverse_proxy row of the
-	// same version.
+	// same version, unless base names another row.
 	version string
+	base    string // the row its ratios are to, when not reverse_proxy's (the NATS rows: the single-node guard's)
 }
 
-// baseline is the name of the reverse_proxy row a route's ratios are to.
+// baseline is the name of the row a route's ratios are to: base, or the
+// reverse_proxy row of its version.
 func (r route) baseline() string {
+	if r.base != "" {
+		return r.base
+	}
 	if r.version == "" {
 		return "reverse_proxy"
 	}
@@ -202,6 +207,9 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 	for i, p := range cfg.peers {
 		routes = append(routes, route{name: fmt.Sprintf("peer%d", i+1), url: p})
 	}
+	if routes, err = selectRoutes(routes, cfg.routes, cfg.versions); err != nil {
+		return nil, err
+	}
 
 	samples := map[string]map[int][]sample{}
 	for round := 0; round < cfg.rounds; round++ {
@@ -240,6 +248,52 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 		}
 	}
 	return results, nil
+}
+
+// selectRoutes keeps the routes whose names start with one of prefixes and
+// whose clients speak one of versions (every route when either is empty),
+// with the baselines their ratios are to, in their order.
+func selectRoutes(routes []route, prefixes, versions []string) ([]route, error) {
+	if len(prefixes) == 0 && len(versions) == 0 {
+		return routes, nil
+	}
+	byName := map[string]route{}
+	for _, r := range routes {
+		byName[r.name] = r
+	}
+	keep := map[string]bool{}
+	var add func(r route)
+	add = func(r route) {
+		if keep[r.name] {
+			return
+		}
+		keep[r.name] = true
+		if b, ok := byName[r.baseline()]; ok && b.name != r.name {
+			add(b)
+		}
+	}
+	for _, r := range routes {
+		nameOK := len(prefixes) == 0 || slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(r.name, p) })
+		versionOK := len(versions) == 0 || slices.Contains(versions, cmp.Or(r.version, benchProtocolVersion))
+		if nameOK && versionOK {
+			add(r)
+		}
+	}
+	var kept []route
+	for _, r := range routes {
+		if keep[r.name] {
+			kept = append(kept, r)
+		}
+	}
+	if len(kept) == 0 {
+		names := make([]string, len(routes))
+		for i, r := range routes {
+			names[i] = fmt.Sprintf("%q (%s)", r.name, cmp.Or(r.version, benchProtocolVersion))
+		}
+		return nil, fmt.Errorf("-routes %q -versions %q select no route; the routes are %s",
+			strings.Join(prefixes, ","), strings.Join(versions, ","), strings.Join(names, ", "))
+	}
+	return kept, nil
 }
 
 // drive opens conc initialized MCP sessions on r and makes calls tools/call
@@ -415,16 +469,16 @@ func printTable(out io.Writer, cfg config, results []result) {
 		}
 		return nil
 	}
-	fmt.Fprintf(out, "tools/call %q, %d calls per session per round, %d round(s); calls/s is the median over rounds, p50 and p99 pool them; ratios to reverse_proxy are medians of each round's ratio\n\n", cfg.tool, cfg.calls, cfg.rounds)
+	fmt.Fprintf(out, "tools/call %q, %d calls per session per round, %d round(s); calls/s is the median over rounds, p50 and p99 pool them; ratios to the baseline (reverse_proxy of the same protocol; for rows on NATS storage, the single-node guard) are medians of each round's ratio\n\n", cfg.tool, cfg.calls, cfg.rounds)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "route\tprotocol\tsessions\tcalls/s\tp50\tp99\tgateway CPU/call\tgateway RSS\tvs direct\tvs reverse_proxy (calls/s, p50, CPU)\t")
+	fmt.Fprintln(tw, "route\tprotocol\tsessions\tcalls/s\tp50\tp99\tgateway CPU/call\tgateway RSS\tvs direct\tvs baseline (calls/s, p50, CPU)\tbaseline\t")
 	for _, r := range results {
 		cpu, mem := "-", "-"
 		if r.cpuPerCall > 0 || r.rss > 0 {
 			cpu = fmt.Sprintf("%.0fµs", float64(r.cpuPerCall.Nanoseconds())/1e3)
 			mem = fmt.Sprintf("%.1fMiB", float64(r.rss)/(1<<20))
 		}
-		vsDirect, vsRP := "-", "-"
+		vsDirect, vsRP, base := "-", "-", "-"
 		direct := "direct"
 		if r.baseline != "reverse_proxy" && r.baseline != "" {
 			direct = "direct" + strings.TrimPrefix(r.baseline, "reverse_proxy")
@@ -435,19 +489,19 @@ func printTable(out io.Writer, cfg config, results []result) {
 		if rp := find(r.baseline, r.concurrency); rp != nil && r.route != direct {
 			rate, _ := pairedRatios(r.roundRates, rp.roundRates)
 			lat, _ := pairedRatios(seconds(r.roundP50s), seconds(rp.roundP50s))
-			vsRP = fmt.Sprintf("%.2f×, %.2f×", rate, lat)
+			vsRP, base = fmt.Sprintf("%.2f×, %.2f×", rate, lat), r.baseline
 			if r.cpuPerCall > 0 && rp.cpuPerCall > 0 {
 				vsRP += fmt.Sprintf(", %.2f×", float64(r.cpuPerCall)/float64(rp.cpuPerCall))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.route, r.version, r.concurrency, r.callsPerSec,
-			round(r.p50), round(r.p99), cpu, mem, vsDirect, vsRP)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.route, r.version, r.concurrency, r.callsPerSec,
+			round(r.p50), round(r.p99), cpu, mem, vsDirect, vsRP, base)
 	}
 	tw.Flush()
 
 	// The spread behind the p50 ratios, so that a reader sees how much of
 	// a ratio is the machine's noise.
-	fmt.Fprintf(out, "\np50 over reverse_proxy's, round by round (the column above is their median):\n\n")
+	fmt.Fprintf(out, "\np50 over the baseline's, round by round (the column above is their median):\n\n")
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "route\tsessions\tby round\t")
 	for _, r := range results {
