@@ -53,6 +53,7 @@ type refusal struct {
 	message  string // what the client is told, and what to do
 	p        policy.Principal
 	clientIP string
+	via      string // on a request another replica forwarded: that replica's address (clientIP is the client's)
 	origin   string
 	method   string // HTTP method
 	call     message.Call
@@ -66,6 +67,9 @@ func (rf refusal) log(l *zap.Logger) {
 		zap.String("detail", rf.message),
 		zap.String("client_ip", rf.clientIP),
 		zap.String("http_method", rf.method),
+	}
+	if rf.via != "" {
+		fields = append(fields, zap.String("via", rf.via))
 	}
 	if rf.origin != "" {
 		fields = append(fields, zap.String("origin", rf.origin))

@@ -351,7 +351,7 @@ func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self
 	for _, name := range edge.HopParamHeaders(r.Header) {
 		out.Header[name] = append([]string(nil), r.Header[name]...)
 	}
-	nonce, err := f.hop.Sign(out, f.route, self, node, p, body, time.Now())
+	nonce, err := f.hop.Sign(out, f.route, self, node, p, clientIP(r), body, time.Now())
 	if err != nil {
 		return &edge.RefusalError{Verdict: edge.Refuse(http.StatusBadGateway, "hop_failed", "this request cannot be forwarded to the replica that holds its session: "+err.Error())}
 	}
@@ -491,6 +491,9 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	}
 	p := claims.Principal
 	rf.p = p
+	// The owner's audit lines name the client the sender's edge saw, and
+	// the replica it came through.
+	rf.via, rf.clientIP = rf.clientIP, claims.Client
 	if _, alive := f.nodes.Lookup(claims.From); !alive {
 		return refuse(edge.Refuse(http.StatusForbidden, "hop_unknown_node",
 			fmt.Sprintf("the forwarded request comes from node %q, which is not alive in the node registry", claims.From)))
@@ -532,7 +535,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	r.Header.Del(edge.HopPrincipalHeader)
 	r.Header.Del("Authorization")
 	h.audit.Debug("forwarded request", zap.String("event", "session_forwarded_in"), zap.String("from", claims.From),
-		zap.String("token_id", p.TokenID), zap.String("http_method", r.Method))
+		zap.String("token_id", p.TokenID), zap.String("http_method", r.Method), zap.String("client_ip", claims.Client), zap.String("via", rf.via))
 	// The sender's edge filters the answer (its listing filter): served
 	// here as the route serves its own requests.
 	return ca.serveForwarded(w, r)

@@ -112,6 +112,11 @@ func TestHopCarriesOnlyForwardedHeaders(t *testing.T) {
 		if !v.Allowed() {
 			t.Errorf("the owner refuses the hop: %+v", v)
 		}
+		// The client's address as the sender saw it (its connection's,
+		// never X-Forwarded-For), for the owner's audit lines.
+		if c.Client != "192.0.2.1" {
+			t.Errorf("the hop names client %q, want the sender's client 192.0.2.1", c.Client)
+		}
 		if tagged {
 			w.Header().Set(edge.HopAnswerHeader, k.AnswerTag(c))
 		}
@@ -170,7 +175,7 @@ func TestHopKeySurvivesReload(t *testing.T) {
 	}
 	out := httptest.NewRequest(http.MethodGet, "http://127.0.0.1:9/mcp", nil)
 	out.Header.Set("Mcp-Session-Id", hopSID)
-	if _, err := before.Sign(out, hopRoute, "a", "b", policy.Principal{TokenID: "tok_1"}, nil, time.Now()); err != nil {
+	if _, err := before.Sign(out, hopRoute, "a", "b", policy.Principal{TokenID: "tok_1"}, "127.0.0.1", nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if _, v := before.Verify(out, out.URL.RequestURI(), nil, "b", hopRoute, time.Now()); !v.Allowed() {

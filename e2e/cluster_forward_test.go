@@ -266,7 +266,7 @@ func TestClusterHopHeadersFromAClientAreRefused(t *testing.T) {
 		t.Fatalf("initialize on A: %d", init.status)
 	}
 	for name, hop := range map[string]string{
-		"made up": "v1;from=gw-b;to=gw-a;t=" + fmt.Sprint(time.Now().UnixMilli()) + ";n=0123456789abcdef0123456789abcdef;mac=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+		"made up": "v2;from=gw-b;to=gw-a;t=" + fmt.Sprint(time.Now().UnixMilli()) + ";n=0123456789abcdef0123456789abcdef;c=127.0.0.1;mac=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
 		"garbage": "let me in",
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,11 +23,12 @@ import (
 // The hop between replicas: a request one replica's edge allowed, sent to
 // the replica that holds its session (the aggregated route's 2025-11-25
 // sessions live in one replica's memory). It carries the request's method,
-// request URI, body and [HopForwardedHeaders], and the principal the
-// sender's edge authenticated (never the client's credential), under an
-// HMAC-SHA256, with a key derived from the cluster key, over all of them,
-// the session id, the sending and the receiving node, the route, a time
-// and a random nonce, each field length-prefixed. [HopKey.Verify] takes a
+// request URI, body and [HopForwardedHeaders], the principal the sender's
+// edge authenticated (never the client's credential) and the client's
+// address as the sender's edge saw it (for the receiver's audit lines),
+// under an HMAC-SHA256, with a key derived from the cluster key, over all
+// of them, the session id, the sending and the receiving node, the route,
+// a time and a random nonce, each field length-prefixed. [HopKey.Verify] takes a
 // hop only if the MAC holds, it names the receiving node, its time is
 // within [HopFreshness] of the receiver's clock and its nonce is new; a
 // client without the cluster key can make none.
@@ -83,19 +85,22 @@ type HopClaims struct {
 	At        int64            // Unix milliseconds
 	Nonce     string           // 128 random bits, hex
 	Principal policy.Principal // whom the sender's edge authenticated
+	// Client is the client's address as the sender's edge saw it ("" when
+	// it had none that parses): for the receiver's audit lines only.
+	Client string
 }
 
 // mac is the hop's MAC: every field length-prefixed, so that no two hops
 // share an input.
-func (k *HopKey) mac(method, uri, route, sid, from, to, at, nonce, principal string, body []byte, h http.Header) []byte {
+func (k *HopKey) mac(method, uri, route, sid, from, to, at, nonce, principal, client string, body []byte, h http.Header) []byte {
 	m := hmac.New(sha256.New, k.key)
 	var n [binary.MaxVarintLen64]byte
 	field := func(s string) {
 		m.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
 		m.Write([]byte(s))
 	}
-	field("zidane aggregate hop v1")
-	for _, s := range []string{method, uri, route, sid, from, to, at, nonce, principal} {
+	field("zidane aggregate hop v2")
+	for _, s := range []string{method, uri, route, sid, from, to, at, nonce, principal, client} {
 		field(s)
 	}
 	digest := sha256.Sum256(body)
@@ -121,10 +126,12 @@ func (k *HopKey) mac(method, uri, route, sid, from, to, at, nonce, principal str
 }
 
 // Sign sets out's hop headers: out goes from node from to node to, on
-// route, acting for p, with body; out's forwarded headers (its
-// Mcp-Session-Id among them) must be set already. It returns the hop's
-// nonce, which the answer's tag is bound to ([HopKey.CheckAnswer]).
-func (k *HopKey) Sign(out *http.Request, route, from, to string, p policy.Principal, body []byte, now time.Time) (nonce string, err error) {
+// route, acting for p, which called from the address client, with body;
+// out's forwarded headers (its Mcp-Session-Id among them) must be set
+// already. A client that is not an IP address is sent as "". It returns
+// the hop's nonce, which the answer's tag is bound to
+// ([HopKey.CheckAnswer]).
+func (k *HopKey) Sign(out *http.Request, route, from, to string, p policy.Principal, client string, body []byte, now time.Time) (nonce string, err error) {
 	pj, err := json.Marshal(p)
 	if err != nil {
 		return "", err
@@ -137,8 +144,13 @@ func (k *HopKey) Sign(out *http.Request, route, from, to string, p policy.Princi
 	_, _ = rand.Read(nb)
 	nonce = hex.EncodeToString(nb)
 	at := strconv.FormatInt(now.UnixMilli(), 10)
-	mac := k.mac(out.Method, out.URL.RequestURI(), route, out.Header.Get("Mcp-Session-Id"), from, to, at, nonce, principal, body, out.Header)
-	out.Header.Set(HopHeader, "v1;from="+from+";to="+to+";t="+at+";n="+nonce+";mac="+base64.RawURLEncoding.EncodeToString(mac))
+	if a, err := netip.ParseAddr(client); err == nil {
+		client = a.String()
+	} else {
+		client = ""
+	}
+	mac := k.mac(out.Method, out.URL.RequestURI(), route, out.Header.Get("Mcp-Session-Id"), from, to, at, nonce, principal, client, body, out.Header)
+	out.Header.Set(HopHeader, "v2;from="+from+";to="+to+";t="+at+";n="+nonce+";c="+client+";mac="+base64.RawURLEncoding.EncodeToString(mac))
 	out.Header.Set(HopPrincipalHeader, principal)
 	return nonce, nil
 }
@@ -181,23 +193,29 @@ func (k *HopKey) Verify(r *http.Request, uri string, body []byte, self, route st
 	}
 	fields := map[string]string{}
 	parts := strings.Split(r.Header.Get(HopHeader), ";")
-	if len(parts) != 6 || parts[0] != "v1" {
+	if len(parts) != 7 || parts[0] != "v2" {
 		return HopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop header is not one a replica of this cluster writes")
 	}
 	for _, p := range parts[1:] {
 		name, v, ok := strings.Cut(p, "=")
-		if !ok || fields[name] != "" {
+		if _, seen := fields[name]; !ok || seen {
 			return HopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop header is not one a replica of this cluster writes")
 		}
 		fields[name] = v
 	}
-	from, to, at, nonce, macB64 := fields["from"], fields["to"], fields["t"], fields["n"], fields["mac"]
+	from, to, at, nonce, client, macB64 := fields["from"], fields["to"], fields["t"], fields["n"], fields["c"], fields["mac"]
 	principal := r.Header.Get(HopPrincipalHeader)
 	mac, err := base64.RawURLEncoding.DecodeString(macB64)
-	if err != nil || len(mac) != sha256.Size || len(nonce) != 32 || from == "" || to == "" || len(principal) > maxHopPrincipal {
+	_, hasClient := fields["c"]
+	if client != "" {
+		if a, err := netip.ParseAddr(client); err != nil || a.String() != client {
+			hasClient = false // only Sign's spelling of an address
+		}
+	}
+	if err != nil || len(mac) != sha256.Size || len(nonce) != 32 || from == "" || to == "" || !hasClient || len(principal) > maxHopPrincipal {
 		return HopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop header is not one a replica of this cluster writes")
 	}
-	want := k.mac(r.Method, uri, route, r.Header.Get("Mcp-Session-Id"), from, to, at, nonce, principal, body, r.Header)
+	want := k.mac(r.Method, uri, route, r.Header.Get("Mcp-Session-Id"), from, to, at, nonce, principal, client, body, r.Header)
 	if !hmac.Equal(mac, want) {
 		return HopClaims{}, hopRefused("hop_forged", "the forwarded request's signature does not hold: it was altered, meant for another route, or signed with another cluster key")
 	}
@@ -219,7 +237,7 @@ func (k *HopKey) Verify(r *http.Request, uri string, body []byte, self, route st
 	if v := k.fresh(from+"|"+nonce, now); !v.Allowed() {
 		return HopClaims{}, v
 	}
-	return HopClaims{From: from, To: to, At: ms, Nonce: nonce, Principal: p}, Verdict{}
+	return HopClaims{From: from, To: to, At: ms, Nonce: nonce, Principal: p, Client: client}, Verdict{}
 }
 
 // fresh records a hop's nonce, and refuses one already seen.

@@ -33,7 +33,7 @@ func signedHop(t *testing.T, k *HopKey, method, body string, at time.Time) *http
 	out.Header.Set("Mcp-Session-Id", hopSID)
 	out.Header.Set("Mcp-Protocol-Version", "2025-11-25")
 	p := policy.Principal{TokenID: "tok_1", Name: "alice", Scopes: []string{"mcp"}}
-	if _, err := k.Sign(out, hopRoute, "a", "b", p, []byte(body), at); err != nil {
+	if _, err := k.Sign(out, hopRoute, "a", "b", p, "192.0.2.7", []byte(body), at); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -94,6 +94,26 @@ func TestHopRefusesForgedAlteredReplayed(t *testing.T) {
 			return body, "b", hopRoute
 		}, "hop_forged"},
 		{"another route", func(r *http.Request) (string, string, string) { return body, "b", "aggregate-node|/mcp||a" }, "hop_forged"},
+		{"another client address", func(r *http.Request) (string, string, string) {
+			r.Header.Set(HopHeader, strings.Replace(r.Header.Get(HopHeader), "c=192.0.2.7", "c=198.51.100.1", 1))
+			return body, "b", hopRoute
+		}, "hop_forged"},
+		{"no client address", func(r *http.Request) (string, string, string) {
+			r.Header.Set(HopHeader, strings.Replace(r.Header.Get(HopHeader), ";c=192.0.2.7", "", 1))
+			return body, "b", hopRoute
+		}, "hop_malformed"},
+		{"a client address spelled another way", func(r *http.Request) (string, string, string) {
+			r.Header.Set(HopHeader, strings.Replace(r.Header.Get(HopHeader), "c=192.0.2.7", "c=192.0.2.07", 1))
+			return body, "b", hopRoute
+		}, "hop_malformed"},
+		{"a client that is no address", func(r *http.Request) (string, string, string) {
+			r.Header.Set(HopHeader, strings.Replace(r.Header.Get(HopHeader), "c=192.0.2.7", "c=example.com", 1))
+			return body, "b", hopRoute
+		}, "hop_malformed"},
+		{"the last version's header", func(r *http.Request) (string, string, string) {
+			r.Header.Set(HopHeader, strings.Replace(strings.Replace(r.Header.Get(HopHeader), "v2;", "v1;", 1), ";c=192.0.2.7", "", 1))
+			return body, "b", hopRoute
+		}, "hop_malformed"},
 		{"received by another node", func(r *http.Request) (string, string, string) { return body, "c", hopRoute }, "hop_misdirected"},
 		{"another cluster key", func(r *http.Request) (string, string, string) {
 			*r = *signedHop(t, testHopKey(t), http.MethodPost, body, now)
@@ -116,7 +136,7 @@ func TestHopRefusesForgedAlteredReplayed(t *testing.T) {
 			return body, "b", hopRoute
 		}, "hop_malformed"},
 		{"a made-up header", func(r *http.Request) (string, string, string) {
-			r.Header.Set(HopHeader, "v1;from=a;to=b;t=1;n=00000000000000000000000000000000;mac=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")
+			r.Header.Set(HopHeader, "v2;from=a;to=b;t=1;n=00000000000000000000000000000000;c=;mac=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")
 			return body, "b", hopRoute
 		}, "hop_forged"},
 		{"garbage", func(r *http.Request) (string, string, string) {
@@ -135,7 +155,7 @@ func TestHopRefusesForgedAlteredReplayed(t *testing.T) {
 
 	r := signedHop(t, k, http.MethodPost, body, now)
 	c, reason := verify(r, body, "b", hopRoute)
-	if reason != "" || c.From != "a" || c.Principal.TokenID != "tok_1" || c.Principal.Name != "alice" {
+	if reason != "" || c.From != "a" || c.Principal.TokenID != "tok_1" || c.Principal.Name != "alice" || c.Client != "192.0.2.7" {
 		t.Fatalf("the hop as signed: %q %+v", reason, c)
 	}
 	if _, reason := verify(r, body, "b", hopRoute); reason != "hop_replayed" {
@@ -146,6 +166,24 @@ func TestHopRefusesForgedAlteredReplayed(t *testing.T) {
 		r := signedHop(t, k, m, "", now)
 		if _, reason := verify(r, "", "b", hopRoute); reason != "" {
 			t.Fatalf("%s hop: %q", m, reason)
+		}
+	}
+}
+
+// A sender with no address that parses (a unix socket's) sends none, and
+// the hop still holds; an IPv6 address goes in its one spelling.
+func TestHopClientAddress(t *testing.T) {
+	k := testHopKey(t)
+	now := time.Now()
+	for client, want := range map[string]string{"@": "", "": "", "2001:DB8::1": "2001:db8::1", "::ffff:192.0.2.1": "::ffff:192.0.2.1"} {
+		out := httptest.NewRequest(http.MethodGet, "http://127.0.0.1:9/mcp", nil)
+		out.Header.Set("Mcp-Session-Id", hopSID)
+		if _, err := k.Sign(out, hopRoute, "a", "b", policy.Principal{TokenID: "tok_1"}, client, nil, now); err != nil {
+			t.Fatal(err)
+		}
+		c, v := k.Verify(out, out.URL.RequestURI(), nil, "b", hopRoute, now)
+		if !v.Allowed() || c.Client != want {
+			t.Errorf("client %q: %+v, client %q; want %q", client, v, c.Client, want)
 		}
 	}
 }
@@ -206,7 +244,7 @@ func TestHopCoversParamHeaders(t *testing.T) {
 		out.Header.Set("Mcp-Method", "tools/call")
 		out.Header.Set("Mcp-Name", "t")
 		out.Header.Set("Mcp-Param-Region", "us")
-		if _, err := k.Sign(out, hopRoute, "a", "b", policy.Principal{TokenID: "tok_1"}, []byte(body), now); err != nil {
+		if _, err := k.Sign(out, hopRoute, "a", "b", policy.Principal{TokenID: "tok_1"}, "127.0.0.1", []byte(body), now); err != nil {
 			t.Fatal(err)
 		}
 		return out
