@@ -94,7 +94,7 @@ func TestSmoke(t *testing.T) {
 func TestFlags(t *testing.T) {
 	for _, bad := range [][]string{{"-concurrency", "0"}, {"-concurrency", "x"}, {"-tool", "nope"}, {"-calls", "0"},
 		{"-only", "nope"}, {"-only", "sessions", "-sessions", "0"}, {"-sessions", "-1"}, {"-session-clients", "0"},
-		{"-max-agents", "0"}, {"-agent-idle", "0s"}, {"-idle", "-1"}, {"-only", "idle", "-idle", "0"}, {"-mcp-idle-timeout", "-1s"}, {"-versions", "2024-11-05"}} {
+		{"-max-agents", "0"}, {"-agent-idle", "0s"}, {"-idle", "-1"}, {"-only", "idle", "-idle", "0"}, {"-mcp-idle-timeout", "-1s"}, {"-versions", "2024-11-05"}, {"-round-calls", "-1"}} {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("parseFlags(%v) accepted", bad)
 		}
@@ -102,6 +102,11 @@ func TestFlags(t *testing.T) {
 	cfg, err := parseFlags([]string{"-concurrency", "2,4", "-peer", "http://127.0.0.1:1/mcp", "-peer", "http://127.0.0.1:2/mcp"})
 	if err != nil || len(cfg.concurrency) != 2 || len(cfg.peers) != 2 {
 		t.Fatalf("%+v %v", cfg, err)
+	}
+	if cfg, err := parseFlags([]string{"-calls", "50", "-round-calls", "1600"}); err != nil || cfg.callsPer(1) != 1600 || cfg.callsPer(8) != 200 ||
+		cfg.callsPer(32) != 50 || cfg.callsPer(128) != 50 || cfg.callsPer(3) != 534 {
+		t.Errorf("-round-calls 1600 -calls 50: %d %d %d %d %d per session at 1, 8, 32, 128, 3 sessions; %v", cfg.callsPer(1), cfg.callsPer(8),
+			cfg.callsPer(32), cfg.callsPer(128), cfg.callsPer(3), err)
 	}
 	for _, c := range []struct {
 		args                        []string

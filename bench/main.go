@@ -33,6 +33,7 @@
 //	go run ./bench -only calls -peer-mcpgo           # add the mcp-go aggregator stand-in (bench/peer/mcpgoproxy)
 //	go run ./bench -only calls -cluster              # add guard rows from a caddy on NATS storage
 //	go run ./bench -only calls -routes guard -versions 2026-07-28 -rounds 15   # one route and its baseline, more rounds
+//	go run ./bench -only calls -round-calls 1600     # rounds at 1 session as long as at 32: 1600 calls each
 //	go run ./bench -only calls -cpuprofile agg.pprof # then profile caddy while the aggregated route is driven
 //
 // Everything listens on loopback and every loop is bounded.
@@ -50,6 +51,7 @@ import (
 
 type config struct {
 	calls       int   // tools/call per session per round
+	roundCalls  int   // at least this many tools/call per route per round, in all (more per session at low concurrency)
 	concurrency []int // MCP sessions driven at once
 	rounds      int
 	tool        string
@@ -76,6 +78,9 @@ type config struct {
 	profileFor      time.Duration // how long the profile runs
 }
 
+// callsPer is the tools/call each of conc sessions makes in a round.
+func (c config) callsPer(conc int) int { return max(c.calls, (c.roundCalls+conc-1)/conc) }
+
 // callsOn and sessionsOn say which sections run.
 func (c config) callsOn() bool    { return c.only == "" || c.only == "calls" }
 func (c config) sessionsOn() bool { return (c.only == "" || c.only == "sessions") && c.sessions > 0 }
@@ -98,6 +103,7 @@ func main() {
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	calls := fs.Int("calls", 100, "tools/call per session per round")
+	roundCalls := fs.Int("round-calls", 0, "at least this many tools/call per route and round in all: sessions make more than -calls each when few run at once, so that a round at 1 session lasts as long as one at 32 (0: -calls per session)")
 	conc := fs.String("concurrency", "1,8,32,128", "comma-separated numbers of concurrent MCP sessions")
 	rounds := fs.Int("rounds", 3, "interleaved rounds; figures are medians over rounds")
 	tool := fs.String("tool", "echo", "tool to call: echo, or payload (4 KiB result)")
@@ -123,7 +129,7 @@ func parseFlags(args []string) (config, error) {
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
-	cfg := config{calls: *calls, rounds: *rounds, tool: *tool, peers: peers, peerMCPGo: *peerMCPGo, cluster: *cluster, timeout: *timeout, only: *only,
+	cfg := config{calls: *calls, roundCalls: *roundCalls, rounds: *rounds, tool: *tool, peers: peers, peerMCPGo: *peerMCPGo, cluster: *cluster, timeout: *timeout, only: *only,
 		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle, idle: *idle, idleTimeout: *idleTimeout,
 		cpuProfile: *cpuProfile, profileRoute: *profileRoute, profileSessions: *profileSessions, profileFor: *profileFor}
 	for _, s := range strings.Split(*routesFlag, ",") {
@@ -163,6 +169,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if cfg.calls < 1 || cfg.rounds < 1 {
 		return config{}, fmt.Errorf("-calls and -rounds must be at least 1")
+	}
+	if cfg.roundCalls < 0 || cfg.roundCalls > 1_000_000 {
+		return config{}, fmt.Errorf("-round-calls %d: give 0 (off) to 1000000", cfg.roundCalls)
 	}
 	if cfg.tool != "echo" && cfg.tool != "payload" {
 		return config{}, fmt.Errorf("-tool %q: use echo or payload", cfg.tool)

@@ -221,7 +221,7 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 			}
 			for _, r := range order {
 				fmt.Fprintf(os.Stderr, "bench: round %d/%d, %d sessions, %s\n", round+1, cfg.rounds, conc, r.name)
-				s, err := drive(ctx, r, conc, cfg.calls, cfg.tool)
+				s, err := drive(ctx, r, conc, cfg.callsPer(conc), cfg.tool)
 				if err != nil {
 					return nil, fmt.Errorf("%s at %d sessions: %w", r.name, conc, err)
 				}
@@ -469,7 +469,11 @@ func printTable(out io.Writer, cfg config, results []result) {
 		}
 		return nil
 	}
-	fmt.Fprintf(out, "tools/call %q, %d calls per session per round, %d round(s); calls/s is the median over rounds, p50 and p99 pool them; ratios to the baseline (reverse_proxy of the same protocol; for rows on NATS storage, the single-node guard) are medians of each round's ratio\n\n", cfg.tool, cfg.calls, cfg.rounds)
+	perSession := fmt.Sprintf("%d calls per session per round", cfg.calls)
+	if cfg.roundCalls > 0 {
+		perSession = fmt.Sprintf("at least %d calls per session and %d per route per round", cfg.calls, cfg.roundCalls)
+	}
+	fmt.Fprintf(out, "tools/call %q, %s, %d round(s); calls/s is the median over rounds, p50 and p99 pool them; ratios to the baseline (reverse_proxy of the same protocol; for rows on NATS storage, the single-node guard) are medians of each round's ratio\n\n", cfg.tool, perSession, cfg.rounds)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "route\tprotocol\tsessions\tcalls/s\tp50\tp99\tgateway CPU/call\tgateway RSS\tvs direct\tvs baseline (calls/s, p50, CPU)\tbaseline\t")
 	for _, r := range results {
