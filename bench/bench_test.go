@@ -165,6 +165,27 @@ func TestSelectRoutes(t *testing.T) {
 	}
 }
 
+// A round runs each route beside its baseline, and a baseline only in its
+// pairs; a route without one (direct, a lone baseline) alone.
+func TestPairUnits(t *testing.T) {
+	routes := []route{{name: "direct", base: "direct"}, {name: "reverse_proxy"}, {name: "guard+reverse_proxy"},
+		{name: "broker pass-through"}, {name: "reverse_proxy 2026-07-28", version: modernProtocolVersion},
+		{name: "guard+reverse_proxy on NATS storage", base: "guard+reverse_proxy"}}
+	var got []string
+	for _, u := range pairUnits(routes) {
+		var names []string
+		for _, r := range u {
+			names = append(names, r.name)
+		}
+		got = append(got, strings.Join(names, " + "))
+	}
+	want := []string{"direct", "reverse_proxy + guard+reverse_proxy", "reverse_proxy + broker pass-through", "reverse_proxy 2026-07-28",
+		"guard+reverse_proxy + guard+reverse_proxy on NATS storage"}
+	if !slices.Equal(got, want) {
+		t.Errorf("pairUnits = %q, want %q", got, want)
+	}
+}
+
 // A route's ratio to reverse_proxy is taken within each round, then the
 // median of those: a round where the machine was slow for both routes
 // weighs on neither.

@@ -64,7 +64,8 @@ type sample struct {
 // result is the figures for one route at one concurrency over all rounds.
 type result struct {
 	route       string
-	baseline    string // the reverse_proxy row its ratios are to
+	baseline    string // the row its ratios are to
+	asked       string // the protocol version its clients asked for: route.version
 	version     string // the protocol version negotiated (the rounds' versions, if they differ)
 	concurrency int
 	callsPerSec float64
@@ -72,12 +73,21 @@ type result struct {
 	cpuPerCall  time.Duration // 0 when no gateway process is measured
 	rss         int64
 
-	// Each round's throughput and p50, in round order, for the ratios
-	// against reverse_proxy: a route and reverse_proxy run back to back in
-	// a round, so a ratio taken within the round leaves out the load that
-	// drifts between rounds on shared cores.
+	// Each run's throughput and p50, in order.
 	roundRates []float64
 	roundP50s  []time.Duration
+	// The route's runs beside its baseline and the baseline's beside
+	// them, round by round, for the ratios: the two run back to back, so
+	// a ratio taken within the pair leaves out the load that drifts on
+	// shared cores. And the CPU per call of each over those runs;
+	// nil for a route without a baseline. (A route that is also another's
+	// baseline runs more often than its pairs: its row pools all.)
+	pairRates      []float64
+	pairP50s       []time.Duration
+	pairCPUPerCall time.Duration
+	baseRates      []float64
+	baseP50s       []time.Duration
+	baseCPUPerCall time.Duration
 }
 
 // report is what a run measured, for tests; run prints it.
@@ -193,8 +203,9 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 		defer cg.stop()
 		clusterRoutes = cg.routes
 	}
-	routes := append([]route{{name: "direct", url: "http://" + upAddr + "/mcp"},
-		{name: "direct " + modernProtocolVersion, url: "http://" + mupAddr + "/mcp", version: modernProtocolVersion}}, gw.routes...)
+	// The direct rows have no baseline: they are what "vs direct" is to.
+	routes := append([]route{{name: "direct", url: "http://" + upAddr + "/mcp", base: "direct"},
+		{name: "direct " + modernProtocolVersion, url: "http://" + mupAddr + "/mcp", version: modernProtocolVersion, base: "direct " + modernProtocolVersion}}, gw.routes...)
 	if cfg.peerMCPGo {
 		peer, r, err := startMCPGoPeer(ctx, work, upAddr, up2Addr)
 		if err != nil {
@@ -211,24 +222,45 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 		return nil, err
 	}
 
-	samples := map[string]map[int][]sample{}
+	// Each route runs right beside its baseline, in turn before and after
+	// it, so that the pair sees the same machine: its ratios come from
+	// that pair alone. A baseline's own row pools all its runs.
+	samples := map[string]map[int][]sample{} // a route's runs, all of them
+	self := map[string]map[int][]sample{}    // a route's runs in its pairs
+	paired := map[string]map[int][]sample{}  // the baseline's run beside each of those
+	add := func(m map[string]map[int][]sample, name string, conc int, s sample) {
+		if m[name] == nil {
+			m[name] = map[int][]sample{}
+		}
+		m[name][conc] = append(m[name][conc], s)
+	}
+	units := pairUnits(routes)
 	for round := 0; round < cfg.rounds; round++ {
 		for _, conc := range cfg.concurrency {
 			// Rotate the order each round so no route always goes first.
-			order := slices.Clone(routes)
+			order := slices.Clone(units)
 			for i := 0; i < round%len(order); i++ {
 				order = append(order[1:], order[0])
 			}
-			for _, r := range order {
-				fmt.Fprintf(os.Stderr, "bench: round %d/%d, %d sessions, %s\n", round+1, cfg.rounds, conc, r.name)
-				s, err := drive(ctx, r, conc, cfg.callsPer(conc), cfg.tool)
-				if err != nil {
-					return nil, fmt.Errorf("%s at %d sessions: %w", r.name, conc, err)
+			for _, u := range order {
+				run := u
+				if len(u) == 2 && round%2 == 1 {
+					run = []route{u[1], u[0]}
 				}
-				if samples[r.name] == nil {
-					samples[r.name] = map[int][]sample{}
+				got := map[string]sample{}
+				for _, r := range run {
+					fmt.Fprintf(os.Stderr, "bench: round %d/%d, %d sessions, %s\n", round+1, cfg.rounds, conc, r.name)
+					s, err := drive(ctx, r, conc, cfg.callsPer(conc), cfg.tool)
+					if err != nil {
+						return nil, fmt.Errorf("%s at %d sessions: %w", r.name, conc, err)
+					}
+					got[r.name] = s
+					add(samples, r.name, conc, s)
 				}
-				samples[r.name][conc] = append(samples[r.name][conc], s)
+				if len(u) == 2 {
+					add(self, u[1].name, conc, got[u[1].name])
+					add(paired, u[1].name, conc, got[u[0].name])
+				}
 			}
 		}
 	}
@@ -243,7 +275,13 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 	for _, r := range routes {
 		for _, conc := range cfg.concurrency {
 			res := summarize(r.name, conc, samples[r.name][conc], r.pid != 0)
-			res.baseline = r.baseline()
+			if ps := paired[r.name][conc]; len(ps) > 0 {
+				mine := summarize(r.name, conc, self[r.name][conc], r.pid != 0)
+				base := summarize(r.baseline(), conc, ps, r.pid != 0)
+				res.pairRates, res.pairP50s, res.pairCPUPerCall = mine.roundRates, mine.roundP50s, mine.cpuPerCall
+				res.baseRates, res.baseP50s, res.baseCPUPerCall = base.roundRates, base.roundP50s, base.cpuPerCall
+			}
+			res.baseline, res.asked = r.baseline(), r.version
 			results = append(results, res)
 		}
 	}
@@ -433,6 +471,31 @@ func p50(lat []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
+// pairUnits are what a round runs, in order: each route with a baseline
+// among routes as a pair, the baseline first, and each other route alone,
+// but for a baseline of some pair, which runs in its pairs.
+func pairUnits(routes []route) [][]route {
+	byName := map[string]route{}
+	for _, r := range routes {
+		byName[r.name] = r
+	}
+	isBase := map[string]bool{}
+	for _, r := range routes {
+		if b, ok := byName[r.baseline()]; ok && b.name != r.name {
+			isBase[b.name] = true
+		}
+	}
+	var units [][]route
+	for _, r := range routes {
+		if b, ok := byName[r.baseline()]; ok && b.name != r.name {
+			units = append(units, []route{b, r})
+		} else if !isBase[r.name] {
+			units = append(units, []route{r})
+		}
+	}
+	return units
+}
+
 // pairedRatios are a route's figure over reverse_proxy's in each round,
 // and their median.
 func pairedRatios(r, rp []float64) (median float64, each []float64) {
@@ -473,7 +536,7 @@ func printTable(out io.Writer, cfg config, results []result) {
 	if cfg.roundCalls > 0 {
 		perSession = fmt.Sprintf("at least %d calls per session and %d per route per round", cfg.calls, cfg.roundCalls)
 	}
-	fmt.Fprintf(out, "tools/call %q, %s, %d round(s); calls/s is the median over rounds, p50 and p99 pool them; ratios to the baseline (reverse_proxy of the same protocol; for rows on NATS storage, the single-node guard) are medians of each round's ratio\n\n", cfg.tool, perSession, cfg.rounds)
+	fmt.Fprintf(out, "tools/call %q, %s, %d round(s); calls/s is the median over rounds, p50 and p99 pool them; ratios to the baseline (reverse_proxy of the same protocol; for rows on NATS storage, the single-node guard) are medians of each round's ratio, each route run right beside a run of its baseline\n\n", cfg.tool, perSession, cfg.rounds)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "route\tprotocol\tsessions\tcalls/s\tp50\tp99\tgateway CPU/call\tgateway RSS\tvs direct\tvs baseline (calls/s, p50, CPU)\tbaseline\t")
 	for _, r := range results {
@@ -484,19 +547,21 @@ func printTable(out io.Writer, cfg config, results []result) {
 		}
 		vsDirect, vsRP, base := "-", "-", "-"
 		direct := "direct"
-		if r.baseline != "reverse_proxy" && r.baseline != "" {
-			direct = "direct" + strings.TrimPrefix(r.baseline, "reverse_proxy")
+		if r.asked != "" {
+			direct += " " + r.asked
 		}
 		if d := find(direct, r.concurrency); d != nil {
 			vsDirect = fmt.Sprintf("%.2f×", r.callsPerSec/d.callsPerSec)
 		}
-		if rp := find(r.baseline, r.concurrency); rp != nil && r.route != direct {
-			rate, _ := pairedRatios(r.roundRates, rp.roundRates)
-			lat, _ := pairedRatios(seconds(r.roundP50s), seconds(rp.roundP50s))
+		if r.baseRates != nil {
+			rate, _ := pairedRatios(r.pairRates, r.baseRates)
+			lat, _ := pairedRatios(seconds(r.pairP50s), seconds(r.baseP50s))
 			vsRP, base = fmt.Sprintf("%.2f×, %.2f×", rate, lat), r.baseline
-			if r.cpuPerCall > 0 && rp.cpuPerCall > 0 {
-				vsRP += fmt.Sprintf(", %.2f×", float64(r.cpuPerCall)/float64(rp.cpuPerCall))
+			if r.pairCPUPerCall > 0 && r.baseCPUPerCall > 0 {
+				vsRP += fmt.Sprintf(", %.2f×", float64(r.pairCPUPerCall)/float64(r.baseCPUPerCall))
 			}
+		} else if r.route == r.baseline && !strings.HasPrefix(r.route, "direct") {
+			vsRP, base = "1.00×, 1.00×, 1.00×", r.baseline
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.route, r.version, r.concurrency, r.callsPerSec,
 			round(r.p50), round(r.p99), cpu, mem, vsDirect, vsRP, base)
@@ -509,11 +574,10 @@ func printTable(out io.Writer, cfg config, results []result) {
 	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "route\tsessions\tby round\t")
 	for _, r := range results {
-		rp := find(r.baseline, r.concurrency)
-		if rp == nil || strings.HasPrefix(r.route, "direct") || r.route == r.baseline {
+		if r.baseRates == nil {
 			continue
 		}
-		_, each := pairedRatios(seconds(r.roundP50s), seconds(rp.roundP50s))
+		_, each := pairedRatios(seconds(r.pairP50s), seconds(r.baseP50s))
 		parts := make([]string, len(each))
 		for i, x := range each {
 			parts[i] = fmt.Sprintf("%.2f", x)
