@@ -79,6 +79,8 @@ type Engine struct {
 	// relays maps a child token id to the orchestrator session that
 	// subscribed to the sessions that token creates (see Relay).
 	relays map[string]string
+
+	hooks []*changeHook // OnChange's
 }
 
 var _ Sessions = (*Engine)(nil)
