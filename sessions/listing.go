@@ -89,7 +89,8 @@ func (e *Engine) ListingIDs() []string {
 // OnChange calls fn with a session's id each time what Listing gives of
 // it may have changed: it is created, a turn starts or ends, its state or
 // queue changes, an interaction becomes pending or stops being pending,
-// it fails, or it is dropped (Listing then says false). fn is called with
+// it fails, or it is dropped (Listing then says false); for a change an
+// event tells of, before any subscriber can get the event. fn is called with
 // the engine's lock held: it must only take note, and read the session
 // later through Listing. It is never called per chunk of an agent's
 // answer. The returned function stops the calls.
