@@ -312,12 +312,17 @@ func (d *directory) retry(id string) {
 
 // write makes session id's entries what the engine holds of it now.
 func (d *directory) write(id string) error {
+	if sessions.NodeOf(id) != d.node {
+		// A session of this host's from before it joined a cluster: list
+		// shows it from the engine, here only.
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(d.ctx, writeTimeout)
 	defer cancel()
 	l, ok := d.lst.Listing(id)
 	want := map[string][]byte{}
 	var reqs []string
-	if ok && sessions.NodeOf(id) == d.node {
+	if ok {
 		v := l.View
 		v.Link, v.Worker, v.Foreign, v.Unreachable = "", false, false, false
 		b, err := json.Marshal(sessionEntry{View: v, Owner: l.Owner, OwnerTokenID: l.OwnerTokenID, Base: l.Base})
