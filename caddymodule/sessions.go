@@ -282,7 +282,8 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 		alive := engine.Alive
 		if shared != nil {
 			st.cluster, err = clustersessions.New(openCtx, clustersessions.Options{
-				Local: engine, Node: node, Storage: shared, Logger: logger, Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq,
+				Local: engine, Listings: engine, Node: node, Storage: shared, Logger: logger, Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq,
+				LinkFor: func(id, base string) string { return st.signer.Link(base, id) },
 				Peers: func() []string {
 					if n := shared.Nodes(); n != nil {
 						return n.AliveServing(sessionsService)

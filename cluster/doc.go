@@ -10,8 +10,11 @@
 // dead one TTL after its last heartbeat), through which the aggregated
 // route finds the replica that holds a session; sealed request/reply
 // between nodes ([RPC]), through which any replica acts on an agent
-// session where it runs; and sealed event streams ([EventStream]), one
-// sequence for the whole cluster.
+// session where it runs; sealed event streams ([EventStream]), one
+// sequence for the whole cluster; and node areas ([NodeArea]): what each
+// node writes for its own part under zidane/nodes/<node>/<area>/ (the
+// sessions directory), which every node follows with one watch and reads
+// caught up.
 //
 // The storage:
 //

@@ -235,6 +235,25 @@ authorization {
 		{"locked update", func() error {
 			return updateCounter(ctx, a)
 		}},
+		{"node area", func() error {
+			area, err := b.FollowNodeArea("directory", func(_, _ string, v []byte) (any, bool) { return string(v), true }, nil)
+			if err != nil {
+				return err
+			}
+			defer area.Close()
+			if err := a.Store(ctx, "zidane/nodes/gw-a/directory/sessions/s1", []byte("entry")); err != nil {
+				return err
+			}
+			if err := area.Sync(ctx); err != nil {
+				return err
+			}
+			n := 0
+			area.Each(func(_, _ string, v any) { n++ })
+			if n != 1 {
+				return fmt.Errorf("the area holds %d values", n)
+			}
+			return nil
+		}},
 		{"delete", func() error {
 			if err := a.Delete(ctx, "zidane/sessions"); err != nil {
 				return err

@@ -6,8 +6,22 @@
 // sealed request/reply ([cluster.RPC]), with the caller as this replica
 // authenticated it. The owning engine decides everything as it does on a
 // single node: who may act on the session, and which answer to an
-// interaction comes first. `list` and `pending` ask every live node, so
-// that the rules of who sees what stay in one place, the engine.
+// interaction comes first.
+//
+// `list` and `pending` (of every session) are served from shared state,
+// the sessions directory (directory.go): each node writes, under its own
+// prefix of the cluster's storage, what `list` shows of each of its
+// sessions and each interaction waiting for an answer, whenever the engine
+// says one changed; every replica follows the directory and answers from
+// it, with the engine's own rule of who sees what ([sessions.Sees]). A
+// verb returns, and an event is published, once what it changed is in the
+// directory, and a read waits until the directory has caught up with what
+// was written before it, so a session created or an interaction raised on
+// one replica is listed on every other at once. The sessions of a node
+// that is not alive are still listed, marked unreachable, from what it
+// last wrote; a node that starts rewrites its entries and deletes those of
+// sessions it no longer has. With NATS away, `list` gives this node's
+// sessions alone and says partial.
 //
 // Events go through one JetStream stream ([cluster.EventStream]): each
 // node publishes its engine's events, every node follows the stream, and
@@ -24,7 +38,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -37,6 +50,13 @@ import (
 type Options struct {
 	// Local is this node's engine; its Config.Node is Node.
 	Local sessions.Sessions
+	// Listings is the same engine, whose sessions' listings this node
+	// writes to the sessions directory (see directory.go).
+	Listings Listings
+	// LinkFor makes the link of a session of another node that List
+	// shows, as that node's engine would (sessions.Config.LinkFor); nil
+	// shows none.
+	LinkFor func(sessionID, base string) string
 	// Node is this node's id.
 	Node string
 	// Storage is the cluster's storage, whose connection carries the
@@ -72,6 +92,9 @@ type Sessions struct {
 	events *sessions.EventLog
 	relay  func(sessions.Event)
 	lastEv func() int64
+	dir    *directory
+	area   *cluster.NodeArea
+	link   func(id, base string) string
 
 	stopFollow  func()
 	unsubscribe func()
@@ -108,8 +131,8 @@ const publishTries = 5
 // New starts serving this node's sessions to the other replicas and
 // following the cluster's events. Close stops both.
 func New(ctx context.Context, opts Options) (*Sessions, error) {
-	if opts.Local == nil || opts.Storage == nil || opts.Peers == nil {
-		return nil, errors.New("clustersessions: Local, Storage and Peers are required")
+	if opts.Local == nil || opts.Listings == nil || opts.Storage == nil || opts.Peers == nil {
+		return nil, errors.New("clustersessions: Local, Listings, Storage and Peers are required")
 	}
 	log := opts.Logger
 	if log == nil {
@@ -124,6 +147,7 @@ func New(ctx context.Context, opts Options) (*Sessions, error) {
 		events: sessions.NewEventLog(max, log.Warn), last: map[string]int64{}, inst: map[string]string{}, waits: map[string]int{},
 		instance: rand.Text()[:16],
 		pubDone:  make(chan struct{}),
+		link:     opts.LinkFor,
 	}
 	s.cond = sync.NewCond(&s.mu)
 	if s.lastEv == nil {
@@ -133,7 +157,14 @@ func New(ctx context.Context, opts Options) (*Sessions, error) {
 	if s.stream, err = opts.Storage.OpenEventStream(ctx, streamName, int64(max), log); err != nil {
 		return nil, err
 	}
+	if s.area, err = opts.Storage.FollowNodeArea(directoryArea, accept, log); err != nil {
+		return nil, err
+	}
+	s.dir = newDirectory(opts.Storage, opts.Node, opts.Listings, log)
+	s.dir.start(ctx)
 	if s.rpc, err = opts.Storage.ServeRPC(service, opts.Node, s.serve, log); err != nil {
+		s.dir.close()
+		s.area.Close()
 		return nil, err
 	}
 	// What the stream holds at start is put back, not pushed again: those
@@ -144,6 +175,8 @@ func New(ctx context.Context, opts Options) (*Sessions, error) {
 	}
 	if err != nil {
 		s.rpc.Close()
+		s.dir.close()
+		s.area.Close()
 		return nil, err
 	}
 	s.startPublisher()
@@ -157,6 +190,8 @@ func (s *Sessions) Close() {
 	s.rpc.Close()
 	s.stopFollow()
 	s.events.Close()
+	s.dir.close()
+	s.area.Close()
 }
 
 // wireEvent is an event as it travels in the stream: who published it
@@ -216,6 +251,9 @@ func (s *Sessions) publish(ev sessions.Event, stop <-chan struct{}) {
 		s.mu.Unlock()
 		s.cond.Broadcast()
 	}()
+	// What the event says happened is in the directory before any
+	// replica hears of it.
+	s.dir.flush(context.Background())
 	id := s.node + ":" + s.instance + ":" + strconv.FormatInt(ev.Seq, 10)
 	for try := 1; ; try++ {
 		// Dated at each try: the stream takes it within eventFreshness of
@@ -294,9 +332,13 @@ func (s *Sessions) nodeOf(id string) string {
 	return ""
 }
 
-// Create starts the session here: this node runs its agent.
+// Create starts the session here: this node runs its agent. It returns
+// once the session is in the directory, so that a list on any replica
+// shows it.
 func (s *Sessions) Create(ctx context.Context, owner sessions.Owner, req sessions.CreateRequest) (sessions.Created, error) {
-	return s.local.Create(ctx, owner, req)
+	c, err := s.local.Create(ctx, owner, req)
+	s.dir.flush(ctx)
+	return c, err
 }
 
 func (s *Sessions) Send(ctx context.Context, owner sessions.Owner, id, prompt string) (bool, error) {
@@ -305,6 +347,7 @@ func (s *Sessions) Send(ctx context.Context, owner sessions.Owner, id, prompt st
 		err := s.call(ctx, n, "send", request{Owner: owner, ID: id, Text: prompt}, &out)
 		return out.Queued, err
 	}
+	defer s.dir.flush(ctx)
 	return s.local.Send(ctx, owner, id, prompt)
 }
 
@@ -314,6 +357,7 @@ func (s *Sessions) Steer(ctx context.Context, owner sessions.Owner, id, text str
 		err := s.call(ctx, n, "steer", request{Owner: owner, ID: id, Text: text}, &out)
 		return out.Mode, err
 	}
+	defer s.dir.flush(ctx)
 	return s.local.Steer(ctx, owner, id, text)
 }
 
@@ -321,6 +365,7 @@ func (s *Sessions) Cancel(ctx context.Context, owner sessions.Owner, id string) 
 	if n := s.nodeOf(id); n != "" {
 		return s.call(ctx, n, "cancel", request{Owner: owner, ID: id}, nil)
 	}
+	defer s.dir.flush(ctx)
 	return s.local.Cancel(ctx, owner, id)
 }
 
@@ -348,47 +393,60 @@ func (s *Sessions) Wait(ctx context.Context, owner sessions.Owner, id string, ti
 		err := s.call(ctx, n, "wait", request{Owner: owner, ID: id, Wait: timeout}, &v)
 		return v, err
 	}
+	defer s.dir.flush(ctx)
 	return s.local.Wait(ctx, owner, id, timeout)
 }
 
-// List merges every live node's list, newest first.
+// List is this node's sessions, from its engine, and the other nodes',
+// from the directory, newest first. The directory is read once it holds
+// every entry written before List began (bounded by syncWait): a session
+// created on another replica before is listed. A session whose node is
+// not alive is listed as its node last wrote it, Unreachable. When the
+// directory cannot be read (NATS away), List gives this node's sessions
+// alone, and partial.
 func (s *Sessions) List(owner sessions.Owner, limit int) ([]sessions.SessionView, bool) {
 	if limit <= 0 {
 		limit = 20
 	}
-	type part struct {
-		List    []sessions.SessionView
-		Partial bool
+	ctx, cancel := context.WithTimeout(context.Background(), syncWait)
+	err := s.area.Sync(ctx)
+	cancel()
+	all, partial := s.local.List(owner, limit)
+	if err != nil {
+		s.log.Warn("the sessions directory could not be read; list shows this node's sessions alone", "error", err)
+		return all, true
 	}
-	_, parts := s.everyNode(func(n string) (any, error) {
-		var p part
-		err := s.read(n, "list", request{Owner: owner, N: limit}, &p)
-		return p, err
-	}, func() any {
-		l, partial := s.local.List(owner, limit)
-		return part{l, partial}
-	})
-	var all []sessions.SessionView
-	partial := false
-	for _, p := range parts {
-		switch p := p.(type) {
-		case nil:
-			partial = true // a node did not answer: its sessions are missing
-		case part:
-			all = append(all, p.List...)
-			partial = partial || p.Partial
+	alive := s.alive()
+	bases := map[string]string{}
+	s.area.Each(func(node, _ string, v any) {
+		e, ok := v.(*sessionEntry)
+		if !ok || node == s.node || !sessions.Sees(owner, e.Owner, owner.OtherSessions, sessions.AccessRead) {
+			return
 		}
-	}
-	sort.Slice(all, func(i, j int) bool {
-		if !all[i].Created.Equal(all[j].Created) {
-			return all[i].Created.After(all[j].Created)
-		}
-		return all[i].SessionID > all[j].SessionID
+		view := sessions.ListedView(e.View, owner, e.Owner, e.OwnerTokenID)
+		view.Unreachable = !alive[node]
+		all = append(all, view)
+		bases[view.SessionID] = e.Base
 	})
+	sessions.SortViews(all)
 	if len(all) > limit {
 		all, partial = all[:limit], true
 	}
+	for i := range all {
+		if base, ok := bases[all[i].SessionID]; ok && base != "" && s.link != nil {
+			all[i].Link = s.link(all[i].SessionID, base)
+		}
+	}
 	return all, partial
+}
+
+// alive is the set of the other nodes that serve sessions now.
+func (s *Sessions) alive() map[string]bool {
+	alive := map[string]bool{}
+	for _, n := range s.peers() {
+		alive[n] = true
+	}
+	return alive
 }
 
 // syncWait bounds how long Events waits for the events a node recorded
@@ -481,7 +539,11 @@ func (s *Sessions) caughtUp(marks map[string]int64) {
 	}
 }
 
-// Pending is a session's, from its node, or every live node's.
+// Pending is a session's, from its node; or this node's, from its
+// engine, and the other nodes', from the directory (read as List reads
+// it), oldest first. An interaction of a node that is not alive is
+// Unreachable. When the directory cannot be read, Pending gives this
+// node's alone.
 func (s *Sessions) Pending(owner sessions.Owner, id string) ([]sessions.Interaction, error) {
 	if id != "" {
 		if n := s.nodeOf(id); n != "" {
@@ -491,21 +553,28 @@ func (s *Sessions) Pending(owner sessions.Owner, id string) ([]sessions.Interact
 		}
 		return s.local.Pending(owner, id)
 	}
-	_, parts := s.everyNode(func(n string) (any, error) {
-		var out []sessions.Interaction
-		err := s.read(n, "pending", request{Owner: owner}, &out)
-		return out, err
-	}, func() any {
-		out, _ := s.local.Pending(owner, "")
-		return out
-	})
-	var all []sessions.Interaction
-	for _, p := range parts {
-		if p, ok := p.([]sessions.Interaction); ok {
-			all = append(all, p...)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), syncWait)
+	err := s.area.Sync(ctx)
+	cancel()
+	all, lerr := s.local.Pending(owner, "")
+	if lerr != nil {
+		return nil, lerr
 	}
-	sort.SliceStable(all, func(i, j int) bool { return all[i].Created.Before(all[j].Created) })
+	if err != nil {
+		s.log.Warn("the sessions directory could not be read; pending shows this node's interactions alone", "error", err)
+		return all, nil
+	}
+	alive := s.alive()
+	s.area.Each(func(node, _ string, v any) {
+		e, ok := v.(*pendingEntry)
+		if !ok || node == s.node || !sessions.Sees(owner, e.Owner, owner.OtherInteractions, sessions.AccessRead) {
+			return
+		}
+		it := e.Interaction
+		it.Unreachable = !alive[node]
+		all = append(all, it)
+	})
+	sessions.SortInteractions(all)
 	return all, nil
 }
 
@@ -515,6 +584,7 @@ func (s *Sessions) Answer(ctx context.Context, owner sessions.Owner, requestID s
 	if n := s.nodeOf(requestID); n != "" {
 		return s.call(ctx, n, "answer", request{Owner: owner, ID: requestID, Answer: &a}, nil)
 	}
+	defer s.dir.flush(ctx)
 	return s.local.Answer(ctx, owner, requestID, a)
 }
 
@@ -523,7 +593,10 @@ func (s *Sessions) Subscribe(fn func(sessions.Event)) func() { return s.events.S
 
 // RevokeToken cancels what the token started here; every node hears of
 // the revocation through the shared token store and does the same.
-func (s *Sessions) RevokeToken(tokenID string) { s.local.RevokeToken(tokenID) }
+func (s *Sessions) RevokeToken(tokenID string) {
+	s.local.RevokeToken(tokenID)
+	s.dir.flush(context.Background())
+}
 
 // empty is what everyNode gives for a node that serves no sessions.
 var empty = struct{}{}
@@ -738,6 +811,8 @@ func (s *Sessions) serve(ctx context.Context, method string, body json.RawMessag
 		result, err = s.local.Wait(ctx, req.Owner, req.ID, min(req.Wait, cluster.MaxRPCWait-5*time.Second))
 		release()
 	case "list":
+		// No longer asked by this version (List reads the directory); an
+		// older replica asks it during a rolling upgrade.
 		l, partial := s.local.List(req.Owner, req.N)
 		result = struct {
 			List    []sessions.SessionView
@@ -760,6 +835,12 @@ func (s *Sessions) serve(ctx context.Context, method string, body json.RawMessag
 		err = s.local.Answer(ctx, req.Owner, req.ID, *req.Answer)
 	default:
 		return nil, fmt.Errorf("no such verb %q", method)
+	}
+	switch method {
+	case "send", "steer", "cancel", "wait", "answer":
+		// What the verb changed is in the directory before the caller's
+		// replica hears back.
+		s.dir.flush(ctx)
 	}
 	return encode(result, err)
 }

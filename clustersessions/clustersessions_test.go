@@ -27,7 +27,12 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func startNATS(t *testing.T) string {
+func startNATS(t testing.TB) string {
+	t.Helper()
+	return startNATSServer(t).ClientURL()
+}
+
+func startNATSServer(t testing.TB) *server.Server {
 	t.Helper()
 	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
 	if err != nil {
@@ -38,7 +43,7 @@ func startNATS(t *testing.T) string {
 	if !ns.ReadyForConnections(30 * time.Second) {
 		t.Fatal("nats-server did not become ready")
 	}
-	return ns.ClientURL()
+	return ns
 }
 
 var key = func() []byte {
@@ -76,6 +81,18 @@ func (p *peers) of(self string) func() []string {
 
 func startNode(t *testing.T, url, id string, p *peers) *node {
 	t.Helper()
+	return startNodeWith(t, url, id, p, nodeConfig{})
+}
+
+// nodeConfig is what a test changes of a node.
+type nodeConfig struct {
+	limits sessions.Limits
+	// link gives the engine and the directory's reader the same links.
+	link func(id, base string) string
+}
+
+func startNodeWith(t testing.TB, url, id string, p *peers, nc nodeConfig) *node {
+	t.Helper()
 	conn, err := cluster.Dial(cluster.ConnConfig{URLs: []string{url}, Name: id})
 	if err != nil {
 		t.Fatal(err)
@@ -94,13 +111,13 @@ func startNode(t *testing.T, url, id string, p *peers) *node {
 	engine, err := sessions.NewEngine(ctx, sessions.Config{
 		Agents: map[string]sessions.AgentConfig{"demo": {Command: []string{exe}, Env: map[string]string{
 			"CLUSTERSESSIONS_DEMOAGENT": "1", "GORACE": "atexit_sleep_ms=0"}}},
-		DefaultAgent: "demo", Storage: st, Node: id,
+		DefaultAgent: "demo", Storage: st, Node: id, Limits: nc.limits, LinkFor: nc.link,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { engine.Close() })
-	cs, err := clustersessions.New(ctx, clustersessions.Options{Local: engine, Node: id, Storage: st, Peers: p.of(id), Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq})
+	cs, err := clustersessions.New(ctx, clustersessions.Options{Local: engine, Listings: engine, Node: id, Storage: st, Peers: p.of(id), Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq, LinkFor: nc.link})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +131,7 @@ func startNode(t *testing.T, url, id string, p *peers) *node {
 	return n
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -124,7 +141,7 @@ func owner(name string) sessions.Owner {
 	return sessions.Owner{TokenID: "tok-" + name, TokenName: name, MCPSession: "mcp-" + name}
 }
 
-func settle(t *testing.T, n *node, o sessions.Owner, id string) sessions.SessionView {
+func settle(t testing.TB, n *node, o sessions.Owner, id string) sessions.SessionView {
 	t.Helper()
 	for range 20 {
 		v, err := n.cs.Wait(ctxT(t), o, id, 5*time.Second)
@@ -225,8 +242,8 @@ func TestEveryVerbFromAnotherReplica(t *testing.T) {
 		}
 	}
 
-	// A node that is down (gone from the registry): its sessions are gone
-	// from the others' view until it is back, with an error that says so.
+	// A node that is down (gone from the registry): a verb on its
+	// sessions says so, and list still shows them, unreachable.
 	a.cs.Close()
 	p.mu.Lock()
 	p.alive["gw-a"] = false
@@ -234,8 +251,9 @@ func TestEveryVerbFromAnotherReplica(t *testing.T) {
 	if _, err := b.cs.Read(sam, c.SessionID, false); !errors.Is(err, sessions.ErrNoSession) || !errors.Is(err, sessions.ErrUnreachable) {
 		t.Fatalf("read of a session whose node is down: %v", err)
 	}
-	if list, _ := b.cs.List(sam, 10); len(list) != 1 || list[0].SessionID != cb.SessionID {
-		t.Fatalf("list with a node down: %+v; want gw-b's only", list)
+	if list, partial := b.cs.List(sam, 10); len(list) != 2 || partial || list[0].SessionID != cb.SessionID || list[0].Unreachable ||
+		list[1].SessionID != c.SessionID || !list[1].Unreachable || list[1].LastMessage != "You said: go left" {
+		t.Fatalf("list with a node down: %+v (partial %v); want both, gw-a's unreachable", list, partial)
 	}
 }
 

@@ -487,17 +487,19 @@ func TestClusterAgentSessions(t *testing.T) {
 		var mu sync.Mutex
 		calls := 0
 		perNode := map[string]int{}
+		var made []string
 		var wg sync.WaitGroup
 		for _, g := range clients {
 			wg.Go(func() {
 				for r := range rounds {
-					node, k, err := lbCycle(t, g, dir, r)
+					id, node, k, err := lbCycle(t, g, dir, r)
 					mu.Lock()
 					calls += k
 					if err != nil {
 						failures = append(failures, fmt.Errorf("%s round %d: %w", g.label, r, err))
 					} else {
 						perNode[node]++
+						made = append(made, id)
 					}
 					mu.Unlock()
 				}
@@ -507,6 +509,31 @@ func TestClusterAgentSessions(t *testing.T) {
 		t.Logf("through the load balancer: %d clients × %d rounds, %d tool calls, %d failed; sessions per node: %v", len(clients), rounds, calls, len(failures), perNode)
 		for _, err := range failures {
 			t.Error(err)
+		}
+		// One list through the load balancer, on whichever replica it
+		// lands, shows the sessions of every node.
+		if len(clients) > 0 {
+			var l listView
+			sessionsCall(t, clients[0], "list", map[string]any{"limit": 100}).decode(t, &l)
+			nodes := map[string]bool{}
+			listed := map[string]bool{}
+			for _, v := range l.Sessions {
+				listed[v.SessionID] = true
+				if m := anyNodeSession.FindStringSubmatch(v.SessionID); m != nil {
+					nodes[m[1]] = true
+				}
+				if v.Unreachable {
+					t.Errorf("list through the load balancer, every replica up: %s is unreachable", v.SessionID)
+				}
+			}
+			for _, id := range append(slices.Clone(s), made...) {
+				if !listed[id] {
+					t.Errorf("list through the load balancer lacks %s", id)
+				}
+			}
+			if len(nodes) != n || l.Partial {
+				t.Errorf("list through the load balancer: sessions of nodes %v (partial %v), want all %d", nodes, l.Partial, n)
+			}
 		}
 	})
 
@@ -529,6 +556,33 @@ func TestClusterAgentSessions(t *testing.T) {
 		}
 		if !strings.Contains(a.Text, `runs on replica "gw-1"`) || !strings.Contains(a.Text, "once it is back") {
 			t.Errorf("send through gw-0 to a session of the stopped gw-1 answered %q; want the refusal to say its node gw-1 is down and to try again once it is back, as the README says", a.Text)
+		}
+		// Still listed on the others, from the directory, as it last was,
+		// and marked unreachable once their registry has seen gw-1 leave;
+		// the others' sessions are not.
+		for _, k := range []int{0, 2} {
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				var l listView
+				sessionsCall(t, c[k], "list", map[string]any{"limit": 100}).decode(t, &l)
+				i := slices.IndexFunc(l.Sessions, func(v sessionView) bool { return v.SessionID == id })
+				if i < 0 || l.Sessions[i].Turns != before.Turns || l.Sessions[i].LastMessage != before.LastMessage || l.Partial {
+					t.Fatalf("list through gw-%d while gw-1 is down: %+v; want %s listed as it was before", k, l, id)
+				}
+				if !l.Sessions[i].Unreachable {
+					if time.Now().After(deadline) {
+						t.Fatalf("list through gw-%d 10s after gw-1 stopped: %s is not marked unreachable", k, id)
+					}
+					time.Sleep(50 * time.Millisecond)
+					continue
+				}
+				for _, v := range l.Sessions {
+					if v.Unreachable != strings.HasSuffix(v.SessionID, ".gw-1") {
+						t.Errorf("list through gw-%d while gw-1 is down: %s unreachable %v", k, v.SessionID, v.Unreachable)
+					}
+				}
+				break
+			}
 		}
 		replicas[1].start(t)
 		waitStatus(t, urls[1], token, http.StatusOK, 20*time.Second)
@@ -610,7 +664,7 @@ func TestClusterAgentSessions(t *testing.T) {
 // wait, send an approval prompt, pending, answer, wait, transcript, list.
 // It returns the node the session runs on, the number of tool calls made,
 // and the first failure.
-func lbCycle(t *testing.T, g *goSessions, dir string, round int) (node string, calls int, err error) {
+func lbCycle(t *testing.T, g *goSessions, dir string, round int) (id, node string, calls int, err error) {
 	call := func(tool string, args map[string]any, v any) (toolAnswer, error) {
 		calls++
 		a, err := g.tryCall(t, tool, args)
@@ -645,49 +699,49 @@ func lbCycle(t *testing.T, g *goSessions, dir string, round int) (node string, c
 	prompt := fmt.Sprintf("%s round %d", g.label, round)
 	var cr createdView
 	if _, err := call("sessions", map[string]any{"verb": "create", "cwd": dir, "prompt": prompt}, &cr); err != nil {
-		return "", calls, err
+		return "", "", calls, err
 	}
 	m := anyNodeSession.FindStringSubmatch(cr.SessionID)
 	if m == nil {
-		return "", calls, fmt.Errorf("create answered session id %q, which names none of the replicas", cr.SessionID)
+		return "", "", calls, fmt.Errorf("create answered session id %q, which names none of the replicas", cr.SessionID)
 	}
-	id, node := cr.SessionID, m[1]
+	id, node = cr.SessionID, m[1]
 	if v, err := settled(id); err != nil || v.State != "idle" || v.LastMessage != "You said: "+prompt {
-		return node, calls, fmt.Errorf("the first turn of %s: %+v %v", id, v, err)
+		return id, node, calls, fmt.Errorf("the first turn of %s: %+v %v", id, v, err)
 	}
 	cmd := "deploy " + prompt
 	if _, err := call("sessions", map[string]any{"verb": "send", "sessionId": id, "prompt": "approve: " + cmd}, nil); err != nil {
-		return node, calls, err
+		return id, node, calls, err
 	}
 	if v, err := settled(id); err != nil || v.State != "blocked" {
-		return node, calls, fmt.Errorf("%s after the approval prompt: %+v %v, want blocked", id, v, err)
+		return id, node, calls, fmt.Errorf("%s after the approval prompt: %+v %v, want blocked", id, v, err)
 	}
 	var p pendingView
 	if _, err := call("interactions", map[string]any{"verb": "pending", "sessionId": id}, &p); err != nil {
-		return node, calls, err
+		return id, node, calls, err
 	}
 	if len(p.Interactions) != 1 || !requestIDOn(node).MatchString(p.Interactions[0].RequestID) {
-		return node, calls, fmt.Errorf("pending of %s: %+v, want one request of %s", id, p.Interactions, node)
+		return id, node, calls, fmt.Errorf("pending of %s: %+v, want one request of %s", id, p.Interactions, node)
 	}
 	if _, err := call("interactions", map[string]any{"verb": "answer", "requestId": p.Interactions[0].RequestID, "decision": "allow"}, nil); err != nil {
-		return node, calls, err
+		return id, node, calls, err
 	}
 	if v, err := settled(id); err != nil || v.State != "idle" || v.LastMessage != "Allowed: "+cmd {
-		return node, calls, fmt.Errorf("%s after the answer: %+v %v", id, v, err)
+		return id, node, calls, fmt.Errorf("%s after the answer: %+v %v", id, v, err)
 	}
 	var tr transcriptView
 	if _, err := call("sessions", map[string]any{"verb": "transcript", "sessionId": id}, &tr); err != nil {
-		return node, calls, err
+		return id, node, calls, err
 	}
 	if len(tr.Turns) != 2 || tr.Turns[0].Prompt != prompt || tr.Turns[1].Answer != "Allowed: "+cmd {
-		return node, calls, fmt.Errorf("transcript of %s: %+v", id, tr.Turns)
+		return id, node, calls, fmt.Errorf("transcript of %s: %+v", id, tr.Turns)
 	}
 	var l listView
 	if _, err := call("sessions", map[string]any{"verb": "list", "limit": 100}, &l); err != nil {
-		return node, calls, err
+		return id, node, calls, err
 	}
 	if !slices.ContainsFunc(l.Sessions, func(v sessionView) bool { return v.SessionID == id }) {
-		return node, calls, errors.New("list lacks " + id)
+		return id, node, calls, errors.New("list lacks " + id)
 	}
-	return node, calls, nil
+	return id, node, calls, nil
 }

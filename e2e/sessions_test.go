@@ -94,6 +94,7 @@ type sessionView struct {
 	Error       string `json:"error"`
 	Link        string `json:"link"`
 	Worker      bool   `json:"worker"`
+	Unreachable bool   `json:"unreachable"`
 }
 
 type createdView struct {

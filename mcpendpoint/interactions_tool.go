@@ -90,6 +90,9 @@ func (e *Endpoint) pending(c caller, a *args) (reply, error) {
 	}
 	for _, in := range list {
 		fmt.Fprintf(&b, "\n- requestId %s, session %s, %s: %s", in.RequestID, in.SessionID, in.Kind, in.Summary)
+		if in.Unreachable {
+			b.WriteString(" (unreachable: its replica is down; it cannot be answered now, and it ends if that replica restarts)")
+		}
 		if len(in.Payload) > 0 {
 			fmt.Fprintf(&b, "\n  payload: %s", in.Payload)
 		}

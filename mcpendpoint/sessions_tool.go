@@ -44,7 +44,7 @@ const sessionsDescription = `Start and drive coding-agent sessions on this host.
 - steer {sessionId, text}: add guidance to the current run; the agent sees it at its next turn boundary. The answer says whether the agent took it as steering or it went to the head of the prompt queue.
 - cancel {sessionId}: interrupt the running turn. Its pending interactions end as cancelled.
 - read {sessionId, full?}: title, cwd, state (idle, running, blocked = waiting for an answer, ended, error), turn count, link, and the last agent message, cut at 600 characters unless full is true.
-- list {limit?}: your sessions, newest first, with live state (every owner's on a host that shares them; foreign: true marks another owner's). limit defaults to 30, at most 100; partial: true means more exist. worker: true marks the sessions you created.
+- list {limit?}: your sessions, newest first, with live state (every owner's on a host that shares them; foreign: true marks another owner's). limit defaults to 30, at most 100; partial: true means more exist. worker: true marks the sessions you created; in a cluster, unreachable: true marks a session whose replica is down, shown as it last was.
 - transcript {sessionId, turns?, full?}: the last turns (default 10, at most 50) as plain text, each prompt and answer cut at 1200 characters unless full is true.
 - wait {sessionId, timeout?}: return once the session is idle or blocked, or after timeout seconds (default 30, at most 50). Only when you have nothing else to do: <session-event> notifications make polling unnecessary.
 - events {sessionId?, status?, text?, since?, limit?}: what happened, newest first. status is done (a turn finished), error, cancelled or needs-attention (an answer is awaited); text searches the summaries; since returns only events after that seq; limit defaults to 20, at most 100.
@@ -406,6 +406,9 @@ func (e *Endpoint) list(_ context.Context, c caller, a *args) (reply, error) {
 		fmt.Fprintf(&b, "\n- %s [%s] %q in %s, %d turns", v.SessionID, v.State, v.Title, v.Cwd, v.Turns)
 		if v.Worker {
 			b.WriteString(", worker (you created it)")
+		}
+		if v.Unreachable {
+			b.WriteString(", unreachable (its replica is down: as it last was; verbs on it fail until the replica is back)")
 		}
 	}
 	return reply{text: withNotes(b.String(), res.Notes), data: res}, nil

@@ -162,6 +162,11 @@ type SessionView struct {
 	// Foreign marks a session of another owner, which the caller sees by
 	// share_sessions or sessions:any (list).
 	Foreign bool `json:"foreign,omitempty"`
+	// Unreachable marks, in a cluster, a session whose replica is not
+	// alive: list shows it as its replica last wrote it to the cluster's
+	// directory, and every verb on it answers that the replica does not
+	// answer (ErrUnreachable) until it is back.
+	Unreachable bool `json:"unreachable,omitempty"`
 }
 
 // Turn is one prompt and what the agent answered, for `transcript`.
@@ -238,6 +243,10 @@ type Interaction struct {
 	// input) and the options.
 	Payload json.RawMessage `json:"payload"`
 	Created time.Time       `json:"created"`
+	// Unreachable marks, in a cluster, an interaction whose session's
+	// replica is not alive: an answer is refused (ErrUnreachable) while
+	// it is away, and a replica that restarts has ended its interactions.
+	Unreachable bool `json:"unreachable,omitempty"`
 }
 
 // Answer answers an interaction. For approvals and plans, OptionID names

@@ -25,7 +25,7 @@ func (e *Engine) sessionLocked(id string, owner Owner, access, need Access) (*se
 // reach refuses owner a session of another owner unless access reaches
 // need. The error names the session, never whose it is.
 func reach(s *session, owner Owner, access, need Access) error {
-	if s.rec.Owner == owner.OwnerID() || access >= need {
+	if Sees(owner, s.rec.Owner, access, need) {
 		return nil
 	}
 	return fmt.Errorf("%w: session %s", ErrNotOwner, s.rec.ID)
@@ -104,7 +104,7 @@ func (e *Engine) enqueueLocked(s *session, p prompt, first bool) error {
 	e.touchLocked(s, p.owner)
 	e.stopIdle(s)
 	e.startWorkerLocked(s)
-	s.notify()
+	e.changedLocked(s)
 	return nil
 }
 
@@ -219,7 +219,7 @@ func (e *Engine) cancelLocked(s *session, why string) (done chan struct{}, ok bo
 		}
 		e.recordLocked(s, Event{Status: EventCancelled, Kind: "cancelled",
 			Summary: fmt.Sprintf("%s: cancelled (%s); %d queued prompt(s) dropped", s.rec.Title, why, dropped)})
-		s.notify()
+		e.changedLocked(s)
 		go e.persist(s, saveEvents)
 		return nil, true
 	}
@@ -231,7 +231,7 @@ func (e *Engine) cancelLocked(s *session, why string) (done chan struct{}, ok bo
 		acpID := s.rec.ACPSessionID
 		go e.sendCancel(s, a, t, acpID, why)
 	}
-	s.notify()
+	e.changedLocked(s)
 	return t.done, true
 }
 
@@ -248,7 +248,7 @@ func (e *Engine) sendCancel(s *session, a *acpclient.Agent, t *turn, acpID, why 
 	}
 	e.mu.Lock()
 	e.cancelPendingLocked(s, why)
-	s.notify()
+	e.changedLocked(s)
 	e.mu.Unlock()
 
 	timer := time.NewTimer(e.lim.CancelTimeout)

@@ -128,6 +128,10 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 	evicted := e.evictLocked()
 	e.sessions[id] = s
 	e.startWorkerLocked(s)
+	e.noteLocked(id)
+	for _, old := range evicted {
+		e.noteLocked(old)
+	}
 	e.mu.Unlock()
 	for _, old := range evicted {
 		e.forget(old)

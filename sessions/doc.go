@@ -10,7 +10,10 @@
 // a caller's Access reaches other owners' sessions (share_sessions,
 // sessions:any). It tells the gateway, through Config hooks, when a session
 // launches an agent (MCPServers, to mint the agent's credentials) and when
-// it ends (Ended, to delete them).
+// it ends (Ended, to delete them). Who sees which session is one rule
+// ([Sees]); a cluster's directory of every node's sessions applies it to
+// the listings ([Engine.Listing]) each node writes when its engine says a
+// session changed ([Engine.OnChange]).
 //
 // Agents are treated as hostile code on the host. Each gets a minimal
 // environment (PATH and LANG, a HOME and TMPDIR in a scratch directory of

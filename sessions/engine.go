@@ -79,6 +79,8 @@ type Engine struct {
 	// relays maps a child token id to the orchestrator session that
 	// subscribed to the sessions that token creates (see Relay).
 	relays map[string]string
+
+	hooks []*changeHook // OnChange's
 }
 
 var _ Sessions = (*Engine)(nil)
@@ -382,6 +384,9 @@ func (e *Engine) link(id string) string {
 // recordLocked adds an event about s to the log, aimed at the MCP session
 // of s's owner that created or last sent to s.
 func (e *Engine) recordLocked(s *session, ev Event) {
+	// The OnChange hooks hear of what the event tells before anyone can
+	// hear of the event.
+	e.noteLocked(s.rec.ID)
 	ev.SessionID = s.rec.ID
 	ev.Target = s.rec.Target
 	ev.Owner = s.rec.Owner

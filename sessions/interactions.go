@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -187,7 +186,7 @@ func (e *Engine) ask(ctx context.Context, s *session, gen int, it *interaction) 
 		Summary:   fmt.Sprintf("%s: needs attention: %s", s.rec.Title, it.Summary),
 		RequestID: it.RequestID,
 	})
-	s.notify()
+	e.changedLocked(s)
 	e.mu.Unlock()
 	e.persist(s, saveEvents)
 
@@ -197,7 +196,7 @@ func (e *Engine) ask(ctx context.Context, s *session, gen int, it *interaction) 
 	case <-ctx.Done():
 		e.mu.Lock()
 		if e.takeLocked(it, resolution{why: "the agent withdrew it"}) {
-			s.notify()
+			e.changedLocked(s)
 		}
 		e.mu.Unlock()
 		select {
@@ -269,12 +268,8 @@ func (e *Engine) Pending(owner Owner, sessionID string) ([]Interaction, error) {
 			out = append(out, it.Interaction)
 		}
 	}
-	sortInteractions(out)
+	SortInteractions(out)
 	return out, nil
-}
-
-func sortInteractions(list []Interaction) {
-	sort.SliceStable(list, func(i, j int) bool { return list[i].Created.Before(list[j].Created) })
 }
 
 // Answer answers a pending interaction of a session owner may act on (its
@@ -319,7 +314,7 @@ func (e *Engine) Answer(_ context.Context, owner Owner, requestID string, a Answ
 	}
 	e.takeLocked(it, resolution{answered: true, why: how})
 	it.reply <- r
-	it.s.notify()
+	e.changedLocked(it.s)
 	e.mu.Unlock()
 	return nil
 }

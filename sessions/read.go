@@ -2,7 +2,6 @@ package sessions
 
 import (
 	"context"
-	"sort"
 	"time"
 )
 
@@ -36,20 +35,14 @@ func (e *Engine) List(owner Owner, limit int) ([]SessionView, bool) {
 			all = append(all, s)
 		}
 	}
-	sort.Slice(all, func(i, j int) bool {
-		if !all[i].rec.Created.Equal(all[j].rec.Created) {
-			return all[i].rec.Created.After(all[j].rec.Created)
-		}
-		return all[i].rec.ID > all[j].rec.ID
-	})
-	n := min(limit, len(all))
-	out := make([]SessionView, n)
-	for i, s := range all[:n] {
-		out[i] = s.view(false)
-		out[i].Worker = owner.TokenID != "" && s.rec.OwnerTokenID == owner.TokenID
-		out[i].Foreign = s.rec.Owner != owner.OwnerID()
+	out := make([]SessionView, len(all))
+	for i, s := range all {
+		out[i] = ListedView(s.view(false), owner, s.rec.Owner, s.rec.OwnerTokenID)
 	}
 	e.mu.Unlock()
+	SortViews(out)
+	n := min(limit, len(out))
+	out = out[:n]
 	for i := range out {
 		out[i].Link = e.link(out[i].SessionID)
 	}

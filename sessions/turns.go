@@ -33,7 +33,7 @@ func (e *Engine) work(s *session) {
 		e.mu.Lock()
 		if e.closed || s.dead() {
 			s.worker = false
-			s.notify()
+			e.changedLocked(s)
 			e.mu.Unlock()
 			return
 		}
@@ -57,7 +57,7 @@ func (e *Engine) work(s *session) {
 		if !ok {
 			s.worker = false
 			e.armIdleLocked(s)
-			s.notify()
+			e.changedLocked(s)
 			e.mu.Unlock()
 			return
 		}
@@ -66,7 +66,7 @@ func (e *Engine) work(s *session) {
 		t.Index, t.Prompt, t.Started = s.rec.Turns, p.text, time.Now().UTC()
 		s.turn, s.lastErr = t, ""
 		a, acpID := s.agent, s.rec.ACPSessionID
-		s.notify()
+		e.changedLocked(s)
 		e.mu.Unlock()
 
 		stop, err := a.Prompt(e.ctx, acpID, p.text)
@@ -151,7 +151,7 @@ func (e *Engine) launch(s *session, gen int) error {
 	}
 	s.agent, s.steering = a, info.Steering
 	s.rec.ACPSessionID, s.rec.LoadSession = acpID, info.LoadSession
-	s.notify()
+	e.changedLocked(s)
 	e.workers.Add(1) // under the lock that saw the engine open: Close waits for it
 	go e.watch(s, a)
 	e.mu.Unlock()
@@ -229,7 +229,7 @@ func (e *Engine) failLocked(s *session, a *acpclient.Agent, msg string) {
 		}()
 	}
 	e.recordLocked(s, Event{Status: EventError, Kind: "failed", Summary: fmt.Sprintf("%s: failed: %s", s.rec.Title, msg)})
-	s.notify()
+	e.changedLocked(s)
 	e.endedLocked(s.rec.ID)
 }
 
@@ -285,7 +285,7 @@ func (e *Engine) endTurn(s *session, a *acpclient.Agent, t *turn, stop acp.StopR
 		e.armIdleLocked(s)
 		goOn = false
 	}
-	s.notify()
+	e.changedLocked(s)
 	e.mu.Unlock()
 	e.persist(s, what)
 	return goOn
