@@ -327,8 +327,11 @@ func (h testHop) sign(t *testing.T, req *http.Request, body, from, to string, at
 		m.Write([]byte(s))
 	}
 	ts := strconv.FormatInt(at.UnixMilli(), 10)
-	field("zidane aggregate hop v1")
-	for _, s := range []string{req.Method, req.URL.RequestURI(), h.route, req.Header.Get("Mcp-Session-Id"), from, to, ts, nonce, principal} {
+	// The client's address as the sending edge saw it: for the owner's
+	// audit lines.
+	const client = "127.0.0.9"
+	field("zidane aggregate hop v2")
+	for _, s := range []string{req.Method, req.URL.RequestURI(), h.route, req.Header.Get("Mcp-Session-Id"), from, to, ts, nonce, principal, client} {
 		field(s)
 	}
 	d := sha256.Sum256([]byte(body))
@@ -356,7 +359,7 @@ func (h testHop) sign(t *testing.T, req *http.Request, body, from, to string, at
 			field(v)
 		}
 	}
-	req.Header.Set("Zidane-Hop", "v1;from="+from+";to="+to+";t="+ts+";n="+nonce+";mac="+base64.RawURLEncoding.EncodeToString(m.Sum(nil)))
+	req.Header.Set("Zidane-Hop", "v2;from="+from+";to="+to+";t="+ts+";n="+nonce+";c="+client+";mac="+base64.RawURLEncoding.EncodeToString(m.Sum(nil)))
 	req.Header.Set("Zidane-Hop-Principal", principal)
 }
 
