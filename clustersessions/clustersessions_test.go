@@ -175,16 +175,10 @@ func eventFor(t *testing.T, n *node, id string, status sessions.EventStatus) ses
 // Every verb works from a replica that does not run the session, with the
 // owning engine's decisions (ownership, errors) as on a single node.
 func TestEveryVerbFromAnotherReplica(t *testing.T) {
-	url := startNATS(t)
-	p := &peers{alive: map[string]bool{}}
-	a := startNode(t, url, "gw-a", p)
-	b := startNode(t, url, "gw-b", p)
+	a, b, p, _ := twoNodes(t)
 	sam, eve := owner("sam"), owner("eve")
 
-	c, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := create(t, a, sam, "hello")
 	if sessions.NodeOf(c.SessionID) != "gw-a" {
 		t.Fatalf("session %s is not gw-a's", c.SessionID)
 	}
@@ -224,10 +218,7 @@ func TestEveryVerbFromAnotherReplica(t *testing.T) {
 	}
 
 	// list on either replica shows both nodes' sessions, once each.
-	cb, err := b.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hi"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cb := create(t, b, sam, "hi")
 	settle(t, a, sam, cb.SessionID)
 	for _, n := range []*node{a, b} {
 		list, partial := n.cs.List(sam, 10)
@@ -260,23 +251,14 @@ func TestEveryVerbFromAnotherReplica(t *testing.T) {
 // Events are numbered by the stream: one sequence for the cluster, the
 // same on every replica, and each replica's subscribers get every node's.
 func TestEventsAreNumberedForTheCluster(t *testing.T) {
-	url := startNATS(t)
-	p := &peers{alive: map[string]bool{}}
-	a := startNode(t, url, "gw-a", p)
-	b := startNode(t, url, "gw-b", p)
+	a, b, p, url := twoNodes(t)
 	sam := owner("sam")
-	ca, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := create(t, a, sam, "hello")
 	evA := eventFor(t, b, ca.SessionID, sessions.EventDone)
 	if ev := eventFor(t, a, ca.SessionID, sessions.EventDone); ev.Seq != evA.Seq {
 		t.Fatalf("one event has seq %d on gw-a and %d on gw-b", ev.Seq, evA.Seq)
 	}
-	cb, err := b.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cb := create(t, b, sam, "hello")
 	evB := eventFor(t, a, cb.SessionID, sessions.EventDone)
 	if ev := eventFor(t, b, cb.SessionID, sessions.EventDone); ev.Seq != evB.Seq {
 		t.Fatalf("one event has seq %d on gw-b and %d on gw-a", ev.Seq, evB.Seq)
@@ -325,17 +307,12 @@ func TestEventsAreNumberedForTheCluster(t *testing.T) {
 // Pending interactions of every node show on each; answers go to the
 // interaction's node, where the first one wins.
 func TestFirstAnswerWinsAcrossReplicas(t *testing.T) {
-	url := startNATS(t)
-	p := &peers{alive: map[string]bool{}}
-	a := startNode(t, url, "gw-a", p)
-	b := startNode(t, url, "gw-b", p)
+	a, b, _, _ := twoNodes(t)
 	sam := owner("sam")
-	c, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "approve: ship it"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := create(t, a, sam, "approve: ship it")
 	ev := eventFor(t, b, c.SessionID, sessions.EventNeedsAttention)
 	var pending []sessions.Interaction
+	var err error
 	for range 100 {
 		if pending, err = b.cs.Pending(sam, ""); err != nil || len(pending) == 1 {
 			break
@@ -387,22 +364,13 @@ func TestFirstAnswerWinsAcrossReplicas(t *testing.T) {
 // An orchestrator subscribed to its workers gets their events as prompts
 // wherever they run: a worker its token created on another node.
 func TestOrchestratorHearsWorkersOnOtherNodes(t *testing.T) {
-	url := startNATS(t)
-	p := &peers{alive: map[string]bool{}}
-	a := startNode(t, url, "gw-a", p)
-	b := startNode(t, url, "gw-b", p)
+	a, b, _, _ := twoNodes(t)
 	sam := owner("sam")
-	orch, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "orchestrate"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	orch := create(t, a, sam, "orchestrate")
 	settle(t, a, sam, orch.SessionID)
 	a.engine.Relay("tok-child", orch.SessionID)
 	child := sessions.Owner{TokenID: "tok-child", ID: sam.OwnerID(), MCPSession: "mcp-child"}
-	w, err := b.cs.Create(ctxT(t), child, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "work"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := create(t, b, child, "work")
 	done := eventFor(t, a, w.SessionID, sessions.EventDone)
 	for range 100 {
 		turns, err := a.cs.Transcript(sam, orch.SessionID, 0, true)
@@ -424,19 +392,10 @@ func TestOrchestratorHearsWorkersOnOtherNodes(t *testing.T) {
 // verbs go on; and waits whose callers gave up end on the node, so the
 // owner may wait again.
 func TestWaitsFromAnotherReplicaAreBounded(t *testing.T) {
-	url := startNATS(t)
-	p := &peers{alive: map[string]bool{}}
-	a := startNode(t, url, "gw-a", p)
-	b := startNode(t, url, "gw-b", p)
+	a, b, _, _ := twoNodes(t)
 	sam, eve := owner("sam"), owner("eve")
-	long, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "sleep: 5m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hers, err := a.cs.Create(ctxT(t), eve, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	long := create(t, a, sam, "sleep: 5m")
+	hers := create(t, a, eve, "hello")
 	settle(t, b, eve, hers.SessionID)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -482,15 +441,9 @@ func TestWaitsFromAnotherReplicaAreBounded(t *testing.T) {
 // are another process's, which the stream's readers and its duplicate
 // window tell apart, so every replica, itself included, takes them.
 func TestEventsOfANodeRestartedWithFewerStoredEvents(t *testing.T) {
-	url := startNATS(t)
-	p := &peers{alive: map[string]bool{}}
-	a := startNode(t, url, "gw-a", p)
-	b := startNode(t, url, "gw-b", p)
+	a, b, p, url := twoNodes(t)
 	sam := owner("sam")
-	c1, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c1 := create(t, a, sam, "hello")
 	eventFor(t, b, c1.SessionID, sessions.EventDone)
 	settle(t, a, sam, c1.SessionID)
 	a.cs.Close()
@@ -527,10 +480,7 @@ func TestEventsOfANodeRestartedWithFewerStoredEvents(t *testing.T) {
 	}
 
 	a2 := startNode(t, url, "gw-a", p)
-	c2, err := a2.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c2 := create(t, a2, sam, "hello")
 	settle(t, a2, sam, c2.SessionID)
 	local, err := a2.engine.Events(sam, sessions.EventFilter{SessionID: c2.SessionID})
 	if err != nil || len(local) == 0 {
@@ -544,10 +494,7 @@ func TestEventsOfANodeRestartedWithFewerStoredEvents(t *testing.T) {
 		}
 	}
 	// A later event on gw-b comes after gw-a's in the stream.
-	c3, err := b.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c3 := create(t, b, sam, "hello")
 	eventFor(t, b, c3.SessionID, sessions.EventDone)
 	eventFor(t, a2, c3.SessionID, sessions.EventDone)
 	for _, n := range []*node{b, a2} {
@@ -561,15 +508,9 @@ func TestEventsOfANodeRestartedWithFewerStoredEvents(t *testing.T) {
 // past NATS's max payload once JSON-escaped: through another replica it is
 // refused with what is wrong, not as a session that is gone.
 func TestLargePromptFromAnotherReplica(t *testing.T) {
-	url := startNATS(t)
-	p := &peers{alive: map[string]bool{}}
-	a := startNode(t, url, "gw-a", p)
-	b := startNode(t, url, "gw-b", p)
+	a, b, _, _ := twoNodes(t)
 	sam := owner("sam")
-	c, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := create(t, a, sam, "hello")
 	settle(t, a, sam, c.SessionID)
 	prompt := strings.Repeat("<", 200<<10)
 	if _, err := a.cs.Send(ctxT(t), sam, c.SessionID, prompt); err != nil {
@@ -579,4 +520,23 @@ func TestLargePromptFromAnotherReplica(t *testing.T) {
 	if _, err := b.cs.Send(ctxT(t), sam, c.SessionID, prompt); err == nil || errors.Is(err, sessions.ErrNoSession) || !strings.Contains(err.Error(), "send less") {
 		t.Errorf("the same prompt through gw-b: %v", err)
 	}
+}
+
+// twoNodes starts a nats-server and the nodes gw-a and gw-b on it, whose
+// liveness p says; url is the server's.
+func twoNodes(t *testing.T) (a, b *node, p *peers, url string) {
+	t.Helper()
+	url = startNATS(t)
+	p = &peers{alive: map[string]bool{}}
+	return startNode(t, url, "gw-a", p), startNode(t, url, "gw-b", p), p, url
+}
+
+// create makes o a session on n that starts with prompt, or fails the test.
+func create(t testing.TB, n *node, o sessions.Owner, prompt string) sessions.Created {
+	t.Helper()
+	c, err := n.cs.Create(ctxT(t), o, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: prompt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -87,14 +87,8 @@ func TestListAndPendingFromTheDirectory(t *testing.T) {
 	}
 
 	// Sessions of every node, in the engine's order.
-	cb, err := b.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := c.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "approve: ship it"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cb := create(t, b, sam, "hello")
+	cc := create(t, c, sam, "approve: ship it")
 	order := []string{cc.SessionID, cb.SessionID, ca.SessionID}
 	for _, n := range []*node{a, b, c} {
 		if list, partial := n.cs.List(sam, 10); !slices.Equal(ids(list), order) || partial {
@@ -140,20 +134,11 @@ func TestListAndPendingFromTheDirectory(t *testing.T) {
 // rewrites its entries and deletes those of sessions and interactions it
 // no longer has.
 func TestDirectoryOfANodeThatIsDownAndRestarts(t *testing.T) {
-	url := startNATS(t)
-	p := &peers{alive: map[string]bool{}}
-	a := startNode(t, url, "gw-a", p)
-	b := startNode(t, url, "gw-b", p)
+	a, b, p, url := twoNodes(t)
 	sam := owner("sam")
-	c1, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c1 := create(t, a, sam, "hello")
 	settle(t, a, sam, c1.SessionID)
-	c2, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "approve: ship it"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c2 := create(t, a, sam, "approve: ship it")
 	ev := eventFor(t, b, c2.SessionID, sessions.EventNeedsAttention)
 
 	// What a crash leaves: entries no one takes back, and one of a
@@ -214,24 +199,15 @@ func TestForgottenSessionLeavesTheDirectory(t *testing.T) {
 	a := startNodeWith(t, url, "gw-a", p, nodeConfig{limits: sessions.Limits{MaxSessions: 2, MaxSessionsPerToken: 10}})
 	b := startNode(t, url, "gw-b", p)
 	sam := owner("sam")
-	dead, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "crash"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	dead := create(t, a, sam, "crash")
 	if v := settle(t, a, sam, dead.SessionID); v.State != sessions.StateError {
 		t.Fatalf("the crashing session is %s", v.State)
 	}
-	live, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	live := create(t, a, sam, "hello")
 	if list, _ := b.cs.List(sam, 10); !slices.Equal(ids(list), []string{live.SessionID, dead.SessionID}) || list[1].State != sessions.StateError {
 		t.Fatalf("list on gw-b: %+v", list)
 	}
-	third, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	third := create(t, a, sam, "hello")
 	if _, err := a.engine.Read(sam, dead.SessionID, false); !errors.Is(err, sessions.ErrNoSession) {
 		t.Fatalf("gw-a did not drop the ended session: %v", err)
 	}
@@ -245,16 +221,10 @@ func TestForgottenSessionLeavesTheDirectory(t *testing.T) {
 // session's, another node's) nor make one, and a holder of the key cannot
 // put a session of one node under another's prefix.
 func TestDirectoryEntriesCannotBeForgedOrMoved(t *testing.T) {
-	url := startNATS(t)
-	p := &peers{alive: map[string]bool{}}
-	a := startNode(t, url, "gw-a", p)
-	b := startNode(t, url, "gw-b", p)
+	a, b, _, url := twoNodes(t)
 	sam := owner("sam")
 	anyone := sessions.Owner{TokenID: "tok-root", OtherSessions: sessions.AccessAll, OtherInteractions: sessions.AccessAll}
-	c, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "approve: ship it"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := create(t, a, sam, "approve: ship it")
 	ev := eventFor(t, b, c.SessionID, sessions.EventNeedsAttention)
 
 	nc, err := nats.Connect(url)
@@ -340,14 +310,8 @@ func TestListWhenNATSIsAway(t *testing.T) {
 	a := startNode(t, url, "gw-a", p)
 	b := startNode(t, url, "gw-b", p)
 	sam := owner("sam")
-	ca, err := a.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cb, err := b.cs.Create(ctxT(t), sam, sessions.CreateRequest{Cwd: t.TempDir(), Prompt: "hello"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := create(t, a, sam, "hello")
+	cb := create(t, b, sam, "hello")
 	settle(t, b, sam, cb.SessionID)
 	if list, partial := b.cs.List(sam, 10); partial || !slices.Equal(ids(list), []string{cb.SessionID, ca.SessionID}) {
 		t.Fatalf("list on gw-b: %v (partial %v)", ids(list), partial)
