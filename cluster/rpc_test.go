@@ -89,20 +89,8 @@ func TestRPCRefusesForgedAndReplayedRequests(t *testing.T) {
 
 	// A spy records a's request to b and replays it, and sends it to c.
 	spy := connect(t, url)
-	recorded := make(chan *nats.Msg, 1)
-	sub, err := spy.Subscribe("zidane.rpc.rpc.svc.b", func(m *nats.Msg) {
-		select {
-		case recorded <- m:
-		default:
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := spy.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	recorded, stop := recordFirst(t, spy, "zidane.rpc.rpc.svc.b")
+	defer stop()
 	if _, err := a.Call(testCtx(t), "b", "answer", json.RawMessage(`"allow"`)); err != nil {
 		t.Fatal(err)
 	}
@@ -198,24 +186,12 @@ func TestRPCReplayToARestartedNodeIsDropped(t *testing.T) {
 	a, _ := rpcNode(t, url, "a", nil, echo(new(atomic.Int64)))
 	b, _ := rpcNode(t, url, "b", nil, echo(&calls))
 	spy := connect(t, url)
-	recorded := make(chan *nats.Msg, 1)
-	sub, err := spy.Subscribe("zidane.rpc.rpc.svc.b", func(m *nats.Msg) {
-		select {
-		case recorded <- m:
-		default:
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := spy.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	recorded, stop := recordFirst(t, spy, "zidane.rpc.rpc.svc.b")
 	if _, err := a.Call(testCtx(t), "b", "send", json.RawMessage(`"rm -rf"`)); err != nil {
 		t.Fatal(err)
 	}
 	m := <-recorded
-	_ = sub.Unsubscribe()
+	stop()
 	b.Close()
 	// The request was sealed in a millisecond before this one ends.
 	sealedBy := time.Now().UnixMilli()
@@ -371,4 +347,25 @@ func TestRPCForgedNoRespondersEndsNothing(t *testing.T) {
 	if e := handlerErr.Load(); e != "<nil>" {
 		t.Fatalf("the handler's context was ended: %v", e)
 	}
+}
+
+// recordFirst has spy record the first message on subject, as a NATS user
+// who may subscribe to it would, once the server has the subscription;
+// stop ends it.
+func recordFirst(t *testing.T, spy *nats.Conn, subject string) (recorded <-chan *nats.Msg, stop func()) {
+	t.Helper()
+	ch := make(chan *nats.Msg, 1)
+	sub, err := spy.Subscribe(subject, func(m *nats.Msg) {
+		select {
+		case ch <- m:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return ch, func() { _ = sub.Unsubscribe() }
 }
