@@ -524,7 +524,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		return h.refuse(w, r, rf, edge.Refuse(http.StatusBadRequest, "hop_misdirected",
 			"this replica holds no pending call that the forwarded request's requestState names; call the tool again without requestState and inputResponses"))
 	}
-	defer h.tokens.Hold(p.TokenID, cancel)()
+	defer h.tokens.Hold(p.TokenID, cancel).Release()
 	select {
 	case <-processExit().Done():
 		cancel()

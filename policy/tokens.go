@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/internal/pathtree"
@@ -292,12 +293,12 @@ type TokenStore struct {
 	// A sync.Map, written at most once a second per token, keeps the
 	// check free of any exclusive lock.
 	used sync.Map
-	// holds are the cancel functions of the requests in flight, per token
-	// id, under their own lock: every allowed request takes it twice, and
-	// it must not contend with the check's read lock on mu.
-	holdMu   sync.Mutex
-	holds    map[string]map[uint64]func()
-	nextHold uint64
+	// holds are the cancel functions of the requests in flight (see
+	// Hold), spread over shards with locks of their own: every allowed
+	// request takes one twice, and must neither wait on the requests of
+	// other shards nor contend with the check's read lock on mu.
+	holds    [holdShards]holdShard
+	nextHold atomic.Uint64
 
 	hookMu   sync.Mutex
 	onRevoke []func(Token)
@@ -312,7 +313,6 @@ func OpenTokenStore(ctx context.Context, st storage.Storage) (*TokenStore, error
 		byHash:   map[[32]byte]*Token{},
 		byID:     map[string]*Token{},
 		subjects: map[string]time.Time{},
-		holds:    map[string]map[uint64]func(){},
 	}
 	if err := s.Sync(ctx); err != nil {
 		return nil, err
@@ -344,43 +344,80 @@ func (s *TokenStore) OnRevoke(fn func(Token)) (remove func()) {
 	}
 }
 
+// holdShards spreads the requests in flight over independent locks.
+const holdShards = 16
+
+// holdShard holds some of the requests in flight, by their hold number.
+type holdShard struct {
+	mu sync.Mutex
+	m  map[uint64]held
+}
+
+type held struct {
+	token  string
+	cancel func()
+}
+
+// Held is a request held by [TokenStore.Hold]; Release it when its work
+// ends.
+type Held struct {
+	sh *holdShard
+	n  uint64
+}
+
+// Release forgets the request: revoking its token no longer cancels it.
+// Releasing twice, or after the store cancelled it, is harmless.
+func (h Held) Release() {
+	if h.sh == nil {
+		return
+	}
+	h.sh.mu.Lock()
+	delete(h.sh.m, h.n)
+	h.sh.mu.Unlock()
+}
+
 // Hold ties cancel to the token with id: when the token is revoked, cancel
 // runs. The edge holds every request it lets through, so a revoked token's
-// open streams close at once. Call release when the work ends.
-func (s *TokenStore) Hold(id string, cancel func()) (release func()) {
-	s.holdMu.Lock()
-	s.nextHold++
-	n := s.nextHold
-	m := s.holds[id]
-	if m == nil {
-		m = map[uint64]func(){}
-		s.holds[id] = m
+// open streams close at once. Release the hold when the work ends.
+//
+// A request takes one shard's lock, never a lock of the token's: every
+// request of a token (an agent's, a busy client's) would wait on one.
+// Revocation, which is rare, looks through every shard instead.
+func (s *TokenStore) Hold(id string, cancel func()) Held {
+	n := s.nextHold.Add(1)
+	sh := &s.holds[n%holdShards]
+	sh.mu.Lock()
+	if sh.m == nil {
+		sh.m = map[uint64]held{}
 	}
-	m[n] = cancel
-	s.holdMu.Unlock()
-	return func() {
-		s.holdMu.Lock()
-		if m := s.holds[id]; m != nil {
-			delete(m, n)
-			if len(m) == 0 {
-				delete(s.holds, id)
+	sh.m[n] = held{id, cancel}
+	sh.mu.Unlock()
+	return Held{sh, n}
+}
+
+// takeHolds removes the holds of the token with id (every token's when
+// all) and returns their cancel functions.
+func (s *TokenStore) takeHolds(id string, all bool) []func() {
+	var out []func()
+	for i := range s.holds {
+		sh := &s.holds[i]
+		sh.mu.Lock()
+		for n, h := range sh.m {
+			if all || h.token == id {
+				out = append(out, h.cancel)
+				delete(sh.m, n)
 			}
 		}
-		s.holdMu.Unlock()
+		sh.mu.Unlock()
 	}
+	return out
 }
 
 // CancelHolds runs the cancel function of every request held (see Hold),
 // for every token: the process is exiting, and open streams must end.
 func (s *TokenStore) CancelHolds() {
-	s.holdMu.Lock()
-	held := s.holds
-	s.holds = map[string]map[uint64]func(){}
-	s.holdMu.Unlock()
-	for _, m := range held {
-		for _, cancel := range m {
-			cancel()
-		}
+	for _, cancel := range s.takeHolds("", true) {
+		cancel()
 	}
 }
 
@@ -775,11 +812,7 @@ func (s *TokenStore) emit(ev TokenEvent) {
 }
 
 func (s *TokenStore) fireRevoke(t Token) {
-	s.holdMu.Lock()
-	held := s.holds[t.ID]
-	delete(s.holds, t.ID)
-	s.holdMu.Unlock()
-	for _, cancel := range held {
+	for _, cancel := range s.takeHolds(t.ID, false) {
 		cancel()
 	}
 	s.hookMu.Lock()

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -73,8 +74,7 @@ func TestCreateCheckRevoke(t *testing.T) {
 	}
 
 	cancelled := make(chan struct{})
-	release := s.Hold(tok.ID, func() { close(cancelled) })
-	defer release()
+	defer s.Hold(tok.ID, func() { close(cancelled) }).Release()
 	var hooked []string
 	s.OnRevoke(func(t Token) { hooked = append(hooked, t.Name) })
 
@@ -321,21 +321,64 @@ func itoa(i int) string {
 	return string([]byte{byte('0' + i/100%10), byte('0' + i/10%10), byte('0' + i%10)})
 }
 
+// Revoking a token ends the requests of that token that are still held,
+// whichever shard holds them, and no request of another token, nor one
+// already released.
+func TestRevokeEndsOnlyThatTokensHeldRequests(t *testing.T) {
+	ctx := context.Background()
+	_, s := newFileStore(t)
+	_, a, err := s.Create(ctx, TokenSpec{Name: "a", Scopes: []string{"chat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, b, err := s.Create(ctx, TokenSpec{Name: "b", Scopes: []string{"chat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	ended := map[string]int{}
+	end := func(who string) func() {
+		return func() { mu.Lock(); ended[who]++; mu.Unlock() }
+	}
+	// More requests than there are shards, the two tokens' interleaved.
+	var heldB []Held
+	for i := 0; i < 3*holdShards; i++ {
+		s.Hold(a.ID, end("a"))
+		heldB = append(heldB, s.Hold(b.ID, end("b")))
+	}
+	s.Hold(a.ID, end("a released")).Release()
+	if _, err := s.Revoke(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if ended["a"] != 3*holdShards || ended["b"] != 0 || ended["a released"] != 0 {
+		t.Fatalf("revoking a ended %v, want every held request of a (%d) and nothing else", ended, 3*holdShards)
+	}
+	for _, h := range heldB {
+		h.Release()
+	}
+	if _, err := s.Revoke(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if ended["b"] != 0 {
+		t.Fatalf("revoking b cancelled %d released requests", ended["b"])
+	}
+}
+
 // When the process exits, the store ends every request it holds, of every
 // token, so that no open stream keeps caddy from stopping; releasing one
 // afterwards is harmless.
 func TestCancelHoldsEndsEveryHeldRequest(t *testing.T) {
 	_, s := newFileStore(t)
 	var ended []string
-	releaseA := s.Hold("tok_a", func() { ended = append(ended, "a") })
-	releaseB := s.Hold("tok_b", func() { ended = append(ended, "b") })
+	heldA := s.Hold("tok_a", func() { ended = append(ended, "a") })
+	heldB := s.Hold("tok_b", func() { ended = append(ended, "b") })
 	s.CancelHolds()
 	if len(ended) != 2 {
 		t.Fatalf("ended %v, want both requests", ended)
 	}
-	releaseA()
-	releaseB()
-	s.Hold("tok_c", func() { ended = append(ended, "c") })()
+	heldA.Release()
+	heldB.Release()
+	s.Hold("tok_c", func() { ended = append(ended, "c") }).Release()
 	s.CancelHolds()
 	if len(ended) != 2 {
 		t.Fatalf("a released request was cancelled: %v", ended)
