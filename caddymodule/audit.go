@@ -112,8 +112,10 @@ func logToolCall(l *zap.Logger, p policy.Principal, c message.Call, clientIP str
 
 // auditDrop records an answer the listing filter kept from the client:
 // one it could not match to a request of the client's, or not read
-// unambiguously, or too large to filter.
-func (h *Handler) auditDrop(r *http.Request, p policy.Principal, d edge.Drop) {
+// unambiguously, or too large to filter. r is the request as the route
+// serves it, with its principal.
+func (h *Handler) auditDrop(r *http.Request, d edge.Drop) {
+	p, _ := policy.PrincipalFrom(r.Context())
 	metricRefusals.WithLabelValues(d.Reason).Inc()
 	fields := []zap.Field{
 		zap.String("event", "answer_dropped"),

@@ -667,31 +667,31 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	// once, and every one ends when the process exits: the token store
 	// cancels what it holds then (see loadTokens); a request that arrives
 	// after that ends at once.
-	defer h.tokens.Hold(p.TokenID, cancel)()
+	defer h.tokens.Hold(p.TokenID, cancel).Release()
 	select {
 	case <-processExit().Done():
 		cancel()
 	default:
 	}
 	r = r.WithContext(ctx)
-	r.Header.Del("Authorization")
+	delete(r.Header, "Authorization") // canonical names: Header.Del would only canonicalize them again
 	// Every answer goes through the listing filter, which reads it: ask
 	// for it uncompressed (an `encode` in front still compresses what the
 	// client gets).
-	r.Header.Del("Accept-Encoding")
-	f := edge.NewListing(route, p, b, func(d edge.Drop) { h.auditDrop(r, p, d) })
+	delete(r.Header, "Accept-Encoding")
+	f := edge.NewListing(route, p, b, func(d edge.Drop) { h.auditDrop(r, d) })
 	f.Max = h.answerMax
 	f.Budget = h.app.answerBudget
 	fw, closeFilter := f.Wrap(w)
-	err = route.Serve(fw, r, edge.Next(next.ServeHTTP))
-	var re *edge.RefusalError
-	if errors.As(err, &re) {
-		// Refused before anything was written: answered and audited as
-		// the edge's own refusals are.
-		if b != nil {
-			rf.call = b.Calls[0]
+	if err = route.Serve(fw, r, next); err != nil {
+		if re := (*edge.RefusalError)(nil); errors.As(err, &re) {
+			// Refused before anything was written: answered and audited
+			// as the edge's own refusals are.
+			if b != nil {
+				rf.call = b.Calls[0]
+			}
+			return h.refuse(w, r, rf, re.Verdict)
 		}
-		return h.refuse(w, r, rf, re.Verdict)
 	}
 	if cerr := closeFilter(); err == nil {
 		err = cerr

@@ -124,7 +124,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 	// on; reverse_proxy would forward them to the server.
 	r.Trailer = nil
 	defer gw.restore()
-	return next(gw, r)
+	return next.ServeHTTP(gw, r)
 }
 
 // CodeUnknownSession is the JSON-RPC error code of an unknown session id.
@@ -196,10 +196,29 @@ func (w *guardWriter) restore() {
 		return
 	}
 	h := w.Header()
+	if w.unchanged(h) {
+		return // most answers: nothing to undo, and no map to rebuild
+	}
 	clear(h)
 	for _, c := range w.sent {
 		h[c.name] = c.values
 	}
+}
+
+// unchanged reports whether h holds what keep recorded, as it was: the
+// same keys, each with the same values in the same slice (a value set or
+// added after the status has another slice, or a longer one).
+func (w *guardWriter) unchanged(h http.Header) bool {
+	if len(h) != len(w.sent) {
+		return false
+	}
+	for _, c := range w.sent {
+		v, ok := h[c.name]
+		if !ok || len(v) != len(c.values) || (len(v) > 0 && &v[0] != &c.values[0]) {
+			return false
+		}
+	}
+	return true
 }
 
 // dropTrailers removes what would declare trailers: the guarded server's

@@ -73,10 +73,10 @@ func TestGuardStripsTrailers(t *testing.T) {
 					}
 					r = r.WithContext(policy.WithPrincipal(r.Context(), alice))
 					fw, closeFilter := NewListing(g, alice, b, nil).Wrap(w)
-					if err := g.Serve(fw, r, func(w http.ResponseWriter, r *http.Request) error {
+					if err := g.Serve(fw, r, NextFunc(func(w http.ResponseWriter, r *http.Request) error {
 						proxy.ServeHTTP(w, r)
 						return nil
-					}); err != nil {
+					})); err != nil {
 						t.Error(err)
 					}
 					closeFilter()

@@ -67,10 +67,10 @@ func (f *guardFixture) do(p policy.Principal, method string, header http.Header)
 		if f.before != nil {
 			f.before(w)
 		}
-		serveErr = f.g.Serve(w, r, func(w http.ResponseWriter, r *http.Request) error {
+		serveErr = f.g.Serve(w, r, NextFunc(func(w http.ResponseWriter, r *http.Request) error {
 			f.proxy.ServeHTTP(w, r)
 			return nil
-		})
+		}))
 		if serveErr != nil {
 			w.WriteHeader(599)
 		}

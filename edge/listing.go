@@ -101,13 +101,17 @@ type Listing struct {
 	ids    []requestID // the body's requests; nil for a GET
 	post   bool        // the request had a body
 	listen bool        // the body is one subscriptions/listen: Max bounds each event of its stream
-	id     []byte      // the raw id of a body's one request, for an error answer
+	one1   bool        // the body is one message, not a batch
+	first  message.ID  // the id of that one message, for an error answer
 	onDrop func(Drop)
 	one    [1]requestID // room for the one request of most bodies
 	lw     listingWriter
 }
 
-type requestID struct{ key, method string }
+type requestID struct {
+	id     message.ID
+	method string
+}
 
 // NewListing returns the listing filter of a request: b is its body as the
 // edge read it (nil for a GET or DELETE). onDrop is told of every answer
@@ -117,13 +121,13 @@ func NewListing(route Route, p policy.Principal, b *message.Body, onDrop func(Dr
 	if b != nil {
 		f.post = true
 		if !b.Batch {
-			f.id = b.Calls[0].ID.Raw()
+			f.one1, f.first = true, b.Calls[0].ID
 			f.listen = b.Calls[0].Method == "subscriptions/listen"
 		}
 		f.ids = f.one[:0]
 		for _, c := range b.Calls {
 			if !c.IsResponse() && !c.ID.IsZero() {
-				f.ids = append(f.ids, requestID{c.ID.Key(), c.Method})
+				f.ids = append(f.ids, requestID{c.ID, c.Method})
 			}
 		}
 	}
@@ -193,7 +197,7 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 	// to any request, one a client could have it echo.
 	learn := false
 	if f.ids != nil {
-		method, known := f.method(c.ID.Key())
+		method, known := f.method(c.ID)
 		learn = method == "tools/list"
 		if !known {
 			f.drop(Drop{Reason: "unmatched_answer", ID: clip(c.ID.String())})
@@ -293,10 +297,11 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 	return out, err == nil
 }
 
-// method is the method of the body's request with id key.
-func (f *Listing) method(key string) (string, bool) {
+// method is the method of the body's request with id: ids compare as
+// values (see [message.ID]).
+func (f *Listing) method(id message.ID) (string, bool) {
 	for _, r := range f.ids {
-		if r.key == key {
+		if r.id == id {
 			return r.method, true
 		}
 	}
@@ -563,7 +568,10 @@ func (w *listingWriter) release() {
 func (w *listingWriter) cutOff() {
 	w.cut = true
 	w.f.drop(Drop{Reason: "answer_too_large"})
-	id := w.f.id
+	var id []byte
+	if w.f.one1 {
+		id = w.f.first.Raw()
+	}
 	if len(id) == 0 {
 		id = []byte("null")
 	}

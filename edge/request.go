@@ -163,9 +163,25 @@ func ReadBody(r *http.Request, limit int64) ([]byte, Verdict) {
 	if int64(len(body)) > limit {
 		return nil, tooLarge(fmt.Sprintf("request body is over the %d-byte limit; send a smaller request", limit))
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	rb := &replayBody{body: body}
+	rb.Reset(body)
+	r.Body = rb
 	r.ContentLength = int64(len(body))
 	r.Trailer = nil
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	r.GetBody = rb.again
 	return body, Verdict{}
+}
+
+// replayBody is the body the edge read, put back for the route to send on,
+// and what GetBody gives for a retry: one allocation for both.
+type replayBody struct {
+	bytes.Reader
+	body []byte
+}
+
+func (*replayBody) Close() error { return nil }
+
+// again is the body from its start, for a transport that sends it again.
+func (b *replayBody) again() (io.ReadCloser, error) {
+	return io.NopCloser(bytes.NewReader(b.body)), nil
 }

@@ -30,8 +30,17 @@ type Route interface {
 	Serve(w http.ResponseWriter, r *http.Request, next Next) error
 }
 
-// Next is the handler after the edge (in Caddy, the next middleware).
-type Next func(http.ResponseWriter, *http.Request) error
+// Next is the handler after the edge: in Caddy, the next middleware, which
+// is one as it is (an interface, so that passing it on allocates nothing).
+type Next interface {
+	ServeHTTP(http.ResponseWriter, *http.Request) error
+}
+
+// NextFunc is a function as a [Next].
+type NextFunc func(http.ResponseWriter, *http.Request) error
+
+// ServeHTTP calls f.
+func (f NextFunc) ServeHTTP(w http.ResponseWriter, r *http.Request) error { return f(w, r) }
 
 // Kind is the kind of item a listing holds.
 type Kind int

@@ -54,6 +54,11 @@ func AddressKey(ip string, ipv6Prefix int) string {
 	if err != nil {
 		return ip
 	}
+	if a.Is4() {
+		// ParseAddr takes an IPv4 address only in its one spelling
+		// (no leading zeros), so ip is already that spelling.
+		return ip
+	}
 	a = a.Unmap()
 	if a.Is4() {
 		return a.String()
