@@ -596,7 +596,13 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			"mcp_session_idle_timeout": &app.MCPSessionIdleTimeout,
 		}
 		dst, ok := durations[opt]
-		if !ok {
+		switch {
+		case !ok && (opt == "cluster" || opt == "nats"):
+			// Caddy takes its storage from the storage option alone, and
+			// the cluster's storage must be Caddy's (TLS certificates are
+			// shared too), so the cluster's settings are that block.
+			return nil, d.Errf("there is no zidane %s option: cluster mode is one block, storage zidane_nats { url … key … node … advertise … } in the global options, which makes NATS JetStream Caddy's storage too; see the README, \"Shared storage on NATS\"", opt)
+		case !ok:
 			return nil, d.Errf("unknown zidane option %q", opt)
 		}
 		var s string

@@ -494,6 +494,7 @@ func badConfigs(fx configFixtures) []badConfig {
 	cases = append(cases,
 		c("zidane", "an argument", caddyfileOf("zidane on {\n}", "zidane_mcp {\nguard\n}"), "zidane takes no argument"),
 		c("zidane", "twice", caddyfileOf("zidane {\n}\nzidane {\n}", "zidane_mcp {\nguard\n}"), "given twice"),
+		c("zidane", "a cluster block", caddyfileOf("zidane {\ncluster {\nurl nats://127.0.0.1:4222\n}\n}", "zidane_mcp {\nguard\n}"), "cluster mode is one block, storage zidane_nats"),
 	)
 	for _, opt := range []string{"token_sync", "last_used_flush", "link_ttl", "agent_idle_timeout", "mcp_session_idle_timeout"} {
 		cases = append(cases, durationCases("zidane "+opt, func(l string) string { return zidaneBlock(l) }, "give a positive duration such as 1s")...)
