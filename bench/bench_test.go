@@ -77,11 +77,16 @@ func TestSmoke(t *testing.T) {
 		if strings.HasSuffix(r.route, " "+modernProtocolVersion) && r.version != modernProtocolVersion && !strings.HasPrefix(r.route, "aggregated") {
 			t.Errorf("%s negotiated %q", r.route, r.version)
 		}
+		// Every route through caddy has its allocations counted; the
+		// direct rows, which no gateway serves, have none.
+		if through := !strings.HasPrefix(r.route, "direct"); through != (r.allocsPerCall > 0 && r.bytesPerCall > 0) {
+			t.Errorf("%s at %d sessions: %.1f allocations and %.0f bytes per call", r.route, r.concurrency, r.allocsPerCall, r.bytesPerCall)
+		}
 	}
 	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "broker pass-through", "aggregated (2 upstreams)", "vs baseline",
 		"direct 2026-07-28", "reverse_proxy 2026-07-28", "guard+reverse_proxy 2026-07-28", "broker pass-through 2026-07-28", "aggregated (2 upstreams) 2026-07-28", "protocol",
 		"session engine", "create→finished", "finished events delivered / expected", "agent processes at peak",
-		"idle MCP sessions", "sessions endpoint", "caddy RSS/session", "upstream RSS/session",
+		"heap allocations per call", "allocs vs baseline", "idle MCP sessions", "sessions endpoint", "caddy RSS/session", "upstream RSS/session",
 		"after mcp_session_idle_timeout 3s", "heap kept", "sampled sessions closed (404)",
 		"sessions endpoint, 2026-07-28: 200 clients each sent server/discover and a tools/call"} {
 		if !strings.Contains(table, want) {
@@ -89,6 +94,50 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	t.Logf("\n%s", table)
+}
+
+// With -interleave, a route and its baseline at one session are driven
+// from one loop: each makes every call of the round, and their ratio comes
+// from that one pair of samples, which measure no gateway CPU.
+func TestInterleaved(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds caddy and drives real MCP sessions")
+	}
+	cfg, err := parseFlags([]string{"-only", "calls", "-routes", "guard", "-versions", "2025-11-25", "-rounds", "2", "-calls", "15", "-concurrency", "1", "-interleave"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	rep, err := run(ctx, cfg, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	rows := map[string]result{}
+	for _, r := range rep.calls {
+		rows[r.route] = r
+	}
+	guard, rp := rows["guard+reverse_proxy"], rows["reverse_proxy"]
+	switch {
+	case len(rep.calls) != 2:
+		t.Errorf("%d rows, want the guard's and its baseline's", len(rep.calls))
+	case len(guard.pairRates) != 2 || len(guard.baseRates) != 2 || len(rp.roundRates) != 2:
+		t.Errorf("guard: %d paired runs and %d of its baseline beside them; reverse_proxy: %d runs; want 2 of each",
+			len(guard.pairRates), len(guard.baseRates), len(rp.roundRates))
+	case guard.cpuPerCall != 0 || guard.allocsPerCall != 0 || rp.cpuPerCall != 0:
+		t.Errorf("interleaved runs measured the gateway: guard %v and %.0f allocations per call, reverse_proxy %v", guard.cpuPerCall, guard.allocsPerCall, rp.cpuPerCall)
+	case guard.version != benchProtocolVersion || rp.version != benchProtocolVersion:
+		t.Errorf("negotiated %q and %q", guard.version, rp.version)
+	}
+	for _, r := range []result{guard, rp} {
+		for _, rate := range r.roundRates {
+			if rate <= 0 {
+				t.Errorf("%s: a round of %v calls/s", r.route, r.roundRates)
+			}
+		}
+	}
+	t.Logf("\n%s", out.String())
 }
 
 func TestFlags(t *testing.T) {

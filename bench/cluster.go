@@ -96,12 +96,12 @@ http://127.0.0.1:%d {
 		g.stop()
 		return nil, err
 	}
-	pid := p.cmd.Process.Pid
+	pid, adminAddr := p.cmd.Process.Pid, fmt.Sprintf("127.0.0.1:%d", admin)
 	g.routes = []route{
-		{name: "guard+reverse_proxy on NATS storage", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, pid: pid,
+		{name: "guard+reverse_proxy on NATS storage", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, pid: pid, admin: adminAddr,
 			base: "guard+reverse_proxy"},
 		{name: "guard+reverse_proxy on NATS storage " + modernProtocolVersion, url: fmt.Sprintf("http://127.0.0.1:%d/mcp", modernPort),
-			token: token, pid: pid, version: modernProtocolVersion, base: "guard+reverse_proxy " + modernProtocolVersion},
+			token: token, pid: pid, admin: adminAddr, version: modernProtocolVersion, base: "guard+reverse_proxy " + modernProtocolVersion},
 	}
 	return g, nil
 }

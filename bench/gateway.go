@@ -145,18 +145,18 @@ http://127.0.0.1:%d {
 		return nil, err
 	}
 	g.routes = []route{
-		{name: "reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", rpPort), pid: g.pid()},
-		{name: "guard+reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, pid: g.pid()},
-		{name: "broker pass-through", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", brokerPort), token: token, pid: g.pid()},
+		{name: "reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", rpPort), pid: g.pid(), admin: g.admin},
+		{name: "guard+reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, pid: g.pid(), admin: g.admin},
+		{name: "broker pass-through", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", brokerPort), token: token, pid: g.pid(), admin: g.admin},
 	}
 	if aggregated != "" {
 		g.routes = append(g.routes, route{name: "aggregated (2 upstreams)", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", aggPort),
-			token: token, pid: g.pid(), prefix: "mcp_bench_"})
+			token: token, pid: g.pid(), admin: g.admin, prefix: "mcp_bench_"})
 	}
 	if modern != "" {
 		m := func(name string, port int, token, prefix string) route {
 			return route{name: name + " " + modernProtocolVersion, url: fmt.Sprintf("http://127.0.0.1:%d/mcp", port), token: token,
-				pid: g.pid(), prefix: prefix, version: modernProtocolVersion}
+				pid: g.pid(), admin: g.admin, prefix: prefix, version: modernProtocolVersion}
 		}
 		g.routes = append(g.routes, m("reverse_proxy", ports[5], "", ""), m("guard+reverse_proxy", ports[6], token, ""),
 			m("broker pass-through", ports[7], token, ""), m("aggregated (2 upstreams)", ports[8], token, "mcp_benchm_"))

@@ -76,6 +76,7 @@ type config struct {
 	profileRoute    string        // the route driven while it is taken: a prefix of its name
 	profileSessions int           // MCP sessions driving it meanwhile
 	profileFor      time.Duration // how long the profile runs
+	interleave      bool          // at 1 session, a route and its baseline are driven call by call from one loop
 }
 
 // callsPer is the tools/call each of conc sessions makes in a round.
@@ -124,6 +125,7 @@ func parseFlags(args []string) (config, error) {
 	cluster := fs.Bool("cluster", false, "add guard rows from a second caddy whose storage is on NATS JetStream (storage zidane_nats over a nats-server built from go.mod), in the same rounds, to compare cluster mode with one node")
 	routesFlag := fs.String("routes", "", "comma-separated starts of route names (direct, reverse_proxy, guard, broker, aggregated, …): measure only those routes and the baselines their ratios are to, so more rounds fit in the same time")
 	versionsFlag := fs.String("versions", "", "comma-separated protocol versions (2025-11-25, 2026-07-28): measure only the routes whose clients speak one, and their baselines")
+	interleave := fs.Bool("interleave", false, "at 1 session, drive each route and its baseline from one loop, call by call, instead of one run after the other: their p50 ratio then compares calls made side by side on the shared machine (those runs measure no gateway CPU or allocations, since one caddy serves both)")
 	var peers stringList
 	fs.Var(&peers, "peer", "URL of another MCP gateway's endpoint to measure as one more route (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -131,7 +133,7 @@ func parseFlags(args []string) (config, error) {
 	}
 	cfg := config{calls: *calls, roundCalls: *roundCalls, rounds: *rounds, tool: *tool, peers: peers, peerMCPGo: *peerMCPGo, cluster: *cluster, timeout: *timeout, only: *only,
 		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle, idle: *idle, idleTimeout: *idleTimeout,
-		cpuProfile: *cpuProfile, profileRoute: *profileRoute, profileSessions: *profileSessions, profileFor: *profileFor}
+		cpuProfile: *cpuProfile, profileRoute: *profileRoute, profileSessions: *profileSessions, profileFor: *profileFor, interleave: *interleave}
 	for _, s := range strings.Split(*routesFlag, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			cfg.routes = append(cfg.routes, s)

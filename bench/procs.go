@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -242,4 +245,39 @@ func startMCPGoPeer(ctx context.Context, work, upstream, second string) (*proc, 
 		return nil, route{}, err
 	}
 	return p, route{name: mcpGoPeerRoute, url: "http://" + addr + "/mcp", token: token, prefix: "mcp_bench_", pid: p.cmd.Process.Pid}, nil
+}
+
+// memStats is what the bench reads of a Go process's memory statistics.
+type memStats struct {
+	Mallocs    uint64 // heap objects allocated, cumulative
+	TotalAlloc uint64 // heap bytes allocated, cumulative
+}
+
+// readMemStats reads caddy's runtime.MemStats from its admin API
+// (/debug/vars, expvar's memstats).
+func readMemStats(ctx context.Context, admin string) (memStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/debug/vars", nil)
+	if err != nil {
+		return memStats{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return memStats{}, fmt.Errorf("reading caddy's memory statistics: %w", err)
+	}
+	defer resp.Body.Close()
+	var vars struct {
+		Memstats *memStats `json:"memstats"`
+	}
+	err = json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&vars)
+	switch {
+	case resp.StatusCode != http.StatusOK:
+		return memStats{}, fmt.Errorf("reading caddy's memory statistics: the admin API answered %s", resp.Status)
+	case err != nil:
+		return memStats{}, fmt.Errorf("reading caddy's memory statistics: %w", err)
+	case vars.Memstats == nil:
+		return memStats{}, errors.New("reading caddy's memory statistics: /debug/vars holds no memstats")
+	}
+	return *vars.Memstats, nil
 }

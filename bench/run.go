@@ -31,6 +31,7 @@ type route struct {
 	url    string
 	token  string
 	pid    int    // the gateway process whose CPU and RSS are measured (caddy's, a peer's); 0: none
+	admin  string // the gateway's admin API (caddy's), whose Go memory statistics give its allocations per call; "": none
 	prefix string // put before the tool's name: the aggregated route's namespace
 	// version is the protocol version its clients ask for; "" is
 	// benchProtocolVersion. Its ratios are to the reverse_proxy row of the
@@ -59,6 +60,9 @@ type sample struct {
 	lat     []time.Duration
 	cpu     time.Duration
 	rss     int64
+	// The gateway's heap allocations over the run, as its Go runtime
+	// counts them (objects and bytes); zero when not measured.
+	mallocs, allocBytes uint64
 }
 
 // result is the figures for one route at one concurrency over all rounds.
@@ -72,6 +76,9 @@ type result struct {
 	p50, p99    time.Duration
 	cpuPerCall  time.Duration // 0 when no gateway process is measured
 	rss         int64
+	// The gateway's heap allocations per call, objects and bytes; 0 when
+	// not measured.
+	allocsPerCall, bytesPerCall float64
 
 	// Each run's throughput and p50, in order.
 	roundRates []float64
@@ -88,6 +95,9 @@ type result struct {
 	baseRates      []float64
 	baseP50s       []time.Duration
 	baseCPUPerCall time.Duration
+	// The allocations per call of the route and of its baseline over
+	// those runs.
+	pairAllocsPerCall, baseAllocsPerCall float64
 }
 
 // report is what a run measured, for tests; run prints it.
@@ -248,6 +258,19 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 					run = []route{u[1], u[0]}
 				}
 				got := map[string]sample{}
+				if cfg.interleave && conc == 1 && len(run) == 2 {
+					fmt.Fprintf(os.Stderr, "bench: round %d/%d, 1 session each, %s and %s call by call\n", round+1, cfg.rounds, run[0].name, run[1].name)
+					s0, s1, err := driveInterleaved(ctx, run[0], run[1], cfg.callsPer(conc), cfg.tool)
+					if err != nil {
+						return nil, fmt.Errorf("at 1 session, interleaved: %w", err)
+					}
+					got[run[0].name], got[run[1].name] = s0, s1
+					add(samples, run[0].name, conc, s0)
+					add(samples, run[1].name, conc, s1)
+					add(self, u[1].name, conc, got[u[1].name])
+					add(paired, u[1].name, conc, got[u[0].name])
+					continue
+				}
 				for _, r := range run {
 					fmt.Fprintf(os.Stderr, "bench: round %d/%d, %d sessions, %s\n", round+1, cfg.rounds, conc, r.name)
 					s, err := drive(ctx, r, conc, cfg.callsPer(conc), cfg.tool)
@@ -280,6 +303,7 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 				base := summarize(r.baseline(), conc, ps, r.pid != 0)
 				res.pairRates, res.pairP50s, res.pairCPUPerCall = mine.roundRates, mine.roundP50s, mine.cpuPerCall
 				res.baseRates, res.baseP50s, res.baseCPUPerCall = base.roundRates, base.roundP50s, base.cpuPerCall
+				res.pairAllocsPerCall, res.baseAllocsPerCall = mine.allocsPerCall, base.allocsPerCall
 			}
 			res.baseline, res.asked = r.baseline(), r.version
 			results = append(results, res)
@@ -334,9 +358,9 @@ func selectRoutes(routes []route, prefixes, versions []string) ([]route, error) 
 	return kept, nil
 }
 
-// drive opens conc initialized MCP sessions on r and makes calls tools/call
-// on each, all at once. Session set-up is not timed.
-func drive(ctx context.Context, r route, conc, calls int, tool string) (sample, error) {
+// connect opens conc initialized MCP sessions on r, and says which
+// protocol version they negotiated. Call close when done with them.
+func connect(ctx context.Context, r route, conc int) (sessions []*mcp.ClientSession, negotiated string, close func(), err error) {
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc * 2}}
 	if r.token != "" {
 		base := hc.Transport
@@ -346,11 +370,14 @@ func drive(ctx context.Context, r route, conc, calls int, tool string) (sample, 
 			return base.RoundTrip(req)
 		})
 	}
-	defer hc.CloseIdleConnections()
-	sessions := make([]*mcp.ClientSession, conc)
+	close = func() {
+		for _, cs := range sessions {
+			cs.Close()
+		}
+		hc.CloseIdleConnections()
+	}
 	version := cmp.Or(r.version, benchProtocolVersion)
-	var negotiated string
-	for i := range sessions {
+	for range conc {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		client := mcp.NewClient(&mcp.Implementation{Name: "zidane-bench", Version: "1"}, nil)
 		// The stateful routes speak 2025-11-25, the newest they serve:
@@ -363,24 +390,98 @@ func drive(ctx context.Context, r route, conc, calls int, tool string) (sample, 
 			&mcp.ClientSessionOptions{ProtocolVersion: version})
 		cancel()
 		if err != nil {
-			return sample{}, fmt.Errorf("connect: %w", err)
+			close()
+			return nil, "", nil, fmt.Errorf("connect: %w", err)
 		}
-		defer cs.Close()
-		sessions[i] = cs
+		sessions = append(sessions, cs)
 		if v := cs.InitializeResult().ProtocolVersion; negotiated == "" {
 			negotiated = v
 		} else if v != negotiated {
 			negotiated = "mixed"
 		}
 	}
+	return sessions, negotiated, close, nil
+}
+
+// callArgs are the arguments of the bench's call of tool.
+func callArgs(tool string) map[string]any {
 	args := map[string]any{}
 	if tool == "echo" {
 		args["message"] = "hello"
 	}
+	return args
+}
+
+// call makes one timed tools/call of tool on cs.
+func call(ctx context.Context, cs *mcp.ClientSession, r route, tool string, args map[string]any) (time.Duration, error) {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	res, err := cs.CallTool(cctx, &mcp.CallToolParams{Name: r.prefix + tool, Arguments: args})
+	took := time.Since(t0)
+	if err == nil && res.IsError {
+		err = fmt.Errorf("tool error: %v", res.Content)
+	}
+	return took, err
+}
+
+// driveInterleaved makes calls tools/call on one session of a and one of
+// b from one loop, alternating between them call by call (a b, b a, a b,
+// …), so that each call of a has a call of b right beside it on the
+// shared machine: the steadiest ratio of one route's latency to its
+// baseline's at one session. One call is in flight at a time, as at one
+// session of drive. The gateway's CPU and allocations cannot be told apart
+// between the two, so the samples carry none; each one's elapsed time is
+// the time spent in its own calls.
+func driveInterleaved(ctx context.Context, a, b route, calls int, tool string) (sample, sample, error) {
+	sa, va, closeA, err := connect(ctx, a, 1)
+	if err != nil {
+		return sample{}, sample{}, fmt.Errorf("%s: %w", a.name, err)
+	}
+	defer closeA()
+	sb, vb, closeB, err := connect(ctx, b, 1)
+	if err != nil {
+		return sample{}, sample{}, fmt.Errorf("%s: %w", b.name, err)
+	}
+	defer closeB()
+	args := callArgs(tool)
+	out := [2]sample{{version: va, lat: make([]time.Duration, 0, calls)}, {version: vb, lat: make([]time.Duration, 0, calls)}}
+	sessions, routes := [2]*mcp.ClientSession{sa[0], sb[0]}, [2]route{a, b}
+	for i := 0; i < calls; i++ {
+		for j := range 2 {
+			k := j ^ (i & 1) // a b, then b a: neither always goes first
+			took, err := call(ctx, sessions[k], routes[k], tool, args)
+			if err != nil {
+				return sample{}, sample{}, fmt.Errorf("%s: %w", routes[k].name, err)
+			}
+			out[k].lat = append(out[k].lat, took)
+			out[k].elapsed += took
+			out[k].calls++
+		}
+	}
+	return out[0], out[1], nil
+}
+
+// drive opens conc initialized MCP sessions on r and makes calls tools/call
+// on each, all at once. Session set-up is not timed.
+func drive(ctx context.Context, r route, conc, calls int, tool string) (sample, error) {
+	sessions, negotiated, closeAll, err := connect(ctx, r, conc)
+	if err != nil {
+		return sample{}, err
+	}
+	defer closeAll()
+	args := callArgs(tool)
 
 	var cpu0 time.Duration
 	if r.pid != 0 {
 		cpu0, _ = cpuTime(r.pid)
+	}
+	var mem0 memStats
+	if r.admin != "" {
+		var err error
+		if mem0, err = readMemStats(ctx, r.admin); err != nil {
+			return sample{}, err
+		}
 	}
 	var (
 		mu      sync.Mutex
@@ -395,14 +496,8 @@ func drive(ctx context.Context, r route, conc, calls int, tool string) (sample, 
 			defer wg.Done()
 			mine := make([]time.Duration, 0, calls)
 			for i := 0; i < calls; i++ {
-				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				t0 := time.Now()
-				res, err := cs.CallTool(cctx, &mcp.CallToolParams{Name: r.prefix + tool, Arguments: args})
-				mine = append(mine, time.Since(t0))
-				cancel()
-				if err == nil && res.IsError {
-					err = fmt.Errorf("tool error: %v", res.Content)
-				}
+				took, err := call(ctx, cs, r, tool, args)
+				mine = append(mine, took)
 				if err != nil {
 					mu.Lock()
 					if firstEr == nil {
@@ -427,6 +522,13 @@ func drive(ctx context.Context, r route, conc, calls int, tool string) (sample, 
 		s.cpu = cpu1 - cpu0
 		s.rss, _ = rss(r.pid)
 	}
+	if r.admin != "" {
+		mem1, err := readMemStats(ctx, r.admin)
+		if err != nil {
+			return s, err
+		}
+		s.mallocs, s.allocBytes = mem1.Mallocs-mem0.Mallocs, mem1.TotalAlloc-mem0.TotalAlloc
+	}
 	return s, nil
 }
 
@@ -435,6 +537,7 @@ func summarize(name string, conc int, ss []sample, measured bool) result {
 	var rates []float64
 	var all []time.Duration
 	var cpu time.Duration
+	var mallocs, allocBytes uint64
 	calls := 0
 	for _, s := range ss {
 		if r.version == "" {
@@ -446,6 +549,8 @@ func summarize(name string, conc int, ss []sample, measured bool) result {
 		r.roundP50s = append(r.roundP50s, p50(s.lat))
 		all = append(all, s.lat...)
 		cpu += s.cpu
+		mallocs += s.mallocs
+		allocBytes += s.allocBytes
 		calls += s.calls
 		r.rss = max(r.rss, s.rss)
 	}
@@ -457,6 +562,9 @@ func summarize(name string, conc int, ss []sample, measured bool) result {
 	r.p99 = all[min(len(all)-1, len(all)*99/100)]
 	if measured && calls > 0 {
 		r.cpuPerCall = cpu / time.Duration(calls)
+	}
+	if calls > 0 {
+		r.allocsPerCall, r.bytesPerCall = float64(mallocs)/float64(calls), float64(allocBytes)/float64(calls)
 	}
 	return r
 }
@@ -536,7 +644,11 @@ func printTable(out io.Writer, cfg config, results []result) {
 	if cfg.roundCalls > 0 {
 		perSession = fmt.Sprintf("at least %d calls per session and %d per route per round", cfg.calls, cfg.roundCalls)
 	}
-	fmt.Fprintf(out, "tools/call %q, %s, %d round(s); calls/s is the median over rounds, p50 and p99 pool them; ratios to the baseline (reverse_proxy of the same protocol; for rows on NATS storage, the single-node guard) are medians of each round's ratio, each route run right beside a run of its baseline\n\n", cfg.tool, perSession, cfg.rounds)
+	beside := "each route run right beside a run of its baseline"
+	if cfg.interleave {
+		beside += " (at 1 session, both from one loop, call by call: -interleave)"
+	}
+	fmt.Fprintf(out, "tools/call %q, %s, %d round(s); calls/s is the median over rounds, p50 and p99 pool them; ratios to the baseline (reverse_proxy of the same protocol; for rows on NATS storage, the single-node guard) are medians of each round's ratio, %s\n\n", cfg.tool, perSession, cfg.rounds, beside)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "route\tprotocol\tsessions\tcalls/s\tp50\tp99\tgateway CPU/call\tgateway RSS\tvs direct\tvs baseline (calls/s, p50, CPU)\tbaseline\t")
 	for _, r := range results {
@@ -567,6 +679,25 @@ func printTable(out io.Writer, cfg config, results []result) {
 			round(r.p50), round(r.p99), cpu, mem, vsDirect, vsRP, base)
 	}
 	tw.Flush()
+
+	// Allocations do not drift with the load on shared cores as CPU time
+	// does: the steadiest measure of what a route adds.
+	if slices.ContainsFunc(results, func(r result) bool { return r.allocsPerCall > 0 }) {
+		fmt.Fprintf(out, "\nthe gateway's heap allocations per call (its Go runtime's counts over each run, background work included):\n\n")
+		tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "route\tsessions\tallocs/call\tKiB/call\tallocs vs baseline\t")
+		for _, r := range results {
+			if r.allocsPerCall == 0 {
+				continue
+			}
+			vs := "-"
+			if r.pairAllocsPerCall > 0 && r.baseAllocsPerCall > 0 {
+				vs = fmt.Sprintf("%.2f× (%+.0f)", r.pairAllocsPerCall/r.baseAllocsPerCall, r.pairAllocsPerCall-r.baseAllocsPerCall)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.1f\t%s\t\n", r.route, r.concurrency, r.allocsPerCall, r.bytesPerCall/1024, vs)
+		}
+		tw.Flush()
+	}
 
 	// The spread behind the p50 ratios, so that a reader sees how much of
 	// a ratio is the machine's noise.
