@@ -299,6 +299,10 @@ type TokenStore struct {
 	// other shards nor contend with the check's read lock on mu.
 	holds    [holdShards]holdShard
 	nextHold atomic.Uint64
+	// ended maps the id of a token whose holds were cancelled (revoked,
+	// or deleted) to when (a time.Time): a request that passed the check
+	// just before and takes its hold just after ends at once too.
+	ended sync.Map
 
 	hookMu   sync.Mutex
 	onRevoke []func(Token)
@@ -383,6 +387,11 @@ func (h Held) Release() {
 // A request takes one shard's lock, never a lock of the token's: every
 // request of a token (an agent's, a busy client's) would wait on one.
 // Revocation, which is rare, looks through every shard instead.
+//
+// A token's revocation marks it ended before it cancels what is held, and
+// Hold looks for that mark after it holds: either the revocation finds the
+// hold, or the hold finds the mark, and the request ends at once. (A JWT
+// subject is not marked: its tokens issued after the revocation are good.)
 func (s *TokenStore) Hold(id string, cancel func()) Held {
 	n := s.nextHold.Add(1)
 	sh := &s.holds[n%holdShards]
@@ -392,7 +401,28 @@ func (s *TokenStore) Hold(id string, cancel func()) Held {
 	}
 	sh.m[n] = held{id, cancel}
 	sh.mu.Unlock()
-	return Held{sh, n}
+	h := Held{sh, n}
+	if _, ended := s.ended.Load(id); ended {
+		h.Release()
+		cancel()
+	}
+	return h
+}
+
+// endedFor is how long a token stays marked ended: far longer than a
+// request takes from its check to its hold.
+const endedFor = time.Minute
+
+// markEnded marks the token with id ended (see Hold), and forgets the
+// marks older than endedFor.
+func (s *TokenStore) markEnded(id string, now time.Time) {
+	s.ended.Store(id, now)
+	s.ended.Range(func(k, v any) bool {
+		if now.Sub(v.(time.Time)) > endedFor {
+			s.ended.CompareAndDelete(k, v)
+		}
+		return true
+	})
 }
 
 // takeHolds removes the holds of the token with id (every token's when
@@ -812,6 +842,9 @@ func (s *TokenStore) emit(ev TokenEvent) {
 }
 
 func (s *TokenStore) fireRevoke(t Token) {
+	if !IsJWTID(t.ID) {
+		s.markEnded(t.ID, time.Now())
+	}
 	for _, cancel := range s.takeHolds(t.ID, false) {
 		cancel()
 	}

@@ -364,6 +364,46 @@ func TestRevokeEndsOnlyThatTokensHeldRequests(t *testing.T) {
 	}
 }
 
+// A request that passed the token check just before its token was revoked,
+// and takes its hold only after the revocation has ended what was held,
+// ends at once: its hold finds the revocation's mark. A JWT subject's
+// revocation leaves no such mark, since its later tokens are good.
+func TestHoldAfterRevocationEndsAtOnce(t *testing.T) {
+	ctx := context.Background()
+	_, s := newFileStore(t)
+	_, a, err := s.Create(ctx, TokenSpec{Name: "a", Scopes: []string{"chat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, b, err := s.Create(ctx, TokenSpec{Name: "b", Scopes: []string{"chat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Revoke(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RevokeSubject(ctx, JWTPrefix+"alice"); err != nil {
+		t.Fatal(err)
+	}
+	ended := map[string]bool{}
+	for _, id := range []string{a.ID, b.ID, JWTPrefix + "alice"} {
+		s.Hold(id, func() { ended[id] = true })
+	}
+	if !ended[a.ID] || ended[b.ID] || ended[JWTPrefix+"alice"] {
+		t.Fatalf("holds taken after the revocations ended: %v; want only the revoked token's", ended)
+	}
+	// The revoked token's hold was also let go: a second revocation of
+	// everything finds only b's and alice's.
+	n := 0
+	for _, cancel := range s.takeHolds("", true) {
+		cancel()
+		n++
+	}
+	if n != 2 {
+		t.Fatalf("%d holds left, want 2", n)
+	}
+}
+
 // When the process exits, the store ends every request it holds, of every
 // token, so that no open stream keeps caddy from stopping; releasing one
 // afterwards is harmless.
