@@ -21,18 +21,7 @@ func TestSmoke(t *testing.T) {
 	// Four agents at most for 20 sessions: the limit is reached, and the
 	// engine makes room by stopping idle agents (a create is refused, and
 	// retried, only while all four are busy).
-	cfg, err := parseFlags([]string{"-smoke", "-max-agents", "4", "-agent-idle", "500ms"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	rep, err := run(ctx, cfg, &out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
-	table := out.String()
+	cfg, rep, table := runBench(t, "-smoke", "-max-agents", "4", "-agent-idle", "500ms")
 	s := rep.sessions
 	switch {
 	case s == nil:
@@ -103,17 +92,7 @@ func TestInterleaved(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds caddy and drives real MCP sessions")
 	}
-	cfg, err := parseFlags([]string{"-only", "calls", "-routes", "guard", "-versions", "2025-11-25", "-rounds", "2", "-calls", "15", "-concurrency", "1", "-interleave"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	rep, err := run(ctx, cfg, &out)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
+	_, rep, table := runBench(t, "-only", "calls", "-routes", "guard", "-versions", "2025-11-25", "-rounds", "2", "-calls", "15", "-concurrency", "1", "-interleave")
 	rows := map[string]result{}
 	for _, r := range rep.calls {
 		rows[r.route] = r
@@ -137,7 +116,25 @@ func TestInterleaved(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("\n%s", out.String())
+	t.Logf("\n%s", table)
+}
+
+// runBench runs the harness with args, as `go run ./bench` would, and
+// returns its config, its report and the tables it printed.
+func runBench(t *testing.T, args ...string) (config, *report, string) {
+	t.Helper()
+	cfg, err := parseFlags(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	rep, err := run(ctx, cfg, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	return cfg, rep, out.String()
 }
 
 func TestFlags(t *testing.T) {

@@ -321,20 +321,27 @@ func itoa(i int) string {
 	return string([]byte{byte('0' + i/100%10), byte('0' + i/10%10), byte('0' + i%10)})
 }
 
+// storeOfTwo is a file store with two chat tokens, named a and b.
+func storeOfTwo(t *testing.T) (*TokenStore, Token, Token) {
+	t.Helper()
+	_, s := newFileStore(t)
+	var toks [2]Token
+	for i, name := range []string{"a", "b"} {
+		_, tok, err := s.Create(context.Background(), TokenSpec{Name: name, Scopes: []string{"chat"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks[i] = tok
+	}
+	return s, toks[0], toks[1]
+}
+
 // Revoking a token ends the requests of that token that are still held,
 // whichever shard holds them, and no request of another token, nor one
 // already released.
 func TestRevokeEndsOnlyThatTokensHeldRequests(t *testing.T) {
 	ctx := context.Background()
-	_, s := newFileStore(t)
-	_, a, err := s.Create(ctx, TokenSpec{Name: "a", Scopes: []string{"chat"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, b, err := s.Create(ctx, TokenSpec{Name: "b", Scopes: []string{"chat"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, a, b := storeOfTwo(t)
 	var mu sync.Mutex
 	ended := map[string]int{}
 	end := func(who string) func() {
@@ -370,15 +377,7 @@ func TestRevokeEndsOnlyThatTokensHeldRequests(t *testing.T) {
 // revocation leaves no such mark, since its later tokens are good.
 func TestHoldAfterRevocationEndsAtOnce(t *testing.T) {
 	ctx := context.Background()
-	_, s := newFileStore(t)
-	_, a, err := s.Create(ctx, TokenSpec{Name: "a", Scopes: []string{"chat"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, b, err := s.Create(ctx, TokenSpec{Name: "b", Scopes: []string{"chat"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, a, b := storeOfTwo(t)
 	if _, err := s.Revoke(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
