@@ -101,8 +101,7 @@ type Listing struct {
 	ids    []requestID // the body's requests; nil for a GET
 	post   bool        // the request had a body
 	listen bool        // the body is one subscriptions/listen: Max bounds each event of its stream
-	one1   bool        // the body is one message, not a batch
-	first  message.ID  // the id of that one message, for an error answer
+	first  message.ID  // the id of a body's one message (zero for a batch), for an error answer
 	onDrop func(Drop)
 	one    [1]requestID // room for the one request of most bodies
 	lw     listingWriter
@@ -121,7 +120,7 @@ func NewListing(route Route, p policy.Principal, b *message.Body, onDrop func(Dr
 	if b != nil {
 		f.post = true
 		if !b.Batch {
-			f.one1, f.first = true, b.Calls[0].ID
+			f.first = b.Calls[0].ID
 			f.listen = b.Calls[0].Method == "subscriptions/listen"
 		}
 		f.ids = f.one[:0]
@@ -568,10 +567,7 @@ func (w *listingWriter) release() {
 func (w *listingWriter) cutOff() {
 	w.cut = true
 	w.f.drop(Drop{Reason: "answer_too_large"})
-	var id []byte
-	if w.f.one1 {
-		id = w.f.first.Raw()
-	}
+	id := w.f.first.Raw()
 	if len(id) == 0 {
 		id = []byte("null")
 	}
