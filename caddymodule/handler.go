@@ -496,7 +496,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	// 6. Serve.
-	return h.serve(w, r, route, p, d.Body, rf, next)
+	return h.serve(w, r, route, p, d.Body, rf, tr, next)
 }
 
 // checkHostOrigin is step 1: on a loopback listener, a Host that is not
@@ -644,8 +644,9 @@ func errMessage(err, sentinel error) string {
 
 // serve is step 6: the route serves the request with the principal and
 // the body it was allowed on in its context, without the client's
-// credential, and behind the listing filter, which every answer passes.
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, rf refusal, next caddyhttp.Handler) (err error) {
+// credential, and behind the listing filter, which every answer passes. tr
+// is the request's step tracer, looked up once in ServeHTTP.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, rf refusal, tr steps, next caddyhttp.Handler) (err error) {
 	ip := rf.clientIP
 	metricAllowed.Inc()
 	metricTokenRequests.WithLabelValues(p.Name).Inc()
@@ -656,7 +657,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 			}
 		}
 	}
-	ctx, span := traceSteps(r).routeSpan(r.Context(), r, routeName(route), p, b)
+	ctx, span := tr.routeSpan(r.Context(), r, routeName(route), p, b)
 	defer func() { endRoute(span, err) }()
 	ctx, cancel := context.WithCancel(policy.WithPrincipal(ctx, p))
 	defer cancel()

@@ -105,7 +105,7 @@ func (s steps) refused(rf refusal) {
 // from the context and the headers, whatever the tracing: it is the
 // client's to say, and a server behind may trust it.
 func (s steps) routeSpan(ctx context.Context, r *http.Request, route string, p policy.Principal, b *message.Body) (context.Context, trace.Span) {
-	r.Header.Del("Baggage")
+	delete(r.Header, "Baggage") // its canonical name
 	if baggage.FromContext(ctx).Len() > 0 {
 		ctx = baggage.ContextWithoutBaggage(ctx)
 	}
