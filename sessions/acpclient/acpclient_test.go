@@ -157,6 +157,36 @@ func TestCrashReportsExitStatusAndStderr(t *testing.T) {
 	<-a.Done()
 }
 
+// slowRecorder takes its time over each update, as a busy engine may.
+type slowRecorder struct{ recorder }
+
+func (r *slowRecorder) SessionUpdate(n acp.SessionNotification) {
+	time.Sleep(50 * time.Millisecond)
+	r.recorder.SessionUpdate(n)
+}
+
+// What an agent says just before it crashes reaches the handler before the
+// turn's call fails: the SDK applies notifications on a goroutine of its
+// own and fails the call at once when the agent exits, so the end waits for
+// the updates the wire passed on.
+func TestCrashKeepsTheAgentsLastWords(t *testing.T) {
+	r := &slowRecorder{}
+	a, err := start(t, "demo", r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := a.NewSession(context.Background(), t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err = a.Prompt(context.Background(), id, "crash"); !errors.As(err, new(*ExitError)) {
+		t.Fatalf("error = %v, want *ExitError", err)
+	}
+	if got := r.text(); !strings.Contains(got, "Crashing on purpose") {
+		t.Fatalf("when the crashed turn's call returned, the handler had %q; want the agent's last words", got)
+	}
+}
+
 func TestLogOnStdoutIsAProtocolError(t *testing.T) {
 	_, err := start(t, "chatty", &recorder{})
 	var exit *ExitError
@@ -293,7 +323,7 @@ func TestCheckMessage(t *testing.T) {
 		`{"jsonrpc":"1.0","id":1,"result":{}}`:          false,
 		`[{"jsonrpc":"2.0","method":"session/update"}]`: false,
 	} {
-		if err := checkMessage([]byte(line)); (err == nil) != ok {
+		if _, _, err := checkMessage([]byte(line)); (err == nil) != ok {
 			t.Errorf("checkMessage(%s) = %v", line, err)
 		}
 	}

@@ -86,6 +86,7 @@ type Agent struct {
 	stdinBroken chan struct{} // a write to the agent's stdin failed: it is ending
 	protoErr    chan error    // the wire check failed (buffered, one)
 	done        chan struct{} // the process is gone and its pipes are drained
+	updates     *updates      // session/update notifications passed to the SDK, and applied
 	err         error         // why, set before done closes
 }
 
@@ -153,6 +154,7 @@ func Start(ctx context.Context, opts Options) (*Agent, error) {
 		stdinBroken: make(chan struct{}),
 		protoErr:    make(chan error, 1),
 		done:        make(chan struct{}),
+		updates:     newUpdates(),
 	}
 	if err := a.launch(opts, env); err != nil {
 		root.Close()
@@ -214,7 +216,7 @@ func (a *Agent) launch(opts Options, env []string) error {
 	wireDone := make(chan struct{})
 	go func() {
 		defer close(wireDone)
-		if err := checkWire(outR, toSDK); err != nil {
+		if err := checkWire(outR, toSDK, a.updates); err != nil {
 			a.protoErr <- err
 		}
 		toSDK.Close()
@@ -225,7 +227,7 @@ func (a *Agent) launch(opts Options, env []string) error {
 		a.stderr.read(errR, a.log)
 	}()
 
-	c := &client{root: a.root, rootDir: filepath.Clean(opts.Dir), h: opts.Handler}
+	c := &client{root: a.root, rootDir: filepath.Clean(opts.Dir), h: opts.Handler, updates: a.updates}
 	a.conn = acp.NewClientSideConnection(c, &stdinWriter{w: inW, broken: a.stdinBroken, once: &a.brokenOnce}, checked)
 	a.conn.SetLogger(a.log)
 	go a.supervise(outR, errR, checked, wireDone, stderrDone)
@@ -286,6 +288,12 @@ func (a *Agent) supervise(outR, errR *os.File, checked *io.PipeReader, wireDone,
 	outR.Close()
 	errR.Close()
 	a.root.Close()
+	// What the agent said before it ended by itself reaches the handler
+	// before anyone learns that it ended. (An agent stopped by Close is
+	// not waited for: its caller may be the handler's own.)
+	if !closed {
+		a.updates.wait(time.Second)
+	}
 	if protocol == nil {
 		select {
 		case protocol = <-a.protoErr:

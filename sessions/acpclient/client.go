@@ -36,12 +36,16 @@ type client struct {
 	root    *os.Root // the agent's working directory; fs/* never leaves it
 	rootDir string
 	h       Handler
+	updates *updates // counts what SessionUpdate applied
 }
 
 var _ acp.Client = (*client)(nil)
 
 func (c *client) SessionUpdate(_ context.Context, n acp.SessionNotification) error {
 	c.h.SessionUpdate(n)
+	if c.updates != nil {
+		c.updates.apply()
+	}
 	return nil
 }
 

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unicode/utf8"
 )
 
@@ -23,7 +25,9 @@ const maxLine = 10 << 20
 // is not; an agent that writes logs to stdout is broken, and saying so
 // beats a turn that never ends. It returns nil at EOF, or the protocol
 // error (the rest of the stream is not copied then).
-func checkWire(r io.Reader, w io.Writer) error {
+//
+// u, when set, counts the session/update notifications passed on.
+func checkWire(r io.Reader, w io.Writer, u *updates) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxLine)
 	for sc.Scan() {
@@ -31,8 +35,12 @@ func checkWire(r io.Reader, w io.Writer) error {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
-		if err := checkMessage(line); err != nil {
+		method, notification, err := checkMessage(line)
+		if err != nil {
 			return err
+		}
+		if u != nil && notification && method == "session/update" {
+			u.passed.Add(1)
 		}
 		// One write per line: the SDK's reader is line-based too.
 		buf := make([]byte, 0, len(line)+1)
@@ -50,19 +58,57 @@ func checkWire(r io.Reader, w io.Writer) error {
 	return nil
 }
 
-func checkMessage(line []byte) error {
+// checkMessage checks that line is a JSON-RPC 2.0 message, and returns
+// its method, if any, and whether it is a notification (no id).
+func checkMessage(line []byte) (method string, notification bool, err error) {
 	var m struct {
 		JSONRPC string          `json:"jsonrpc"`
 		ID      json.RawMessage `json:"id"`
 		Method  string          `json:"method"`
 	}
 	if err := json.Unmarshal(line, &m); err != nil {
-		return fmt.Errorf("the agent wrote a line to stdout that is not JSON (%s); an ACP agent must write only JSON-RPC messages to stdout, and logs to stderr", quote(line))
+		return "", false, fmt.Errorf("the agent wrote a line to stdout that is not JSON (%s); an ACP agent must write only JSON-RPC messages to stdout, and logs to stderr", quote(line))
 	}
 	if m.JSONRPC != "2.0" || (m.Method == "" && len(m.ID) == 0) {
-		return fmt.Errorf("the agent wrote a JSON line to stdout that is not a JSON-RPC 2.0 message (%s)", quote(line))
+		return "", false, fmt.Errorf("the agent wrote a JSON line to stdout that is not a JSON-RPC 2.0 message (%s)", quote(line))
 	}
-	return nil
+	return m.Method, len(m.ID) == 0, nil
+}
+
+// updates counts the session/update notifications that the wire check
+// passed to the SDK and those the client applied, so that an agent's end
+// waits for the last of them (see supervise): the SDK applies
+// notifications on a goroutine of its own, and fails the call in flight
+// as soon as the agent exits, without waiting for them. Without this, a
+// crashed turn could end before the agent's last words reach it.
+type updates struct {
+	passed, applied atomic.Int64
+	kick            chan struct{} // one buffered: an update was applied
+}
+
+func newUpdates() *updates { return &updates{kick: make(chan struct{}, 1)} }
+
+// apply records that the client applied one update.
+func (u *updates) apply() {
+	u.applied.Add(1)
+	select {
+	case u.kick <- struct{}{}:
+	default:
+	}
+}
+
+// wait returns once every update passed on has been applied, or after d.
+// (The SDK may skip one it cannot decode; d bounds the wait then.)
+func (u *updates) wait(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for u.applied.Load() < u.passed.Load() {
+		select {
+		case <-u.kick:
+		case <-t.C:
+			return
+		}
+	}
 }
 
 // quote shows the start of a bad line, enough to recognise it.
