@@ -300,9 +300,11 @@ type TokenStore struct {
 	holds    [holdShards]holdShard
 	nextHold atomic.Uint64
 	// ended maps the id of a token whose holds were cancelled (revoked,
-	// or deleted) to when (a time.Time): a request that passed the check
-	// just before and takes its hold just after ends at once too.
-	ended sync.Map
+	// or deleted) to when (a time.Time), for at least endedFor: a request
+	// that passed the check just before and takes its hold just after
+	// ends at once too.
+	ended      sync.Map
+	endedSwept atomic.Int64 // when ended was last swept of old marks, in Unix nanoseconds
 
 	hookMu   sync.Mutex
 	onRevoke []func(Token)
@@ -414,9 +416,15 @@ func (s *TokenStore) Hold(id string, cancel func()) Held {
 const endedFor = time.Minute
 
 // markEnded marks the token with id ended (see Hold), and forgets the
-// marks older than endedFor.
+// marks older than endedFor, looking for them at most once per endedFor:
+// a revocation of many tokens at once (a parent's descendants, pruned
+// derived tokens) sweeps once, not once per token.
 func (s *TokenStore) markEnded(id string, now time.Time) {
 	s.ended.Store(id, now)
+	last := s.endedSwept.Load()
+	if now.UnixNano()-last < int64(endedFor) || !s.endedSwept.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
 	s.ended.Range(func(k, v any) bool {
 		if now.Sub(v.(time.Time)) > endedFor {
 			s.ended.CompareAndDelete(k, v)

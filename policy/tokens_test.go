@@ -403,6 +403,35 @@ func TestHoldAfterRevocationEndsAtOnce(t *testing.T) {
 	}
 }
 
+// The ended marks are swept once per endedFor, of those older than it: a
+// mark stays while it can matter, and many revocations at once sweep once.
+func TestEndedMarksAreSwept(t *testing.T) {
+	_, s := newFileStore(t)
+	t0 := time.Unix(1_000_000, 0)
+	s.markEnded("tok_old", t0)
+	s.markEnded("tok_recent", t0.Add(endedFor/2))
+	marked := func(id string) bool { _, ok := s.ended.Load(id); return ok }
+	if !marked("tok_old") || !marked("tok_recent") {
+		t.Fatal("a fresh mark is gone")
+	}
+	// Past endedFor since the last sweep: this mark sweeps what is older.
+	s.markEnded("tok_new", t0.Add(endedFor+time.Second))
+	if marked("tok_old") || !marked("tok_recent") || !marked("tok_new") {
+		t.Fatalf("after a sweep: old %v, recent %v, new %v; want only the old one gone", marked("tok_old"), marked("tok_recent"), marked("tok_new"))
+	}
+	// Within endedFor of that sweep, no other sweep: tok_recent, now
+	// older than endedFor, waits for the next one.
+	s.markEnded("tok_next", t0.Add(endedFor+endedFor/2+time.Second))
+	if !marked("tok_recent") {
+		t.Fatal("swept twice within endedFor")
+	}
+	var cancelled bool
+	s.Hold("tok_old", func() { cancelled = true }).Release()
+	if cancelled {
+		t.Fatal("a swept mark still ends a hold")
+	}
+}
+
 // When the process exits, the store ends every request it holds, of every
 // token, so that no open stream keeps caddy from stopping; releasing one
 // afterwards is harmless.
