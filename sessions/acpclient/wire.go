@@ -39,14 +39,14 @@ func checkWire(r io.Reader, w io.Writer, u *updates) error {
 		if err != nil {
 			return err
 		}
-		if u != nil && notification && method == "session/update" {
-			u.passed.Add(1)
-		}
 		// One write per line: the SDK's reader is line-based too.
 		buf := make([]byte, 0, len(line)+1)
 		buf = append(append(buf, line...), '\n')
 		if _, err := w.Write(buf); err != nil {
 			return nil // the connection is closing; nothing to report
+		}
+		if u != nil && notification && method == "session/update" {
+			u.passed.Add(1) // once the SDK has it: one it never got is waited for by no one
 		}
 	}
 	if err := sc.Err(); err != nil {
