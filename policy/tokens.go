@@ -404,11 +404,27 @@ func (s *TokenStore) Hold(id string, cancel func()) Held {
 	sh.m[n] = held{id, cancel}
 	sh.mu.Unlock()
 	h := Held{sh, n}
-	if _, ended := s.ended.Load(id); ended {
+	if s.endedID(id) {
 		h.Release()
 		cancel()
 	}
 	return h
+}
+
+// endedID reports whether the token with id was revoked or deleted: its
+// mark, or its record. The record counts too because a request can take
+// longer than endedFor from its check to its hold (a body sent slowly).
+func (s *TokenStore) endedID(id string) bool {
+	if _, ended := s.ended.Load(id); ended {
+		return true
+	}
+	if IsJWTID(id) {
+		return false
+	}
+	s.mu.RLock()
+	t := s.byID[id]
+	s.mu.RUnlock()
+	return t != nil && t.Revoked != nil
 }
 
 // endedFor is how long a token stays marked ended: far longer than a

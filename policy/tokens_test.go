@@ -432,6 +432,23 @@ func TestEndedMarksAreSwept(t *testing.T) {
 	}
 }
 
+// A request whose body took longer than endedFor, so that its token's
+// mark is swept before it takes its hold, still ends at once: the token's
+// record says it was revoked.
+func TestHoldLongAfterRevocationEndsAtOnce(t *testing.T) {
+	ctx := context.Background()
+	s, a, _ := storeOfTwo(t)
+	if _, err := s.Revoke(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	s.ended.Delete(a.ID) // as a sweep endedFor later would
+	var cancelled bool
+	s.Hold(a.ID, func() { cancelled = true }).Release()
+	if !cancelled {
+		t.Fatal("a hold taken after the mark was swept outlived its token's revocation")
+	}
+}
+
 // When the process exits, the store ends every request it holds, of every
 // token, so that no open stream keeps caddy from stopping; releasing one
 // afterwards is harmless.
