@@ -394,6 +394,10 @@ type listingWriter struct {
 	// overBudget: the answer did not fit the in-flight budget
 	overBudget bool
 	cut        bool // the answer went over Listing.Max and was ended
+	// want is the length a JSON answer's server announced (0: none), and
+	// done is set once that much came and the answer went out: see Write.
+	want int
+	done bool
 }
 
 // errAnswerCut is what the writer returns to the route (reverse_proxy) once
@@ -434,6 +438,7 @@ func (w *listingWriter) WriteHeader(status int) {
 			if cl := w.Header().Get("Content-Length"); w.json && cl != "" {
 				if n, err := strconv.Atoi(cl); err == nil && n > 0 && n <= maxFilteredBody {
 					w.buf.Grow(n) // the whole answer, without regrowing
+					w.want = n
 				}
 			}
 			w.Header().Del("Content-Length") // the filtered body has another length
@@ -504,6 +509,10 @@ func (w *listingWriter) Write(p []byte) (int, error) {
 	if w.cut {
 		return 0, errAnswerCut
 	}
+	if w.done {
+		// More than the server announced: net/http refuses it too.
+		return 0, http.ErrContentLength
+	}
 	perEvent := w.f.listen && w.sse != nil && w.withheld == nil
 	if w.f.Max > 0 && w.f.post && !perEvent {
 		if w.n += int64(len(p)); w.n > w.f.Max {
@@ -548,6 +557,19 @@ func (w *listingWriter) Write(p []byte) (int, error) {
 		w.over = true
 		w.release()
 		w.f.drop(Drop{Reason: "answer_too_large"})
+	}
+	if w.want > 0 && w.buf.Len() == w.want && !w.over {
+		// The whole answer the server announced is here (its transport
+		// passes on no more than the length it sent): it is filtered and
+		// goes out now, and is flushed, so that the client has it while
+		// the route and the edge finish behind it. Without this it would
+		// wait in the connection's buffer until the handler returns.
+		err := w.close()
+		w.done = true
+		if err != nil {
+			return len(p), err
+		}
+		w.flush()
 	}
 	return len(p), nil
 }
@@ -617,7 +639,7 @@ type writerOnly struct{ io.Writer }
 
 // close writes out what the filter still holds.
 func (w *listingWriter) close() error {
-	if w.cut {
+	if w.cut || w.done {
 		return nil
 	}
 	var out []byte

@@ -12,8 +12,10 @@ import (
 	"net/http/httputil"
 	"net/textproto"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/message"
@@ -588,4 +590,72 @@ func FuzzMayList(f *testing.F) {
 			t.Fatalf("mayList(%q) = %v, searching stem by stem gives %v", b, got, want)
 		}
 	})
+}
+
+// A JSON answer whose server announced its length goes out, filtered, as
+// soon as that much has come: the client reads it while the route is still
+// running (here, blocked until the client has it), not when the handler
+// returns.
+func TestListingSendsAnAnnouncedAnswerAtOnce(t *testing.T) {
+	answer := `{"jsonrpc":"2.0","id":7,"result":` + toolsAnswer + `}`
+	rt := testRoutes(t)["aggregate"]
+	got := make(chan struct{})
+	routeDone := make(chan error, 1)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := message.Read([]byte(listTools))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		fw, closeFilter := NewListing(rt.route, rt.p, b, func(Drop) {}).Wrap(w)
+		fw.Header().Set("Content-Type", "application/json")
+		fw.Header().Set("Content-Length", strconv.Itoa(len(answer)))
+		fw.WriteHeader(http.StatusOK)
+		// In two writes, as a proxy copying the server's body may.
+		fw.Write([]byte(answer[:20]))
+		fw.Write([]byte(answer[20:]))
+		// The route goes on (reverse_proxy closes the server's body,
+		// the edge ends its span) until the client has the answer.
+		select {
+		case <-got:
+		case <-r.Context().Done():
+		}
+		_, err = fw.Write([]byte("x"))
+		routeDone <- err
+		closeFilter()
+	}))
+	defer front.Close()
+	client := front.Client()
+	client.Timeout = 20 * time.Second // a bound on the failure: the answer waiting for the route, which waits for the client
+	resp, err := client.Post(front.URL, "application/json", strings.NewReader(listTools))
+	if err != nil {
+		close(got)
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	close(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(body), "mcp_a_secret") || !strings.Contains(string(body), "mcp_b_echo") {
+		t.Errorf("the announced answer reached the client as %s", body)
+	}
+	if n := resp.Header.Get("Content-Length"); n != strconv.Itoa(len(body)) {
+		t.Errorf("Content-Length %q for a filtered body of %d bytes", n, len(body))
+	}
+	if err := <-routeDone; !errors.Is(err, http.ErrContentLength) {
+		t.Errorf("a write past the announced length: %v, want http.ErrContentLength", err)
+	}
+}
+
+// An answer shorter than it announced waits for the route to end, and is
+// filtered then, as one without a length is.
+func TestListingShortOfItsAnnouncedLength(t *testing.T) {
+	answer := `{"jsonrpc":"2.0","id":7,"result":` + toolsAnswer + `}`
+	header := http.Header{"Content-Length": {strconv.Itoa(len(answer) + 10)}}
+	out, drops := answerThroughWith(t, http.MethodPost, listTools, nil, header, http.StatusOK, "application/json", answer)
+	if strings.Contains(out, "mcp_a_secret") || !strings.Contains(out, "mcp_b_echo") || len(drops) != 0 {
+		t.Errorf("got %s, drops %v", out, drops)
+	}
 }
