@@ -207,13 +207,16 @@ func (m *ScopeMap) Decide(p Principal, c message.Call) Decision {
 		need = d.Need
 	}
 	for _, r := range m.rules {
-		if !r.grants(c) {
-			continue
-		}
-		if p.HasScope(r.Scope) {
+		if r.grants(c) && p.HasScope(r.Scope) {
 			return Decision{Allowed: true}
 		}
-		need = appendUnique(need, r.Scope)
+	}
+	// Refused: the scopes that would have allowed it, collected only now
+	// so that an allowed call builds no list.
+	for _, r := range m.rules {
+		if r.grants(c) {
+			need = appendUnique(need, r.Scope)
+		}
 	}
 	return Decision{Need: need}
 }

@@ -481,7 +481,15 @@ func (s *TokenStore) Check(secret string, now time.Time) (Principal, error) {
 	if !strings.HasPrefix(secret, TokenPrefix) {
 		return Principal{}, ErrTokenUnknown
 	}
-	sum := sha256.Sum256([]byte(secret))
+	// Hashed from a buffer on the stack: the conversion of a token
+	// longer than 32 bytes would otherwise allocate on every request.
+	var buf [128]byte
+	var sum [sha256.Size]byte
+	if len(secret) <= len(buf) {
+		sum = sha256.Sum256(append(buf[:0], secret...))
+	} else {
+		sum = sha256.Sum256([]byte(secret))
+	}
 	s.mu.RLock()
 	t := s.byHash[sum]
 	s.mu.RUnlock()
