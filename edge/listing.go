@@ -623,6 +623,10 @@ func (w *listingWriter) flush() {
 	if w.pending != 0 {
 		return // a JSON answer's status waits for its body
 	}
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush() // most writers underneath (the guard's, Caddy's): no controller to allocate
+		return
+	}
 	if w.rc == nil {
 		w.rc = http.NewResponseController(w.ResponseWriter)
 	}
