@@ -298,17 +298,7 @@ func TestListingAfterAnInformationalAnswer(t *testing.T) {
 	defer upstream.Close()
 	target, _ := url.Parse(upstream.URL)
 	proxy := httputil.NewSingleHostReverseProxy(target)
-	rt := testRoutes(t)["aggregate"]
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, err := message.Read([]byte(listTools))
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		fw, closeFilter := NewListing(rt.route, rt.p, b, func(Drop) {}).Wrap(w)
-		proxy.ServeHTTP(fw, r)
-		closeFilter()
-	}))
+	front := filteredListTools(t, func(fw http.ResponseWriter, r *http.Request) { proxy.ServeHTTP(fw, r) })
 	defer front.Close()
 	var informational int
 	trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, _ textproto.MIMEHeader) error { informational = code; return nil }}
@@ -598,16 +588,9 @@ func FuzzMayList(f *testing.F) {
 // returns.
 func TestListingSendsAnAnnouncedAnswerAtOnce(t *testing.T) {
 	answer := `{"jsonrpc":"2.0","id":7,"result":` + toolsAnswer + `}`
-	rt := testRoutes(t)["aggregate"]
 	got := make(chan struct{})
 	routeDone := make(chan error, 1)
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, err := message.Read([]byte(listTools))
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		fw, closeFilter := NewListing(rt.route, rt.p, b, func(Drop) {}).Wrap(w)
+	front := filteredListTools(t, func(fw http.ResponseWriter, r *http.Request) {
 		fw.Header().Set("Content-Type", "application/json")
 		fw.Header().Set("Content-Length", strconv.Itoa(len(answer)))
 		fw.WriteHeader(http.StatusOK)
@@ -620,10 +603,9 @@ func TestListingSendsAnAnnouncedAnswerAtOnce(t *testing.T) {
 		case <-got:
 		case <-r.Context().Done():
 		}
-		_, err = fw.Write([]byte("x"))
+		_, err := fw.Write([]byte("x"))
 		routeDone <- err
-		closeFilter()
-	}))
+	})
 	defer front.Close()
 	client := front.Client()
 	client.Timeout = 20 * time.Second // a bound on the failure: the answer waiting for the route, which waits for the client
@@ -658,4 +640,21 @@ func TestListingShortOfItsAnnouncedLength(t *testing.T) {
 	if strings.Contains(out, "mcp_a_secret") || !strings.Contains(out, "mcp_b_echo") || len(drops) != 0 {
 		t.Errorf("got %s, drops %v", out, drops)
 	}
+}
+
+// filteredListTools is a server that answers every request as listTools,
+// read by the edge, with serve behind the aggregated route's b-only filter.
+func filteredListTools(t *testing.T, serve func(http.ResponseWriter, *http.Request)) *httptest.Server {
+	t.Helper()
+	rt := testRoutes(t)["aggregate"]
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := message.Read([]byte(listTools))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		fw, closeFilter := NewListing(rt.route, rt.p, b, func(Drop) {}).Wrap(w)
+		serve(fw, r)
+		closeFilter()
+	}))
 }
