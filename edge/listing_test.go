@@ -658,3 +658,38 @@ func filteredListTools(t *testing.T, serve func(http.ResponseWriter, *http.Reque
 		closeFilter()
 	}))
 }
+
+// A hostile server that announces a length ending inside a listing gets
+// neither the listing's prefix nor its rest past the filter: the prefix is
+// read as what it is (not a whole message) and withheld, and what follows
+// it is refused.
+func TestListingCutByItsAnnouncedLength(t *testing.T) {
+	answer := `{"jsonrpc":"2.0","id":7,"result":` + toolsAnswer + `}`
+	cut := strings.Index(answer, "mcp_a_secret") + len("mcp_a_sec")
+	rt := testRoutes(t)["aggregate"]
+	b, err := message.Read([]byte(listTools))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var drops []Drop
+	rec := httptest.NewRecorder()
+	w, closeFilter := NewListing(rt.route, rt.p, b, func(d Drop) { drops = append(drops, d) }).Wrap(rec)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(cut))
+	w.WriteHeader(http.StatusOK)
+	if _, err := w.Write([]byte(answer[:cut])); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write([]byte(answer[cut:])); !errors.Is(err, http.ErrContentLength) {
+		t.Errorf("the bytes past the announced length: %v, want http.ErrContentLength", err)
+	}
+	if err := closeFilter(); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.Body.String(); strings.Contains(got, "mcp_a_sec") || got != string(droppedAnswer) {
+		t.Errorf("the client got %s", got)
+	}
+	if len(drops) != 1 || drops[0].Reason != "ambiguous_answer" {
+		t.Errorf("drops %v, want one ambiguous_answer", drops)
+	}
+}
