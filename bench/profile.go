@@ -63,27 +63,34 @@ func profileCaddy(ctx context.Context, cfg config, gw *gateway, routes []route) 
 	// Enough calls per drive to keep it busy for a second or more, never an
 	// unbounded loop: at most two drives per second of profile, plus one.
 	calls := max(50, 4000/cfg.profileSessions)
+	// The calls made while the profile ran, so that its samples can be
+	// read per call: the drives that ended before the profile did (the
+	// last one may run past it, and is not counted).
+	made, start := 0, time.Now()
 	for i := 0; i <= 2*int(cfg.profileFor.Seconds()); i++ {
 		select {
 		case a := <-done:
-			return writeProfile(cfg.cpuProfile, a.data, a.err)
+			return writeProfile(cfg.cpuProfile, a.data, a.err, made, time.Since(start))
 		default:
 		}
-		if _, err := drive(pctx, *target, cfg.profileSessions, calls, cfg.tool); err != nil {
+		s, err := drive(pctx, *target, cfg.profileSessions, calls, cfg.tool)
+		if err != nil {
 			return fmt.Errorf("driving %s for the profile: %w", target.name, err)
 		}
+		made += s.calls
 	}
 	a := <-done
-	return writeProfile(cfg.cpuProfile, a.data, a.err)
+	return writeProfile(cfg.cpuProfile, a.data, a.err, made, time.Since(start))
 }
 
-func writeProfile(path string, data []byte, err error) error {
+func writeProfile(path string, data []byte, err error, calls int, driven time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("taking the CPU profile: %w", err)
 	}
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "bench: wrote the CPU profile to %s (go tool pprof -top %s)\n", path, path)
+	fmt.Fprintf(os.Stderr, "bench: wrote the CPU profile to %s (go tool pprof -top %s); %d tools/call finished in the %s it was driven, %.0f per second\n",
+		path, path, calls, driven.Round(time.Millisecond), float64(calls)/driven.Seconds())
 	return nil
 }
