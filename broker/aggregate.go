@@ -659,7 +659,12 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		case "tools/call":
 			if p, ok := req.GetParams().(*mcp.CallToolParamsRaw); ok && p != nil {
 				if up := a.waitingForLogin(p.Name); up != nil {
-					a.record(CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: p.Name, Outcome: OutcomeAuthRequired}, time.Now())
+					rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: p.Name, Outcome: OutcomeAuthRequired,
+						ClientIP: extraClientIP(req.GetExtra())}
+					if ss, ok := req.GetSession().(*mcp.ServerSession); ok {
+						rec.TokenID, rec.TokenName = a.principal(ctx, ss, req.GetExtra())
+					}
+					a.record(rec, time.Now())
 					return a.unreachable(up, upstreamauth.ErrAuthRequired), nil
 				}
 			}

@@ -304,6 +304,7 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 		extra = &mcp.RequestExtra{TokenInfo: ti}
 	}
 	rec.TokenID, rec.TokenName = a.principal(r.Context(), s.ss, extra)
+	rec.ClientIP = clientIP(r.Header)
 
 	upID := strconv.AppendQuote(make([]byte, 0, 24), "zidane-"+strconv.FormatUint(fastIDs.Add(1), 10))
 	out, err := fastRequest(upID, q.name, nullToNil(call.Meta), nullToNil(call.Arguments))

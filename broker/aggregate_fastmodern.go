@@ -129,6 +129,7 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 	} else {
 		rec.TokenID, rec.TokenName = p.TokenID, p.Name
 	}
+	rec.ClientIP = clientIP(r.Header)
 
 	hdr := http.Header{}
 	hdr["Mcp-Method"] = []string{"tools/call"}

@@ -530,6 +530,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 		}
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: orig}
 		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
+		rec.ClientIP = extraClientIP(req.Extra)
 		c, release, err := a.conn(ctx, req.Session, up)
 		if err != nil {
 			rec.Outcome, rec.Detail = outcome(ctx, err)
@@ -620,6 +621,7 @@ func (a *Aggregate) promptHandler(up *aggUpstream, orig string) mcp.PromptHandle
 		start := time.Now()
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "prompts/get"}
 		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
+		rec.ClientIP = extraClientIP(req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.GetPromptResult, error) {
 			// A multi-round-trip retry's answers and state go to the
 			// upstream as they came (go-sdk's server fulfils an older
@@ -650,6 +652,7 @@ func (a *Aggregate) resourceHandler(up *aggUpstream) mcp.ResourceHandler {
 		start := time.Now()
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "resources/read"}
 		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
+		rec.ClientIP = extraClientIP(req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.ReadResourceResult, error) {
 			params := &mcp.ReadResourceParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), URI: req.Params.URI,
 				InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState}
@@ -744,6 +747,7 @@ func (a *Aggregate) complete(ctx context.Context, req *mcp.CompleteRequest) (*mc
 	start := time.Now()
 	rec := CallRecord{Upstream: up.cfg.Name, Method: "completion/complete"}
 	rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
+	rec.ClientIP = extraClientIP(req.Extra)
 	params := *req.Params
 	params.Ref = &out
 	res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.CompleteResult, error) {
@@ -790,6 +794,7 @@ func (a *Aggregate) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 	start := time.Now()
 	rec := CallRecord{Upstream: owner, Method: "resources/subscribe"}
 	rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
+	rec.ClientIP = extraClientIP(req.Extra)
 	var err error
 	if first {
 		up.mu.Lock()

@@ -2,8 +2,11 @@ package broker
 
 import (
 	"errors"
+	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // Outcomes of a [CallRecord] other than an HTTP status text.
@@ -25,6 +28,30 @@ const (
 	OutcomeAuthRequired = "auth_required"
 )
 
+// ClientIPHeader carries the client's address, as the zidane_mcp edge
+// saw it, to the broker's routes, for their audit records. The edge
+// removes every copy a client sent before it sets its own, and it never
+// leaves the gateway: the pass-through route forwards an allow-list of
+// headers, which does not hold it, and the aggregated route's upstream
+// requests are its own.
+const ClientIPHeader = "Zidane-Client-Ip"
+
+// clientIP is the client's address that the edge put in h.
+func clientIP(h http.Header) string {
+	if h == nil {
+		return ""
+	}
+	return h.Get(ClientIPHeader)
+}
+
+// extraClientIP is clientIP of a go-sdk request's HTTP header.
+func extraClientIP(extra *mcp.RequestExtra) string {
+	if extra == nil {
+		return ""
+	}
+	return clientIP(extra.Header)
+}
+
 // CallRecord describes one exchange with an upstream, for audit: one
 // client request forwarded (a POST of JSON-RPC messages, a GET stream, a
 // DELETE) and how it ended. It never holds a header value, a session id or
@@ -45,6 +72,9 @@ type CallRecord struct {
 	// TokenID and TokenName identify the principal the request acted for.
 	TokenID   string
 	TokenName string
+	// ClientIP is the address of the client the request came from, as the
+	// edge saw it ([ClientIPHeader]); empty when the edge gave none.
+	ClientIP string
 	// Outcome is [OutcomeOK], [OutcomeError], [OutcomeCanceled], or the
 	// status text of an upstream answer that was not 2xx ("Not Found",
 	// "Unauthorized", …).

@@ -276,7 +276,7 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec := CallRecord{Upstream: pt.name, Route: pt.route, HTTPMethod: r.Method, Method: ex.method, Tool: ex.tool,
-		TokenID: p.TokenID, TokenName: p.Name}
+		TokenID: p.TokenID, TokenName: p.Name, ClientIP: clientIP(r.Header)}
 	defer func() {
 		rec.Duration = time.Since(start)
 		if pt.onCall != nil {

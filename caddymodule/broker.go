@@ -149,6 +149,7 @@ func auditUpstreamCall(l *zap.Logger, c broker.CallRecord) {
 		zap.String("http_method", c.HTTPMethod),
 		zap.String("token_id", c.TokenID),
 		zap.String("token_name", c.TokenName),
+		zap.String("client_ip", c.ClientIP),
 		zap.String("outcome", c.Outcome),
 		zap.Int("status", c.Status),
 		zap.Duration("duration", c.Duration),

@@ -534,6 +534,8 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	r.Header.Del(edge.HopHeader)
 	r.Header.Del(edge.HopPrincipalHeader)
 	r.Header.Del("Authorization")
+	// The address the sender's edge saw, which its signature covers.
+	r.Header[broker.ClientIPHeader] = []string{claims.Client}
 	h.audit.Debug("forwarded request", zap.String("event", "session_forwarded_in"), zap.String("from", claims.From),
 		zap.String("token_id", p.TokenID), zap.String("http_method", r.Method), zap.String("client_ip", claims.Client), zap.String("via", rf.via))
 	// The sender's edge filters the answer (its listing filter): served

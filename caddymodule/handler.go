@@ -418,6 +418,9 @@ func parseResource(s string) (*url.URL, error) {
 // belongs to a core object (package edge, package policy, the route).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	rf := refusal{clientIP: clientIP(r), origin: r.Header.Get("Origin"), method: r.Method}
+	// The client's address reaches the broker's routes from the edge
+	// alone (see serve): a client's copy is no one's to read.
+	delete(r.Header, broker.ClientIPHeader)
 
 	// 1. Host and Origin, once Origin and Authorization are known to be
 	// sent once each.
@@ -680,6 +683,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	// for it uncompressed (an `encode` in front still compresses what the
 	// client gets).
 	delete(r.Header, "Accept-Encoding")
+	if _, ok := route.(edge.ClientAddressed); ok {
+		r.Header[broker.ClientIPHeader] = []string{ip}
+	}
 	f := edge.NewListing(route, p, b, func(d edge.Drop) { h.auditDrop(r, d) })
 	f.Max = h.answerMax
 	f.Budget = h.app.answerBudget

@@ -84,6 +84,10 @@ func (a *Aggregate) paramHeaders() *ParamHeaders {
 // Admit admits every authenticated principal; Authorize decides.
 func (*Aggregate) Admit(policy.Principal) Verdict { return Verdict{} }
 
+// ClientAddressed marks the route as one whose upstream calls are audited
+// with the client's address.
+func (*Aggregate) ClientAddressed() {}
+
 // Authorize decides c against its owner.
 func (a *Aggregate) Authorize(p policy.Principal, c message.Call) Verdict {
 	if c.IsResponse() || slices.Contains(policy.SetupMethods, c.Method) || strings.HasPrefix(c.Method, "notifications/") {

@@ -30,6 +30,15 @@ type Route interface {
 	Serve(w http.ResponseWriter, r *http.Request, next Next) error
 }
 
+// ClientAddressed is a Route that audits its upstream calls with the
+// client's address: the edge hands the address to its Serve in the
+// broker.ClientIPHeader header, after it removed every copy a client sent.
+// Other routes get no such header.
+type ClientAddressed interface {
+	Route
+	ClientAddressed()
+}
+
 // Next is the handler after the edge: in Caddy, the next middleware, which
 // is one as it is (an interface, so that passing it on allocates nothing).
 type Next interface {

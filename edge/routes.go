@@ -152,6 +152,10 @@ func (u *Upstream) paramHeaders() *ParamHeaders {
 // Admit admits every authenticated principal; Authorize decides.
 func (*Upstream) Admit(policy.Principal) Verdict { return Verdict{} }
 
+// ClientAddressed marks the route as one whose upstream calls are audited
+// with the client's address.
+func (*Upstream) ClientAddressed() {}
+
 // Authorize refuses a tool the upstream's allow/deny lists keep back, and
 // decides the rest by the scope map.
 func (u *Upstream) Authorize(p policy.Principal, c message.Call) Verdict {
