@@ -748,6 +748,9 @@ func tokenInfoPrincipal(ti *auth.TokenInfo) (id, name string) {
 // record sends a call record.
 func (a *Aggregate) record(rec CallRecord, start time.Time) {
 	rec.Route = RouteAggregate
+	// Every call the route makes upstream answers a client's JSON-RPC
+	// request, which came in a POST at either protocol version.
+	rec.HTTPMethod = http.MethodPost
 	rec.Duration = time.Since(start)
 	if a.onCall != nil {
 		a.onCall(rec)

@@ -101,6 +101,9 @@ http://:%d {
 						continue
 					}
 					calls++
+					if l["rpc_method"] == "tools/call" && l["http_method"] != "POST" {
+						t.Errorf("a tools/call upstream_call names http_method %v, want POST: %v", l["http_method"], l)
+					}
 					if l["client_ip"] != "127.0.0.1" {
 						t.Errorf("upstream_call names client_ip %v, want 127.0.0.1: %v", l["client_ip"], l)
 					}
