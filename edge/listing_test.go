@@ -327,21 +327,14 @@ func TestListingAmbiguousContentType(t *testing.T) {
 		{"application/json", "text/event-stream"},
 		{"application/json; text/event-stream"},
 	} {
-		rt := testRoutes(t)["aggregate"]
-		b, err := message.Read([]byte(listTools))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var drops []Drop
-		rec := httptest.NewRecorder()
-		w, closeFilter := NewListing(rt.route, rt.p, b, func(d Drop) { drops = append(drops, d) }).Wrap(rec)
+		rec, w, closeFilter, dropped := recordedListTools(t)
 		w.Header()["Content-Type"] = ct
 		w.WriteHeader(http.StatusOK)
 		w.Write([]byte(answer))
 		if err := closeFilter(); err != nil {
 			t.Fatal(err)
 		}
-		out := rec.Body.String()
+		out, drops := rec.Body.String(), dropped()
 		if strings.Contains(out, "mcp_b_echo") || !strings.Contains(out, "Content-Type") || len(drops) != 1 || drops[0].Reason != "ambiguous_answer" {
 			t.Errorf("Content-Type %q: the client got %q (%v)", ct, out, drops)
 		}
@@ -642,6 +635,21 @@ func TestListingShortOfItsAnnouncedLength(t *testing.T) {
 	}
 }
 
+// recordedListTools is the aggregated route's b-only filter for listTools,
+// read by the edge, in front of a recorder; dropped gives the drops so far.
+func recordedListTools(t *testing.T) (*httptest.ResponseRecorder, http.ResponseWriter, func() error, func() []Drop) {
+	t.Helper()
+	rt := testRoutes(t)["aggregate"]
+	b, err := message.Read([]byte(listTools))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var drops []Drop
+	rec := httptest.NewRecorder()
+	w, closeFilter := NewListing(rt.route, rt.p, b, func(d Drop) { drops = append(drops, d) }).Wrap(rec)
+	return rec, w, closeFilter, func() []Drop { return drops }
+}
+
 // filteredListTools is a server that answers every request as listTools,
 // read by the edge, with serve behind the aggregated route's b-only filter.
 func filteredListTools(t *testing.T, serve func(http.ResponseWriter, *http.Request)) *httptest.Server {
@@ -666,14 +674,7 @@ func filteredListTools(t *testing.T, serve func(http.ResponseWriter, *http.Reque
 func TestListingCutByItsAnnouncedLength(t *testing.T) {
 	answer := `{"jsonrpc":"2.0","id":7,"result":` + toolsAnswer + `}`
 	cut := strings.Index(answer, "mcp_a_secret") + len("mcp_a_sec")
-	rt := testRoutes(t)["aggregate"]
-	b, err := message.Read([]byte(listTools))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var drops []Drop
-	rec := httptest.NewRecorder()
-	w, closeFilter := NewListing(rt.route, rt.p, b, func(d Drop) { drops = append(drops, d) }).Wrap(rec)
+	rec, w, closeFilter, dropped := recordedListTools(t)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(cut))
 	w.WriteHeader(http.StatusOK)
@@ -689,7 +690,7 @@ func TestListingCutByItsAnnouncedLength(t *testing.T) {
 	if got := rec.Body.String(); strings.Contains(got, "mcp_a_sec") || got != string(droppedAnswer) {
 		t.Errorf("the client got %s", got)
 	}
-	if len(drops) != 1 || drops[0].Reason != "ambiguous_answer" {
+	if drops := dropped(); len(drops) != 1 || drops[0].Reason != "ambiguous_answer" {
 		t.Errorf("drops %v, want one ambiguous_answer", drops)
 	}
 }
