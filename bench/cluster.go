@@ -70,8 +70,11 @@ http://127.0.0.1:%d {
 	log {
 		level ERROR
 	}
-	storage zidane_nats {
-		url nats://127.0.0.1:%d
+	storage zidane_nats
+	zidane {
+		cluster {
+			url nats://127.0.0.1:%d
+		}
 	}
 }
 %s%s`, admin, natsPort, guard(guardPort, upstream), guard(modernPort, modern))

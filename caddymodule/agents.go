@@ -186,12 +186,12 @@ func lookupAgentUser(name string) (*sessions.User, error) {
 // this config reads secrets or upstreams from.
 func (a *App) deniedPaths(ctx caddy.Context) []string {
 	deny := []string{caddy.AppDataDir(), caddy.AppConfigDir()}
-	if fs, ok := ctx.Storage().(*certmagic.FileStorage); ok && fs.Path != "" {
+	if fs, ok := a.storage.(*certmagic.FileStorage); ok && fs.Path != "" {
 		deny = append(deny, fs.Path)
 	}
 	// On a cluster's storage: what logs into NATS, with which an agent
 	// could delete values or put back old ones.
-	if cs, ok := ctx.Storage().(*cluster.Storage); ok {
+	if cs, ok := a.storage.(*cluster.Storage); ok {
 		deny = append(deny, cs.SecretFiles()...)
 	}
 	if dir := os.Getenv("CREDENTIALS_DIRECTORY"); dir != "" {

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
@@ -129,6 +132,14 @@ type App struct {
 	// so. Default: 256 MiB.
 	MaxInflightResponse int64 `json:"max_inflight_response,omitempty"`
 
+	// Cluster, when set, is cluster mode: every replica with the same
+	// block keeps its state in one NATS JetStream, and Caddy's storage must
+	// be that one (`storage zidane_nats`). See ClusterConfig.
+	Cluster *ClusterConfig `json:"cluster,omitempty"`
+
+	cluster    *cluster.Storage // the cluster's storage, in cluster mode
+	clusterKey string           // this config's hold on natsPool
+
 	answerBudget *broker.AnswerBudget
 
 	tokens     *tokenState
@@ -195,10 +206,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := a.checkSecrets(); err != nil {
 		return err
 	}
+	st, err := a.provisionStorage(ctx)
+	if err != nil {
+		return err
+	}
+	a.storage = st
 	if err := a.provisionAgents(ctx); err != nil {
 		return err
 	}
-	st := ctx.Storage()
 	if err := markStorage(st); err != nil {
 		ctx.Logger().Warn("could not record in the local storage which storage this server uses; the CLI's offline mode may not know", zap.Error(err))
 	}
@@ -213,7 +228,6 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.pins, a.pinsKey, err = loadPins(st); err != nil {
 		return err
 	}
-	a.storage = st
 	a.ctx = ctx
 	if a.actionsKey, err = provisionActions(st); err != nil {
 		return err
@@ -229,6 +243,38 @@ func (a *App) Provision(ctx caddy.Context) error {
 		}
 	}
 	return a.provisionOAuth(ctx)
+}
+
+// provisionStorage is the storage the app keeps its state in: Caddy's, or
+// in cluster mode the cluster's, which must then be Caddy's too. Caddy
+// provisions its storage before its apps, and `storage zidane_nats`
+// provisions this app from its own Provision to take the cluster's storage
+// from it: so a storage still unset in ctx means that storage zidane_nats
+// is Caddy's, and one already set means that it is not.
+func (a *App) provisionStorage(ctx caddy.Context) (certmagic.Storage, error) {
+	caddys := ctx.Storage()
+	switch {
+	case a.Cluster == nil && caddys == nil:
+		return nil, errNoClusterBlock
+	case a.Cluster == nil:
+		return caddys, nil
+	case caddys != nil:
+		return nil, fmt.Errorf("zidane cluster: Caddy's storage is %s, not the cluster's: add `storage zidane_nats` to the global options, so that TLS certificates and the state of every replica are kept in the cluster's NATS JetStream", storageName(caddys))
+	}
+	cs, key, err := a.Cluster.open(slog.New(zapslog.NewHandler(ctx.Logger().Core())))
+	if err != nil {
+		return nil, err
+	}
+	a.cluster, a.clusterKey = cs, key
+	return cs, nil
+}
+
+// storageName says what Caddy's storage is, for a refusal.
+func storageName(st certmagic.Storage) string {
+	if fs, ok := st.(*certmagic.FileStorage); ok {
+		return "the file storage at " + fs.Path
+	}
+	return fmt.Sprintf("%T", st)
 }
 
 // checkWorktreeRoot refuses a worktree_root that is relative (to what
@@ -277,11 +323,15 @@ func (a *App) Cleanup() error {
 	if a.pinsKey != "" {
 		_, _ = pinsPool.Delete(a.pinsKey)
 	}
+	var err error
 	if a.tokensKey != "" {
-		_, err := tokenPool.Delete(a.tokensKey)
-		return err
+		_, err = tokenPool.Delete(a.tokensKey)
 	}
-	return nil
+	// Last: what the pools above hold runs on this connection.
+	if a.clusterKey != "" {
+		_, _ = natsPool.Delete(a.clusterKey)
+	}
+	return err
 }
 
 // Tokens is the token store shared by every config over the same storage.

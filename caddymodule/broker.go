@@ -206,7 +206,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	if cs, ok := ctx.Storage().(*cluster.Storage); ok {
 		nodes := cs.Nodes()
 		if nodes == nil {
-			return errors.New("aggregate on storage zidane_nats: set advertise (and node, unless the host name is this replica's id) in the storage zidane_nats block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see the README's cluster section")
+			return errors.New("aggregate in cluster mode: set advertise (and node, unless the host name is this replica's id) in the zidane cluster block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see the README's cluster section")
 		}
 		key, err := sessionIDKey(cs)
 		if err != nil {

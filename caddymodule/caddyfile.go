@@ -422,6 +422,16 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //			max_inflight_response <size>
 //			upstreams_file <path>
 //			session_upstreams <name...>
+//			cluster {                     # cluster mode, with storage zidane_nats
+//				url <nats url...>
+//				creds|tls_ca|tls_cert|tls_key <file>
+//				bucket <name>
+//				replicas <n>
+//				lock_ttl <duration>
+//				key {env.VAR}
+//				node <id>
+//				advertise <url>
+//			}
 //		}
 //	}
 func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -579,6 +589,15 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, d.Err("default_agent takes the name of an agent: demo, or one configured with agent <name> { … }")
 			}
 			continue
+		case "cluster":
+			if app.Cluster != nil {
+				return nil, d.Err("zidane: cluster is given twice; give one block with every setting")
+			}
+			app.Cluster = new(ClusterConfig)
+			if err := app.Cluster.unmarshalCaddyfile(d, 1); err != nil {
+				return nil, err
+			}
+			continue
 		case "worktree_root":
 			if !d.Args(&app.WorktreeRoot) || d.NextArg() {
 				return nil, d.Err("worktree_root takes one absolute path, such as /srv/worktrees")
@@ -597,11 +616,6 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 		}
 		dst, ok := durations[opt]
 		switch {
-		case !ok && (opt == "cluster" || opt == "nats"):
-			// Caddy takes its storage from the storage option alone, and
-			// the cluster's storage must be Caddy's (TLS certificates are
-			// shared too), so the cluster's settings are that block.
-			return nil, d.Errf("there is no zidane %s option: cluster mode is one block, storage zidane_nats { url … key … node … advertise … } in the global options, which makes NATS JetStream Caddy's storage too; see the README, \"Shared storage on NATS\"", opt)
 		case !ok:
 			return nil, d.Errf("unknown zidane option %q", opt)
 		}

@@ -186,7 +186,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 	if shared != nil {
 		nodes := shared.Nodes()
 		if nodes == nil {
-			return nil, "", errors.New("zidane_mcp sessions: on storage zidane_nats, the sessions endpoint needs this replica's id and address: set `node` (such as gw-1) and `advertise` (where the other replicas reach it) in the storage block, so that each session runs on one replica and the others reach it there")
+			return nil, "", errors.New("zidane_mcp sessions: in cluster mode, the sessions endpoint needs this replica's id and address: set `node` (such as gw-1) and `advertise` (where the other replicas reach it) in the zidane cluster block, so that each session runs on one replica and the others reach it there")
 		}
 		node = nodes.Self()
 	}
@@ -208,7 +208,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 			// changed would resume this node's sessions while the running
 			// config's engine still runs them.
 			if other, busy := nodeEngines.LoadOrStore(node, key); busy && other != key {
-				return nil, fmt.Errorf("the storage zidane_nats settings changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", node)
+				return nil, fmt.Errorf("the zidane cluster block changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", node)
 			}
 		}
 		logger := slog.New(zapslog.NewHandler(ctx.Logger().Named("sessions").Core()))

@@ -65,12 +65,13 @@ func clusterAggregateReplica(t *testing.T, natsURL, upstream, node, clusterKey s
 	host = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	c = startCaddy(t, fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
-		node %s
-		advertise http://%s
-	}
+	storage zidane_nats
 	zidane {
+		cluster {
+			url %s
+			node %s
+			advertise http://%s
+		}
 		upstream ev %s
 	}
 }
@@ -292,10 +293,11 @@ func TestClusterAggregateNeedsAdvertise(t *testing.T) {
 		"ZIDANE_CLUSTER_KEY="+base64.StdEncoding.EncodeToString([]byte(randomHex(16))))
 	out, err := c.TryReload(t, fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
-	}
+	storage zidane_nats
 	zidane {
+		cluster {
+			url %s
+		}
 		upstream ev http://127.0.0.1:9/mcp
 	}
 }

@@ -173,9 +173,12 @@ func TestClusterBehindLoadBalancer(t *testing.T) {
 	# still serves for this long, so the load balancer (health_interval
 	# 250ms) has stopped sending to it before its listener closes.
 	shutdown_delay 1s
-	storage zidane_nats {
-		url %s
-		replicas 3
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+			replicas 3
+		}
 	}
 }
 

@@ -66,11 +66,12 @@ func startOAuthCluster(t *testing.T, asOpts oauthtest.AuthServerOptions) *oauthC
 		site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		g.replicas = append(g.replicas, startCaddy(t, fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
-		replicas 3
-	}
+	storage zidane_nats
 	zidane {
+		cluster {
+			url %s
+			replicas 3
+		}
 		upstream remote %s {
 			oauth {
 				grant authorization_code

@@ -46,9 +46,12 @@ func TestClusterParamBindingsReachEveryReplica(t *testing.T) {
 		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		c := startCaddy(t, fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
-		bucket %s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+			bucket %s
+		}
 	}
 }
 

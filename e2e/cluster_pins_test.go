@@ -24,10 +24,11 @@ func TestClusterToolPinsAreShared(t *testing.T) {
 		port := freePort(t)
 		c := startCaddy(t, fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
-	}
+	storage zidane_nats
 	zidane {
+		cluster {
+			url %s
+		}
 		upstream up %s {
 			pin strict
 		}

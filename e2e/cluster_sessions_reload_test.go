@@ -24,11 +24,14 @@ func TestClusterSessionsStorageReload(t *testing.T) {
 	config := func(node, site, lockTTL string) string {
 		return fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
-		node %s
-		advertise http://%s
-		lock_ttl %s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+			node %s
+			advertise http://%s
+			lock_ttl %s
+		}
 	}
 }
 
@@ -99,9 +102,12 @@ func TestClusterStorageBlockReloads(t *testing.T) {
 	config := func(ttl, extra string) string {
 		return fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
-		%s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+			%s
+		}
 	}
 }
 

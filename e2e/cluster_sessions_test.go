@@ -31,12 +31,13 @@ func sessionsReplicaCaddyfile(natsURLs []string, identity, host string) string {
 	return fmt.Sprintf(`{
 	admin %s
 	grace_period 3s
-	storage zidane_nats {
-		url %s
-		replicas %d
-		%s
-	}
+	storage zidane_nats
 	zidane {
+		cluster {
+			url %s
+			replicas %d
+			%s
+		}
 		default_agent demo
 	}
 }

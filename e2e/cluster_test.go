@@ -110,9 +110,12 @@ func TestClusterStorageSharesTokens(t *testing.T) {
 		site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		c := startCaddy(t, fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
-		lock_ttl 5s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+			lock_ttl 5s
+		}
 	}
 }
 
@@ -158,9 +161,12 @@ http://%s {
 
 	out, err := a.TryReload(t, fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
-		lock_ttl 5s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+			lock_ttl 5s
+		}
 	}
 }
 
@@ -194,12 +200,32 @@ func TestClusterStorageBadSettings(t *testing.T) {
 		{"url nats://127.0.0.1:1\n\t\tkey c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=", "literal"},
 		{"url nats://127.0.0.1:1\n\t\tkey c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI={env.ZIDANE_E2E_UNSET_KEY}", "literal"},
 	} {
-		out, err := c.TryReload(t, fmt.Sprintf("{\n\tadmin %s\n\tstorage zidane_nats {\n\t\t%s\n\t}\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", AdminPlaceholder, bad.block, freePort(t)))
+		out, err := c.TryReload(t, fmt.Sprintf("{\n\tadmin %s\n\tstorage zidane_nats\n\tzidane {\n\t\tcluster {\n\t\t%s\n\t\t}\n\t}\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", AdminPlaceholder, bad.block, freePort(t)))
 		if err == nil || !strings.Contains(out, bad.want) {
-			t.Errorf("storage zidane_nats { %s }: %v, want a refusal saying %q\n%s", bad.block, err, bad.want, out)
+			t.Errorf("zidane { cluster { %s } }: %v, want a refusal saying %q\n%s", bad.block, err, bad.want, out)
 		}
 		if strings.Contains(out, "secret") || strings.Contains(out, "c2VjcmV0") {
 			t.Errorf("the refusal shows a secret it was given: %s", out)
+		}
+	}
+}
+
+// Cluster mode is the zidane option's cluster block together with storage
+// zidane_nats: either without the other is refused before anything
+// connects, with what to set. The cluster block on the file storage would
+// keep TLS certificates, and anything else that Caddy keeps, per replica;
+// the storage line alone has nothing to connect to.
+func TestClusterBlockNeedsItsStorage(t *testing.T) {
+	c := startCaddy(t, fmt.Sprintf("{\n\tadmin %s\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", AdminPlaceholder, freePort(t)))
+	for _, bad := range []struct{ globals, want string }{
+		{"zidane {\n\t\tcluster {\n\t\t\turl nats://127.0.0.1:1\n\t\t}\n\t}", "add `storage zidane_nats` to the global options"},
+		{"storage zidane_nats", "add zidane { cluster {"},
+		{"storage zidane_nats\n\tzidane {\n\t\ttoken_sync 2s\n\t}", "add zidane { cluster {"},
+		{"storage zidane_nats {\n\t\turl nats://127.0.0.1:1\n\t}", "the cluster's settings go in the zidane global option"},
+	} {
+		out, err := c.TryReload(t, fmt.Sprintf("{\n\tadmin %s\n\t%s\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", AdminPlaceholder, bad.globals, freePort(t)))
+		if err == nil || !strings.Contains(out, bad.want) {
+			t.Errorf("%q: %v, want a refusal saying %q\n%s", bad.globals, err, bad.want, out)
 		}
 	}
 }
@@ -233,11 +259,12 @@ func TestClusterSessionIDsOpenOnEveryReplica(t *testing.T) {
 		g, p := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		c = startCaddy(t, fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
-		bucket %s
-	}
+	storage zidane_nats
 	zidane {
+		cluster {
+			url %s
+			bucket %s
+		}
 		upstream ev %s
 	}
 }
@@ -358,8 +385,11 @@ func TestClusterRateLimitIsShared(t *testing.T) {
 		site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		c := startCaddy(t, fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+		}
 	}
 }
 
@@ -462,12 +492,13 @@ func TestClusterUpstreamActionsReachEveryReplica(t *testing.T) {
 		port := freePort(t)
 		c := startCaddy(t, fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
-		node gw-%d
-		advertise http://127.0.0.1:%d
-	}
+	storage zidane_nats
 	zidane {
+		cluster {
+			url %s
+			node gw-%d
+			advertise http://127.0.0.1:%d
+		}
 		upstream local {
 			command %s
 		}
@@ -529,8 +560,11 @@ func TestClusterRateLimitSharedAfterStorageReload(t *testing.T) {
 	config := func(urls, site string) string {
 		return fmt.Sprintf(`{
 	admin %s
-	storage zidane_nats {
-		url %s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+		}
 	}
 }
 
@@ -589,7 +623,7 @@ http://%s {
 // would say it was done while every replica still accepts the token.
 func TestClusterOfflineCLIReadsTheCaddyfileHere(t *testing.T) {
 	dir := t.TempDir()
-	caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tstorage zidane_nats {\n\t\turl nats://127.0.0.1:%d\n\t}\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", freePort(t), freePort(t), freePort(t))
+	caddyfile := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tstorage zidane_nats\n\tzidane {\n\t\tcluster {\n\t\t\turl nats://127.0.0.1:%d\n\t\t}\n\t}\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", freePort(t), freePort(t), freePort(t))
 	if err := os.WriteFile(filepath.Join(dir, "Caddyfile"), []byte(caddyfile), 0o600); err != nil {
 		t.Fatal(err)
 	}
