@@ -143,7 +143,7 @@ func (a *App) provisionAgents(ctx caddy.Context) error {
 		known = append(known, names...)
 		return fmt.Errorf("zidane: default_agent %q is not configured: name one of %s, or configure an agent of that name", def, strings.Join(known, ", "))
 	}
-	a.deny = a.deniedPaths(ctx)
+	a.deny = a.deniedPaths()
 	return nil
 }
 
@@ -184,7 +184,7 @@ func lookupAgentUser(name string) (*sessions.User, error) {
 // directories, the configured storage (a file storage's directory, a NATS
 // storage's credentials and TLS client key and certificate), and the files
 // this config reads secrets or upstreams from.
-func (a *App) deniedPaths(ctx caddy.Context) []string {
+func (a *App) deniedPaths() []string {
 	deny := []string{caddy.AppDataDir(), caddy.AppConfigDir()}
 	if fs, ok := a.storage.(*certmagic.FileStorage); ok && fs.Path != "" {
 		deny = append(deny, fs.Path)
