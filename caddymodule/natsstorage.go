@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -68,6 +71,21 @@ func (s *NATSStorage) CertMagicStorage() (certmagic.Storage, error) {
 		return nil, errNoClusterBlock
 	}
 	return s.st, nil
+}
+
+// UnmarshalJSON refuses settings, which belong to the zidane app's
+// cluster block, saying so: caddy's strict decoding would only name an
+// unknown field.
+func (s *NATSStorage) UnmarshalJSON(b []byte) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return fmt.Errorf("storage zidane_nats: %w", err)
+	}
+	delete(fields, "module")
+	if len(fields) > 0 {
+		return fmt.Errorf("storage zidane_nats takes no settings (found %s): the cluster's settings go in the zidane app's cluster object, apps.zidane.cluster (in a Caddyfile, zidane { cluster { … } }); see the README, \"Shared storage on NATS\"", strings.Join(slices.Sorted(maps.Keys(fields)), ", "))
+	}
+	return nil
 }
 
 // UnmarshalCaddyfile reads `storage zidane_nats`, which takes nothing: the

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -82,5 +83,18 @@ func TestClusterBlockInTheZidaneOption(t *testing.T) {
 	err = s.UnmarshalCaddyfile(caddyfile.NewTestDispenser("zidane_nats {\nurl nats://127.0.0.1:4222\n}"))
 	if err == nil || !strings.Contains(err.Error(), "zidane { cluster {") {
 		t.Errorf("storage zidane_nats with a block: %v, want a refusal saying where the settings go", err)
+	}
+}
+
+// A JSON config written for the storage that held the cluster's settings
+// is told where they went, not only that a field is unknown.
+func TestNATSStorageJSONTakesNoSettings(t *testing.T) {
+	var s NATSStorage
+	if err := json.Unmarshal([]byte(`{"module":"zidane_nats"}`), &s); err != nil {
+		t.Errorf("no settings: %v", err)
+	}
+	err := json.Unmarshal([]byte(`{"module":"zidane_nats","urls":["nats://127.0.0.1:4222"],"node":"gw-1"}`), &s)
+	if err == nil || !strings.Contains(err.Error(), "found node, urls") || !strings.Contains(err.Error(), "apps.zidane.cluster") {
+		t.Errorf("settings on the storage: %v, want a refusal naming them and apps.zidane.cluster", err)
 	}
 }
