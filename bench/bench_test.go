@@ -140,10 +140,14 @@ func runBench(t *testing.T, args ...string) (config, *report, string) {
 func TestFlags(t *testing.T) {
 	for _, bad := range [][]string{{"-concurrency", "0"}, {"-concurrency", "x"}, {"-tool", "nope"}, {"-calls", "0"},
 		{"-only", "nope"}, {"-only", "sessions", "-sessions", "0"}, {"-sessions", "-1"}, {"-session-clients", "0"},
-		{"-max-agents", "0"}, {"-agent-idle", "0s"}, {"-idle", "-1"}, {"-only", "idle", "-idle", "0"}, {"-mcp-idle-timeout", "-1s"}, {"-versions", "2024-11-05"}, {"-round-calls", "-1"}} {
+		{"-max-agents", "0"}, {"-agent-idle", "0s"}, {"-idle", "-1"}, {"-only", "idle", "-idle", "0"}, {"-mcp-idle-timeout", "-1s"}, {"-versions", "2024-11-05"}, {"-round-calls", "-1"},
+		{"-only", "calls", "-cpuprofile", "p.pb.gz", "-profile-kind", "heap"}} {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("parseFlags(%v) accepted", bad)
 		}
+	}
+	if cfg, err := parseFlags([]string{"-only", "calls", "-cpuprofile", "p.pb.gz", "-profile-kind", "allocs"}); err != nil || cfg.profileKind != "allocs" {
+		t.Errorf("-profile-kind allocs: %q, %v", cfg.profileKind, err)
 	}
 	cfg, err := parseFlags([]string{"-concurrency", "2,4", "-peer", "http://127.0.0.1:1/mcp", "-peer", "http://127.0.0.1:2/mcp"})
 	if err != nil || len(cfg.concurrency) != 2 || len(cfg.peers) != 2 {

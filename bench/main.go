@@ -35,6 +35,7 @@
 //	go run ./bench -only calls -routes guard -versions 2026-07-28 -rounds 15   # one route and its baseline, more rounds
 //	go run ./bench -only calls -round-calls 1600     # rounds at 1 session as long as at 32: 1600 calls each
 //	go run ./bench -only calls -cpuprofile agg.pprof # then profile caddy while the aggregated route is driven
+//	go run ./bench -only calls -cpuprofile a.pprof -profile-kind allocs # its heap allocations instead
 //
 // Everything listens on loopback and every loop is bounded.
 package main
@@ -76,6 +77,7 @@ type config struct {
 	profileRoute    string        // the route driven while it is taken: a prefix of its name
 	profileSessions int           // MCP sessions driving it meanwhile
 	profileFor      time.Duration // how long the profile runs
+	profileKind     string        // cpu, or allocs: the heap allocations made while it runs
 	interleave      bool          // at 1 session, a route and its baseline are driven call by call from one loop
 }
 
@@ -121,6 +123,7 @@ func parseFlags(args []string) (config, error) {
 	profileRoute := fs.String("profile-route", "aggregated", "the route driven while -cpuprofile is taken: the start of its name in the table")
 	profileSessions := fs.Int("profile-sessions", 32, "concurrent MCP sessions driving -profile-route while -cpuprofile is taken")
 	profileFor := fs.Duration("profile-for", 15*time.Second, "how long the -cpuprofile profile runs")
+	profileKind := fs.String("profile-kind", "cpu", "what -cpuprofile records: cpu, or allocs (the heap allocations caddy makes while it runs; go tool pprof -sample_index=alloc_space)")
 	peerMCPGo := fs.Bool("peer-mcpgo", false, "build and run bench/peer/mcpgoproxy, a stand-in for TBXark/mcp-proxy on mark3labs/mcp-go, over the same two upstreams, as one more route")
 	cluster := fs.Bool("cluster", false, "add guard rows from a second caddy whose storage is on NATS JetStream (storage zidane_nats over a nats-server built from go.mod), in the same rounds, to compare cluster mode with one node")
 	routesFlag := fs.String("routes", "", "comma-separated starts of route names (direct, reverse_proxy, guard, broker, aggregated, …): measure only those routes and the baselines their ratios are to, so more rounds fit in the same time")
@@ -133,7 +136,7 @@ func parseFlags(args []string) (config, error) {
 	}
 	cfg := config{calls: *calls, roundCalls: *roundCalls, rounds: *rounds, tool: *tool, peers: peers, peerMCPGo: *peerMCPGo, cluster: *cluster, timeout: *timeout, only: *only,
 		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle, idle: *idle, idleTimeout: *idleTimeout,
-		cpuProfile: *cpuProfile, profileRoute: *profileRoute, profileSessions: *profileSessions, profileFor: *profileFor, interleave: *interleave}
+		cpuProfile: *cpuProfile, profileRoute: *profileRoute, profileSessions: *profileSessions, profileFor: *profileFor, profileKind: *profileKind, interleave: *interleave}
 	for _, s := range strings.Split(*routesFlag, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			cfg.routes = append(cfg.routes, s)
@@ -200,6 +203,9 @@ func parseFlags(args []string) (config, error) {
 		}
 		if cfg.profileFor < time.Second || cfg.profileFor > 5*time.Minute {
 			return config{}, fmt.Errorf("-profile-for %s: give 1s to 5m", cfg.profileFor)
+		}
+		if cfg.profileKind != "cpu" && cfg.profileKind != "allocs" {
+			return config{}, fmt.Errorf("-profile-kind %q: give cpu or allocs", cfg.profileKind)
 		}
 	}
 	if cfg.idleTimeout < 0 {

@@ -10,8 +10,10 @@ import (
 	"time"
 )
 
-// profileCaddy writes a CPU profile of the gateway's caddy to cfg.cpuProfile,
-// taken from its admin API (/debug/pprof/profile) while the route whose name
+// profileCaddy writes a CPU profile of the gateway's caddy to cfg.cpuProfile
+// (or, with -profile-kind allocs, a profile of the heap allocations it made
+// meanwhile), taken from its admin API (/debug/pprof/profile or allocs,
+// with seconds) while the route whose name
 // starts with cfg.profileRoute is driven with cfg.profileSessions sessions.
 // The load is made of the same bounded drives as the table's (at most two
 // per second of profile, plus one), and ends when the profile does.
@@ -33,7 +35,11 @@ func profileCaddy(ctx context.Context, cfg config, gw *gateway, routes []route) 
 	if target.pid != gw.pid() {
 		return fmt.Errorf("-profile-route %q does not go through caddy", target.name)
 	}
-	fmt.Fprintf(os.Stderr, "bench: CPU profile of caddy for %s while %s is driven at %d sessions\n", cfg.profileFor, target.name, cfg.profileSessions)
+	kind, endpoint := "CPU", "profile"
+	if cfg.profileKind == "allocs" {
+		kind, endpoint = "allocation", "allocs"
+	}
+	fmt.Fprintf(os.Stderr, "bench: %s profile of caddy for %s while %s is driven at %d sessions\n", kind, cfg.profileFor, target.name, cfg.profileSessions)
 	pctx, cancel := context.WithTimeout(ctx, cfg.profileFor+time.Minute)
 	defer cancel()
 	type answer struct {
@@ -42,7 +48,7 @@ func profileCaddy(ctx context.Context, cfg config, gw *gateway, routes []route) 
 	}
 	done := make(chan answer, 1)
 	go func() {
-		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", gw.admin, int(cfg.profileFor.Seconds()))
+		url := fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", gw.admin, endpoint, int(cfg.profileFor.Seconds()))
 		req, err := http.NewRequestWithContext(pctx, http.MethodGet, url, nil)
 		if err != nil {
 			done <- answer{err: err}
@@ -70,7 +76,7 @@ func profileCaddy(ctx context.Context, cfg config, gw *gateway, routes []route) 
 	for i := 0; i <= 2*int(cfg.profileFor.Seconds()); i++ {
 		select {
 		case a := <-done:
-			return writeProfile(cfg.cpuProfile, a.data, a.err, made, time.Since(start))
+			return writeProfile(kind, cfg.cpuProfile, a.data, a.err, made, time.Since(start))
 		default:
 		}
 		s, err := drive(pctx, *target, cfg.profileSessions, calls, cfg.tool)
@@ -80,17 +86,17 @@ func profileCaddy(ctx context.Context, cfg config, gw *gateway, routes []route) 
 		made += s.calls
 	}
 	a := <-done
-	return writeProfile(cfg.cpuProfile, a.data, a.err, made, time.Since(start))
+	return writeProfile(kind, cfg.cpuProfile, a.data, a.err, made, time.Since(start))
 }
 
-func writeProfile(path string, data []byte, err error, calls int, driven time.Duration) error {
+func writeProfile(kind, path string, data []byte, err error, calls int, driven time.Duration) error {
 	if err != nil {
-		return fmt.Errorf("taking the CPU profile: %w", err)
+		return fmt.Errorf("taking the %s profile: %w", kind, err)
 	}
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "bench: wrote the CPU profile to %s (go tool pprof -top %s); %d tools/call finished in the %s it was driven, %.0f per second\n",
-		path, path, calls, driven.Round(time.Millisecond), float64(calls)/driven.Seconds())
+	fmt.Fprintf(os.Stderr, "bench: wrote the %s profile to %s (go tool pprof -top %s); %d tools/call finished in the %s it was driven, %.0f per second\n",
+		kind, path, path, calls, driven.Round(time.Millisecond), float64(calls)/driven.Seconds())
 	return nil
 }
