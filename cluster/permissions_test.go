@@ -3,19 +3,11 @@ package cluster
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/testtls"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -58,52 +51,6 @@ const leastPrivilege = `
 	}
 	allow_responses: true`
 
-// tlsFiles writes a CA, a server certificate for 127.0.0.1 and client
-// certificates for the given common names, and returns their paths.
-func tlsFiles(t *testing.T, clients ...string) (dir string) {
-	t.Helper()
-	dir = t.TempDir()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "zidane test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	write := func(name string, blocks ...*pem.Block) {
-		var b bytes.Buffer
-		for _, bl := range blocks {
-			_ = pem.Encode(&b, bl)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), b.Bytes(), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("ca.pem", &pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	issue := func(name string, tmpl *x509.Certificate) {
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kb, _ := x509.MarshalECPrivateKey(key)
-		write(name+".pem", &pem.Block{Type: "CERTIFICATE", Bytes: der})
-		write(name+"-key.pem", &pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
-	}
-	issue("server", &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "nats"},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
-	for i, cn := range clients {
-		issue(cn, &x509.Certificate{SerialNumber: big.NewInt(int64(10 + i)), Subject: pkix.Name{CommonName: cn},
-			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
-	}
-	return dir
-}
-
 // recordLog is a slog handler that keeps the messages it gets.
 type recordLog struct {
 	mu   sync.Mutex
@@ -134,7 +81,7 @@ func (r *recordLog) all() []string {
 // work, and NATS reports no permission the user lacks. Another user, with
 // no permission on the gateway's subjects, reaches none of it.
 func TestLeastPrivilegeNATSUser(t *testing.T) {
-	certs := tlsFiles(t, "zidane", "intruder")
+	certs := testtls.Files(t, "zidane", "intruder")
 	conf := filepath.Join(t.TempDir(), "nats.conf")
 	cfg := fmt.Sprintf(`
 listen: "127.0.0.1:-1"

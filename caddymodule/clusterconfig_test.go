@@ -1,0 +1,90 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/internal/testtls"
+)
+
+// An agent has a shell with the gateway's uid. In cluster mode, the files
+// that log into NATS would let it delete values or put back old ones, so
+// they are among the paths no agent may reach; the CA is not a secret.
+// The config is provisioned as caddy provisions it: storage zidane_nats
+// first, which provisions the zidane app, whose cluster block dials a real
+// nats-server that requires a client certificate.
+func TestClusterModeDeniesAgentsTheNATSFiles(t *testing.T) {
+	certs := testtls.Files(t, "zidane")
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	natsConf := fmt.Sprintf("listen: \"127.0.0.1:-1\"\njetstream { store_dir: %q }\ntls {\n\tcert_file: %q\n\tkey_file: %q\n\tca_file: %q\n\tverify: true\n}\n",
+		t.TempDir(), filepath.Join(certs, "server.pem"), filepath.Join(certs, "server-key.pem"), filepath.Join(certs, "ca.pem"))
+	if err := os.WriteFile(conf, []byte(natsConf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.NoSigs, opts.NoLog = true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats-server did not become ready")
+	}
+	url := strings.Replace(ns.ClientURL(), "nats://", "tls://", 1)
+
+	// What the app keeps on this host (the admin key, the marker of a
+	// server on NATS) goes to a directory of the test's, not the user's.
+	defer func(p string) { caddy.DefaultStorage.Path = p }(caddy.DefaultStorage.Path)
+	caddy.DefaultStorage.Path = t.TempDir()
+	t.Setenv(ClusterKeyEnv, base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, cluster.KeySize)))
+
+	cert, key, ca := filepath.Join(certs, "zidane.pem"), filepath.Join(certs, "zidane-key.pem"), filepath.Join(certs, "ca.pem")
+	raw, _ := json.Marshal(map[string]any{
+		"storage": map[string]any{"module": "zidane_nats"},
+		"apps": map[string]any{"zidane": map[string]any{"cluster": map[string]any{
+			"urls": []string{url}, "tls_ca": ca, "tls_cert": cert, "tls_key": key, "node": "gw-1",
+		}}},
+	})
+	var cfg caddy.Config
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, err := caddy.ProvisionContext(&cfg)
+	if err != nil {
+		t.Fatalf("provisioning cluster mode: %v", err)
+	}
+	v, err := ctx.App("zidane")
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := v.(*App)
+	t.Cleanup(func() { _ = app.Cleanup() })
+	if _, ok := ctx.Storage().(*cluster.Storage); !ok || ctx.Storage() != app.storage {
+		t.Fatalf("Caddy's storage is %T, the app's %T: want both the cluster's", ctx.Storage(), app.storage)
+	}
+	for _, f := range []string{cert, key} {
+		if !slices.Contains(app.deny, f) {
+			t.Errorf("agents may reach %s, which logs into NATS; denied: %v", f, app.deny)
+		}
+	}
+	if slices.Contains(app.deny, ca) {
+		t.Errorf("the CA %s is denied too; it is no secret: %v", ca, app.deny)
+	}
+}
