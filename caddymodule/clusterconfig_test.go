@@ -5,17 +5,15 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/internal/natstest"
 	"github.com/Tahul/caddy-zidane-mcp/internal/testtls"
 )
 
@@ -27,26 +25,8 @@ import (
 // nats-server that requires a client certificate.
 func TestClusterModeDeniesAgentsTheNATSFiles(t *testing.T) {
 	certs := testtls.Files(t, "zidane")
-	conf := filepath.Join(t.TempDir(), "nats.conf")
-	natsConf := fmt.Sprintf("listen: \"127.0.0.1:-1\"\njetstream { store_dir: %q }\ntls {\n\tcert_file: %q\n\tkey_file: %q\n\tca_file: %q\n\tverify: true\n}\n",
-		t.TempDir(), filepath.Join(certs, "server.pem"), filepath.Join(certs, "server-key.pem"), filepath.Join(certs, "ca.pem"))
-	if err := os.WriteFile(conf, []byte(natsConf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.NoSigs, opts.NoLog = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats-server did not become ready")
-	}
+	ns := natstest.FromConfig(t, fmt.Sprintf("listen: \"127.0.0.1:-1\"\njetstream { store_dir: %q }\ntls {\n\tcert_file: %q\n\tkey_file: %q\n\tca_file: %q\n\tverify: true\n}\n",
+		t.TempDir(), filepath.Join(certs, "server.pem"), filepath.Join(certs, "server-key.pem"), filepath.Join(certs, "ca.pem")))
 	url := strings.Replace(ns.ClientURL(), "nats://", "tls://", 1)
 
 	// What the app keeps on this host (the admin key, the marker of a

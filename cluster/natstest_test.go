@@ -6,28 +6,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/natstest"
 )
 
 // startNATS runs a real nats-server with JetStream, embedded, on a free
 // loopback port, and returns its URL.
 func startNATS(t testing.TB) string {
 	t.Helper()
-	ns, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		NoSigs: true, NoLog: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats-server did not become ready")
-	}
-	return ns.ClientURL()
+	return natstest.JetStream(t).ClientURL()
 }
 
 // connect opens a NATS connection of its own (one per simulated replica).

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,8 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
+	"github.com/Tahul/caddy-zidane-mcp/internal/natstest"
 	"github.com/Tahul/caddy-zidane-mcp/internal/testtls"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -82,8 +80,7 @@ func (r *recordLog) all() []string {
 // no permission on the gateway's subjects, reaches none of it.
 func TestLeastPrivilegeNATSUser(t *testing.T) {
 	certs := testtls.Files(t, "zidane", "intruder")
-	conf := filepath.Join(t.TempDir(), "nats.conf")
-	cfg := fmt.Sprintf(`
+	ns := natstest.FromConfig(t, fmt.Sprintf(`
 listen: "127.0.0.1:-1"
 jetstream { store_dir: %q }
 tls {
@@ -98,24 +95,7 @@ authorization {
 		{ user: "CN=intruder", permissions: { publish: ["$JS.API.INFO"], subscribe: ["_INBOX.>"] } }
 	]
 }
-`, t.TempDir(), filepath.Join(certs, "server.pem"), filepath.Join(certs, "server-key.pem"), filepath.Join(certs, "ca.pem"), leastPrivilege)
-	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.NoSigs, opts.NoLog = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats-server did not become ready")
-	}
+`, t.TempDir(), filepath.Join(certs, "server.pem"), filepath.Join(certs, "server-key.pem"), filepath.Join(certs, "ca.pem"), leastPrivilege))
 	url := strings.Replace(ns.ClientURL(), "nats://", "tls://", 1)
 
 	logs := &recordLog{}

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/natstest"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -746,19 +747,7 @@ func TestWatchSeesOtherReplicasWrites(t *testing.T) {
 // servers, and nats.go would fail over to them with the same scheme, in
 // the clear across the network, carrying what the replicas share.
 func TestPlainConnectionIgnoresDiscoveredServers(t *testing.T) {
-	start := func(opts *server.Options) *server.Server {
-		t.Helper()
-		ns, err := server.NewServer(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		go ns.Start()
-		t.Cleanup(ns.Shutdown)
-		if !ns.ReadyForConnections(30 * time.Second) {
-			t.Fatal("nats-server did not become ready")
-		}
-		return ns
-	}
+	start := func(opts *server.Options) *server.Server { return natstest.Start(t, opts) }
 	a := start(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true,
 		Cluster: server.ClusterOpts{Name: "zc", Host: "127.0.0.1", Port: -1}})
 	routeURL, _ := neturl.Parse(fmt.Sprintf("nats://%s", a.ClusterAddr()))

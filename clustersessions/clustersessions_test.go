@@ -16,6 +16,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/clustersessions"
+	"github.com/Tahul/caddy-zidane-mcp/internal/natstest"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 	"github.com/Tahul/caddy-zidane-mcp/sessions/demoagent"
 )
@@ -34,16 +35,7 @@ func startNATS(t testing.TB) string {
 
 func startNATSServer(t testing.TB) *server.Server {
 	t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats-server did not become ready")
-	}
-	return ns
+	return natstest.JetStream(t)
 }
 
 var key = func() []byte {

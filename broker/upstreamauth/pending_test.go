@@ -12,9 +12,8 @@ import (
 	"testing"
 	"time"
 
-	natsserver "github.com/nats-io/nats-server/v2/server"
-
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/internal/natstest"
 	"github.com/Tahul/caddy-zidane-mcp/internal/oauthtest"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -23,15 +22,7 @@ import (
 // in cluster mode share it.
 func (e *env) onNATS() {
 	e.t.Helper()
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: e.t.TempDir(), NoSigs: true, NoLog: true})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	go ns.Start()
-	e.t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(30 * time.Second) {
-		e.t.Fatal("nats-server did not become ready")
-	}
+	ns := natstest.JetStream(e.t)
 	conn, err := cluster.Dial(cluster.ConnConfig{URLs: []string{ns.ClientURL()}})
 	if err != nil {
 		e.t.Fatal(err)
