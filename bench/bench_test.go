@@ -72,8 +72,9 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s at %d sessions: %.1f allocations and %.0f bytes per call", r.route, r.concurrency, r.allocsPerCall, r.bytesPerCall)
 		}
 	}
-	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "broker pass-through", "aggregated (2 upstreams)", "vs baseline",
-		"direct 2026-07-28", "reverse_proxy 2026-07-28", "guard+reverse_proxy 2026-07-28", "broker pass-through 2026-07-28", "aggregated (2 upstreams) 2026-07-28", "protocol",
+	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "guard upstream", "broker pass-through", "aggregated (2 upstreams)", "vs baseline",
+		"direct 2026-07-28", "reverse_proxy 2026-07-28", "guard+reverse_proxy 2026-07-28", "guard upstream 2026-07-28", "broker pass-through 2026-07-28",
+		"aggregated (2 upstreams) 2026-07-28", "protocol",
 		"session engine", "create→finished", "finished events delivered / expected", "agent processes at peak",
 		"heap allocations per call", "allocs vs baseline", "idle MCP sessions", "sessions endpoint", "caddy RSS/session", "upstream RSS/session",
 		"after mcp_session_idle_timeout 3s", "heap kept", "sampled sessions closed (404)",
@@ -92,7 +93,7 @@ func TestInterleaved(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds caddy and drives real MCP sessions")
 	}
-	_, rep, table := runBench(t, "-only", "calls", "-routes", "guard", "-versions", "2025-11-25", "-rounds", "2", "-calls", "15", "-concurrency", "1", "-interleave")
+	_, rep, table := runBench(t, "-only", "calls", "-routes", "guard+", "-versions", "2025-11-25", "-rounds", "2", "-calls", "15", "-concurrency", "1", "-interleave")
 	rows := map[string]result{}
 	for _, r := range rep.calls {
 		rows[r.route] = r

@@ -28,7 +28,7 @@ func (g *gateway) stop()    { g.p.stop() }
 // set, are stateless upstreams (MCP 2026-07-28): each route is offered in
 // front of them too, for clients that speak 2026-07-28.
 func startGateway(ctx context.Context, bin, work, upstream, second, modern, modern2, zidane string) (*gateway, error) {
-	ports := make([]int, 9)
+	ports := make([]int, 11)
 	for i := range ports {
 		p, err := freePort()
 		if err != nil {
@@ -66,13 +66,24 @@ http://127.0.0.1:%d {
 
 http://127.0.0.1:%d {
 	zidane_mcp {
+		guard {
+			upstream http://%s/mcp
+		}
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
 		aggregate benchm benchm2
 		rate_limit {
 			per_token 1000000/s 1000000
 		}
 	}
 }
-`, ports[5], modern, ports[6], modern, ports[7], ports[8])
+`, ports[5], modern, ports[6], modern, ports[7], ports[10], modern, ports[8])
 	}
 	// The aggregated route runs over both upstreams when there is a second.
 	second2, aggregated := second, ""
@@ -124,7 +135,18 @@ http://127.0.0.1:%d {
 		}
 	}
 }
-%s%s`, admin, upstream, second2, modernUpstreams, zidane, rpPort, upstream, guardPort, upstream, brokerPort, aggregated, modernSites)
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard {
+			upstream http://%s/mcp
+		}
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
+	}
+}
+%s%s`, admin, upstream, second2, modernUpstreams, zidane, rpPort, upstream, guardPort, upstream, brokerPort, ports[9], upstream, aggregated, modernSites)
 	path := filepath.Join(work, "Caddyfile")
 	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
 		return nil, err
@@ -148,6 +170,7 @@ http://127.0.0.1:%d {
 		{name: "reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", rpPort), pid: g.pid(), admin: g.admin},
 		{name: "guard+reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, pid: g.pid(), admin: g.admin},
 		{name: "broker pass-through", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", brokerPort), token: token, pid: g.pid(), admin: g.admin},
+		{name: "guard upstream", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[9]), token: token, pid: g.pid(), admin: g.admin},
 	}
 	if aggregated != "" {
 		g.routes = append(g.routes, route{name: "aggregated (2 upstreams)", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", aggPort),
@@ -159,7 +182,8 @@ http://127.0.0.1:%d {
 				pid: g.pid(), admin: g.admin, prefix: prefix, version: modernProtocolVersion}
 		}
 		g.routes = append(g.routes, m("reverse_proxy", ports[5], "", ""), m("guard+reverse_proxy", ports[6], token, ""),
-			m("broker pass-through", ports[7], token, ""), m("aggregated (2 upstreams)", ports[8], token, "mcp_benchm_"))
+			m("broker pass-through", ports[7], token, ""), m("guard upstream", ports[10], token, ""),
+			m("aggregated (2 upstreams)", ports[8], token, "mcp_benchm_"))
 	}
 	return g, nil
 }

@@ -244,7 +244,7 @@ func connHTTPClient(n, e Upstream, opts ConnOptions) (*http.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	pinned, err := pinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses, opts.Credentials)
+	pinned, err := pinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses, opts.Credentials, false)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", describe(n), err)
 	}

@@ -60,6 +60,12 @@ type PassThroughOptions struct {
 	// URL on loopback.
 	DenyPrivateAddresses *bool
 
+	// NoRedirects makes the egress client follow no redirect: an upstream
+	// answer of 301, 302, 303, 307 or 308 is a failed call (502), as
+	// pinnedfetch.WithMaxRedirects(0) makes it. Then the client dials only
+	// the configured URL's host.
+	NoRedirects bool
+
 	// OnDecision receives every redirect decision of the egress client
 	// (each hop sent, followed or refused), for audit.
 	OnDecision func(pinnedfetch.Decision)
@@ -176,7 +182,7 @@ func NewPassThrough(u Upstream, opts PassThroughOptions) (*PassThrough, error) {
 		return nil, fmt.Errorf("%s: MaxBodyBytes %d is negative; give a positive limit, or 0 for the default", describe(n), maxBody)
 	}
 
-	client, err := pinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses, opts.Credentials)
+	client, err := pinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses, opts.Credentials, opts.NoRedirects)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", describe(n), err)
 	}
@@ -597,7 +603,7 @@ func (pt *PassThrough) refuse(w http.ResponseWriter, r *http.Request, p policy.P
 // pinnedClient is the broker's egress client for one upstream: pinned to
 // url's origin, the upstream's headers attached on that origin only, every
 // redirect decision reported to onDecision.
-func pinnedClient(url string, headers []header, onDecision func(pinnedfetch.Decision), denyPrivate *bool, creds func(http.RoundTripper) http.RoundTripper) (*http.Client, error) {
+func pinnedClient(url string, headers []header, onDecision func(pinnedfetch.Decision), denyPrivate *bool, creds func(http.RoundTripper) http.RoundTripper, noRedirects bool) (*http.Client, error) {
 	names := make([]string, 0, len(headers))
 	for _, h := range headers {
 		names = append(names, h.name)
@@ -616,6 +622,9 @@ func pinnedClient(url string, headers []header, onDecision func(pinnedfetch.Deci
 	}
 	if denyPrivate != nil {
 		fetchOpts = append(fetchOpts, pinnedfetch.DenyPrivateAddresses(*denyPrivate))
+	}
+	if noRedirects {
+		fetchOpts = append(fetchOpts, pinnedfetch.WithMaxRedirects(0))
 	}
 	return pinnedfetch.New(url, names, fetchOpts...)
 }

@@ -104,6 +104,11 @@ func copyResponseHeaders(out, in http.Header) {
 	}
 }
 
+// ReservedUpstreamHeader reports whether the pass-through route sets the
+// header of that canonical name itself on every request, so that a
+// configured header of that name is refused.
+func ReservedUpstreamHeader(canonical string) bool { return reservedUpstreamHeader(canonical) }
+
 // reservedUpstreamHeader reports whether a configured upstream header would
 // clash with what the route sets on each request. Such a config is refused
 // rather than allowed to override the translated session id or the

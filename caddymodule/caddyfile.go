@@ -41,6 +41,7 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 //		aggregate <upstream...>
 //		prefix always|conditional
 //		guard {
+//			upstream <url>
 //			upstream_header <name> <value>
 //			max_response <size>
 //		}
@@ -86,6 +87,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			for d.NextBlock(1) {
 				switch d.Val() {
+				case "upstream":
+					if h.Guard.Upstream != "" {
+						return d.Err("guard upstream given twice: a guard sends to one MCP server")
+					}
+					if !d.Args(&h.Guard.Upstream) || d.NextArg() {
+						return d.Err("guard upstream takes the MCP server's URL, such as http://127.0.0.1:9000/mcp")
+					}
+					if err := checkGuardUpstream(h.Guard.Upstream); err != nil {
+						return d.Err(err.Error())
+					}
 				case "upstream_header":
 					var name, value string
 					if !d.Args(&name, &value) || d.NextArg() {

@@ -148,6 +148,14 @@ type Guard struct {
 	// Default: 16 MiB.
 	MaxResponse int64 `json:"max_response,omitempty"`
 
+	// Upstream, when set, is the guarded MCP server's streamable HTTP URL:
+	// the guard sends what it allowed there itself, through the broker's
+	// pass-through (origin-pinned, plain http only to loopback, session
+	// ids sealed, only the MCP transport's headers), and the next handler
+	// is not called. Unset, authorized requests go to the next handler,
+	// such as reverse_proxy.
+	Upstream string `json:"upstream,omitempty"`
+
 	// Pin is what the guard does when one of the server's tools changes
 	// its definition after it was first listed (package pins): "strict"
 	// (the default: withhold it until an operator approves), "warn" or
@@ -207,6 +215,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Guard != nil {
 		if err := checkGuardHeaders(h.Guard.UpstreamHeaders); err != nil {
 			return err
+		}
+		if h.Guard.Upstream != "" {
+			if err := checkGuardUpstream(h.Guard.Upstream); err != nil {
+				return err
+			}
 		}
 	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
@@ -300,13 +313,22 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 				return fmt.Errorf("guard %w", err)
 			}
 		}
-		ns := "guard:" + h.Resource
-		h.route = &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders, IDs: ids, Route: "guard:" + h.Resource,
-			SharedParams: h.sharedParams(ctx, "params|guard|"+h.Resource), Pins: h.openPins(ctx, ns, mode), PinNS: ns}
 		if h.Guard.MaxResponse < 0 {
 			return fmt.Errorf("guard max_response %d is negative; give a size such as 16MiB", h.Guard.MaxResponse)
 		}
-		h.answerMax = cmp.Or(h.Guard.MaxResponse, broker.DefaultMaxResponse)
+		ns := "guard:" + h.Resource
+		g := &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders, IDs: ids, Route: "guard:" + h.Resource,
+			SharedParams: h.sharedParams(ctx, "params|guard|"+h.Resource), Pins: h.openPins(ctx, ns, mode), PinNS: ns}
+		h.route = g
+		if h.Guard.Upstream == "" {
+			h.answerMax = cmp.Or(h.Guard.MaxResponse, broker.DefaultMaxResponse)
+			break
+		}
+		// The pass-through bounds the server's answers itself, with
+		// max_response, as on the broker's route.
+		if h.route, err = h.buildGuardUpstream(ctx, appIface.(*App), g, key); err != nil {
+			return err
+		}
 	}
 	return err
 }

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -9,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
 // Secrets never sit in the config as literals: Caddy's admin API serves
@@ -113,6 +115,29 @@ func checkGuardHeaders(headers map[string]string) error {
 		v := headers[k]
 		if !plainHeaders[http.CanonicalHeaderKey(k)] && v != "" && !caddyPlaceholder.MatchString(v) {
 			return literalError(fmt.Sprintf("guard upstream_header %s", k), "{env.VAR}")
+		}
+	}
+	return nil
+}
+
+// checkGuardUpstream refuses a guard upstream URL that breaks the
+// remote-URL rule (https, or plain http to loopback only; no userinfo) or
+// that carries a secret-looking query value: the server's credential goes
+// in upstream_header, as a placeholder. Errors never quote the URL's
+// query.
+func checkGuardUpstream(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || !u.IsAbs() {
+		return errors.New("guard upstream: give the MCP server's absolute URL, such as https://mcp.internal.example/mcp, or http://127.0.0.1:9000/mcp on this host")
+	}
+	if err := pinnedfetch.CheckRemoteURL(u); err != nil {
+		return fmt.Errorf("guard upstream: %w", err)
+	}
+	for k, vs := range u.Query() {
+		for _, v := range vs {
+			if secretName.MatchString(k) && v != "" {
+				return fmt.Errorf("guard upstream: query parameter %s looks like a secret, which would show in the admin API and autosave.json; send it with upstream_header as a placeholder such as {env.VAR} instead", k)
+			}
 		}
 	}
 	return nil

@@ -156,7 +156,7 @@ func endRoute(span trace.Span, err error) {
 // routeName names a route in spans.
 func routeName(route edge.Route) string {
 	switch route.(type) {
-	case *edge.Guard:
+	case *edge.Guard, *edge.GuardUpstream:
 		return "guard"
 	case *edge.Upstream:
 		return "broker"

@@ -46,7 +46,8 @@ func TestAttackOneReading(t *testing.T) {
 	goServer := startCallRecorder(t, startEverythingServer(t), false)
 	tsServer := startCallRecorder(t, startNodeEverythingServer(t), true)
 	upA, upB := startCountingUpstream(t, "a"), startCountingUpstream(t, "b")
-	ports := attackPorts{sessions: freePort(t), guardGo: freePort(t), guardTS: freePort(t), broker: freePort(t), aggregate: freePort(t)}
+	ports := attackPorts{sessions: freePort(t), guardGo: freePort(t), guardTS: freePort(t), broker: freePort(t), aggregate: freePort(t),
+		guardGoUp: freePort(t), guardTSUp: freePort(t)}
 	c := startCaddy(t, attackCaddyfile(ports, goServer, tsServer, upA, upB))
 	reader := createToken(t, c, "reader", "--scope", "read")
 	owner := createToken(t, c, "owner", "--scope", "chat")
@@ -192,7 +193,10 @@ func TestAttackOneReading(t *testing.T) {
 }
 
 // attackPorts are the sites of the caddy under attack, one per route.
-type attackPorts struct{ sessions, guardGo, guardTS, broker, aggregate int }
+type attackPorts struct {
+	sessions, guardGo, guardTS, broker, aggregate int
+	guardGoUp, guardTSUp                          int // guard { upstream URL }, without reverse_proxy
+}
 
 func (p attackPorts) url(port int) string { return fmt.Sprintf("http://127.0.0.1:%d/mcp", port) }
 
@@ -233,6 +237,26 @@ http://127.0.0.1:%d {
 
 http://127.0.0.1:%d {
 	zidane_mcp {
+		guard {
+			upstream http://%s/mcp
+		}
+		scope simple tools test_simple_text
+		%s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard {
+			upstream http://%s/mcp
+		}
+		scope simple tools echo
+		%s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
 		broker a
 		%s
 	}
@@ -248,6 +272,8 @@ http://127.0.0.1:%d {
 		p.sessions, limits,
 		p.guardGo, limits, goServer.addr,
 		p.guardTS, limits, tsServer.addr,
+		p.guardGoUp, goServer.addr, limits,
+		p.guardTSUp, tsServer.addr, limits,
 		p.broker, limits,
 		p.aggregate, limits)
 }
@@ -290,7 +316,7 @@ func attackTargets(p attackPorts, cwd, reader, simple, onlyB string, goServer, t
 	}
 	upstreamA := []string{"RAN-TOOL-A", "CONTENT-OF-A", "PROMPT-OF-A", "COMPLETION-OF-A"}
 	hiddenA := []string{"tool_a", "prompt_a", "test://a/"}
-	return []*attackTarget{{
+	targets := []*attackTarget{{
 		name:  "sessions endpoint, read token",
 		url:   p.url(p.sessions),
 		token: reader,
@@ -379,6 +405,16 @@ func attackTargets(p attackPorts, cwd, reader, simple, onlyB string, goServer, t
 		hidden:  hiddenA,
 		lists:   "mcp_b_tool_b",
 	}}
+	// The guard with an upstream of its own, in front of the same two
+	// servers: the same cases, through the broker's pass-through instead
+	// of reverse_proxy.
+	for i, port := range []int{p.guardGoUp, p.guardTSUp} {
+		up := *targets[1+i]
+		up.name = strings.Replace(up.name, "guard,", "guard upstream,", 1)
+		up.url = p.url(port)
+		targets = append(targets, &up)
+	}
+	return targets
 }
 
 // attack sends every case of tg and checks each answer. It returns the
@@ -598,6 +634,8 @@ func legitimateCalls(t *testing.T, p attackPorts, reader, simple, onlyB string) 
 	}{
 		{"guard, go-sdk everything-server", p.url(p.guardGo), "test_simple_text", `{}`, "This is a simple text response"},
 		{"guard, TypeScript server-everything", p.url(p.guardTS), "echo", `{"message":"legit"}`, "Echo: legit"},
+		{"guard upstream, go-sdk everything-server", p.url(p.guardGoUp), "test_simple_text", `{}`, "This is a simple text response"},
+		{"guard upstream, TypeScript server-everything", p.url(p.guardTSUp), "echo", `{"message":"legit"}`, "Echo: legit"},
 	} {
 		t.Run(g.name, func(t *testing.T) {
 			cs, err := connectGo(t, g.url, bearerClient(simple, nil))

@@ -28,7 +28,7 @@ const hostileRSSBound = 400 << 20
 // endless events, huge lines, huge JSON, floods of small events and
 // never-ending bodies behind the aggregated route (first call, on go-sdk,
 // and later calls, on the fast path), the pass-through route and guard
-// mode. Every hostile call fails with an error that names the limit; caddy's
+// mode (with reverse_proxy, and with an upstream of its own). Every hostile call fails with an error that names the limit; caddy's
 // RSS stays under hostileRSSBound throughout; and another client's calls
 // keep succeeding all along.
 func TestHostileUpstream(t *testing.T) {
@@ -36,7 +36,7 @@ func TestHostileUpstream(t *testing.T) {
 	hu.Max = 256 << 20
 	up := httptest.NewServer(hu)
 	t.Cleanup(up.Close)
-	aggPort, brokerPort, guardPort := freePort(t), freePort(t), freePort(t)
+	aggPort, brokerPort, guardPort, guardUpPort := freePort(t), freePort(t), freePort(t), freePort(t)
 	c := startCaddy(t, fmt.Sprintf(`{
 	admin %s
 	zidane {
@@ -74,7 +74,19 @@ http://:%d {
 	}
 	reverse_proxy %s
 }
-`, AdminPlaceholder, up.URL, aggPort, brokerPort, guardPort, strings.TrimPrefix(up.URL, "http://")))
+
+http://:%d {
+	bind 127.0.0.1
+	zidane_mcp {
+		guard {
+			upstream %s
+		}
+		rate_limit {
+			per_token 1000/s 1000
+		}
+	}
+}
+`, AdminPlaceholder, up.URL, aggPort, brokerPort, guardPort, strings.TrimPrefix(up.URL, "http://"), guardUpPort, up.URL))
 	token := createToken(t, c, "attacker", "--scope", "upstream:evil", "--scope", "mcp")
 	bystander := createToken(t, c, "bystander", "--scope", "upstream:evil")
 	pid := c.proc.cmd.Process.Pid
@@ -137,6 +149,7 @@ http://:%d {
 		{"aggregate, fast path", fmt.Sprintf("http://127.0.0.1:%d/mcp", aggPort), "mcp_evil_", true},
 		{"pass-through", fmt.Sprintf("http://127.0.0.1:%d/mcp", brokerPort), "", false},
 		{"guard", fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), "", false},
+		{"guard upstream", fmt.Sprintf("http://127.0.0.1:%d/mcp", guardUpPort), "", false},
 	}
 	for _, rt := range routes {
 		for _, attack := range hostile.Attacks {

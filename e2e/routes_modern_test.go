@@ -365,7 +365,21 @@ http://127.0.0.1:%d {
 		}
 	}
 }
-`, ports["guard/"+up], strings.TrimSuffix(strings.TrimPrefix(upstreams[up], "http://"), "/mcp"), ports["passthrough/"+up], up)
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard {
+			upstream %s
+		}
+		scope onlystate tools test_input_required_result_request_state
+		rate_limit {
+			per_token 1000/s 1000
+			per_ip 1000/s 1000
+		}
+	}
+}
+`, ports["guard/"+up], strings.TrimSuffix(strings.TrimPrefix(upstreams[up], "http://"), "/mcp"), ports["passthrough/"+up], up,
+			ports["guardupstream/"+up], upstreams[up])
 	}
 	return fmt.Sprintf(`{
 	admin %s
@@ -378,7 +392,8 @@ http://127.0.0.1:%d {
 %s`, AdminPlaceholder, upstreams["stateless"], upstreams["stateful"], upstreams["node"], sites.String())
 }
 
-// TestRoutesModern drives guard and pass-through with go-sdk v1.8.0
+// TestRoutesModern drives guard (with reverse_proxy, and with an upstream
+// of its own) and pass-through with go-sdk v1.8.0
 // clients pinned at each protocol version, in front of the go-sdk
 // everything-server (stateless: both versions; stateful: 2025-11-25) and
 // the TypeScript server-everything (2025-11-25). In every combination that
@@ -397,7 +412,8 @@ func TestRoutesModern(t *testing.T) {
 		"node":      startNodeEverythingServer(t),
 	}
 	ports := map[string]int{}
-	for _, route := range []string{"guard", "passthrough"} {
+	routes := []string{"guard", "passthrough", "guardupstream"}
+	for _, route := range routes {
 		for up := range upstreams {
 			ports[route+"/"+up] = freePort(t)
 		}
@@ -412,7 +428,7 @@ func TestRoutesModern(t *testing.T) {
 		{"stateful", legacyVersion},
 		{"node", legacyVersion},
 	}
-	for _, route := range []string{"guard", "passthrough"} {
+	for _, route := range routes {
 		for _, combo := range combos {
 			t.Run(route+"/"+combo.up+"/"+combo.version, func(t *testing.T) {
 				endpoint := fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[route+"/"+combo.up])

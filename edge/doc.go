@@ -20,7 +20,8 @@
 // policy, or to the route.
 //
 // The routes are [Guard] (the next handler, such as reverse_proxy to an MCP
-// server), [Sessions] (the sessions endpoint), [Upstream] (one upstream
+// server), [GuardUpstream] (guard mode with the broker's pass-through to
+// its server in place of the next handler), [Sessions] (the sessions endpoint), [Upstream] (one upstream
 // offered through the broker: an operator's pass-through route, or a
 // session's egress to an upstream) and [Aggregate] (several upstreams on
 // one endpoint, each call authorized against the upstream that owns what it

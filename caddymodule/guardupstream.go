@@ -1,0 +1,110 @@
+package caddymodule
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/edge"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+)
+
+// guardUpstreamName names the guarded server in the pass-through's
+// messages and its upstream_call and redirect audit lines.
+const guardUpstreamName = "guard"
+
+// buildGuardUpstream sets up `guard { upstream URL }`: the broker's
+// pass-through to the guarded server in place of the next handler, under
+// the guard's route identity (so its sealed session ids are the guard's),
+// with the guard's upstream headers and max_response. Caddy's
+// reverse_proxy would forward every header of the client's but
+// Authorization; the pass-through sends only the MCP transport's, and the
+// operator's upstream headers, to the configured URL only.
+func (h *Handler) buildGuardUpstream(ctx caddy.Context, app *App, g *edge.Guard, sessionKey []byte) (edge.Route, error) {
+	u := broker.Upstream{Name: guardUpstreamName, URL: h.Guard.Upstream, MaxResponse: h.Guard.MaxResponse}
+	for _, k := range sortedMapKeys(h.Guard.UpstreamHeaders) {
+		if broker.ReservedUpstreamHeader(http.CanonicalHeaderKey(k)) {
+			return nil, fmt.Errorf("guard upstream_header %s: with upstream, the guard sets or passes this header itself (the MCP transport's headers and framing); remove the upstream_header", k)
+		}
+	}
+	values, err := guardHeaderValues(h.Guard.UpstreamHeaders)
+	if err != nil {
+		return nil, err
+	}
+	if len(values) > 0 {
+		// The values are resolved here, once: the pass-through attaches
+		// its upstream's headers in its egress client, on the pinned origin
+		// only. They reach it through its placeholders, so that a value is
+		// never expanded again.
+		u.Headers = map[string]string{}
+		for i, k := range sortedMapKeys(h.Guard.UpstreamHeaders) {
+			u.Headers[k] = "${H" + strconv.Itoa(i) + "}"
+		}
+	}
+	lookup := func(name string) (string, bool) {
+		i, err := strconv.Atoi(name[1:])
+		if name == "" || name[0] != 'H' || err != nil || i < 0 || i >= len(values) {
+			return "", false
+		}
+		return values[i], true
+	}
+	logger := ctx.Logger().Named("guard")
+	// The guard dials the one host the operator configured, whatever
+	// address it resolves to, as the reverse_proxy it replaces would; it
+	// follows no redirect, so no answer of the server's can send it to
+	// another host.
+	allowPrivate := false
+	pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
+		Lookup:               lookup,
+		NoRedirects:          true,
+		DenyPrivateAddresses: &allowPrivate,
+		SessionKey:           sessionKey,
+		Route:                g.Route,
+		MaxBodyBytes:         h.MaxBodyBytes,
+		AnswerBudget:         app.answerBudget,
+		OnDecision:           func(d pinnedfetch.Decision) { auditRedirect(h.audit, u.Name, d) },
+		OnCall:               func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
+		OnRefusal: func(r broker.Refusal) {
+			metricRefusals.WithLabelValues(r.Reason).Inc()
+			auditBrokerRefusal(h.audit, r)
+		},
+		Logger: slog.New(zapslog.NewHandler(logger.Core())),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("guard upstream: %w", err)
+	}
+	h.passThrough = pt
+	for i, k := range sortedMapKeys(h.Guard.UpstreamHeaders) {
+		if values[i] == "" {
+			logger.Warn("guard upstream_header is empty, and is sent so", zap.String("header", k))
+		}
+	}
+	return &edge.GuardUpstream{Guard: g, Handler: pt}, nil
+}
+
+// guardHeaderValues resolves the guard's upstream headers once, in the
+// order of their sorted names. Only placeholders known before any request
+// (such as {env.VAR} and {file.PATH}) can be: a request's placeholder
+// would let the client choose what the server is sent.
+func guardHeaderValues(headers map[string]string) ([]string, error) {
+	if len(headers) == 0 {
+		return nil, nil
+	}
+	repl := caddy.NewReplacer()
+	keys := sortedMapKeys(headers)
+	values := make([]string, len(keys))
+	for i, k := range keys {
+		v, err := repl.ReplaceOrErr(headers[k], false, true)
+		if err != nil {
+			return nil, fmt.Errorf("guard upstream_header %s: with upstream, its value is read once, when Caddy starts, so give a placeholder known then, such as {env.VAR} or {file.PATH}: %w", k, err)
+		}
+		values[i] = v
+	}
+	return values, nil
+}
