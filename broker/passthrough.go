@@ -60,6 +60,13 @@ type PassThroughOptions struct {
 	// URL on loopback.
 	DenyPrivateAddresses *bool
 
+	// Headers are more headers for every request to the upstream, attached
+	// as the upstream's configured headers are (on its origin only), with
+	// values already resolved: they are never expanded, so a value may
+	// hold "${". Names are refused as configured ones are, and so is one
+	// that the upstream's config has too.
+	Headers map[string]string
+
 	// NoRedirects makes the egress client follow no redirect: an upstream
 	// answer of 301, 302, 303, 307 or 308 is a failed call (502), as
 	// pinnedfetch.WithMaxRedirects(0) makes it. Then the client dials only
@@ -173,6 +180,9 @@ func NewPassThrough(u Upstream, opts PassThroughOptions) (*PassThrough, error) {
 	if err != nil {
 		return nil, err
 	}
+	if headers, err = withResolvedHeaders(headers, opts.Headers, describe(n)); err != nil {
+		return nil, err
+	}
 	ids, err := NewSessionIDs(opts.SessionKey)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", describe(n), err)
@@ -231,6 +241,33 @@ func upstreamHeaders(e Upstream) ([]header, error) {
 		out = append(out, header{canonical, value})
 	}
 	return out, nil
+}
+
+// withResolvedHeaders adds the resolved headers of
+// [PassThroughOptions.Headers] to the configured ones. Errors name the
+// header, never its value.
+func withResolvedHeaders(headers []header, resolved map[string]string, who string) ([]header, error) {
+	if len(resolved) == 0 {
+		return headers, nil
+	}
+	for _, name := range sortedKeys(resolved) {
+		canonical := http.CanonicalHeaderKey(name)
+		if !ValidHeaderName(name) {
+			return nil, fmt.Errorf("%s: header %q is not a valid HTTP header name", who, name)
+		}
+		if reservedUpstreamHeader(canonical) {
+			return nil, fmt.Errorf("%s: header %s is set by the pass-through route for each request; remove it", who, canonical)
+		}
+		if slices.ContainsFunc(headers, func(h header) bool { return h.name == canonical }) {
+			return nil, fmt.Errorf("%s: header %s is given twice; give it once", who, canonical)
+		}
+		if strings.ContainsAny(resolved[name], "\r\n\x00") {
+			return nil, fmt.Errorf("%s: header %s: the value holds a line break or NUL; fix where it comes from", who, canonical)
+		}
+		headers = append(headers, header{canonical, resolved[name]})
+	}
+	slices.SortFunc(headers, func(a, b header) int { return strings.Compare(a.name, b.name) })
+	return headers, nil
 }
 
 // credentials is the layer pinnedfetch calls only for hops to the pinned

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -104,6 +105,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					}
 					if h.Guard.UpstreamHeaders == nil {
 						h.Guard.UpstreamHeaders = map[string]string{}
+					}
+					for k := range h.Guard.UpstreamHeaders {
+						if http.CanonicalHeaderKey(k) == http.CanonicalHeaderKey(name) {
+							return d.Errf("guard upstream_header %s given twice (names are not case-sensitive); give it once", name)
+						}
 					}
 					h.Guard.UpstreamHeaders[name] = value
 					if err := checkGuardHeaders(map[string]string{name: value}); err != nil {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -33,26 +32,12 @@ func (h *Handler) buildGuardUpstream(ctx caddy.Context, app *App, g *edge.Guard,
 			return nil, fmt.Errorf("guard upstream_header %s: with upstream, the guard sets or passes this header itself (the MCP transport's headers and framing); remove the upstream_header", k)
 		}
 	}
-	values, err := guardHeaderValues(h.Guard.UpstreamHeaders)
+	// The values are resolved here, once, and handed over as they are:
+	// the pass-through attaches them in its egress client, on the pinned
+	// origin only, and never expands them.
+	headers, err := guardHeaderValues(h.Guard.UpstreamHeaders)
 	if err != nil {
 		return nil, err
-	}
-	if len(values) > 0 {
-		// The values are resolved here, once: the pass-through attaches
-		// its upstream's headers in its egress client, on the pinned origin
-		// only. They reach it through its placeholders, so that a value is
-		// never expanded again.
-		u.Headers = map[string]string{}
-		for i, k := range sortedMapKeys(h.Guard.UpstreamHeaders) {
-			u.Headers[k] = "${H" + strconv.Itoa(i) + "}"
-		}
-	}
-	lookup := func(name string) (string, bool) {
-		i, err := strconv.Atoi(name[1:])
-		if name == "" || name[0] != 'H' || err != nil || i < 0 || i >= len(values) {
-			return "", false
-		}
-		return values[i], true
 	}
 	logger := ctx.Logger().Named("guard")
 	// The guard dials the one host the operator configured, whatever
@@ -61,7 +46,10 @@ func (h *Handler) buildGuardUpstream(ctx caddy.Context, app *App, g *edge.Guard,
 	// another host.
 	allowPrivate := false
 	pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
-		Lookup:               lookup,
+		Headers: headers,
+		// The URL holds no placeholder (checkGuardUpstream): nothing to
+		// look up.
+		Lookup:               func(string) (string, bool) { return "", false },
 		NoRedirects:          true,
 		DenyPrivateAddresses: &allowPrivate,
 		SessionKey:           sessionKey,
@@ -80,31 +68,32 @@ func (h *Handler) buildGuardUpstream(ctx caddy.Context, app *App, g *edge.Guard,
 		return nil, fmt.Errorf("guard upstream: %w", err)
 	}
 	h.passThrough = pt
-	for i, k := range sortedMapKeys(h.Guard.UpstreamHeaders) {
-		if values[i] == "" {
+	for _, k := range sortedMapKeys(headers) {
+		if headers[k] == "" {
 			logger.Warn("guard upstream_header is empty, and is sent so", zap.String("header", k))
 		}
 	}
 	return &edge.GuardUpstream{Guard: g, Handler: pt}, nil
 }
 
-// guardHeaderValues resolves the guard's upstream headers once, in the
-// order of their sorted names. Only placeholders known before any request
-// (such as {env.VAR} and {file.PATH}) can be: a request's placeholder
-// would let the client choose what the server is sent.
-func guardHeaderValues(headers map[string]string) ([]string, error) {
+// guardHeaderValues resolves the guard's upstream headers once. Only
+// placeholders known before any request (such as {env.VAR} and
+// {file.PATH}) can be: a request's placeholder would let the client choose
+// what the server is sent. A placeholder that resolves empty is refused:
+// "Bearer {env.UNSET}" would send "Bearer ". Errors name the header and
+// the placeholder, never a value.
+func guardHeaderValues(headers map[string]string) (map[string]string, error) {
 	if len(headers) == 0 {
 		return nil, nil
 	}
 	repl := caddy.NewReplacer()
-	keys := sortedMapKeys(headers)
-	values := make([]string, len(keys))
-	for i, k := range keys {
-		v, err := repl.ReplaceOrErr(headers[k], false, true)
+	out := make(map[string]string, len(headers))
+	for _, k := range sortedMapKeys(headers) {
+		v, err := repl.ReplaceOrErr(headers[k], true, true)
 		if err != nil {
-			return nil, fmt.Errorf("guard upstream_header %s: with upstream, its value is read once, when Caddy starts, so give a placeholder known then, such as {env.VAR} or {file.PATH}: %w", k, err)
+			return nil, fmt.Errorf("guard upstream_header %s: with upstream, its value is read once, when Caddy starts, so give a placeholder known then and not empty, such as {env.VAR} or {file.PATH}: %w", k, err)
 		}
-		values[i] = v
+		out[k] = v
 	}
-	return values, nil
+	return out, nil
 }

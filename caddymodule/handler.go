@@ -342,7 +342,7 @@ func (h *Handler) Validate() error {
 		}
 	}
 	if modes != 1 {
-		return errors.New("zidane_mcp: choose one mode: `sessions` serves the sessions endpoint; `broker NAME` offers a configured upstream; `aggregate NAME...` offers several together; `guard` passes authorized requests to the next handler (for example reverse_proxy)")
+		return errors.New("zidane_mcp: choose one mode: `sessions` serves the sessions endpoint; `broker NAME` offers a configured upstream; `aggregate NAME...` offers several together; `guard` passes authorized requests to the next handler (for example reverse_proxy), or with guard { upstream URL } to that MCP server")
 	}
 	return nil
 }

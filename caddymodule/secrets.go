@@ -108,10 +108,15 @@ func checkAgentEnv(agent string, env map[string]string) error {
 // upstream headers, whose values go through Caddy's replacer, and a name
 // that no request could carry.
 func checkGuardHeaders(headers map[string]string) error {
+	seen := map[string]string{}
 	for _, k := range sortedMapKeys(headers) {
 		if !broker.ValidHeaderName(k) {
 			return fmt.Errorf("guard upstream_header %q is not a valid HTTP header name: use letters, digits and '-', such as X-Api-Key", k)
 		}
+		if other, ok := seen[http.CanonicalHeaderKey(k)]; ok {
+			return fmt.Errorf("guard upstream_header %s and %s are one header (names are not case-sensitive); give it once", other, k)
+		}
+		seen[http.CanonicalHeaderKey(k)] = k
 		v := headers[k]
 		if !plainHeaders[http.CanonicalHeaderKey(k)] && v != "" && !caddyPlaceholder.MatchString(v) {
 			return literalError(fmt.Sprintf("guard upstream_header %s", k), "{env.VAR}")
@@ -129,6 +134,9 @@ func checkGuardUpstream(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil || !u.IsAbs() {
 		return errors.New("guard upstream: give the MCP server's absolute URL, such as https://mcp.internal.example/mcp, or http://127.0.0.1:9000/mcp on this host")
+	}
+	if broker.HasPlaceholder(raw) || caddyPlaceholder.MatchString(raw) {
+		return errors.New("guard upstream: the URL takes no placeholder; write it as it is, and send a credential with upstream_header")
 	}
 	if err := pinnedfetch.CheckRemoteURL(u); err != nil {
 		return fmt.Errorf("guard upstream: %w", err)
