@@ -26,7 +26,9 @@ func (g *gateway) stop()    { g.p.stop() }
 // what the run sends, so that it is measured but never triggers. zidane
 // holds more lines for the global zidane option. modern and modern2, when
 // set, are stateless upstreams (MCP 2026-07-28): each route is offered in
-// front of them too, for clients that speak 2026-07-28.
+// front of them too, for clients that speak 2026-07-28. Each guard site
+// has a resource of its own: what a guard keeps of its server is kept
+// under it.
 func startGateway(ctx context.Context, bin, work, upstream, second, modern, modern2, zidane string) (*gateway, error) {
 	ports := make([]int, 11)
 	for i := range ports {
@@ -48,6 +50,7 @@ http://127.0.0.1:%d {
 http://127.0.0.1:%d {
 	zidane_mcp {
 		guard
+		resource http://127.0.0.1:%d/mcp
 		rate_limit {
 			per_token 1000000/s 1000000
 		}
@@ -69,6 +72,7 @@ http://127.0.0.1:%d {
 		guard {
 			upstream http://%s/mcp
 		}
+		resource http://127.0.0.1:%d/mcp
 		rate_limit {
 			per_token 1000000/s 1000000
 		}
@@ -83,7 +87,7 @@ http://127.0.0.1:%d {
 		}
 	}
 }
-`, ports[5], modern, ports[6], modern, ports[7], ports[10], modern, ports[8])
+`, ports[5], modern, ports[6], ports[6], modern, ports[7], ports[10], modern, ports[10], ports[8])
 	}
 	// The aggregated route runs over both upstreams when there is a second.
 	second2, aggregated := second, ""
@@ -120,6 +124,7 @@ http://127.0.0.1:%d {
 http://127.0.0.1:%d {
 	zidane_mcp {
 		guard
+		resource http://127.0.0.1:%d/mcp
 		rate_limit {
 			per_token 1000000/s 1000000
 		}
@@ -141,12 +146,13 @@ http://127.0.0.1:%d {
 		guard {
 			upstream http://%s/mcp
 		}
+		resource http://127.0.0.1:%d/mcp
 		rate_limit {
 			per_token 1000000/s 1000000
 		}
 	}
 }
-%s%s`, admin, upstream, second2, modernUpstreams, zidane, rpPort, upstream, guardPort, upstream, brokerPort, ports[9], upstream, aggregated, modernSites)
+%s%s`, admin, upstream, second2, modernUpstreams, zidane, rpPort, upstream, guardPort, guardPort, upstream, brokerPort, ports[9], upstream, ports[9], aggregated, modernSites)
 	path := filepath.Join(work, "Caddyfile")
 	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
 		return nil, err

@@ -163,6 +163,9 @@ type App struct {
 	// sessionScopes are the scope maps of this config's sessions sites, by
 	// the pooled state they share, stored there when it starts.
 	sessionScopes map[*sessionsState][]*policy.ScopeMap
+	// guardSites are this config's guard handlers by resource (see
+	// claimGuardResource).
+	guardSites *guardSites
 }
 
 // CaddyModule returns the Caddy module information.
@@ -188,6 +191,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("zidane: max_inflight_response %d is negative; give a size such as 256MiB", a.MaxInflightResponse)
 	}
 	a.answerBudget = broker.NewAnswerBudget(a.MaxInflightResponse)
+	a.guardSites = &guardSites{byResource: make(map[string][]string)}
 	for _, r := range a.Roots {
 		if !filepath.IsAbs(r) {
 			return fmt.Errorf("zidane: root %q is not an absolute path; give it from /, such as /srv/projects", r)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -96,4 +97,40 @@ func guardHeaderValues(headers map[string]string) (map[string]string, error) {
 		out[k] = v
 	}
 	return out, nil
+}
+
+// claimGuardResource records a guard handler of this config under its
+// resource, with the upstream URL it sends to ("" for the next handler).
+// What a guard keeps of its server (its pinned tool definitions, the
+// Mcp-Param-* bindings it learned, the route its session ids are sealed
+// to) is kept under its resource, so two guards of one resource share it.
+// Two that send to different upstream URLs guard two servers, and are
+// refused. Any other pair may be one server reached twice (two listeners
+// in front of one reverse_proxy), and shared reports it so that the caller
+// can warn; two with the same upstream URL are one server, and are not
+// reported.
+func (a *App) claimGuardResource(resource, upstream string) (shared bool, err error) {
+	gs := a.guardSites
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	others := gs.byResource[resource]
+	for _, o := range others {
+		switch {
+		case o != "" && upstream != "" && o != upstream:
+			return false, fmt.Errorf("guard: resource %s is also the resource of another guard site, which sends to another upstream; "+
+				"what a guard keeps of its server (pinned tool definitions, learned Mcp-Param-* bindings, the route its session ids are sealed to) "+
+				"is kept under its resource, so the two servers would share it: give each guard site its own absolute resource, such as resource https://tools.example.com/mcp", resource)
+		case o == "" || upstream == "":
+			shared = true
+		}
+	}
+	gs.byResource[resource] = append(others, upstream)
+	return shared, nil
+}
+
+// guardSites are one config's guard handlers: by resource, the upstream
+// URL of each, or "" for one that calls the next handler.
+type guardSites struct {
+	mu         sync.Mutex
+	byResource map[string][]string
 }

@@ -7,10 +7,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -326,5 +328,66 @@ func TestGuardUpstreamSendsAValueAsItIs(t *testing.T) {
 	}
 	if got := srv.last().Header.Values("X-Api-Key"); len(got) != 1 || got[0] != value {
 		t.Errorf("the server got X-Api-Key %q, want %q", got, value)
+	}
+}
+
+// Two guard sites of one resource share what a guard keeps of its server.
+// Two that send to different upstreams are refused; a pair that may be one
+// server reached twice is warned of in the log; two with the same upstream
+// are one server and are neither.
+func TestGuardSitesOfOneResource(t *testing.T) {
+	site := func(port int, inner string) string {
+		return fmt.Sprintf("http://127.0.0.1:%d {\n\tzidane_mcp {\n%s\n\t}\n\treverse_proxy 127.0.0.1:9\n}\n", port, inner)
+	}
+	upstream := func(url string) string { return "\t\tguard {\n\t\t\tupstream " + url + "\n\t\t}" }
+	const warning = "another guard site of this config has the same resource"
+	for _, c := range []struct {
+		name, sites, refusal string
+		warns                bool
+	}{
+		{"two upstreams, one resource",
+			site(8081, upstream("http://127.0.0.1:9001/mcp")) + site(8082, upstream("http://127.0.0.1:9002/mcp")),
+			"give each guard site its own absolute resource", false},
+		{"two upstreams, one resource given",
+			site(8081, upstream("http://127.0.0.1:9001/mcp")+"\n\t\tresource https://tools.example.com/mcp") +
+				site(8082, upstream("http://127.0.0.1:9002/mcp")+"\n\t\tresource https://tools.example.com/mcp"),
+			"resource https://tools.example.com/mcp is also the resource of another guard site", false},
+		{"two upstreams, two resources",
+			site(8081, upstream("http://127.0.0.1:9001/mcp")+"\n\t\tresource http://127.0.0.1:8081/mcp") +
+				site(8082, upstream("http://127.0.0.1:9002/mcp")+"\n\t\tresource http://127.0.0.1:8082/mcp"),
+			"", false},
+		{"one upstream, two sites",
+			site(8081, upstream("http://127.0.0.1:9001/mcp")) + site(8082, upstream("http://127.0.0.1:9001/mcp")),
+			"", false},
+		{"the next handler and an upstream",
+			site(8081, "\t\tguard") + site(8082, upstream("http://127.0.0.1:9001/mcp")),
+			"", true},
+		{"the next handler twice",
+			site(8081, "\t\tguard") + site(8082, "\t\tguard"),
+			"", true},
+		{"the next handler, two resources",
+			site(8081, "\t\tguard\n\t\tresource http://127.0.0.1:8081/mcp") + site(8082, "\t\tguard\n\t\tresource http://127.0.0.1:8082/mcp"),
+			"", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			err := validate(t, "\tlog {\n\t\toutput file "+logFile+"\n\t\tformat json\n\t}", c.sites)
+			if c.refusal != "" {
+				if err == nil || !strings.Contains(err.Error(), c.refusal) {
+					t.Fatalf("validate = %v; want an error saying %q", err, c.refusal)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("validate: %v", err)
+			}
+			logged, rerr := os.ReadFile(logFile)
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			if got := strings.Contains(string(logged), warning); got != c.warns {
+				t.Errorf("warned = %v, want %v; the log:\n%s", got, c.warns, logged)
+			}
+		})
 	}
 }

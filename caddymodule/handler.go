@@ -316,6 +316,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if h.Guard.MaxResponse < 0 {
 			return fmt.Errorf("guard max_response %d is negative; give a size such as 16MiB", h.Guard.MaxResponse)
 		}
+		shared, cerr := h.app.claimGuardResource(h.Resource, h.Guard.Upstream)
+		if cerr != nil {
+			return cerr
+		}
+		if shared {
+			h.logger.Warn("another guard site of this config has the same resource; what a guard keeps of its server (pinned tool definitions, learned Mcp-Param-* bindings, the route its session ids are sealed to) is kept under its resource, so if the two guard different servers, give each its own absolute resource",
+				zap.String("resource", h.Resource))
+		}
 		ns := "guard:" + h.Resource
 		g := &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders, IDs: ids, Route: "guard:" + h.Resource,
 			SharedParams: h.sharedParams(ctx, "params|guard|"+h.Resource), Pins: h.openPins(ctx, ns, mode), PinNS: ns}

@@ -220,6 +220,7 @@ http://127.0.0.1:%d {
 http://127.0.0.1:%d {
 	zidane_mcp {
 		guard
+		resource http://127.0.0.1:%d/mcp
 		scope simple tools test_simple_text
 		%s
 	}
@@ -229,6 +230,7 @@ http://127.0.0.1:%d {
 http://127.0.0.1:%d {
 	zidane_mcp {
 		guard
+		resource http://127.0.0.1:%d/mcp
 		scope simple tools echo
 		%s
 	}
@@ -240,6 +242,7 @@ http://127.0.0.1:%d {
 		guard {
 			upstream http://%s/mcp
 		}
+		resource http://127.0.0.1:%d/mcp
 		scope simple tools test_simple_text
 		%s
 	}
@@ -250,6 +253,7 @@ http://127.0.0.1:%d {
 		guard {
 			upstream http://%s/mcp
 		}
+		resource http://127.0.0.1:%d/mcp
 		scope simple tools echo
 		%s
 	}
@@ -270,10 +274,10 @@ http://127.0.0.1:%d {
 }
 `, AdminPlaceholder, a.url, b.url,
 		p.sessions, limits,
-		p.guardGo, limits, goServer.addr,
-		p.guardTS, limits, tsServer.addr,
-		p.guardGoUp, goServer.addr, limits,
-		p.guardTSUp, tsServer.addr, limits,
+		p.guardGo, p.guardGo, limits, goServer.addr,
+		p.guardTS, p.guardTS, limits, tsServer.addr,
+		p.guardGoUp, goServer.addr, p.guardGoUp, limits,
+		p.guardTSUp, tsServer.addr, p.guardTSUp, limits,
 		p.broker, limits,
 		p.aggregate, limits)
 }

@@ -146,9 +146,10 @@ http://127.0.0.1:%d {
 		guard {
 			upstream http://127.0.0.1:%d/mcp
 		}
+		resource http://127.0.0.1:%d/mcp
 	}
 }
-`, AdminPlaceholder, site, front.url, downSite, freePort(t)), "GUARD_UPSTREAM_KEY=upstream-key-s3cret")
+`, AdminPlaceholder, site, front.url, downSite, freePort(t), downSite), "GUARD_UPSTREAM_KEY=upstream-key-s3cret")
 	url := fmt.Sprintf("http://127.0.0.1:%d/mcp", site)
 	simple := createToken(t, c, "simple", "--scope", "simple")
 	other := createToken(t, c, "other", "--scope", "mcp")
@@ -311,7 +312,8 @@ http://127.0.0.1:%d {
 			switch l["event"] {
 			case "upstream_call":
 				calls++
-				if l["route"] != "guard:/mcp" || l["upstream"] != "guard" || l["client_ip"] != "127.0.0.1" {
+				route := l["route"]
+				if route != "guard:/mcp" && route != fmt.Sprintf("guard:http://127.0.0.1:%d/mcp", downSite) || l["upstream"] != "guard" || l["client_ip"] != "127.0.0.1" {
 					t.Errorf("upstream_call line: %v", l)
 				}
 			case "redirect":

@@ -337,7 +337,9 @@ func waitChan[T any](t *testing.T, ch <-chan T, what string, timeout time.Durati
 }
 
 // routesModernCaddyfile offers each upstream through guard and through
-// pass-through, each on its own loopback port. The scope onlystate grants
+// pass-through, each on its own loopback port; each guard site has a
+// resource of its own, as guard sites of different servers in one caddy
+// need. The scope onlystate grants
 // one multi-round-trip tool only, on every route.
 func routesModernCaddyfile(ports map[string]int, upstreams map[string]string) string {
 	var sites strings.Builder
@@ -346,6 +348,7 @@ func routesModernCaddyfile(ports map[string]int, upstreams map[string]string) st
 http://127.0.0.1:%d {
 	zidane_mcp {
 		guard
+		resource http://127.0.0.1:%d/mcp
 		scope onlystate tools test_input_required_result_request_state
 		rate_limit {
 			per_token 1000/s 1000
@@ -371,6 +374,7 @@ http://127.0.0.1:%d {
 		guard {
 			upstream %s
 		}
+		resource http://127.0.0.1:%d/mcp
 		scope onlystate tools test_input_required_result_request_state
 		rate_limit {
 			per_token 1000/s 1000
@@ -378,8 +382,8 @@ http://127.0.0.1:%d {
 		}
 	}
 }
-`, ports["guard/"+up], strings.TrimSuffix(strings.TrimPrefix(upstreams[up], "http://"), "/mcp"), ports["passthrough/"+up], up,
-			ports["guardupstream/"+up], upstreams[up])
+`, ports["guard/"+up], ports["guard/"+up], strings.TrimSuffix(strings.TrimPrefix(upstreams[up], "http://"), "/mcp"), ports["passthrough/"+up], up,
+			ports["guardupstream/"+up], upstreams[up], ports["guardupstream/"+up])
 	}
 	return fmt.Sprintf(`{
 	admin %s
