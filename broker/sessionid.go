@@ -8,6 +8,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
+	"sync/atomic"
 )
 
 // SessionKeySize is the length of the key [NewSessionIDs] takes: 32 bytes,
@@ -40,12 +42,29 @@ var ErrUnknownSession = errors.New("unknown session")
 // forged, it fails to open, and the caller cannot tell these cases apart
 // (nor can an attacker). The upstream id never reaches a client.
 //
-// Each Seal and Open is one AES-GCM operation with a key expanded once by
-// [NewSessionIDs]: no key derivation per request. A SessionIDs is safe for
-// concurrent use.
+// Each Seal is one AES-GCM operation with a key expanded once by
+// [NewSessionIDs]: no key derivation per request. Open is one too, the
+// first time it opens an id for a principal and route: what it opened is
+// kept in a small table (see opened), since a client sends its id on every
+// request. A SessionIDs is safe for concurrent use.
 type SessionIDs struct {
 	aead cipher.AEAD
+	// opened remembers ids that opened: Open is a function of the id, the
+	// principal and the route under this key, which never changes, so a
+	// remembered answer is the one AES-GCM would give. A slot holds the
+	// last id that opened among those its hash picks; an id found there
+	// for another principal or route is opened as if it were not there
+	// (and fails). The hash's seed is this process's, so no client can
+	// choose ids that share a slot; sharing one costs only an AES-GCM
+	// operation. Its memory is bounded by openedSlots ids.
+	opened [openedSlots]atomic.Pointer[openedID]
+	seed   maphash.Seed
 }
+
+// openedSlots is how many opened ids a SessionIDs remembers at most.
+const openedSlots = 1024
+
+type openedID struct{ id, principal, route, upstream string }
 
 // NewSessionIDs returns a SessionIDs for a 32-byte key. Keep the key across
 // config reloads (and share it between replicas): ids sealed under a key that
@@ -62,7 +81,7 @@ func NewSessionIDs(key []byte) (*SessionIDs, error) {
 	if err != nil {
 		return nil, fmt.Errorf("session key: %w", err)
 	}
-	return &SessionIDs{aead: aead}, nil
+	return &SessionIDs{aead: aead, seed: maphash.MakeSeed()}, nil
 }
 
 // Seal returns the id to give a client for upstreamID, bound to principal
@@ -84,6 +103,19 @@ func (s *SessionIDs) Seal(upstreamID, principal, route string) string {
 // malformed or did not open, never which of principal, route or key was
 // wrong (that is not knowable).
 func (s *SessionIDs) Open(id, principal, route string) (string, error) {
+	slot := &s.opened[maphash.String(s.seed, id)%openedSlots]
+	if o := slot.Load(); o != nil && o.id == id && o.principal == principal && o.route == route {
+		return o.upstream, nil
+	}
+	upstream, err := s.open(id, principal, route)
+	if err == nil {
+		slot.Store(&openedID{id: id, principal: principal, route: route, upstream: upstream})
+	}
+	return upstream, err
+}
+
+// open is Open without the table of opened ids.
+func (s *SessionIDs) open(id, principal, route string) (string, error) {
 	ns, overhead := s.aead.NonceSize(), s.aead.Overhead()
 	maxRaw := 1 + ns + MaxUpstreamSessionID + overhead
 	if len(id) > base64.RawURLEncoding.EncodedLen(maxRaw) {

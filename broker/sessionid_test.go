@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -56,6 +57,11 @@ func TestSessionIDsRefuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Opened once for its own token and route first: what Open remembers
+	// of it must open it for no other.
+	if got, err := ids.Open(sealed, "tok_alice", "broker:github"); err != nil || got != "s-1" {
+		t.Fatalf("Open for its own token = %q, %v", got, err)
+	}
 
 	for _, tc := range []struct {
 		name, id, principal, route string
@@ -83,6 +89,35 @@ func TestSessionIDsRefuse(t *testing.T) {
 			}
 		})
 	}
+	if got, err := ids.Open(sealed, "tok_alice", "broker:github"); err != nil || got != "s-1" {
+		t.Fatalf("Open for its own token after the refusals = %q, %v", got, err)
+	}
+}
+
+// TestSessionIDsOpenMany opens more ids than Open remembers, each several
+// times and interleaved with other principals' attempts: every one opens to
+// its own upstream id for its own principal only, whichever were forgotten.
+func TestSessionIDsOpenMany(t *testing.T) {
+	ids := newTestSessionIDs(t)
+	n := 3 * openedSlots
+	sealed := make([]string, n)
+	for i := range sealed {
+		sealed[i] = ids.Seal(fmt.Sprintf("up-%d", i), fmt.Sprintf("tok_%d", i%7), "guard:a")
+	}
+	for round := range 3 {
+		for i, id := range sealed {
+			got, err := ids.Open(id, fmt.Sprintf("tok_%d", i%7), "guard:a")
+			if err != nil || got != fmt.Sprintf("up-%d", i) {
+				t.Fatalf("round %d: Open(id %d) = %q, %v", round, i, got, err)
+			}
+			if got, err := ids.Open(id, fmt.Sprintf("tok_%d", (i+1)%7), "guard:a"); err == nil {
+				t.Fatalf("round %d: id %d opened for another token: %q", round, i, got)
+			}
+			if got, err := ids.Open(id, fmt.Sprintf("tok_%d", i%7), "guard:b"); err == nil {
+				t.Fatalf("round %d: id %d opened on another route: %q", round, i, got)
+			}
+		}
+	}
 }
 
 func TestNewSessionIDsKeySize(t *testing.T) {
@@ -107,15 +142,35 @@ func FuzzSessionIDsOpen(f *testing.F) {
 	})
 }
 
+// BenchmarkSessionIDOpen opens a client's id again, as every request after
+// its first does ("again"), and a new id each time ("first": the AES-GCM
+// opening, plus the table's lookup and store).
 func BenchmarkSessionIDOpen(b *testing.B) {
 	ids := newTestSessionIDs(b)
-	sealed := ids.Seal(rand.Text(), "tok_0123456789abcdef", "broker:github")
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := ids.Open(sealed, "tok_0123456789abcdef", "broker:github"); err != nil {
-			b.Fatal(err)
+	b.Run("again", func(b *testing.B) {
+		sealed := ids.Seal(rand.Text(), "tok_0123456789abcdef", "broker:github")
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := ids.Open(sealed, "tok_0123456789abcdef", "broker:github"); err != nil {
+				b.Fatal(err)
+			}
 		}
-	}
+	})
+	b.Run("first", func(b *testing.B) {
+		sealed := make([]string, 4096)
+		for i := range sealed {
+			sealed[i] = ids.Seal(rand.Text(), "tok_0123456789abcdef", "broker:github")
+		}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			// 4096 ids through 1024 slots: most are no longer there.
+			if _, err := ids.Open(sealed[i%len(sealed)], "tok_0123456789abcdef", "broker:github"); err != nil {
+				b.Fatal(err)
+			}
+			i += 1021
+		}
+	})
 }
 
 func BenchmarkSessionIDSeal(b *testing.B) {
