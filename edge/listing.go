@@ -396,8 +396,9 @@ type listingWriter struct {
 	cut        bool // the answer went over Listing.Max and was ended
 	// want is the length a JSON answer's server announced (0: none), and
 	// done is set once that much came and the answer went out: see Write.
-	want int
-	done bool
+	want      int
+	wantValue []string // the server's Content-Length header, which said want
+	done      bool
 }
 
 // errAnswerCut is what the writer returns to the route (reverse_proxy) once
@@ -438,7 +439,7 @@ func (w *listingWriter) WriteHeader(status int) {
 			if cl := w.Header().Get("Content-Length"); w.json && cl != "" {
 				if n, err := strconv.Atoi(cl); err == nil && n > 0 && n <= maxFilteredBody {
 					w.buf.Grow(n) // the whole answer, without regrowing
-					w.want = n
+					w.want, w.wantValue = n, w.Header()["Content-Length"]
 				}
 			}
 			w.Header().Del("Content-Length") // the filtered body has another length
@@ -467,9 +468,30 @@ func (w *listingWriter) writePending(n int) {
 	if w.pending == 0 {
 		return
 	}
-	w.Header().Set("Content-Length", strconv.Itoa(n))
+	if n == w.want && len(w.wantValue) == 1 && plainDecimal(w.wantValue[0]) {
+		// Most answers go out as long as the server said: its own value,
+		// when it is spelled as strconv would spell it (Atoi also reads
+		// "+78" and "078", which another reader may not).
+		w.Header()["Content-Length"] = w.wantValue
+	} else {
+		w.Header().Set("Content-Length", strconv.Itoa(n))
+	}
 	w.ResponseWriter.WriteHeader(w.pending)
 	w.pending = 0
+}
+
+// plainDecimal reports whether s is a positive number in decimal digits
+// with no sign and no leading zero.
+func plainDecimal(s string) bool {
+	if s == "" || s[0] == '0' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // The kinds of body answerType tells apart.

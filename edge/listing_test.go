@@ -624,6 +624,37 @@ func TestListingSendsAnAnnouncedAnswerAtOnce(t *testing.T) {
 	}
 }
 
+// An answer that goes out as long as its server announced keeps the
+// server's Content-Length only when it is spelled as a plain decimal: one
+// with a sign or a leading zero, which Atoi reads as the same length and
+// another reader may not, goes out spelled plainly.
+func TestListingAnnouncedLengthSpelling(t *testing.T) {
+	answer := `{"jsonrpc":"2.0","id":7,"error":{"code":-32000,"message":"passes as it is"}}`
+	for _, spelled := range []string{strconv.Itoa(len(answer)), "0" + strconv.Itoa(len(answer)), "+" + strconv.Itoa(len(answer))} {
+		t.Run(spelled, func(t *testing.T) {
+			front := filteredListTools(t, func(fw http.ResponseWriter, r *http.Request) {
+				fw.Header().Set("Content-Type", "application/json")
+				fw.Header().Set("Content-Length", spelled)
+				fw.WriteHeader(http.StatusOK)
+				fw.Write([]byte(answer))
+			})
+			defer front.Close()
+			resp, err := front.Client().Post(front.URL, "application/json", strings.NewReader(listTools))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil || string(body) != answer {
+				t.Fatalf("answer %q, %v; want the server's", body, err)
+			}
+			if got := resp.Header.Values("Content-Length"); len(got) != 1 || got[0] != strconv.Itoa(len(answer)) {
+				t.Errorf("Content-Length %q, want %d", got, len(answer))
+			}
+		})
+	}
+}
+
 // An answer shorter than it announced waits for the route to end, and is
 // filtered then, as one without a length is.
 func TestListingShortOfItsAnnouncedLength(t *testing.T) {
