@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -140,6 +141,46 @@ func FuzzSessionIDsOpen(f *testing.F) {
 			t.Fatalf("Open(%q) for a principal nobody sealed for = %q", id, got)
 		}
 	})
+}
+
+// TestSessionIDsOpenConcurrent opens ids from several goroutines at once,
+// each for its own token and for another's, over fewer slots than ids: what
+// one goroutine stores never opens an id for another's token.
+func TestSessionIDsOpenConcurrent(t *testing.T) {
+	ids := newTestSessionIDs(t)
+	const tokens, perToken = 4, 600 // 2400 ids, more than openedSlots
+	sealed := make([][]string, tokens)
+	for tk := range sealed {
+		for i := range perToken {
+			sealed[tk] = append(sealed[tk], ids.Seal(fmt.Sprintf("up-%d-%d", tk, i), fmt.Sprintf("tok_%d", tk), "guard:a"))
+		}
+	}
+	errs := make(chan error, 2*tokens)
+	var wg sync.WaitGroup
+	for g := range 2 * tokens {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tk, other := g%tokens, (g+1)%tokens
+			for round := range 3 {
+				for i, id := range sealed[tk] {
+					if got, err := ids.Open(id, fmt.Sprintf("tok_%d", tk), "guard:a"); err != nil || got != fmt.Sprintf("up-%d-%d", tk, i) {
+						errs <- fmt.Errorf("round %d: token %d id %d opened as %q, %v", round, tk, i, got, err)
+						return
+					}
+					if got, err := ids.Open(id, fmt.Sprintf("tok_%d", other), "guard:a"); err == nil {
+						errs <- fmt.Errorf("round %d: token %d's id %d opened for token %d: %q", round, tk, i, other, got)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
 }
 
 // BenchmarkSessionIDOpen opens a client's id again, as every request after
