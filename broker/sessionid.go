@@ -59,6 +59,7 @@ type SessionIDs struct {
 	// operation. Its memory is bounded by openedSlots ids.
 	opened [openedSlots]atomic.Pointer[openedID]
 	seed   maphash.Seed
+	maxLen int // the longest id Seal gives out, for the longest upstream id
 }
 
 // openedSlots is how many opened ids a SessionIDs remembers at most.
@@ -81,7 +82,8 @@ func NewSessionIDs(key []byte) (*SessionIDs, error) {
 	if err != nil {
 		return nil, fmt.Errorf("session key: %w", err)
 	}
-	return &SessionIDs{aead: aead, seed: maphash.MakeSeed()}, nil
+	return &SessionIDs{aead: aead, seed: maphash.MakeSeed(),
+		maxLen: base64.RawURLEncoding.EncodedLen(1 + aead.NonceSize() + MaxUpstreamSessionID + aead.Overhead())}, nil
 }
 
 // Seal returns the id to give a client for upstreamID, bound to principal
@@ -103,6 +105,10 @@ func (s *SessionIDs) Seal(upstreamID, principal, route string) string {
 // malformed or did not open, never which of principal, route or key was
 // wrong (that is not knowable).
 func (s *SessionIDs) Open(id, principal, route string) (string, error) {
+	if len(id) > s.maxLen {
+		// Refused before it is hashed: no id this long was given out.
+		return s.open(id, principal, route)
+	}
 	slot := &s.opened[maphash.String(s.seed, id)%openedSlots]
 	if o := slot.Load(); o != nil && o.id == id && o.principal == principal && o.route == route {
 		return o.upstream, nil
@@ -117,8 +123,7 @@ func (s *SessionIDs) Open(id, principal, route string) (string, error) {
 // open is Open without the table of opened ids.
 func (s *SessionIDs) open(id, principal, route string) (string, error) {
 	ns, overhead := s.aead.NonceSize(), s.aead.Overhead()
-	maxRaw := 1 + ns + MaxUpstreamSessionID + overhead
-	if len(id) > base64.RawURLEncoding.EncodedLen(maxRaw) {
+	if len(id) > s.maxLen {
 		return "", fmt.Errorf("%w: the session id is too long to be one this gateway gave out", ErrUnknownSession)
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(id)
