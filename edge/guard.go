@@ -108,7 +108,9 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 			return &RefusalError{v}
 		}
 		gw.clientSID, gw.upstreamSID = values[0], upstream
-		values[0] = upstream // the request's own slice: the id goes on opened
+		// A new slice: the one the request came with may be shared by
+		// whatever set it (a handler before this one).
+		r.Header[headerSessionID] = []string{upstream}
 	}
 	// The edge's own CORS and origin-wide headers, set before the route
 	// runs: the only ones the client gets.
@@ -288,7 +290,7 @@ func (w *guardWriter) WriteHeader(status int) {
 	case sids[0] == w.upstreamSID:
 		// The client's own id again: clients take a changed id for an
 		// error, and servers repeat theirs on every answer.
-		sids[0] = w.clientSID // the answer's own slice
+		h[headerSessionID] = []string{w.clientSID}
 	default:
 		h[headerSessionID] = []string{w.g.IDs.Seal(sids[0], w.p.TokenID, w.g.Route)}
 	}

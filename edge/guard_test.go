@@ -236,3 +236,35 @@ func TestGuardRefusesAnInvalidServerSessionID(t *testing.T) {
 		t.Fatalf("answer %d, session id %q; want 502 without it", w.Code, w.Header().Get("Mcp-Session-Id"))
 	}
 }
+
+// The guard puts the opened and the sealed session ids in slices of its
+// own: the ones a request or an answer came with may be shared by whatever
+// set them (a handler before the guard, or one after it that keeps its
+// headers in a package variable), and writing into them would hand one
+// client's ids to another request.
+func TestGuardLeavesSharedHeaderSlicesAlone(t *testing.T) {
+	f := newGuardFixture(t)
+	sealed := f.g.IDs.Seal("upstream-session-1", alice.TokenID, f.g.Route)
+	requestIDs := []string{sealed}
+	answerIDs := []string{"upstream-session-1"}
+	var got string
+	r := httptest.NewRequest(http.MethodPost, "http://127.0.0.1/mcp", strings.NewReader(`{}`))
+	r = r.WithContext(policy.WithPrincipal(r.Context(), alice))
+	r.Header["Mcp-Session-Id"] = requestIDs
+	w := httptest.NewRecorder()
+	err := f.g.Serve(w, r, NextFunc(func(w http.ResponseWriter, r *http.Request) error {
+		got = r.Header.Get("Mcp-Session-Id")
+		w.Header()["Mcp-Session-Id"] = answerIDs
+		w.WriteHeader(http.StatusOK)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != "upstream-session-1" || w.Header().Get("Mcp-Session-Id") != sealed {
+		t.Fatalf("the server got %q and the client %q; want the ids translated", got, w.Header().Get("Mcp-Session-Id"))
+	}
+	if requestIDs[0] != sealed || answerIDs[0] != "upstream-session-1" {
+		t.Errorf("the guard wrote into slices it did not make: request %q, answer %q", requestIDs, answerIDs)
+	}
+}
