@@ -212,8 +212,10 @@ func (w *guardWriter) restore() {
 // added after the status has another slice, or a longer one). A
 // Content-Length that was not there is no change: the listing filter
 // around this writer sets the length of the JSON answer it holds when it
-// sends it, after the route's status went through here, and a length is
-// never a trailer.
+// sends it, after the route's status went through here. One the route adds
+// after the status (reverse_proxy copies an HTTP/2 server's Content-Length
+// trailer so) goes nowhere either: a held answer's length is the filter's,
+// which overwrites it, and any other answer's headers have gone.
 func (w *guardWriter) unchanged(h http.Header) bool {
 	n := len(h)
 	if _, ok := h["Content-Length"]; ok {
