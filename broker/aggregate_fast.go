@@ -20,6 +20,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
 // The tools/call fast path of the aggregated route.
@@ -173,7 +175,7 @@ func fastTransportHeaders(r *http.Request) bool {
 	// go-sdk's DNS rebinding protection: a loopback listener serves only a
 	// loopback Host.
 	if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && la != nil {
-		if loopbackHostPort(la.String()) && !loopbackHostPort(r.Host) {
+		if pinnedfetch.IsLoopbackSocket(la) && !policy.HostIsLoopback(r.Host) {
 			return false
 		}
 	}
@@ -202,20 +204,6 @@ func acceptsBoth(values []string) bool {
 		}
 	}
 	return jsonOK && sseOK
-}
-
-// loopbackHostPort reports whether a host or host:port names loopback.
-func loopbackHostPort(hp string) bool {
-	host := hp
-	if h, _, err := net.SplitHostPort(hp); err == nil {
-		host = h
-	}
-	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // peekBody reads r's body (bounded like go-sdk's) and puts it back for

@@ -23,6 +23,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -424,21 +425,13 @@ func checkAdvertise(raw string) error {
 	switch u.Scheme {
 	case "https":
 	case "http":
-		if !loopbackHost(u.Hostname()) {
+		if !pinnedfetch.IsLoopbackHost(u.Hostname()) {
 			return fmt.Errorf("advertise %q: plain http to a host that is not loopback would carry sessions' messages in the clear; use https://", raw)
 		}
 	default:
 		return fmt.Errorf("advertise %q: the scheme must be https:// (or http:// to loopback)", raw)
 	}
 	return nil
-}
-
-func loopbackHost(h string) bool {
-	if strings.EqualFold(h, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(h)
-	return ip != nil && ip.IsLoopback()
 }
 
 // serveHop serves a request another replica forwarded: an aggregated

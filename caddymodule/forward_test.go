@@ -89,6 +89,12 @@ func TestCheckAdvertise(t *testing.T) {
 		"https://0.0.0.0:8443":          "no address another replica can reach",
 		"":                              "give the URL",
 		"https://gw-1.internal:8443#no": "no user",
+		// Spellings of loopback that pinnedfetch's rule refuses are not
+		// loopback here either: one predicate for every plain-http rule.
+		"http://[::ffff:127.0.0.1]:8080": "in the clear",
+		"http://[::ffff:7f00:1]:8080":    "in the clear",
+		"http://2130706433:8080":         "in the clear",
+		"http://localhost.:8080":         "in the clear",
 	} {
 		err := checkAdvertise(bad)
 		if err == nil || !strings.Contains(err.Error(), want) {

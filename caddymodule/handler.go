@@ -24,6 +24,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
@@ -764,19 +765,8 @@ func clientIP(r *http.Request) string {
 
 // onLoopbackListener reports whether r arrived on a loopback address.
 func onLoopbackListener(r *http.Request) bool {
-	addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	if !ok {
-		return false
-	}
-	if tcp, ok := addr.(*net.TCPAddr); ok {
-		return tcp.IP.IsLoopback()
-	}
-	host, _, err := net.SplitHostPort(addr.String())
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	addr, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	return pinnedfetch.IsLoopbackSocket(addr)
 }
 
 func setCORS(h http.Header, origin string) {

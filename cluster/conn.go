@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
 // ConnConfig says how to reach NATS.
@@ -55,7 +56,7 @@ func (c ConnConfig) Check() error {
 		switch u.Scheme {
 		case "tls":
 		case "nats":
-			if !tlsOn && !loopbackHost(u.Hostname()) {
+			if !tlsOn && !pinnedfetch.IsLoopbackHost(u.Hostname()) {
 				return fmt.Errorf("NATS url %q is plain nats:// to a host that is not loopback: use tls://, or give tls_ca, so the gateway's state does not cross the network in the clear", raw)
 			}
 		default:
@@ -83,14 +84,6 @@ func redactURL(u *url.URL) string {
 	v := *u
 	v.User = nil
 	return v.String()
-}
-
-func loopbackHost(h string) bool {
-	if strings.EqualFold(h, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(h)
-	return ip != nil && ip.IsLoopback()
 }
 
 // Conn is a connection to NATS with JetStream.

@@ -507,6 +507,10 @@ func TestConnConfigCheck(t *testing.T) {
 		{ConnConfig{URLs: []string{"nats://nats-1.internal:4222"}, TLSCA: "/ca.pem"}, ""},
 		{ConnConfig{}, "no NATS URL"},
 		{ConnConfig{URLs: []string{"nats://10.1.2.3:4222"}}, "not loopback"},
+		// pinnedfetch's loopback rule, not net.IP's: a mapped spelling is
+		// not loopback.
+		{ConnConfig{URLs: []string{"nats://[::ffff:127.0.0.1]:4222"}}, "not loopback"},
+		{ConnConfig{URLs: []string{"nats://[::ffff:7f00:1]:4222"}}, "not loopback"},
 		{ConnConfig{URLs: []string{"nats://u:pw@127.0.0.1:4222"}}, "creds file"},
 		{ConnConfig{URLs: []string{"ws://127.0.0.1:4222"}}, "scheme"},
 		{ConnConfig{URLs: []string{"127.0.0.1:4222"}}, "is not a URL"},

@@ -1,6 +1,7 @@
 package pinnedfetch
 
 import (
+	"net"
 	"net/netip"
 	"net/url"
 	"strconv"
@@ -85,6 +86,11 @@ func CheckRemoteURL(u *url.URL) error {
 // address in 127.0.0.0/8 written as a dotted quad, or ::1. Names under
 // localhost ("a.localhost", "localhost.evil.com") and IPv4-mapped forms are
 // not loopback here.
+//
+// It is the one loopback predicate of this module: every rule that lets
+// plain traffic go to loopback only (the remote-URL rule, the cluster's
+// nats:// URLs and advertised addresses, a loopback listener's Host check)
+// asks it, so that no spelling is loopback to one rule and not to another.
 func IsLoopbackHost(host string) bool {
 	if strings.EqualFold(host, "localhost") {
 		return true
@@ -93,10 +99,42 @@ func IsLoopbackHost(host string) bool {
 	if err != nil || ip.Zone() != "" {
 		return false
 	}
+	return IsLoopbackAddr(ip)
+}
+
+// IsLoopbackAddr reports whether ip is in 127.0.0.0/8 or is ::1. An
+// IPv4-mapped address (::ffff:127.0.0.1) is not: as a spelling someone
+// wrote, it is refused like every other IPv4 address written as IPv6.
+func IsLoopbackAddr(ip netip.Addr) bool {
 	if ip.Is4() {
 		return ip.As4()[0] == 127
 	}
 	return ip == netip.IPv6Loopback()
+}
+
+// IsLoopbackSocket reports whether a socket's address, as the kernel
+// reports it (a listener's local address, a peer's remote address), is
+// loopback. Unlike a written host, a socket address in IPv4-mapped form
+// is an IPv4 connection on a dual-stack socket, and is judged as that
+// IPv4 address.
+func IsLoopbackSocket(addr net.Addr) bool {
+	var ip netip.Addr
+	switch a := addr.(type) {
+	case *net.TCPAddr:
+		if a == nil {
+			return false
+		}
+		ip, _ = netip.AddrFromSlice(a.IP)
+	case nil:
+		return false
+	default:
+		ap, err := netip.ParseAddrPort(addr.String())
+		if err != nil {
+			return false
+		}
+		ip = ap.Addr()
+	}
+	return ip.IsValid() && ip.Zone() == "" && IsLoopbackAddr(ip.Unmap())
 }
 
 // checkHost returns why host is not a strictly spelled IP literal or DNS

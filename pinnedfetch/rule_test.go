@@ -2,6 +2,7 @@ package pinnedfetch
 
 import (
 	"errors"
+	"net"
 	"net/url"
 	"strings"
 	"testing"
@@ -152,6 +153,36 @@ func TestIsLoopbackHost(t *testing.T) {
 	for host, want := range tests {
 		if got := IsLoopbackHost(host); got != want {
 			t.Errorf("IsLoopbackHost(%q) = %v, want %v", host, got, want)
+		}
+	}
+}
+
+// A socket address is what the kernel reports: an IPv4 connection on a
+// dual-stack socket comes as ::ffff:a.b.c.d and is that IPv4 address. A
+// written host is judged as written (TestIsLoopbackHost).
+func TestIsLoopbackSocket(t *testing.T) {
+	tcp := func(s string) net.Addr { return &net.TCPAddr{IP: net.ParseIP(s), Port: 443} }
+	for _, c := range []struct {
+		addr net.Addr
+		want bool
+	}{
+		{tcp("127.0.0.1"), true},
+		{tcp("127.9.9.9"), true},
+		{tcp("::1"), true},
+		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1).To16(), Port: 1}, true},
+		{tcp("::ffff:127.0.0.1"), true},
+		{tcp("10.0.0.1"), false},
+		{tcp("::ffff:10.0.0.1"), false},
+		{tcp("::"), false},
+		{&net.TCPAddr{}, false},
+		{&net.UDPAddr{IP: net.ParseIP("127.0.0.1"), Port: 53}, true},
+		{&net.UDPAddr{IP: net.ParseIP("192.0.2.1"), Port: 53}, false},
+		{&net.UnixAddr{Name: "/run/caddy.sock", Net: "unix"}, false},
+		{nil, false},
+		{(*net.TCPAddr)(nil), false},
+	} {
+		if got := IsLoopbackSocket(c.addr); got != c.want {
+			t.Errorf("IsLoopbackSocket(%v) = %v, want %v", c.addr, got, c.want)
 		}
 	}
 }
