@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -255,60 +254,16 @@ type forwardedRoute interface {
 }
 
 // bridgeNode is the node that holds the pending call r's requestState
-// names, read from the message the edge decided on; "" when it names none.
-// A misreading here could only send the retry to a node that does not
-// hold the call, which refuses the state: the node decides the request
-// again on the same body.
+// names, as the one reader read it from the message the edge decided on;
+// "" when it names none. A misreading here could only send the retry to a
+// node that does not hold the call, which refuses the state: the node
+// decides the request again on the same body.
 func (c *clusterAggregate) bridgeNode(r *http.Request) string {
 	b, ok := message.FromContext(r.Context())
-	if !ok || b.Batch || len(b.Calls) != 1 {
+	if !ok || b.Batch || len(b.Calls) != 1 || b.Calls[0].RequestState == "" {
 		return ""
 	}
-	switch b.Calls[0].Method {
-	case "tools/call", "prompts/get", "resources/read":
-	default:
-		return ""
-	}
-	state, ok := exactStringKey(b.Calls[0].Params, "requestState")
-	if !ok {
-		return ""
-	}
-	return c.agg.BridgeNode(state)
-}
-
-// exactStringKey is the string value of key in the JSON object obj, read
-// as go-sdk reads params: the key spelled exactly so (encoding/json would
-// also take "RequestState"), and once; false for anything else (another
-// spelling, twice, not a string).
-func exactStringKey(obj []byte, key string) (string, bool) {
-	dec := json.NewDecoder(bytes.NewReader(obj))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return "", false
-	}
-	var value string
-	found := false
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return "", false
-		}
-		k, _ := t.(string)
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return "", false
-		}
-		if !strings.EqualFold(k, key) {
-			continue
-		}
-		if k != key || found || json.Unmarshal(raw, &value) != nil {
-			return "", false
-		}
-		found = true
-	}
-	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
-		return "", false
-	}
-	return value, found
+	return c.agg.BridgeNode(b.Calls[0].RequestState)
 }
 
 // forward sends r to node at addr and streams its answer to w.

@@ -191,26 +191,3 @@ func TestHopKeySurvivesReload(t *testing.T) {
 		t.Fatalf("the same hop after the reload: %q, want hop_replayed", v.Reason)
 	}
 }
-
-// A requestState is read as go-sdk reads it: spelled exactly, once, a
-// string. Any other spelling names no node, so no client picks the node a
-// request that is no bridged retry goes to.
-func TestExactStringKey(t *testing.T) {
-	for obj, want := range map[string]string{
-		`{"name":"t","requestState":"s1"}`:                       "s1",
-		`{"requestState":"s1","arguments":{"requestState":"x"}}`: "s1",
-		`{"RequestState":"s1"}`:                                  "",
-		`{"REQUESTSTATE":"s1"}`:                                  "",
-		`{"requestState":"s1","requeststate":"s2"}`:              "",
-		`{"requestState":"s1","requestState":"s2"}`:              "",
-		`{"requestState":1}`:                                     "",
-		`{"name":"t"}`:                                           "",
-		`["requestState","s1"]`:                                  "",
-		`{"requestState":"s1"`:                                   "",
-	} {
-		got, ok := exactStringKey([]byte(obj), "requestState")
-		if got != want || ok != (want != "") {
-			t.Errorf("%s: %q %v, want %q", obj, got, ok, want)
-		}
-	}
-}

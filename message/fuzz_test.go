@@ -67,6 +67,8 @@ func FuzzReadMembers(f *testing.F) {
 	f.Add("completion/complete", "ref", `{"type":"ref/prompt","name":"p"}`, "a", `[]`, "b", `null`, "1")
 	f.Add("resources/read", "uri", `"file:///\u00e9"`, "k", `"\ud83d\ude00"`, "K", `0`, `"\u0078"`)
 	f.Add("tools/list", "_meta", `{}`, "cursor", `"c"`, "x", `1e400`, "null")
+	f.Add("prompts/get", "requestState", `"s\u0031"`, "x", `1`, "y", `2`, "3")
+	f.Add("resources/read", "RequestState", `"s"`, "inputResponses", `{}`, "z", `[]`, "4")
 	f.Fuzz(func(t *testing.T, method, k1, v1, k2, v2, k3, v3, id string) {
 		body := `{"jsonrpc":"2.0","id":` + id + `,"method":"` + method + `","params":{"` + k1 + `":` + v1 +
 			`,"name":"t","uri":"u","arguments":{"` + k2 + `":` + v2 + `,"` + k3 + `":` + v3 + `}}}`
@@ -158,12 +160,16 @@ type (
 		RequestState   json.RawMessage `json:"requestState"`
 	}
 	promptParams struct {
-		Name string          `json:"name"`
-		Meta json.RawMessage `json:"_meta"`
+		Name           string          `json:"name"`
+		Meta           json.RawMessage `json:"_meta"`
+		InputResponses json.RawMessage `json:"inputResponses"`
+		RequestState   json.RawMessage `json:"requestState"`
 	}
 	resourceParams struct {
-		URI  string          `json:"uri"`
-		Meta json.RawMessage `json:"_meta"`
+		URI            string          `json:"uri"`
+		Meta           json.RawMessage `json:"_meta"`
+		InputResponses json.RawMessage `json:"inputResponses"`
+		RequestState   json.RawMessage `json:"requestState"`
 	}
 	completeParams struct {
 		Ref *struct {
@@ -210,7 +216,7 @@ func paramsReading(t *testing.T, c Call, decode func([]byte, any) error) (Call, 
 		var p toolParams
 		err = decode(c.Params, &p)
 		got.Tool, meta = p.Name, p.Meta
-		got.InputResponses = p.InputResponses != nil || p.RequestState != nil
+		got.InputResponses, got.RequestState = retryOf(p.InputResponses, p.RequestState)
 		if p.Arguments != nil && p.Arguments.Verb != nil {
 			v, ok := p.Arguments.Verb.(string)
 			if !ok {
@@ -222,10 +228,12 @@ func paramsReading(t *testing.T, c Call, decode func([]byte, any) error) (Call, 
 		var p promptParams
 		err = decode(c.Params, &p)
 		got.Prompt, meta = p.Name, p.Meta
+		got.InputResponses, got.RequestState = retryOf(p.InputResponses, p.RequestState)
 	case "resources/read", "resources/subscribe", "resources/unsubscribe":
 		var p resourceParams
 		err = decode(c.Params, &p)
 		got.URI, meta = p.URI, p.Meta
+		got.InputResponses, got.RequestState = retryOf(p.InputResponses, p.RequestState)
 	case "completion/complete":
 		var p completeParams
 		err = decode(c.Params, &p)
@@ -257,10 +265,21 @@ func paramsReading(t *testing.T, c Call, decode func([]byte, any) error) (Call, 
 	return got, true
 }
 
+// retryOf is what a decoder reads of a multi-round-trip retry: whether
+// params carry inputResponses or requestState, and the state when it is a
+// string.
+func retryOf(responses, state json.RawMessage) (bool, string) {
+	var s string
+	if state != nil {
+		_ = json.Unmarshal(state, &s)
+	}
+	return responses != nil || state != nil, s
+}
+
 func compareParams(t *testing.T, reader string, c, got Call) {
 	t.Helper()
 	if got.Tool != c.Tool || got.Verb != c.Verb || got.Prompt != c.Prompt || got.URI != c.URI || got.Ref != c.Ref ||
-		got.InputResponses != c.InputResponses || !bytes.Equal(got.Meta, c.Meta) || got.Cancelled != c.Cancelled {
+		got.InputResponses != c.InputResponses || got.RequestState != c.RequestState || !bytes.Equal(got.Meta, c.Meta) || got.Cancelled != c.Cancelled {
 		t.Fatalf("%s reads params as tool %q verb %q prompt %q uri %q ref %+v input %v meta %q cancelled %s;\nRead: tool %q verb %q prompt %q uri %q ref %+v input %v meta %q cancelled %s",
 			reader, got.Tool, got.Verb, got.Prompt, got.URI, got.Ref, got.InputResponses, got.Meta, got.Cancelled,
 			c.Tool, c.Verb, c.Prompt, c.URI, c.Ref, c.InputResponses, c.Meta, c.Cancelled)

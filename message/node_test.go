@@ -39,7 +39,7 @@ function message(m) {
     name: field(get(p, 'name')), uri: field(get(p, 'uri')), args: kind(a), verb: field(get(a, 'verb')),
     ref: kind(ref), refType: field(get(ref, 'type')), refName: field(get(ref, 'name')), refURI: field(get(ref, 'uri')),
     meta: kind(get(p, '_meta')), requestId: field(get(p, 'requestId')),
-    input: own(p, 'inputResponses') || own(p, 'requestState'),
+    input: own(p, 'inputResponses') || own(p, 'requestState'), state: field(get(p, 'requestState')),
   };
 }
 const rl = readline.createInterface({ input: process.stdin, crlfDelay: Infinity });
@@ -88,6 +88,7 @@ type jsMessage struct {
 	RefURI    jsField `json:"refURI"`
 	Meta      string  `json:"meta"`
 	Input     bool    `json:"input"`
+	State     jsField `json:"state"`
 	RequestID jsField `json:"requestId"`
 }
 
@@ -188,17 +189,23 @@ func disagree(body *Body, js jsReading) string {
 			s, ok := f.str()
 			return ok && s == ours || f.T == "undefined" && ours == ""
 		}
+		// requestState as a string, or "" when it is absent or another
+		// kind of value.
+		state := func() bool {
+			s, ok := m.State.str()
+			return ok && s == c.RequestState || !ok && c.RequestState == ""
+		}
 		switch c.Method {
 		case "tools/call":
-			if name, _ := m.Name.str(); name != c.Tool || m.Args != "undefined" && m.Args != "null" && m.Args != "object" || !opt(m.Verb, c.Verb) || m.Input != c.InputResponses {
+			if name, _ := m.Name.str(); name != c.Tool || m.Args != "undefined" && m.Args != "null" && m.Args != "object" || !opt(m.Verb, c.Verb) || m.Input != c.InputResponses || !state() {
 				return "tools/call params"
 			}
 		case "prompts/get":
-			if name, ok := m.Name.str(); !ok || name != c.Prompt {
+			if name, ok := m.Name.str(); !ok || name != c.Prompt || m.Input != c.InputResponses || !state() {
 				return "prompt"
 			}
 		case "resources/read", "resources/subscribe", "resources/unsubscribe":
-			if uri, ok := m.URI.str(); !ok || uri != c.URI {
+			if uri, ok := m.URI.str(); !ok || uri != c.URI || m.Input != c.InputResponses || !state() {
 				return "uri"
 			}
 		case "completion/complete":

@@ -40,9 +40,15 @@ type Call struct {
 	// request the client gives up on.
 	Cancelled ID
 
-	// InputResponses is set when tools/call params carry inputResponses or
-	// requestState (the 2026-07-28 multi-round-trip tool call).
+	// InputResponses is set when the params of tools/call, prompts/get or
+	// resources/read carry inputResponses or requestState (MCP 2026-07-28's
+	// multi-round-trip request, SEP-2322).
 	InputResponses bool
+	// RequestState is that retry's params.requestState, when it is a
+	// string: the opaque state a server (or the gateway) sealed. It is
+	// read here so that whoever routes on it reads the one reading the
+	// edge decided on.
+	RequestState string
 
 	// HasMetaVersion reports whether params._meta has the key
 	// "io.modelcontextprotocol/protocolVersion" (MCP 2026-07-28's
@@ -264,8 +270,8 @@ var (
 	envelopeFields   = []string{"jsonrpc", "id", "method", "params", "result", "error"}
 	toolParamFields  = []string{"name", "arguments", "_meta", "inputResponses", "requestState"}
 	argumentFields   = []string{"verb"}
-	promptFields     = []string{"name", "_meta"}
-	resourceFields   = []string{"uri", "_meta"}
+	promptFields     = []string{"name", "_meta", "inputResponses", "requestState"}
+	resourceFields   = []string{"uri", "_meta", "inputResponses", "requestState"}
 	completionFields = []string{"ref", "_meta"}
 	refFields        = []string{"type", "name", "uri"}
 	metaOnlyFields   = []string{"_meta"}
@@ -610,9 +616,12 @@ func (r *reader) paramsObject(c *Call, depth int, fields []string) error {
 				}
 				err = r.value(depth + 1)
 			}
-		case "inputResponses", "requestState":
+		case "inputResponses":
 			c.InputResponses = true
 			err = r.value(depth + 1)
+		case "requestState":
+			c.InputResponses = true
+			c.RequestState, _, err = r.strValue(depth + 1)
 		case "requestId":
 			c.Cancelled, err = r.requestID(depth + 1)
 		default:

@@ -728,3 +728,45 @@ func TestReadMetaTraceKeys(t *testing.T) {
 		}
 	}
 }
+
+// The multi-round-trip retry of MCP 2026-07-28 (SEP-2322) carries
+// requestState on tools/call, prompts/get and resources/read. The reader
+// gives its value, read once with the rest of the message, to whoever
+// routes on it (a cluster sends the retry to the replica that sealed the
+// state), so nothing else decodes the client's body. A spelling that
+// another reader would take for it is refused on all three methods.
+func TestReadRequestState(t *testing.T) {
+	for _, c := range []struct {
+		body, state string
+		has         bool
+	}{
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","requestState":"zidane-mrtr.2.abc","inputResponses":{}}}`, "zidane-mrtr.2.abc", true},
+		{`{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"p","requestState":"s1"}}`, "s1", true},
+		{`{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///a","requestState":"s\u0032"}}`, "s2", true},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","inputResponses":{}}}`, "", true},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}`, "", false},
+		// Not a string: no state to route on, and the route refuses it.
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","requestState":{"x":1}}}`, "", true},
+	} {
+		b, err := Read([]byte(c.body))
+		if err != nil {
+			t.Errorf("%s: %v", c.body, err)
+			continue
+		}
+		call := b.Calls[0]
+		if call.RequestState != c.state || call.InputResponses != c.has {
+			t.Errorf("%s: RequestState %q InputResponses %v, want %q %v", c.body, call.RequestState, call.InputResponses, c.state, c.has)
+		}
+	}
+	for _, body := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"p","RequestState":"other"}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"u","requeststate":"other"}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"p","requestState":"a","requestState":"b"}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"u","InputResponses":{}}}`,
+		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","requestState":"a","RequestState":"b"}}`,
+	} {
+		if _, err := Read([]byte(body)); !errors.Is(err, ErrAmbiguous) {
+			t.Errorf("%s: %v, want ErrAmbiguous", body, err)
+		}
+	}
+}
