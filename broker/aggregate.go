@@ -20,6 +20,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/internal/mcpidle"
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -552,7 +553,7 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p, ok := policy.PrincipalFrom(r.Context())
 	if !ok || p.TokenID == "" {
 		a.logger.Error("aggregated route called without a principal in the request context; it must sit behind the zidane_mcp edge")
-		writeRPCError(w, http.StatusInternalServerError, nil, codeInternal,
+		writeRPCError(w, http.StatusInternalServerError, nil, message.CodeInternalError,
 			"the broker route is misconfigured (it must sit behind the zidane_mcp edge); ask the operator to check the server log")
 		return
 	}
@@ -570,7 +571,7 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		owner, known := a.bindings[sid]
 		a.mu.Unlock()
 		if known && owner != p.TokenID {
-			writeRPCError(w, http.StatusNotFound, nil, codeUnknownSession,
+			writeRPCError(w, http.StatusNotFound, nil, message.CodeUnknownSession,
 				"unknown session: start a new session by initializing again without Mcp-Session-Id")
 			return
 		}

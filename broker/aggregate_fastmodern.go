@@ -324,9 +324,9 @@ func transientStatus(code int) bool {
 }
 
 // rejectedError is the JSON-RPC error of an upstream POST refused with a
-// transient HTTP status (go-sdk's code for it, -32005).
+// transient HTTP status (go-sdk's code for it).
 func rejectedError(up *aggUpstream, code int) json.RawMessage {
-	data, _ := json.Marshal(&jsonrpc.Error{Code: -32005, Message: fmt.Sprintf(
+	data, _ := json.Marshal(&jsonrpc.Error{Code: message.CodeTransportRejected, Message: fmt.Sprintf(
 		"the upstream MCP server %q rejected the call: HTTP %d %s; try again later", up.cfg.Name, code, http.StatusText(code))})
 	return data
 }

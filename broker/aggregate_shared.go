@@ -10,6 +10,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 // The shared stdio pool: a shared stdio upstream's catalog session is its
@@ -181,7 +183,7 @@ func refuseSharedRequests(up *aggUpstream) mcp.Middleware {
 			switch method {
 			case "sampling/createMessage", "elicitation/create":
 				return nil, &jsonrpc.Error{
-					Code: codeSharedUnsupported,
+					Code: message.CodeMethodNotFound,
 					Message: fmt.Sprintf("%s is not available: the broker runs %q as one process shared by all its clients, and cannot tell which client this request is for; set \"shared\": false for this upstream to give each client its own process",
 						method, up.cfg.Name),
 				}
@@ -190,7 +192,3 @@ func refuseSharedRequests(up *aggUpstream) mcp.Middleware {
 		}
 	}
 }
-
-// codeSharedUnsupported is JSON-RPC's "method not found": the broker does
-// not offer the method to a shared upstream.
-const codeSharedUnsupported = -32601

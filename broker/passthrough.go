@@ -309,7 +309,7 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	p, ok := policy.PrincipalFrom(r.Context())
 	if !ok || p.TokenID == "" {
-		pt.refuse(w, r, p, exchange{}, http.StatusInternalServerError, codeInternal, "no_principal",
+		pt.refuse(w, r, p, exchange{}, http.StatusInternalServerError, message.CodeInternalError, "no_principal",
 			"the request reached the broker route without an authenticated principal",
 			"the broker route is misconfigured (it must sit behind the zidane_mcp edge); ask the operator to check the server log")
 		return
@@ -366,15 +366,15 @@ func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Pr
 			if ex.body, err = readBody(r, pt.maxBody); err != nil {
 				if errors.Is(err, errBodyTooLarge) {
 					msg := fmt.Sprintf("the request body is over the %d-byte limit of this route; send a smaller request", pt.maxBody)
-					pt.refuse(w, r, p, ex, http.StatusRequestEntityTooLarge, codeInvalidRequest, "body_too_large", msg, msg)
+					pt.refuse(w, r, p, ex, http.StatusRequestEntityTooLarge, message.CodeInvalidRequest, "body_too_large", msg, msg)
 					return ex, false
 				}
-				pt.refuse(w, r, p, ex, http.StatusBadRequest, codeInvalidRequest, "body_unreadable",
+				pt.refuse(w, r, p, ex, http.StatusBadRequest, message.CodeInvalidRequest, "body_unreadable",
 					"reading the request body: "+err.Error(), "the request body could not be read; send it again")
 				return ex, false
 			}
 			if b, err = message.Read(ex.body); err != nil {
-				pt.refuse(w, r, p, ex, http.StatusBadRequest, codeInvalidRequest, "malformed", err.Error(), err.Error())
+				pt.refuse(w, r, p, ex, http.StatusBadRequest, message.CodeInvalidRequest, "malformed", err.Error(), err.Error())
 				return ex, false
 			}
 		}
@@ -389,7 +389,7 @@ func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Pr
 	case http.MethodGet, http.MethodDelete:
 	default:
 		w.Header().Set("Allow", "GET, POST, DELETE")
-		pt.refuse(w, r, p, ex, http.StatusMethodNotAllowed, codeInvalidRequest, "method_not_allowed",
+		pt.refuse(w, r, p, ex, http.StatusMethodNotAllowed, message.CodeInvalidRequest, "method_not_allowed",
 			"method "+r.Method+" is not part of MCP's streamable HTTP transport",
 			"this MCP endpoint takes POST, GET and DELETE")
 		return ex, false
@@ -399,20 +399,20 @@ func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Pr
 	// only for this token on this route.
 	switch values := r.Header.Values(headerSessionID); {
 	case len(values) > 1:
-		pt.refuse(w, r, p, ex, http.StatusBadRequest, codeInvalidRequest, "session_repeated",
+		pt.refuse(w, r, p, ex, http.StatusBadRequest, message.CodeInvalidRequest, "session_repeated",
 			"the request carried more than one Mcp-Session-Id", "send one Mcp-Session-Id header")
 		return ex, false
 	case len(values) == 1:
 		upstreamSID, err := pt.ids.Open(values[0], p.TokenID, pt.route)
 		if err == nil && pt.takeDropped(upstreamSID) {
 			pt.endUpstreamSession(upstreamSID)
-			pt.refuse(w, r, p, ex, http.StatusNotFound, codeUnknownSession, "session_dropped",
+			pt.refuse(w, r, p, ex, http.StatusNotFound, message.CodeUnknownSession, "session_dropped",
 				"the upstream session was dropped after an answer over the upstream's max_response",
 				"unknown session: the gateway ended this session after the upstream sent an answer over its limit; start a new session by initializing again without Mcp-Session-Id")
 			return ex, false
 		}
 		if err != nil {
-			pt.refuse(w, r, p, ex, http.StatusNotFound, codeUnknownSession, "session_unknown", err.Error(),
+			pt.refuse(w, r, p, ex, http.StatusNotFound, message.CodeUnknownSession, "session_unknown", err.Error(),
 				"unknown session: this Mcp-Session-Id was not issued to this token on this route, or is no longer valid; start a new session by initializing again without Mcp-Session-Id")
 			return ex, false
 		}
@@ -434,14 +434,14 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 		// the upstream's authorization server, so none of it is relayed.
 		rec.Outcome = http.StatusText(status)
 		pt.logger.Warn("upstream refused the gateway's credentials", "upstream", pt.name, "route", pt.route, "status", status)
-		writeRPCError(w, http.StatusBadGateway, ex.rpcID, codeUpstream,
+		writeRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
 			fmt.Sprintf("the upstream MCP server %q refused the gateway's credentials for it (HTTP %d); your own token is fine: ask the operator to check the credentials configured for this upstream", pt.name, status))
 		return
 	case status >= 300 && status < 400:
 		// pinnedfetch follows the redirects it allows; one that reaches
 		// here had no usable Location.
 		rec.Outcome, rec.Detail = OutcomeError, fmt.Sprintf("upstream answered %d without a usable Location", status)
-		writeRPCError(w, http.StatusBadGateway, ex.rpcID, codeUpstream,
+		writeRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
 			fmt.Sprintf("the upstream MCP server %q answered with a redirect the gateway cannot follow; ask the operator to configure its final URL", pt.name))
 		return
 	}
@@ -455,7 +455,7 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 			w.Header().Set(headerSessionID, ex.clientSID)
 		case !ValidSessionID(sid):
 			rec.Outcome, rec.Detail = OutcomeError, "upstream gave a session id that is not 1 to 512 visible ASCII characters"
-			writeRPCError(w, http.StatusBadGateway, ex.rpcID, codeUpstream,
+			writeRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
 				fmt.Sprintf("the upstream MCP server %q gave an invalid session id; ask the operator to check the server", pt.name))
 			return
 		default:
@@ -482,7 +482,7 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 			rec.Outcome, rec.Detail = OutcomeError, "upstream broke off its answer: "+safeError(err)
 			pt.logger.Warn("upstream broke off its answer", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
 			w.Header().Del(headerSessionID)
-			writeRPCError(w, http.StatusBadGateway, ex.rpcID, codeUpstream,
+			writeRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
 				fmt.Sprintf("the upstream MCP server %q broke off its answer; try again", pt.name))
 			return
 		}
@@ -589,7 +589,7 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallR
 	if errors.Is(err, errHeaderTimeout) {
 		rec.Detail = fmt.Sprintf("no response headers within %v", pt.headerTimeout)
 		pt.logger.Warn("upstream did not answer in time", "upstream", pt.name, "route", pt.route, "timeout", pt.headerTimeout)
-		writeRPCError(w, http.StatusGatewayTimeout, rpcID, codeUpstream,
+		writeRPCError(w, http.StatusGatewayTimeout, rpcID, message.CodeUpstream,
 			fmt.Sprintf("the upstream MCP server %q did not answer within %v; try again later, or ask the operator to raise its timeout", pt.name, pt.headerTimeout))
 		return
 	}
@@ -605,7 +605,7 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallR
 			writeToolError(w, rpcID, msg)
 			return
 		}
-		writeRPCError(w, http.StatusServiceUnavailable, rpcID, codeUpstream, msg)
+		writeRPCError(w, http.StatusServiceUnavailable, rpcID, message.CodeUpstream, msg)
 		return
 	}
 	if IsAnswerLimit(err) {
@@ -618,7 +618,7 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallR
 	if errors.As(err, &re) {
 		msg = fmt.Sprintf("the upstream MCP server %q redirected the gateway where it does not follow; ask the operator to check the broker log", pt.name)
 	}
-	writeRPCError(w, http.StatusBadGateway, rpcID, codeUpstream, msg)
+	writeRPCError(w, http.StatusBadGateway, rpcID, message.CodeUpstream, msg)
 }
 
 // refuse answers a request refused before any upstream call and reports
@@ -687,7 +687,7 @@ func (pt *PassThrough) limitAnswer(ex exchange, err error) []byte {
 			return b
 		}
 	}
-	return rpcErrorAnswer(ex.rpcID, codeUpstream, limitMessage(err))
+	return rpcErrorAnswer(ex.rpcID, message.CodeUpstream, limitMessage(err))
 }
 
 // overLimit answers a request whose answer broke a limit before any of it
@@ -701,7 +701,7 @@ func (pt *PassThrough) overLimit(w http.ResponseWriter, rec *CallRecord, ex exch
 		writeToolError(w, ex.rpcID, limitMessage(err))
 		return
 	}
-	writeRPCError(w, http.StatusBadGateway, ex.rpcID, codeUpstream, limitMessage(err))
+	writeRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream, limitMessage(err))
 }
 
 // maxDropped bounds the upstream sessions remembered as dropped.

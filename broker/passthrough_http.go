@@ -7,11 +7,9 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-)
 
-// CodeUnknownSession is the JSON-RPC error code of an unknown session id,
-// the code MCP SDKs use for "Session not found".
-const CodeUnknownSession = -32001
+	"github.com/Tahul/caddy-zidane-mcp/message"
+)
 
 // Header names the pass-through route handles itself.
 const (
@@ -123,18 +121,6 @@ func reservedUpstreamHeader(canonical string) bool {
 		strings.HasPrefix(canonical, headerParamPrefix)
 }
 
-// JSON-RPC error codes the route answers with.
-const (
-	// codeUnknownSession is the code MCP SDKs use for "Session not found".
-	codeUnknownSession = CodeUnknownSession
-	// codeUpstream is for an upstream that failed or refused the gateway.
-	codeUpstream = -32002
-	// codeInvalidRequest is JSON-RPC's Invalid Request.
-	codeInvalidRequest = -32600
-	// codeInternal is JSON-RPC's Internal error.
-	codeInternal = -32603
-)
-
 // rpcError is a JSON-RPC error response.
 type rpcError struct {
 	JSONRPC string          `json:"jsonrpc"`
@@ -160,11 +146,11 @@ func writeRPCError(w http.ResponseWriter, status int, id json.RawMessage, code i
 }
 
 // writeToolError answers the tools/call of id with a tool result that
-// reports message as an error.
-func writeToolError(w http.ResponseWriter, id json.RawMessage, message string) {
-	body, err := toolErrorAnswer(id, message)
+// reports msg as an error.
+func writeToolError(w http.ResponseWriter, id json.RawMessage, msg string) {
+	body, err := toolErrorAnswer(id, msg)
 	if err != nil {
-		writeRPCError(w, http.StatusServiceUnavailable, nil, codeUpstream, message)
+		writeRPCError(w, http.StatusServiceUnavailable, nil, message.CodeUpstream, msg)
 		return
 	}
 	h := w.Header()

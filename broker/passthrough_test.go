@@ -20,6 +20,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -593,7 +594,7 @@ func TestPassThroughSessionBinding(t *testing.T) {
 				t.Fatalf("status %d, want 404 (unknown session): %s", resp.StatusCode, body)
 			}
 			id, code, msg := decodeRPCError(t, body)
-			if string(id) != "7" || code != codeUnknownSession || !strings.Contains(msg, "initializ") {
+			if string(id) != "7" || code != message.CodeUnknownSession || !strings.Contains(msg, "initializ") {
 				t.Errorf("error id %s code %d message %q; want the request's id and a message that says to initialize again", id, code, msg)
 			}
 			_, refusals, _ := tc.audit.snapshot()
@@ -673,7 +674,7 @@ func TestPassThroughUpstreamRefusesCredentials(t *testing.T) {
 	}
 	assertNoUpstreamLeak(t, resp.Header)
 	id, code, msg := decodeRPCError(t, body)
-	if string(id) != "1" || code != codeUpstream || !strings.Contains(msg, "refused the gateway's credentials") || !strings.Contains(msg, "operator") {
+	if string(id) != "1" || code != message.CodeUpstream || !strings.Contains(msg, "refused the gateway's credentials") || !strings.Contains(msg, "operator") {
 		t.Errorf("error id %s code %d message %q", id, code, msg)
 	}
 	if strings.Contains(body, "resource_metadata") || strings.Contains(body, "upstream.example") || strings.Contains(body, "stale-key") {
@@ -905,7 +906,7 @@ func TestPassThroughHeaderTimeout(t *testing.T) {
 	if resp.StatusCode != http.StatusGatewayTimeout {
 		t.Fatalf("status %d, want 504: %s", resp.StatusCode, body)
 	}
-	if _, code, msg := decodeRPCError(t, body); code != codeUpstream || !strings.Contains(msg, "did not answer within 100ms") {
+	if _, code, msg := decodeRPCError(t, body); code != message.CodeUpstream || !strings.Contains(msg, "did not answer within 100ms") {
 		t.Errorf("error %d %q", code, msg)
 	}
 	rec := rt.audit.waitCall(t, "the timed-out call", func(c CallRecord) bool { return c.Outcome == OutcomeError })

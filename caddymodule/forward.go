@@ -143,7 +143,7 @@ func (f *aggForward) owner(sid string) (string, bool) {
 
 func unknownSession(reason, msg string) *edge.RefusalError {
 	v := edge.Refuse(http.StatusNotFound, reason, msg)
-	v.Code = broker.CodeUnknownSession
+	v.Code = message.CodeUnknownSession
 	return &edge.RefusalError{Verdict: v}
 }
 

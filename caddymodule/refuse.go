@@ -12,16 +12,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/Tahul/caddy-zidane-mcp/edge"
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
-)
-
-// JSON-RPC error codes of refusals beside edge's: they sit in the
-// implementation-defined server-error range.
-const (
-	codeUnauthorized = -32001
-	codeForbidden    = -32003
-	codeTooLarge     = -32013
-	codeRateLimited  = -32029
 )
 
 // refuse answers a refused request with the verdict's status, a JSON-RPC
@@ -72,17 +64,17 @@ func (h *Handler) writeRefusal(w http.ResponseWriter, rf refusal, code int) erro
 	if code == 0 {
 		switch rf.status {
 		case http.StatusUnauthorized:
-			code = codeUnauthorized
+			code = message.CodeUnauthorized
 		case http.StatusServiceUnavailable:
-			code = -32000
+			code = message.CodeUnavailable
 		case http.StatusTooManyRequests:
-			code = codeRateLimited
+			code = message.CodeRateLimited
 		case http.StatusRequestEntityTooLarge:
-			code = codeTooLarge
+			code = message.CodeTooLarge
 		case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusUnsupportedMediaType:
-			code = edge.CodeInvalidRequest
+			code = message.CodeInvalidRequest
 		default:
-			code = codeForbidden
+			code = message.CodeForbidden
 		}
 	}
 	id := json.RawMessage("null")

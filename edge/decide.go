@@ -10,15 +10,6 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
-// JSON-RPC error codes of the decision's refusals. -32700 and -32600 are
-// JSON-RPC's own; -32020 is MCP 2026-07-28's header mismatch (go-sdk's
-// CodeHeaderMismatch).
-const (
-	CodeParse          = -32700
-	CodeInvalidRequest = -32600
-	CodeHeaderMismatch = -32020
-)
-
 // The 2026-07-28 headers that name what a request does. A server may route
 // on them, so they must say what the body says.
 const (
@@ -89,13 +80,13 @@ func Decide(route Route, p policy.Principal, httpMethod string, header http.Head
 // readRefusal turns a reading error into its refusal. The error's message
 // never quotes the body.
 func readRefusal(err error) Verdict {
-	v := Verdict{Status: http.StatusBadRequest, Reason: ReasonMalformed, Code: CodeInvalidRequest}
+	v := Verdict{Status: http.StatusBadRequest, Reason: ReasonMalformed, Code: message.CodeInvalidRequest}
 	switch {
 	case errors.Is(err, message.ErrAmbiguous):
 		v.Reason = ReasonAmbiguous
 		v.Message = err.Error() + "; the edge refuses a message that two JSON readers could read differently: send each key once, spelled exactly as the protocol spells it"
 	case errors.Is(err, message.ErrSyntax):
-		v.Code = CodeParse
+		v.Code = message.CodeParseError
 		v.Message = err.Error() + "; send a JSON-RPC 2.0 message or batch"
 	default:
 		v.Message = err.Error() + "; send a JSON-RPC 2.0 message or batch"
@@ -116,13 +107,13 @@ func checkHeaders(header http.Header, b *message.Body) (Verdict, message.Call) {
 			continue
 		}
 		if n := strings.ReplaceAll(k, "_", "-"); strings.EqualFold(n, methodHeader) || strings.EqualFold(n, nameHeader) || strings.EqualFold(n, versionHeader) {
-			return Verdict{Status: http.StatusBadRequest, Reason: "header_mismatch", Code: CodeHeaderMismatch,
+			return Verdict{Status: http.StatusBadRequest, Reason: "header_mismatch", Code: message.CodeHeaderMismatch,
 				Message: fmt.Sprintf("header %q is spelled with _ where Mcp-Method, Mcp-Name and Mcp-Protocol-Version have -: send them spelled so", k)}, message.Call{}
 		}
 	}
 	methods, names := header.Values(methodHeader), header.Values(nameHeader)
 	mismatch := func(c message.Call, msg string) (Verdict, message.Call) {
-		return Verdict{Status: http.StatusBadRequest, Reason: "header_mismatch", Code: CodeHeaderMismatch, Message: msg}, c
+		return Verdict{Status: http.StatusBadRequest, Reason: "header_mismatch", Code: message.CodeHeaderMismatch, Message: msg}, c
 	}
 	// The protocol version, which decides how a server reads the request,
 	// is said twice in 2026-07-28: in the header and in each request's

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -248,7 +249,7 @@ func TestDecideHeaders(t *testing.T) {
 		if d.Allowed() != tc.ok {
 			t.Errorf("%v %s: allowed %v (%s)", tc.header, tc.body, d.Allowed(), d.Message)
 		}
-		if !tc.ok && (d.Status != http.StatusBadRequest || d.Code != CodeHeaderMismatch || d.Reason != "header_mismatch") {
+		if !tc.ok && (d.Status != http.StatusBadRequest || d.Code != message.CodeHeaderMismatch || d.Reason != "header_mismatch") {
 			t.Errorf("%v: refusal %d %d %q, want 400 -32020 header_mismatch", tc.header, d.Status, d.Code, d.Reason)
 		}
 	}

@@ -104,7 +104,7 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 		if err != nil {
 			v := Refuse(http.StatusNotFound, "session_unknown",
 				"unknown session: this Mcp-Session-Id was not issued to this token on this endpoint, or is no longer valid; start a new session by initializing again without Mcp-Session-Id")
-			v.Code = CodeUnknownSession
+			v.Code = message.CodeUnknownSession
 			return &RefusalError{v}
 		}
 		gw.clientSID, gw.upstreamSID = values[0], upstream
@@ -128,9 +128,6 @@ func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 	defer gw.restore()
 	return next.ServeHTTP(gw, r)
 }
-
-// CodeUnknownSession is the JSON-RPC error code of an unknown session id.
-const CodeUnknownSession = broker.CodeUnknownSession
 
 const headerSessionID = "Mcp-Session-Id"
 
@@ -313,13 +310,9 @@ func (w *guardWriter) replace(status int, msg string) {
 	h.Set("Cache-Control", "no-store")
 	w.ResponseWriter.WriteHeader(status)
 	w.keep(h)
-	body := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":null,"error":{"code":%d,"message":%q}}`, CodeUpstreamRefused, msg)
+	body := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":null,"error":{"code":%d,"message":%q}}`, message.CodeUpstream, msg)
 	w.ResponseWriter.Write(body)
 }
-
-// CodeUpstreamRefused is the JSON-RPC error code of an answer the guard
-// replaced.
-const CodeUpstreamRefused = -32002
 
 func (w *guardWriter) Write(b []byte) (int, error) {
 	if !w.wrote {

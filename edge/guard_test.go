@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -137,7 +138,7 @@ func TestGuardBindsSessionsToTheirToken(t *testing.T) {
 	for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
 		_, err = f.do(mallo, method, http.Header{"Mcp-Session-Id": {sealed}})
 		var re *RefusalError
-		if !errors.As(err, &re) || re.Verdict.Status != http.StatusNotFound || re.Verdict.Code != CodeUnknownSession {
+		if !errors.As(err, &re) || re.Verdict.Status != http.StatusNotFound || re.Verdict.Code != message.CodeUnknownSession {
 			t.Fatalf("%s with another token's session id: %v; want a 404 refusal", method, err)
 		}
 	}

@@ -357,21 +357,29 @@ func clip(s string) string {
 	return s
 }
 
+// errorAnswer is a JSON-RPC error answer with a null id, JSON-RPC's
+// internal error and msg: what the filter sends in place of an answer it
+// withholds.
+func errorAnswer(msg string) []byte {
+	quoted, _ := json.Marshal(msg)
+	return fmt.Appendf(nil, `{"jsonrpc":"2.0","id":null,"error":{"code":%d,"message":%s}}`, message.CodeInternalError, quoted)
+}
+
 // droppedAnswer replaces a JSON answer of which nothing may go out.
-var droppedAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the server's answer was withheld: it did not match the request, or could not be read unambiguously; retry the request"}}`)
+var droppedAnswer = errorAnswer("the server's answer was withheld: it did not match the request, or could not be read unambiguously; retry the request")
 
 // tooLargeAnswer replaces an answer over maxFilteredBody.
-var tooLargeAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the server's answer is too large for the gateway to filter; ask the operator to page it"}}`)
+var tooLargeAnswer = errorAnswer("the server's answer is too large for the gateway to filter; ask the operator to page it")
 
 // budgetAnswer replaces an answer that did not fit the in-flight budget.
-var budgetAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the gateway holds as many answers at once as its max_inflight_response allows, and this one did not fit; retry the request shortly"}}`)
+var budgetAnswer = errorAnswer("the gateway holds as many answers at once as its max_inflight_response allows, and this one did not fit; retry the request shortly")
 
 // encodedAnswer replaces a compressed answer.
-var encodedAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the server answered compressed, which the gateway does not pass on; ask the operator to turn compression off for this server"}}`)
+var encodedAnswer = errorAnswer("the server answered compressed, which the gateway does not pass on; ask the operator to turn compression off for this server")
 
 // ambiguousAnswer replaces an answer whose Content-Type clients could read
 // differently.
-var ambiguousAnswer = []byte(`{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"the server answered with a Content-Type that clients read differently (several values, or JSON and an event stream at once), which the gateway does not pass on; ask the operator to fix the server's Content-Type"}}`)
+var ambiguousAnswer = errorAnswer("the server answered with a Content-Type that clients read differently (several values, or JSON and an event stream at once), which the gateway does not pass on; ask the operator to fix the server's Content-Type")
 
 // listingWriter runs a response body through the filter: a JSON body when
 // it ends, an SSE stream event by event, so streamed events keep flowing.
@@ -619,7 +627,7 @@ func (w *listingWriter) cutOff() {
 	if w.f.listen && w.sse != nil {
 		what = "in one event of a subscriptions/listen stream"
 	}
-	msg := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":"the MCP server behind this gateway sent more than %d bytes %s, its max_response; the gateway ended the answer. Ask the operator to raise guard max_response if such answers are expected"}}`, id, CodeUpstreamRefused, w.f.Max, what)
+	msg := fmt.Appendf(nil, `{"jsonrpc":"2.0","id":%s,"error":{"code":%d,"message":"the MCP server behind this gateway sent more than %d bytes %s, its max_response; the gateway ended the answer. Ask the operator to raise guard max_response if such answers are expected"}}`, id, message.CodeUpstream, w.f.Max, what)
 	switch {
 	case w.sse != nil && w.withheld == nil:
 		w.sse.release()

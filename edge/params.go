@@ -384,7 +384,7 @@ func needsBase64(s string) bool {
 // its tool does not bind.
 func checkParamHeaders(header http.Header, b *message.Body, ph *ParamHeaders, version string) (Verdict, message.Call) {
 	mismatch := func(c message.Call, msg string) (Verdict, message.Call) {
-		return Verdict{Status: http.StatusBadRequest, Reason: "header_mismatch", Code: CodeHeaderMismatch, Message: msg}, c
+		return Verdict{Status: http.StatusBadRequest, Reason: "header_mismatch", Code: message.CodeHeaderMismatch, Message: msg}, c
 	}
 	var keys []string
 	for k := range header {

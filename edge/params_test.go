@@ -11,9 +11,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // paramTools is a tools/list answer with x-mcp-header bindings: geo binds
@@ -167,7 +168,7 @@ func TestParamHeaders(t *testing.T) {
 				t.Errorf("%s: %s: allowed %v (%s)", routeName, tc.name, d.Allowed(), d.Message)
 				continue
 			}
-			if !tc.ok && (d.Status != http.StatusBadRequest || d.Code != CodeHeaderMismatch || d.Reason != "header_mismatch" || d.Message == "") {
+			if !tc.ok && (d.Status != http.StatusBadRequest || d.Code != message.CodeHeaderMismatch || d.Reason != "header_mismatch" || d.Message == "") {
 				t.Errorf("%s: %s: refusal %d %d %q, want 400 -32020 header_mismatch", routeName, tc.name, d.Status, d.Code, d.Reason)
 			}
 		}
@@ -176,7 +177,7 @@ func TestParamHeaders(t *testing.T) {
 	// every Mcp-Param- header is refused there.
 	rt := testRoutes(t)["sessions"]
 	d := Decide(rt.route, rt.p, http.MethodPost, geo("Mcp-Param-Region", "us"), []byte(geoCall(`{"region":"us"}`)))
-	if d.Allowed() || d.Code != CodeHeaderMismatch {
+	if d.Allowed() || d.Code != message.CodeHeaderMismatch {
 		t.Errorf("sessions: Mcp-Param-Region allowed %v (%d)", d.Allowed(), d.Code)
 	}
 }
@@ -332,7 +333,7 @@ func TestParamHeadersOfGoSDK(t *testing.T) {
 		}
 		refusals = nil
 		mu.Unlock()
-		if err == nil || last.Code != CodeHeaderMismatch {
+		if err == nil || last.Code != message.CodeHeaderMismatch {
 			t.Errorf("%s: go-sdk client got %v, edge refusal %+v; want the edge's -32020", name, err, last)
 		}
 	}
@@ -376,7 +377,7 @@ func TestParamHeadersShared(t *testing.T) {
 	if d := Decide(b, p, http.MethodPost, header, []byte(call)); !d.Allowed() {
 		t.Fatalf("after Merge: %s", d.Message)
 	}
-	if d := Decide(b, p, http.MethodPost, header, []byte(geoCall(`{"region":"us"}`))); d.Allowed() || d.Code != CodeHeaderMismatch {
+	if d := Decide(b, p, http.MethodPost, header, []byte(geoCall(`{"region":"us"}`))); d.Allowed() || d.Code != message.CodeHeaderMismatch {
 		t.Fatalf("after Merge a mismatching header passed: %+v", d.Verdict)
 	}
 	if changes != 3 {

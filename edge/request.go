@@ -7,6 +7,8 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 // allowedMethods are the HTTP methods of MCP's streamable HTTP transport,
@@ -43,7 +45,7 @@ func CheckSingleHeaders(r *http.Request) Verdict {
 		default:
 			continue
 		}
-		return Verdict{Status: http.StatusBadRequest, Reason: ReasonDuplicateHeader, Code: CodeInvalidRequest,
+		return Verdict{Status: http.StatusBadRequest, Reason: ReasonDuplicateHeader, Code: message.CodeInvalidRequest,
 			Message: fmt.Sprintf("this request carries %s, which servers could read differently: send %s", what, h.send)}
 	}
 	return Verdict{}
@@ -64,7 +66,7 @@ func CheckRequest(r *http.Request) Verdict {
 		// MCP never switches protocols. Once a server behind guard answered
 		// 101, reverse_proxy would join the two connections, and nothing
 		// the client sent after it would be read, authorized or filtered.
-		return Verdict{Status: http.StatusBadRequest, Reason: ReasonUpgrade, Code: CodeInvalidRequest,
+		return Verdict{Status: http.StatusBadRequest, Reason: ReasonUpgrade, Code: message.CodeInvalidRequest,
 			Message: "this MCP endpoint does not switch protocols: send the request without an Upgrade header (MCP's streamable HTTP transport uses plain POST, GET and DELETE)"}
 	}
 	switch r.Method {
@@ -72,23 +74,23 @@ func CheckRequest(r *http.Request) Verdict {
 		return Verdict{}
 	case http.MethodPost:
 	case http.MethodOptions:
-		return Verdict{Status: http.StatusMethodNotAllowed, Reason: "method_not_allowed", Code: CodeInvalidRequest, Allow: allowedMethods,
+		return Verdict{Status: http.StatusMethodNotAllowed, Reason: "method_not_allowed", Code: message.CodeInvalidRequest, Allow: allowedMethods,
 			Message: "OPTIONS is answered here only as a browser's CORS preflight, with Origin and Access-Control-Request-Method: send JSON-RPC messages with POST, open a stream with GET, end a session with DELETE"}
 	default:
-		return Verdict{Status: http.StatusMethodNotAllowed, Reason: "method_not_allowed", Code: CodeInvalidRequest, Allow: allowedMethods,
+		return Verdict{Status: http.StatusMethodNotAllowed, Reason: "method_not_allowed", Code: message.CodeInvalidRequest, Allow: allowedMethods,
 			Message: fmt.Sprintf("HTTP method %s is not part of MCP's streamable HTTP transport: send JSON-RPC messages with POST, open a stream with GET, end a session with DELETE", r.Method)}
 	}
 	for _, enc := range r.Header.Values("Content-Encoding") {
 		for _, e := range strings.Split(enc, ",") {
 			if e = strings.TrimSpace(e); e != "" && !strings.EqualFold(e, "identity") {
-				return Verdict{Status: http.StatusUnsupportedMediaType, Reason: ReasonUnsupportedMedia, Code: CodeInvalidRequest,
+				return Verdict{Status: http.StatusUnsupportedMediaType, Reason: ReasonUnsupportedMedia, Code: message.CodeInvalidRequest,
 					Message: "a request body with a Content-Encoding is not accepted: send the JSON-RPC message uncompressed, without Content-Encoding"}
 			}
 		}
 	}
 	ct := r.Header.Values("Content-Type")
 	if len(ct) != 1 || !jsonMediaType(ct[0]) {
-		return Verdict{Status: http.StatusUnsupportedMediaType, Reason: ReasonUnsupportedMedia, Code: CodeInvalidRequest,
+		return Verdict{Status: http.StatusUnsupportedMediaType, Reason: ReasonUnsupportedMedia, Code: message.CodeInvalidRequest,
 			Message: "a POST to this MCP endpoint carries a JSON-RPC message: send it with Content-Type: application/json"}
 	}
 	return Verdict{}
@@ -127,7 +129,7 @@ func NoBody(r *http.Request) Verdict {
 		r.Body, r.ContentLength, r.Trailer = http.NoBody, 0, nil
 		return Verdict{}
 	}
-	return Verdict{Status: http.StatusBadRequest, Reason: ReasonUnexpectedBody, Code: CodeInvalidRequest,
+	return Verdict{Status: http.StatusBadRequest, Reason: ReasonUnexpectedBody, Code: message.CodeInvalidRequest,
 		Message: fmt.Sprintf("a %s request to this MCP endpoint carries no body: send JSON-RPC messages with POST", r.Method)}
 }
 
@@ -157,7 +159,7 @@ func ReadBody(r *http.Request, limit int64) ([]byte, Verdict) {
 		body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
 	}
 	if err != nil {
-		return nil, Verdict{Status: http.StatusBadRequest, Reason: ReasonMalformed, Code: CodeInvalidRequest,
+		return nil, Verdict{Status: http.StatusBadRequest, Reason: ReasonMalformed, Code: message.CodeInvalidRequest,
 			Message: "the request body could not be read; send it again"}
 	}
 	if int64(len(body)) > limit {

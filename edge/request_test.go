@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 func TestCheckRequest(t *testing.T) {
@@ -96,8 +98,8 @@ func TestCheckSingleHeaders(t *testing.T) {
 			if tc.reason == "" {
 				return
 			}
-			if v.Status != http.StatusBadRequest || v.Code != CodeInvalidRequest {
-				t.Errorf("status %d code %d, want 400 %d", v.Status, v.Code, CodeInvalidRequest)
+			if v.Status != http.StatusBadRequest || v.Code != message.CodeInvalidRequest {
+				t.Errorf("status %d code %d, want 400 %d", v.Status, v.Code, message.CodeInvalidRequest)
 			}
 			if !strings.Contains(v.Message, "send one") {
 				t.Errorf("the refusal does not say what to send: %q", v.Message)

@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
@@ -42,11 +43,6 @@ const (
 	// listeners are so slow that it fills, an update is dropped: the event
 	// stays in the engine's log for `events`, `wait` and resources/read.
 	updateQueue = 1024
-
-	// codeRefused is the JSON-RPC code of a refused request, the edge's
-	// for 403; codeLimit is the edge's for a request over a bound.
-	codeRefused = -32003
-	codeLimit   = -32029
 )
 
 // EventsURI is the events resource of session id.
@@ -183,7 +179,7 @@ func (l *listens) open(token string, ids []string, cancel func()) (release func(
 		return nil, errors.New("the sessions endpoint is shutting down: listen again in a moment")
 	}
 	if l.perToken[token] >= MaxListensPerToken {
-		return nil, &jsonrpc.Error{Code: codeLimit, Message: fmt.Sprintf(
+		return nil, &jsonrpc.Error{Code: message.CodeRateLimited, Message: fmt.Sprintf(
 			"this token already holds %d subscriptions/listen streams on this endpoint, the most it may: close one, or subscribe one stream to several sessions (up to %d)",
 			MaxListensPerToken, MaxURIsPerListen), Data: reasonData("listen_limit")}
 	}
@@ -246,7 +242,7 @@ func reasonData(reason string) json.RawMessage {
 
 // refused is a JSON-RPC refusal with the edge's code for 403.
 func refused(reason, msg string) error {
-	return &jsonrpc.Error{Code: codeRefused, Message: msg, Data: reasonData(reason)}
+	return &jsonrpc.Error{Code: message.CodeForbidden, Message: msg, Data: reasonData(reason)}
 }
 
 // modernGate is the receiving middleware of the 2026-07-28 server. It
@@ -281,7 +277,7 @@ func (e *Endpoint) listen(ctx context.Context, req mcp.Request, next mcp.MethodH
 		uris = params.Notifications.ResourceSubscriptions
 	}
 	if len(uris) > MaxURIsPerListen {
-		return nil, &jsonrpc.Error{Code: codeLimit, Message: fmt.Sprintf(
+		return nil, &jsonrpc.Error{Code: message.CodeRateLimited, Message: fmt.Sprintf(
 			"subscriptions/listen asks for %d resources; one stream takes at most %d: split them over streams", len(uris), MaxURIsPerListen),
 			Data: reasonData("listen_limit")}
 	}

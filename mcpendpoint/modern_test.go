@@ -15,6 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
@@ -467,7 +468,7 @@ func TestModernResourceAccess(t *testing.T) {
 		for _, body := range []string{readBody(uri), listenBody(uri), listenBody(uri, EventsURI("s-none"))} {
 			st, msgs := h.post(tc.token, ModernVersion, body)
 			code, reason, msg := rpcError(t, msgs)
-			if code != codeRefused || reason != tc.reason || strings.Contains(string(msgs[len(msgs)-1]), "secret answer") {
+			if code != message.CodeForbidden || reason != tc.reason || strings.Contains(string(msgs[len(msgs)-1]), "secret answer") {
 				t.Errorf("%s %s: %d %d %q %s", tc.token, body, st, code, reason, msg)
 			}
 		}
@@ -535,7 +536,7 @@ func TestModernListenBounds(t *testing.T) {
 	// One more, by that token or by another token of its owner's that has
 	// its own count: the token's is refused, the phone's is not.
 	_, msgs := h.post("alice-token", ModernVersion, listenBody(uri))
-	if code, reason, msg := rpcError(t, msgs); code != codeLimit || reason != "listen_limit" || !strings.Contains(msg, "close one") {
+	if code, reason, msg := rpcError(t, msgs); code != message.CodeRateLimited || reason != "listen_limit" || !strings.Contains(msg, "close one") {
 		t.Errorf("listen over the bound: %d %q %s", code, reason, msg)
 	}
 	h.listenTo("phone-token", uri).cancel()
@@ -551,7 +552,7 @@ func TestModernListenBounds(t *testing.T) {
 		many[i] = EventsURI(fmt.Sprintf("s%d", i))
 	}
 	_, msgs = h.post("phone-token", ModernVersion, listenBody(many...))
-	if code, reason, _ := rpcError(t, msgs); code != codeLimit || reason != "listen_limit" {
+	if code, reason, _ := rpcError(t, msgs); code != message.CodeRateLimited || reason != "listen_limit" {
 		t.Errorf("listen to %d resources: %d %q", len(many), code, reason)
 	}
 

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	acp "github.com/coder/acp-go-sdk"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 // SteeringMethod is the ACP extension method that adds guidance to a
@@ -448,7 +450,7 @@ func (a *Agent) Steer(ctx context.Context, sessionID, text string) error {
 // not found".
 func IsMethodNotFound(err error) bool {
 	var re *acp.RequestError
-	return errors.As(err, &re) && re.Code == -32601
+	return errors.As(err, &re) && re.Code == message.CodeMethodNotFound
 }
 
 // callError replaces the SDK's "peer disconnected" or "broken pipe" with

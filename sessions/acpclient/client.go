@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	acp "github.com/coder/acp-go-sdk"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 // Handler receives what the agent sends to the client. The engine
@@ -149,7 +151,7 @@ func (c *client) WriteTextFile(_ context.Context, req acp.WriteTextFileRequest) 
 // on: ACP's "resource not found" (-32002) for a missing file.
 func fsError(p string, err error) error {
 	if errors.Is(err, fs.ErrNotExist) {
-		return &acp.RequestError{Code: -32002, Message: "Resource not found", Data: map[string]any{"path": p}}
+		return &acp.RequestError{Code: message.CodeResourceNotFound, Message: "Resource not found", Data: map[string]any{"path": p}}
 	}
 	msg := err.Error()
 	var pe *fs.PathError

@@ -7,6 +7,8 @@ import (
 	"unicode/utf8"
 
 	acp "github.com/coder/acp-go-sdk"
+
+	rpc "github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 const helpText = `I am the demo agent: I run no model, only these prompts.
@@ -83,7 +85,7 @@ func (t *turn) run(text string) (acp.StopReason, error) {
 	} else {
 		switch verb {
 		case "fail":
-			return "", &acp.RequestError{Code: -32603, Message: `demo agent: this turn fails on purpose (prompt "fail")`}
+			return "", &acp.RequestError{Code: rpc.CodeInternalError, Message: `demo agent: this turn fails on purpose (prompt "fail")`}
 		case "crash":
 			return t.crash()
 		case "garbage":
