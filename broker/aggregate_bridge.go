@@ -2,8 +2,6 @@ package broker
 
 import (
 	"context"
-	"crypto/aes"
-	"crypto/cipher"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
@@ -17,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/seal"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -54,13 +53,18 @@ const (
 	bridgeRoundWait   = 2 * time.Minute
 	bridgeMaxPerToken = 16
 	bridgeMaxPending  = 1024
-	// bridgeSealPrefix starts every requestState the gateway seals.
-	bridgeSealPrefix = "zidane-mrtr.1."
+	// bridgeSealPrefix starts every requestState the gateway seals with
+	// internal/seal; bridgeUnboundPrefix, those of earlier releases (the
+	// same cipher without the purpose bound in), which still open.
+	bridgeSealPrefix    = "zidane-mrtr.2."
+	bridgeUnboundPrefix = "zidane-mrtr.1."
+	// bridgeSealPurpose is the purpose the bridge key seals states for.
+	bridgeSealPurpose = "aggregate requestState"
 )
 
 // bridge holds the pending calls of one aggregate.
 type bridge struct {
-	aead      cipher.AEAD
+	sealer    *seal.Sealer
 	node      string        // named in the states sealed here: a cluster's node id, or empty
 	roundWait time.Duration // bridgeRoundWait; tests shorten it
 
@@ -78,15 +82,11 @@ func newBridge(key []byte, node string) *bridge {
 			panic("aggregate: no randomness for the multi-round-trip seal: " + err.Error())
 		}
 	}
-	block, err := aes.NewCipher(key)
+	sl, err := seal.New(key, bridgeSealPurpose)
 	if err != nil {
 		panic("aggregate: the multi-round-trip seal's key: " + err.Error())
 	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		panic(err)
-	}
-	return &bridge{aead: aead, node: node, roundWait: bridgeRoundWait, pending: map[string]*bridgeCall{}, byToken: map[string]int{}}
+	return &bridge{sealer: sl, node: node, roundWait: bridgeRoundWait, pending: map[string]*bridgeCall{}, byToken: map[string]int{}}
 }
 
 // bridgeCall is one pending upstream call of a 2026-07-28 client.
@@ -130,17 +130,14 @@ type sealed struct {
 
 func (b *bridge) seal(s sealed) string {
 	plain, _ := json.Marshal(s)
-	nonce := make([]byte, b.aead.NonceSize())
-	_, _ = rand.Read(nonce)
-	out := b.aead.Seal(nonce, nonce, plain, []byte(bridgeSealPrefix))
-	return bridgeSealPrefix + base64.RawURLEncoding.EncodeToString(out)
+	return bridgeSealPrefix + base64.RawURLEncoding.EncodeToString(b.sealer.Seal(nil, plain, []byte(bridgeSealPrefix)))
 }
 
 // BridgeNode is the node that holds the pending call a requestState the
 // route sealed names, when the route runs in a cluster: "" for a state
 // that is not one it sealed, or that names no node.
 func (a *Aggregate) BridgeNode(state string) string {
-	if !strings.HasPrefix(state, bridgeSealPrefix) {
+	if !bridgeState(state) {
 		return ""
 	}
 	s, err := a.bridge.open(state)
@@ -153,11 +150,22 @@ func (a *Aggregate) BridgeNode(state string) string {
 // open returns the sealed state's content; an error when it does not open.
 func (b *bridge) open(state string) (sealed, error) {
 	var s sealed
-	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(state, bridgeSealPrefix))
-	if err != nil || len(raw) < b.aead.NonceSize() {
+	var plain []byte
+	var err error
+	switch {
+	case strings.HasPrefix(state, bridgeSealPrefix):
+		var raw []byte
+		if raw, err = base64.RawURLEncoding.DecodeString(state[len(bridgeSealPrefix):]); err == nil {
+			plain, err = b.sealer.Open(nil, raw, []byte(bridgeSealPrefix))
+		}
+	case strings.HasPrefix(state, bridgeUnboundPrefix):
+		var raw []byte
+		if raw, err = base64.RawURLEncoding.DecodeString(state[len(bridgeUnboundPrefix):]); err == nil {
+			plain, err = b.sealer.OpenUnbound(nil, raw, []byte(bridgeUnboundPrefix))
+		}
+	default:
 		return s, errors.New("it is not one the gateway sealed")
 	}
-	plain, err := b.aead.Open(nil, raw[:b.aead.NonceSize()], raw[b.aead.NonceSize():], []byte(bridgeSealPrefix))
 	if err != nil {
 		return s, errors.New("it is not one the gateway sealed, or it was altered")
 	}
@@ -165,6 +173,12 @@ func (b *bridge) open(state string) (sealed, error) {
 		return s, errors.New("it is not one the gateway sealed")
 	}
 	return s, nil
+}
+
+// bridgeState reports whether state is one the gateway sealed (or claims
+// to be): such a state is the gateway's to open, never the upstream's.
+func bridgeState(state string) bool {
+	return strings.HasPrefix(state, bridgeSealPrefix) || strings.HasPrefix(state, bridgeUnboundPrefix)
 }
 
 // refusedState is the error of a retry whose sealed requestState the
@@ -194,7 +208,7 @@ func bridgeDo[R mcp.Result](a *Aggregate, ctx context.Context, c *aggConn, call,
 	var zero R
 	p, _ := policy.PrincipalFrom(ctx)
 	b := a.bridge
-	if strings.HasPrefix(state, bridgeSealPrefix) {
+	if bridgeState(state) {
 		s, err := b.open(state)
 		if err != nil {
 			return zero, refusedState(err.Error())

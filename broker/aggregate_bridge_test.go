@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -146,4 +147,30 @@ func TestAggregateBridgeBounds(t *testing.T) {
 	// Another token is not held back by this one's.
 	other := modernClient(t, url, "tok-2", &mcp.ClientOptions{MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}})
 	firstInput(t, ctx, other, "mcp_l_ask_classic")
+}
+
+// A requestState sealed by an earlier release ("zidane-mrtr.1.", the same
+// cipher without the purpose bound in) still opens, and names its node;
+// one sealed now is "zidane-mrtr.2.", and does not open relabelled. This
+// one was sealed by that code under the key 32 bytes of 9.
+func TestBridgeStatesOfEarlierReleasesOpen(t *testing.T) {
+	b := newBridge(bytes.Repeat([]byte{9}, 32), "node-a")
+	const earlier = "zidane-mrtr.1.r9nkEqz1SbiUF6U69etgOevtvZkFeqfsUidk3uJBewGmGig2maowv5ewKmfH7wNSMJnp3R3ICCaVm4Qw8wCBeD1kNVq42k449PB0Fwg_nhQ8"
+	s, err := b.open(earlier)
+	if err != nil || s != (sealed{Token: "tok_1", Call: "tools/call t", ID: "7", Node: "node-a"}) {
+		t.Fatalf("the earlier release's state: %+v, %v", s, err)
+	}
+	now := b.seal(s)
+	if !strings.HasPrefix(now, "zidane-mrtr.2.") {
+		t.Fatalf("sealed now: %q", now)
+	}
+	if again, err := b.open(now); err != nil || again != s {
+		t.Fatalf("%+v, %v", again, err)
+	}
+	if _, err := b.open("zidane-mrtr.1." + strings.TrimPrefix(now, "zidane-mrtr.2.")); err == nil {
+		t.Error("a state sealed now opened relabelled as an earlier release's")
+	}
+	if _, err := newBridge(bytes.Repeat([]byte{8}, 32), "node-a").open(now); err == nil {
+		t.Error("a state opened under another key")
+	}
 }

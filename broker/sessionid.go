@@ -1,15 +1,14 @@
 package broker
 
 import (
-	"crypto/aes"
-	"crypto/cipher"
-	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"sync/atomic"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/seal"
 )
 
 // SessionKeySize is the length of the key [NewSessionIDs] takes: 32 bytes,
@@ -23,7 +22,16 @@ const MaxUpstreamSessionID = 512
 
 // sessionIDVersion is the first byte of every sealed id, so that the format
 // can change (a new cipher, a key id for rotation) without a new header.
-const sessionIDVersion = 1
+// Version 2 is sealed by internal/seal, with the purpose bound in; version
+// 1, from earlier releases, is the same cipher and layout without it, and
+// still opens.
+const (
+	sessionIDVersion        = 2
+	sessionIDVersionUnbound = 1
+)
+
+// sessionIDPurpose is the purpose the key seals session ids for.
+const sessionIDPurpose = "session id"
 
 // ErrUnknownSession is wrapped by every [SessionIDs.Open] failure. The
 // transport answers it as the spec's unknown session (HTTP 404), which tells
@@ -33,11 +41,11 @@ var ErrUnknownSession = errors.New("unknown session")
 // SessionIDs seals an upstream's Mcp-Session-Id into the id the gateway gives
 // out, and opens it again, bound to one principal and one route.
 //
-// A sealed id is base64url (no padding) of a version byte, a fresh random
-// 96-bit nonce and the AES-256-GCM sealing of the upstream id. The
-// associated data is the version, the principal's token id and the route,
-// each length-prefixed so that no pair of (token id, route) can be read as
-// another. An id therefore opens only for the token and the route it was
+// A sealed id is base64url (no padding) of a version byte and the
+// upstream id sealed by internal/seal (a fresh random 96-bit nonce and the
+// AES-256-GCM sealing). The associated data is the purpose, the version,
+// the principal's token id and the route, each length-prefixed so that no
+// pair of (token id, route) can be read as another. An id therefore opens only for the token and the route it was
 // sealed for: presented with another token, on another route, altered or
 // forged, it fails to open, and the caller cannot tell these cases apart
 // (nor can an attacker). The upstream id never reaches a client.
@@ -48,7 +56,7 @@ var ErrUnknownSession = errors.New("unknown session")
 // kept in a small table (see opened), since a client sends its id on every
 // request. A SessionIDs is safe for concurrent use.
 type SessionIDs struct {
-	aead cipher.AEAD
+	sealer *seal.Sealer
 	// opened remembers ids that opened: Open is a function of the id, the
 	// principal and the route under this key, which never changes, so a
 	// remembered answer is the one AES-GCM would give. A slot holds the
@@ -74,16 +82,12 @@ func NewSessionIDs(key []byte) (*SessionIDs, error) {
 	if len(key) != SessionKeySize {
 		return nil, fmt.Errorf("session key is %d bytes; give %d random bytes (crypto/rand), kept across reloads", len(key), SessionKeySize)
 	}
-	block, err := aes.NewCipher(key)
+	sl, err := seal.New(key, sessionIDPurpose)
 	if err != nil {
 		return nil, fmt.Errorf("session key: %w", err)
 	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, fmt.Errorf("session key: %w", err)
-	}
-	return &SessionIDs{aead: aead, seed: maphash.MakeSeed(),
-		maxLen: base64.RawURLEncoding.EncodedLen(1 + aead.NonceSize() + MaxUpstreamSessionID + aead.Overhead())}, nil
+	return &SessionIDs{sealer: sl, seed: maphash.MakeSeed(),
+		maxLen: base64.RawURLEncoding.EncodedLen(1 + MaxUpstreamSessionID + sl.Overhead())}, nil
 }
 
 // Seal returns the id to give a client for upstreamID, bound to principal
@@ -91,11 +95,9 @@ func NewSessionIDs(key []byte) (*SessionIDs, error) {
 // (such as "broker:github"). Every call uses a fresh nonce, so sealing one
 // upstream id twice gives two different ids that both open to it.
 func (s *SessionIDs) Seal(upstreamID, principal, route string) string {
-	ns := s.aead.NonceSize()
-	raw := make([]byte, 1+ns, 1+ns+len(upstreamID)+s.aead.Overhead())
+	raw := make([]byte, 1, 1+len(upstreamID)+s.sealer.Overhead())
 	raw[0] = sessionIDVersion
-	rand.Read(raw[1 : 1+ns]) // never fails: crypto/rand.Read panics rather than return short
-	raw = s.aead.Seal(raw, raw[1:1+ns], []byte(upstreamID), associatedData(principal, route))
+	raw = s.sealer.Seal(raw, []byte(upstreamID), associatedData(sessionIDVersion, principal, route))
 	return base64.RawURLEncoding.EncodeToString(raw)
 }
 
@@ -122,15 +124,22 @@ func (s *SessionIDs) Open(id, principal, route string) (string, error) {
 
 // open is Open without the table of opened ids.
 func (s *SessionIDs) open(id, principal, route string) (string, error) {
-	ns, overhead := s.aead.NonceSize(), s.aead.Overhead()
 	if len(id) > s.maxLen {
 		return "", fmt.Errorf("%w: the session id is too long to be one this gateway gave out", ErrUnknownSession)
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(id)
-	if err != nil || len(raw) < 1+ns+overhead || raw[0] != sessionIDVersion {
+	if err != nil || len(raw) < 1+s.sealer.Overhead() {
 		return "", fmt.Errorf("%w: the session id is not one this gateway gives out", ErrUnknownSession)
 	}
-	plain, err := s.aead.Open(raw[1+ns:1+ns], raw[1:1+ns], raw[1+ns:], associatedData(principal, route))
+	var plain []byte
+	switch raw[0] {
+	case sessionIDVersion:
+		plain, err = s.sealer.Open(nil, raw[1:], associatedData(sessionIDVersion, principal, route))
+	case sessionIDVersionUnbound:
+		plain, err = s.sealer.OpenUnbound(nil, raw[1:], associatedData(sessionIDVersionUnbound, principal, route))
+	default:
+		return "", fmt.Errorf("%w: the session id is not one this gateway gives out", ErrUnknownSession)
+	}
 	if err != nil {
 		return "", fmt.Errorf("%w: the session id was not given to this token on this route", ErrUnknownSession)
 	}
@@ -140,9 +149,9 @@ func (s *SessionIDs) open(id, principal, route string) (string, error) {
 // associatedData binds a sealed id to its principal and route. The lengths
 // make the encoding unambiguous even if a token id holds a NUL byte (a JWT
 // subject can).
-func associatedData(principal, route string) []byte {
+func associatedData(version byte, principal, route string) []byte {
 	ad := make([]byte, 0, 1+2*binary.MaxVarintLen64+len(principal)+len(route))
-	ad = append(ad, sessionIDVersion)
+	ad = append(ad, version)
 	ad = binary.AppendUvarint(ad, uint64(len(principal)))
 	ad = append(ad, principal...)
 	ad = binary.AppendUvarint(ad, uint64(len(route)))

@@ -53,7 +53,7 @@ func TestSessionIDsRefuse(t *testing.T) {
 	flipped := bytes.Clone(raw)
 	flipped[len(flipped)-1] ^= 1
 	version := bytes.Clone(raw)
-	version[0] = 2
+	version[0] = 3
 	other, err := NewSessionIDs(bytes.Repeat([]byte{8}, SessionKeySize))
 	if err != nil {
 		t.Fatal(err)
@@ -220,5 +220,35 @@ func BenchmarkSessionIDSeal(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		ids.Seal(upstream, "tok_0123456789abcdef", "broker:github")
+	}
+}
+
+// An id sealed by an earlier release (version 1, the same cipher without
+// the purpose bound in) still opens, for its token and route only, so a
+// client keeps its session across the upgrade. This one was sealed by
+// that code under the key 32 bytes of 7.
+func TestSessionIDsOfEarlierReleasesOpen(t *testing.T) {
+	const earlier = "Af7euYpmia_vAJ99wffxUv8shp3VkriaSbxa2H8C0KXygZIdA3UlGBfOQRrMwc0"
+	s, err := NewSessionIDs(bytes.Repeat([]byte{7}, SessionKeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Open(earlier, "tok_1", "broker:github"); err != nil || got != "upstream-session-1" {
+		t.Fatalf("the earlier release's id: %q, %v", got, err)
+	}
+	for _, c := range [][2]string{{"tok_2", "broker:github"}, {"tok_1", "broker:linear"}} {
+		if _, err := s.Open(earlier, c[0], c[1]); !errors.Is(err, ErrUnknownSession) {
+			t.Errorf("opened for %v: %v", c, err)
+		}
+	}
+	// Today's ids are version 2; one relabelled version 1 does not open.
+	now := s.Seal("upstream-session-1", "tok_1", "broker:github")
+	raw, _ := base64.RawURLEncoding.DecodeString(now)
+	if raw[0] != 2 {
+		t.Fatalf("version %d, want 2", raw[0])
+	}
+	raw[0] = 1
+	if _, err := s.Open(base64.RawURLEncoding.EncodeToString(raw), "tok_1", "broker:github"); !errors.Is(err, ErrUnknownSession) {
+		t.Errorf("a version 2 id relabelled 1 opened: %v", err)
 	}
 }

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"crypto/cipher"
 	"encoding/json"
 	"fmt"
 	"sync"
@@ -28,7 +27,7 @@ const (
 // receiver started (a replay to a replica that just started).
 type bus struct {
 	nc      *nats.Conn
-	aead    cipher.AEAD
+	sealer  *sealer
 	subject string
 	node    string
 
@@ -55,11 +54,11 @@ type envelope struct {
 }
 
 func newBus(nc *nats.Conn, clusterKey []byte, purpose, subject string) (*bus, error) {
-	aead, err := aeadFor(clusterKey, purpose)
+	sl, err := newSealer(clusterKey, purpose)
 	if err != nil {
 		return nil, err
 	}
-	return &bus{nc: nc, aead: aead, subject: subject, node: randomHex(8), started: time.Now(), last: map[string]senderState{}}, nil
+	return &bus{nc: nc, sealer: sl, subject: subject, node: randomHex(8), started: time.Now(), last: map[string]senderState{}}, nil
 }
 
 // publish sends body (JSON) to every other replica on the bus.
@@ -80,7 +79,7 @@ func (b *bus) publish(body any) error {
 }
 
 // seal seals an envelope for the bus's subject.
-func (b *bus) seal(env []byte) []byte { return b.aead.Seal(nil, nil, env, []byte(b.subject)) }
+func (b *bus) seal(env []byte) []byte { return b.sealer.seal(nil, env, []byte(b.subject)) }
 
 // subscribe calls fn with the body of each authentic, fresh, new message
 // another replica sends.
@@ -97,7 +96,7 @@ func (b *bus) subscribe(fn func(body json.RawMessage)) (*nats.Subscription, erro
 }
 
 func (b *bus) accept(msg *nats.Msg) (json.RawMessage, bool) {
-	data, err := b.aead.Open(nil, nil, msg.Data, []byte(b.subject))
+	data, err := b.sealer.open(msg.Data, []byte(b.subject))
 	if err != nil {
 		return nil, false // not from a replica of this cluster
 	}

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"crypto/cipher"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,7 +25,7 @@ type EventStream struct {
 	js      jetstream.JetStream
 	name    string
 	subject string
-	aead    cipher.AEAD
+	sealer  *sealer
 	log     *slog.Logger
 }
 
@@ -41,7 +40,7 @@ func (s *Storage) OpenEventStream(ctx context.Context, name string, keep int64, 
 	}
 	stream := s.opts.Bucket + "_" + name
 	subject := "zidane.stream." + s.opts.Bucket + "." + name
-	aead, err := aeadFor(s.opts.Key, "event stream v1 "+stream)
+	sl, err := newSealer(s.opts.Key, "event stream v1 "+stream)
 	if err != nil {
 		return nil, err
 	}
@@ -55,14 +54,14 @@ func (s *Storage) OpenEventStream(ctx context.Context, name string, keep int64, 
 	if err != nil {
 		return nil, fmt.Errorf("event stream %q: %w", stream, err)
 	}
-	return &EventStream{stream: st, js: s.js, name: stream, subject: subject, aead: aead, log: log}, nil
+	return &EventStream{stream: st, js: s.js, name: stream, subject: subject, sealer: sl, log: log}, nil
 }
 
 // Publish adds body to the stream and returns its number. id names the
 // message for JetStream's duplicate window, so a publish retried after a
 // lost acknowledgement is kept once.
 func (e *EventStream) Publish(ctx context.Context, id string, body []byte) (uint64, error) {
-	ack, err := e.js.Publish(ctx, e.subject, e.aead.Seal(nil, nil, body, []byte(e.name)), jetstream.WithMsgID(id))
+	ack, err := e.js.Publish(ctx, e.subject, e.sealer.seal(nil, body, []byte(e.name)), jetstream.WithMsgID(id))
 	if err != nil {
 		return 0, fmt.Errorf("event stream %q: %w", e.name, err)
 	}
@@ -104,7 +103,7 @@ func (e *EventStream) Follow(ctx context.Context, last uint64, fn func(seq uint6
 		if err != nil {
 			return
 		}
-		body, err := e.aead.Open(nil, nil, msg.Data(), []byte(e.name))
+		body, err := e.sealer.open(msg.Data(), []byte(e.name))
 		if err != nil {
 			e.log.Warn("event stream: a message does not open under the cluster key; skipped", "stream", e.name, "seq", md.Sequence.Stream)
 			return

@@ -78,7 +78,7 @@ func TestSharedLimitsRefuseForgedAndReplayed(t *testing.T) {
 
 	// Senders of our own: one with the cluster key (for the markers and
 	// the message that is replayed), one with another cluster's key.
-	good := &bus{nc: attacker, aead: vs.bus.aead, subject: vs.bus.subject, node: "good", last: map[string]senderState{}}
+	good := &bus{nc: attacker, sealer: vs.bus.sealer, subject: vs.bus.subject, node: "good", last: map[string]senderState{}}
 	foreign, _ := newBus(attacker, make([]byte, KeySize), "rate-limit usage v1", vs.bus.subject)
 	envelopeOf := func(node string, seq uint64, at time.Time, usage map[string]int) []byte {
 		body, _ := json.Marshal(usage)
@@ -227,7 +227,7 @@ func TestReplayToANewReceiverIsRefused(t *testing.T) {
 	victim := policy.NewLimiter(limit)
 	vs := shareOn(t, url, testKey, victim)
 	attacker := connect(t, url)
-	sender := &bus{nc: attacker, aead: vs.bus.aead, subject: vs.bus.subject}
+	sender := &bus{nc: attacker, sealer: vs.bus.sealer, subject: vs.bus.subject}
 	sealed := func(seq uint64, at time.Time, usage map[string]int) *nats.Msg {
 		body, _ := json.Marshal(usage)
 		data, _ := json.Marshal(envelope{Node: "replica-a", Seq: seq, At: at.UnixMilli(), Body: body})

@@ -3,7 +3,6 @@ package cluster
 import (
 	"cmp"
 	"context"
-	"crypto/cipher"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -96,7 +95,7 @@ type nodeSeen struct {
 type Nodes struct {
 	st       *Storage
 	kv       jetstream.KeyValue
-	aead     cipher.AEAD
+	sealer   *sealer
 	bucket   string
 	self     nodeEntry
 	ttl      time.Duration
@@ -137,7 +136,7 @@ func (s *Storage) StartNodes(ctx context.Context, opts NodeOptions) (*Nodes, err
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	aead, err := aeadFor(s.opts.Key, "node registry v1")
+	sl, err := newSealer(s.opts.Key, "node registry v1")
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +151,7 @@ func (s *Storage) StartNodes(ctx context.Context, opts NodeOptions) (*Nodes, err
 		return nil, fmt.Errorf("node registry: KV bucket %q: %w", bucket, err)
 	}
 	n := &Nodes{
-		st: s, kv: kv, aead: aead, bucket: bucket, ttl: opts.TTL, log: log, started: time.Now(),
+		st: s, kv: kv, sealer: sl, bucket: bucket, ttl: opts.TTL, log: log, started: time.Now(),
 		self: nodeEntry{Node: opts.Node, Advertise: opts.Advertise, Instance: cmp.Or(opts.instance, processInstance)},
 		stop: make(chan struct{}), done: make(chan struct{}),
 		nodes: map[string]nodeSeen{},
@@ -189,7 +188,7 @@ func (n *Nodes) beat(ctx context.Context) error {
 	e.Services = slices.Clone(n.services)
 	n.mu.Unlock()
 	raw, _ := json.Marshal(e)
-	sealed := n.aead.Seal(nil, nil, raw, n.where(e.Node))
+	sealed := n.sealer.seal(nil, raw, n.where(e.Node))
 	rev, _, err := retry(ctx, func(ctx context.Context) (uint64, error) { return n.kv.Put(ctx, nodeKey(e.Node), sealed) })
 	if err == nil {
 		n.lastRev.Store(rev)
@@ -285,7 +284,7 @@ func (n *Nodes) open(k string, sealed []byte, now time.Time) (nodeEntry, bool) {
 	if err != nil || CheckNodeID(node) != nil {
 		return nodeEntry{}, false
 	}
-	raw, err := n.aead.Open(nil, nil, sealed, n.where(node))
+	raw, err := n.sealer.open(sealed, n.where(node))
 	if err != nil {
 		return nodeEntry{}, false // not written with this cluster's key, or moved from another id
 	}

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"crypto/cipher"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -58,7 +57,7 @@ type RPCHandler func(ctx context.Context, method string, body json.RawMessage) (
 // is dropped unanswered.
 type RPC struct {
 	nc      *nats.Conn
-	aead    cipher.AEAD
+	sealer  *sealer
 	prefix  string // subject up to the node
 	self    string
 	handler RPCHandler
@@ -115,7 +114,7 @@ func (s *Storage) ServeRPC(service, node string, handler RPCHandler, log *slog.L
 			return nil, fmt.Errorf("cluster rpc: service %q is not one subject token", service)
 		}
 	}
-	aead, err := aeadFor(s.opts.Key, "rpc v1 "+service)
+	sl, err := newSealer(s.opts.Key, "rpc v1 "+service)
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +123,7 @@ func (s *Storage) ServeRPC(service, node string, handler RPCHandler, log *slog.L
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &RPC{
-		nc: s.conn.nc, aead: aead, prefix: "zidane.rpc." + s.opts.Bucket + "." + service + ".", self: node,
+		nc: s.conn.nc, sealer: sl, prefix: "zidane.rpc." + s.opts.Bucket + "." + service + ".", self: node,
 		handler: handler, log: log, slots: make(chan struct{}, maxRPCInFlight),
 		ctx: ctx, cancel: cancel, seen: map[string]time.Time{}, started: time.Now(), inFlight: map[string]context.CancelFunc{},
 	}
@@ -169,7 +168,7 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 	req := rpcRequest{ID: randomHex(16), From: r.self, At: time.Now().UnixMilli(), Deadline: deadline.UnixMilli(), Method: method, Body: body}
 	data, _ := json.Marshal(req)
 	subject := r.prefix + node
-	sealed := r.aead.Seal(nil, nil, data, []byte(subject))
+	sealed := r.sealer.seal(nil, data, []byte(subject))
 	if limit := r.nc.MaxPayload(); int64(len(sealed)) > limit {
 		return nil, fmt.Errorf("the request is %d bytes, over the %d a NATS message carries between replicas: send less, or send it to the replica that runs the session (node %s)", len(sealed), limit, node)
 	}
@@ -208,7 +207,7 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 			}
 			return nil, fmt.Errorf("%w: node %s did not answer in time", ErrRPCUnreachable, node)
 		}
-		plain, err := r.aead.Open(nil, nil, msg.Data, []byte("reply "+req.ID))
+		plain, err := r.sealer.open(msg.Data, []byte("reply "+req.ID))
 		if err != nil {
 			continue // not the node's reply to this request
 		}
@@ -226,11 +225,11 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 // abort tells the node that the caller of request id gave up on it.
 func (r *RPC) abort(subject, id string) {
 	data, _ := json.Marshal(rpcRequest{ID: id, Abort: true, From: r.self, At: time.Now().UnixMilli()})
-	_ = r.nc.Publish(subject, r.aead.Seal(nil, nil, data, []byte(subject)))
+	_ = r.nc.Publish(subject, r.sealer.seal(nil, data, []byte(subject)))
 }
 
 func (r *RPC) serve(msg *nats.Msg) {
-	plain, err := r.aead.Open(nil, nil, msg.Data, []byte(msg.Subject))
+	plain, err := r.sealer.open(msg.Data, []byte(msg.Subject))
 	if err != nil {
 		return // not from a node of this cluster, or sealed for another node
 	}
@@ -263,7 +262,7 @@ func (r *RPC) serve(msg *nats.Msg) {
 		if limit := r.nc.MaxPayload(); int64(len(data))+64 > limit {
 			data, _ = json.Marshal(rpcReply{ID: req.ID, Err: fmt.Sprintf("the answer is %d bytes, over the %d a NATS message carries between replicas; ask for less (fewer turns, or not in full), or ask the replica that runs the session", len(data), limit)})
 		}
-		if err := msg.Respond(r.aead.Seal(nil, nil, data, []byte("reply "+req.ID))); err != nil {
+		if err := msg.Respond(r.sealer.seal(nil, data, []byte("reply "+req.ID))); err != nil {
 			r.log.Warn("answering another node failed", "from", req.From, "method", req.Method, "error", err)
 		}
 	}

@@ -160,7 +160,7 @@ func TestRPCReplyIsBoundToItsRequest(t *testing.T) {
 		}
 		_ = spy.Publish(m.Reply, []byte("not sealed"))
 		other, _ := json.Marshal(rpcReply{ID: "other", Body: json.RawMessage(`"forged"`)})
-		_ = nc.Publish(m.Reply, b.aead.Seal(nil, nil, other, []byte("reply other")))
+		_ = nc.Publish(m.Reply, b.sealer.seal(nil, other, []byte("reply other")))
 		_ = spy.Flush()
 		_ = nc.Flush()
 		close(junkSent)

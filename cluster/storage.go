@@ -143,7 +143,7 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 	if opts.InlineMax <= 0 || int64(opts.InlineMax) >= maxPayload {
 		return nil, fmt.Errorf("cluster storage: inline max %d must be positive and under the server's max payload (%d)", opts.InlineMax, maxPayload)
 	}
-	sl, err := newSealer(opts.Key)
+	sl, err := newSealer(opts.Key, "storage v1")
 	if err != nil {
 		return nil, fmt.Errorf("cluster storage: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -891,5 +892,36 @@ func TestLockWaiterWakesOnAnUnlockBeforeItsWatch(t *testing.T) {
 	}
 	if err := b.Unlock(ctx, "zidane/upstream-oauth/remote"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Values sealed before the module had one sealer (internal/seal, which
+// binds the purpose into the associated data) still open: these were
+// sealed by that code, under the cluster key 32 bytes of 3. A value sealed
+// now opens, and does not open for another purpose under the same key.
+func TestValuesSealedByEarlierReleasesOpen(t *testing.T) {
+	key := bytes.Repeat([]byte{3}, KeySize)
+	for _, c := range []struct {
+		purpose, sealedHex, ad, want string
+	}{
+		{"storage v1", "97ab9bd0be4a22afc0b672283727d18e6a8741adfa59740a8018b65aceebba42fb16e55fd1f3203433", string(where("value", "zidane", "zidane/tokens.json")), `{"tokens":[]}`},
+		{"node registry v1", "ac1920a13666fa4eac99239cc0f69c3a41f0e8dff1b205d31b5951fde000cb0af6a00add4862c3bd17", "where-n1", `{"node":"n1"}`},
+	} {
+		s, err := newSealer(key, c.purpose)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sealed, _ := hex.DecodeString(c.sealedHex)
+		if got, err := s.open(sealed, []byte(c.ad)); err != nil || string(got) != c.want {
+			t.Errorf("%s: the earlier release's value: %q, %v", c.purpose, got, err)
+		}
+		now := s.seal(nil, []byte(c.want), []byte(c.ad))
+		if got, err := s.open(now, []byte(c.ad)); err != nil || string(got) != c.want {
+			t.Errorf("%s: %q, %v", c.purpose, got, err)
+		}
+		other, _ := newSealer(key, c.purpose+" other")
+		if _, err := other.open(now, []byte(c.ad)); !errors.Is(err, ErrUnsealed) {
+			t.Errorf("%s: opened for another purpose: %v", c.purpose, err)
+		}
 	}
 }

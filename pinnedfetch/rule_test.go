@@ -2,8 +2,13 @@ package pinnedfetch
 
 import (
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"net"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -184,5 +189,46 @@ func TestIsLoopbackSocket(t *testing.T) {
 		if got := IsLoopbackSocket(c.addr); got != c.want {
 			t.Errorf("IsLoopbackSocket(%v) = %v, want %v", c.addr, got, c.want)
 		}
+	}
+}
+
+// TestOneLoopbackPredicate: no other package of the module asks net.IP or
+// netip.Addr whether an address is loopback; they ask this package's
+// IsLoopbackHost, IsLoopbackAddr or IsLoopbackSocket, so that no spelling
+// (::ffff:127.0.0.1 among them) is loopback to one rule and not another.
+func TestOneLoopbackPredicate(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, _ := filepath.Abs(".")
+	fset := token.NewFileSet()
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if d.Name() == ".git" || d.Name() == "node_modules" || d.Name() == "testdata" || path == self {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if sel, ok := n.(*ast.SelectorExpr); ok && sel.Sel.Name == "IsLoopback" {
+				t.Errorf("%s: IsLoopback; use pinnedfetch's loopback predicate", fset.Position(sel.Pos()))
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

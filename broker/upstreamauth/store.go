@@ -1,14 +1,13 @@
 package upstreamauth
 
 import (
-	"crypto/aes"
-	"crypto/cipher"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/seal"
 )
 
 // KeyPrefix is the storage key prefix of the upstream OAuth records; the
@@ -18,8 +17,14 @@ const KeyPrefix = "zidane/upstream-oauth/"
 // StorageKey returns the storage key of an upstream's record.
 func StorageKey(upstream string) string { return KeyPrefix + upstream }
 
-// sealVersion is the first byte of a sealed record.
-const sealVersion = 1
+// sealVersion is the first byte of a sealed record: 2, sealed by
+// internal/seal with its purpose bound in; 1 is the earlier releases'
+// record (the same cipher and layout without the purpose), which still
+// opens and is sealed again as 2 when the record next changes.
+const (
+	sealVersion        = 2
+	sealVersionUnbound = 1
+)
 
 // record is what the gateway keeps about one upstream, sealed with
 // AES-256-GCM under the caller's key before it reaches storage: the tokens,
@@ -86,27 +91,27 @@ func (r *record) clearTokens(reason string) {
 	r.Reason = reason
 }
 
-// sealer encrypts records with AES-256-GCM; the upstream's name is the
-// associated data, so a record copied to another upstream's key does not
-// open.
+// sealer seals records with the module's one sealer (internal/seal); the
+// upstream's name is in the associated data, so a record copied to
+// another upstream's key does not open.
 type sealer struct {
-	aead cipher.AEAD
-	ad   []byte
+	s        *seal.Sealer
+	upstream string
+	unbound  []byte // the associated data of a version 1 record (earlier releases)
 }
 
+// sealPurpose is the purpose the storage key seals records for.
+const sealPurpose = "upstream oauth record"
+
 func newSealer(key []byte, upstream string) (*sealer, error) {
-	if len(key) != 32 {
+	if len(key) != seal.KeySize {
 		return nil, fmt.Errorf("upstreamauth: the storage key must be 32 bytes (AES-256), got %d", len(key))
 	}
-	block, err := aes.NewCipher(key)
+	sl, err := seal.New(key, sealPurpose)
 	if err != nil {
 		return nil, err
 	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, err
-	}
-	return &sealer{aead: aead, ad: []byte("zidane upstream-oauth v1\x00" + upstream)}, nil
+	return &sealer{s: sl, upstream: upstream, unbound: []byte("zidane upstream-oauth v1\x00" + upstream)}, nil
 }
 
 func (s *sealer) seal(r *record) ([]byte, error) { return s.sealValue(r, "") }
@@ -118,21 +123,19 @@ func (s *sealer) sealValue(v any, what string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]byte, 1+s.aead.NonceSize(), 1+s.aead.NonceSize()+len(plain)+s.aead.Overhead())
+	out := make([]byte, 1, 1+len(plain)+s.s.Overhead())
 	out[0] = sealVersion
-	if _, err := rand.Read(out[1:]); err != nil {
-		return nil, err
-	}
-	out = s.aead.Seal(out, out[1:1+s.aead.NonceSize()], plain, s.adFor(what))
+	out = s.s.Seal(out, plain, seal.AD(s.upstream, what))
 	clear(plain)
 	return out, nil
 }
 
-func (s *sealer) adFor(what string) []byte {
+// unboundAD is the associated data a version 1 record was sealed with.
+func (s *sealer) unboundAD(what string) []byte {
 	if what == "" {
-		return s.ad
+		return s.unbound
 	}
-	return append(append(slices.Clone(s.ad), 0), what...)
+	return append(append(slices.Clone(s.unbound), 0), what...)
 }
 
 var errUnseal = errors.New("the stored OAuth record does not decrypt with the configured key (was the key changed, or the record copied from another upstream?); run the login again, which replaces it")
@@ -147,11 +150,19 @@ func (s *sealer) open(b []byte) (*record, error) {
 
 // openValue opens what sealValue sealed with the same what, into v.
 func (s *sealer) openValue(b []byte, what string, v any) error {
-	n := s.aead.NonceSize()
-	if len(b) < 1+n+s.aead.Overhead() || b[0] != sealVersion {
+	if len(b) < 1+s.s.Overhead() {
 		return errUnseal
 	}
-	plain, err := s.aead.Open(nil, b[1:1+n], b[1+n:], s.adFor(what))
+	var plain []byte
+	var err error
+	switch b[0] {
+	case sealVersion:
+		plain, err = s.s.Open(nil, b[1:], seal.AD(s.upstream, what))
+	case sealVersionUnbound:
+		plain, err = s.s.OpenUnbound(nil, b[1:], s.unboundAD(what))
+	default:
+		return errUnseal
+	}
 	if err != nil {
 		return errUnseal
 	}
