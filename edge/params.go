@@ -317,43 +317,32 @@ func validHeaderName(name string) bool {
 // sendable is false for one that is not a string, a boolean or an integer
 // in JavaScript's safe range, for which go-sdk's client sends no header.
 func paramValue(arguments []byte, path []string) (value string, present, sendable bool) {
-	cur := json.RawMessage(arguments)
-	for _, part := range path {
-		var obj map[string]json.RawMessage
-		if json.Unmarshal(cur, &obj) != nil {
-			return "", false, false
-		}
-		var ok bool
-		if cur, ok = obj[part]; !ok {
-			return "", false, false
-		}
-	}
-	if string(bytes.TrimSpace(cur)) == "null" {
+	raw, ok := message.Lookup(arguments, path)
+	if !ok {
 		return "", false, false
 	}
-	var v any
-	if json.Unmarshal(cur, &v) != nil {
+	text, isString, ok := message.Scalar(raw)
+	switch {
+	case !ok:
 		return "", true, false
-	}
-	var s string
-	switch v := v.(type) {
-	case string:
-		s = v
-	case bool:
-		s = strconv.FormatBool(v)
-	case float64:
-		const maxSafe = 1<<53 - 1
-		if math.IsNaN(v) || math.IsInf(v, 0) || v != math.Trunc(v) || v < -maxSafe || v > maxSafe {
-			return "", true, false
+	case isString:
+		if needsBase64(text) {
+			text = "=?base64?" + base64.StdEncoding.EncodeToString([]byte(text)) + "?="
 		}
-		return strconv.FormatInt(int64(v), 10), true, true
-	default:
+		return text, true, true
+	case text == "null":
+		return "", false, false
+	case text == "true" || text == "false":
+		return text, true, true
+	}
+	// A number, read as go-sdk reads it: a float64, sent only when it is
+	// an integer in JavaScript's safe range.
+	v, err := strconv.ParseFloat(text, 64)
+	const maxSafe = 1<<53 - 1
+	if err != nil || v != math.Trunc(v) || v < -maxSafe || v > maxSafe {
 		return "", true, false
 	}
-	if needsBase64(s) {
-		s = "=?base64?" + base64.StdEncoding.EncodeToString([]byte(s)) + "?="
-	}
-	return s, true, true
+	return strconv.FormatInt(int64(v), 10), true, true
 }
 
 // needsBase64 is go-sdk's requiresBase64Encoding: a string with a byte

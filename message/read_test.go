@@ -770,3 +770,41 @@ func TestReadRequestState(t *testing.T) {
 		}
 	}
 }
+
+// Lookup and Scalar read an accepted message's arguments as go-sdk looks a
+// tool's argument up: keys spelled exactly (escapes decoded), the value's
+// text as encoding/json decodes it.
+func TestLookupScalar(t *testing.T) {
+	args := []byte(`{"repo":"a\u0062c","n":42,"f":1.5,"t":true,"z":null,"o":{"de\u0065p":{"k":"v"}},"arr":[1],"e":""}`)
+	for _, c := range []struct {
+		path           []string
+		text           string
+		found, str, ok bool
+	}{
+		{[]string{"repo"}, "abc", true, true, true},
+		{[]string{"n"}, "42", true, false, true},
+		{[]string{"f"}, "1.5", true, false, true},
+		{[]string{"t"}, "true", true, false, true},
+		{[]string{"z"}, "null", true, false, true},
+		{[]string{"e"}, "", true, true, true},
+		{[]string{"o", "deep", "k"}, "v", true, true, true},
+		{[]string{"o", "deep"}, "", true, false, false},
+		{[]string{"arr"}, "", true, false, false},
+		{[]string{"Repo"}, "", false, false, false},
+		{[]string{"repo", "x"}, "", false, false, false},
+		{[]string{"missing"}, "", false, false, false},
+	} {
+		raw, found := Lookup(args, c.path)
+		if found != c.found {
+			t.Errorf("%v: found %v", c.path, found)
+			continue
+		}
+		if !found {
+			continue
+		}
+		text, str, ok := Scalar(raw)
+		if text != c.text || str != c.str || ok != c.ok {
+			t.Errorf("%v: Scalar(%s) = %q %v %v, want %q %v %v", c.path, raw, text, str, ok, c.text, c.str, c.ok)
+		}
+	}
+}
