@@ -165,6 +165,17 @@ func Reach(path string, files []File) (f File, how string, ok bool) {
 	return File{}, "", false
 }
 
+// Describe says how a path reaches f, for a refusal that starts with the
+// path: "is the JWT public_key_file", "is inside /var/log/zidane, the
+// zidane_audit log's directory", "holds /etc/caddy/Caddyfile, the --config
+// file caddy was started with".
+func Describe(f File, how string) string {
+	if how == Is {
+		return "is " + f.Why
+	}
+	return how + " " + f.Path + ", " + f.Why
+}
+
 // Resolved returns every form (see Reach) of the paths of files, for a
 // sandbox that holds the inodes that paths lead to.
 func Resolved(files []File) []string {

@@ -201,3 +201,16 @@ func TestReach(t *testing.T) {
 		}
 	}
 }
+
+func TestDescribe(t *testing.T) {
+	f := File{Path: "/var/log/zidane", Why: "the zidane_audit log's directory"}
+	for how, want := range map[string]string{
+		Is:     "is the zidane_audit log's directory",
+		Inside: "is inside /var/log/zidane, the zidane_audit log's directory",
+		Holds:  "holds /var/log/zidane, the zidane_audit log's directory",
+	} {
+		if got := Describe(f, how); got != want {
+			t.Errorf("Describe(%s) = %q, want %q", how, got, want)
+		}
+	}
+}
