@@ -35,9 +35,11 @@ type SandboxConfig struct {
 	// user can, and reach the admin API. A warning is logged at start.
 	Off bool `json:"off,omitempty"`
 	// Read are more paths the agent may read and execute (a toolchain
-	// outside the system directories, say).
+	// outside the system directories, say). A path that is, holds or is
+	// inside a file the gateway keeps from agents is refused when the
+	// config starts.
 	Read []string `json:"read,omitempty"`
-	// Write are more paths it may write.
+	// Write are more paths it may write; the same rule holds.
 	Write []string `json:"write,omitempty"`
 	// Connect are more TCP ports it may connect to, on any host (a model
 	// server on a loopback port, say).
