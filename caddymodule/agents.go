@@ -12,8 +12,10 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
 
-	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"go.uber.org/zap"
+
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 	"github.com/Tahul/caddy-zidane-mcp/sessions/confine"
@@ -25,16 +27,19 @@ import (
 // the directories of its command, writes only its session's cwd, worktree
 // and scratch directory (its HOME and TMPDIR), and connects by TCP only to
 // the ports of the MCP servers it is given (this gateway's) and to 443, 80,
-// 22 and 53. Caddy's data and configuration directories, and the files
-// this config reads secrets from, stay out of reach whatever is listed.
+// 22 and 53. Caddy's data and configuration directories, the files this
+// config reads secrets from and its logs stay out of reach, and a Read or
+// Write path that is, holds or is inside one is refused.
 type SandboxConfig struct {
 	// Off runs the agent unconfined: it can then read everything Caddy's
 	// user can, and reach the admin API. A warning is logged at start.
 	Off bool `json:"off,omitempty"`
 	// Read are more paths the agent may read and execute (a toolchain
-	// outside the system directories, say).
+	// outside the system directories, say). A path that is, holds or is
+	// inside a file the gateway keeps from agents is refused when the
+	// config starts.
 	Read []string `json:"read,omitempty"`
-	// Write are more paths it may write.
+	// Write are more paths it may write; the same rule holds.
 	Write []string `json:"write,omitempty"`
 	// Connect are more TCP ports it may connect to, on any host (a model
 	// server on a loopback port, say).
@@ -143,7 +148,6 @@ func (a *App) provisionAgents(ctx caddy.Context) error {
 		known = append(known, names...)
 		return fmt.Errorf("zidane: default_agent %q is not configured: name one of %s, or configure an agent of that name", def, strings.Join(known, ", "))
 	}
-	a.deny = a.deniedPaths()
 	return nil
 }
 
@@ -180,39 +184,42 @@ func lookupAgentUser(name string) (*sessions.User, error) {
 	return out, nil
 }
 
-// deniedPaths are the paths no agent may reach: Caddy's data and config
-// directories, the configured storage (a file storage's directory, a NATS
-// storage's credentials and TLS client key and certificate), and the files
-// this config reads secrets or upstreams from.
-func (a *App) deniedPaths() []string {
-	deny := []string{caddy.AppDataDir(), caddy.AppConfigDir()}
+// ownFiles are the files of this app's config that no agent may reach:
+// Caddy's data and config directories, the configured storage (a file
+// storage's directory, a NATS storage's credentials and TLS client key and
+// certificate), systemd's credentials, the files this config reads
+// secrets or upstreams from ({file.…} placeholders included), and the
+// files of the config caddy was started with (see deny.go).
+func (a *App) ownFiles(log *zap.Logger) []gatewayfiles.File {
+	own := []gatewayfiles.File{{Path: caddy.AppDataDir(), Why: whyDataDir}, {Path: caddy.AppConfigDir(), Why: whyConfigDir}}
 	if fs, ok := a.storage.(*certmagic.FileStorage); ok && fs.Path != "" {
-		deny = append(deny, fs.Path)
+		own = append(own, gatewayfiles.File{Path: fs.Path, Why: whyStorage})
 	}
 	// On a cluster's storage: what logs into NATS, with which an agent
 	// could delete values or put back old ones.
 	if cs, ok := a.storage.(*cluster.Storage); ok {
-		deny = append(deny, cs.SecretFiles()...)
-	}
-	if dir := os.Getenv("CREDENTIALS_DIRECTORY"); dir != "" {
-		deny = append(deny, dir)
-	}
-	deny = append(deny, a.UpstreamsFiles...)
-	for _, u := range a.Upstreams {
-		if o := u.OAuth; o != nil {
-			for _, f := range []string{o.PrivateKeyFile, o.IDTokenFile} {
-				if f != "" {
-					deny = append(deny, f)
-				}
-			}
+		for _, f := range cs.SecretFiles() {
+			own = append(own, gatewayfiles.File{Path: f, Why: whyNATS})
 		}
 	}
-	out := make([]string, 0, len(deny))
-	for _, d := range deny {
-		if abs, err := filepath.Abs(d); err == nil {
+	if dir := os.Getenv("CREDENTIALS_DIRECTORY"); dir != "" {
+		own = append(own, gatewayfiles.File{Path: dir, Why: whyCredentials})
+	}
+	for _, f := range a.UpstreamsFiles {
+		own = append(own, gatewayfiles.File{Path: f, Why: whyUpstreams})
+	}
+	for _, u := range a.upstreams {
+		if o := u.OAuth; o != nil {
+			own = append(own, gatewayfiles.File{Path: o.PrivateKeyFile, Why: whyOAuthKey}, gatewayfiles.File{Path: o.IDTokenFile, Why: whyIDToken})
+		}
+	}
+	own = append(own, gatewayfiles.PlaceholderFiles(a)...)
+	own = append(own, processConfigFiles(os.Args, log)...)
+	var out []gatewayfiles.File
+	for _, f := range own {
+		if abs, ok := gatewayfiles.Abs(f.Path, f.Why); ok {
 			out = append(out, abs)
 		}
 	}
-	sort.Strings(out)
-	return out
+	return gatewayfiles.Merge(out)
 }

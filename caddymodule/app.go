@@ -18,6 +18,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
@@ -156,7 +157,8 @@ type App struct {
 	events     *caddyevents.App                // the events app, if configured
 
 	agentUsers map[string]*sessions.User // by agent name, for those with `user`
-	deny       []string                  // paths no agent may reach
+	own        []gatewayfiles.File       // this config's files that no agent may reach
+	releaseOwn func()                    // this config's hold on agentDeny
 	// rootsFor are the running session engines this config takes over,
 	// which get its roots when it starts (see loadSessions).
 	rootsFor []*sessions.Engine
@@ -246,7 +248,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("zidane: session_upstreams: no upstream %q is configured; configure it (upstream %s <url>) or remove it", name, name)
 		}
 	}
-	return a.provisionOAuth(ctx)
+	if err := a.provisionOAuth(ctx); err != nil {
+		return err
+	}
+	a.own = a.ownFiles(ctx.Logger())
+	a.releaseOwn = agentDeny.Hold(a.own)
+	return nil
 }
 
 // provisionStorage is the storage the app keeps its state in: Caddy's, or
@@ -304,6 +311,11 @@ func (a *App) Start() error {
 	if err := a.checkAgentBases(); err != nil {
 		return err
 	}
+	// At Start, not Provision: Caddy provisions its apps in no set
+	// order, and the handlers' files are held only once they are.
+	if err := checkSandboxes(a.Agents, deniedFiles()); err != nil {
+		return err
+	}
 	for _, e := range a.rootsFor {
 		if err := e.SetRoots(a.Roots); err != nil {
 			return err
@@ -320,6 +332,9 @@ func (a *App) Stop() error { return nil }
 
 // Cleanup releases this config's hold on the pooled state.
 func (a *App) Cleanup() error {
+	if a.releaseOwn != nil {
+		a.releaseOwn()
+	}
 	a.cleanupOAuth()
 	if a.actionsKey != "" {
 		_, _ = actionsPool.Delete(a.actionsKey)

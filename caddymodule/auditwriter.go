@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/Tahul/caddy-zidane-mcp/auditchain"
+	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 )
 
 func init() {
@@ -73,9 +74,10 @@ type AuditWriter struct {
 	// ZIDANE_AUDIT_SIGNING_KEY. The 32-byte seed in base64.
 	SigningKey string `json:"signing_key,omitempty"`
 
-	path   string
-	signer *auditchain.Signer
-	file   *auditFile
+	path       string
+	signer     *auditchain.Signer
+	file       *auditFile
+	releaseOwn func() // this writer's hold on agentDeny
 }
 
 // CaddyModule returns the Caddy module information.
@@ -92,6 +94,10 @@ func (w *AuditWriter) Provision(caddy.Context) error {
 	if err := w.check(); err != nil {
 		return fmt.Errorf("log writer zidane_audit: %w", err)
 	}
+	// The log is the evidence: its directory, which holds its rotated
+	// files and lock, and the file its key may be read from, are no
+	// agent's.
+	w.releaseOwn = agentDeny.Hold(append(gatewayfiles.PlaceholderFiles(w), logDir(w.path, whyAuditLog)))
 	attachAudit(w)
 	return nil
 }
@@ -178,6 +184,10 @@ func (w *AuditWriter) OpenWriter() (io.WriteCloser, error) {
 
 // Cleanup detaches the instance from its file's chain.
 func (w *AuditWriter) Cleanup() error {
+	if w.releaseOwn != nil {
+		w.releaseOwn()
+		w.releaseOwn = nil
+	}
 	if w.file == nil {
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,13 +14,16 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/internal/natstest"
 	"github.com/Tahul/caddy-zidane-mcp/internal/testtls"
 )
 
 // An agent has a shell with the gateway's uid. In cluster mode, the files
-// that log into NATS would let it delete values or put back old ones, so
-// they are among the paths no agent may reach; the CA is not a secret.
+// that log into NATS would let it delete values or put back old ones, and
+// the cluster key file given as {file.cluster.key} would let it sign hops
+// as any replica, so they are among the paths no agent may reach, as
+// every session engine of the process sees them; the CA is not a secret.
 // The config is provisioned as caddy provisions it: storage zidane_nats
 // first, which provisions the zidane app, whose cluster block dials a real
 // nats-server that requires a client certificate.
@@ -33,13 +37,19 @@ func TestClusterModeDeniesAgentsTheNATSFiles(t *testing.T) {
 	// server on NATS) goes to a directory of the test's, not the user's.
 	defer func(p string) { caddy.DefaultStorage.Path = p }(caddy.DefaultStorage.Path)
 	caddy.DefaultStorage.Path = t.TempDir()
-	t.Setenv(ClusterKeyEnv, base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, cluster.KeySize)))
+	// A {file.…} placeholder reads a path from Caddy's working directory.
+	wd := t.TempDir()
+	t.Chdir(wd)
+	keyFile := filepath.Join(wd, "cluster.key")
+	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, cluster.KeySize))), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	cert, key, ca := filepath.Join(certs, "zidane.pem"), filepath.Join(certs, "zidane-key.pem"), filepath.Join(certs, "ca.pem")
 	raw, _ := json.Marshal(map[string]any{
 		"storage": map[string]any{"module": "zidane_nats"},
 		"apps": map[string]any{"zidane": map[string]any{"cluster": map[string]any{
-			"urls": []string{url}, "tls_ca": ca, "tls_cert": cert, "tls_key": key, "node": "gw-1",
+			"urls": []string{url}, "tls_ca": ca, "tls_cert": cert, "tls_key": key, "node": "gw-1", "key": "{file.cluster.key}",
 		}}},
 	})
 	var cfg caddy.Config
@@ -55,16 +65,30 @@ func TestClusterModeDeniesAgentsTheNATSFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	app := v.(*App)
-	t.Cleanup(func() { _ = app.Cleanup() })
+	cleaned := false
+	t.Cleanup(func() {
+		if !cleaned {
+			_ = app.Cleanup()
+		}
+	})
 	if _, ok := ctx.Storage().(*cluster.Storage); !ok || ctx.Storage() != app.storage {
 		t.Fatalf("Caddy's storage is %T, the app's %T: want both the cluster's", ctx.Storage(), app.storage)
 	}
-	for _, f := range []string{cert, key} {
-		if !slices.Contains(app.deny, f) {
-			t.Errorf("agents may reach %s, which logs into NATS; denied: %v", f, app.deny)
+	denied := gatewayfiles.Paths(deniedFiles())
+	for _, f := range []string{cert, key, keyFile} {
+		if !slices.Contains(denied, f) {
+			t.Errorf("agents may reach %s, which logs into NATS or signs for the cluster; denied: %v", f, denied)
 		}
 	}
-	if slices.Contains(app.deny, ca) {
-		t.Errorf("the CA %s is denied too; it is no secret: %v", ca, app.deny)
+	if slices.Contains(denied, ca) {
+		t.Errorf("the CA %s is denied too; it is no secret: %v", ca, denied)
+	}
+	// The config's cleanup releases them.
+	cleaned = true
+	_ = app.Cleanup()
+	for _, f := range gatewayfiles.Paths(deniedFiles()) {
+		if f == keyFile || f == cert {
+			t.Errorf("%s is still denied after the config that named it was cleaned up", f)
+		}
 	}
 }

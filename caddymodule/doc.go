@@ -4,7 +4,10 @@
 // caddy.logging.writers.zidane_audit log writer and the `caddy zidane`
 // command; it parses config, builds the core objects from the
 // policy, pinnedfetch, mcpendpoint, sessions, broker, pins and cluster
-// packages, and hands requests to them; with Caddy's tracing on it records
+// packages, and hands requests to them; it tells gatewayfiles which files
+// each module reads secrets from or writes logs to, and finds those of the
+// config caddy runs, for the sessions to keep from agents; with Caddy's
+// tracing on it records
 // the edge's steps in the request's span. It holds no decision logic of its
 // own.
 package caddymodule

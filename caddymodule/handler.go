@@ -23,6 +23,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
+	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
@@ -124,7 +125,8 @@ type Handler struct {
 	sessKey     string
 	passThrough *broker.PassThrough
 	aggregate   *broker.Aggregate
-	app         *App // this config's zidane app (upstream OAuth logins)
+	app         *App   // this config's zidane app (upstream OAuth logins)
+	releaseOwn  func() // this handler's hold on agentDeny
 	logger      *zap.Logger
 	audit       *zap.Logger
 }
@@ -213,6 +215,14 @@ var (
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.audit = h.logger.Named("audit")
+	// The files this handler reads secrets from (a guard's upstream_header
+	// {file.…}, the JWT public key) are no agent's, read or write: one
+	// who rewrites the JWT key signs its own tokens.
+	own := gatewayfiles.PlaceholderFiles(h)
+	if h.JWT != nil && h.JWT.PublicKeyFile != "" {
+		own = append(own, gatewayfiles.File{Path: h.JWT.PublicKeyFile, Why: whyJWTKey})
+	}
+	h.releaseOwn = agentDeny.Hold(own)
 	if h.Guard != nil {
 		if err := checkGuardHeaders(h.Guard.UpstreamHeaders); err != nil {
 			return err
@@ -358,6 +368,9 @@ func (h *Handler) Validate() error {
 
 // Cleanup releases this config's hold on the shared buckets.
 func (h *Handler) Cleanup() error {
+	if h.releaseOwn != nil {
+		h.releaseOwn()
+	}
 	if h.jwt != nil {
 		h.jwt.Close()
 	}

@@ -199,7 +199,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 		return nil, "", err
 	}
 	hash := fmt.Sprint(sortedAgents(agents), def, a.WorktreeRoot, a.MaxAgents, a.MaxSessions, a.AgentIdleTimeout, a.SessionUpstreams,
-		a.MaxSessionsPerToken, a.MaxAgentsPerToken, a.MCPSessionIdleTimeout, a.deny)
+		a.MaxSessionsPerToken, a.MaxAgentsPerToken, a.MCPSessionIdleTimeout)
 	key := "sessions|" + storageKey(ctx.Storage())
 	tokens := a.Tokens()
 	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
@@ -250,7 +250,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 			WorktreeRoot: a.WorktreeRoot,
 			Roots:        a.Roots,
 			Confine:      confineCommand,
-			Deny:         a.deny,
+			Deny:         deniedFiles,
 			Limits: sessions.Limits{
 				MaxAgents:           a.MaxAgents,
 				MaxSessions:         a.MaxSessions,

@@ -13,7 +13,9 @@
 //     the refusal of another owner's session worded with the scope that would
 //     reach it, and the check that an orchestrator's tools only narrow what
 //     its creator may call on the route (its scope map, carried by
-//     [WithAccess]). Both refusals go to Options.OnRefusal for the audit log;
+//     [WithAccess]). Both refusals, and the engine's refusal of a session
+//     directory of the gateway's own (sessions.ErrDenied), go to
+//     Options.OnRefusal for the audit log;
 //   - the HTTP side, two go-sdk handlers on one URL, chosen per request by
 //     its Mcp-Protocol-Version header (see "Two protocol versions" below),
 //     both behind go-sdk's bearer-token middleware whose verifier turns the

@@ -48,13 +48,16 @@ type Options struct {
 	// them.
 	Logger *slog.Logger
 	// OnRefusal, when set, hears of every call refused for whose session it
-	// is or for the tools it asked for (the edge audits the others).
+	// is, for the tools it asked for, or for a directory the engine keeps
+	// from agents (the edge audits the others).
 	OnRefusal func(Refusal)
 }
 
 // Refusal is a tool call the endpoint refused on its own rules: a session
-// of another owner (Reason "not_owner"), or an orchestrator's tools beyond
-// the caller's scopes ("tools_beyond_scope").
+// of another owner (Reason "not_owner"), an orchestrator's tools beyond
+// the caller's scopes ("tools_beyond_scope"), or a session directory that
+// reaches a path of the gateway's own ("denied_path", the engine's
+// sessions.ErrDenied).
 type Refusal struct {
 	Principal policy.Principal
 	Tool      string

@@ -42,8 +42,8 @@ func checkTools(c caller, tools []string) error {
 		errToolsBeyondScope, strings.Join(beyond, ", "), strings.Join(granted, ", "))
 }
 
-// reportRefusal tells OnRefusal of a call refused for whose session it is
-// or for the tools it asked for.
+// reportRefusal tells OnRefusal of a call refused for whose session it is,
+// for the tools it asked for, or for a directory of the gateway's own.
 func (e *Endpoint) reportRefusal(c caller, a *args, err error) {
 	if err == nil || e.onRefusal == nil {
 		return
@@ -54,6 +54,8 @@ func (e *Endpoint) reportRefusal(c caller, a *args, err error) {
 		reason = "not_owner"
 	case errors.Is(err, errToolsBeyondScope):
 		reason = "tools_beyond_scope"
+	case errors.Is(err, sessions.ErrDenied):
+		reason = "denied_path"
 	default:
 		return
 	}

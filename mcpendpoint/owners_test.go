@@ -165,3 +165,31 @@ func TestOrchestratorToolsOnlyNarrowTheCreators(t *testing.T) {
 		})
 	}
 }
+
+// A create the engine refuses for a directory of the gateway's own is a
+// tool error with code denied_path, reported for the audit log with the
+// engine's message.
+func TestDeniedCwdIsReported(t *testing.T) {
+	var seen refusals
+	h := newHarnessWith(t, &Access{}, Options{OnRefusal: seen.add})
+	h.engine.createErr = &deniedErr{}
+	alice := h.connect("alice-token", nil, nil)
+	res := call(t, alice, "sessions", map[string]any{"verb": "create", "cwd": "/var/log/zidane", "prompt": "tidy the logs"})
+	failed(t, res, "cwd /var/log/zidane is the zidane_audit log's directory", "keeps from agents")
+	if code := errorCodeOf(res); code != "denied_path" {
+		t.Errorf("code %q, want denied_path", code)
+	}
+	got := seen.all()
+	if len(got) != 1 || got[0].Reason != "denied_path" || got[0].Principal.TokenID != "tok-alice" || got[0].Verb != "create" ||
+		!strings.Contains(got[0].Message, "/var/log/zidane") {
+		t.Errorf("refusals reported: %+v", got)
+	}
+}
+
+// deniedErr is the engine's refusal of a directory of the gateway's.
+type deniedErr struct{}
+
+func (deniedErr) Error() string {
+	return "bad request: cwd /var/log/zidane is the zidane_audit log's directory, which the gateway keeps from agents (read and write)"
+}
+func (deniedErr) Unwrap() []error { return []error{sessions.ErrBadRequest, sessions.ErrDenied} }

@@ -330,6 +330,8 @@ func errorCode(err error) string {
 		return "not_running"
 	case errors.Is(err, sessions.ErrEnded):
 		return "ended"
+	case errors.Is(err, sessions.ErrDenied):
+		return "denied_path"
 	case errors.Is(err, sessions.ErrBadRequest):
 		return "bad_request"
 	case errors.Is(err, sessions.ErrBusy):

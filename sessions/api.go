@@ -282,6 +282,9 @@ var (
 	// does not answer; it comes with ErrNoSession, since as far as this
 	// replica can tell the session is gone until its node is back.
 	ErrUnreachable = errors.New("the replica that runs the session does not answer")
+	// ErrDenied says a session's directory is, holds or is inside a path
+	// of Config.Deny; it comes with ErrBadRequest.
+	ErrDenied = errors.New("the gateway keeps this path from agents")
 )
 
 // Sessions is what the MCP endpoint needs from the engine. Every method is

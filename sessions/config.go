@@ -7,6 +7,7 @@ import (
 
 	acp "github.com/coder/acp-go-sdk"
 
+	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/sessions/acpclient"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -37,7 +38,8 @@ type User = acpclient.User
 // agent may: reading the system directories (confine.SystemRead) and its
 // command's directories, writing its session's cwd, worktree and scratch
 // directory, and TCP connects to the ports of the MCP servers it is given
-// and to AgentPorts. Config.Deny stays out of reach whatever is listed.
+// and to AgentPorts. What Config.Deny returns stays out of reach whatever
+// is listed.
 type Sandbox struct {
 	// Read are more paths it may read and execute.
 	Read []string
@@ -134,11 +136,14 @@ type Config struct {
 	// such as ["/usr/bin/caddy", "zidane", "confine"]. It must be set when
 	// an agent has a Sandbox.
 	Confine []string
-	// Deny are paths agents must never reach: Caddy's data and config
-	// directories, the files with the gateway's secrets. A session whose
-	// cwd is inside one, or holds one, is refused, for the fs/* methods
-	// that the gateway serves as well as for the sandbox.
-	Deny []string
+	// Deny returns the paths agents must never reach, as they are now:
+	// Caddy's data and config directories, the files the gateway reads
+	// secrets from, its logs. It is called at every create and launch, so
+	// that a file a reloaded configuration names counts at once. A session
+	// whose cwd or worktree is, holds or is inside one is refused (with
+	// ErrDenied), for the fs/* methods that the gateway serves as well as
+	// for the sandbox. Nil denies nothing.
+	Deny func() []gatewayfiles.File
 	// ScratchRoot holds each session's scratch directory (its agent's HOME
 	// and TMPDIR), <ScratchRoot>/<session id>, made at the first launch
 	// and removed when the session ends. Default:

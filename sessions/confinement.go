@@ -8,27 +8,45 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/internal/pathtree"
 	"github.com/Tahul/caddy-zidane-mcp/sessions/confine"
 )
 
-// checkDenied refuses a session directory that is inside one of
-// Config.Deny, or holds one: the gateway serves the agent's fs/* calls
-// anywhere in it, and the sandbox would have to give it the directory.
-func (e *Engine) checkDenied(cwd string) error {
-	real, err := filepath.EvalSymlinks(cwd)
-	if err != nil {
-		real = cwd
+// denied are the paths of Config.Deny as they are now.
+func (e *Engine) denied() []gatewayfiles.File {
+	if e.cfg.Deny == nil {
+		return nil
 	}
-	for _, d := range e.cfg.Deny {
-		if r, err := filepath.EvalSymlinks(d); err == nil {
-			d = r
-		}
-		if pathtree.Within(real, d) || pathtree.Within(d, real) {
-			return fmt.Errorf("%w: cwd %s holds or is inside %s, which is the gateway's own (Caddy's data or configuration, or a file of secrets); agents may not work there: give the directory of a project", ErrBadRequest, cwd, d)
-		}
+	return e.cfg.Deny()
+}
+
+// deniedError is a session directory refused for a path of Config.Deny:
+// a bad request, and ErrDenied.
+type deniedError struct{ msg string }
+
+func (e *deniedError) Error() string   { return e.msg }
+func (e *deniedError) Unwrap() []error { return []error{ErrBadRequest, ErrDenied} }
+
+// checkDenied refuses a directory of a session (what says which: "cwd",
+// "the new worktree") that is, holds or is inside a path of Config.Deny:
+// the agent writes there, the gateway serves its fs/* calls anywhere in
+// it, and the sandbox would have to give it the directory.
+func (e *Engine) checkDenied(what, dir string) error {
+	return deniedIn(what, dir, e.denied())
+}
+
+func deniedIn(what, dir string, deny []gatewayfiles.File) error {
+	f, how, ok := gatewayfiles.Reach(dir, deny)
+	if !ok {
+		return nil
 	}
-	return nil
+	shown := dir
+	if real, err := pathtree.Resolve(dir); err == nil && real != filepath.Clean(dir) {
+		shown = fmt.Sprintf("%s (which is %s)", dir, real)
+	}
+	return &deniedError{msg: fmt.Sprintf("%v: %s %s %s, which the gateway keeps from agents (read and write); agents may not work there: give the directory of a project that holds none of the gateway's secrets or logs",
+		ErrBadRequest, what, shown, gatewayfiles.Describe(f, how))}
 }
 
 // agentCommand is the command that launches an agent: its own, or, with a
@@ -41,7 +59,7 @@ func (e *Engine) agentCommand(rec record, cfg AgentConfig, scratch string, serve
 	p := confine.Policy{
 		Read:       sb.Read,
 		Write:      append([]string{rec.Cwd, scratch}, sb.Write...),
-		Deny:       e.cfg.Deny,
+		Deny:       gatewayfiles.Resolved(e.denied()),
 		ConnectAny: sb.ConnectAny,
 		BestEffort: sb.BestEffort,
 	}

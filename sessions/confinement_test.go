@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 	"github.com/Tahul/caddy-zidane-mcp/sessions/confine"
 )
@@ -29,7 +30,9 @@ func confinedEngine(t *testing.T, gatewayData, scratch string) *sessions.Engine 
 		demo.Sandbox = &sessions.Sandbox{}
 		c.Agents["demo"] = demo
 		c.Confine = []string{exe, "--confine"}
-		c.Deny = []string{gatewayData}
+		c.Deny = func() []gatewayfiles.File {
+			return []gatewayfiles.File{{Path: gatewayData, Why: "Caddy's data directory"}}
+		}
 		c.ScratchRoot = scratch
 	})
 	return e

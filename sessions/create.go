@@ -48,7 +48,7 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 	if cwd, err = inRoots(roots, "cwd", cwd); err != nil {
 		return Created{}, err
 	}
-	if err := e.checkDenied(cwd); err != nil {
+	if err := e.checkDenied("cwd", cwd); err != nil {
 		return Created{}, err
 	}
 	env := req.Environment

@@ -21,8 +21,11 @@
 // Sandbox, runs under package confine: it writes only its cwd, worktree and
 // scratch directory, reads only the system and its own directories, and
 // connects only to its MCP servers' ports and AgentPorts. Config.Deny (the
-// gateway's data and configuration) is out of every agent's reach, through
-// the sandbox and through the fs/* methods the gateway serves alike. The
+// gateway's data and configuration, the files it reads secrets from, its
+// logs; asked again at every create and launch) is out of every agent's
+// reach, through the sandbox and through the fs/* methods the gateway
+// serves alike, and a session whose cwd or worktree is, holds or is inside
+// one of its paths is refused with ErrDenied. The
 // git that makes a worktree runs with no hooks, a scrubbed environment, and
 // the agent's user and sandbox, since the repository is the agent's.
 package sessions

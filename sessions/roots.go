@@ -1,7 +1,6 @@
 package sessions
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -78,7 +77,7 @@ func inRoots(sets [2][]string, what, path string) (string, error) {
 	if !confined(sets) {
 		return path, nil
 	}
-	real, err := resolveExisting(path)
+	real, err := pathtree.Resolve(path)
 	if err != nil {
 		return "", fmt.Errorf("%w: %s %s cannot be resolved (%v), so it cannot be checked against the allowed roots", ErrBadRequest, what, path, err)
 	}
@@ -111,31 +110,4 @@ func insideAny(real string, roots []string) bool {
 		}
 	}
 	return false
-}
-
-// resolveExisting is filepath.EvalSymlinks for a path whose last elements
-// may not exist yet (a worktree about to be made): the longest existing
-// prefix is resolved and the rest appended, so that the check sees where
-// the new directory will land.
-func resolveExisting(path string) (string, error) {
-	path = filepath.Clean(path)
-	var rest []string
-	for {
-		real, err := filepath.EvalSymlinks(path)
-		if err == nil {
-			for i := len(rest) - 1; i >= 0; i-- {
-				real = filepath.Join(real, rest[i])
-			}
-			return real, nil
-		}
-		if !errors.Is(err, os.ErrNotExist) {
-			return "", err
-		}
-		parent := filepath.Dir(path)
-		if parent == path {
-			return "", err
-		}
-		rest = append(rest, filepath.Base(path))
-		path = parent
-	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	acp "github.com/coder/acp-go-sdk"
@@ -96,10 +97,20 @@ func (e *Engine) launch(s *session, gen int) error {
 		return fmt.Errorf("the agent was not started: %v; create a new session in an allowed directory", err)
 	}
 	rec.Cwd = real
-	// A directory that became the gateway's (or a session restored from
-	// before the rule) is refused here too.
-	if err := e.checkDenied(rec.Cwd); err != nil {
-		return fmt.Errorf("could not launch agent %q: %v", rec.Agent, err)
+	// A directory that became the gateway's (a reload, or a session
+	// restored from before the rule) is refused here too, with what a
+	// worktree session writes besides its cwd.
+	dirs := [][2]string{{"cwd", rec.Cwd}}
+	if rec.Repo != "" {
+		if top := worktreeTop(rec.Cwd); top != "" {
+			dirs = append(dirs, [2]string{"the worktree", top})
+		}
+		dirs = append(dirs, [2]string{"the repository's git directory", filepath.Join(rec.Repo, ".git")})
+	}
+	for _, d := range dirs {
+		if err := e.checkDenied(d[0], d[1]); err != nil {
+			return fmt.Errorf("could not launch agent %q: %v", rec.Agent, err)
+		}
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, e.lim.LaunchTimeout)
 	defer cancel()

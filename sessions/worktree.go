@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/internal/pathtree"
 	"github.com/Tahul/caddy-zidane-mcp/sessions/confine"
 )
@@ -107,6 +108,14 @@ func (e *Engine) addWorktree(ctx context.Context, agent, cwd, branch string, roo
 	if _, err := os.Lstat(dir); err == nil {
 		return worktree{}, fmt.Errorf("%w: %s already exists; choose another branch name, or remove that directory", ErrBadRequest, dir)
 	}
+	// Before git writes anything: the agent writes the worktree and the
+	// git directory, and its git reads the repository.
+	deny := e.denied()
+	for _, d := range [][2]string{{"the new worktree", dir}, {"the repository", top}, {"the repository's git directory", common}} {
+		if err := deniedIn(d[0], d[1], deny); err != nil {
+			return worktree{}, err
+		}
+	}
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return worktree{}, fmt.Errorf("create the worktree directory %s: %w", root, err)
 	}
@@ -114,7 +123,7 @@ func (e *Engine) addWorktree(ctx context.Context, agent, cwd, branch string, roo
 	args := []string{"worktree", "add", "-b", branch, dir}
 	cmd := gitCommand(ctx, top, args...)
 	if cfg.Sandbox != nil {
-		p := confine.Policy{Read: []string{top}, Write: []string{top, filepath.Clean(common), root}, Deny: e.cfg.Deny, BestEffort: cfg.Sandbox.BestEffort}
+		p := confine.Policy{Read: []string{top}, Write: []string{top, filepath.Clean(common), root}, Deny: gatewayfiles.Resolved(deny), BestEffort: cfg.Sandbox.BestEffort}
 		confined := slices.Concat(e.cfg.Confine, p.Args(), []string{"--"}, cmd.Args)
 		cmd = exec.CommandContext(ctx, confined[0], confined[1:]...)
 		cmd.Dir, cmd.Env = top, gitEnv()

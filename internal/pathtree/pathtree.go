@@ -1,9 +1,12 @@
-// Package pathtree answers one question about file paths: whether one lies
-// in the tree below another. The sandbox's deny list, the sessions' roots
-// and a child token's roots all ask it, and must all answer it alike.
+// Package pathtree answers two questions about file paths: whether one
+// lies in the tree below another, and where a path that may not exist yet
+// will land. The sandbox's deny list, the sessions' roots and a child
+// token's roots all ask them, and must all answer them alike.
 package pathtree
 
 import (
+	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 )
@@ -19,4 +22,31 @@ func Within(path, dir string) bool {
 		return filepath.IsAbs(path)
 	}
 	return path == dir || strings.HasPrefix(path, dir+string(filepath.Separator))
+}
+
+// Resolve is filepath.EvalSymlinks for a path whose last elements may not
+// exist yet (a worktree about to be made, a log directory made at its
+// first record): the longest existing prefix is resolved and the rest
+// appended, so that a check sees where the path will land.
+func Resolve(path string) (string, error) {
+	path = filepath.Clean(path)
+	var rest []string
+	for {
+		real, err := filepath.EvalSymlinks(path)
+		if err == nil {
+			for i := len(rest) - 1; i >= 0; i-- {
+				real = filepath.Join(real, rest[i])
+			}
+			return real, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return "", err
+		}
+		parent := filepath.Dir(path)
+		if parent == path {
+			return "", err
+		}
+		rest = append(rest, filepath.Base(path))
+		path = parent
+	}
 }
