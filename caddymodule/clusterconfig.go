@@ -122,7 +122,7 @@ func (c *ClusterConfig) check() error {
 // onePlaceholder matches a value that is one placeholder of Caddy's
 // replacer and nothing else: the cluster key has no part that may be
 // written out, where /config/ and autosave.json would show it.
-var onePlaceholder = regexp.MustCompile(`^\{[A-Za-z][A-Za-z0-9_\-]*\.[A-Za-z0-9_.\-]+\}$`)
+var onePlaceholder = regexp.MustCompile(`^\{[A-Za-z][A-Za-z0-9_\-]*\.[A-Za-z0-9_.\-/]+\}$`)
 
 // ClusterKeyEnv is the environment variable read for the cluster key when
 // the cluster block's key option is not set.

@@ -37,7 +37,7 @@ var secretName = regexp.MustCompile(`(?i)KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH|C
 // as {env.UPSTREAM_TOKEN} (a Caddyfile's shorthands such as {host} are
 // written out with their dots when it is adapted). A ${VAR} is not one:
 // the replacer would leave the $ and drop {VAR}.
-var caddyPlaceholder = regexp.MustCompile(`(^|[^$])\{[A-Za-z][A-Za-z0-9_\-]*\.[A-Za-z0-9_.\-]+\}`)
+var caddyPlaceholder = regexp.MustCompile(`(^|[^$])\{[A-Za-z][A-Za-z0-9_\-]*\.[A-Za-z0-9_.\-/]+\}`)
 
 // literalError says that field holds a literal secret and how to give it.
 func literalError(field, placeholder string) error {

@@ -48,6 +48,24 @@ func TestLiteralSecretsInJSON(t *testing.T) {
 	if err := checkGuardHeaders(map[string]string{"Authorization": "Bearer {env.T}", "Accept": "text/event-stream"}); err != nil {
 		t.Errorf("guard placeholders refused: %v", err)
 	}
+	// Caddy's {file.…} reads absolute paths too, the usual place of a
+	// mounted secret.
+	if err := checkGuardHeaders(map[string]string{"Authorization": "Bearer {file./run/secrets/upstream-token}"}); err != nil {
+		t.Errorf("an absolute {file.…} refused: %v", err)
+	}
+	for _, v := range []string{"{file./run/secrets/zidane.key}", "{env.ZIDANE_KEY}"} {
+		if err := checkTokenKey(v); err != nil {
+			t.Errorf("upstream_token_key %s: %v", v, err)
+		}
+		if !onePlaceholder.MatchString(v) {
+			t.Errorf("%s is one placeholder", v)
+		}
+	}
+	for _, v := range []string{"{file./a} b", "x{env.A}", "{file./a b}"} {
+		if onePlaceholder.MatchString(v) {
+			t.Errorf("%q taken for one placeholder", v)
+		}
+	}
 	if err := checkGuardHeaders(map[string]string{"Authorization": "Bearer ${T}"}); err == nil || !strings.Contains(err.Error(), "{env.VAR}") {
 		t.Errorf("a guard header with a broker placeholder, which Caddy's replacer does not expand: %v", err)
 	}
