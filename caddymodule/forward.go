@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -372,6 +373,16 @@ func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self
 	if resp.Header.Get(edge.HopRefusedHeader) != "" {
 		reason := resp.Header.Get(edge.HopRefusedHeader)
 		f.audit.Error("a replica refused a forwarded request", zap.String("event", "session_forward_refused"), zap.String("node", node), zap.String("reason", reason), zap.Int("status", resp.StatusCode))
+		if reason == "hop_busy" {
+			// The owner's replay check is at its memory bound: the
+			// client may retry once it has room, as the owner says.
+			v := edge.Refuse(http.StatusServiceUnavailable, "hop_busy", fmt.Sprintf("the replica that holds this session (node %q) takes no more forwarded requests for now; retry after the Retry-After delay", node))
+			v.RetryAfter = time.Second
+			if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 && s <= 60 {
+				v.RetryAfter = time.Duration(s) * time.Second
+			}
+			return &edge.RefusalError{Verdict: v}
+		}
 		v := edge.Refuse(http.StatusBadGateway, "hop_refused", fmt.Sprintf("the replica that holds this session (node %q) refused the forwarded request (%s); the operator should check that every replica has the same cluster key and configuration, and synchronized clocks", node, reason))
 		return &edge.RefusalError{Verdict: v}
 	}

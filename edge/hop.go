@@ -14,7 +14,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -41,10 +40,9 @@ const (
 	HopAnswerHeader    = "Zidane-Hop-Answer"  // on the owner's answer to a hop it took (see [HopKey.AnswerTag])
 )
 
-// Bounds of the hop.
+// Bounds of the hop (and of its replay check: see hopreplay.go).
 const (
 	HopFreshness    = 10 * time.Second // older or newer hops are refused
-	MaxHopNonces    = 1 << 16          // nonces remembered for the replay check
 	maxHopPrincipal = 16 << 10         // the principal header, encoded
 )
 
@@ -69,15 +67,13 @@ func HopParamHeaders(h http.Header) []string {
 
 // HopKey signs and checks hops with a key derived from the cluster key.
 type HopKey struct {
-	key []byte
-
-	mu   sync.Mutex
-	seen map[string]time.Time // from+nonce -> when it may be forgotten
+	key    []byte
+	replay *replayCheck
 }
 
 // NewHopKey returns a HopKey for key (derived from the cluster key for
 // the hop; every replica has the same).
-func NewHopKey(key []byte) *HopKey { return &HopKey{key: key, seen: map[string]time.Time{}} }
+func NewHopKey(key []byte) *HopKey { return &HopKey{key: key, replay: newReplayCheck(MaxHopNonces)} }
 
 // HopClaims is what a checked hop says.
 type HopClaims struct {
@@ -212,7 +208,8 @@ func (k *HopKey) Verify(r *http.Request, uri string, body []byte, self, route st
 			hasClient = false // only Sign's spelling of an address
 		}
 	}
-	if err != nil || len(mac) != sha256.Size || len(nonce) != 32 || from == "" || to == "" || !hasClient || len(principal) > maxHopPrincipal {
+	var nb [16]byte
+	if err != nil || len(mac) != sha256.Size || len(nonce) != 2*len(nb) || from == "" || to == "" || !hasClient || len(principal) > maxHopPrincipal {
 		return HopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop header is not one a replica of this cluster writes")
 	}
 	want := k.mac(r.Method, uri, route, r.Header.Get("Mcp-Session-Id"), from, to, at, nonce, principal, client, body, r.Header)
@@ -234,33 +231,11 @@ func (k *HopKey) Verify(r *http.Request, uri string, body []byte, self, route st
 	if err != nil || json.Unmarshal(pj, &p) != nil || p.TokenID == "" {
 		return HopClaims{}, hopRefused("hop_malformed", "the forwarded request's principal does not decode")
 	}
-	if v := k.fresh(from+"|"+nonce, now); !v.Allowed() {
+	if _, err := hex.Decode(nb[:], []byte(nonce)); err != nil {
+		return HopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop nonce is not hexadecimal")
+	}
+	if v := k.replay.check(from, nb, ms, now); !v.Allowed() {
 		return HopClaims{}, v
 	}
 	return HopClaims{From: from, To: to, At: ms, Nonce: nonce, Principal: p, Client: client}, Verdict{}
-}
-
-// fresh records a hop's nonce, and refuses one already seen.
-func (k *HopKey) fresh(id string, now time.Time) Verdict {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if _, seen := k.seen[id]; seen {
-		return hopRefused("hop_replayed", "this forwarded request was received before: a replay")
-	}
-	if len(k.seen) >= MaxHopNonces {
-		for n, until := range k.seen {
-			if now.After(until) {
-				delete(k.seen, n)
-			}
-		}
-		if len(k.seen) >= MaxHopNonces {
-			v := Refuse(http.StatusServiceUnavailable, "hop_busy", "this node holds as many recent forwarded requests as it checks for replays; retry in a few seconds")
-			v.RetryAfter = HopFreshness
-			return v
-		}
-	}
-	// A hop is refused as stale once 2×HopFreshness have passed (its time
-	// is at most HopFreshness ahead), so its nonce may be forgotten then.
-	k.seen[id] = now.Add(2 * HopFreshness)
-	return Verdict{}
 }
