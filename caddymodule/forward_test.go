@@ -175,7 +175,7 @@ func TestHopKeySurvivesReload(t *testing.T) {
 	}
 	out := httptest.NewRequest(http.MethodGet, "http://127.0.0.1:9/mcp", nil)
 	out.Header.Set("Mcp-Session-Id", hopSID)
-	if _, err := before.Sign(out, hopRoute, "a", "b", policy.Principal{TokenID: "tok_1"}, "127.0.0.1", nil, time.Now()); err != nil {
+	if _, err := before.Sign(out, hopRoute, "a", "b", policy.Principal{TokenID: "tok_1"}, "", "127.0.0.1", nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if _, v := before.Verify(out, out.URL.RequestURI(), nil, "b", hopRoute, time.Now()); !v.Allowed() {
