@@ -121,7 +121,9 @@ func (c *replayCheck) check(from string, nonce [16]byte, at int64, now time.Time
 	}
 	sh.add(key, expires)
 	sh.mu.Unlock()
-	if c.swept.CompareAndSwap(false, true) {
+	// Loaded first: a compare-and-swap on every hop would make the flag
+	// the one line every hop contends for.
+	if !c.swept.Load() && c.swept.CompareAndSwap(false, true) {
 		time.AfterFunc(HopFreshness, c.sweep)
 	}
 	return Verdict{}
