@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -44,14 +45,18 @@ import (
 // an unknown session, so clients initialize again.
 //
 // The hop carries the request's method, path, forwarded headers and body,
-// and the principal the edge authenticated (never the client's credential),
-// under an HMAC-SHA256 with the sending and the receiving node, the route,
-// the session id, a time and a random nonce. The owner takes a hop only if
-// the MAC holds, it names this node and this route, its time is within
-// edge.HopFreshness of the owner's clock, its nonce is new, and the sender is
-// alive in the registry; anything else is refused (401, 403 for a sender
-// it does not know) with an audit line. A client cannot send a hop: the
-// headers are refused from anyone without the cluster key.
+// who the edge authenticated (a token id, or a JWT subject with its access
+// token; never an opaque token) and the scopes it found, under an
+// HMAC-SHA256 with the sending and the receiving node, the route, the
+// session id, a time and a random nonce. The owner takes a hop only if the
+// MAC holds, it names this node and this route, its time is within
+// edge.HopFreshness of the owner's clock, its nonce is new, and the sender
+// is alive in the registry; anything else is refused (401, 403 for a
+// sender it does not know) with an audit line. A client cannot send a hop:
+// the headers are refused from anyone without the cluster key. Whoever
+// has the key can, so the owner takes only an identity from a hop: the
+// token from its own store, the JWT verified itself, the scopes found
+// there narrowed to the hop's (edge.HopClaims.Principal).
 
 // Bounds of the forwarding.
 const (
@@ -74,6 +79,19 @@ func hopURL(r *http.Request) *url.URL {
 
 // hopURI is the request URI a hop is signed over.
 func hopURI(r *http.Request) string { return hopURL(r).RequestURI() }
+
+// hopJWTKey carries, in a request's context, a JWT principal's access
+// token, for the hop to the replica that holds its session.
+type hopJWTKey struct{}
+
+func withHopJWT(ctx context.Context, jwt string) context.Context {
+	return context.WithValue(ctx, hopJWTKey{}, jwt)
+}
+
+func hopJWT(ctx context.Context) string {
+	jwt, _ := ctx.Value(hopJWTKey{}).(string)
+	return jwt
+}
 
 // hopKeys holds one HopKey per hop key for the life of the process, so
 // that a config reload keeps the nonces seen: a hop taken before a reload
@@ -307,7 +325,7 @@ func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self
 	for _, name := range edge.HopParamHeaders(r.Header) {
 		out.Header[name] = append([]string(nil), r.Header[name]...)
 	}
-	nonce, err := f.hop.Sign(out, f.route, self, node, p, clientIP(r), body, time.Now())
+	nonce, err := f.hop.Sign(out, f.route, self, node, p, hopJWT(r.Context()), clientIP(r), body, time.Now())
 	if err != nil {
 		return &edge.RefusalError{Verdict: edge.Refuse(http.StatusBadGateway, "hop_failed", "this request cannot be forwarded to the replica that holds its session: "+err.Error())}
 	}
@@ -328,6 +346,16 @@ func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self
 	if resp.Header.Get(edge.HopRefusedHeader) != "" {
 		reason := resp.Header.Get(edge.HopRefusedHeader)
 		f.audit.Error("a replica refused a forwarded request", zap.String("event", "session_forward_refused"), zap.String("node", node), zap.String("reason", reason), zap.Int("status", resp.StatusCode))
+		if reason == "hop_busy" {
+			// The owner's replay check is at its memory bound: the
+			// client may retry once it has room, as the owner says.
+			v := edge.Refuse(http.StatusServiceUnavailable, "hop_busy", fmt.Sprintf("the replica that holds this session (node %q) takes no more forwarded requests for now; retry after the Retry-After delay", node))
+			v.RetryAfter = time.Second
+			if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 && s <= 60 {
+				v.RetryAfter = time.Duration(s) * time.Second
+			}
+			return &edge.RefusalError{Verdict: v}
+		}
 		v := edge.Refuse(http.StatusBadGateway, "hop_refused", fmt.Sprintf("the replica that holds this session (node %q) refused the forwarded request (%s); the operator should check that every replica has the same cluster key and configuration, and synchronized clocks", node, reason))
 		return &edge.RefusalError{Verdict: v}
 	}
@@ -392,11 +420,14 @@ func checkAdvertise(raw string) error {
 // serveHop serves a request another replica forwarded: an aggregated
 // route's 2025-11-25 session that this node holds. The sender ran the edge
 // on it; this node checks the hop (see verify), that the sender is alive
-// in the registry and that the session is this node's, decides the
-// request again as the sender did (the same config, the same principal),
-// and serves it, with the principal the hop carries in its context. A
-// refused hop is answered 401 (403 for a sender the registry does not
-// know) and audited, and its address charged like a failed credential.
+// in the registry and that the session is this node's, establishes whom
+// it acts for from the identity the hop names (its own token store, its
+// own check of a JWT; the hop's scopes only narrow what it finds), decides
+// the request again as the sender did, and serves it with that principal
+// in its context. A refused hop is answered 401 (403 for a sender the
+// registry does not know) and audited, and its address charged like a
+// failed credential; a principal refused here is answered as the route's
+// own refusal (401 hop_principal, 403 hop_scopes), audited.
 func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) error {
 	now := time.Now()
 	ip := policy.AddressKey(rf.clientIP, h.ipv6Prefix)
@@ -437,18 +468,24 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	if !v.Allowed() {
 		return refuse(v)
 	}
-	p := claims.Principal
-	rf.p = p
-	// The owner's audit lines name the client the sender's edge saw, and
-	// the replica it came through.
+	// Until it is established here, the audit lines name the identity the
+	// hop claims; they name the client the sender's edge saw, and the
+	// replica it came through.
+	rf.p = policy.Principal{TokenID: claims.TokenID}
 	rf.via, rf.clientIP = rf.clientIP, claims.Client
 	if _, alive := f.nodes.Lookup(claims.From); !alive {
 		return refuse(edge.Refuse(http.StatusForbidden, "hop_unknown_node",
 			fmt.Sprintf("the forwarded request comes from node %q, which is not alive in the node registry", claims.From)))
 	}
 	// From here on this node answers for the route, refusals included
-	// (an unknown session's 404 reaches the client as such).
+	// (an unknown session's 404, a revoked token's 401 reach the client
+	// as such).
 	w.Header().Set(edge.HopAnswerHeader, f.hop.AnswerTag(claims))
+	p, v := claims.Principal(r.Context(), h.authn, now)
+	if !v.Allowed() {
+		return h.refuse(w, r, rf, v)
+	}
+	rf.p = p
 	modern := broker.ModernRequest(r)
 	if !modern && !f.holdsSession(r) {
 		return h.refuse(w, r, rf, unknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict)
@@ -481,6 +518,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	r = r.WithContext(ctx)
 	r.Header.Del(edge.HopHeader)
 	r.Header.Del(edge.HopPrincipalHeader)
+	r.Header.Del(edge.HopCredentialHeader)
 	r.Header.Del("Authorization")
 	// The address the sender's edge saw, which its signature covers.
 	r.Header[broker.ClientIPHeader] = []string{claims.Client}

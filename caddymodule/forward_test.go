@@ -181,7 +181,7 @@ func TestHopKeySurvivesReload(t *testing.T) {
 	}
 	out := httptest.NewRequest(http.MethodGet, "http://127.0.0.1:9/mcp", nil)
 	out.Header.Set("Mcp-Session-Id", hopSID)
-	if _, err := before.Sign(out, hopRoute, "a", "b", policy.Principal{TokenID: "tok_1"}, "127.0.0.1", nil, time.Now()); err != nil {
+	if _, err := before.Sign(out, hopRoute, "a", "b", policy.Principal{TokenID: "tok_1"}, "", "127.0.0.1", nil, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if _, v := before.Verify(out, out.URL.RequestURI(), nil, "b", hopRoute, time.Now()); !v.Allowed() {
@@ -189,5 +189,27 @@ func TestHopKeySurvivesReload(t *testing.T) {
 	}
 	if _, v := after.Verify(out, out.URL.RequestURI(), nil, "b", hopRoute, time.Now()); v.Reason != "hop_replayed" {
 		t.Fatalf("the same hop after the reload: %q, want hop_replayed", v.Reason)
+	}
+}
+
+// An owner whose replay check is at its memory bound refuses a hop 503
+// hop_busy with Retry-After: the client gets 503 with the owner's delay,
+// something to retry, not a 502 that blames the cluster's config.
+func TestHopBusyOwnerGivesARetry(t *testing.T) {
+	k := testHopKey(t)
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(edge.HopRefusedHeader, "hop_busy")
+		w.Header().Set("Retry-After", "2")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer owner.Close()
+	f := newAggForward(nil, hopRoute, nil, k, nil)
+	in := httptest.NewRequest(http.MethodPost, "http://mcp.example/mcp", strings.NewReader(`{}`))
+	in.Header.Set("Mcp-Session-Id", hopSID)
+	in = in.WithContext(policy.WithPrincipal(in.Context(), policy.Principal{TokenID: "tok_1"}))
+	err := f.forwardTo(httptest.NewRecorder(), in, hopSID, "a", "b", owner.URL)
+	var re *edge.RefusalError
+	if !errors.As(err, &re) || re.Verdict.Status != http.StatusServiceUnavailable || re.Verdict.Reason != "hop_busy" || re.Verdict.RetryAfter != 2*time.Second {
+		t.Fatalf("a busy owner: %v, want 503 hop_busy retrying after 2s", err)
 	}
 }

@@ -473,7 +473,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	// A request another replica forwarded (forward.go) is checked by its
 	// signature, which no client can make, and nothing else.
-	if r.Header[edge.HopHeader] != nil || r.Header[edge.HopPrincipalHeader] != nil {
+	if r.Header[edge.HopHeader] != nil || r.Header[edge.HopPrincipalHeader] != nil || r.Header[edge.HopCredentialHeader] != nil {
 		return h.serveHop(w, r, rf)
 	}
 	if v := h.checkHostOrigin(r); !v.Allowed() {
@@ -710,6 +710,11 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	defer cancel()
 	if b != nil {
 		ctx = message.NewContext(ctx, b)
+	}
+	if _, ok := route.(forwardedRoute); ok && policy.IsJWTID(p.TokenID) {
+		// The replica that holds the request's session verifies a JWT
+		// principal's access token itself (see edge.HopKey.Sign).
+		ctx = withHopJWT(ctx, policy.BearerJWT(r.Header.Get("Authorization")))
 	}
 	// A revoked token's (or JWT subject's) open requests and streams end at
 	// once, and every one ends when the process exits: the token store

@@ -267,7 +267,7 @@ func TestClusterHopHeadersFromAClientAreRefused(t *testing.T) {
 		t.Fatalf("initialize on A: %d", init.status)
 	}
 	for name, hop := range map[string]string{
-		"made up": "v2;from=gw-b;to=gw-a;t=" + fmt.Sprint(time.Now().UnixMilli()) + ";n=0123456789abcdef0123456789abcdef;c=127.0.0.1;mac=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+		"made up": "v3;from=gw-b;to=gw-a;t=" + fmt.Sprint(time.Now().UnixMilli()) + ";n=0123456789abcdef0123456789abcdef;c=127.0.0.1;mac=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
 		"garbage": "let me in",
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -275,7 +275,7 @@ func TestClusterHopHeadersFromAClientAreRefused(t *testing.T) {
 			// the only credential.
 			got := post(t, "http://"+hostA+"/mcp", "", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`,
 				"Mcp-Session-Id", sid, "Mcp-Protocol-Version", legacyVersion,
-				"Zidane-Hop", hop, "Zidane-Hop-Principal", base64.RawURLEncoding.EncodeToString([]byte(`{"TokenID":"tok_admin","Scopes":["mcp","admin"]}`)))
+				"Zidane-Hop", hop, "Zidane-Hop-Principal", base64.RawURLEncoding.EncodeToString([]byte(`{"id":"tok_admin","scopes":["mcp","admin"]}`)))
 			if got.status != http.StatusUnauthorized || strings.Contains(got.body, "tools") && !strings.Contains(got.body, "error") {
 				t.Fatalf("a client's hop headers: %d %s, want 401", got.status, got.body)
 			}
@@ -315,13 +315,15 @@ http://127.0.0.1:%d {
 
 // testHop signs hops as a replica does, written here from the wire format
 // (not with the gateway's code), with the cluster key the test gave the
-// replicas: what a peer holding the key could send.
+// replicas: what a peer holding the key could send. principal is the
+// Zidane-Hop-Principal header (hopPrincipal), credential a JWT principal's
+// access token ("" for none).
 type testHop struct {
 	key   []byte
 	route string
 }
 
-func (h testHop) sign(t *testing.T, req *http.Request, body, from, to string, at time.Time, nonce string, principal string) {
+func (h testHop) sign(t *testing.T, req *http.Request, body, from, to string, at time.Time, nonce, principal, credential string) {
 	t.Helper()
 	m := hmac.New(sha256.New, h.key)
 	field := func(s string) {
@@ -332,8 +334,8 @@ func (h testHop) sign(t *testing.T, req *http.Request, body, from, to string, at
 	// The client's address as the sending edge saw it: for the owner's
 	// audit lines.
 	const client = "127.0.0.9"
-	field("zidane aggregate hop v2")
-	for _, s := range []string{req.Method, req.URL.RequestURI(), h.route, req.Header.Get("Mcp-Session-Id"), from, to, ts, nonce, principal, client} {
+	field("zidane aggregate hop v3")
+	for _, s := range []string{req.Method, req.URL.RequestURI(), h.route, req.Header.Get("Mcp-Session-Id"), from, to, ts, nonce, principal, credential, client} {
 		field(s)
 	}
 	d := sha256.Sum256([]byte(body))
@@ -361,8 +363,11 @@ func (h testHop) sign(t *testing.T, req *http.Request, body, from, to string, at
 			field(v)
 		}
 	}
-	req.Header.Set("Zidane-Hop", "v2;from="+from+";to="+to+";t="+ts+";n="+nonce+";c="+client+";mac="+base64.RawURLEncoding.EncodeToString(m.Sum(nil)))
+	req.Header.Set("Zidane-Hop", "v3;from="+from+";to="+to+";t="+ts+";n="+nonce+";c="+client+";mac="+base64.RawURLEncoding.EncodeToString(m.Sum(nil)))
 	req.Header.Set("Zidane-Hop-Principal", principal)
+	if credential != "" {
+		req.Header.Set("Zidane-Hop-Credential", credential)
+	}
 }
 
 // Session ids that name a node are refused 404 unless the cluster key
@@ -382,6 +387,7 @@ func TestClusterHopChecks(t *testing.T) {
 	a, hostA := clusterAggregateReplica(t, natsURL, upstream, "gw-a", clusterKey)
 	_, hostB := clusterAggregateReplica(t, natsURL, upstream, "gw-b", clusterKey)
 	token := createToken(t, a, "c", "--scope", "mcp")
+	createToken(t, a, "d", "--scope", "mcp")
 	waitStatus(t, "http://"+hostB+"/mcp", token, http.StatusOK, 20*time.Second)
 	list, _, err := a.Run(t, "zidane", "token", "list", "--json")
 	if err != nil {
@@ -391,10 +397,13 @@ func TestClusterHopChecks(t *testing.T) {
 	if err := json.Unmarshal([]byte(list), &toks); err != nil {
 		t.Fatalf("token list: %v\n%s", err, list)
 	}
-	tokenID := ""
+	tokenID, otherID := "", ""
 	for _, tk := range toks {
-		if tk.Name == "c" {
+		switch tk.Name {
+		case "c":
 			tokenID = tk.ID
+		case "d":
+			otherID = tk.ID
 		}
 	}
 	init := post(t, "http://"+hostA+"/mcp", token, initializeBody)
@@ -435,10 +444,7 @@ func TestClusterHopChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	hop := testHop{key: hk, route: "aggregate-node|/mcp||ev"}
-	principal := func(id string) string {
-		b, _ := json.Marshal(map[string]any{"TokenID": id, "Name": "c", "Scopes": []string{"mcp"}})
-		return base64.RawURLEncoding.EncodeToString(b)
-	}
+	principal := func(id string) string { return hopPrincipal(id, "mcp") }
 	const body = `{"jsonrpc":"2.0","id":5,"method":"tools/list"}`
 	send := func(sign func(req *http.Request), sentBody string) rawAnswer {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+hostA+"/mcp", strings.NewReader(sentBody))
@@ -463,7 +469,7 @@ func TestClusterHopChecks(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ok = send(func(req *http.Request) {
-			hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID))
+			hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID), "")
 			okHop = req.Header.Clone()
 		}, body)
 		if ok.status != http.StatusForbidden || time.Now().After(deadline) {
@@ -486,23 +492,26 @@ func TestClusterHopChecks(t *testing.T) {
 			req.Header.Set("Zidane-Hop-Principal", okHop.Get("Zidane-Hop-Principal"))
 		}, body, http.StatusUnauthorized, "hop_replayed"},
 		{"from a node not in the registry", func(req *http.Request) {
-			hop.sign(t, req, body, "gw-x", "gw-a", time.Now(), nonce(), principal(tokenID))
+			hop.sign(t, req, body, "gw-x", "gw-a", time.Now(), nonce(), principal(tokenID), "")
 		}, body, http.StatusForbidden, "hop_unknown_node"},
 		{"its body altered", func(req *http.Request) {
-			hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID))
+			hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID), "")
 		}, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"mcp_ev_test_simple_text"}}`, http.StatusUnauthorized, "hop_forged"},
 		{"dated a minute ago", func(req *http.Request) {
-			hop.sign(t, req, body, "gw-b", "gw-a", time.Now().Add(-time.Minute), nonce(), principal(tokenID))
+			hop.sign(t, req, body, "gw-b", "gw-a", time.Now().Add(-time.Minute), nonce(), principal(tokenID), "")
 		}, body, http.StatusUnauthorized, "hop_stale"},
 		{"meant for gw-b", func(req *http.Request) {
-			hop.sign(t, req, body, "gw-b", "gw-b", time.Now(), nonce(), principal(tokenID))
+			hop.sign(t, req, body, "gw-b", "gw-b", time.Now(), nonce(), principal(tokenID), "")
 		}, body, http.StatusUnauthorized, "hop_misdirected"},
 		{"for another route", func(req *http.Request) {
-			testHop{key: hk, route: "aggregate-node|/mcp||other"}.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID))
+			testHop{key: hk, route: "aggregate-node|/mcp||other"}.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID), "")
 		}, body, http.StatusUnauthorized, "hop_forged"},
 		{"another token's principal", func(req *http.Request) {
-			hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal("tok_someoneelse"))
+			hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(otherID), "")
 		}, body, http.StatusNotFound, ""},
+		{"a token no replica made", func(req *http.Request) {
+			hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal("tok_someoneelse"), "")
+		}, body, http.StatusUnauthorized, "hop_principal"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := send(tc.sign, tc.body)
@@ -521,7 +530,7 @@ func TestClusterHopChecks(t *testing.T) {
 	limited := false
 	for range 40 {
 		got := send(func(req *http.Request) {
-			hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID))
+			hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID), "")
 			req.Header.Set("Zidane-Hop", strings.Replace(req.Header.Get("Zidane-Hop"), "mac=", "mac=00", 1))
 		}, body)
 		if got.status == http.StatusTooManyRequests {
@@ -533,7 +542,7 @@ func TestClusterHopChecks(t *testing.T) {
 		t.Fatal("40 bad hops from one address were never rate limited")
 	}
 	if got := send(func(req *http.Request) {
-		hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID))
+		hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), nonce(), principal(tokenID), "")
 	}, body); got.status != http.StatusOK {
 		t.Fatalf("a correctly signed hop after bad ones from its address: %d %s", got.status, tail(got.body, 300))
 	}

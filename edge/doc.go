@@ -30,13 +30,17 @@
 // In a cluster, a request for an aggregated 2025-11-25 session that
 // another replica holds is served there: the replica that got it runs the
 // six steps, then sends it over a hop that [HopKey] signs and the holder's
-// [HopKey.Verify] checks (MAC over the request and the principal, the
-// nodes, a time and a nonce; see hop.go). The holder decides the request
-// again ([Decide]) under the principal the hop carries.
+// [HopKey.Verify] checks (MAC over the request and the identity, the
+// nodes, a time and a nonce; see hop.go). The holder establishes the
+// principal from the identity alone ([HopClaims.Principal]: its own token
+// store, its own check of a JWT) and decides the request again ([Decide])
+// under it.
 //
 // What it never does: it never decodes a client's JSON-RPC message itself
 // (package message is the one reader), never builds anything
 // security-relevant from Host or X-Forwarded-* headers, and never passes a
 // client's credential on: a route serves a request whose Authorization the
-// adapter removed.
+// adapter removed. (The one credential that moves is a JWT principal's
+// access token, over the hop, to another replica of this same gateway,
+// which verifies it: see [HopKey.Sign].)
 package edge

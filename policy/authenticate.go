@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -40,17 +41,7 @@ func (a Authenticator) Authenticate(ctx context.Context, authz string, now time.
 		return Principal{}, fmt.Errorf("%w: send the token as Authorization: Bearer <token>", ErrTokenInvalid)
 	}
 	if a.JWT != nil && LooksLikeJWT(tok) {
-		p, err := a.JWT.Verify(ctx, tok)
-		if err != nil || a.Tokens == nil {
-			return p, err
-		}
-		// An operator's `token revoke jwt:<sub>` refuses the subject's
-		// access tokens issued until then; one without iat cannot show it
-		// came after.
-		if at, revoked := a.Tokens.SubjectRevoked(p.TokenID); revoked && (p.Issued == nil || !p.Issued.After(at)) {
-			return Principal{}, fmt.Errorf("%w: the operator revoked the access tokens of %q issued until %s: sign in again for a new one", ErrTokenInvalid, p.Name, at.UTC().Format(time.RFC3339))
-		}
-		return p, nil
+		return a.verifyJWT(ctx, tok)
 	}
 	p, err := a.Tokens.Check(tok, now)
 	switch {
@@ -60,4 +51,101 @@ func (a Authenticator) Authenticate(ctx context.Context, authz string, now time.
 		return Principal{}, fmt.Errorf("%w: %v: ask the operator for a new token", ErrTokenInvalid, err)
 	}
 	return Principal{}, fmt.Errorf("%w: the token is not valid here: check it, or ask the operator for a new one", ErrTokenInvalid)
+}
+
+// verifyJWT verifies the access token raw, and refuses one whose subject
+// an operator revoked after it was issued.
+func (a Authenticator) verifyJWT(ctx context.Context, raw string) (Principal, error) {
+	p, err := a.JWT.Verify(ctx, raw)
+	if err != nil || a.Tokens == nil {
+		return p, err
+	}
+	// An operator's `token revoke jwt:<sub>` refuses the subject's access
+	// tokens issued until then; one without iat cannot show it came after.
+	if at, revoked := a.Tokens.SubjectRevoked(p.TokenID); revoked && (p.Issued == nil || !p.Issued.After(at)) {
+		return Principal{}, fmt.Errorf("%w: the operator revoked the access tokens of %q issued until %s: sign in again for a new one", ErrTokenInvalid, p.Name, at.UTC().Format(time.RFC3339))
+	}
+	return p, nil
+}
+
+// BearerJWT is the JWT access token that the Authorization header value
+// authz carries, or "" when it carries none (no bearer token, or an
+// opaque one): what a replica forwards of a JWT principal's credential
+// (see [Authenticator.Forwarded]), and never an opaque token.
+func BearerJWT(authz string) string {
+	scheme, tok, ok := strings.Cut(authz, " ")
+	tok = strings.TrimSpace(tok)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || !LooksLikeJWT(tok) {
+		return ""
+	}
+	return tok
+}
+
+// ErrScopesClaimed is returned by [Authenticator.Forwarded] for a forwarded
+// request that claims a scope its credential does not grant here.
+var ErrScopesClaimed = errors.New("the forwarded request claims scopes its credential does not grant")
+
+// Forwarded establishes whom a request another replica forwarded acts
+// for. The forwarding replica authenticated the client, and says who that
+// was (id, a token of the store or "jwt:<sub>") and with what scopes;
+// Forwarded takes only the identity from it:
+//
+//   - a token is looked up in this replica's store ([TokenStore.Lookup]):
+//     an unknown, revoked or expired one, or one whose parents are, is
+//     refused, and its owner, kind, roots and parents are the store's;
+//   - a JWT principal's access token, which the hop carries as jwt, is
+//     verified here as any client's would be ([Authenticator.Authenticate]),
+//     and must name the subject id names.
+//
+// The scopes are those the store or the JWT grants, narrowed to claimed:
+// never more than the forwarding replica claims, and a claim of a scope
+// not granted here is refused with [ErrScopesClaimed], since no replica of
+// this cluster makes it. Other errors wrap [ErrTokenInvalid] or
+// [ErrKeysUnavailable]. A token created on another replica a moment ago
+// may not be in this replica's store yet: one unknown id makes the store
+// load the token file again before it is refused.
+func (a Authenticator) Forwarded(ctx context.Context, id string, claimed []string, jwt string, now time.Time) (Principal, error) {
+	var p Principal
+	switch {
+	case IsJWTID(id):
+		if a.JWT == nil {
+			return Principal{}, fmt.Errorf("%w: the forwarded request acts for JWT subject %q, and this replica takes no JWTs: give every replica the same jwt configuration", ErrTokenInvalid, strings.TrimPrefix(id, JWTPrefix))
+		}
+		if jwt == "" || !LooksLikeJWT(jwt) {
+			return Principal{}, fmt.Errorf("%w: the forwarded request acts for JWT subject %q without carrying the access token, which this replica verifies itself", ErrTokenInvalid, strings.TrimPrefix(id, JWTPrefix))
+		}
+		var err error
+		if p, err = a.verifyJWT(ctx, jwt); err != nil {
+			return Principal{}, err
+		}
+		if p.TokenID != id {
+			return Principal{}, fmt.Errorf("%w: the forwarded request acts for %q, and the access token it carries is %q's", ErrTokenInvalid, id, p.TokenID)
+		}
+	case jwt != "":
+		return Principal{}, fmt.Errorf("%w: the forwarded request acts for token %q and carries a credential, which a replica forwards only for a JWT subject", ErrTokenInvalid, id)
+	case a.Tokens == nil:
+		return Principal{}, fmt.Errorf("%w: this replica has no token store", ErrTokenInvalid)
+	default:
+		var err error
+		p, err = a.Tokens.Lookup(id, now)
+		if errors.Is(err, ErrTokenUnknown) {
+			if serr := a.Tokens.Sync(ctx); serr == nil {
+				p, err = a.Tokens.Lookup(id, now)
+			}
+		}
+		if err != nil {
+			return Principal{}, fmt.Errorf("%w: the forwarded request acts for a token this replica refuses: %v", ErrTokenInvalid, err)
+		}
+	}
+	var extra []string
+	for _, sc := range claimed {
+		if !p.HasScope(sc) {
+			extra = append(extra, sc)
+		}
+	}
+	if len(extra) > 0 {
+		return Principal{}, fmt.Errorf("%w: it claims %s for %q, which holds %s here", ErrScopesClaimed, strings.Join(extra, ", "), id, strings.Join(p.Scopes, ", "))
+	}
+	p.Scopes = slices.DeleteFunc(slices.Clone(p.Scopes), func(sc string) bool { return !slices.Contains(claimed, sc) })
+	return p, nil
 }

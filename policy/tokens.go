@@ -499,6 +499,36 @@ func (s *TokenStore) Check(secret string, now time.Time) (Principal, error) {
 	// The index is keyed by the SHA-256 of the secret, so a hit is an exact
 	// match; what the lookup's timing could reveal is the hash of a guess,
 	// which the guesser already knows.
+	p, err := s.principalOf(t, now)
+	if err != nil {
+		return Principal{}, err
+	}
+	if v, ok := s.used.Load(t.ID); !ok || now.Sub(v.(time.Time)) >= time.Second {
+		s.used.Store(t.ID, now)
+	}
+	return p, nil
+}
+
+// Lookup is the principal of the stored token id as Check would
+// authenticate it at now: errors wrap [ErrTokenUnknown] for no such token,
+// and [ErrTokenRevoked] or [ErrTokenExpired] for one that, or one of whose
+// parents, is revoked, expired or gone. A replica asks it for the token a
+// request another replica forwarded acts for (see
+// [Authenticator.Forwarded]); it records no use, which the replica that
+// checked the secret did.
+func (s *TokenStore) Lookup(id string, now time.Time) (Principal, error) {
+	s.mu.RLock()
+	t := s.byID[id]
+	s.mu.RUnlock()
+	if t == nil {
+		return Principal{}, fmt.Errorf("%w: no token has id %q here", ErrTokenUnknown, id)
+	}
+	return s.principalOf(t, now)
+}
+
+// principalOf is what the stored token t authenticates as at now, or why
+// it does not.
+func (s *TokenStore) principalOf(t *Token, now time.Time) (Principal, error) {
 	if t.Revoked != nil {
 		return Principal{}, fmt.Errorf("%w: %q was revoked at %s", ErrTokenRevoked, t.Name, t.Revoked.UTC().Format(time.RFC3339))
 	}
@@ -514,9 +544,6 @@ func (s *TokenStore) Check(secret string, now time.Time) (Principal, error) {
 		if err != nil {
 			return Principal{}, err
 		}
-	}
-	if v, ok := s.used.Load(t.ID); !ok || now.Sub(v.(time.Time)) >= time.Second {
-		s.used.Store(t.ID, now)
 	}
 	p := t.Principal()
 	p.Quota = top
