@@ -166,6 +166,9 @@ type App struct {
 	// guardSites are this config's guard handlers by resource (see
 	// claimGuardResource).
 	guardSites *guardSites
+	// auditCtx is this config's context, for the audit logger (see
+	// auditConfig).
+	auditCtx *caddy.Context
 }
 
 // CaddyModule returns the Caddy module information.
@@ -175,6 +178,8 @@ func (App) CaddyModule() caddy.ModuleInfo {
 
 // Provision opens (or shares) the token store of the configured storage.
 func (a *App) Provision(ctx caddy.Context) error {
+	a.auditCtx = &ctx
+	auditProvisioning.Store(a.auditCtx)
 	if a.TokenSync == 0 {
 		a.TokenSync = caddy.Duration(time.Second)
 	}
@@ -312,6 +317,7 @@ func (a *App) Start() error {
 	for st, maps := range a.sessionScopes {
 		st.scopeMaps.Store(&maps)
 	}
+	auditStarted.Store(a.auditCtx)
 	return nil
 }
 
@@ -320,6 +326,7 @@ func (a *App) Stop() error { return nil }
 
 // Cleanup releases this config's hold on the pooled state.
 func (a *App) Cleanup() error {
+	auditProvisioning.CompareAndSwap(a.auditCtx, nil)
 	a.cleanupOAuth()
 	if a.actionsKey != "" {
 		_, _ = actionsPool.Delete(a.actionsKey)

@@ -211,7 +211,7 @@ var (
 // Provision builds the policy objects and looks up the shared state.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	h.audit = h.logger.Named("audit")
+	h.audit = auditLoggerOf(ctx)
 	if h.Guard != nil {
 		if err := checkGuardHeaders(h.Guard.UpstreamHeaders); err != nil {
 			return err
