@@ -305,23 +305,16 @@ func writeFileAtomic(path string, data []byte) error {
 // reference on its NATS connection, which otherwise closes with the last
 // config that uses it, maybe before the audit writer's last checkpoint
 // (Caddy cleans a config's modules up in no set order). Other storages
-// need nothing.
+// need nothing. st is the running config's: its zidane app names the
+// connection's pool entry, which is built, so taking a reference never
+// waits.
 func holdStorage(st certmagic.Storage) (release func()) {
 	cs, ok := st.(*cluster.Storage)
-	if !ok {
+	app := liveApp()
+	if !ok || app == nil || app.cluster != cs || app.clusterKey == "" {
 		return func() {}
 	}
-	var key any
-	natsPool.Range(func(k, v any) bool {
-		if s, ok := v.(*natsState); ok && s.st == cs {
-			key = k
-			return false
-		}
-		return true
-	})
-	if key == nil {
-		return func() {}
-	}
+	key := app.clusterKey
 	if _, _, err := natsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
 		return nil, errors.New("the connection closed meanwhile")
 	}); err != nil {
