@@ -1,6 +1,7 @@
 package auditchain
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
@@ -38,7 +39,10 @@ type Chain struct {
 	started bool // the start checkpoint is written
 	closed  bool
 	signer  *Signer
+	keeper  Keeper
 	now     func() time.Time
+	id      string // the chain id; set when the file opens
+	cut     *Cut   // for the start checkpoint: the file was cut before the kept checkpoint
 
 	seq     uint64 // of the last record written; 0 before the first
 	prev    Hash   // its hash
@@ -52,6 +56,15 @@ type Chain struct {
 // goes on from.
 func New(open Opener, tail func() (Tail, error), signer *Signer) *Chain {
 	return &Chain{open: open, tail: tail, signer: signer, now: time.Now}
+}
+
+// SetKeeper makes k keep each checkpoint outside the log, and makes the
+// chain check, when it opens its file, that the file holds k's latest
+// checkpoint of the chain. Set it before the first write.
+func (c *Chain) SetKeeper(k Keeper) {
+	c.mu.Lock()
+	c.keeper = k
+	c.mu.Unlock()
 }
 
 // SetSigner makes s sign the checkpoints from now on.
@@ -97,6 +110,12 @@ func (c *Chain) ready() error {
 		}
 		c.out, c.opened = out, true
 		c.seq, c.prev, c.partial = tail.Seq, tail.Hash, tail.Partial
+		c.id = tail.Chain
+		if c.id == "" {
+			c.id = newChainID() // a new chain, or one written before chains had ids
+		} else {
+			c.checkKept(tail)
+		}
 	}
 	if !c.started {
 		if err := c.checkpoint(ReasonStart, c.seq == 0); err != nil {
@@ -109,6 +128,24 @@ func (c *Chain) ready() error {
 		return c.checkpoint(ReasonRecover, false)
 	}
 	return nil
+}
+
+// checkKept compares the file's end with the latest checkpoint kept of the
+// chain: a file that ends before it, or holds another record at its seq,
+// was cut while no process wrote it, and the start checkpoint says so.
+// (A kept checkpoint before the file's end is not read back from the
+// file: Verify compares it.) When the keeper cannot tell, nothing is said.
+func (c *Chain) checkKept(tail Tail) {
+	if c.keeper == nil {
+		return
+	}
+	a, err := c.keeper.Latest(c.id)
+	if err != nil || a == nil || a.Chain != c.id {
+		return
+	}
+	if a.Seq > tail.Seq || (a.Seq == tail.Seq && a.Hash != tail.Hash) {
+		c.cut = &Cut{Kept: a.Seq}
+	}
 }
 
 // emit writes line (with its newline) and advances the chain to it.
@@ -135,7 +172,7 @@ func (c *Chain) checkpoint(reason string, genesis bool) error {
 	if c.signer == nil {
 		return errors.New("auditchain: no signing key")
 	}
-	cp := checkpoint{TS: c.now().UTC().Format(time.RFC3339Nano), Reason: reason, KeyID: c.signer.id, Genesis: genesis, Partial: c.partial}
+	cp := checkpoint{TS: c.now().UTC().Format(time.RFC3339Nano), Reason: reason, KeyID: c.signer.id, Chain: c.id, Genesis: genesis, Partial: c.partial, Cut: c.cut}
 	cpJSON, err := json.Marshal(cp)
 	if err != nil {
 		return err
@@ -165,15 +202,20 @@ func (c *Chain) checkpoint(reason string, genesis bool) error {
 		}
 		return fmt.Errorf("auditchain: writing checkpoint %d: %w", c.seq+1, err)
 	}
-	c.partial = nil
+	c.partial, c.cut = nil, nil
 	c.seq++
 	c.prev = HashLine(line[start : len(line)-1])
 	c.dirty = 0
-	// What a checkpoint vouches for is on the disk before it counts.
+	// What a checkpoint vouches for is on the disk before it counts, and
+	// before it is kept elsewhere: a kept checkpoint is never ahead of the
+	// file.
 	if s, ok := c.out.(interface{ Sync() error }); ok {
 		if err := s.Sync(); err != nil {
 			return fmt.Errorf("auditchain: syncing checkpoint %d: %w", c.seq, err)
 		}
+	}
+	if c.keeper != nil {
+		c.keeper.Keep(Anchor{Chain: c.id, Seq: c.seq, Hash: c.prev, Line: bytes.Clone(line[start : len(line)-1])})
 	}
 	return nil
 }
@@ -230,6 +272,13 @@ func (c *Chain) Close() error {
 		err = errors.Join(err, cl.Close())
 	}
 	return err
+}
+
+// ID is the chain id, once the file is open; "" before.
+func (c *Chain) ID() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.id
 }
 
 // Head is the seq and hash of the last record written.

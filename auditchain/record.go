@@ -20,6 +20,14 @@
 // not signed: anyone who can write the file can cut them off, or rewrite them
 // and recompute their hashes, without Verify noticing. Records up to a
 // checkpoint cannot be removed, reordered or changed without it noticing.
+//
+// Every checkpoint names its chain ("chain", 128 random bits in hex, chosen
+// at genesis). A log cut right after a checkpoint (a stop checkpoint of an
+// earlier run, say) still verifies on its own: what tells is the chain's
+// latest checkpoint kept where the writer's files are not (an Anchor, kept
+// by a Keeper), which Verify compares the log with. A writer that opens a
+// file its kept checkpoint is missing from says so, signed, in its start
+// checkpoint ("cut"), so that going on writing never hides the cut.
 package auditchain
 
 import (
@@ -77,8 +85,17 @@ type checkpoint struct {
 	TS      string   `json:"ts"`
 	Reason  string   `json:"reason"`
 	KeyID   string   `json:"key_id"`
+	Chain   string   `json:"chain,omitempty"` // the chain id: random at genesis, the same in every checkpoint after
 	Genesis bool     `json:"genesis,omitempty"`
 	Partial *Partial `json:"partial,omitempty"`
+	Cut     *Cut     `json:"cut,omitempty"`
+}
+
+// Cut is what a start checkpoint says when the file it goes on in was cut:
+// the checkpoint kept outside the log (see Keeper) is seq Kept, and the
+// file ended before it (or held another record there).
+type Cut struct {
+	Kept uint64 `json:"kept"`
 }
 
 // Partial describes the bytes of a record that a crash or a failed write cut

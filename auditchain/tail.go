@@ -11,12 +11,16 @@ import (
 )
 
 // Tail is where a file's chain ends: the seq and hash of its last record
-// (zero for a file with none), and the bytes after it that a crash cut
-// short, if any.
+// (zero for a file with none), the bytes after it that a crash cut short,
+// if any, and the chain id its last checkpoint names ("" when it names
+// none, or the file holds no checkpoint).
 type Tail struct {
 	Seq     uint64
 	Hash    Hash
 	Partial *Partial
+	Chain   string
+
+	checkpoints bool // the file holds a checkpoint
 }
 
 // ReadTail reads the end of the file at path. A missing or empty file has
@@ -81,8 +85,60 @@ func ReadTail(path string) (Tail, error) {
 			return Tail{}, fmt.Errorf("the last line of %s is not an audit record (%v): the file holds lines some other writer wrote; give the audit log a file of its own", path, err)
 		}
 		t.Seq, t.Hash = p.seq, HashLine(line)
+		if p.cp != nil {
+			t.Chain, t.checkpoints = p.cp.Chain, true
+			return t, nil
+		}
+		complete := size - int64(len(buf)-len(body)) // the remnant left out
+		t.Chain, t.checkpoints, err = lastChain(f, complete)
+		if err != nil {
+			return Tail{}, fmt.Errorf("%s: %w", path, err)
+		}
 		return t, nil
 	}
+}
+
+// lastChain reads the first size bytes of r back from the end, a chunk at
+// a time, for the last checkpoint, and returns the chain it names. A
+// restart normally finds it in the last line (the stop checkpoint), or
+// within the last checkpoint interval.
+func lastChain(r io.ReaderAt, size int64) (chain string, found bool, err error) {
+	const chunk = 64 << 10
+	var carry []byte // the end of a line whose start is in the chunk before
+	for end := size; end > 0; {
+		n := min(chunk, end)
+		data := make([]byte, n, n+int64(len(carry)))
+		if _, err := r.ReadAt(data, end-n); err != nil && err != io.EOF {
+			return "", false, err
+		}
+		end -= n
+		data = append(data, carry...)
+		lines := bytes.Split(data, []byte("\n"))
+		first := 1 // lines[0] may begin in the chunk before
+		if end == 0 {
+			first = 0
+		}
+		for i := len(lines) - 1; i >= first; i-- {
+			if p, ok := checkpointLine(lines[i]); ok {
+				return p.cp.Chain, true, nil
+			}
+		}
+		carry = lines[0]
+		if len(carry) > MaxLine {
+			return "", false, fmt.Errorf("a line longer than %d bytes: it is not an audit log this writer wrote", MaxLine)
+		}
+	}
+	return "", false, nil
+}
+
+// checkpointLine parses line when it is a checkpoint.
+func checkpointLine(line []byte) (parsed, bool) {
+	_, _, rest, err := parsePrefix(line)
+	if err != nil || !bytes.HasPrefix(rest, []byte(","+checkpointKey)) {
+		return parsed{}, false
+	}
+	p, err := parseLine(line)
+	return p, err == nil && p.cp != nil
 }
 
 // ReadChainTail is ReadTail for a file that rotation renames: when the file
@@ -90,9 +146,12 @@ func ReadTail(path string) (Tail, error) {
 // short, as a crash right after a rotation leaves it), the chain goes on
 // from the last record of its newest rotated file, named as Caddy's file
 // writer names them (NAME-<time>-<reason>EXT, maybe .gz or .zst).
+//
+// A current file that holds records but no checkpoint (one rotated since
+// the last checkpoint) takes the chain id of the newest rotated file.
 func ReadChainTail(path string) (Tail, error) {
 	t, err := ReadTail(path)
-	if err != nil || t.Seq != 0 {
+	if err != nil || (t.Seq != 0 && t.checkpoints) {
 		return t, err
 	}
 	prev, ok, err := newestRotated(path)
@@ -102,6 +161,10 @@ func ReadChainTail(path string) (Tail, error) {
 	bt, err := tailOfSource(FileSource(prev))
 	if err != nil {
 		return Tail{}, err
+	}
+	if t.Seq != 0 {
+		t.Chain, t.checkpoints = bt.Chain, bt.checkpoints
+		return t, nil
 	}
 	switch {
 	case bt.Partial != nil && t.Partial != nil:
@@ -182,5 +245,8 @@ func tailOfSource(s Source) (Tail, error) {
 			continue
 		}
 		t.Seq, t.Hash, lastErr = p.seq, HashLine(l.b), nil
+		if p.cp != nil {
+			t.Chain, t.checkpoints = p.cp.Chain, true
+		}
 	}
 }

@@ -84,6 +84,7 @@ const (
 	KindSignature = "signature"
 	KindTruncated = "truncated"
 	KindStart     = "start"
+	KindCut       = "cut"
 )
 
 // Failure is the first place where the chain does not hold.
@@ -109,6 +110,12 @@ type Options struct {
 	// rotation has deleted its oldest files. Without it, the first record
 	// must be the genesis checkpoint.
 	Partial bool
+	// Anchor, when set, returns the chain's latest checkpoint kept outside
+	// the log (nil when none is kept). Verify calls it once, with the
+	// chain id of the first checkpoint that names one, checks its
+	// signature, and fails when the log ends before it (KindCut) or holds
+	// another record at its seq. An error it returns ends Verify.
+	Anchor func(chain string) (*Anchor, error)
 }
 
 // Report is what Verify found in a chain that holds.
@@ -128,6 +135,18 @@ type Report struct {
 	// Recovered lists the remnants of cut-short writes that a checkpoint
 	// acknowledged.
 	Recovered []Location
+	// Chain is the chain id the checkpoints name ("" for a log written
+	// before checkpoints named one).
+	Chain string
+	// Anchor is the checkpoint kept outside the log that Options.Anchor
+	// gave, and AnchorAt the record of the log it is. AnchorBefore: it
+	// lies before the first record given (--partial), so it could not be
+	// compared. CheckpointsAfter counts the log's checkpoints after it
+	// (written after it was kept, or it lags).
+	Anchor           *Anchor
+	AnchorAt         Location
+	AnchorBefore     bool
+	CheckpointsAfter int
 }
 
 // Verify checks the chain across srcs, which it orders by the seq of their
@@ -174,6 +193,9 @@ func Verify(srcs []Source, opts Options) (*Report, error) {
 		}
 		if f := v.line(l); f != nil {
 			return nil, f
+		}
+		if v.err != nil {
+			return nil, v.err
 		}
 	}
 	if f := v.end(); f != nil {
@@ -313,6 +335,10 @@ type verifier struct {
 	mismatch *mismatch
 	// prevUnterminated: the line before ended its file without a newline.
 	prevUnterminated bool
+	// anchorSeen: the record of the kept checkpoint was read, and holds.
+	anchorSeen bool
+	// err is an error of Options.Anchor, or of what it gave.
+	err error
 }
 
 type undo struct {
@@ -471,6 +497,14 @@ func (v *verifier) record(l rawLine, p parsed, acked bool) *Failure {
 	v.rep.Records++
 	v.rep.Last = p.seq
 	if p.cp != nil {
+		if f := v.chainOf(l, p); f != nil {
+			return f
+		}
+	}
+	if f := v.matchAnchor(l, p); f != nil {
+		return f
+	}
+	if p.cp != nil {
 		v.rep.Checkpoints++
 		v.rep.LastCheckpoint, v.rep.LastCheckpointSeq, v.rep.LastCheckpointReason = l.loc, p.seq, p.cp.Reason
 		v.rep.Unsigned = 0
@@ -479,6 +513,77 @@ func (v *verifier) record(l rawLine, p parsed, acked bool) *Failure {
 		}
 	} else {
 		v.rep.Unsigned++
+	}
+	return nil
+}
+
+// chainOf checks the chain id a checkpoint names, and at the first one
+// looks up the checkpoint kept outside the log. A start checkpoint that
+// says its file was found cut is a failure of its own.
+func (v *verifier) chainOf(l rawLine, p parsed) *Failure {
+	if c := p.cp.Cut; c != nil {
+		f := &Failure{At: l.loc, Seq: p.seq, Kind: KindCut}
+		if c.Kept >= p.seq {
+			f.Msg = fmt.Sprintf("caddy found the log cut when it went on writing it here: it ended at seq %d, but the latest checkpoint kept outside the log was seq %d; expected seq %d to %d, which were removed before this run (this run numbers on from seq %d)", p.seq-1, c.Kept, p.seq, c.Kept, p.seq)
+		} else {
+			f.Msg = fmt.Sprintf("caddy found the log rewritten when it went on writing it here: its seq %d was not the checkpoint kept outside the log; expected that checkpoint as seq %d", c.Kept, c.Kept)
+		}
+		return f
+	}
+	id := p.cp.Chain
+	switch {
+	case id == "":
+		return nil // written before checkpoints named their chain
+	case v.rep.Chain != "" && id != v.rep.Chain:
+		return &Failure{At: l.loc, Seq: p.seq, Kind: KindChanged, Msg: fmt.Sprintf("this checkpoint names chain %s, and the checkpoints before it chain %s: the files given hold two logs put together", id, v.rep.Chain)}
+	case v.rep.Chain != "":
+		return nil
+	}
+	v.rep.Chain = id
+	if v.opts.Anchor == nil {
+		return nil
+	}
+	a, err := v.opts.Anchor(id)
+	if err != nil {
+		v.err = err
+		return nil
+	}
+	if a == nil {
+		return nil
+	}
+	if a.Chain != id {
+		v.err = fmt.Errorf("the checkpoint kept in %s is of chain %s, and this log's checkpoints name chain %s: it is another log's", a.From, a.Chain, id)
+		return nil
+	}
+	if err := a.verify(v.keys); err != nil {
+		v.err = err
+		return nil
+	}
+	v.rep.Anchor = a
+	switch {
+	case a.Seq < v.rep.First:
+		v.rep.AnchorBefore = true
+	case a.Seq < p.seq:
+		return &Failure{At: l.loc, Seq: p.seq, Kind: KindChanged, Msg: fmt.Sprintf("the checkpoint kept in %s is seq %d, before the first checkpoint of its chain in the log (this one): the log was rewritten", a.From, a.Seq)}
+	}
+	return nil
+}
+
+// matchAnchor compares the record of the kept checkpoint's seq with it,
+// and counts the checkpoints after it.
+func (v *verifier) matchAnchor(l rawLine, p parsed) *Failure {
+	a := v.rep.Anchor
+	switch {
+	case a == nil || v.rep.AnchorBefore:
+	case v.anchorSeen:
+		if p.cp != nil {
+			v.rep.CheckpointsAfter++
+		}
+	case p.seq == a.Seq:
+		if HashLine(l.b) != a.Hash {
+			return &Failure{At: l.loc, Seq: p.seq, Kind: KindChanged, Msg: fmt.Sprintf("the record is not the checkpoint of seq %d kept in %s: the log was rewritten from here, or before", a.Seq, a.From)}
+		}
+		v.anchorSeen, v.rep.AnchorAt = true, l.loc
 	}
 	return nil
 }
@@ -516,11 +621,24 @@ func (v *verifier) find(seq uint64, from rawLine) (Location, bool) {
 }
 
 func (v *verifier) end() *Failure {
-	if h := v.held; h != nil {
+	// A line that is no record fails as such; a cut mid-line, or after a
+	// whole line, before the kept checkpoint is a cut.
+	if h := v.held; h != nil && h.terminated {
 		return h.failure()
 	}
-	if m := v.mismatch; m != nil {
+	if m := v.mismatch; m != nil && v.held == nil {
 		return &Failure{At: m.loc, Seq: m.seq, Kind: KindChanged, Msg: fmt.Sprintf("the chain breaks here: its prev is not the hash of seq %d (%s); one of the two was changed", m.prevSeq, m.prevLoc)}
+	}
+	if a := v.rep.Anchor; a != nil && !v.rep.AnchorBefore && !v.anchorSeen {
+		f := &Failure{At: v.loc, Kind: KindCut, Msg: fmt.Sprintf("the log was cut: it ends at seq %d, but the latest checkpoint kept in %s is seq %d; expected seq %d next (seqs %d to %d at least were removed)", v.seq, a.From, a.Seq, v.seq+1, v.seq+1, a.Seq)}
+		if h := v.held; h != nil {
+			f.At = h.loc
+			f.Msg = fmt.Sprintf("the log was cut in the middle of a line (this one, %d bytes without a newline): it ends at seq %d, but the latest checkpoint kept in %s is seq %d; expected seq %d next (seqs %d to %d at least were removed)", h.remnant.Bytes, v.seq, a.From, a.Seq, v.seq+1, v.seq+1, a.Seq)
+		}
+		return f
+	}
+	if h := v.held; h != nil {
+		return h.failure()
 	}
 	return nil
 }

@@ -65,6 +65,7 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/zidane/upstreams/", Handler: a.keyed(a.handleUpstreamRestart)},
 		{Pattern: "/zidane/tools", Handler: a.keyed(a.handleTools)},
 		{Pattern: "/zidane/tools/", Handler: a.keyed(a.handleTools)},
+		{Pattern: "/zidane/audit/checkpoints/", Handler: a.keyed(a.handleAuditCheckpoint)},
 	}
 }
 

@@ -168,6 +168,9 @@ type App struct {
 	// guardSites are this config's guard handlers by resource (see
 	// claimGuardResource).
 	guardSites *guardSites
+	// auditCtx is this config's context, for the audit logger (see
+	// auditConfig).
+	auditCtx *caddy.Context
 }
 
 // CaddyModule returns the Caddy module information.
@@ -177,6 +180,8 @@ func (App) CaddyModule() caddy.ModuleInfo {
 
 // Provision opens (or shares) the token store of the configured storage.
 func (a *App) Provision(ctx caddy.Context) error {
+	a.auditCtx = &ctx
+	auditProvisioning.Store(a.auditCtx)
 	if a.TokenSync == 0 {
 		a.TokenSync = caddy.Duration(time.Second)
 	}
@@ -324,6 +329,7 @@ func (a *App) Start() error {
 	for st, maps := range a.sessionScopes {
 		st.scopeMaps.Store(&maps)
 	}
+	auditStarted.Store(a.auditCtx)
 	return nil
 }
 
@@ -335,6 +341,7 @@ func (a *App) Cleanup() error {
 	if a.releaseOwn != nil {
 		a.releaseOwn()
 	}
+	auditProvisioning.CompareAndSwap(a.auditCtx, nil)
 	a.cleanupOAuth()
 	if a.actionsKey != "" {
 		_, _ = actionsPool.Delete(a.actionsKey)

@@ -1,10 +1,16 @@
 package caddymodule
 
 import (
+	"context"
+	"log/slog"
 	"net/http"
+	"slices"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
@@ -16,9 +22,107 @@ import (
 // block with `include http.handlers.zidane_mcp.audit` routes it to a file.
 const auditLoggerName = "http.handlers.zidane_mcp.audit"
 
-// auditLogger is looked up on every use, not kept, so that lines follow the
-// logging config of the config that is running now, across reloads.
-func auditLogger() *zap.Logger { return caddy.Log().Named(auditLoggerName) }
+// auditLoggerOf is the audit logger of the configuration of ctx: the
+// handler module's logger, named audit, which Caddy's logging matches
+// against each log's include and exclude lists as it does any module's
+// (caddy.Logging.Logger). A handler writes the lines of its requests here.
+func auditLoggerOf(ctx caddy.Context) *zap.Logger {
+	return ctx.Logger(Handler{}).Named("audit")
+}
+
+// auditLogger is the audit logger for everything outside a handler's
+// request: the admin API, the CLI's changes through it, pooled stores and
+// clients, watchers and background goroutines. Each line it writes goes
+// through the audit logger of the configuration running at that moment
+// (see auditConfig), so holding it across reloads is right. caddy.Log(),
+// Caddy's default logger, is not: it never reaches a log block that
+// includes the audit logger by name, and the README's config excludes the
+// audit logger from the default log.
+//
+// To write an audit event: auditLogger().Info(msg, zap.String("event",
+// kind), …) (Warn for a refusal); in a handler's request, h.audit.
+func auditLogger() *zap.Logger { return runningAuditLogger }
+
+var runningAuditLogger = zap.New(auditCore{}).Named(auditLoggerName)
+
+// The configurations the audit logger can write through: Caddy's running
+// one first; with none running, the last the zidane app started (Caddy
+// stops a config after it takes it off as the running one, and Caddy's
+// log writers outlive their config), else the one it is provisioning (the
+// first config's events before it starts, such as an OAuth client's).
+var (
+	auditStarted      atomic.Pointer[caddy.Context]
+	auditProvisioning atomic.Pointer[caddy.Context]
+	auditTarget       atomic.Pointer[auditTargetCore] // the core of the last config written through
+)
+
+type auditTargetCore struct {
+	ctx  context.Context // the config's, which identifies it
+	core zapcore.Core
+}
+
+// auditConfig is the configuration whose audit logger takes a line now,
+// or the zero Context when there is none.
+func auditConfig() caddy.Context {
+	if ctx := caddy.ActiveContext(); ctx.Context != nil {
+		return ctx
+	}
+	if ctx := auditStarted.Load(); ctx != nil {
+		return *ctx
+	}
+	if ctx := auditProvisioning.Load(); ctx != nil {
+		return *ctx
+	}
+	return caddy.Context{}
+}
+
+// currentAuditCore is the core of auditConfig's audit logger, built once
+// per configuration.
+func currentAuditCore() zapcore.Core {
+	ctx := auditConfig()
+	if ctx.Context == nil {
+		return caddy.Log().Core() // no configuration was ever loaded
+	}
+	if t := auditTarget.Load(); t != nil && t.ctx == ctx.Context {
+		return t.core
+	}
+	t := &auditTargetCore{ctx: ctx.Context, core: auditLoggerOf(ctx).Core()}
+	auditTarget.Store(t)
+	return t.core
+}
+
+// auditCore is the core of auditLogger: it hands each entry to the core of
+// the audit logger of the configuration running when it is written.
+type auditCore struct{ fields []zapcore.Field }
+
+func (c auditCore) target() zapcore.Core {
+	core := currentAuditCore()
+	if len(c.fields) > 0 {
+		core = core.With(c.fields)
+	}
+	return core
+}
+
+func (c auditCore) Enabled(l zapcore.Level) bool { return currentAuditCore().Enabled(l) }
+
+func (c auditCore) With(fields []zapcore.Field) zapcore.Core {
+	return auditCore{fields: append(slices.Clip(c.fields), fields...)}
+}
+
+func (c auditCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	return c.target().Check(e, ce)
+}
+
+func (c auditCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
+	return c.target().Write(e, fields)
+}
+
+func (c auditCore) Sync() error { return currentAuditCore().Sync() }
+
+// auditSlog is auditLogger for a package that logs with log/slog.
+func auditSlog() *slog.Logger {
+	return slog.New(zapslog.NewHandler(auditLogger().Core(), zapslog.WithName(auditLoggerName)))
+}
 
 // auditTokenEvent records a token lifecycle change. It names the token and
 // its id, never the secret or its hash.

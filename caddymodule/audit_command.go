@@ -1,15 +1,20 @@
 package caddymodule
 
 import (
+	"context"
 	"crypto/ed25519"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/caddyserver/certmagic"
 	"github.com/spf13/cobra"
 
 	"github.com/Tahul/caddy-zidane-mcp/auditchain"
@@ -34,8 +39,8 @@ func auditCommand() *cobra.Command {
 
 func auditVerifyCommand() *cobra.Command {
 	c := &cobra.Command{
-		Use:   "verify --public-key FILE|BASE64 [--partial] FILE...",
-		Short: "Checks the hash chain and the signed checkpoints of an audit log, across its rotated files",
+		Use:   "verify --public-key FILE|BASE64 [--partial] [--anchor FILE | --no-anchor] FILE...",
+		Short: "Checks the hash chain and the signed checkpoints of an audit log, across its rotated files, against its latest checkpoint kept outside it",
 		Long: `
 Checks the audit log that the zidane_audit log writer wrote: every record's
 seq follows the one before it and its prev is the SHA-256 of that record,
@@ -43,15 +48,29 @@ across the files given (the current file and its rotated ones, compressed or
 not, in any order: they are put in order by their first seq), and every
 checkpoint's Ed25519 signature verifies with a key given.
 
-It exits 0 when the chain holds, and otherwise 1 with FILE:LINE and the seq
-of the first record that was removed, reordered or changed, or cut short.
+Records up to a checkpoint cannot be changed unnoticed, but a log cut right
+after any checkpoint (an earlier run's stop checkpoint included) holds
+together on its own. So caddy keeps each log's latest checkpoint outside it,
+in its storage (shared by every replica of a cluster), and verify compares
+the log with it: a log that ends before it fails as cut, naming the seq it
+expected next. With a server answering (--address, or the admin address of
+--config), verify reads it through the admin API; with none, from the
+storage of --config (Caddy's file storage by default); a storage in NATS is
+read through a running server. --anchor FILE compares with a checkpoint kept
+elsewhere instead (the writer's checkpoint_copy, or a line saved from the
+storage). --no-anchor verifies the files alone, which cannot tell a cut
+after a checkpoint.
+
+It exits 0 when the chain holds up to the kept checkpoint, and otherwise 1
+with FILE:LINE and the seq of the first record that was removed, reordered
+or changed, or where the log was cut.
 
 Records after the last checkpoint are chained but not signed: whoever can
 write the file can cut them off (or rewrite them, the chain recomputed)
-unnoticed. The output says how many there are, and whether the log ends
-with the checkpoint that caddy writes when it stops.`,
-		Example: `  caddy zidane audit verify --public-key audit-public.key /var/log/caddy/zidane-audit*.log*`,
-		Args:    cobra.MinimumNArgs(1),
+unnoticed. The output says how many there are.`,
+		Example: `  caddy zidane audit verify --public-key audit-public.key /var/log/caddy/zidane-audit*.log*
+  caddy zidane audit verify --public-key audit-public.key --anchor /mnt/audit-copy/zidane-audit.checkpoint /var/log/caddy/zidane-audit*.log*`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
 			values, err := fl.GetStringArray("public-key")
 			if err != nil {
@@ -59,6 +78,10 @@ with the checkpoint that caddy writes when it stops.`,
 			}
 			if len(values) == 0 {
 				return caddy.ExitCodeFailedStartup, errors.New("give --public-key: the key that verifies the checkpoints, as `caddy zidane audit public-key` prints it where the signing key is set")
+			}
+			noAnchor := fl.Bool("no-anchor")
+			if noAnchor && fl.String("anchor") != "" {
+				return caddy.ExitCodeFailedStartup, errors.New("give --anchor FILE or --no-anchor, not both")
 			}
 			var keys []ed25519.PublicKey
 			for _, v := range values {
@@ -72,7 +95,12 @@ with the checkpoint that caddy writes when it stops.`,
 			for _, p := range fl.Args() {
 				srcs = append(srcs, auditchain.FileSource(p))
 			}
-			rep, err := auditchain.Verify(srcs, auditchain.Options{Keys: keys, Partial: fl.Bool("partial")})
+			opts := auditchain.Options{Keys: keys, Partial: fl.Bool("partial")}
+			where := ""
+			if !noAnchor {
+				opts.Anchor = keptCheckpointLookup(fl, &where)
+			}
+			rep, err := auditchain.Verify(srcs, opts)
 			if err != nil {
 				var f *auditchain.Failure
 				if errors.As(err, &f) {
@@ -84,12 +112,110 @@ with the checkpoint that caddy writes when it stops.`,
 			if rep.Records == 0 {
 				return caddy.ExitCodeFailedStartup, errors.New("no audit record in the files given")
 			}
+			switch {
+			case noAnchor:
+			case rep.Chain == "":
+				return caddy.ExitCodeFailedStartup, errors.New("audit log verification incomplete: the log's checkpoints name no chain (caddy wrote them before it kept checkpoints outside the log), so there is no kept checkpoint to compare its end with; pass --no-anchor to verify the files alone")
+			case rep.Anchor == nil:
+				return caddy.ExitCodeFailedStartup, fmt.Errorf("audit log verification incomplete: no checkpoint of this log's chain (%s) is kept in %s, so a cut after its last checkpoint cannot be told: verify against the storage of the caddy that wrote it (--address, or --config), or a copy (--anchor FILE); pass --no-anchor to verify the files alone", rep.Chain, where)
+			}
 			return caddy.ExitCodeSuccess, nil
 		}),
 	}
 	c.Flags().StringArray("public-key", nil, "The public key: a file holding it, or the key itself in base64 (repeat for a key rotated on reload)")
 	c.Flags().Bool("partial", false, "Accept a chain that begins after seq 1 (its oldest files were rotated away)")
+	c.Flags().String("anchor", "", "Compare the log with the checkpoint in this file (a checkpoint_copy), instead of the one in Caddy's storage")
+	c.Flags().Bool("no-anchor", false, "Verify the files alone: a cut after a checkpoint then goes unnoticed")
+	adminFlags(c)
 	return c
+}
+
+// keptCheckpointLookup is verify's look-up of a chain's latest checkpoint
+// kept outside the log: --anchor's file, else the storage of the running
+// server (through its admin API), else the storage of --config, read
+// directly. It sets where to what it reads.
+func keptCheckpointLookup(fl caddycmd.Flags, where *string) func(chain string) (*auditchain.Anchor, error) {
+	return func(chain string) (*auditchain.Anchor, error) {
+		if p := fl.String("anchor"); p != "" {
+			*where = p
+			a, err := readCheckpointCopy(p)
+			if err != nil {
+				return nil, fmt.Errorf("--anchor: %w", err)
+			}
+			return a, nil
+		}
+		admin, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), nil, fl.String("config"), fl.String("adapter"))
+		if err == nil && adminAnswers(admin) {
+			*where = "the storage of the caddy whose admin API is " + admin
+			var ans keptCheckpointAnswer
+			if err := adminJSON(admin, http.MethodGet, "/zidane/audit/checkpoints/"+chain, nil, &ans); err != nil {
+				return nil, fmt.Errorf("reading the log's kept checkpoint through the admin API at %s: %w", admin, err)
+			}
+			if ans.Checkpoint == "" {
+				return nil, nil
+			}
+			return auditchain.ParseAnchor([]byte(ans.Checkpoint), ans.Key+" in "+*where)
+		}
+		st, desc, closeStorage, err := cliStorage(fl.String("config"), fl.String("adapter"))
+		if err != nil {
+			return nil, fmt.Errorf("no server answers at %s, and %w", admin, err)
+		}
+		defer closeStorage()
+		*where = desc
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return loadKeptCheckpoint(ctx, st, chain)
+	}
+}
+
+// errCheckpointsInNATS is why the CLI cannot read the kept checkpoints
+// with no server running.
+var errCheckpointsInNATS = errors.New("the audit log's checkpoints are kept in NATS (storage zidane_nats), which the CLI reaches through a running server only: run verify while one answers its admin API (--address), or give --anchor FILE")
+
+// cliStorage opens, to read, the storage that configFile names (Caddy's
+// file storage without one), as `caddy storage export` does; release
+// lets it go.
+func cliStorage(configFile, adapter string) (st certmagic.Storage, desc string, release func(), err error) {
+	var cfg struct {
+		StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
+		Apps       struct {
+			Zidane struct {
+				Cluster json.RawMessage `json:"cluster"`
+			} `json:"zidane"`
+		} `json:"apps"`
+	}
+	if configFile != "" {
+		raw, _, _, err := caddycmd.LoadConfig(configFile, adapter)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		if err := json.Unmarshal(raw, &cfg); err != nil {
+			return nil, "", nil, fmt.Errorf("reading %s: %w", configFile, err)
+		}
+	}
+	var module struct {
+		Module string `json:"module"`
+	}
+	_ = json.Unmarshal(cfg.StorageRaw, &module)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if module.Module == "zidane_nats" || len(cfg.Apps.Zidane.Cluster) > 0 || (configFile == "" && caddy.DefaultStorage.Exists(ctx, clusterMarkerKey)) {
+		return nil, "", nil, errCheckpointsInNATS
+	}
+	if len(cfg.StorageRaw) == 0 {
+		return caddy.DefaultStorage, "the file storage at " + caddy.DefaultStorage.Path, func() {}, nil
+	}
+	cctx, ccancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	val, err := cctx.LoadModule(&cfg, "StorageRaw")
+	if err != nil {
+		ccancel()
+		return nil, "", nil, fmt.Errorf("the storage of %s: %w", configFile, err)
+	}
+	if st, err = val.(caddy.StorageConverter).CertMagicStorage(); err != nil {
+		ccancel()
+		return nil, "", nil, fmt.Errorf("the storage of %s: %w", configFile, err)
+	}
+	return st, storageName(st) + " (the storage of " + configFile + ")", ccancel, nil
 }
 
 // readPublicKey reads a --public-key value: the key in base64, or a file.
@@ -135,14 +261,23 @@ func printAuditReport(w io.Writer, rep *auditchain.Report) {
 	if rep.First > 1 {
 		fmt.Fprintf(w, "note: the chain begins at seq %d: seqs 1 to %d are not in the files given, and their removal cannot be told from these files\n", rep.First, rep.First-1)
 	}
+	switch a := rep.Anchor; {
+	case a != nil && rep.AnchorBefore:
+		fmt.Fprintf(w, "WARNING: the latest checkpoint kept outside the log (%s) is seq %d, before the first record given (seq %d), so the log could not be compared with it: it lags, or was rolled back\n", a.From, a.Seq, rep.First)
+	case a != nil:
+		fmt.Fprintf(w, "The log holds the latest checkpoint kept outside it (%s), seq %d, at %s: no record up to it was removed.\n", a.From, a.Seq, rep.AnchorAt)
+		if rep.CheckpointsAfter > 0 {
+			fmt.Fprintf(w, "note: %d checkpoint(s) of the log follow it: caddy wrote them after verify read the kept one, or could not keep them (caddy's log says so)\n", rep.CheckpointsAfter)
+		}
+	default:
+		fmt.Fprintln(w, "WARNING: the log was not compared with a checkpoint kept outside it: a cut right after any checkpoint, an earlier run's stop checkpoint included, cannot be told from these files")
+	}
 	if rep.Unsigned > 0 {
 		fmt.Fprintf(w, "WARNING: the last %d record(s), seq %d to %d, follow the last checkpoint: they are chained but not signed, so cutting them off (or rewriting them with the chain recomputed) would go unnoticed\n",
 			rep.Unsigned, rep.Last-uint64(rep.Unsigned)+1, rep.Last)
 	}
-	if rep.LastCheckpointReason != auditchain.ReasonStop || rep.Unsigned > 0 {
-		fmt.Fprintf(w, "WARNING: the log does not end with a stop checkpoint: caddy is still writing it, or it stopped without one (a crash, a kill), or records after seq %d were removed\n", rep.LastCheckpointSeq)
-	} else {
-		fmt.Fprintln(w, "The log ends with the checkpoint caddy writes when it stops.")
+	if rep.LastCheckpointReason != auditchain.ReasonStop {
+		fmt.Fprintln(w, "note: the last checkpoint is no stop checkpoint: caddy is still writing the log, or stopped without one (a crash, a kill)")
 	}
 }
 

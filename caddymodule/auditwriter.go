@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,8 +46,11 @@ const (
 // AuditWriter is the log writer `zidane_audit`: a file, rotated as Caddy's
 // `file` writer rotates it, whose records are hash-chained (each carries a
 // seq and the SHA-256 of the record before it) with a checkpoint signed
-// with Ed25519 every CheckpointEvery and at every stop. `caddy zidane
-// audit verify` checks it. See package auditchain for the format.
+// with Ed25519 every CheckpointEvery and at every stop. Each checkpoint,
+// once synced, is also kept outside the log: in the running config's
+// storage under its chain id, and in CheckpointCopy (see auditKeeper).
+// `caddy zidane audit verify` checks the log and compares its end with the
+// kept checkpoint. See package auditchain for the format.
 //
 // One process writes one file: a configuration reloaded with the same file
 // goes on with the same chain, its new options (key, interval, rotation)
@@ -73,8 +77,16 @@ type AuditWriter struct {
 	// the config); by default the environment variable
 	// ZIDANE_AUDIT_SIGNING_KEY. The 32-byte seed in base64.
 	SigningKey string `json:"signing_key,omitempty"`
+	// CheckpointCopy is a file where the latest checkpoint is also kept,
+	// replaced at each checkpoint, beside Caddy's storage, which keeps it
+	// always: a place the log's writer's files are not, such as another
+	// volume or a mount of another host, which `caddy zidane audit verify
+	// --anchor` reads. It may not be in the log's directory. Placeholders
+	// of the environment are replaced.
+	CheckpointCopy string `json:"checkpoint_copy,omitempty"`
 
 	path       string
+	copyPath   string
 	signer     *auditchain.Signer
 	file       *auditFile
 	releaseOwn func() // this writer's hold on agentDeny
@@ -96,8 +108,14 @@ func (w *AuditWriter) Provision(caddy.Context) error {
 	}
 	// The log is the evidence: its directory, which holds its rotated
 	// files and lock, and the file its key may be read from, are no
-	// agent's.
-	w.releaseOwn = agentDeny.Hold(append(gatewayfiles.PlaceholderFiles(w), logDir(w.path, whyAuditLog)))
+	// agent's; nor is the directory of checkpoint_copy, where an agent
+	// could put back an older checkpoint (the copy is replaced by a
+	// rename in that directory).
+	own := append(gatewayfiles.PlaceholderFiles(w), logDir(w.path, whyAuditLog))
+	if w.copyPath != "" {
+		own = append(own, logDir(w.copyPath, whyCheckpointCopy))
+	}
+	w.releaseOwn = agentDeny.Hold(own)
 	attachAudit(w)
 	return nil
 }
@@ -115,6 +133,9 @@ func (w *AuditWriter) check() error {
 	}
 	if st, err := os.Stat(w.path); err == nil && !st.Mode().IsRegular() {
 		return fmt.Errorf("file %s is not a regular file: give the path of a file (it is created if missing)", w.path)
+	}
+	if err := w.checkCopy(); err != nil {
+		return err
 	}
 	switch {
 	case w.RollSizeMB < 0 || w.RollSizeMB > maxRollSizeMB:
@@ -149,6 +170,29 @@ func (w *AuditWriter) check() error {
 		return fmt.Errorf("signing_key: %s %w", where, err)
 	}
 	w.signer = signer
+	return nil
+}
+
+// checkCopy resolves checkpoint_copy, and refuses one where whoever can
+// write the log can write it too.
+func (w *AuditWriter) checkCopy() error {
+	w.copyPath = ""
+	if strings.TrimSpace(w.CheckpointCopy) == "" {
+		return nil
+	}
+	name, err := caddy.NewReplacer().ReplaceOrErr(w.CheckpointCopy, true, true)
+	if err != nil {
+		return fmt.Errorf("checkpoint_copy %q: %v", w.CheckpointCopy, err)
+	}
+	if w.copyPath, err = caddy.FastAbs(name); err != nil {
+		return fmt.Errorf("checkpoint_copy %q: %v", name, err)
+	}
+	if filepath.Dir(w.copyPath) == filepath.Dir(w.path) {
+		return fmt.Errorf("checkpoint_copy %s is in the audit log's directory, where whoever can cut the log can change it too: put it in another directory, ideally on another volume", w.copyPath)
+	}
+	if st, err := os.Stat(w.copyPath); err == nil && !st.Mode().IsRegular() {
+		return fmt.Errorf("checkpoint_copy %s is not a regular file: give the path of a file (it is created if missing)", w.copyPath)
+	}
 	return nil
 }
 
@@ -231,6 +275,7 @@ var (
 // the newest instance's options are in force.
 type auditFile struct {
 	chain     *auditchain.Chain
+	keeper    *auditKeeper // keeps each checkpoint outside the log
 	instances []*AuditWriter
 	unlock    func() // releases the file's lock; set under the chain's lock
 	reset     chan time.Duration
@@ -293,6 +338,8 @@ func attachAuditLocked(w *AuditWriter) error {
 			return auditchain.ReadChainTail(path)
 		}
 		f.chain = auditchain.New(w.openFile, tail, w.signer)
+		f.keeper = newAuditKeeper(path)
+		f.chain.SetKeeper(f.keeper)
 		auditFiles[path] = f
 		go f.tick(w.every())
 	} else {
@@ -300,6 +347,7 @@ func attachAuditLocked(w *AuditWriter) error {
 	}
 	w.file = f
 	f.instances = append(f.instances, w)
+	f.keeper.copyPath.Store(&w.copyPath)
 	return err
 }
 
@@ -334,13 +382,16 @@ func detachAuditLocked(w *AuditWriter) (err, takeOverErr error) {
 		close(f.stop)
 		<-f.done
 		err := f.chain.Close()
+		f.keeper.close() // the stop checkpoint is kept before the file's lock goes
 		if f.unlock != nil {
 			f.unlock()
 		}
 		return err, nil
 	}
 	if newest {
-		return nil, f.takeOver(w, f.instances[len(f.instances)-1])
+		next := f.instances[len(f.instances)-1]
+		f.keeper.copyPath.Store(&next.copyPath)
+		return nil, f.takeOver(w, next)
 	}
 	return nil, nil
 }
@@ -399,6 +450,7 @@ func (f *auditFile) tick(every time.Duration) {
 //		roll_keep        <n>
 //		roll_keep_for    <duration>
 //		roll_compression none|gzip|zstd
+//		checkpoint_copy  <path>
 //	}
 func (w *AuditWriter) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the module name
@@ -444,6 +496,12 @@ func (w *AuditWriter) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Err(literalError("signing_key", "{env.VAR} (or leave it out and set "+AuditSigningKeyEnv+")").Error())
 			}
 			w.SigningKey = v
+		case "checkpoint_copy":
+			v, err := one()
+			if err != nil {
+				return err
+			}
+			w.CheckpointCopy = v
 		case "roll_disabled":
 			if d.NextArg() {
 				return d.Err("roll_disabled takes no value")
@@ -495,7 +553,7 @@ func (w *AuditWriter) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			w.RollCompression = v
 		default:
-			return d.Errf("zidane_audit: unknown option %q; the options are file, checkpoint_every, signing_key, roll_disabled, roll_size, roll_keep, roll_keep_for, roll_compression", opt)
+			return d.Errf("zidane_audit: unknown option %q; the options are file, checkpoint_every, signing_key, checkpoint_copy, roll_disabled, roll_size, roll_keep, roll_keep_for, roll_compression", opt)
 		}
 	}
 	if w.Filename == "" {

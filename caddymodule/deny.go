@@ -53,20 +53,21 @@ func deniedFiles() []gatewayfiles.File {
 
 // Why texts of the files this package names.
 const (
-	whyDataDir      = "Caddy's data directory (its storage: tokens, keys, certificates)"
-	whyConfigDir    = "Caddy's configuration directory (autosave.json)"
-	whyStorage      = "Caddy's storage"
-	whyNATS         = "a file that logs into NATS (the cluster block's creds, tls_cert or tls_key)"
-	whyCredentials  = "systemd's credentials directory ($CREDENTIALS_DIRECTORY)"
-	whyUpstreams    = "an upstreams_file"
-	whyOAuthKey     = "an upstream's oauth private_key_file"
-	whyIDToken      = "an upstream's oauth id_token_file"
-	whyJWTKey       = "the JWT public_key_file"
-	whyAuditLog     = "the zidane_audit log's directory (the audit log, its rotated files and lock)"
-	whyConfigFile   = "the --config file caddy was started with"
-	whyImported     = "a file the --config Caddyfile imports"
-	whyEnvFile      = "an --envfile caddy was started with"
-	whyAutosaveFile = "the config Caddy runs (autosave.json)"
+	whyDataDir        = "Caddy's data directory (its storage: tokens, keys, certificates)"
+	whyConfigDir      = "Caddy's configuration directory (autosave.json)"
+	whyStorage        = "Caddy's storage"
+	whyNATS           = "a file that logs into NATS (the cluster block's creds, tls_cert or tls_key)"
+	whyCredentials    = "systemd's credentials directory ($CREDENTIALS_DIRECTORY)"
+	whyUpstreams      = "an upstreams_file"
+	whyOAuthKey       = "an upstream's oauth private_key_file"
+	whyIDToken        = "an upstream's oauth id_token_file"
+	whyJWTKey         = "the JWT public_key_file"
+	whyAuditLog       = "the zidane_audit log's directory (the audit log, its rotated files and lock)"
+	whyCheckpointCopy = "the directory of the zidane_audit checkpoint_copy (the log's latest checkpoint, kept apart)"
+	whyConfigFile     = "the --config file caddy was started with"
+	whyImported       = "a file the --config Caddyfile imports"
+	whyEnvFile        = "an --envfile caddy was started with"
+	whyAutosaveFile   = "the config Caddy runs (autosave.json)"
 )
 
 // runFlags are the flags of `caddy run` that name files of the config.

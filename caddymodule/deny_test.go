@@ -131,12 +131,14 @@ func TestSandboxPathsThatReachTheGatewaysFilesAreRefused(t *testing.T) {
 	}
 	pub, _ := pemFiles(t)
 	auditDir := filepath.Join(t.TempDir(), "audit")
+	copyDir := filepath.Join(t.TempDir(), "anchor")
 	project := t.TempDir()
 	config := func(sandbox string) (global, sites string) {
 		global = `	log audit {
 		output zidane_audit {
 			file ` + auditDir + `/audit.log
 			signing_key {file.audit.key}
+			checkpoint_copy ` + copyDir + `/audit.checkpoint
 		}
 	}
 	zidane {
@@ -176,6 +178,7 @@ func TestSandboxPathsThatReachTheGatewaysFilesAreRefused(t *testing.T) {
 		{"read the audit key's directory", "read " + dir, []string{"sandbox read " + dir + " holds "}},
 		{"write inside the audit log's directory", "write " + filepath.Join(auditDir, "sub"), []string{"is inside " + auditDir, whyAuditLog}},
 		{"read what holds the JWT key", "read " + filepath.Dir(pub), []string{"holds " + pub, whyJWTKey}},
+		{"write the checkpoint copy's directory", "write " + copyDir, []string{"sandbox write " + copyDir + " is " + whyCheckpointCopy}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := check(t, c.sandbox)
@@ -191,7 +194,7 @@ func TestSandboxPathsThatReachTheGatewaysFilesAreRefused(t *testing.T) {
 	}
 	// Every config above was cleaned up: nothing it named is held.
 	for _, f := range deniedFiles() {
-		for _, p := range []string{dir, auditDir, pub} {
+		for _, p := range []string{dir, auditDir, copyDir, pub} {
 			if pathtree.Within(f.Path, p) {
 				t.Errorf("%s (%s) is still denied after its config was cleaned up", f.Path, f.Why)
 			}

@@ -214,7 +214,7 @@ var (
 // Provision builds the policy objects and looks up the shared state.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	h.audit = h.logger.Named("audit")
+	h.audit = auditLoggerOf(ctx)
 	// The files this handler reads secrets from (a guard's upstream_header
 	// {file.…}, the JWT public key) are no agent's, read or write: one
 	// who rewrites the JWT key signs its own tokens.

@@ -131,7 +131,7 @@ func (a *App) provisionOAuth(ctx caddy.Context) error {
 			return fmt.Errorf("upstream %q: %w", name, err)
 		}
 		poolKey := oauthPoolKey(a.tokensKey, name, endpoint.String(), cfg, key)
-		audit := ctx.Logger().Named("audit")
+		audit := auditLogger()
 		val, _, err := oauthPool.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
 			nctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()

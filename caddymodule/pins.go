@@ -3,13 +3,11 @@ package caddymodule
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
-	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
@@ -52,7 +50,7 @@ func (p *pinsState) Destruct() error {
 func loadPins(st storage.Storage) (*pinsState, string, error) {
 	key := "pins|" + storageKey(st)
 	v, _, err := pinsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
-		log := slog.New(zapslog.NewHandler(auditLogger().Core())).With("logger", "pins")
+		log := auditSlog().With("store", "pins")
 		ctx, cancel := context.WithCancel(context.Background())
 		p := &pinsState{store: pins.NewStore(st, log, auditPinEvent), cancel: cancel, done: make(chan struct{}), watched: map[string]context.CancelFunc{}}
 		p.cs, _ = st.(*cluster.Storage)

@@ -730,6 +730,10 @@ func auditWriterCases(fx configFixtures) []badConfig {
 		c("zidane_audit roll_keep_for", labelEmpty, w("roll_keep_for"), "roll_keep_for takes one value"),
 		c("zidane_audit roll_compression", "unknown", w("roll_compression brotli"), "give none, gzip or zstd"),
 		c("zidane_audit roll_compression", labelEmpty, w("roll_compression"), "roll_compression takes one value"),
+		c("zidane_audit checkpoint_copy", labelEmpty, w("checkpoint_copy"), "checkpoint_copy takes one value"),
+		c("zidane_audit checkpoint_copy", "beside the log", w("checkpoint_copy "+filepath.Join(fx.dir, "audit.checkpoint")), "in the audit log's directory", "another directory"),
+		c("zidane_audit checkpoint_copy", labelDir, w("checkpoint_copy "+fx.dir), "is not a regular file"),
+		c("zidane_audit checkpoint_copy", labelDevZero, w("checkpoint_copy /dev/zero"), "is not a regular file"),
 	}
 	for _, v := range []struct{ label, value string }{
 		{labelNegative, "-1s"}, {labelZero, "0s"}, {labelNotNumber, "soon"}, {labelHuge, "9999999999999h"}, {"under 1s", "500ms"}, {"over 24h", "25h"},
