@@ -110,10 +110,21 @@ func retry0(ctx context.Context, fn func(context.Context) error) error {
 // the first attempt is bounded by setupFirstAttempt, each next one by
 // twice the last's bound, up to attemptTimeout, for a link slower than
 // that. setupFor bounds the whole when the caller's ctx allows longer.
+//
+// A cluster that has just elected its meta leader may not know its other
+// servers yet, and refuses a replicated stream with "no suitable peers for
+// placement" (1 of 10 starts with a fresh three-server cluster): that is
+// tried again for setupPeersFor, after which it is the answer, since a
+// cluster with fewer servers than the replicas asked for gives it too.
 const (
 	setupFirstAttempt = 250 * time.Millisecond
 	setupFor          = time.Minute
+	setupPeersFor     = 10 * time.Second
 )
+
+// jsErrNoPeers is JetStream's "no suitable peers for placement"
+// (nats-server's JSClusterNoPeersErrF), which nats.go names no constant.
+const jsErrNoPeers jetstream.ErrorCode = 10005
 
 // setUp runs fn, which creates, updates or looks up a bucket or stream
 // (nats.go's CreateOrUpdate*: an update, else a create), until it
@@ -127,8 +138,22 @@ const (
 // behind a retry.
 func setUp[T any](ctx context.Context, fn func(context.Context) (T, error)) (T, error) {
 	start := time.Now()
-	v, tried, err := retryWhile(ctx, setupFirstAttempt, attemptTimeout, setupFor, setupAgain, fn)
-	if err != nil && !errors.Is(err, ErrUnavailable) && transient(err) && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	var noPeersSince time.Time
+	again := func(err error) bool {
+		if !noPeers(err) {
+			return transient(err) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse)
+		}
+		if noPeersSince.IsZero() {
+			noPeersSince = time.Now()
+		}
+		return time.Since(noPeersSince) < setupPeersFor
+	}
+	v, tried, err := retryWhile(ctx, setupFirstAttempt, attemptTimeout, setupFor, again, fn)
+	switch {
+	case err == nil:
+	case noPeers(err):
+		err = fmt.Errorf("%w: the NATS cluster has fewer JetStream servers than `replicas` asks for, or they have not all joined it", err)
+	case !errors.Is(err, ErrUnavailable) && transient(err) && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		// The caller's time ran out while NATS did not answer: say so,
 		// not twice "context deadline exceeded".
 		err = fmt.Errorf("%w (no answer in %v, over %d attempts)", ErrUnavailable, time.Since(start).Round(time.Second), tried)
@@ -136,6 +161,7 @@ func setUp[T any](ctx context.Context, fn func(context.Context) (T, error)) (T, 
 	return v, err
 }
 
-func setupAgain(err error) bool {
-	return transient(err) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse)
+func noPeers(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrNoPeers
 }

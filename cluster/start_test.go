@@ -78,29 +78,55 @@ func TestReplicasStartTogether(t *testing.T) {
 	}
 }
 
-// The set-up tries again on what a peer's concurrent create or a
-// leaderless cluster gives, and on nothing else: a bucket that no update
-// can make into the one asked for fails at once, with the server's reason,
-// not after retries as "NATS did not answer".
-func TestStartRefusesAConflictingBucket(t *testing.T) {
-	ctx := testCtx(t)
-	url := startNATS(t)
-	js, err := jetstream.New(connect(t, url))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A locks bucket kept in memory: JetStream cannot change a stream's
-	// storage type.
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "zidane_locks", Storage: jetstream.MemoryStorage}); err != nil {
-		t.Fatal(err)
-	}
-	nc := connect(t, url)
-	js2, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = NewStorage(ctx, js2, nc.MaxPayload(), StorageOptions{Key: testKey})
-	if err == nil || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "zidane_locks") || !strings.Contains(err.Error(), "storage type") {
-		t.Fatalf("a locks bucket in memory storage: %v; want the server's refusal to change its storage type, naming the bucket", err)
+// The set-up tries again on what a peer's concurrent create or a young
+// cluster gives, and on nothing else: a bucket that no update can make
+// into the one asked for, or more replicas than the NATS servers can
+// hold, fails with the server's reason and what to check, not as "NATS
+// did not answer".
+func TestStartRefusesWhatNoRetryMends(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		servers func(t testing.TB) string
+		opts    StorageOptions
+		want    []string
+	}{
+		{"a locks bucket in memory storage", func(t testing.TB) string {
+			url := startNATS(t)
+			js, err := jetstream.New(connect(t, url))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// JetStream cannot change a stream's storage type.
+			if _, err := js.CreateKeyValue(testCtx(t), jetstream.KeyValueConfig{Bucket: "zidane_locks", Storage: jetstream.MemoryStorage}); err != nil {
+				t.Fatal(err)
+			}
+			return url
+		}, StorageOptions{}, []string{`KV bucket "zidane_locks"`, "storage type"}},
+		{"replicas 3 on a lone server", startNATS, StorageOptions{Replicas: 3},
+			[]string{`KV bucket "zidane"`, "replicas > 1 not supported"}},
+		{"replicas 3 on a cluster of two", func(t testing.TB) string {
+			return natstest.Cluster(t, 2)[0].ClientURL()
+		}, StorageOptions{Replicas: 3}, []string{`KV bucket "zidane"`, "no suitable peers", "fewer JetStream servers than `replicas`"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			nc := connect(t, tt.servers(t))
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := tt.opts
+			opts.Key = testKey
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, err = NewStorage(ctx, js, nc.MaxPayload(), opts)
+			if err == nil || errors.Is(err, ErrUnavailable) {
+				t.Fatalf("NewStorage: %v; want the server's refusal", err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("NewStorage: %v; want it to say %q", err, w)
+				}
+			}
+		})
 	}
 }
