@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -171,8 +172,10 @@ type RateLimit struct {
 	// PerToken limits each authenticated principal.
 	PerToken *policy.Limit `json:"per_token,omitempty"`
 	// PerIP limits requests from one client IP that carry no credential or
-	// a failed one, which slows brute force. The client IP follows the
-	// server's trusted_proxies setting; IPv6 clients are counted per
+	// a failed one, which slows brute force: once its bucket is empty, they
+	// get 429 instead of 401. It is consulted after the credential, and a
+	// valid one is never refused for its address. The client IP follows
+	// the server's trusted_proxies setting; IPv6 clients are counted per
 	// prefix (see IPv6Prefix), IPv4-mapped IPv6 ones as IPv4.
 	PerIP *policy.Limit `json:"per_ip,omitempty"`
 	// IPv6Prefix is the prefix length, in bits from 1 to 128, by which
@@ -292,7 +295,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.tokenLimit, h.ipLimit = lv.(*limiters).token, lv.(*limiters).ip
-	h.authn = policy.Authenticator{Tokens: h.tokens}
+	h.authn = policy.Authenticator{Tokens: h.tokens, Suspects: suspectQueue}
 	if h.JWT != nil {
 		v, err := h.JWT.build(ctx, h.resURL)
 		if err != nil {
@@ -652,19 +655,22 @@ func (h *Handler) routeFor(path string) (edge.Route, edge.Verdict) {
 		"no upstream is offered to sessions at this path; see session_upstreams in the zidane global option")
 }
 
-// authenticate is step 2. Requests without a valid credential are charged
-// to their address (an IPv6 client's prefix), so that guessing slows down.
+// authenticate is step 2. A request without a valid credential is charged
+// to its address (an IPv6 client's prefix), and once the address's bucket
+// is empty it is refused 429 rather than 401, so that guessing slows down.
+// The bucket is consulted after the credential, never for a valid one: an
+// address is shared (an agent that guesses and the orchestrator on its
+// host; in a cluster, the usage reaches every replica), and one client's
+// guesses must not lock the others out. While the bucket is empty, a JWT's
+// signature check waits its turn in suspectQueue, which bounds the CPU
+// that such addresses can have spent on checking signatures.
 func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) (policy.Principal, edge.Verdict) {
 	ip := policy.AddressKey(clientIP, h.ipv6Prefix)
-	if h.ipLimit.Empty(ip, now) {
-		_, retry := h.ipLimit.Allow(ip, now)
-		metricRateLimited.WithLabelValues("ip").Inc()
-		v := edge.Refuse(http.StatusTooManyRequests, "rate_limited_ip",
-			"too many requests without a valid token from this address; wait and retry with a valid token")
-		v.RetryAfter = retry
-		return policy.Principal{}, v
+	authenticate := h.authn.Authenticate
+	if h.authn.JWT != nil && h.ipLimit.Empty(ip, now) {
+		authenticate = h.authn.AuthenticateSuspect
 	}
-	p, err := h.authn.Authenticate(r.Context(), r.Header.Get("Authorization"), now)
+	p, err := authenticate(r.Context(), r.Header.Get("Authorization"), now)
 	switch {
 	case err == nil:
 		return p, edge.Verdict{}
@@ -676,13 +682,26 @@ func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) 
 			"the identity provider's signing keys are unavailable right now; retry later")
 		v.RetryAfter = 30 * time.Second
 		return policy.Principal{}, v
-	case errors.Is(err, policy.ErrNoCredential):
-		h.ipLimit.Allow(ip, now)
+	}
+	if ok, retry := h.ipLimit.Allow(ip, now); !ok {
+		metricRateLimited.WithLabelValues("ip").Inc()
+		v := edge.Refuse(http.StatusTooManyRequests, "rate_limited_ip",
+			"too many requests without a valid token from this address; wait and retry with a valid token")
+		v.RetryAfter = retry
+		return policy.Principal{}, v
+	}
+	if errors.Is(err, policy.ErrNoCredential) {
 		return policy.Principal{}, edge.Refuse(http.StatusUnauthorized, "no_token", errMessage(err, policy.ErrNoCredential))
 	}
-	h.ipLimit.Allow(ip, now)
 	return policy.Principal{}, edge.Refuse(http.StatusUnauthorized, "invalid_token", errMessage(err, policy.ErrTokenInvalid))
 }
+
+// suspectQueue is where the JWT signature checks of requests from an
+// address whose bucket of failed attempts is empty wait their turn (see
+// policy.Authenticator.AuthenticateSuspect): one process-wide queue, so that however
+// many addresses guess at once, they keep at most a quarter of the CPUs
+// (at least one) busy verifying signatures.
+var suspectQueue = policy.NewSuspectQueue(runtime.GOMAXPROCS(0) / 4)
 
 // errMessage is err's message without the sentinel's prefix.
 func errMessage(err, sentinel error) string {

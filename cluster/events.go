@@ -44,7 +44,7 @@ func (s *Storage) OpenEventStream(ctx context.Context, name string, keep int64, 
 	if err != nil {
 		return nil, err
 	}
-	st, _, err := retry(ctx, func(ctx context.Context) (jetstream.Stream, error) {
+	st, err := setUp(ctx, func(ctx context.Context) (jetstream.Stream, error) {
 		return s.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 			Name: stream, Subjects: []string{subject}, Replicas: s.opts.Replicas,
 			MaxMsgs: keep, Discard: jetstream.DiscardOld, Storage: jetstream.FileStorage,

@@ -141,7 +141,7 @@ func (s *Storage) StartNodes(ctx context.Context, opts NodeOptions) (*Nodes, err
 		return nil, err
 	}
 	bucket := s.opts.Bucket + "_nodes"
-	kv, _, err := retry(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
+	kv, err := setUp(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
 		return s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket: bucket, History: 1, Replicas: s.opts.Replicas, TTL: opts.TTL,
 			Description: "caddy-zidane-mcp node registry: each node's address, expiring one TTL after its last heartbeat",

@@ -58,14 +58,23 @@ func retry[T any](ctx context.Context, fn func(context.Context) (T, error)) (v T
 
 // retryEach is retry with each attempt bounded by attempt.
 func retryEach[T any](ctx context.Context, attempt time.Duration, fn func(context.Context) (T, error)) (v T, tried int, err error) {
-	deadline := time.Now().Add(max(retryFor, attempt))
+	return retryWhile(ctx, attempt, attempt, max(retryFor, attempt), transient, fn)
+}
+
+// retryWhile runs fn again while again says so of its error, until ctx
+// ends or bound has passed. The first attempt is bounded by first, and
+// each next one by twice the last's bound, at most attempt.
+func retryWhile[T any](ctx context.Context, first, attempt, bound time.Duration, again func(error) bool, fn func(context.Context) (T, error)) (v T, tried int, err error) {
+	deadline := time.Now().Add(bound)
 	wait := 50 * time.Millisecond
+	each := min(first, attempt)
 	for {
-		actx, cancel := context.WithTimeout(ctx, attempt)
+		actx, cancel := context.WithTimeout(ctx, each)
 		v, err = fn(actx)
 		cancel()
 		tried++
-		if err == nil || !transient(err) || ctx.Err() != nil || time.Now().After(deadline) {
+		each = min(2*each, attempt)
+		if err == nil || !again(err) || ctx.Err() != nil || time.Now().After(deadline) {
 			switch {
 			case err != nil && ctx.Err() != nil:
 				err = errors.Join(err, ctx.Err())
@@ -87,4 +96,72 @@ func retryEach[T any](ctx context.Context, attempt time.Duration, fn func(contex
 func retry0(ctx context.Context, fn func(context.Context) error) error {
 	_, _, err := retry(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, fn(ctx) })
 	return err
+}
+
+// Set-up of a bucket or stream (setUp). A JetStream API request that a
+// NATS server drops is never answered later, and replicas started
+// together meet two cases of it: a NATS cluster that has just started
+// drops requests until it has a meta leader, and a request about a stream
+// that another replica is creating at that instant (nats.go's
+// CreateOrUpdate* sends an update first) may go unanswered. With
+// nats-server 2.15.2 on three servers, 2 of 12 concurrent creates through
+// CreateOrUpdateStream waited out 8 s, where each of the others took 10
+// to 170 ms. So an unanswered request is sent again soon, not waited on:
+// the first attempt is bounded by setupFirstAttempt, each next one by
+// twice the last's bound, up to attemptTimeout, for a link slower than
+// that. setupFor bounds the whole when the caller's ctx allows longer.
+//
+// A cluster that has just elected its meta leader may not know its other
+// servers yet, and refuses a replicated stream with "no suitable peers for
+// placement" (1 of 10 starts with a fresh three-server cluster): that is
+// tried again for setupPeersFor, after which it is the answer, since a
+// cluster with fewer servers than the replicas asked for gives it too.
+const (
+	setupFirstAttempt = 250 * time.Millisecond
+	setupFor          = time.Minute
+	setupPeersFor     = 10 * time.Second
+)
+
+// jsErrNoPeers is JetStream's "no suitable peers for placement"
+// (nats-server's JSClusterNoPeersErrF), which nats.go names no constant.
+const jsErrNoPeers jetstream.ErrorCode = 10005
+
+// setUp runs fn, which creates, updates or looks up a bucket or stream
+// (nats.go's CreateOrUpdate*: an update, else a create), until it
+// succeeds, fails for good, or ctx ends (setupFor at most). Besides what
+// JetStream gives while it has no leader, it tries again on "stream name
+// already in use": a replica that creates a bucket at the same instant as
+// another, with a config that differs (the locks bucket's TTL), gets it,
+// and its next attempt updates the bucket the other made. A config that
+// no update can reconcile (another storage type, a stream that is not a
+// bucket) fails on that update, with the server's error: never hidden
+// behind a retry.
+func setUp[T any](ctx context.Context, fn func(context.Context) (T, error)) (T, error) {
+	start := time.Now()
+	var noPeersSince time.Time
+	again := func(err error) bool {
+		if !noPeers(err) {
+			return transient(err) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse)
+		}
+		if noPeersSince.IsZero() {
+			noPeersSince = time.Now()
+		}
+		return time.Since(noPeersSince) < setupPeersFor
+	}
+	v, tried, err := retryWhile(ctx, setupFirstAttempt, attemptTimeout, setupFor, again, fn)
+	switch {
+	case err == nil:
+	case noPeers(err):
+		err = fmt.Errorf("%w: the NATS cluster has fewer JetStream servers than `replicas` asks for, or they have not all joined it", err)
+	case !errors.Is(err, ErrUnavailable) && transient(err) && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// The caller's time ran out while NATS did not answer: say so,
+		// not twice "context deadline exceeded".
+		err = fmt.Errorf("%w (no answer in %v, over %d attempts)", ErrUnavailable, time.Since(start).Round(time.Second), tried)
+	}
+	return v, err
+}
+
+func noPeers(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrNoPeers
 }

@@ -150,35 +150,22 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 	if opts.LockTTL < time.Second {
 		return nil, fmt.Errorf("cluster storage: lock TTL %v is under 1s; JetStream expires entries about once a second", opts.LockTTL)
 	}
-	kvBucket := func(cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-		kv, _, err := retry(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateOrUpdateKeyValue(ctx, cfg) })
-		return kv, err
-	}
-	data, err := kvBucket(jetstream.KeyValueConfig{
-		Bucket: opts.Bucket, History: 1, Replicas: opts.Replicas,
-		Description: "caddy-zidane-mcp storage: values",
+	data, err := setUp(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
+		return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket: opts.Bucket, History: 1, Replicas: opts.Replicas,
+			Description: "caddy-zidane-mcp storage: values",
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cluster storage: KV bucket %q: %w", opts.Bucket, err)
 	}
-	// The locks bucket's TTL is the longest any replica asked for: one with
-	// a shorter lock_ttl renews more often than it must, while lowering the
-	// TTL under a replica that renews every third of a longer one would
-	// make its locks lapse while it holds them.
-	bucketTTL := opts.LockTTL
-	if kv, err := js.KeyValue(ctx, opts.Bucket+"_locks"); err == nil {
-		if st, err := kv.Status(ctx); err == nil && st.TTL() > bucketTTL {
-			bucketTTL = st.TTL()
-		}
-	}
-	locks, err := kvBucket(jetstream.KeyValueConfig{
-		Bucket: opts.Bucket + "_locks", History: 1, Replicas: opts.Replicas, TTL: bucketTTL,
-		Description: "caddy-zidane-mcp storage: locks, each expiring one TTL after its last renewal",
+	locks, err := setUp(ctx, func(ctx context.Context) (jetstream.KeyValue, error) {
+		return openLocks(ctx, js, opts)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cluster storage: KV bucket %q: %w", opts.Bucket+"_locks", err)
 	}
-	blobs, _, err := retry(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) {
+	blobs, err := setUp(ctx, func(ctx context.Context) (jetstream.ObjectStore, error) {
 		return js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
 			Bucket: opts.Bucket + "_blobs", Replicas: opts.Replicas,
 			Description: "caddy-zidane-mcp storage: values over the inline limit",
@@ -201,6 +188,31 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 		holder: opts.Owner + "#" + randomHex(8),
 		held:   map[string]*heldLock{},
 	}, nil
+}
+
+// openLocks creates or updates the locks bucket. Its TTL is the longest
+// any replica asked for: one with a shorter lock_ttl renews more often
+// than it must, while lowering the TTL under a replica that renews every
+// third of a longer one would make its locks lapse while it holds them.
+// The TTL there is read on each attempt: a replica that started at the
+// same instant may have just created the bucket.
+func openLocks(ctx context.Context, js jetstream.JetStream, opts StorageOptions) (jetstream.KeyValue, error) {
+	ttl := opts.LockTTL
+	kv, err := js.KeyValue(ctx, opts.Bucket+"_locks")
+	switch {
+	case err == nil:
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return nil, err
+		}
+		ttl = max(ttl, st.TTL())
+	case !errors.Is(err, jetstream.ErrBucketNotFound):
+		return nil, err
+	}
+	return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: opts.Bucket + "_locks", History: 1, Replicas: opts.Replicas, TTL: ttl,
+		Description: "caddy-zidane-mcp storage: locks, each expiring one TTL after its last renewal",
+	})
 }
 
 // DeriveKey returns the key for purpose derived from the cluster key this

@@ -337,6 +337,16 @@ type Caddy struct {
 // the system trust store alone.
 func startCaddy(t testing.TB, caddyfile string, env ...string) *Caddy {
 	t.Helper()
+	c := newCaddy(t, caddyfile, env...)
+	c.start(t)
+	return c
+}
+
+// newCaddy is startCaddy without the start: the directories, the
+// Caddyfile and the cleanup, for a caller that starts several at once
+// (see launch).
+func newCaddy(t testing.TB, caddyfile string, env ...string) *Caddy {
+	t.Helper()
 	dir := t.TempDir()
 	c := &Caddy{
 		Bin:       caddyBin,
@@ -373,7 +383,6 @@ func startCaddy(t testing.TB, caddyfile string, env ...string) *Caddy {
 		}
 		os.RemoveAll(tmp)
 	})
-	c.start(t)
 	return c
 }
 
@@ -407,11 +416,21 @@ func (c *Caddy) writeCaddyfile(t testing.TB, caddyfile string) {
 // start runs caddy on c.Caddyfile and waits until it serves the config.
 func (c *Caddy) start(t testing.TB) {
 	t.Helper()
+	if err := c.launch(t)(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// launch runs caddy on c.Caddyfile and returns at once, with served,
+// which waits until caddy serves the config (at most startTimeout) and
+// says why not. served may run on any goroutine, so several caddies
+// launched one after the other start together.
+func (c *Caddy) launch(t testing.TB) (served func() error) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
 	token := randomHex(16)
 	pinged := make(chan error, 1)
 	go func() {
@@ -438,25 +457,29 @@ func (c *Caddy) start(t testing.TB) {
 	cmd.Env = c.environ()
 	cmd.Stdin = strings.NewReader(token)
 	c.proc = startProcess(t, "caddy", cmd, c.logPath)
+	proc := c.proc
 
-	select {
-	case err := <-pinged:
-		if err != nil {
-			t.Fatalf("caddy start: %v\n%s", err, tail(c.Logs(), logDumpLimit))
+	return func() error {
+		defer ln.Close()
+		select {
+		case err := <-pinged:
+			if err != nil {
+				return fmt.Errorf("caddy start: %v\n%s", err, tail(c.Logs(), logDumpLimit))
+			}
+		case <-proc.done:
+			return fmt.Errorf("caddy exited before serving its configuration (%v):\n%s", proc.err, tail(c.Logs(), logDumpLimit))
+		case <-time.After(startTimeout):
+			return fmt.Errorf("caddy did not serve its configuration within %s:\n%s", startTimeout, tail(c.Logs(), logDumpLimit))
 		}
-	case <-c.proc.done:
-		t.Fatalf("caddy exited before serving its configuration (%v):\n%s", c.proc.err, tail(c.Logs(), logDumpLimit))
-	case <-time.After(startTimeout):
-		t.Fatalf("caddy did not serve its configuration within %s:\n%s", startTimeout, tail(c.Logs(), logDumpLimit))
-	}
-
-	resp, err := shortClient.Get(c.AdminURL("/config/"))
-	if err != nil {
-		t.Fatalf("caddy admin endpoint %s: %v", c.AdminAddr, err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("caddy admin endpoint %s: GET /config/ answered %s", c.AdminAddr, resp.Status)
+		resp, err := shortClient.Get(c.AdminURL("/config/"))
+		if err != nil {
+			return fmt.Errorf("caddy admin endpoint %s: %v", c.AdminAddr, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("caddy admin endpoint %s: GET /config/ answered %s", c.AdminAddr, resp.Status)
+		}
+		return nil
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,7 +26,63 @@ type Authenticator struct {
 	Tokens *TokenStore
 	// JWT, when set, verifies tokens that look like JWTs.
 	JWT TokenVerifier
+	// Suspects, when set, is where the JWT signature checks of
+	// [Authenticator.AuthenticateSuspect] wait their turn.
+	Suspects *SuspectQueue
 }
+
+// AuthenticateSuspect is Authenticate for a request from an address whose
+// budget of failed attempts is spent: it is likely guessing, but another
+// client on the same address (an orchestrator on the host of an agent that
+// guesses, everyone behind one NAT) may hold a valid credential, which is
+// never refused for its address. An opaque token costs one hash either
+// way; a JWT's signature check, tens to hundreds of microseconds, is the
+// one costly step, and it waits for a slot of a.Suspects, so that all
+// suspect requests together keep at most that many CPUs busy verifying
+// signatures, however fast they come. What fails before the signature (not
+// a JWT, an algorithm or key id the issuer does not use) never waits.
+func (a Authenticator) AuthenticateSuspect(ctx context.Context, authz string, now time.Time) (Principal, error) {
+	if a.Suspects != nil {
+		ctx = context.WithValue(ctx, suspectKey{}, a.Suspects)
+	}
+	return a.Authenticate(ctx, authz, now)
+}
+
+// SuspectQueue bounds how many signature checks of suspect requests
+// ([Authenticator.AuthenticateSuspect]) run at once; the others wait, in
+// the order they came, until their request ends.
+type SuspectQueue struct {
+	slots   chan struct{}
+	waiting atomic.Int64 // checks waiting for a slot now
+}
+
+// NewSuspectQueue returns a queue of n slots (at least 1).
+func NewSuspectQueue(n int) *SuspectQueue {
+	return &SuspectQueue{slots: make(chan struct{}, max(n, 1))}
+}
+
+// enter takes a slot, waiting until one is free or ctx ends.
+func (q *SuspectQueue) enter(ctx context.Context) error {
+	select {
+	case q.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	q.waiting.Add(1)
+	defer q.waiting.Add(-1)
+	select {
+	case q.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (q *SuspectQueue) leave() { <-q.slots }
+
+// suspectKey carries the SuspectQueue of AuthenticateSuspect to the
+// verifier, past the TokenVerifier interface.
+type suspectKey struct{}
 
 // Authenticate checks the Authorization header value authz. Errors wrap
 // [ErrNoCredential], [ErrKeysUnavailable] (the identity provider's keys

@@ -476,9 +476,25 @@ func (v *JWTVerifier) Verify(ctx context.Context, raw string) (Principal, error)
 		return Principal{}, jwtInvalid(fmt.Sprintf("the token is %d bytes, more than the %d this server accepts", len(raw), jwtMaxBytes))
 	}
 	var claims jwtAccessClaims
+	suspects, _ := ctx.Value(suspectKey{}).(*SuspectQueue)
+	entered := false
 	tok, err := v.parser.ParseWithClaims(raw, &claims, func(t *jwt.Token) (any, error) {
-		return v.key(ctx, t)
+		key, err := v.key(ctx, t)
+		if err != nil || suspects == nil {
+			return key, err
+		}
+		// The signature check comes next: a suspect request waits for its
+		// turn (Authenticator.AuthenticateSuspect), once its key is found,
+		// so that no slot is held through a JWKS fetch.
+		if err := suspects.enter(ctx); err != nil {
+			return nil, &jwtKeyError{jwtInvalid("the request ended while its token waited to be checked")}
+		}
+		entered = true
+		return key, nil
 	})
+	if entered {
+		suspects.leave()
+	}
 	if err != nil {
 		return Principal{}, v.explain(tok, &claims, err)
 	}
