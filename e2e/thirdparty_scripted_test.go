@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -218,7 +219,10 @@ func TestSessionsClaudeAgentACPConfined(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(made)) != "made-in-the-sandbox" {
 		t.Errorf("the confined Bash command did not write in the session's cwd: %q %v", made, err)
 	}
-	results := model.results()
+	// Claude Code may send one turn's request again (its retry, or its
+	// fallback from a stream it finds slow on a loaded machine): the
+	// same tool result twice is one result.
+	results := slices.Compact(model.results())
 	if len(results) != 1 || !strings.Contains(results[0], "probe-end") {
 		t.Fatalf("tool results the model got: %q", results)
 	}
