@@ -18,6 +18,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -224,11 +225,23 @@ func (c *Client) ClientMetadataDocument() ([]byte, bool) {
 		"grant_types":                []string{"authorization_code", "refresh_token"},
 		"response_types":             []string{"code"},
 		"token_endpoint_auth_method": AuthNone,
+		"application_type":           c.applicationType(),
 	})
 	if err != nil {
 		return nil, false
 	}
 	return doc, true
+}
+
+// applicationType is what kind of client the gateway registers as
+// (SEP-837, OpenID Connect Dynamic Registration §2): "native" when its
+// callback is on loopback, where a web client's redirect URIs may not be,
+// and "web" for an https callback.
+func (c *Client) applicationType() string {
+	if u, err := url.Parse(c.cfg.RedirectURL); err == nil && u.Scheme == "http" && pinnedfetch.IsLoopbackHost(u.Hostname()) {
+		return "native"
+	}
+	return "web"
 }
 
 // register returns the client to log in with, in the order of the MCP
@@ -264,6 +277,7 @@ func (c *Client) register(ctx context.Context, srv *server) (*registration, erro
 		GrantTypes:              []string{"authorization_code", "refresh_token"},
 		ResponseTypes:           []string{"code"},
 		ClientName:              c.cfg.ClientName,
+		ApplicationType:         c.applicationType(),
 	}
 	if meta.ClientName == "" {
 		meta.ClientName = defaultClientName
