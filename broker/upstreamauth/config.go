@@ -111,6 +111,15 @@ type Config struct {
 	// DefaultMaxStepUp).
 	MaxStepUp int `json:"max_step_up,omitempty"`
 
+	// DPoP is whether the gateway asks for DPoP-bound tokens (RFC 9449):
+	// "auto" (the default) when the authorization server offers them
+	// (ES256 in dpop_signing_alg_values_supported) or the resource
+	// requires them, "off" never, "required" always, refusing a token
+	// issued as Bearer. A bound token is sent with a fresh proof of the
+	// gateway's key on every request, so a copy of the token alone is
+	// useless.
+	DPoP string `json:"dpop,omitempty"`
+
 	// Cross-app access (SEP-990): the enterprise IdP.
 	IDPIssuer       string `json:"idp_issuer,omitempty"`
 	IDPTokenURL     string `json:"idp_token_url,omitempty"`
@@ -134,6 +143,9 @@ func (c Config) String() string {
 	}
 	if c.TokenEndpointAuthMethod != "" {
 		fmt.Fprintf(&b, " auth=%s", c.TokenEndpointAuthMethod)
+	}
+	if c.DPoP != "" {
+		fmt.Fprintf(&b, " dpop=%s", c.DPoP)
 	}
 	if c.PrivateKey != "" {
 		b.WriteString(" private_key=<redacted>")
@@ -219,6 +231,11 @@ func (c Config) Validate() error {
 		}
 	} else if c.SigningAlgorithm != "" || c.KeyID != "" {
 		return errors.New("oauth: signing_algorithm and key_id apply to private_key_jwt: give private_key or private_key_file")
+	}
+	switch c.DPoP {
+	case "", DPoPAuto, DPoPOff, DPoPRequired:
+	default:
+		return fmt.Errorf("oauth: dpop %q is not supported; use auto (the default), off or required", c.DPoP)
 	}
 	if len(c.Scopes) > MaxScopes {
 		return fmt.Errorf("oauth: %d scopes is too many; give at most %d", len(c.Scopes), MaxScopes)
