@@ -16,11 +16,15 @@
 //     dynamic registration) and redeem the code; the gateway then
 //     refreshes on its own.
 //   - client_credentials (client_secret_basic, client_secret_post,
-//     private_key_jwt) and cross_app_access (SEP-990), which need no
-//     login.
+//     private_key_jwt), cross_app_access (SEP-990) and jwt_bearer (a
+//     workload's own JWT, RFC 7523 and SEP-1933), which need no login.
 //
-// Tokens, the dynamic registration and what discovery found are stored
-// through storage.Storage, sealed with AES-256-GCM. Refreshes are single
+// Where the authorization server offers it, tokens are DPoP-bound (RFC
+// 9449): each request carries a fresh proof of a key the gateway made for
+// the grant, and the servers' nonces are answered.
+//
+// Tokens, DPoP keys, the dynamic registration and what discovery found are
+// stored through storage.Storage, sealed with AES-256-GCM. Refreshes are single
 // flight across goroutines and, through the storage lock, across replicas:
 // a refresh token is never redeemed twice. Every discovery, registration,
 // token and revocation request goes through a pinnedfetch client pinned to
@@ -147,6 +151,9 @@ type Client struct {
 	hotAccess   string    // the access token of tokenGen
 	stepAt      time.Time // when it came
 	secretsSet  []string  // known secrets, for redaction
+	// refusedAssertion is the hash of the last workload JWT (with its
+	// scopes) the authorization server refused: it is not presented again.
+	refusedAssertion [32]byte
 }
 
 // hotToken is what the Transport needs on its hot path.
@@ -777,8 +784,11 @@ func (c *Client) refresh(ctx context.Context, rec *record) error {
 	return nil
 }
 
-// fetch obtains a token with a machine grant (client_credentials or
-// cross_app_access) into rec, discovering the endpoints first when rec
+// jwtBearer is the grant type of RFC 7523 §2.1.
+const jwtBearer = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+
+// fetch obtains a token with a machine grant (client_credentials,
+// cross_app_access or jwt_bearer) into rec, discovering the endpoints first when rec
 // has none. extra are scopes the upstream asked for (step-up).
 func (c *Client) fetch(ctx context.Context, rec *record, extra []string) error {
 	if rec.TokenEndpoint == "" || (c.cfg.TokenURL != "" && rec.TokenEndpoint != c.cfg.TokenURL) {
@@ -817,10 +827,26 @@ func (c *Client) fetch(ctx context.Context, rec *record, extra []string) error {
 		if err != nil {
 			return err
 		}
-		form.Set("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer")
+		form.Set("grant_type", jwtBearer)
 		form.Set("assertion", jag)
 	}
+	var assertion [32]byte
+	if c.cfg.grant() == GrantJWTBearer {
+		jwt, h, err := c.workloadAssertion(rec, scopes)
+		if err != nil {
+			return err
+		}
+		form.Set("grant_type", jwtBearer)
+		form.Set("assertion", jwt)
+		assertion = h
+	}
 	tr, err := c.requestToken(ctx, rec.TokenEndpoint, form, auth, key)
+	var oe *oauthError
+	if errors.As(err, &oe) && c.cfg.grant() == GrantJWTBearer {
+		c.mu.Lock()
+		c.refusedAssertion = assertion
+		c.mu.Unlock()
+	}
 	if err != nil {
 		return fmt.Errorf("%s grant: %w", c.cfg.grant(), err)
 	}

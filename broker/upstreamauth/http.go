@@ -208,7 +208,11 @@ func (a clientAuth) apply(req *http.Request, form url.Values, now time.Time) err
 		form.Set("client_assertion_type", "urn:ietf:params:oauth:client-assertion-type:jwt-bearer")
 		form.Set("client_assertion", assertion)
 	default: // none
-		form.Set("client_id", a.clientID)
+		// A jwt_bearer grant may name no client at all (RFC 7523 §3.1):
+		// the assertion's subject is who asks.
+		if a.clientID != "" {
+			form.Set("client_id", a.clientID)
+		}
 	}
 	return nil
 }

@@ -141,6 +141,13 @@ func run(ctx context.Context, scenario, serverURL string, conf map[string]any) e
 			return err
 		}
 	}
+	if s, ok := conf["valid_jwt"].(string); ok {
+		// The workload's JWT, where its platform would keep it fresh.
+		cfg.AssertionFile = filepath.Join(dir, "workload.jwt")
+		if err := os.WriteFile(cfg.AssertionFile, []byte(s), 0o600); err != nil {
+			return err
+		}
+	}
 	key := make([]byte, 32)
 	rand.Read(key)
 	client, err := upstreamauth.New(ctx, upstream, serverURL, cfg, upstreamauth.Options{
@@ -190,6 +197,11 @@ func oauthConfig(scenario string, conf map[string]any) upstreamauth.Config {
 			ClientID:         str("client_id"),
 			PrivateKey:       str("private_key_pem"),
 			SigningAlgorithm: str("signing_algorithm"),
+		}
+	case conf["valid_jwt"] != nil:
+		return upstreamauth.Config{
+			Grant:    upstreamauth.GrantJWTBearer,
+			ClientID: str("client_id"),
 		}
 	case conf["idp_id_token"] != nil:
 		return upstreamauth.Config{
