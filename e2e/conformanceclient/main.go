@@ -122,6 +122,11 @@ func run(ctx context.Context, scenario, serverURL string, conf map[string]any) e
 		return session(ctx, serverURL, nil, nil, logger, contextToolCalls(conf))
 	case "http-invalid-tool-headers":
 		return session(ctx, serverURL, nil, nil, logger, callListed(map[string]any{"region": "us-west1"}))
+	case "sep-2640-client-no-prefetch", "sep-2640-client-verify-digest", "sep-2640-client-verify-size", "sep-2640-client-verify-frontmatter":
+		// The skills extension (SEP-2640) judges a host that loads skills;
+		// the broker loads none. It connects and lists tools, as it does
+		// for any upstream, and reads no skill.
+		return session(ctx, serverURL, nil, nil, logger, listTools)
 	}
 	if !strings.HasPrefix(scenario, "auth/") {
 		return fmt.Errorf("unknown scenario")
