@@ -290,7 +290,7 @@ func (c Config) Validate() error {
 			}
 		}
 		if s := c.firstSet("token_url", "idp_issuer", "idp_token_url", "idp_client_id", "idp_client_secret", "id_token_file", "assertion_file"); s != "" {
-			return fmt.Errorf("oauth: %s applies to the grants without a login, not authorization_code", s)
+			return fmt.Errorf("oauth: %s applies to client_credentials, cross_app_access and jwt_bearer, not authorization_code", s)
 		}
 	case GrantClientCredentials:
 		if c.ClientID == "" {
