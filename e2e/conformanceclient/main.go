@@ -7,8 +7,10 @@
 //
 // The suite appends the server URL as the last argument and sets
 // MCP_CONFORMANCE_SCENARIO and, for some scenarios, MCP_CONFORMANCE_CONTEXT
-// (JSON: client ids, secrets, keys). The scenario only picks the oauth
-// block an operator would write; every OAuth decision is upstreamauth's.
+// (JSON: client ids, secrets, keys, a workload's JWT). The scenario only
+// picks the oauth block an operator would write (a JWT or ID token goes to
+// a file, where its platform would keep it); every OAuth decision,
+// DPoP included, is upstreamauth's.
 // For the authorization-code scenarios the program plays the operator's
 // browser in `caddy zidane login`: BeginLogin, a GET of the authorization
 // URL that does not follow its redirect, and Callback with the query of

@@ -34,6 +34,10 @@ const (
 	IssOmitted = ""        // no iss parameter
 	IssCorrect = "correct" // the server's issuer
 	IssWrong   = "wrong"   // another issuer, as in a mix-up attack
+	// IssNormalized is the issuer with a trailing slash: equal to it
+	// after URL normalization, not under the simple string comparison
+	// RFC 9207 §2.4 asks for.
+	IssNormalized = "normalized"
 )
 
 // Grant types and token types of the token endpoint.
@@ -310,6 +314,8 @@ func (as *AuthServer) handleAuthorize(w http.ResponseWriter, r *http.Request) {
 		rq.Set("iss", as.URL)
 	case IssWrong:
 		rq.Set("iss", "https://evil.example.com")
+	case IssNormalized:
+		rq.Set("iss", as.URL+"/")
 	}
 	redirect.RawQuery = rq.Encode()
 	// The browser leaves no trace of the code behind (RFC 9700 §4.2.4).
