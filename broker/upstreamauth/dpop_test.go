@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/certmagic"
+
 	"github.com/Tahul/caddy-zidane-mcp/internal/oauthtest"
 )
 
@@ -359,4 +361,35 @@ func TestDPoPTokenEndpointNonceIsBounded(t *testing.T) {
 	if len(proofs) != 2 || proofs[0] == "" || proofs[0] == proofs[1] {
 		t.Errorf("%d token requests; want one and a retry with a new proof", len(proofs))
 	}
+}
+
+// BenchmarkTransportAttachDPoP is BenchmarkTransportAttach with a
+// DPoP-bound token: the cost of a fresh proof (an ES256 signature) on
+// every request.
+func BenchmarkTransportAttachDPoP(b *testing.B) {
+	c, err := New(context.Background(), "bench", "https://upstream.example.com/mcp", Config{Grant: GrantClientCredentials, ClientID: "c", ClientSecret: "s"},
+		Options{Storage: &certmagic.FileStorage{Path: b.TempDir()}, Key: make([]byte, 32)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	key, err := newDPoPKey()
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.adopt(&record{AccessToken: "at-bench", TokenType: "DPoP", DPoPKey: key.der, Expiry: time.Now().Add(time.Hour), IssuedAt: time.Now()})
+	rt := c.Transport(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.Header.Get("DPoP") == "" {
+			b.Fatal("no proof")
+		}
+		return &http.Response{StatusCode: 200, Body: http.NoBody, Header: http.Header{}}, nil
+	}))
+	req, _ := http.NewRequest(http.MethodPost, "https://upstream.example.com/mcp", nil)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := rt.RoundTrip(req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
