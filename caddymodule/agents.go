@@ -210,7 +210,8 @@ func (a *App) ownFiles(log *zap.Logger) []gatewayfiles.File {
 	}
 	for _, u := range a.upstreams {
 		if o := u.OAuth; o != nil {
-			own = append(own, gatewayfiles.File{Path: o.PrivateKeyFile, Why: whyOAuthKey}, gatewayfiles.File{Path: o.IDTokenFile, Why: whyIDToken})
+			own = append(own, gatewayfiles.File{Path: o.PrivateKeyFile, Why: whyOAuthKey}, gatewayfiles.File{Path: o.IDTokenFile, Why: whyIDToken},
+				gatewayfiles.File{Path: o.AssertionFile, Why: whyAssertion})
 		}
 	}
 	own = append(own, gatewayfiles.PlaceholderFiles(a)...)

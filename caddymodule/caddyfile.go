@@ -418,7 +418,7 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //				max_response <size>
 //				shared true|false
 //				oauth {
-//					grant authorization_code|client_credentials|cross_app_access
+//					grant authorization_code|client_credentials|cross_app_access|jwt_bearer
 //					client_id <id>
 //					client_secret <secret>
 //					token_endpoint_auth_method client_secret_basic|client_secret_post|private_key_jwt|none
@@ -433,6 +433,8 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //					token_url <url>
 //					max_step_up <n>
 //					idp_issuer|idp_token_url|idp_client_id|idp_client_secret|id_token_file <value>
+//					assertion_file <path>
+//					dpop auto|off|required
 //				}
 //			}
 //			upstream_token_key <base64 key or {env.VAR}>
@@ -793,6 +795,8 @@ func parseOAuth(d *caddyfile.Dispenser, upstream string) (*upstreamauth.Config, 
 		"idp_client_id":              &c.IDPClientID,
 		"idp_client_secret":          &c.IDPClientSecret,
 		"id_token_file":              &c.IDTokenFile,
+		"assertion_file":             &c.AssertionFile,
+		"dpop":                       &c.DPoP,
 	}
 	for d.NextBlock(2) {
 		opt := d.Val()

@@ -61,6 +61,7 @@ const (
 	whyUpstreams      = "an upstreams_file"
 	whyOAuthKey       = "an upstream's oauth private_key_file"
 	whyIDToken        = "an upstream's oauth id_token_file"
+	whyAssertion      = "an upstream's oauth assertion_file (a workload's JWT)"
 	whyJWTKey         = "the JWT public_key_file"
 	whyAuditLog       = "the zidane_audit log's directory (the audit log, its rotated files and lock)"
 	whyCheckpointCopy = "the directory of the zidane_audit checkpoint_copy (the log's latest checkpoint, kept apart)"

@@ -257,6 +257,12 @@ func oauthXAA(fx configFixtures) []string {
 		"idp_token_url " + badConfigSite + "/idp/token", "idp_client_id gateway", "idp_client_secret ${UP_SECRET}", "id_token_file " + fx.idToken}
 }
 
+// oauthWorkload is a jwt_bearer block whose assertion_file holds a JWT;
+// its first two lines leave assertion_file out.
+func oauthWorkload(fx configFixtures) []string {
+	return []string{"grant jwt_bearer", "token_url " + badConfigSite + "/token", "assertion_file " + fx.idToken, "dpop required"}
+}
+
 func agentBlock(lines ...string) string {
 	return zidaneBlock("agent coder {\ncommand /bin/true\n" + strings.Join(lines, "\n") + "\n}")
 }
@@ -274,21 +280,22 @@ func sandboxBlock(lines ...string) string {
 // baselines are the configs the cases change, each valid as it is.
 func baselines(fx configFixtures) map[string]string {
 	return map[string]string{
-		"guard":         guarded(),
-		"jwt key":       jwtBlock("public_key_file " + fx.pub),
-		"jwt jwks":      jwtBlock("jwks_url " + badConfigSite + "/jwks"),
-		"upstream":      upstreamBlock(),
-		"stdio":         stdioBlock(),
-		"oauth secret":  oauthBlock(oauthSecret),
-		"oauth key":     oauthBlock(oauthKey(fx)),
-		"oauth login":   oauthBlock(oauthLogin),
-		"oauth xaa":     oauthBlock(oauthXAA(fx)),
-		"agent":         agentBlock(),
-		"sandbox":       sandboxBlock("read /opt"),
-		"upstreams":     zidaneBlock("upstreams_file " + fx.mcpJSON),
-		"broker":        caddyfileOf("zidane {\nupstream up "+badConfigSite+"/mcp\n}", "zidane_mcp {\nbroker up\n}"),
-		"default agent": zidaneBlock("agent coder {\ncommand /bin/true\n}", "default_agent coder", "session_upstreams up", "upstream up "+badConfigSite+"/mcp"),
-		"audit writer":  auditWriterBlock(fx, "file "+filepath.Join(fx.dir, "audit.log"), "checkpoint_every 1m", "signing_key {env.AUDIT_KEY}"),
+		"guard":          guarded(),
+		"jwt key":        jwtBlock("public_key_file " + fx.pub),
+		"jwt jwks":       jwtBlock("jwks_url " + badConfigSite + "/jwks"),
+		"upstream":       upstreamBlock(),
+		"stdio":          stdioBlock(),
+		"oauth secret":   oauthBlock(oauthSecret),
+		"oauth key":      oauthBlock(oauthKey(fx)),
+		"oauth login":    oauthBlock(oauthLogin),
+		"oauth xaa":      oauthBlock(oauthXAA(fx)),
+		"oauth workload": oauthBlock(oauthWorkload(fx)),
+		"agent":          agentBlock(),
+		"sandbox":        sandboxBlock("read /opt"),
+		"upstreams":      zidaneBlock("upstreams_file " + fx.mcpJSON),
+		"broker":         caddyfileOf("zidane {\nupstream up "+badConfigSite+"/mcp\n}", "zidane_mcp {\nbroker up\n}"),
+		"default agent":  zidaneBlock("agent coder {\ncommand /bin/true\n}", "default_agent coder", "session_upstreams up", "upstream up "+badConfigSite+"/mcp"),
+		"audit writer":   auditWriterBlock(fx, "file "+filepath.Join(fx.dir, "audit.log"), "checkpoint_every 1m", "signing_key {env.AUDIT_KEY}"),
 	}
 }
 
@@ -588,7 +595,7 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane upstream oauth", "an empty block", upstreamBlock("oauth {\n}"), "authorization_code needs redirect_url"),
 		c("zidane upstream oauth", "on a stdio upstream", stdioBlock("oauth {\n"+strings.Join(oauthSecret, "\n")+"\n}"), "oauth applies to http and sse servers"),
 		c("zidane upstream oauth", "an unknown option", oauthBlock(oauthSecret, "client_secrt x"), `unknown oauth option "client_secrt"`),
-		c("zidane upstream oauth grant", "unknown", oauthBlock(oauthSecret, "grant implicit"), "use authorization_code, client_credentials or cross_app_access"),
+		c("zidane upstream oauth grant", "unknown", oauthBlock(oauthSecret, "grant implicit"), "use authorization_code, client_credentials, cross_app_access or jwt_bearer"),
 		c("zidane upstream oauth grant", labelEmpty, oauthBlock(oauthSecret, "grant"), "grant takes one value"),
 		c("zidane upstream oauth client_id", labelEmpty, oauthBlock(oauthSecret, "client_id"), "client_id takes one value"),
 		c("zidane upstream oauth client_id", "missing for client_credentials", oauthBlock([]string{"grant client_credentials", "token_url " + badConfigSite + "/token"}), "needs client_id"),
@@ -615,7 +622,7 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane upstream oauth client_name", labelEmpty, oauthBlock(oauthLogin, "client_name"), "client_name takes one value"),
 		c("zidane upstream oauth authorization_server", "ftp", oauthBlock(oauthLogin, "authorization_server ftp://127.0.0.1/"), `scheme "ftp" is not allowed`),
 		c("zidane upstream oauth token_url", "plain http off loopback", oauthBlock(oauthSecret, "token_url http://192.0.2.1/token"), "use https://"),
-		c("zidane upstream oauth token_url", "with authorization_code", oauthBlock(oauthLogin, "token_url "+badConfigSite+"/token"), "applies to client_credentials and cross_app_access"),
+		c("zidane upstream oauth token_url", "with authorization_code", oauthBlock(oauthLogin, "token_url "+badConfigSite+"/token"), "applies to client_credentials, cross_app_access and jwt_bearer"),
 		c("zidane upstream oauth max_step_up", labelNegative, oauthBlock(oauthSecret, "max_step_up -1"), "give 1 to 10"),
 		c("zidane upstream oauth max_step_up", labelHuge, oauthBlock(oauthSecret, "max_step_up 100"), "give 1 to 10"),
 		c("zidane upstream oauth max_step_up", labelNotNumber, oauthBlock(oauthSecret, "max_step_up twice"), "takes a whole number"),
@@ -625,6 +632,10 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane upstream oauth idp_token_url", "plain http off loopback", oauthBlock(oauthXAA(fx), "idp_token_url http://192.0.2.1/token"), "use https://"),
 		c("zidane upstream oauth idp_client_id", labelEmpty, oauthBlock(oauthXAA(fx), "idp_client_id"), "idp_client_id takes one value"),
 		c("zidane upstream oauth idp_client_secret", "a literal secret", oauthBlock(oauthXAA(fx), "idp_client_secret s3cret"), "holds a literal value"),
+		c("zidane upstream oauth assertion_file", "with client_credentials", oauthBlock(oauthSecret, "assertion_file "+fx.idToken), "applies to jwt_bearer, not client_credentials"),
+		c("zidane upstream oauth assertion_file", "missing for jwt_bearer", oauthBlock(oauthWorkload(fx)[:2]), "jwt_bearer needs assertion_file"),
+		c("zidane upstream oauth dpop", "unknown", oauthBlock(oauthSecret, "dpop sometimes"), "use auto (the default), off or required"),
+		c("zidane upstream oauth dpop", labelEmpty, oauthBlock(oauthSecret, "dpop"), "dpop takes one value"),
 		c("zidane upstream_token_key", "a literal key", zidaneBlock("upstream_token_key c2VjcmV0"), "holds a literal value"),
 		c("zidane upstream_token_key", labelEmpty, zidaneBlock("upstream_token_key"), "upstream_token_key takes one value"),
 		c("zidane upstream_token_key", "an unset variable", oauthBlockWithKey(oauthSecret, "{env.ZIDANE_E2E_UNSET}"), "is empty"),
@@ -639,6 +650,8 @@ func badConfigs(fx configFixtures) []badConfig {
 	// The ID token file is read at each exchange, and may be written only
 	// after caddy starts; what is there must be a file all the same.
 	cases = append(cases, fileCases("zidane upstream oauth id_token_file", fx, fx.bigIDToken, func(l string) string { return oauthBlock(oauthXAA(fx), l) })...)
+	// The workload's JWT likewise: the platform may write it later.
+	cases = append(cases, fileCases("zidane upstream oauth assertion_file", fx, fx.bigIDToken, func(l string) string { return oauthBlock(oauthWorkload(fx)[:2], l) })...)
 	cases = append(cases, auditWriterCases(fx)...)
 	for _, m := range []struct{ option, caddyfile string }{
 		{"zidane_mcp jwt public_key_file", jwtBlock("public_key_file " + fx.missing)},

@@ -16,11 +16,15 @@
 //     dynamic registration) and redeem the code; the gateway then
 //     refreshes on its own.
 //   - client_credentials (client_secret_basic, client_secret_post,
-//     private_key_jwt) and cross_app_access (SEP-990), which need no
-//     login.
+//     private_key_jwt), cross_app_access (SEP-990) and jwt_bearer (a
+//     workload's own JWT, RFC 7523 and SEP-1933), which need no login.
 //
-// Tokens, the dynamic registration and what discovery found are stored
-// through storage.Storage, sealed with AES-256-GCM. Refreshes are single
+// Where the authorization server offers it, tokens are DPoP-bound (RFC
+// 9449): each request carries a fresh proof of a key the gateway made for
+// the grant, and the servers' nonces are answered.
+//
+// Tokens, DPoP keys, the dynamic registration and what discovery found are
+// stored through storage.Storage, sealed with AES-256-GCM. Refreshes are single
 // flight across goroutines and, through the storage lock, across replicas:
 // a refresh token is never redeemed twice. Every discovery, registration,
 // token and revocation request goes through a pinnedfetch client pinned to
@@ -35,6 +39,7 @@
 package upstreamauth
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"errors"
@@ -146,14 +151,19 @@ type Client struct {
 	hotAccess   string    // the access token of tokenGen
 	stepAt      time.Time // when it came
 	secretsSet  []string  // known secrets, for redaction
+	// refusedAssertion is the hash of the last workload JWT (with its
+	// scopes) the authorization server refused: it is not presented again.
+	refusedAssertion [32]byte
 }
 
 // hotToken is what the Transport needs on its hot path.
 type hotToken struct {
 	gen       uint64 // tokenGen when it was adopted
 	access    string
-	header    string // "Bearer " + access
+	header    string // "Bearer " + access, or "DPoP " + access
 	refreshAt time.Time
+	dpop      *dpopKey // the key a DPoP token is bound to; nil for Bearer
+	ath       string   // the proofs' hash of access
 }
 
 // New returns the OAuth client of upstream name, whose MCP endpoint is
@@ -356,17 +366,63 @@ func (c *Client) adopt(rec *record) {
 		}
 		return
 	}
+	h, err := c.hotOf(rec)
+	if err != nil {
+		c.hot.Store(nil)
+		if c.interactive() {
+			c.setStateLocked(StateAuthRequired, err.Error())
+		} else {
+			c.setStateLocked(StateError, err.Error())
+		}
+		return
+	}
 	if c.hotAccess != rec.AccessToken {
 		c.hotAccess = rec.AccessToken
 		c.tokenGen++
 	}
-	c.hot.Store(&hotToken{gen: c.tokenGen, access: rec.AccessToken, header: "Bearer " + rec.AccessToken, refreshAt: c.refreshAt(rec)})
+	h.gen = c.tokenGen
+	c.hot.Store(h)
 	if c.interactive() && len(rec.NeedScopes) > 0 && !covers(rec.Scopes, rec.NeedScopes) {
 		c.setStateLocked(StateAuthRequired, "the upstream asks for scopes the token lacks: "+strings.Join(rec.NeedScopes, " "))
 		c.hot.Store(nil)
 		return
 	}
 	c.setStateLocked(StateReady, "")
+}
+
+// hotOf is what the Transport attaches for rec's access token, or why the
+// token cannot be used: a DPoP token whose key does not parse, or a
+// Bearer token where dpop required wants a bound one (stored before the
+// setting changed).
+func (c *Client) hotOf(rec *record) (*hotToken, error) {
+	h := &hotToken{access: rec.AccessToken, header: "Bearer " + rec.AccessToken, refreshAt: c.refreshAt(rec)}
+	if rec.TokenType != "DPoP" {
+		if c.cfg.dpopMode() == DPoPRequired {
+			return nil, errors.New("the stored token is not DPoP-bound and dpop is required; a new token is needed")
+		}
+		return h, nil
+	}
+	if prev := c.hot.Load(); prev != nil && prev.dpop != nil && bytes.Equal(prev.dpop.der, rec.DPoPKey) {
+		h.dpop = prev.dpop
+	} else {
+		k, err := parseDPoPKey(rec.DPoPKey)
+		if err != nil {
+			return nil, fmt.Errorf("%v; a new token is needed", err)
+		}
+		h.dpop = k
+	}
+	h.header, h.ath = "DPoP "+rec.AccessToken, accessTokenHash(rec.AccessToken)
+	return h, nil
+}
+
+// usable reports whether rec holds an access token the Transport can
+// attach.
+func (c *Client) usable(rec *record) bool {
+	if rec == nil || rec.AccessToken == "" {
+		return false
+	}
+	_, err := c.hotOf(rec)
+	return err == nil
 }
 
 // refreshAt is when rec's access token is refreshed: skew before its
@@ -527,11 +583,30 @@ func chooseAuthMethod(secret, key bool, supported []string) string {
 	return AuthNone
 }
 
-// storeToken writes tr into rec (a fresh grant or a refresh).
-func (c *Client) storeToken(rec *record, tr *tokenResponse, requested []string) {
+// requestToken posts a grant to a token endpoint, with key a DPoP proof,
+// and checks the token type against the binding asked for.
+func (c *Client) requestToken(ctx context.Context, endpoint string, form url.Values, auth *clientAuth, key *dpopKey) (*tokenResponse, error) {
+	tr, err := c.egress.requestToken(ctx, endpoint, form, auth, key, c.now(), c.redact)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.checkTokenType(tr, key, endpoint); err != nil {
+		return nil, err
+	}
+	return tr, nil
+}
+
+// storeToken writes tr into rec (a fresh grant or a refresh), with key the
+// DPoP key its proof was made with (nil: none).
+func (c *Client) storeToken(rec *record, tr *tokenResponse, requested []string, key *dpopKey) {
 	now := c.now()
 	rec.AccessToken = tr.AccessToken
 	rec.TokenType = "Bearer"
+	clear(rec.DPoPKey)
+	rec.DPoPKey = nil
+	if key != nil && strings.EqualFold(tr.TokenType, "DPoP") {
+		rec.TokenType, rec.DPoPKey = "DPoP", slices.Clone(key.der)
+	}
 	if tr.RefreshToken != "" {
 		rec.RefreshToken = tr.RefreshToken
 	}
@@ -626,7 +701,7 @@ func (c *Client) renew(ctx context.Context, rejected string) error {
 	var failure error
 	_, err := c.update(ctx, func(rec *record) (*record, error) {
 		now := c.now()
-		if rec != nil && rec.AccessToken != "" && rec.AccessToken != rejected {
+		if c.usable(rec) && rec.AccessToken != rejected {
 			if at := c.refreshAt(rec); at.IsZero() || now.Before(at) {
 				return rec, errNoChange // someone else renewed it
 			}
@@ -689,17 +764,31 @@ func (c *Client) refresh(ctx context.Context, rec *record) error {
 		form.Set("resource", rec.Resource)
 	}
 	auth := c.grantAuth(rec.Client, rec.Issuer, rec.TokenEndpoint, rec.AuthMethods)
-	tr, err := c.egress.requestToken(ctx, rec.TokenEndpoint, form, auth, c.now(), c.redact)
+	// A refresh token issued with a DPoP token is bound to its key (RFC
+	// 9449 §5): it is redeemed with a proof of that key, whatever the
+	// setting says now.
+	var key *dpopKey
+	if rec.TokenType == "DPoP" {
+		k, err := parseDPoPKey(rec.DPoPKey)
+		if err != nil {
+			return fmt.Errorf("refresh: %v", err)
+		}
+		key = k
+	}
+	tr, err := c.requestToken(ctx, rec.TokenEndpoint, form, auth, key)
 	if err != nil {
 		return fmt.Errorf("refresh: %w", err)
 	}
-	c.storeToken(rec, tr, rec.Scopes)
+	c.storeToken(rec, tr, rec.Scopes, key)
 	c.logger.Info("upstream oauth: token refreshed", "upstream", c.name, "expiry", rec.Expiry)
 	return nil
 }
 
-// fetch obtains a token with a machine grant (client_credentials or
-// cross_app_access) into rec, discovering the endpoints first when rec
+// jwtBearer is the grant type of RFC 7523 §2.1.
+const jwtBearer = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+
+// fetch obtains a token with a machine grant (client_credentials,
+// cross_app_access or jwt_bearer) into rec, discovering the endpoints first when rec
 // has none. extra are scopes the upstream asked for (step-up).
 func (c *Client) fetch(ctx context.Context, rec *record, extra []string) error {
 	if rec.TokenEndpoint == "" || (c.cfg.TokenURL != "" && rec.TokenEndpoint != c.cfg.TokenURL) {
@@ -720,6 +809,16 @@ func (c *Client) fetch(ctx context.Context, rec *record, extra []string) error {
 	if rec.Resource != "" {
 		form.Set("resource", rec.Resource)
 	}
+	use, err := c.wantDPoP(rec.DPoPAlgs, rec.DPoPRequired, c.cfg.TokenURL == "")
+	if err != nil {
+		return err
+	}
+	var key *dpopKey
+	if use {
+		if key, err = newDPoPKey(); err != nil {
+			return err
+		}
+	}
 	switch c.cfg.grant() {
 	case GrantClientCredentials:
 		form.Set("grant_type", "client_credentials")
@@ -728,15 +827,31 @@ func (c *Client) fetch(ctx context.Context, rec *record, extra []string) error {
 		if err != nil {
 			return err
 		}
-		form.Set("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer")
+		form.Set("grant_type", jwtBearer)
 		form.Set("assertion", jag)
 	}
-	tr, err := c.egress.requestToken(ctx, rec.TokenEndpoint, form, auth, c.now(), c.redact)
+	var assertion [32]byte
+	if c.cfg.grant() == GrantJWTBearer {
+		jwt, h, err := c.workloadAssertion(rec, scopes)
+		if err != nil {
+			return err
+		}
+		form.Set("grant_type", jwtBearer)
+		form.Set("assertion", jwt)
+		assertion = h
+	}
+	tr, err := c.requestToken(ctx, rec.TokenEndpoint, form, auth, key)
+	var oe *oauthError
+	if errors.As(err, &oe) && c.cfg.grant() == GrantJWTBearer {
+		c.mu.Lock()
+		c.refusedAssertion = assertion
+		c.mu.Unlock()
+	}
 	if err != nil {
 		return fmt.Errorf("%s grant: %w", c.cfg.grant(), err)
 	}
 	rec.RefreshToken = ""
-	c.storeToken(rec, tr, scopes)
+	c.storeToken(rec, tr, scopes, key)
 	// A machine grant gets no refresh token worth keeping: the grant is
 	// simply repeated.
 	rec.RefreshToken = ""
@@ -765,6 +880,7 @@ func (c *Client) discoverMachine(ctx context.Context, rec *record) error {
 	rec.Issuer = srv.Meta.Issuer
 	rec.RevocationEndpoint = srv.Meta.RevocationEndpoint
 	rec.AuthMethods = slices.Clone(srv.Meta.TokenEndpointAuthMethodsSupported)
+	rec.DPoPAlgs, rec.DPoPRequired = slices.Clone(srv.Meta.DPoPSigningAlgValuesSupported), srv.DPoPRequired
 	rec.Resource = srv.Resource
 	if len(c.cfg.Scopes) == 0 && len(rec.Scopes) == 0 {
 		switch {
@@ -802,7 +918,7 @@ func (c *Client) Logout(ctx context.Context) error {
 				}
 				form := url.Values{"token": {t.token}, "token_type_hint": {t.hint}}
 				a := *auth
-				if _, err := c.egress.postForm(ctx, rec.RevocationEndpoint, form, &a, c.now(), c.redact); err != nil {
+				if _, err := c.egress.postForm(ctx, rec.RevocationEndpoint, form, &a, nil, c.now(), c.redact); err != nil {
 					revokeErr = errors.Join(revokeErr, fmt.Errorf("revoking the %s: %w", strings.ReplaceAll(t.hint, "_", " "), err))
 				}
 			}

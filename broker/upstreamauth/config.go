@@ -32,6 +32,12 @@ const (
 	// ID-JAG (RFC 8693), which the upstream's authorization server trades
 	// for an access token (RFC 7523 jwt-bearer grant). No login.
 	GrantCrossAppAccess = "cross_app_access"
+	// GrantJWTBearer: workload identity federation (SEP-1933): the
+	// workload's own JWT, issued by its platform (a Kubernetes service
+	// account token, a CI job's OIDC token, a SPIFFE JWT-SVID) and kept
+	// in a file, is presented as an RFC 7523 assertion. No login, no
+	// secret of the gateway's own.
+	GrantJWTBearer = "jwt_bearer"
 )
 
 // Client authentication methods at the token endpoint.
@@ -59,8 +65,8 @@ const (
 // Secrets (ClientSecret, PrivateKey, IDPClientSecret) never appear in the
 // errors of [Config.Validate] nor in [Config.String].
 type Config struct {
-	// Grant is "authorization_code" (the default), "client_credentials"
-	// or "cross_app_access".
+	// Grant is "authorization_code" (the default), "client_credentials",
+	// "cross_app_access" or "jwt_bearer".
 	Grant string `json:"grant,omitempty"`
 
 	// ClientID is a pre-registered client id. For authorization_code it is
@@ -103,13 +109,22 @@ type Config struct {
 	// AuthorizationServer picks the issuer to use when the resource lists
 	// several; it must be one of them.
 	AuthorizationServer string `json:"authorization_server,omitempty"`
-	// TokenURL, for client_credentials and cross_app_access, is the token
-	// endpoint to use without discovery.
+	// TokenURL, for the grants without a login, is the token endpoint to
+	// use without discovery.
 	TokenURL string `json:"token_url,omitempty"`
 
 	// MaxStepUp bounds the step-up rounds in a row (default
 	// DefaultMaxStepUp).
 	MaxStepUp int `json:"max_step_up,omitempty"`
+
+	// DPoP is whether the gateway asks for DPoP-bound tokens (RFC 9449):
+	// "auto" (the default) when the authorization server offers them
+	// (ES256 in dpop_signing_alg_values_supported) or the resource
+	// requires them, "off" never, "required" always, refusing a token
+	// issued as Bearer. A bound token is sent with a fresh proof of the
+	// gateway's key on every request, so a copy of the token alone is
+	// useless.
+	DPoP string `json:"dpop,omitempty"`
 
 	// Cross-app access (SEP-990): the enterprise IdP.
 	IDPIssuer       string `json:"idp_issuer,omitempty"`
@@ -120,6 +135,12 @@ type Config struct {
 	// IdP to the gateway (kept fresh by whatever issues it); it is read at
 	// each exchange.
 	IDTokenFile string `json:"id_token_file,omitempty"`
+
+	// AssertionFile (jwt_bearer) names the file holding the workload's
+	// current JWT, kept fresh by its platform; it is read at each grant,
+	// and the JWT is sent only to the authorization server its audience
+	// names, before it expires.
+	AssertionFile string `json:"assertion_file,omitempty"`
 }
 
 // String describes c without its secrets.
@@ -134,6 +155,9 @@ func (c Config) String() string {
 	}
 	if c.TokenEndpointAuthMethod != "" {
 		fmt.Fprintf(&b, " auth=%s", c.TokenEndpointAuthMethod)
+	}
+	if c.DPoP != "" {
+		fmt.Fprintf(&b, " dpop=%s", c.DPoP)
 	}
 	if c.PrivateKey != "" {
 		b.WriteString(" private_key=<redacted>")
@@ -155,6 +179,9 @@ func (c Config) String() string {
 	}
 	if c.IDPClientSecret != "" {
 		b.WriteString(" idp_client_secret=<redacted>")
+	}
+	if c.AssertionFile != "" {
+		fmt.Fprintf(&b, " assertion_file=%s", c.AssertionFile)
 	}
 	b.WriteString("}")
 	return b.String()
@@ -181,9 +208,9 @@ func (c Config) maxStepUp() int {
 // to write instead. It never quotes a secret.
 func (c Config) Validate() error {
 	switch c.grant() {
-	case GrantAuthorizationCode, GrantClientCredentials, GrantCrossAppAccess:
+	case GrantAuthorizationCode, GrantClientCredentials, GrantCrossAppAccess, GrantJWTBearer:
 	default:
-		return fmt.Errorf("oauth: grant %q is not supported; use authorization_code, client_credentials or cross_app_access", c.Grant)
+		return fmt.Errorf("oauth: grant %q is not supported; use authorization_code, client_credentials, cross_app_access or jwt_bearer", c.Grant)
 	}
 	switch c.TokenEndpointAuthMethod {
 	case "", AuthClientSecretBasic, AuthClientSecretPost, AuthPrivateKeyJWT, AuthNone:
@@ -219,6 +246,11 @@ func (c Config) Validate() error {
 		}
 	} else if c.SigningAlgorithm != "" || c.KeyID != "" {
 		return errors.New("oauth: signing_algorithm and key_id apply to private_key_jwt: give private_key or private_key_file")
+	}
+	switch c.DPoP {
+	case "", DPoPAuto, DPoPOff, DPoPRequired:
+	default:
+		return fmt.Errorf("oauth: dpop %q is not supported; use auto (the default), off or required", c.DPoP)
 	}
 	if len(c.Scopes) > MaxScopes {
 		return fmt.Errorf("oauth: %d scopes is too many; give at most %d", len(c.Scopes), MaxScopes)
@@ -257,8 +289,8 @@ func (c Config) Validate() error {
 				return errors.New("oauth: client_metadata_url must be an https URL with a path, such as https://gateway.example.com/oauth/client.json")
 			}
 		}
-		if s := c.firstSet("token_url", "idp_issuer", "idp_token_url", "idp_client_id", "idp_client_secret", "id_token_file"); s != "" {
-			return fmt.Errorf("oauth: %s applies to client_credentials and cross_app_access, not authorization_code", s)
+		if s := c.firstSet("token_url", "idp_issuer", "idp_token_url", "idp_client_id", "idp_client_secret", "id_token_file", "assertion_file"); s != "" {
+			return fmt.Errorf("oauth: %s applies to client_credentials, cross_app_access and jwt_bearer, not authorization_code", s)
 		}
 	case GrantClientCredentials:
 		if c.ClientID == "" {
@@ -272,6 +304,9 @@ func (c Config) Validate() error {
 		}
 		if s := c.firstSet("idp_issuer", "idp_token_url", "idp_client_id", "idp_client_secret", "id_token_file"); s != "" {
 			return fmt.Errorf("oauth: %s applies to cross_app_access, not client_credentials", s)
+		}
+		if c.AssertionFile != "" {
+			return errors.New("oauth: assertion_file applies to jwt_bearer, not client_credentials")
 		}
 	case GrantCrossAppAccess:
 		if c.ClientID == "" {
@@ -295,6 +330,23 @@ func (c Config) Validate() error {
 		if c.RedirectURL != "" || c.ClientMetadataURL != "" {
 			return errors.New("oauth: redirect_url and client_metadata_url apply to authorization_code, not cross_app_access")
 		}
+		if c.AssertionFile != "" {
+			return errors.New("oauth: assertion_file applies to jwt_bearer; cross_app_access reads id_token_file")
+		}
+	case GrantJWTBearer:
+		if c.AssertionFile == "" {
+			return errors.New("oauth: jwt_bearer needs assertion_file, the file that holds the workload's current JWT")
+		}
+		// As for id_token_file: the platform may write it only later.
+		if err := configfile.Check(c.AssertionFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("oauth: assertion_file: %v; give the path of the file that holds the workload's JWT", err)
+		}
+		if c.RedirectURL != "" || c.ClientMetadataURL != "" {
+			return errors.New("oauth: redirect_url and client_metadata_url apply to authorization_code, not jwt_bearer")
+		}
+		if s := c.firstSet("idp_issuer", "idp_token_url", "idp_client_id", "idp_client_secret", "id_token_file"); s != "" {
+			return fmt.Errorf("oauth: %s applies to cross_app_access, not jwt_bearer", s)
+		}
 	}
 	return nil
 }
@@ -304,6 +356,7 @@ func (c Config) firstSet(names ...string) string {
 	values := map[string]string{
 		"token_url": c.TokenURL, "idp_issuer": c.IDPIssuer, "idp_token_url": c.IDPTokenURL,
 		"idp_client_id": c.IDPClientID, "idp_client_secret": c.IDPClientSecret, "id_token_file": c.IDTokenFile,
+		"assertion_file": c.AssertionFile,
 	}
 	for _, n := range names {
 		if values[n] != "" {

@@ -25,8 +25,9 @@ type challenge struct {
 	At               time.Time
 }
 
-// parseChallenge reads the Bearer challenge of resp (nil when there is
-// none or it does not parse).
+// parseChallenge reads the Bearer or DPoP challenge of resp (nil when
+// there is none or it does not parse): both name the resource metadata
+// and the scopes the same way (RFC 6750 §3, RFC 9449 §7.1).
 func parseChallenge(h http.Header, now time.Time) *challenge {
 	values := h.Values("WWW-Authenticate")
 	if len(values) == 0 {
@@ -37,7 +38,7 @@ func parseChallenge(h http.Header, now time.Time) *challenge {
 		return nil
 	}
 	for _, c := range cs {
-		if c.Scheme != "bearer" {
+		if c.Scheme != "bearer" && c.Scheme != "dpop" {
 			continue
 		}
 		ch := &challenge{ResourceMetadata: c.Params["resource_metadata"], Error: c.Params["error"], At: now}
@@ -51,14 +52,23 @@ func parseChallenge(h http.Header, now time.Time) *challenge {
 	return nil
 }
 
+// asMeta is an authorization server's metadata with what oauthex does not
+// read: the DPoP algorithms (RFC 9449 §5.1).
+type asMeta struct {
+	oauthex.AuthServerMeta
+	DPoPSigningAlgValuesSupported []string `json:"dpop_signing_alg_values_supported,omitempty"`
+}
+
 // server is what discovery found about an upstream's authorization.
 type server struct {
 	Resource string // the resource indicator to request tokens for
 	// PRMScopes is the resource's scopes_supported.
 	PRMScopes []string
+	// DPoPRequired is the resource's dpop_bound_access_tokens_required.
+	DPoPRequired bool `json:",omitempty"`
 	// Legacy: no protected resource metadata, the 2025-03-26 rules.
 	Legacy bool
-	Meta   oauthex.AuthServerMeta
+	Meta   asMeta
 	// NoMeta: no metadata document at all; the endpoints are the
 	// 2025-03-26 defaults at the server's root.
 	NoMeta bool
@@ -206,14 +216,14 @@ func (c *Client) discover(ctx context.Context, ch *challenge) (*server, error) {
 	if meta == nil {
 		return nil, fmt.Errorf("the authorization server %s publishes no metadata (tried %s)", shown(issuer), strings.Join(asMetadataCandidates(issuer), ", "))
 	}
-	return &server{Resource: prm.Resource, PRMScopes: validScopes(prm.ScopesSupported), Meta: *meta}, nil
+	return &server{Resource: prm.Resource, PRMScopes: validScopes(prm.ScopesSupported), DPoPRequired: prm.DPOPBoundAccessTokensRequired, Meta: *meta}, nil
 }
 
 // authServerMeta fetches and checks the metadata of issuer; nil when no
 // candidate location has it.
-func (c *Client) authServerMeta(ctx context.Context, issuer string) (*oauthex.AuthServerMeta, error) {
+func (c *Client) authServerMeta(ctx context.Context, issuer string) (*asMeta, error) {
 	for _, cand := range asMetadataCandidates(issuer) {
-		var meta oauthex.AuthServerMeta
+		var meta asMeta
 		err := c.egress.getJSON(ctx, cand, &meta)
 		if errors.Is(err, errNotFound) {
 			continue
@@ -224,7 +234,7 @@ func (c *Client) authServerMeta(ctx context.Context, issuer string) (*oauthex.Au
 		if !issuersEqual(meta.Issuer, issuer) {
 			return nil, fmt.Errorf("the authorization server metadata at %s names issuer %q, not %s (RFC 8414 §3.3)", shown(cand), clip(meta.Issuer, 200), shown(issuer))
 		}
-		if err := checkEndpoints(&meta); err != nil {
+		if err := checkEndpoints(&meta.AuthServerMeta); err != nil {
 			return nil, err
 		}
 		return &meta, nil
@@ -244,7 +254,7 @@ func (c *Client) discoverLegacy(ctx context.Context) (*server, error) {
 	base := *u
 	base.Path, base.RawPath, base.RawQuery, base.Fragment = "", "", "", ""
 	origin := base.String()
-	var meta oauthex.AuthServerMeta
+	var meta asMeta
 	err = c.egress.getJSON(ctx, origin+"/.well-known/oauth-authorization-server", &meta)
 	switch {
 	case errors.Is(err, errNotFound):
@@ -252,12 +262,12 @@ func (c *Client) discoverLegacy(ctx context.Context) (*server, error) {
 			Resource: c.mcpURL,
 			Legacy:   true,
 			NoMeta:   true,
-			Meta: oauthex.AuthServerMeta{
+			Meta: asMeta{AuthServerMeta: oauthex.AuthServerMeta{
 				Issuer:                origin,
 				AuthorizationEndpoint: origin + "/authorize",
 				TokenEndpoint:         origin + "/token",
 				RegistrationEndpoint:  origin + "/register",
-			},
+			}},
 		}, nil
 	case err != nil:
 		return nil, fmt.Errorf("authorization server metadata: %v", err)
@@ -271,7 +281,7 @@ func (c *Client) discoverLegacy(ctx context.Context) (*server, error) {
 	if err != nil || pinnedfetch.Origin(iu) != pinnedfetch.Origin(u) {
 		return nil, fmt.Errorf("the authorization server metadata at %s/.well-known/oauth-authorization-server names issuer %q, which is not on the MCP server's origin; publish protected resource metadata (RFC 9728) to name another authorization server", origin, clip(meta.Issuer, 200))
 	}
-	if err := checkEndpoints(&meta); err != nil {
+	if err := checkEndpoints(&meta.AuthServerMeta); err != nil {
 		return nil, err
 	}
 	return &server{Resource: c.mcpURL, Legacy: true, Meta: meta}, nil

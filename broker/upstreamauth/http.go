@@ -13,6 +13,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -44,6 +45,9 @@ type egress struct {
 	mu      sync.Mutex
 	clients map[string]*http.Client // by origin: redirects followed (GET)
 	posts   map[string]*http.Client // by origin: no redirect (POST with credentials)
+
+	// nonces are the DPoP nonces the servers handed out.
+	nonces nonces
 }
 
 func newEgress(opts []pinnedfetch.Option) *egress {
@@ -204,7 +208,11 @@ func (a clientAuth) apply(req *http.Request, form url.Values, now time.Time) err
 		form.Set("client_assertion_type", "urn:ietf:params:oauth:client-assertion-type:jwt-bearer")
 		form.Set("client_assertion", assertion)
 	default: // none
-		form.Set("client_id", a.clientID)
+		// A jwt_bearer grant may name no client at all (RFC 7523 §3.1):
+		// the assertion's subject is who asks.
+		if a.clientID != "" {
+			form.Set("client_id", a.clientID)
+		}
 	}
 	return nil
 }
@@ -260,16 +268,19 @@ func (t *tokenResponse) expiresIn() time.Duration {
 }
 
 // postForm sends a token (or revocation) request: the form, the client
-// authentication, no redirect followed. It returns the body of a 2xx
-// answer; an error answer becomes an *oauthError with the server's code
-// and a bounded description, never the request.
+// authentication, with key a DPoP proof (RFC 9449 §5), no redirect
+// followed. It returns the body of a 2xx answer; an error answer becomes
+// an *oauthError with the server's code and a bounded description, never
+// the request. A use_dpop_nonce answer (§8) with a nonce not tried yet
+// gets one retry, with a fresh proof and client assertion.
 //
 // This is written here rather than with x/oauth2's Exchange and
 // TokenSource because those cannot send the resource indicator (RFC 8707)
 // on a refresh, cannot present a fresh private_key_jwt assertion per
-// request, retry with the secret in a second place when the auth style is
-// auto-detected, and quote the raw response body in their errors.
-func (e *egress) postForm(ctx context.Context, endpoint string, form url.Values, auth *clientAuth, now time.Time, redact func(string) string) ([]byte, error) {
+// request, cannot add a DPoP proof, retry with the secret in a second place
+// when the auth style is auto-detected, and quote the raw response body in
+// their errors.
+func (e *egress) postForm(ctx context.Context, endpoint string, form url.Values, auth *clientAuth, key *dpopKey, now time.Time, redact func(string) string) ([]byte, error) {
 	name := shown(endpoint)
 	if err := checkURL(endpoint); err != nil {
 		return nil, fmt.Errorf("endpoint %s: %v", name, err)
@@ -280,14 +291,45 @@ func (e *egress) postForm(ctx context.Context, endpoint string, form url.Values,
 	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, nil)
-	if err != nil {
-		return nil, err
-	}
-	if auth != nil {
-		if err := auth.apply(req, form, now); err != nil {
+	for attempt := 0; ; attempt++ {
+		data, used, oe, err := e.postOnce(ctx, hc, endpoint, form, auth, key, now, redact)
+		if err != nil {
 			return nil, err
 		}
+		if oe == nil {
+			return data, nil
+		}
+		if key != nil && attempt == 0 && oe.Code == "use_dpop_nonce" {
+			if n := e.nonces.get(nonceAS, mustParse(endpoint)); n != "" && n != used {
+				continue
+			}
+		}
+		return nil, oe
+	}
+}
+
+// postOnce is one attempt of postForm: the answer's body, the DPoP nonce
+// its proof carried, and the server's refusal.
+func (e *egress) postOnce(ctx context.Context, hc *http.Client, endpoint string, form url.Values, auth *clientAuth, key *dpopKey, now time.Time, redact func(string) string) ([]byte, string, *oauthError, error) {
+	name := shown(endpoint)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, nil)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	form = cloneValues(form)
+	if auth != nil {
+		if err := auth.apply(req, form, now); err != nil {
+			return nil, "", nil, err
+		}
+	}
+	var used string
+	if key != nil {
+		used = e.nonces.get(nonceAS, req.URL)
+		proof, err := key.proof(http.MethodPost, req.URL, "", used, now)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		req.Header.Set("DPoP", proof)
 	}
 	body := form.Encode()
 	req.Body = io.NopCloser(strings.NewReader(body))
@@ -297,15 +339,18 @@ func (e *egress) postForm(ctx context.Context, endpoint string, form url.Values,
 	req.Header.Set("Accept", "application/json")
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("POST %s: %s", name, redact(unwrapURLError(err).Error()))
+		return nil, "", nil, fmt.Errorf("POST %s: %s", name, redact(unwrapURLError(err).Error()))
 	}
 	defer drain(resp)
+	if key != nil {
+		e.nonces.note(nonceAS, req.URL, resp.Header)
+	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("POST %s: reading the answer: %v", name, err)
+		return nil, "", nil, fmt.Errorf("POST %s: reading the answer: %v", name, err)
 	}
 	if len(data) > maxTokenBytes {
-		return nil, fmt.Errorf("POST %s: the answer is larger than %d bytes", name, maxTokenBytes)
+		return nil, "", nil, fmt.Errorf("POST %s: the answer is larger than %d bytes", name, maxTokenBytes)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		oe := &oauthError{Endpoint: name, Status: resp.StatusCode}
@@ -317,14 +362,33 @@ func (e *egress) postForm(ctx context.Context, endpoint string, form url.Values,
 			oe.Code = clip(redact(body.Error), 64)
 			oe.Description = clip(redact(body.Description), 200)
 		}
-		return nil, oe
+		return nil, used, oe, nil
 	}
-	return data, nil
+	return data, used, nil, nil
 }
 
-// requestToken posts a grant to a token endpoint and decodes the answer.
-func (e *egress) requestToken(ctx context.Context, endpoint string, form url.Values, auth *clientAuth, now time.Time, redact func(string) string) (*tokenResponse, error) {
-	data, err := e.postForm(ctx, endpoint, form, auth, now, redact)
+func cloneValues(v url.Values) url.Values {
+	out := make(url.Values, len(v))
+	for k, vs := range v {
+		out[k] = slices.Clone(vs)
+	}
+	return out
+}
+
+// mustParse parses a URL that checkURL accepted.
+func mustParse(raw string) *url.URL {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return &url.URL{}
+	}
+	return u
+}
+
+// requestToken posts a grant to a token endpoint, with key a DPoP proof,
+// and decodes the answer: a Bearer token, a DPoP one when key is set, or
+// an issued token of another type (token exchange).
+func (e *egress) requestToken(ctx context.Context, endpoint string, form url.Values, auth *clientAuth, key *dpopKey, now time.Time, redact func(string) string) (*tokenResponse, error) {
+	data, err := e.postForm(ctx, endpoint, form, auth, key, now, redact)
 	if err != nil {
 		return nil, err
 	}
@@ -337,7 +401,7 @@ func (e *egress) requestToken(ctx context.Context, endpoint string, form url.Val
 	if tr.AccessToken == "" {
 		return nil, fmt.Errorf("POST %s: the answer has no access_token", shown(endpoint))
 	}
-	if tr.TokenType != "" && !strings.EqualFold(tr.TokenType, "bearer") && tr.IssuedTokenType == "" {
+	if tr.TokenType != "" && !strings.EqualFold(tr.TokenType, "bearer") && !(key != nil && strings.EqualFold(tr.TokenType, "dpop")) && tr.IssuedTokenType == "" {
 		return nil, fmt.Errorf("POST %s: the token type %q is not Bearer", shown(endpoint), clip(tr.TokenType, 32))
 	}
 	return &tr, nil

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -44,6 +45,9 @@ type pendingLogin struct {
 	Scopes   []string      `json:"scopes,omitempty"`
 	Srv      *server       `json:"server"`
 	Reg      *registration `json:"registration"` // the client used (CIMD, DCR, or the configured one: Kind "")
+	// DPoPKey is the PKCS #8 key the code was requested for (dpop_jkt),
+	// when the tokens are to be DPoP-bound; sealed like the rest.
+	DPoPKey []byte `json:"dpop_key,omitempty"`
 }
 
 // pendingDir is the storage directory of this upstream's pending logins.
@@ -129,8 +133,10 @@ func (c *Client) takePending(ctx context.Context, state string) (*pendingLogin, 
 // pre-registration, else dynamic registration, whose result is stored),
 // chooses the scopes (the upstream's challenge, else its scopes_supported,
 // else none; plus any step-up scopes and the granted ones, and
-// offline_access when the server lists it), and remembers the PKCE
-// verifier under a random state for [Client.Callback].
+// offline_access when the server lists it), makes a DPoP key when the
+// tokens are to be bound to one (the code is requested for it: dpop_jkt,
+// RFC 9449 §10), and remembers the PKCE verifier and the key under a
+// random state for [Client.Callback].
 func (c *Client) BeginLogin(ctx context.Context) (string, error) {
 	if !c.interactive() {
 		return "", fmt.Errorf("upstream %q uses the %s grant, which needs no login", c.name, c.cfg.grant())
@@ -158,6 +164,10 @@ func (c *Client) BeginLogin(ctx context.Context) (string, error) {
 	}
 	if !srv.NoMeta && !slices.Contains(srv.Meta.CodeChallengeMethodsSupported, "S256") {
 		return "", wrap(fmt.Errorf("the authorization server %s does not list PKCE S256 in code_challenge_methods_supported; the MCP spec forbids logging in without it", shown(srv.Meta.Issuer)))
+	}
+	useDPoP, err := c.wantDPoP(srv.Meta.DPoPSigningAlgValuesSupported, srv.DPoPRequired, !srv.NoMeta)
+	if err != nil {
+		return "", wrap(fmt.Errorf("authorization server %s: %w", shown(srv.Meta.Issuer), err))
 	}
 	reg, err := c.register(ctx, srv)
 	if err != nil {
@@ -191,12 +201,22 @@ func (c *Client) BeginLogin(ctx context.Context) (string, error) {
 		RedirectURL: c.cfg.RedirectURL,
 		Scopes:      scopes,
 	}
-	authURL := cfg.AuthCodeURL(state, oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("resource", srv.Resource))
+	params := []oauth2.AuthCodeOption{oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("resource", srv.Resource)}
+	pending := &pendingLogin{Created: c.now(), Verifier: verifier, Scopes: scopes, Srv: srv, Reg: reg}
+	if useDPoP {
+		key, err := newDPoPKey()
+		if err != nil {
+			return "", wrap(err)
+		}
+		pending.DPoPKey = key.der
+		params = append(params, oauth2.SetAuthURLParam("dpop_jkt", key.jkt))
+	}
+	authURL := cfg.AuthCodeURL(state, params...)
 
-	if err := c.savePending(ctx, state, &pendingLogin{Created: c.now(), Verifier: verifier, Scopes: scopes, Srv: srv, Reg: reg}); err != nil {
+	if err := c.savePending(ctx, state, pending); err != nil {
 		return "", wrap(fmt.Errorf("keeping the login until its callback: %w", err))
 	}
-	c.logger.Info("upstream oauth: login started", "upstream", c.name, "issuer", srv.Meta.Issuer, "scopes", strings.Join(scopes, " "), "client", reg.Kind)
+	c.logger.Info("upstream oauth: login started", "upstream", c.name, "issuer", srv.Meta.Issuer, "scopes", strings.Join(scopes, " "), "client", reg.Kind, "dpop", useDPoP)
 	return authURL, nil
 }
 
@@ -224,11 +244,23 @@ func (c *Client) ClientMetadataDocument() ([]byte, bool) {
 		"grant_types":                []string{"authorization_code", "refresh_token"},
 		"response_types":             []string{"code"},
 		"token_endpoint_auth_method": AuthNone,
+		"application_type":           c.applicationType(),
 	})
 	if err != nil {
 		return nil, false
 	}
 	return doc, true
+}
+
+// applicationType is what kind of client the gateway registers as
+// (SEP-837, OpenID Connect Dynamic Registration §2): "native" when its
+// callback is on loopback, where a web client's redirect URIs may not be,
+// and "web" for an https callback.
+func (c *Client) applicationType() string {
+	if u, err := url.Parse(c.cfg.RedirectURL); err == nil && u.Scheme == "http" && pinnedfetch.IsLoopbackHost(u.Hostname()) {
+		return "native"
+	}
+	return "web"
 }
 
 // register returns the client to log in with, in the order of the MCP
@@ -264,6 +296,7 @@ func (c *Client) register(ctx context.Context, srv *server) (*registration, erro
 		GrantTypes:              []string{"authorization_code", "refresh_token"},
 		ResponseTypes:           []string{"code"},
 		ClientName:              c.cfg.ClientName,
+		ApplicationType:         c.applicationType(),
 	}
 	if meta.ClientName == "" {
 		meta.ClientName = defaultClientName
@@ -357,6 +390,14 @@ func (c *Client) Callback(ctx context.Context, query url.Values) error {
 	if code == "" {
 		return refuse("the authorization response has no code")
 	}
+	var key *dpopKey
+	if p.DPoPKey != nil {
+		k, err := parseDPoPKey(p.DPoPKey)
+		if err != nil {
+			return refuse("%v; run the login again", err)
+		}
+		key = k
+	}
 
 	if err := c.acquire(ctx); err != nil {
 		return err
@@ -377,18 +418,19 @@ func (c *Client) Callback(ctx context.Context, query url.Values) error {
 			form.Set("resource", p.Srv.Resource)
 		}
 		auth := c.grantAuth(p.Reg, p.Srv.Meta.Issuer, p.Srv.Meta.TokenEndpoint, p.Srv.Meta.TokenEndpointAuthMethodsSupported)
-		tr, err := c.egress.requestToken(ctx, p.Srv.Meta.TokenEndpoint, form, auth, c.now(), c.redact)
+		tr, err := c.requestToken(ctx, p.Srv.Meta.TokenEndpoint, form, auth, key)
 		if err != nil {
 			failure = err
 			return nil, errNoChange
 		}
 		rec.RefreshToken = ""
-		c.storeToken(rec, tr, p.Scopes)
+		c.storeToken(rec, tr, p.Scopes, key)
 		rec.Resource = p.Srv.Resource
 		rec.Issuer = p.Srv.Meta.Issuer
 		rec.TokenEndpoint = p.Srv.Meta.TokenEndpoint
 		rec.RevocationEndpoint = p.Srv.Meta.RevocationEndpoint
 		rec.AuthMethods = slices.Clone(p.Srv.Meta.TokenEndpointAuthMethodsSupported)
+		rec.DPoPAlgs, rec.DPoPRequired = slices.Clone(p.Srv.Meta.DPoPSigningAlgValuesSupported), p.Srv.DPoPRequired
 		if p.Reg.Kind != "" {
 			rec.Client = p.Reg
 		} else if rec.Client != nil && rec.Client.Kind == "cimd" {
@@ -457,7 +499,7 @@ func (c *Client) idJAG(ctx context.Context, rec *record, scopes []string) (strin
 	if c.cfg.IDPClientSecret != "" {
 		auth.method = AuthClientSecretBasic
 	}
-	tr, err := c.egress.requestToken(ctx, endpoint, form, auth, c.now(), c.redact)
+	tr, err := c.egress.requestToken(ctx, endpoint, form, auth, nil, c.now(), c.redact)
 	if err != nil {
 		return "", fmt.Errorf("token exchange at the IdP: %w", err)
 	}

@@ -57,11 +57,17 @@ func (s *syncBuffer) String() string {
 // whose echo tool needs toolScope ("" for none).
 func newEnv(t *testing.T, asOpts oauthtest.AuthServerOptions, prmScopes []string, toolScope string) *env {
 	t.Helper()
+	return newEnvWith(t, asOpts, oauthtest.MCPOptions{ScopesSupported: prmScopes, EchoScope: toolScope})
+}
+
+// newEnvWith is newEnv with the MCP server's options in full.
+func newEnvWith(t *testing.T, asOpts oauthtest.AuthServerOptions, mcpOpts oauthtest.MCPOptions) *env {
+	t.Helper()
 	clk := oauthtest.NewClock(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))
 	asOpts.Now = clk.Now
 	as := oauthtest.NewAuthServer(asOpts)
 	t.Cleanup(as.Close)
-	m := oauthtest.NewMCPServer(as, oauthtest.MCPOptions{ScopesSupported: prmScopes, EchoScope: toolScope})
+	m := oauthtest.NewMCPServer(as, mcpOpts)
 	t.Cleanup(m.Close)
 	key := make([]byte, 32)
 	rand.Read(key)

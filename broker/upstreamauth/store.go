@@ -34,10 +34,14 @@ type record struct {
 	// Tokens.
 	AccessToken  string    `json:"access_token,omitempty"`
 	RefreshToken string    `json:"refresh_token,omitempty"`
-	TokenType    string    `json:"token_type,omitempty"`
+	TokenType    string    `json:"token_type,omitempty"` // "Bearer" or "DPoP"
 	Expiry       time.Time `json:"expiry,omitzero"`
 	IssuedAt     time.Time `json:"issued_at,omitzero"`
 	Scopes       []string  `json:"scopes,omitempty"` // granted
+	// DPoPKey is the PKCS #8 private key a DPoP token (and its refresh
+	// token) is bound to. It is sealed with the rest of the record, so
+	// every replica proves possession with the same key.
+	DPoPKey []byte `json:"dpop_key,omitempty"`
 
 	// Discovery.
 	Resource           string   `json:"resource,omitempty"`
@@ -45,6 +49,11 @@ type record struct {
 	TokenEndpoint      string   `json:"token_endpoint,omitempty"`
 	RevocationEndpoint string   `json:"revocation_endpoint,omitempty"`
 	AuthMethods        []string `json:"auth_methods,omitempty"` // token_endpoint_auth_methods_supported
+	// DPoPAlgs is the server's dpop_signing_alg_values_supported, and
+	// DPoPRequired the resource's dpop_bound_access_tokens_required: what
+	// the machine grants decide DPoP from.
+	DPoPAlgs     []string `json:"dpop_algs,omitempty"`
+	DPoPRequired bool     `json:"dpop_required,omitempty"`
 
 	// Registration (dynamic, or the CIMD URL) at Issuer for RedirectURL.
 	Client *registration `json:"client,omitempty"`
@@ -75,6 +84,8 @@ func (r *record) clone() *record {
 	c := *r
 	c.Scopes = slices.Clone(r.Scopes)
 	c.AuthMethods = slices.Clone(r.AuthMethods)
+	c.DPoPKey = slices.Clone(r.DPoPKey)
+	c.DPoPAlgs = slices.Clone(r.DPoPAlgs)
 	c.NeedScopes = slices.Clone(r.NeedScopes)
 	if r.Client != nil {
 		cl := *r.Client
@@ -86,6 +97,8 @@ func (r *record) clone() *record {
 // clearTokens forgets the tokens, keeping the registration and discovery.
 func (r *record) clearTokens(reason string) {
 	r.AccessToken, r.RefreshToken, r.TokenType = "", "", ""
+	clear(r.DPoPKey)
+	r.DPoPKey = nil
 	r.Expiry, r.IssuedAt = time.Time{}, time.Time{}
 	r.Scopes = nil
 	r.Reason = reason

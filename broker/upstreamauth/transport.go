@@ -1,6 +1,7 @@
 package upstreamauth
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,12 +12,18 @@ import (
 )
 
 // Transport returns the credential layer of the upstream's egress: it
-// adds `Authorization: Bearer <token>` to each request and calls next. Give
-// it to the broker (PassThroughOptions.Credentials, ConnOptions.Credentials,
+// adds `Authorization: Bearer <token>` to each request, or for a DPoP-bound
+// token `Authorization: DPoP <token>` with a fresh proof of the gateway's
+// key in a DPoP header, and calls next. Give it to the broker
+// (PassThroughOptions.Credentials, ConnOptions.Credentials,
 // AggregateOptions.Credentials): pinnedfetch calls it only for hops on the
 // upstream's origin, and next refuses any other.
 //
 //   - A token about to expire is refreshed first (single flight).
+//   - A 401 asking for a DPoP nonce (RFC 9449 §9) gets one retry with the
+//     nonce and a fresh proof, when the body can be replayed; the nonce is
+//     kept for the next requests. A second such answer is handed back as
+//     it is: it says nothing about the token, which is kept.
 //   - A 401 answer gets one refresh (a new token, for the machine grants)
 //     and one retry, when the request body can be replayed (GetBody).
 //   - A 403 with error="insufficient_scope" is a step-up: the machine
@@ -46,9 +53,12 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, err
 	}
-	resp, err := t.send(req, tok)
+	resp, err := t.sendFresh(req, tok)
 	if err != nil {
 		return nil, err
+	}
+	if rsNonceChallenge(resp) {
+		return resp, nil
 	}
 	switch resp.StatusCode {
 	case http.StatusUnauthorized:
@@ -67,6 +77,9 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req2, resp, err := t.resend(req, tok2)
 		if err != nil {
 			return nil, err
+		}
+		if rsNonceChallenge(resp) {
+			return resp, nil
 		}
 		if resp.StatusCode == http.StatusUnauthorized {
 			c.noteChallenge(resp)
@@ -121,19 +134,60 @@ func (t *transport) resend(req *http.Request, tok *hotToken) (*http.Request, *ht
 	if err != nil {
 		return nil, nil, err
 	}
-	resp, err := t.send(req2, tok)
+	resp, err := t.sendFresh(req2, tok)
 	return req2, resp, err
 }
 
-// send attaches tok to a copy of req and sends it.
-func (t *transport) send(req *http.Request, tok *hotToken) (*http.Response, error) {
+// sendFresh sends req with tok and, when the upstream asks for a DPoP
+// nonce it has not been given yet, once more with it (the body rewound).
+func (t *transport) sendFresh(req *http.Request, tok *hotToken) (*http.Response, error) {
+	resp, used, err := t.send(req, tok)
+	if err != nil || tok.dpop == nil || !rsNonceChallenge(resp) || !replayable(req) {
+		return resp, err
+	}
+	if n := t.c.egress.nonces.get(nonceRS, req.URL); n == "" || n == used {
+		return resp, nil
+	}
+	req2, err := rewind(req)
+	if err != nil {
+		drain(resp)
+		return nil, err
+	}
+	drain(resp)
+	resp, _, err = t.send(req2, tok)
+	return resp, err
+}
+
+// send attaches tok to a copy of req, with a DPoP proof for a bound token,
+// and sends it. It returns the DPoP nonce the proof carried, and keeps the
+// one the answer gives.
+func (t *transport) send(req *http.Request, tok *hotToken) (*http.Response, string, error) {
 	r := *req
 	r.Header = req.Header.Clone()
 	if r.Header == nil {
-		r.Header = make(http.Header, 1)
+		r.Header = make(http.Header, 2)
 	}
 	r.Header["Authorization"] = []string{tok.header}
-	return t.next.RoundTrip(&r)
+	var used string
+	if tok.dpop != nil {
+		c := t.c
+		used = c.egress.nonces.get(nonceRS, req.URL)
+		proof, err := tok.dpop.proof(cmp.Or(req.Method, http.MethodGet), req.URL, tok.ath, used, c.now())
+		if err != nil {
+			closeBody(req)
+			return nil, "", err
+		}
+		r.Header["Dpop"] = []string{proof}
+	} else {
+		// A DPoP header the caller set is not this layer's, and proves
+		// nothing with a Bearer token.
+		delete(r.Header, "Dpop")
+	}
+	resp, err := t.next.RoundTrip(&r)
+	if err == nil && tok.dpop != nil {
+		t.c.egress.nonces.note(nonceRS, req.URL, resp.Header)
+	}
+	return resp, used, err
 }
 
 func replayable(req *http.Request) bool {

@@ -342,6 +342,19 @@ func TestCallbackRefusals(t *testing.T) {
 			t.Errorf("state %+v", c.State())
 		}
 	})
+	// RFC 9207 §2.4: iss is compared as a string; an issuer that only
+	// normalizes to the right one is another issuer.
+	t.Run("iss-normalized", func(t *testing.T) {
+		e := newEnv(t, oauthtest.AuthServerOptions{Iss: oauthtest.IssNormalized, IssAdvertised: true}, nil, "")
+		c := e.client(Config{RedirectURL: redirect})
+		q, _ := e.authorize(c)
+		if err := c.Callback(context.Background(), q); !errors.Is(err, ErrLogin) || !strings.Contains(err.Error(), "RFC 9207") {
+			t.Fatalf("Callback: %v", err)
+		}
+		if grants, _ := e.counts(); len(grants) != 0 {
+			t.Errorf("the code was redeemed: %v", grants)
+		}
+	})
 	t.Run("iss-advertised-missing", func(t *testing.T) {
 		e := newEnv(t, oauthtest.AuthServerOptions{IssAdvertised: true}, nil, "")
 		c := e.client(Config{RedirectURL: redirect})

@@ -7,8 +7,10 @@
 //
 // The suite appends the server URL as the last argument and sets
 // MCP_CONFORMANCE_SCENARIO and, for some scenarios, MCP_CONFORMANCE_CONTEXT
-// (JSON: client ids, secrets, keys). The scenario only picks the oauth
-// block an operator would write; every OAuth decision is upstreamauth's.
+// (JSON: client ids, secrets, keys, a workload's JWT). The scenario only
+// picks the oauth block an operator would write (a JWT or ID token goes to
+// a file, where its platform would keep it); every OAuth decision,
+// DPoP included, is upstreamauth's.
 // For the authorization-code scenarios the program plays the operator's
 // browser in `caddy zidane login`: BeginLogin, a GET of the authorization
 // URL that does not follow its redirect, and Callback with the query of
@@ -98,6 +100,35 @@ func run(ctx context.Context, scenario, serverURL string, conf map[string]any) e
 		return session(ctx, serverURL, opts, nil, logger, callTool("test_client_elicitation_defaults", map[string]any{}))
 	case "sse-retry":
 		return session(ctx, serverURL, nil, nil, logger, callTool("test_reconnection", map[string]any{}))
+	case "request-metadata":
+		// SEP-2575: the per-request _meta, the MCP-Protocol-Version header
+		// and the retry after -32022 are the connection's own work.
+		return session(ctx, serverURL, nil, nil, logger, listTools)
+	case "json-schema-ref-no-deref":
+		// SEP-2106: listing a tool whose schema has a network $ref must
+		// not fetch it.
+		return session(ctx, serverURL, nil, nil, logger, listTools)
+	case "json-schema-2020-12-preservation":
+		return session(ctx, serverURL, nil, nil, logger, echoSchema)
+	case "sep-2322-client-request-state":
+		opts := &mcp.ClientOptions{
+			Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{}},
+			ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"confirmed": true}}, nil
+			},
+		}
+		return session(ctx, serverURL, opts, nil, logger, callEach("test_mrtr_echo_state", "test_mrtr_no_state", "test_mrtr_unrelated", "test_mrtr_no_result_type"))
+	case "http-standard-headers":
+		return session(ctx, serverURL, nil, nil, logger, touchEveryVerb)
+	case "http-custom-headers":
+		return session(ctx, serverURL, nil, nil, logger, contextToolCalls(conf))
+	case "http-invalid-tool-headers":
+		return session(ctx, serverURL, nil, nil, logger, callListed(map[string]any{"region": "us-west1"}))
+	case "sep-2640-client-no-prefetch", "sep-2640-client-verify-digest", "sep-2640-client-verify-size", "sep-2640-client-verify-frontmatter":
+		// The skills extension (SEP-2640) judges a host that loads skills;
+		// the broker loads none. It connects and lists tools, as it does
+		// for any upstream, and reads no skill.
+		return session(ctx, serverURL, nil, nil, logger, listTools)
 	}
 	if !strings.HasPrefix(scenario, "auth/") {
 		return fmt.Errorf("unknown scenario")
@@ -114,6 +145,13 @@ func run(ctx context.Context, scenario, serverURL string, conf map[string]any) e
 		// identity would be kept fresh.
 		cfg.IDTokenFile = filepath.Join(dir, "id_token")
 		if err := os.WriteFile(cfg.IDTokenFile, []byte(s), 0o600); err != nil {
+			return err
+		}
+	}
+	if s, ok := conf["valid_jwt"].(string); ok {
+		// The workload's JWT, where its platform would keep it fresh.
+		cfg.AssertionFile = filepath.Join(dir, "workload.jwt")
+		if err := os.WriteFile(cfg.AssertionFile, []byte(s), 0o600); err != nil {
 			return err
 		}
 	}
@@ -166,6 +204,11 @@ func oauthConfig(scenario string, conf map[string]any) upstreamauth.Config {
 			ClientID:         str("client_id"),
 			PrivateKey:       str("private_key_pem"),
 			SigningAlgorithm: str("signing_algorithm"),
+		}
+	case conf["valid_jwt"] != nil:
+		return upstreamauth.Config{
+			Grant:    upstreamauth.GrantJWTBearer,
+			ClientID: str("client_id"),
 		}
 	case conf["idp_id_token"] != nil:
 		return upstreamauth.Config{
@@ -262,4 +305,97 @@ func callTool(name string, args map[string]any) steps {
 		}
 		return nil
 	}
+}
+
+// callEach calls each named tool once, in order. A call the server
+// answers with an error is logged, not fatal: the scenarios judge what was
+// sent.
+func callEach(names ...string) steps {
+	return func(ctx context.Context, cs *mcp.ClientSession) error {
+		for _, name := range names {
+			if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: map[string]any{}}); err != nil {
+				log.Printf("calling %s: %v", name, err)
+			}
+		}
+		return nil
+	}
+}
+
+// callListed lists the tools and calls every one the client kept with
+// args (SEP-2243: a tool whose x-mcp-header annotations are invalid is
+// left out of the listing).
+func callListed(args map[string]any) steps {
+	return func(ctx context.Context, cs *mcp.ClientSession) error {
+		res, err := cs.ListTools(ctx, nil)
+		if err != nil {
+			return err
+		}
+		for _, t := range res.Tools {
+			if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: t.Name, Arguments: args}); err != nil {
+				log.Printf("calling %s: %v", t.Name, err)
+			}
+		}
+		return nil
+	}
+}
+
+// touchEveryVerb lists and uses the first tool, resource and prompt, so
+// that each request carries its Mcp-Method and Mcp-Name headers.
+func touchEveryVerb(ctx context.Context, cs *mcp.ClientSession) error {
+	if res, err := cs.ListTools(ctx, nil); err == nil && len(res.Tools) > 0 {
+		if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: res.Tools[0].Name, Arguments: map[string]any{}}); err != nil {
+			log.Printf("calling %s: %v", res.Tools[0].Name, err)
+		}
+	}
+	if res, err := cs.ListResources(ctx, nil); err == nil && len(res.Resources) > 0 {
+		if _, err := cs.ReadResource(ctx, &mcp.ReadResourceParams{URI: res.Resources[0].URI}); err != nil {
+			log.Printf("reading %s: %v", res.Resources[0].URI, err)
+		}
+	}
+	if res, err := cs.ListPrompts(ctx, nil); err == nil && len(res.Prompts) > 0 {
+		if _, err := cs.GetPrompt(ctx, &mcp.GetPromptParams{Name: res.Prompts[0].Name, Arguments: map[string]string{}}); err != nil {
+			log.Printf("getting %s: %v", res.Prompts[0].Name, err)
+		}
+	}
+	return nil
+}
+
+// contextToolCalls lists the tools (which records their x-mcp-header
+// annotations) and makes the calls the suite gives in its context
+// ({"toolCalls": [{"name", "arguments"}]}).
+func contextToolCalls(conf map[string]any) steps {
+	return func(ctx context.Context, cs *mcp.ClientSession) error {
+		if _, err := cs.ListTools(ctx, nil); err != nil {
+			return err
+		}
+		calls, _ := conf["toolCalls"].([]any)
+		for _, c := range calls {
+			call, _ := c.(map[string]any)
+			name, _ := call["name"].(string)
+			args, _ := call["arguments"].(map[string]any)
+			if name == "" {
+				continue
+			}
+			if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args}); err != nil {
+				log.Printf("calling %s: %v", name, err)
+			}
+		}
+		return nil
+	}
+}
+
+// echoSchema hands the focal tool's inputSchema, as the client read it,
+// back through the server's echo tool, so the suite can see which JSON
+// Schema 2020-12 keywords survived.
+func echoSchema(ctx context.Context, cs *mcp.ClientSession) error {
+	res, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(res.Tools, func(t *mcp.Tool) bool { return t.Name == "json_schema_2020_12_tool" })
+	if i < 0 {
+		return fmt.Errorf("the server has no tool json_schema_2020_12_tool")
+	}
+	_, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "json_schema_echo", Arguments: map[string]any{"schema": res.Tools[i].InputSchema}})
+	return err
 }

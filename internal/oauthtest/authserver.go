@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,6 +34,10 @@ const (
 	IssOmitted = ""        // no iss parameter
 	IssCorrect = "correct" // the server's issuer
 	IssWrong   = "wrong"   // another issuer, as in a mix-up attack
+	// IssNormalized is the issuer with a trailing slash: equal to it
+	// after URL normalization, not under the simple string comparison
+	// RFC 9207 §2.4 asks for.
+	IssNormalized = "normalized"
 )
 
 // Grant types and token types of the token endpoint.
@@ -84,6 +89,18 @@ type AuthServerOptions struct {
 	// GrantScopes, when set, decides the scopes granted from those
 	// requested (default: what was requested).
 	GrantScopes func(requested []string) []string
+	// DPoP advertises dpop_signing_alg_values_supported (ES256) and binds
+	// the tokens of a token request that carries a valid DPoP proof (RFC
+	// 9449) to the proof's key: token_type DPoP, a refresh token that only
+	// a proof of the same key redeems, and an [MCPServer] that accepts the
+	// access token only with the DPoP scheme and a fresh proof of that
+	// key. A code requested with dpop_jkt is redeemed only with a proof of
+	// that key. Without DPoP, proofs are ignored and tokens are Bearer.
+	DPoP bool
+	// DPoPNonce makes the token endpoint require a nonce of its own in
+	// the proofs (RFC 9449 §8): a proof without it gets 400
+	// use_dpop_nonce with the nonce in a DPoP-Nonce header.
+	DPoPNonce bool
 }
 
 // TokenRequest is one request the token endpoint received.
@@ -93,6 +110,19 @@ type TokenRequest struct {
 	Scope      string // scope
 	Resource   string // resource (RFC 8707)
 	Error      string // the OAuth error code answered; "" when tokens were issued
+	// DPoP is the DPoP proof the request carried (zero: none), with Err
+	// set when it was refused. Only a server with AuthServerOptions.DPoP
+	// reads proofs.
+	DPoP DPoPProof
+	// Assertion is the assertion of a jwt-bearer grant.
+	Assertion string
+}
+
+// Registration is one dynamic client registration request (RFC 7591).
+type Registration struct {
+	RedirectURIs    []string
+	ApplicationType string // application_type (SEP-837); "" when left out
+	AuthMethod      string // token_endpoint_auth_method
 }
 
 // RefreshToken is what the server knows of a refresh token it issued.
@@ -110,12 +140,14 @@ type asClient struct {
 type asCode struct {
 	client, challenge, redirect, resource string
 	scopes                                []string
+	jkt                                   string // dpop_jkt of the authorization request
 }
 
 type asAccess struct {
 	scopes  []string
 	expiry  time.Time
 	revoked bool
+	jkt     string // the DPoP key it is bound to; "" for a Bearer token
 }
 
 type asRefresh struct {
@@ -127,6 +159,7 @@ type asRefresh struct {
 	revoked   bool
 	issuedFor string // the access token issued with it
 	grant     int    // the authorization it descends from, by rotation
+	jkt       string // the DPoP key it is bound to
 }
 
 // AuthServer is an OAuth 2.1 authorization server on 127.0.0.1. It is safe
@@ -157,6 +190,10 @@ type AuthServer struct {
 	pkceOK    int               // codes redeemed with a matching verifier
 	idToken   string            // the ID token the IdP side accepts
 	jags      map[string]string // ID-JAG -> resource
+	nonce     string            // the DPoP nonce the token endpoint requires
+	jtis      map[string]bool   // jti of every DPoP proof accepted
+	workloads []crypto.PublicKey
+	regReqs   []Registration
 }
 
 // NewAuthServer starts an authorization server on 127.0.0.1. Close it when
@@ -165,7 +202,10 @@ func NewAuthServer(opts AuthServerOptions) *AuthServer {
 	as := &AuthServer{
 		opts: opts, now: opts.Now, ttl: opts.AccessTokenTTL,
 		clients: map[string]*asClient{}, codes: map[string]*asCode{},
-		access: map[string]*asAccess{}, jags: map[string]string{},
+		access: map[string]*asAccess{}, jags: map[string]string{}, jtis: map[string]bool{},
+	}
+	if opts.DPoPNonce {
+		as.nonce = NewSecret("as-nonce")
 	}
 	if as.now == nil {
 		as.now = time.Now
@@ -240,6 +280,9 @@ func (as *AuthServer) metadata(w http.ResponseWriter, r *http.Request) {
 	if as.opts.IssAdvertised {
 		m["authorization_response_iss_parameter_supported"] = true
 	}
+	if as.opts.DPoP {
+		m["dpop_signing_alg_values_supported"] = []string{"ES256"}
+	}
 	writeJSON(w, http.StatusOK, m)
 }
 
@@ -259,7 +302,7 @@ func (as *AuthServer) handleAuthorize(w http.ResponseWriter, r *http.Request) {
 	}
 	code := NewSecret("code")
 	as.mu.Lock()
-	as.codes[code] = &asCode{client: q.Get("client_id"), challenge: q.Get("code_challenge"), redirect: q.Get("redirect_uri"), resource: q.Get("resource"), scopes: strings.Fields(q.Get("scope"))}
+	as.codes[code] = &asCode{client: q.Get("client_id"), challenge: q.Get("code_challenge"), redirect: q.Get("redirect_uri"), resource: q.Get("resource"), scopes: strings.Fields(q.Get("scope")), jkt: q.Get("dpop_jkt")}
 	as.issued = append(as.issued, code)
 	as.allCodes = append(as.allCodes, code)
 	as.mu.Unlock()
@@ -271,6 +314,8 @@ func (as *AuthServer) handleAuthorize(w http.ResponseWriter, r *http.Request) {
 		rq.Set("iss", as.URL)
 	case IssWrong:
 		rq.Set("iss", "https://evil.example.com")
+	case IssNormalized:
+		rq.Set("iss", as.URL+"/")
 	}
 	redirect.RawQuery = rq.Encode()
 	// The browser leaves no trace of the code behind (RFC 9700 §4.2.4).
@@ -338,7 +383,7 @@ func (as *AuthServer) authenticate(r *http.Request) (string, string, error) {
 // issue answers a token request with a new access token (and, when
 // grant is not noRefresh, a refresh token of that grant: newGrant for a
 // new authorization, or the grant of the refresh token it rotates).
-func (as *AuthServer) issue(w http.ResponseWriter, client string, scopes []string, resource string, grant int) {
+func (as *AuthServer) issue(w http.ResponseWriter, client string, scopes []string, resource string, grant int, jkt string) {
 	if as.opts.GrantScopes != nil {
 		scopes = as.opts.GrantScopes(scopes)
 	}
@@ -346,10 +391,13 @@ func (as *AuthServer) issue(w http.ResponseWriter, client string, scopes []strin
 	as.mu.Lock()
 	ttl := as.ttl
 	resp := map[string]any{"access_token": at, "token_type": "Bearer", "expires_in": int(ttl / time.Second)}
+	if jkt != "" {
+		resp["token_type"] = "DPoP"
+	}
 	if len(scopes) > 0 {
 		resp["scope"] = strings.Join(scopes, " ")
 	}
-	as.access[at] = &asAccess{scopes: scopes, expiry: as.now().Add(ttl)}
+	as.access[at] = &asAccess{scopes: scopes, expiry: as.now().Add(ttl), jkt: jkt}
 	as.accessSeq = append(as.accessSeq, at)
 	as.issued = append(as.issued, at)
 	if grant != noRefresh {
@@ -358,7 +406,7 @@ func (as *AuthServer) issue(w http.ResponseWriter, client string, scopes []strin
 			grant = as.grants
 		}
 		rt := NewSecret("rt")
-		as.refresh = append(as.refresh, &asRefresh{token: rt, client: client, scopes: scopes, resource: resource, issuedFor: at, grant: grant})
+		as.refresh = append(as.refresh, &asRefresh{token: rt, client: client, scopes: scopes, resource: resource, issuedFor: at, grant: grant, jkt: jkt})
 		as.issued = append(as.issued, rt)
 		resp["refresh_token"] = rt
 	}
@@ -397,7 +445,7 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 	f := r.PostForm
 	client, method, err := as.authenticate(r)
 	as.mu.Lock()
-	as.requests = append(as.requests, TokenRequest{GrantType: f.Get("grant_type"), AuthMethod: method, Scope: f.Get("scope"), Resource: f.Get("resource")})
+	as.requests = append(as.requests, TokenRequest{GrantType: f.Get("grant_type"), AuthMethod: method, Scope: f.Get("scope"), Resource: f.Get("resource"), Assertion: f.Get("assertion")})
 	as.mu.Unlock()
 	if err != nil {
 		desc := "client authentication failed"
@@ -405,6 +453,10 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 			desc += ": " + err.Error()
 		}
 		as.refused(w, http.StatusUnauthorized, "invalid_client", desc)
+		return
+	}
+	jkt, ok := as.tokenProof(w, r)
+	if !ok {
 		return
 	}
 	switch f.Get("grant_type") {
@@ -423,11 +475,13 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 			as.refused(w, http.StatusBadRequest, "invalid_grant", "redirect_uri mismatch")
 		case f.Get("resource") != code.resource:
 			as.refused(w, http.StatusBadRequest, "invalid_target", "resource mismatch")
+		case code.jkt != "" && jkt != code.jkt:
+			as.refused(w, http.StatusBadRequest, "invalid_grant", "the code was requested with dpop_jkt for another DPoP key")
 		default:
 			as.mu.Lock()
 			as.pkceOK++
 			as.mu.Unlock()
-			as.issue(w, client, code.scopes, code.resource, newGrant)
+			as.issue(w, client, code.scopes, code.resource, newGrant, jkt)
 		}
 	case GrantRefreshToken:
 		as.mu.Lock()
@@ -448,9 +502,13 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 			as.refused(w, http.StatusBadRequest, "invalid_grant", "refresh token unknown, revoked or already used")
 			return
 		}
-		as.issue(w, client, rt.scopes, rt.resource, rt.grant)
+		if rt.jkt != "" && jkt != rt.jkt {
+			as.refused(w, http.StatusBadRequest, "invalid_grant", "the refresh token is bound to another DPoP key")
+			return
+		}
+		as.issue(w, client, rt.scopes, rt.resource, rt.grant, jkt)
 	case GrantClientCredentials:
-		as.issue(w, client, strings.Fields(f.Get("scope")), f.Get("resource"), noRefresh)
+		as.issue(w, client, strings.Fields(f.Get("scope")), f.Get("resource"), noRefresh, jkt)
 	case GrantTokenExchange:
 		// The IdP side of SEP-990: an ID token for an ID-JAG.
 		as.mu.Lock()
@@ -473,10 +531,14 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 		delete(as.jags, f.Get("assertion"))
 		as.mu.Unlock()
 		if !ok {
-			as.refused(w, http.StatusBadRequest, "invalid_grant", "unknown assertion")
-			return
+			// RFC 7523 §2.1 with a workload's own JWT (SEP-1933).
+			if err := as.checkWorkload(f.Get("assertion")); err != nil {
+				as.refused(w, http.StatusBadRequest, "invalid_grant", err.Error())
+				return
+			}
+			resource = f.Get("resource")
 		}
-		as.issue(w, client, strings.Fields(f.Get("scope")), resource, noRefresh)
+		as.issue(w, client, strings.Fields(f.Get("scope")), resource, noRefresh, jkt)
 	default:
 		as.refused(w, http.StatusBadRequest, "unsupported_grant_type", f.Get("grant_type"))
 	}
@@ -484,13 +546,17 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 
 func (as *AuthServer) handleRegister(w http.ResponseWriter, r *http.Request) {
 	var meta struct {
-		RedirectURIs []string `json:"redirect_uris"`
-		Method       string   `json:"token_endpoint_auth_method"`
+		RedirectURIs    []string `json:"redirect_uris"`
+		Method          string   `json:"token_endpoint_auth_method"`
+		ApplicationType string   `json:"application_type"`
 	}
 	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&meta); err != nil || len(meta.RedirectURIs) == 0 {
 		oauthErr(w, http.StatusBadRequest, "invalid_client_metadata", "redirect_uris")
 		return
 	}
+	as.mu.Lock()
+	as.regReqs = append(as.regReqs, Registration{RedirectURIs: meta.RedirectURIs, ApplicationType: meta.ApplicationType, AuthMethod: meta.Method})
+	as.mu.Unlock()
 	id, secret := NewSecret("dcr-client"), ""
 	if meta.Method != AuthNone {
 		secret = NewSecret("dcr-secret")
@@ -549,13 +615,20 @@ func (as *AuthServer) revokeGrantLocked(grant int) {
 // Valid reports whether an access token is usable now (issued here, not
 // revoked, not expired), and its scopes.
 func (as *AuthServer) Valid(accessToken string) (scopes []string, ok bool) {
+	scopes, _, ok = as.bound(accessToken)
+	return scopes, ok
+}
+
+// bound is Valid, with the thumbprint of the DPoP key the token is bound
+// to ("" for a Bearer token).
+func (as *AuthServer) bound(accessToken string) (scopes []string, jkt string, ok bool) {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	t := as.access[accessToken]
 	if t == nil || t.revoked || !as.now().Before(t.expiry) {
-		return nil, false
+		return nil, "", false
 	}
-	return slices.Clone(t.scopes), true
+	return slices.Clone(t.scopes), t.jkt, true
 }
 
 // RevokeAll makes every access and refresh token invalid at once, as if
@@ -687,4 +760,91 @@ func (as *AuthServer) RefreshTokens() []RefreshToken {
 		out[i] = RefreshToken{Token: rt.token, Redeemed: rt.redeemed, Revoked: rt.revoked}
 	}
 	return out
+}
+
+// tokenProof reads the DPoP proof of a token request, when the server
+// speaks DPoP, and returns the thumbprint of its key ("" without a
+// proof). A proof that is not valid, replayed, or without the server's
+// nonce is answered (false).
+func (as *AuthServer) tokenProof(w http.ResponseWriter, r *http.Request) (string, bool) {
+	proofs := r.Header.Values("DPoP")
+	if !as.opts.DPoP || len(proofs) == 0 {
+		return "", true
+	}
+	record := func(p DPoPProof) {
+		as.mu.Lock()
+		as.requests[len(as.requests)-1].DPoP = p
+		as.mu.Unlock()
+	}
+	if len(proofs) > 1 {
+		record(DPoPProof{Err: "more than one DPoP header"})
+		as.refused(w, http.StatusBadRequest, "invalid_dpop_proof", "more than one DPoP header")
+		return "", false
+	}
+	p, err := checkProof(proofs[0], http.MethodPost, as.URL+"/token", "", as.now())
+	as.mu.Lock()
+	if err == nil && as.jtis[p.JTI] {
+		err = errors.New("the proof's jti was seen before")
+	}
+	if err == nil && as.nonce != "" && p.Nonce != as.nonce {
+		err = errUseNonce
+	}
+	if err == nil {
+		as.jtis[p.JTI] = true
+	}
+	nonce := as.nonce
+	as.mu.Unlock()
+	if err != nil {
+		p.Err = err.Error()
+	}
+	record(p)
+	switch {
+	case errors.Is(err, errUseNonce):
+		w.Header().Set("DPoP-Nonce", nonce)
+		as.refused(w, http.StatusBadRequest, "use_dpop_nonce", "the authorization server requires a DPoP nonce")
+		return "", false
+	case err != nil:
+		as.refused(w, http.StatusBadRequest, "invalid_dpop_proof", err.Error())
+		return "", false
+	}
+	return p.JKT, true
+}
+
+var errUseNonce = errors.New("the proof lacks the server's nonce")
+
+// TrustWorkloadKey makes the jwt-bearer grant accept a workload's JWT
+// (SEP-1933) signed by pub (RS256 or ES256) whose audience is the server.
+func (as *AuthServer) TrustWorkloadKey(pub crypto.PublicKey) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	as.workloads = append(as.workloads, pub)
+}
+
+// checkWorkload verifies a workload's JWT as an RFC 7523 assertion.
+func (as *AuthServer) checkWorkload(assertion string) error {
+	as.mu.Lock()
+	keys := slices.Clone(as.workloads)
+	as.mu.Unlock()
+	var last error = errors.New("unknown assertion")
+	for _, k := range keys {
+		_, err := jwt.ParseWithClaims(assertion, &jwt.RegisteredClaims{}, func(*jwt.Token) (any, error) { return k, nil },
+			jwt.WithValidMethods([]string{"RS256", "ES256"}), jwt.WithAudience(as.URL), jwt.WithTimeFunc(as.now), jwt.WithExpirationRequired())
+		if err == nil {
+			return nil
+		}
+		last = fmt.Errorf("assertion refused: %v", err)
+	}
+	return last
+}
+
+// DPoPNonce returns the nonce the token endpoint requires ("" when
+// AuthServerOptions.DPoPNonce is not set).
+func (as *AuthServer) DPoPNonce() string { return as.nonce }
+
+// RegistrationRequests returns the dynamic registration requests, in
+// order.
+func (as *AuthServer) RegistrationRequests() []Registration {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	return slices.Clone(as.regReqs)
 }

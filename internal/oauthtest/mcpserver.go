@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -31,6 +32,11 @@ type MCPOptions struct {
 	// AdminScope is the scope a call of the admin_op tool needs, in
 	// addition to EchoScope. Default: DefaultAdminScope.
 	AdminScope string
+	// DPoPNonce makes the server require a nonce of its own in the DPoP
+	// proofs of DPoP-bound tokens (RFC 9449 §9): a proof without it gets
+	// 401 with `WWW-Authenticate: DPoP error="use_dpop_nonce"` and the
+	// nonce in a DPoP-Nonce header.
+	DPoPNonce bool
 }
 
 // MCPServer is an MCP server on 127.0.0.1 whose every request needs an
@@ -43,9 +49,12 @@ type MCPOptions struct {
 //
 // Other methods (initialize, tools/list, …) need only a valid token. A
 // request without a valid token gets 401 with `WWW-Authenticate: Bearer
-// error="invalid_token", resource_metadata="…"`; a tool call with a token
-// that lacks a scope gets 403 with `error="insufficient_scope",
-// scope="<ScopesSupported, EchoScope and the tool's scope>"`. It is safe for
+// error="invalid_token", resource_metadata="…"` (scheme DPoP when the
+// AuthServer speaks DPoP); a tool call with a token that lacks a scope gets
+// 403 with `error="insufficient_scope", scope="<ScopesSupported, EchoScope
+// and the tool's scope>"`. A token bound to a DPoP key is valid only with
+// the DPoP scheme and one fresh proof of that key for the request (RFC 9449
+// §7); a proof whose jti was seen before is refused. It is safe for
 // concurrent use.
 type MCPServer struct {
 	// URL is the MCP endpoint, <base>/mcp: the resource the tokens are
@@ -61,6 +70,10 @@ type MCPServer struct {
 	requests   int
 	authorized int
 	bearers    []string
+	schemes    []string // the Authorization scheme of each authorized request
+	proofs     []DPoPProof
+	jtis       map[string]bool
+	nonce      string
 }
 
 // NewMCPServer starts an MCP server protected by as. Close it when done.
@@ -68,7 +81,10 @@ func NewMCPServer(as *AuthServer, opts MCPOptions) *MCPServer {
 	if opts.AdminScope == "" {
 		opts.AdminScope = DefaultAdminScope
 	}
-	m := &MCPServer{as: as, opts: opts}
+	m := &MCPServer{as: as, opts: opts, jtis: map[string]bool{}}
+	if opts.DPoPNonce {
+		m.nonce = NewSecret("rs-nonce")
+	}
 	server := mcp.NewServer(&mcp.Implementation{Name: "oauthtest-mcp", Version: "1"}, nil)
 	mcp.AddTool(server, &mcp.Tool{Name: "echo", Description: "Echoes its text."}, func(ctx context.Context, req *mcp.CallToolRequest, in struct {
 		Text string `json:"text"`
@@ -101,10 +117,20 @@ func NewMCPServer(as *AuthServer, opts MCPOptions) *MCPServer {
 		m.mu.Lock()
 		m.requests++
 		m.mu.Unlock()
-		bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		scopes, valid := as.Valid(bearer)
-		if !ok || !valid {
-			w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer error="invalid_token", resource_metadata=%q`, m.ResourceMetadataURL()))
+		scheme, bearer, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		scopes, jkt, valid := as.bound(bearer)
+		if valid {
+			valid = m.presented(w, r, scheme, bearer, jkt)
+			if w.Header().Get("WWW-Authenticate") != "" {
+				return
+			}
+		}
+		if !valid {
+			challenge := "Bearer"
+			if as.opts.DPoP {
+				challenge = `DPoP algs="ES256",`
+			}
+			w.Header().Set("WWW-Authenticate", fmt.Sprintf(`%s error="invalid_token", resource_metadata=%q`, challenge, m.ResourceMetadataURL()))
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
@@ -119,6 +145,7 @@ func NewMCPServer(as *AuthServer, opts MCPOptions) *MCPServer {
 		m.mu.Lock()
 		m.authorized++
 		m.bearers = append(m.bearers, bearer)
+		m.schemes = append(m.schemes, scheme)
 		m.mu.Unlock()
 		handler.ServeHTTP(w, r)
 	})
@@ -133,6 +160,53 @@ func NewMCPServer(as *AuthServer, opts MCPOptions) *MCPServer {
 	}))
 	m.URL = m.srv.URL + "/mcp"
 	return m
+}
+
+// presented reports whether a valid token was presented as its binding
+// requires: a Bearer token with the Bearer scheme; a DPoP-bound one with
+// the DPoP scheme and one valid proof of its key, fresh (jti never seen)
+// and, with MCPOptions.DPoPNonce, carrying the server's nonce. A proof
+// without the nonce is answered here (401 use_dpop_nonce), with
+// WWW-Authenticate set.
+func (m *MCPServer) presented(w http.ResponseWriter, r *http.Request, scheme, token, jkt string) bool {
+	if jkt == "" {
+		return scheme == "Bearer"
+	}
+	if scheme != "DPoP" {
+		return false
+	}
+	proofs := r.Header.Values("DPoP")
+	var p DPoPProof
+	var err error
+	if len(proofs) != 1 {
+		err = fmt.Errorf("%d DPoP headers", len(proofs))
+	} else {
+		p, err = checkProof(proofs[0], r.Method, m.URL, token, m.as.now())
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case err != nil:
+	case p.JKT != jkt:
+		err = errors.New("the proof's key is not the one the token is bound to")
+	case m.jtis[p.JTI]:
+		err = errors.New("the proof's jti was seen before")
+	}
+	if err == nil {
+		m.jtis[p.JTI] = true
+		if m.nonce != "" && p.Nonce != m.nonce {
+			p.Err = errUseNonce.Error()
+			m.proofs = append(m.proofs, p)
+			w.Header().Set("WWW-Authenticate", fmt.Sprintf(`DPoP error="use_dpop_nonce", algs="ES256", resource_metadata=%q`, m.ResourceMetadataURL()))
+			w.Header().Set("DPoP-Nonce", m.nonce)
+			http.Error(w, "use_dpop_nonce", http.StatusUnauthorized)
+			return false
+		}
+	} else {
+		p.Err = err.Error()
+	}
+	m.proofs = append(m.proofs, p)
+	return err == nil
 }
 
 // needs returns the scopes a call of tool needs.
@@ -171,6 +245,26 @@ func (m *MCPServer) Stats() (requests, authorized int) {
 	defer m.mu.Unlock()
 	return m.requests, m.authorized
 }
+
+// Schemes returns the Authorization scheme (Bearer or DPoP) of each
+// authorized request, in order.
+func (m *MCPServer) Schemes() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.schemes)
+}
+
+// DPoPProofs returns every DPoP proof presented with a DPoP-bound token,
+// in order, with Err set for those refused (a nonce challenge included).
+func (m *MCPServer) DPoPProofs() []DPoPProof {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.proofs)
+}
+
+// DPoPNonce returns the nonce the server requires ("" when
+// MCPOptions.DPoPNonce is not set).
+func (m *MCPServer) DPoPNonce() string { return m.nonce }
 
 // Bearers returns the bearer token of each authorized request, in order.
 func (m *MCPServer) Bearers() []string {

@@ -6,18 +6,22 @@
 // [AuthServer] serves RFC 8414 metadata, an authorization endpoint that
 // requires PKCE (S256) and redirects at once (no login page: the test is
 // the operator's browser), a token endpoint (authorization_code,
-// refresh_token with rotation and reuse detection, client_credentials, and
-// both halves of SEP-990 cross-app access), RFC 7591 dynamic registration
-// and RFC 7009 revocation. A rotated refresh token presented again is
-// refused and revokes its whole grant, as OAuth 2.1 asks, and is counted
-// ([AuthServer.RefreshReuses]). Access tokens are opaque; [MCPServer]
-// checks them against the AuthServer that issued them.
+// refresh_token with rotation and reuse detection, client_credentials, both
+// halves of SEP-990 cross-app access, and the RFC 7523 jwt-bearer grant
+// with a workload's JWT), RFC 7591 dynamic registration and RFC 7009
+// revocation. A rotated refresh token presented again is refused and
+// revokes its whole grant, as OAuth 2.1 asks, and is counted
+// ([AuthServer.RefreshReuses]). With [AuthServerOptions.DPoP] it binds
+// tokens to the key of the request's DPoP proof (RFC 9449), optionally
+// behind a nonce. Access tokens are opaque; [MCPServer] checks them against
+// the AuthServer that issued them.
 //
 // [MCPServer] is a go-sdk MCP server (stateless, JSON responses) behind a
 // bearer check: RFC 9728 protected resource metadata, 401 with
 // resource_metadata for a missing or invalid token, and 403
 // insufficient_scope with the scopes needed for a tool the token may not
-// call. Its tools are echo and admin_op (see [MCPOptions]).
+// call; a DPoP-bound token needs the DPoP scheme and a fresh proof of its
+// key. Its tools are echo and admin_op (see [MCPOptions]).
 //
 // Every secret either server hands out (codes, access and refresh tokens,
 // registered client secrets, ID-JAGs) is listed by [AuthServer.Secrets], so a
