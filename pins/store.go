@@ -277,7 +277,7 @@ type space struct {
 	// large, past the bounds. Strict mode refuses its use until a listing
 	// matches its pin again; each new reason is one event.
 	unrecorded map[itemKey]string
-	// refused holds, by kind and FoldName, why the use of an item is
+	// refused holds, by kind and foldName, why the use of an item is
 	// refused (a pending change, an unrecorded listing), so that a name
 	// an upstream would resolve to that item is refused too. It is made
 	// again from doc and unrecorded when stale is set.
@@ -571,7 +571,7 @@ func (s *Store) ToolsListed(ns string) {
 // change is not approved, or it is a tool held as new to its set (strict
 // mode), or the pins cannot be read yet. "" allows it. An item is found by
 // its name, and by any name an upstream could resolve to it (see
-// FoldName). An item never listed has no pin and is allowed: no
+// foldName). An item never listed has no pin and is allowed: no
 // definition of it reached a client through the gateway.
 func (s *Store) Blocked(ns string, kind Kind, name string) string {
 	s.mu.Lock()
@@ -595,7 +595,7 @@ func (s *Store) Blocked(ns string, kind Kind, name string) string {
 	if len(sp.refused) == 0 {
 		return ""
 	}
-	return sp.refused[itemKey{kind, FoldName(name)}]
+	return sp.refused[itemKey{kind, foldName(name)}]
 }
 
 // refusedByFold is space.refused, made from what sp holds.
@@ -605,7 +605,7 @@ func refusedByFold(ns string, sp *space) map[itemKey]string {
 		if out == nil {
 			out = map[itemKey]string{}
 		}
-		out[itemKey{k.kind, FoldName(k.name)}] = why
+		out[itemKey{k.kind, foldName(k.name)}] = why
 	}
 	for k := range numKinds {
 		for name, rec := range sp.doc.records(k) {
