@@ -71,6 +71,13 @@ type AggregateOptions struct {
 	Prefix string
 	// OnCall receives a record of every forwarded call when it ends.
 	OnCall func(CallRecord)
+	// Instructions, when set, decides what the route merges of an
+	// upstream's instructions: given the upstream's name and the
+	// instructions its initialize (or server/discover) answered, it
+	// returns those to serve (the edge's pins: the pinned ones when they
+	// changed). It is asked when the upstream's catalog connects and on
+	// every downstream initialize and server/discover.
+	Instructions func(upstream, instructions string) string
 	// OnDecision receives every redirect decision of the egress clients.
 	OnDecision func(pinnedfetch.Decision)
 	// Logger receives warnings; nil discards them.
@@ -140,7 +147,8 @@ const DefaultStdioIdle = 10 * time.Minute
 //
 // Instructions: go-sdk fixes ServerOptions.Instructions at server creation,
 // so the route sets InitializeResult.Instructions itself, in a middleware,
-// from the upstreams whose catalog has connected (in config order). An
+// from the upstreams whose catalog has connected (in config order), each
+// as [AggregateOptions.Instructions] decides (the edge's pins). An
 // initialize (and the list methods) waits for the catalog's first round,
 // bounded by the request and by 5 seconds, so a client that connects right
 // after start sees every reachable upstream.
@@ -189,6 +197,7 @@ type Aggregate struct {
 	pidle        *mcpidle.Sessions          // principal sessions
 	bridge       *bridge                    // 2026-07-28 calls pending on 2025-11-25 upstreams
 	onCall       func(CallRecord)
+	pinned       func(upstream, instructions string) string
 	logger       *slog.Logger
 	cache        ToolCache
 	authRequired func(string) bool
@@ -254,6 +263,11 @@ type aggUpstream struct {
 	ttlKnown     [numKinds]bool // the upstream gave one
 	cachedJSON   []byte         // what the ToolCache holds, as last loaded or stored
 	fromCache    bool           // its tools were registered from the ToolCache at start
+
+	// instructionsRead is set once a catalog connected and instructions
+	// holds what it answered (an upstream that never connected has none
+	// to pin).
+	instructionsRead bool
 }
 
 // NewAggregate builds the aggregated route over ups, which must have
@@ -288,6 +302,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 	a := &Aggregate{
 		byName:       map[string]*aggUpstream{},
 		onCall:       opts.OnCall,
+		pinned:       opts.Instructions,
 		logger:       logger,
 		cache:        opts.ToolCache,
 		authRequired: opts.AuthRequired,
@@ -435,19 +450,19 @@ func (a *Aggregate) ToolServer(name string) (server, tool string, ok bool) {
 	return a.ns.Resolve(name)
 }
 
-// PromptServer resolves an aggregated prompt name into its upstream.
-func (a *Aggregate) PromptServer(name string) (string, bool) {
+// PromptServer resolves an aggregated prompt name into its upstream and
+// the upstream's own name for it.
+func (a *Aggregate) PromptServer(name string) (server, prompt string, ok bool) {
 	a.mu.Lock()
 	q, found := a.prompts[name]
 	a.mu.Unlock()
 	if found {
-		return q.server, true
+		return q.server, q.name, true
 	}
 	if a.conditional {
-		return a.ups[0].cfg.Name, true
+		return a.ups[0].cfg.Name, name, true
 	}
-	server, _, ok := a.ns.Resolve(name)
-	return server, ok
+	return a.ns.Resolve(name)
 }
 
 // ResourceOwners returns the upstreams that could serve a read of uri: the
@@ -701,14 +716,18 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 }
 
 // instructions merges the connected upstreams' instructions in config
-// order: "## <name>\n<instructions>", joined by blank lines.
+// order: "## <name>\n<instructions>", joined by blank lines; each as
+// AggregateOptions.Instructions decides.
 func (a *Aggregate) instructions() string {
 	var parts []string
 	for _, up := range a.ups {
 		up.mu.Lock()
-		in := strings.TrimSpace(up.instructions)
+		in, read := up.instructions, up.instructionsRead
 		up.mu.Unlock()
-		if in != "" {
+		if a.pinned != nil && read {
+			in = a.pinned(up.cfg.Name, in)
+		}
+		if in = strings.TrimSpace(in); in != "" {
 			parts = append(parts, "## "+up.cfg.Name+"\n"+in)
 		}
 	}

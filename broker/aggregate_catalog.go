@@ -236,11 +236,18 @@ func (a *Aggregate) connectCatalog(up *aggUpstream) (*mcp.ClientSession, error) 
 		cs.Close()
 		return nil, errors.New("connecting: the upstream's list-changed stream ended at once")
 	}
+	instructions := ""
+	if ir := cs.InitializeResult(); ir != nil {
+		instructions = ir.Instructions
+	}
+	if a.pinned != nil {
+		// Pinned (or its change recorded) as soon as it is read, not
+		// at the first client's initialize.
+		a.pinned(up.cfg.Name, instructions)
+	}
 	up.mu.Lock()
 	up.catalog = cs
-	if ir := cs.InitializeResult(); ir != nil {
-		up.instructions = ir.Instructions
-	}
+	up.instructions, up.instructionsRead = instructions, true
 	up.lastErr = ""
 	up.notifyLocked()
 	up.mu.Unlock()

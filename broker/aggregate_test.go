@@ -559,3 +559,34 @@ func TestResourceOwnersByTemplate(t *testing.T) {
 		t.Fatalf("compiled %d templates, want each of the 4 once", len(a.tmplMatch))
 	}
 }
+
+// AggregateOptions.Instructions decides what the route merges of each
+// upstream's instructions: it is told each upstream's own as its catalog
+// connects (before any client asks), and the route serves what it
+// returns, at both protocol versions.
+func TestAggregateInstructionsAreDecided(t *testing.T) {
+	a, b := newAggUp(t, "a"), newAggUp(t, "b")
+	var mu sync.Mutex
+	seen := map[string]string{}
+	decide := func(upstream, instructions string) string {
+		mu.Lock()
+		seen[upstream] = instructions
+		mu.Unlock()
+		if upstream == "b" {
+			return "Use b as pinned."
+		}
+		return instructions
+	}
+	_, url := aggServe(t, []Upstream{a.config(), b.config()}, AggregateOptions{Instructions: decide})
+	mu.Lock()
+	if seen["a"] != "Use a wisely." || seen["b"] != "Use b wisely." {
+		t.Errorf("told at connection: %q", seen)
+	}
+	mu.Unlock()
+	for _, version := range []string{"2025-11-25", "2026-07-28"} {
+		cs := aggConnectAt(t, url, version, nil)
+		if got, want := cs.InitializeResult().Instructions, "## a\nUse a wisely.\n\n## b\nUse b as pinned."; got != want {
+			t.Errorf("%s: instructions = %q, want %q", version, got, want)
+		}
+	}
+}

@@ -128,6 +128,14 @@ type Upstream struct {
 	// untrusted source cannot set it (see PinMode).
 	Pin string `json:"pin,omitempty"`
 
+	// NewTools is what the gateway does with a tool the upstream lists
+	// after its tools were listed whole (package pins): "hold" (a change
+	// waiting for approval: with pin strict it is withheld until an
+	// operator approves it) or "allow" (pinned on first sight). Empty
+	// means hold for a remote server, allow for one on loopback or run
+	// with stdio. A config from an untrusted source cannot set it.
+	NewTools string `json:"new_tools,omitempty"`
+
 	// FromUntrusted marks a config that came from a source which must not
 	// read this process's environment, such as a file a session supplied:
 	// its placeholders resolve to their defaults, else to empty. Loaders
@@ -316,6 +324,11 @@ func (u Upstream) Validate() error {
 			return fmt.Errorf("%s: %w", where, err)
 		}
 	}
+	if u.NewTools != "" {
+		if _, err := pins.ParseNewTools(u.NewTools); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+	}
 	if u.Timeout < 0 {
 		return fmt.Errorf("%s: timeout %v is negative; give a positive duration, or leave it out for the default", where, u.Timeout)
 	}
@@ -332,13 +345,38 @@ func (u Upstream) PinMode() pins.Mode {
 			return m
 		}
 	}
-	if u.Transport == TransportStdio {
-		return pins.Warn
-	}
-	if parsed, err := url.Parse(u.URL); err == nil && !HasPlaceholder(u.URL) && pinnedfetch.IsLoopbackHost(parsed.Hostname()) {
+	if u.Local() {
 		return pins.Warn
 	}
 	return pins.Strict
+}
+
+// PinPolicy is how the upstream's items are pinned: PinMode, and NewTools
+// or its default (hold for a remote server, allow for a local one). A
+// config from an untrusted source gets the defaults.
+func (u Upstream) PinPolicy() pins.Policy {
+	p := pins.Policy{Mode: u.PinMode(), NewTools: pins.HoldNew}
+	if u.Local() {
+		p.NewTools = pins.AllowNew
+	}
+	if u.NewTools != "" && !u.FromUntrusted {
+		if n, err := pins.ParseNewTools(u.NewTools); err == nil {
+			p.NewTools = n
+		}
+	}
+	return p
+}
+
+// Local reports whether the upstream is a server under the operator's hand
+// on this host: run with stdio, or at a loopback address (a URL whose host
+// is a loopback IP or localhost, with no placeholder in it). Any other is
+// remote.
+func (u Upstream) Local() bool {
+	if u.Transport == TransportStdio {
+		return true
+	}
+	parsed, err := url.Parse(u.URL)
+	return err == nil && !HasPlaceholder(u.URL) && pinnedfetch.IsLoopbackHost(parsed.Hostname())
 }
 
 // Endpoint parses the URL of an http or sse upstream and applies the

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/pins"
 )
 
 func TestNormalizeInfersTransport(t *testing.T) {
@@ -322,5 +323,37 @@ func mapLookup(m map[string]string) func(string) (string, bool) {
 	return func(k string) (string, bool) {
 		v, ok := m[k]
 		return v, ok
+	}
+}
+
+// An upstream's pin policy: strict and new tools held for a remote server,
+// warn and new tools allowed for a local one (loopback, stdio); a config
+// that sets them is followed, but one from an untrusted source (a session's
+// file) gets the defaults whatever it says.
+func TestPinPolicyDefaults(t *testing.T) {
+	for _, c := range []struct {
+		u    Upstream
+		want pins.Policy
+	}{
+		{Upstream{URL: "https://mcp.example.com/mcp"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
+		{Upstream{URL: "http://127.0.0.1:9000/mcp"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
+		{Upstream{URL: "http://localhost:9000/mcp"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
+		{Upstream{URL: "http://[::1]:9000/mcp"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
+		// Not loopback: a name under localhost, an IPv4-mapped address, a
+		// placeholder that could expand to anything.
+		{Upstream{URL: "http://a.localhost:9000/mcp"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
+		{Upstream{URL: "http://[::ffff:127.0.0.1]:9000/mcp"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
+		{Upstream{URL: "http://${HOST}/mcp"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
+		{Upstream{Transport: TransportStdio, Command: "server"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
+		{Upstream{URL: "https://mcp.example.com/mcp", Pin: "warn", NewTools: "allow"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
+		{Upstream{URL: "http://127.0.0.1:9000/mcp", Pin: "strict", NewTools: "hold"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
+		{Upstream{URL: "https://mcp.example.com/mcp", Pin: "off", NewTools: "allow", FromUntrusted: true}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
+	} {
+		if got := c.u.PinPolicy(); got != c.want {
+			t.Errorf("%+v: %+v, want %+v", c.u, got, c.want)
+		}
+	}
+	if _, err := Normalize(Upstream{Name: "a", URL: "https://mcp.example.com/mcp", NewTools: "trust"}); err == nil || !strings.Contains(err.Error(), "use allow or hold") {
+		t.Errorf("new_tools trust: %v", err)
 	}
 }

@@ -100,7 +100,7 @@ func TestAuditEventsFollowTheRunningConfig(t *testing.T) {
 			auditToolRefusal(mcpendpoint.Refusal{Tool: "sessions", Verb: "read", Reason: "not_owner", Message: "belongs to another owner"})
 		},
 		"tool_changed": func() {
-			auditPinEvent(pins.Event{Kind: "changed", Namespace: "up", Tool: "weather", Old: "sha256:a", New: "sha256:b"})
+			auditPinEvent(pins.Event{Kind: "changed", Namespace: "up", Item: pins.Tool, Name: "weather", Old: "sha256:a", New: "sha256:b"})
 		},
 		"upstream_auth": func() { oauthStateChanged("remote", upstreamauth.Status{State: upstreamauth.StateReady}) },
 		"admin_refused": func() {

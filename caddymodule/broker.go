@@ -133,7 +133,7 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 		return err
 	}
 	h.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt,
-		SharedParams: h.sharedParams(ctx, "params|broker|"+u.Name+"|"+u.URL), Pins: h.openPins(ctx, u.Name, u.PinMode())}
+		SharedParams: h.sharedParams(ctx, "params|broker|"+u.Name+"|"+u.URL), Pins: h.openPins(ctx, u.Name, u.PinPolicy())}
 	return nil
 }
 
@@ -226,10 +226,19 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		route := "aggregate-node|" + h.Resource + "|" + h.Prefix + "|" + strings.Join(h.Aggregate, ",")
 		fwd = newAggForward(ids, route, nodes, sharedHopKey(hk), h.audit)
 	}
+	// The pins are open before the route starts: its catalogs connect in
+	// the background, and their instructions are pinned as they come.
+	var store *pins.Store
+	for _, name := range h.Aggregate {
+		if u, ok := app.Upstream(name); ok {
+			store = h.openPins(ctx, edge.AggregatePinNS(name), u.PinPolicy())
+		}
+	}
 	opts := broker.AggregateOptions{
 		// Pid files of stdio upstreams: a gateway that crashed leaves them,
 		// and the next start ends the processes they name.
 		PIDDir:              filepath.Join(caddy.AppDataDir(), "zidane", "stdio"),
+		Instructions:        edge.AggregateInstructions(store),
 		Prefix:              h.Prefix,
 		MaxRequestBodyBytes: h.MaxBodyBytes,
 		AnswerBudget:        app.answerBudget,
@@ -260,12 +269,6 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	}
 	h.aggregate = agg
 	liveAggregates.add(agg)
-	var store *pins.Store
-	for _, name := range h.Aggregate {
-		if u, ok := app.Upstream(name); ok {
-			store = h.openPins(ctx, edge.AggregatePinNS(name), u.PinMode())
-		}
-	}
 	route := &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows,
 		SharedParams: h.sharedParams(ctx, "params|aggregate|"+h.Prefix+"|"+strings.Join(h.Aggregate, ",")), Pins: store}
 	h.route = route

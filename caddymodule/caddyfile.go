@@ -132,6 +132,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					if _, err := pins.ParseMode(h.Guard.Pin); err != nil {
 						return d.Errf("guard %v", err)
 					}
+				case "new_tools":
+					if !d.Args(&h.Guard.NewTools) || d.NextArg() {
+						return d.Err("new_tools takes one value: allow or hold")
+					}
+					if _, err := pins.ParseNewTools(h.Guard.NewTools); err != nil {
+						return d.Errf("guard %v", err)
+					}
 				default:
 					return d.Errf("unknown guard option %q", d.Val())
 				}
@@ -685,6 +692,12 @@ func parseUpstream(d *caddyfile.Dispenser) (broker.Upstream, error) {
 		case "pin":
 			if u.Pin, err = one(); err == nil {
 				if _, perr := pins.ParseMode(u.Pin); perr != nil {
+					return u, d.Errf("upstream %s: %v", u.Name, perr)
+				}
+			}
+		case "new_tools":
+			if u.NewTools, err = one(); err == nil {
+				if _, perr := pins.ParseNewTools(u.NewTools); perr != nil {
 					return u, d.Errf("upstream %s: %v", u.Name, perr)
 				}
 			}

@@ -57,7 +57,7 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 		// The sessions' view of the upstream is pinned as every route's
 		// is: an agent reads tool descriptions as instructions too.
 		octx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		a.pins.open(octx, name, u.PinMode())
+		a.pins.open(octx, name, u.PinPolicy())
 		cancel()
 		routes[name] = &egressRoute{pt: pt, route: &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt, Pins: a.pins.store}}
 	}

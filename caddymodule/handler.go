@@ -27,7 +27,6 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
-	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
 )
@@ -165,6 +164,13 @@ type Guard struct {
 	// (the default: withhold it until an operator approves), "warn" or
 	// "off".
 	Pin string `json:"pin,omitempty"`
+
+	// NewTools is what the guard does with a tool the server lists after
+	// its tools were listed whole (package pins): "hold" (withheld until
+	// an operator approves it, with pin strict) or "allow" (pinned on
+	// first sight). Default: hold, but allow for an Upstream on loopback
+	// (reverse_proxy's server is not known to the guard, so it holds).
+	NewTools string `json:"new_tools,omitempty"`
 }
 
 // RateLimit configures the token buckets.
@@ -321,11 +327,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		// Sealed ids name the site by its resource, so one guarded site's
 		// id opens on no other with another resource.
-		mode := pins.Strict
-		if h.Guard.Pin != "" {
-			if mode, err = pins.ParseMode(h.Guard.Pin); err != nil {
-				return fmt.Errorf("guard %w", err)
-			}
+		pol, perr := h.Guard.pinPolicy()
+		if perr != nil {
+			return perr
 		}
 		if h.Guard.MaxResponse < 0 {
 			return fmt.Errorf("guard max_response %d is negative; give a size such as 16MiB", h.Guard.MaxResponse)
@@ -340,7 +344,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		ns := "guard:" + h.Resource
 		g := &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders, IDs: ids, Route: "guard:" + h.Resource,
-			SharedParams: h.sharedParams(ctx, "params|guard|"+h.Resource), Pins: h.openPins(ctx, ns, mode), PinNS: ns}
+			SharedParams: h.sharedParams(ctx, "params|guard|"+h.Resource), Pins: h.openPins(ctx, ns, pol), PinNS: ns}
 		h.route = g
 		if h.Guard.Upstream == "" {
 			h.answerMax = cmp.Or(h.Guard.MaxResponse, broker.DefaultMaxResponse)

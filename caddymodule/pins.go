@@ -3,12 +3,14 @@ package caddymodule
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
@@ -66,19 +68,25 @@ func loadPins(st storage.Storage) (*pinsState, string, error) {
 	return v.(*pinsState), key, nil
 }
 
-// open opens namespace ns with mode for a route. On NATS storage the
+// open opens namespace ns with policy p for a route. On NATS storage the
 // namespace is watched, so an approval on another replica is in force here
-// as soon as it is written.
-func (p *pinsState) open(ctx context.Context, ns string, mode pins.Mode) {
-	if err := p.store.Open(ctx, ns, mode); err != nil {
+// as soon as it is written; the watch starts before the namespace is read,
+// and the store's loop reads every namespace again each second (pins.Run),
+// so that a write the watch did not deliver (one before it started, one
+// while NATS was away) is taken in all the same.
+func (p *pinsState) open(ctx context.Context, ns string, pol pins.Policy) {
+	if p.cs != nil && pol.Mode != pins.Off {
+		p.watch(ns)
+	}
+	if err := p.store.Open(ctx, ns, pol); err != nil {
 		// The namespace withholds what it cannot check until the store's
 		// loop reads it (strict) or lets it through (warn).
 		auditLogger().Error("reading tool pins; tools of this namespace are withheld (pin strict) until they are read",
 			zap.String("namespace", ns), zap.Error(err))
 	}
-	if p.cs == nil || mode == pins.Off {
-		return
-	}
+}
+
+func (p *pinsState) watch(ns string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.watched[ns]; ok {
@@ -95,15 +103,22 @@ func (p *pinsState) open(ctx context.Context, ns string, mode pins.Mode) {
 	})
 }
 
-// auditPinEvent writes a change to the pins as one audit line.
+// auditPinEvent writes a change to the pins as one audit line: its event
+// is the kind of item and what happened to it (tool_changed,
+// prompt_pinned, server_approved, …), and it names the item (name, and
+// tool for a tool).
 func auditPinEvent(ev pins.Event) {
 	l := auditLogger()
 	fields := []zap.Field{
-		zap.String("event", "tool_"+ev.Kind),
+		zap.String("event", ev.Item.String()+"_"+ev.Kind),
 		zap.String("namespace", ev.Namespace),
-		zap.String("tool", ev.Tool),
-		zap.String("new_digest", ev.New),
+		zap.String("kind", ev.Item.String()),
+		zap.String("name", ev.Name),
 	}
+	if ev.Item == pins.Tool {
+		fields = append(fields, zap.String("tool", ev.Name))
+	}
+	fields = append(fields, zap.String("new_digest", ev.New))
 	if ev.Old != "" {
 		fields = append(fields, zap.String("old_digest", ev.Old))
 	}
@@ -114,13 +129,17 @@ func auditPinEvent(ev pins.Event) {
 	}
 	switch ev.Kind {
 	case "changed":
-		l.Warn("a tool's definition changed since it was pinned", fields...)
+		l.Warn("a definition changed since it was pinned", fields...)
+	case "added":
+		l.Warn("a tool new to its upstream's pinned tools is held for approval", fields...)
 	case "unrecorded":
-		l.Warn("a tool's listing could not be pinned or its change recorded (too large, or past the bounds); with pin strict its calls are refused", fields...)
+		l.Warn("a listing could not be pinned or its change recorded (too large, or past the bounds); with pin strict its use is refused", fields...)
 	case "pinned":
-		l.Info("a tool's definition was pinned", fields...)
+		l.Info("a definition was pinned", fields...)
+	case "upgraded":
+		l.Info("a tool pinned by an older gateway, whose pin covered fewer of its members, is now pinned whole", fields...)
 	default:
-		l.Info("a tool's pin changed", fields...)
+		l.Info("a pin changed", fields...)
 	}
 }
 
@@ -144,8 +163,8 @@ func clipDiff(d []pins.FieldDiff) []pins.FieldDiff {
 
 // openPins opens namespace ns for this handler's route and returns the
 // store; closePins releases what it opened.
-func (h *Handler) openPins(ctx context.Context, ns string, mode pins.Mode) *pins.Store {
-	h.app.pins.open(ctx, ns, mode)
+func (h *Handler) openPins(ctx context.Context, ns string, pol pins.Policy) *pins.Store {
+	h.app.pins.open(ctx, ns, pol)
 	h.pinNS = append(h.pinNS, ns)
 	return h.app.pins.store
 }
@@ -155,4 +174,26 @@ func (h *Handler) closePins() {
 		h.app.pins.store.Close(ns)
 	}
 	h.pinNS = nil
+}
+
+// pinPolicy is the guard's pin policy: pin (default strict) and new_tools
+// (default hold; allow for an upstream URL that the broker's rule takes
+// for a local server).
+func (g *Guard) pinPolicy() (pins.Policy, error) {
+	pol := pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}
+	var err error
+	if g.Pin != "" {
+		if pol.Mode, err = pins.ParseMode(g.Pin); err != nil {
+			return pol, fmt.Errorf("guard %w", err)
+		}
+	}
+	if g.Upstream != "" && (broker.Upstream{URL: g.Upstream}).Local() {
+		pol.NewTools = pins.AllowNew
+	}
+	if g.NewTools != "" {
+		if pol.NewTools, err = pins.ParseNewTools(g.NewTools); err != nil {
+			return pol, fmt.Errorf("guard %w", err)
+		}
+	}
+	return pol, nil
 }

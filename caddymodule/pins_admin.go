@@ -14,15 +14,18 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 )
 
-// handleTools answers the pinned tool definitions:
+// handleTools answers the pinned definitions:
 //
 //	GET  /zidane/tools                          -> every namespace's pins
 //	GET  /zidane/tools/<ns>                     -> one namespace's
-//	GET  /zidane/tools/<ns>/<tool>              -> the tool's pending change, field by field
-//	POST /zidane/tools/<ns>/<tool>/approve      -> pins the pending change whose digest is {"digest": …}
-//	POST /zidane/tools/<ns>/<tool>/reject       -> marks it rejected
+//	GET  /zidane/tools/<ns>/<name>              -> the item's pending change, field by field
+//	POST /zidane/tools/<ns>/<name>/approve      -> pins the pending change whose digest is {"digest": …}
+//	POST /zidane/tools/<ns>/<name>/reject       -> marks it rejected
 //
-// Segments are path-escaped: a guarded site's namespace is guard:<resource>.
+// Segments are path-escaped: a guarded site's namespace is
+// guard:<resource>. An item is a tool unless ?kind= names another kind
+// (prompt, resource, resource_template, server); a resource's name is its
+// URI, the server's items are instructions and serverInfo.
 func (a *adminAPI) handleTools(w http.ResponseWriter, r *http.Request) error {
 	app := liveApp()
 	if app == nil || app.pins == nil {
@@ -40,6 +43,10 @@ func (a *adminAPI) handleTools(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	bad := func(err error) error { return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: err} }
+	kind, err := pins.ParseKind(r.URL.Query().Get("kind"))
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
 	switch {
 	case r.Method == http.MethodGet && len(parts) <= 1:
 		ns := ""
@@ -55,7 +62,7 @@ func (a *adminAPI) handleTools(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeJSON(w, http.StatusOK, list)
 	case r.Method == http.MethodGet && len(parts) == 2:
-		d, err := store.DiffOf(parts[0], parts[1])
+		d, err := store.DiffOf(parts[0], kind, parts[1])
 		if err != nil {
 			return bad(err)
 		}
@@ -80,13 +87,13 @@ func (a *adminAPI) handleTools(w http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest,
 				Err: errors.New(`approve needs {"digest": "sha256:…"}, the pending digest its diff shows, so that only the change read is approved`)}
 		}
-		ev, err := decide(r.Context(), parts[0], parts[1], req.Digest)
+		ev, err := decide(r.Context(), parts[0], kind, parts[1], req.Digest)
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusConflict, Err: err}
 		}
-		return writeJSON(w, http.StatusOK, map[string]any{"namespace": ev.Namespace, "tool": ev.Tool, "outcome": ev.Kind,
+		return writeJSON(w, http.StatusOK, map[string]any{"namespace": ev.Namespace, "kind": ev.Item.String(), "name": ev.Name, "outcome": ev.Kind,
 			"old_digest": ev.Old, "new_digest": ev.New, "changed_fields": pins.ChangedFields(ev.Diff)})
 	}
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed,
-		Err: errors.New("use GET /zidane/tools[/<namespace>[/<tool>]], or POST /zidane/tools/<namespace>/<tool>/approve or /reject")}
+		Err: errors.New("use GET /zidane/tools[/<namespace>[/<name>]], or POST /zidane/tools/<namespace>/<name>/approve or /reject, with ?kind= for an item that is not a tool")}
 }

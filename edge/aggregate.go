@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -19,7 +20,7 @@ type Catalog interface {
 	// ToolServer resolves a tool as the route offers it.
 	ToolServer(name string) (server, tool string, ok bool)
 	// PromptServer resolves a prompt as the route offers it.
-	PromptServer(name string) (server string, ok bool)
+	PromptServer(name string) (server, prompt string, ok bool)
 	// ResourceOwners are the upstreams that could serve a resources/read
 	// of uri: the owner of that resource, else the owners of every
 	// template it matches.
@@ -52,13 +53,15 @@ type Aggregate struct {
 	// route learned and refuse its clients' Mcp-Param-* headers until they
 	// list tools again.
 	SharedParams *ParamHeaders
-	// Pins, when set, pins each upstream's tool definitions under the
-	// namespace AggregatePinNS(upstream), by the upstream's own name for
-	// the tool (see package pins). Not the pass-through route's namespace:
-	// this route lists a tool as go-sdk decoded and wrote it again
-	// (annotations completed, numbers as float64), so the same definition
-	// has another digest here, and one namespace would take each route's
-	// listing for a change of the other's.
+	// Pins, when set, pins what each upstream gives a model to read under
+	// the namespace AggregatePinNS(upstream), by the upstream's own name
+	// for a tool or prompt (see package pins); its instructions are
+	// pinned where the route merges them (AggregateInstructions). Not the
+	// pass-through route's namespace: this route lists a tool as go-sdk
+	// decoded and wrote it again (annotations completed, numbers as
+	// float64), so the same definition has another digest here, and one
+	// namespace would take each route's listing for a change of the
+	// other's.
 	Pins *pins.Store
 }
 
@@ -66,12 +69,60 @@ type Aggregate struct {
 // aggregated route.
 func AggregatePinNS(upstream string) string { return "aggregate:" + upstream }
 
-func (a *Aggregate) toolPin(tool string) (*pins.Store, string, string) {
-	server, name, ok := a.Catalog.ToolServer(tool)
-	if !ok {
+func (a *Aggregate) pin(kind Kind, name string) (*pins.Store, string, string) {
+	var (
+		server string
+		ok     bool
+	)
+	switch kind {
+	case KindTool:
+		server, name, ok = a.Catalog.ToolServer(name)
+	case KindPrompt:
+		server, name, ok = a.Catalog.PromptServer(name)
+	case KindResource:
+		if owners := a.Catalog.ResourceOwners(name); len(owners) > 0 {
+			server, ok = owners[0], true
+		}
+	case KindResourceTemplate:
+		server, ok = a.Catalog.TemplateOwner(name)
+	}
+	if !ok || a.Pins == nil {
 		return nil, "", ""
 	}
 	return a.Pins, AggregatePinNS(server), name
+}
+
+// pinServer: the route answers initialize with its own serverInfo and
+// the upstreams' instructions merged, each pinned where it is merged
+// (AggregateInstructions).
+func (a *Aggregate) pinServer() (*pins.Store, string) { return nil, "" }
+
+// pinSets: an upstream whose catalog has not connected lists nothing, so
+// only the upstreams whose tools a listing holds have their set listed.
+func (a *Aggregate) pinSets() (*pins.Store, []string) { return nil, nil }
+
+// AggregateInstructions returns what the aggregated route merges of an
+// upstream's instructions (broker.AggregateOptions.Instructions): the
+// upstream's own when they are its pinned ones (pinned on first sight, in
+// the namespace AggregatePinNS), else the pinned ones, or none. Nil with
+// no store.
+func AggregateInstructions(st *pins.Store) func(upstream, instructions string) string {
+	if st == nil {
+		return nil
+	}
+	return func(upstream, instructions string) string {
+		ns := AggregatePinNS(upstream)
+		obj := map[string]json.RawMessage{}
+		if instructions != "" {
+			obj["instructions"], _ = json.Marshal(instructions)
+		}
+		if v, _ := st.Listed(ns, pins.Server, pins.ServerInstructions, obj); v == pins.Shown {
+			return instructions
+		}
+		var pinned string
+		_ = json.Unmarshal(st.Pinned(ns, pins.Server, pins.ServerInstructions)["instructions"], &pinned)
+		return pinned
+	}
 }
 
 func (a *Aggregate) paramHeaders() *ParamHeaders {
@@ -103,7 +154,7 @@ func (a *Aggregate) Authorize(p policy.Principal, c message.Call) Verdict {
 		}
 		return a.owners(p, c, []string{server})
 	case "prompts/get":
-		server, ok := a.Catalog.PromptServer(c.Prompt)
+		server, _, ok := a.Catalog.PromptServer(c.Prompt)
 		if !ok {
 			return a.owners(p, c, nil)
 		}
@@ -113,7 +164,7 @@ func (a *Aggregate) Authorize(p policy.Principal, c message.Call) Verdict {
 	case "completion/complete":
 		switch c.Ref.Type {
 		case "ref/prompt":
-			server, ok := a.Catalog.PromptServer(c.Ref.Name)
+			server, _, ok := a.Catalog.PromptServer(c.Ref.Name)
 			if !ok {
 				return a.owners(p, c, nil)
 			}
@@ -173,7 +224,7 @@ func (a *Aggregate) Visible(p policy.Principal, it Item) bool {
 			owners = []string{server}
 		}
 	case KindPrompt:
-		if server, ok := a.Catalog.PromptServer(it.Name); ok {
+		if server, _, ok := a.Catalog.PromptServer(it.Name); ok {
 			owners = []string{server}
 		}
 	case KindResource:

@@ -45,8 +45,10 @@ type Decision struct {
 // 2026-07-28 request lacks them, or its _meta version is not the
 // header's, or the route cannot check a Mcp-Param-* header: see
 // [ParamHeaders]), a tool error (tool_changed) for a call of a tool whose
-// pinned definition changed (see package pins), and whatever the route
-// refuses (403 insufficient_scope, mostly).
+// pinned definition changed or that is new to its pinned set, 403
+// prompt_changed or resource_changed for the use of a changed prompt or
+// resource (see package pins), and whatever the route refuses (403
+// insufficient_scope, mostly).
 func Decide(route Route, p policy.Principal, httpMethod string, header http.Header, body []byte) Decision {
 	if v := route.Admit(p); !v.Allowed() {
 		return Decision{Verdict: v}
@@ -68,10 +70,8 @@ func Decide(route Route, p policy.Principal, httpMethod string, header http.Head
 		if v := route.Authorize(p, c); !v.Allowed() {
 			return Decision{Body: b, Verdict: v, Call: c}
 		}
-		if c.IsToolCall() {
-			if v := pinVerdict(route, c.Tool, b.Batch); !v.Allowed() {
-				return Decision{Body: b, Verdict: v, Call: c}
-			}
+		if v := pinVerdict(route, c, b.Batch); !v.Allowed() {
+			return Decision{Body: b, Verdict: v, Call: c}
 		}
 	}
 	return Decision{Body: b}

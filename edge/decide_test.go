@@ -27,7 +27,10 @@ func (c catalog) ToolServer(name string) (string, string, bool) {
 	s, ok := c.tools[name]
 	return s, name, ok
 }
-func (c catalog) PromptServer(name string) (string, bool) { s, ok := c.prompts[name]; return s, ok }
+func (c catalog) PromptServer(name string) (string, string, bool) {
+	s, ok := c.prompts[name]
+	return s, name, ok
+}
 func (c catalog) ResourceOwners(uri string) []string {
 	if o, ok := c.resources[uri]; ok {
 		return []string{o}

@@ -10,12 +10,15 @@
 // the message once ([message.Read], after [CheckRequest] and [ReadBody]), authorization
 // ([Decide], which checks the MCP 2026-07-28 headers against the body, Mcp-Param-* by
 // the x-mcp-header bindings the route learned from the tools/list answers its filter
-// read (see [ParamHeaders]), asks the [Route], and refuses a call of a tool whose
-// pinned definition changed, as a tool error: package pins), the rate limit, and serving
-// ([Route.Serve], with the filter of [Listing] around every answer: a
+// read (see [ParamHeaders]), asks the [Route], and refuses the use of an item whose
+// pinned definition changed, or a tool new to its pinned set: a tools/call as a tool
+// error, a prompts/get or resources/read with 403; package pins), the rate limit, and
+// serving ([Route.Serve], with the filter of [Listing] around every answer: a
 // server may answer a listing on another request's stream; it withholds a
-// listed tool whose definition differs from its pin, and only a tools/list
-// answer pins or records a change). The Caddy adapter (package caddymodule)
+// listed item whose definition differs from its pin, answers the pinned
+// instructions and serverInfo in place of changed ones, and only the answer
+// to a list request of that kind pins or records a change). The Caddy
+// adapter (package caddymodule)
 // sequences them; every decision belongs to this package, to package
 // policy, or to the route.
 //

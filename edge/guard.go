@@ -55,13 +55,18 @@ type Guard struct {
 	// route learned and refuse its clients' Mcp-Param-* headers until they
 	// list tools again.
 	SharedParams *ParamHeaders
-	// Pins, when set, pins the server's tool definitions under the
-	// namespace PinNS (see package pins).
+	// Pins, when set, pins what the server gives a model to read (its
+	// tools, prompts, resources, resource templates, instructions and
+	// serverInfo) under the namespace PinNS (see package pins).
 	Pins  *pins.Store
 	PinNS string
 }
 
-func (g *Guard) toolPin(tool string) (*pins.Store, string, string) { return g.Pins, g.PinNS, tool }
+func (g *Guard) pin(_ Kind, name string) (*pins.Store, string, string) { return g.Pins, g.PinNS, name }
+
+func (g *Guard) pinServer() (*pins.Store, string) { return g.Pins, g.PinNS }
+
+func (g *Guard) pinSets() (*pins.Store, []string) { return g.Pins, []string{g.PinNS} }
 
 func (g *Guard) paramHeaders() *ParamHeaders {
 	if g.SharedParams != nil {

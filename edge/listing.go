@@ -12,6 +12,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/message"
+	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -80,6 +81,11 @@ type Drop struct {
 //     readers could read it differently), one that spells a list member in
 //     another case, one over maxFilteredBody, and a compressed one.
 //
+// On a route that pins what its upstream gives a model to read (package
+// pins), every listed item is decided by its pin, whoever may see it, and
+// the answer to an initialize or server/discover of the body has its
+// instructions and serverInfo decided too (see pinServerAnswer).
+//
 // Server requests, notifications and errors pass as they are. Each drop is
 // reported to onDrop.
 type Listing struct {
@@ -101,6 +107,7 @@ type Listing struct {
 	ids    []requestID // the body's requests; nil for a GET
 	post   bool        // the request had a body
 	listen bool        // the body is one subscriptions/listen: Max bounds each event of its stream
+	server bool        // the body has an initialize or server/discover, whose answer the pins read
 	first  message.ID  // the id of a body's one message (zero for a batch), for an error answer
 	onDrop func(Drop)
 	one    [1]requestID // room for the one request of most bodies
@@ -127,6 +134,7 @@ func NewListing(route Route, p policy.Principal, b *message.Body, onDrop func(Dr
 		for _, c := range b.Calls {
 			if !c.IsResponse() && !c.ID.IsZero() {
 				f.ids = append(f.ids, requestID{c.ID, c.Method})
+				f.server = f.server || c.Method == "initialize" || c.Method == "server/discover"
 			}
 		}
 	}
@@ -151,10 +159,12 @@ func (f *Listing) drop(d Drop) {
 // filterMessage filters one JSON value a server sent: one JSON-RPC message
 // or a batch. keep is false when nothing of it may go out.
 func (f *Listing) filterMessage(data []byte) (out []byte, keep bool) {
-	if len(bytes.TrimSpace(data)) == 0 || !mayList(data) {
+	if len(bytes.TrimSpace(data)) == 0 || (!f.server && !mayList(data)) {
 		// Nothing in it could spell a list, in any reader's spelling:
 		// whatever its id, it shows no item. Most answers (tool
-		// results) end here, unread.
+		// results) end here, unread. The answer to an initialize or
+		// server/discover is read whatever it holds: the pins check its
+		// instructions and serverInfo.
 		return data, true
 	}
 	b, err := message.ReadAnswer(data)
@@ -191,22 +201,23 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 		return c.Raw, true
 	}
 	lists := shapes
-	// Bindings are learned from an answer to a tools/list of the body
-	// only: an answer taken for a listing by its shape is the server's
-	// to any request, one a client could have it echo.
-	learn := false
+	// Pins and bindings are learned from an answer to a list request of
+	// the body only: an answer taken for a listing by its shape is the
+	// server's to any request, one a client could have it echo.
+	method := ""
 	if f.ids != nil {
-		method, known := f.method(c.ID)
-		learn = method == "tools/list"
+		m, known := f.method(c.ID)
 		if !known {
 			f.drop(Drop{Reason: "unmatched_answer", ID: clip(c.ID.String())})
 			return nil, false
 		}
+		method = m
 		if l, ok := listings[method]; ok {
 			lists = []listing{l}
 		}
 	}
-	if len(lists) == len(shapes) && !mayList(c.Result) {
+	server := method == "initialize" || method == "server/discover"
+	if !server && len(lists) == len(shapes) && !mayList(c.Result) {
 		return c.Raw, true
 	}
 	var res map[string]json.RawMessage
@@ -223,6 +234,14 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 				return nil, false
 			}
 		}
+		if server && ((key != "instructions" && strings.EqualFold(key, "instructions")) || (key != "serverInfo" && strings.EqualFold(key, "serverInfo"))) {
+			// The same, for what the pins check of the server's answer.
+			f.drop(Drop{Reason: "ambiguous_answer", ID: clip(c.ID.String())})
+			return nil, false
+		}
+	}
+	if server {
+		changed = pinServerAnswer(f.route, method, res)
 	}
 	for _, l := range lists {
 		raw, ok := res[l.list]
@@ -237,6 +256,7 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 			changed = true
 			continue
 		}
+		asked := method != "" && listings[method] == l
 		kept := make([]json.RawMessage, 0, len(items))
 		params := paramsOf(f.route)
 		type entry struct {
@@ -255,6 +275,11 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 			entries = append(entries, entry{it, named, name})
 			count[name]++
 		}
+		// The namespaces whose tools a whole tools listing held.
+		var seen map[string]*pins.Store
+		if asked && l.kind == KindTool {
+			seen = map[string]*pins.Store{}
+		}
 		for _, e := range entries {
 			it, named, name := e.raw, e.named, e.name
 			if count[name] > 1 {
@@ -268,15 +293,23 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 			if count[name] < 0 {
 				continue
 			}
-			if learn && l.kind == KindTool {
+			if asked && l.kind == KindTool {
 				// What its Mcp-Param-* headers carry (see ParamHeaders),
 				// learned whoever may see it: a tool's schema is the
 				// server's, the same for every principal.
 				params.learn(name, named["inputSchema"])
 			}
-			if f.route.Visible(f.p, Item{Kind: l.kind, Name: name}) && (l.kind != KindTool || pinShown(f.route, name, named, learn)) {
+			// Every item is pinned, whoever may see it: the set an
+			// upstream lists is the same for every principal, and one
+			// that one principal cannot see must not count as new when
+			// another lists it.
+			shown := pinShown(f.route, l.kind, name, named, asked, seen)
+			if shown && f.route.Visible(f.p, Item{Kind: l.kind, Name: name}) {
 				kept = append(kept, it)
 			}
+		}
+		if seen != nil && lastPage(res) {
+			pinToolSets(f.route, seen)
 		}
 		if len(kept) != len(items) {
 			list, _ := json.Marshal(kept)
@@ -294,6 +327,17 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 	msg["result"], _ = json.Marshal(res)
 	out, err := json.Marshal(msg)
 	return out, err == nil
+}
+
+// lastPage reports whether a listing result is the last page of its
+// listing: no nextCursor, or an empty one.
+func lastPage(res map[string]json.RawMessage) bool {
+	raw, ok := res["nextCursor"]
+	if !ok {
+		return true
+	}
+	var cursor *string
+	return json.Unmarshal(raw, &cursor) == nil && (cursor == nil || *cursor == "")
 }
 
 // method is the method of the body's request with id: ids compare as

@@ -133,14 +133,18 @@ type Upstream struct {
 	// route learned and refuse its clients' Mcp-Param-* headers until they
 	// list tools again.
 	SharedParams *ParamHeaders
-	// Pins, when set, pins the upstream's tool definitions under its name
-	// (see package pins).
+	// Pins, when set, pins what the upstream gives a model to read under
+	// its name (see package pins).
 	Pins *pins.Store
 }
 
-func (u *Upstream) toolPin(tool string) (*pins.Store, string, string) {
-	return u.Pins, u.Config.Name, tool
+func (u *Upstream) pin(_ Kind, name string) (*pins.Store, string, string) {
+	return u.Pins, u.Config.Name, name
 }
+
+func (u *Upstream) pinServer() (*pins.Store, string) { return u.Pins, u.Config.Name }
+
+func (u *Upstream) pinSets() (*pins.Store, []string) { return u.Pins, []string{u.Config.Name} }
 
 func (u *Upstream) paramHeaders() *ParamHeaders {
 	if u.SharedParams != nil {
