@@ -93,3 +93,33 @@ func jsonEqual(a, b any) bool {
 	y, _ := json.Marshal(b)
 	return bytes.Equal(x, y)
 }
+
+// A 2026-07-28 error answer carries the HTTP status SEP-2575 gives its
+// code, on both of the route's paths as go-sdk's server sends it: 400 for
+// the upstream's -32021 (the conformance suite's
+// MissingCapabilityHttp400), with the upstream's error in the body.
+func TestAggregateModernErrorStatus(t *testing.T) {
+	a, url := aggServeEdge(t, []Upstream{{Name: "a", URL: capabilityUp(t)}}, AggregateOptions{})
+	body := `{"jsonrpc":"2.0","id":401,"method":"tools/call","params":{` + modernMeta + `,"name":"mcp_a_needs_sampling","arguments":{}}}`
+	hdr := map[string]string{"Mcp-Name": "mcp_a_needs_sampling"}
+	for _, path := range []string{"go-sdk's, first", "fast", "go-sdk's"} {
+		before := a.modernFastCalls.Load()
+		a.noModernFast.Store(path == "go-sdk's")
+		code, answer := modernPost(t, url, body, hdr)
+		a.noModernFast.Store(false)
+		if fast := a.modernFastCalls.Load() != before; fast != (path == "fast") {
+			t.Errorf("%s path: the fast path took the call: %v", path, fast)
+		}
+		var msg struct {
+			ID    int `json:"id"`
+			Error struct {
+				Code int             `json:"code"`
+				Data json.RawMessage `json:"data"`
+			} `json:"error"`
+		}
+		if code != http.StatusBadRequest || json.Unmarshal([]byte(answer), &msg) != nil || msg.ID != 401 ||
+			msg.Error.Code != mcp.CodeMissingRequiredClientCapabilities || string(msg.Error.Data) != `{"requiredCapabilities":{"sampling":{}}}` {
+			t.Errorf("%s path: HTTP %d %s; want 400 with the upstream's -32021 and its data", path, code, answer)
+		}
+	}
+}
