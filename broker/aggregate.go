@@ -792,9 +792,22 @@ func outcome(ctx context.Context, err error) (string, string) {
 // aggImplementation is the aggregated route's own server identity.
 var aggImplementation = &mcp.Implementation{Name: "zidane-mcp-aggregate", Version: "1"}
 
-// upstreamRPCError reports whether err is a JSON-RPC error the upstream
-// answered, which is passed on as it is.
-func upstreamRPCError(err error) bool {
+// upstreamRPCError is what to pass on for err when it carries a JSON-RPC
+// error, else nil: the error the upstream answered as it answered it,
+// code, message and data (a -32021's data names the client capabilities
+// the call needs), as the fast path and the pass-through route pass it.
+// go-sdk's client wraps it in its own words ("calling ...: rejected by
+// transport: Bad Request"), which a server would send with the code and
+// without the data. The transport's own refusal (-32005, for an upstream
+// that answered a transient HTTP status), which no upstream worded, stays
+// wrapped, with what go-sdk said of the status.
+func upstreamRPCError(err error) error {
 	var re *jsonrpc.Error
-	return errors.As(err, &re)
+	if !errors.As(err, &re) {
+		return nil
+	}
+	if re.Code == message.CodeTransportRejected {
+		return err
+	}
+	return re
 }

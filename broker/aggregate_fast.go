@@ -750,6 +750,13 @@ func (f *fastWriter) event(data []byte) {
 // respond writes the response to the downstream request id: kind is
 // "result" or "error", value its raw JSON.
 func (f *fastWriter) respond(id json.RawMessage, kind string, value json.RawMessage) {
+	f.respondStatus(id, kind, value, http.StatusOK)
+}
+
+// respondStatus is respond with the HTTP status of an answer that is no
+// event stream; one whose stream went out (its status with it) ends with
+// the answer as its last event.
+func (f *fastWriter) respondStatus(id json.RawMessage, kind string, value json.RawMessage, status int) {
 	buf := make([]byte, 0, len(value)+len(id)+40)
 	buf = append(buf, `{"jsonrpc":"2.0","id":`...)
 	buf = append(buf, id...)
@@ -765,7 +772,7 @@ func (f *fastWriter) respond(id json.RawMessage, kind string, value json.RawMess
 	}
 	f.headers("application/json")
 	f.w.Header()["Content-Length"] = []string{strconv.Itoa(len(buf))}
-	f.w.WriteHeader(http.StatusOK)
+	f.w.WriteHeader(status)
 	f.w.Write(buf)
 	f.done = true
 }

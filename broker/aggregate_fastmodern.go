@@ -45,7 +45,8 @@ import (
 // passed as the upstream wrote it when its content blocks are all text or it
 // is an input-required result, and otherwise decoded and normalized as on
 // the go-sdk path ([NormalizeContent]). Tool errors naming the upstream, the
-// audit record and the upstream's JSON-RPC errors are as on the go-sdk path.
+// audit record and the upstream's JSON-RPC errors (with the HTTP status
+// SEP-2575 gives their code) are as on the go-sdk path.
 //
 // It takes a request only when the edge's reading of the body is in the
 // context (message.FromContext), it is a single tools/call (no batch) with
@@ -150,7 +151,7 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 		_ = json.Unmarshal(rpcErr, &e)
 		rec.Outcome, rec.Detail = OutcomeError, safeError(&e)
 		a.record(rec, start)
-		fw.respond(callID, "error", rpcErr)
+		fw.respondStatus(callID, "error", rpcErr, modernErrorStatus(e.Code))
 	case err == nil:
 		res, isError, nerr := normalizeModernResult(res)
 		if nerr != nil {
@@ -310,6 +311,20 @@ func normalizeModernResult(raw json.RawMessage) (json.RawMessage, bool, error) {
 		return raw, false, nil
 	}
 	return normalizeFastResult(raw)
+}
+
+// modernErrorStatus is the HTTP status SEP-2575 gives a 2026-07-28 error
+// answer by its code, as go-sdk's server sends it (extractErrorStatus):
+// 404 for a method not found; 400 for invalid params, an unsupported
+// protocol version and a missing client capability; otherwise 200.
+func modernErrorStatus(code int64) int {
+	switch code {
+	case message.CodeMethodNotFound:
+		return http.StatusNotFound
+	case message.CodeInvalidParams, message.CodeUnsupportedProtocolVersion, message.CodeMissingClientCapability:
+		return http.StatusBadRequest
+	}
+	return http.StatusOK
 }
 
 // transientStatus is go-sdk's client's isTransientHTTPStatus: statuses it

@@ -571,6 +571,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 		}
 		a.record(rec, start)
 		var ie *inputError
+		rpcErr := upstreamRPCError(err)
 		switch {
 		case err == nil:
 			if res != nil {
@@ -586,8 +587,8 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			// go-sdk reports the transport's refusal as a JSON-RPC error;
 			// the caller gets the tool error that says how to log in.
 			return a.unreachable(up, err), nil
-		case upstreamRPCError(err):
-			return nil, err
+		case rpcErr != nil:
+			return nil, rpcErr
 		case errors.As(err, &ie):
 			return inputFailed(up, ie), nil
 		case IsAnswerLimit(err):
@@ -607,8 +608,11 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 // forwardErr turns an upstream failure into the error a downstream request
 // gets: the upstream's JSON-RPC error as it is, else one naming it.
 func forwardErr(ctx context.Context, up *aggUpstream, err error) error {
-	if ctx.Err() != nil || upstreamRPCError(err) {
+	if ctx.Err() != nil {
 		return err
+	}
+	if rpcErr := upstreamRPCError(err); rpcErr != nil {
+		return rpcErr
 	}
 	if IsAnswerLimit(err) {
 		return errors.New(limitMessage(err))

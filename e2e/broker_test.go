@@ -36,20 +36,15 @@ http://:%d {
 
 const upstreamKey = "upstream-key-8d3f"
 
-func TestBrokerPassThroughConformanceParity(t *testing.T) {
+// TestBrokerPassThrough: the broker's pass-through route with an upstream
+// credential of the operator's. (TestConformanceServerRoutes runs the
+// conformance suite through it.)
+func TestBrokerPassThrough(t *testing.T) {
 	upstream := startEverythingServer(t)
 	port := freePort(t)
 	c := startCaddy(t, brokerCaddyfile(port, upstream), "UPSTREAM_KEY="+upstreamKey)
 	token := createToken(t, c, "agent", "--scope", "upstream:everything")
 	brokerURL := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
-
-	directPassed, directFailed, _ := runConformanceServer(t, upstream, "")
-	url := authProxy(t, brokerURL, http.Header{"Authorization": {"Bearer " + token}})
-	passed, failed, out := runConformanceServer(t, url, "")
-	t.Logf("conformance server suite: direct %d passed, %d failed; through the broker %d passed, %d failed", directPassed, directFailed, passed, failed)
-	if passed != directPassed || failed != directFailed {
-		t.Fatalf("through the broker %d passed, %d failed; direct %d passed, %d failed\n%s", passed, failed, directPassed, directFailed, tail(out, 6000))
-	}
 
 	t.Run("go-sdk and TypeScript clients", func(t *testing.T) {
 		cs, err := connectGo(t, brokerURL, bearerClient(token, nil))

@@ -1045,37 +1045,100 @@ func parseHTTPURL(raw string) (*url.URL, error) {
 }
 
 var (
-	conformanceTotal  = regexp.MustCompile(`(?m)^Total: (\d+) passed, (\d+) failed`)
-	conformanceSingle = regexp.MustCompile(`(?m)^Passed: (\d+)/\d+, (\d+) failed`)
-	ansiEscape        = regexp.MustCompile("\x1b\\[[0-9;]*m") // the suite colours its output even with NO_COLOR
+	conformanceTotal    = regexp.MustCompile(`(?m)^Total: (\d+) passed, (\d+) failed`)
+	conformanceSingle   = regexp.MustCompile(`(?m)^Passed: (\d+)/\d+, (\d+) failed`)
+	conformanceScenario = regexp.MustCompile(`^([✓✗]) (\S+): \d+ passed, \d+ failed`)
+	conformanceDir      = regexp.MustCompile(`^server-(.+)-\d{4}-\d\d-\d\dT[0-9-]+Z$`)
+	ansiEscape          = regexp.MustCompile("\x1b\\[[0-9;]*m") // the suite colours its output even with NO_COLOR
 )
 
-// runConformanceServer runs the MCP conformance suite's server scenarios
-// (spec 2025-11-25) against the MCP endpoint url: all of the active suite,
-// or only scenario when it is not "". It returns the number of checks that
-// passed and failed, and the suite's output. Results (checks.json) go to a
-// temporary directory. The test fails if the suite printed no result.
+// conformanceSuite is the MCP conformance suite the server runs use:
+// 0.2.0-alpha.12, installed as the npm alias conformance-next. 0.1.16 (the
+// alias conformance) adds no server scenario to it: its 30 active server
+// scenarios at 2025-11-25 are all in 0.2.0-alpha.12, whose checks of them
+// are a superset (checked 2026-12-06 against go-sdk's everything-server), so
+// no server run uses 0.1.16.
+const conformanceSuite = "@modelcontextprotocol/conformance-next"
+
+// conformanceResult is one run of the suite's server scenarios.
+type conformanceResult struct {
+	passed, failed int             // checks, as the suite's result line counts them
+	scenarios      map[string]bool // scenario -> passed, from the suite's summary (a run of several)
+	output         string          // what the suite printed, without colours
+	dir            string          // its results: one directory of checks.json per scenario
+}
+
+// runConformance runs the suite's server scenarios against the MCP
+// endpoint url with args (--requirements 2026-07-28, --spec-version
+// 2025-11-25, --scenario S). The test fails if the suite printed no
+// result.
+func runConformance(t testing.TB, url string, args ...string) conformanceResult {
+	t.Helper()
+	script := packageBin(t, conformanceSuite, "conformance")
+	r := conformanceResult{dir: t.TempDir(), scenarios: map[string]bool{}}
+	ctx, cancel := context.WithTimeout(context.Background(), conformanceTimeout)
+	defer cancel()
+	output, err := runNodeIn(ctx, t, r.dir, script, append([]string{"server", "--url", url, "-o", r.dir}, args...)...)
+	r.output = ansiEscape.ReplaceAllString(output, "")
+	m := conformanceTotal.FindStringSubmatch(r.output)
+	if m == nil {
+		m = conformanceSingle.FindStringSubmatch(r.output)
+	}
+	if m == nil {
+		t.Fatalf("conformance server --url %s %s: no result line (%v)\n%s", url, strings.Join(args, " "), err, tail(r.output, logDumpLimit))
+	}
+	r.passed, _ = strconv.Atoi(m[1])
+	r.failed, _ = strconv.Atoi(m[2])
+	if _, summary, ok := strings.Cut(r.output, "=== SUMMARY ==="); ok {
+		for _, line := range strings.Split(summary, "\n") {
+			if strings.HasPrefix(line, "Total:") {
+				break
+			}
+			if sm := conformanceScenario.FindStringSubmatch(strings.TrimSpace(line)); sm != nil {
+				r.scenarios[sm[2]] = sm[1] == "✓"
+			}
+		}
+	}
+	return r
+}
+
+// failedChecks lists, for scenario, the checks of this run that failed,
+// each with the suite's message.
+func (r conformanceResult) failedChecks(scenario string) []string {
+	entries, _ := os.ReadDir(r.dir)
+	var out []string
+	for _, e := range entries {
+		if m := conformanceDir.FindStringSubmatch(e.Name()); m == nil || m[1] != scenario {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join(r.dir, e.Name(), "checks.json"))
+		if err != nil {
+			continue
+		}
+		var checks []struct {
+			ID, Status, ErrorMessage string
+		}
+		_ = json.Unmarshal(raw, &checks)
+		for _, c := range checks {
+			if c.Status == "FAILURE" {
+				out = append(out, c.ID+": "+c.ErrorMessage)
+			}
+		}
+	}
+	return out
+}
+
+// runConformanceServer runs the suite's server scenarios at spec
+// 2025-11-25 against the MCP endpoint url: all of the active suite, or
+// only scenario when it is not "". It returns the number of checks that
+// passed and failed, and the suite's output.
 func runConformanceServer(t testing.TB, url, scenario string) (passed, failed int, output string) {
 	t.Helper()
-	script := packageBin(t, "@modelcontextprotocol/conformance", "conformance")
-	outDir := t.TempDir()
-	args := []string{"server", "--url", url, "--spec-version", "2025-11-25", "-o", outDir}
+	args := []string{"--spec-version", "2025-11-25"}
 	if scenario != "" {
 		args = append(args, "--scenario", scenario)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), conformanceTimeout)
-	defer cancel()
-	output, err := runNodeIn(ctx, t, outDir, script, args...)
-	output = ansiEscape.ReplaceAllString(output, "")
-	m := conformanceTotal.FindStringSubmatch(output)
-	if m == nil {
-		m = conformanceSingle.FindStringSubmatch(output)
-	}
-	if m == nil {
-		t.Fatalf("conformance server --url %s: no result line (%v)\n%s", url, err, tail(output, logDumpLimit))
-	}
-	passed, _ = strconv.Atoi(m[1])
-	failed, _ = strconv.Atoi(m[2])
-	t.Logf("conformance server %s (scenario %q): %d passed, %d failed", url, scenario, passed, failed)
-	return passed, failed, output
+	r := runConformance(t, url, args...)
+	t.Logf("conformance server %s (scenario %q): %d passed, %d failed", url, scenario, r.passed, r.failed)
+	return r.passed, r.failed, r.output
 }

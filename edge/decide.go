@@ -18,7 +18,7 @@ const (
 	versionHeader = "Mcp-Protocol-Version"
 	// modernVersion is the first version whose requests carry these
 	// headers and their version in _meta.
-	modernVersion = "2026-07-28"
+	modernVersion = message.ModernVersion
 )
 
 // Decision is the outcome of [Decide].
@@ -40,7 +40,8 @@ type Decision struct {
 //
 // Refusals: 400 ambiguous_body for a body that two readers could read
 // differently (see package message), 400 malformed for one that is not a
-// JSON-RPC message, 400 header_mismatch when the 2026-07-28 Mcp-Method,
+// JSON-RPC message, 404 method_not_found (-32601) for a method that the
+// request's protocol version removed (see message.Call.Removed), 400 header_mismatch when the 2026-07-28 Mcp-Method,
 // Mcp-Name or Mcp-Param-* header says something else than the body (or a
 // 2026-07-28 request lacks them, or its _meta version is not the
 // header's, or the route cannot check a Mcp-Param-* header: see
@@ -63,6 +64,13 @@ func Decide(route Route, p policy.Principal, httpMethod string, header http.Head
 	if v, c := checkHeaders(header, b); !v.Allowed() {
 		return Decision{Body: b, Verdict: v, Call: c}
 	}
+	// After checkHeaders, which bound the _meta version that makes a method
+	// removed to the header's.
+	for _, c := range b.Calls {
+		if c.Removed() {
+			return Decision{Body: b, Verdict: removedMethod(c), Call: c}
+		}
+	}
 	if v, c := checkParamHeaders(header, b, paramsOf(route), header.Get(versionHeader)); !v.Allowed() {
 		return Decision{Body: b, Verdict: v, Call: c}
 	}
@@ -75,6 +83,28 @@ func Decide(route Route, p policy.Principal, httpMethod string, header http.Head
 		}
 	}
 	return Decision{Body: b}
+}
+
+// removedMethod is the refusal of c, a message of a method its protocol
+// version removed: 404 with -32601, as go-sdk's server answers it. Nothing
+// is passed on: the edge read nothing of what the method took (see
+// message.Call.Removed), so a route would authorize a call it cannot see.
+func removedMethod(c message.Call) Verdict {
+	return Verdict{Status: http.StatusNotFound, Reason: ReasonMethodNotFound, Code: message.CodeMethodNotFound,
+		Message: fmt.Sprintf("method %q is not part of MCP %s, which this request names: %s", clip(c.Method), c.MetaVersion, removedHint(c.Method))}
+}
+
+// removedHint says what a client of the stateless protocol does instead.
+func removedHint(method string) string {
+	switch method {
+	case "resources/subscribe", "resources/unsubscribe":
+		return "listen for notifications/resources/updated with subscriptions/listen"
+	case "logging/setLevel":
+		return "ask for log messages per request with _meta io.modelcontextprotocol/logLevel"
+	case "initialize":
+		return "send each request with its _meta (protocol version, client info and capabilities), and ask server/discover what the server speaks"
+	}
+	return "send the requests themselves, each with its _meta"
 }
 
 // readRefusal turns a reading error into its refusal. The error's message

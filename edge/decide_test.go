@@ -258,6 +258,58 @@ func TestDecideHeaders(t *testing.T) {
 	}
 }
 
+// A 2026-07-28 request of a method that version removed (initialize,
+// ping, logging/setLevel, resources/subscribe and resources/unsubscribe)
+// is answered 404 with -32601 on every route, as a 2026-07-28 server
+// answers it (the conformance suite's server-stateless): the edge does not
+// read what the method took (a subscription's URI), and it passes nothing
+// on, so no route authorizes or serves a call it cannot read. The same
+// methods at 2025-11-25 are read and decided as ever.
+func TestDecideRemovedMethods(t *testing.T) {
+	meta := `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}`
+	req := func(method, params string) string {
+		return `{"jsonrpc":"2.0","id":500,"method":"` + method + `","params":{` + params + `}}`
+	}
+	for name, rt := range testRoutes(t) {
+		for _, c := range []struct{ method, params string }{
+			{"initialize", meta},
+			{"ping", meta},
+			{"logging/setLevel", `"level":"debug",` + meta},
+			{"resources/subscribe", meta},
+			{"resources/unsubscribe", meta},
+			{"resources/subscribe", `"uri":"file:///a/secret",` + meta},
+		} {
+			d := Decide(rt.route, rt.p, http.MethodPost, modern(c.method, ""), []byte(req(c.method, c.params)))
+			if d.Status != http.StatusNotFound || d.Code != message.CodeMethodNotFound || d.Reason != ReasonMethodNotFound ||
+				!strings.Contains(d.Message, c.method) || d.Call.Method != c.method {
+				t.Errorf("%s: 2026-07-28 %s: %d %d %q (%s), want 404 -32601 %s naming the method", name, c.method, d.Status, d.Code, d.Reason, d.Message, ReasonMethodNotFound)
+			}
+		}
+		// In a batch, the body is refused whole.
+		batch := `[` + strings.Replace(req("tools/list", meta), "500", "501", 1) + `,` + req("resources/subscribe", meta) + `]`
+		if d := Decide(rt.route, rt.p, http.MethodPost, http.Header{"Mcp-Protocol-Version": {"2026-07-28"}}, []byte(batch)); d.Status != http.StatusNotFound {
+			t.Errorf("%s: a batch with a removed method: %d %q", name, d.Status, d.Reason)
+		}
+		// At 2025-11-25 the methods are there: decided by the route, and
+		// a subscription without a URI is malformed.
+		legacy := `"_meta":{"io.modelcontextprotocol/protocolVersion":"2025-11-25"}`
+		hdr := http.Header{"Mcp-Protocol-Version": {"2025-11-25"}}
+		if d := Decide(rt.route, rt.p, http.MethodPost, hdr, []byte(req("ping", legacy))); d.Status == http.StatusNotFound {
+			t.Errorf("%s: 2025-11-25 ping answered 404", name)
+		}
+		if d := Decide(rt.route, rt.p, http.MethodPost, hdr, []byte(req("resources/subscribe", legacy))); d.Status != http.StatusBadRequest || d.Reason != ReasonMalformed {
+			t.Errorf("%s: 2025-11-25 resources/subscribe without a uri: %d %q", name, d.Status, d.Reason)
+		}
+	}
+	// A version in _meta that the header does not carry is a mismatch
+	// before it is anything else.
+	rt := testRoutes(t)["guard"]
+	d := Decide(rt.route, rt.p, http.MethodPost, http.Header{}, []byte(req("resources/subscribe", meta)))
+	if d.Code != message.CodeHeaderMismatch {
+		t.Errorf("a removed method without the version header: %d %d %q", d.Status, d.Code, d.Reason)
+	}
+}
+
 func TestVisibleAgreesWithAuthorize(t *testing.T) {
 	routes := testRoutes(t)
 	agg := routes["aggregate"]

@@ -327,7 +327,7 @@ func paramValue(arguments []byte, path []string) (value string, present, sendabl
 		return "", true, false
 	case isString:
 		if needsBase64(text) {
-			text = "=?base64?" + base64.StdEncoding.EncodeToString([]byte(text)) + "?="
+			text = encodeBase64(text)
 		}
 		return text, true, true
 	case text == "null":
@@ -345,6 +345,38 @@ func paramValue(arguments []byte, path []string) (value string, present, sendabl
 	return strconv.FormatInt(int64(v), 10), true, true
 }
 
+// The wrapper of a base64-encoded Mcp-Param-* value (SEP-2243).
+const (
+	base64Prefix = "=?base64?"
+	base64Suffix = "?="
+)
+
+// encodeBase64 is s in SEP-2243's base64 wrapper: standard alphabet,
+// padded, as go-sdk's client encodes it.
+func encodeBase64(s string) string {
+	return base64Prefix + base64.StdEncoding.EncodeToString([]byte(s)) + base64Suffix
+}
+
+// paramHeaderMatches reports whether got, an Mcp-Param-* header's value,
+// carries want, the value paramValue gives for its argument. It does in
+// two spellings: want itself, and, when want is not already encoded, its
+// base64 encoding, which SEP-2243 has servers decode whatever the value
+// (the conformance suite's ServerAcceptsValidBase64).
+//
+// The encoding is compared, never decoded: decoders disagree on all but
+// the canonical form (Go's and Node's take non-zero pad bits, Node's takes
+// missing padding and skips characters outside the alphabet, strict ones
+// refuse them all), so a header in another spelling could read as another
+// value, or as none, behind the edge. One value has one encoding the edge
+// takes.
+func paramHeaderMatches(got, want string) bool {
+	if got == want {
+		return true
+	}
+	encoded := strings.HasPrefix(want, base64Prefix) && strings.HasSuffix(want, base64Suffix)
+	return !encoded && got == encodeBase64(want)
+}
+
 // needsBase64 is go-sdk's requiresBase64Encoding: a string with a byte
 // outside printable ASCII, leading or trailing blanks, or the look of an
 // encoded value travels base64-encoded.
@@ -360,15 +392,15 @@ func needsBase64(s string) bool {
 			return true
 		}
 	}
-	return strings.HasPrefix(s, "=?base64?") && strings.HasSuffix(s, "?=")
+	return strings.HasPrefix(s, base64Prefix) && strings.HasSuffix(s, base64Suffix)
 }
 
 // checkParamHeaders checks a request's Mcp-Param-* headers against its
-// body. Every such header must be the one value (in go-sdk's client's
-// encoding: one spelling only, so that no reader behind takes it for
-// another value) of an argument the called tool binds to it, on a tools/call
-// sent on its own; a 2026-07-28 call must carry a header for each bound
-// argument it passes. What the edge cannot check is refused, not passed: a
+// body. Every such header must be the value of an argument the called tool
+// binds to it, in go-sdk's client's encoding or as the canonical base64 of
+// that (see paramHeaderMatches: no spelling that a reader behind could
+// take for another value), on a tools/call sent on its own; a 2026-07-28
+// call must carry a header for each bound argument it passes. What the edge cannot check is refused, not passed: a
 // header for a tool whose bindings this route has not learned, or that
 // its tool does not bind.
 func checkParamHeaders(header http.Header, b *message.Body, ph *ParamHeaders, version string) (Verdict, message.Call) {
@@ -437,8 +469,8 @@ func checkParamHeaders(header http.Header, b *message.Body, ph *ParamHeaders, ve
 			return mismatch(c, fmt.Sprintf("header %s was sent for argument %q, which is not a string, boolean or safe integer: leave the header out", bd.header, strings.Join(bd.path, ".")))
 		case present && sendable && !sent && modernCall:
 			return mismatch(c, fmt.Sprintf("a %s call of tool %q needs header %s with the value of argument %q", version, clip(c.Tool), bd.header, strings.Join(bd.path, ".")))
-		case sent && got[0] != want:
-			return mismatch(c, fmt.Sprintf("header %s does not match argument %q of the body: send the argument's value (base64-encoded as =?base64?…?= only where SEP-2243 requires)", bd.header, strings.Join(bd.path, ".")))
+		case sent && !paramHeaderMatches(got[0], want):
+			return mismatch(c, fmt.Sprintf("header %s does not match argument %q of the body: send the argument's value as it is, or base64-encoded as =?base64?<standard, padded base64>?= (where SEP-2243 requires it, only so)", bd.header, strings.Join(bd.path, ".")))
 		}
 	}
 	return Verdict{}, message.Call{}

@@ -110,6 +110,21 @@ func TestParamHeaders(t *testing.T) {
 		{"leading blank in base64", geo("Mcp-Param-Region", "=?base64?IGV1?="), geoCall(`{"region":" eu"}`), true},
 		{"sentinel-looking value in base64", geo("Mcp-Param-Region", "=?base64?PT9iYXNlNjQ/eD89?="), geoCall(`{"region":"=?base64?x?="}`), true},
 		{"case of the header name", geo("Mcp-Param-Region", "eu"), geoCall(`{"region":"eu"}`), true},
+		// SEP-2243: a server decodes =?base64?…?= whatever the value, so a
+		// value that needs no encoding may come encoded too (the
+		// conformance suite's ServerAcceptsValidBase64).
+		{"plain value in base64", geo("Mcp-Param-Region", "=?base64?SGVsbG8=?="), geoCall(`{"region":"Hello"}`), true},
+		{"integer in base64", geo("Mcp-Param-Level", "=?base64?Mw==?="), geoCall(`{"level":3}`), true},
+		{"boolean in base64", geo("Mcp-Param-Flag", "=?base64?dHJ1ZQ==?="), geoCall(`{"flag":true}`), true},
+		{"nested value in base64", geo("Mcp-Param-Zone", "=?base64?Yg==?="), geoCall(`{"where":{"zone":"b"}}`), true},
+		{"empty value in base64", geo("Mcp-Param-Region", "=?base64??="), geoCall(`{"region":""}`), true},
+		// What only looks encoded is the value itself.
+		{"base64 text without the wrapper", geo("Mcp-Param-Region", "SGVsbG8="), geoCall(`{"region":"SGVsbG8="}`), true},
+		{"wrapper without its suffix", geo("Mcp-Param-Region", "=?base64?SGVsbG8="), geoCall(`{"region":"=?base64?SGVsbG8="}`), true},
+		{"wrapper without its suffix, in base64", geo("Mcp-Param-Region", "=?base64?PT9iYXNlNjQ/U0dWc2JHOD0=?="), geoCall(`{"region":"=?base64?SGVsbG8="}`), true},
+		{"wrapper in another case", geo("Mcp-Param-Region", "=?BASE64?SGVsbG8=?="), geoCall(`{"region":"=?BASE64?SGVsbG8=?="}`), true},
+		{"standard alphabet", geo("Mcp-Param-Region", "=?base64?Pz8+?="), geoCall(`{"region":"??>"}`), true},
+		{"non-ASCII, canonical", geo("Mcp-Param-Region", "=?base64?w6k=?="), geoCall(`{"region":"é"}`), true},
 
 		// Attacks: a header that says something else than the body.
 		{"other value", geo("Mcp-Param-Region", "eu"), geoCall(`{"region":"us"}`), false},
@@ -135,9 +150,25 @@ func TestParamHeaders(t *testing.T) {
 		{"header for a fraction", geo("Mcp-Param-Level", "3"), geoCall(`{"level":3.5}`), false},
 		{"header for an unsafe integer", geo("Mcp-Param-Level", "9007199254740993"), geoCall(`{"level":9007199254740993}`), false},
 		{"header for an object", geo("Mcp-Param-Region", "{}"), geoCall(`{"region":{}}`), false},
-		{"plain value in base64", geo("Mcp-Param-Region", "=?base64?ZXU=?="), geoCall(`{"region":"eu"}`), false},
 		{"non-ASCII sent raw", geo("Mcp-Param-Region", "日本"), geoCall(`{"region":"日本"}`), false},
 		{"base64 of another value", geo("Mcp-Param-Region", "=?base64?5pel?="), geoCall(`{"region":"日本"}`), false},
+		// Base64 that decoders read differently, or that is not the
+		// argument's: one value has one encoding the edge takes.
+		{"base64 of a different plain value", geo("Mcp-Param-Region", "=?base64?ZXU=?="), geoCall(`{"region":"us"}`), false},
+		{"base64 of a value the body does not pass", geo("Mcp-Param-Region", "=?base64?ZXU=?="), geoCall(`{}`), false},
+		{"second encoding of one value: non-zero pad bits", geo("Mcp-Param-Region", "=?base64?SGVsbG9=?="), geoCall(`{"region":"Hello"}`), false},
+		{"second encoding of one value: non-zero pad bits, non-ASCII", geo("Mcp-Param-Region", "=?base64?w6l=?="), geoCall(`{"region":"é"}`), false},
+		{"padding missing", geo("Mcp-Param-Region", "=?base64?SGVsbG8?="), geoCall(`{"region":"Hello"}`), false},
+		{"padding doubled", geo("Mcp-Param-Region", "=?base64?SGVsbG8==?="), geoCall(`{"region":"Hello"}`), false},
+		{"padding in the middle", geo("Mcp-Param-Region", "=?base64?SGVs=bG8=?="), geoCall(`{"region":"Hello"}`), false},
+		{"characters outside the alphabet", geo("Mcp-Param-Region", "=?base64?SGVs!!!bG8=?="), geoCall(`{"region":"Hello"}`), false},
+		{"blank inside", geo("Mcp-Param-Region", "=?base64?SGVs bG8=?="), geoCall(`{"region":"Hello"}`), false},
+		{"URL-safe alphabet", geo("Mcp-Param-Region", "=?base64?Pz8-?="), geoCall(`{"region":"??>"}`), false},
+		{"base64 of base64", geo("Mcp-Param-Region", "=?base64?PT9iYXNlNjQ/U0dWc2JHOD0/PQ==?="), geoCall(`{"region":"Hello"}`), false},
+		{"integer in base64, not canonical", geo("Mcp-Param-Level", "=?base64?My4w?="), geoCall(`{"level":3}`), false},
+		{"boolean in base64, other case", geo("Mcp-Param-Flag", "=?base64?VHJ1ZQ==?="), geoCall(`{"flag":true}`), false},
+		{"base64 for a null argument", geo("Mcp-Param-Region", "=?base64?bnVsbA==?="), geoCall(`{"region":null}`), false},
+		{"base64 for an object", geo("Mcp-Param-Region", "=?base64?e30=?="), geoCall(`{"region":{}}`), false},
 		{"argument spelled with an escape", geo("Mcp-Param-Region", "eu"), geoCall(`{"regio\u006e":"us"}`), false},
 		{"on a tool that binds nothing", named("plain", h("Mcp-Param-Region", "eu")),
 			`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"plain","arguments":{"region":"eu"}}}`, false},
@@ -339,10 +370,41 @@ func TestParamHeadersOfGoSDK(t *testing.T) {
 	}
 	tamper = nil
 	mu.Lock()
-	defer mu.Unlock()
 	if len(seen) != n {
 		t.Errorf("the server took %d calls the edge should have refused", len(seen)-n)
 	}
+	mu.Unlock()
+
+	// A value sent base64-encoded (SEP-2243), as another client may: the
+	// edge takes the canonical encoding, and go-sdk's server decodes it to
+	// the argument and takes the call; a second encoding of the same value
+	// (non-zero pad bits), which go-sdk's decoder would read as it, is
+	// refused all the same.
+	for _, tc := range []struct {
+		name   string
+		change func(http.Header)
+		ok     bool
+	}{
+		{"every value base64-encoded", func(h http.Header) {
+			for k, v := range h {
+				if strings.HasPrefix(k, "Mcp-Param-") {
+					h.Set(k, encodeBase64(v[0]))
+				}
+			}
+		}, true},
+		{"a second encoding of one value", func(h http.Header) { h.Set("Mcp-Param-Region", "=?base64?dXN=?=") }, false},
+	} {
+		tamper = tc.change
+		res, err := connect().CallTool(ctx, &mcp.CallToolParams{Name: "geo", Arguments: map[string]any{"region": "us", "level": 3, "flag": true}})
+		mu.Lock()
+		got := len(refusals)
+		refusals, seen = nil, nil
+		mu.Unlock()
+		if ok := err == nil && !res.IsError && got == 0; ok != tc.ok {
+			t.Errorf("%s: go-sdk client got %v %+v, %d refusals by the edge; want taken %v", tc.name, err, res, got, tc.ok)
+		}
+	}
+	tamper = nil
 }
 
 // What one replica learns of a tool's bindings, another takes in through

@@ -155,4 +155,7 @@ const (
 	ReasonUpgrade = "upgrade_refused"
 	// ReasonDuplicateHeader refuses Origin or Authorization sent twice.
 	ReasonDuplicateHeader = "duplicate_header"
+	// ReasonMethodNotFound is a 404: a method that the request's protocol
+	// version does not have (see message.Call.Removed).
+	ReasonMethodNotFound = "method_not_found"
 )

@@ -44,6 +44,8 @@ func fuzzSeeds() []string {
 		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"verb":"ſ","ſ":1,"k":2,"K":3}}}`,
 		`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"r\u0031","reason":"x","_meta":{}}}`,
 		`[{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":-3}},{"jsonrpc":"2.0","id":"a","error":{"code":1,"message":"m"}}]`,
+		`{"jsonrpc":"2.0","id":500,"method":"resources/subscribe","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}`,
+		`{"jsonrpc":"2.0","id":500,"params":{"uri":"u","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}},"method":"resources/unsubscribe"}`,
 	)
 }
 

@@ -38,7 +38,8 @@ function message(m) {
     result: own(m, 'result'), error: own(m, 'error'), params: kind(p),
     name: field(get(p, 'name')), uri: field(get(p, 'uri')), args: kind(a), verb: field(get(a, 'verb')),
     ref: kind(ref), refType: field(get(ref, 'type')), refName: field(get(ref, 'name')), refURI: field(get(ref, 'uri')),
-    meta: kind(get(p, '_meta')), requestId: field(get(p, 'requestId')),
+    meta: kind(get(p, '_meta')), version: field(get(get(p, '_meta'), 'io.modelcontextprotocol/protocolVersion')),
+    requestId: field(get(p, 'requestId')),
     input: own(p, 'inputResponses') || own(p, 'requestState'), state: field(get(p, 'requestState')),
   };
 }
@@ -87,6 +88,7 @@ type jsMessage struct {
 	RefName   jsField `json:"refName"`
 	RefURI    jsField `json:"refURI"`
 	Meta      string  `json:"meta"`
+	Version   jsField `json:"version"`
 	Input     bool    `json:"input"`
 	State     jsField `json:"state"`
 	RequestID jsField `json:"requestId"`
@@ -205,7 +207,14 @@ func disagree(body *Body, js jsReading) string {
 				return "prompt"
 			}
 		case "resources/read", "resources/subscribe", "resources/unsubscribe":
-			if uri, ok := m.URI.str(); !ok || uri != c.URI || m.Input != c.InputResponses || !state() {
+			// A removed method's (2026-07-28) URI may be absent; the
+			// version that removed it must read the same.
+			version, _ := m.Version.str()
+			uri, ok := m.URI.str()
+			if removed(c.Method, version) != c.Removed() {
+				return "removed"
+			}
+			if !ok && !(c.Removed() && m.URI.T == "undefined") || uri != c.URI || m.Input != c.InputResponses || !state() {
 				return "uri"
 			}
 		case "completion/complete":

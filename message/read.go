@@ -86,6 +86,31 @@ func (c Call) Name() string {
 	return ""
 }
 
+// ModernVersion is MCP 2026-07-28, the first version of the stateless
+// core (SEP-2575): its requests name it in _meta and in headers.
+const ModernVersion = "2026-07-28"
+
+// Removed reports whether c is a message of a method that the protocol
+// version its _meta names no longer has: from 2026-07-28, initialize,
+// ping, logging/setLevel, resources/subscribe and resources/unsubscribe
+// (SEP-2575; subscriptions/listen replaces the subscriptions). A server
+// of that version answers such a request 404 with -32601, go-sdk's too.
+// Read does not read such a message's params for what the method took
+// (the URI of a subscription): the method is not found, whatever it
+// would have taken.
+func (c Call) Removed() bool { return removed(c.Method, c.MetaVersion) }
+
+func removed(method, version string) bool {
+	if version < ModernVersion {
+		return false
+	}
+	switch method {
+	case "initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe":
+		return true
+	}
+	return false
+}
+
 // Body is a read request body.
 type Body struct {
 	// Raw is the body as read; the Calls' spans are sub-slices of it.
@@ -641,7 +666,7 @@ func (r *reader) paramsObject(c *Call, depth int, fields []string) error {
 			r.malformed(at, `prompts/get needs params.name, the prompt's name`)
 		}
 	case "resources/read", "resources/subscribe", "resources/unsubscribe":
-		if !hasURI {
+		if !hasURI && !c.Removed() {
 			r.malformed(at, c.Method+` needs params.uri, the resource's URI`)
 		}
 	case "completion/complete":

@@ -710,6 +710,62 @@ func TestReadMetaVersion(t *testing.T) {
 	}
 }
 
+// MCP 2026-07-28 removed initialize, ping, logging/setLevel and the
+// resource subscriptions (SEP-2575): a message that names that version in
+// its _meta and one of those methods is Removed, and its params are not
+// read for what the method took (a URI), so that the edge answers it as
+// the method not found it is; the same methods at 2025-11-25, or with no
+// version, are read as ever and are not Removed.
+func TestReadRemoved(t *testing.T) {
+	meta := func(v string) string {
+		return `"_meta":{"io.modelcontextprotocol/protocolVersion":"` + v + `","io.modelcontextprotocol/clientCapabilities":{}}`
+	}
+	for _, c := range []struct {
+		body    string
+		removed bool
+		err     error
+	}{
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/subscribe","params":{` + meta("2026-07-28") + `}}`, true, nil},
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/unsubscribe","params":{` + meta("2026-07-28") + `}}`, true, nil},
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/subscribe","params":{"uri":"file:///a",` + meta("2026-07-28") + `}}`, true, nil},
+		{`{"jsonrpc":"2.0","id":500,"params":{` + meta("2026-07-28") + `},"method":"resources/subscribe"}`, true, nil},
+		{`{"jsonrpc":"2.0","method":"resources/subscribe","params":{` + meta("2026-07-28") + `}}`, true, nil},
+		{`{"jsonrpc":"2.0","id":500,"method":"initialize","params":{` + meta("2026-07-28") + `}}`, true, nil},
+		{`{"jsonrpc":"2.0","id":500,"method":"ping","params":{` + meta("2026-07-28") + `}}`, true, nil},
+		{`{"jsonrpc":"2.0","id":500,"method":"logging/setLevel","params":{` + meta("2026-07-28") + `}}`, true, nil},
+		{`{"jsonrpc":"2.0","id":500,"method":"tools/list","params":{` + meta("2026-07-28") + `}}`, false, nil},
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/read","params":{"uri":"file:///a",` + meta("2026-07-28") + `}}`, false, nil},
+		{`{"jsonrpc":"2.0","id":500,"method":"ping"}`, false, nil},
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/subscribe","params":{"uri":"file:///a"}}`, false, nil},
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/subscribe","params":{"uri":"file:///a",` + meta("2025-11-25") + `}}`, false, nil},
+		// Not removed, so read as ever: a URI is needed, and a string.
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/read","params":{` + meta("2026-07-28") + `}}`, false, ErrMalformed},
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/subscribe","params":{` + meta("2025-11-25") + `}}`, false, ErrMalformed},
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/subscribe","params":{"_meta":{}}}`, false, ErrMalformed},
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/subscribe","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":7}}}`, false, ErrMalformed},
+		// What is read of a removed message is still read strictly.
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/subscribe","params":{"uri":1,` + meta("2026-07-28") + `}}`, false, ErrMalformed},
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/subscribe","params":{"URI":"a",` + meta("2026-07-28") + `}}`, false, ErrAmbiguous},
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/subscribe","params":"x"}`, false, ErrMalformed},
+		{`{"jsonrpc":"2.0","id":500,"method":"resources/subscribe"}`, false, ErrMalformed},
+	} {
+		b, err := Read([]byte(c.body))
+		if c.err != nil {
+			if !errors.Is(err, c.err) {
+				t.Errorf("%s: %v, want %v", c.body, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", c.body, err)
+			continue
+		}
+		if got := b.Calls[0].Removed(); got != c.removed {
+			t.Errorf("%s: Removed() = %v, want %v", c.body, got, c.removed)
+		}
+	}
+}
+
 // The trace context keys SEP-414 reserves in _meta are read exactly: a
 // case or escape variant, which a case-insensitive reader behind would
 // take for the one the gateway replaces or drops, is refused.
