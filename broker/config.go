@@ -199,12 +199,20 @@ func (u Upstream) IsShared() bool {
 }
 
 // AllowsTool reports whether the upstream tool named tool (its own name, not
-// the namespaced one) is offered, after ToolsAllow and ToolsDeny.
+// the namespaced one) is offered, after ToolsAllow and ToolsDeny. An
+// allowed name is matched as spelled; a denied one under every spelling
+// an upstream could resolve to it (policy.GlobFold), since a server that
+// looks names up without case would run a denied tool for DELETE_REPO.
 func (u Upstream) AllowsTool(tool string) bool {
 	if len(u.ToolsAllow) > 0 && !matchAny(u.ToolsAllow, tool) {
 		return false
 	}
-	return !matchAny(u.ToolsDeny, tool)
+	for _, p := range u.ToolsDeny {
+		if policy.GlobFold(p, tool) {
+			return false
+		}
+	}
+	return true
 }
 
 func matchAny(patterns []string, s string) bool {

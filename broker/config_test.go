@@ -283,6 +283,22 @@ func TestAllowsTool(t *testing.T) {
 			t.Errorf("AllowsTool(%q) = %v, want %v", tool, got, want)
 		}
 	}
+	// A server may resolve a tool's name without regard to case (or to
+	// Unicode's compatibility forms): a call that would reach a denied
+	// tool there is denied under every spelling, while an allowed name
+	// is taken as it is spelled.
+	d := Upstream{ToolsDeny: []string{"delete_*", "drop"}}
+	for _, tool := range []string{"DELETE_repo", "Delete_Repo", "ＤＥＬＥＴＥ_repo", "DROP", "Drop"} {
+		if d.AllowsTool(tool) {
+			t.Errorf("AllowsTool(%q) with deny delete_*, drop: allowed", tool)
+		}
+	}
+	if !d.AllowsTool("deleted_items_count") || !d.AllowsTool("dropbox") {
+		t.Error("deny patterns match more than their names")
+	}
+	if u.AllowsTool("GET_issue") {
+		t.Error("allow get_* took GET_issue: an allowed name is matched as spelled")
+	}
 	if !(Upstream{}).AllowsTool("anything") {
 		t.Error("an upstream without patterns should allow every tool")
 	}

@@ -30,8 +30,7 @@ import (
 	"slices"
 	"strings"
 
-	"golang.org/x/text/cases"
-	"golang.org/x/text/unicode/norm"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
 // Mode is what a namespace does with a changed item.
@@ -370,18 +369,9 @@ func validName(s string) bool {
 	return s != "" && len(s) <= 2048 && !strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
 }
 
-// foldName is the form in which two names that an upstream could resolve
-// to one item are equal: compatibility-normalized (NFKC: full-width
-// letters, ligatures) and case-folded, then normalized again, as Unicode's
-// NFKC_Casefold does. An upstream that looks a name up without case, or
-// after normalizing it, finds the same item for every name of one
-// foldName. The folding is Unicode's full case folding (ß and ss, ſ and s,
-// K and k alike), which x/text implements and strings.EqualFold does not
-// (it folds one rune to one rune only); a Caser holds state, so each call
-// makes its own.
-func foldName(s string) string {
-	return norm.NFKC.String(cases.Fold().String(norm.NFKC.String(s)))
-}
+// foldName is policy.FoldName: the form in which two names an upstream
+// could resolve to one item are equal.
+func foldName(s string) string { return policy.FoldName(s) }
 
 // sortedNames returns m's keys in order.
 func sortedNames[V any](m map[string]V) []string {

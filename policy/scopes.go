@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"strings"
 
+	"golang.org/x/text/cases"
+	"golang.org/x/text/unicode/norm"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
@@ -298,6 +301,25 @@ func matchAny(patterns []string, s string) bool {
 	}
 	return false
 }
+
+// FoldName is the form in which two names that an upstream could resolve
+// to one item (a tool, a prompt) are equal: compatibility-normalized
+// (NFKC: full-width letters, ligatures) and case-folded, then normalized
+// again, as Unicode's NFKC_Casefold does. An upstream that looks a name up
+// without case, or after normalizing it, finds the same item for every
+// name of one FoldName. The folding is Unicode's full case folding (ß and
+// ss, ſ and s, K and k alike), which x/text implements and
+// strings.EqualFold does not (it folds one rune to one rune only); a Caser
+// holds state, so each call makes its own.
+func FoldName(s string) string {
+	return norm.NFKC.String(cases.Fold().String(norm.NFKC.String(s)))
+}
+
+// GlobFold is Glob on the FoldName of pattern and s: what a pattern that
+// keeps names away (a deny list, a withheld item) matches, so that no
+// spelling an upstream reads as a denied name gets past it. A pattern
+// that lets names through matches as spelled (Glob).
+func GlobFold(pattern, s string) bool { return Glob(FoldName(pattern), FoldName(s)) }
 
 // Glob matches s against pattern, where `*` stands for any run of
 // characters and everything else for itself. path.Match would treat '/' and
