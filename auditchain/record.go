@@ -93,9 +93,12 @@ type checkpoint struct {
 
 // Cut is what a start checkpoint says when the file it goes on in was cut:
 // the checkpoint kept outside the log (see Keeper) is seq Kept, and the
-// file ended before it (or held another record there).
+// file ended before it (or held another record there). Chain is set when
+// the writer found no record of the log at all (its files were removed)
+// and began a new chain: it is the chain whose checkpoint seq Kept is.
 type Cut struct {
-	Kept uint64 `json:"kept"`
+	Kept  uint64 `json:"kept"`
+	Chain string `json:"chain,omitempty"`
 }
 
 // Partial describes the bytes of a record that a crash or a failed write cut
