@@ -27,7 +27,10 @@
 // latest checkpoint kept where the writer's files are not (an Anchor, kept
 // by a Keeper), which Verify compares the log with. A writer that opens a
 // file its kept checkpoint is missing from says so, signed, in its start
-// checkpoint ("cut"), so that going on writing never hides the cut.
+// checkpoint ("cut"), so that going on writing never hides the cut; one
+// that finds no record of its log at all while a checkpoint of it is kept
+// (every file removed) says so in the genesis checkpoint of the new chain
+// it begins, naming the earlier chain.
 package auditchain
 
 import (
