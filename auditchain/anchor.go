@@ -90,6 +90,13 @@ type Keeper interface {
 	// from one that goes on. It is called under the chain's lock, and
 	// should answer promptly.
 	Latest(chain string) (*Anchor, error)
+	// Last returns the latest checkpoint kept of the log this keeper
+	// serves, of whatever chain, or nil when none is. The chain asks when
+	// it finds no record of its log (no file, or none that holds one), so
+	// that a log whose files were all removed while no process wrote it
+	// is told apart from a first start: it begins a new chain, which
+	// would otherwise verify on its own. Called under the chain's lock.
+	Last() (*Anchor, error)
 	// Keep takes the checkpoint just written and synced. It is called
 	// under the chain's lock, so it must not block: keep the latest,
 	// write it elsewhere.

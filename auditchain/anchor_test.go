@@ -16,6 +16,7 @@ import (
 type memKeeper struct {
 	mu     sync.Mutex
 	latest map[string]Anchor
+	last   *Anchor
 }
 
 func newMemKeeper() *memKeeper { return &memKeeper{latest: map[string]Anchor{}} }
@@ -24,6 +25,7 @@ func (k *memKeeper) Keep(a Anchor) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.latest[a.Chain] = a
+	k.last = &a
 }
 
 func (k *memKeeper) Latest(chain string) (*Anchor, error) {
@@ -34,6 +36,17 @@ func (k *memKeeper) Latest(chain string) (*Anchor, error) {
 		return nil, nil
 	}
 	return ParseAnchor(a.Line, "the keeper")
+}
+
+// Last is the checkpoint kept last, of whatever chain: the keeper serves
+// one log.
+func (k *memKeeper) Last() (*Anchor, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.last == nil {
+		return nil, nil
+	}
+	return ParseAnchor(k.last.Line, "the keeper")
 }
 
 // only is the one chain the keeper holds.
@@ -237,6 +250,36 @@ func TestARestartOnACutLogSaysSo(t *testing.T) {
 	// checkpoint says.
 	if _, err := verifyFiles(s, Options{}, path); err == nil {
 		t.Fatal("the start checkpoint's cut went unreported without the kept checkpoint")
+	}
+}
+
+// A log whose every file is removed while no process writes it: the next
+// run finds no record, and begins a new chain at genesis, which holds on
+// its own. Its genesis checkpoint says that the keeper holds a later
+// checkpoint of this log, of the earlier chain, so the log fails as cut,
+// naming that chain and the seq it expected; a first start, with nothing
+// kept, says nothing.
+func TestARemovedLogSaysSo(t *testing.T) {
+	s := testSigner(t)
+	k := newMemKeeper()
+	path := filepath.Join(t.TempDir(), "audit.log")
+	run(t, path, s, k, 3, 0) // seqs 1..5
+	if _, err := verifyFiles(s, anchorOpts(k), path); err != nil {
+		t.Fatalf("a first start: %v", err)
+	}
+	run(t, path, s, k, 3, 0) // seqs 6..10
+	old := k.only(t)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	run(t, path, s, k, 2, 0) // a new chain, seqs 1..4
+	_, err := verifyFiles(s, anchorOpts(k), path)
+	f, ok := err.(*Failure)
+	if !ok || f.Kind != KindCut || f.Seq != 1 || !strings.Contains(f.Msg, "seq 10 of chain "+old.Chain) || !strings.Contains(f.Msg, "expected seq 1 to 10") {
+		t.Fatalf("got %v", err)
+	}
+	if _, err := verifyFiles(s, Options{}, path); err == nil {
+		t.Fatal("the genesis checkpoint's cut went unreported without the kept checkpoint")
 	}
 }
 

@@ -111,10 +111,14 @@ func (c *Chain) ready() error {
 		c.out, c.opened = out, true
 		c.seq, c.prev, c.partial = tail.Seq, tail.Hash, tail.Partial
 		c.id = tail.Chain
-		if c.id == "" {
-			c.id = newChainID() // a new chain, or one written before chains had ids
-		} else {
+		switch {
+		case c.id != "":
 			c.checkKept(tail)
+		case tail.Seq == 0:
+			c.id = newChainID()
+			c.checkGone()
+		default:
+			c.id = newChainID() // a chain written before chains had ids
 		}
 	}
 	if !c.started {
@@ -146,6 +150,21 @@ func (c *Chain) checkKept(tail Tail) {
 	if a.Seq > tail.Seq || (a.Seq == tail.Seq && a.Hash != tail.Hash) {
 		c.cut = &Cut{Kept: a.Seq}
 	}
+}
+
+// checkGone asks, for a log with no record, whether a checkpoint of it is
+// kept: then its files were removed while no process wrote them, and the
+// genesis checkpoint of the new chain says so. When the keeper cannot
+// tell, nothing is said.
+func (c *Chain) checkGone() {
+	if c.keeper == nil {
+		return
+	}
+	a, err := c.keeper.Last()
+	if err != nil || a == nil || a.Chain == c.id {
+		return
+	}
+	c.cut = &Cut{Kept: a.Seq, Chain: a.Chain}
 }
 
 // emit writes line (with its newline) and advances the chain to it.

@@ -27,7 +27,10 @@
 // latest checkpoint kept where the writer's files are not (an Anchor, kept
 // by a Keeper), which Verify compares the log with. A writer that opens a
 // file its kept checkpoint is missing from says so, signed, in its start
-// checkpoint ("cut"), so that going on writing never hides the cut.
+// checkpoint ("cut"), so that going on writing never hides the cut; one
+// that finds no record of its log at all while a checkpoint of it is kept
+// (every file removed) says so in the genesis checkpoint of the new chain
+// it begins, naming the earlier chain.
 package auditchain
 
 import (
@@ -93,9 +96,12 @@ type checkpoint struct {
 
 // Cut is what a start checkpoint says when the file it goes on in was cut:
 // the checkpoint kept outside the log (see Keeper) is seq Kept, and the
-// file ended before it (or held another record there).
+// file ended before it (or held another record there). Chain is set when
+// the writer found no record of the log at all (its files were removed)
+// and began a new chain: it is the chain whose checkpoint seq Kept is.
 type Cut struct {
-	Kept uint64 `json:"kept"`
+	Kept  uint64 `json:"kept"`
+	Chain string `json:"chain,omitempty"`
 }
 
 // Partial describes the bytes of a record that a crash or a failed write cut

@@ -523,9 +523,12 @@ func (v *verifier) record(l rawLine, p parsed, acked bool) *Failure {
 func (v *verifier) chainOf(l rawLine, p parsed) *Failure {
 	if c := p.cp.Cut; c != nil {
 		f := &Failure{At: l.loc, Seq: p.seq, Kind: KindCut}
-		if c.Kept >= p.seq {
+		switch {
+		case c.Chain != "" && c.Chain != p.cp.Chain:
+			f.Msg = fmt.Sprintf("caddy found no record of the log when it began it again here, as a new chain: the latest checkpoint kept of it outside the log is seq %d of chain %s; expected seq 1 to %d of that chain, which were removed before this run, with every file that held them", c.Kept, c.Chain, c.Kept)
+		case c.Kept >= p.seq:
 			f.Msg = fmt.Sprintf("caddy found the log cut when it went on writing it here: it ended at seq %d, but the latest checkpoint kept outside the log was seq %d; expected seq %d to %d, which were removed before this run (this run numbers on from seq %d)", p.seq-1, c.Kept, p.seq, c.Kept, p.seq)
-		} else {
+		default:
 			f.Msg = fmt.Sprintf("caddy found the log rewritten when it went on writing it here: its seq %d was not the checkpoint kept outside the log; expected that checkpoint as seq %d", c.Kept, c.Kept)
 		}
 		return f

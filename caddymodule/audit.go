@@ -16,6 +16,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
 
 // auditLoggerName is the logger every audit line goes to. A Caddy `log`
@@ -236,6 +237,20 @@ func (h *Handler) auditDrop(r *http.Request, d edge.Drop) {
 		fields = append(fields, zap.String("rpc_id", d.ID))
 	}
 	h.audit.Warn("answer dropped", fields...)
+}
+
+// auditLaunchDenied records an agent launch the session engine refused
+// because the session's directory has become the gateway's own since the
+// session was created: no tool call answers that refusal.
+func auditLaunchDenied(owner sessions.Owner, sessionID string, err error) {
+	metricRefusals.WithLabelValues("denied_path").Inc()
+	auditLogger().Warn("agent launch refused",
+		zap.String("event", "launch_refused"),
+		zap.String("reason", "denied_path"),
+		zap.String("detail", err.Error()),
+		zap.String("token_id", owner.TokenID),
+		zap.String("token_name", owner.TokenName),
+		zap.String("session", sessionID))
 }
 
 // auditToolRefusal records a tool call the sessions endpoint refused on its

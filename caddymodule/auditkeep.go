@@ -2,6 +2,8 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,6 +37,19 @@ const (
 )
 
 func auditCheckpointKey(chain string) string { return auditCheckpointsPrefix + chain }
+
+// auditLogsPrefix is where Caddy's storage keeps, for each audit log file
+// of each host, the latest checkpoint written to it, whatever its chain:
+// a log whose files are all removed begins a new chain, and this is what
+// tells that from a first start (auditchain.Keeper.Last). The host is in
+// the key because a cluster's replicas share the storage, and usually the
+// path too.
+const auditLogsPrefix = "zidane/audit/logs/"
+
+func auditLogKey(node, log string) string {
+	sum := sha256.Sum256([]byte(node + "\x00" + log))
+	return auditLogsPrefix + hex.EncodeToString(sum[:16])
+}
 
 // keptCheckpoint is the value stored for a chain: its latest checkpoint's
 // line, and which log it is (for people, and for a listing).
@@ -113,13 +128,38 @@ func (k *auditKeeper) Latest(chain string) (*auditchain.Anchor, error) {
 	return best, nil
 }
 
+// Last implements auditchain.Keeper: the checkpoint written last to this
+// log file, whatever its chain, from the storage and the copy.
+func (k *auditKeeper) Last() (*auditchain.Anchor, error) {
+	var best *auditchain.Anchor
+	if st := k.storage(); st != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), keepReadTimeout)
+		a, err := loadKept(ctx, st, auditLogKey(k.node, k.log))
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		best = a
+	}
+	if p := *k.copyPath.Load(); p != "" {
+		if a, err := readCheckpointCopy(p); err == nil && (best == nil || (a.Chain == best.Chain && a.Seq > best.Seq)) {
+			best = a
+		}
+	}
+	return best, nil
+}
+
 // loadKeptCheckpoint reads chain's latest checkpoint from st; nil when none
 // is kept.
 func loadKeptCheckpoint(ctx context.Context, st storage.Storage, chain string) (*auditchain.Anchor, error) {
 	if !auditchain.ValidChainID(chain) {
 		return nil, fmt.Errorf("%q is not an audit chain id (%d hex digits)", chain, auditchain.ChainIDLen)
 	}
-	key := auditCheckpointKey(chain)
+	return loadKept(ctx, st, auditCheckpointKey(chain))
+}
+
+// loadKept reads the checkpoint kept at key in st; nil when none is.
+func loadKept(ctx context.Context, st storage.Storage, key string) (*auditchain.Anchor, error) {
 	raw, err := st.Load(ctx, key)
 	if storage.IsNotExist(err) {
 		return nil, nil
@@ -170,6 +210,15 @@ func (k *auditKeeper) storage() certmagic.Storage {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	// Before the first config runs, a record written while it is
+	// provisioned (an OAuth client's state, say) opens the log: its
+	// storage is set up by then, and without it the chain could not tell
+	// a cut.
+	if st == nil && k.held == nil {
+		if ctx := auditProvisioning.Load(); ctx != nil {
+			st = ctx.Storage()
+		}
+	}
 	if st == nil || st == k.held {
 		return k.held
 	}
@@ -211,7 +260,9 @@ func (k *auditKeeper) flush() error {
 	err := k.write(a)
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err == nil && k.pending == a {
+	// A checkpoint behind the kept one is never kept: trying again would
+	// not change that.
+	if (err == nil || errors.Is(err, errKeptAhead)) && k.pending == a {
 		k.pending = nil
 	}
 	k.report(err)
@@ -238,12 +289,20 @@ func (k *auditKeeper) report(err error) {
 	}
 }
 
+// errKeptAhead is a checkpoint not kept because a later one of its chain
+// is: the log was cut before this run, which its writer could not tell
+// when it opened the file (the storage did not answer then).
+var errKeptAhead = errors.New("the checkpoint kept outside the log is later than the one just written")
+
 func (k *auditKeeper) write(a *auditchain.Anchor) error {
 	var errs []error
 	if st := k.storage(); st != nil {
 		v, _ := json.Marshal(keptCheckpoint{Log: k.log, Node: k.node, Checkpoint: string(a.Line)})
 		ctx, cancel := context.WithTimeout(context.Background(), keepWriteTimeout)
-		err := st.Store(ctx, auditCheckpointKey(a.Chain), v)
+		err := keepForward(ctx, st, a, v)
+		if err == nil {
+			err = st.Store(ctx, auditLogKey(k.node, k.log), v)
+		}
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("storing %s: %w", auditCheckpointKey(a.Chain), err))
@@ -252,11 +311,28 @@ func (k *auditKeeper) write(a *auditchain.Anchor) error {
 		errs = append(errs, errors.New("no configuration runs yet: Caddy's storage is not known"))
 	}
 	if p := *k.copyPath.Load(); p != "" {
-		if err := writeFileAtomic(p, append(a.Line, '\n')); err != nil {
+		if old, err := readCheckpointCopy(p); err == nil && old.Chain == a.Chain && (old.Seq > a.Seq || (old.Seq == a.Seq && old.Hash != a.Hash)) {
+			errs = append(errs, fmt.Errorf("checkpoint_copy %s: %w (seq %d of chain %s): the log was cut before this run; audit verify --anchor reports it", p, errKeptAhead, old.Seq, a.Chain))
+		} else if err := writeFileAtomic(p, append(a.Line, '\n')); err != nil {
 			errs = append(errs, fmt.Errorf("checkpoint_copy %s: %w", p, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// keepForward stores v, the value of checkpoint a, under a's chain, unless
+// a later checkpoint of the chain is kept there: a kept checkpoint never
+// goes back, so a log cut before a run that went on writing it still ends
+// before (or differs at) the seq kept, which audit verify reports.
+func keepForward(ctx context.Context, st storage.Storage, a *auditchain.Anchor, v []byte) error {
+	kept, err := loadKept(ctx, st, auditCheckpointKey(a.Chain))
+	if err != nil {
+		return err
+	}
+	if kept != nil && (kept.Seq > a.Seq || (kept.Seq == a.Seq && kept.Hash != a.Hash)) {
+		return fmt.Errorf("%w (seq %d of chain %s): the log was cut before this run; audit verify reports it", errKeptAhead, kept.Seq, a.Chain)
+	}
+	return st.Store(ctx, auditCheckpointKey(a.Chain), v)
 }
 
 // close writes the pending checkpoint (the stop checkpoint, written just

@@ -251,6 +251,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 			Roots:        a.Roots,
 			Confine:      confineCommand,
 			Deny:         deniedFiles,
+			Denied:       auditLaunchDenied,
 			Limits: sessions.Limits{
 				MaxAgents:           a.MaxAgents,
 				MaxSessions:         a.MaxSessions,

@@ -14,22 +14,36 @@ const filePrefix = "file."
 
 // Placeholders returns the paths that the {file.PATH} placeholders in s
 // read. It scans as Caddy's replacer does (a placeholder runs from an
-// unescaped { to the next }), but also looks inside what the replacer
-// would skip as unknown, so it finds every file the replacer could read and
+// unescaped { to the next } that is not escaped), but also looks inside
+// what the replacer would skip as unknown, and takes the key up to the
+// first } as well, so it finds every file the replacer could read and
 // perhaps more, never fewer.
 func Placeholders(s string) []string {
 	var out []string
+	add := func(key string) {
+		if path, ok := strings.CutPrefix(key, filePrefix); ok && path != "" && !slices.Contains(out, path) {
+			out = append(out, path)
+		}
+	}
 	for i := 0; i < len(s); i++ {
 		if s[i] != '{' || (i > 0 && s[i-1] == '\\') {
 			continue
 		}
-		end := strings.IndexByte(s[i+1:], '}')
-		if end < 0 {
+		first := strings.IndexByte(s[i+1:], '}')
+		if first < 0 {
 			break
 		}
-		key := s[i+1 : i+1+end]
-		if path, ok := strings.CutPrefix(key, filePrefix); ok && path != "" && !slices.Contains(out, path) {
-			out = append(out, path)
+		end := i + 1 + first
+		add(s[i+1 : end])
+		// The replacer's key runs past a } escaped with \, to the next
+		// one, and keeps the backslashes: {file./a\}b} reads "/a\}b".
+		for end < len(s)-1 && s[end-1] == '\\' {
+			next := strings.IndexByte(s[end+1:], '}')
+			if next < 0 {
+				break
+			}
+			end += next + 1
+			add(s[i+1 : end])
 		}
 	}
 	return out

@@ -144,6 +144,12 @@ type Config struct {
 	// ErrDenied), for the fs/* methods that the gateway serves as well as
 	// for the sandbox. Nil denies nothing.
 	Deny func() []gatewayfiles.File
+	// Denied, when set, is told of an agent launch refused for a path of
+	// Deny (a session resumed or relaunched in a directory that has since
+	// become the gateway's): a refusal that no tool call answers, so that
+	// the gateway audits it. owner is the session's owner; err wraps
+	// ErrDenied and says why.
+	Denied func(owner Owner, sessionID string, err error)
 	// ScratchRoot holds each session's scratch directory (its agent's HOME
 	// and TMPDIR), <ScratchRoot>/<session id>, made at the first launch
 	// and removed when the session ends. Default:

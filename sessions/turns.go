@@ -109,6 +109,9 @@ func (e *Engine) launch(s *session, gen int) error {
 	}
 	for _, d := range dirs {
 		if err := e.checkDenied(d[0], d[1]); err != nil {
+			if e.cfg.Denied != nil {
+				e.cfg.Denied(Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, ID: rec.Owner}, rec.ID, err)
+			}
 			return fmt.Errorf("could not launch agent %q: %v", rec.Agent, err)
 		}
 	}
