@@ -465,14 +465,17 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 }
 
 // creatorNow is the principal of an orchestrator session's creator as it
-// stands: a stored token's current record, or a JWT subject with the scopes
-// of its latest call. False when a token is gone.
+// stands: a stored token's current record, as a request with it would be
+// authenticated now (TokenStore.Lookup: refused when it, or a token it was
+// derived from, is revoked, expired or gone), or a JWT subject with the
+// scopes of its latest call. False when it is refused.
 func (s *sessionsState) creatorNow(tokens *policy.TokenStore, o sessions.Owner) (policy.Principal, bool) {
 	if policy.IsJWTID(o.TokenID) {
 		return policy.Principal{TokenID: o.TokenID, Name: o.TokenName, Kind: policy.KindUser, Scopes: o.Scopes, Source: "jwt",
 			Owner: o.ID, Expires: o.Expires, Issued: o.Issued}, true
 	}
-	return tokens.Principal(o.TokenID, time.Now())
+	p, err := tokens.Lookup(o.TokenID, time.Now())
+	return p, err == nil
 }
 
 // grantsVerb reports whether every sessions site of the running config
