@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/certmagic"
 
+	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
@@ -24,8 +25,13 @@ func agentState(alive func(string) bool) *sessionsState {
 	if err != nil {
 		panic(err)
 	}
-	st.scopeMaps.Store(&[]*policy.ScopeMap{m})
+	st.sites.Store(sitesOf(m))
 	return st
+}
+
+// sitesOf is one sessions site with the scope map m.
+func sitesOf(m *policy.ScopeMap) *[]mcpendpoint.Site {
+	return &[]mcpendpoint.Site{{Access: mcpendpoint.Access{Scopes: m}}}
 }
 
 func bearerOf(t *testing.T, s sessions.McpServer) string {
@@ -146,7 +152,7 @@ func TestRelaunchHoldsOnlyWhatTheCreatorMayCallNow(t *testing.T) {
 		return m
 	}
 	st := agentState(func(string) bool { return true })
-	st.scopeMaps.Store(&[]*policy.ScopeMap{mapOf(policy.Rule{Scope: "team", Tools: []string{"sessions"}})})
+	st.sites.Store(sitesOf(mapOf(policy.Rule{Scope: "team", Tools: []string{"sessions"}})))
 	info := sessions.SessionInfo{SessionID: "ses_orch", Tools: []string{"create", "cancel", "read"}, Base: "http://127.0.0.1:9",
 		Owner: sessions.Owner{TokenID: human.ID, TokenName: human.Name}}
 	log := slog.New(slog.DiscardHandler)
@@ -165,7 +171,7 @@ func TestRelaunchHoldsOnlyWhatTheCreatorMayCallNow(t *testing.T) {
 		t.Fatalf("first launch: %v, want the three verbs", got)
 	}
 	// A reload: team may now only read.
-	st.scopeMaps.Store(&[]*policy.ScopeMap{mapOf(policy.Rule{Scope: "team", Tools: []string{"sessions"}, Verbs: []string{"read"}})})
+	st.sites.Store(sitesOf(mapOf(policy.Rule{Scope: "team", Tools: []string{"sessions"}, Verbs: []string{"read"}})))
 	if got := scopesOf(st.orchestratorServers(tokens, info, log)); len(got) != 1 || got[0] != "sessions:read" {
 		t.Fatalf("after the reload: %v, want sessions:read alone", got)
 	}
@@ -174,7 +180,7 @@ func TestRelaunchHoldsOnlyWhatTheCreatorMayCallNow(t *testing.T) {
 	exp := time.Now().Add(time.Hour)
 	jwtInfo := sessions.SessionInfo{SessionID: "ses_jwt", Tools: []string{"create", "read"}, Base: "http://127.0.0.1:9",
 		Owner: sessions.Owner{TokenID: policy.JWTPrefix + "alice", TokenName: "alice", Expires: &exp, Scopes: []string{"read"}}}
-	st.scopeMaps.Store(&[]*policy.ScopeMap{mapOf()})
+	st.sites.Store(sitesOf(mapOf()))
 	if got := scopesOf(st.orchestratorServers(tokens, jwtInfo, log)); len(got) != 1 || got[0] != "sessions:read" {
 		t.Fatalf("a JWT creator with read: %v, want sessions:read alone", got)
 	}
