@@ -19,6 +19,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
+	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
@@ -162,9 +163,9 @@ type App struct {
 	// rootsFor are the running session engines this config takes over,
 	// which get its roots when it starts (see loadSessions).
 	rootsFor []*sessions.Engine
-	// sessionScopes are the scope maps of this config's sessions sites, by
-	// the pooled state they share, stored there when it starts.
-	sessionScopes map[*sessionsState][]*policy.ScopeMap
+	// sessionSites are this config's sessions sites, by the pooled state
+	// they share, stored there when it starts.
+	sessionSites map[*sessionsState][]mcpendpoint.Site
 	// guardSites are this config's guard handlers by resource (see
 	// claimGuardResource).
 	guardSites *guardSites
@@ -326,8 +327,8 @@ func (a *App) Start() error {
 			return err
 		}
 	}
-	for st, maps := range a.sessionScopes {
-		st.scopeMaps.Store(&maps)
+	for st, sites := range a.sessionSites {
+		st.sites.Store(&sites)
 	}
 	auditStarted.Store(a.auditCtx)
 	return nil

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/exp/zapslog"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/Tahul/caddy-zidane-mcp/clustersessions"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/message"
@@ -271,4 +272,22 @@ func auditToolRefusal(r mcpendpoint.Refusal) {
 		fields = append(fields, zap.String("target", r.Target))
 	}
 	auditLogger().Warn("tool call refused", fields...)
+}
+
+// auditRPCRefusal records a request of another replica about a session
+// this node runs, refused for whom it acts for (clustersessions): a
+// caller this node does not take, or a claim of more than its credential
+// grants here. Only a holder of the cluster key sends either, or a
+// replica whose token store or jwt settings differ from this one's.
+func auditRPCRefusal(r clustersessions.Refusal) {
+	metricRefusals.WithLabelValues(r.Reason).Inc()
+	auditLogger().Warn("request of another replica refused",
+		zap.String("event", "refused"),
+		zap.String("reason", r.Reason),
+		zap.String("detail", r.Message),
+		zap.String("token_id", r.TokenID),
+		zap.String("from_node", r.From),
+		zap.String("rpc_verb", r.Method),
+		zap.String("target", r.ID),
+	)
 }

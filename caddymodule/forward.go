@@ -80,19 +80,6 @@ func hopURL(r *http.Request) *url.URL {
 // hopURI is the request URI a hop is signed over.
 func hopURI(r *http.Request) string { return hopURL(r).RequestURI() }
 
-// hopJWTKey carries, in a request's context, a JWT principal's access
-// token, for the hop to the replica that holds its session.
-type hopJWTKey struct{}
-
-func withHopJWT(ctx context.Context, jwt string) context.Context {
-	return context.WithValue(ctx, hopJWTKey{}, jwt)
-}
-
-func hopJWT(ctx context.Context) string {
-	jwt, _ := ctx.Value(hopJWTKey{}).(string)
-	return jwt
-}
-
 // hopKeys holds one HopKey per hop key for the life of the process, so
 // that a config reload keeps the nonces seen: a hop taken before a reload
 // is a replay after it. (A process that restarts forgets them, and with
@@ -325,7 +312,7 @@ func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self
 	for _, name := range edge.HopParamHeaders(r.Header) {
 		out.Header[name] = append([]string(nil), r.Header[name]...)
 	}
-	nonce, err := f.hop.Sign(out, f.route, self, node, p, hopJWT(r.Context()), clientIP(r), body, time.Now())
+	nonce, err := f.hop.Sign(out, f.route, self, node, p, policy.JWTFrom(r.Context()), clientIP(r), body, time.Now())
 	if err != nil {
 		return &edge.RefusalError{Verdict: edge.Refuse(http.StatusBadGateway, "hop_failed", "this request cannot be forwarded to the replica that holds its session: "+err.Error())}
 	}
@@ -502,6 +489,12 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	defer cancel()
 	if d.Body != nil {
 		ctx = message.NewContext(ctx, d.Body)
+	}
+	if claims.JWT != "" {
+		// The JWT this node verified goes on with the request, as the
+		// edge's would: an agent session it acts on may run on a third
+		// replica, which verifies it itself (clustersessions).
+		ctx = policy.WithJWT(ctx, claims.JWT)
 	}
 	if modern && !ca.holds(r.WithContext(ctx)) {
 		// A 2026-07-28 request is forwarded only as the retry of a call

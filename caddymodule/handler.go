@@ -735,9 +735,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 		ctx = message.NewContext(ctx, b)
 	}
 	if _, ok := route.(forwardedRoute); ok && policy.IsJWTID(p.TokenID) {
-		// The replica that holds the request's session verifies a JWT
-		// principal's access token itself (see edge.HopKey.Sign).
-		ctx = withHopJWT(ctx, policy.BearerJWT(r.Header.Get("Authorization")))
+		// The replica that holds the request's session, or runs the agent
+		// session it acts on, verifies a JWT principal's access token
+		// itself (see edge.HopKey.Sign, clustersessions).
+		ctx = policy.WithJWT(ctx, policy.BearerJWT(r.Header.Get("Authorization")))
 	}
 	// A revoked token's (or JWT subject's) open requests and streams end at
 	// once, and every one ends when the process exits: the token store

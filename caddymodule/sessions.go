@@ -77,10 +77,12 @@ type sessionsState struct {
 	// alive is the engine's Alive: whether a session can still take
 	// prompts, and so keep the tokens minted for its agent.
 	alive func(sessionID string) bool
-	// scopeMaps are the scope maps of the running config's sessions sites.
-	// An orchestrator's token, minted again at each launch of its agent,
-	// holds only the verbs every one of them grants its creator now.
-	scopeMaps atomic.Pointer[[]*policy.ScopeMap]
+	// sites are the running config's sessions sites. An orchestrator's
+	// token, minted again at each launch of its agent, holds only the
+	// verbs every one of them grants its creator now; another replica's
+	// request about a session here is taken as one of them would take its
+	// caller (rpcCaller).
+	sites atomic.Pointer[[]mcpendpoint.Site]
 }
 
 func (s *sessionsState) Destruct() error {
@@ -111,15 +113,15 @@ var nodeEngines sync.Map
 // buildSessions sets up the sessions endpoint and the egress routes of
 // the upstreams offered to its sessions.
 func (h *Handler) buildSessions(ctx caddy.Context, app *App) error {
-	var err error
-	if h.sess, h.sessKey, err = app.loadSessions(ctx, h.resURL.Path, h.scopes); err != nil {
-		return err
-	}
-	sess := h.sess
 	// The endpoint is shared by every site over this storage; each site's
 	// requests carry its own scope map (what an orchestrator's creator may
 	// call, and so give) and the app's share_sessions.
 	access := mcpendpoint.Access{Scopes: h.scopes, ShareSessions: app.ShareSessions}
+	var err error
+	if h.sess, h.sessKey, err = app.loadSessions(ctx, h.resURL.Path, mcpendpoint.Site{Authn: h.authn, Access: access}); err != nil {
+		return err
+	}
+	sess := h.sess
 	endpoint := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sess.endpoint.ServeHTTP(w, r.WithContext(mcpendpoint.WithAccess(r.Context(), access)))
 	})
@@ -178,7 +180,7 @@ func (a *App) agentSet() (map[string]sessions.AgentConfig, string, error) {
 
 // loadSessions returns the pooled sessions state for the app's storage,
 // building it on first use. Release it with sessionsPool.Delete(key).
-func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *policy.ScopeMap) (*sessionsState, string, error) {
+func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpoint.Site) (*sessionsState, string, error) {
 	// On a cluster's storage, each session runs on the node that created
 	// it, which every other replica reaches through the node registry.
 	shared, _ := ctx.Storage().(*cluster.Storage)
@@ -225,8 +227,9 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 		}
 		st := &sessionsState{signer: signer, agentsHash: hash, endpointPath: endpointPath, node: node, poolKey: key}
 		// Until this config starts (App.Start), the sessions resumed now
-		// are held to the map of the site that built the engine.
-		st.scopeMaps.Store(&[]*policy.ScopeMap{scopes})
+		// are held to the map of the site that built the engine, and
+		// other replicas' requests are taken as it takes its callers.
+		st.sites.Store(&[]mcpendpoint.Site{site})
 		// Resumed sessions may launch while NewEngine runs; the hook that
 		// needs the engine waits for it.
 		ready := make(chan struct{})
@@ -284,6 +287,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 		if shared != nil {
 			st.cluster, err = clustersessions.New(openCtx, clustersessions.Options{
 				Local: engine, Listings: engine, Node: node, Storage: shared, Logger: logger, Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq,
+				Resolve: st.rpcCaller, OnRefusal: auditRPCRefusal,
 				LinkFor: func(id, base string) string { return st.signer.Link(base, id) },
 				Peers: func() []string {
 					if n := shared.Nodes(); n != nil {
@@ -368,10 +372,10 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, scopes *polic
 		}
 		a.rootsFor = append(a.rootsFor, st.engine)
 	}
-	if a.sessionScopes == nil {
-		a.sessionScopes = map[*sessionsState][]*policy.ScopeMap{}
+	if a.sessionSites == nil {
+		a.sessionSites = map[*sessionsState][]mcpendpoint.Site{}
 	}
-	a.sessionScopes[st] = append(a.sessionScopes[st], scopes)
+	a.sessionSites[st] = append(a.sessionSites[st], site)
 	if loaded && st.agentsHash != hash {
 		ctx.Logger().Warn("the agents or session limits changed; the running session engine keeps the ones it started with until caddy restarts (roots apply at once)",
 			zap.String("hint", "restart caddy to apply agent and limit changes"))
@@ -466,29 +470,47 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 }
 
 // creatorNow is the principal of an orchestrator session's creator as it
-// stands: a stored token's current record, or a JWT subject with the scopes
-// of its latest call. False when a token is gone.
+// stands: a stored token's current record, as a request with it would be
+// authenticated now (TokenStore.Lookup: refused when it, or a token it was
+// derived from, is revoked, expired or gone), or a JWT subject with the
+// scopes of its latest call. False when it is refused.
 func (s *sessionsState) creatorNow(tokens *policy.TokenStore, o sessions.Owner) (policy.Principal, bool) {
 	if policy.IsJWTID(o.TokenID) {
 		return policy.Principal{TokenID: o.TokenID, Name: o.TokenName, Kind: policy.KindUser, Scopes: o.Scopes, Source: "jwt",
 			Owner: o.ID, Expires: o.Expires, Issued: o.Issued}, true
 	}
-	return tokens.Principal(o.TokenID, time.Now())
+	p, err := tokens.Lookup(o.TokenID, time.Now())
+	return p, err == nil
 }
 
 // grantsVerb reports whether every sessions site of the running config
 // lets p call tool with verb.
 func (s *sessionsState) grantsVerb(p policy.Principal, tool, verb string) bool {
-	maps := s.scopeMaps.Load()
-	if maps == nil || len(*maps) == 0 {
+	sites := s.sites.Load()
+	if sites == nil || len(*sites) == 0 {
 		return false
 	}
-	for _, m := range *maps {
-		if !m.GrantsVerb(p, tool, verb) {
+	for _, site := range *sites {
+		if !site.Access.Scopes.GrantsVerb(p, tool, verb) {
 			return false
 		}
 	}
 	return true
+}
+
+// rpcCaller establishes, on this node, whom another replica's request
+// about a session here acts for (clustersessions.Resolver): a session
+// page's reader by the capability it carries, any other caller as the
+// running config's sessions sites take it (mcpendpoint.ForwardedOwner).
+func (s *sessionsState) rpcCaller(ctx context.Context, c clustersessions.Caller, u clustersessions.Use) (sessions.Owner, error) {
+	if c.TokenID == "" {
+		return s.signer.ForwardedReader(c.Credential, u.ID, u.Tool, u.Verbs)
+	}
+	var sites []mcpendpoint.Site
+	if p := s.sites.Load(); p != nil {
+		sites = *p
+	}
+	return mcpendpoint.ForwardedOwner(ctx, sites, c.TokenID, c.Scopes, c.Credential, u.Tool, u.Verbs, time.Now())
 }
 
 // mintChild mints, or renews at a relaunch, the token of purpose for the

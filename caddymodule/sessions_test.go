@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/caddyserver/certmagic"
 
+	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
@@ -23,8 +25,13 @@ func agentState(alive func(string) bool) *sessionsState {
 	if err != nil {
 		panic(err)
 	}
-	st.scopeMaps.Store(&[]*policy.ScopeMap{m})
+	st.sites.Store(sitesOf(m))
 	return st
+}
+
+// sitesOf is one sessions site with the scope map m.
+func sitesOf(m *policy.ScopeMap) *[]mcpendpoint.Site {
+	return &[]mcpendpoint.Site{{Access: mcpendpoint.Access{Scopes: m}}}
 }
 
 func bearerOf(t *testing.T, s sessions.McpServer) string {
@@ -145,7 +152,7 @@ func TestRelaunchHoldsOnlyWhatTheCreatorMayCallNow(t *testing.T) {
 		return m
 	}
 	st := agentState(func(string) bool { return true })
-	st.scopeMaps.Store(&[]*policy.ScopeMap{mapOf(policy.Rule{Scope: "team", Tools: []string{"sessions"}})})
+	st.sites.Store(sitesOf(mapOf(policy.Rule{Scope: "team", Tools: []string{"sessions"}})))
 	info := sessions.SessionInfo{SessionID: "ses_orch", Tools: []string{"create", "cancel", "read"}, Base: "http://127.0.0.1:9",
 		Owner: sessions.Owner{TokenID: human.ID, TokenName: human.Name}}
 	log := slog.New(slog.DiscardHandler)
@@ -164,7 +171,7 @@ func TestRelaunchHoldsOnlyWhatTheCreatorMayCallNow(t *testing.T) {
 		t.Fatalf("first launch: %v, want the three verbs", got)
 	}
 	// A reload: team may now only read.
-	st.scopeMaps.Store(&[]*policy.ScopeMap{mapOf(policy.Rule{Scope: "team", Tools: []string{"sessions"}, Verbs: []string{"read"}})})
+	st.sites.Store(sitesOf(mapOf(policy.Rule{Scope: "team", Tools: []string{"sessions"}, Verbs: []string{"read"}})))
 	if got := scopesOf(st.orchestratorServers(tokens, info, log)); len(got) != 1 || got[0] != "sessions:read" {
 		t.Fatalf("after the reload: %v, want sessions:read alone", got)
 	}
@@ -173,7 +180,7 @@ func TestRelaunchHoldsOnlyWhatTheCreatorMayCallNow(t *testing.T) {
 	exp := time.Now().Add(time.Hour)
 	jwtInfo := sessions.SessionInfo{SessionID: "ses_jwt", Tools: []string{"create", "read"}, Base: "http://127.0.0.1:9",
 		Owner: sessions.Owner{TokenID: policy.JWTPrefix + "alice", TokenName: "alice", Expires: &exp, Scopes: []string{"read"}}}
-	st.scopeMaps.Store(&[]*policy.ScopeMap{mapOf()})
+	st.sites.Store(sitesOf(mapOf()))
 	if got := scopesOf(st.orchestratorServers(tokens, jwtInfo, log)); len(got) != 1 || got[0] != "sessions:read" {
 		t.Fatalf("a JWT creator with read: %v, want sessions:read alone", got)
 	}
@@ -183,5 +190,44 @@ func TestRelaunchHoldsOnlyWhatTheCreatorMayCallNow(t *testing.T) {
 	}
 	if servers := st.orchestratorServers(tokens, info, log); len(servers) != 0 {
 		t.Fatalf("a revoked creator's orchestrator got %+v", servers)
+	}
+}
+
+// The creator of an orchestrator session is judged at each launch as a
+// request with its token would be: a token derived from one that is not on
+// record is refused, though its own record is neither revoked nor
+// expired. The store deletes a token's descendants with it, so only a
+// token file restored from a backup, or edited by hand, holds one; here
+// ses_three's creator is ses_two's token, whose parent is gone, and the
+// log says that the creator is gone.
+func TestRelaunchRefusesACreatorWhoseParentIsGone(t *testing.T) {
+	ctx := context.Background()
+	fs := &certmagic.FileStorage{Path: t.TempDir()}
+	created := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
+	file, err := json.Marshal(map[string]any{"version": 1, "tokens": []policy.Token{{
+		ID: "tok_0000000000000002", Name: "orchestrator-ses_two", SHA256: strings.Repeat("ab", 32),
+		Scopes: []string{"sessions:create", "sessions:read"}, Kind: policy.KindUser, Created: created,
+		Parent: "tok_0000000000000001", Session: "ses_two", Purpose: policy.PurposeOrchestrator,
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.Store(ctx, policy.TokensKey, file); err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := policy.OpenTokenStore(ctx, fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := agentState(func(string) bool { return true })
+	info := sessions.SessionInfo{SessionID: "ses_three", Tools: []string{"create", "read"}, Base: "http://127.0.0.1:9",
+		Owner: sessions.Owner{TokenID: "tok_0000000000000002", TokenName: "orchestrator-ses_two"}}
+	var logged strings.Builder
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	if servers := st.orchestratorServers(tokens, info, log); len(servers) != 0 {
+		t.Fatalf("an orchestrator whose creator's parent is gone got %+v", servers)
+	}
+	if !strings.Contains(logged.String(), "the creator of an orchestrator session is gone") {
+		t.Fatalf("the log says %q; want that the creator is gone", logged.String())
 	}
 }

@@ -39,6 +39,18 @@ var ErrRPCUnreachable = errors.New("the node did not answer")
 // It comes with ErrRPCUnreachable.
 var ErrRPCNotServing = errors.New("the node serves no such requests")
 
+// rpcFromKey carries, in a handler's context, the node a request says it
+// comes from.
+type rpcFromKey struct{}
+
+// RPCFrom is the node that the request an RPCHandler serves says it comes
+// from: for the handler's logs and audit lines. Any holder of the cluster
+// key can say any node, so it is no identity to act on.
+func RPCFrom(ctx context.Context) string {
+	from, _ := ctx.Value(rpcFromKey{}).(string)
+	return from
+}
+
 // RPCHandler serves one request: method and body as the caller sent them.
 // What it returns goes back as the reply's body; an error it returns goes
 // back as a message, for faults of the service, not of the request (a
@@ -306,7 +318,7 @@ func (r *RPC) serve(msg *nats.Msg) {
 			delete(r.inFlight, req.ID)
 			r.flightMu.Unlock()
 		}()
-		body, err := r.handler(ctx, req.Method, req.Body)
+		body, err := r.handler(context.WithValue(ctx, rpcFromKey{}, req.From), req.Method, req.Body)
 		if err != nil {
 			reply(rpcReply{Err: err.Error()})
 			return

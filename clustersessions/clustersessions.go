@@ -3,10 +3,19 @@
 // (its id ends in that node's id, [sessions.NodeOf]), whose engine alone
 // holds its agent process, its queue and its pending interactions; every
 // other replica serves a verb on it by asking that node over the cluster's
-// sealed request/reply ([cluster.RPC]), with the caller as this replica
-// authenticated it. The owning engine decides everything as it does on a
-// single node: who may act on the session, and which answer to an
-// interaction comes first.
+// sealed request/reply ([cluster.RPC]). The owning engine decides
+// everything as it does on a single node: who may act on the session, and
+// which answer to an interaction comes first.
+//
+// A request carries whom it acts for, never what it may do ([Caller]): the
+// token id, the scopes and reach the sending replica's edge found, and a
+// JWT principal's access token or a session page's capability. Whoever
+// holds the cluster key can send any request, so the node that runs the
+// session establishes the caller itself ([Resolver]): a token from its own
+// store, a JWT or a capability it verifies, with the scopes and reach it
+// finds there narrowed to the request's. A caller it does not know, or a
+// claim of more than the credential grants, is refused
+// ([sessions.ErrCallerRefused]) and reported ([Options.OnRefusal]).
 //
 // `list` and `pending` (of every session) are served from shared state,
 // the sessions directory (directory.go): each node writes, under its own
@@ -43,6 +52,7 @@ import (
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
 
@@ -78,7 +88,85 @@ type Options struct {
 	// MaxEvents is how many events the log keeps (and a node reads back
 	// from the stream when it starts). Default sessions.DefaultMaxEvents.
 	MaxEvents int
+	// Resolve establishes whom another replica's request acts for on this
+	// node (see [Resolver]). Required.
+	Resolve Resolver
+	// OnRefusal, when set, is told of every request of another replica
+	// refused for whom it acts for, for the audit log.
+	OnRefusal func(Refusal)
 	Logger    *slog.Logger
+}
+
+// Caller is whom a request to another node acts for, as it travels: who
+// the sending replica's edge authenticated, and what that edge found it
+// may do, as an upper bound. It carries identity, never authority:
+// whoever holds the cluster key can send any request, so the node takes
+// from it only whom it names, and establishes the rest itself
+// ([Resolver]).
+type Caller struct {
+	// TokenID is a token of the store, "jwt:<sub>" for a JWT subject, or
+	// "" for a session page's reader.
+	TokenID string `json:"token,omitempty"`
+	// Scopes are the scopes the sending edge found.
+	Scopes []string `json:"scopes,omitempty"`
+	// Credential is a JWT principal's access token, or a session page's
+	// capability, which the node verifies itself
+	// ([sessions.Owner.Credential]); "" for a token of the store.
+	Credential string `json:"credential,omitempty"`
+	// Sessions and Interactions are how far the sending replica let the
+	// caller reach into other owners' sessions and interactions.
+	Sessions     sessions.Access `json:"sessions,omitempty"`
+	Interactions sessions.Access `json:"interactions,omitempty"`
+	// MCPSession is the caller's MCP session on the sending replica,
+	// where the events of a session it drives go: an address, no right.
+	MCPSession string `json:"mcpSession,omitempty"`
+}
+
+// callerOf is whom owner is, as a request to another node carries it.
+func callerOf(owner sessions.Owner) Caller {
+	return Caller{TokenID: owner.TokenID, Scopes: owner.Scopes, Credential: owner.Credential,
+		Sessions: owner.OtherSessions, Interactions: owner.OtherInteractions, MCPSession: owner.MCPSession}
+}
+
+// Use is what a request of another replica asks of this node's engine:
+// one of Verbs of Tool (a tool of the sessions endpoint), on the session
+// or interaction ID ("" for none).
+type Use struct {
+	Tool  string
+	Verbs []string
+	ID    string
+}
+
+// Resolver establishes, on the node that runs a session, the engine's
+// Owner for the caller c of another replica's request for u, as this
+// node's edge would for the same credential: a token looked up in this
+// node's own store, a JWT verified here, a session page's capability
+// checked here against u.ID; and it decides again, as the sending edge
+// did, that the caller may use one of u.Verbs. The Owner's scopes are
+// those found here narrowed to c.Scopes, and its reach is this node's
+// rule's (the request's own narrows it further). It returns an error for
+// a caller it refuses: a token unknown here, revoked or expired (or whose
+// parent is), a JWT that does not verify or is another subject's, a
+// capability for another session; one wrapping policy.ErrScopesClaimed
+// for a claim of scopes, or a use, that the credential is not granted
+// here.
+type Resolver func(ctx context.Context, c Caller, u Use) (sessions.Owner, error)
+
+// Refusal is a request of another replica that this node refused for
+// whom it acts for.
+type Refusal struct {
+	// From is the node the request says it comes from.
+	From string
+	// Method is the verb; ID the session or interaction it is about.
+	Method, ID string
+	// TokenID is whom the request claims to act for ("" for a session
+	// page's reader).
+	TokenID string
+	// Reason is rpc_principal (a caller this node does not take) or
+	// rpc_scopes (a claim of more than its credential grants here).
+	Reason string
+	// Message says why, as the caller's replica is told.
+	Message string
 }
 
 // Sessions is sessions.Sessions for a whole cluster, on one node.
@@ -95,6 +183,9 @@ type Sessions struct {
 	dir    *directory
 	area   *cluster.NodeArea
 	link   func(id, base string) string
+	// resolve and refused: see Options.Resolve and Options.OnRefusal.
+	resolve Resolver
+	refused func(Refusal)
 
 	stopFollow  func()
 	unsubscribe func()
@@ -119,11 +210,15 @@ type Sessions struct {
 
 var _ sessions.Sessions = (*Sessions)(nil)
 
-// The service name of the requests, and the stream's.
-const (
-	service    = "sessions"
-	streamName = "session_events"
-)
+// Service is the name of the requests' service, in their NATS subject
+// (zidane.rpc.<bucket>.<Service>.<node>) and the key that seals them. It
+// names the requests' format: a replica of an earlier release, whose
+// requests carried the caller's authority, neither reaches this one nor
+// is reached by it.
+const Service = "sessions-v2"
+
+// streamName is the events' stream.
+const streamName = "session_events"
 
 // publishTries bounds the tries to publish one event while NATS is away.
 const publishTries = 5
@@ -131,8 +226,8 @@ const publishTries = 5
 // New starts serving this node's sessions to the other replicas and
 // following the cluster's events. Close stops both.
 func New(ctx context.Context, opts Options) (*Sessions, error) {
-	if opts.Local == nil || opts.Listings == nil || opts.Storage == nil || opts.Peers == nil {
-		return nil, errors.New("clustersessions: Local, Listings, Storage and Peers are required")
+	if opts.Local == nil || opts.Listings == nil || opts.Storage == nil || opts.Peers == nil || opts.Resolve == nil {
+		return nil, errors.New("clustersessions: Local, Listings, Storage, Peers and Resolve are required")
 	}
 	log := opts.Logger
 	if log == nil {
@@ -148,6 +243,8 @@ func New(ctx context.Context, opts Options) (*Sessions, error) {
 		instance: rand.Text()[:16],
 		pubDone:  make(chan struct{}),
 		link:     opts.LinkFor,
+		resolve:  opts.Resolve,
+		refused:  opts.OnRefusal,
 	}
 	s.cond = sync.NewCond(&s.mu)
 	if s.lastEv == nil {
@@ -162,7 +259,7 @@ func New(ctx context.Context, opts Options) (*Sessions, error) {
 	}
 	s.dir = newDirectory(opts.Storage, opts.Node, opts.Listings, log)
 	s.dir.start(ctx)
-	if s.rpc, err = opts.Storage.ServeRPC(service, opts.Node, s.serve, log); err != nil {
+	if s.rpc, err = opts.Storage.ServeRPC(Service, opts.Node, s.serve, log); err != nil {
 		s.dir.close()
 		s.area.Close()
 		return nil, err
@@ -344,7 +441,7 @@ func (s *Sessions) Create(ctx context.Context, owner sessions.Owner, req session
 func (s *Sessions) Send(ctx context.Context, owner sessions.Owner, id, prompt string) (bool, error) {
 	if n := s.nodeOf(id); n != "" {
 		var out struct{ Queued bool }
-		err := s.call(ctx, n, "send", request{Owner: owner, ID: id, Text: prompt}, &out)
+		err := s.call(ctx, n, "send", request{Caller: callerOf(owner), ID: id, Text: prompt}, &out)
 		return out.Queued, err
 	}
 	defer s.dir.flush(ctx)
@@ -354,7 +451,7 @@ func (s *Sessions) Send(ctx context.Context, owner sessions.Owner, id, prompt st
 func (s *Sessions) Steer(ctx context.Context, owner sessions.Owner, id, text string) (string, error) {
 	if n := s.nodeOf(id); n != "" {
 		var out struct{ Mode string }
-		err := s.call(ctx, n, "steer", request{Owner: owner, ID: id, Text: text}, &out)
+		err := s.call(ctx, n, "steer", request{Caller: callerOf(owner), ID: id, Text: text}, &out)
 		return out.Mode, err
 	}
 	defer s.dir.flush(ctx)
@@ -363,7 +460,7 @@ func (s *Sessions) Steer(ctx context.Context, owner sessions.Owner, id, text str
 
 func (s *Sessions) Cancel(ctx context.Context, owner sessions.Owner, id string) error {
 	if n := s.nodeOf(id); n != "" {
-		return s.call(ctx, n, "cancel", request{Owner: owner, ID: id}, nil)
+		return s.call(ctx, n, "cancel", request{Caller: callerOf(owner), ID: id}, nil)
 	}
 	defer s.dir.flush(ctx)
 	return s.local.Cancel(ctx, owner, id)
@@ -372,7 +469,7 @@ func (s *Sessions) Cancel(ctx context.Context, owner sessions.Owner, id string) 
 func (s *Sessions) Read(owner sessions.Owner, id string, full bool) (sessions.SessionView, error) {
 	if n := s.nodeOf(id); n != "" {
 		var v sessions.SessionView
-		err := s.read(n, "read", request{Owner: owner, ID: id, Full: full}, &v)
+		err := s.read(n, "read", request{Caller: callerOf(owner), ID: id, Full: full}, &v)
 		return v, err
 	}
 	return s.local.Read(owner, id, full)
@@ -381,7 +478,7 @@ func (s *Sessions) Read(owner sessions.Owner, id string, full bool) (sessions.Se
 func (s *Sessions) Transcript(owner sessions.Owner, id string, turns int, full bool) ([]sessions.Turn, error) {
 	if n := s.nodeOf(id); n != "" {
 		var out []sessions.Turn
-		err := s.read(n, "transcript", request{Owner: owner, ID: id, N: turns, Full: full}, &out)
+		err := s.read(n, "transcript", request{Caller: callerOf(owner), ID: id, N: turns, Full: full}, &out)
 		return out, err
 	}
 	return s.local.Transcript(owner, id, turns, full)
@@ -390,7 +487,7 @@ func (s *Sessions) Transcript(owner sessions.Owner, id string, turns int, full b
 func (s *Sessions) Wait(ctx context.Context, owner sessions.Owner, id string, timeout time.Duration) (sessions.SessionView, error) {
 	if n := s.nodeOf(id); n != "" {
 		var v sessions.SessionView
-		err := s.call(ctx, n, "wait", request{Owner: owner, ID: id, Wait: timeout}, &v)
+		err := s.call(ctx, n, "wait", request{Caller: callerOf(owner), ID: id, Wait: timeout}, &v)
 		return v, err
 	}
 	defer s.dir.flush(ctx)
@@ -463,7 +560,7 @@ func (s *Sessions) Events(owner sessions.Owner, filter sessions.EventFilter) ([]
 	marks := map[string]int64{}
 	if n := s.nodeOf(filter.SessionID); n != "" {
 		var mark int64
-		if err := s.readWithin(n, "mark", request{Owner: owner, ID: filter.SessionID}, &mark, markTimeout); err != nil {
+		if err := s.readWithin(n, "mark", request{Caller: callerOf(owner), ID: filter.SessionID}, &mark, markTimeout); err != nil {
 			if errors.Is(err, sessions.ErrNotOwner) {
 				return nil, err
 			}
@@ -478,7 +575,7 @@ func (s *Sessions) Events(owner sessions.Owner, filter sessions.EventFilter) ([]
 		} else {
 			peers, parts := s.everyNode(func(n string) (any, error) {
 				var mark int64
-				err := s.readWithin(n, "mark", request{Owner: owner}, &mark, markTimeout)
+				err := s.readWithin(n, "mark", request{Caller: callerOf(owner)}, &mark, markTimeout)
 				return mark, err
 			}, func() any { return nil })
 			for i, n := range peers {
@@ -548,7 +645,7 @@ func (s *Sessions) Pending(owner sessions.Owner, id string) ([]sessions.Interact
 	if id != "" {
 		if n := s.nodeOf(id); n != "" {
 			var out []sessions.Interaction
-			err := s.read(n, "pending", request{Owner: owner, ID: id}, &out)
+			err := s.read(n, "pending", request{Caller: callerOf(owner), ID: id}, &out)
 			return out, err
 		}
 		return s.local.Pending(owner, id)
@@ -582,7 +679,7 @@ func (s *Sessions) Pending(owner sessions.Owner, id string) ([]sessions.Interact
 // first answer and refuses the others.
 func (s *Sessions) Answer(ctx context.Context, owner sessions.Owner, requestID string, a sessions.Answer) error {
 	if n := s.nodeOf(requestID); n != "" {
-		return s.call(ctx, n, "answer", request{Owner: owner, ID: requestID, Answer: &a}, nil)
+		return s.call(ctx, n, "answer", request{Caller: callerOf(owner), ID: requestID, Answer: &a}, nil)
 	}
 	defer s.dir.flush(ctx)
 	return s.local.Answer(ctx, owner, requestID, a)
@@ -680,7 +777,7 @@ func (s *Sessions) readWithin(node, method string, req request, out any, within 
 
 // request is a verb's arguments, as they travel to the session's node.
 type request struct {
-	Owner  sessions.Owner   `json:"owner"`
+	Caller Caller           `json:"caller"`
 	ID     string           `json:"id,omitempty"`
 	Text   string           `json:"text,omitempty"`
 	Full   bool             `json:"full,omitempty"`
@@ -708,6 +805,7 @@ var codes = []struct {
 	{"not_running", sessions.ErrNotRunning}, {"ended", sessions.ErrEnded},
 	{"bad_request", sessions.ErrBadRequest}, {"busy", sessions.ErrBusy},
 	{"quota", sessions.ErrQuota}, {"closed", sessions.ErrClosed},
+	{"caller_refused", sessions.ErrCallerRefused},
 }
 
 func kindOf(code string) error {
@@ -772,57 +870,71 @@ func (s *Sessions) call(ctx context.Context, node, method string, req request, o
 	return nil
 }
 
-// serve carries out another replica's request on this node's engine. It
-// serves only this node's sessions: a request about another node's is
-// refused, so that no request is passed on twice.
+// uses are the requests serve carries out, each with the tool and the
+// verbs of the sessions endpoint that ask it: a caller may make it only
+// if it may call one of them.
+var uses = map[string]Use{
+	"send":       {Tool: "sessions", Verbs: []string{"send"}},
+	"steer":      {Tool: "sessions", Verbs: []string{"steer"}},
+	"cancel":     {Tool: "sessions", Verbs: []string{"cancel"}},
+	"read":       {Tool: "sessions", Verbs: []string{"read", "events"}}, // events: a session's events resource reads it first
+	"transcript": {Tool: "sessions", Verbs: []string{"transcript"}},
+	"wait":       {Tool: "sessions", Verbs: []string{"wait"}},
+	"mark":       {Tool: "sessions", Verbs: []string{"events"}},
+	"pending":    {Tool: "interactions", Verbs: []string{"pending"}},
+	"answer":     {Tool: "interactions", Verbs: []string{"answer"}},
+}
+
+// serve carries out another replica's request on this node's engine, for
+// the caller it establishes here (callerHere). It serves only this node's
+// sessions: a request about another node's is refused, so that no request
+// is passed on twice.
 func (s *Sessions) serve(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
 	var req request
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, fmt.Errorf("a request this node cannot read: %w", err)
 	}
+	use, ok := uses[method]
+	if !ok {
+		return nil, fmt.Errorf("no such verb %q", method)
+	}
 	if req.ID != "" && sessions.NodeOf(req.ID) != s.node {
 		return encode(nil, fmt.Errorf("%w: %q is not a session of node %s", sessions.ErrNoSession, req.ID, s.node))
 	}
-	var (
-		result any
-		err    error
-	)
+	use.ID = req.ID
+	owner, err := s.callerHere(ctx, method, use, req.Caller)
+	if err != nil {
+		return encode(nil, err)
+	}
+	var result any
 	switch method {
 	case "send":
 		var q bool
-		q, err = s.local.Send(ctx, req.Owner, req.ID, req.Text)
+		q, err = s.local.Send(ctx, owner, req.ID, req.Text)
 		result = struct{ Queued bool }{q}
 	case "steer":
 		var m string
-		m, err = s.local.Steer(ctx, req.Owner, req.ID, req.Text)
+		m, err = s.local.Steer(ctx, owner, req.ID, req.Text)
 		result = struct{ Mode string }{m}
 	case "cancel":
-		err = s.local.Cancel(ctx, req.Owner, req.ID)
+		err = s.local.Cancel(ctx, owner, req.ID)
 	case "read":
-		result, err = s.local.Read(req.Owner, req.ID, req.Full)
+		result, err = s.local.Read(owner, req.ID, req.Full)
 	case "transcript":
-		result, err = s.local.Transcript(req.Owner, req.ID, req.N, req.Full)
+		result, err = s.local.Transcript(owner, req.ID, req.N, req.Full)
 	case "wait":
-		release, ok := s.holdWait(req.Owner.OwnerID())
+		release, ok := s.holdWait(owner.OwnerID())
 		if !ok {
 			err = fmt.Errorf("%w: %d waits of this owner are open on node %s already; wait on fewer sessions at once, or rely on the <session-event> notifications", sessions.ErrBadRequest, maxWaitsPerOwner, s.node)
 			break
 		}
-		result, err = s.local.Wait(ctx, req.Owner, req.ID, min(req.Wait, cluster.MaxRPCWait-5*time.Second))
+		result, err = s.local.Wait(ctx, owner, req.ID, min(req.Wait, cluster.MaxRPCWait-5*time.Second))
 		release()
-	case "list":
-		// No longer asked by this version (List reads the directory); an
-		// older replica asks it during a rolling upgrade.
-		l, partial := s.local.List(req.Owner, req.N)
-		result = struct {
-			List    []sessions.SessionView
-			Partial bool
-		}{l, partial}
 	case "pending":
-		result, err = s.local.Pending(req.Owner, req.ID)
+		result, err = s.local.Pending(owner, req.ID)
 	case "mark":
 		if req.ID != "" {
-			if _, err = s.local.Events(req.Owner, sessions.EventFilter{SessionID: req.ID, Limit: 1}); err != nil {
+			if _, err = s.local.Events(owner, sessions.EventFilter{SessionID: req.ID, Limit: 1}); err != nil {
 				break
 			}
 		}
@@ -832,9 +944,7 @@ func (s *Sessions) serve(ctx context.Context, method string, body json.RawMessag
 			err = fmt.Errorf("%w: an answer is missing", sessions.ErrBadRequest)
 			break
 		}
-		err = s.local.Answer(ctx, req.Owner, req.ID, *req.Answer)
-	default:
-		return nil, fmt.Errorf("no such verb %q", method)
+		err = s.local.Answer(ctx, owner, req.ID, *req.Answer)
 	}
 	switch method {
 	case "send", "steer", "cancel", "wait", "answer":
@@ -843,6 +953,56 @@ func (s *Sessions) serve(ctx context.Context, method string, body json.RawMessag
 		s.dir.flush(ctx)
 	}
 	return encode(result, err)
+}
+
+// callerHere is the engine's Owner on this node for c, the caller of
+// another replica's request for method, which is u: whom the resolver
+// establishes from the identity c names, with the reach c claims, which
+// may only narrow it. Else it is the refusal, reported to OnRefusal.
+func (s *Sessions) callerHere(ctx context.Context, method string, u Use, c Caller) (sessions.Owner, error) {
+	refuse := func(reason, msg string) (sessions.Owner, error) {
+		if s.refused != nil {
+			s.refused(Refusal{From: cluster.RPCFrom(ctx), Method: method, ID: u.ID, TokenID: c.TokenID, Reason: reason, Message: msg})
+		}
+		return sessions.Owner{}, fmt.Errorf("%w: %s", sessions.ErrCallerRefused, msg)
+	}
+	owner, err := s.resolve(ctx, c, u)
+	switch {
+	case errors.Is(err, policy.ErrScopesClaimed):
+		return refuse("rpc_scopes", err.Error())
+	case err != nil:
+		return refuse("rpc_principal", err.Error())
+	case c.Sessions > owner.OtherSessions || c.Interactions > owner.OtherInteractions:
+		// No replica of this cluster claims more reach than its credential
+		// gives it: only a holder of the cluster key would.
+		return refuse("rpc_scopes", fmt.Sprintf("the request claims that %s reaches %s sessions and %s interactions; here it reaches %s sessions and %s interactions",
+			callerName(c), accessName(c.Sessions), accessName(c.Interactions), accessName(owner.OtherSessions), accessName(owner.OtherInteractions)))
+	}
+	owner.OtherSessions, owner.OtherInteractions = c.Sessions, c.Interactions
+	owner.MCPSession = c.MCPSession
+	owner.Credential = "" // checked: the engine has no use for it
+	return owner, nil
+}
+
+// accessName says what a reaches, for a message.
+func accessName(a sessions.Access) string {
+	switch a {
+	case sessions.AccessOwn:
+		return "its owner's"
+	case sessions.AccessRead:
+		return "(to read) every owner's"
+	case sessions.AccessAll:
+		return "every owner's"
+	}
+	return fmt.Sprintf("(access %d)", a)
+}
+
+// callerName is whom c names, for a message.
+func callerName(c Caller) string {
+	if c.TokenID == "" {
+		return "a session page's reader"
+	}
+	return strconv.Quote(c.TokenID)
 }
 
 func encode(result any, err error) (json.RawMessage, error) {

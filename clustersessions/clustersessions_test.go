@@ -17,6 +17,9 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/clustersessions"
 	"github.com/Tahul/caddy-zidane-mcp/internal/natstest"
+	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 	"github.com/Tahul/caddy-zidane-mcp/sessions/demoagent"
 )
@@ -49,12 +52,51 @@ type node struct {
 	id     string
 	engine *sessions.Engine
 	cs     *clustersessions.Sessions
+	tokens *policy.TokenStore  // its view of the gateway's tokens
 	events chan sessions.Event // what its subscribers get
 }
 
 type peers struct {
 	mu    sync.Mutex
 	alive map[string]bool
+	url   string // the cluster's NATS
+
+	ownersMu sync.Mutex
+	tokens   *policy.TokenStore        // the gateway's tokens, as an operator creates them
+	owners   map[string]sessions.Owner // by token name
+}
+
+// owner is the engine's Owner for the token named name (scope chat) as
+// this cluster's edge authenticates it, the token created on first use.
+func (p *peers) owner(t testing.TB, name string) sessions.Owner {
+	t.Helper()
+	p.ownersMu.Lock()
+	defer p.ownersMu.Unlock()
+	if o, ok := p.owners[name]; ok {
+		return o
+	}
+	if p.tokens == nil {
+		p.mu.Lock()
+		url := p.url
+		p.mu.Unlock()
+		tokens, err := policy.OpenTokenStore(ctxT(t), keyedStorage(t, url, key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.tokens, p.owners = tokens, map[string]sessions.Owner{}
+	}
+	secret, _, err := p.tokens.Create(ctxT(t), policy.TokenSpec{Name: name, Scopes: []string{"chat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, err := p.tokens.Check(secret, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := mcpendpoint.OwnerOf(pr, false)
+	o.MCPSession = "mcp-" + name
+	p.owners[name] = o
+	return o
 }
 
 func (p *peers) of(self string) func() []string {
@@ -81,6 +123,39 @@ type nodeConfig struct {
 	limits sessions.Limits
 	// link gives the engine and the directory's reader the same links.
 	link func(id, base string) string
+	// refused hears of the requests of other replicas the node refuses.
+	refused func(clustersessions.Refusal)
+}
+
+// pages signs and checks the session pages' capabilities, with the key
+// every replica derives from the cluster key.
+var pages = func() *sessionpage.Signer {
+	k, err := cluster.Derive(key, "session page links v1")
+	if err == nil {
+		var s *sessionpage.Signer
+		if s, err = sessionpage.NewSignerKey(k, time.Hour); err == nil {
+			return s
+		}
+	}
+	panic(err)
+}()
+
+// resolver establishes the callers of other replicas' requests on a node
+// whose token store is tokens, as the gateway's does for a sessions site
+// with the default scopes: a session page's reader by its capability, any
+// other by its credential.
+func resolver(t testing.TB, tokens *policy.TokenStore) clustersessions.Resolver {
+	scopes, err := policy.NewScopeMap(nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sites := []mcpendpoint.Site{{Authn: policy.Authenticator{Tokens: tokens}, Access: mcpendpoint.Access{Scopes: scopes}}}
+	return func(ctx context.Context, c clustersessions.Caller, u clustersessions.Use) (sessions.Owner, error) {
+		if c.TokenID == "" {
+			return pages.ForwardedReader(c.Credential, u.ID, u.Tool, u.Verbs)
+		}
+		return mcpendpoint.ForwardedOwner(ctx, sites, c.TokenID, c.Scopes, c.Credential, u.Tool, u.Verbs, time.Now())
+	}
 }
 
 func startNodeWith(t testing.TB, url, id string, p *peers, nc nodeConfig) *node {
@@ -93,6 +168,15 @@ func startNodeWith(t testing.TB, url, id string, p *peers, nc nodeConfig) *node 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, err := conn.Storage(ctx, cluster.StorageOptions{Key: key, Owner: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.url = url
+	p.mu.Unlock()
+	// The node's own view of the gateway's tokens, over the shared
+	// storage: the ones created after it opened are loaded on a miss.
+	tokens, err := policy.OpenTokenStore(ctx, st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,12 +193,13 @@ func startNodeWith(t testing.TB, url, id string, p *peers, nc nodeConfig) *node 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { engine.Close() })
-	cs, err := clustersessions.New(ctx, clustersessions.Options{Local: engine, Listings: engine, Node: id, Storage: st, Peers: p.of(id), Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq, LinkFor: nc.link})
+	cs, err := clustersessions.New(ctx, clustersessions.Options{Local: engine, Listings: engine, Node: id, Storage: st, Peers: p.of(id), Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq, LinkFor: nc.link,
+		Resolve: resolver(t, tokens), OnRefusal: nc.refused})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cs.Close)
-	n := &node{id: id, engine: engine, cs: cs, events: make(chan sessions.Event, 100)}
+	n := &node{id: id, engine: engine, cs: cs, tokens: tokens, events: make(chan sessions.Event, 100)}
 	unsub := cs.Subscribe(func(ev sessions.Event) { n.events <- ev })
 	t.Cleanup(unsub)
 	p.mu.Lock()
@@ -127,10 +212,6 @@ func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-func owner(name string) sessions.Owner {
-	return sessions.Owner{TokenID: "tok-" + name, TokenName: name, MCPSession: "mcp-" + name}
 }
 
 func settle(t testing.TB, n *node, o sessions.Owner, id string) sessions.SessionView {
@@ -168,7 +249,7 @@ func eventFor(t *testing.T, n *node, id string, status sessions.EventStatus) ses
 // owning engine's decisions (ownership, errors) as on a single node.
 func TestEveryVerbFromAnotherReplica(t *testing.T) {
 	a, b, p, _ := twoNodes(t)
-	sam, eve := owner("sam"), owner("eve")
+	sam, eve := p.owner(t, "sam"), p.owner(t, "eve")
 
 	c := create(t, a, sam, "hello")
 	if sessions.NodeOf(c.SessionID) != "gw-a" {
@@ -244,7 +325,7 @@ func TestEveryVerbFromAnotherReplica(t *testing.T) {
 // same on every replica, and each replica's subscribers get every node's.
 func TestEventsAreNumberedForTheCluster(t *testing.T) {
 	a, b, p, url := twoNodes(t)
-	sam := owner("sam")
+	sam := p.owner(t, "sam")
 	ca := create(t, a, sam, "hello")
 	evA := eventFor(t, b, ca.SessionID, sessions.EventDone)
 	if ev := eventFor(t, a, ca.SessionID, sessions.EventDone); ev.Seq != evA.Seq {
@@ -272,7 +353,7 @@ func TestEventsAreNumberedForTheCluster(t *testing.T) {
 		if evs, _ := n.cs.Events(sam, sessions.EventFilter{Since: evA.Seq}); len(evs) == 0 || evs[len(evs)-1].Seq <= evA.Seq {
 			t.Fatalf("events since %d on %s: %+v", evA.Seq, n.id, evs)
 		}
-		if evs, _ := n.cs.Events(owner("eve"), sessions.EventFilter{}); len(evs) != 0 {
+		if evs, _ := n.cs.Events(p.owner(t, "eve"), sessions.EventFilter{}); len(evs) != 0 {
 			t.Fatalf("eve sees sam's events on %s: %+v", n.id, evs)
 		}
 	}
@@ -299,8 +380,8 @@ func TestEventsAreNumberedForTheCluster(t *testing.T) {
 // Pending interactions of every node show on each; answers go to the
 // interaction's node, where the first one wins.
 func TestFirstAnswerWinsAcrossReplicas(t *testing.T) {
-	a, b, _, _ := twoNodes(t)
-	sam := owner("sam")
+	a, b, p, _ := twoNodes(t)
+	sam := p.owner(t, "sam")
 	c := create(t, a, sam, "approve: ship it")
 	ev := eventFor(t, b, c.SessionID, sessions.EventNeedsAttention)
 	var pending []sessions.Interaction
@@ -317,10 +398,10 @@ func TestFirstAnswerWinsAcrossReplicas(t *testing.T) {
 	if mine, err := b.cs.Pending(sam, c.SessionID); err != nil || len(mine) != 1 {
 		t.Fatalf("the session's pending on gw-b: %+v, %v", mine, err)
 	}
-	if theirs, err := b.cs.Pending(owner("eve"), ""); err != nil || len(theirs) != 0 {
+	if theirs, err := b.cs.Pending(p.owner(t, "eve"), ""); err != nil || len(theirs) != 0 {
 		t.Fatalf("eve's pending on gw-b: %+v, %v", theirs, err)
 	}
-	if err := b.cs.Answer(ctxT(t), owner("eve"), ev.RequestID, sessions.Answer{Decision: "allow"}); !errors.Is(err, sessions.ErrNotOwner) {
+	if err := b.cs.Answer(ctxT(t), p.owner(t, "eve"), ev.RequestID, sessions.Answer{Decision: "allow"}); !errors.Is(err, sessions.ErrNotOwner) {
 		t.Fatalf("eve answers sam's interaction through gw-b: %v", err)
 	}
 	// Two answers at once, one through each replica.
@@ -356,8 +437,8 @@ func TestFirstAnswerWinsAcrossReplicas(t *testing.T) {
 // An orchestrator subscribed to its workers gets their events as prompts
 // wherever they run: a worker its token created on another node.
 func TestOrchestratorHearsWorkersOnOtherNodes(t *testing.T) {
-	a, b, _, _ := twoNodes(t)
-	sam := owner("sam")
+	a, b, p, _ := twoNodes(t)
+	sam := p.owner(t, "sam")
 	orch := create(t, a, sam, "orchestrate")
 	settle(t, a, sam, orch.SessionID)
 	a.engine.Relay("tok-child", orch.SessionID)
@@ -384,8 +465,8 @@ func TestOrchestratorHearsWorkersOnOtherNodes(t *testing.T) {
 // verbs go on; and waits whose callers gave up end on the node, so the
 // owner may wait again.
 func TestWaitsFromAnotherReplicaAreBounded(t *testing.T) {
-	a, b, _, _ := twoNodes(t)
-	sam, eve := owner("sam"), owner("eve")
+	a, b, p, _ := twoNodes(t)
+	sam, eve := p.owner(t, "sam"), p.owner(t, "eve")
 	long := create(t, a, sam, "sleep: 5m")
 	hers := create(t, a, eve, "hello")
 	settle(t, b, eve, hers.SessionID)
@@ -434,7 +515,7 @@ func TestWaitsFromAnotherReplicaAreBounded(t *testing.T) {
 // window tell apart, so every replica, itself included, takes them.
 func TestEventsOfANodeRestartedWithFewerStoredEvents(t *testing.T) {
 	a, b, p, url := twoNodes(t)
-	sam := owner("sam")
+	sam := p.owner(t, "sam")
 	c1 := create(t, a, sam, "hello")
 	eventFor(t, b, c1.SessionID, sessions.EventDone)
 	settle(t, a, sam, c1.SessionID)
@@ -500,8 +581,8 @@ func TestEventsOfANodeRestartedWithFewerStoredEvents(t *testing.T) {
 // past NATS's max payload once JSON-escaped: through another replica it is
 // refused with what is wrong, not as a session that is gone.
 func TestLargePromptFromAnotherReplica(t *testing.T) {
-	a, b, _, _ := twoNodes(t)
-	sam := owner("sam")
+	a, b, p, _ := twoNodes(t)
+	sam := p.owner(t, "sam")
 	c := create(t, a, sam, "hello")
 	settle(t, a, sam, c.SessionID)
 	prompt := strings.Repeat("<", 200<<10)

@@ -41,7 +41,7 @@ func TestListAndPendingFromTheDirectory(t *testing.T) {
 	a := startNodeWith(t, url, "gw-a", p, cfg)
 	b := startNodeWith(t, url, "gw-b", p, cfg)
 	c := startNodeWith(t, url, "gw-c", p, cfg)
-	sam, eve := owner("sam"), owner("eve")
+	sam, eve := p.owner(t, "sam"), p.owner(t, "eve")
 	samsOtherToken := sessions.Owner{TokenID: "tok-sam-2", TokenName: "sam-2", ID: sam.OwnerID()}
 	shared := sessions.Owner{TokenID: "tok-ops", TokenName: "ops", OtherSessions: sessions.AccessRead, OtherInteractions: sessions.AccessRead}
 	anyone := sessions.Owner{TokenID: "tok-root", TokenName: "root", OtherSessions: sessions.AccessAll, OtherInteractions: sessions.AccessAll}
@@ -135,7 +135,7 @@ func TestListAndPendingFromTheDirectory(t *testing.T) {
 // no longer has.
 func TestDirectoryOfANodeThatIsDownAndRestarts(t *testing.T) {
 	a, b, p, url := twoNodes(t)
-	sam := owner("sam")
+	sam := p.owner(t, "sam")
 	c1 := create(t, a, sam, "hello")
 	settle(t, a, sam, c1.SessionID)
 	c2 := create(t, a, sam, "approve: ship it")
@@ -198,7 +198,7 @@ func TestForgottenSessionLeavesTheDirectory(t *testing.T) {
 	p := &peers{alive: map[string]bool{}}
 	a := startNodeWith(t, url, "gw-a", p, nodeConfig{limits: sessions.Limits{MaxSessions: 2, MaxSessionsPerToken: 10}})
 	b := startNode(t, url, "gw-b", p)
-	sam := owner("sam")
+	sam := p.owner(t, "sam")
 	dead := create(t, a, sam, "crash")
 	if v := settle(t, a, sam, dead.SessionID); v.State != sessions.StateError {
 		t.Fatalf("the crashing session is %s", v.State)
@@ -221,8 +221,8 @@ func TestForgottenSessionLeavesTheDirectory(t *testing.T) {
 // session's, another node's) nor make one, and a holder of the key cannot
 // put a session of one node under another's prefix.
 func TestDirectoryEntriesCannotBeForgedOrMoved(t *testing.T) {
-	a, b, _, url := twoNodes(t)
-	sam := owner("sam")
+	a, b, p, url := twoNodes(t)
+	sam := p.owner(t, "sam")
 	anyone := sessions.Owner{TokenID: "tok-root", OtherSessions: sessions.AccessAll, OtherInteractions: sessions.AccessAll}
 	c := create(t, a, sam, "approve: ship it")
 	ev := eventFor(t, b, c.SessionID, sessions.EventNeedsAttention)
@@ -309,7 +309,7 @@ func TestListWhenNATSIsAway(t *testing.T) {
 	p := &peers{alive: map[string]bool{}}
 	a := startNode(t, url, "gw-a", p)
 	b := startNode(t, url, "gw-b", p)
-	sam := owner("sam")
+	sam := p.owner(t, "sam")
 	ca := create(t, a, sam, "hello")
 	cb := create(t, b, sam, "hello")
 	settle(t, b, sam, cb.SessionID)
@@ -335,7 +335,7 @@ func BenchmarkListFromTheDirectory(b *testing.B) {
 	p := &peers{alive: map[string]bool{}}
 	cfg := nodeConfig{limits: sessions.Limits{MaxAgents: 4, MaxSessionsPerToken: 1000}}
 	nodes := []*node{startNodeWith(b, url, "gw-a", p, cfg), startNodeWith(b, url, "gw-b", p, cfg), startNodeWith(b, url, "gw-c", p, cfg)}
-	sam := owner("sam")
+	sam := p.owner(b, "sam")
 	dir := b.TempDir()
 	for i := range 200 {
 		n := nodes[i%3]

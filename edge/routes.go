@@ -92,7 +92,8 @@ func (s *Sessions) Visible(p policy.Principal, it Item) bool {
 // context of the request that created an MCP session for the session's
 // whole life; Caddy's request context holds the whole request (headers,
 // variables, the replacer), which an idle session has no use for, so the
-// endpoint gets the same cancellation and only the values it reads. This
+// endpoint gets the same cancellation and only the values it reads (and,
+// on a cluster, a JWT principal's access token: policy.WithJWT). This
 // halves what an idle session costs.
 func (s *Sessions) Serve(w http.ResponseWriter, r *http.Request, _ Next) error {
 	p, _ := policy.PrincipalFrom(r.Context())
@@ -106,6 +107,11 @@ func (s *Sessions) Serve(w http.ResponseWriter, r *http.Request, _ Next) error {
 	}
 	if s.Base != nil {
 		ctx = mcpendpoint.WithBase(ctx, s.Base(r))
+	}
+	if jwt := policy.JWTFrom(r.Context()); jwt != "" {
+		// On a cluster, for the replica that runs a session this request
+		// acts on, which verifies a JWT principal's token itself.
+		ctx = policy.WithJWT(ctx, jwt)
 	}
 	s.Endpoint.ServeHTTP(w, r.WithContext(ctx))
 	return nil

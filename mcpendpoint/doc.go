@@ -16,6 +16,13 @@
 //     [WithAccess]). Both refusals, and the engine's refusal of a session
 //     directory of the gateway's own (sessions.ErrDenied), go to
 //     Options.OnRefusal for the audit log;
+//   - on a cluster, the caller of another replica's request about a session
+//     this replica runs ([ForwardedOwner]): whom the request names,
+//     established as a sessions site of this replica establishes it
+//     (policy.Authenticator.Forwarded: its own token store, its own check
+//     of a JWT), allowed one of the request's verbs by that site's scope
+//     map, and made into the engine's Owner as the endpoint's own callers
+//     are ([OwnerOf]);
 //   - the HTTP side, two go-sdk handlers on one URL, chosen per request by
 //     its Mcp-Protocol-Version header (see "Two protocol versions" below),
 //     both behind go-sdk's bearer-token middleware whose verifier turns the
@@ -76,8 +83,11 @@
 // goroutine through a bounded queue; one that does not fit is dropped, and
 // the event stays in the engine's log.
 //
-// It never authenticates a credential (the edge did, and the bearer token
-// never goes further than this package's front door), never decides a call's
+// It never authenticates a client's credential (the edge did, and an
+// opaque bearer token never goes further than this package's front door; a
+// JWT principal's access token goes on, in the caller's Owner, only to the
+// replica of the cluster that runs a session it acts on, which verifies it
+// itself: sessions.Owner.Credential), never decides a call's
 // scopes (it asks the route's scope map about an orchestrator's tools only),
 // never runs an agent and never stores anything: the engine behind
 // [sessions.Sessions] does, and an event missed by a disconnected client

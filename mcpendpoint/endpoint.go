@@ -292,18 +292,24 @@ func (e *Endpoint) isClosed() bool {
 
 // verifyPrincipal is the go-sdk TokenVerifier. It ignores the raw token (the
 // edge verified it) and describes the principal the edge put in the request
-// context. UserID is what go-sdk binds an MCP session to.
+// context, with a JWT principal's access token when the edge kept it there
+// (policy.WithJWT, on a cluster). UserID is what go-sdk binds an MCP
+// session to.
 func verifyPrincipal(_ context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
 	p, ok := policy.PrincipalFrom(r.Context())
 	if !ok || p.TokenID == "" {
 		return nil, fmt.Errorf("%w: no authenticated caller: this endpoint serves only requests the zidane_mcp edge authenticated; send Authorization: Bearer <token> to it",
 			auth.ErrInvalidToken)
 	}
-	return &auth.TokenInfo{
-		UserID: p.TokenID,
-		Scopes: p.Scopes,
-		Extra:  map[string]any{"principal": p, "access": accessFrom(r.Context())},
-	}, nil
+	extra := map[string]any{"principal": p, "access": accessFrom(r.Context())}
+	if policy.IsJWTID(p.TokenID) {
+		// For a session another replica runs: that replica verifies the
+		// JWT itself (sessions.Owner.Credential).
+		if jwt := policy.JWTFrom(r.Context()); jwt != "" {
+			extra["jwt"] = jwt
+		}
+	}
+	return &auth.TokenInfo{UserID: p.TokenID, Scopes: p.Scopes, Extra: extra}, nil
 }
 
 // onInitialize is receiving middleware. When a session initializes, it sets

@@ -259,20 +259,30 @@ func callerFrom(extra *mcp.RequestExtra, ss *mcp.ServerSession) (caller, error) 
 	c.access, _ = ti.Extra["access"].(Access)
 	if p, ok := ti.Extra["principal"].(policy.Principal); ok {
 		c.p = p
-		c.owner.TokenName = p.Name
-		c.owner.ID = p.OwnerID()
-		c.owner.Quota = p.QuotaID()
-		c.owner.Scopes = p.Scopes
-		c.owner.Expires, c.owner.Issued = p.Expires, p.Issued
-		c.owner.OtherSessions = reach(p, "sessions", c.access.ShareSessions)
-		c.owner.OtherInteractions = reach(p, "interactions", c.access.ShareSessions)
-		c.owner.Roots = p.Roots
+		c.owner = OwnerOf(p, c.access.ShareSessions)
+		c.owner.Credential, _ = ti.Extra["jwt"].(string)
 	}
 	if ss != nil {
 		c.owner.MCPSession = ss.ID()
 	}
 	c.modern = c.owner.MCPSession == ""
 	return c, nil
+}
+
+// OwnerOf is the engine's Owner for the principal p, on a host that
+// shares sessions (share_sessions) when share is set: its owner, quota,
+// scopes, roots and lifetime, and how far its verbs reach into other
+// owners' sessions. Every caller of the endpoint is made so, and the node
+// of a cluster that runs a session for another replica makes its caller
+// so again, from the principal it establishes itself (package
+// clustersessions).
+func OwnerOf(p policy.Principal, share bool) sessions.Owner {
+	return sessions.Owner{
+		TokenID: p.TokenID, TokenName: p.Name, ID: p.OwnerID(), Quota: p.QuotaID(),
+		Scopes: p.Scopes, Expires: p.Expires, Issued: p.Issued, Roots: p.Roots,
+		OtherSessions:     reach(p, "sessions", share),
+		OtherInteractions: reach(p, "interactions", share),
+	}
 }
 
 // reach is how far p's verbs of tool reach into other owners' sessions: all
@@ -340,6 +350,8 @@ func errorCode(err error) string {
 		return "quota"
 	case errors.Is(err, sessions.ErrNotOwner):
 		return "not_owner"
+	case errors.Is(err, sessions.ErrCallerRefused):
+		return "caller_refused"
 	case errors.Is(err, errToolsBeyondScope):
 		return "tools_beyond_scope"
 	default:
@@ -381,6 +393,8 @@ func explainOn(tool string, err error, verb, id string) error {
 			what = "interaction"
 		}
 		msg = fmt.Sprintf("%s %q runs on replica %q, which does not answer (it is down, or restarting); try again once it is back, or create a new session", what, id, sessions.NodeOf(id))
+	case errors.Is(err, sessions.ErrCallerRefused):
+		msg = fmt.Sprintf("replica %q, which runs %q, refused to act for you: %v", sessions.NodeOf(id), id, err)
 	case errors.Is(err, sessions.ErrNoSession):
 		msg = fmt.Sprintf("no session %q: check the id with sessions list", id)
 	case errors.Is(err, sessions.ErrEnded):

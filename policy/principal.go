@@ -102,3 +102,22 @@ func PrincipalFrom(ctx context.Context) (Principal, bool) {
 	p, ok := ctx.Value(principalKey{}).(Principal)
 	return p, ok
 }
+
+type jwtKey struct{}
+
+// WithJWT returns a context that carries jwt, the access token of the JWT
+// principal a request acts for. Only a replica of a cluster needs it: the
+// replica that holds the request's session, or runs the agent session it
+// acts on, verifies a JWT principal's token itself (see
+// [Authenticator.Forwarded]), since it can look no JWT subject up. A
+// principal never carries its credential; this is the one place a request
+// keeps it after the edge.
+func WithJWT(ctx context.Context, jwt string) context.Context {
+	return context.WithValue(ctx, jwtKey{}, jwt)
+}
+
+// JWTFrom returns the access token WithJWT put in ctx, or "".
+func JWTFrom(ctx context.Context) string {
+	jwt, _ := ctx.Value(jwtKey{}).(string)
+	return jwt
+}

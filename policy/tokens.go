@@ -514,8 +514,9 @@ func (s *TokenStore) Check(secret string, now time.Time) (Principal, error) {
 // and [ErrTokenRevoked] or [ErrTokenExpired] for one that, or one of whose
 // parents, is revoked, expired or gone. A replica asks it for the token a
 // request another replica forwarded acts for (see
-// [Authenticator.Forwarded]); it records no use, which the replica that
-// checked the secret did.
+// [Authenticator.Forwarded]), and the gateway for the creator of an
+// orchestrator session at each launch of its agent; it records no use,
+// which the replica that checked the secret did.
 func (s *TokenStore) Lookup(id string, now time.Time) (Principal, error) {
 	s.mu.RLock()
 	t := s.byID[id]
@@ -576,21 +577,6 @@ func chainTop(byID map[string]*Token, t *Token) string {
 // chainProblem). The caller holds s.mu.
 func (s *TokenStore) parentProblem(t *Token, now time.Time) error {
 	return chainProblem(s.byID, s.subjects, t, now)
-}
-
-// Principal is the principal of the stored token id as it stands now (its
-// scopes, kind and owner), without its secret; false when there is no such
-// token, or it is revoked or expired. The gateway asks it when it mints a
-// child at an agent's relaunch, to narrow the child to what the parent may
-// do now.
-func (s *TokenStore) Principal(id string, now time.Time) (Principal, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	t := s.byID[id]
-	if t == nil || t.Revoked != nil || (t.Expires != nil && !now.Before(*t.Expires)) {
-		return Principal{}, false
-	}
-	return t.Principal(), true
 }
 
 // SubjectRevoked reports when an operator revoked the JWT subject id

@@ -12,11 +12,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
 
@@ -100,10 +102,38 @@ func (s *Signer) Verify(sessionID, capability string) error {
 	return nil
 }
 
-// pageReader is who reads a session for its page: the capability in the
-// link, which the session's owner was given and which is bound to that one
-// session, stands for the owner, so the page reads whoever's session it is.
-var pageReader = sessions.Owner{TokenName: "session page", OtherSessions: sessions.AccessRead, OtherInteractions: sessions.AccessRead}
+// Reader is who reads a session for its page, by the capability
+// capability: the capability in the link, which the session's owner was
+// given and which is bound to that one session, stands for the owner, so
+// the page reads whoever's session it is. It has no token; the node of a
+// cluster that runs the session for another replica checks the capability
+// itself ([Signer.Verify]) before it reads for it.
+func Reader(capability string) sessions.Owner {
+	return sessions.Owner{TokenName: "session page", OtherSessions: sessions.AccessRead, OtherInteractions: sessions.AccessRead,
+		Credential: capability}
+}
+
+// pageReads are what a page reads of a session, as a tool and a verb of
+// the sessions endpoint.
+var pageReads = map[[2]string]bool{{"sessions", "read"}: true, {"sessions", "transcript"}: true, {"interactions", "pending"}: true}
+
+// ForwardedReader is the [Reader] of session sessionID by capability, on
+// the node of a cluster that runs the session, for another replica's page
+// of it: the capability is checked here, and is good only for what a page
+// reads (tool with one of verbs: sessions read or transcript,
+// interactions pending). Whoever holds the cluster key can send the node
+// such a request, so the node takes no reader without a capability of
+// that one session. An error for another use wraps
+// [policy.ErrScopesClaimed]; one for the capability, [ErrCapability].
+func (s *Signer) ForwardedReader(capability, sessionID, tool string, verbs []string) (sessions.Owner, error) {
+	if err := s.Verify(sessionID, capability); err != nil {
+		return sessions.Owner{}, err
+	}
+	if !slices.ContainsFunc(verbs, func(v string) bool { return pageReads[[2]string{tool, v}] }) {
+		return sessions.Owner{}, fmt.Errorf("%w: a session page's reader asks for %s %s, and a page only reads its session", policy.ErrScopesClaimed, tool, strings.Join(verbs, " or "))
+	}
+	return Reader(capability), nil
+}
 
 // Page serves session pages.
 type Page struct {
@@ -131,17 +161,19 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no such session page", http.StatusNotFound)
 		return
 	}
-	if err := p.Signer.Verify(id, r.URL.Query().Get("cap")); err != nil {
+	capability := r.URL.Query().Get("cap")
+	if err := p.Signer.Verify(id, capability); err != nil {
 		http.Error(w, err.Error(), http.StatusForbidden)
 		return
 	}
-	view, err := p.Sessions.Read(pageReader, id, true)
+	reader := Reader(capability)
+	view, err := p.Sessions.Read(reader, id, true)
 	if err != nil {
 		http.Error(w, "this session no longer exists", http.StatusNotFound)
 		return
 	}
-	turns, _ := p.Sessions.Transcript(pageReader, id, 50, true)
-	pending, _ := p.Sessions.Pending(pageReader, id)
+	turns, _ := p.Sessions.Transcript(reader, id, 50, true)
+	pending, _ := p.Sessions.Pending(reader, id)
 	data := pageData{View: view, Turns: turns, Pending: pending, Now: time.Now().UTC()}
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	if err := pageTemplate.Execute(w, data); err != nil {

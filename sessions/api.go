@@ -75,6 +75,12 @@ type Owner struct {
 	// other owners' sessions; OtherInteractions the same for pending and
 	// answer. The zero value reaches only the caller's own owner's.
 	OtherSessions, OtherInteractions Access
+	// Credential is what the node that runs a session for another replica
+	// of a cluster verifies itself to know the caller (package
+	// clustersessions): a JWT principal's access token, or the capability
+	// of a session page's link. Empty for a token of the store, which that
+	// node looks up by TokenID. The engine never stores, logs or shows it.
+	Credential string
 }
 
 // OwnerID is the owner o acts for: ID, or TokenID when ID is empty.
@@ -282,6 +288,11 @@ var (
 	// does not answer; it comes with ErrNoSession, since as far as this
 	// replica can tell the session is gone until its node is back.
 	ErrUnreachable = errors.New("the replica that runs the session does not answer")
+	// ErrCallerRefused says the replica of a cluster that runs the session
+	// refused whom the request acts for: a token it does not know, or
+	// knows revoked or expired, a JWT it does not take, or a claim of more
+	// than the credential grants there.
+	ErrCallerRefused = errors.New("the replica that runs the session refused the caller")
 	// ErrDenied says a session's directory is, holds or is inside a path
 	// of Config.Deny; it comes with ErrBadRequest.
 	ErrDenied = errors.New("the gateway keeps this path from agents")
