@@ -105,6 +105,9 @@ type Listing struct {
 	onDrop func(Drop)
 	one    [1]requestID // room for the one request of most bodies
 	lw     listingWriter
+	// tasks, on a route whose task handles the edge binds, is what the
+	// request's answers need for it (see tasks.go).
+	tasks *taskBinding
 }
 
 type requestID struct {
@@ -151,7 +154,7 @@ func (f *Listing) drop(d Drop) {
 // filterMessage filters one JSON value a server sent: one JSON-RPC message
 // or a batch. keep is false when nothing of it may go out.
 func (f *Listing) filterMessage(data []byte) (out []byte, keep bool) {
-	if len(bytes.TrimSpace(data)) == 0 || !mayList(data) {
+	if len(bytes.TrimSpace(data)) == 0 || (!mayList(data) && (f.tasks == nil || !mayTask(data))) {
 		// Nothing in it could spell a list, in any reader's spelling:
 		// whatever its id, it shows no item. Most answers (tool
 		// results) end here, unread.
@@ -187,6 +190,15 @@ func (f *Listing) filterMessage(data []byte) (out []byte, keep bool) {
 // filterOne filters one message. Only an answer with a result can hold a
 // listing: requests and notifications of the server, and errors, pass.
 func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
+	if f.tasks != nil {
+		var method string
+		if c.IsResponse() && f.ids != nil {
+			method, _ = f.method(c.ID)
+		}
+		if out, keep, named := f.taskMessage(c, method); named || !keep {
+			return out, keep
+		}
+	}
 	if !c.IsResponse() || c.Result == nil {
 		return c.Raw, true
 	}
