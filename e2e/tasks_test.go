@@ -388,7 +388,7 @@ func refusedTask(t *testing.T, what string, a taskAnswer) {
 // them reaches A's task: it is still working, not cancelled or answered,
 // when A looks. The upstream's own task id never reaches a client.
 func TestTaskHandlesBoundToPrincipal(t *testing.T) {
-	routes, _, upstream := startTaskRoutes(t)
+	routes, c, upstream := startTaskRoutes(t)
 	handles := map[string]string{}
 	for _, rt := range routes {
 		handles[rt.name] = startTask(t, rt.url, rt.a, rt.slow)
@@ -431,4 +431,52 @@ func TestTaskHandlesBoundToPrincipal(t *testing.T) {
 			}
 		})
 	}
+
+	// Every refusal is audited, naming the token, never the handle.
+	t.Run("refusals are audited", func(t *testing.T) {
+		refused := map[string]int{}
+		for _, l := range auditLines(c) {
+			if l["event"] == "refused" && l["reason"] == "task_unknown" {
+				refused[fmt.Sprint(l["token_name"])]++
+				for _, h := range handles {
+					if strings.Contains(fmt.Sprint(l), h) {
+						t.Errorf("an audit line holds a task handle: %v", l)
+					}
+				}
+			}
+		}
+		for _, rt := range routes {
+			b := rt.name + "-b"
+			if rt.name == "session-egress" {
+				b = "machine-b"
+			}
+			// B's tasks/get, tasks/update and tasks/cancel at least.
+			if refused[b] < 3 {
+				t.Errorf("route %s: %d task_unknown refusals of %s audited (by token: %v)", rt.name, refused[b], b, refused)
+			}
+		}
+	})
+
+	// The aggregated route's handles name the upstream that holds the
+	// task: each task method goes there, the other upstream never sees it.
+	t.Run("aggregate sends each task's methods to its upstream", func(t *testing.T) {
+		var agg taskRoute
+		for _, rt := range routes {
+			if rt.name == "aggregate" {
+				agg = rt
+			}
+		}
+		second := startTask(t, agg.url, agg.a, "mcp_tasks2_slow_compute")
+		if second == "" {
+			t.FailNow()
+		}
+		for h, status := range map[string]string{handles["aggregate"]: "cancelled", second: "working"} {
+			if a := taskCall(t, agg.url, agg.a, "tasks/get", map[string]any{"taskId": h}); a.err != nil || a.result["status"] != status {
+				t.Errorf("tasks/get: %d %s, want %s", a.status, a.body, status)
+			}
+		}
+		if a := taskCall(t, agg.url, agg.a, "tasks/cancel", map[string]any{"taskId": second}); a.err != nil {
+			t.Errorf("tasks/cancel of the second upstream's task: %d %s", a.status, a.body)
+		}
+	})
 }
