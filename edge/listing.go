@@ -51,9 +51,12 @@ type Drop struct {
 	// read differently, by its body or its Content-Type, or that is not a
 	// JSON-RPC message),
 	// answer_too_large, encoded_answer (a compressed answer, which the
-	// filter cannot read), or duplicate_item (a listing that holds two
+	// filter cannot read), duplicate_item (a listing that holds two
 	// items of one name: both are kept from the client, the rest of the
-	// answer goes).
+	// answer goes), and on a route that binds task handles task_not_named
+	// (an answer or a notification naming a task the request did not
+	// name or create) or task_id_invalid (a task id that is not a string
+	// of 1 to broker.MaxUpstreamTaskID bytes).
 	Reason string
 	// ID is the answer's id, when it could be read.
 	ID string
@@ -80,8 +83,9 @@ type Drop struct {
 //     readers could read it differently), one that spells a list member in
 //     another case, one over maxFilteredBody, and a compressed one.
 //
-// Server requests, notifications and errors pass as they are. Each drop is
-// reported to onDrop.
+// Server requests, notifications and errors pass as they are, but on a
+// route that binds task handles, which the filter seals (see tasks.go).
+// Each drop is reported to onDrop.
 type Listing struct {
 	// Max, when set, bounds what one answer to a POST may hold, in bytes
 	// (guard max_response): past it the filter ends the answer with a
