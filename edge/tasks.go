@@ -231,13 +231,14 @@ func openTasks(w http.ResponseWriter, r *http.Request, ids *broker.TaskIDs, name
 }
 
 // mayTask reports whether a message might name a task, in any spelling:
-// an escape, or "task" in any case.
+// an escape, or "taskid" in any case (taskId, taskIds). Most answers hold
+// neither, and pass unread.
 func mayTask(b []byte) bool {
 	if bytes.IndexByte(b, '\\') >= 0 {
 		return true
 	}
 	for i, c := range b {
-		if c|0x20 == 't' && hasFoldAt(b, i, "task") {
+		if c|0x20 == 't' && hasFoldAt(b, i, "taskid") {
 			return true
 		}
 	}

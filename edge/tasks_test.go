@@ -315,3 +315,20 @@ func TestTaskVerdicts(t *testing.T) {
 		t.Errorf("a route that binds no tasks refused tasks/list: %+v", d.Verdict)
 	}
 }
+
+// Most answers name no task: they pass the filter unread, as before.
+func TestMayTask(t *testing.T) {
+	for _, c := range []struct {
+		msg  string
+		want bool
+	}{
+		{`{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"the task is done"}]}}`, false},
+		{`{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":"x"}}`, true},
+		{`{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged","params":{"notifications":{"TASKIDS":[]}}}`, true},
+		{`{"jsonrpc":"2.0","id":1,"result":{"t\u0061skId":"x"}}`, true},
+	} {
+		if got := mayTask([]byte(c.msg)); got != c.want {
+			t.Errorf("mayTask(%s) = %v", c.msg, got)
+		}
+	}
+}
