@@ -332,3 +332,58 @@ func TestMayTask(t *testing.T) {
 		}
 	}
 }
+
+// TestAggregateTaskHandles: on the aggregated route a handle names the
+// upstream that holds the task, which the request then goes to; one whose
+// upstream the token may not use is refused as a use of that upstream,
+// and one that names no upstream the route has, none at all, or a
+// CreateTaskResult's creator, is as unknown as any other.
+func TestAggregateTaskHandles(t *testing.T) {
+	ids, err := broker.NewTaskIDs(bytes.Repeat([]byte{4}, broker.SessionKeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &taskUpstream{answer: func(c message.Call) (string, string) {
+		if c.Method == "tools/call" {
+			return "application/json", createTask
+		}
+		return "application/json", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","taskId":%q,"status":"working"}}`, c.TaskID)
+	}}
+	allows := func(p policy.Principal, name string) bool { return p.HasScope(policy.UpstreamScope(name)) }
+	route := &Aggregate{Catalog: testCatalog(), Allows: allows, Handler: up, Tasks: ids, Route: "aggregate|/mcp"}
+	both := policy.Principal{TokenID: "tok_both", Name: "both", Kind: policy.KindUser, Scopes: []string{"upstream:a", "upstream:b"}}
+	bOnly := policy.Principal{TokenID: "tok_b", Name: "b-only", Kind: policy.KindUser, Scopes: []string{"upstream:b"}}
+
+	body, h := modernTask("tools/call", `"name":"mcp_a_secret"`, "mcp_a_secret", true)
+	handle, _ := result(t, edgeThrough(t, route, both, h, body))["taskId"].(string)
+	if upstream, id, err := ids.Open(handle, both.TokenID, "aggregate|/mcp"); err != nil || upstream != "a" || id != "up-1" {
+		t.Fatalf("the handle of a task of mcp_a_secret opens to %q, %q, %v; want upstream a's up-1", upstream, id, err)
+	}
+	body, h = modernTask("tasks/get", fmt.Sprintf(`"taskId":%q`, handle), handle, true)
+	if res := result(t, edgeThrough(t, route, both, h, body)); res["taskId"] != handle || !strings.Contains(up.bodies[len(up.bodies)-1], `"taskId":"up-1"`) {
+		t.Fatalf("tasks/get: the client got %v, the upstream %s", res, up.bodies[len(up.bodies)-1])
+	}
+
+	forB, _ := ids.Seal("a", "up-1", bOnly.TokenID, "aggregate|/mcp")
+	gone, _ := ids.Seal("c", "up-1", both.TokenID, "aggregate|/mcp")
+	none, _ := ids.Seal("", "up-1", both.TokenID, "aggregate|/mcp")
+	for _, c := range []struct {
+		name   string
+		p      policy.Principal
+		handle string
+		status int
+		reason string
+	}{
+		{"a task of an upstream the token may not use", bOnly, forB, http.StatusForbidden, ReasonScope},
+		{"an upstream the route does not have", both, gone, http.StatusBadRequest, "task_unknown"},
+		{"a handle that names no upstream", both, none, http.StatusBadRequest, "task_unknown"},
+		{"another token's handle", bOnly, handle, http.StatusBadRequest, "task_unknown"},
+	} {
+		n := len(up.bodies)
+		body, h := modernTask("tasks/cancel", fmt.Sprintf(`"taskId":%q`, c.handle), c.handle, true)
+		a := edgeThrough(t, route, c.p, h, body)
+		if a.verdict.Status != c.status || a.verdict.Reason != c.reason || len(up.bodies) != n {
+			t.Errorf("%s: %+v (the upstream got %d requests), want %d %s", c.name, a.verdict, len(up.bodies)-n, c.status, c.reason)
+		}
+	}
+}
