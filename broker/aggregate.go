@@ -130,6 +130,13 @@ type AggregateOptions struct {
 	// Without them the key is drawn at start and no node is named.
 	BridgeKey []byte
 	Node      string
+	// Tasks says that the edge binds the route's task handles (MCP
+	// 2026-07-28's Tasks extension; package edge): the route then offers
+	// the extension, carries a CreateTaskResult to the client and sends
+	// tasks/get, tasks/update and tasks/cancel to the upstream that holds
+	// the task (see aggregate_tasks.go). Without it no call carries the
+	// extension upstream.
+	Tasks bool
 }
 
 // DefaultStdioIdle is the default of [AggregateOptions.StdioIdle].
@@ -204,6 +211,7 @@ type Aggregate struct {
 	mayUse       func(policy.Principal, string) bool
 	maxBody      int64 // MaxRequestBodyBytes, for the fast path's read
 	idle         *mcpidle.Sessions
+	tasks        bool // AggregateOptions.Tasks
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -321,6 +329,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		idle:         mcpidle.New(opts.SessionTimeout),
 		principals:   map[string]*aggSession{},
 		bridge:       newBridge(opts.BridgeKey, opts.Node),
+		tasks:        opts.Tasks,
 	}
 	if opts.SessionTimeout > 0 {
 		a.pidle = mcpidle.New(opts.SessionTimeout)
@@ -575,7 +584,7 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if modernRequest(r) {
 		// No session: the request's calls go through its token's
 		// principal session (see aggregate_modern.go).
-		if a.serveModernFast(w, r) {
+		if a.serveTask(w, r) || a.serveModernFast(w, r) {
 			return
 		}
 		a.stateless.ServeHTTP(w, r)
@@ -693,10 +702,12 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		case "server/discover":
 			if dr, ok := res.(*mcp.DiscoverResult); ok && dr != nil {
 				dr.Instructions = a.instructions()
+				a.offerTasks(dr.Capabilities)
 			}
 		case "initialize":
 			if ir, ok := res.(*mcp.InitializeResult); ok && ir != nil {
 				ir.Instructions = a.instructions()
+				a.offerTasks(ir.Capabilities)
 			}
 			// The session's state, and the watcher that drops it with its
 			// binding when the session ends, exist from here on, not only

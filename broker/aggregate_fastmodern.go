@@ -78,6 +78,13 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 	if !ok || p.TokenID == "" {
 		return false
 	}
+	if call.DeclaresTasks {
+		if !a.tasks {
+			// go-sdk's path, which forwards no Tasks extension.
+			return false
+		}
+		a.taskDeclaringCall(r.Context(), call.Tool)
+	}
 	a.mu.Lock()
 	q, ok := a.tools[call.Tool]
 	s := a.principals[p.TokenID]
@@ -152,6 +159,11 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 		rec.Outcome, rec.Detail = OutcomeError, safeError(&e)
 		a.record(rec, start)
 		fw.respondStatus(callID, "error", rpcErr, modernErrorStatus(e.Code))
+	case err == nil && call.DeclaresTasks && isCreateTask(res):
+		// The task's id is the upstream's: the edge seals it.
+		rec.Outcome = OutcomeOK
+		a.record(rec, start)
+		fw.respond(callID, "result", res)
 	case err == nil:
 		res, isError, nerr := normalizeModernResult(res)
 		if nerr != nil {

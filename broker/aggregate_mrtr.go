@@ -189,10 +189,11 @@ func samplingWithTools(p *mcp.CreateMessageParams) *mcp.CreateMessageWithToolsPa
 // exchange (its version and identity), so they are dropped and the
 // broker's client sets its own; the client capabilities stay when the
 // upstream speaks 2026-07-28 too, since they tell it which input requests
-// the client can answer (go-sdk's client keeps a key the params hold). A
-// 2026-07-28 request that declares none declares none upstream either,
-// rather than the broker client's. Nothing else of meta is changed; meta
-// itself is not modified.
+// the client can answer (go-sdk's client keeps a key the params hold), but
+// for the Tasks extension: go-sdk's client reads no CreateTaskResult (see
+// aggregate_tasks.go). A 2026-07-28 request that declares none declares
+// none upstream either, rather than the broker client's. Nothing else of
+// meta is changed; meta itself is not modified.
 func upstreamMeta(meta mcp.Meta, cs *mcp.ClientSession, ss *mcp.ServerSession) mcp.Meta {
 	upModern := false
 	if ir := cs.InitializeResult(); ir != nil && ir.ProtocolVersion >= protocolModern {
@@ -200,9 +201,10 @@ func upstreamMeta(meta mcp.Meta, cs *mcp.ClientSession, ss *mcp.ServerSession) m
 	}
 	_, v := meta[mcp.MetaKeyProtocolVersion]
 	_, i := meta[mcp.MetaKeyClientInfo]
-	_, c := meta[mcp.MetaKeyClientCapabilities]
+	caps, c := meta[mcp.MetaKeyClientCapabilities]
 	none := upModern && !c && modernSession(ss)
-	if !v && !i && !(c && !upModern) && !none {
+	tasks := c && declaresTasks(caps)
+	if !v && !i && !(c && !upModern) && !none && !tasks {
 		return meta
 	}
 	out := make(mcp.Meta, len(meta)+1)
@@ -213,6 +215,8 @@ func upstreamMeta(meta mcp.Meta, cs *mcp.ClientSession, ss *mcp.ServerSession) m
 	delete(out, mcp.MetaKeyClientInfo)
 	if !upModern {
 		delete(out, mcp.MetaKeyClientCapabilities)
+	} else if tasks {
+		out[mcp.MetaKeyClientCapabilities] = withoutTasks(caps)
 	}
 	if none {
 		out[mcp.MetaKeyClientCapabilities] = map[string]any{}

@@ -245,4 +245,23 @@ func TestUpstreamMetaKeys(t *testing.T) {
 	if got := upstreamMeta(plain, lcs, nil); len(got) != 1 {
 		t.Errorf("a plain _meta to a legacy upstream: %v", got)
 	}
+
+	// go-sdk's client reads no CreateTaskResult: a call it makes never
+	// declares the Tasks extension, whatever the client declared, and
+	// keeps the client's other capabilities and extensions.
+	tasks := map[string]any{"elicitation": map[string]any{}, "extensions": map[string]any{"io.modelcontextprotocol/tasks": map[string]any{}, "x/other": map[string]any{}}}
+	for _, m := range []mcp.Meta{
+		{mcp.MetaKeyClientCapabilities: tasks},
+		{mcp.MetaKeyProtocolVersion: "2026-07-28", mcp.MetaKeyClientCapabilities: tasks},
+	} {
+		got := upstreamMeta(m, mcs, nil)
+		c, _ := got[mcp.MetaKeyClientCapabilities].(map[string]any)
+		ext, _ := c["extensions"].(map[string]any)
+		if _, ok := ext["io.modelcontextprotocol/tasks"]; ok || ext["x/other"] == nil || c["elicitation"] == nil {
+			t.Errorf("the go-sdk path forwards %v, want the client's capabilities without the Tasks extension", got)
+		}
+	}
+	if _, ok := tasks["extensions"].(map[string]any)["io.modelcontextprotocol/tasks"]; !ok {
+		t.Error("upstreamMeta changed the client's capabilities")
+	}
 }

@@ -19,6 +19,9 @@
 //   - the pass-through route ([PassThrough]): one streamable-HTTP upstream
 //     offered unchanged at the HTTP level, with the upstream's session ids
 //     sealed to the principal and the route ([SessionIDs]);
+//   - the sealing of an upstream's task ids (MCP 2026-07-28's Tasks
+//     extension) into handles bound to the principal and the route
+//     ([TaskIDs]), which package edge applies on every route;
 //   - the aggregated route ([Aggregate]): several upstreams (streamable
 //     HTTP, SSE, pooled stdio) on one endpoint, namespaced, with the owner
 //     of each tool, prompt, resource and completion for the edge to
@@ -27,7 +30,8 @@
 //     when both sides speak it); it serves MCP 2026-07-28 and
 //     2025-11-25 clients on one URL and speaks to each upstream the newest
 //     of the two it answers, multi-round-trip calls included in every
-//     combination;
+//     combination, and tasks for a 2026-07-28 client of a streamable-HTTP
+//     upstream ([AggregateOptions.Tasks]);
 //   - each upstream's OAuth client (package upstreamauth);
 //   - the trace of each upstream request: a client span of the edge's
 //     route span, when it records, whose W3C trace context goes in the

@@ -132,8 +132,13 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	if err != nil {
 		return err
 	}
+	tasks, err := broker.NewTaskIDs(sessionKey)
+	if err != nil {
+		return err
+	}
 	h.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt,
-		SharedParams: h.sharedParams(ctx, "params|broker|"+u.Name+"|"+u.URL), Pins: h.openPins(ctx, u.Name, u.PinPolicy())}
+		SharedParams: h.sharedParams(ctx, "params|broker|"+u.Name+"|"+u.URL), Pins: h.openPins(ctx, u.Name, u.PinPolicy()),
+		Tasks: tasks, Route: route}
 	return nil
 }
 
@@ -250,6 +255,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		Credentials:         app.credentials,
 		AuthRequired:        app.authRequired,
 		MayUse:              allows,
+		Tasks:               true,
 	}
 	if fwd != nil {
 		opts.NewSessionID = fwd.mint
@@ -269,8 +275,20 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	}
 	h.aggregate = agg
 	liveAggregates.add(agg)
+	// Task handles name the route as session ids do elsewhere: the same
+	// on every replica of one config, another for another site or
+	// upstream list.
+	taskKey, err := sessionIDKey(ctx.Storage())
+	if err != nil {
+		return err
+	}
+	tasks, err := broker.NewTaskIDs(taskKey)
+	if err != nil {
+		return err
+	}
 	route := &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows,
-		SharedParams: h.sharedParams(ctx, "params|aggregate|"+h.Prefix+"|"+strings.Join(h.Aggregate, ",")), Pins: store}
+		SharedParams: h.sharedParams(ctx, "params|aggregate|"+h.Prefix+"|"+strings.Join(h.Aggregate, ",")), Pins: store,
+		Tasks: tasks, Route: "aggregate|" + h.Resource + "|" + h.Prefix + "|" + strings.Join(h.Aggregate, ",")}
 	h.route = route
 	if fwd != nil {
 		h.route = &clusterAggregate{Aggregate: route, agg: agg, fwd: fwd}

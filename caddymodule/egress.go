@@ -59,7 +59,12 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 		octx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		a.pins.open(octx, name, u.PinPolicy())
 		cancel()
-		routes[name] = &egressRoute{pt: pt, route: &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt, Pins: a.pins.store}}
+		tasks, err := broker.NewTaskIDs(brokerSessionKey)
+		if err != nil {
+			return nil, err
+		}
+		routes[name] = &egressRoute{pt: pt, route: &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt, Pins: a.pins.store,
+			Tasks: tasks, Route: route}}
 	}
 	return routes, nil
 }

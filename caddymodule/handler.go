@@ -343,8 +343,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 				zap.String("resource", h.Resource))
 		}
 		ns := "guard:" + h.Resource
+		tasks, terr := broker.NewTaskIDs(key)
+		if terr != nil {
+			return terr
+		}
 		g := &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders, IDs: ids, Route: "guard:" + h.Resource,
-			SharedParams: h.sharedParams(ctx, "params|guard|"+h.Resource), Pins: h.openPins(ctx, ns, pol), PinNS: ns}
+			SharedParams: h.sharedParams(ctx, "params|guard|"+h.Resource), Pins: h.openPins(ctx, ns, pol), PinNS: ns, Tasks: tasks}
 		h.route = g
 		if h.Guard.Upstream == "" {
 			h.answerMax = cmp.Or(h.Guard.MaxResponse, broker.DefaultMaxResponse)

@@ -47,7 +47,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rf refusal, v e
 	if v.Allow != "" {
 		w.Header().Set("Allow", v.Allow)
 	}
-	return h.writeRefusal(w, rf, v.Code)
+	return h.writeRefusal(w, rf, v.Code, v.Data)
 }
 
 // refuseRateLimited answers 429 with Retry-After in whole seconds.
@@ -57,7 +57,7 @@ func (h *Handler) refuseRateLimited(w http.ResponseWriter, r *http.Request, rf r
 	return h.refuse(w, r, rf, v)
 }
 
-func (h *Handler) writeRefusal(w http.ResponseWriter, rf refusal, code int) error {
+func (h *Handler) writeRefusal(w http.ResponseWriter, rf refusal, code int, extra map[string]any) error {
 	rf.log(h.audit)
 	metricRequests.WithLabelValues("refused").Inc()
 	metricRefusals.WithLabelValues(rf.reason).Inc()
@@ -81,11 +81,15 @@ func (h *Handler) writeRefusal(w http.ResponseWriter, rf refusal, code int) erro
 	if raw := rf.call.ID.Raw(); raw != nil {
 		id = raw
 	}
+	data := map[string]any{"reason": rf.reason}
+	for k, v := range extra {
+		data[k] = v
+	}
 	body, _ := json.Marshal(struct {
 		JSONRPC string          `json:"jsonrpc"`
 		ID      json.RawMessage `json:"id"`
 		Error   rpcError        `json:"error"`
-	}{JSONRPC: "2.0", ID: id, Error: rpcError{Code: code, Message: rf.message, Data: map[string]string{"reason": rf.reason}}})
+	}{JSONRPC: "2.0", ID: id, Error: rpcError{Code: code, Message: rf.message, Data: data}})
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(rf.status)

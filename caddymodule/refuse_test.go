@@ -33,7 +33,7 @@ func TestRefusalCodes(t *testing.T) {
 	} {
 		w := httptest.NewRecorder()
 		rf := refusal{status: c.v.Status, reason: c.v.Reason, message: c.v.Message}
-		if err := h.writeRefusal(w, rf, c.v.Code); err != nil {
+		if err := h.writeRefusal(w, rf, c.v.Code, c.v.Data); err != nil {
 			t.Fatal(err)
 		}
 		var body struct {
@@ -50,5 +50,34 @@ func TestRefusalCodes(t *testing.T) {
 	}
 	if message.CodeUnauthorized == message.CodeUnknownSession {
 		t.Error("a failed credential and an unknown session share a code")
+	}
+}
+
+// A refusal's data carries what its code promises there beside the
+// reason: -32021's requiredCapabilities (MCP 2026-07-28).
+func TestRefusalData(t *testing.T) {
+	h := &Handler{audit: zap.NewNop(), logger: zap.NewNop()}
+	v := edge.Verdict{Status: http.StatusBadRequest, Reason: "missing_capability", Code: message.CodeMissingClientCapability,
+		Message: "declare the extension", Data: map[string]any{"requiredCapabilities": map[string]any{"extensions": map[string]any{"io.modelcontextprotocol/tasks": map[string]any{}}}}}
+	w := httptest.NewRecorder()
+	if err := h.writeRefusal(w, refusal{status: v.Status, reason: v.Reason, message: v.Message}, v.Code, v.Data); err != nil {
+		t.Fatal(err)
+	}
+	var body struct {
+		Error struct {
+			Code int `json:"code"`
+			Data struct {
+				Reason               string `json:"reason"`
+				RequiredCapabilities struct {
+					Extensions map[string]any `json:"extensions"`
+				} `json:"requiredCapabilities"`
+			} `json:"data"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := body.Error.Data.RequiredCapabilities.Extensions["io.modelcontextprotocol/tasks"]; !ok || body.Error.Data.Reason != "missing_capability" || body.Error.Code != message.CodeMissingClientCapability {
+		t.Fatalf("refusal body: %s", w.Body)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -63,6 +64,33 @@ type Aggregate struct {
 	// namespace would take each route's listing for a change of the
 	// other's.
 	Pins *pins.Store
+	// Tasks, when set, binds the upstreams' task ids (MCP 2026-07-28's
+	// Tasks extension) to the token, Route (the name the route's handles
+	// carry) and the upstream that holds the task (see tasks.go).
+	Tasks *broker.TaskIDs
+	Route string
+}
+
+func (a *Aggregate) bindsTasks() bool { return a.Tasks != nil }
+
+// creator is the upstream that offers tool: a task its call creates is
+// that upstream's.
+func (a *Aggregate) creator(tool string) string {
+	server, _, _ := a.Catalog.ToolServer(tool)
+	return server
+}
+
+// mayUse refuses a task method whose handle names an upstream the
+// principal may no longer use, or that the route no longer has.
+func (a *Aggregate) mayUse(p policy.Principal, upstream string, c message.Call) *RefusalError {
+	if !slices.Contains(a.Catalog.Upstreams(), upstream) {
+		return unknownTask(c)
+	}
+	if !a.Allows(p, upstream) {
+		v := NeedScope(p, c, []string{policy.UpstreamScope(upstream)})
+		return &RefusalError{v}
+	}
+	return nil
 }
 
 // AggregatePinNS is the pin namespace of upstream's tools on the
@@ -245,8 +273,15 @@ func (a *Aggregate) Visible(p policy.Principal, it Item) bool {
 	return true
 }
 
-// Serve hands r to the aggregated route.
+// Serve opens r's task handles, naming the upstream that holds each task,
+// and hands r to the aggregated route.
 func (a *Aggregate) Serve(w http.ResponseWriter, r *http.Request, _ Next) error {
+	if a.Tasks != nil {
+		var err error
+		if r, err = openTasks(w, r, a.Tasks, a.Route, a); err != nil {
+			return err
+		}
+	}
 	a.Handler.ServeHTTP(w, r)
 	return nil
 }

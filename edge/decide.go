@@ -45,7 +45,9 @@ type Decision struct {
 // Mcp-Name or Mcp-Param-* header says something else than the body (or a
 // 2026-07-28 request lacks them, or its _meta version is not the
 // header's, or the route cannot check a Mcp-Param-* header: see
-// [ParamHeaders]), a tool error (tool_changed) for a call of a tool whose
+// [ParamHeaders]), on a route that binds task handles the Tasks
+// extension's removed methods (-32601) and its methods undeclared (-32021,
+// see tasks.go), a tool error (tool_changed) for a call of a tool whose
 // pinned definition changed or that is new to its pinned set, 403
 // prompt_changed or resource_changed for the use of a changed prompt or
 // resource (see package pins), and whatever the route refuses (403
@@ -74,7 +76,13 @@ func Decide(route Route, p policy.Principal, httpMethod string, header http.Head
 	if v, c := checkParamHeaders(header, b, paramsOf(route), header.Get(versionHeader)); !v.Allowed() {
 		return Decision{Body: b, Verdict: v, Call: c}
 	}
+	tasks := routeOffersTasks(route)
 	for _, c := range b.Calls {
+		if tasks {
+			if v := taskVerdict(c, header.Get(versionHeader)); !v.Allowed() {
+				return Decision{Body: b, Verdict: v, Call: c}
+			}
+		}
 		if v := route.Authorize(p, c); !v.Allowed() {
 			return Decision{Body: b, Verdict: v, Call: c}
 		}

@@ -28,7 +28,10 @@
 // offered through the broker: an operator's pass-through route, or a
 // session's egress to an upstream) and [Aggregate] (several upstreams on
 // one endpoint, each call authorized against the upstream that owns what it
-// names).
+// names). Every route but Sessions binds the upstreams' task handles (MCP
+// 2026-07-28's Tasks extension) to the token and the route that created
+// them: a route opens a request's handles before it serves it, and the
+// listing filter seals the ids of the answers (see tasks.go).
 //
 // In a cluster, a request for an aggregated 2025-11-25 session that
 // another replica holds is served there: the replica that got it runs the

@@ -60,7 +60,14 @@ type Guard struct {
 	// serverInfo) under the namespace PinNS (see package pins).
 	Pins  *pins.Store
 	PinNS string
+	// Tasks, when set, binds the server's task ids (MCP 2026-07-28's
+	// Tasks extension) to the token and Route: clients get handles, and
+	// the server sees only its ids of the token's own tasks (see
+	// tasks.go).
+	Tasks *broker.TaskIDs
 }
+
+func (g *Guard) bindsTasks() bool { return g.Tasks != nil }
 
 func (g *Guard) pin(_ Kind, name string) (*pins.Store, string, string) { return g.Pins, g.PinNS, name }
 
@@ -86,10 +93,16 @@ func (g *Guard) Authorize(p policy.Principal, c message.Call) Verdict {
 // Visible shows what the scope map lets p use.
 func (g *Guard) Visible(p policy.Principal, it Item) bool { return scopeVisible(g.Scopes, p, it) }
 
-// Serve opens the request's session id and passes r on, with the answer's
-// headers bound and stripped as the type's doc says.
+// Serve opens the request's session id and task handles and passes r on,
+// with the answer's headers bound and stripped as the type's doc says.
 func (g *Guard) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 	p, _ := policy.PrincipalFrom(r.Context())
+	if g.Tasks != nil {
+		var err error
+		if r, err = openTasks(w, r, g.Tasks, g.Route, nil); err != nil {
+			return err
+		}
+	}
 	gw := &guardWriter{ResponseWriter: w, g: g, p: p}
 	for k := range r.Header {
 		// A server behind may read a name with _ for - as the session id

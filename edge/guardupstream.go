@@ -23,8 +23,15 @@ type GuardUpstream struct {
 // the server.
 func (*GuardUpstream) ClientAddressed() {}
 
-// Serve hands r to the pass-through.
+// Serve opens r's task handles, as Guard does, and hands r to the
+// pass-through, which translates the session id.
 func (g *GuardUpstream) Serve(w http.ResponseWriter, r *http.Request, _ Next) error {
+	if g.Tasks != nil {
+		var err error
+		if r, err = openTasks(w, r, g.Tasks, g.Route, nil); err != nil {
+			return err
+		}
+	}
 	g.Handler.ServeHTTP(w, r)
 	return nil
 }

@@ -52,9 +52,12 @@ type Drop struct {
 	// read differently, by its body or its Content-Type, or that is not a
 	// JSON-RPC message),
 	// answer_too_large, encoded_answer (a compressed answer, which the
-	// filter cannot read), or duplicate_item (a listing that holds two
+	// filter cannot read), duplicate_item (a listing that holds two
 	// items of one name: both are kept from the client, the rest of the
-	// answer goes).
+	// answer goes), and on a route that binds task handles task_not_named
+	// (an answer or a notification naming a task the request did not
+	// name or create) or task_id_invalid (a task id that is not a string
+	// of 1 to broker.MaxUpstreamTaskID bytes).
 	Reason string
 	// ID is the answer's id, when it could be read.
 	ID string
@@ -86,8 +89,9 @@ type Drop struct {
 // the answer to an initialize or server/discover of the body has its
 // instructions and serverInfo decided too (see pinServerAnswer).
 //
-// Server requests, notifications and errors pass as they are. Each drop is
-// reported to onDrop.
+// Server requests, notifications and errors pass as they are, but on a
+// route that binds task handles, which the filter seals (see tasks.go).
+// Each drop is reported to onDrop.
 type Listing struct {
 	// Max, when set, bounds what one answer to a POST may hold, in bytes
 	// (guard max_response): past it the filter ends the answer with a
@@ -112,6 +116,9 @@ type Listing struct {
 	onDrop func(Drop)
 	one    [1]requestID // room for the one request of most bodies
 	lw     listingWriter
+	// tasks, on a route whose task handles the edge binds, is what the
+	// request's answers need for it (see tasks.go).
+	tasks *taskBinding
 }
 
 type requestID struct {
@@ -159,7 +166,7 @@ func (f *Listing) drop(d Drop) {
 // filterMessage filters one JSON value a server sent: one JSON-RPC message
 // or a batch. keep is false when nothing of it may go out.
 func (f *Listing) filterMessage(data []byte) (out []byte, keep bool) {
-	if len(bytes.TrimSpace(data)) == 0 || (!f.server && !mayList(data)) {
+	if len(bytes.TrimSpace(data)) == 0 || (!f.server && !mayList(data) && (f.tasks == nil || !mayTask(data))) {
 		// Nothing in it could spell a list, in any reader's spelling:
 		// whatever its id, it shows no item. Most answers (tool
 		// results) end here, unread. The answer to an initialize or
@@ -197,6 +204,15 @@ func (f *Listing) filterMessage(data []byte) (out []byte, keep bool) {
 // filterOne filters one message. Only an answer with a result can hold a
 // listing: requests and notifications of the server, and errors, pass.
 func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
+	if f.tasks != nil {
+		var method string
+		if c.IsResponse() && f.ids != nil {
+			method, _ = f.method(c.ID)
+		}
+		if out, keep, named := f.taskMessage(c, method); named || !keep {
+			return out, keep
+		}
+	}
 	if !c.IsResponse() || c.Result == nil {
 		return c.Raw, true
 	}

@@ -107,6 +107,10 @@ type Verdict struct {
 	// isError, status 200) that carries Message, instead of a JSON-RPC
 	// error: what the model should read.
 	ToolError bool
+	// Data, when set, goes in the JSON-RPC error's data beside the
+	// reason: what the refusal's code has there (-32021's
+	// requiredCapabilities).
+	Data map[string]any
 }
 
 // Allowed reports whether v allows.

@@ -142,7 +142,14 @@ type Upstream struct {
 	// Pins, when set, pins what the upstream gives a model to read under
 	// its name (see package pins).
 	Pins *pins.Store
+	// Tasks, when set, binds the upstream's task ids (MCP 2026-07-28's
+	// Tasks extension) to the token and Route, the name the route's
+	// handles carry (see tasks.go).
+	Tasks *broker.TaskIDs
+	Route string
 }
+
+func (u *Upstream) bindsTasks() bool { return u.Tasks != nil }
 
 func (u *Upstream) pin(_ Kind, name string) (*pins.Store, string, string) {
 	return u.Pins, u.Config.Name, name
@@ -184,8 +191,14 @@ func (u *Upstream) Visible(p policy.Principal, it Item) bool {
 	return scopeVisible(u.Scopes, p, it)
 }
 
-// Serve hands r to the broker.
+// Serve opens r's task handles and hands r to the broker.
 func (u *Upstream) Serve(w http.ResponseWriter, r *http.Request, _ Next) error {
+	if u.Tasks != nil {
+		var err error
+		if r, err = openTasks(w, r, u.Tasks, u.Route, nil); err != nil {
+			return err
+		}
+	}
 	u.Handler.ServeHTTP(w, r)
 	return nil
 }

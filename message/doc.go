@@ -46,11 +46,14 @@
 // misordered surrogate escapes; nesting deeper than 128 levels; a byte-order
 // mark; anything after the value. And in the objects whose fields the edge
 // reads (the envelope; the params object of tools/call, prompts/get,
-// resources/read|subscribe|unsubscribe, completion/complete and
-// notifications/cancelled, and of any other method for its _meta;
-// tools/call arguments; a params._meta, for its protocol version and the
-// trace context keys (traceparent, tracestate, baggage); a
-// completion ref; a response's error), a key that encoding/json would take for one of those
+// resources/read|subscribe|unsubscribe, completion/complete,
+// notifications/cancelled, tasks/get|update|cancel (its taskId) and
+// subscriptions/listen (its notifications and their taskIds), and of any
+// other method for its _meta; tools/call arguments; a params._meta, for its
+// protocol version, the trace context keys (traceparent, tracestate,
+// baggage) and the client capabilities, whose extensions are read for the
+// Tasks extension; a completion ref; a response's error), a key that
+// encoding/json would take for one of those
 // fields without being it exactly: another case, another folding, or an
 // escaped spelling ("n\u0061me" alone: some readers match raw key bytes).
 // Ids that readers read differently are refused too: a numeric id that is

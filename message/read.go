@@ -56,6 +56,45 @@ type Call struct {
 	// that is a non-empty string ("" when it is anything else).
 	HasMetaVersion bool
 	MetaVersion    string
+
+	// DeclaresTasks reports whether params._meta's client capabilities
+	// ("io.modelcontextprotocol/clientCapabilities") name the Tasks
+	// extension in their extensions (MCP 2026-07-28, SEP-2663).
+	DeclaresTasks bool
+	// TaskID is params.taskId of tasks/get, tasks/update and tasks/cancel
+	// (a string), and TaskIDRaw its JSON string as the body spells it
+	// (nil when absent).
+	TaskID    string
+	TaskIDRaw []byte
+	// ListenTasks are the task ids a subscriptions/listen names in
+	// params.notifications.taskIds (SEP-2663's status notifications), each
+	// with its JSON string in the body.
+	ListenTasks []Span
+}
+
+// Span is a string value of a body: its decoded content, and its JSON
+// string as the body spells it (a sub-slice of the body).
+type Span struct {
+	Value string
+	Raw   []byte
+}
+
+// TasksExtension names MCP 2026-07-28's Tasks extension (SEP-2663) in a
+// client's or a server's capabilities.extensions.
+const TasksExtension = "io.modelcontextprotocol/tasks"
+
+// ClientCapabilitiesKey is the _meta key of a 2026-07-28 request's client
+// capabilities.
+const ClientCapabilitiesKey = "io.modelcontextprotocol/clientCapabilities"
+
+// IsTaskMethod reports whether method is one of the Tasks extension's
+// methods, which name a task by params.taskId.
+func IsTaskMethod(method string) bool {
+	switch method {
+	case "tasks/get", "tasks/update", "tasks/cancel":
+		return true
+	}
+	return false
 }
 
 // MetaVersionKey is the _meta key of a 2026-07-28 request's protocol
@@ -73,7 +112,9 @@ func (c Call) IsToolCall() bool { return c.Method == "tools/call" }
 func (c Call) IsResponse() bool { return c.Method == "" }
 
 // Name is what the MCP 2026-07-28 Mcp-Name header must carry: Tool for
-// tools/call, Prompt for prompts/get, URI for resources/read; "" otherwise.
+// tools/call, Prompt for prompts/get, URI for resources/read, TaskID for
+// tasks/get, tasks/update and tasks/cancel (SEP-2663's routing header);
+// "" otherwise.
 func (c Call) Name() string {
 	switch c.Method {
 	case "tools/call":
@@ -82,6 +123,8 @@ func (c Call) Name() string {
 		return c.Prompt
 	case "resources/read":
 		return c.URI
+	case "tasks/get", "tasks/update", "tasks/cancel":
+		return c.TaskID
 	}
 	return ""
 }
@@ -303,9 +346,17 @@ var (
 	// The trace context SEP-414 reserves in _meta is among them: the
 	// broker replaces it and drops baggage by these exact keys, so a
 	// spelling that a reader could take for one of them is refused.
-	metaFields   = []string{MetaVersionKey, "traceparent", "tracestate", "baggage"}
+	metaFields   = []string{MetaVersionKey, "traceparent", "tracestate", "baggage", ClientCapabilitiesKey}
 	cancelFields = []string{"requestId", "_meta"}
 	errorFields  = []string{"code", "message", "data"}
+	// A task's id is read where a route opens it (the gateway's handle for
+	// it) and another reader must not find another one: a server reading
+	// case-insensitively would take "TaskID" for it.
+	taskFields       = []string{"taskId", "_meta"}
+	listenFields     = []string{"notifications", "_meta"}
+	listenNoteFields = []string{"taskIds"}
+	capabilityFields = []string{"extensions"}
+	extensionFields  = []string{TasksExtension}
 )
 
 // field returns which of fields k is, or "". A key that only encoding/json
@@ -572,6 +623,14 @@ func (r *reader) params(c *Call, depth int) error {
 		err = r.paramsObject(c, depth, completionFields)
 	case "notifications/cancelled":
 		err = r.paramsObject(c, depth, cancelFields)
+	case "tasks/get", "tasks/update", "tasks/cancel":
+		err = r.paramsObject(c, depth, taskFields)
+	case "subscriptions/listen":
+		if r.peek() == '{' {
+			err = r.paramsObject(c, depth, listenFields)
+		} else {
+			err = r.value(depth)
+		}
 	default:
 		// Params of other methods are not read; only their _meta is.
 		if r.peek() == '{' {
@@ -649,6 +708,17 @@ func (r *reader) paramsObject(c *Call, depth int, fields []string) error {
 			c.RequestState, _, err = r.strValue(depth + 1)
 		case "requestId":
 			c.Cancelled, err = r.requestID(depth + 1)
+		case "taskId":
+			var ok bool
+			c.TaskID, ok, err = r.strValue(depth + 1)
+			if !ok {
+				// A number could name a task to a reader that compares
+				// loosely; the gateway hands out string ids only.
+				r.malformed(vat, c.Method+` params.taskId must be a string, the id of a task`)
+			}
+			c.TaskIDRaw = r.b[vat:r.i]
+		case "notifications":
+			err = r.listenNotifications(c, depth+1)
 		default:
 			err = r.value(depth + 1)
 		}
@@ -735,17 +805,132 @@ func (r *reader) meta(c *Call, depth int) error {
 		if !more {
 			return nil
 		}
-		if r.field(k, metaFields) == MetaVersionKey {
+		switch r.field(k, metaFields) {
+		case MetaVersionKey:
 			c.HasMetaVersion = true
 			var ok bool
 			if c.MetaVersion, ok, err = r.strValue(depth + 1); !ok {
 				c.MetaVersion = ""
 			}
+		case ClientCapabilitiesKey:
+			err = r.capabilities(c, depth+1)
+		default:
+			err = r.value(depth + 1)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// capabilities reads _meta's client capabilities, an object, for whether
+// its extensions name the Tasks extension. Anything else there is
+// skipped: only that one key decides (whether a task method is refused
+// with -32021).
+func (r *reader) capabilities(c *Call, depth int) error {
+	if r.peek() != '{' {
+		return r.value(depth)
+	}
+	it, err := r.openObject(depth + 1)
+	if err != nil {
+		return err
+	}
+	for {
+		k, more, err := r.nextKey(&it)
+		if err != nil || !more {
+			return err
+		}
+		if r.field(k, capabilityFields) == "extensions" && r.peek() == '{' {
+			err = r.extensions(c, depth+1)
 		} else {
 			err = r.value(depth + 1)
 		}
 		if err != nil {
 			return err
+		}
+	}
+}
+
+// extensions reads client capabilities' extensions for the Tasks
+// extension's key.
+func (r *reader) extensions(c *Call, depth int) error {
+	it, err := r.openObject(depth + 1)
+	if err != nil {
+		return err
+	}
+	for {
+		k, more, err := r.nextKey(&it)
+		if err != nil || !more {
+			return err
+		}
+		if r.field(k, extensionFields) == TasksExtension {
+			c.DeclaresTasks = true
+		}
+		if err := r.value(depth + 1); err != nil {
+			return err
+		}
+	}
+}
+
+// listenNotifications reads subscriptions/listen's params.notifications
+// for the task ids it names.
+func (r *reader) listenNotifications(c *Call, depth int) error {
+	if r.peek() != '{' {
+		return r.value(depth)
+	}
+	it, err := r.openObject(depth + 1)
+	if err != nil {
+		return err
+	}
+	for {
+		k, more, err := r.nextKey(&it)
+		if err != nil || !more {
+			return err
+		}
+		if r.field(k, listenNoteFields) != "taskIds" {
+			if err := r.value(depth + 1); err != nil {
+				return err
+			}
+			continue
+		}
+		at := r.i
+		if r.peek() != '[' {
+			r.malformed(at, `subscriptions/listen params.notifications.taskIds must be an array of task ids (strings)`)
+			if err := r.value(depth + 1); err != nil {
+				return err
+			}
+			continue
+		}
+		r.i++ // '['
+		r.ws()
+		if r.peek() == ']' {
+			r.i++
+			continue
+		}
+		for {
+			r.ws()
+			vat := r.i
+			v, ok, err := r.strValue(depth + 2)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				r.malformed(vat, `subscriptions/listen params.notifications.taskIds must hold task ids (strings) only`)
+			} else {
+				c.ListenTasks = append(c.ListenTasks, Span{Value: v, Raw: r.b[vat:r.i]})
+			}
+			r.ws()
+			if r.i >= len(r.b) {
+				return r.eof()
+			}
+			if r.b[r.i] == ']' {
+				r.i++
+				break
+			}
+			if r.b[r.i] != ',' {
+				return r.syntax(r.i, "expected ',' or ']' after an array element")
+			}
+			r.i++
 		}
 	}
 }

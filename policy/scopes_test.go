@@ -224,3 +224,30 @@ func TestCompletionNeedsItsReference(t *testing.T) {
 		t.Error("mcp refused a completion")
 	}
 }
+
+// A token that may call some tool may follow the tasks its calls created
+// (tasks/get, tasks/update, tasks/cancel): the edge binds each task to the
+// token that made the call. One that may call no tool may not, and the
+// extension's removed methods are granted by no tool.
+func TestTaskMethodsFollowTools(t *testing.T) {
+	m, err := NewScopeMap([]Rule{
+		{Scope: "deploy", Tools: []string{"deploy_*"}},
+		{Scope: "docs", Methods: []string{"resources/*"}},
+	}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, strict := range []*ScopeMap{m, m.Strict()} {
+		for _, method := range []string{"tasks/get", "tasks/update", "tasks/cancel"} {
+			if !strict.Decide(Principal{Scopes: []string{"deploy"}}, message.Call{Method: method}).Allowed {
+				t.Errorf("strict=%v: a token that may call deploy_* may not %s", strict.strict, method)
+			}
+			if strict.Decide(Principal{Scopes: []string{"docs"}}, message.Call{Method: method}).Allowed {
+				t.Errorf("strict=%v: a token that may call no tool may %s", strict.strict, method)
+			}
+		}
+		if strict.Decide(Principal{Scopes: []string{"deploy"}}, message.Call{Method: "tasks/list"}).Allowed {
+			t.Errorf("strict=%v: tasks/list allowed by a tool scope", strict.strict)
+		}
+	}
+}
