@@ -23,20 +23,23 @@ var conformanceRuns = []struct {
 }{
 	// Exactly what MCP 2026-07-28 requires, and the extensions (tasks-*)
 	// the suite runs with it unscored. go-sdk v1.8.0's server has no
-	// Tasks extension, so those fail directly and are not compared; a
-	// Tasks-capable upstream added to conformanceUpstreams, with a run
-	// here, is compared the same way.
+	// Tasks extension, so those fail directly and are not compared here.
 	{"2026-07-28", []string{"--requirements", "2026-07-28"}, "stateless"},
+	// The same against e2e/tasksserver, which speaks the Tasks extension
+	// (SEP-2663): every tasks-* scenario must pass directly (see
+	// tasksScenarios), and so through every route.
+	{"2026-07-28, Tasks", []string{"--requirements", "2026-07-28"}, "tasks"},
 	// 2025-11-25's scenarios, whose sampling and elicitation need a
 	// session to carry the server's requests.
 	{"2025-11-25", []string{"--spec-version", "2025-11-25"}, "stateful"},
 }
 
 // conformanceUpstreams are the servers behind the routes: go-sdk's
-// everything-server in its two modes.
+// everything-server in its two modes, and the Tasks server.
 var conformanceUpstreams = map[string]func(testing.TB) string{
 	"stateless": startStatelessEverythingServer,
 	"stateful":  startEverythingServer,
+	"tasks":     func(t testing.TB) string { return startTasksServer(t) },
 }
 
 // conformanceRoute is one way the gateway serves an upstream.
@@ -134,6 +137,14 @@ func TestConformanceServerRoutes(t *testing.T) {
 				run.name, countPassed(direct), direct.passed, direct.failed, time.Since(start).Round(time.Millisecond))
 			if countPassed(direct) == 0 {
 				t.Fatalf("no scenario passes directly:\n%s", tail(direct.output, logDumpLimit))
+			}
+			if run.upstream == "tasks" {
+				// A fixture that broke would pass nothing to compare.
+				for _, s := range tasksScenarios {
+					if _, ran := direct.scenarios[s]; ran && !direct.scenarios[s] {
+						t.Fatalf("%s fails directly against e2e/tasksserver:\n%s", s, strings.Join(direct.failedChecks(s), "\n"))
+					}
+				}
 			}
 			compared := append([]*conformanceRoute{{name: "the harness's proxy alone"}}, routes...)
 			for _, r := range compared {

@@ -1,15 +1,12 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -68,56 +65,6 @@ func startTasksServer(t testing.TB, flags ...string) (url string) {
 	})
 	waitListening(t, p, addr, startTimeout)
 	return "http://" + addr + "/mcp"
-}
-
-// scenarioResult is one scenario's line of the suite's summary.
-type scenarioResult struct{ passed, failed int }
-
-var scenarioLine = regexp.MustCompile(`(?m)^([✓✗]) ([a-z0-9/_-]+): (\d+) passed, (\d+) failed`)
-
-// runRequirements runs the 0.2.0 conformance suite's server scenarios that
-// MCP 2026-07-28 requires (`--requirements 2026-07-28`, which also runs
-// the extensions, unscored) against url, and returns each scenario's
-// result and the suite's output.
-func runRequirements(t testing.TB, url string) (map[string]scenarioResult, string) {
-	t.Helper()
-	script := filepath.Join(nodeModules(t), "@modelcontextprotocol", "conformance-next", "dist", "index.js")
-	if _, err := os.Stat(script); err != nil {
-		requireOrSkip(t, "the conformance suite 0.2.0 (conformance-next) is not installed: %v", err)
-	}
-	outDir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), conformanceTimeout)
-	defer cancel()
-	output, err := runNodeIn(ctx, t, outDir, script, "server", "--url", url, "--requirements", "2026-07-28", "-o", outDir)
-	output = ansiEscape.ReplaceAllString(output, "")
-	results := map[string]scenarioResult{}
-	for _, m := range scenarioLine.FindAllStringSubmatch(output, -1) {
-		passed, _ := strconv.Atoi(m[3])
-		failed, _ := strconv.Atoi(m[4])
-		results[m[2]] = scenarioResult{passed, failed}
-	}
-	if len(results) == 0 {
-		t.Fatalf("conformance server --url %s --requirements 2026-07-28: no scenario line (%v)\n%s", url, err, tail(output, logDumpLimit))
-	}
-	return results, output
-}
-
-// TestTasksServerDirect: e2e/tasksserver passes every tasks-* scenario of
-// the suite on its own, so that a route that fails one broke it.
-func TestTasksServerDirect(t *testing.T) {
-	results, out := runRequirements(t, startTasksServer(t))
-	checks := 0
-	for _, s := range tasksScenarios {
-		r, ok := results[s]
-		if !ok || r.failed != 0 {
-			t.Errorf("%s direct: %+v (ran: %v)", s, r, ok)
-		}
-		checks += r.passed
-	}
-	if t.Failed() {
-		t.Fatalf("suite output:\n%s", tail(out, 8000))
-	}
-	t.Logf("tasks-* direct against e2e/tasksserver: %d scenarios, %d checks passed, 0 failed", len(tasksScenarios), checks)
 }
 
 // taskPorts are the sites of tasksCaddyfile.
@@ -250,55 +197,6 @@ func startTaskRoutes(t *testing.T) (routes []taskRoute, c *Caddy, upstream strin
 		egress,
 	}
 	return routes, c, upstream
-}
-
-// TestTasksThroughEveryRoute: every tasks-* scenario that passes direct
-// against e2e/tasksserver passes, with the same checks, through guard
-// (with reverse_proxy, and with an upstream of its own), the broker's
-// pass-through, the aggregated route and a session's egress route.
-func TestTasksThroughEveryRoute(t *testing.T) {
-	routes, _, upstream := startTaskRoutes(t)
-	direct, out := runRequirements(t, upstream)
-	for _, s := range tasksScenarios {
-		if r := direct[s]; r.failed != 0 {
-			t.Fatalf("%s fails direct: %+v\n%s", s, r, tail(out, 8000))
-		}
-	}
-	for _, rt := range routes {
-		if rt.name == "aggregate" {
-			// Two upstreams: the tools are named mcp_tasks_*, not what
-			// the suite calls; aggregate-one runs the suite.
-			continue
-		}
-		t.Run(rt.name, func(t *testing.T) {
-			got, out := runRequirements(t, authProxy(t, rt.url, http.Header{"Authorization": {"Bearer " + rt.a}}))
-			compareTasks(t, direct, got, out)
-		})
-	}
-}
-
-// compareTasks fails t for every tasks-* scenario whose result differs
-// from direct's.
-func compareTasks(t *testing.T, direct, got map[string]scenarioResult, out string) {
-	t.Helper()
-	checks := 0
-	for _, s := range tasksScenarios {
-		if got[s] != direct[s] {
-			t.Errorf("%s: %+v through the route, %+v direct", s, got[s], direct[s])
-		}
-		checks += got[s].passed
-	}
-	if t.Failed() {
-		var failures []string
-		for _, line := range strings.Split(out, "\n") {
-			if strings.Contains(line, "FAILURE") || strings.Contains(line, "errorMessage") {
-				failures = append(failures, line)
-			}
-		}
-		t.Logf("the suite's failures:\n%s", tail(strings.Join(failures, "\n"), 12000))
-		return
-	}
-	t.Logf("tasks-*: %d scenarios, %d checks passed, as direct", len(tasksScenarios), checks)
 }
 
 // taskAnswer is a 2026-07-28 answer: its HTTP status and its JSON-RPC
