@@ -451,6 +451,9 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane_mcp guard pin", labelEmpty, mcpBlock("guard {\npin\n}"), "pin takes one value"),
 		c("zidane upstream pin", "an unknown mode", upstreamBlock("pin loose"), "use strict, warn or off"),
 		c("zidane upstream pin", labelEmpty, upstreamBlock("pin"), "pin takes one value"),
+		c("zidane_mcp guard new_tools", "an unknown policy", mcpBlock("guard {\nnew_tools maybe\n}"), "use allow or hold"),
+		c("zidane_mcp guard new_tools", labelEmpty, mcpBlock("guard {\nnew_tools\n}"), "new_tools takes one value"),
+		c("zidane upstream new_tools", "an unknown policy", upstreamBlock("new_tools maybe"), "use allow or hold"),
 	)
 	ipv6 := func(v string) string { return guarded("rate_limit {\nipv6_prefix " + v + "\n}") }
 	cases = append(cases,
