@@ -1053,12 +1053,11 @@ var (
 )
 
 // conformanceSuite is the MCP conformance suite the server runs use:
-// 0.2.0-alpha.12, installed as the npm alias conformance-next. 0.1.16 (the
-// alias conformance) adds no server scenario to it: its 30 active server
-// scenarios at 2025-11-25 are all in 0.2.0-alpha.12, whose checks of them
-// are a superset (checked 2026-12-06 against go-sdk's everything-server), so
-// no server run uses 0.1.16.
-const conformanceSuite = "@modelcontextprotocol/conformance-next"
+// 0.2.0-alpha.12. 0.1.16, which the runs used before, adds no server
+// scenario to it: its 30 active server scenarios at 2025-11-25 are all in
+// 0.2.0-alpha.12, whose checks of them are a superset (checked 2026-12-06
+// against go-sdk's everything-server), so it is no longer installed.
+const conformanceSuite = "@modelcontextprotocol/conformance"
 
 // conformanceResult is one run of the suite's server scenarios.
 type conformanceResult struct {

@@ -62,8 +62,8 @@ func runSuite(t *testing.T, node, suite, dir, client string, args ...string) sui
 }
 
 // TestConformanceSuite runs the client scenarios of the MCP conformance
-// suite 0.2.0-alpha.12 (pinned in e2e/package-lock.json as
-// conformance-next) against this program (the broker's upstream client
+// suite 0.2.0-alpha.12 (pinned in e2e/package-lock.json) against this
+// program (the broker's upstream client
 // with upstreamauth), both what the 2026-07-28 revision requires and
 // every scenario (--suite all, the extensions included), and requires
 // all of them to pass, without warnings. go-sdk v1.8.0's everything-client
@@ -83,9 +83,9 @@ func TestConformanceSuite(t *testing.T) {
 	node := os.Getenv("ZIDANE_NODE")
 	modules := os.Getenv("ZIDANE_E2E_NODE_MODULES")
 	if node == "" || modules == "" {
-		t.Fatal("ZIDANE_E2E=1 needs ZIDANE_NODE (a Node 22 binary) and ZIDANE_E2E_NODE_MODULES (node_modules with @modelcontextprotocol/conformance-next)")
+		t.Fatal("ZIDANE_E2E=1 needs ZIDANE_NODE (a Node 22 binary) and ZIDANE_E2E_NODE_MODULES (node_modules with @modelcontextprotocol/conformance)")
 	}
-	suite := filepath.Join(modules, "@modelcontextprotocol", "conformance-next", "dist", "index.js")
+	suite := filepath.Join(modules, "@modelcontextprotocol", "conformance", "dist", "index.js")
 	if _, err := os.Stat(suite); err != nil {
 		t.Fatalf("the conformance suite 0.2.0-alpha.12 is not installed: %v", err)
 	}
