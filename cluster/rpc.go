@@ -80,7 +80,8 @@ type RPC struct {
 	ctx     context.Context // ends at Close: the handlers' base
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
-	started time.Time // a request sealed before it is a replay to this process
+	now     func() time.Time // the clock requests are dated and checked by
+	started time.Time        // a request sealed before it is a replay to this process
 
 	flightMu sync.Mutex
 	inFlight map[string]context.CancelFunc // request id -> its handler's cancel
@@ -115,6 +116,12 @@ type rpcReply struct {
 // letters, digits, - and _) with handler, and returns the RPC through which
 // this node calls the others'. Close stops serving.
 func (s *Storage) ServeRPC(service, node string, handler RPCHandler, log *slog.Logger) (*RPC, error) {
+	return s.serveRPC(service, node, handler, log, time.Now)
+}
+
+// serveRPC is ServeRPC on the clock now: tests drive a node at rates over
+// many seconds of a clock of their own.
+func (s *Storage) serveRPC(service, node string, handler RPCHandler, log *slog.Logger, now func() time.Time) (*RPC, error) {
 	if s.conn == nil {
 		return nil, errors.New("cluster rpc: this storage was not opened on a cluster connection")
 	}
@@ -137,7 +144,7 @@ func (s *Storage) ServeRPC(service, node string, handler RPCHandler, log *slog.L
 	r := &RPC{
 		nc: s.conn.nc, sealer: sl, prefix: "zidane.rpc." + s.opts.Bucket + "." + service + ".", self: node,
 		handler: handler, log: log, slots: make(chan struct{}, maxRPCInFlight),
-		ctx: ctx, cancel: cancel, seen: map[string]time.Time{}, started: time.Now(), inFlight: map[string]context.CancelFunc{},
+		ctx: ctx, cancel: cancel, seen: map[string]time.Time{}, now: now, started: now(), inFlight: map[string]context.CancelFunc{},
 	}
 	// Not a queue subscription: a node's subject is its own, and two
 	// processes under one node id (a misconfiguration the node registry
@@ -177,7 +184,7 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 	ctx, cancel := context.WithTimeout(ctx, MaxRPCWait)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
-	req := rpcRequest{ID: randomHex(16), From: r.self, At: time.Now().UnixMilli(), Deadline: deadline.UnixMilli(), Method: method, Body: body}
+	req := rpcRequest{ID: randomHex(16), From: r.self, At: r.now().UnixMilli(), Deadline: deadline.UnixMilli(), Method: method, Body: body}
 	data, _ := json.Marshal(req)
 	subject := r.prefix + node
 	sealed := r.sealer.seal(nil, data, []byte(subject))
@@ -236,7 +243,7 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 
 // abort tells the node that the caller of request id gave up on it.
 func (r *RPC) abort(subject, id string) {
-	data, _ := json.Marshal(rpcRequest{ID: id, Abort: true, From: r.self, At: time.Now().UnixMilli()})
+	data, _ := json.Marshal(rpcRequest{ID: id, Abort: true, From: r.self, At: r.now().UnixMilli()})
 	_ = r.nc.Publish(subject, r.sealer.seal(nil, data, []byte(subject)))
 }
 
@@ -249,7 +256,7 @@ func (r *RPC) serve(msg *nats.Msg) {
 	if json.Unmarshal(plain, &req) != nil || req.ID == "" || len(req.ID) > 64 {
 		return
 	}
-	now := time.Now()
+	now := r.now()
 	at := time.UnixMilli(req.At)
 	if at.Before(now.Add(-rpcFreshness)) || at.After(now.Add(rpcFreshness)) {
 		return
