@@ -3,7 +3,6 @@ package cluster
 import (
 	"encoding/hex"
 	"math/rand/v2"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -53,74 +52,98 @@ func (r *mapRPCSeen) take(id string, now time.Time) bool {
 // a node takes, from 8 goroutines at once, for the check before (one map
 // under one mutex) and now (internal/replay), on the same kind of
 // requests, in one run: it reports each one's ns/take and their ratio,
-// old/new. Each goroutine takes requests with new random ids from one of
-// three senders, dated by a clock shared by all that advances one
+// old/new (its ns/op is the two together). The two take turns, in ten
+// rounds of b.N/10 requests each, the first of a round alternating, so
+// that a machine busy with other work slows both alike. Each goroutine
+// takes requests with new random ids from one of three senders, dated by
+// a clock of each check's, shared by its goroutines, that advances one
 // request's share of a second at the rate; each check is given what serve
 // has (the id as sent, hex, the sender, the request's time and the node's
 // clock). At 3,000 a second the old check stays under its cap and both
 // take every request, so old/new is the cost of the check alone; at
 // 10,000 a second the old one fills after 6.5 s of the clock and refuses
-// most of what follows (old-refused/take), which the new one takes. Its
-// ns/op is the two checks' together.
+// most of what follows (old-refused/take), which the new one takes.
 func BenchmarkRPCReplayCheck(b *testing.B) {
+	const goroutines, rounds, grain = 8, 10, 64
 	senders := []string{"gw-0", "gw-1", "gw-2"}
-	// Eight goroutines however many CPUs: RunParallel starts
-	// parallelism × GOMAXPROCS.
-	parallelism := max(1, 8/runtime.GOMAXPROCS(0))
 	for _, rate := range []int{3_000, 10_000} {
 		b.Run("rate="+strconv.Itoa(rate), func(b *testing.B) {
 			old := &mapRPCSeen{seen: map[string]time.Time{}}
-			checks := map[string]func(from, id string, at int64, now time.Time) bool{
-				"old": func(_, id string, _ int64, now time.Time) bool { return old.take(id, now) },
-				"new": func() func(from, id string, at int64, now time.Time) bool {
-					c := replay.New(maxRPCIDs, rpcFreshness)
-					return func(from, id string, at int64, now time.Time) bool {
-						var nb [16]byte
-						if _, err := hex.Decode(nb[:], []byte(id)); err != nil {
-							b.Fatal(err)
-						}
-						return c.Take(from, nb, at, now) == replay.Taken
-					}
-				}(),
+			c := replay.New(maxRPCIDs, rpcFreshness)
+			type impl struct {
+				check    func(from, id string, at int64, now time.Time) bool
+				clock    atomic.Int64
+				spent    time.Duration
+				refusals atomic.Int64
 			}
-			spent := map[string]time.Duration{}
-			refused := map[string]int64{}
-			b.SetParallelism(parallelism)
-			b.ResetTimer()
-			for _, impl := range []string{"old", "new"} {
-				check := checks[impl]
-				start := time.Now()
-				step := time.Second / time.Duration(rate)
-				var clock, refusals atomic.Int64
-				var seed atomic.Uint64
-				began := time.Now()
-				b.RunParallel(func(pb *testing.PB) {
-					rng := rand.New(rand.NewPCG(seed.Add(1), 0x5eed))
+			impls := [2]*impl{
+				{check: func(_, id string, _ int64, now time.Time) bool { return old.take(id, now) }},
+				{check: func(from, id string, at int64, now time.Time) bool {
 					var nb [16]byte
-					buf := make([]byte, 32)
-					for pb.Next() {
-						now := start.Add(time.Duration(clock.Add(1)) * step)
-						for i := 0; i < 16; i += 8 {
-							v := rng.Uint64()
-							for j := range 8 {
-								nb[i+j] = byte(v >> (8 * j))
+					if _, err := hex.Decode(nb[:], []byte(id)); err != nil {
+						panic(err)
+					}
+					return c.Take(from, nb, at, now) == replay.Taken
+				}},
+			}
+			start := time.Now()
+			step := time.Second / time.Duration(rate)
+			var seed atomic.Uint64
+			// run has goroutines take n requests through im.
+			run := func(im *impl, n int) {
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				began := time.Now()
+				for range goroutines {
+					wg.Go(func() {
+						rng := rand.New(rand.NewPCG(seed.Add(1), 0x5eed))
+						var nb [16]byte
+						buf := make([]byte, 32)
+						// Requests in batches, as RunParallel hands them
+						// out: one counter for every request would be a
+						// line the goroutines contend for, measured with
+						// the checks.
+						for {
+							from := next.Add(grain) - grain
+							if from >= int64(n) {
+								return
+							}
+							for range min(grain, int64(n)-from) {
+								now := start.Add(time.Duration(im.clock.Add(1)) * step)
+								for i := 0; i < 16; i += 8 {
+									v := rng.Uint64()
+									for j := range 8 {
+										nb[i+j] = byte(v >> (8 * j))
+									}
+								}
+								hex.Encode(buf, nb[:])
+								if !im.check(senders[nb[1]%3], string(buf), now.UnixMilli(), now) {
+									im.refusals.Add(1)
+								}
 							}
 						}
-						hex.Encode(buf, nb[:])
-						if !check(senders[nb[1]%3], string(buf), now.UnixMilli(), now) {
-							refusals.Add(1)
-						}
-					}
-				})
-				spent[impl] = time.Since(began)
-				refused[impl] = refusals.Load()
+					})
+				}
+				wg.Wait()
+				im.spent += time.Since(began)
 			}
+			b.ResetTimer()
+			for round := range rounds {
+				n := b.N / rounds
+				if round < b.N%rounds {
+					n++
+				}
+				first := round % 2
+				run(impls[first], n)
+				run(impls[1-first], n)
+			}
+			b.StopTimer()
 			n := float64(b.N)
-			b.ReportMetric(float64(spent["old"].Nanoseconds())/n, "old-ns/take")
-			b.ReportMetric(float64(spent["new"].Nanoseconds())/n, "new-ns/take")
-			b.ReportMetric(float64(spent["old"])/float64(spent["new"]), "old/new")
-			b.ReportMetric(float64(refused["old"])/n, "old-refused/take")
-			b.ReportMetric(float64(refused["new"])/n, "new-refused/take")
+			b.ReportMetric(float64(impls[0].spent.Nanoseconds())/n, "old-ns/take")
+			b.ReportMetric(float64(impls[1].spent.Nanoseconds())/n, "new-ns/take")
+			b.ReportMetric(float64(impls[0].spent)/float64(impls[1].spent), "old/new")
+			b.ReportMetric(float64(impls[0].refusals.Load())/n, "old-refused/take")
+			b.ReportMetric(float64(impls[1].refusals.Load())/n, "new-refused/take")
 		})
 	}
 }
