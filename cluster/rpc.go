@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,18 +11,23 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/replay"
 )
 
 // Bounds of an RPC service.
 const (
 	// rpcFreshness is how far a request's time may be from the receiver's
-	// clock; the receiver remembers every request id it took for twice
-	// that, so none is carried out twice.
+	// clock; the receiver remembers every request id it took until the
+	// request's time plus that (the module's replay check,
+	// internal/replay), so none is carried out twice.
 	rpcFreshness = 10 * time.Second
-	// maxRPCSeen bounds the request ids a node remembers: past it, a new
-	// request is refused until older ones age out (about 3,200 requests a
-	// second sustained over 2*rpcFreshness).
-	maxRPCSeen = 65536
+	// maxRPCIDs bounds the request ids a node remembers, and so their
+	// memory: maxRPCIDs × replay.IDBytes (64 MiB). A node holds rate ×
+	// lifetime ids: about 52,000 requests a second at the usual lifetime
+	// of rpcFreshness (clocks in step), 26,000 at the worst of twice that.
+	// Past it, a new request is refused, its caller told to try again.
+	maxRPCIDs = 1 << 19
 	// maxRPCInFlight bounds the requests a node serves at once; one over
 	// it is refused at once rather than queued.
 	maxRPCInFlight = 256
@@ -66,7 +72,9 @@ type RPCHandler func(ctx context.Context, method string, body json.RawMessage) (
 // A NATS client without the cluster key reads neither, and makes neither a
 // request a node carries out nor a reply a caller takes. A request over
 // rpcFreshness old or new, or whose id the node already took (a replay),
-// is dropped unanswered.
+// is dropped unanswered; one that finds the node's replay check at its
+// memory bound (maxRPCIDs) is refused with a reply that says to try
+// again, never carried out without its id kept.
 type RPC struct {
 	nc      *nats.Conn
 	sealer  *sealer
@@ -80,23 +88,17 @@ type RPC struct {
 	ctx     context.Context // ends at Close: the handlers' base
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
-	started time.Time // a request sealed before it is a replay to this process
+	now     func() time.Time // the clock requests are dated and checked by
+	started time.Time        // a request sealed before it is a replay to this process
 
 	flightMu sync.Mutex
 	inFlight map[string]context.CancelFunc // request id -> its handler's cancel
 
-	mu    sync.Mutex
-	seen  map[string]time.Time // request id -> when it may be forgotten
-	order []seenID             // the same, oldest first
-}
-
-type seenID struct {
-	id     string
-	forget time.Time
+	seen *replay.Check // the ids of the requests taken
 }
 
 type rpcRequest struct {
-	ID       string          `json:"i"`
+	ID       string          `json:"i"`           // 128 random bits, hex
 	Abort    bool            `json:"x,omitempty"` // the caller gave up on request ID
 	From     string          `json:"f"`
 	At       int64           `json:"t"` // Unix milliseconds
@@ -115,6 +117,13 @@ type rpcReply struct {
 // letters, digits, - and _) with handler, and returns the RPC through which
 // this node calls the others'. Close stops serving.
 func (s *Storage) ServeRPC(service, node string, handler RPCHandler, log *slog.Logger) (*RPC, error) {
+	return s.serveRPC(service, node, handler, log, time.Now, maxRPCIDs)
+}
+
+// serveRPC is ServeRPC on the clock now, remembering at most maxIDs
+// request ids: tests drive a node at rates over many seconds of a clock
+// of their own, and fill a small replay check.
+func (s *Storage) serveRPC(service, node string, handler RPCHandler, log *slog.Logger, now func() time.Time, maxIDs int) (*RPC, error) {
 	if s.conn == nil {
 		return nil, errors.New("cluster rpc: this storage was not opened on a cluster connection")
 	}
@@ -137,7 +146,7 @@ func (s *Storage) ServeRPC(service, node string, handler RPCHandler, log *slog.L
 	r := &RPC{
 		nc: s.conn.nc, sealer: sl, prefix: "zidane.rpc." + s.opts.Bucket + "." + service + ".", self: node,
 		handler: handler, log: log, slots: make(chan struct{}, maxRPCInFlight),
-		ctx: ctx, cancel: cancel, seen: map[string]time.Time{}, started: time.Now(), inFlight: map[string]context.CancelFunc{},
+		ctx: ctx, cancel: cancel, seen: replay.New(maxIDs, rpcFreshness), now: now, started: now(), inFlight: map[string]context.CancelFunc{},
 	}
 	// Not a queue subscription: a node's subject is its own, and two
 	// processes under one node id (a misconfiguration the node registry
@@ -177,7 +186,7 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 	ctx, cancel := context.WithTimeout(ctx, MaxRPCWait)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
-	req := rpcRequest{ID: randomHex(16), From: r.self, At: time.Now().UnixMilli(), Deadline: deadline.UnixMilli(), Method: method, Body: body}
+	req := rpcRequest{ID: randomHex(16), From: r.self, At: r.now().UnixMilli(), Deadline: deadline.UnixMilli(), Method: method, Body: body}
 	data, _ := json.Marshal(req)
 	subject := r.prefix + node
 	sealed := r.sealer.seal(nil, data, []byte(subject))
@@ -236,7 +245,7 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 
 // abort tells the node that the caller of request id gave up on it.
 func (r *RPC) abort(subject, id string) {
-	data, _ := json.Marshal(rpcRequest{ID: id, Abort: true, From: r.self, At: time.Now().UnixMilli()})
+	data, _ := json.Marshal(rpcRequest{ID: id, Abort: true, From: r.self, At: r.now().UnixMilli()})
 	_ = r.nc.Publish(subject, r.sealer.seal(nil, data, []byte(subject)))
 }
 
@@ -246,10 +255,14 @@ func (r *RPC) serve(msg *nats.Msg) {
 		return // not from a node of this cluster, or sealed for another node
 	}
 	var req rpcRequest
-	if json.Unmarshal(plain, &req) != nil || req.ID == "" || len(req.ID) > 64 {
+	var id [16]byte
+	if json.Unmarshal(plain, &req) != nil || len(req.ID) != hex.EncodedLen(len(id)) {
 		return
 	}
-	now := time.Now()
+	if _, err := hex.Decode(id[:], []byte(req.ID)); err != nil {
+		return
+	}
+	now := r.now()
 	at := time.UnixMilli(req.At)
 	if at.Before(now.Add(-rpcFreshness)) || at.After(now.Add(rpcFreshness)) {
 		return
@@ -286,11 +299,14 @@ func (r *RPC) serve(msg *nats.Msg) {
 		reply(rpcReply{Err: "this node restarted after the request was sent; send it again"})
 		return
 	}
-	if !r.take(req.ID, now) {
-		if r.full() {
-			reply(rpcReply{Err: "this node is taking too many requests; try again shortly"})
-		}
-		return // a replay: carried out once already
+	switch r.seen.Take(req.From, id, req.At, now) {
+	case replay.Replayed, replay.Stale:
+		return // a replay: carried out once already, or too old to tell
+	case replay.Full:
+		// Not taken, since its id could not be kept: the caller may send
+		// it again once older ones expire.
+		reply(rpcReply{Err: "this node holds as many recent requests from other replicas as its memory bound for the replay check allows; try again in a second"})
+		return
 	}
 	select {
 	case r.slots <- struct{}{}:
@@ -325,30 +341,4 @@ func (r *RPC) serve(msg *nats.Msg) {
 		}
 		reply(rpcReply{Body: body})
 	}()
-}
-
-// take records request id, unless it was taken already or the record is
-// full.
-func (r *RPC) take(id string, now time.Time) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for len(r.order) > 0 && now.After(r.order[0].forget) {
-		if r.seen[r.order[0].id] == r.order[0].forget {
-			delete(r.seen, r.order[0].id)
-		}
-		r.order = r.order[1:]
-	}
-	if _, dup := r.seen[id]; dup || len(r.seen) >= maxRPCSeen {
-		return false
-	}
-	forget := now.Add(2 * rpcFreshness)
-	r.seen[id] = forget
-	r.order = append(r.order, seenID{id, forget})
-	return true
-}
-
-func (r *RPC) full() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.seen) >= maxRPCSeen
 }

@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/replay"
 )
 
 // rpcNode serves service "svc" as node on a connection of its own; calls
@@ -275,22 +276,89 @@ func TestRPCDeadlineReachesTheHandler(t *testing.T) {
 	}
 }
 
-func TestRPCSeenIsBounded(t *testing.T) {
-	r := &RPC{seen: map[string]time.Time{}}
-	now := time.Now()
-	for i := range maxRPCSeen {
-		if !r.take(strconv.Itoa(i), now) {
-			t.Fatalf("request %d refused", i)
+// A node whose replay check is full refuses a new request with a reply
+// that tells its caller to try again, and still drops every request it
+// took when it comes again: it never makes room by forgetting an id whose
+// request is not stale. Once the window passes, requests are taken again.
+func TestRPCFullReplayCheckRefusesClearly(t *testing.T) {
+	clock := &testClock{start: time.Now(), step: time.Millisecond}
+	url := startNATS(t)
+	var calls atomic.Int64
+	st, nc := newStorage(t, url, StorageOptions{Bucket: "rpc"})
+	st.conn = &Conn{nc: nc}
+	b, err := st.serveRPC("svc", "b", echo(&calls), nil, clock.now, replay.Shards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	send := connect(t, url)
+	inbox := nats.NewInbox()
+	replies, err := send.SubscribeSync(inbox + ".*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const subject = "zidane.rpc.rpc.svc.b"
+	// request sends a new request, sealed as Call seals it, and returns
+	// its bytes and b's answer.
+	request := func() ([]byte, rpcReply) {
+		t.Helper()
+		id := randomHex(16)
+		req, _ := json.Marshal(rpcRequest{ID: id, From: "a", At: clock.tick().UnixMilli(), Method: "read"})
+		sealed := b.sealer.seal(nil, req, []byte(subject))
+		if err := send.PublishRequest(subject, inbox+"."+id, sealed); err != nil {
+			t.Fatal(err)
+		}
+		m, err := replies.NextMsgWithContext(testCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep rpcReply
+		plain, err := b.sealer.open(m.Data, []byte("reply "+id))
+		if err != nil || m.Subject != inbox+"."+id || json.Unmarshal(plain, &rep) != nil || rep.ID != id {
+			t.Fatalf("an answer on %s that is not b's to request %s: %v", m.Subject, id, err)
+		}
+		return sealed, rep
+	}
+	var taken [][]byte
+	for {
+		if len(taken) > 100*replay.Shards {
+			t.Fatalf("%d requests taken by a check bounded to %d ids", len(taken), replay.Shards)
+		}
+		sealed, rep := request()
+		if rep.Err != "" {
+			if !strings.Contains(rep.Err, "try again in a second") || !strings.Contains(rep.Err, "memory bound") {
+				t.Fatalf("a request into a full check: %q, want a refusal that says to try again", rep.Err)
+			}
+			break
+		}
+		taken = append(taken, sealed)
+	}
+	if len(taken) > replay.Shards {
+		t.Fatalf("%d requests taken by a check bounded to %d ids", len(taken), replay.Shards)
+	}
+	for _, sealed := range taken {
+		if err := send.PublishRequest(subject, inbox+".replay", sealed); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if r.take("one more", now) {
-		t.Fatal("a request past the bound was taken")
+	// b reads them before the request after them on this connection,
+	// which it answers (taking it if its shard has room).
+	if _, rep := request(); rep.Err == "" {
+		taken = append(taken, nil)
 	}
-	if r.take("0", now.Add(2*rpcFreshness+time.Second)) != true {
-		t.Fatal("an id forgotten after its time was refused")
+	// Once the window passes, requests are taken again: the shard a
+	// request reaches forgets its stale ids first.
+	clock.ticks.Add(int64((rpcFreshness + time.Second) / clock.step))
+	if _, rep := request(); rep.Err != "" {
+		t.Fatalf("a request after the window: %q", rep.Err)
 	}
-	if len(r.seen) != 1 {
-		t.Fatalf("%d ids kept after they aged out", len(r.seen))
+	b.Close() // its handlers have all returned
+	if calls.Load() != int64(len(taken))+1 {
+		t.Fatalf("b carried out %d requests, want the %d it took and the one after the window, not the replays", calls.Load(), len(taken)+1)
+	}
+	if pending, _, _ := replies.Pending(); pending != 0 {
+		m, _ := replies.NextMsg(time.Second)
+		t.Fatalf("%d answers to replayed requests, first on %s", pending, m.Subject)
 	}
 }
 
@@ -368,4 +436,114 @@ func recordFirst(t *testing.T, spy *nats.Conn, subject string) (recorded <-chan 
 		t.Fatal(err)
 	}
 	return ch, func() { _ = sub.Unsubscribe() }
+}
+
+// testClock is a clock that a test moves: each tick is one request's
+// share of a second at the rate the test drives.
+type testClock struct {
+	start time.Time
+	step  time.Duration
+	ticks atomic.Int64
+}
+
+func (c *testClock) now() time.Time  { return c.start.Add(time.Duration(c.ticks.Load()) * c.step) }
+func (c *testClock) tick() time.Time { return c.start.Add(time.Duration(c.ticks.Add(1)) * c.step) }
+
+// A node takes requests at a rate far above what a fixed count of ids for
+// the window allows (65,536 ids kept 20 s capped it at about 3,200 a
+// second): 80,000 requests from 8 senders over 20 s of the node's clock,
+// 4,000 a second, are all answered, and one in 1,000, recorded and sent
+// again about 1,000 requests (a quarter of a second) later as a spy would,
+// is dropped. The senders seal their requests as Call does, each on a tick
+// of the clock, and send them 16 at a time, for the test to take seconds,
+// not minutes: 8 senders × 16 requests, twice over for those answered
+// whose slot is not free yet, stay within the 256 a node serves at once.
+func TestRPCTakesAHighRate(t *testing.T) {
+	const rate, seconds, senders, batch = 4_000, 20, 8, 16
+	const n = rate * seconds
+	clock := &testClock{start: time.Now(), step: time.Second / rate}
+	url := startNATS(t)
+	var calls atomic.Int64
+	st, nc := newStorage(t, url, StorageOptions{Bucket: "rpc"})
+	st.conn = &Conn{nc: nc}
+	b, err := st.serveRPC("svc", "b", echo(&calls), nil, clock.now, maxRPCIDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	const subject = "zidane.rpc.rpc.svc.b"
+	ctx := testCtx(t)
+	var answered, replayed atomic.Int64
+	errs := make(chan error, senders)
+	for w := range senders {
+		go func() {
+			errs <- func() error {
+				send := connect(t, url)
+				// Each request is answered on an inbox of its own id.
+				inbox := nats.NewInbox()
+				replies, err := send.SubscribeSync(inbox + ".*")
+				if err != nil {
+					return err
+				}
+				var recorded []byte
+				for sent := 0; sent < n/senders; {
+					waiting := map[string]bool{}
+					for range batch {
+						id := randomHex(16)
+						req, _ := json.Marshal(rpcRequest{ID: id, From: "a", At: clock.tick().UnixMilli(), Method: "read"})
+						sealed := b.sealer.seal(nil, req, []byte(subject))
+						if err := send.PublishRequest(subject, inbox+"."+id, sealed); err != nil {
+							return err
+						}
+						waiting[id] = true
+						switch sent % 1000 {
+						case 0:
+							recorded = sealed
+						case 1000 / senders:
+							// The recorded one again: b reads it before the
+							// requests sent after it on this connection.
+							if err := send.PublishRequest(subject, inbox+".replay", recorded); err != nil {
+								return err
+							}
+							replayed.Add(1)
+						}
+						sent++
+					}
+					for len(waiting) > 0 {
+						m, err := replies.NextMsgWithContext(ctx)
+						if err != nil {
+							return fmt.Errorf("sender %d: %d of %d requests answered: %w", w, answered.Load(), n, err)
+						}
+						id := strings.TrimPrefix(m.Subject, inbox+".")
+						if !waiting[id] {
+							return fmt.Errorf("sender %d: an answer on %s, to no request waiting for one (a replay carried out?)", w, m.Subject)
+						}
+						delete(waiting, id)
+						plain, err := b.sealer.open(m.Data, []byte("reply "+id))
+						var rep rpcReply
+						if err != nil || json.Unmarshal(plain, &rep) != nil || rep.ID != id || rep.Err != "" {
+							return fmt.Errorf("sender %d, request %d, at %v of the clock (%d a second): %q (%v)", w, sent, clock.now().Sub(clock.start).Round(time.Millisecond), rate, rep.Err, err)
+						}
+						answered.Add(1)
+					}
+				}
+				if pending, _, _ := replies.Pending(); pending != 0 {
+					return fmt.Errorf("sender %d: %d answers to replayed requests", w, pending)
+				}
+				return nil
+			}()
+		}()
+	}
+	for range senders {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Close() // its handlers have all returned
+	if calls.Load() != n || answered.Load() != n {
+		t.Fatalf("b carried out %d requests and answered %d of the %d sent (and %d replays)", calls.Load(), answered.Load(), n, replayed.Load())
+	}
+	if replayed.Load() != n/1000 {
+		t.Fatalf("%d replays sent, want %d", replayed.Load(), n/1000)
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/replay"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -82,12 +83,14 @@ func HopParamHeaders(h http.Header) []string {
 // HopKey signs and checks hops with a key derived from the cluster key.
 type HopKey struct {
 	key    []byte
-	replay *replayCheck
+	replay *replay.Check
 }
 
 // NewHopKey returns a HopKey for key (derived from the cluster key for
 // the hop; every replica has the same).
-func NewHopKey(key []byte) *HopKey { return &HopKey{key: key, replay: newReplayCheck(MaxHopNonces)} }
+func NewHopKey(key []byte) *HopKey {
+	return &HopKey{key: key, replay: replay.New(MaxHopNonces, HopFreshness)}
+}
 
 // HopClaims is what a checked hop says.
 type HopClaims struct {
@@ -310,7 +313,7 @@ func (k *HopKey) Verify(r *http.Request, uri string, body []byte, self, route st
 	if _, err := hex.Decode(nb[:], []byte(nonce)); err != nil {
 		return HopClaims{}, hopRefused("hop_malformed", "the Zidane-Hop nonce is not hexadecimal")
 	}
-	if v := k.replay.check(from, nb, ms, now); !v.Allowed() {
+	if v := k.checkNonce(from, nb, ms, now); !v.Allowed() {
 		return HopClaims{}, v
 	}
 	return HopClaims{From: from, To: to, At: ms, Nonce: nonce, TokenID: p.ID, Scopes: p.Scopes, JWT: credential, Client: client}, Verdict{}

@@ -74,13 +74,13 @@ func BenchmarkHopReplayCheck(b *testing.B) {
 					old := &mapReplayCheck{seen: map[string]time.Time{}}
 					check = func(from, nonce string, _ int64, now time.Time) Verdict { return old.fresh(from+"|"+nonce, now) }
 				default:
-					c := newReplayCheck(MaxHopNonces)
+					k := NewHopKey(make([]byte, 32))
 					check = func(from, nonce string, at int64, now time.Time) Verdict {
 						var nb [16]byte
 						if _, err := hex.Decode(nb[:], []byte(nonce)); err != nil {
 							b.Fatal(err)
 						}
-						return c.check(from, nb, at, now)
+						return k.checkNonce(from, nb, at, now)
 					}
 				}
 				start := time.Now()
