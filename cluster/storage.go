@@ -90,6 +90,9 @@ type Storage struct {
 	// stalled, in tests, stops renewals the way a paused process would:
 	// no renewal runs and none fails.
 	stalled atomic.Bool
+
+	// watchResync, in tests, replaces WatchResync.
+	watchResync time.Duration
 }
 
 type heldLock struct {

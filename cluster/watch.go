@@ -32,6 +32,12 @@ const (
 	// made again. [NodeArea] checks its watch the same way.
 	WatchCheck = 2 * time.Second
 
+	// WatchResync is how often [Storage.Watch] calls fn though nothing
+	// seems to have changed: fn reads what is stored, and a read that
+	// failed (NATS answered nothing for longer than its retries, then
+	// came back without the connection going) is done again within it.
+	WatchResync = 30 * time.Second
+
 	// A watch that could not be made, or that ended on its own, is made
 	// again after watchRetryMin, doubling up to watchRetryMax: no tight
 	// loop while NATS answers nothing, and a prompt one once it does. A
@@ -168,21 +174,32 @@ func (s *Storage) lastRevision(ctx context.Context, subject string) (uint64, err
 // same: when the connection comes back after it was lost, the watch is
 // made again and fn called (a write made while no watch ran is then
 // read), and every WatchCheck the key's last revision is read from the
-// stream's leader, fn being called if the watch has not told it. fn may be
-// called when nothing changed; writes close together may be told once.
+// stream's leader, fn being called if the watch has not told it. fn is
+// also called every WatchResync, so that a read of fn's that failed is
+// done again. fn may be called when nothing changed; writes close
+// together may be told once.
 func (s *Storage) Watch(ctx context.Context, key string, fn func()) {
 	k, err := kvKey(key)
 	if err != nil {
 		return
 	}
 	subject := "$KV." + s.opts.Bucket + "." + k
+	resync := WatchResync
+	if s.watchResync != 0 {
+		resync = s.watchResync
+	}
 	var (
-		told    uint64 // the last revision fn was called for
-		known   bool   // told was read
-		brought uint64 // the last revision the current watch brought, or there when it began
-		based   bool   // brought was read
-		missed  uint64 // a revision the last check found and the watch had not brought
+		called  time.Time // when fn was last called
+		told    uint64    // the last revision fn was called for
+		known   bool      // told was read
+		brought uint64    // the last revision the current watch brought, or there when it began
+		based   bool      // brought was read
+		missed  uint64    // a revision the last check found and the watch had not brought
 	)
+	call := func() {
+		called = time.Now()
+		fn()
+	}
 	s.keepWatching(ctx, watching{
 		open: func(ctx context.Context) (jetstream.KeyWatcher, error) {
 			return s.data.Watch(ctx, k, jetstream.UpdatesOnly())
@@ -194,7 +211,7 @@ func (s *Storage) Watch(ctx context.Context, key string, fn func()) {
 			if last, err := s.lastRevision(ctx, subject); err == nil {
 				told, known, brought, based = max(told, last), true, last, true
 			}
-			fn()
+			call()
 		},
 		take: func(e jetstream.KeyValueEntry) {
 			if e == nil {
@@ -202,7 +219,7 @@ func (s *Storage) Watch(ctx context.Context, key string, fn func()) {
 			}
 			brought = max(brought, e.Revision())
 			told = max(told, brought)
-			fn()
+			call()
 		},
 		every: WatchCheck,
 		check: func() bool {
@@ -218,7 +235,9 @@ func (s *Storage) Watch(ctx context.Context, key string, fn func()) {
 			}
 			if !known || last > told {
 				told, known = last, true
-				fn()
+				call()
+			} else if time.Since(called) >= resync {
+				call()
 			}
 			missed = 0
 			if last > brought {

@@ -352,3 +352,49 @@ func TestNodesRecoverWhenTheirConsumerIsLost(t *testing.T) {
 	}
 	t.Logf("a saw c %v after it started", time.Since(started).Round(time.Millisecond))
 }
+
+// Watch calls fn again every WatchResync though nothing was written, so a
+// read of fn's that failed is done again: here the read fn makes when the
+// watch is up fails (as when NATS answers nothing for longer than the read
+// waits), nothing is written after, and the value is read all the same
+// within the resync period.
+func TestWatchReadsAgainAfterAFailedRead(t *testing.T) {
+	url := startNATS(t)
+	a := dialStorage(t, url, StorageOptions{})
+	b := dialStorage(t, url, StorageOptions{})
+	const resync = time.Second
+	b.watchResync = resync
+	const key = "zidane/oauth/up.json"
+	if err := a.Store(testCtx(t), key, []byte("stored")); err != nil {
+		t.Fatal(err)
+	}
+	got := &values{ch: make(chan struct{}, 1)}
+	failed := make(chan struct{})
+	calls := 0
+	wctx, stop := context.WithCancel(testCtx(t))
+	done := make(chan struct{})
+	t.Cleanup(func() { stop(); <-done })
+	go func() {
+		defer close(done)
+		b.Watch(wctx, key, func() {
+			calls++
+			lctx, cancel := context.WithTimeout(wctx, 10*time.Second)
+			defer cancel()
+			if calls == 1 {
+				cancel()
+			}
+			v, err := b.Load(lctx, key)
+			switch {
+			case calls == 1 && err == nil:
+				t.Error("a read with an ended context succeeded")
+			case calls == 1:
+				close(failed)
+			case err == nil:
+				got.add(string(v))
+			}
+		})
+	}()
+	<-failed
+	lag := got.wait(t, "stored", WatchCheck+resync+watchRecoverBound, "a value whose first read failed")
+	t.Logf("read again %v after the read that failed", lag.Round(time.Millisecond))
+}
