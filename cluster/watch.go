@@ -18,12 +18,14 @@ import (
 // there until it makes a new consumer, which it does only when its
 // activity check (every two idle heartbeats, 2 × 5 s) finds that a whole
 // period passed with neither a message nor a heartbeat: 10 to 20 s after
-// the server went, a write made just after a restart reached the watcher
-// 19 s later (measured with nats-server 2.15.2). So each watch here is
-// made again as soon as the connection comes back, is checked against
-// the stream's leader every WatchCheck (a consumer lost while the
-// connection stayed up), and tells its caller to read again whenever it
-// may have missed a write.
+// the last heartbeat before the server went, and 10 s more each time that
+// new consumer cannot be made yet (JetStream not ready: resetOrderedConsumer
+// leaves it to the next check). Measured with nats-server 2.15.2, a write
+// made just after a restart reached the watcher 9 to 19 s later. So each
+// watch here is made again as soon as the connection comes back, is
+// checked against the stream's leader every WatchCheck (a consumer lost
+// while the connection stayed up), and tells its caller to read again
+// whenever it may have missed a write.
 const (
 	// WatchCheck is how often [Storage.Watch] reads the key's last
 	// revision from the stream's leader, and calls fn if the watch has not
