@@ -52,7 +52,10 @@ func (e *oauthEntry) Destruct() error {
 
 // watchRecord, on NATS storage, has c read its stored record again each
 // time another replica writes it (a login, a logout, a renewal), so that
-// a logout on one replica stops the token's use on every other at once.
+// a logout on one replica stops the token's use on every other at once; a
+// write the watch missed (NATS restarted) is read within
+// cluster.WatchCheck (2 s), and the record is read again every
+// cluster.WatchResync (30 s) whatever happened, after a read that failed.
 func watchRecord(st storage.Storage, name string, c *upstreamauth.Client, logger *zap.Logger) context.CancelFunc {
 	cs, ok := st.(*cluster.Storage)
 	if !ok {

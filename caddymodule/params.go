@@ -81,13 +81,15 @@ const (
 
 // shareParams shares ph with every replica on st under key until ctx ends:
 // it takes in what is stored when it starts and each time another replica
-// writes it (a watch), and writes ph, with what is stored merged in, each
-// time ph learns something (at most once per paramsMinGap). Writes are one
-// at a time and after the change that asked for them, so the last write
-// holds all that was learned before it; two replicas writing at once may
-// each drop what the other just wrote, which the next listing on either
-// writes again. Storage errors are logged; the bindings this replica
-// learned stay in use.
+// writes it (a watch, which tells a write it missed within
+// cluster.WatchCheck, 2 s, and has it read again every
+// cluster.WatchResync, 30 s, whatever happened), and writes ph, with what
+// is stored merged in, each time ph learns something (at most once per
+// paramsMinGap). Writes are one at a time and after the change that asked
+// for them, so the last write holds all that was learned before it; two
+// replicas writing at once may each drop what the other just wrote, which
+// the next listing on either writes again. Storage errors are logged; the
+// bindings this replica learned stay in use.
 func shareParams(ctx context.Context, st *cluster.Storage, key string, ph *edge.ParamHeaders, log *zap.Logger) {
 	changed := make(chan struct{}, 1)
 	ph.OnChange(func() {

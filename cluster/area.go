@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -93,63 +92,77 @@ func (a *NodeArea) NodeKey(node, name string) string {
 	return "zidane/nodes/" + node + "/" + a.area + "/" + name
 }
 
-// run keeps a watch on the area, starting it again (and reading every
-// value again) when it ends, as it does when NATS was away.
+// run keeps a watch on the area, making it again (and reading every value
+// again) when it ends, when the connection comes back after it was lost,
+// and when it falls behind the stream's leader by a whole WatchCheck (its
+// consumer was lost): see keepWatching.
 func (a *NodeArea) run(ctx context.Context) {
 	defer close(a.done)
-	for ctx.Err() == nil {
-		a.watch(ctx)
-		a.mu.Lock()
-		a.ready = false
-		a.mu.Unlock()
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
-}
-
-func (a *NodeArea) watch(ctx context.Context) {
-	w, err := a.s.data.Watch(ctx, a.filter)
-	if err != nil {
-		if ctx.Err() == nil {
-			a.log.Warn("following the nodes' shared entries failed; trying again", "area", a.area, "error", err)
-		}
-		return
-	}
-	defer func() { _ = w.Stop() }()
-	// Until the watch has brought what there was, the values build up
-	// aside: Each goes on giving the last complete copy.
-	fresh := map[string]areaValue{}
-	var rev uint64
-	initial := true
-	for e := range w.Updates() {
-		if e == nil {
+	var (
+		fresh   map[string]areaValue // the initial values, built up aside
+		initial bool                 // the watch is still bringing what there was
+		rev     uint64               // the last revision the current watch brought
+		missed  uint64               // a revision the last check found and the watch had not brought
+	)
+	a.s.keepWatching(ctx, watching{
+		open: func(ctx context.Context) (jetstream.KeyWatcher, error) {
+			w, err := a.s.data.Watch(ctx, a.filter)
+			if err != nil && ctx.Err() == nil {
+				a.log.Warn("following the nodes' shared entries failed; trying again", "area", a.area, "error", err)
+			}
+			return w, err
+		},
+		began: func() {
+			// Until the watch has brought what there was, Each goes on
+			// giving the last complete copy, and Sync waits.
 			a.mu.Lock()
-			a.vals, a.rev, a.ready = fresh, max(a.rev, rev), true
+			a.ready = false
+			a.mu.Unlock()
+			fresh, initial, rev, missed = map[string]areaValue{}, true, 0, 0
+		},
+		take: func(e jetstream.KeyValueEntry) {
+			if e == nil {
+				a.mu.Lock()
+				a.vals, a.rev, a.ready = fresh, max(a.rev, rev), true
+				a.mu.Unlock()
+				a.cond.Broadcast()
+				initial = false
+				return
+			}
+			a.mu.Lock()
+			hook := a.beforeApply
+			a.mu.Unlock()
+			if hook != nil {
+				hook(e.Key())
+			}
+			key, v, ok := a.open(ctx, e)
+			rev = max(rev, e.Revision())
+			if initial {
+				put(fresh, key, v, ok)
+				return
+			}
+			a.mu.Lock()
+			put(a.vals, key, v, ok)
+			a.rev = max(a.rev, rev)
 			a.mu.Unlock()
 			a.cond.Broadcast()
-			initial = false
-			continue
-		}
-		a.mu.Lock()
-		hook := a.beforeApply
-		a.mu.Unlock()
-		if hook != nil {
-			hook(e.Key())
-		}
-		key, v, ok := a.open(ctx, e)
-		if initial {
-			put(fresh, key, v, ok)
-			rev = max(rev, e.Revision())
-			continue
-		}
-		a.mu.Lock()
-		put(a.vals, key, v, ok)
-		a.rev = max(a.rev, e.Revision())
-		a.mu.Unlock()
-		a.cond.Broadcast()
-	}
+		},
+		every: WatchCheck,
+		check: func() bool {
+			last, err := a.s.lastRevision(ctx, a.subject)
+			if err != nil {
+				return true // NATS is away: the reconnection makes the watch again
+			}
+			if missed != 0 && rev < missed {
+				return false
+			}
+			missed = 0
+			if last > rev {
+				missed = last
+			}
+			return true
+		},
+	})
 }
 
 func put(vals map[string]areaValue, key string, v areaValue, ok bool) {

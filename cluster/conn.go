@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -91,6 +92,32 @@ type Conn struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	files []string // the secret files the connection was made with
+
+	mu   sync.Mutex
+	back chan struct{} // closed when the connection comes back after it was lost
+}
+
+// reconnected is closed the next time the connection comes back after it
+// was lost. The watches start again then: the consumer behind each lived
+// in the memory of the server it was made on, which may be gone (NATS
+// restarted), and nats.go alone would notice only after two missed
+// heartbeats (see Storage.Watch).
+func (c *Conn) reconnected() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.back == nil {
+		c.back = make(chan struct{})
+	}
+	return c.back
+}
+
+func (c *Conn) noteReconnected() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.back != nil {
+		close(c.back)
+	}
+	c.back = make(chan struct{})
 }
 
 // SecretFiles are the files that hold what authenticates this connection
@@ -108,6 +135,7 @@ func Dial(c ConnConfig) (*Conn, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	conn := &Conn{}
 	opts := []nats.Option{
 		nats.Name(c.Name),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
@@ -122,7 +150,10 @@ func Dial(c ConnConfig) (*Conn, error) {
 				log.Warn("NATS connection lost; reconnecting", "error", err)
 			}
 		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted()) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted())
+			conn.noteReconnected()
+		}),
 		nats.Timeout(5 * time.Second),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
@@ -157,7 +188,8 @@ func Dial(c ConnConfig) (*Conn, error) {
 			files = append(files, f)
 		}
 	}
-	return &Conn{nc: nc, js: js, files: files}, nil
+	conn.nc, conn.js, conn.files = nc, js, files
+	return conn, nil
 }
 
 // Close closes the connection.

@@ -16,6 +16,12 @@
 // sessions directory), which every node follows with one watch and reads
 // caught up.
 //
+// A watch ([Storage.Watch], a node area's, the node registry's) is made
+// again as soon as the connection comes back after it was lost, and
+// checked against the stream's leader every [WatchCheck]: NATS keeps the
+// consumer behind a watch in one server's memory, and a restart of NATS
+// loses it (see watch.go).
+//
 // The storage:
 //
 //   - values live in a KV bucket ("zidane" by default), one entry per key;

@@ -101,9 +101,10 @@ type Nodes struct {
 	ttl      time.Duration
 	log      *slog.Logger
 	started  time.Time
-	watcher  jetstream.KeyWatcher
 	stop     chan struct{}
-	done     chan struct{}
+	done     chan struct{} // the heartbeats ended
+	unwatch  context.CancelFunc
+	watched  chan struct{} // the watch ended
 	closeOne sync.Once
 	lastRev  atomic.Uint64 // the revision of this node's last heartbeat
 
@@ -153,19 +154,16 @@ func (s *Storage) StartNodes(ctx context.Context, opts NodeOptions) (*Nodes, err
 	n := &Nodes{
 		st: s, kv: kv, sealer: sl, bucket: bucket, ttl: opts.TTL, log: log, started: time.Now(),
 		self: nodeEntry{Node: opts.Node, Advertise: opts.Advertise, Instance: cmp.Or(opts.instance, processInstance)},
-		stop: make(chan struct{}), done: make(chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{}), watched: make(chan struct{}),
 		nodes: map[string]nodeSeen{},
 	}
 	if err := n.beat(ctx); err != nil {
 		return nil, fmt.Errorf("node registry: registering node %q: %w", opts.Node, err)
 	}
-	w, err := kv.WatchAll(context.Background())
-	if err != nil {
-		_ = kv.Delete(ctx, nodeKey(opts.Node))
-		return nil, fmt.Errorf("node registry: watching %q: %w", bucket, err)
-	}
-	n.watcher = w
 	go n.run()
+	wctx, unwatch := context.WithCancel(context.Background())
+	n.unwatch = unwatch
+	go n.watch(wctx)
 	s.nodes.Store(n)
 	return n, nil
 }
@@ -196,6 +194,38 @@ func (n *Nodes) beat(ctx context.Context) error {
 	return err
 }
 
+// watch follows the bucket until the registry closes: a watch of every
+// entry, made again when it ends, when the connection comes back after it
+// was lost, and when this node's own heartbeat, written a heartbeat ago,
+// has not come back through it (its consumer was lost): see keepWatching.
+// A new watch brings every entry there is.
+func (n *Nodes) watch(ctx context.Context) {
+	defer close(n.watched)
+	self := nodeKey(n.self.Node)
+	var heard, expect uint64 // the revisions of this node's heartbeat the watch brought, and should have
+	n.st.keepWatching(ctx, watching{
+		open:  func(ctx context.Context) (jetstream.KeyWatcher, error) { return n.kv.WatchAll(ctx) },
+		began: func() { heard, expect = 0, 0 },
+		take: func(e jetstream.KeyValueEntry) {
+			if e == nil {
+				return
+			}
+			if e.Key() == self {
+				heard = max(heard, e.Revision())
+			}
+			n.apply(e)
+		},
+		every: n.ttl / 3,
+		check: func() bool {
+			if expect != 0 && heard < expect {
+				return false
+			}
+			expect = n.lastRev.Load()
+			return true
+		},
+	})
+}
+
 func (n *Nodes) run() {
 	defer close(n.done)
 	t := time.NewTicker(n.ttl / 3)
@@ -205,13 +235,6 @@ func (n *Nodes) run() {
 		select {
 		case <-n.stop:
 			return
-		case entry, ok := <-n.watcher.Updates():
-			if !ok {
-				return
-			}
-			if entry != nil {
-				n.apply(entry)
-			}
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), n.ttl/3)
 			err := n.beat(ctx)
@@ -382,7 +405,8 @@ func (n *Nodes) Close() {
 		n.st.nodes.CompareAndSwap(n, nil)
 		close(n.stop)
 		<-n.done
-		_ = n.watcher.Stop()
+		n.unwatch()
+		<-n.watched
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = n.kv.Delete(ctx, nodeKey(n.self.Node), jetstream.LastRevision(n.lastRev.Load()))

@@ -90,6 +90,9 @@ type Storage struct {
 	// stalled, in tests, stops renewals the way a paused process would:
 	// no renewal runs and none fails.
 	stalled atomic.Bool
+
+	// watchResync, in tests, replaces WatchResync.
+	watchResync time.Duration
 }
 
 type heldLock struct {
@@ -928,29 +931,3 @@ var (
 	_ certmagic.TryLocker        = (*Storage)(nil)
 	_ certmagic.LockLeaseRenewer = (*Storage)(nil)
 )
-
-// Watch calls fn each time key is written or deleted, by any replica,
-// until ctx ends. It comes back by itself after NATS was away; callers
-// that must not miss a change also poll (a watch is the fast path, not
-// the only one).
-func (s *Storage) Watch(ctx context.Context, key string, fn func()) {
-	k, err := kvKey(key)
-	if err != nil {
-		return
-	}
-	for ctx.Err() == nil {
-		w, err := s.data.Watch(ctx, k, jetstream.UpdatesOnly())
-		if err == nil {
-			for e := range w.Updates() {
-				if e != nil {
-					fn()
-				}
-			}
-			_ = w.Stop()
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
-}
