@@ -16,7 +16,7 @@ func TestPlaceholders(t *testing.T) {
 		{"Bearer {file./run/secrets/token}", []string{"/run/secrets/token"}},
 		{"{env.A}{file.a}{file.b}{file.a}", []string{"a", "b"}},
 		{`\{file.escaped}`, nil},
-		{"{x{file.inner}", []string{"inner"}}, // the replacer skips {x{file.inner} and finds {file.inner}
+		{"{x{file.inner}", []string{"inner"}},   // the replacer skips {x{file.inner} and finds {file.inner}
 		{`{file.a\}b}`, []string{`a\`, `a\}b`}}, // the replacer reads "a\}b"; the first } is taken too
 		{"{file.}", nil},
 		{"{file.unclosed", nil},
