@@ -231,10 +231,11 @@ func openTasks(w http.ResponseWriter, r *http.Request, ids *broker.TaskIDs, name
 }
 
 // mayTask reports whether a message might name a task, in any spelling:
-// an escape, or "taskid" in any case (taskId, taskIds). Most answers hold
-// neither, and pass unread.
+// an escape, "taskid" in any case (taskId, taskIds), or a long s or a
+// Kelvin sign, which encoding/json reads as s and k in a key. Most answers
+// hold none of them, and pass unread.
 func mayTask(b []byte) bool {
-	if bytes.IndexByte(b, '\\') >= 0 {
+	if bytes.IndexByte(b, '\\') >= 0 || bytes.Contains(b, longS) || bytes.Contains(b, kelvin) {
 		return true
 	}
 	for i, c := range b {
@@ -244,6 +245,12 @@ func mayTask(b []byte) bool {
 	}
 	return false
 }
+
+// The two letters outside ASCII that fold to a letter of "taskid".
+var (
+	longS  = []byte("\u017f")
+	kelvin = []byte("\u212a")
+)
 
 // taskMessage binds the tasks one message the server sent names (see the
 // package's task handles): it returns the message to pass on, whether to

@@ -200,7 +200,8 @@ type Definition struct {
 // upstream's own name, uri or uriTemplate) from its listed object: every
 // member but those that describe the item's content rather than instruct
 // a model (a resource's size and its annotations' lastModified, which
-// change whenever its content does). Each member is re-encoded in one form
+// change whenever its content does, as long as they are a number and a
+// date: text there is pinned as any member is). Each member is re-encoded in one form
 // (object keys sorted, numbers as spelled, no HTML escaping), so a server
 // that re-serializes the same definition differently has not changed it;
 // the digest is SHA-256 over the members in order (legacyFields, then the
@@ -238,11 +239,11 @@ func Canonical(kind Kind, name string, obj map[string]json.RawMessage) (Definiti
 			continue // absent and null read alike
 		}
 		if kind == Resource || kind == ResourceTemplate {
-			if f == "size" {
+			if f == "size" && isNumber(c) {
 				continue
 			}
 			if f == "annotations" {
-				if c, err = withoutMember(c, "lastModified"); err != nil {
+				if c, err = withoutDate(c, "lastModified"); err != nil {
 					return Definition{}, fmt.Errorf("%s %q: annotations: %w", kind, name, err)
 				}
 			}
@@ -309,14 +310,39 @@ func canonicalJSON(raw []byte) ([]byte, error) {
 	return bytes.TrimRight(out.Bytes(), "\n"), nil
 }
 
-// withoutMember returns canonical JSON c without its member name, when c
-// is an object.
-func withoutMember(c []byte, name string) ([]byte, error) {
+// isNumber reports whether canonical JSON c is a number.
+func isNumber(c []byte) bool {
+	return len(c) > 0 && (c[0] == '-' || c[0] >= '0' && c[0] <= '9')
+}
+
+// maxDate bounds what withoutDate takes for a date.
+const maxDate = 64
+
+// isDate reports whether canonical JSON c is a string that can only be a
+// date and time (digits, the separators and zone letters of ISO 8601, at
+// most maxDate bytes): it is left out of a pin because it follows the
+// content, and so may carry no words that a client would show.
+func isDate(c []byte) bool {
+	if len(c) < 2 || len(c) > maxDate+2 || c[0] != '"' || c[len(c)-1] != '"' {
+		return false
+	}
+	for _, b := range c[1 : len(c)-1] {
+		if !(b >= '0' && b <= '9' || strings.IndexByte("-:.,+ TZtzW", b) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// withoutDate returns canonical JSON c without its member name, when c is
+// an object and that member is a date (isDate); a member that holds
+// anything else stays, and is pinned.
+func withoutDate(c []byte, name string) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(c, &m) != nil {
 		return c, nil
 	}
-	if _, ok := m[name]; !ok {
+	if v, ok := m[name]; !ok || !isDate(v) {
 		return c, nil
 	}
 	delete(m, name)

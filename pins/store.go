@@ -8,8 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"sync"
 	"time"
+
+	"github.com/yosida95/uritemplate/v3"
 
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -282,8 +285,11 @@ type space struct {
 	// an upstream would resolve to that item is refused too. It is made
 	// again from doc and unrecorded when stale is set.
 	refused map[itemKey]string
-	stale   bool
-	uses    int
+	// templates holds, made with refused, the resource templates whose use
+	// is refused: a read of a URI one of them matches is a use of it.
+	templates []templateRefusal
+	stale     bool
+	uses      int
 	// storing serializes the writes of this namespace (store, decide):
 	// each takes the queue's head and drops it once written.
 	storing sync.Mutex
@@ -571,8 +577,10 @@ func (s *Store) ToolsListed(ns string) {
 // change is not approved, or it is a tool held as new to its set (strict
 // mode), or the pins cannot be read yet. "" allows it. An item is found by
 // its name, and by any name an upstream could resolve to it (see
-// foldName). An item never listed has no pin and is allowed: no
-// definition of it reached a client through the gateway.
+// foldName); a resource also by the resource templates that match its URI,
+// a read of it being a use of the template. An item never listed has no
+// pin and is allowed: no definition of it reached a client through the
+// gateway.
 func (s *Store) Blocked(ns string, kind Kind, name string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -590,7 +598,17 @@ func (s *Store) Blocked(ns string, kind Kind, name string) string {
 		return unrecordedMessage(why)
 	}
 	if sp.stale {
-		sp.refused, sp.stale = refusedByFold(ns, sp), false
+		sp.refused, sp.templates = refusedByFold(ns, sp)
+		sp.stale = false
+	}
+	if kind == Resource {
+		// A resource a template serves is read by a URI the template
+		// matches, as the server matches it (go-sdk with this package).
+		for _, t := range sp.templates {
+			if t.match.MatchString(name) {
+				return t.why
+			}
+		}
 	}
 	if len(sp.refused) == 0 {
 		return ""
@@ -598,14 +616,33 @@ func (s *Store) Blocked(ns string, kind Kind, name string) string {
 	return sp.refused[itemKey{kind, foldName(name)}]
 }
 
-// refusedByFold is space.refused, made from what sp holds.
-func refusedByFold(ns string, sp *space) map[itemKey]string {
-	var out map[itemKey]string
+// templateRefusal is a resource template whose use is refused, and why.
+type templateRefusal struct {
+	match *regexp.Regexp
+	why   string
+}
+
+// refusedByFold is space.refused and space.templates, made from what sp
+// holds. A template that does not parse as a URI template matches every
+// URI: the server may read it otherwise, and only a read of it is
+// refused, not the namespace's other items.
+func refusedByFold(ns string, sp *space) (map[itemKey]string, []templateRefusal) {
+	var (
+		out       map[itemKey]string
+		templates []templateRefusal
+	)
 	add := func(k itemKey, why string) {
 		if out == nil {
 			out = map[itemKey]string{}
 		}
 		out[itemKey{k.kind, foldName(k.name)}] = why
+		if k.kind == ResourceTemplate {
+			match := anyURI
+			if t, err := uritemplate.New(k.name); err == nil {
+				match = t.Regexp()
+			}
+			templates = append(templates, templateRefusal{match, why})
+		}
 	}
 	for k := range numKinds {
 		for name, rec := range sp.doc.records(k) {
@@ -617,8 +654,11 @@ func refusedByFold(ns string, sp *space) map[itemKey]string {
 	for k, why := range sp.unrecorded {
 		add(k, unrecordedMessage(why))
 	}
-	return out
+	return out, templates
 }
+
+// anyURI matches every URI.
+var anyURI = regexp.MustCompile("")
 
 func unrecordedMessage(why string) string {
 	return why + "; the gateway refuses its use until the upstream lists a definition it can check"

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"strings"
+	"unicode"
 
 	"golang.org/x/text/cases"
 	"golang.org/x/text/unicode/norm"
@@ -317,8 +318,13 @@ func matchAny(patterns []string, s string) bool {
 // name of one FoldName. The folding is Unicode's full case folding (ß and
 // ss, ſ and s, K and k alike), which x/text implements and
 // strings.EqualFold does not (it folds one rune to one rune only); a Caser
-// holds state, so each call makes its own.
+// holds state, so each call makes its own. Each rune is first upper- and
+// then lower-cased as Go's unicode package maps it: Unicode's folding
+// keeps ı (U+0131) and folds İ (U+0130) to i and a combining dot, where a
+// server in Go that compares strings.ToUpper or strings.ToLower of names
+// reads both as i.
 func FoldName(s string) string {
+	s = strings.Map(func(r rune) rune { return unicode.ToLower(unicode.ToUpper(r)) }, s)
 	return norm.NFKC.String(cases.Fold().String(norm.NFKC.String(s)))
 }
 
