@@ -112,7 +112,12 @@ type Listing struct {
 	post   bool        // the request had a body
 	listen bool        // the body is one subscriptions/listen: Max bounds each event of its stream
 	server bool        // the body has an initialize or server/discover, whose answer the pins read
-	first  message.ID  // the id of a body's one message (zero for a batch), for an error answer
+	// info is the pinned serverInfo while a change of the server's waits
+	// for approval: every result's _meta then names the server by it
+	// (MCP 2026-07-28 puts serverInfo in each result's _meta). Nil, the
+	// usual case, reads no answer for it.
+	info   json.RawMessage
+	first  message.ID // the id of a body's one message (zero for a batch), for an error answer
 	onDrop func(Drop)
 	one    [1]requestID // room for the one request of most bodies
 	lw     listingWriter
@@ -130,7 +135,7 @@ type requestID struct {
 // edge read it (nil for a GET or DELETE). onDrop is told of every answer
 // kept from the client.
 func NewListing(route Route, p policy.Principal, b *message.Body, onDrop func(Drop)) *Listing {
-	f := &Listing{route: route, p: p, onDrop: onDrop}
+	f := &Listing{route: route, p: p, onDrop: onDrop, info: heldServerInfo(route)}
 	if b != nil {
 		f.post = true
 		if !b.Batch {
@@ -166,7 +171,7 @@ func (f *Listing) drop(d Drop) {
 // filterMessage filters one JSON value a server sent: one JSON-RPC message
 // or a batch. keep is false when nothing of it may go out.
 func (f *Listing) filterMessage(data []byte) (out []byte, keep bool) {
-	if len(bytes.TrimSpace(data)) == 0 || (!f.server && !mayList(data) && (f.tasks == nil || !mayTask(data))) {
+	if len(bytes.TrimSpace(data)) == 0 || (!f.server && f.info == nil && !mayList(data) && (f.tasks == nil || !mayTask(data))) {
 		// Nothing in it could spell a list, in any reader's spelling:
 		// whatever its id, it shows no item. Most answers (tool
 		// results) end here, unread. The answer to an initialize or
@@ -233,7 +238,8 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 		}
 	}
 	server := method == "initialize" || method == "server/discover"
-	if !server && len(lists) == len(shapes) && !mayList(c.Result) {
+	info := !server && f.info != nil
+	if !server && !info && len(lists) == len(shapes) && !mayList(c.Result) {
 		return c.Raw, true
 	}
 	var res map[string]json.RawMessage
@@ -258,6 +264,9 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 	}
 	if server {
 		changed = pinServerAnswer(f.route, method, res)
+	}
+	if info {
+		changed = pinnedMetaInfo(res, f.info)
 	}
 	for _, l := range lists {
 		raw, ok := res[l.list]

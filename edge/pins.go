@@ -147,6 +147,42 @@ func pinServerAnswer(route Route, method string, res map[string]json.RawMessage)
 	return changed
 }
 
+// heldServerInfo is the pinned serverInfo of route's server while a change
+// of it waits for an operator's approval (pin strict), nil otherwise: the
+// one lock of the pins per request, and no answer read, in the usual case.
+func heldServerInfo(route Route) json.RawMessage {
+	pr, ok := route.(pinRoute)
+	if !ok {
+		return nil
+	}
+	st, ns := pr.pinServer()
+	if st == nil || st.Blocked(ns, pins.Server, pins.ServerInfo) == "" {
+		return nil
+	}
+	return st.Pinned(ns, pins.Server, pins.ServerInfo)["serverInfo"]
+}
+
+// pinnedMetaInfo puts info, the pinned serverInfo, in place of the one a
+// result's _meta names the server by (MCP 2026-07-28 puts it in every
+// result), and reports whether it changed res. A _meta that is not an
+// object, or that names no server, is left as it is.
+func pinnedMetaInfo(res map[string]json.RawMessage, info json.RawMessage) bool {
+	var meta map[string]json.RawMessage
+	if json.Unmarshal(res["_meta"], &meta) != nil || meta == nil {
+		return false
+	}
+	if _, ok := meta[serverInfoMeta]; !ok {
+		return false
+	}
+	meta[serverInfoMeta] = info
+	b, err := json.Marshal(meta)
+	if err != nil {
+		return false
+	}
+	res["_meta"] = b
+	return true
+}
+
 // pinVerdict refuses the use of an item whose definition changed and is
 // not approved, or that is a tool new to its pinned set: a tools/call, a
 // prompts/get, a resources/read. A tools/call on its own gets a tool error
