@@ -175,6 +175,14 @@ func (c *Client) BeginLogin(ctx context.Context) (string, error) {
 	}
 
 	rec := c.current()
+	if reg.Kind == "" && c.cfg.AuthorizationServer == "" && rec != nil && rec.Issuer != "" && !issuersEqual(rec.Issuer, srv.Meta.Issuer) {
+		// The configured client was issued by the server of the last
+		// login, not by whichever one the upstream's metadata names now:
+		// the secret sent there could be presented where it is valid, as
+		// the workload JWT of jwt_bearer could (SEP-2352).
+		return "", wrap(fmt.Errorf("the upstream now names the authorization server %s, not %s, where the gateway logged in with client_id %q; a pre-registered client's credentials go only to the server that issued them: if the upstream moved on purpose, set authorization_server %s in its oauth block, with the client_id and client_secret that server issued",
+			shown(srv.Meta.Issuer), shown(rec.Issuer), c.cfg.ClientID, shown(srv.Meta.Issuer)))
+	}
 	var scopes []string
 	switch {
 	case len(c.cfg.Scopes) > 0:
