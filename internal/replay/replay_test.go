@@ -155,6 +155,36 @@ func TestForgottenIDIsStale(t *testing.T) {
 	}
 }
 
+// A node whose clock jumped an hour ahead (a VM resumed with a stale
+// clock, say) and was then set right again must take new requests at once,
+// not answer each one stale until real time has caught up with the jump:
+// that would refuse every request for an hour. What it forgot while its
+// clock was ahead is still never taken again.
+func TestClockSetRightAfterAJumpTakesNewIDs(t *testing.T) {
+	c := New(limit, window)
+	now := time.Now()
+	if a := c.Take("a", idN(1), now.UnixMilli(), now); a != Taken {
+		t.Fatal(a)
+	}
+	// A request dated by a clock an hour ahead, checked on that clock (the
+	// sweep does the same with the node's own clock): id 1 is stale by it,
+	// and forgotten.
+	ahead := now.Add(time.Hour)
+	if a := c.Take("a", idN(1+Shards), ahead.UnixMilli(), ahead); a != Taken {
+		t.Fatal(a)
+	}
+	// The clocks are set right: a second after the first request, a new one.
+	right := now.Add(time.Second)
+	if a := c.Take("a", idN(1+2*Shards), right.UnixMilli(), right); a != Taken {
+		t.Fatalf("a new request once the clock is set right: %v, want taken", a)
+	}
+	for id, at := range map[int]time.Time{1: now, 1 + Shards: ahead, 1 + 2*Shards: right} {
+		if a := c.Take("a", idN(id), at.UnixMilli(), right); a == Taken {
+			t.Fatalf("id %d again: taken twice", id)
+		}
+	}
+}
+
 // Eight goroutines check the same 20,000 ids, each in its own order:
 // every id is taken exactly once (run under -race).
 func TestConcurrent(t *testing.T) {
