@@ -28,10 +28,13 @@
 // evicting an entry, and an id evicted before its request is stale is a
 // replay let in.)
 //
-// A shard also keeps the latest clock reading that made it forget: an id
-// that would expire before it is answered [Stale], so that a check running
-// on a clock read a moment earlier than another's cannot take a request
-// whose id the other just forgot.
+// A shard also keeps the latest expiry of the ids it forgot: an id that
+// expires at or before it is answered [Stale], so that a check running on a
+// clock read a moment earlier than another's cannot take a request whose id
+// the other just forgot. It is the forgotten ids' own time, not the clock
+// reading that forgot them: a clock that jumped ahead and was set right
+// again would otherwise leave every new request stale until real time
+// caught up with the jump.
 package replay
 
 import (
@@ -108,8 +111,8 @@ type shard struct {
 	head int
 	n    int
 	peak int // the most entries since seen was last made
-	// horizon is the latest Unix millisecond this shard forgot ids at:
-	// every id that expires at or after it is still in seen.
+	// horizon is the latest expiry (Unix milliseconds) of the ids this
+	// shard forgot: every id that expires after it is still in seen.
 	horizon int64
 	// checked says a request reached the shard since the last sweep,
 	// which leaves the shard to the requests' own clock readings then.
@@ -148,7 +151,7 @@ func (c *Check) Take(from string, id [16]byte, at int64, now time.Time) Answer {
 	case seen:
 		sh.mu.Unlock()
 		return Replayed
-	case expires < sh.horizon:
+	case expires <= sh.horizon:
 		sh.mu.Unlock()
 		return Stale
 	case sh.n >= c.perShard:
@@ -215,14 +218,12 @@ func (c *Check) expire(now time.Time, idle bool) int {
 // (Unix milliseconds), and gives memory back once the shard holds far
 // fewer than it did. The caller holds sh.mu.
 func (sh *shard) forget(now int64) {
-	if now > sh.horizon {
-		sh.horizon = now
-	}
 	for sh.n > 0 {
 		e := &sh.ring[sh.head]
 		if e.expires >= now {
 			break
 		}
+		sh.horizon = max(sh.horizon, e.expires)
 		delete(sh.seen, e.key)
 		*e = entry{}
 		sh.head = (sh.head + 1) % len(sh.ring)
