@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/x509"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -333,6 +334,41 @@ func TestDPoPRequiredRefusesBearerTokens(t *testing.T) {
 			t.Errorf("schemes %v", s)
 		}
 	})
+}
+
+// A Bearer token stored before dpop became required (logged in with dpop
+// off, or before the server offered DPoP) is not renewed as Bearer: its
+// refresh token, which is not bound to a key, is not redeemed, since the
+// server would answer with one more token usable without the key, which
+// the setting rules out. The upstream asks for a login instead, which
+// binds the next tokens to a key.
+func TestDPoPRequiredDoesNotRenewABearerToken(t *testing.T) {
+	e := dpopEnv(t, false, false)
+	off := e.client(Config{ClientID: "gw", RedirectURL: redirect, DPoP: DPoPOff})
+	e.login(off)
+	if r := e.as.TokenRequests(); len(r) != 1 || r[0].DPoP.JKT != "" {
+		t.Fatalf("token requests %+v; want one login without a proof", r)
+	}
+	required := e.client(Config{ClientID: "gw", RedirectURL: redirect, DPoP: DPoPRequired})
+	for range 3 {
+		if err := e.callEcho(required, "x"); !errors.Is(err, ErrAuthRequired) {
+			t.Fatalf("call with a stored Bearer token under dpop required: %v, want a login required", err)
+		}
+		e.clock.Advance(time.Minute) // past the failure backoff
+	}
+	if r := e.as.TokenRequests(); len(r) != 1 {
+		t.Fatalf("token requests %+v; the Bearer refresh token was redeemed under dpop required", r[1:])
+	}
+	if _, authorized := e.mcp.Stats(); authorized != 0 {
+		t.Errorf("%d requests reached the upstream with a Bearer token", authorized)
+	}
+	e.login(required)
+	if err := e.callEcho(required, "y"); err != nil {
+		t.Fatalf("after a login: %v", err)
+	}
+	if s := e.mcp.Schemes(); len(s) == 0 || slices.ContainsFunc(s, func(s string) bool { return s != "DPoP" }) {
+		t.Errorf("schemes %v after the login under dpop required", s)
+	}
 }
 
 // A token endpoint that asks for a new nonce on every request gets one
