@@ -716,6 +716,13 @@ func (c *Client) renew(ctx context.Context, rejected string) error {
 			}
 			return rec, nil
 		}
+		if rec != nil && rec.RefreshToken != "" && rec.TokenType != "DPoP" && c.cfg.dpopMode() == DPoPRequired {
+			// A refresh token issued with a Bearer token is bound to no
+			// key: redeemed, it gives one more token usable without the
+			// key, which dpop required rules out. A login binds the next.
+			rec.clearTokens("the stored token is not DPoP-bound and dpop is required; log in again for a token bound to the gateway's key")
+			return rec, nil
+		}
 		if rec == nil || rec.RefreshToken == "" {
 			if rec != nil && rec.AccessToken != "" {
 				reason := "the access token expired and the authorization server gave no refresh token"
