@@ -351,7 +351,7 @@ func TestRPCFullReplayCheckRefusesClearly(t *testing.T) {
 	request := func() ([]byte, rpcReply) {
 		t.Helper()
 		id := randomHex(16)
-		req, _ := json.Marshal(rpcRequest{ID: id, From: "a", At: clock.tick().UnixMilli(), Method: "read"})
+		req, _ := json.Marshal(rpcRequest{ID: id, From: "a", To: b.incarnation, At: clock.tick().UnixMilli(), Method: "read"})
 		sealed := b.sealer.seal(nil, req, []byte(subject))
 		if err := send.PublishRequest(subject, inbox+"."+id, sealed); err != nil {
 			t.Fatal(err)
@@ -538,7 +538,7 @@ func TestRPCTakesAHighRate(t *testing.T) {
 					waiting := map[string]bool{}
 					for range batch {
 						id := randomHex(16)
-						req, _ := json.Marshal(rpcRequest{ID: id, From: "a", At: clock.tick().UnixMilli(), Method: "read"})
+						req, _ := json.Marshal(rpcRequest{ID: id, From: "a", To: b.incarnation, At: clock.tick().UnixMilli(), Method: "read"})
 						sealed := b.sealer.seal(nil, req, []byte(subject))
 						if err := send.PublishRequest(subject, inbox+"."+id, sealed); err != nil {
 							return err
