@@ -581,7 +581,7 @@ func TestGuard(t *testing.T) {
 				t.Errorf("no audit line with reason %q", want)
 			}
 		}
-		for _, want := range []string{"tool_call", "token.created", "token.revoked"} {
+		for _, want := range []string{"tool_call", "token_created", "token_revoked"} {
 			if !events[want] {
 				t.Errorf("no audit line for event %q", want)
 			}
