@@ -249,6 +249,7 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 	}
 	callID := call.ID.Raw()
 	if ip := s.ss.InitializeParams(); ip == nil || ip.Capabilities == nil ||
+		//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		ip.Capabilities.Sampling != nil || ip.Capabilities.Elicitation != nil {
 		return false
 	}
@@ -553,8 +554,10 @@ func (a *Aggregate) fastAnswerUpstream(ctx context.Context, s *aggSession, up *a
 		ans.Result = struct{}{}
 	case "roots/list":
 		ans.Result = map[string]any{"roots": []any{}}
+		//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		if ip := s.ss.InitializeParams(); ip != nil && ip.Capabilities != nil && ip.Capabilities.RootsV2 != nil {
 			rctx, cancel := context.WithTimeout(ctx, up.timeout)
+			//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 			res, err := s.ss.ListRoots(rctx, &mcp.ListRootsParams{})
 			cancel()
 			if err != nil {
@@ -631,6 +634,7 @@ func (s *aggSession) logs(params json.RawMessage) bool {
 		return false
 	}
 	var p struct {
+		//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		Level mcp.LoggingLevel `json:"level"`
 	}
 	if json.Unmarshal(params, &p) != nil {
@@ -640,6 +644,8 @@ func (s *aggSession) logs(params json.RawMessage) bool {
 }
 
 // logSeverity orders MCP logging levels (RFC 5424's, least severe first).
+//
+//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 func logSeverity(l mcp.LoggingLevel) int {
 	switch l {
 	case "debug":

@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/Tahul/caddy-zidane-mcp/internal/hostile"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
 // limitedGet serves body with contentType (and Content-Length when
@@ -247,4 +248,99 @@ func toolText(res *mcp.CallToolResult) string {
 		}
 	}
 	return b.String()
+}
+
+// A GET answer that its reader takes whole is bounded by max_response as a
+// whole, however many blank lines it holds: go-sdk's streamable client reads
+// the body of a failed GET (a 500 that says text/event-stream) with
+// io.ReadAll, and the pass-through reads an answer whose media type is not
+// text/event-stream whole, even if its Content-Type holds those words. Only a
+// successful event stream, which its reader takes event by event, is bounded
+// per event.
+func TestAnswerLimitGetReadWhole(t *testing.T) {
+	const max = 64 << 10
+	blankLines := bytes.Repeat([]byte("x\n\n"), 3*max) // many "events", 3 * max bytes each
+	cases := []struct {
+		name, ctype string
+		status      int
+	}{
+		{"failed GET that says event stream", "text/event-stream", http.StatusInternalServerError},
+		{"event-stream only in a parameter", "application/json; profile=text/event-stream", http.StatusOK},
+		{"event-stream only in a suffix", "application/x-text/event-stream", http.StatusOK},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", c.ctype)
+				w.WriteHeader(c.status)
+				http.NewResponseController(w).Flush()
+				w.Write(blankLines)
+			}))
+			defer srv.Close()
+			budget := NewAnswerBudget(1 << 30)
+			hc := &http.Client{Transport: newAnswerLimit(http.DefaultTransport, "up", max, budget)}
+			resp, err := hc.Get(srv.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var tl *AnswerTooLargeError
+			if !errors.As(err, &tl) {
+				t.Fatalf("read %d bytes of a %d-byte answer whole (err %v); want the max_response error past %d", len(got), len(blankLines), err, max)
+			}
+			if u := budget.Used(); u != 0 {
+				t.Errorf("budget holds %d bytes after the answer was closed", u)
+			}
+		})
+	}
+}
+
+// The pass-through holds a JSON answer whole until it has gone to the
+// client; the budget holds its bytes as long, so that slow clients cannot
+// make the route hold many answers past max_inflight_response.
+func TestPassThroughBudgetHeldUntilWritten(t *testing.T) {
+	const size = 256 << 10
+	answer := `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"` + strings.Repeat("a", size) + `"}]}}`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, answer)
+	}))
+	defer srv.Close()
+	budget := NewAnswerBudget(1 << 30)
+	pt, err := NewPassThrough(Upstream{Name: "big", URL: srv.URL}, PassThroughOptions{SessionKey: testSessionKey, AnswerBudget: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pt.Close()
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}`
+	r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Accept", "application/json, text/event-stream")
+	r = r.WithContext(policy.WithPrincipal(context.Background(), principals[aliceBearer]))
+	w := &heldWriter{ResponseRecorder: httptest.NewRecorder(), budget: budget}
+	pt.ServeHTTP(w, r)
+	if w.Body.Len() < size {
+		t.Fatalf("the client got %d bytes: %.200s", w.Body.Len(), w.Body.String())
+	}
+	if w.heldAtWrite < size {
+		t.Errorf("while the %d-byte answer was written to the client the budget held %d bytes; want the answer's bytes held until then", len(answer), w.heldAtWrite)
+	}
+	if u := budget.Used(); u != 0 {
+		t.Errorf("budget holds %d bytes after the request ended", u)
+	}
+}
+
+// heldWriter notes what the budget holds when the body is written.
+type heldWriter struct {
+	*httptest.ResponseRecorder
+	budget      *AnswerBudget
+	heldAtWrite int64
+}
+
+func (w *heldWriter) Write(p []byte) (int, error) {
+	if u := w.budget.Used(); u > w.heldAtWrite {
+		w.heldAtWrite = u
+	}
+	return w.ResponseRecorder.Write(p)
 }

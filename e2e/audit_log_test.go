@@ -311,8 +311,8 @@ http://:%[5]d {
 	events := []auditEvent{
 		{"refused", map[string]any{"reason": "no_token"}},
 		{"tool_call", map[string]any{"tool": "sessions", "token_name": "alice"}},
-		{"token.created", map[string]any{"token_name": "alice"}},
-		{"token.revoked", map[string]any{"token_name": "short-lived"}},
+		{"token_created", map[string]any{"token_name": "alice"}},
+		{"token_revoked", map[string]any{"token_name": "short-lived"}},
 		{"admin_refused", map[string]any{"path": "/zidane/tokens"}},
 		{"tool_refused", map[string]any{"reason": "not_owner", "token_name": "bob"}},
 		{"upstream_call", map[string]any{"route": "egress:up", "tool": "time"}},
@@ -335,14 +335,14 @@ http://:%[5]d {
 		t.Fatalf("logout: %v\n%s", err, stderr)
 	}
 	after := []auditEvent{
-		{"token.created", map[string]any{"token_name": "carol"}},
+		{"token_created", map[string]any{"token_name": "carol"}},
 		{"tool_changed", map[string]any{"namespace": "up", "tool": "weather"}},
 		{"upstream_logout", map[string]any{"upstream": "remote"}},
 		{"upstream_auth", map[string]any{"upstream": "remote", "state": "auth-required"}},
 	}
 	waitAuditEvents(t, pathB, after)
 	noAuditInDefaultLog(t, c, append(events, after...))
-	if b, _ := os.ReadFile(pathA); (auditEvent{"token.created", map[string]any{"token_name": "carol"}}).in(auditEntries(string(b))) {
+	if b, _ := os.ReadFile(pathA); (auditEvent{"token_created", map[string]any{"token_name": "carol"}}).in(auditEntries(string(b))) {
 		t.Error("an event after the reload went to the audit file of the config before it")
 	}
 
@@ -403,7 +403,7 @@ http://127.0.0.1:%d {
 	}
 	onB := []auditEvent{{"upstream_retire", map[string]any{"upstream": "local", "from": "another replica"}}}
 	waitAuditEvents(t, paths[1], onB)
-	waitAuditEvents(t, paths[0], []auditEvent{{"token.created", map[string]any{"token_name": "ops"}}})
+	waitAuditEvents(t, paths[0], []auditEvent{{"token_created", map[string]any{"token_name": "ops"}}})
 	for i, c := range replicas {
 		noAuditInDefaultLog(t, c, onB)
 		if i == 1 && strings.Contains(c.Logs(), "upstream action from another replica") {
