@@ -209,7 +209,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 const (
 	defaultMaxBody     = 1 << 20
 	defaultResource    = "/mcp"
-	wellKnownResource  = "/.well-known/oauth-protected-resource"
+	wellKnownResource  = edge.WellKnownResource
 	mcpSessionHeader   = "Mcp-Session-Id"
 	protocolHeader     = "Mcp-Protocol-Version"
 	allowedCORSHeaders = "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name"
@@ -618,10 +618,8 @@ func (h *Handler) preflight(w http.ResponseWriter, r *http.Request, origin strin
 // an upstream login's callback (its one-time state).
 func (h *Handler) servePublic(w http.ResponseWriter, r *http.Request) bool {
 	switch path := r.URL.Path; {
-	case strings.HasPrefix(path, wellKnownResource) && h.servesMetadata(path):
-		if err := h.serveMetadata(w, r); err != nil {
-			writeHandlerError(w, err)
-		}
+	case strings.HasPrefix(path, wellKnownResource) && (edge.ProtectedResource{URL: h.resURL}).ServesMetadata(path):
+		h.protectedResource().ServeMetadata(w, r)
 	case h.sess != nil && strings.HasPrefix(path, sessionpage.PathPrefix):
 		h.sess.page.ServeHTTP(w, r)
 	case h.app != nil && h.app.serveClientMetadata(w, r):
@@ -633,16 +631,6 @@ func (h *Handler) servePublic(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	return true
-}
-
-// writeHandlerError answers a handler error that carries its status.
-func writeHandlerError(w http.ResponseWriter, err error) {
-	status := http.StatusInternalServerError
-	var he caddyhttp.HandlerError
-	if errors.As(err, &he) && he.StatusCode != 0 {
-		status = he.StatusCode
-	}
-	http.Error(w, http.StatusText(status), status)
 }
 
 // routeFor is the route of a request path: a session's egress route under

@@ -259,6 +259,13 @@ func (m *ScopeMap) anyTool(p Principal) bool {
 	return false
 }
 
+// Names lists the scopes m's rules know, each once, in the order of the
+// rules (the defaults first): what the protected-resource metadata
+// advertises as scopes_supported.
+func (m *ScopeMap) Names() []string {
+	return m.scopesFor(func(Rule) bool { return true })
+}
+
 // scopesFor lists the scopes of the rules keep selects.
 func (m *ScopeMap) scopesFor(keep func(Rule) bool) []string {
 	var need []string

@@ -251,3 +251,24 @@ func TestTaskMethodsFollowTools(t *testing.T) {
 		}
 	}
 }
+
+// The scopes a site advertises are those its rules know, each once, the
+// defaults first, and none of the defaults once they are turned off.
+func TestScopeMapNames(t *testing.T) {
+	extra := []Rule{{Scope: "deploy", Tools: []string{"deploy_*"}}, {Scope: "read", Tools: []string{"x"}}, {Scope: "deploy", Methods: []string{"prompts/get"}}}
+	for _, c := range []struct {
+		defaults bool
+		want     []string
+	}{
+		{true, []string{"chat", "read", "mcp", "deploy"}},
+		{false, []string{"deploy", "read"}},
+	} {
+		m, err := NewScopeMap(extra, c.defaults)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Names(); !slices.Equal(got, c.want) {
+			t.Errorf("defaults %v: %v, want %v", c.defaults, got, c.want)
+		}
+	}
+}
