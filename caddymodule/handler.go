@@ -547,10 +547,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// A replica that is shutting down finishes the sessions it holds and
 	// opens none.
-	if draining() && opensLegacySession(r, d.Body) {
-		rf.call = d.Body.Calls[0]
-		w.Header().Set("Retry-After", "1")
-		return h.refuse(w, r, rf, drainingVerdict())
+	if draining() {
+		if v := edge.Drain(r.Method, r.Header, d.Body); !v.Allowed() {
+			rf.call = d.Body.Calls[0]
+			return h.refuse(w, r, rf, v)
+		}
 	}
 
 	// 6. Serve.
