@@ -203,7 +203,8 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		byName[u.Name] = u
 	}
 	allows := func(p policy.Principal, name string) bool {
-		return upstreamAllows(p, byName[name], !h.NoDefaultScopes)
+		u := byName[name]
+		return policy.UpstreamAllows(p, u.Name, u.Scope, !h.NoDefaultScopes)
 	}
 	// In cluster mode the route's 2025-11-25 sessions name the node that
 	// holds them, and other replicas forward to it (see forward.go).
@@ -294,16 +295,6 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		h.route = &clusterAggregate{Aggregate: route, agg: agg, fwd: fwd}
 	}
 	return nil
-}
-
-// upstreamAllows says whether p may use upstream u on the aggregated
-// route: with the scope upstream:<name>, the upstream's own scope, or mcp
-// when the default rules are on.
-func upstreamAllows(p policy.Principal, u broker.Upstream, defaults bool) bool {
-	if u.Name == "" {
-		return false
-	}
-	return p.HasScope(policy.UpstreamScope(u.Name)) || (u.Scope != "" && p.HasScope(u.Scope)) || (defaults && p.HasScope("mcp"))
 }
 
 // liveAggregates are the aggregated routes of every loaded config, which

@@ -209,7 +209,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 const (
 	defaultMaxBody     = 1 << 20
 	defaultResource    = "/mcp"
-	wellKnownResource  = "/.well-known/oauth-protected-resource"
+	wellKnownResource  = edge.WellKnownResource
 	mcpSessionHeader   = "Mcp-Session-Id"
 	protocolHeader     = "Mcp-Protocol-Version"
 	allowedCORSHeaders = "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name"
@@ -547,10 +547,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// A replica that is shutting down finishes the sessions it holds and
 	// opens none.
-	if draining() && opensLegacySession(r, d.Body) {
-		rf.call = d.Body.Calls[0]
-		w.Header().Set("Retry-After", "1")
-		return h.refuse(w, r, rf, drainingVerdict())
+	if draining() {
+		if v := edge.Drain(r.Method, r.Header, d.Body); !v.Allowed() {
+			rf.call = d.Body.Calls[0]
+			return h.refuse(w, r, rf, v)
+		}
 	}
 
 	// 6. Serve.
@@ -618,10 +619,8 @@ func (h *Handler) preflight(w http.ResponseWriter, r *http.Request, origin strin
 // an upstream login's callback (its one-time state).
 func (h *Handler) servePublic(w http.ResponseWriter, r *http.Request) bool {
 	switch path := r.URL.Path; {
-	case strings.HasPrefix(path, wellKnownResource) && h.servesMetadata(path):
-		if err := h.serveMetadata(w, r); err != nil {
-			writeHandlerError(w, err)
-		}
+	case strings.HasPrefix(path, wellKnownResource) && (edge.ProtectedResource{URL: h.resURL}).ServesMetadata(path):
+		h.protectedResource().ServeMetadata(w, r)
 	case h.sess != nil && strings.HasPrefix(path, sessionpage.PathPrefix):
 		h.sess.page.ServeHTTP(w, r)
 	case h.app != nil && h.app.serveClientMetadata(w, r):
@@ -633,16 +632,6 @@ func (h *Handler) servePublic(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	return true
-}
-
-// writeHandlerError answers a handler error that carries its status.
-func writeHandlerError(w http.ResponseWriter, err error) {
-	status := http.StatusInternalServerError
-	var he caddyhttp.HandlerError
-	if errors.As(err, &he) && he.StatusCode != 0 {
-		status = he.StatusCode
-	}
-	http.Error(w, http.StatusText(status), status)
 }
 
 // routeFor is the route of a request path: a session's egress route under
@@ -663,45 +652,19 @@ func (h *Handler) routeFor(path string) (edge.Route, edge.Verdict) {
 		"no upstream is offered to sessions at this path; see session_upstreams in the zidane global option")
 }
 
-// authenticate is step 2. A request without a valid credential is charged
-// to its address (an IPv6 client's prefix), and once the address's bucket
-// is empty it is refused 429 rather than 401, so that guessing slows down.
-// The bucket is consulted after the credential, never for a valid one: an
-// address is shared (an agent that guesses and the orchestrator on its
-// host; in a cluster, the usage reaches every replica), and one client's
-// guesses must not lock the others out. While the bucket is empty, a JWT's
-// signature check waits its turn in suspectQueue, which bounds the CPU
-// that such addresses can have spent on checking signatures.
+// authenticate is step 2 (edge.Authentication): the credential's
+// principal, or its refusal; a refusal for the identity provider's keys
+// logs their detail, and one for the address's bucket is counted.
 func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) (policy.Principal, edge.Verdict) {
-	ip := policy.AddressKey(clientIP, h.ipv6Prefix)
-	authenticate := h.authn.Authenticate
-	if h.authn.JWT != nil && h.ipLimit.Empty(ip, now) {
-		authenticate = h.authn.AuthenticateSuspect
-	}
-	p, err := authenticate(r.Context(), r.Header.Get("Authorization"), now)
-	switch {
-	case err == nil:
-		return p, edge.Verdict{}
-	case errors.Is(err, policy.ErrKeysUnavailable):
-		// Not the client's fault, so no 401 and no charge to its address.
-		// The detail (URL, network error) goes to the log only.
+	a := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix}
+	p, v, err := a.Authenticate(r.Context(), r.Header.Get("Authorization"), clientIP, now)
+	switch v.Reason {
+	case edge.ReasonKeysUnavailable:
 		h.logger.Error("JWT signing keys unavailable", zap.String("detail", err.Error()))
-		v := edge.Refuse(http.StatusServiceUnavailable, "jwt_keys_unavailable",
-			"the identity provider's signing keys are unavailable right now; retry later")
-		v.RetryAfter = 30 * time.Second
-		return policy.Principal{}, v
-	}
-	if ok, retry := h.ipLimit.Allow(ip, now); !ok {
+	case edge.ReasonRateLimitedIP:
 		metricRateLimited.WithLabelValues("ip").Inc()
-		v := edge.Refuse(http.StatusTooManyRequests, "rate_limited_ip",
-			"too many requests without a valid token from this address; wait and retry with a valid token")
-		v.RetryAfter = retry
-		return policy.Principal{}, v
 	}
-	if errors.Is(err, policy.ErrNoCredential) {
-		return policy.Principal{}, edge.Refuse(http.StatusUnauthorized, "no_token", errMessage(err, policy.ErrNoCredential))
-	}
-	return policy.Principal{}, edge.Refuse(http.StatusUnauthorized, "invalid_token", errMessage(err, policy.ErrTokenInvalid))
+	return p, v
 }
 
 // suspectQueue is where the JWT signature checks of requests from an
@@ -710,11 +673,6 @@ func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) 
 // many addresses guess at once, they keep at most a quarter of the CPUs
 // (at least one) busy verifying signatures.
 var suspectQueue = policy.NewSuspectQueue(runtime.GOMAXPROCS(0) / 4)
-
-// errMessage is err's message without the sentinel's prefix.
-func errMessage(err, sentinel error) string {
-	return strings.TrimPrefix(err.Error(), sentinel.Error()+": ")
-}
 
 // serve is step 6: the route serves the request with the principal and
 // the body it was allowed on in its context, without the client's
