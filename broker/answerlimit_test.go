@@ -79,6 +79,10 @@ func TestAnswerLimit(t *testing.T) {
 		{"get stream, events end with CR", "GET", "text/event-stream", false, events(400, 2<<10, "\r"), false, false},
 		{"get stream, one event of many lines", "GET", "text/event-stream", false, bytes.Repeat([]byte("data: "+strings.Repeat("l", 1<<10)+"\n"), 100), true, true},
 		{"get stream, one endless line", "GET", "text/event-stream", false, bytes.Repeat([]byte("d"), max+1), true, true},
+		// A client skips the byte-order mark, so the blank line after it
+		// ends an event, and the next event starts its count afresh.
+		{"get stream, a byte-order mark and a blank line, then an event of max bytes", "GET", "text/event-stream", false,
+			append([]byte("\xEF\xBB\xBF\n"), append(append([]byte("data: "), bytes.Repeat([]byte("m"), max-len("data: \n\n"))...), "\n\n"...)...), false, false},
 		{"get json over", "GET", "application/json", false, bytes.Repeat([]byte(" "), max+1), true, false},
 		{"listen stream, many events under each", listen, "text/event-stream", false, events(400, 2<<10, "\n"), false, false},
 		{"listen stream, one event over", listen, "text/event-stream", false, bytes.Repeat([]byte("data: "+strings.Repeat("l", 1<<10)+"\n"), 100), true, true},

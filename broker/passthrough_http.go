@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/sse"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
@@ -227,14 +228,14 @@ func relayEvents(w http.ResponseWriter, body io.Reader, flush func() error) (rea
 	defer copyBuffers.Put(bp)
 	buf := *bp
 	var (
-		split   sseSplit
+		split   sse.Splitter
 		pending []byte // the current event, not yet whole
 	)
 	for {
 		n, err := body.Read(buf)
 		chunk := buf[:n]
 		for len(chunk) > 0 {
-			end := split.end(chunk)
+			end := split.End(chunk)
 			if end < 0 {
 				pending = append(pending, chunk...)
 				break
