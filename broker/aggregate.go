@@ -43,8 +43,8 @@ const aggProtocolVersion = "2025-11-25"
 // catalog's first round (each upstream connected, or failed once).
 const aggInitWait = 5 * time.Second
 
-// aggMaxBackoff caps the delay between catalog reconnection attempts.
-const aggMaxBackoff = 30 * time.Second
+// catalogBackoff spaces a catalog session's reconnection attempts.
+var catalogBackoff = Backoff{Min: 500 * time.Millisecond, Max: 30 * time.Second}
 
 // aggConnectTimeout bounds one connection attempt when the upstream sets no
 // Timeout.
