@@ -287,19 +287,18 @@ type upstreamTransports struct {
 	// pidDir, when set, receives a pid file for every stdio process
 	// (see [CleanOrphans]).
 	pidDir string
-	// notes, when set (the aggregated route's http upstreams), counts the
-	// notifications in the upstream's event streams (see noteCounter).
-	notes *noteCounter
 }
 
-// countNotes has the http transport's egress client count the log and
-// progress notifications it reads, per upstream session.
-func (t *upstreamTransports) countNotes() {
+// wrapHTTP puts the RoundTripper wrap returns in front of the http
+// transport's egress client, under go-sdk's streamable client and the
+// aggregated route's fast paths alike (the aggregated route counts the
+// notifications in its upstreams' event streams there). It does nothing for
+// the other transports.
+func (t *upstreamTransports) wrapHTTP(wrap func(http.RoundTripper) http.RoundTripper) {
 	if t.e.Transport != TransportHTTP || t.http == nil {
 		return
 	}
-	t.notes = &noteCounter{next: t.http.Transport}
-	t.http = &http.Client{Transport: t.notes, CheckRedirect: t.http.CheckRedirect}
+	t.http = &http.Client{Transport: wrap(t.http.Transport), CheckRedirect: t.http.CheckRedirect}
 }
 
 // newUpstreamTransports checks the transport of the normalized upstream n
