@@ -110,23 +110,25 @@ var sessionsPool = caddy.NewUsagePool()
 // engine runs that node's sessions in this process.
 var nodeEngines sync.Map
 
-// buildSessions sets up the sessions endpoint and the egress routes of
-// the upstreams offered to its sessions.
-func (h *Handler) buildSessions(ctx caddy.Context, app *App) error {
+// build sets up the sessions endpoint and the egress routes of the
+// upstreams offered to its sessions.
+func (m *Sessions) build(ctx caddy.Context) error {
+	s := m.site
 	// The endpoint is shared by every site over this storage; each site's
 	// requests carry its own scope map (what an orchestrator's creator may
 	// call, and so give) and the app's share_sessions.
-	access := mcpendpoint.Access{Scopes: h.scopes, ShareSessions: app.ShareSessions}
+	access := mcpendpoint.Access{Scopes: s.scopes, ShareSessions: s.app.ShareSessions}
 	var err error
-	if h.sess, h.sessKey, err = app.loadSessions(ctx, h.resURL.Path, mcpendpoint.Site{Authn: h.authn, Access: access}); err != nil {
+	if m.state, m.stateKey, err = s.app.loadSessions(ctx, s.logger, s.resURL.Path, mcpendpoint.Site{Authn: s.authn, Access: access}); err != nil {
 		return err
 	}
-	sess := h.sess
+	sess := m.state
 	endpoint := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sess.endpoint.ServeHTTP(w, r.WithContext(mcpendpoint.WithAccess(r.Context(), access)))
 	})
-	route := &edge.Sessions{Scopes: h.scopes, Endpoint: endpoint, Base: h.agentBase}
-	h.route = route
+	route := &edge.Sessions{Scopes: s.scopes, Endpoint: endpoint, Base: s.agentBase}
+	m.out.route = route
+	m.out.page = sess.page
 	if cs, ok := ctx.Storage().(*cluster.Storage); ok {
 		// The endpoint's 2025-11-25 MCP sessions name their node (see
 		// sessionsMint); another replica forwards to it.
@@ -138,11 +140,11 @@ func (h *Handler) buildSessions(ctx caddy.Context, app *App) error {
 		if err != nil {
 			return err
 		}
-		h.route = &clusterSessions{Sessions: route, fwd: newAggForward(ids, sessionsRoute, cs.Nodes(), sharedHopKey(hk), h.audit)}
+		m.out.route = &clusterSessions{Sessions: route, fwd: newAggForward(ids, sessionsRoute, cs.Nodes(), sharedHopKey(hk), s.audit)}
 	}
-	h.egress = make(map[string]edge.Route, len(sess.egress))
+	m.out.egress = make(map[string]edge.Route, len(sess.egress))
 	for name, e := range sess.egress {
-		h.egress[name] = e.route
+		m.out.egress[name] = e.route
 	}
 	return nil
 }
@@ -180,7 +182,7 @@ func (a *App) agentSet() (map[string]sessions.AgentConfig, string, error) {
 
 // loadSessions returns the pooled sessions state for the app's storage,
 // building it on first use. Release it with sessionsPool.Delete(key).
-func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpoint.Site) (*sessionsState, string, error) {
+func (a *App) loadSessions(ctx caddy.Context, log *zap.Logger, endpointPath string, site mcpendpoint.Site) (*sessionsState, string, error) {
 	// On a cluster's storage, each session runs on the node that created
 	// it, which every other replica reaches through the node registry.
 	shared, _ := ctx.Storage().(*cluster.Storage)
@@ -213,7 +215,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpo
 				return nil, fmt.Errorf("the zidane cluster block changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", node)
 			}
 		}
-		logger := slog.New(zapslog.NewHandler(ctx.Logger().Named("sessions").Core()))
+		logger := slog.New(zapslog.NewHandler(log.Named("sessions").Core()))
 		signer := sessionpage.NewSigner(time.Duration(a.LinkTTL))
 		if shared != nil {
 			// A link any replica signed opens on every other.
@@ -377,7 +379,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpo
 	}
 	a.sessionSites[st] = append(a.sessionSites[st], site)
 	if loaded && st.agentsHash != hash {
-		ctx.Logger().Warn("the agents or session limits changed; the running session engine keeps the ones it started with until caddy restarts (roots apply at once)",
+		log.Warn("the agents or session limits changed; the running session engine keeps the ones it started with until caddy restarts (roots apply at once)",
 			zap.String("hint", "restart caddy to apply agent and limit changes"))
 	}
 	return st, key, nil
