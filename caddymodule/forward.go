@@ -423,7 +423,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		w.Header().Set(edge.HopRefusedHeader, v.Reason)
 		return h.refuse(w, r, rf, v)
 	}
-	ca, ok := h.route.(forwardedRoute)
+	ca, ok := h.route.route.(forwardedRoute)
 	if !ok {
 		return refuse(edge.Refuse(http.StatusForbidden, "hop_refused",
 			"Zidane-Hop headers are the replicas' own, and this site takes no forwarded requests; send the request without them"))
@@ -467,7 +467,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	if v := edge.CheckRequest(r); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
-	d := edge.Decide(h.route, p, r.Method, r.Header, body)
+	d := edge.Decide(h.route.route, p, r.Method, r.Header, body)
 	if !d.Allowed() {
 		rf.call = d.Call
 		return h.refuse(w, r, rf, d.Verdict)
