@@ -59,20 +59,26 @@ func markedDocsBlocks(t *testing.T) []docsBlock {
 			if marker != docsFullConfig && marker != docsAdaptedJSON {
 				continue
 			}
+			// A block in a list item is indented as its marker is.
+			indent := lines[i][:len(lines[i])-len(strings.TrimLeft(lines[i], " "))]
 			open := i + 1
-			if open >= len(lines) || !strings.HasPrefix(lines[open], "```") {
+			if open >= len(lines) || !strings.HasPrefix(lines[open], indent+"```") {
 				t.Fatalf("%s:%d: %s is not followed by a fenced block", rel, i+1, marker)
 			}
-			lang := strings.TrimPrefix(lines[open], "```")
+			lang := strings.TrimPrefix(lines[open], indent+"```")
 			end := open + 1
-			for end < len(lines) && lines[end] != "```" {
+			for end < len(lines) && lines[end] != indent+"```" {
 				end++
 			}
 			if end == len(lines) {
 				t.Fatalf("%s:%d: the block does not end", rel, open+1)
 			}
-			blocks = append(blocks, docsBlock{page: rel, line: open + 1, marker: marker, lang: lang,
-				body: strings.Join(lines[open+1:end], "\n") + "\n"})
+			var body strings.Builder
+			for _, l := range lines[open+1 : end] {
+				body.WriteString(strings.TrimPrefix(l, indent))
+				body.WriteByte('\n')
+			}
+			blocks = append(blocks, docsBlock{page: rel, line: open + 1, marker: marker, lang: lang, body: body.String()})
 			i = end
 		}
 	}
