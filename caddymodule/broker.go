@@ -287,7 +287,7 @@ func aggregateForward(ctx caddy.Context, route string, audit *zap.Logger) (*aggF
 	}
 	nodes := cs.Nodes()
 	if nodes == nil {
-		return nil, errors.New("aggregate in cluster mode: set advertise (and node, unless the host name is this replica's id) in the zidane cluster block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see the README's cluster section")
+		return nil, errors.New("aggregate in cluster mode: set advertise (and node, unless the host name is this replica's id) in the zidane cluster block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see docs/cluster.md")
 	}
 	key, err := sessionIDKey(cs)
 	if err != nil {
