@@ -445,34 +445,13 @@ func TestAggregateFastPathReadsEventsAsClients(t *testing.T) {
 			// The upstream's answers to the fast path's requests are
 			// spelled the other way; go-sdk's, which open the session, are
 			// left as they are.
-			respell := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.Method == http.MethodGet {
-					// No standalone stream: this proxy holds answers whole.
-					w.WriteHeader(http.StatusMethodNotAllowed)
-					return
+			respell := respellEvents(t, up.http.URL, func(req, answer []byte) []byte {
+				if bytes.Contains(req, []byte(`"id":"zidane-`)) {
+					return spell(answer)
 				}
-				body, _ := io.ReadAll(r.Body)
-				req, _ := http.NewRequestWithContext(r.Context(), r.Method, up.http.URL, bytes.NewReader(body))
-				req.Header = r.Header.Clone()
-				resp, err := http.DefaultTransport.RoundTrip(req)
-				if err != nil {
-					w.WriteHeader(http.StatusBadGateway)
-					return
-				}
-				defer resp.Body.Close()
-				for k, v := range resp.Header {
-					w.Header()[k] = v
-				}
-				answer, _ := io.ReadAll(resp.Body)
-				if bytes.Contains(body, []byte(`"id":"zidane-`)) && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-					answer = spell(answer)
-				}
-				w.Header().Del("Content-Length")
-				w.WriteHeader(resp.StatusCode)
-				w.Write(answer)
-			}))
-			t.Cleanup(respell.Close)
-			_, url := aggServe(t, []Upstream{{Name: "a", URL: respell.URL}}, AggregateOptions{})
+				return answer
+			})
+			_, url := aggServe(t, []Upstream{{Name: "a", URL: respell}}, AggregateOptions{})
 			cs := aggConnect(t, url, nil)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
@@ -490,4 +469,39 @@ func TestAggregateFastPathReadsEventsAsClients(t *testing.T) {
 			}
 		})
 	}
+}
+
+// respellEvents serves a proxy to the MCP server at target that passes
+// each event-stream answer to a POST through spell (with the request's
+// body) before it goes on. It holds answers whole, so it offers no GET
+// stream.
+func respellEvents(t *testing.T, target string, spell func(req, answer []byte) []byte) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, target, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			answer = spell(body, answer)
+		}
+		w.Header().Del("Content-Length")
+		w.WriteHeader(resp.StatusCode)
+		w.Write(answer)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
 }

@@ -322,7 +322,7 @@ func (t *upstreamTransports) countNotes() {
 	if t.e.Transport != TransportHTTP || t.http == nil {
 		return
 	}
-	t.notes = &noteCounter{next: t.http.Transport}
+	t.notes = &noteCounter{next: t.http.Transport, max: int(t.limitMax())}
 	t.http = &http.Client{Transport: t.notes, CheckRedirect: t.http.CheckRedirect}
 }
 
