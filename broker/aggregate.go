@@ -43,8 +43,8 @@ const aggProtocolVersion = "2025-11-25"
 // catalog's first round (each upstream connected, or failed once).
 const aggInitWait = 5 * time.Second
 
-// aggMaxBackoff caps the delay between catalog reconnection attempts.
-const aggMaxBackoff = 30 * time.Second
+// catalogBackoff spaces a catalog session's reconnection attempts.
+var catalogBackoff = Backoff{Min: 500 * time.Millisecond, Max: 30 * time.Second}
 
 // aggConnectTimeout bounds one connection attempt when the upstream sets no
 // Timeout.
@@ -241,6 +241,7 @@ type aggUpstream struct {
 	cfg     Upstream            // normalized
 	tr      *upstreamTransports // shared with [Conn]: egress client, SSE origin guard, stdio launcher
 	timeout time.Duration
+	notes   *noteCounter // an http upstream's notifications, counted (see noteCounter); nil for the other transports
 
 	refresh sync.Mutex // serializes re-listing
 	// relisting marks, per kind (tools, prompts, resources), a re-listing
@@ -359,10 +360,13 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		}
 		if n.Transport == TransportHTTP {
 			tr.maxRetries = -1
-			tr.countNotes()
 		}
 		tr.pidDir = opts.PIDDir
 		up := &aggUpstream{cfg: n, tr: tr, timeout: n.Timeout, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
+		tr.wrapHTTP(func(next http.RoundTripper) http.RoundTripper {
+			up.notes = &noteCounter{next: next}
+			return up.notes
+		})
 		if n.Transport == TransportStdio && n.IsShared() {
 			up.shared = true
 			up.idle = opts.StdioIdle

@@ -253,38 +253,12 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 		ip.Capabilities.Sampling != nil || ip.Capabilities.Elicitation != nil {
 		return false
 	}
-	a.mu.Lock()
-	q, ok := a.tools[call.Tool]
-	a.mu.Unlock()
+	adm, ok := a.admitFast(s, call.Tool, false)
 	if !ok {
 		return false
 	}
-	up := a.byName[q.server]
-	if up == nil || up.shared || up.cfg.Transport != TransportHTTP {
-		return false
-	}
-	// The upstream session must already be open: opening one is the go-sdk
-	// path's business, and so is a failure to open it.
-	s.mu.Lock()
-	c := s.conns[up.cfg.Name]
-	closed := s.closed
-	s.mu.Unlock()
-	if c == nil || closed {
-		return false
-	}
-	select {
-	case <-c.done:
-	default:
-		return false
-	}
-	if c.err != nil || c.cs == nil {
-		return false
-	}
-	ir := c.cs.InitializeResult()
+	q, up, c, ir := adm.q, adm.up, adm.c, adm.ir
 	sessionID := c.cs.ID()
-	if ir == nil || sessionID == "" || ir.ProtocolVersion > aggProtocolVersion {
-		return false
-	}
 
 	start := time.Now()
 	rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: q.name}

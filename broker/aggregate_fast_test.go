@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/internal/upstreamtest"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -43,7 +44,7 @@ func newFastUp(t *testing.T, name string, jsonResponse bool) *fastUp {
 	mcp.AddTool(s, &mcp.Tool{Name: "echo"}, func(ctx context.Context, req *mcp.CallToolRequest, in aggIn) (*mcp.CallToolResult, any, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: name + ":" + in.Text}}}, nil, nil
 	})
-	png := pngBytes(t)
+	png := upstreamtest.PNGBytes(t)
 	mcp.AddTool(s, &mcp.Tool{Name: "image"}, func(ctx context.Context, req *mcp.CallToolRequest, in aggIn) (*mcp.CallToolResult, any, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "look"}, &mcp.ImageContent{Data: png, MIMEType: "image/jpeg"}}}, nil, nil
 	})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -334,8 +333,8 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 			lcancel()
 		}
 	}
-	if err == nil && up.tr.notes != nil {
-		c.received = up.tr.notes.counter(cs.ID())
+	if err == nil && up.notes != nil {
+		c.received = up.notes.counter(cs.ID())
 	}
 	unwatch := func() {}
 	if err == nil {
@@ -351,8 +350,8 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		cs.Wait()
 		c.stopForwarding()
 		unwatch()
-		if up.tr.notes != nil {
-			up.tr.notes.forget(cs.ID())
+		if up.notes != nil {
+			up.notes.forget(cs.ID())
 		}
 		s.forget(up.cfg.Name, c)
 	}()
@@ -534,7 +533,7 @@ func (a *Aggregate) unreachable(up *aggUpstream, err error) *mcp.CallToolResult 
 	if errors.Is(err, upstreamauth.ErrAuthRequired) || (a.authRequired != nil && a.authRequired(up.cfg.Name)) {
 		return &mcp.CallToolResult{
 			IsError: true,
-			Content: []mcp.Content{&mcp.TextContent{Text: LoginRequiredMessage(up.cfg.Name, err)}},
+			Content: []mcp.Content{&mcp.TextContent{Text: upstreamauth.LoginRequiredMessage(up.cfg.Name, err)}},
 		}
 	}
 	return &mcp.CallToolResult{
@@ -879,17 +878,6 @@ func (a *Aggregate) upstreamUnsubscribe(uri string) {
 	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
 	defer cancel()
 	_ = cs.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: uri})
-}
-
-// LoginRequiredMessage is what a caller is told when upstream waits for an
-// operator's OAuth login: how to log in, and the scopes the login must
-// grant when err says (a step-up).
-func LoginRequiredMessage(upstream string, err error) string {
-	var are *upstreamauth.AuthRequiredError
-	if errors.As(err, &are) && len(are.Scopes) > 0 {
-		return fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in with the scopes %q (`caddy zidane login %s`)", upstream, strings.Join(are.Scopes, " "), upstream)
-	}
-	return fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in (`caddy zidane login %s`)", upstream, upstream)
 }
 
 // maxQueuedNotes bounds the notifications an upstream session has waiting
