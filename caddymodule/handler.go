@@ -97,11 +97,9 @@ type Handler struct {
 	limitKey   string
 	jwt        *policy.JWTVerifier
 	resURL     *url.URL // absolute when configured so, else path only
-	// route is what the route module gives to serve; mode, the module.
-	route      routing
-	mode       routeModule
-	app        *App   // this config's zidane app (upstream OAuth logins)
-	releaseOwn func() // this handler's hold on agentDeny
+	route      routing  // what the route module gives to serve
+	app        *App     // this config's zidane app (upstream OAuth logins)
+	releaseOwn func()   // this handler's hold on agentDeny
 	logger     *zap.Logger
 	audit      *zap.Logger
 }
@@ -213,8 +211,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading the route: %w", err)
 	}
-	h.mode = mod.(routeModule)
-	h.route = h.mode.routing()
+	m, ok := mod.(routeModule)
+	if !ok {
+		return fmt.Errorf("module %T is no zidane_mcp route", mod)
+	}
+	h.route = m.routing()
 	return nil
 }
 
@@ -265,7 +266,7 @@ const chooseOneMode = "zidane_mcp: choose one mode: `sessions` serves the sessio
 
 // Validate checks that a route is given.
 func (h *Handler) Validate() error {
-	if h.mode == nil {
+	if h.route.route == nil {
 		return errors.New(chooseOneMode)
 	}
 	return nil

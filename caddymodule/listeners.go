@@ -30,7 +30,7 @@ func (a *App) checkAgentBases() error {
 	for name, srv := range servers {
 		var errs []error
 		walkHandlers(srv.Routes, srv.Errors, srv.NamedRoutes, func(h *Handler) {
-			if _, sessions := h.mode.(*Sessions); !sessions || h.resURL.IsAbs() {
+			if !h.route.handsOutURLs || h.resURL.IsAbs() {
 				return
 			}
 			switch {
