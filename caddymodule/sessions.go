@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -402,13 +401,6 @@ func sessionsIDs(cs *cluster.Storage) (*broker.SessionIDs, error) {
 	return broker.NewSessionIDs(key)
 }
 
-// sessionVerbs and interactionVerbs are the verbs an orchestrator's tools
-// may list.
-var (
-	sessionVerbs     = []string{"create", "send", "steer", "cancel", "read", "list", "transcript", "wait", "events"}
-	interactionVerbs = []string{"pending", "answer"}
-)
-
 // orchestratorServers gives an orchestrator session (one created with
 // `tools`) this endpoint as an MCP server, with a token derived from its
 // creator's that grants only the listed verbs (which create checked its
@@ -423,31 +415,12 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 		log.Error("an orchestrator session has no address of this gateway to reach it at; it runs without the endpoint", "session", info.SessionID)
 		return nil
 	}
-	// create checked that the creator may call every listed verb; at a
-	// relaunch the creator may hold less (a JWT with fewer scopes) or the
-	// config grant less (a reload), and the child never holds more.
 	parent, ok := s.creatorNow(tokens, info.Owner)
 	if !ok {
 		log.Warn("the creator of an orchestrator session is gone; its agent runs without the endpoint", "session", info.SessionID)
 		return nil
 	}
-	var scopes, dropped []string
-	for _, v := range info.Tools {
-		tool := ""
-		switch {
-		case slices.Contains(sessionVerbs, v):
-			tool = "sessions"
-		case slices.Contains(interactionVerbs, v):
-			tool = "interactions"
-		default:
-			continue
-		}
-		if !s.grantsVerb(parent, tool, v) {
-			dropped = append(dropped, tool+" "+v)
-			continue
-		}
-		scopes = append(scopes, policy.VerbScope(tool, v))
-	}
+	scopes, dropped := policy.OrchestratorScopes(info.Tools, func(tool, verb string) bool { return s.grantsVerb(parent, tool, verb) })
 	if len(dropped) > 0 {
 		log.Warn("an orchestrator's creator may no longer call some of its tools; its agent gets the rest", "session", info.SessionID, "dropped", dropped)
 	}
