@@ -208,7 +208,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	}
 	// In cluster mode the route's 2025-11-25 sessions name the node that
 	// holds them, and other replicas forward to it (see forward.go).
-	var fwd *aggForward
+	var fwd *edge.Forward
 	if cs, ok := ctx.Storage().(*cluster.Storage); ok {
 		nodes := cs.Nodes()
 		if nodes == nil {
@@ -230,7 +230,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		// and another for another site or upstream list, so that no id or
 		// hop of one aggregated route is taken by another.
 		route := "aggregate-node|" + h.Resource + "|" + h.Prefix + "|" + strings.Join(h.Aggregate, ",")
-		fwd = newAggForward(ids, route, nodes, sharedHopKey(hk), h.audit)
+		fwd = newForward(ids, route, nodes, sharedHopKey(hk), h.audit)
 	}
 	// The pins are open before the route starts: its catalogs connect in
 	// the background, and their instructions are pinned as they come.
@@ -259,16 +259,16 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		Tasks:               true,
 	}
 	if fwd != nil {
-		opts.NewSessionID = fwd.mint
+		opts.NewSessionID = fwd.Mint
 		// A 2026-07-28 client's retry of a bridged call may reach any
 		// replica: every one opens the requestState, which names the node
 		// that holds the call, and forwards the retry there.
-		key, err := fwd.bridgeKey(ctx.Storage().(*cluster.Storage))
+		key, err := bridgeKey(ctx.Storage().(*cluster.Storage), fwd)
 		if err != nil {
 			return err
 		}
 		opts.BridgeKey = key
-		opts.Node = fwd.nodes.Self()
+		opts.Node = fwd.Self()
 	}
 	agg, err := broker.NewAggregate(ups, opts)
 	if err != nil {
@@ -292,7 +292,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		Tasks: tasks, Route: "aggregate|" + h.Resource + "|" + h.Prefix + "|" + strings.Join(h.Aggregate, ",")}
 	h.route = route
 	if fwd != nil {
-		h.route = &clusterAggregate{Aggregate: route, agg: agg, fwd: fwd}
+		h.route = &edge.ClusterAggregate{Aggregate: route, BridgeNode: agg.BridgeNode, Fwd: fwd}
 	}
 	return nil
 }

@@ -696,7 +696,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	if b != nil {
 		ctx = message.NewContext(ctx, b)
 	}
-	if _, ok := route.(forwardedRoute); ok && policy.IsJWTID(p.TokenID) {
+	if _, ok := route.(edge.ForwardedRoute); ok && policy.IsJWTID(p.TokenID) {
 		// The replica that holds the request's session, or runs the agent
 		// session it acts on, verifies a JWT principal's access token
 		// itself (see edge.HopKey.Sign, clustersessions).

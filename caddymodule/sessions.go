@@ -137,7 +137,7 @@ func (h *Handler) buildSessions(ctx caddy.Context, app *App) error {
 		if err != nil {
 			return err
 		}
-		h.route = &clusterSessions{Sessions: route, fwd: newAggForward(ids, sessionsRoute, cs.Nodes(), sharedHopKey(hk), h.audit)}
+		h.route = &edge.ClusterSessions{Sessions: route, Fwd: newForward(ids, sessionsRoute, cs.Nodes(), sharedHopKey(hk), h.audit)}
 	}
 	h.egress = make(map[string]edge.Route, len(sess.egress))
 	for name, e := range sess.egress {

@@ -160,7 +160,7 @@ func routeName(route edge.Route) string {
 		return "guard"
 	case *edge.Upstream:
 		return "broker"
-	case *edge.Aggregate, *clusterAggregate:
+	case *edge.Aggregate, *edge.ClusterAggregate:
 		return "aggregate"
 	}
 	return "sessions"
