@@ -415,12 +415,11 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 		log.Error("an orchestrator session has no address of this gateway to reach it at; it runs without the endpoint", "session", info.SessionID)
 		return nil
 	}
-	parent, ok := s.creatorNow(tokens, info.Owner)
+	scopes, dropped, ok := mcpendpoint.OrchestratorScopes(tokens, s.runningSites(), info.Owner, info.Tools, time.Now())
 	if !ok {
 		log.Warn("the creator of an orchestrator session is gone; its agent runs without the endpoint", "session", info.SessionID)
 		return nil
 	}
-	scopes, dropped := policy.OrchestratorScopes(info.Tools, func(tool, verb string) bool { return s.grantsVerb(parent, tool, verb) })
 	if len(dropped) > 0 {
 		log.Warn("an orchestrator's creator may no longer call some of its tools; its agent gets the rest", "session", info.SessionID, "dropped", dropped)
 	}
@@ -442,33 +441,12 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 	}}
 }
 
-// creatorNow is the principal of an orchestrator session's creator as it
-// stands: a stored token's current record, as a request with it would be
-// authenticated now (TokenStore.Lookup: refused when it, or a token it was
-// derived from, is revoked, expired or gone), or a JWT subject with the
-// scopes of its latest call. False when it is refused.
-func (s *sessionsState) creatorNow(tokens *policy.TokenStore, o sessions.Owner) (policy.Principal, bool) {
-	if policy.IsJWTID(o.TokenID) {
-		return policy.Principal{TokenID: o.TokenID, Name: o.TokenName, Kind: policy.KindUser, Scopes: o.Scopes, Source: "jwt",
-			Owner: o.ID, Expires: o.Expires, Issued: o.Issued}, true
+// runningSites are the running config's sessions sites.
+func (s *sessionsState) runningSites() []mcpendpoint.Site {
+	if p := s.sites.Load(); p != nil {
+		return *p
 	}
-	p, err := tokens.Lookup(o.TokenID, time.Now())
-	return p, err == nil
-}
-
-// grantsVerb reports whether every sessions site of the running config
-// lets p call tool with verb.
-func (s *sessionsState) grantsVerb(p policy.Principal, tool, verb string) bool {
-	sites := s.sites.Load()
-	if sites == nil || len(*sites) == 0 {
-		return false
-	}
-	for _, site := range *sites {
-		if !site.Access.Scopes.GrantsVerb(p, tool, verb) {
-			return false
-		}
-	}
-	return true
+	return nil
 }
 
 // rpcCaller establishes, on this node, whom another replica's request
@@ -479,11 +457,7 @@ func (s *sessionsState) rpcCaller(ctx context.Context, c clustersessions.Caller,
 	if c.TokenID == "" {
 		return s.signer.ForwardedReader(c.Credential, u.ID, u.Tool, u.Verbs)
 	}
-	var sites []mcpendpoint.Site
-	if p := s.sites.Load(); p != nil {
-		sites = *p
-	}
-	return mcpendpoint.ForwardedOwner(ctx, sites, c.TokenID, c.Scopes, c.Credential, u.Tool, u.Verbs, time.Now())
+	return mcpendpoint.ForwardedOwner(ctx, s.runningSites(), c.TokenID, c.Scopes, c.Credential, u.Tool, u.Verbs, time.Now())
 }
 
 // mintChild mints, or renews at a relaunch, the token of purpose for the
