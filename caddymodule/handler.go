@@ -19,14 +19,12 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/message"
-	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
 )
@@ -207,12 +205,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 }
 
 const (
-	defaultMaxBody     = 1 << 20
-	defaultResource    = "/mcp"
-	wellKnownResource  = edge.WellKnownResource
-	mcpSessionHeader   = "Mcp-Session-Id"
-	protocolHeader     = "Mcp-Protocol-Version"
-	allowedCORSHeaders = "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name"
+	defaultMaxBody    = 1 << 20
+	defaultResource   = "/mcp"
+	wellKnownResource = edge.WellKnownResource
+	mcpSessionHeader  = "Mcp-Session-Id"
+	protocolHeader    = "Mcp-Protocol-Version"
 )
 
 var (
@@ -487,10 +484,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if r.Header[edge.HopHeader] != nil || r.Header[edge.HopPrincipalHeader] != nil || r.Header[edge.HopCredentialHeader] != nil {
 		return h.serveHop(w, r, rf)
 	}
-	if v := h.checkHostOrigin(r); !v.Allowed() {
+	if v := edge.CheckHostOrigin(r, h.origins, !h.DisableLocalhostProtection); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
-	if h.preflight(w, r, rf.origin) || h.servePublic(w, r) {
+	if edge.Preflight(w, r) || h.servePublic(w, r) {
 		return nil
 	}
 	route, v := h.routeFor(r.URL.Path)
@@ -556,61 +553,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 6. Serve.
 	return h.serve(w, r, route, p, d.Body, rf, tr, next)
-}
-
-// checkHostOrigin is step 1: on a loopback listener, a Host that is not
-// loopback is a DNS-rebinding attempt (the spec's localhost rule); a
-// browser Origin must be allowed.
-func (h *Handler) checkHostOrigin(r *http.Request) edge.Verdict {
-	if !h.DisableLocalhostProtection && onLoopbackListener(r) && !policy.HostIsLoopback(r.Host) {
-		return edge.Refuse(http.StatusForbidden, "host",
-			fmt.Sprintf("Host %q is not this machine: this endpoint listens on loopback only; if a proxy in front sets another Host, set disable_localhost_protection", r.Host))
-	}
-	if origin := r.Header.Get("Origin"); !h.origins.Allowed(origin, r.Host) {
-		return edge.Refuse(http.StatusForbidden, "origin",
-			fmt.Sprintf("Origin %q is not allowed to call this MCP endpoint; an operator can add it to allowed_origins", origin))
-	}
-	return edge.Verdict{}
-}
-
-// maxCORSParamHeaders bounds the Mcp-Param-* names a preflight is allowed.
-const maxCORSParamHeaders = 64
-
-// corsAllowHeaders is what a preflight allows: the MCP headers, and the
-// Mcp-Param-* headers (2026-07-28, one per x-mcp-header binding, so no
-// fixed list names them) that the browser asks for, each a plain header
-// name; the edge checks their values against the body like any client's.
-func corsAllowHeaders(requested []string) string {
-	out := allowedCORSHeaders
-	n := 0
-	for _, line := range requested {
-		for name := range strings.SplitSeq(line, ",") {
-			name = strings.TrimSpace(name)
-			if n < maxCORSParamHeaders && len(name) <= 128 && len(name) > len("mcp-param-") &&
-				strings.EqualFold(name[:len("mcp-param-")], "mcp-param-") && httpguts.ValidHeaderFieldName(name) {
-				out += ", " + name
-				n++
-			}
-		}
-	}
-	return out
-}
-
-// preflight sets the CORS headers of an allowed browser Origin, and
-// answers its preflight request.
-func (h *Handler) preflight(w http.ResponseWriter, r *http.Request, origin string) bool {
-	if origin == "" {
-		return false
-	}
-	setCORS(w.Header(), origin)
-	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
-		return false
-	}
-	w.Header().Set("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS")
-	w.Header().Set("Access-Control-Allow-Headers", corsAllowHeaders(r.Header.Values("Access-Control-Request-Headers")))
-	w.Header().Set("Access-Control-Max-Age", "600")
-	w.WriteHeader(http.StatusNoContent)
-	return true
 }
 
 // servePublic serves what needs no bearer token, each behind its own
@@ -765,18 +707,6 @@ func clientIP(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	return host
-}
-
-// onLoopbackListener reports whether r arrived on a loopback address.
-func onLoopbackListener(r *http.Request) bool {
-	addr, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	return pinnedfetch.IsLoopbackSocket(addr)
-}
-
-func setCORS(h http.Header, origin string) {
-	h.Set("Access-Control-Allow-Origin", origin)
-	h.Add("Vary", "Origin")
-	h.Set("Access-Control-Expose-Headers", "Mcp-Session-Id, WWW-Authenticate, Retry-After")
 }
 
 // Interface guards.
