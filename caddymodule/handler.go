@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"runtime"
-	"strconv"
 	"strings"
 	"time"
 
@@ -115,7 +114,7 @@ type Handler struct {
 	jwt        *policy.JWTVerifier
 	resURL     *url.URL // absolute when configured so, else path only
 	// route is this site's mode; egress, in sessions mode, the routes of
-	// the upstreams offered to sessions, under egressPrefix<name>/.
+	// the upstreams offered to sessions, under edge.EgressPrefix<name>/.
 	route       edge.Route
 	answerMax   int64 // Listing.Max of every answer: guard max_response; 0 elsewhere
 	egress      map[string]edge.Route
@@ -490,7 +489,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if edge.Preflight(w, r) || h.servePublic(w, r) {
 		return nil
 	}
-	route, v := h.routeFor(r.URL.Path)
+	route, v := edge.EgressRoute(r.URL.Path, h.route, h.egress)
 	if !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
@@ -574,24 +573,6 @@ func (h *Handler) servePublic(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	return true
-}
-
-// routeFor is the route of a request path: a session's egress route under
-// egressPrefix<name>/ on the sessions endpoint, else the site's own.
-func (h *Handler) routeFor(path string) (edge.Route, edge.Verdict) {
-	if h.egress == nil {
-		return h.route, edge.Verdict{}
-	}
-	rest, ok := strings.CutPrefix(path, egressPrefix)
-	if !ok {
-		return h.route, edge.Verdict{}
-	}
-	name, _, _ := strings.Cut(rest, "/")
-	if r, ok := h.egress[name]; ok {
-		return r, edge.Verdict{}
-	}
-	return nil, edge.Refuse(http.StatusNotFound, "no_upstream",
-		"no upstream is offered to sessions at this path; see session_upstreams in the zidane global option")
 }
 
 // authenticate is step 2 (edge.Authentication): the credential's
@@ -716,24 +697,3 @@ var (
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
-
-// agentBase is where the agents of sessions that r creates reach this
-// gateway: the configured resource's origin, else the listener r arrived on
-// (scheme://ip:port, which the client cannot choose), never r's Host or
-// X-Forwarded-* headers. The URLs handed to agents carry their tokens.
-// Empty when neither gives one (a unix socket; the app refuses to start
-// such a site, see checkAgentBases).
-func (h *Handler) agentBase(r *http.Request) string {
-	if h.resURL.IsAbs() {
-		return h.resURL.Scheme + "://" + h.resURL.Host
-	}
-	addr, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)
-	if !ok {
-		return ""
-	}
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
-	return scheme + "://" + net.JoinHostPort(addr.IP.String(), strconv.Itoa(addr.Port))
-}

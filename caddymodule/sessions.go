@@ -124,7 +124,7 @@ func (h *Handler) buildSessions(ctx caddy.Context, app *App) error {
 	endpoint := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sess.endpoint.ServeHTTP(w, r.WithContext(mcpendpoint.WithAccess(r.Context(), access)))
 	})
-	route := &edge.Sessions{Scopes: h.scopes, Endpoint: endpoint, Base: h.agentBase}
+	route := &edge.Sessions{Scopes: h.scopes, Endpoint: endpoint, Base: edge.ProtectedResource{URL: h.resURL}.AgentBase}
 	h.route = route
 	if cs, ok := ctx.Storage().(*cluster.Storage); ok {
 		// The endpoint's 2025-11-25 MCP sessions name their node (see
