@@ -300,16 +300,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpo
 				return nil, err
 			}
 			served = st.cluster
-			// Another node's sessions are its to judge: their tokens stay.
-			// An id with no node is no other node's either (a session of
-			// this host's from before it joined a cluster): this engine
-			// judges it.
-			alive = func(id string) bool {
-				if n := sessions.NodeOf(id); n != "" && n != node {
-					return true
-				}
-				return engine.Alive(id)
-			}
+			alive = clustersessions.Alive(node, engine.Alive)
 		}
 		var mint func() string
 		if shared != nil {
