@@ -203,147 +203,9 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpo
 		a.MaxSessionsPerToken, a.MaxAgentsPerToken, a.MCPSessionIdleTimeout)
 	key := "sessions|" + storageKey(ctx.Storage())
 	tokens := a.Tokens()
-	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
-		if shared != nil {
-			// One engine per node id: another over a storage block that
-			// changed would resume this node's sessions while the running
-			// config's engine still runs them.
-			if other, busy := nodeEngines.LoadOrStore(node, key); busy && other != key {
-				return nil, fmt.Errorf("the zidane cluster block changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", node)
-			}
-		}
-		logger := slog.New(zapslog.NewHandler(ctx.Logger().Named("sessions").Core()))
-		signer := sessionpage.NewSigner(time.Duration(a.LinkTTL))
-		if shared != nil {
-			// A link any replica signed opens on every other.
-			k, err := shared.DeriveKey("session page links v1")
-			if err == nil {
-				signer, err = sessionpage.NewSignerKey(k, time.Duration(a.LinkTTL))
-			}
-			if err != nil {
-				return nil, err
-			}
-		}
-		st := &sessionsState{signer: signer, agentsHash: hash, endpointPath: endpointPath, node: node, poolKey: key}
-		// Until this config starts (App.Start), the sessions resumed now
-		// are held to the map of the site that built the engine, and
-		// other replicas' requests are taken as it takes its callers.
-		st.sites.Store(&[]mcpendpoint.Site{site})
-		// Resumed sessions may launch while NewEngine runs; the hook that
-		// needs the engine waits for it.
-		ready := make(chan struct{})
-		egress, err := a.buildEgress(logger)
-		if err != nil {
-			return nil, err
-		}
-		st.egress = egress
-		names := make([]string, 0, len(agents))
-		for n := range agents {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		openCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		engine, err := sessions.NewEngine(openCtx, sessions.Config{
-			Agents:       agents,
-			DefaultAgent: def,
-			Storage:      storage.Storage(ctx.Storage()),
-			Node:         node,
-			WorktreeRoot: a.WorktreeRoot,
-			Roots:        a.Roots,
-			Confine:      confineCommand,
-			Deny:         deniedFiles,
-			Denied:       auditLaunchDenied,
-			Limits: sessions.Limits{
-				MaxAgents:           a.MaxAgents,
-				MaxSessions:         a.MaxSessions,
-				MaxSessionsPerToken: a.MaxSessionsPerToken,
-				MaxAgentsPerToken:   a.MaxAgentsPerToken,
-				IdleTimeout:         time.Duration(a.AgentIdleTimeout),
-			},
-			LinkFor: func(id, base string) string { return st.signer.Link(base, id) },
-			MCPServers: func(info sessions.SessionInfo) []sessions.McpServer {
-				<-ready
-				return append(st.orchestratorServers(tokens, info, logger), st.egressServers(tokens, info, logger)...)
-			},
-			// What was minted for a session's agent goes with the session.
-			Ended: func(id string) {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				if _, err := tokens.DeleteSession(ctx, id); err != nil {
-					logger.Error("deleting the tokens of an ended session failed; the next start deletes them", "session", id, "error", err)
-				}
-			},
-			Logger: logger,
-		})
-		if err != nil {
-			return nil, err
-		}
-		// What the endpoint and the page serve: this engine, or on a
-		// cluster every node's sessions.
-		var served sessions.Sessions = engine
-		alive := engine.Alive
-		if shared != nil {
-			st.cluster, err = clustersessions.New(openCtx, clustersessions.Options{
-				Local: engine, Listings: engine, Node: node, Storage: shared, Logger: logger, Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq,
-				Resolve: st.rpcCaller, OnRefusal: auditRPCRefusal,
-				LinkFor: func(id, base string) string { return st.signer.Link(base, id) },
-				Peers: func() []string {
-					if n := shared.Nodes(); n != nil {
-						return n.AliveServing(sessionsService)
-					}
-					return nil
-				},
-			})
-			if err != nil {
-				engine.Close()
-				return nil, err
-			}
-			served = st.cluster
-			alive = clustersessions.Alive(node, engine.Alive)
-		}
-		var mint func() string
-		if shared != nil {
-			ids, err := sessionsIDs(shared)
-			if err != nil {
-				engine.Close()
-				st.cluster.Close()
-				return nil, err
-			}
-			mint = func() string { return ids.Seal(node+"/"+rand.Text(), "", sessionsRoute) }
-		}
-		endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: served, Agents: names, Logger: logger, OnRefusal: auditToolRefusal,
-			SessionTimeout: max(0, time.Duration(a.MCPSessionIdleTimeout)), NewSessionID: mint})
-		if err != nil {
-			if st.cluster != nil {
-				st.cluster.Close()
-			}
-			engine.Close()
-			return nil, err
-		}
-		st.engine, st.endpoint, st.alive = engine, endpoint, engine.Alive
-		if st.cluster != nil {
-			// The others ask this node about its sessions once its
-			// registry entry says it serves them.
-			st.unserve = shared.Nodes().Serve(sessionsService)
-		}
-		// Before any agent gets a token: the tokens of sessions that ended
-		// while the gateway was down, and those minted before tokens
-		// recorded their session, have no use.
-		pruneCtx, cancelPrune := context.WithTimeout(context.Background(), 30*time.Second)
-		if gone, err := tokens.PruneDerived(pruneCtx, alive); err != nil {
-			logger.Error("deleting the tokens of ended sessions failed; they are refused all the same once their parent goes", "error", err)
-		} else if len(gone) > 0 {
-			logger.Info("deleted the tokens of sessions that have ended", "tokens", len(gone))
-		}
-		cancelPrune()
-		close(ready)
-		st.page = &sessionpage.Page{Sessions: served, Signer: st.signer}
-		// Revoking a token cancels what it started, wherever the revocation
-		// came from (admin API, CLI offline, parent token).
-		st.unhook = tokens.OnRevoke(func(t policy.Token) { engine.RevokeToken(t.ID) })
-		return st, nil
-	})
+	in := sessionsInputs{shared: shared, node: node, key: key, hash: hash, endpointPath: endpointPath, site: site,
+		agents: agents, def: def, confine: confineCommand, tokens: tokens}
+	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) { return a.newSessionsState(ctx, in) })
 	if err != nil {
 		if shared != nil {
 			nodeEngines.CompareAndDelete(node, key) // the state was not made
@@ -371,6 +233,191 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpo
 			zap.String("hint", "restart caddy to apply agent and limit changes"))
 	}
 	return st, key, nil
+}
+
+// sessionsInputs are what loadSessions found for the state it builds.
+type sessionsInputs struct {
+	shared                        *cluster.Storage // a cluster's storage, else nil
+	node, key, hash, endpointPath string
+	site                          mcpendpoint.Site
+	agents                        map[string]sessions.AgentConfig
+	def                           string
+	confine                       []string
+	tokens                        *policy.TokenStore
+}
+
+// newSessionsState builds the pooled sessions state: the engine, on a
+// cluster its place among the replicas, the MCP endpoint and the session
+// page.
+func (a *App) newSessionsState(ctx caddy.Context, in sessionsInputs) (*sessionsState, error) {
+	if in.shared != nil {
+		// One engine per node id: another over a storage block that
+		// changed would resume this node's sessions while the running
+		// config's engine still runs them.
+		if other, busy := nodeEngines.LoadOrStore(in.node, in.key); busy && other != in.key {
+			return nil, fmt.Errorf("the zidane cluster block changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", in.node)
+		}
+	}
+	logger := slog.New(zapslog.NewHandler(ctx.Logger().Named("sessions").Core()))
+	signer, err := a.linkSigner(in.shared)
+	if err != nil {
+		return nil, err
+	}
+	st := &sessionsState{signer: signer, agentsHash: in.hash, endpointPath: in.endpointPath, node: in.node, poolKey: in.key}
+	// Until this config starts (App.Start), the sessions resumed now
+	// are held to the map of the site that built the engine, and
+	// other replicas' requests are taken as it takes its callers.
+	st.sites.Store(&[]mcpendpoint.Site{in.site})
+	// Resumed sessions may launch while NewEngine runs; the hook that
+	// needs the engine waits for it.
+	ready := make(chan struct{})
+	if st.egress, err = a.buildEgress(logger); err != nil {
+		return nil, err
+	}
+	openCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	engine, err := sessions.NewEngine(openCtx, a.engineConfig(ctx, st, in, logger, ready))
+	if err != nil {
+		return nil, err
+	}
+	// What the endpoint and the page serve: this engine, or on a
+	// cluster every node's sessions.
+	var served sessions.Sessions = engine
+	alive := engine.Alive
+	var mint func() string
+	if in.shared != nil {
+		if mint, err = st.joinCluster(openCtx, engine, in.shared, logger); err != nil {
+			engine.Close()
+			return nil, err
+		}
+		served, alive = st.cluster, clustersessions.Alive(in.node, engine.Alive)
+	}
+	endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: served, Agents: sortedNames(in.agents), Logger: logger, OnRefusal: auditToolRefusal,
+		SessionTimeout: max(0, time.Duration(a.MCPSessionIdleTimeout)), NewSessionID: mint})
+	if err != nil {
+		if st.cluster != nil {
+			st.cluster.Close()
+		}
+		engine.Close()
+		return nil, err
+	}
+	st.engine, st.endpoint, st.alive = engine, endpoint, engine.Alive
+	if st.cluster != nil {
+		// The others ask this node about its sessions once its
+		// registry entry says it serves them.
+		st.unserve = in.shared.Nodes().Serve(sessionsService)
+	}
+	pruneEnded(in.tokens, alive, logger)
+	close(ready)
+	st.page = &sessionpage.Page{Sessions: served, Signer: st.signer}
+	// Revoking a token cancels what it started, wherever the revocation
+	// came from (admin API, CLI offline, parent token).
+	st.unhook = in.tokens.OnRevoke(func(t policy.Token) { engine.RevokeToken(t.ID) })
+	return st, nil
+}
+
+// linkSigner signs the session pages' links: on a cluster with a key
+// derived from the cluster key, so that a link any replica signed opens
+// on every other.
+func (a *App) linkSigner(shared *cluster.Storage) (*sessionpage.Signer, error) {
+	if shared == nil {
+		return sessionpage.NewSigner(time.Duration(a.LinkTTL)), nil
+	}
+	k, err := shared.DeriveKey("session page links v1")
+	if err != nil {
+		return nil, err
+	}
+	return sessionpage.NewSignerKey(k, time.Duration(a.LinkTTL))
+}
+
+// engineConfig is the session engine's configuration: the app's agents
+// and limits, and the hooks by which the engine reaches the tokens and
+// MCP servers of its sessions' agents (which wait for ready).
+func (a *App) engineConfig(ctx caddy.Context, st *sessionsState, in sessionsInputs, logger *slog.Logger, ready <-chan struct{}) sessions.Config {
+	tokens := in.tokens
+	return sessions.Config{
+		Agents:       in.agents,
+		DefaultAgent: in.def,
+		Storage:      storage.Storage(ctx.Storage()),
+		Node:         in.node,
+		WorktreeRoot: a.WorktreeRoot,
+		Roots:        a.Roots,
+		Confine:      in.confine,
+		Deny:         deniedFiles,
+		Denied:       auditLaunchDenied,
+		Limits: sessions.Limits{
+			MaxAgents:           a.MaxAgents,
+			MaxSessions:         a.MaxSessions,
+			MaxSessionsPerToken: a.MaxSessionsPerToken,
+			MaxAgentsPerToken:   a.MaxAgentsPerToken,
+			IdleTimeout:         time.Duration(a.AgentIdleTimeout),
+		},
+		LinkFor: func(id, base string) string { return st.signer.Link(base, id) },
+		MCPServers: func(info sessions.SessionInfo) []sessions.McpServer {
+			<-ready
+			return append(st.orchestratorServers(tokens, info, logger), st.egressServers(tokens, info, logger)...)
+		},
+		// What was minted for a session's agent goes with the session.
+		Ended: func(id string) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, err := tokens.DeleteSession(ctx, id); err != nil {
+				logger.Error("deleting the tokens of an ended session failed; the next start deletes them", "session", id, "error", err)
+			}
+		},
+		Logger: logger,
+	}
+}
+
+// joinCluster serves every replica's sessions through engine on a
+// cluster's storage (st.cluster), and returns the minting of the MCP
+// session ids that name this node.
+func (st *sessionsState) joinCluster(ctx context.Context, engine *sessions.Engine, shared *cluster.Storage, logger *slog.Logger) (func() string, error) {
+	c, err := clustersessions.New(ctx, clustersessions.Options{
+		Local: engine, Listings: engine, Node: st.node, Storage: shared, Logger: logger, Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq,
+		Resolve: st.rpcCaller, OnRefusal: auditRPCRefusal,
+		LinkFor: func(id, base string) string { return st.signer.Link(base, id) },
+		Peers: func() []string {
+			if n := shared.Nodes(); n != nil {
+				return n.AliveServing(sessionsService)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	ids, err := sessionsIDs(shared)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	st.cluster = c
+	node := st.node
+	return func() string { return ids.Seal(node+"/"+rand.Text(), "", sessionsRoute) }, nil
+}
+
+// pruneEnded deletes, before any agent gets a token, the tokens of
+// sessions that ended while the gateway was down, and those minted before
+// tokens recorded their session: they have no use.
+func pruneEnded(tokens *policy.TokenStore, alive func(string) bool, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if gone, err := tokens.PruneDerived(ctx, alive); err != nil {
+		logger.Error("deleting the tokens of ended sessions failed; they are refused all the same once their parent goes", "error", err)
+	} else if len(gone) > 0 {
+		logger.Info("deleted the tokens of sessions that have ended", "tokens", len(gone))
+	}
+}
+
+// sortedNames are the names of the agents, sorted.
+func sortedNames(agents map[string]sessions.AgentConfig) []string {
+	names := make([]string, 0, len(agents))
+	for n := range agents {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
 }
 
 // sessionsRoute is the sessions endpoint's identity in the node ids its
