@@ -109,7 +109,7 @@ func (c *ClusterConfig) check() error {
 		}
 	}
 	if c.Advertise != "" {
-		if err := checkAdvertise(c.Advertise); err != nil {
+		if err := cluster.CheckAdvertise(c.Advertise); err != nil {
 			return err
 		}
 		if _, err := c.nodeID(); err != nil {
@@ -290,7 +290,7 @@ func (c *ClusterConfig) unmarshalCaddyfile(d *caddyfile.Dispenser, depth int) er
 			}
 		case "advertise":
 			if err = one(&c.Advertise); err == nil {
-				if cerr := checkAdvertise(c.Advertise); cerr != nil {
+				if cerr := cluster.CheckAdvertise(c.Advertise); cerr != nil {
 					return d.Err(cerr.Error())
 				}
 			}
