@@ -94,13 +94,11 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		w.Header().Set(edge.HopRefusedHeader, v.Reason)
 		return h.refuse(w, r, rf, v)
 	}
-	ca, ok := h.route.route.(edge.ForwardedRoute)
-	if !ok {
-		return refuse(edge.Refuse(http.StatusForbidden, "hop_refused",
-			"Zidane-Hop headers are the replicas' own, and this site takes no forwarded requests; send the request without them"))
+	ca, v := edge.HopRoute(h.route.route)
+	if !v.Allowed() {
+		return refuse(v)
 	}
 	var body []byte
-	var v edge.Verdict
 	if r.Method == http.MethodPost {
 		if body, v = edge.ReadBody(r, h.MaxBodyBytes); !v.Allowed() {
 			return h.refuse(w, r, rf, v)
@@ -131,8 +129,10 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	}
 	rf.p = p
 	modern := broker.ModernRequest(r)
-	if !modern && !f.HoldsSession(r) {
-		return h.refuse(w, r, rf, edge.UnknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict)
+	if !modern {
+		if v := edge.HeldHere(ca, r); !v.Allowed() {
+			return h.refuse(w, r, rf, v)
+		}
 	}
 	if v := edge.CheckRequest(r); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
@@ -153,11 +153,12 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		// replica, which verifies it itself (clustersessions).
 		ctx = policy.WithJWT(ctx, claims.JWT)
 	}
-	if modern && !ca.Holds(r.WithContext(ctx)) {
-		// A 2026-07-28 request is forwarded only as the retry of a call
-		// this node holds (Serve): anything else is no hop's to make.
-		return h.refuse(w, r, rf, edge.Refuse(http.StatusBadRequest, "hop_misdirected",
-			"this replica holds no pending call that the forwarded request's requestState names; call the tool again without requestState and inputResponses"))
+	if modern {
+		// A 2026-07-28 request is held by its pending call, which its
+		// decided message names.
+		if v := edge.HeldHere(ca, r.WithContext(ctx)); !v.Allowed() {
+			return h.refuse(w, r, rf, v)
+		}
 	}
 	defer h.tokens.Hold(p.TokenID, cancel).Release()
 	select {

@@ -446,3 +446,34 @@ func (f *Forward) CheckSender(c HopClaims) Verdict {
 // AnswerTag is the tag of this node's answer to the hop c (see
 // [HopKey.AnswerTag]).
 func (f *Forward) AnswerTag(c HopClaims) string { return f.o.Hop.AnswerTag(c) }
+
+// HopRoute is route as a route that takes requests other replicas
+// forward, or the refusal (403 hop_refused) of the replicas' hop headers
+// on a site whose route takes none.
+func HopRoute(route Route) (ForwardedRoute, Verdict) {
+	if fr, ok := route.(ForwardedRoute); ok {
+		return fr, Verdict{}
+	}
+	return nil, Refuse(http.StatusForbidden, "hop_refused",
+		"Zidane-Hop headers are the replicas' own, and this site takes no forwarded requests; send the request without them")
+}
+
+// HeldHere refuses a forwarded request that this node does not hold: a
+// 2025-11-25 request of a session another node holds (404
+// session_unknown, so that the client initializes again), or a 2026-07-28
+// request that is not the retry of a call this node holds (400
+// hop_misdirected: a 2026-07-28 request is forwarded for nothing else).
+// For the latter, r carries its decided message in its context.
+func HeldHere(route ForwardedRoute, r *http.Request) Verdict {
+	if !broker.ModernRequest(r) {
+		if !route.Forwarder().HoldsSession(r) {
+			return UnknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict
+		}
+		return Verdict{}
+	}
+	if !route.Holds(r) {
+		return Refuse(http.StatusBadRequest, "hop_misdirected",
+			"this replica holds no pending call that the forwarded request's requestState names; call the tool again without requestState and inputResponses")
+	}
+	return Verdict{}
+}

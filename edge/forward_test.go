@@ -163,3 +163,60 @@ func TestHopRefusedVerdict(t *testing.T) {
 		t.Errorf("a refused hop: %+v", v)
 	}
 }
+
+// thisNode is a registry in which only this node is known: what
+// HoldsSession reads of it is Self.
+type thisNode string
+
+func (n thisNode) Self() string                      { return string(n) }
+func (n thisNode) Lookup(node string) (string, bool) { return "", node == string(n) }
+
+// Hop headers reach only a route that takes forwarded requests, and a
+// forwarded request only the node that holds it: a 2025-11-25 session of
+// another node is unknown here (404, initialize again), and a 2026-07-28
+// request that is no retry of a call held here is misdirected.
+func TestHopIsServedOnlyWhereItIsHeld(t *testing.T) {
+	if _, v := HopRoute(&Guard{Route: "guard"}); v.Status != http.StatusForbidden || v.Reason != "hop_refused" {
+		t.Fatalf("a guard route took a hop: %+v", v)
+	}
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	ids, err := broker.NewSessionIDs(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := NewForward(ForwardOptions{IDs: ids, Route: hopRoute, Nodes: thisNode("gw-1"), CheckNode: cluster.CheckNodeID})
+	route, v := HopRoute(&ClusterSessions{Sessions: &Sessions{}, Fwd: f})
+	if !v.Allowed() {
+		t.Fatalf("the cluster's sessions route refuses hops: %+v", v)
+	}
+	request := func(sid, version string) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "http://mcp.example/mcp", nil)
+		if sid != "" {
+			r.Header.Set("Mcp-Session-Id", sid)
+		}
+		if version != "" {
+			r.Header.Set("Mcp-Protocol-Version", version)
+		}
+		return r
+	}
+	mine, theirs := f.Mint(), ids.Seal("gw-2/"+rand.Text(), "", hopRoute)
+	if node, ok := f.Owner(mine); !ok || node != "gw-1" {
+		t.Fatalf("a minted id names %q %v", node, ok)
+	}
+	for _, c := range []struct {
+		name   string
+		r      *http.Request
+		reason string
+	}{
+		{"this node's session", request(mine, "2025-11-25"), ""},
+		{"another node's session", request(theirs, "2025-11-25"), "session_unknown"},
+		{"no session", request("", "2025-11-25"), "session_unknown"},
+		{"a 2026-07-28 request", request("", "2026-07-28"), "hop_misdirected"},
+	} {
+		v := HeldHere(route, c.r)
+		if v.Reason != c.reason {
+			t.Errorf("%s: %+v, want reason %q", c.name, v, c.reason)
+		}
+	}
+}
