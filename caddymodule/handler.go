@@ -360,7 +360,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	// A request another replica forwarded (forward.go) is checked by its
 	// signature, which no client can make, and nothing else.
-	if r.Header[edge.HopHeader] != nil || r.Header[edge.HopPrincipalHeader] != nil || r.Header[edge.HopCredentialHeader] != nil {
+	if edge.IsHop(r.Header) {
 		return h.serveHop(w, r, rf)
 	}
 	if v := edge.CheckHostOrigin(r, h.origins, !h.DisableLocalhostProtection); !v.Allowed() {
@@ -411,13 +411,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	// 5. Rate limit.
-	if ok, retry := h.tokenLimit.Allow(p.TokenID, now); !ok {
+	if v := edge.RateLimit(h.tokenLimit, p.TokenID, now); !v.Allowed() {
 		if d.Body != nil {
 			rf.call = d.Body.Calls[0]
 		}
 		metricRateLimited.WithLabelValues("token").Inc()
-		return h.refuseRateLimited(w, r, rf, "rate_limited", retry,
-			"rate limit for this token exceeded; retry after the Retry-After delay")
+		return h.refuse(w, r, rf, v)
 	}
 	tr.event("limit", "allowed", "", traced...)
 

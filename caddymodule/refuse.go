@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"net/http"
-	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -24,13 +23,6 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rf refusal, v e
 		return caddyhttp.Error(v.Status, err)
 	}
 	return err
-}
-
-// refuseRateLimited answers 429 with Retry-After in whole seconds.
-func (h *Handler) refuseRateLimited(w http.ResponseWriter, r *http.Request, rf refusal, reason string, retry time.Duration, msg string) error {
-	v := edge.Refuse(http.StatusTooManyRequests, reason, msg)
-	v.RetryAfter = retry
-	return h.refuse(w, r, rf, v)
 }
 
 // protectedResource is what this site's RFC 9728 metadata says.

@@ -318,3 +318,10 @@ func (k *HopKey) Verify(r *http.Request, uri string, body []byte, self, route st
 	}
 	return HopClaims{From: from, To: to, At: ms, Nonce: nonce, TokenID: p.ID, Scopes: p.Scopes, JWT: credential, Client: client}, Verdict{}
 }
+
+// IsHop says whether a request carries the replicas' hop headers: it is
+// then checked by its signature, which no client can make, and nothing
+// else.
+func IsHop(h http.Header) bool {
+	return h[HopHeader] != nil || h[HopPrincipalHeader] != nil || h[HopCredentialHeader] != nil
+}

@@ -418,3 +418,18 @@ func TestHopPrincipal(t *testing.T) {
 		})
 	}
 }
+
+// Any one of the hop headers makes a request a hop, to be checked by its
+// signature: a client cannot slip one past the edge by sending it alone.
+func TestIsHop(t *testing.T) {
+	for _, name := range []string{"zidane-hop", "Zidane-Hop-Principal", "ZIDANE-HOP-CREDENTIAL"} {
+		h := http.Header{}
+		h.Set(name, "x")
+		if !IsHop(h) {
+			t.Errorf("%s alone is not taken as a hop", name)
+		}
+	}
+	if IsHop(http.Header{"Authorization": {"Bearer x"}, "Zidane-Hop-Answer": {"x"}}) {
+		t.Error("a request without hop headers is taken as a hop")
+	}
+}
