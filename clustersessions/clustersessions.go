@@ -37,6 +37,10 @@
 // the stream's sequence is the event's number, the same on every replica.
 // A replica's MCP endpoint queries and subscribes to that log, so a client
 // on any replica gets the `<session-event>`s of sessions on every node.
+//
+// The tokens minted for a session's agent are its node's to prune: a node
+// judges only its own sessions, and those from before it joined a cluster
+// ([Alive]).
 package clustersessions
 
 import (

@@ -23,6 +23,10 @@
 //     of a JWT), allowed one of the request's verbs by that site's scope
 //     map, and made into the engine's Owner as the endpoint's own callers
 //     are ([OwnerOf]);
+//   - the scopes of the token an orchestrator session's agent gets at each
+//     launch ([OrchestratorScopes]): the verbs of its tools that its
+//     creator, as it stands now, may still call on every running sessions
+//     site;
 //   - the HTTP side, two go-sdk handlers on one URL, chosen per request by
 //     its Mcp-Protocol-Version header (see "Two protocol versions" below),
 //     both behind go-sdk's bearer-token middleware whose verifier turns the
