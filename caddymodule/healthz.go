@@ -6,12 +6,11 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/edge"
 )
 
-// HealthzPath answers a load balancer's health check on every site that
-// zidane_mcp serves, without a token: 200 while the replica takes new
-// work, 503 once it is shutting down.
-const HealthzPath = "/zidane/healthz"
+// HealthzPath answers a load balancer's health check (edge.ServeHealth).
+const HealthzPath = edge.HealthPath
 
 // draining says whether this process is shutting down (a variable for
 // tests).
@@ -19,29 +18,13 @@ var draining = caddyExiting
 
 func caddyExiting() bool { return caddy.Exiting() }
 
-// serveHealthz answers GET HealthzPath with the replica's state: status
-// "ok" (200) or "draining" (503), and on NATS storage whether NATS is
-// reachable, which does not fail the check (each replica then limits on
-// its own, and every replica loses NATS at once).
+// serveHealthz answers the health check with this replica's state.
 func (h *Handler) serveHealthz(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Cache-Control", "no-store")
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		http.Error(w, "use GET "+HealthzPath, http.StatusMethodNotAllowed)
-		return
-	}
-	status, code := "ok", http.StatusOK
-	if draining() {
-		status, code = "draining", http.StatusServiceUnavailable
-	}
-	out := map[string]string{"status": status, "storage": "local"}
+	health := edge.Health{Draining: draining()}
 	if h.app != nil {
 		if cs, ok := h.app.storage.(*cluster.Storage); ok {
-			out["storage"], out["nats"] = "nats", "away"
-			if cs.Connected() {
-				out["nats"] = "connected"
-			}
+			health.Cluster, health.Connected = true, cs.Connected()
 		}
 	}
-	_ = writeJSON(w, code, out)
+	edge.ServeHealth(w, r, health)
 }

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -51,5 +52,33 @@ func TestDrainRefusesOnlyNewLegacySessions(t *testing.T) {
 				t.Fatalf("%+v, want 503 draining with a Retry-After, sending the client to another replica", v)
 			}
 		})
+	}
+}
+
+// A load balancer's health check: 200 while the replica takes new work,
+// 503 once it drains; on a cluster it says whether NATS is reachable
+// without failing on it; it is read with GET or HEAD, never cached.
+func TestServeHealth(t *testing.T) {
+	for _, c := range []struct {
+		h      Health
+		status int
+		body   string
+	}{
+		{Health{}, http.StatusOK, `{"status":"ok","storage":"local"}`},
+		{Health{Draining: true}, http.StatusServiceUnavailable, `{"status":"draining","storage":"local"}`},
+		{Health{Cluster: true, Connected: true}, http.StatusOK, `{"nats":"connected","status":"ok","storage":"nats"}`},
+		{Health{Cluster: true}, http.StatusOK, `{"nats":"away","status":"ok","storage":"nats"}`},
+		{Health{Cluster: true, Draining: true}, http.StatusServiceUnavailable, `{"nats":"away","status":"draining","storage":"nats"}`},
+	} {
+		w := httptest.NewRecorder()
+		ServeHealth(w, httptest.NewRequest(http.MethodGet, HealthPath, nil), c.h)
+		if w.Code != c.status || strings.TrimSpace(w.Body.String()) != c.body || w.Header().Get("Cache-Control") != "no-store" {
+			t.Errorf("%+v: %d %s, want %d %s", c.h, w.Code, w.Body, c.status, c.body)
+		}
+	}
+	w := httptest.NewRecorder()
+	ServeHealth(w, httptest.NewRequest(http.MethodPost, HealthPath, nil), Health{})
+	if w.Code != http.StatusMethodNotAllowed || w.Header().Get("Allow") != "GET, HEAD" {
+		t.Errorf("POST: %d Allow %q", w.Code, w.Header().Get("Allow"))
 	}
 }
