@@ -47,8 +47,13 @@
 // authentication verdicts and the charging of failed guesses to their
 // address ([Authentication]), the refusal as written ([WriteRefusal]: the
 // WWW-Authenticate challenge, the JSON-RPC code), the RFC 9728 document
-// ([ProtectedResource]), and the rule of a replica that is shutting down
-// ([Drain]).
+// ([ProtectedResource]), the Host, Origin and CORS rules
+// ([CheckHostOrigin], [Preflight]), the rate limit's verdict ([RateLimit]),
+// which upstream a session's agent reaches under [EgressPrefix]
+// ([EgressRoute]) and at what address ([ProtectedResource.AgentBase]),
+// the rule of a replica that is shutting down ([Drain]) and its health
+// check ([ServeHealth]), and which hops a node takes ([IsHop], [HopRoute],
+// [HeldHere]).
 //
 // What it never does: it never decodes a client's JSON-RPC message itself
 // (package message is the one reader), never builds anything
