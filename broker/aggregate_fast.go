@@ -511,7 +511,7 @@ func readStream(ctx context.Context, up *aggUpstream, body io.Reader, id message
 		if err != nil {
 			return nil, nil, err
 		}
-		event, ok := ev.Data()
+		event, ok := ev.Message()
 		if !ok || len(event) == 0 {
 			continue
 		}

@@ -439,6 +439,13 @@ func TestAggregateFastPathReadsEventsAsClients(t *testing.T) {
 			return append([]byte("\xEF\xBB\xBF"), b...)
 		},
 		"no space": func(b []byte) []byte { return bytes.ReplaceAll(b, []byte("data: "), []byte("data:")) },
+		// Clients take messages from events of type message only: an
+		// answer in an event of another type is not the answer.
+		"an answer of another type first": func(b []byte) []byte {
+			fake := bytes.Replace(b, []byte("event: message"), []byte("event: other"), 1)
+			fake = bytes.Replace(fake, []byte(`"a:fast"`), []byte(`"a:fake"`), 1)
+			return append(fake, b...)
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			up := newFastUp(t, "a", false)
