@@ -498,11 +498,11 @@ func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstre
 func readStream(ctx context.Context, up *aggUpstream, body io.Reader, id message.ID, other func(event []byte, env message.Call)) (result, rpcErr json.RawMessage, err error) {
 	// The body fails past max_response (see answerLimit) before an event
 	// could reach the reader's own bound.
-	max := int(up.tr.limitMax())
-	if max > 0 {
-		max++
+	bound := int(up.tr.limitMax())
+	if bound > 0 {
+		bound++
 	}
-	r := sse.NewReader(body, max)
+	r := sse.NewReader(body, bound)
 	for {
 		ev, err := r.Next()
 		if errors.Is(err, io.EOF) {

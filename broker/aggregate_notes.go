@@ -71,9 +71,9 @@ func (n *noteCounter) CloseIdleConnections() {
 // noteReader counts the events of a stream that carry a log or progress
 // notification, as a client reads the stream (see internal/sse: events of
 // type message) and as the edge reads a message (package message):
-// whatever the spelling of the stream or of the JSON. It holds an event's lines until its blank
-// line, as the answer limit under it holds the event's bytes in the
-// answer budget, and no longer.
+// whatever the spelling of the stream or of the JSON. It holds an event's
+// lines until its blank line, as the answer limit under it holds the
+// event's bytes in the answer budget, and no longer.
 type noteReader struct {
 	io.ReadCloser
 	count *atomic.Int64
