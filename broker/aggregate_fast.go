@@ -420,7 +420,7 @@ func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpst
 
 // fastPost POSTs one JSON-RPC message on the upstream session.
 func (a *Aggregate) fastPost(ctx context.Context, up *aggUpstream, sessionID, version string, body []byte) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.tr.e.URL, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(fastRead(ctx), http.MethodPost, up.tr.e.URL, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}

@@ -47,9 +47,23 @@ func (n *noteCounter) counter(sessionID string) *atomic.Int64 {
 // forget drops the counter of an upstream session that ended.
 func (n *noteCounter) forget(sessionID string) { n.sessions.Delete(sessionID) }
 
+// fastReadKey marks the context of an upstream request whose stream the
+// fast path reads and relays itself (see [fastRead]).
+type fastReadKey struct{}
+
+// fastRead marks ctx's request as one the fast path answers: the
+// notifications on its stream never reach go-sdk's handlers, so counting
+// them would hold the session's next go-sdk call for noteWait.
+func fastRead(ctx context.Context) context.Context {
+	return context.WithValue(ctx, fastReadKey{}, true)
+}
+
 func (n *noteCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := n.next.RoundTrip(req)
 	if err != nil || resp.Body == nil || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		return resp, err
+	}
+	if fast, _ := req.Context().Value(fastReadKey{}).(bool); fast {
 		return resp, err
 	}
 	sid := req.Header.Get(headerSessionID)
