@@ -558,7 +558,7 @@ func sseData(raw []byte) []byte {
 		if err != nil {
 			return nil
 		}
-		data, ok := ev.Data()
+		data, ok := ev.Message()
 		if !ok {
 			continue
 		}
