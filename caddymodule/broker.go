@@ -142,7 +142,10 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	return nil
 }
 
+// auditUpstreamCall records a call a route sent upstream when it ends: on
+// the latency histogram, and as an audit line.
 func auditUpstreamCall(l *zap.Logger, c broker.CallRecord) {
+	observeUpstreamCall(c)
 	ce := l.Check(zap.InfoLevel, "upstream call")
 	if ce == nil {
 		return // the audit log is off at this level: build nothing

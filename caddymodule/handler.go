@@ -505,6 +505,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, r, rf, v)
 	}
 	rf.p = p
+	setUserID(r, p)
 	tr := traceSteps(r)
 	if tr.on() {
 		tr.event("auth", "allowed", "", principalAttrs(p)...)
@@ -722,8 +723,7 @@ func errMessage(err, sentinel error) string {
 // is the request's step tracer, looked up once in ServeHTTP.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, rf refusal, tr steps, next caddyhttp.Handler) (err error) {
 	ip := rf.clientIP
-	metricAllowed.Inc()
-	metricTokenRequests.WithLabelValues(p.Name).Inc()
+	countAllowed(p)
 	if b != nil {
 		for _, c := range b.Calls {
 			if c.IsToolCall() {
