@@ -672,8 +672,8 @@ func badConfigs(fx configFixtures) []badConfig {
 	}
 	cases = append(cases,
 		c("storage", "an argument", "{\n\tadmin off\n\tstorage zidane_nats extra\n}\n\n"+badConfigSite+" {\n\trespond 404\n}\n", "extra"),
-		c("storage", "a block", "{\n\tadmin off\n\tstorage zidane_nats {\n\t\turl nats://127.0.0.1:1\n\t}\n}\n\n"+badConfigSite+" {\n\trespond 404\n}\n", "takes no block", "zidane { cluster {"),
-		c("storage", "without the cluster block", caddyfileOf("storage zidane_nats", "zidane_mcp {\nguard\n}"), "add zidane { cluster {"),
+		c("storage", "a block without the cluster key", "{\n\tadmin off\n\tstorage zidane_nats {\n\t\turl nats://127.0.0.1:1\n\t}\n}\n\n"+badConfigSite+" {\n\trespond 404\n}\n", "no cluster key", "ZIDANE_CLUSTER_KEY"),
+		c("storage", "without settings", caddyfileOf("storage zidane_nats", "zidane_mcp {\nguard\n}"), "storage zidane_nats has no settings", "storage zidane_nats { url"),
 		withEnv(c("zidane cluster", "an argument", caddyfileOf("storage zidane_nats\nzidane {\ncluster nats {\nurl nats://127.0.0.1:1\n}\n}", "zidane_mcp {\nguard\n}"), "takes no argument"), clusterKeyEnv),
 		withEnv(c("zidane cluster", "no url", natsBlock("node gw-1"), "no url"), clusterKeyEnv),
 		withEnv(c("zidane cluster", "on the file storage", caddyfileOf("zidane {\ncluster {\nurl nats://127.0.0.1:1\n}\n}", "zidane_mcp {\nguard\n}"), "add `storage zidane_nats`"), clusterKeyEnv),
