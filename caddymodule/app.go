@@ -135,9 +135,11 @@ type App struct {
 	// so. Default: 256 MiB.
 	MaxInflightResponse int64 `json:"max_inflight_response,omitempty"`
 
-	// Cluster, when set, is cluster mode: every replica with the same
-	// block keeps its state in one NATS JetStream, and Caddy's storage must
-	// be that one (`storage zidane_nats`). See ClusterConfig.
+	// Cluster is the former place of the cluster's settings, read with a
+	// bare `storage zidane_nats`; they now go in that storage's own object
+	// (see NATSStorage), and giving them in both places is refused. With
+	// a cluster, every replica keeps its state in one NATS JetStream,
+	// which is Caddy's storage.
 	Cluster *ClusterConfig `json:"cluster,omitempty"`
 
 	cluster    *cluster.Storage // the cluster's storage, in cluster mode

@@ -21,12 +21,13 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 )
 
-// ClusterConfig is the zidane app's cluster block: the NATS JetStream that
-// every replica shares, this replica's id and address, and the cluster
-// key. With it, Caddy's storage must be `storage zidane_nats`, which is the
-// storage this block opens (TLS certificates, tokens, sessions, upstream
+// ClusterConfig is the cluster's settings: the NATS JetStream that every
+// replica shares, this replica's id and address, and the cluster key. They
+// are the settings of `storage zidane_nats` (NATSStorage), which opens
+// them as Caddy's storage (TLS certificates, tokens, sessions, upstream
 // credentials; see package cluster for how values, large values and locks
-// are kept).
+// are kept). The zidane app's cluster block, their former place, still
+// takes them, with a bare storage zidane_nats.
 type ClusterConfig struct {
 	// URLs of the NATS servers: tls://host:4222, or nats:// to loopback.
 	URLs []string `json:"urls,omitempty"`

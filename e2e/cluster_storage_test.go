@@ -14,14 +14,17 @@ import (
 	"testing"
 )
 
-// clusterStorageCaddyfile is a guard site on the cluster whose settings
-// are given once, in storage zidane_nats.
-func clusterStorageCaddyfile(natsURL, site, upstream string) string {
+// clusterStorageCaddyfile is a guard site and a sessions site (which
+// needs the node registry) on the cluster whose settings are given once,
+// in storage zidane_nats.
+func clusterStorageCaddyfile(natsURL, node, site, sessionsSite, upstream string) string {
 	return fmt.Sprintf(`{
 	admin %s
 	storage zidane_nats {
 		url %s
 		lock_ttl 5s
+		node %s
+		advertise http://%s
 	}
 }
 
@@ -31,7 +34,13 @@ http://%s {
 	}
 	reverse_proxy %s
 }
-`, AdminPlaceholder, natsURL, site, upstream)
+
+http://%s {
+	zidane_mcp {
+		sessions
+	}
+}
+`, AdminPlaceholder, natsURL, node, sessionsSite, site, upstream, sessionsSite)
 }
 
 // readTar reads an archive that `caddy storage export` wrote, as key ->
@@ -71,8 +80,8 @@ func TestClusterStorageExportImport(t *testing.T) {
 	up := startRecordingUpstream(t)
 	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
 
-	siteA := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	a := startCaddy(t, clusterStorageCaddyfile(natsA, siteA, up.addr), clusterKey)
+	siteA, sessionsA := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	a := startCaddy(t, clusterStorageCaddyfile(natsA, "gw-a", siteA, sessionsA, up.addr), clusterKey)
 	token := createToken(t, a, "moved", "--scope", "mcp")
 	if got := post(t, "http://"+siteA+"/mcp", token, initializeBody).status; got != http.StatusOK {
 		t.Fatalf("cluster A refused its own token: %d", got)
@@ -92,8 +101,8 @@ func TestClusterStorageExportImport(t *testing.T) {
 		}
 	}
 
-	siteB := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	b := newCaddy(t, clusterStorageCaddyfile(natsB, siteB, up.addr), clusterKey)
+	siteB, sessionsB := fmt.Sprintf("127.0.0.1:%d", freePort(t)), fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	b := newCaddy(t, clusterStorageCaddyfile(natsB, "gw-b", siteB, sessionsB, up.addr), clusterKey)
 	stdout, stderr, err := b.Run(t, "storage", "import", "--config", b.Caddyfile, "--input", archive)
 	if err != nil || !strings.Contains(stdout, "Successfully imported storage") {
 		t.Fatalf("caddy storage import: %v\n%s%s", err, stdout, stderr)
@@ -115,7 +124,7 @@ func TestClusterStorageExportImport(t *testing.T) {
 
 	// The settings are given once: in the storage, not also in the app.
 	twice := filepath.Join(t.TempDir(), "Caddyfile")
-	cf := strings.Replace(clusterStorageCaddyfile(natsA, siteA, up.addr), "admin "+AdminPlaceholder,
+	cf := strings.Replace(clusterStorageCaddyfile(natsA, "gw-a", siteA, sessionsA, up.addr), "admin "+AdminPlaceholder,
 		"admin off\n\tzidane {\n\t\tcluster {\n\t\t\turl "+natsA+"\n\t\t}\n\t}", 1)
 	if err := os.WriteFile(twice, []byte(cf), 0o600); err != nil {
 		t.Fatal(err)
