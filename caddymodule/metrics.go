@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -128,17 +129,19 @@ func callOutcome(c broker.CallRecord) string {
 	return broker.OutcomeError
 }
 
+// liveEngines are the session engines of this process, for the gauges.
+// They are kept here, not read from sessionsPool, whose Range waits for an
+// engine that is being built (restoring its sessions from storage) and
+// would hold a scrape that long.
+var liveEngines sync.Map // *sessions.Engine -> struct{}
+
 // sessionCounts sums the open sessions and running agents of every
 // session engine in this process.
 func sessionCounts() (open, agents int) {
-	seen := map[*sessions.Engine]bool{}
-	sessionsPool.Range(func(_, v any) bool {
-		if st, ok := v.(*sessionsState); ok && st.engine != nil && !seen[st.engine] {
-			seen[st.engine] = true
-			o, a := st.engine.Counts()
-			open += o
-			agents += a
-		}
+	liveEngines.Range(func(k, _ any) bool {
+		o, a := k.(*sessions.Engine).Counts()
+		open += o
+		agents += a
 		return true
 	})
 	return open, agents

@@ -98,6 +98,7 @@ func (s *sessionsState) Destruct() error {
 		s.unserve()
 		s.cluster.Close()
 	}
+	liveEngines.Delete(s.engine)
 	if cerr := s.engine.Close(); err == nil {
 		err = cerr
 	}
@@ -188,7 +189,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpo
 	if shared != nil {
 		nodes := shared.Nodes()
 		if nodes == nil {
-			return nil, "", errors.New("zidane_mcp sessions: in cluster mode, the sessions endpoint needs this replica's id and address: set `node` (such as gw-1) and `advertise` (where the other replicas reach it) in the zidane cluster block, so that each session runs on one replica and the others reach it there")
+			return nil, "", errors.New("zidane_mcp sessions: in cluster mode, the sessions endpoint needs this replica's id and address: set `node` (such as gw-1) and `advertise` (where the other replicas reach it) in storage zidane_nats's block, so that each session runs on one replica and the others reach it there")
 		}
 		node = nodes.Self()
 	}
@@ -332,6 +333,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpo
 			return nil, err
 		}
 		st.engine, st.endpoint, st.alive = engine, endpoint, engine.Alive
+		liveEngines.Store(engine, struct{}{})
 		if st.cluster != nil {
 			// The others ask this node about its sessions once its
 			// registry entry says it serves them.
