@@ -214,7 +214,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	if cs, ok := ctx.Storage().(*cluster.Storage); ok {
 		nodes := cs.Nodes()
 		if nodes == nil {
-			return errors.New("aggregate in cluster mode: set advertise (and node, unless the host name is this replica's id) in the zidane cluster block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see the README's cluster section")
+			return errors.New("aggregate in cluster mode: set advertise (and node, unless the host name is this replica's id) in storage zidane_nats's block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see docs/cluster.md")
 		}
 		key, err := sessionIDKey(cs)
 		if err != nil {

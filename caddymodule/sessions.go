@@ -211,7 +211,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpo
 			// changed would resume this node's sessions while the running
 			// config's engine still runs them.
 			if other, busy := nodeEngines.LoadOrStore(node, key); busy && other != key {
-				return nil, fmt.Errorf("the zidane cluster block changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", node)
+				return nil, fmt.Errorf("the cluster's settings (storage zidane_nats) changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", node)
 			}
 		}
 		logger := slog.New(zapslog.NewHandler(ctx.Logger().Named("sessions").Core()))
