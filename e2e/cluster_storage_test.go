@@ -142,3 +142,37 @@ func keysOf(m map[string][]byte) []string {
 	}
 	return ks
 }
+
+// An operator who moves the settings from the zidane app's cluster block
+// into storage zidane_nats, as the upgrade page says, reloads a running
+// replica onto the new form: the same settings are the same connection,
+// so the sessions endpoint keeps its engine (a changed connection under it
+// is refused until a restart), and a session made before the reload is
+// still there after it.
+func TestClusterReloadOntoTheStorageBlock(t *testing.T) {
+	natsURL := startNATSServer(t)
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+	port := freePort(t)
+	settings := fmt.Sprintf("url %s\n\t\tnode gw-a\n\t\tadvertise http://127.0.0.1:%d", natsURL, port)
+	site := fmt.Sprintf(`
+http://127.0.0.1:%d {
+	zidane_mcp {
+		sessions
+	}
+}
+`, port)
+	before := fmt.Sprintf("{\n\tadmin %s\n\tstorage zidane_nats\n\tzidane {\n\t\tcluster {\n\t\t%s\n\t\t}\n\t}\n}\n", AdminPlaceholder, settings) + site
+	after := fmt.Sprintf("{\n\tadmin %s\n\tstorage zidane_nats {\n\t\t%s\n\t}\n}\n", AdminPlaceholder, settings) + site
+
+	c := startCaddy(t, before, clusterKey)
+	token := createToken(t, c, "mover", "--scope", "chat")
+	url := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	g := connectGoSessions(t, url, token, "before")
+	created := createSession(t, g, t.TempDir(), "hello")
+
+	c.Reload(t, after)
+	g = connectGoSessions(t, url, token, "after")
+	if v := readSession(t, g, created.SessionID, false); v.SessionID != created.SessionID {
+		t.Fatalf("after the reload onto storage zidane_nats { … }, the session reads as %+v", v)
+	}
+}
