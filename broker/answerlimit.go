@@ -6,13 +6,19 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/sse"
 )
 
 // DefaultMaxResponse is an upstream's max_response when none is
 // configured: the most one answer of the upstream may hold.
 const DefaultMaxResponse = 16 << 20
+
+// sessionHeader is the header of the upstream session an answer belongs to.
+const sessionHeader = "Mcp-Session-Id"
 
 // DefaultAnswerBudget is the in-flight answer budget when none is
 // configured (see [AnswerBudget]).
@@ -200,10 +206,10 @@ func (l *answerLimit) RoundTrip(req *http.Request) (*http.Response, error) {
 		// Known to be over before a byte is read.
 		resp.Body.Close()
 		err := &AnswerTooLargeError{Upstream: l.upstream, Limit: l.max}
-		l.failed(req.Header.Get(headerSessionID), err)
+		l.failed(req.Header.Get(sessionHeader), err)
 		return nil, err
 	}
-	resp.Body = &limitedBody{rc: resp.Body, l: l, sid: req.Header.Get(headerSessionID), sse: sse, perEvent: perEvent}
+	resp.Body = &limitedBody{rc: resp.Body, l: l, sid: req.Header.Get(sessionHeader), sse: sse, perEvent: perEvent}
 	return resp, nil
 }
 
@@ -214,9 +220,9 @@ func (l *answerLimit) CloseIdleConnections() {
 }
 
 // limitedBody counts an answer's bytes against its limit and the budget.
-// On an event stream it finds the ends of events (a blank line, with any of
-// the three line ends SSE allows), where a GET stream's count starts again
-// and the bytes held so far are given back.
+// On an event stream it finds the ends of events where a client does (see
+// internal/sse), where a GET stream's count starts again and the bytes
+// held so far are given back.
 type limitedBody struct {
 	rc       io.ReadCloser
 	l        *answerLimit
@@ -227,7 +233,7 @@ type limitedBody struct {
 	mu    sync.Mutex
 	n     int64 // bytes counted against max
 	held  int64 // bytes reserved from the budget
-	split sseSplit
+	split sse.Splitter
 	err   error // the failure every later Read returns
 }
 
@@ -295,38 +301,7 @@ func (b *limitedBody) count(chunk []byte) error {
 // eventEnd returns the length of chunk up to and including the line end
 // that ends an event, or -1 when no event ends in chunk. It keeps the line
 // state across calls.
-func (b *limitedBody) eventEnd(chunk []byte) int { return b.split.end(chunk) }
-
-// sseSplit finds the ends of events in an event stream read piece by piece:
-// an event ends at a blank line, and a line ends at \r\n, \n or \r (the
-// three line ends the SSE format allows). The zero value is at the start
-// of a line.
-type sseSplit struct {
-	midLine bool // a byte of the current line has been seen
-	prevCR  bool // the last byte was \r (a \n after it ends no line)
-}
-
-// end returns the length of chunk up to and including the line end that
-// ends an event, or -1 when no event ends in chunk.
-func (s *sseSplit) end(chunk []byte) int {
-	for i, c := range chunk {
-		if c == '\n' && s.prevCR {
-			s.prevCR = false
-			continue
-		}
-		s.prevCR = false
-		if c == '\r' || c == '\n' {
-			s.prevCR = c == '\r'
-			if !s.midLine {
-				return i + 1
-			}
-			s.midLine = false
-			continue
-		}
-		s.midLine = true
-	}
-	return -1
-}
+func (b *limitedBody) eventEnd(chunk []byte) int { return b.split.End(chunk) }
 
 func (b *limitedBody) add(n int64) error {
 	b.n += n
@@ -357,3 +332,9 @@ func (b *limitedBody) Close() error {
 }
 
 var errReadAfterClose = errors.New("read of an upstream answer after it was closed")
+
+// isEventStream reports whether a Content-Type is text/event-stream.
+func isEventStream(contentType string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
+}

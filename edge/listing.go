@@ -497,7 +497,7 @@ func (w *listingWriter) WriteHeader(status int) {
 	if status >= 200 && status < 300 {
 		switch answerType(w.Header().Values("Content-Type")) {
 		case typeSSE:
-			w.sse = &sseFilter{f: w.f}
+			w.sse = newSSEFilter(w.f)
 		case typeJSON:
 			w.json = true
 		case typeAmbiguous:
