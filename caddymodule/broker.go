@@ -244,16 +244,16 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 		Tasks:               true,
 	}
 	if fwd != nil {
-		opts.NewSessionID = fwd.mint
+		opts.NewSessionID = fwd.Mint
 		// A 2026-07-28 client's retry of a bridged call may reach any
 		// replica: every one opens the requestState, which names the node
 		// that holds the call, and forwards the retry there.
-		key, err := fwd.bridgeKey(ctx.Storage().(*cluster.Storage))
+		key, err := bridgeKey(ctx.Storage().(*cluster.Storage), fwd)
 		if err != nil {
 			return err
 		}
 		opts.BridgeKey = key
-		opts.Node = fwd.nodes.Self()
+		opts.Node = fwd.Self()
 	}
 	agg, err := broker.NewAggregate(ups, opts)
 	if err != nil {
@@ -274,7 +274,7 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 		Tasks: tasks, Route: "aggregate|" + s.resource + "|" + names}
 	a.out.route = route
 	if fwd != nil {
-		a.out.route = &clusterAggregate{Aggregate: route, agg: agg, fwd: fwd}
+		a.out.route = &edge.ClusterAggregate{Aggregate: route, BridgeNode: agg.BridgeNode, Fwd: fwd}
 	}
 	return nil
 }
@@ -283,7 +283,7 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 // route forwards its 2025-11-25 sessions: they name the node that holds
 // them, and other replicas forward to it (see forward.go). Nil on a single
 // node.
-func aggregateForward(ctx caddy.Context, route string, audit *zap.Logger) (*aggForward, error) {
+func aggregateForward(ctx caddy.Context, route string, audit *zap.Logger) (*edge.Forward, error) {
 	cs, ok := ctx.Storage().(*cluster.Storage)
 	if !ok {
 		return nil, nil
@@ -304,7 +304,7 @@ func aggregateForward(ctx caddy.Context, route string, audit *zap.Logger) (*aggF
 	if err != nil {
 		return nil, err
 	}
-	return newAggForward(ids, route, nodes, sharedHopKey(hk), audit), nil
+	return newForward(ids, route, nodes, sharedHopKey(hk), audit), nil
 }
 
 // liveAggregates are the aggregated routes of every loaded config, which

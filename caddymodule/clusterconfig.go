@@ -150,7 +150,7 @@ func (c *ClusterConfig) check() error {
 		}
 	}
 	if c.Advertise != "" {
-		if err := checkAdvertise(c.Advertise); err != nil {
+		if err := cluster.CheckAdvertise(c.Advertise); err != nil {
 			return err
 		}
 		if _, err := c.nodeID(); err != nil {
@@ -347,7 +347,7 @@ func (c *ClusterConfig) option(d *caddyfile.Dispenser) error {
 		}
 	case "advertise":
 		if err = one(&c.Advertise); err == nil {
-			if cerr := checkAdvertise(c.Advertise); cerr != nil {
+			if cerr := cluster.CheckAdvertise(c.Advertise); cerr != nil {
 				return d.Err(cerr.Error())
 			}
 		}

@@ -142,7 +142,7 @@ func (m *Sessions) build(ctx caddy.Context) error {
 		if err != nil {
 			return err
 		}
-		m.out.route = &clusterSessions{Sessions: route, fwd: newAggForward(ids, sessionsRoute, cs.Nodes(), sharedHopKey(hk), s.audit)}
+		m.out.route = &edge.ClusterSessions{Sessions: route, Fwd: newForward(ids, sessionsRoute, cs.Nodes(), sharedHopKey(hk), s.audit)}
 	}
 	m.out.egress = make(map[string]edge.Route, len(sess.egress))
 	for name, e := range sess.egress {
@@ -412,12 +412,7 @@ func (st *sessionsState) joinCluster(ctx context.Context, b sessionsBuild, engin
 	// Another node's sessions are its to judge: their tokens stay. An id
 	// with no node is no other node's either (a session of this host's
 	// from before it joined a cluster): this engine judges it.
-	alive := func(id string) bool {
-		if n := sessions.NodeOf(id); n != "" && n != node {
-			return true
-		}
-		return engine.Alive(id)
-	}
+	alive := clustersessions.Alive(node, engine.Alive)
 	mint := func() string { return ids.Seal(node+"/"+rand.Text(), "", sessionsRoute) }
 	return st.cluster, alive, mint, nil
 }
@@ -441,13 +436,6 @@ func sessionsIDs(cs *cluster.Storage) (*broker.SessionIDs, error) {
 	return broker.NewSessionIDs(key)
 }
 
-// sessionVerbs and interactionVerbs are the verbs an orchestrator's tools
-// may list.
-var (
-	sessionVerbs     = []string{"create", "send", "steer", "cancel", "read", "list", "transcript", "wait", "events"}
-	interactionVerbs = []string{"pending", "answer"}
-)
-
 // orchestratorServers gives an orchestrator session (one created with
 // `tools`) this endpoint as an MCP server, with a token derived from its
 // creator's that grants only the listed verbs (which create checked its
@@ -462,30 +450,10 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 		log.Error("an orchestrator session has no address of this gateway to reach it at; it runs without the endpoint", "session", info.SessionID)
 		return nil
 	}
-	// create checked that the creator may call every listed verb; at a
-	// relaunch the creator may hold less (a JWT with fewer scopes) or the
-	// config grant less (a reload), and the child never holds more.
-	parent, ok := s.creatorNow(tokens, info.Owner)
+	scopes, dropped, ok := mcpendpoint.OrchestratorScopes(tokens, s.runningSites(), info.Owner, info.Tools, time.Now())
 	if !ok {
 		log.Warn("the creator of an orchestrator session is gone; its agent runs without the endpoint", "session", info.SessionID)
 		return nil
-	}
-	var scopes, dropped []string
-	for _, v := range info.Tools {
-		tool := ""
-		switch {
-		case slices.Contains(sessionVerbs, v):
-			tool = "sessions"
-		case slices.Contains(interactionVerbs, v):
-			tool = "interactions"
-		default:
-			continue
-		}
-		if !s.grantsVerb(parent, tool, v) {
-			dropped = append(dropped, tool+" "+v)
-			continue
-		}
-		scopes = append(scopes, policy.VerbScope(tool, v))
 	}
 	if len(dropped) > 0 {
 		log.Warn("an orchestrator's creator may no longer call some of its tools; its agent gets the rest", "session", info.SessionID, "dropped", dropped)
@@ -508,33 +476,12 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 	}}
 }
 
-// creatorNow is the principal of an orchestrator session's creator as it
-// stands: a stored token's current record, as a request with it would be
-// authenticated now (TokenStore.Lookup: refused when it, or a token it was
-// derived from, is revoked, expired or gone), or a JWT subject with the
-// scopes of its latest call. False when it is refused.
-func (s *sessionsState) creatorNow(tokens *policy.TokenStore, o sessions.Owner) (policy.Principal, bool) {
-	if policy.IsJWTID(o.TokenID) {
-		return policy.Principal{TokenID: o.TokenID, Name: o.TokenName, Kind: policy.KindUser, Scopes: o.Scopes, Source: "jwt",
-			Owner: o.ID, Expires: o.Expires, Issued: o.Issued}, true
+// runningSites are the running config's sessions sites.
+func (s *sessionsState) runningSites() []mcpendpoint.Site {
+	if p := s.sites.Load(); p != nil {
+		return *p
 	}
-	p, err := tokens.Lookup(o.TokenID, time.Now())
-	return p, err == nil
-}
-
-// grantsVerb reports whether every sessions site of the running config
-// lets p call tool with verb.
-func (s *sessionsState) grantsVerb(p policy.Principal, tool, verb string) bool {
-	sites := s.sites.Load()
-	if sites == nil || len(*sites) == 0 {
-		return false
-	}
-	for _, site := range *sites {
-		if !site.Access.Scopes.GrantsVerb(p, tool, verb) {
-			return false
-		}
-	}
-	return true
+	return nil
 }
 
 // rpcCaller establishes, on this node, whom another replica's request
@@ -545,11 +492,7 @@ func (s *sessionsState) rpcCaller(ctx context.Context, c clustersessions.Caller,
 	if c.TokenID == "" {
 		return s.signer.ForwardedReader(c.Credential, u.ID, u.Tool, u.Verbs)
 	}
-	var sites []mcpendpoint.Site
-	if p := s.sites.Load(); p != nil {
-		sites = *p
-	}
-	return mcpendpoint.ForwardedOwner(ctx, sites, c.TokenID, c.Scopes, c.Credential, u.Tool, u.Verbs, time.Now())
+	return mcpendpoint.ForwardedOwner(ctx, s.runningSites(), c.TokenID, c.Scopes, c.Credential, u.Tool, u.Verbs, time.Now())
 }
 
 // mintChild mints, or renews at a relaunch, the token of purpose for the

@@ -404,3 +404,14 @@ func FuzzDecoder(f *testing.F) {
 		checkSplitter(t, stream)
 	})
 }
+
+// stuck is a reader that never returns anything, nor fails.
+type stuck struct{}
+
+func (stuck) Read([]byte) (int, error) { return 0, nil }
+
+func TestReaderGivesUpOnAReaderThatNeverProgresses(t *testing.T) {
+	if _, err := NewReader(stuck{}, 0).Next(); !errors.Is(err, io.ErrNoProgress) {
+		t.Fatalf("err = %v; want io.ErrNoProgress", err)
+	}
+}
