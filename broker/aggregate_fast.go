@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -19,6 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/sse"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -395,7 +395,7 @@ func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpst
 
 // fastPost POSTs one JSON-RPC message on the upstream session.
 func (a *Aggregate) fastPost(ctx context.Context, up *aggUpstream, sessionID, version string, body []byte) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.tr.e.URL, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(fastRead(ctx), http.MethodPost, up.tr.e.URL, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -468,41 +468,37 @@ func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstre
 
 // readStream reads an upstream's event stream, one whole event at a time,
 // until the answer to id, and hands every other message to other: the one
-// reader of both fast paths' streams.
+// reader of both fast paths' streams. It reads events as a client does
+// (see internal/sse).
 func readStream(ctx context.Context, up *aggUpstream, body io.Reader, id message.ID, other func(event []byte, env message.Call)) (result, rpcErr json.RawMessage, err error) {
-	sc := bufio.NewScanner(body)
-	// The body fails past max_response (see answerLimit) before a line
-	// could reach the scanner's own bound.
-	sc.Buffer(make([]byte, 0, 16<<10), int(up.tr.limitMax())+1)
-	var data []byte
-	for sc.Scan() {
-		line := sc.Bytes()
-		switch {
-		case len(line) == 0:
-			if len(data) == 0 {
-				continue
-			}
-			event := data
-			data = nil
-			b, err := message.ReadAnswer(event)
-			if err != nil || b.Batch {
-				continue
-			}
-			env := b.Calls[0]
-			if env.IsResponse() && env.ID.Key() == id.Key() {
-				return answerOf(env)
-			}
-			other(event, env)
-		case bytes.HasPrefix(line, []byte("data:")):
-			v := bytes.TrimPrefix(line[5:], []byte(" "))
-			if data != nil {
-				data = append(data, '\n')
-			}
-			data = append(data, v...)
-		}
+	// The body fails past max_response (see answerLimit) before an event
+	// could reach the reader's own bound.
+	bound := int(up.tr.limitMax())
+	if bound > 0 {
+		bound++
 	}
-	if err := sc.Err(); err != nil {
-		return nil, nil, err
+	r := sse.NewReader(body, bound)
+	for {
+		ev, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		event, ok := ev.Message()
+		if !ok || len(event) == 0 {
+			continue
+		}
+		b, err := message.ReadAnswer(event)
+		if err != nil || b.Batch {
+			continue
+		}
+		env := b.Calls[0]
+		if env.IsResponse() && env.ID.Key() == id.Key() {
+			return answerOf(env)
+		}
+		other(event, env)
 	}
 	if ctx.Err() != nil {
 		return nil, nil, ctx.Err()

@@ -430,3 +430,140 @@ func TestAggregateFastPathLeavesModernUpstreams(t *testing.T) {
 		t.Errorf("%d calls to the 2025-11-25 upstream took the fast path, want at least 2 of 3", n)
 	}
 }
+
+// The fast path reads an upstream's event stream as a client does (see
+// internal/sse): an answer whose lines end with a lone CR, or whose stream
+// starts with a byte-order mark, is the answer all the same.
+func TestAggregateFastPathReadsEventsAsClients(t *testing.T) {
+	for name, spell := range map[string]func([]byte) []byte{
+		"lone CR": func(b []byte) []byte { return bytes.ReplaceAll(b, []byte("\n"), []byte("\r")) },
+		"CRLF":    func(b []byte) []byte { return bytes.ReplaceAll(b, []byte("\n"), []byte("\r\n")) },
+		"byte-order mark before data": func(b []byte) []byte {
+			b = bytes.ReplaceAll(b, []byte("event: message\n"), nil)
+			b = bytes.ReplaceAll(b, []byte("id: "), []byte(": "))
+			return append([]byte("\xEF\xBB\xBF"), b...)
+		},
+		"no space": func(b []byte) []byte { return bytes.ReplaceAll(b, []byte("data: "), []byte("data:")) },
+		// Clients take messages from events of type message only: an
+		// answer in an event of another type is not the answer.
+		"an answer of another type first": func(b []byte) []byte {
+			fake := bytes.Replace(b, []byte("event: message"), []byte("event: other"), 1)
+			fake = bytes.Replace(fake, []byte(`"a:fast"`), []byte(`"a:fake"`), 1)
+			return append(fake, b...)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			up := newFastUp(t, "a", false)
+			// The upstream's answers to the fast path's requests are
+			// spelled the other way; go-sdk's, which open the session, are
+			// left as they are.
+			respell := respellEvents(t, up.http.URL, func(req, answer []byte) []byte {
+				if bytes.Contains(req, []byte(`"id":"zidane-`)) {
+					return spell(answer)
+				}
+				return answer
+			})
+			_, url := aggServe(t, []Upstream{{Name: "a", URL: respell}}, AggregateOptions{})
+			cs := aggConnect(t, url, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			for _, text := range []string{"opens", "fast"} {
+				res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": text}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := aggText(t, res); got != "a:"+text || res.IsError {
+					t.Fatalf("call %q answered %q (error %v)", text, got, res.IsError)
+				}
+			}
+			if up.fast.Load() == 0 {
+				t.Fatal("no call took the fast path")
+			}
+		})
+	}
+}
+
+// respellEvents serves a proxy to the MCP server at target that passes
+// each event-stream answer to a POST through spell (with the request's
+// body) before it goes on. It holds answers whole, so it offers no GET
+// stream.
+func respellEvents(t *testing.T, target string, spell func(req, answer []byte) []byte) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, target, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			answer = spell(body, answer)
+		}
+		w.Header().Del("Content-Length")
+		w.WriteHeader(resp.StatusCode)
+		w.Write(answer)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// The fast path relays the notifications of its calls' streams itself, so
+// they leave nothing for the session's go-sdk handlers to catch up on: a
+// count of them as waiting would hold each later go-sdk call of the
+// session for noteWait.
+func TestAggregateFastPathNotesLeaveNoWait(t *testing.T) {
+	up := newFastUp(t, "a", false)
+	a, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{})
+	progress := make(chan struct{}, 4)
+	cs := aggConnect(t, url, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) { progress <- struct{}{} },
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	before := up.fast.Load()
+	params := &mcp.CallToolParams{Name: "mcp_a_progress", Arguments: map[string]any{"text": "q"}}
+	params.SetProgressToken("tok")
+	if _, err := cs.CallTool(ctx, params); err != nil {
+		t.Fatal(err)
+	}
+	if up.fast.Load() == before {
+		t.Fatal("the call did not take the fast path")
+	}
+	select {
+	case <-progress:
+	case <-ctx.Done():
+		t.Fatal("no progress notification reached the client")
+	}
+	a.mu.Lock()
+	s := a.byID[cs.ID()]
+	a.mu.Unlock()
+	if s == nil {
+		t.Fatal("no downstream session")
+	}
+	s.mu.Lock()
+	c := s.conns["a"]
+	s.mu.Unlock()
+	if c == nil || c.received == nil {
+		t.Fatal("no counted upstream session")
+	}
+	if waiting := c.received.Load() - c.handled.count(); waiting > 0 {
+		t.Fatalf("%d notifications of the fast path's stream wait for go-sdk's handlers, which never see them", waiting)
+	}
+}

@@ -1,15 +1,18 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -220,4 +223,110 @@ func TestAggregateForwardsLogsBeforeTheAnswer(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	t.Fatalf("%d log messages reached the client, want %d", logs, perCall*calls)
+}
+
+// The same, from an upstream whose JSON has a space after each colon, as
+// many JSON encoders write it: its log messages are counted and waited for
+// all the same.
+func TestAggregateForwardsSpacedLogsBeforeTheAnswer(t *testing.T) {
+	const perCall, calls = 50, 10
+	s := mcp.NewServer(&mcp.Implementation{Name: "up", Version: "1"}, nil)
+	mcp.AddTool(s, &mcp.Tool{Name: "chatty"}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
+		for i := range perCall {
+			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: fmt.Sprint("step ", i)})
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+	})
+	up := serveUpstream(t, "up", s)
+	up.URL = respellEvents(t, up.URL, func(_, answer []byte) []byte {
+		return bytes.ReplaceAll(answer, []byte(`"method":"`), []byte(`"method": "`))
+	})
+	_, url := aggServe(t, []Upstream{up}, AggregateOptions{})
+	var mu sync.Mutex
+	logs := 0
+	cs := aggConnect(t, url, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "decline"}, nil
+		},
+		LoggingMessageHandler: func(context.Context, *mcp.LoggingMessageRequest) {
+			mu.Lock()
+			logs++
+			mu.Unlock()
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
+		t.Fatal(err)
+	}
+	for range calls {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_up_chatty"})
+		if err != nil || res.IsError {
+			t.Fatalf("call: %v %+v", err, res)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		n := logs
+		mu.Unlock()
+		if n == perCall*calls {
+			return
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Fatalf("%d log messages reached the client, want %d", logs, perCall*calls)
+}
+
+// noteCount is how many log and progress notifications the broker counts
+// in stream, an upstream's event-stream answer on one session.
+func noteCount(t *testing.T, stream string) int64 {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, stream)
+	}))
+	defer srv.Close()
+	n := &noteCounter{next: http.DefaultTransport}
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, nil)
+	req.Header.Set(headerSessionID, "s1")
+	resp, err := (&http.Client{Transport: n}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, iotest.OneByteReader(resp.Body))
+	resp.Body.Close()
+	return n.counter("s1").Load()
+}
+
+// The broker counts the notifications a client would read in an
+// upstream's stream, however the stream and its JSON are spelled, and
+// nothing else: a count too low loses log messages after the answer, one
+// too high holds the answer for the wait's whole bound.
+func TestNoteCounterCountsWhatAClientReads(t *testing.T) {
+	const note = `{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x"}}`
+	for _, c := range []struct {
+		name, stream string
+		want         int64
+	}{
+		{"compact", "event: message\ndata: " + note + "\n\n", 1},
+		{"progress", `data: {"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}` + "\n\n", 1},
+		{"a space after the colon", `data: {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}` + "\n\n", 1},
+		{"the method after long params", `data: {"jsonrpc":"2.0","params":{"level":"info","data":"` + strings.Repeat("p", 400) + `"},"method":"notifications/message"}` + "\n\n", 1},
+		{"no space after data:", "data:" + note + "\n\n", 1},
+		{"a byte-order mark", "\xEF\xBB\xBFdata: " + note + "\n\n", 1},
+		{"CRLF", "data: " + note + "\r\n\r\n", 1},
+		{"data over two lines", "data: {\"jsonrpc\":\"2.0\",\ndata: \"method\":\"notifications/message\",\"params\":{}}\n\n", 1},
+		{"an answer that holds the words", `data: {"jsonrpc":"2.0","id":1,"result":{"content":[],"structuredContent":{"method":"notifications/message"}}}` + "\n\n", 0},
+		{"another notification", `data: {"jsonrpc":"2.0","method":"notifications/tools/list_changed"}` + "\n\n", 0},
+		{"a comment", ": " + note + "\n\n", 0},
+		{"an event of another type", "event: other\ndata: " + note + "\n\n", 0},
+		{"three", "data: " + note + "\n\ndata: " + note + "\n\ndata: " + note + "\n\n", 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := noteCount(t, c.stream); got != c.want {
+				t.Fatalf("counted %d notifications; want %d", got, c.want)
+			}
+		})
+	}
 }

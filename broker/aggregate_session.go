@@ -54,7 +54,7 @@ type aggConn struct {
 	closeOnce sync.Once
 
 	received *atomic.Int64 // log and progress notifications read on cs (see awaitNotes); nil: not counted
-	handled  atomic.Int64  // and forwarded by the handlers (or dropped)
+	handled  noteGate      // and forwarded by the handlers (or dropped)
 
 	fwdOnce  sync.Once
 	stopOnce sync.Once
@@ -902,7 +902,7 @@ func (c *aggConn) forward(send func()) {
 	case c.fwd <- send:
 	default:
 		c.dropped.Add(1)
-		c.handled.Add(1)
+		c.handled.done()
 	}
 }
 
@@ -911,7 +911,7 @@ func (c *aggConn) runForward() {
 		select {
 		case send := <-c.fwd:
 			send()
-			c.handled.Add(1)
+			c.handled.done()
 		case <-c.fwdStop:
 			return
 		}

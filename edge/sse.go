@@ -15,25 +15,29 @@ import (
 // Listing's in-flight budget; an event over either is dropped.
 type sseFilter struct {
 	f   *Listing
-	dec *sse.Decoder
+	dec sse.Decoder
 	out [][]byte // events completed by the current write
 }
 
 func newSSEFilter(f *Listing) *sseFilter {
 	s := &sseFilter{f: f}
-	s.dec = &sse.Decoder{Max: maxFilteredBody, Budget: f.Budget, OnDrop: func(err error) {
-		if errors.Is(err, sse.ErrBudget) {
-			f.drop(Drop{Reason: "answer_budget"})
-			return
-		}
-		f.drop(Drop{Reason: "answer_too_large"})
-	}}
-	if f.Budget == nil {
+	s.dec.Max = maxFilteredBody
+	if f.Budget != nil {
 		// A nil *AnswerBudget holds no limit; as an interface it would
-		// not be nil, and each event would pay for the calls.
-		s.dec.Budget = nil
+		// not be nil, and each write would pay for the calls.
+		s.dec.Budget = f.Budget
 	}
+	s.dec.OnDrop = f.dropEvent
 	return s
+}
+
+// dropEvent records an event the filter dropped, err saying why.
+func (f *Listing) dropEvent(err error) {
+	if errors.Is(err, sse.ErrBudget) {
+		f.drop(Drop{Reason: "answer_budget"})
+		return
+	}
+	f.drop(Drop{Reason: "answer_too_large"})
 }
 
 // pending is how many bytes of the current, unfinished event the filter

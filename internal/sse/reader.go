@@ -14,11 +14,11 @@ type Reader struct {
 	err   error
 }
 
-// NewReader reads r's events, each bounded by max bytes (0: no bound). An
-// event over the bound ends the reading with a *TooLargeError.
-func NewReader(r io.Reader, max int) *Reader {
+// NewReader reads r's events, each bounded by maxEvent bytes (0: no
+// bound). An event over the bound ends the reading with a *TooLargeError.
+func NewReader(r io.Reader, maxEvent int) *Reader {
 	rd := &Reader{r: r, buf: make([]byte, 16<<10)}
-	rd.d.Max = max
+	rd.d.Max = maxEvent
 	rd.d.OnDrop = func(err error) {
 		if rd.err == nil {
 			rd.err = err
@@ -31,11 +31,18 @@ func NewReader(r io.Reader, max int) *Reader {
 // at its end (an event without its blank line is not returned), a
 // *TooLargeError, or the underlying reader's.
 func (r *Reader) Next() (Event, error) {
-	for len(r.queue) == 0 {
+	for empty := 0; len(r.queue) == 0; {
 		if r.err != nil {
 			return Event{}, r.err
 		}
 		n, err := r.r.Read(r.buf)
+		if n == 0 && err == nil {
+			// As bufio does: a reader that returns nothing, again and
+			// again, is broken.
+			if empty++; empty == 100 {
+				err = io.ErrNoProgress
+			}
+		}
 		r.d.Write(r.buf[:n], func(ev Event) {
 			if r.err == nil { // nothing after an event that was too large
 				r.queue = append(r.queue, ev)

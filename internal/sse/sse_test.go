@@ -404,3 +404,37 @@ func FuzzDecoder(f *testing.F) {
 		checkSplitter(t, stream)
 	})
 }
+
+// stuck is a reader that never returns anything, nor fails.
+type stuck struct{}
+
+func (stuck) Read([]byte) (int, error) { return 0, nil }
+
+func TestReaderGivesUpOnAReaderThatNeverProgresses(t *testing.T) {
+	if _, err := NewReader(stuck{}, 0).Next(); !errors.Is(err, io.ErrNoProgress) {
+		t.Fatalf("err = %v; want io.ErrNoProgress", err)
+	}
+}
+
+func TestEventMessage(t *testing.T) {
+	for stream, want := range map[string]string{
+		"data: a\n\n":                           "a",
+		"event: message\ndata: a\n\n":           "a",
+		"event:\ndata: a\n\n":                   "a",
+		"event: other\ndata: a\n\n":             "",
+		"event: message\nevent: x\ndata: a\n\n": "",
+		"event: x\nevent: message\ndata: a\n\n": "a",
+		"event: message\n\n":                    "",
+	} {
+		var got []string
+		var d Decoder
+		d.Write([]byte(stream), func(ev Event) {
+			if m, ok := ev.Message(); ok {
+				got = append(got, string(m))
+			}
+		})
+		if strings.Join(got, "") != want {
+			t.Errorf("%q: messages %q; want %q", stream, got, want)
+		}
+	}
+}
