@@ -233,6 +233,7 @@ func TestAggregateForwardsSpacedLogsBeforeTheAnswer(t *testing.T) {
 	s := mcp.NewServer(&mcp.Implementation{Name: "up", Version: "1"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "chatty"}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
 		for i := range perCall {
+			//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: fmt.Sprint("step ", i)})
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
@@ -248,6 +249,7 @@ func TestAggregateForwardsSpacedLogsBeforeTheAnswer(t *testing.T) {
 		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 			return &mcp.ElicitResult{Action: "decline"}, nil
 		},
+		//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 		LoggingMessageHandler: func(context.Context, *mcp.LoggingMessageRequest) {
 			mu.Lock()
 			logs++
@@ -256,6 +258,7 @@ func TestAggregateForwardsSpacedLogsBeforeTheAnswer(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
 		t.Fatal(err)
 	}
@@ -320,6 +323,7 @@ func TestNoteCounterCountsWhatAClientReads(t *testing.T) {
 		{"an answer that holds the words", `data: {"jsonrpc":"2.0","id":1,"result":{"content":[],"structuredContent":{"method":"notifications/message"}}}` + "\n\n", 0},
 		{"another notification", `data: {"jsonrpc":"2.0","method":"notifications/tools/list_changed"}` + "\n\n", 0},
 		{"a comment", ": " + note + "\n\n", 0},
+		{"an event of another type", "event: other\ndata: " + note + "\n\n", 0},
 		{"three", "data: " + note + "\n\ndata: " + note + "\n\ndata: " + note + "\n\n", 3},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -143,7 +143,10 @@ func (b *Broker) build(ctx caddy.Context) error {
 	return nil
 }
 
+// auditUpstreamCall records a call a route sent upstream when it ends: on
+// the latency histogram, and as an audit line.
 func auditUpstreamCall(l *zap.Logger, c broker.CallRecord) {
+	observeUpstreamCall(c)
 	ce := l.Check(zap.InfoLevel, "upstream call")
 	if ce == nil {
 		return // the audit log is off at this level: build nothing
@@ -287,7 +290,7 @@ func aggregateForward(ctx caddy.Context, route string, audit *zap.Logger) (*edge
 	}
 	nodes := cs.Nodes()
 	if nodes == nil {
-		return nil, errors.New("aggregate in cluster mode: set advertise (and node, unless the host name is this replica's id) in the zidane cluster block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see docs/cluster.md")
+		return nil, errors.New("aggregate in cluster mode: set advertise (and node, unless the host name is this replica's id) in storage zidane_nats's block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see docs/cluster.md")
 	}
 	key, err := sessionIDKey(cs)
 	if err != nil {

@@ -381,6 +381,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, r, rf, v)
 	}
 	rf.p = p
+	setUserID(r, p)
 	tr := traceSteps(r)
 	if tr.on() {
 		tr.event("auth", "allowed", "", principalAttrs(p)...)
@@ -496,8 +497,7 @@ var suspectQueue = policy.NewSuspectQueue(runtime.GOMAXPROCS(0) / 4)
 // is the request's step tracer, looked up once in ServeHTTP.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, span spanning, p policy.Principal, b *message.Body, rf refusal, tr steps, next caddyhttp.Handler) (err error) {
 	ip := rf.clientIP
-	metricAllowed.Inc()
-	metricTokenRequests.WithLabelValues(p.Name).Inc()
+	countAllowed(p)
 	if b != nil {
 		for _, c := range b.Calls {
 			if c.IsToolCall() {

@@ -99,6 +99,7 @@ func (s *sessionsState) Destruct() error {
 		s.unserve()
 		s.cluster.Close()
 	}
+	liveEngines.Delete(s.engine)
 	if cerr := s.engine.Close(); err == nil {
 		err = cerr
 	}
@@ -192,7 +193,7 @@ func (a *App) loadSessions(ctx caddy.Context, log *zap.Logger, endpointPath stri
 	if b.shared != nil {
 		nodes := b.shared.Nodes()
 		if nodes == nil {
-			return nil, "", errors.New("zidane_mcp sessions: in cluster mode, the sessions endpoint needs this replica's id and address: set `node` (such as gw-1) and `advertise` (where the other replicas reach it) in the zidane cluster block, so that each session runs on one replica and the others reach it there")
+			return nil, "", errors.New("zidane_mcp sessions: in cluster mode, the sessions endpoint needs this replica's id and address: set `node` (such as gw-1) and `advertise` (where the other replicas reach it) in storage zidane_nats's block, so that each session runs on one replica and the others reach it there")
 		}
 		b.node = nodes.Self()
 	}
@@ -212,7 +213,7 @@ func (a *App) loadSessions(ctx caddy.Context, log *zap.Logger, endpointPath stri
 			// changed would resume this node's sessions while the running
 			// config's engine still runs them.
 			if other, busy := nodeEngines.LoadOrStore(b.node, b.key); busy && other != b.key {
-				return nil, fmt.Errorf("the zidane cluster block changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", b.node)
+				return nil, fmt.Errorf("the cluster's settings (storage zidane_nats) changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", b.node)
 			}
 		}
 		return a.newSessionsState(b)
@@ -318,6 +319,7 @@ func (a *App) newSessionsState(b sessionsBuild) (*sessionsState, error) {
 		return nil, err
 	}
 	st.engine, st.endpoint, st.alive = engine, endpoint, engine.Alive
+	liveEngines.Store(engine, struct{}{})
 	if st.cluster != nil {
 		// The others ask this node about its sessions once its registry
 		// entry says it serves them.
