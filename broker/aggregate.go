@@ -55,7 +55,7 @@ type AggregateOptions struct {
 	// AnswerBudget, when set, bounds the bytes of upstream answers the
 	// route holds at once, across its upstreams and every other route
 	// that shares it (see [AnswerBudget]).
-	AnswerBudget *AnswerBudget
+	AnswerBudget *Budget
 
 	// Credentials, when set, returns the credentials layer of the named
 	// upstream's egress (see [PassThroughOptions.Credentials]); nil for an
@@ -220,8 +220,8 @@ type Aggregate struct {
 
 	mu         sync.Mutex
 	pending    int                                    // upstreams whose catalog has not had a first round
-	tools      map[string]qualified                   // registered tool name -> upstream, original
-	prompts    map[string]qualified                   // registered prompt name -> upstream, original
+	tools      map[string]Qualified                   // registered tool name -> upstream, original
+	prompts    map[string]Qualified                   // registered prompt name -> upstream, original
 	resOwner   map[string]string                      // resource URI -> upstream
 	tmplOwner  map[string]string                      // URI template -> upstream
 	tmplMatch  map[string]*regexp.Regexp              // URI template -> its compiled matcher, made at first use
@@ -238,8 +238,8 @@ type Aggregate struct {
 }
 
 type aggUpstream struct {
-	cfg     Upstream            // normalized
-	tr      *upstreamTransports // shared with [Conn]: egress client, SSE origin guard, stdio launcher
+	cfg     Config      // normalized
+	tr      *Transports // shared with [Conn]: egress client, SSE origin guard, stdio launcher
 	timeout time.Duration
 	notes   *noteCounter // an http upstream's notifications, counted (see noteCounter); nil for the other transports
 
@@ -295,7 +295,7 @@ type aggUpstream struct {
 // With [AggregateOptions.PIDDir] set it first runs [CleanOrphans] there. It
 // never blocks on the network: the catalog connects in the background (see
 // [Aggregate.Ready]).
-func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
+func NewAggregate(ups []Config, opts AggregateOptions) (*Aggregate, error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -317,8 +317,8 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		authRequired: opts.AuthRequired,
 		mayUse:       opts.MayUse,
 		ready:        make(chan struct{}),
-		tools:        map[string]qualified{},
-		prompts:      map[string]qualified{},
+		tools:        map[string]Qualified{},
+		prompts:      map[string]Qualified{},
 		resOwner:     map[string]string{},
 		tmplOwner:    map[string]string{},
 		tmplMatch:    map[string]*regexp.Regexp{},
@@ -344,7 +344,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 			return nil, err
 		}
 		if _, dup := a.byName[n.Name]; dup {
-			return nil, fmt.Errorf("%s is named twice; upstream names must be unique", describe(n))
+			return nil, fmt.Errorf("%s is named twice; upstream names must be unique", Describe(n))
 		}
 		e, warnings := n.Expanded(opts.Lookup)
 		for _, w := range warnings {
@@ -354,16 +354,16 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		if opts.Credentials != nil {
 			copts.Credentials = opts.Credentials(n.Name)
 		}
-		tr, err := newUpstreamTransports(n, e, copts, logger)
+		tr, err := NewTransports(n, e, copts, logger)
 		if err != nil {
 			return nil, err
 		}
 		if n.Transport == TransportHTTP {
-			tr.maxRetries = -1
+			tr.MaxRetries = -1
 		}
-		tr.pidDir = opts.PIDDir
+		tr.PIDDir = opts.PIDDir
 		up := &aggUpstream{cfg: n, tr: tr, timeout: n.Timeout, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
-		tr.wrapHTTP(func(next http.RoundTripper) http.RoundTripper {
+		tr.WrapHTTP(func(next http.RoundTripper) http.RoundTripper {
 			up.notes = &noteCounter{next: next}
 			return up.notes
 		})
@@ -455,7 +455,7 @@ func (a *Aggregate) ToolServer(name string) (server, tool string, ok bool) {
 	q, found := a.tools[name]
 	a.mu.Unlock()
 	if found {
-		return q.server, q.name, true
+		return q.Server, q.Name, true
 	}
 	if a.conditional {
 		return a.ups[0].cfg.Name, name, true
@@ -470,7 +470,7 @@ func (a *Aggregate) PromptServer(name string) (server, prompt string, ok bool) {
 	q, found := a.prompts[name]
 	a.mu.Unlock()
 	if found {
-		return q.server, q.name, true
+		return q.Server, q.Name, true
 	}
 	if a.conditional {
 		return a.ups[0].cfg.Name, name, true
@@ -569,7 +569,7 @@ func (a *Aggregate) Close() error {
 	}
 	a.wg.Wait()
 	for _, up := range a.ups {
-		up.tr.closeIdle()
+		up.tr.CloseIdle()
 	}
 	return nil
 }
@@ -581,7 +581,7 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p, ok := policy.PrincipalFrom(r.Context())
 	if !ok || p.TokenID == "" {
 		a.logger.Error("aggregated route called without a principal in the request context; it must sit behind the zidane_mcp edge")
-		writeRPCError(w, http.StatusInternalServerError, nil, message.CodeInternalError,
+		WriteRPCError(w, http.StatusInternalServerError, nil, message.CodeInternalError,
 			"the broker route is misconfigured (it must sit behind the zidane_mcp edge); ask the operator to check the server log")
 		return
 	}
@@ -594,12 +594,12 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.stateless.ServeHTTP(w, r)
 		return
 	}
-	if sid := r.Header.Get(headerSessionID); sid != "" {
+	if sid := r.Header.Get(HeaderSessionID); sid != "" {
 		a.mu.Lock()
 		owner, known := a.bindings[sid]
 		a.mu.Unlock()
 		if known && owner != p.TokenID {
-			writeRPCError(w, http.StatusNotFound, nil, message.CodeUnknownSession,
+			WriteRPCError(w, http.StatusNotFound, nil, message.CodeUnknownSession,
 				"unknown session: start a new session by initializing again without Mcp-Session-Id")
 			return
 		}
@@ -653,7 +653,7 @@ type bindingWriter struct {
 func (b *bindingWriter) WriteHeader(status int) {
 	if !b.wrote {
 		b.wrote = true
-		if sid := b.Header().Get(headerSessionID); sid != "" && status < 300 {
+		if sid := b.Header().Get(HeaderSessionID); sid != "" && status < 300 {
 			b.bind(sid)
 		}
 	}
@@ -689,7 +689,7 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			if p, ok := req.GetParams().(*mcp.CallToolParamsRaw); ok && p != nil {
 				if up := a.waitingForLogin(p.Name); up != nil {
 					rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: p.Name, Outcome: OutcomeAuthRequired,
-						ClientIP: extraClientIP(req.GetExtra())}
+						ClientIP: ExtraClientIP(req.GetExtra())}
 					if ss, ok := req.GetSession().(*mcp.ServerSession); ok {
 						rec.TokenID, rec.TokenName = a.principal(ctx, ss, req.GetExtra())
 					}
@@ -800,7 +800,7 @@ func outcome(ctx context.Context, err error) (string, string) {
 	case ctx.Err() != nil:
 		return OutcomeCanceled, ""
 	default:
-		return OutcomeError, safeError(err)
+		return OutcomeError, SafeError(err)
 	}
 }
 

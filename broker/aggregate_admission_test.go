@@ -29,7 +29,7 @@ func markOverLimit(t *testing.T, a *Aggregate, upstream string) {
 		c := s.conns[upstream]
 		s.mu.Unlock()
 		if c != nil {
-			err := error(&AnswerTooLargeError{Upstream: upstream, Limit: 4 << 10, Event: true})
+			err := error(&TooLargeError{Upstream: upstream, Limit: 4 << 10, Event: true})
 			c.overLimit.Store(&err)
 			n++
 		}
@@ -80,7 +80,7 @@ func TestAggregateFastPathsAdmitAlike(t *testing.T) {
 		t.Run("2025-11-25/"+st.name, func(t *testing.T) {
 			up := newFastUp(t, "a", false)
 			rec := &recorder{}
-			a, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{OnCall: rec.add})
+			a, url := aggServe(t, []Config{up.config()}, AggregateOptions{OnCall: rec.add})
 			cs := aggConnect(t, url, nil)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
@@ -113,7 +113,7 @@ func TestAggregateFastPathsAdmitAlike(t *testing.T) {
 		t.Run("2026-07-28/"+st.name, func(t *testing.T) {
 			up := newModernUp(t, "a")
 			rec := &recorder{}
-			a, url := aggServeEdge(t, []Upstream{{Name: "a", URL: up.url}}, AggregateOptions{OnCall: rec.add})
+			a, url := aggServeEdge(t, []Config{{Name: "a", URL: up.url}}, AggregateOptions{OnCall: rec.add})
 			cs := modernClient(t, url, "tok-1", nil)
 			params := &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": "hi"}}
 			callOutcome(t, cs, params)

@@ -6,7 +6,7 @@ import "github.com/modelcontextprotocol/go-sdk/mcp"
 // the tool's upstream, its name there, and the open upstream session the
 // call goes on.
 type fastAdmission struct {
-	q  qualified
+	q  Qualified
 	up *aggUpstream
 	c  *aggConn
 	ir *mcp.InitializeResult
@@ -33,7 +33,7 @@ func (a *Aggregate) admitFast(s *aggSession, tool string, modern bool) (fastAdmi
 	if !ok || a.waitingForLogin(tool) != nil {
 		return fastAdmission{}, false
 	}
-	up := a.byName[q.server]
+	up := a.byName[q.Server]
 	if up == nil || up.shared || up.cfg.Transport != TransportHTTP {
 		return fastAdmission{}, false
 	}

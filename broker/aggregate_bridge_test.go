@@ -38,7 +38,7 @@ func onlyKey(m mcp.InputRequestMap) string {
 // right retry completes the call.
 func TestAggregateBridgeRefusesForeignState(t *testing.T) {
 	up := newMRTRUp(t, "l", false) // stateful: 2025-11-25 only
-	_, url := aggServe(t, []Upstream{up.ups}, AggregateOptions{})
+	_, url := aggServe(t, []Config{up.ups}, AggregateOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	off := &mcp.ClientOptions{MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}}
@@ -90,7 +90,7 @@ func TestAggregateBridgeRefusesForeignState(t *testing.T) {
 // through go-sdk's server-side fulfilment of input requests (two rounds).
 func TestAggregateBridgeModernClientLegacyUpstream(t *testing.T) {
 	up := newMRTRUp(t, "l", false)
-	_, url := aggServe(t, []Upstream{up.ups}, AggregateOptions{})
+	_, url := aggServe(t, []Config{up.ups}, AggregateOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	n := 0
@@ -118,7 +118,7 @@ func TestAggregateBridgeModernClientLegacyUpstream(t *testing.T) {
 // bridgeMaxPerToken calls waiting.
 func TestAggregateBridgeBounds(t *testing.T) {
 	up := newMRTRUp(t, "l", false)
-	a, url := aggServe(t, []Upstream{up.ups}, AggregateOptions{})
+	a, url := aggServe(t, []Config{up.ups}, AggregateOptions{})
 	a.bridge.roundWait = 50 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -37,7 +37,7 @@ type cachedTools struct {
 // transport, URL, command and arguments as configured (placeholders
 // unexpanded), and the names, never the values, of its headers and
 // environment variables.
-func toolCacheKey(n Upstream) string {
+func toolCacheKey(n Config) string {
 	h := sha256.New()
 	write := func(s string) { h.Write([]byte(s)); h.Write([]byte{0}) }
 	write(n.Transport)

@@ -51,7 +51,7 @@ func TestAggregateToolCacheLazyStdio(t *testing.T) {
 	up := stdioUpstream(t)
 	ctx := upstreamtest.Ctx(t)
 
-	first, url := aggServe(t, []Upstream{up}, AggregateOptions{ToolCache: cache, StdioIdle: -1})
+	first, url := aggServe(t, []Config{up}, AggregateOptions{ToolCache: cache, StdioIdle: -1})
 	cs := aggConnect(t, url, nil)
 	if got := aggCallText(t, ctx, cs, "mcp_local_echo", "one"); got != "stdio: one" {
 		t.Fatalf("first gateway: %q", got)
@@ -63,7 +63,7 @@ func TestAggregateToolCacheLazyStdio(t *testing.T) {
 	}
 
 	logs := &upstreamtest.LogCapture{}
-	_, url = aggServe(t, []Upstream{up}, AggregateOptions{ToolCache: cache, StdioIdle: -1, Logger: slog.New(logs)})
+	_, url = aggServe(t, []Config{up}, AggregateOptions{ToolCache: cache, StdioIdle: -1, Logger: slog.New(logs)})
 	cs = aggConnect(t, url, nil)
 	if got := aggToolNames(t, ctx, cs); !slices.Contains(got, "mcp_local_echo") {
 		t.Fatalf("tools from the cache: %v", got)
@@ -100,12 +100,12 @@ func TestAggregateToolCacheUnreachableUpstream(t *testing.T) {
 	}
 	dead := fmt.Sprintf("http://%s/mcp", ln.Addr())
 	ln.Close()
-	u := Upstream{Name: "remote", URL: dead}
+	u := Config{Name: "remote", URL: dead}
 	cache := &memToolCache{}
 	data := fmt.Sprintf(`{"config":%q,"tools":[{"name":"search","inputSchema":{"type":"object"}}]}`, toolCacheKey(mustNormalize(t, u)))
 	cache.Store(context.Background(), "remote", []byte(data))
 
-	_, url := aggServe(t, []Upstream{u}, AggregateOptions{ToolCache: cache})
+	_, url := aggServe(t, []Config{u}, AggregateOptions{ToolCache: cache})
 	cs := aggConnect(t, url, nil)
 	ctx := upstreamtest.Ctx(t)
 	if got := aggToolNames(t, ctx, cs); !slices.Equal(got, []string{"mcp_remote_search"}) {
@@ -120,7 +120,7 @@ func TestAggregateToolCacheUnreachableUpstream(t *testing.T) {
 	}
 }
 
-func mustNormalize(t *testing.T, u Upstream) Upstream {
+func mustNormalize(t *testing.T, u Config) Config {
 	t.Helper()
 	n, err := Normalize(u)
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 
 // ttlUp is a stateless (2026-07-28) go-sdk upstream whose listings carry
 // ttlMs ttl.
-func ttlUp(t *testing.T, name string, ttl int) Upstream {
+func ttlUp(t *testing.T, name string, ttl int) Config {
 	t.Helper()
 	s := mcp.NewServer(&mcp.Implementation{Name: name, Version: "1"}, &mcp.ServerOptions{
 		SetCacheable: func(_ context.Context, _ mcp.Request, c *mcp.Cacheable) { c.TTLMs = ttl },
@@ -22,7 +22,7 @@ func ttlUp(t *testing.T, name string, ttl int) Upstream {
 	})
 	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true}))
 	t.Cleanup(srv.Close)
-	return Upstream{Name: name, URL: srv.URL}
+	return Config{Name: name, URL: srv.URL}
 }
 
 // The aggregate's tools/list is fresh for the smallest ttlMs of its
@@ -30,7 +30,7 @@ func ttlUp(t *testing.T, name string, ttl int) Upstream {
 // clients of both generations.
 func TestAggregateListingCacheHints(t *testing.T) {
 	legacy := newAggUp(t, "l")
-	_, url := aggServe(t, []Upstream{ttlUp(t, "slow", 5000), ttlUp(t, "fast", 2000), legacy.config()}, AggregateOptions{})
+	_, url := aggServe(t, []Config{ttlUp(t, "slow", 5000), ttlUp(t, "fast", 2000), legacy.config()}, AggregateOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, cs := range []*mcp.ClientSession{modernClient(t, url, "tok-1", nil), aggConnect(t, url, nil)} {
@@ -43,7 +43,7 @@ func TestAggregateListingCacheHints(t *testing.T) {
 		}
 	}
 	// With only a 2025-11-25 upstream there is no hint: 0, still private.
-	_, url2 := aggServe(t, []Upstream{newAggUp(t, "only").config()}, AggregateOptions{})
+	_, url2 := aggServe(t, []Config{newAggUp(t, "only").config()}, AggregateOptions{})
 	res, err := modernClient(t, url2, "tok-1", nil).ListTools(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

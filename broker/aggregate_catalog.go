@@ -15,7 +15,7 @@ import (
 // transport returns a client transport for one session to up, built by the
 // code [Conn] uses: for stdio, its Connect starts a process of its own.
 func (up *aggUpstream) transport() mcp.Transport {
-	return up.tr.newTransport()
+	return up.tr.NewTransport()
 }
 
 // dial opens a session of client to up, the attempt bounded by up.timeout.
@@ -55,7 +55,7 @@ func (up *aggUpstream) connectErr(err error) error {
 	if errors.Is(err, ErrOffOrigin) {
 		return fmt.Errorf("connecting: %w", err)
 	}
-	if r := up.tr.refusal(); r != nil {
+	if r := up.tr.Refusal(); r != nil {
 		return fmt.Errorf("connecting: %w", r)
 	}
 	return fmt.Errorf("connecting: %w", err)
@@ -111,15 +111,15 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 		delay := catalogBackoff.Delay(failures)
 		if err != nil {
 			up.mu.Lock()
-			up.lastErr = safeError(err)
+			up.lastErr = SafeError(err)
 			up.catalog = nil
 			up.failures++
 			up.notifyLocked()
 			up.mu.Unlock()
 			if errors.Is(err, ErrOffOrigin) {
-				a.logger.Error("aggregate: upstream refused: its SSE endpoint is on another origin", "upstream", up.cfg.Name, "error", safeError(err), "retry_in", delay)
+				a.logger.Error("aggregate: upstream refused: its SSE endpoint is on another origin", "upstream", up.cfg.Name, "error", SafeError(err), "retry_in", delay)
 			} else {
-				a.logger.Warn("aggregate: upstream catalog unavailable", "upstream", up.cfg.Name, "error", safeError(err), "retry_in", delay)
+				a.logger.Warn("aggregate: upstream catalog unavailable", "upstream", up.cfg.Name, "error", SafeError(err), "retry_in", delay)
 			}
 		} else {
 			failures, delay = 0, catalogBackoff.Delay(0)
@@ -285,7 +285,7 @@ func (a *Aggregate) refreshKind(up *aggUpstream, pending *atomic.Bool, fn func(c
 	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
 	defer cancel()
 	if err := fn(ctx, up, cs); err != nil {
-		a.logger.Warn("aggregate: re-listing upstream failed", "upstream", up.cfg.Name, "error", safeError(err))
+		a.logger.Warn("aggregate: re-listing upstream failed", "upstream", up.cfg.Name, "error", SafeError(err))
 	}
 }
 
@@ -445,7 +445,7 @@ func (a *Aggregate) registerTools(up *aggUpstream, listed []*mcp.Tool) {
 		a.mu.Lock()
 		q, taken := a.tools[name]
 		a.mu.Unlock()
-		if taken && q.server != up.cfg.Name {
+		if taken && q.Server != up.cfg.Name {
 			continue
 		}
 		nt := *t
@@ -453,7 +453,7 @@ func (a *Aggregate) registerTools(up *aggUpstream, listed []*mcp.Tool) {
 		orig := t.Name
 		if a.register(up, "tool", orig, func() { a.server.AddTool(&nt, a.toolHandler(up, orig)) }) {
 			a.mu.Lock()
-			a.tools[name] = qualified{up.cfg.Name, orig}
+			a.tools[name] = Qualified{up.cfg.Name, orig}
 			a.mu.Unlock()
 			keep[name] = true
 			names = append(names, name)
@@ -488,7 +488,7 @@ func (a *Aggregate) refreshPrompts(ctx context.Context, up *aggUpstream, cs *mcp
 		a.mu.Lock()
 		q, taken := a.prompts[name]
 		a.mu.Unlock()
-		if taken && q.server != up.cfg.Name {
+		if taken && q.Server != up.cfg.Name {
 			continue
 		}
 		np := *p
@@ -496,7 +496,7 @@ func (a *Aggregate) refreshPrompts(ctx context.Context, up *aggUpstream, cs *mcp
 		orig := p.Name
 		if a.register(up, "prompt", orig, func() { a.server.AddPrompt(&np, a.promptHandler(up, orig)) }) {
 			a.mu.Lock()
-			a.prompts[name] = qualified{up.cfg.Name, orig}
+			a.prompts[name] = Qualified{up.cfg.Name, orig}
 			a.mu.Unlock()
 			keep[name] = true
 			names = append(names, name)
@@ -509,7 +509,7 @@ func (a *Aggregate) refreshPrompts(ctx context.Context, up *aggUpstream, cs *mcp
 // replaceNames makes names up's registrations of one kind (its slot), drops
 // from table the earlier ones that were not kept, and removes them from the
 // server, which tells the clients that the list changed.
-func (a *Aggregate) replaceNames(up *aggUpstream, slot *[]string, table map[string]qualified, names []string, keep map[string]bool, remove func(...string)) {
+func (a *Aggregate) replaceNames(up *aggUpstream, slot *[]string, table map[string]Qualified, names []string, keep map[string]bool, remove func(...string)) {
 	up.mu.Lock()
 	old := *slot
 	*slot = names
@@ -538,7 +538,7 @@ func (a *Aggregate) refreshResources(ctx context.Context, up *aggUpstream, cs *m
 	up.setTTL(kindTemplates, ttl, err)
 	if err != nil {
 		// Some servers list resources without templates.
-		a.logger.Warn("aggregate: listing resource templates failed", "upstream", up.cfg.Name, "error", safeError(err))
+		a.logger.Warn("aggregate: listing resource templates failed", "upstream", up.cfg.Name, "error", SafeError(err))
 	}
 	name := up.cfg.Name
 	keepR := map[string]bool{}
@@ -627,7 +627,7 @@ func (a *Aggregate) resubscribe(up *aggUpstream, cs *mcp.ClientSession) {
 	for _, uri := range uris {
 		ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
 		if err := cs.Subscribe(ctx, &mcp.SubscribeParams{URI: uri}); err != nil {
-			a.logger.Warn("aggregate: renewing a resource subscription failed", "upstream", up.cfg.Name, "error", safeError(err))
+			a.logger.Warn("aggregate: renewing a resource subscription failed", "upstream", up.cfg.Name, "error", SafeError(err))
 		}
 		cancel()
 	}

@@ -155,7 +155,7 @@ func (a *Aggregate) serveFast(w http.ResponseWriter, r *http.Request, sid string
 // fastHeaders reports whether go-sdk would accept r's headers, so that the
 // fast path answers only what go-sdk would have served.
 func fastHeaders(r *http.Request) bool {
-	switch r.Header.Get(headerProtocolVersion) {
+	switch r.Header.Get(HeaderProtocolVersion) {
 	case "", "2025-11-25", "2025-06-18", "2025-03-26":
 	default:
 		return false
@@ -214,7 +214,7 @@ func (a *Aggregate) peekBody(r *http.Request) ([]byte, bool) {
 	}
 	limit := a.maxBody
 	if limit <= 0 {
-		limit = DefaultPassThroughMaxBody
+		limit = DefaultMaxBody
 	}
 	if r.ContentLength > limit {
 		return nil, false
@@ -260,16 +260,16 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 	sessionID := c.cs.ID()
 
 	start := time.Now()
-	rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: q.name}
+	rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: q.Name}
 	var extra *mcp.RequestExtra
 	if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
 		extra = &mcp.RequestExtra{TokenInfo: ti}
 	}
 	rec.TokenID, rec.TokenName = a.principal(r.Context(), s.ss, extra)
-	rec.ClientIP = clientIP(r.Header)
+	rec.ClientIP = ClientIP(r.Header)
 
 	upID := strconv.AppendQuote(make([]byte, 0, 24), "zidane-"+strconv.FormatUint(fastIDs.Add(1), 10))
-	out, err := fastRequest(upID, q.name, nullToNil(call.Meta), nullToNil(call.Arguments))
+	out, err := fastRequest(upID, q.Name, nullToNil(call.Meta), nullToNil(call.Arguments))
 	if err != nil {
 		return false
 	}
@@ -306,13 +306,13 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 	case err == nil && rpcErr != nil:
 		var e jsonrpc.Error
 		_ = json.Unmarshal(rpcErr, &e)
-		rec.Outcome, rec.Detail = OutcomeError, safeError(&e)
+		rec.Outcome, rec.Detail = OutcomeError, SafeError(&e)
 		a.record(rec, start)
 		fw.respond(callID, "error", rpcErr)
 	case err == nil:
 		res, isError, nerr := normalizeFastResult(res)
 		if nerr != nil {
-			rec.Outcome, rec.Detail = OutcomeError, safeError(nerr)
+			rec.Outcome, rec.Detail = OutcomeError, SafeError(nerr)
 			a.record(rec, start)
 			fw.respondTool(callID, a.unreachable(up, nerr))
 			break
@@ -331,9 +331,9 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 		a.fastCancelUpstream(fc, sessionID, ir.ProtocolVersion, "the client cancelled the request")
 		fw.end()
 	default:
-		rec.Outcome, rec.Detail = OutcomeError, safeError(err)
+		rec.Outcome, rec.Detail = OutcomeError, SafeError(err)
 		a.record(rec, start)
-		if IsAnswerLimit(err) {
+		if Exceeded(err) {
 			// The upstream session is dropped: the next call opens another.
 			s.forget(up.cfg.Name, c)
 			go c.cs.Close()
@@ -394,17 +394,17 @@ func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpst
 
 // fastPost POSTs one JSON-RPC message on the upstream session.
 func (a *Aggregate) fastPost(ctx context.Context, up *aggUpstream, sessionID, version string, body []byte) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.tr.e.URL, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.tr.Expanded.URL, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
 	req.Header["Content-Type"] = []string{"application/json"}
 	req.Header["Accept"] = []string{"application/json, text/event-stream"}
-	req.Header[headerSessionID] = []string{sessionID}
-	req.Header[headerProtocolVersion] = []string{version}
-	resp, err := up.tr.http.Do(req)
+	req.Header[HeaderSessionID] = []string{sessionID}
+	req.Header[HeaderProtocolVersion] = []string{version}
+	resp, err := up.tr.HTTP.Do(req)
 	if err != nil {
-		if r := up.tr.refusal(); r != nil {
+		if r := up.tr.Refusal(); r != nil {
 			return nil, r
 		}
 		return nil, err
@@ -472,7 +472,7 @@ func readStream(ctx context.Context, up *aggUpstream, body io.Reader, id message
 	sc := bufio.NewScanner(body)
 	// The body fails past max_response (see answerLimit) before a line
 	// could reach the scanner's own bound.
-	sc.Buffer(make([]byte, 0, 16<<10), int(up.tr.limitMax())+1)
+	sc.Buffer(make([]byte, 0, 16<<10), int(up.tr.LimitMax())+1)
 	var data []byte
 	for sc.Scan() {
 		line := sc.Bytes()

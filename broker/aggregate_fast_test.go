@@ -88,7 +88,7 @@ func newFastUp(t *testing.T, name string, jsonResponse bool) *fastUp {
 	return u
 }
 
-func (u *fastUp) config() Upstream { return Upstream{Name: u.name, URL: u.http.URL} }
+func (u *fastUp) config() Config { return Config{Name: u.name, URL: u.http.URL} }
 
 // recorder collects call records.
 type recorder struct {
@@ -122,7 +122,7 @@ func TestAggregateFastPath(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			up := newFastUp(t, "a", mode.json)
 			rec := &recorder{}
-			_, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{OnCall: rec.add})
+			_, url := aggServe(t, []Config{up.config()}, AggregateOptions{OnCall: rec.add})
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 
@@ -210,7 +210,7 @@ func TestAggregateFastPath(t *testing.T) {
 func TestAggregateFastPathProgressLogCancel(t *testing.T) {
 	up := newFastUp(t, "a", false)
 	rec := &recorder{}
-	_, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{OnCall: rec.add})
+	_, url := aggServe(t, []Config{up.config()}, AggregateOptions{OnCall: rec.add})
 	progress := make(chan *mcp.ProgressNotificationParams, 4)
 	logs := make(chan any, 4)
 	cs := aggConnect(t, url, &mcp.ClientOptions{
@@ -304,7 +304,7 @@ func TestAggregateFastPathProgressLogCancel(t *testing.T) {
 // next call opens a new session; when the upstream is gone, a tool error.
 func TestAggregateFastPathLostSession(t *testing.T) {
 	up := newFastUp(t, "a", true)
-	_, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []Config{up.config()}, AggregateOptions{})
 	cs := aggConnect(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -400,7 +400,7 @@ func TestAggregateFastPathLeavesModernUpstreams(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	legacy := newFastUp(t, "l", true)
-	_, url := aggServe(t, []Upstream{{Name: "m", URL: srv.URL}, legacy.config()}, AggregateOptions{})
+	_, url := aggServe(t, []Config{{Name: "m", URL: srv.URL}, legacy.config()}, AggregateOptions{})
 	cs := aggConnect(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -93,7 +93,7 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 		return false
 	}
 	q, up, c := adm.q, adm.up, adm.c
-	params, ok := renameParams(call.Params, q.name)
+	params, ok := renameParams(call.Params, q.Name)
 	if !ok {
 		return false
 	}
@@ -109,18 +109,18 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 	done := a.pidle.Use(s.idleKey, p.TokenID)
 	defer done()
 	start := time.Now()
-	rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: q.name}
+	rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: q.Name}
 	// As principal decides for a 2026-07-28 request's session.
 	if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
 		rec.TokenID, rec.TokenName = tokenInfoPrincipal(ti)
 	} else {
 		rec.TokenID, rec.TokenName = p.TokenID, p.Name
 	}
-	rec.ClientIP = clientIP(r.Header)
+	rec.ClientIP = ClientIP(r.Header)
 
 	hdr := http.Header{}
 	hdr["Mcp-Method"] = []string{"tools/call"}
-	hdr["Mcp-Name"] = []string{q.name}
+	hdr["Mcp-Name"] = []string{q.Name}
 	// In the one spelling the edge checks (it refuses the others).
 	for k, v := range r.Header {
 		if len(k) > len("Mcp-Param-") && strings.HasPrefix(k, "Mcp-Param-") {
@@ -135,7 +135,7 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 	case err == nil && rpcErr != nil:
 		var e jsonrpc.Error
 		_ = json.Unmarshal(rpcErr, &e)
-		rec.Outcome, rec.Detail = OutcomeError, safeError(&e)
+		rec.Outcome, rec.Detail = OutcomeError, SafeError(&e)
 		a.record(rec, start)
 		fw.respondStatus(callID, "error", rpcErr, modernErrorStatus(e.Code))
 	case err == nil && call.DeclaresTasks && isCreateTask(res):
@@ -146,7 +146,7 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 	case err == nil:
 		res, isError, nerr := normalizeModernResult(res)
 		if nerr != nil {
-			rec.Outcome, rec.Detail = OutcomeError, safeError(nerr)
+			rec.Outcome, rec.Detail = OutcomeError, SafeError(nerr)
 			a.record(rec, start)
 			fw.respond(callID, "result", modernOwnResult(a.unreachable(up, nerr)))
 			break
@@ -162,9 +162,9 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 		a.record(rec, start)
 		fw.end()
 	default:
-		rec.Outcome, rec.Detail = OutcomeError, safeError(err)
+		rec.Outcome, rec.Detail = OutcomeError, SafeError(err)
 		a.record(rec, start)
-		if IsAnswerLimit(err) {
+		if Exceeded(err) {
 			// As on the go-sdk path: the next call opens another upstream
 			// session.
 			s.forget(up.cfg.Name, c)
@@ -179,7 +179,7 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 // fastModernHeaders reports whether go-sdk's stateless handler would accept
 // r's headers for a 2026-07-28 POST.
 func fastModernHeaders(r *http.Request) bool {
-	if r.Header.Get(headerProtocolVersion) != protocolModern || r.Header.Get(headerSessionID) != "" {
+	if r.Header.Get(HeaderProtocolVersion) != protocolModern || r.Header.Get(HeaderSessionID) != "" {
 		return false
 	}
 	return fastTransportHeaders(r)
@@ -233,17 +233,17 @@ func renameParams(params []byte, name string) ([]byte, bool) {
 // modernExchange POSTs the request upstream and returns its answer, as
 // fastExchange does for a session.
 func (a *Aggregate) modernExchange(ctx context.Context, up *aggUpstream, hdr http.Header, out []byte, id message.ID, fw *fastWriter) (result, rpcErr json.RawMessage, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.tr.e.URL, bytes.NewReader(out))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.tr.Expanded.URL, bytes.NewReader(out))
 	if err != nil {
 		return nil, nil, err
 	}
 	req.Header = hdr
 	req.Header["Content-Type"] = []string{"application/json"}
 	req.Header["Accept"] = []string{"application/json, text/event-stream"}
-	req.Header[headerProtocolVersion] = []string{protocolModern}
-	resp, err := up.tr.http.Do(req)
+	req.Header[HeaderProtocolVersion] = []string{protocolModern}
+	resp, err := up.tr.HTTP.Do(req)
 	if err != nil {
-		if r := up.tr.refusal(); r != nil {
+		if r := up.tr.Refusal(); r != nil {
 			return nil, nil, r
 		}
 		return nil, nil, err

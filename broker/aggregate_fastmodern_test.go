@@ -113,7 +113,7 @@ func newModernUp(t *testing.T, name string) *modernUp {
 
 // aggServeEdge is aggServe with the edge's one reading of the body in the
 // request context, as the edge puts it there.
-func aggServeEdge(t *testing.T, ups []Upstream, opts AggregateOptions) (*Aggregate, string) {
+func aggServeEdge(t *testing.T, ups []Config, opts AggregateOptions) (*Aggregate, string) {
 	t.Helper()
 	a, err := NewAggregate(ups, opts)
 	if err != nil {
@@ -175,7 +175,7 @@ func TestAggregateModernFastMatchesSlow(t *testing.T) {
 	b1 := newModernUp(t, "b")
 	var recMu sync.Mutex
 	var recs []CallRecord
-	a, url := aggServeEdge(t, []Upstream{
+	a, url := aggServeEdge(t, []Config{
 		{Name: "a", URL: a1.url, MaxResponse: 16 << 10},
 		{Name: "b", URL: b1.url},
 	}, AggregateOptions{OnCall: func(r CallRecord) { recMu.Lock(); recs = append(recs, r); recMu.Unlock() }})
@@ -305,7 +305,7 @@ const modernMeta = `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-
 // the client's id.
 func TestAggregateModernFastHeaders(t *testing.T) {
 	up := newModernUp(t, "a")
-	a, url := aggServeEdge(t, []Upstream{{Name: "a", URL: up.url}}, AggregateOptions{})
+	a, url := aggServeEdge(t, []Config{{Name: "a", URL: up.url}}, AggregateOptions{})
 	cs := modernClient(t, url, "tok-1", nil)
 	callOutcome(t, cs, &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": "warm"}})
 
@@ -353,7 +353,7 @@ func TestAggregateModernFastHeaders(t *testing.T) {
 func TestAggregateModernFastRenameRefusals(t *testing.T) {
 	up := newModernUp(t, "a")
 	other := newModernUp(t, "b")
-	a, url := aggServeEdge(t, []Upstream{{Name: "a", URL: up.url}, {Name: "b", URL: other.url}}, AggregateOptions{})
+	a, url := aggServeEdge(t, []Config{{Name: "a", URL: up.url}, {Name: "b", URL: other.url}}, AggregateOptions{})
 	cs := modernClient(t, url, "tok-1", nil)
 	callOutcome(t, cs, &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": "warm"}})
 	callOutcome(t, cs, &mcp.CallToolParams{Name: "mcp_b_echo", Arguments: map[string]any{"text": "warm"}})
@@ -392,7 +392,7 @@ func TestAggregateModernFastRenameRefusals(t *testing.T) {
 // request, with the client's own progress token.
 func TestAggregateModernFastProgress(t *testing.T) {
 	up := newModernUp(t, "a")
-	a, url := aggServeEdge(t, []Upstream{{Name: "a", URL: up.url}}, AggregateOptions{})
+	a, url := aggServeEdge(t, []Config{{Name: "a", URL: up.url}}, AggregateOptions{})
 	progress := make(chan any, 4)
 	cs := modernClient(t, url, "tok-1", &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
@@ -426,8 +426,8 @@ func TestAggregateModernFastProgress(t *testing.T) {
 // paths: a tool error naming the upstream, and the budget is given back.
 func TestAggregateModernFastAnswerBudget(t *testing.T) {
 	up := newModernUp(t, "a")
-	budget := NewAnswerBudget(1 << 20)
-	a, url := aggServeEdge(t, []Upstream{{Name: "a", URL: up.url}}, AggregateOptions{AnswerBudget: budget})
+	budget := NewBudget(1 << 20)
+	a, url := aggServeEdge(t, []Config{{Name: "a", URL: up.url}}, AggregateOptions{AnswerBudget: budget})
 	cs := modernClient(t, url, "tok-1", nil)
 	warm := func() {
 		a.noModernFast.Store(true)

@@ -21,8 +21,8 @@ func TestAggregateHostileAnswers(t *testing.T) {
 	hu.Max = 8 << 20
 	srv := httptest.NewServer(hu)
 	t.Cleanup(srv.Close)
-	budget := NewAnswerBudget(0)
-	_, url := aggServe(t, []Upstream{{Name: "evil", URL: srv.URL, MaxResponse: 1 << 20}}, AggregateOptions{AnswerBudget: budget})
+	budget := NewBudget(0)
+	_, url := aggServe(t, []Config{{Name: "evil", URL: srv.URL, MaxResponse: 1 << 20}}, AggregateOptions{AnswerBudget: budget})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, warm := range []bool{false, true} {

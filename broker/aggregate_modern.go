@@ -47,7 +47,7 @@ const principalIdle = 10 * time.Minute
 func ModernRequest(r *http.Request) bool { return modernRequest(r) }
 
 func modernRequest(r *http.Request) bool {
-	return r.Header.Get(headerProtocolVersion) >= protocolModern
+	return r.Header.Get(HeaderProtocolVersion) >= protocolModern
 }
 
 // downSessionKey holds, in a tracked request's context, the temporary
@@ -173,7 +173,7 @@ func (b *endBody) Close() error {
 // streamable-HTTP upstream, one whose list-changed stream is watched
 // (onEnd runs when it ends).
 func (up *aggUpstream) catalogTransport(onEnd func()) mcp.Transport {
-	t := up.tr.newTransport()
+	t := up.tr.NewTransport()
 	st, ok := t.(*mcp.StreamableClientTransport)
 	if !ok || st.HTTPClient == nil {
 		return t

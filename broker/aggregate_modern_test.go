@@ -56,7 +56,7 @@ type sessionCounter struct {
 
 func (s *sessionCounter) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id := r.Header.Get(headerSessionID); id != "" && r.Method == http.MethodPost {
+		if id := r.Header.Get(HeaderSessionID); id != "" && r.Method == http.MethodPost {
 			body, _ := io.ReadAll(r.Body)
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			if bytes.Contains(body, []byte(`"tools/call"`)) {
@@ -82,7 +82,7 @@ func TestAggregateModernClient(t *testing.T) {
 	legacy := newAggUp(t, "l") // go-sdk stateful: 2025-11-25 only
 	counter := &sessionCounter{seen: map[string]bool{}}
 	legacy.http.Config.Handler = counter.wrap(legacy.http.Config.Handler)
-	_, url := aggServe(t, []Upstream{modern.ups, legacy.config()}, AggregateOptions{})
+	_, url := aggServe(t, []Config{modern.ups, legacy.config()}, AggregateOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -142,7 +142,7 @@ func TestAggregateModernClient(t *testing.T) {
 // reaches the upstream untouched.
 func TestAggregateModernClientGetsInputRequiredUnchanged(t *testing.T) {
 	modern := newMRTRUp(t, "m", true)
-	_, url := aggServe(t, []Upstream{modern.ups}, AggregateOptions{})
+	_, url := aggServe(t, []Config{modern.ups}, AggregateOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cs := modernClient(t, url, "tok-1", &mcp.ClientOptions{MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}})
@@ -175,7 +175,7 @@ func TestAggregateModernClientGetsInputRequiredUnchanged(t *testing.T) {
 // subscriptions/listen.
 func TestAggregateModernClientListens(t *testing.T) {
 	up := newAggUp(t, "a")
-	_, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []Config{up.config()}, AggregateOptions{})
 	changed := make(chan struct{}, 8)
 	updated := make(chan string, 8)
 	cs := modernClient(t, url, "tok-1", &mcp.ClientOptions{
@@ -221,7 +221,7 @@ func TestAggregateModernClientListens(t *testing.T) {
 // instructions.
 func TestAggregateDiscover(t *testing.T) {
 	a, b := newAggUp(t, "a"), newMRTRUp(t, "b", true)
-	_, url := aggServe(t, []Upstream{a.config(), b.ups}, AggregateOptions{})
+	_, url := aggServe(t, []Config{a.config(), b.ups}, AggregateOptions{})
 	body := `{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`
 	req := httptest.NewRequest("POST", url, strings.NewReader(body))
 	req.RequestURI = ""
@@ -248,7 +248,7 @@ func TestAggregateDiscover(t *testing.T) {
 // fails the listen request.
 func TestAggregateListenChecksResourceOwners(t *testing.T) {
 	a, b := newAggUp(t, "a"), newAggUp(t, "b")
-	_, url := aggServe(t, []Upstream{a.config(), b.config()}, AggregateOptions{
+	_, url := aggServe(t, []Config{a.config(), b.config()}, AggregateOptions{
 		MayUse: func(p policy.Principal, upstream string) bool { return p.TokenID == "tok-1" && upstream == "a" },
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -327,7 +327,7 @@ func TestAggregateCatalogListensAgain(t *testing.T) {
 		defer mu.Unlock()
 		return len(listens)
 	}
-	_, url := aggServe(t, []Upstream{{Name: "m", URL: srv.URL}}, AggregateOptions{})
+	_, url := aggServe(t, []Config{{Name: "m", URL: srv.URL}}, AggregateOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if n := listening(); n != 1 {
@@ -362,7 +362,7 @@ func TestAggregateCatalogListensAgain(t *testing.T) {
 // stream, through the token's principal session.
 func TestAggregateModernClientProgress(t *testing.T) {
 	up := newFastUp(t, "l", false)
-	_, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []Config{up.config()}, AggregateOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	progress := make(chan string, 4)

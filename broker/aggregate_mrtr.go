@@ -106,7 +106,7 @@ func (e *inputError) Unwrap() error { return e.err }
 func inputFailed(up *aggUpstream, err *inputError) *mcp.CallToolResult {
 	return &mcp.CallToolResult{
 		IsError: true,
-		Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("the upstream MCP server %q asked for input the gateway could not get from this client: %s", up.cfg.Name, safeError(err.err))}},
+		Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("the upstream MCP server %q asked for input the gateway could not get from this client: %s", up.cfg.Name, SafeError(err.err))}},
 	}
 }
 

@@ -23,7 +23,7 @@ type mrtrUp struct {
 	stop   context.Context // done when the test ends
 	mu     sync.Mutex
 	seen   []string // "<version> <tool> state=<requestState>"
-	ups    Upstream
+	ups    Config
 }
 
 func (u *mrtrUp) saw() []string {
@@ -116,7 +116,7 @@ func newMRTRUp(t *testing.T, name string, stateless bool) *mrtrUp {
 	stopCtx, stop := context.WithCancel(context.Background())
 	u.stop = stopCtx
 	t.Cleanup(stop) // before srv.Close
-	u.ups = Upstream{Name: name, URL: srv.URL}
+	u.ups = Config{Name: name, URL: srv.URL}
 	return u
 }
 
@@ -139,7 +139,7 @@ func legacyClient(t *testing.T, url string, opts *mcp.ClientOptions, roots ...*m
 // after round, and each retry carries the requestState the upstream gave.
 func TestAggregateLegacyClientModernUpstreamMRTR(t *testing.T) {
 	up := newMRTRUp(t, "m", true)
-	_, url := aggServe(t, []Upstream{up.ups}, AggregateOptions{})
+	_, url := aggServe(t, []Config{up.ups}, AggregateOptions{})
 	var asked []string
 	var mu sync.Mutex
 	cs := legacyClient(t, url, &mcp.ClientOptions{
@@ -186,7 +186,7 @@ func TestAggregateLegacyClientModernUpstreamMRTR(t *testing.T) {
 // no retry.
 func TestAggregateLegacyClientWithoutElicitationMRTR(t *testing.T) {
 	up := newMRTRUp(t, "m", true)
-	_, url := aggServe(t, []Upstream{up.ups}, AggregateOptions{})
+	_, url := aggServe(t, []Config{up.ups}, AggregateOptions{})
 	cs := legacyClient(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -213,7 +213,7 @@ func TestAggregateLegacyClientWithoutElicitationMRTR(t *testing.T) {
 // only, and a 2026-07-28 request that declares none declares none there.
 func TestUpstreamMetaKeys(t *testing.T) {
 	modernUp, legacyUp := newMRTRUp(t, "m", true), newMRTRUp(t, "l", false)
-	connect := func(u Upstream) *mcp.ClientSession {
+	connect := func(u Config) *mcp.ClientSession {
 		cs, err := mcp.NewClient(&mcp.Implementation{Name: "b", Version: "1"}, nil).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: u.URL, MaxRetries: -1}, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -45,7 +45,7 @@ func (n *noteCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil || resp.Body == nil || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		return resp, err
 	}
-	sid := req.Header.Get(headerSessionID)
+	sid := req.Header.Get(HeaderSessionID)
 	if sid == "" {
 		return resp, err
 	}

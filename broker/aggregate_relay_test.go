@@ -16,12 +16,12 @@ import (
 )
 
 // serveUpstream serves s over streamable HTTP on 127.0.0.1 as upstream name.
-func serveUpstream(t *testing.T, name string, s *mcp.Server) Upstream {
+func serveUpstream(t *testing.T, name string, s *mcp.Server) Config {
 	t.Helper()
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return Upstream{Name: name, URL: srv.URL}
+	return Config{Name: name, URL: srv.URL}
 }
 
 // The SEP-1330 enum schemas, as the conformance suite's scenario has them:
@@ -48,7 +48,7 @@ func TestAggregateRelaysElicitationSchemasAsTheyAre(t *testing.T) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: res.Action + " " + strings.Join(toStrings(res.Content["titledMulti"]), ",")}}}, nil, nil
 	})
 	up := serveUpstream(t, "up", s)
-	_, url := aggServe(t, []Upstream{up}, AggregateOptions{})
+	_, url := aggServe(t, []Config{up}, AggregateOptions{})
 
 	// The downstream client answers as the conformance suite's TypeScript
 	// client does: go-sdk's own client would refuse the schema itself, so
@@ -128,7 +128,7 @@ func TestAggregateForwardsRoots(t *testing.T) {
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Join(uris, " ")}}}, nil, nil
 	})
-	_, url := aggServe(t, []Upstream{serveUpstream(t, "up", s)}, AggregateOptions{})
+	_, url := aggServe(t, []Config{serveUpstream(t, "up", s)}, AggregateOptions{})
 	c := mcp.NewClient(&mcp.Implementation{Name: "downstream", Version: "1"}, nil)
 	c.AddRoots(&mcp.Root{URI: "file:///work/a"})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -174,7 +174,7 @@ func TestAggregateForwardsLogsBeforeTheAnswer(t *testing.T) {
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
 	})
-	_, url := aggServe(t, []Upstream{serveUpstream(t, "up", s)}, AggregateOptions{})
+	_, url := aggServe(t, []Config{serveUpstream(t, "up", s)}, AggregateOptions{})
 	var mu sync.Mutex
 	logs := 0
 	// Offering elicitation keeps these calls on the go-sdk path, where

@@ -78,7 +78,7 @@ func TestAggregateCoalescesListChanged(t *testing.T) {
 		sdk.ServeHTTP(w, r)
 	}))
 	t.Cleanup(up.Close)
-	aggServe(t, []Upstream{{Name: "flood", URL: up.URL}}, AggregateOptions{})
+	aggServe(t, []Config{{Name: "flood", URL: up.URL}}, AggregateOptions{})
 	t.Cleanup(func() {
 		close(release)
 		up.CloseClientConnections()
@@ -138,7 +138,7 @@ func TestAggregateBoundsEndlessPagination(t *testing.T) {
 		sdk.ServeHTTP(w, r)
 	}))
 	t.Cleanup(up.Close)
-	aggServe(t, []Upstream{{Name: "pages", URL: up.URL}}, AggregateOptions{})
+	aggServe(t, []Config{{Name: "pages", URL: up.URL}}, AggregateOptions{})
 	if n := int(pages.Load()); n*perPage > 10000+perPage {
 		t.Fatalf("the broker read %d pages (%d tools) of an endless listing; want it to stop after %d tools", n, n*perPage, 10000)
 	}

@@ -323,7 +323,7 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	}
 	unwatch := func() {}
 	if err == nil {
-		unwatch = up.tr.watchLimit(cs.ID(), func(err error) { c.overLimit.Store(&err) })
+		unwatch = up.tr.WatchLimit(cs.ID(), func(err error) { c.overLimit.Store(&err) })
 	}
 	c.cs, c.err = cs, err
 	close(c.done)
@@ -517,7 +517,7 @@ func (a *Aggregate) unreachable(up *aggUpstream, err error) *mcp.CallToolResult 
 	}
 	return &mcp.CallToolResult{
 		IsError: true,
-		Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("the upstream MCP server %q could not be reached: %s; try again later, and if it persists ask the operator to check the broker log", up.cfg.Name, safeError(err))}},
+		Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("the upstream MCP server %q could not be reached: %s; try again later, and if it persists ask the operator to check the broker log", up.cfg.Name, SafeError(err))}},
 	}
 }
 
@@ -529,7 +529,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 		}
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: orig}
 		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
-		rec.ClientIP = extraClientIP(req.Extra)
+		rec.ClientIP = ExtraClientIP(req.Extra)
 		c, release, err := a.conn(ctx, req.Session, up)
 		if err != nil {
 			rec.Outcome, rec.Detail = outcome(ctx, err)
@@ -590,7 +590,7 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			return nil, rpcErr
 		case errors.As(err, &ie):
 			return inputFailed(up, ie), nil
-		case IsAnswerLimit(err):
+		case Exceeded(err):
 			// A 2026-07-28 upstream has no session id to watch the limit
 			// by: the failure comes back as the call's error.
 			c.forgetIn(up.cfg.Name)
@@ -613,10 +613,10 @@ func forwardErr(ctx context.Context, up *aggUpstream, err error) error {
 	if rpcErr := upstreamRPCError(err); rpcErr != nil {
 		return rpcErr
 	}
-	if IsAnswerLimit(err) {
-		return errors.New(limitMessage(err))
+	if Exceeded(err) {
+		return errors.New(LimitMessage(err))
 	}
-	return fmt.Errorf("the upstream MCP server %q could not be reached: %s", up.cfg.Name, safeError(err))
+	return fmt.Errorf("the upstream MCP server %q could not be reached: %s", up.cfg.Name, SafeError(err))
 }
 
 func (a *Aggregate) promptHandler(up *aggUpstream, orig string) mcp.PromptHandler {
@@ -624,7 +624,7 @@ func (a *Aggregate) promptHandler(up *aggUpstream, orig string) mcp.PromptHandle
 		start := time.Now()
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "prompts/get"}
 		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
-		rec.ClientIP = extraClientIP(req.Extra)
+		rec.ClientIP = ExtraClientIP(req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.GetPromptResult, error) {
 			// A multi-round-trip retry's answers and state go to the
 			// upstream as they came (go-sdk's server fulfils an older
@@ -655,7 +655,7 @@ func (a *Aggregate) resourceHandler(up *aggUpstream) mcp.ResourceHandler {
 		start := time.Now()
 		rec := CallRecord{Upstream: up.cfg.Name, Method: "resources/read"}
 		rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
-		rec.ClientIP = extraClientIP(req.Extra)
+		rec.ClientIP = ExtraClientIP(req.Extra)
 		res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.ReadResourceResult, error) {
 			params := &mcp.ReadResourceParams{Meta: upstreamMeta(req.Params.Meta, c.cs, req.Session), URI: req.Params.URI,
 				InputResponses: req.Params.InputResponses, RequestState: req.Params.RequestState}
@@ -719,7 +719,7 @@ func (c *aggConn) limitFailure() error {
 func overLimitResult(err error) *mcp.CallToolResult {
 	return &mcp.CallToolResult{
 		IsError: true,
-		Content: []mcp.Content{&mcp.TextContent{Text: limitMessage(err)}},
+		Content: []mcp.Content{&mcp.TextContent{Text: LimitMessage(err)}},
 	}
 }
 
@@ -735,8 +735,8 @@ func (a *Aggregate) complete(ctx context.Context, req *mcp.CompleteRequest) (*mc
 	switch ref.Type {
 	case "ref/prompt":
 		if q, ok := a.prompts[ref.Name]; ok {
-			up = a.byName[q.server]
-			out.Name = q.name
+			up = a.byName[q.Server]
+			out.Name = q.Name
 		}
 	case "ref/resource":
 		if owner, ok := a.completionResourceLocked(ref.URI); ok {
@@ -750,7 +750,7 @@ func (a *Aggregate) complete(ctx context.Context, req *mcp.CompleteRequest) (*mc
 	start := time.Now()
 	rec := CallRecord{Upstream: up.cfg.Name, Method: "completion/complete"}
 	rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
-	rec.ClientIP = extraClientIP(req.Extra)
+	rec.ClientIP = ExtraClientIP(req.Extra)
 	params := *req.Params
 	params.Ref = &out
 	res, err := withConnT(a, ctx, req.Session, up, func(c *aggConn) (*mcp.CompleteResult, error) {
@@ -797,7 +797,7 @@ func (a *Aggregate) subscribe(ctx context.Context, req *mcp.SubscribeRequest) er
 	start := time.Now()
 	rec := CallRecord{Upstream: owner, Method: "resources/subscribe"}
 	rec.TokenID, rec.TokenName = a.principal(ctx, req.Session, req.Extra)
-	rec.ClientIP = extraClientIP(req.Extra)
+	rec.ClientIP = ExtraClientIP(req.Extra)
 	var err error
 	if first {
 		up.mu.Lock()

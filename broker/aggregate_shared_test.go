@@ -17,19 +17,19 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-func stdioUpstream(t *testing.T) Upstream {
+func stdioUpstream(t *testing.T) Config {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Skip(err)
 	}
-	return Upstream{Name: "local", Command: exe, Env: map[string]string{upstreamtest.StdioEnv: "1"}}
+	return Config{Name: "local", Command: exe, Env: map[string]string{upstreamtest.StdioEnv: "1"}}
 }
 
 func TestAggregateSharedStdio(t *testing.T) {
 	logs := &upstreamtest.LogCapture{}
 	dir := t.TempDir()
-	a, url := aggServe(t, []Upstream{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: -1, PIDDir: dir})
+	a, url := aggServe(t, []Config{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: -1, PIDDir: dir})
 	ctx := upstreamtest.Ctx(t)
 	pid := waitPids(t, ctx, logs, "local", 1)[0]
 
@@ -74,7 +74,7 @@ func TestAggregateSharedStdio(t *testing.T) {
 func TestAggregateSharedStdioIdle(t *testing.T) {
 	logs := &upstreamtest.LogCapture{}
 	dir := t.TempDir()
-	_, url := aggServe(t, []Upstream{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: 20 * time.Millisecond, PIDDir: dir})
+	_, url := aggServe(t, []Config{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: 20 * time.Millisecond, PIDDir: dir})
 	ctx := upstreamtest.Ctx(t)
 	first := waitPids(t, ctx, logs, "local", 1)[0]
 	cs := aggConnect(t, url, nil)
@@ -109,7 +109,7 @@ func TestAggregateSharedStdioIdle(t *testing.T) {
 func TestAggregateSharedStdioExit(t *testing.T) {
 	logs := &upstreamtest.LogCapture{}
 	dir := t.TempDir()
-	_, url := aggServe(t, []Upstream{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: -1, PIDDir: dir})
+	_, url := aggServe(t, []Config{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: -1, PIDDir: dir})
 	ctx := upstreamtest.Ctx(t)
 	first := waitPids(t, ctx, logs, "local", 1)[0]
 	cs := aggConnect(t, url, nil)

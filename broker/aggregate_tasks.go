@@ -72,7 +72,7 @@ func (a *Aggregate) serveTask(w http.ResponseWriter, r *http.Request) bool {
 	name, named := taskUpstream(r.Context())
 	up := a.byName[name]
 	if !named || up == nil || up.cfg.Transport != TransportHTTP || call.TaskIDRaw == nil {
-		writeRPCError(w, http.StatusBadRequest, call.ID.Raw(), message.CodeInvalidParams,
+		WriteRPCError(w, http.StatusBadRequest, call.ID.Raw(), message.CodeInvalidParams,
 			call.Method+" needs params.taskId: the id of a task this endpoint gave, from the CreateTaskResult of a tools/call")
 		return true
 	}
@@ -87,7 +87,7 @@ func (a *Aggregate) serveTask(w http.ResponseWriter, r *http.Request) bool {
 	hdr := http.Header{"Mcp-Method": {call.Method}, "Mcp-Name": {call.TaskID}}
 
 	start := time.Now()
-	rec := CallRecord{Upstream: up.cfg.Name, Method: call.Method, TokenID: p.TokenID, TokenName: p.Name, ClientIP: clientIP(r.Header)}
+	rec := CallRecord{Upstream: up.cfg.Name, Method: call.Method, TokenID: p.TokenID, TokenName: p.Name, ClientIP: ClientIP(r.Header)}
 	if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
 		rec.TokenID, rec.TokenName = tokenInfoPrincipal(ti)
 	}
@@ -97,7 +97,7 @@ func (a *Aggregate) serveTask(w http.ResponseWriter, r *http.Request) bool {
 	case err == nil && rpcErr != nil:
 		var e jsonrpc.Error
 		_ = json.Unmarshal(rpcErr, &e)
-		rec.Outcome, rec.Detail = OutcomeError, safeError(&e)
+		rec.Outcome, rec.Detail = OutcomeError, SafeError(&e)
 		fw.respond(call.ID.Raw(), "error", rpcErr)
 	case err == nil:
 		rec.Outcome = OutcomeOK
@@ -106,8 +106,8 @@ func (a *Aggregate) serveTask(w http.ResponseWriter, r *http.Request) bool {
 		rec.Outcome = OutcomeCanceled
 		fw.end()
 	default:
-		rec.Outcome, rec.Detail = OutcomeError, safeError(err)
-		e := &jsonrpc.Error{Code: message.CodeUpstream, Message: "the upstream MCP server " + quote(up.cfg.Name) + " could not be reached: " + safeError(err) + "; try again later"}
+		rec.Outcome, rec.Detail = OutcomeError, SafeError(err)
+		e := &jsonrpc.Error{Code: message.CodeUpstream, Message: "the upstream MCP server " + quote(up.cfg.Name) + " could not be reached: " + SafeError(err) + "; try again later"}
 		data, _ := json.Marshal(e)
 		fw.respond(call.ID.Raw(), "error", data)
 	}
@@ -137,7 +137,7 @@ func (a *Aggregate) taskDeclaringCall(ctx context.Context, tool string) {
 	if !ok {
 		return
 	}
-	up := a.byName[q.server]
+	up := a.byName[q.Server]
 	if up == nil || up.shared || up.cfg.Transport != TransportHTTP {
 		return
 	}

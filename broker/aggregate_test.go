@@ -72,8 +72,8 @@ func newAggUp(t *testing.T, name string) *aggUp {
 	return u
 }
 
-func (u *aggUp) config() Upstream {
-	return Upstream{Name: u.name, URL: u.http.URL, Headers: map[string]string{"Authorization": "Bearer upstream-" + u.name}}
+func (u *aggUp) config() Config {
+	return Config{Name: u.name, URL: u.http.URL, Headers: map[string]string{"Authorization": "Bearer upstream-" + u.name}}
 }
 
 type aggAuthRT struct{ next http.RoundTripper }
@@ -86,7 +86,7 @@ func (a aggAuthRT) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // aggServe builds the aggregate and serves it behind a middleware that sets
 // the principal, as the edge does.
-func aggServe(t *testing.T, ups []Upstream, opts AggregateOptions) (*Aggregate, string) {
+func aggServe(t *testing.T, ups []Config, opts AggregateOptions) (*Aggregate, string) {
 	t.Helper()
 	a, err := NewAggregate(ups, opts)
 	if err != nil {
@@ -164,7 +164,7 @@ func TestAggregateRoutes(t *testing.T) {
 	cfgA.ToolsDeny = []string{"secret"}
 	var mu sync.Mutex
 	var recs []CallRecord
-	_, url := aggServe(t, []Upstream{cfgA, upAB.config()}, AggregateOptions{OnCall: func(r CallRecord) {
+	_, url := aggServe(t, []Config{cfgA, upAB.config()}, AggregateOptions{OnCall: func(r CallRecord) {
 		mu.Lock()
 		recs = append(recs, r)
 		mu.Unlock()
@@ -253,7 +253,7 @@ func TestAggregateRoutes(t *testing.T) {
 
 func TestAggregateToolServer(t *testing.T) {
 	upA, upAB := newAggUp(t, "a"), newAggUp(t, "a_b")
-	a, _ := aggServe(t, []Upstream{upA.config(), upAB.config()}, AggregateOptions{})
+	a, _ := aggServe(t, []Config{upA.config(), upAB.config()}, AggregateOptions{})
 	for name, want := range map[string][2]string{"mcp_a_echo": {"a", "echo"}, "mcp_a_b_echo": {"a_b", "echo"}} {
 		s, tool, ok := a.ToolServer(name)
 		if !ok || s != want[0] || tool != want[1] {
@@ -282,7 +282,7 @@ func TestAggregateProgressSamplingCancel(t *testing.T) {
 		close(canceled)
 		return nil, nil, ctx.Err()
 	})
-	_, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []Config{up.config()}, AggregateOptions{})
 	progress := make(chan *mcp.ProgressNotificationParams, 4)
 	cs := aggConnect(t, url, &mcp.ClientOptions{
 		CreateMessageHandler: func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
@@ -334,7 +334,7 @@ func TestAggregateProgressSamplingCancel(t *testing.T) {
 
 func TestAggregateListChanged(t *testing.T) {
 	up := newAggUp(t, "a")
-	_, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []Config{up.config()}, AggregateOptions{})
 	changed := make(chan struct{}, 8)
 	cs := aggConnect(t, url, &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
 		changed <- struct{}{}
@@ -364,7 +364,7 @@ func TestAggregateListChanged(t *testing.T) {
 
 func TestAggregateUnreachable(t *testing.T) {
 	up := newAggUp(t, "down")
-	_, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []Config{up.config()}, AggregateOptions{})
 	cs := aggConnect(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -392,7 +392,7 @@ func TestAggregateNeverConnected(t *testing.T) {
 	l := httptest.NewServer(http.NotFoundHandler())
 	dead := l.URL
 	l.Close()
-	_, url := aggServe(t, []Upstream{{Name: "gone", URL: dead}}, AggregateOptions{})
+	_, url := aggServe(t, []Config{{Name: "gone", URL: dead}}, AggregateOptions{})
 	cs := aggConnect(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -403,7 +403,7 @@ func TestAggregateNeverConnected(t *testing.T) {
 
 func TestAggregateConditionalPrefix(t *testing.T) {
 	up := newAggUp(t, "solo")
-	a, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{Prefix: PrefixConditional})
+	a, url := aggServe(t, []Config{up.config()}, AggregateOptions{Prefix: PrefixConditional})
 	cs := aggConnect(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -420,13 +420,13 @@ func TestAggregateConditionalPrefix(t *testing.T) {
 }
 
 func TestAggregateRefusals(t *testing.T) {
-	if _, err := NewAggregate([]Upstream{{Name: "s", Command: "${AGG_TEST_UNSET_COMMAND}"}}, AggregateOptions{Lookup: func(string) (string, bool) { return "", false }}); err == nil || !strings.Contains(err.Error(), "placeholder") {
+	if _, err := NewAggregate([]Config{{Name: "s", Command: "${AGG_TEST_UNSET_COMMAND}"}}, AggregateOptions{Lookup: func(string) (string, bool) { return "", false }}); err == nil || !strings.Contains(err.Error(), "placeholder") {
 		t.Errorf("stdio command with an unset placeholder: %v", err)
 	}
-	if _, err := NewAggregate([]Upstream{{Name: "s", URL: "http://127.0.0.1:1/mcp"}}, AggregateOptions{Prefix: "sometimes"}); err == nil {
+	if _, err := NewAggregate([]Config{{Name: "s", URL: "http://127.0.0.1:1/mcp"}}, AggregateOptions{Prefix: "sometimes"}); err == nil {
 		t.Error("bad prefix accepted")
 	}
-	a, err := NewAggregate([]Upstream{{Name: "s", URL: "http://127.0.0.1:1/mcp"}}, AggregateOptions{})
+	a, err := NewAggregate([]Config{{Name: "s", URL: "http://127.0.0.1:1/mcp"}}, AggregateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,7 +440,7 @@ func TestAggregateRefusals(t *testing.T) {
 
 func TestAggregateCompleteSubscribeBinding(t *testing.T) {
 	upA, upAB := newAggUp(t, "a"), newAggUp(t, "a_b")
-	_, url := aggServe(t, []Upstream{upA.config(), upAB.config()}, AggregateOptions{})
+	_, url := aggServe(t, []Config{upA.config(), upAB.config()}, AggregateOptions{})
 	updated := make(chan string, 4)
 	cs := aggConnect(t, url, &mcp.ClientOptions{ResourceUpdatedHandler: func(_ context.Context, req *mcp.ResourceUpdatedNotificationRequest) {
 		updated <- req.Params.URI
@@ -503,7 +503,7 @@ func TestAggregateElicitAndLog(t *testing.T) {
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: res.Action}}}, nil, nil
 	})
-	_, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []Config{up.config()}, AggregateOptions{})
 	logs := make(chan any, 4)
 	cs := aggConnect(t, url, &mcp.ClientOptions{
 		ElicitationHandler: func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
@@ -577,7 +577,7 @@ func TestAggregateInstructionsAreDecided(t *testing.T) {
 		}
 		return instructions
 	}
-	_, url := aggServe(t, []Upstream{a.config(), b.config()}, AggregateOptions{Instructions: decide})
+	_, url := aggServe(t, []Config{a.config(), b.config()}, AggregateOptions{Instructions: decide})
 	mu.Lock()
 	if seen["a"] != "Use a wisely." || seen["b"] != "Use b wisely." {
 		t.Errorf("told at connection: %q", seen)

@@ -93,7 +93,7 @@ func TestAggregateHTTPSSEStdio(t *testing.T) {
 	t.Cleanup(sse.CloseClientConnections)
 
 	logs := &upstreamtest.LogCapture{}
-	a, url := aggServe(t, []Upstream{
+	a, url := aggServe(t, []Config{
 		web.config(),
 		{Name: "old", Transport: TransportSSE, URL: sse.URL + "/sse"},
 		{Name: "local", Command: exe, Env: map[string]string{upstreamtest.StdioEnv: "1"}, Shared: &notShared},
@@ -178,7 +178,7 @@ func TestAggregateSSEEndpointOnAnotherOrigin(t *testing.T) {
 	web := newAggUp(t, "web")
 
 	logs := &upstreamtest.LogCapture{}
-	_, url := aggServe(t, []Upstream{
+	_, url := aggServe(t, []Config{
 		web.config(),
 		{Name: "evil", Transport: TransportSSE, URL: bad.URL + "/sse", Headers: map[string]string{"Authorization": "Bearer s3cret"}},
 	}, AggregateOptions{Logger: slog.New(logs)})

@@ -20,14 +20,14 @@ const sessionHeader = "Mcp-Session-Id"
 
 // DefaultAnswerBudget is the in-flight answer budget when none is
 // configured (see [AnswerBudget]).
-const DefaultAnswerBudget = 256 << 20
+const DefaultBudget = 256 << 20
 
 // AnswerTooLargeError is the failure of an upstream answer over the
 // upstream's max_response: for a POST, the whole answer (a JSON body, or
 // every event of its stream together); for a GET stream, and the stream
 // of a subscriptions/listen (which lasts as long as its client listens),
 // one event.
-type AnswerTooLargeError struct {
+type TooLargeError struct {
 	Upstream string
 	Limit    int64
 	// Event is set for a stream whose limit is per event.
@@ -40,7 +40,7 @@ type eventLimitKey struct{}
 
 // withEventLimit marks ctx's request as one whose event stream is bounded
 // per event, as a GET stream is: a subscriptions/listen.
-func withEventLimit(ctx context.Context) context.Context {
+func WithEventLimit(ctx context.Context) context.Context {
 	return context.WithValue(ctx, eventLimitKey{}, true)
 }
 
@@ -49,7 +49,7 @@ func eventLimited(ctx context.Context) bool {
 	return v
 }
 
-func (e *AnswerTooLargeError) Error() string {
+func (e *TooLargeError) Error() string {
 	what := "an answer"
 	if e.Event {
 		what = "an event on its stream"
@@ -60,21 +60,21 @@ func (e *AnswerTooLargeError) Error() string {
 
 // AnswerBudgetError is the failure of an upstream answer that would take the
 // bytes the gateway holds of upstream answers over its in-flight budget.
-type AnswerBudgetError struct {
+type BudgetError struct {
 	Upstream string
 	Limit    int64
 }
 
-func (e *AnswerBudgetError) Error() string {
+func (e *BudgetError) Error() string {
 	return fmt.Sprintf("the gateway holds %s of upstream answers at once (max_inflight_response), and the answer of the upstream MCP server %q did not fit; try again shortly",
 		formatBytes(e.Limit), e.Upstream)
 }
 
 // IsAnswerLimit reports whether err is, or wraps, an answer over a limit:
 // [AnswerTooLargeError] or [AnswerBudgetError].
-func IsAnswerLimit(err error) bool {
-	var tl *AnswerTooLargeError
-	var be *AnswerBudgetError
+func Exceeded(err error) bool {
+	var tl *TooLargeError
+	var be *BudgetError
 	return errors.As(err, &tl) || errors.As(err, &be)
 }
 
@@ -96,22 +96,22 @@ func formatBytes(n int64) string {
 // A read that would go over the budget fails, so many concurrent large
 // answers fail instead of exhausting memory. A nil *AnswerBudget holds no
 // limit. It is safe for concurrent use.
-type AnswerBudget struct {
+type Budget struct {
 	max  int64
 	used atomic.Int64
 }
 
 // NewAnswerBudget returns a budget of max bytes; max <= 0 means
 // [DefaultAnswerBudget].
-func NewAnswerBudget(max int64) *AnswerBudget {
+func NewBudget(max int64) *Budget {
 	if max <= 0 {
-		max = DefaultAnswerBudget
+		max = DefaultBudget
 	}
-	return &AnswerBudget{max: max}
+	return &Budget{max: max}
 }
 
 // Used is how many bytes are reserved now.
-func (b *AnswerBudget) Used() int64 {
+func (b *Budget) Used() int64 {
 	if b == nil {
 		return 0
 	}
@@ -120,12 +120,12 @@ func (b *AnswerBudget) Used() int64 {
 
 // Take reserves n bytes, and reports false, reserving nothing, when they
 // would take the budget over its bound. A nil budget always has room.
-func (b *AnswerBudget) Take(n int64) bool { return b.take(n) }
+func (b *Budget) Take(n int64) bool { return b.take(n) }
 
 // Give returns n bytes reserved by Take.
-func (b *AnswerBudget) Give(n int64) { b.give(n) }
+func (b *Budget) Give(n int64) { b.give(n) }
 
-func (b *AnswerBudget) take(n int64) bool {
+func (b *Budget) take(n int64) bool {
 	if b == nil || n == 0 {
 		return true
 	}
@@ -136,7 +136,7 @@ func (b *AnswerBudget) take(n int64) bool {
 	return true
 }
 
-func (b *AnswerBudget) give(n int64) {
+func (b *Budget) give(n int64) {
 	if b != nil && n != 0 {
 		b.used.Add(-n)
 	}
@@ -148,11 +148,11 @@ func (b *AnswerBudget) give(n int64) {
 // spent. Net/http's own client has no such bound, and go-sdk reads a JSON
 // answer whole (io.ReadAll) and an event stream's events whole, which is why
 // this sits under both.
-type answerLimit struct {
-	next     http.RoundTripper
+type Transport struct {
+	Next     http.RoundTripper
 	upstream string
-	max      int64
-	budget   *AnswerBudget
+	Max      int64
+	budget   *Budget
 	// watchers are told of a failure on the upstream session they watch
 	// (by its Mcp-Session-Id): go-sdk's client reports a failed read as a
 	// closed connection, without the error that closed it.
@@ -161,7 +161,7 @@ type answerLimit struct {
 
 // watch calls fn with the limit failure of any answer on the upstream
 // session sid, until the returned func is called.
-func (l *answerLimit) watch(sid string, fn func(error)) (unwatch func()) {
+func (l *Transport) Watch(sid string, fn func(error)) (unwatch func()) {
 	if sid == "" {
 		return func() {}
 	}
@@ -173,7 +173,7 @@ func (l *answerLimit) watch(sid string, fn func(error)) (unwatch func()) {
 type limitWatcher struct{ fn func(error) }
 
 // failed tells the watcher of the upstream session sid, if any, of err.
-func (l *answerLimit) failed(sid string, err error) {
+func (l *Transport) failed(sid string, err error) {
 	if sid == "" {
 		return
 	}
@@ -182,15 +182,15 @@ func (l *answerLimit) failed(sid string, err error) {
 	}
 }
 
-func newAnswerLimit(next http.RoundTripper, upstream string, max int64, budget *AnswerBudget) *answerLimit {
+func NewTransport(next http.RoundTripper, upstream string, max int64, budget *Budget) *Transport {
 	if max <= 0 {
 		max = DefaultMaxResponse
 	}
-	return &answerLimit{next: next, upstream: upstream, max: max, budget: budget}
+	return &Transport{Next: next, upstream: upstream, Max: max, budget: budget}
 }
 
-func (l *answerLimit) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := l.next.RoundTrip(req)
+func (l *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := l.Next.RoundTrip(req)
 	if err != nil || resp.Body == nil || resp.Body == http.NoBody {
 		return resp, err
 	}
@@ -198,12 +198,12 @@ func (l *answerLimit) RoundTrip(req *http.Request) (*http.Response, error) {
 	// read event by event, and so bounded per event on a GET: its readers
 	// (go-sdk, the fast path, the pass-through) take every other body
 	// whole, go-sdk even the body of a failed GET stream.
-	sse := resp.StatusCode >= 200 && resp.StatusCode < 300 && isEventStream(resp.Header.Get("Content-Type"))
+	sse := resp.StatusCode >= 200 && resp.StatusCode < 300 && IsEventStream(resp.Header.Get("Content-Type"))
 	perEvent := sse && (req.Method == http.MethodGet || eventLimited(req.Context()))
-	if !perEvent && resp.ContentLength > l.max {
+	if !perEvent && resp.ContentLength > l.Max {
 		// Known to be over before a byte is read.
 		resp.Body.Close()
-		err := &AnswerTooLargeError{Upstream: l.upstream, Limit: l.max}
+		err := &TooLargeError{Upstream: l.upstream, Limit: l.Max}
 		l.failed(req.Header.Get(sessionHeader), err)
 		return nil, err
 	}
@@ -211,8 +211,8 @@ func (l *answerLimit) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-func (l *answerLimit) CloseIdleConnections() {
-	if ci, ok := l.next.(interface{ CloseIdleConnections() }); ok {
+func (l *Transport) CloseIdleConnections() {
+	if ci, ok := l.Next.(interface{ CloseIdleConnections() }); ok {
 		ci.CloseIdleConnections()
 	}
 }
@@ -223,7 +223,7 @@ func (l *answerLimit) CloseIdleConnections() {
 // and the bytes held so far are given back.
 type limitedBody struct {
 	rc       io.ReadCloser
-	l        *answerLimit
+	l        *Transport
 	sid      string // the upstream session the answer belongs to, if any
 	sse      bool
 	perEvent bool
@@ -231,7 +231,7 @@ type limitedBody struct {
 	mu    sync.Mutex
 	n     int64 // bytes counted against max
 	held  int64 // bytes reserved from the budget
-	split sseSplit
+	split Splitter
 	err   error // the failure every later Read returns
 }
 
@@ -299,20 +299,20 @@ func (b *limitedBody) count(chunk []byte) error {
 // eventEnd returns the length of chunk up to and including the line end
 // that ends an event, or -1 when no event ends in chunk. It keeps the line
 // state across calls.
-func (b *limitedBody) eventEnd(chunk []byte) int { return b.split.end(chunk) }
+func (b *limitedBody) eventEnd(chunk []byte) int { return b.split.End(chunk) }
 
 // sseSplit finds the ends of events in an event stream read piece by piece:
 // an event ends at a blank line, and a line ends at \r\n, \n or \r (the
 // three line ends the SSE format allows). The zero value is at the start
 // of a line.
-type sseSplit struct {
+type Splitter struct {
 	midLine bool // a byte of the current line has been seen
 	prevCR  bool // the last byte was \r (a \n after it ends no line)
 }
 
 // end returns the length of chunk up to and including the line end that
 // ends an event, or -1 when no event ends in chunk.
-func (s *sseSplit) end(chunk []byte) int {
+func (s *Splitter) End(chunk []byte) int {
 	for i, c := range chunk {
 		if c == '\n' && s.prevCR {
 			s.prevCR = false
@@ -334,11 +334,11 @@ func (s *sseSplit) end(chunk []byte) int {
 
 func (b *limitedBody) add(n int64) error {
 	b.n += n
-	if b.n > b.l.max {
-		return &AnswerTooLargeError{Upstream: b.l.upstream, Limit: b.l.max, Event: b.perEvent}
+	if b.n > b.l.Max {
+		return &TooLargeError{Upstream: b.l.upstream, Limit: b.l.Max, Event: b.perEvent}
 	}
 	if !b.l.budget.take(n) {
-		return &AnswerBudgetError{Upstream: b.l.upstream, Limit: b.l.budget.max}
+		return &BudgetError{Upstream: b.l.upstream, Limit: b.l.budget.max}
 	}
 	b.held += n
 	return nil
@@ -363,7 +363,7 @@ func (b *limitedBody) Close() error {
 var errReadAfterClose = errors.New("read of an upstream answer after it was closed")
 
 // isEventStream reports whether a Content-Type is text/event-stream.
-func isEventStream(contentType string) bool {
+func IsEventStream(contentType string) bool {
 	mt, _, _ := strings.Cut(contentType, ";")
 	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }

@@ -36,15 +36,15 @@ func TestAnswerLimitGetReadWhole(t *testing.T) {
 				w.Write(blankLines)
 			}))
 			defer srv.Close()
-			budget := NewAnswerBudget(1 << 30)
-			hc := &http.Client{Transport: newAnswerLimit(http.DefaultTransport, "up", max, budget)}
+			budget := NewBudget(1 << 30)
+			hc := &http.Client{Transport: NewTransport(http.DefaultTransport, "up", max, budget)}
 			resp, err := hc.Get(srv.URL)
 			if err != nil {
 				t.Fatal(err)
 			}
 			got, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			var tl *AnswerTooLargeError
+			var tl *TooLargeError
 			if !errors.As(err, &tl) {
 				t.Fatalf("read %d bytes of a %d-byte answer whole (err %v); want the max_response error past %d", len(got), len(blankLines), err, max)
 			}

@@ -13,7 +13,7 @@ import (
 
 // limitedGet serves body with contentType (and Content-Length when
 // withLength) and reads it back through an answerLimit of max bytes.
-func limitedRead(t *testing.T, method, contentType string, withLength bool, body []byte, max int64, budget *AnswerBudget) ([]byte, error) {
+func limitedRead(t *testing.T, method, contentType string, withLength bool, body []byte, max int64, budget *Budget) ([]byte, error) {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", contentType)
@@ -25,10 +25,10 @@ func limitedRead(t *testing.T, method, contentType string, withLength bool, body
 		w.Write(body)
 	}))
 	defer srv.Close()
-	c := &http.Client{Transport: newAnswerLimit(http.DefaultTransport, "up", max, budget)}
+	c := &http.Client{Transport: NewTransport(http.DefaultTransport, "up", max, budget)}
 	ctx := context.Background()
 	if method == listen {
-		method, ctx = http.MethodPost, withEventLimit(ctx)
+		method, ctx = http.MethodPost, WithEventLimit(ctx)
 	}
 	req, _ := http.NewRequestWithContext(ctx, method, srv.URL, nil)
 	resp, err := c.Do(req)
@@ -54,7 +54,7 @@ func events(n, size int, end string) []byte {
 func TestAnswerLimit(t *testing.T) {
 	const max = 64 << 10
 	over := func(err error, event bool) bool {
-		var tl *AnswerTooLargeError
+		var tl *TooLargeError
 		return errors.As(err, &tl) && tl.Upstream == "up" && tl.Limit == max && tl.Event == event
 	}
 	cases := []struct {
@@ -79,7 +79,7 @@ func TestAnswerLimit(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			budget := NewAnswerBudget(1 << 30)
+			budget := NewBudget(1 << 30)
 			got, err := limitedRead(t, c.method, c.ctype, c.length, c.body, max, budget)
 			switch {
 			case c.fail && !over(err, c.event):
@@ -110,8 +110,8 @@ func TestAnswerBudget(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(release)
-	budget := NewAnswerBudget(64 << 10)
-	c := &http.Client{Transport: newAnswerLimit(http.DefaultTransport, "up", 1<<20, budget)}
+	budget := NewBudget(64 << 10)
+	c := &http.Client{Transport: NewTransport(http.DefaultTransport, "up", 1<<20, budget)}
 	first, err := c.Get(srv.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +124,7 @@ func TestAnswerBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = io.ReadFull(second.Body, make([]byte, 48<<10))
-	var be *AnswerBudgetError
+	var be *BudgetError
 	if !errors.As(err, &be) || !strings.Contains(err.Error(), "64 KiB") {
 		t.Fatalf("second answer: %v; want the budget's error", err)
 	}

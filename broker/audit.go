@@ -37,7 +37,7 @@ const (
 const ClientIPHeader = "Zidane-Client-Ip"
 
 // clientIP is the client's address that the edge put in h.
-func clientIP(h http.Header) string {
+func ClientIP(h http.Header) string {
 	if h == nil {
 		return ""
 	}
@@ -45,11 +45,11 @@ func clientIP(h http.Header) string {
 }
 
 // extraClientIP is clientIP of a go-sdk request's HTTP header.
-func extraClientIP(extra *mcp.RequestExtra) string {
+func ExtraClientIP(extra *mcp.RequestExtra) string {
 	if extra == nil {
 		return ""
 	}
-	return clientIP(extra.Header)
+	return ClientIP(extra.Header)
 }
 
 // CallRecord describes one exchange with an upstream, for audit: one
@@ -118,7 +118,7 @@ type Refusal struct {
 // client error in a *url.Error that quotes the request URL with its query,
 // where some upstreams take a key, so that layer is dropped; pinnedfetch's
 // own errors are already redacted.
-func safeError(err error) string {
+func SafeError(err error) string {
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
@@ -127,14 +127,14 @@ func safeError(err error) string {
 }
 
 // limitMessage is what a client is told of an answer over a limit.
-func limitMessage(err error) string {
-	var tl *AnswerTooLargeError
+func LimitMessage(err error) string {
+	var tl *TooLargeError
 	if errors.As(err, &tl) {
 		return tl.Error()
 	}
-	var be *AnswerBudgetError
+	var be *BudgetError
 	if errors.As(err, &be) {
 		return be.Error()
 	}
-	return safeError(err)
+	return SafeError(err)
 }

@@ -82,7 +82,7 @@ type ConnOptions struct {
 
 	// AnswerBudget, when set, bounds the bytes of upstream answers held at
 	// once across every upstream that shares it (see [AnswerBudget]).
-	AnswerBudget *AnswerBudget
+	AnswerBudget *Budget
 }
 
 // MaxStderrLine bounds one logged line of a stdio upstream's stderr; the
@@ -116,10 +116,10 @@ const MaxStderrLine = 4 << 10
 // A Conn is safe for concurrent use.
 type Conn struct {
 	name    string
-	e       Upstream // expanded
-	shown   string   // the URL as it may appear in messages
+	e       Config // expanded
+	shown   string // the URL as it may appear in messages
 	client  *mcp.Client
-	tr      *upstreamTransports
+	tr      *Transports
 	http    *http.Client // nil for stdio
 	guard   *originGuard // nil for stdio
 	logger  *slog.Logger
@@ -164,7 +164,7 @@ func (l *live) kill(missing bool) bool {
 // opened in the background (use [Conn.Session] to wait for it). Errors here
 // are configuration errors (transport, URL, headers, placeholders), naming
 // the upstream. Close the Conn when done.
-func Dial(ctx context.Context, u Upstream, opts ConnOptions) (*Conn, error) {
+func Dial(ctx context.Context, u Config, opts ConnOptions) (*Conn, error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -189,10 +189,10 @@ func Dial(ctx context.Context, u Upstream, opts ConnOptions) (*Conn, error) {
 		now:     make(chan struct{}, 1),
 		done:    make(chan struct{}),
 	}
-	if c.tr, err = newUpstreamTransports(n, e, opts, logger); err != nil {
+	if c.tr, err = NewTransports(n, e, opts, logger); err != nil {
 		return nil, err
 	}
-	c.http, c.guard = c.tr.http, c.tr.guard
+	c.http, c.guard = c.tr.HTTP, c.tr.guard
 	if c.http != nil {
 		c.shown = n.Redacted().URL
 	}
@@ -211,23 +211,23 @@ func Dial(ctx context.Context, u Upstream, opts ConnOptions) (*Conn, error) {
 // connHTTPClient builds the pinned egress client for an http or sse
 // upstream, as the pass-through route does, guarded against requests to
 // any other origin.
-func connHTTPClient(n, e Upstream, opts ConnOptions) (*http.Client, error) {
+func connHTTPClient(n, e Config, opts ConnOptions) (*http.Client, error) {
 	endpoint, err := e.Endpoint()
 	if err != nil {
 		return nil, err
 	}
-	headers, err := upstreamHeaders(e)
+	headers, err := ConfiguredHeaders(e)
 	if err != nil {
 		return nil, err
 	}
-	pinned, err := pinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses, opts.Credentials, false)
+	pinned, err := PinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses, opts.Credentials, false)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", describe(n), err)
+		return nil, fmt.Errorf("%s: %w", Describe(n), err)
 	}
 	return &http.Client{
 		// Every answer is bounded by max_response and the budget, under
 		// whatever reads it (go-sdk's transports, the fast path).
-		Transport: newAnswerLimit(&traceTransport{upstream: n.Name, next: &originGuard{upstream: n.Name, origin: pinnedfetch.Origin(endpoint), next: pinned.Transport}},
+		Transport: NewTransport(&TraceTransport{Upstream: n.Name, Next: &originGuard{upstream: n.Name, origin: pinnedfetch.Origin(endpoint), next: pinned.Transport}},
 			n.Name, n.MaxResponse, opts.AnswerBudget),
 		CheckRedirect: pinned.CheckRedirect,
 		// No Timeout: it would cut SSE streams. Requests are bounded by
@@ -274,19 +274,19 @@ func (g *originGuard) CloseIdleConnections() {
 // [Conn] and the aggregated route ([Aggregate]) both use it, so that the
 // pinned, origin-guarded egress client (http, sse) and the stdio launcher
 // exist once.
-type upstreamTransports struct {
-	name   string
-	e      Upstream     // expanded
-	http   *http.Client // http and sse: pinned and origin-guarded; nil for stdio
-	guard  *originGuard // nil for stdio
-	limit  *answerLimit // bounds every answer; nil for stdio
-	logger *slog.Logger // receives a stdio process's stderr
+type Transports struct {
+	name     string
+	Expanded Config       // expanded
+	HTTP     *http.Client // http and sse: pinned and origin-guarded; nil for stdio
+	guard    *originGuard // nil for stdio
+	limit    *Transport   // bounds every answer; nil for stdio
+	logger   *slog.Logger // receives a stdio process's stderr
 	// maxRetries is the streamable client's MaxRetries (0: go-sdk's
 	// default).
-	maxRetries int
+	MaxRetries int
 	// pidDir, when set, receives a pid file for every stdio process
 	// (see [CleanOrphans]).
-	pidDir string
+	PIDDir string
 }
 
 // wrapHTTP puts the RoundTripper wrap returns in front of the http
@@ -294,35 +294,35 @@ type upstreamTransports struct {
 // aggregated route's fast paths alike (the aggregated route counts the
 // notifications in its upstreams' event streams there). It does nothing for
 // the other transports.
-func (t *upstreamTransports) wrapHTTP(wrap func(http.RoundTripper) http.RoundTripper) {
-	if t.e.Transport != TransportHTTP || t.http == nil {
+func (t *Transports) WrapHTTP(wrap func(http.RoundTripper) http.RoundTripper) {
+	if t.Expanded.Transport != TransportHTTP || t.HTTP == nil {
 		return
 	}
-	t.http = &http.Client{Transport: wrap(t.http.Transport), CheckRedirect: t.http.CheckRedirect}
+	t.HTTP = &http.Client{Transport: wrap(t.HTTP.Transport), CheckRedirect: t.HTTP.CheckRedirect}
 }
 
 // newUpstreamTransports checks the transport of the normalized upstream n
 // (e is n expanded) and builds what its transports share: for http and sse
 // the egress client, as [connHTTPClient] does. Errors name the upstream.
-func newUpstreamTransports(n, e Upstream, opts ConnOptions, logger *slog.Logger) (*upstreamTransports, error) {
+func NewTransports(n, e Config, opts ConnOptions, logger *slog.Logger) (*Transports, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	t := &upstreamTransports{name: n.Name, e: e, logger: logger}
+	t := &Transports{name: n.Name, Expanded: e, logger: logger}
 	switch n.Transport {
 	case TransportHTTP, TransportSSE:
 		hc, err := connHTTPClient(n, e, opts)
 		if err != nil {
 			return nil, err
 		}
-		t.limit = hc.Transport.(*answerLimit)
-		t.http, t.guard = hc, t.limit.next.(*traceTransport).next.(*originGuard)
+		t.limit = hc.Transport.(*Transport)
+		t.HTTP, t.guard = hc, t.limit.Next.(*TraceTransport).Next.(*originGuard)
 	case TransportStdio:
-		if v, ok := firstPlaceholder(e.Command); ok {
-			return nil, fmt.Errorf("%s: command still holds the placeholder for %s: set %s in the environment of the Caddy process", describe(n), v, v)
+		if v, ok := FirstPlaceholder(e.Command); ok {
+			return nil, fmt.Errorf("%s: command still holds the placeholder for %s: set %s in the environment of the Caddy process", Describe(n), v, v)
 		}
 	default:
-		return nil, fmt.Errorf("%s: transport %q is not supported by the broker's client", describe(n), n.Transport)
+		return nil, fmt.Errorf("%s: transport %q is not supported by the broker's client", Describe(n), n.Transport)
 	}
 	return t, nil
 }
@@ -331,12 +331,12 @@ func newUpstreamTransports(n, e Upstream, opts ConnOptions, logger *slog.Logger)
 // streamable or SSE client over the guarded egress client, or, for stdio,
 // one that starts the command on Connect (the process ends when that
 // connection is closed).
-func (t *upstreamTransports) newTransport() mcp.Transport {
-	switch t.e.Transport {
+func (t *Transports) NewTransport() mcp.Transport {
+	switch t.Expanded.Transport {
 	case TransportHTTP:
-		return &mcp.StreamableClientTransport{Endpoint: t.e.URL, HTTPClient: t.http, MaxRetries: t.maxRetries}
+		return &mcp.StreamableClientTransport{Endpoint: t.Expanded.URL, HTTPClient: t.HTTP, MaxRetries: t.MaxRetries}
 	case TransportSSE:
-		return &mcp.SSEClientTransport{Endpoint: t.e.URL, HTTPClient: t.http}
+		return &mcp.SSEClientTransport{Endpoint: t.Expanded.URL, HTTPClient: t.HTTP}
 	default:
 		return &stdioTransport{t: t}
 	}
@@ -344,25 +344,25 @@ func (t *upstreamTransports) newTransport() mcp.Transport {
 
 // watchLimit calls fn with the limit failure of an answer on the upstream
 // session sid (http and sse), until the returned func is called.
-func (t *upstreamTransports) watchLimit(sid string, fn func(error)) (unwatch func()) {
+func (t *Transports) WatchLimit(sid string, fn func(error)) (unwatch func()) {
 	if t.limit == nil {
 		return func() {}
 	}
-	return t.limit.watch(sid, fn)
+	return t.limit.Watch(sid, fn)
 }
 
 // limitMax is the upstream's max_response (0 for stdio).
-func (t *upstreamTransports) limitMax() int64 {
+func (t *Transports) LimitMax() int64 {
 	if t.limit == nil {
 		return 0
 	}
-	return t.limit.max
+	return t.limit.Max
 }
 
 // refusal returns, and forgets, the last request the origin guard refused
 // (nil when none, or for stdio). The SDK may report a failed attempt as a
 // closed connection rather than the refusal that closed it.
-func (t *upstreamTransports) refusal() error {
+func (t *Transports) Refusal() error {
 	if t.guard == nil {
 		return nil
 	}
@@ -373,14 +373,14 @@ func (t *upstreamTransports) refusal() error {
 }
 
 // closeIdle releases the egress client's idle connections.
-func (t *upstreamTransports) closeIdle() {
-	if t.http != nil {
-		t.http.CloseIdleConnections()
+func (t *Transports) CloseIdle() {
+	if t.HTTP != nil {
+		t.HTTP.CloseIdleConnections()
 	}
 }
 
 // transport returns a new go-sdk transport for one connection attempt.
-func (c *Conn) transport() mcp.Transport { return c.tr.newTransport() }
+func (c *Conn) transport() mcp.Transport { return c.tr.NewTransport() }
 
 // supervise keeps a session open until Close: it connects, waits for the
 // session to die, and reconnects with backoff.

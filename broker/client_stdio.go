@@ -19,14 +19,14 @@ import (
 // logger (the Conn's, or the aggregated route's), line by line. Closing the
 // connection ends the process (stdin closed, then SIGTERM after 5s).
 type stdioTransport struct {
-	t *upstreamTransports
+	t *Transports
 }
 
 func (st *stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	c := st.t
-	cmd := exec.Command(c.e.Command, c.e.Args...)
-	cmd.Env = stdioEnv(c.e.Env)
-	cmd.Dir = c.e.Cwd
+	cmd := exec.Command(c.Expanded.Command, c.Expanded.Args...)
+	cmd.Env = stdioEnv(c.Expanded.Env)
+	cmd.Dir = c.Expanded.Cwd
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("creating the stderr pipe for the command: %w", err)
@@ -47,14 +47,14 @@ func (st *stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		var ee *exec.Error
 		if errors.As(err, &ee) {
-			return nil, fmt.Errorf("starting command %q: %v", c.e.Command, ee.Err)
+			return nil, fmt.Errorf("starting command %q: %v", c.Expanded.Command, ee.Err)
 		}
-		return nil, fmt.Errorf("starting command %q: %w", c.e.Command, err)
+		return nil, fmt.Errorf("starting command %q: %w", c.Expanded.Command, err)
 	}
-	if c.pidDir == "" || cmd.Process == nil {
+	if c.PIDDir == "" || cmd.Process == nil {
 		return conn, nil
 	}
-	file, err := writePIDFile(c.pidDir, c.name, cmd.Process.Pid, cmd.Args)
+	file, err := writePIDFile(c.PIDDir, c.name, cmd.Process.Pid, cmd.Args)
 	if err != nil {
 		c.logger.Warn("stdio upstream: writing its pid file failed", "upstream", c.name, "error", err.Error())
 		return conn, nil

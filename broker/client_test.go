@@ -27,7 +27,7 @@ func streamableHandler(name string) http.Handler {
 	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
 }
 
-func dialT(t *testing.T, u Upstream, opts ConnOptions) *Conn {
+func dialT(t *testing.T, u Config, opts ConnOptions) *Conn {
 	t.Helper()
 	if opts.Backoff == (Backoff{}) {
 		opts.Backoff = Backoff{Min: 5 * time.Millisecond, Max: 100 * time.Millisecond}
@@ -88,7 +88,7 @@ func TestConnStreamableHeadersAndTools(t *testing.T) {
 	defer srv.CloseClientConnections()
 
 	ctx := upstreamtest.Ctx(t)
-	c := dialT(t, Upstream{Name: "up", URL: srv.URL + "/mcp", Headers: map[string]string{"Authorization": "Bearer ${TOKEN}"}},
+	c := dialT(t, Config{Name: "up", URL: srv.URL + "/mcp", Headers: map[string]string{"Authorization": "Bearer ${TOKEN}"}},
 		ConnOptions{Lookup: func(k string) (string, bool) { return "s3cret", k == "TOKEN" }})
 	if _, err := c.Session(ctx); err != nil {
 		t.Fatalf("Session: %v", err)
@@ -123,7 +123,7 @@ func TestConnWrongCredentialsIsReported(t *testing.T) {
 	}))
 	defer srv.Close()
 	ctx := upstreamtest.Ctx(t)
-	c := dialT(t, Upstream{Name: "locked", URL: srv.URL + "/mcp"}, ConnOptions{})
+	c := dialT(t, Config{Name: "locked", URL: srv.URL + "/mcp"}, ConnOptions{})
 	_, err := c.Session(ctx)
 	if err == nil || !strings.Contains(err.Error(), `"locked"`) {
 		t.Fatalf("Session = %v, want an error naming the upstream", err)
@@ -146,7 +146,7 @@ func TestConnSSE(t *testing.T) {
 	defer srv.Close()
 	defer srv.CloseClientConnections()
 	ctx := upstreamtest.Ctx(t)
-	c := dialT(t, Upstream{Name: "old", Transport: TransportSSE, URL: srv.URL + "/sse"}, ConnOptions{})
+	c := dialT(t, Config{Name: "old", Transport: TransportSSE, URL: srv.URL + "/sse"}, ConnOptions{})
 	wantEcho(t, ctx, c, "sse: hi")
 }
 
@@ -171,7 +171,7 @@ func TestConnSSEEndpointOnAnotherOriginIsRefused(t *testing.T) {
 	defer bad.CloseClientConnections()
 
 	ctx := upstreamtest.Ctx(t)
-	c := dialT(t, Upstream{Name: "evil", Transport: TransportSSE, URL: bad.URL + "/sse",
+	c := dialT(t, Config{Name: "evil", Transport: TransportSSE, URL: bad.URL + "/sse",
 		Headers: map[string]string{"Authorization": "Bearer s3cret"}}, ConnOptions{})
 	_, err := c.Session(ctx)
 	if err == nil {
@@ -195,7 +195,7 @@ func TestConnStdio(t *testing.T) {
 	}
 	logs := &upstreamtest.LogCapture{}
 	ctx := upstreamtest.Ctx(t)
-	c := dialT(t, Upstream{Name: "local", Command: exe, Env: map[string]string{upstreamtest.StdioEnv: "1"}},
+	c := dialT(t, Config{Name: "local", Command: exe, Env: map[string]string{upstreamtest.StdioEnv: "1"}},
 		ConnOptions{Logger: slog.New(logs)})
 	wantEcho(t, ctx, c, "stdio: hi")
 
@@ -249,7 +249,7 @@ func TestConnStdioEnvironment(t *testing.T) {
 
 func TestConnStdioMissingCommand(t *testing.T) {
 	ctx := upstreamtest.Ctx(t)
-	c := dialT(t, Upstream{Name: "nope", Command: "/nonexistent/mcp-server"}, ConnOptions{})
+	c := dialT(t, Config{Name: "nope", Command: "/nonexistent/mcp-server"}, ConnOptions{})
 	_, err := c.Session(ctx)
 	if err == nil || !strings.Contains(err.Error(), `"nope"`) || !strings.Contains(err.Error(), "/nonexistent/mcp-server") {
 		t.Fatalf("Session = %v", err)
@@ -267,7 +267,7 @@ func TestConnSessionMissingReinitializes(t *testing.T) {
 	defer srv.CloseClientConnections()
 
 	ctx := upstreamtest.Ctx(t)
-	c := dialT(t, Upstream{Name: "up", URL: srv.URL + "/mcp"}, ConnOptions{})
+	c := dialT(t, Config{Name: "up", URL: srv.URL + "/mcp"}, ConnOptions{})
 	wantEcho(t, ctx, c, "one: hi")
 	before, err := c.Session(ctx)
 	if err != nil {
@@ -297,7 +297,7 @@ func TestConnUpstreamRestart(t *testing.T) {
 	srv := httptest.NewServer(streamableHandler("first"))
 	addr := srv.Listener.Addr().String()
 	ctx := upstreamtest.Ctx(t)
-	c := dialT(t, Upstream{Name: "flaky", URL: srv.URL + "/mcp"}, ConnOptions{})
+	c := dialT(t, Config{Name: "flaky", URL: srv.URL + "/mcp"}, ConnOptions{})
 	wantEcho(t, ctx, c, "first: hi")
 
 	srv.CloseClientConnections()
@@ -343,7 +343,7 @@ func TestConnCallerDeadlineWhileConnecting(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(block)
-	c := dialT(t, Upstream{Name: "slow", URL: srv.URL + "/mcp"}, ConnOptions{})
+	c := dialT(t, Config{Name: "slow", URL: srv.URL + "/mcp"}, ConnOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	res := echo(t, ctx, c, "hi")
@@ -356,7 +356,7 @@ func TestConnCallerDeadlineWhileConnecting(t *testing.T) {
 }
 
 func TestConnConfigErrors(t *testing.T) {
-	for _, u := range []Upstream{
+	for _, u := range []Config{
 		{Name: "a", URL: "http://example.com/mcp"},
 		{Name: "b", URL: "${NOPE}"},
 		{Name: "c", URL: "http://127.0.0.1:1/mcp", Headers: map[string]string{"Content-Type": "x"}},
@@ -397,7 +397,7 @@ func TestLogStderrCapsLines(t *testing.T) {
 }
 
 func TestConnErrorsHideSecrets(t *testing.T) {
-	c := &Conn{e: Upstream{URL: "http://127.0.0.1:1/mcp?key=k3y"}, shown: "http://127.0.0.1:1/mcp?key=<redacted>"}
+	c := &Conn{e: Config{URL: "http://127.0.0.1:1/mcp?key=k3y"}, shown: "http://127.0.0.1:1/mcp?key=<redacted>"}
 	err := fmt.Errorf(`sending "tools/call": failed to connect (session ID: ABC123): %w; Post "http://127.0.0.1:1/mcp?key=k3y": refused; POST http://h/msg?sessionid=XYZ&a=1`, mcp.ErrSessionMissing)
 	got := c.clean(err)
 	for _, secret := range []string{"k3y", "ABC123", "XYZ"} {

@@ -39,7 +39,7 @@ const MaxNameLength = 64
 // expanded only where a transport is built ([Upstream.Expanded]): a
 // normalized Upstream, config written back to disk and the admin API's view
 // ([Upstream.Redacted]) keep them as written.
-type Upstream struct {
+type Config struct {
 	// Name identifies the upstream: letters, digits, '-' and '_', at most
 	// 64 characters. Its tools are offered to clients as
 	// mcp_<name>_<tool> (see [NamespaceTool]). Names are unique across
@@ -149,8 +149,8 @@ type Upstream struct {
 
 // UnmarshalJSON reads an Upstream, accepting Timeout as a duration string
 // ("30s", "1m30s") or as an integer of nanoseconds, like Caddy's durations.
-func (u *Upstream) UnmarshalJSON(b []byte) error {
-	type plain Upstream
+func (u *Config) UnmarshalJSON(b []byte) error {
+	type plain Config
 	aux := struct {
 		*plain
 		Timeout json.RawMessage `json:"timeout,omitempty"`
@@ -194,7 +194,7 @@ func parseTimeout(raw json.RawMessage, unit time.Duration) (time.Duration, error
 
 // IsShared reports whether a stdio upstream's process serves every client
 // ([Upstream.Shared], true unless set to false).
-func (u Upstream) IsShared() bool {
+func (u Config) IsShared() bool {
 	return u.Shared == nil || *u.Shared
 }
 
@@ -203,7 +203,7 @@ func (u Upstream) IsShared() bool {
 // allowed name is matched as spelled; a denied one under every spelling
 // an upstream could resolve to it (policy.GlobFold), since a server that
 // looks names up without case would run a denied tool for DELETE_REPO.
-func (u Upstream) AllowsTool(tool string) bool {
+func (u Config) AllowsTool(tool string) bool {
 	if len(u.ToolsAllow) > 0 && !matchAny(u.ToolsAllow, tool) {
 		return false
 	}
@@ -231,24 +231,24 @@ func matchAny(patterns []string, s string) bool {
 // The transport is inferred when it is empty: a URL means "http", or "sse"
 // when its path ends in /sse; a command means "stdio". An upstream with
 // both, or with neither, is an error that names it.
-func Normalize(u Upstream) (Upstream, error) {
+func Normalize(u Config) (Config, error) {
 	n := u.clone()
 	if n.Transport != "" {
 		t, ok := canonicalTransport(n.Transport)
 		if !ok {
-			return u, fmt.Errorf("%s: transport %q is not known; use \"http\" (streamable HTTP), \"sse\" or \"stdio\"", describe(u), u.Transport)
+			return u, fmt.Errorf("%s: transport %q is not known; use \"http\" (streamable HTTP), \"sse\" or \"stdio\"", Describe(u), u.Transport)
 		}
 		n.Transport = t
 	} else {
 		switch {
 		case n.URL != "" && n.Command != "":
-			return u, fmt.Errorf("%s: has both url and command; keep url for an http or sse server, or command for a stdio one", describe(u))
+			return u, fmt.Errorf("%s: has both url and command; keep url for an http or sse server, or command for a stdio one", Describe(u))
 		case n.URL != "":
 			n.Transport = inferHTTPTransport(n.URL)
 		case n.Command != "":
 			n.Transport = TransportStdio
 		default:
-			return u, fmt.Errorf("%s: cannot tell how to reach it: set url (an https:// MCP endpoint) or command (a program that speaks MCP on stdio)", describe(u))
+			return u, fmt.Errorf("%s: cannot tell how to reach it: set url (an https:// MCP endpoint) or command (a program that speaks MCP on stdio)", Describe(u))
 		}
 	}
 	if err := n.Validate(); err != nil {
@@ -262,11 +262,11 @@ func Normalize(u Upstream) (Upstream, error) {
 // URL without placeholders, header and environment names, tool patterns,
 // scope and timeout. Errors name the upstream and its source and say what to
 // change.
-func (u Upstream) Validate() error {
+func (u Config) Validate() error {
 	if err := checkName(u); err != nil {
 		return err
 	}
-	where := describe(u)
+	where := Describe(u)
 	switch u.Transport {
 	case TransportHTTP, TransportSSE:
 		if u.URL == "" {
@@ -347,7 +347,7 @@ func (u Upstream) Validate() error {
 // remote server, warn for one on loopback or run with stdio). A config
 // from an untrusted source gets the default, whatever it says: a session
 // that supplies a server must not turn the check of that server off.
-func (u Upstream) PinMode() pins.Mode {
+func (u Config) PinMode() pins.Mode {
 	if u.Pin != "" && !u.FromUntrusted {
 		if m, err := pins.ParseMode(u.Pin); err == nil {
 			return m
@@ -362,7 +362,7 @@ func (u Upstream) PinMode() pins.Mode {
 // PinPolicy is how the upstream's items are pinned: PinMode, and NewTools
 // or its default (hold for a remote server, allow for a local one). A
 // config from an untrusted source gets the defaults.
-func (u Upstream) PinPolicy() pins.Policy {
+func (u Config) PinPolicy() pins.Policy {
 	p := pins.Policy{Mode: u.PinMode(), NewTools: pins.HoldNew}
 	if u.Local() {
 		p.NewTools = pins.AllowNew
@@ -379,7 +379,7 @@ func (u Upstream) PinPolicy() pins.Policy {
 // on this host: run with stdio, or at a loopback address (a URL whose host
 // is a loopback IP or localhost, with no placeholder in it). Any other is
 // remote.
-func (u Upstream) Local() bool {
+func (u Config) Local() bool {
 	if u.Transport == TransportStdio {
 		return true
 	}
@@ -391,16 +391,16 @@ func (u Upstream) Local() bool {
 // remote-URL rule ([pinnedfetch.CheckRemoteURL]). Call it on the result of
 // [Upstream.Expanded], where the transport is built: a URL that still holds
 // a placeholder (its variable was unset) is refused.
-func (u Upstream) Endpoint() (*url.URL, error) {
+func (u Config) Endpoint() (*url.URL, error) {
 	if u.URL == "" {
-		return nil, fmt.Errorf("%s: has no url", describe(u))
+		return nil, fmt.Errorf("%s: has no url", Describe(u))
 	}
-	if v, ok := firstPlaceholder(u.URL); ok {
-		return nil, fmt.Errorf("%s: url still holds the placeholder for %s: set %s in the environment of the Caddy process, or give a default with ${%s:-…}", describe(u), v, v, v)
+	if v, ok := FirstPlaceholder(u.URL); ok {
+		return nil, fmt.Errorf("%s: url still holds the placeholder for %s: set %s in the environment of the Caddy process, or give a default with ${%s:-…}", Describe(u), v, v, v)
 	}
 	parsed, err := checkURL(u.URL)
 	if err != nil {
-		return nil, fmt.Errorf("%s: url: %w", describe(u), err)
+		return nil, fmt.Errorf("%s: url: %w", Describe(u), err)
 	}
 	return parsed, nil
 }
@@ -425,10 +425,10 @@ func checkURL(raw string) (*url.URL, error) {
 // MergeUpstreams concatenates lists of upstreams from several sources. Two
 // upstreams with one name are an error that names both sources; every such
 // clash is reported.
-func MergeUpstreams(lists ...[]Upstream) ([]Upstream, error) {
+func MergeUpstreams(lists ...[]Config) ([]Config, error) {
 	var (
-		all  []Upstream
-		seen = map[string]Upstream{}
+		all  []Config
+		seen = map[string]Config{}
 		errs []error
 	)
 	for _, list := range lists {
@@ -447,7 +447,7 @@ func MergeUpstreams(lists ...[]Upstream) ([]Upstream, error) {
 	return all, nil
 }
 
-func (u Upstream) clone() Upstream {
+func (u Config) clone() Config {
 	n := u
 	n.Headers = cloneMap(u.Headers)
 	n.Env = cloneMap(u.Env)
@@ -513,7 +513,7 @@ func inferHTTPTransport(raw string) string {
 }
 
 // stdioFields names the first stdio-only field that u sets.
-func stdioFields(u Upstream) string {
+func stdioFields(u Config) string {
 	switch {
 	case u.Command != "":
 		return "command"
@@ -529,7 +529,7 @@ func stdioFields(u Upstream) string {
 	return ""
 }
 
-func checkName(u Upstream) error {
+func checkName(u Config) error {
 	if u.Name == "" {
 		return fmt.Errorf("an upstream%s has no name; give it one of letters, digits, '-' and '_'", fromSource(u))
 	}
@@ -607,18 +607,18 @@ func ValidHeaderName(s string) bool {
 }
 
 // describe names an upstream and its source for an error message.
-func describe(u Upstream) string {
+func Describe(u Config) string {
 	return fmt.Sprintf("upstream %q%s", u.Name, fromSource(u))
 }
 
-func fromSource(u Upstream) string {
+func fromSource(u Config) string {
 	if u.Source == "" {
 		return ""
 	}
 	return " (from " + u.Source + ")"
 }
 
-func sourceName(u Upstream) string {
+func sourceName(u Config) string {
 	if u.Source == "" {
 		return "an unnamed source"
 	}

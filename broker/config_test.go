@@ -15,21 +15,21 @@ import (
 func TestNormalizeInfersTransport(t *testing.T) {
 	tests := []struct {
 		name string
-		in   Upstream
+		in   Config
 		want string
 	}{
-		{"url means http", Upstream{Name: "a", URL: "https://mcp.example.com/mcp"}, TransportHTTP},
-		{"url ending in /sse means sse", Upstream{Name: "a", URL: "https://mcp.example.com/sse"}, TransportSSE},
-		{"trailing slash after /sse", Upstream{Name: "a", URL: "https://mcp.example.com/v1/sse/"}, TransportSSE},
-		{"query after /sse", Upstream{Name: "a", URL: "https://mcp.example.com/sse?team=1"}, TransportSSE},
-		{"sse only in the query", Upstream{Name: "a", URL: "https://mcp.example.com/mcp?x=/sse"}, TransportHTTP},
-		{"path that merely ends in sse", Upstream{Name: "a", URL: "https://mcp.example.com/classe"}, TransportHTTP},
-		{"url with placeholder", Upstream{Name: "a", URL: "https://${HOST}/sse"}, TransportSSE},
-		{"command means stdio", Upstream{Name: "a", Command: "npx"}, TransportStdio},
-		{"streamable-http spelled out", Upstream{Name: "a", Transport: "streamable-http", URL: "https://x.example/sse"}, TransportHTTP},
-		{"streamableHttp", Upstream{Name: "a", Transport: "streamableHttp", URL: "https://x.example/mcp"}, TransportHTTP},
-		{"upper case", Upstream{Name: "a", Transport: "SSE", URL: "https://x.example/events"}, TransportSSE},
-		{"explicit stdio", Upstream{Name: "a", Transport: "stdio", Command: "uvx"}, TransportStdio},
+		{"url means http", Config{Name: "a", URL: "https://mcp.example.com/mcp"}, TransportHTTP},
+		{"url ending in /sse means sse", Config{Name: "a", URL: "https://mcp.example.com/sse"}, TransportSSE},
+		{"trailing slash after /sse", Config{Name: "a", URL: "https://mcp.example.com/v1/sse/"}, TransportSSE},
+		{"query after /sse", Config{Name: "a", URL: "https://mcp.example.com/sse?team=1"}, TransportSSE},
+		{"sse only in the query", Config{Name: "a", URL: "https://mcp.example.com/mcp?x=/sse"}, TransportHTTP},
+		{"path that merely ends in sse", Config{Name: "a", URL: "https://mcp.example.com/classe"}, TransportHTTP},
+		{"url with placeholder", Config{Name: "a", URL: "https://${HOST}/sse"}, TransportSSE},
+		{"command means stdio", Config{Name: "a", Command: "npx"}, TransportStdio},
+		{"streamable-http spelled out", Config{Name: "a", Transport: "streamable-http", URL: "https://x.example/sse"}, TransportHTTP},
+		{"streamableHttp", Config{Name: "a", Transport: "streamableHttp", URL: "https://x.example/mcp"}, TransportHTTP},
+		{"upper case", Config{Name: "a", Transport: "SSE", URL: "https://x.example/events"}, TransportSSE},
+		{"explicit stdio", Config{Name: "a", Transport: "stdio", Command: "uvx"}, TransportStdio},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -47,36 +47,36 @@ func TestNormalizeInfersTransport(t *testing.T) {
 func TestNormalizeErrors(t *testing.T) {
 	tests := []struct {
 		name string
-		in   Upstream
+		in   Config
 		want []string // substrings of the error
 	}{
-		{"nothing to infer from", Upstream{Name: "broken", Source: "team.json"},
+		{"nothing to infer from", Config{Name: "broken", Source: "team.json"},
 			[]string{`upstream "broken" (from team.json)`, "set url", "command"}},
-		{"url and command", Upstream{Name: "both", URL: "https://x.example/mcp", Command: "npx"},
+		{"url and command", Config{Name: "both", URL: "https://x.example/mcp", Command: "npx"},
 			[]string{`upstream "both"`, "both url and command"}},
-		{"stdio without command", Upstream{Name: "s", Transport: "stdio"},
+		{"stdio without command", Config{Name: "s", Transport: "stdio"},
 			[]string{`upstream "s"`, "needs command"}},
-		{"http without url", Upstream{Name: "h", Transport: "http"},
+		{"http without url", Config{Name: "h", Transport: "http"},
 			[]string{`upstream "h"`, "needs url"}},
-		{"unknown transport", Upstream{Name: "w", Transport: "websocket", URL: "https://x.example/"},
+		{"unknown transport", Config{Name: "w", Transport: "websocket", URL: "https://x.example/"},
 			[]string{`upstream "w"`, `"websocket"`, "stdio"}},
-		{"headers on stdio", Upstream{Name: "s", Command: "npx", Headers: map[string]string{"A": "b"}},
+		{"headers on stdio", Config{Name: "s", Command: "npx", Headers: map[string]string{"A": "b"}},
 			[]string{`upstream "s"`, "headers", "env"}},
-		{"url on stdio", Upstream{Name: "s", Transport: "stdio", Command: "npx", URL: "https://x.example/"},
+		{"url on stdio", Config{Name: "s", Transport: "stdio", Command: "npx", URL: "https://x.example/"},
 			[]string{`upstream "s"`, "url"}},
-		{"env on http", Upstream{Name: "h", URL: "https://x.example/", Env: map[string]string{"A": "b"}},
+		{"env on http", Config{Name: "h", URL: "https://x.example/", Env: map[string]string{"A": "b"}},
 			[]string{`upstream "h"`, "env applies to stdio"}},
-		{"bad header name", Upstream{Name: "h", URL: "https://x.example/", Headers: map[string]string{"Bad Header": "x"}},
+		{"bad header name", Config{Name: "h", URL: "https://x.example/", Headers: map[string]string{"Bad Header": "x"}},
 			[]string{`"Bad Header"`}},
-		{"header value with newline", Upstream{Name: "h", URL: "https://x.example/", Headers: map[string]string{"X": "a\r\nInjected: 1"}},
+		{"header value with newline", Config{Name: "h", URL: "https://x.example/", Headers: map[string]string{"X": "a\r\nInjected: 1"}},
 			[]string{"header X", "line break"}},
-		{"bad env name", Upstream{Name: "s", Command: "x", Env: map[string]string{"A=B": "1"}},
+		{"bad env name", Config{Name: "s", Command: "x", Env: map[string]string{"A=B": "1"}},
 			[]string{`"A=B"`}},
-		{"empty tool pattern", Upstream{Name: "h", URL: "https://x.example/", ToolsDeny: []string{""}},
+		{"empty tool pattern", Config{Name: "h", URL: "https://x.example/", ToolsDeny: []string{""}},
 			[]string{"tools_deny", "empty pattern"}},
-		{"bad scope", Upstream{Name: "h", URL: "https://x.example/", Scope: "a b"},
+		{"bad scope", Config{Name: "h", URL: "https://x.example/", Scope: "a b"},
 			[]string{`scope "a b"`}},
-		{"negative timeout", Upstream{Name: "h", URL: "https://x.example/", Timeout: -time.Second},
+		{"negative timeout", Config{Name: "h", URL: "https://x.example/", Timeout: -time.Second},
 			[]string{"negative"}},
 	}
 	for _, tt := range tests {
@@ -114,7 +114,7 @@ func TestNames(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := Normalize(Upstream{Name: tt.name, URL: "https://x.example/mcp", Source: "a.json"})
+			_, err := Normalize(Config{Name: tt.name, URL: "https://x.example/mcp", Source: "a.json"})
 			if tt.ok {
 				if err != nil {
 					t.Fatalf("Normalize: %v", err)
@@ -161,7 +161,7 @@ func TestURLRule(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.url, func(t *testing.T) {
-			_, err := Normalize(Upstream{Name: "u", URL: tt.url})
+			_, err := Normalize(Config{Name: "u", URL: tt.url})
 			if tt.ok != (err == nil) {
 				t.Fatalf("Normalize(%q) error = %v, want ok=%v", tt.url, err, tt.ok)
 			}
@@ -177,7 +177,7 @@ func TestURLRule(t *testing.T) {
 }
 
 func TestURLWithPlaceholderIsCheckedAtTransport(t *testing.T) {
-	u, err := Normalize(Upstream{Name: "p", URL: "http://${MCP_HOST}/mcp?key=${MCP_KEY}"})
+	u, err := Normalize(Config{Name: "p", URL: "http://${MCP_HOST}/mcp?key=${MCP_KEY}"})
 	if err != nil {
 		t.Fatalf("a URL with placeholders is checked later, not at load: %v", err)
 	}
@@ -213,8 +213,8 @@ func TestURLWithPlaceholderIsCheckedAtTransport(t *testing.T) {
 }
 
 func TestMergeUpstreams(t *testing.T) {
-	a := []Upstream{{Name: "github", Source: "Caddy config"}, {Name: "linear", Source: "Caddy config"}}
-	b := []Upstream{{Name: "fs", Source: "/etc/mcp.json"}}
+	a := []Config{{Name: "github", Source: "Caddy config"}, {Name: "linear", Source: "Caddy config"}}
+	b := []Config{{Name: "fs", Source: "/etc/mcp.json"}}
 	got, err := MergeUpstreams(a, b)
 	if err != nil {
 		t.Fatalf("MergeUpstreams: %v", err)
@@ -223,7 +223,7 @@ func TestMergeUpstreams(t *testing.T) {
 		t.Errorf("names = %v", names)
 	}
 
-	c := []Upstream{{Name: "linear", Source: "/home/me/.cursor/mcp.json"}, {Name: "github", Source: "/home/me/.cursor/mcp.json"}}
+	c := []Config{{Name: "linear", Source: "/home/me/.cursor/mcp.json"}, {Name: "github", Source: "/home/me/.cursor/mcp.json"}}
 	_, err = MergeUpstreams(a, b, c)
 	if err == nil {
 		t.Fatal("MergeUpstreams accepted duplicate names")
@@ -237,7 +237,7 @@ func TestMergeUpstreams(t *testing.T) {
 
 func TestUpstreamJSON(t *testing.T) {
 	shared := false
-	want := Upstream{
+	want := Config{
 		Name: "gh", Transport: "http", URL: "https://x.example/mcp",
 		Headers: map[string]string{"Authorization": "Bearer ${GH}"}, ToolsAllow: []string{"get_*"},
 		ToolsDeny: []string{"delete_*"}, Scope: "github", Timeout: 90 * time.Second, Shared: &shared,
@@ -250,7 +250,7 @@ func TestUpstreamJSON(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var got Upstream
+			var got Config
 			if err := json.Unmarshal([]byte(tt.json), &got); err != nil {
 				t.Fatalf("Unmarshal: %v", err)
 			}
@@ -263,18 +263,18 @@ func TestUpstreamJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var back Upstream
+	var back Config
 	if err := json.Unmarshal(out, &back); err != nil || !reflect.DeepEqual(back, want) {
 		t.Errorf("round trip: %v, %+v", err, back)
 	}
-	var bad Upstream
+	var bad Config
 	if err := json.Unmarshal([]byte(`{"name":"gh","timeout":"soon"}`), &bad); err == nil || !strings.Contains(err.Error(), "30s") {
 		t.Errorf("bad timeout: %v", err)
 	}
 }
 
 func TestAllowsTool(t *testing.T) {
-	u := Upstream{ToolsAllow: []string{"get_*", "list_*", "search"}, ToolsDeny: []string{"get_secret*"}}
+	u := Config{ToolsAllow: []string{"get_*", "list_*", "search"}, ToolsDeny: []string{"get_secret*"}}
 	for tool, want := range map[string]bool{
 		"get_issue": true, "list_repos": true, "search": true, "search_code": false,
 		"get_secret_value": false, "delete_repo": false,
@@ -287,7 +287,7 @@ func TestAllowsTool(t *testing.T) {
 	// Unicode's compatibility forms): a call that would reach a denied
 	// tool there is denied under every spelling, while an allowed name
 	// is taken as it is spelled.
-	d := Upstream{ToolsDeny: []string{"delete_*", "drop"}}
+	d := Config{ToolsDeny: []string{"delete_*", "drop"}}
 	for _, tool := range []string{"DELETE_repo", "Delete_Repo", "ＤＥＬＥＴＥ_repo", "DROP", "Drop"} {
 		if d.AllowsTool(tool) {
 			t.Errorf("AllowsTool(%q) with deny delete_*, drop: allowed", tool)
@@ -299,23 +299,23 @@ func TestAllowsTool(t *testing.T) {
 	if u.AllowsTool("GET_issue") {
 		t.Error("allow get_* took GET_issue: an allowed name is matched as spelled")
 	}
-	if !(Upstream{}).AllowsTool("anything") {
+	if !(Config{}).AllowsTool("anything") {
 		t.Error("an upstream without patterns should allow every tool")
 	}
-	if (Upstream{ToolsDeny: []string{"*"}}).AllowsTool("x") {
+	if (Config{ToolsDeny: []string{"*"}}).AllowsTool("x") {
 		t.Error("deny * should hide every tool")
 	}
 }
 
 func TestIsShared(t *testing.T) {
 	f, tr := false, true
-	if !(Upstream{}).IsShared() || !(Upstream{Shared: &tr}).IsShared() || (Upstream{Shared: &f}).IsShared() {
+	if !(Config{}).IsShared() || !(Config{Shared: &tr}).IsShared() || (Config{Shared: &f}).IsShared() {
 		t.Error("IsShared: want true unless shared is false")
 	}
 }
 
 func TestNormalizeDoesNotAlias(t *testing.T) {
-	in := Upstream{Name: "s", Command: "x", Args: []string{"a"}, Env: map[string]string{"K": "v"}}
+	in := Config{Name: "s", Command: "x", Args: []string{"a"}, Env: map[string]string{"K": "v"}}
 	out, err := Normalize(in)
 	if err != nil {
 		t.Fatal(err)
@@ -327,7 +327,7 @@ func TestNormalizeDoesNotAlias(t *testing.T) {
 	}
 }
 
-func upstreamNames(us []Upstream) []string {
+func upstreamNames(us []Config) []string {
 	var names []string
 	for _, u := range us {
 		names = append(names, u.Name)
@@ -348,28 +348,28 @@ func mapLookup(m map[string]string) func(string) (string, bool) {
 // file) gets the defaults whatever it says.
 func TestPinPolicyDefaults(t *testing.T) {
 	for _, c := range []struct {
-		u    Upstream
+		u    Config
 		want pins.Policy
 	}{
-		{Upstream{URL: "https://mcp.example.com/mcp"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
-		{Upstream{URL: "http://127.0.0.1:9000/mcp"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
-		{Upstream{URL: "http://localhost:9000/mcp"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
-		{Upstream{URL: "http://[::1]:9000/mcp"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
+		{Config{URL: "https://mcp.example.com/mcp"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
+		{Config{URL: "http://127.0.0.1:9000/mcp"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
+		{Config{URL: "http://localhost:9000/mcp"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
+		{Config{URL: "http://[::1]:9000/mcp"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
 		// Not loopback: a name under localhost, an IPv4-mapped address, a
 		// placeholder that could expand to anything.
-		{Upstream{URL: "http://a.localhost:9000/mcp"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
-		{Upstream{URL: "http://[::ffff:127.0.0.1]:9000/mcp"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
-		{Upstream{URL: "http://${HOST}/mcp"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
-		{Upstream{Transport: TransportStdio, Command: "server"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
-		{Upstream{URL: "https://mcp.example.com/mcp", Pin: "warn", NewTools: "allow"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
-		{Upstream{URL: "http://127.0.0.1:9000/mcp", Pin: "strict", NewTools: "hold"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
-		{Upstream{URL: "https://mcp.example.com/mcp", Pin: "off", NewTools: "allow", FromUntrusted: true}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
+		{Config{URL: "http://a.localhost:9000/mcp"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
+		{Config{URL: "http://[::ffff:127.0.0.1]:9000/mcp"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
+		{Config{URL: "http://${HOST}/mcp"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
+		{Config{Transport: TransportStdio, Command: "server"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
+		{Config{URL: "https://mcp.example.com/mcp", Pin: "warn", NewTools: "allow"}, pins.Policy{Mode: pins.Warn, NewTools: pins.AllowNew}},
+		{Config{URL: "http://127.0.0.1:9000/mcp", Pin: "strict", NewTools: "hold"}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
+		{Config{URL: "https://mcp.example.com/mcp", Pin: "off", NewTools: "allow", FromUntrusted: true}, pins.Policy{Mode: pins.Strict, NewTools: pins.HoldNew}},
 	} {
 		if got := c.u.PinPolicy(); got != c.want {
 			t.Errorf("%+v: %+v, want %+v", c.u, got, c.want)
 		}
 	}
-	if _, err := Normalize(Upstream{Name: "a", URL: "https://mcp.example.com/mcp", NewTools: "trust"}); err == nil || !strings.Contains(err.Error(), "use allow or hold") {
+	if _, err := Normalize(Config{Name: "a", URL: "https://mcp.example.com/mcp", NewTools: "trust"}); err == nil || !strings.Contains(err.Error(), "use allow or hold") {
 		t.Errorf("new_tools trust: %v", err)
 	}
 }

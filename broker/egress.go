@@ -17,33 +17,33 @@ const DefaultHeaderTimeout = 2 * time.Minute
 
 // DefaultPassThroughMaxBody bounds a request body when
 // [PassThroughOptions.MaxBodyBytes] is zero.
-const DefaultPassThroughMaxBody = 4 << 20
+const DefaultMaxBody = 4 << 20
 
 // Header names of the streamable HTTP transport that both routes handle.
 const (
-	headerSessionID       = "Mcp-Session-Id"
-	headerProtocolVersion = "Mcp-Protocol-Version"
+	HeaderSessionID       = "Mcp-Session-Id"
+	HeaderProtocolVersion = "Mcp-Protocol-Version"
 )
 
-type header struct{ name, value string }
+type Header struct{ Name, Value string }
 
 // upstreamHeaders checks the expanded headers of e and returns them in
 // canonical form, sorted by name.
-func upstreamHeaders(e Upstream) ([]header, error) {
-	var out []header
+func ConfiguredHeaders(e Config) ([]Header, error) {
+	var out []Header
 	for _, name := range sortedKeys(e.Headers) {
 		value := e.Headers[name]
 		canonical := http.CanonicalHeaderKey(name)
 		if reservedUpstreamHeader(canonical) {
-			return nil, fmt.Errorf("%s: header %s is set by the pass-through route for each request; remove it from headers", describe(e), canonical)
+			return nil, fmt.Errorf("%s: header %s is set by the pass-through route for each request; remove it from headers", Describe(e), canonical)
 		}
-		if v, ok := firstPlaceholder(value); ok {
-			return nil, fmt.Errorf("%s: header %s still holds the placeholder for %s: set %s in the environment of the Caddy process, or give a default with ${%s:-…}", describe(e), canonical, v, v, v)
+		if v, ok := FirstPlaceholder(value); ok {
+			return nil, fmt.Errorf("%s: header %s still holds the placeholder for %s: set %s in the environment of the Caddy process, or give a default with ${%s:-…}", Describe(e), canonical, v, v, v)
 		}
 		if strings.ContainsAny(value, "\r\n\x00") {
-			return nil, fmt.Errorf("%s: header %s: after expansion the value holds a line break or NUL; fix the variable it comes from", describe(e), canonical)
+			return nil, fmt.Errorf("%s: header %s: after expansion the value holds a line break or NUL; fix the variable it comes from", Describe(e), canonical)
 		}
-		out = append(out, header{canonical, value})
+		out = append(out, Header{canonical, value})
 	}
 	return out, nil
 }
@@ -51,7 +51,7 @@ func upstreamHeaders(e Upstream) ([]header, error) {
 // credentials is the layer pinnedfetch calls only for hops to the pinned
 // origin: it adds the upstream's configured headers.
 type credentials struct {
-	headers []header
+	headers []Header
 	next    http.RoundTripper
 }
 
@@ -61,7 +61,7 @@ func (c *credentials) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := req.WithContext(req.Context())
 	r.Header = req.Header.Clone()
 	for _, h := range c.headers {
-		r.Header[h.name] = []string{h.value}
+		r.Header[h.Name] = []string{h.Value}
 	}
 	return c.next.RoundTrip(r)
 }
@@ -69,10 +69,10 @@ func (c *credentials) RoundTrip(req *http.Request) (*http.Response, error) {
 // pinnedClient is the broker's egress client for one upstream: pinned to
 // url's origin, the upstream's headers attached on that origin only, every
 // redirect decision reported to onDecision.
-func pinnedClient(url string, headers []header, onDecision func(pinnedfetch.Decision), denyPrivate *bool, creds func(http.RoundTripper) http.RoundTripper, noRedirects bool) (*http.Client, error) {
+func PinnedClient(url string, headers []Header, onDecision func(pinnedfetch.Decision), denyPrivate *bool, creds func(http.RoundTripper) http.RoundTripper, noRedirects bool) (*http.Client, error) {
 	names := make([]string, 0, len(headers))
 	for _, h := range headers {
-		names = append(names, h.name)
+		names = append(names, h.Name)
 	}
 	fetchOpts := []pinnedfetch.Option{pinnedfetch.WithDecisions(onDecision)}
 	if len(headers) > 0 || creds != nil {
@@ -110,8 +110,8 @@ type rpcErrorObject struct {
 // writeRPCError answers with a JSON-RPC error object. id is the request's
 // id when the body held a single request, else null, as JSON-RPC asks when
 // the id cannot be known.
-func writeRPCError(w http.ResponseWriter, status int, id json.RawMessage, code int, message string) {
-	body := rpcErrorAnswer(id, code, message)
+func WriteRPCError(w http.ResponseWriter, status int, id json.RawMessage, code int, message string) {
+	body := RPCErrorAnswer(id, code, message)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
@@ -120,7 +120,7 @@ func writeRPCError(w http.ResponseWriter, status int, id json.RawMessage, code i
 }
 
 // rpcErrorAnswer is the JSON-RPC error answer to id.
-func rpcErrorAnswer(id json.RawMessage, code int, message string) []byte {
+func RPCErrorAnswer(id json.RawMessage, code int, message string) []byte {
 	if len(id) == 0 {
 		id = json.RawMessage("null")
 	}
@@ -158,7 +158,7 @@ const headerParamPrefix = "Mcp-Param-"
 var forwardedRequestHeaders = map[string]bool{
 	"Content-Type":        true,
 	"Accept":              true,
-	headerProtocolVersion: true,
+	HeaderProtocolVersion: true,
 	"Last-Event-Id":       true,
 	"Mcp-Method":          true,
 	"Mcp-Name":            true,
@@ -168,7 +168,7 @@ var forwardedRequestHeaders = map[string]bool{
 
 // forwardRequestHeader reports whether the canonical header name passes
 // the allow-list.
-func forwardRequestHeader(name string) bool {
+func ForwardRequestHeader(name string) bool {
 	return forwardedRequestHeaders[name] || strings.HasPrefix(name, headerParamPrefix)
 }
 
@@ -187,6 +187,6 @@ func reservedUpstreamHeader(canonical string) bool {
 		"Keep-Alive", "Proxy-Connection", "Accept-Encoding", "Content-Type", "Accept":
 		return true
 	}
-	return forwardedRequestHeaders[canonical] || canonical == headerSessionID ||
+	return forwardedRequestHeaders[canonical] || canonical == HeaderSessionID ||
 		strings.HasPrefix(canonical, headerParamPrefix)
 }

@@ -84,13 +84,13 @@ func Expand(s string, lookup func(string) (string, bool), untrusted bool) (out s
 // HasPlaceholder reports whether s holds a placeholder that [Expand]
 // would replace.
 func HasPlaceholder(s string) bool {
-	_, ok := firstPlaceholder(s)
+	_, ok := FirstPlaceholder(s)
 	return ok
 }
 
 // firstPlaceholder returns the variable of the first placeholder in s that
 // [Expand] would replace, scanning the way Expand does.
-func firstPlaceholder(s string) (string, bool) {
+func FirstPlaceholder(s string) (string, bool) {
 	for {
 		i := strings.Index(s, "${")
 		if i < 0 {
@@ -190,7 +190,7 @@ func appendWarning(list []string, w string) []string {
 // only where a transport is built, and check the URL there with
 // [Upstream.Endpoint]; keep the unexpanded Upstream everywhere else.
 // Warnings name the upstream and the field.
-func (u Upstream) Expanded(lookup func(string) (string, bool)) (Upstream, []string) {
+func (u Config) Expanded(lookup func(string) (string, bool)) (Config, []string) {
 	e := u.clone()
 	var warnings []string
 	expand := func(field, s string) string {
@@ -227,7 +227,7 @@ func (u Upstream) Expanded(lookup func(string) (string, bool)) (Upstream, []stri
 // are a single placeholder, which stays (with its default, if any,
 // redacted: ${TOKEN:-<redacted>}). Command, args and cwd are shown as they
 // are, so keep secrets out of args: pass them in env.
-func (u Upstream) Redacted() Upstream {
+func (u Config) Redacted() Config {
 	r := u.clone()
 	for k, v := range r.Headers {
 		r.Headers[k] = redactValue(v)

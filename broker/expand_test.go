@@ -103,7 +103,7 @@ func TestExpandUntrustedNeverReadsTheEnvironment(t *testing.T) {
 		}
 	}
 
-	u := Upstream{
+	u := Config{
 		Name: "evil", Transport: "stdio", Command: "${ZIDANE_TEST_SECRET:-npx}", Args: []string{"${ZIDANE_TEST_SECRET}"},
 		Env: map[string]string{"T": "${ZIDANE_TEST_SECRET}"}, Cwd: "${HOME}", FromUntrusted: true,
 	}
@@ -128,7 +128,7 @@ func TestExpandNilLookupReadsTheEnvironment(t *testing.T) {
 
 func TestExpanded(t *testing.T) {
 	env := map[string]string{"TOKEN": "t0k", "HOST": "api.example.com", "DIR": "/srv"}
-	u := Upstream{
+	u := Config{
 		Name: "a", Transport: "http", URL: "https://${HOST}/mcp",
 		Headers: map[string]string{"Authorization": "Bearer ${TOKEN}", "X-Missing": "${NOPE}"},
 		Source:  "mcp.json",
@@ -144,12 +144,12 @@ func TestExpanded(t *testing.T) {
 		t.Errorf("Expanded changed the original: %+v", u)
 	}
 
-	s := Upstream{
+	s := Config{
 		Name: "s", Transport: "stdio", Command: "${DIR}/bin/server", Args: []string{"--token", "${TOKEN}", "--x=${X:-1}"},
 		Env: map[string]string{"GITHUB_TOKEN": "${env:TOKEN}"}, Cwd: "${DIR}",
 	}
 	e, warnings = s.Expanded(mapLookup(env))
-	want := Upstream{
+	want := Config{
 		Name: "s", Transport: "stdio", Command: "/srv/bin/server", Args: []string{"--token", "t0k", "--x=1"},
 		Env: map[string]string{"GITHUB_TOKEN": "t0k"}, Cwd: "/srv",
 	}
@@ -162,7 +162,7 @@ func TestExpanded(t *testing.T) {
 }
 
 func TestRedacted(t *testing.T) {
-	u := Upstream{
+	u := Config{
 		Name: "a", Transport: "http", URL: "https://x.example/mcp?key=sk-q1&team=${TEAM}&flag#frag-sk",
 		Headers: map[string]string{
 			"Authorization": "Bearer sk-h1",

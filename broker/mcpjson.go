@@ -43,7 +43,7 @@ const MaxMCPJSONServers = 1024
 // untrusted place sets FromUntrusted on the results. Errors name the source
 // and the entry; all of them are reported, joined, and then no upstream is
 // returned.
-func LoadMCPJSON(data []byte, source string) (upstreams []Upstream, warnings []string, err error) {
+func LoadMCPJSON(data []byte, source string) (upstreams []Config, warnings []string, err error) {
 	l := loader{source: source}
 	data = bytes.TrimSpace(data)
 	if len(data) == 0 {
@@ -68,7 +68,7 @@ func LoadMCPJSON(data []byte, source string) (upstreams []Upstream, warnings []s
 
 type loader struct {
 	source   string
-	ups      []Upstream
+	ups      []Config
 	warnings []string
 	errs     []error
 	names    map[string]string // name → where it was defined
@@ -170,7 +170,7 @@ func (l *loader) entry(data []byte, key, where string) {
 		return
 	}
 	e := entryReader{l: l, fields: fields, where: where}
-	u := Upstream{Source: l.source}
+	u := Config{Source: l.source}
 	name := e.str("name")
 	switch {
 	case key != "":

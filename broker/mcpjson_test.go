@@ -14,7 +14,7 @@ func TestLoadMCPJSONShapes(t *testing.T) {
 	tests := []struct {
 		name     string
 		json     string
-		want     []Upstream
+		want     []Config
 		warnings []string // substrings, one per expected warning, in order
 	}{
 		{
@@ -23,7 +23,7 @@ func TestLoadMCPJSONShapes(t *testing.T) {
 				{"name": "github", "url": "https://api.githubcopilot.com/mcp/", "headers": {"Authorization": "Bearer ${GITHUB_TOKEN}"}},
 				{"name": "fs", "command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"]}
 			]`,
-			want: []Upstream{
+			want: []Config{
 				{Name: "github", Transport: "http", URL: "https://api.githubcopilot.com/mcp/", Headers: map[string]string{"Authorization": "Bearer ${GITHUB_TOKEN}"}, Source: src},
 				{Name: "fs", Transport: "stdio", Command: "npx", Args: []string{"-y", "@modelcontextprotocol/server-filesystem", "/tmp"}, Source: src},
 			},
@@ -31,7 +31,7 @@ func TestLoadMCPJSONShapes(t *testing.T) {
 		{
 			name: "single config",
 			json: `{"name": "linear", "type": "sse", "url": "https://mcp.linear.app/events"}`,
-			want: []Upstream{{Name: "linear", Transport: "sse", URL: "https://mcp.linear.app/events", Source: src}},
+			want: []Config{{Name: "linear", Transport: "sse", URL: "https://mcp.linear.app/events", Source: src}},
 		},
 		{
 			name: "name-keyed, bare",
@@ -39,7 +39,7 @@ func TestLoadMCPJSONShapes(t *testing.T) {
 				"remote": {"url": "https://mcp.example.com/mcp"},
 				"local": {"command": "node", "args": ["server.js", 8080, true], "env": {"PORT": 3000, "DEBUG": false, "TOKEN": "${TOKEN}"}, "cwd": "/srv/mcp"}
 			}`,
-			want: []Upstream{
+			want: []Config{
 				{Name: "remote", Transport: "http", URL: "https://mcp.example.com/mcp", Source: src},
 				{Name: "local", Transport: "stdio", Command: "node", Args: []string{"server.js", "8080", "true"},
 					Env: map[string]string{"PORT": "3000", "DEBUG": "false", "TOKEN": "${TOKEN}"}, Cwd: "/srv/mcp", Source: src},
@@ -51,7 +51,7 @@ func TestLoadMCPJSONShapes(t *testing.T) {
 				"filesystem": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/Users/me/Desktop"]},
 				"github": {"type": "http", "url": "https://api.githubcopilot.com/mcp/", "headers": {"Authorization": "Bearer ${env:GITHUB_PAT}"}}
 			}}`,
-			want: []Upstream{
+			want: []Config{
 				{Name: "filesystem", Transport: "stdio", Command: "npx", Args: []string{"-y", "@modelcontextprotocol/server-filesystem", "/Users/me/Desktop"}, Source: src},
 				{Name: "github", Transport: "http", URL: "https://api.githubcopilot.com/mcp/", Headers: map[string]string{"Authorization": "Bearer ${env:GITHUB_PAT}"}, Source: src},
 			},
@@ -65,7 +65,7 @@ func TestLoadMCPJSONShapes(t *testing.T) {
 					"remote": {"type": "sse", "url": "https://mcp.example.com/events", "headers": {"X-Key": "${input:token}"}}
 				}
 			}`,
-			want: []Upstream{
+			want: []Config{
 				{Name: "memory", Transport: "stdio", Command: "npx", Args: []string{"-y", "@modelcontextprotocol/server-memory"}, Source: src},
 				{Name: "remote", Transport: "sse", URL: "https://mcp.example.com/events", Headers: map[string]string{"X-Key": "${input:token}"}, Source: src},
 			},
@@ -80,7 +80,7 @@ func TestLoadMCPJSONShapes(t *testing.T) {
 				"d": {"transport": "sse", "url": "https://d.example/stream"},
 				"e": {"type": "stdio", "command": "uvx", "args": ["mcp-server-git"]}
 			}}`,
-			want: []Upstream{
+			want: []Config{
 				{Name: "a", Transport: "http", URL: "https://a.example/sse", Source: src},
 				{Name: "b", Transport: "http", URL: "https://b.example/mcp", Source: src},
 				{Name: "c", Transport: "http", URL: "https://c.example/mcp", Source: src},
@@ -98,7 +98,7 @@ func TestLoadMCPJSONShapes(t *testing.T) {
 				"w": {"serverUrl": "https://w.example/mcp"},
 				"l": {"url": "http://localhost:3001/mcp"}
 			}}`,
-			want: []Upstream{
+			want: []Config{
 				{Name: "h", Transport: "http", URL: "https://h.example/sse", Source: src},
 				{Name: "s", Transport: "sse", URL: "https://s.example/events", Source: src},
 				{Name: "u", Transport: "sse", URL: "https://u.example/sse", Source: src},
@@ -116,7 +116,7 @@ func TestLoadMCPJSONShapes(t *testing.T) {
 				"off": {"command": "npx", "disabled": true},
 				"cline": {"command": "npx", "autoApprove": ["x"], "alwaysAllow": [], "shared": true}
 			}}`,
-			want: []Upstream{
+			want: []Config{
 				{Name: "git", Transport: "stdio", Command: "uvx", Args: []string{"mcp-server-git", "--repository", "."}, Timeout: 30 * time.Second, Shared: &no,
 					ToolsAllow: []string{"git_status", "git_log"}, ToolsDeny: []string{"git_reset"}, Scope: "dev:git", Source: src},
 				{Name: "slow", Transport: "http", URL: "https://slow.example/mcp", Timeout: 2 * time.Minute, ToolsAllow: []string{"read_*"}, ToolsDeny: []string{"read_secret"}, Source: src},
@@ -127,13 +127,13 @@ func TestLoadMCPJSONShapes(t *testing.T) {
 		{
 			name:     "key wins over a name field",
 			json:     `{"mcpServers": {"docs": {"name": "other", "url": "https://docs.example/mcp"}}}`,
-			want:     []Upstream{{Name: "docs", Transport: "http", URL: "https://docs.example/mcp", Source: src}},
+			want:     []Config{{Name: "docs", Transport: "http", URL: "https://docs.example/mcp", Source: src}},
 			warnings: []string{`"name" "other" is ignored`},
 		},
 		{
 			name: "server named like a config key",
 			json: `{"url": {"url": "https://a.example/mcp"}, "command": {"command": "npx"}}`,
-			want: []Upstream{
+			want: []Config{
 				{Name: "url", Transport: "http", URL: "https://a.example/mcp", Source: src},
 				{Name: "command", Transport: "stdio", Command: "npx", Source: src},
 			},
@@ -141,7 +141,7 @@ func TestLoadMCPJSONShapes(t *testing.T) {
 		{
 			name: "mcpServers as a list",
 			json: `{"mcpServers": [{"name": "a", "url": "https://a.example/mcp"}]}`,
-			want: []Upstream{{Name: "a", Transport: "http", URL: "https://a.example/mcp", Source: src}},
+			want: []Config{{Name: "a", Transport: "http", URL: "https://a.example/mcp", Source: src}},
 		},
 		{name: "empty map", json: `{"mcpServers": {}}`},
 		{name: "empty list", json: `[]`},

@@ -128,17 +128,17 @@ type Namespace struct {
 	servers map[string]bool
 
 	mu    sync.RWMutex
-	short map[string]qualified
+	short map[string]Qualified
 }
 
-type qualified struct {
-	server, name string
+type Qualified struct {
+	Server, Name string
 }
 
 // NewNamespace returns the namespace of the given upstream names, which
 // must be valid ([ValidName]) and distinct.
 func NewNamespace(servers []string) (*Namespace, error) {
-	n := &Namespace{servers: make(map[string]bool, len(servers)), short: map[string]qualified{}}
+	n := &Namespace{servers: make(map[string]bool, len(servers)), short: map[string]Qualified{}}
 	for _, s := range servers {
 		if !ValidName(s) {
 			return nil, fmt.Errorf("upstream name %q: use 1 to %d letters, digits, '-' and '_'", s, MaxNameLength)
@@ -166,7 +166,7 @@ func (n *Namespace) Servers() []string {
 // can read it back. It is [NamespaceTool]'s name unless a longer upstream
 // name would claim that, and the same on every call and every run.
 func (n *Namespace) Name(server, name string) string {
-	want := qualified{server, name}
+	want := Qualified{server, name}
 	if natural, ok := naturalName(server, name); ok {
 		if got, ok := n.resolveNatural(natural); ok && got == want {
 			return natural
@@ -186,7 +186,7 @@ func (n *Namespace) Name(server, name string) string {
 			owner, taken = n.short[short]
 			if !taken {
 				if len(n.short) >= maxShortNames {
-					n.short = map[string]qualified{}
+					n.short = map[string]Qualified{}
 				}
 				n.short[short] = want
 				owner = want
@@ -212,26 +212,26 @@ func (n *Namespace) Resolve(name string) (server, tool string, ok bool) {
 	q, found := n.short[name]
 	n.mu.RUnlock()
 	if found {
-		return q.server, q.name, true
+		return q.Server, q.Name, true
 	}
 	if looksShortened(name) {
 		return "", "", false
 	}
 	q, ok = n.resolveNatural(name)
-	return q.server, q.name, ok
+	return q.Server, q.Name, ok
 }
 
 // resolveNatural splits mcp_<server>_<tool> at the longest configured
 // upstream name.
-func (n *Namespace) resolveNatural(name string) (qualified, bool) {
+func (n *Namespace) resolveNatural(name string) (Qualified, bool) {
 	if len(name) <= len(toolPrefix) || name[:len(toolPrefix)] != toolPrefix {
-		return qualified{}, false
+		return Qualified{}, false
 	}
 	rest := name[len(toolPrefix):]
 	for i := min(len(rest)-2, MaxNameLength); i > 0; i-- {
 		if rest[i] == '_' && n.servers[rest[:i]] {
-			return qualified{rest[:i], rest[i+1:]}, true
+			return Qualified{rest[:i], rest[i+1:]}, true
 		}
 	}
-	return qualified{}, false
+	return Qualified{}, false
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -30,7 +31,7 @@ type PassThroughOptions struct {
 
 	// AnswerBudget, when set, bounds the bytes of upstream answers held at
 	// once (see [AnswerBudget]); the route holds only events being read.
-	AnswerBudget *AnswerBudget
+	AnswerBudget *Budget
 
 	// SessionKey seals the session ids given to clients (see
 	// [SessionIDs]): 32 random bytes. Keep it across config reloads, or
@@ -148,7 +149,7 @@ type PassThrough struct {
 // Mcp-*, Last-Event-ID, framing headers), and a session key that is not 32
 // bytes. Errors name the upstream and say what to change; they never quote
 // a header value.
-func NewPassThrough(u Upstream, opts PassThroughOptions) (*PassThrough, error) {
+func NewPassThrough(u Config, opts PassThroughOptions) (*PassThrough, error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -158,7 +159,7 @@ func NewPassThrough(u Upstream, opts PassThroughOptions) (*PassThrough, error) {
 		return nil, err
 	}
 	if n.Transport != TransportHTTP {
-		return nil, fmt.Errorf("%s: transport %q cannot use the pass-through route, which relays streamable HTTP unchanged; serve sse and stdio upstreams with the aggregated route (zidane_mcp { aggregate %s }, with prefix conditional to keep its names), or give the server's streamable HTTP url", describe(n), n.Transport, n.Name)
+		return nil, fmt.Errorf("%s: transport %q cannot use the pass-through route, which relays streamable HTTP unchanged; serve sse and stdio upstreams with the aggregated route (zidane_mcp { aggregate %s }, with prefix conditional to keep its names), or give the server's streamable HTTP url", Describe(n), n.Transport, n.Name)
 	}
 	e, warnings := n.Expanded(opts.Lookup)
 	for _, w := range warnings {
@@ -167,29 +168,29 @@ func NewPassThrough(u Upstream, opts PassThroughOptions) (*PassThrough, error) {
 	if _, err := e.Endpoint(); err != nil {
 		return nil, err
 	}
-	headers, err := upstreamHeaders(e)
+	headers, err := ConfiguredHeaders(e)
 	if err != nil {
 		return nil, err
 	}
-	if headers, err = withResolvedHeaders(headers, opts.Headers, describe(n)); err != nil {
+	if headers, err = withResolvedHeaders(headers, opts.Headers, Describe(n)); err != nil {
 		return nil, err
 	}
 	ids, err := NewSessionIDs(opts.SessionKey)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", describe(n), err)
+		return nil, fmt.Errorf("%s: %w", Describe(n), err)
 	}
-	maxBody := cmp.Or(opts.MaxBodyBytes, DefaultPassThroughMaxBody)
+	maxBody := cmp.Or(opts.MaxBodyBytes, DefaultMaxBody)
 	if maxBody < 0 {
-		return nil, fmt.Errorf("%s: MaxBodyBytes %d is negative; give a positive limit, or 0 for the default", describe(n), maxBody)
+		return nil, fmt.Errorf("%s: MaxBodyBytes %d is negative; give a positive limit, or 0 for the default", Describe(n), maxBody)
 	}
 
-	client, err := pinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses, opts.Credentials, opts.NoRedirects)
+	client, err := PinnedClient(e.URL, headers, opts.OnDecision, opts.DenyPrivateAddresses, opts.Credentials, opts.NoRedirects)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", describe(n), err)
+		return nil, fmt.Errorf("%s: %w", Describe(n), err)
 	}
 	// A JSON answer is held whole and an event until it is whole (see
 	// answer and relayEvents): max_response and the budget bound both.
-	client.Transport = &traceTransport{upstream: n.Name, next: newAnswerLimit(client.Transport, n.Name, n.MaxResponse, opts.AnswerBudget)}
+	client.Transport = &TraceTransport{Upstream: n.Name, Next: NewTransport(client.Transport, n.Name, n.MaxResponse, opts.AnswerBudget)}
 	return &PassThrough{
 		name:          n.Name,
 		route:         cmp.Or(opts.Route, "broker:"+n.Name),
@@ -214,11 +215,11 @@ func (pt *PassThrough) Close() { pt.client.CloseIdleConnections() }
 // withResolvedHeaders adds the resolved headers of
 // [PassThroughOptions.Headers] to the configured ones. Errors name the
 // header, never its value.
-func withResolvedHeaders(headers []header, resolved map[string]string, who string) ([]header, error) {
+func withResolvedHeaders(headers []Header, resolved map[string]string, who string) ([]Header, error) {
 	if len(resolved) == 0 {
 		return headers, nil
 	}
-	for _, name := range sortedKeys(resolved) {
+	for _, name := range slices.Sorted(maps.Keys(resolved)) {
 		canonical := http.CanonicalHeaderKey(name)
 		if !ValidHeaderName(name) {
 			return nil, fmt.Errorf("%s: header %q is not a valid HTTP header name", who, name)
@@ -226,15 +227,15 @@ func withResolvedHeaders(headers []header, resolved map[string]string, who strin
 		if reservedUpstreamHeader(canonical) {
 			return nil, fmt.Errorf("%s: header %s is set by the pass-through route for each request; remove it", who, canonical)
 		}
-		if slices.ContainsFunc(headers, func(h header) bool { return h.name == canonical }) {
+		if slices.ContainsFunc(headers, func(h Header) bool { return h.Name == canonical }) {
 			return nil, fmt.Errorf("%s: header %s is given twice; give it once", who, canonical)
 		}
 		if strings.ContainsAny(resolved[name], "\r\n\x00") {
 			return nil, fmt.Errorf("%s: header %s: the value holds a line break or NUL; fix where it comes from", who, canonical)
 		}
-		headers = append(headers, header{canonical, resolved[name]})
+		headers = append(headers, Header{canonical, resolved[name]})
 	}
-	slices.SortFunc(headers, func(a, b header) int { return strings.Compare(a.name, b.name) })
+	slices.SortFunc(headers, func(a, b Header) int { return strings.Compare(a.Name, b.Name) })
 	return headers, nil
 }
 
@@ -269,7 +270,7 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec := CallRecord{Upstream: pt.name, Route: pt.route, HTTPMethod: r.Method, Method: ex.method, Tool: ex.tool,
-		TokenID: p.TokenID, TokenName: p.Name, ClientIP: clientIP(r.Header)}
+		TokenID: p.TokenID, TokenName: p.Name, ClientIP: ClientIP(r.Header)}
 	defer func() {
 		rec.Duration = time.Since(start)
 		if pt.onCall != nil {
@@ -279,7 +280,7 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ex.method == "subscriptions/listen" && len(ex.rpcID) > 0 {
 		// A listen's stream lasts as long as the client listens: its
 		// events are bounded one by one (max_response each), not in all.
-		r = r.WithContext(withEventLimit(r.Context()))
+		r = r.WithContext(WithEventLimit(r.Context()))
 	}
 	resp, err := pt.send(r, ex.body, ex.upstreamSID)
 	if err != nil {
@@ -347,7 +348,7 @@ func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Pr
 
 	// Session binding: the id the client holds opens to the upstream's id
 	// only for this token on this route.
-	switch values := r.Header.Values(headerSessionID); {
+	switch values := r.Header.Values(HeaderSessionID); {
 	case len(values) > 1:
 		pt.refuse(w, r, p, ex, http.StatusBadRequest, message.CodeInvalidRequest, "session_repeated",
 			"the request carried more than one Mcp-Session-Id", "send one Mcp-Session-Id header")
@@ -384,35 +385,35 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 		// the upstream's authorization server, so none of it is relayed.
 		rec.Outcome = http.StatusText(status)
 		pt.logger.Warn("upstream refused the gateway's credentials", "upstream", pt.name, "route", pt.route, "status", status)
-		writeRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
+		WriteRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
 			fmt.Sprintf("the upstream MCP server %q refused the gateway's credentials for it (HTTP %d); your own token is fine: ask the operator to check the credentials configured for this upstream", pt.name, status))
 		return
 	case status >= 300 && status < 400:
 		// pinnedfetch follows the redirects it allows; one that reaches
 		// here had no usable Location.
 		rec.Outcome, rec.Detail = OutcomeError, fmt.Sprintf("upstream answered %d without a usable Location", status)
-		writeRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
+		WriteRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
 			fmt.Sprintf("the upstream MCP server %q answered with a redirect the gateway cannot follow; ask the operator to configure its final URL", pt.name))
 		return
 	}
 
-	if sid := resp.Header.Get(headerSessionID); sid != "" {
+	if sid := resp.Header.Get(HeaderSessionID); sid != "" {
 		switch {
 		case sid == ex.upstreamSID:
 			// Echo the client's own id: clients treat a changed id on a
 			// later response as an error, and some servers repeat theirs
 			// on every response.
-			w.Header().Set(headerSessionID, ex.clientSID)
+			w.Header().Set(HeaderSessionID, ex.clientSID)
 		case !ValidSessionID(sid):
 			rec.Outcome, rec.Detail = OutcomeError, "upstream gave a session id that is not 1 to 512 visible ASCII characters"
-			writeRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
+			WriteRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
 				fmt.Sprintf("the upstream MCP server %q gave an invalid session id; ask the operator to check the server", pt.name))
 			return
 		default:
-			w.Header().Set(headerSessionID, pt.ids.Seal(sid, p.TokenID, pt.route))
+			w.Header().Set(HeaderSessionID, pt.ids.Seal(sid, p.TokenID, pt.route))
 		}
 	}
-	sse := isEventStream(resp.Header.Get("Content-Type"))
+	sse := IsEventStream(resp.Header.Get("Content-Type"))
 	var body []byte
 	if !sse {
 		// Held whole before a byte goes out, within max_response and the
@@ -420,19 +421,19 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 		// instead of a cut body (clients read JSON whole anyway).
 		var err error
 		if body, err = io.ReadAll(resp.Body); err != nil {
-			if IsAnswerLimit(err) {
-				w.Header().Del(headerSessionID)
-				pt.overLimit(w, rec, ex, cmp.Or(resp.Header.Get(headerSessionID), ex.upstreamSID), err)
+			if Exceeded(err) {
+				w.Header().Del(HeaderSessionID)
+				pt.overLimit(w, rec, ex, cmp.Or(resp.Header.Get(HeaderSessionID), ex.upstreamSID), err)
 				return
 			}
 			if r.Context().Err() != nil {
 				rec.Outcome = OutcomeCanceled
 				return
 			}
-			rec.Outcome, rec.Detail = OutcomeError, "upstream broke off its answer: "+safeError(err)
+			rec.Outcome, rec.Detail = OutcomeError, "upstream broke off its answer: "+SafeError(err)
 			pt.logger.Warn("upstream broke off its answer", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
-			w.Header().Del(headerSessionID)
-			writeRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
+			w.Header().Del(HeaderSessionID)
+			WriteRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
 				fmt.Sprintf("the upstream MCP server %q broke off its answer; try again", pt.name))
 			return
 		}
@@ -456,7 +457,7 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 		clientGone = true
 	}
 	switch {
-	case IsAnswerLimit(readErr) && !clientGone && r.Context().Err() == nil:
+	case Exceeded(readErr) && !clientGone && r.Context().Err() == nil:
 		rec.Outcome, rec.Detail = OutcomeError, readErr.Error()
 		pt.logger.Warn("upstream answer over its limit; dropping the upstream session", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
 		if len(ex.rpcID) > 0 {
@@ -464,11 +465,11 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 			// the error, on the same stream.
 			w.Write(sseMessage(pt.limitAnswer(ex, readErr)))
 		}
-		pt.drop(cmp.Or(resp.Header.Get(headerSessionID), ex.upstreamSID))
+		pt.drop(cmp.Or(resp.Header.Get(HeaderSessionID), ex.upstreamSID))
 	case readErr != nil && !clientGone && r.Context().Err() == nil:
 		// The status has gone out; ending the body early is all that is
 		// left, and the client reads it as a dropped stream.
-		rec.Outcome, rec.Detail = OutcomeError, "upstream broke off its answer: "+safeError(readErr)
+		rec.Outcome, rec.Detail = OutcomeError, "upstream broke off its answer: "+SafeError(readErr)
 		pt.logger.Warn("upstream broke off its answer", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
 		rec.Outcome = OutcomeOK
@@ -495,7 +496,7 @@ func (pt *PassThrough) send(r *http.Request, body []byte, upstreamSID string) (*
 	}
 	copyRequestHeaders(req.Header, r.Header)
 	if upstreamSID != "" {
-		req.Header.Set(headerSessionID, upstreamSID)
+		req.Header.Set(HeaderSessionID, upstreamSID)
 	}
 	timer := time.AfterFunc(pt.headerTimeout, func() { cancel(errHeaderTimeout) })
 	resp, err := pt.client.Do(req)
@@ -539,11 +540,11 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallR
 	if errors.Is(err, errHeaderTimeout) {
 		rec.Detail = fmt.Sprintf("no response headers within %v", pt.headerTimeout)
 		pt.logger.Warn("upstream did not answer in time", "upstream", pt.name, "route", pt.route, "timeout", pt.headerTimeout)
-		writeRPCError(w, http.StatusGatewayTimeout, rpcID, message.CodeUpstream,
+		WriteRPCError(w, http.StatusGatewayTimeout, rpcID, message.CodeUpstream,
 			fmt.Sprintf("the upstream MCP server %q did not answer within %v; try again later, or ask the operator to raise its timeout", pt.name, pt.headerTimeout))
 		return
 	}
-	rec.Detail = safeError(err)
+	rec.Detail = SafeError(err)
 	if errors.Is(err, upstreamauth.ErrAuthRequired) {
 		// Not sent: the gateway holds no usable token for the upstream.
 		rec.Outcome = OutcomeAuthRequired
@@ -555,10 +556,10 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallR
 			writeToolError(w, rpcID, msg)
 			return
 		}
-		writeRPCError(w, http.StatusServiceUnavailable, rpcID, message.CodeUpstream, msg)
+		WriteRPCError(w, http.StatusServiceUnavailable, rpcID, message.CodeUpstream, msg)
 		return
 	}
-	if IsAnswerLimit(err) {
+	if Exceeded(err) {
 		pt.overLimit(w, rec, exchange{rpcID: rpcID, method: rec.Method}, upstreamSID, err)
 		return
 	}
@@ -568,7 +569,7 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallR
 	if errors.As(err, &re) {
 		msg = fmt.Sprintf("the upstream MCP server %q redirected the gateway where it does not follow; ask the operator to check the broker log", pt.name)
 	}
-	writeRPCError(w, http.StatusBadGateway, rpcID, message.CodeUpstream, msg)
+	WriteRPCError(w, http.StatusBadGateway, rpcID, message.CodeUpstream, msg)
 }
 
 // refuse answers a request refused before any upstream call and reports
@@ -584,18 +585,18 @@ func (pt *PassThrough) refuse(w http.ResponseWriter, r *http.Request, p policy.P
 			Reason: reason, Status: status, Detail: detail,
 		})
 	}
-	writeRPCError(w, status, ex.rpcID, code, message)
+	WriteRPCError(w, status, ex.rpcID, code, message)
 }
 
 // limitAnswer is the answer to the request of ex that an answer over a limit
 // replaces: a tool error for a tools/call, else a JSON-RPC error.
 func (pt *PassThrough) limitAnswer(ex exchange, err error) []byte {
 	if ex.method == "tools/call" {
-		if b, merr := toolErrorAnswer(ex.rpcID, limitMessage(err)); merr == nil {
+		if b, merr := toolErrorAnswer(ex.rpcID, LimitMessage(err)); merr == nil {
 			return b
 		}
 	}
-	return rpcErrorAnswer(ex.rpcID, message.CodeUpstream, limitMessage(err))
+	return RPCErrorAnswer(ex.rpcID, message.CodeUpstream, LimitMessage(err))
 }
 
 // overLimit answers a request whose answer broke a limit before any of it
@@ -606,10 +607,10 @@ func (pt *PassThrough) overLimit(w http.ResponseWriter, rec *CallRecord, ex exch
 	pt.logger.Warn("upstream answer over its limit; dropping the upstream session", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
 	pt.drop(upstreamSID)
 	if ex.method == "tools/call" && len(ex.rpcID) > 0 {
-		writeToolError(w, ex.rpcID, limitMessage(err))
+		writeToolError(w, ex.rpcID, LimitMessage(err))
 		return
 	}
-	writeRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream, limitMessage(err))
+	WriteRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream, LimitMessage(err))
 }
 
 // maxDropped bounds the upstream sessions remembered as dropped.
@@ -657,7 +658,7 @@ func (pt *PassThrough) endUpstreamSession(sid string) {
 		if err != nil {
 			return
 		}
-		req.Header.Set(headerSessionID, sid)
+		req.Header.Set(HeaderSessionID, sid)
 		resp, err := pt.client.Do(req)
 		if err != nil {
 			return

@@ -34,7 +34,7 @@ func TestPassThroughHostileAnswers(t *testing.T) {
 		hu.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	pt, err := NewPassThrough(Upstream{Name: "evil", URL: srv.URL, MaxResponse: 1 << 20}, PassThroughOptions{SessionKey: testSessionKey})
+	pt, err := NewPassThrough(Config{Name: "evil", URL: srv.URL, MaxResponse: 1 << 20}, PassThroughOptions{SessionKey: testSessionKey})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,8 +88,8 @@ func TestPassThroughBudgetHeldUntilWritten(t *testing.T) {
 		io.WriteString(w, answer)
 	}))
 	defer srv.Close()
-	budget := NewAnswerBudget(1 << 30)
-	pt, err := NewPassThrough(Upstream{Name: "big", URL: srv.URL}, PassThroughOptions{SessionKey: testSessionKey, AnswerBudget: budget})
+	budget := NewBudget(1 << 30)
+	pt, err := NewPassThrough(Config{Name: "big", URL: srv.URL}, PassThroughOptions{SessionKey: testSessionKey, AnswerBudget: budget})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestPassThroughBudgetHeldUntilWritten(t *testing.T) {
 // heldWriter notes what the budget holds when the body is written.
 type heldWriter struct {
 	*httptest.ResponseRecorder
-	budget      *AnswerBudget
+	budget      *Budget
 	heldAtWrite int64
 }
 

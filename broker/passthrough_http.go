@@ -16,7 +16,7 @@ import (
 func copyRequestHeaders(out, in http.Header) {
 	conn := in["Connection"]
 	for name, values := range in {
-		if !forwardRequestHeader(name) || namedIn(conn, name) {
+		if !ForwardRequestHeader(name) || namedIn(conn, name) {
 			continue
 		}
 		out[name] = values
@@ -62,7 +62,7 @@ func copyResponseHeaders(out, in http.Header) {
 func writeToolError(w http.ResponseWriter, id json.RawMessage, msg string) {
 	body, err := toolErrorAnswer(id, msg)
 	if err != nil {
-		writeRPCError(w, http.StatusServiceUnavailable, nil, message.CodeUpstream, msg)
+		WriteRPCError(w, http.StatusServiceUnavailable, nil, message.CodeUpstream, msg)
 		return
 	}
 	h := w.Header()
@@ -127,14 +127,14 @@ func relayEvents(w http.ResponseWriter, body io.Reader, flush func() error) (rea
 	defer copyBuffers.Put(bp)
 	buf := *bp
 	var (
-		split   sseSplit
+		split   Splitter
 		pending []byte // the current event, not yet whole
 	)
 	for {
 		n, err := body.Read(buf)
 		chunk := buf[:n]
 		for len(chunk) > 0 {
-			end := split.end(chunk)
+			end := split.End(chunk)
 			if end < 0 {
 				pending = append(pending, chunk...)
 				break
@@ -169,21 +169,6 @@ func relayEvents(w http.ResponseWriter, body io.Reader, flush func() error) (rea
 			return err, false
 		}
 	}
-}
-
-// ValidSessionID reports whether an upstream's Mcp-Session-Id is one the
-// gateway seals: 1 to [MaxUpstreamSessionID] visible ASCII characters
-// (0x21 to 0x7E), as the MCP spec requires.
-func ValidSessionID(s string) bool {
-	if s == "" || len(s) > MaxUpstreamSessionID {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x21 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }
 
 // sseMessage is one event-stream event that carries the JSON-RPC message

@@ -48,7 +48,7 @@ func TestPassThroughUpstreamOAuthLogin(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(oc.Close)
-	rt := newRoute(t, up.URL, func(u *Upstream, o *PassThroughOptions) {
+	rt := newRoute(t, up.URL, func(u *Config, o *PassThroughOptions) {
 		u.Headers = nil
 		o.Credentials = oc.Transport
 	})

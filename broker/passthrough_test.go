@@ -8,11 +8,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -251,9 +253,9 @@ type route struct {
 // upstream must never see, with a query it must not see either.
 func (r *route) endpoint() string { return r.edge.URL + "/mcp/github/some/tail?client=1" }
 
-func newRoute(t testing.TB, upstreamURL string, edit func(*Upstream, *PassThroughOptions)) *route {
+func newRoute(t testing.TB, upstreamURL string, edit func(*Config, *PassThroughOptions)) *route {
 	t.Helper()
-	u := Upstream{
+	u := Config{
 		Name:    "github",
 		URL:     upstreamURL,
 		Headers: map[string]string{"X-Api-Key": "${TEST_KEY}"},
@@ -573,7 +575,7 @@ func TestPassThroughSessionBinding(t *testing.T) {
 
 	// Another route under the same key: a second pass-through to the same
 	// upstream.
-	other := newRoute(t, up.srv.URL+"/mcp", func(_ *Upstream, o *PassThroughOptions) { o.Route = "broker:other" })
+	other := newRoute(t, up.srv.URL+"/mcp", func(_ *Config, o *PassThroughOptions) { o.Route = "broker:other" })
 
 	raw := []byte(clientID)
 	raw[len(raw)/2] ^= 'A' ^ 'B'
@@ -661,7 +663,7 @@ func TestPassThroughRedirectDropsCredentials(t *testing.T) {
 
 func TestPassThroughUpstreamRefusesCredentials(t *testing.T) {
 	up := newUpstream(t, upstreamConfig{wantKey: testAPIKey})
-	rt := newRoute(t, up.srv.URL+"/mcp", func(_ *Upstream, o *PassThroughOptions) {
+	rt := newRoute(t, up.srv.URL+"/mcp", func(_ *Config, o *PassThroughOptions) {
 		o.Lookup = func(string) (string, bool) { return "stale-key", true }
 	})
 	if _, err := connect(t, rt.endpoint(), aliceBearer, nil, legacyMCP); err == nil {
@@ -901,7 +903,7 @@ func TestPassThroughClientDisconnect(t *testing.T) {
 
 func TestPassThroughHeaderTimeout(t *testing.T) {
 	srv, _ := hangingUpstream(t, true)
-	rt := newRoute(t, srv.URL+"/mcp", func(u *Upstream, _ *PassThroughOptions) { u.Timeout = 100 * time.Millisecond })
+	rt := newRoute(t, srv.URL+"/mcp", func(u *Config, _ *PassThroughOptions) { u.Timeout = 100 * time.Millisecond })
 	resp, body := post(t, rt.endpoint(), aliceBearer, "", toolsListBody)
 	if resp.StatusCode != http.StatusGatewayTimeout {
 		t.Fatalf("status %d, want 504: %s", resp.StatusCode, body)
@@ -947,7 +949,7 @@ func TestPassThroughUnreachableUpstream(t *testing.T) {
 
 func TestPassThroughRefusals(t *testing.T) {
 	up := newUpstream(t, upstreamConfig{wantKey: testAPIKey})
-	rt := newRoute(t, up.srv.URL+"/mcp", func(_ *Upstream, o *PassThroughOptions) { o.MaxBodyBytes = 64 })
+	rt := newRoute(t, up.srv.URL+"/mcp", func(_ *Config, o *PassThroughOptions) { o.MaxBodyBytes = 64 })
 
 	t.Run("no principal", func(t *testing.T) {
 		rec := httptest.NewRecorder()
@@ -1008,21 +1010,21 @@ func TestNewPassThroughRefuses(t *testing.T) {
 	opts := PassThroughOptions{Lookup: lookup, SessionKey: testSessionKey}
 	for _, tc := range []struct {
 		name   string
-		u      Upstream
+		u      Config
 		opts   *PassThroughOptions
 		want   string
 		secret string
 	}{
-		{"sse", Upstream{Name: "old", URL: "https://mcp.example.com/sse"}, nil, "aggregated route", ""},
-		{"stdio", Upstream{Name: "local", Command: "mcp-server"}, nil, "aggregated route", ""},
-		{"unset header variable", Upstream{Name: "gh", URL: "https://mcp.example.com/mcp", Headers: map[string]string{"X-Api-Key": "${MISSING}"}}, nil, "set MISSING", ""},
-		{"line break after expansion", Upstream{Name: "gh", URL: "https://mcp.example.com/mcp", Headers: map[string]string{"X-Api-Key": "${BROKEN}"}}, nil, "line break", "break-secret"},
-		{"reserved header", Upstream{Name: "gh", URL: "https://mcp.example.com/mcp", Headers: map[string]string{"mcp-session-id": "fixed"}}, nil, "Mcp-Session-Id is set by the pass-through route", ""},
-		{"reserved Accept", Upstream{Name: "gh", URL: "https://mcp.example.com/mcp", Headers: map[string]string{"Accept": "*/*"}}, nil, "Accept is set by the pass-through route", ""},
-		{"unset url variable", Upstream{Name: "gh", URL: "https://${HOST}/mcp"}, nil, "set HOST", ""},
-		{"plain http off loopback", Upstream{Name: "gh", URL: "http://mcp.example.com/mcp"}, nil, "", ""},
-		{"short session key", Upstream{Name: "gh", URL: "https://mcp.example.com/mcp"}, &PassThroughOptions{SessionKey: []byte("short")}, "32 random bytes", ""},
-		{"no session key", Upstream{Name: "gh", URL: "https://mcp.example.com/mcp"}, &PassThroughOptions{}, "32 random bytes", ""},
+		{"sse", Config{Name: "old", URL: "https://mcp.example.com/sse"}, nil, "aggregated route", ""},
+		{"stdio", Config{Name: "local", Command: "mcp-server"}, nil, "aggregated route", ""},
+		{"unset header variable", Config{Name: "gh", URL: "https://mcp.example.com/mcp", Headers: map[string]string{"X-Api-Key": "${MISSING}"}}, nil, "set MISSING", ""},
+		{"line break after expansion", Config{Name: "gh", URL: "https://mcp.example.com/mcp", Headers: map[string]string{"X-Api-Key": "${BROKEN}"}}, nil, "line break", "break-secret"},
+		{"reserved header", Config{Name: "gh", URL: "https://mcp.example.com/mcp", Headers: map[string]string{"mcp-session-id": "fixed"}}, nil, "Mcp-Session-Id is set by the pass-through route", ""},
+		{"reserved Accept", Config{Name: "gh", URL: "https://mcp.example.com/mcp", Headers: map[string]string{"Accept": "*/*"}}, nil, "Accept is set by the pass-through route", ""},
+		{"unset url variable", Config{Name: "gh", URL: "https://${HOST}/mcp"}, nil, "set HOST", ""},
+		{"plain http off loopback", Config{Name: "gh", URL: "http://mcp.example.com/mcp"}, nil, "", ""},
+		{"short session key", Config{Name: "gh", URL: "https://mcp.example.com/mcp"}, &PassThroughOptions{SessionKey: []byte("short")}, "32 random bytes", ""},
+		{"no session key", Config{Name: "gh", URL: "https://mcp.example.com/mcp"}, &PassThroughOptions{}, "32 random bytes", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := opts
@@ -1083,7 +1085,7 @@ func sortedHeaderNames(h http.Header) []string {
 	for k := range h {
 		m[k] = ""
 	}
-	return sortedKeys(m)
+	return slices.Sorted(maps.Keys(m))
 }
 
 // BenchmarkPassThrough compares one tools/call through the pass-through

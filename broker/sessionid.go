@@ -157,3 +157,18 @@ func associatedData(version byte, principal, route string) []byte {
 	ad = binary.AppendUvarint(ad, uint64(len(route)))
 	return append(ad, route...)
 }
+
+// ValidSessionID reports whether an upstream's Mcp-Session-Id is one the
+// gateway seals: 1 to [MaxUpstreamSessionID] visible ASCII characters
+// (0x21 to 0x7E), as the MCP spec requires.
+func ValidSessionID(s string) bool {
+	if s == "" || len(s) > MaxUpstreamSessionID {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

@@ -74,31 +74,31 @@ func tracerFor(ctx context.Context) trace.Tracer {
 // goes to an upstream: a client's could carry anything it likes to a
 // server that trusts its own tracing. Nothing of the request's body or
 // credentials becomes an attribute.
-type traceTransport struct {
-	upstream string
-	next     http.RoundTripper
+type TraceTransport struct {
+	Upstream string
+	Next     http.RoundTripper
 }
 
-func (t *traceTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t *TraceTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	tracer := tracerFor(req.Context())
 	if tracer == nil {
 		if req.Header.Get("Baggage") == "" {
-			return t.next.RoundTrip(req)
+			return t.Next.RoundTrip(req)
 		}
 		req = req.Clone(req.Context())
 		req.Header.Del("Baggage")
-		return t.next.RoundTrip(req)
+		return t.Next.RoundTrip(req)
 	}
 	method := req.Header.Get("Mcp-Method")
 	attrs := []attribute.KeyValue{
-		attribute.String("zidane.upstream", t.upstream),
+		attribute.String("zidane.upstream", t.Upstream),
 		attribute.String("http.request.method", req.Method),
 		attribute.String("server.address", req.URL.Host),
 	}
 	if method != "" {
 		attrs = append(attrs, attribute.String("mcp.method.name", method))
 	}
-	ctx, span := tracer.Start(req.Context(), "mcp upstream "+t.upstream,
+	ctx, span := tracer.Start(req.Context(), "mcp upstream "+t.Upstream,
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	defer span.End()
 	req = req.Clone(ctx)
@@ -112,7 +112,7 @@ func (t *traceTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 	}
-	resp, err := t.next.RoundTrip(req)
+	resp, err := t.Next.RoundTrip(req)
 	if err != nil {
 		span.SetStatus(codes.Error, "the upstream request failed")
 		return nil, err
@@ -126,8 +126,8 @@ func (t *traceTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // CloseIdleConnections passes on to the transport beneath, which the
 // sessions' connections are closed through.
-func (t *traceTransport) CloseIdleConnections() {
-	if ci, ok := t.next.(interface{ CloseIdleConnections() }); ok {
+func (t *TraceTransport) CloseIdleConnections() {
+	if ci, ok := t.Next.(interface{ CloseIdleConnections() }); ok {
 		ci.CloseIdleConnections()
 	}
 }

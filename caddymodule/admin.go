@@ -151,7 +151,7 @@ func (a *adminAPI) handleTokens(w http.ResponseWriter, r *http.Request) error {
 // configured (redacted), and, for one with an oauth block, the state of its
 // token (never the token).
 type upstreamListing struct {
-	Upstream broker.Upstream
+	Upstream broker.Config
 	Auth     *upstreamauth.Status
 }
 

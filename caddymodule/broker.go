@@ -48,8 +48,8 @@ func sessionIDKey(st storage.Storage) ([]byte, error) {
 // loadUpstreams reads the configured upstreams: inline ones first, then
 // those of each upstreams_file, in order. Names must be unique.
 func (a *App) loadUpstreams() error {
-	lists := [][]broker.Upstream{}
-	var inline []broker.Upstream
+	lists := [][]broker.Config{}
+	var inline []broker.Config
 	for _, u := range a.Upstreams {
 		if u.Source == "" {
 			u.Source = "Caddyfile"
@@ -79,7 +79,7 @@ func (a *App) loadUpstreams() error {
 	if err != nil {
 		return err
 	}
-	a.upstreams = map[string]broker.Upstream{}
+	a.upstreams = map[string]broker.Config{}
 	for _, u := range all {
 		a.upstreams[u.Name] = u
 	}
@@ -87,7 +87,7 @@ func (a *App) loadUpstreams() error {
 }
 
 // Upstream returns the configured upstream called name.
-func (a *App) Upstream(name string) (broker.Upstream, bool) {
+func (a *App) Upstream(name string) (broker.Config, bool) {
 	u, ok := a.upstreams[name]
 	return u, ok
 }
@@ -190,7 +190,7 @@ func auditBrokerRefusal(l *zap.Logger, r broker.Refusal) {
 
 // buildAggregate sets up the aggregated route over the named upstreams.
 func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
-	var ups []broker.Upstream
+	var ups []broker.Config
 	for _, name := range h.Aggregate {
 		u, ok := app.Upstream(name)
 		if !ok {
@@ -198,7 +198,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		}
 		ups = append(ups, u)
 	}
-	byName := map[string]broker.Upstream{}
+	byName := map[string]broker.Config{}
 	for _, u := range ups {
 		byName[u.Name] = u
 	}
@@ -299,7 +299,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 // upstreamAllows says whether p may use upstream u on the aggregated
 // route: with the scope upstream:<name>, the upstream's own scope, or mcp
 // when the default rules are on.
-func upstreamAllows(p policy.Principal, u broker.Upstream, defaults bool) bool {
+func upstreamAllows(p policy.Principal, u broker.Config, defaults bool) bool {
 	if u.Name == "" {
 		return false
 	}

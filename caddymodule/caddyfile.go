@@ -660,8 +660,8 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 
 var _ caddyfile.Unmarshaler = (*Handler)(nil)
 
-func parseUpstream(d *caddyfile.Dispenser) (broker.Upstream, error) {
-	var u broker.Upstream
+func parseUpstream(d *caddyfile.Dispenser) (broker.Config, error) {
+	var u broker.Config
 	if !d.NextArg() {
 		return u, d.Err("upstream takes a name, then a URL or a block: upstream github https://api.githubcopilot.com/mcp/")
 	}

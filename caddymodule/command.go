@@ -350,7 +350,7 @@ func upstreamListCommand() *cobra.Command {
 			}
 			// Each entry is an upstream with, for one with an oauth block,
 			// an "auth" object beside its fields.
-			var list []broker.Upstream
+			var list []broker.Config
 			var auth []struct {
 				Auth *upstreamauth.Status `json:"auth"`
 			}

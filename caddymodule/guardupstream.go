@@ -27,7 +27,7 @@ const guardUpstreamName = "guard"
 // Authorization; the pass-through sends only the MCP transport's, and the
 // operator's upstream headers, to the configured URL only.
 func (h *Handler) buildGuardUpstream(ctx caddy.Context, app *App, g *edge.Guard, sessionKey []byte) (edge.Route, error) {
-	u := broker.Upstream{Name: guardUpstreamName, URL: h.Guard.Upstream, MaxResponse: h.Guard.MaxResponse}
+	u := broker.Config{Name: guardUpstreamName, URL: h.Guard.Upstream, MaxResponse: h.Guard.MaxResponse}
 	for _, k := range sortedMapKeys(h.Guard.UpstreamHeaders) {
 		if broker.ReservedUpstreamHeader(http.CanonicalHeaderKey(k)) {
 			return nil, fmt.Errorf("guard upstream_header %s: with upstream, the guard sets or passes this header itself (the MCP transport's headers and framing); remove the upstream_header", k)

@@ -187,7 +187,7 @@ func (g *Guard) pinPolicy() (pins.Policy, error) {
 			return pol, fmt.Errorf("guard %w", err)
 		}
 	}
-	if g.Upstream != "" && (broker.Upstream{URL: g.Upstream}).Local() {
+	if g.Upstream != "" && (broker.Config{URL: g.Upstream}).Local() {
 		pol.NewTools = pins.AllowNew
 	}
 	if g.NewTools != "" {

@@ -22,9 +22,9 @@ func TestEgressRoutesArePinned(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = pinsPool.Delete(key) })
-	a := &App{pins: ps, SessionUpstreams: []string{"remote", "local"}, upstreams: map[string]broker.Upstream{}}
+	a := &App{pins: ps, SessionUpstreams: []string{"remote", "local"}, upstreams: map[string]broker.Config{}}
 	for name, url := range map[string]string{"remote": "https://mcp.example.com/mcp", "local": "http://127.0.0.1:9/mcp"} {
-		u, err := broker.Normalize(broker.Upstream{Name: name, URL: url})
+		u, err := broker.Normalize(broker.Config{Name: name, URL: url})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -52,7 +52,7 @@ func literal(v string) bool { return v != "" && !broker.HasPlaceholder(v) }
 // secret: a header value (but the plainHeaders), an env value whose name
 // looks secret, a password or secret-looking query value in its URL, an
 // OAuth client secret or private key.
-func checkUpstreamSecrets(u broker.Upstream) error {
+func checkUpstreamSecrets(u broker.Config) error {
 	const ph = "${VAR}"
 	for _, k := range sortedMapKeys(u.Headers) {
 		if !plainHeaders[http.CanonicalHeaderKey(k)] && literal(u.Headers[k]) {

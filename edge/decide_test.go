@@ -67,7 +67,7 @@ func testRoutes(t testing.TB) map[string]struct {
 	if err != nil {
 		t.Fatal(err)
 	}
-	up := broker.Upstream{Name: "a", ToolsDeny: []string{"drop_*"}}
+	up := broker.Config{Name: "a", ToolsDeny: []string{"drop_*"}}
 	upScopes, err := policy.NewScopeMap([]policy.Rule{{Scope: policy.UpstreamScope("a"), Tools: []string{"*"}, Methods: []string{"*"}}}, true)
 	if err != nil {
 		t.Fatal(err)

@@ -104,7 +104,7 @@ type Listing struct {
 	// answer the filter holds reserves its bytes there until it is
 	// written out, and one that does not fit is replaced by an error
 	// that says so.
-	Budget *broker.AnswerBudget
+	Budget *broker.Budget
 
 	route  Route
 	p      policy.Principal

@@ -60,7 +60,7 @@ func TestDeniedAndWithheldToolsUnderGoCaseMapping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	route := &Upstream{Config: broker.Upstream{Name: "a", ToolsDeny: []string{"write_*"}}, Scopes: all.Strict(), Handler: backend, Pins: st}
+	route := &Upstream{Config: broker.Config{Name: "a", ToolsDeny: []string{"write_*"}}, Scopes: all.Strict(), Handler: backend, Pins: st}
 	p := policy.Principal{TokenID: "t", Name: "t", Kind: policy.KindUser, Scopes: []string{"upstream:a"}}
 	edgeSrv := edgeFront(t, route, p)
 
@@ -169,7 +169,7 @@ func TestChangedTemplateRefusesItsReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	route := &Upstream{Config: broker.Upstream{Name: "a"}, Scopes: all.Strict(), Handler: backend, Pins: st}
+	route := &Upstream{Config: broker.Config{Name: "a"}, Scopes: all.Strict(), Handler: backend, Pins: st}
 	p := policy.Principal{TokenID: "t", Name: "t", Kind: policy.KindUser, Scopes: []string{"upstream:a"}}
 	edgeSrv := edgeFront(t, route, p)
 
@@ -235,7 +235,7 @@ func TestChangedServerInfoInEveryResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) })
-	route := &Upstream{Config: broker.Upstream{Name: "a"}, Scopes: all.Strict(), Handler: upstream, Pins: st}
+	route := &Upstream{Config: broker.Config{Name: "a"}, Scopes: all.Strict(), Handler: upstream, Pins: st}
 	p := policy.Principal{TokenID: "t", Name: "t", Kind: policy.KindUser, Scopes: []string{"upstream:a"}}
 	edgeSrv := edgeFront(t, route, p)
 	connect := func() *mcp.ClientSession {

@@ -125,7 +125,7 @@ func (s *Sessions) Serve(w http.ResponseWriter, r *http.Request, _ Next) error {
 // initialize, ping and notifications need no scope.
 type Upstream struct {
 	// Config is the upstream: its name, and its tools allow and deny lists.
-	Config broker.Upstream
+	Config broker.Config
 	// Scopes decide calls; strict.
 	Scopes *policy.ScopeMap
 	// Handler is the broker's route to the upstream.

@@ -56,7 +56,7 @@ func newTaskRoute(t *testing.T, up *taskUpstream) (*Upstream, *broker.TaskIDs) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Upstream{Config: broker.Upstream{Name: "tasks"}, Scopes: scopes.Strict(), Handler: up, Tasks: ids, Route: tasksRoute}, ids
+	return &Upstream{Config: broker.Config{Name: "tasks"}, Scopes: scopes.Strict(), Handler: up, Tasks: ids, Route: tasksRoute}, ids
 }
 
 // modernTask is a 2026-07-28 request of method with params (a JSON object's
