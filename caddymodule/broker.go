@@ -12,11 +12,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/aggregate"
+	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
@@ -48,13 +53,13 @@ func sessionIDKey(st storage.Storage) ([]byte, error) {
 // loadUpstreams reads the configured upstreams: inline ones first, then
 // those of each upstreams_file, in order. Names must be unique.
 func (a *App) loadUpstreams() error {
-	lists := [][]broker.Config{}
-	var inline []broker.Config
+	lists := [][]upstream.Config{}
+	var inline []upstream.Config
 	for _, u := range a.Upstreams {
 		if u.Source == "" {
 			u.Source = "Caddyfile"
 		}
-		n, err := broker.Normalize(u)
+		n, err := upstream.Normalize(u)
 		if err != nil {
 			return err // it names the upstream and where it is configured
 		}
@@ -66,7 +71,7 @@ func (a *App) loadUpstreams() error {
 		if err != nil {
 			return fmt.Errorf("upstreams_file: %w; give the path of an mcp.json file", err)
 		}
-		ups, warnings, err := broker.LoadMCPJSON(raw, path)
+		ups, warnings, err := upstream.LoadMCPJSON(raw, path)
 		if err != nil {
 			return fmt.Errorf("upstreams_file %s: %w", path, err)
 		}
@@ -75,11 +80,11 @@ func (a *App) loadUpstreams() error {
 		}
 		lists = append(lists, ups)
 	}
-	all, err := broker.MergeUpstreams(lists...)
+	all, err := upstream.MergeUpstreams(lists...)
 	if err != nil {
 		return err
 	}
-	a.upstreams = map[string]broker.Config{}
+	a.upstreams = map[string]upstream.Config{}
 	for _, u := range all {
 		a.upstreams[u.Name] = u
 	}
@@ -87,7 +92,7 @@ func (a *App) loadUpstreams() error {
 }
 
 // Upstream returns the configured upstream called name.
-func (a *App) Upstream(name string) (broker.Config, bool) {
+func (a *App) Upstream(name string) (upstream.Config, bool) {
 	u, ok := a.upstreams[name]
 	return u, ok
 }
@@ -103,14 +108,14 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	if err != nil {
 		return err
 	}
-	pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
+	pt, err := passthrough.NewPassThrough(u, passthrough.PassThroughOptions{
 		SessionKey:   sessionKey,
 		Route:        route,
 		MaxBodyBytes: h.MaxBodyBytes,
 		AnswerBudget: app.answerBudget,
 		OnDecision:   func(d pinnedfetch.Decision) { auditRedirect(h.audit, u.Name, d) },
-		OnCall:       func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
-		OnRefusal: func(r broker.Refusal) {
+		OnCall:       func(c upstream.CallRecord) { auditUpstreamCall(h.audit, c) },
+		OnRefusal: func(r upstream.Refusal) {
 			metricRefusals.WithLabelValues(r.Reason).Inc()
 			auditBrokerRefusal(h.audit, r)
 		},
@@ -132,7 +137,7 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	if err != nil {
 		return err
 	}
-	tasks, err := broker.NewTaskIDs(sessionKey)
+	tasks, err := taskid.NewTaskIDs(sessionKey)
 	if err != nil {
 		return err
 	}
@@ -142,7 +147,7 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	return nil
 }
 
-func auditUpstreamCall(l *zap.Logger, c broker.CallRecord) {
+func auditUpstreamCall(l *zap.Logger, c upstream.CallRecord) {
 	ce := l.Check(zap.InfoLevel, "upstream call")
 	if ce == nil {
 		return // the audit log is off at this level: build nothing
@@ -181,7 +186,7 @@ func auditRedirect(l *zap.Logger, upstream string, d pinnedfetch.Decision) {
 		zap.Bool("credentials", d.Credentials), zap.Strings("stripped_headers", d.StrippedHeaders))
 }
 
-func auditBrokerRefusal(l *zap.Logger, r broker.Refusal) {
+func auditBrokerRefusal(l *zap.Logger, r upstream.Refusal) {
 	l.Warn("request refused", zap.String("event", "refused"), zap.String("reason", r.Reason),
 		zap.String("upstream", r.Upstream), zap.String("route", r.Route), zap.String("http_method", r.HTTPMethod),
 		zap.String("token_id", r.TokenID), zap.String("token_name", r.TokenName), zap.Int("status", r.Status),
@@ -190,7 +195,7 @@ func auditBrokerRefusal(l *zap.Logger, r broker.Refusal) {
 
 // buildAggregate sets up the aggregated route over the named upstreams.
 func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
-	var ups []broker.Config
+	var ups []upstream.Config
 	for _, name := range h.Aggregate {
 		u, ok := app.Upstream(name)
 		if !ok {
@@ -198,7 +203,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		}
 		ups = append(ups, u)
 	}
-	byName := map[string]broker.Config{}
+	byName := map[string]upstream.Config{}
 	for _, u := range ups {
 		byName[u.Name] = u
 	}
@@ -217,7 +222,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		if err != nil {
 			return err
 		}
-		ids, err := broker.NewSessionIDs(key)
+		ids, err := sessionid.NewSessionIDs(key)
 		if err != nil {
 			return err
 		}
@@ -239,7 +244,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 			store = h.openPins(ctx, edge.AggregatePinNS(name), u.PinPolicy())
 		}
 	}
-	opts := broker.AggregateOptions{
+	opts := aggregate.AggregateOptions{
 		// Pid files of stdio upstreams: a gateway that crashed leaves them,
 		// and the next start ends the processes they name.
 		PIDDir:              filepath.Join(caddy.AppDataDir(), "zidane", "stdio"),
@@ -248,7 +253,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		MaxRequestBodyBytes: h.MaxBodyBytes,
 		AnswerBudget:        app.answerBudget,
 		OnDecision:          func(d pinnedfetch.Decision) { auditRedirect(h.audit, "aggregate", d) },
-		OnCall:              func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
+		OnCall:              func(c upstream.CallRecord) { auditUpstreamCall(h.audit, c) },
 		Logger:              slog.New(zapslog.NewHandler(ctx.Logger().Named("aggregate").Core())),
 		ToolCache:           toolCache{app.storage},
 		SessionTimeout:      max(0, time.Duration(app.MCPSessionIdleTimeout)),
@@ -269,7 +274,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		opts.BridgeKey = key
 		opts.Node = fwd.nodes.Self()
 	}
-	agg, err := broker.NewAggregate(ups, opts)
+	agg, err := aggregate.NewAggregate(ups, opts)
 	if err != nil {
 		return fmt.Errorf("aggregate: %w", err)
 	}
@@ -282,7 +287,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	if err != nil {
 		return err
 	}
-	tasks, err := broker.NewTaskIDs(taskKey)
+	tasks, err := taskid.NewTaskIDs(taskKey)
 	if err != nil {
 		return err
 	}
@@ -299,7 +304,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 // upstreamAllows says whether p may use upstream u on the aggregated
 // route: with the scope upstream:<name>, the upstream's own scope, or mcp
 // when the default rules are on.
-func upstreamAllows(p policy.Principal, u broker.Config, defaults bool) bool {
+func upstreamAllows(p policy.Principal, u upstream.Config, defaults bool) bool {
 	if u.Name == "" {
 		return false
 	}
@@ -309,20 +314,20 @@ func upstreamAllows(p policy.Principal, u broker.Config, defaults bool) bool {
 // liveAggregates are the aggregated routes of every loaded config, which
 // the admin API reaches to restart an upstream. During a reload the old
 // config's routes are here too, until their Cleanup.
-var liveAggregates = &aggregateSet{m: map[*broker.Aggregate]struct{}{}}
+var liveAggregates = &aggregateSet{m: map[*aggregate.Aggregate]struct{}{}}
 
 type aggregateSet struct {
 	mu sync.Mutex
-	m  map[*broker.Aggregate]struct{}
+	m  map[*aggregate.Aggregate]struct{}
 }
 
-func (s *aggregateSet) add(a *broker.Aggregate) {
+func (s *aggregateSet) add(a *aggregate.Aggregate) {
 	s.mu.Lock()
 	s.m[a] = struct{}{}
 	s.mu.Unlock()
 }
 
-func (s *aggregateSet) remove(a *broker.Aggregate) {
+func (s *aggregateSet) remove(a *aggregate.Aggregate) {
 	s.mu.Lock()
 	delete(s.m, a)
 	s.mu.Unlock()
@@ -342,7 +347,7 @@ func (s *aggregateSet) reconnect(name string) {
 // aggregated route that has it, and says on how many.
 func (s *aggregateSet) restart(ctx context.Context, name string, retire bool) (int, error) {
 	s.mu.Lock()
-	var with []*broker.Aggregate
+	var with []*aggregate.Aggregate
 	for a := range s.m {
 		if slices.Contains(a.Upstreams(), name) {
 			with = append(with, a)

@@ -16,10 +16,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/aggregate"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/message"
@@ -95,7 +98,7 @@ func sharedHopKey(key []byte) *edge.HopKey {
 // aggForward is an aggregated route's cluster side: the node ids sealed in
 // its session ids, the registry, and the hop.
 type aggForward struct {
-	ids    *broker.SessionIDs
+	ids    *sessionid.SessionIDs
 	route  string // the route's identity, the same on every replica
 	nodes  *cluster.Nodes
 	hop    *edge.HopKey
@@ -103,7 +106,7 @@ type aggForward struct {
 	audit  *zap.Logger
 }
 
-func newAggForward(ids *broker.SessionIDs, route string, nodes *cluster.Nodes, hop *edge.HopKey, audit *zap.Logger) *aggForward {
+func newAggForward(ids *sessionid.SessionIDs, route string, nodes *cluster.Nodes, hop *edge.HopKey, audit *zap.Logger) *aggForward {
 	tr := &http.Transport{
 		Proxy:               nil, // a hop goes to the registry's address, never through a proxy from the environment
 		DialContext:         (&net.Dialer{Timeout: hopDialTimeout}).DialContext,
@@ -156,14 +159,14 @@ func unknownSession(reason, msg string) *edge.RefusalError {
 // another node's 2025-11-25 session goes there.
 type clusterAggregate struct {
 	*edge.Aggregate
-	agg *broker.Aggregate
+	agg *aggregate.Aggregate
 	fwd *aggForward
 }
 
 // Serve serves r here, or forwards it to the node that holds its session,
 // or the pending call its requestState names.
 func (c *clusterAggregate) Serve(w http.ResponseWriter, r *http.Request, next edge.Next) error {
-	if broker.ModernRequest(r) {
+	if aggregate.ModernRequest(r) {
 		// A 2026-07-28 retry of a call bridged to a 2025-11-25 upstream:
 		// the node that sealed its requestState holds the pending call.
 		if node := c.bridgeNode(r); node != "" && node != c.fwd.nodes.Self() {
@@ -204,7 +207,7 @@ func (f *aggForward) serveLegacy(w http.ResponseWriter, r *http.Request, next ed
 // message decided, in its context): a 2026-07-28 retry of a call it holds,
 // or a request of a 2025-11-25 session it holds.
 func (c *clusterAggregate) holds(r *http.Request) bool {
-	if broker.ModernRequest(r) {
+	if aggregate.ModernRequest(r) {
 		return c.bridgeNode(r) == c.fwd.nodes.Self()
 	}
 	return c.fwd.holdsSession(r)
@@ -234,14 +237,14 @@ type clusterSessions struct {
 }
 
 func (c *clusterSessions) Serve(w http.ResponseWriter, r *http.Request, next edge.Next) error {
-	if broker.ModernRequest(r) {
+	if aggregate.ModernRequest(r) {
 		return c.Sessions.Serve(w, r, next)
 	}
 	return c.fwd.serveLegacy(w, r, next, c.Sessions)
 }
 
 func (c *clusterSessions) holds(r *http.Request) bool {
-	return !broker.ModernRequest(r) && c.fwd.holdsSession(r)
+	return !aggregate.ModernRequest(r) && c.fwd.holdsSession(r)
 }
 
 func (c *clusterSessions) forwarder() *aggForward { return c.fwd }
@@ -322,7 +325,7 @@ func (f *aggForward) forwardTo(w http.ResponseWriter, r *http.Request, sid, self
 			return nil // the client went away
 		}
 		f.audit.Warn("session forward failed", zap.String("event", "session_forward_failed"), zap.String("node", node), zap.String("token_id", p.TokenID), zap.String("error", err.Error()))
-		if broker.ModernRequest(r) {
+		if aggregate.ModernRequest(r) {
 			// A bridged call's retry: there is no session to initialize.
 			return &edge.RefusalError{Verdict: edge.Refuse(http.StatusBadGateway, "call_node_unreachable",
 				fmt.Sprintf("the replica that holds this call (node %q) does not answer; call the tool again without requestState and inputResponses", node))}
@@ -473,7 +476,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		return h.refuse(w, r, rf, v)
 	}
 	rf.p = p
-	modern := broker.ModernRequest(r)
+	modern := aggregate.ModernRequest(r)
 	if !modern && !f.holdsSession(r) {
 		return h.refuse(w, r, rf, unknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict)
 	}
@@ -514,7 +517,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	r.Header.Del(edge.HopCredentialHeader)
 	r.Header.Del("Authorization")
 	// The address the sender's edge saw, which its signature covers.
-	r.Header[broker.ClientIPHeader] = []string{claims.Client}
+	r.Header[upstream.ClientIPHeader] = []string{claims.Client}
 	h.audit.Debug("forwarded request", zap.String("event", "session_forwarded_in"), zap.String("from", claims.From),
 		zap.String("token_id", p.TokenID), zap.String("http_method", r.Method), zap.String("client_ip", claims.Client), zap.String("via", rf.via))
 	// The sender's edge filters the answer (its listing filter): served

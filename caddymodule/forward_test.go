@@ -11,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -33,7 +34,7 @@ const (
 func TestAggregateSessionIDNamesItsNode(t *testing.T) {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	ids, err := broker.NewSessionIDs(key)
+	ids, err := sessionid.NewSessionIDs(key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func TestAggregateSessionIDNamesItsNode(t *testing.T) {
 	}
 	otherKey := make([]byte, 32)
 	_, _ = rand.Read(otherKey)
-	other, _ := broker.NewSessionIDs(otherKey)
+	other, _ := sessionid.NewSessionIDs(otherKey)
 	for name, forged := range map[string]string{
 		"another node in plain text":   "node-c/" + rand.Text(),
 		"sealed with another key":      other.Seal("node-c/x", "", hopRoute),

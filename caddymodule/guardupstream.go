@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
@@ -27,9 +29,9 @@ const guardUpstreamName = "guard"
 // Authorization; the pass-through sends only the MCP transport's, and the
 // operator's upstream headers, to the configured URL only.
 func (h *Handler) buildGuardUpstream(ctx caddy.Context, app *App, g *edge.Guard, sessionKey []byte) (edge.Route, error) {
-	u := broker.Config{Name: guardUpstreamName, URL: h.Guard.Upstream, MaxResponse: h.Guard.MaxResponse}
+	u := upstream.Config{Name: guardUpstreamName, URL: h.Guard.Upstream, MaxResponse: h.Guard.MaxResponse}
 	for _, k := range sortedMapKeys(h.Guard.UpstreamHeaders) {
-		if broker.ReservedUpstreamHeader(http.CanonicalHeaderKey(k)) {
+		if upstream.ReservedUpstreamHeader(http.CanonicalHeaderKey(k)) {
 			return nil, fmt.Errorf("guard upstream_header %s: with upstream, the guard sets or passes this header itself (the MCP transport's headers and framing); remove the upstream_header", k)
 		}
 	}
@@ -46,7 +48,7 @@ func (h *Handler) buildGuardUpstream(ctx caddy.Context, app *App, g *edge.Guard,
 	// follows no redirect, so no answer of the server's can send it to
 	// another host.
 	allowPrivate := false
-	pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
+	pt, err := passthrough.NewPassThrough(u, passthrough.PassThroughOptions{
 		Headers: headers,
 		// The URL holds no placeholder (checkGuardUpstream): nothing to
 		// look up.
@@ -58,8 +60,8 @@ func (h *Handler) buildGuardUpstream(ctx caddy.Context, app *App, g *edge.Guard,
 		MaxBodyBytes:         h.MaxBodyBytes,
 		AnswerBudget:         app.answerBudget,
 		OnDecision:           func(d pinnedfetch.Decision) { auditRedirect(h.audit, u.Name, d) },
-		OnCall:               func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
-		OnRefusal: func(r broker.Refusal) {
+		OnCall:               func(c upstream.CallRecord) { auditUpstreamCall(h.audit, c) },
+		OnRefusal: func(r upstream.Refusal) {
 			metricRefusals.WithLabelValues(r.Reason).Inc()
 			auditBrokerRefusal(h.audit, r)
 		},

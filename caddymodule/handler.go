@@ -14,6 +14,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/aggregate"
+	"github.com/Tahul/caddy-zidane-mcp/broker/answerlimit"
+	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.opentelemetry.io/otel/attribute"
@@ -21,7 +28,6 @@ import (
 	"go.uber.org/zap/exp/zapslog"
 	"golang.org/x/net/http/httpguts"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
@@ -123,8 +129,8 @@ type Handler struct {
 	egress      map[string]edge.Route
 	sess        *sessionsState
 	sessKey     string
-	passThrough *broker.PassThrough
-	aggregate   *broker.Aggregate
+	passThrough *passthrough.PassThrough
+	aggregate   *aggregate.Aggregate
 	app         *App   // this config's zidane app (upstream OAuth logins)
 	releaseOwn  func() // this handler's hold on agentDeny
 	logger      *zap.Logger
@@ -321,7 +327,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if kerr != nil {
 			return kerr
 		}
-		ids, ierr := broker.NewSessionIDs(key)
+		ids, ierr := sessionid.NewSessionIDs(key)
 		if ierr != nil {
 			return ierr
 		}
@@ -343,7 +349,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 				zap.String("resource", h.Resource))
 		}
 		ns := "guard:" + h.Resource
-		tasks, terr := broker.NewTaskIDs(key)
+		tasks, terr := taskid.NewTaskIDs(key)
 		if terr != nil {
 			return terr
 		}
@@ -351,7 +357,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			SharedParams: h.sharedParams(ctx, "params|guard|"+h.Resource), Pins: h.openPins(ctx, ns, pol), PinNS: ns, Tasks: tasks}
 		h.route = g
 		if h.Guard.Upstream == "" {
-			h.answerMax = cmp.Or(h.Guard.MaxResponse, broker.DefaultMaxResponse)
+			h.answerMax = cmp.Or(h.Guard.MaxResponse, answerlimit.DefaultMaxResponse)
 			break
 		}
 		// The pass-through bounds the server's answers itself, with
@@ -475,7 +481,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rf := refusal{clientIP: clientIP(r), origin: r.Header.Get("Origin"), method: r.Method}
 	// The client's address reaches the broker's routes from the edge
 	// alone (see serve): a client's copy is no one's to read.
-	delete(r.Header, broker.ClientIPHeader)
+	delete(r.Header, upstream.ClientIPHeader)
 
 	// 1. Host and Origin, once Origin and Authorization are known to be
 	// sent once each.
@@ -761,7 +767,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	// client gets).
 	delete(r.Header, "Accept-Encoding")
 	if _, ok := route.(edge.ClientAddressed); ok {
-		r.Header[broker.ClientIPHeader] = []string{ip}
+		r.Header[upstream.ClientIPHeader] = []string{ip}
 	}
 	f := edge.NewListing(route, p, b, func(d edge.Drop) { h.auditDrop(r, d) })
 	f.Max = h.answerMax

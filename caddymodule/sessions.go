@@ -14,11 +14,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/clustersessions"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
@@ -394,12 +395,12 @@ const sessionsService = "sessions"
 
 // sessionsIDs seals and opens the node ids in the sessions endpoint's MCP
 // session ids, with a key derived from the cluster key.
-func sessionsIDs(cs *cluster.Storage) (*broker.SessionIDs, error) {
+func sessionsIDs(cs *cluster.Storage) (*sessionid.SessionIDs, error) {
 	key, err := sessionIDKey(cs)
 	if err != nil {
 		return nil, err
 	}
-	return broker.NewSessionIDs(key)
+	return sessionid.NewSessionIDs(key)
 }
 
 // sessionVerbs and interactionVerbs are the verbs an orchestrator's tools

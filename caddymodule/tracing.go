@@ -4,13 +4,14 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -128,7 +129,7 @@ func (s steps) routeSpan(ctx context.Context, r *http.Request, route string, p p
 	if route == "guard" {
 		kind = trace.SpanKindClient
 	}
-	ctx, span := s.span.TracerProvider().Tracer(broker.TracerName).Start(ctx, "zidane_mcp "+route,
+	ctx, span := s.span.TracerProvider().Tracer(upstream.TracerName).Start(ctx, "zidane_mcp "+route,
 		trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
 	if route == "guard" || route == "aggregate" {
 		// The guard's server behind reads it; the aggregated route reads
@@ -137,7 +138,7 @@ func (s steps) routeSpan(ctx context.Context, r *http.Request, route string, p p
 		r.Header.Del("Traceparent")
 		r.Header.Del("Tracestate")
 		propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(r.Header))
-		broker.RememberTracerProvider(s.span.TracerProvider())
+		upstream.RememberTracerProvider(s.span.TracerProvider())
 	}
 	return ctx, span
 }

@@ -7,7 +7,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -67,7 +68,7 @@ type Aggregate struct {
 	// Tasks, when set, binds the upstreams' task ids (MCP 2026-07-28's
 	// Tasks extension) to the token, Route (the name the route's handles
 	// carry) and the upstream that holds the task (see tasks.go).
-	Tasks *broker.TaskIDs
+	Tasks *taskid.TaskIDs
 	Route string
 }
 

@@ -10,7 +10,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/answerlimit"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -104,7 +105,7 @@ type Listing struct {
 	// answer the filter holds reserves its bytes there until it is
 	// written out, and one that does not fit is replaced by an error
 	// that says so.
-	Budget *broker.Budget
+	Budget *answerlimit.Budget
 
 	route  Route
 	p      policy.Principal

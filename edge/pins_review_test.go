@@ -13,10 +13,11 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/certmagic"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -60,7 +61,7 @@ func TestDeniedAndWithheldToolsUnderGoCaseMapping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	route := &Upstream{Config: broker.Config{Name: "a", ToolsDeny: []string{"write_*"}}, Scopes: all.Strict(), Handler: backend, Pins: st}
+	route := &Upstream{Config: upstream.Config{Name: "a", ToolsDeny: []string{"write_*"}}, Scopes: all.Strict(), Handler: backend, Pins: st}
 	p := policy.Principal{TokenID: "t", Name: "t", Kind: policy.KindUser, Scopes: []string{"upstream:a"}}
 	edgeSrv := edgeFront(t, route, p)
 
@@ -169,7 +170,7 @@ func TestChangedTemplateRefusesItsReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	route := &Upstream{Config: broker.Config{Name: "a"}, Scopes: all.Strict(), Handler: backend, Pins: st}
+	route := &Upstream{Config: upstream.Config{Name: "a"}, Scopes: all.Strict(), Handler: backend, Pins: st}
 	p := policy.Principal{TokenID: "t", Name: "t", Kind: policy.KindUser, Scopes: []string{"upstream:a"}}
 	edgeSrv := edgeFront(t, route, p)
 
@@ -234,8 +235,8 @@ func TestChangedServerInfoInEveryResult(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) })
-	route := &Upstream{Config: broker.Config{Name: "a"}, Scopes: all.Strict(), Handler: upstream, Pins: st}
+	server := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) })
+	route := &Upstream{Config: upstream.Config{Name: "a"}, Scopes: all.Strict(), Handler: server, Pins: st}
 	p := policy.Principal{TokenID: "t", Name: "t", Kind: policy.KindUser, Scopes: []string{"upstream:a"}}
 	edgeSrv := edgeFront(t, route, p)
 	connect := func() *mcp.ClientSession {

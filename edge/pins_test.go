@@ -9,9 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/certmagic"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -66,7 +67,7 @@ func TestPinnedToolsOnEveryRoute(t *testing.T) {
 	}{
 		{"guard", "guard:/mcp", "weather", func(s *pins.Store) Route { return &Guard{Scopes: all, Pins: s, PinNS: "guard:/mcp"} }},
 		{"pass-through", "a", "weather", func(s *pins.Store) Route {
-			return &Upstream{Config: broker.Config{Name: "a"}, Scopes: all.Strict(), Pins: s}
+			return &Upstream{Config: upstream.Config{Name: "a"}, Scopes: all.Strict(), Pins: s}
 		}},
 		{"aggregated", "aggregate:a", "mcp_a_weather", func(s *pins.Store) Route {
 			return &Aggregate{Catalog: prefixed{testCatalog()}, Allows: func(policy.Principal, string) bool { return true }, Pins: s}
@@ -283,7 +284,7 @@ func TestChangedItemsAreRefusedWhenUsed(t *testing.T) {
 	if err := st.Open(ctx, "a", pins.Policy{Mode: pins.Strict}); err != nil {
 		t.Fatal(err)
 	}
-	route := &Upstream{Config: broker.Config{Name: "a"}, Scopes: all.Strict(), Pins: st}
+	route := &Upstream{Config: upstream.Config{Name: "a"}, Scopes: all.Strict(), Pins: st}
 	for _, c := range []struct {
 		list, first, second string
 	}{

@@ -36,12 +36,12 @@ import (
 	"github.com/caddyserver/certmagic"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 )
 
-// upstream is the name the server under test has in this program.
-const upstream = "conformance"
+// upstreamName is the name the server under test has in this program.
+const upstreamName = "conformance"
 
 // redirectURL is the gateway callback the logins register; the program
 // reads the redirect's query instead of serving it.
@@ -157,7 +157,7 @@ func run(ctx context.Context, scenario, serverURL string, conf map[string]any) e
 	}
 	key := make([]byte, 32)
 	rand.Read(key)
-	client, err := upstreamauth.New(ctx, upstream, serverURL, cfg, upstreamauth.Options{
+	client, err := upstreamauth.New(ctx, upstreamName, serverURL, cfg, upstreamauth.Options{
 		Storage: &certmagic.FileStorage{Path: filepath.Join(dir, "storage")},
 		Key:     key,
 		Logger:  logger,
@@ -268,7 +268,7 @@ func login(ctx context.Context, client *upstreamauth.Client) error {
 // session connects to serverURL through the broker's upstream client,
 // runs do on the session and closes it.
 func session(ctx context.Context, serverURL string, opts *mcp.ClientOptions, creds func(http.RoundTripper) http.RoundTripper, logger *slog.Logger, do steps) error {
-	conn, err := broker.Dial(ctx, broker.Upstream{Name: upstream, Transport: broker.TransportHTTP, URL: serverURL}, broker.ConnOptions{
+	conn, err := upstream.Dial(ctx, upstream.Config{Name: upstreamName, Transport: upstream.TransportHTTP, URL: serverURL}, upstream.ConnOptions{
 		ClientInfo:    &mcp.Implementation{Name: "test-client", Version: "1.0.0"},
 		ClientOptions: opts,
 		Credentials:   creds,
