@@ -108,7 +108,7 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	if err != nil {
 		return err
 	}
-	pt, err := passthrough.NewPassThrough(u, passthrough.PassThroughOptions{
+	pt, err := passthrough.New(u, passthrough.Options{
 		SessionKey:   sessionKey,
 		Route:        route,
 		MaxBodyBytes: h.MaxBodyBytes,
@@ -137,7 +137,7 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	if err != nil {
 		return err
 	}
-	tasks, err := taskid.NewTaskIDs(sessionKey)
+	tasks, err := taskid.New(sessionKey)
 	if err != nil {
 		return err
 	}
@@ -222,7 +222,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		if err != nil {
 			return err
 		}
-		ids, err := sessionid.NewSessionIDs(key)
+		ids, err := sessionid.New(key)
 		if err != nil {
 			return err
 		}
@@ -244,7 +244,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 			store = h.openPins(ctx, edge.AggregatePinNS(name), u.PinPolicy())
 		}
 	}
-	opts := aggregate.AggregateOptions{
+	opts := aggregate.Options{
 		// Pid files of stdio upstreams: a gateway that crashed leaves them,
 		// and the next start ends the processes they name.
 		PIDDir:              filepath.Join(caddy.AppDataDir(), "zidane", "stdio"),
@@ -274,7 +274,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		opts.BridgeKey = key
 		opts.Node = fwd.nodes.Self()
 	}
-	agg, err := aggregate.NewAggregate(ups, opts)
+	agg, err := aggregate.New(ups, opts)
 	if err != nil {
 		return fmt.Errorf("aggregate: %w", err)
 	}
@@ -287,7 +287,7 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 	if err != nil {
 		return err
 	}
-	tasks, err := taskid.NewTaskIDs(taskKey)
+	tasks, err := taskid.New(taskKey)
 	if err != nil {
 		return err
 	}

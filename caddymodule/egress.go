@@ -37,7 +37,7 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 			return nil, fmt.Errorf("session_upstreams: no upstream %q is configured", name)
 		}
 		route := "egress:" + name
-		pt, err := passthrough.NewPassThrough(u, passthrough.PassThroughOptions{
+		pt, err := passthrough.New(u, passthrough.Options{
 			SessionKey:   brokerSessionKey,
 			Route:        route,
 			AnswerBudget: a.answerBudget,
@@ -62,7 +62,7 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 		octx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		a.pins.open(octx, name, u.PinPolicy())
 		cancel()
-		tasks, err := taskid.NewTaskIDs(brokerSessionKey)
+		tasks, err := taskid.New(brokerSessionKey)
 		if err != nil {
 			return nil, err
 		}

@@ -98,7 +98,7 @@ func sharedHopKey(key []byte) *edge.HopKey {
 // aggForward is an aggregated route's cluster side: the node ids sealed in
 // its session ids, the registry, and the hop.
 type aggForward struct {
-	ids    *sessionid.SessionIDs
+	ids    *sessionid.Sealer
 	route  string // the route's identity, the same on every replica
 	nodes  *cluster.Nodes
 	hop    *edge.HopKey
@@ -106,7 +106,7 @@ type aggForward struct {
 	audit  *zap.Logger
 }
 
-func newAggForward(ids *sessionid.SessionIDs, route string, nodes *cluster.Nodes, hop *edge.HopKey, audit *zap.Logger) *aggForward {
+func newAggForward(ids *sessionid.Sealer, route string, nodes *cluster.Nodes, hop *edge.HopKey, audit *zap.Logger) *aggForward {
 	tr := &http.Transport{
 		Proxy:               nil, // a hop goes to the registry's address, never through a proxy from the environment
 		DialContext:         (&net.Dialer{Timeout: hopDialTimeout}).DialContext,

@@ -34,7 +34,7 @@ const (
 func TestAggregateSessionIDNamesItsNode(t *testing.T) {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	ids, err := sessionid.NewSessionIDs(key)
+	ids, err := sessionid.New(key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestAggregateSessionIDNamesItsNode(t *testing.T) {
 	}
 	otherKey := make([]byte, 32)
 	_, _ = rand.Read(otherKey)
-	other, _ := sessionid.NewSessionIDs(otherKey)
+	other, _ := sessionid.New(otherKey)
 	for name, forged := range map[string]string{
 		"another node in plain text":   "node-c/" + rand.Text(),
 		"sealed with another key":      other.Seal("node-c/x", "", hopRoute),

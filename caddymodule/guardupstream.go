@@ -48,7 +48,7 @@ func (h *Handler) buildGuardUpstream(ctx caddy.Context, app *App, g *edge.Guard,
 	// follows no redirect, so no answer of the server's can send it to
 	// another host.
 	allowPrivate := false
-	pt, err := passthrough.NewPassThrough(u, passthrough.PassThroughOptions{
+	pt, err := passthrough.New(u, passthrough.Options{
 		Headers: headers,
 		// The URL holds no placeholder (checkGuardUpstream): nothing to
 		// look up.

@@ -327,7 +327,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if kerr != nil {
 			return kerr
 		}
-		ids, ierr := sessionid.NewSessionIDs(key)
+		ids, ierr := sessionid.New(key)
 		if ierr != nil {
 			return ierr
 		}
@@ -349,7 +349,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 				zap.String("resource", h.Resource))
 		}
 		ns := "guard:" + h.Resource
-		tasks, terr := taskid.NewTaskIDs(key)
+		tasks, terr := taskid.New(key)
 		if terr != nil {
 			return terr
 		}

@@ -395,12 +395,12 @@ const sessionsService = "sessions"
 
 // sessionsIDs seals and opens the node ids in the sessions endpoint's MCP
 // session ids, with a key derived from the cluster key.
-func sessionsIDs(cs *cluster.Storage) (*sessionid.SessionIDs, error) {
+func sessionsIDs(cs *cluster.Storage) (*sessionid.Sealer, error) {
 	key, err := sessionIDKey(cs)
 	if err != nil {
 		return nil, err
 	}
-	return sessionid.NewSessionIDs(key)
+	return sessionid.New(key)
 }
 
 // sessionVerbs and interactionVerbs are the verbs an orchestrator's tools

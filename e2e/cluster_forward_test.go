@@ -421,7 +421,7 @@ func TestClusterHopChecks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids, err := sessionid.NewSessionIDs(sk)
+	ids, err := sessionid.New(sk)
 	if err != nil {
 		t.Fatal(err)
 	}

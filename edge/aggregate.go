@@ -68,7 +68,7 @@ type Aggregate struct {
 	// Tasks, when set, binds the upstreams' task ids (MCP 2026-07-28's
 	// Tasks extension) to the token, Route (the name the route's handles
 	// carry) and the upstream that holds the task (see tasks.go).
-	Tasks *taskid.TaskIDs
+	Tasks *taskid.Sealer
 	Route string
 }
 

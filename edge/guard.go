@@ -44,7 +44,7 @@ type Guard struct {
 	// operator's upstream headers.
 	Prepare func(*http.Request)
 	// IDs seals the server's session ids; required.
-	IDs *sessionid.SessionIDs
+	IDs *sessionid.Sealer
 	// Route names this guarded site in its sealed ids, so that an id
 	// opens on no other: such as "guard:" and the site's resource URL.
 	Route string
@@ -66,7 +66,7 @@ type Guard struct {
 	// Tasks extension) to the token and Route: clients get handles, and
 	// the server sees only its ids of the token's own tasks (see
 	// tasks.go).
-	Tasks *taskid.TaskIDs
+	Tasks *taskid.Sealer
 }
 
 func (g *Guard) bindsTasks() bool { return g.Tasks != nil }
@@ -302,7 +302,7 @@ func (w *guardWriter) WriteHeader(status int) {
 	}
 	switch sids := h.Values(headerSessionID); {
 	case len(sids) == 0:
-	case len(sids) > 1 || !sessionid.ValidSessionID(sids[0]):
+	case len(sids) > 1 || !sessionid.Valid(sids[0]):
 		w.refused = true
 		w.replace(http.StatusBadGateway, "the MCP server behind this gateway gave an invalid session id; ask the operator to check the server")
 		return

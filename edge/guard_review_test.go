@@ -60,7 +60,7 @@ func TestGuardStripsTrailers(t *testing.T) {
 				defer upstream.Close()
 				target, _ := url.Parse(upstream.URL)
 				proxy := httputil.NewSingleHostReverseProxy(target)
-				ids, err := sessionid.NewSessionIDs(bytes.Repeat([]byte{7}, sessionid.SessionKeySize))
+				ids, err := sessionid.New(bytes.Repeat([]byte{7}, sessionid.KeySize))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -31,7 +31,7 @@ type guardFixture struct {
 
 func newGuardFixture(t *testing.T) *guardFixture {
 	t.Helper()
-	ids, err := sessionid.NewSessionIDs(bytes.Repeat([]byte{7}, sessionid.SessionKeySize))
+	ids, err := sessionid.New(bytes.Repeat([]byte{7}, sessionid.KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}

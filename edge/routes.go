@@ -147,7 +147,7 @@ type Upstream struct {
 	// Tasks, when set, binds the upstream's task ids (MCP 2026-07-28's
 	// Tasks extension) to the token and Route, the name the route's
 	// handles carry (see tasks.go).
-	Tasks *taskid.TaskIDs
+	Tasks *taskid.Sealer
 	Route string
 }
 

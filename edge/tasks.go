@@ -99,7 +99,7 @@ func unknownTask(c message.Call) *RefusalError {
 // taskBinding is what one request's answers need to bind its tasks: the
 // route's sealer and name, the principal, and the tasks the request named.
 type taskBinding struct {
-	ids       *taskid.TaskIDs
+	ids       *taskid.Sealer
 	route     string
 	principal string
 	// named maps the upstream's id of each task the request named to the
@@ -137,7 +137,7 @@ type upstreams interface {
 // does not open refuses the request. ups is the aggregated route's (nil
 // elsewhere, where a handle names no upstream): the request then goes to
 // the one upstream its handles name.
-func openTasks(w http.ResponseWriter, r *http.Request, ids *taskid.TaskIDs, name string, ups upstreams) (*http.Request, error) {
+func openTasks(w http.ResponseWriter, r *http.Request, ids *taskid.Sealer, name string, ups upstreams) (*http.Request, error) {
 	p, _ := policy.PrincipalFrom(r.Context())
 	tb := &taskBinding{ids: ids, route: name, principal: p.TokenID}
 	if ta, ok := w.(taskAnswers); ok {

@@ -49,9 +49,9 @@ var (
 	taskBob   = policy.Principal{TokenID: "tok_bob", Name: "taskBob", Kind: policy.KindUser, Scopes: []string{"upstream:tasks"}}
 )
 
-func newTaskRoute(t *testing.T, up *taskUpstream) (*Upstream, *taskid.TaskIDs) {
+func newTaskRoute(t *testing.T, up *taskUpstream) (*Upstream, *taskid.Sealer) {
 	t.Helper()
-	ids, err := taskid.NewTaskIDs(bytes.Repeat([]byte{3}, sessionid.SessionKeySize))
+	ids, err := taskid.New(bytes.Repeat([]byte{3}, sessionid.KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestTaskHandleAttacks(t *testing.T) {
 	altered[len(altered)/2] ^= 1
 	otherRoute, _ := ids.Seal("", "up-1", taskAlice.TokenID, "guard:/mcp")
 	aggregate, _ := ids.Seal("tasks", "up-1", taskAlice.TokenID, tasksRoute)
-	sessions, _ := sessionid.NewSessionIDs(bytes.Repeat([]byte{3}, sessionid.SessionKeySize))
+	sessions, _ := sessionid.New(bytes.Repeat([]byte{3}, sessionid.KeySize))
 	for _, c := range []struct {
 		name   string
 		p      policy.Principal
@@ -261,7 +261,7 @@ func TestTaskAnswersBound(t *testing.T) {
 		}
 	})
 	t.Run("a task id past the bound is withheld", func(t *testing.T) {
-		answer = event(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":%q,"status":"working"}}`, strings.Repeat("x", taskid.MaxUpstreamTaskID+1)))
+		answer = event(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":%q,"status":"working"}}`, strings.Repeat("x", taskid.MaxUpstream+1)))
 		body, h := modernTask("tools/call", `"name":"slow"`, "slow", true)
 		a := edgeThrough(t, route, taskAlice, h, body)
 		if strings.Contains(a.body, "xxxx") || len(a.drops) != 1 || a.drops[0].Reason != "task_id_invalid" {
@@ -342,7 +342,7 @@ func TestMayTask(t *testing.T) {
 // and one that names no upstream the route has, none at all, or a
 // CreateTaskResult's creator, is as unknown as any other.
 func TestAggregateTaskHandles(t *testing.T) {
-	ids, err := taskid.NewTaskIDs(bytes.Repeat([]byte{4}, sessionid.SessionKeySize))
+	ids, err := taskid.New(bytes.Repeat([]byte{4}, sessionid.KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,7 @@ func TestAggregateFastPathsAdmitAlike(t *testing.T) {
 		t.Run("2025-11-25/"+st.name, func(t *testing.T) {
 			up := newFastUp(t, "a", false)
 			rec := &recorder{}
-			a, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{OnCall: rec.add})
+			a, url := aggServe(t, []upstream.Config{up.config()}, Options{OnCall: rec.add})
 			cs := aggConnect(t, url, nil)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
@@ -116,7 +116,7 @@ func TestAggregateFastPathsAdmitAlike(t *testing.T) {
 		t.Run("2026-07-28/"+st.name, func(t *testing.T) {
 			up := newModernUp(t, "a")
 			rec := &recorder{}
-			a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: up.url}}, AggregateOptions{OnCall: rec.add})
+			a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: up.url}}, Options{OnCall: rec.add})
 			cs := modernClient(t, url, "tok-1", nil)
 			params := &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": "hi"}}
 			callOutcome(t, cs, params)

@@ -54,7 +54,7 @@ var catalogBackoff = upstream.Backoff{Min: 500 * time.Millisecond, Max: 30 * tim
 const aggConnectTimeout = 30 * time.Second
 
 // AggregateOptions configures [NewAggregate].
-type AggregateOptions struct {
+type Options struct {
 	// AnswerBudget, when set, bounds the bytes of upstream answers the
 	// route holds at once, across its upstreams and every other route
 	// that shares it (see [AnswerBudget]).
@@ -298,7 +298,7 @@ type aggUpstream struct {
 // With [AggregateOptions.PIDDir] set it first runs [CleanOrphans] there. It
 // never blocks on the network: the catalog connects in the background (see
 // [Aggregate.Ready]).
-func NewAggregate(ups []upstream.Config, opts AggregateOptions) (*Aggregate, error) {
+func New(ups []upstream.Config, opts Options) (*Aggregate, error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)

@@ -94,9 +94,9 @@ func (a aggAuthRT) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // aggServe builds the aggregate and serves it behind a middleware that sets
 // the principal, as the edge does.
-func aggServe(t *testing.T, ups []upstream.Config, opts AggregateOptions) (*Aggregate, string) {
+func aggServe(t *testing.T, ups []upstream.Config, opts Options) (*Aggregate, string) {
 	t.Helper()
-	a, err := NewAggregate(ups, opts)
+	a, err := New(ups, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestAggregateRoutes(t *testing.T) {
 	cfgA.ToolsDeny = []string{"secret"}
 	var mu sync.Mutex
 	var recs []upstream.CallRecord
-	_, url := aggServe(t, []upstream.Config{cfgA, upAB.config()}, AggregateOptions{OnCall: func(r upstream.CallRecord) {
+	_, url := aggServe(t, []upstream.Config{cfgA, upAB.config()}, Options{OnCall: func(r upstream.CallRecord) {
 		mu.Lock()
 		recs = append(recs, r)
 		mu.Unlock()
@@ -261,7 +261,7 @@ func TestAggregateRoutes(t *testing.T) {
 
 func TestAggregateToolServer(t *testing.T) {
 	upA, upAB := newAggUp(t, "a"), newAggUp(t, "a_b")
-	a, _ := aggServe(t, []upstream.Config{upA.config(), upAB.config()}, AggregateOptions{})
+	a, _ := aggServe(t, []upstream.Config{upA.config(), upAB.config()}, Options{})
 	for name, want := range map[string][2]string{"mcp_a_echo": {"a", "echo"}, "mcp_a_b_echo": {"a_b", "echo"}} {
 		s, tool, ok := a.ToolServer(name)
 		if !ok || s != want[0] || tool != want[1] {
@@ -290,7 +290,7 @@ func TestAggregateProgressSamplingCancel(t *testing.T) {
 		close(canceled)
 		return nil, nil, ctx.Err()
 	})
-	_, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{up.config()}, Options{})
 	progress := make(chan *mcp.ProgressNotificationParams, 4)
 	cs := aggConnect(t, url, &mcp.ClientOptions{
 		CreateMessageHandler: func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
@@ -342,7 +342,7 @@ func TestAggregateProgressSamplingCancel(t *testing.T) {
 
 func TestAggregateListChanged(t *testing.T) {
 	up := newAggUp(t, "a")
-	_, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{up.config()}, Options{})
 	changed := make(chan struct{}, 8)
 	cs := aggConnect(t, url, &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
 		changed <- struct{}{}
@@ -372,7 +372,7 @@ func TestAggregateListChanged(t *testing.T) {
 
 func TestAggregateUnreachable(t *testing.T) {
 	up := newAggUp(t, "down")
-	_, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{up.config()}, Options{})
 	cs := aggConnect(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -400,7 +400,7 @@ func TestAggregateNeverConnected(t *testing.T) {
 	l := httptest.NewServer(http.NotFoundHandler())
 	dead := l.URL
 	l.Close()
-	_, url := aggServe(t, []upstream.Config{{Name: "gone", URL: dead}}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{{Name: "gone", URL: dead}}, Options{})
 	cs := aggConnect(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -411,7 +411,7 @@ func TestAggregateNeverConnected(t *testing.T) {
 
 func TestAggregateConditionalPrefix(t *testing.T) {
 	up := newAggUp(t, "solo")
-	a, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{Prefix: PrefixConditional})
+	a, url := aggServe(t, []upstream.Config{up.config()}, Options{Prefix: PrefixConditional})
 	cs := aggConnect(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -428,13 +428,13 @@ func TestAggregateConditionalPrefix(t *testing.T) {
 }
 
 func TestAggregateRefusals(t *testing.T) {
-	if _, err := NewAggregate([]upstream.Config{{Name: "s", Command: "${AGG_TEST_UNSET_COMMAND}"}}, AggregateOptions{Lookup: func(string) (string, bool) { return "", false }}); err == nil || !strings.Contains(err.Error(), "placeholder") {
+	if _, err := New([]upstream.Config{{Name: "s", Command: "${AGG_TEST_UNSET_COMMAND}"}}, Options{Lookup: func(string) (string, bool) { return "", false }}); err == nil || !strings.Contains(err.Error(), "placeholder") {
 		t.Errorf("stdio command with an unset placeholder: %v", err)
 	}
-	if _, err := NewAggregate([]upstream.Config{{Name: "s", URL: "http://127.0.0.1:1/mcp"}}, AggregateOptions{Prefix: "sometimes"}); err == nil {
+	if _, err := New([]upstream.Config{{Name: "s", URL: "http://127.0.0.1:1/mcp"}}, Options{Prefix: "sometimes"}); err == nil {
 		t.Error("bad prefix accepted")
 	}
-	a, err := NewAggregate([]upstream.Config{{Name: "s", URL: "http://127.0.0.1:1/mcp"}}, AggregateOptions{})
+	a, err := New([]upstream.Config{{Name: "s", URL: "http://127.0.0.1:1/mcp"}}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -448,7 +448,7 @@ func TestAggregateRefusals(t *testing.T) {
 
 func TestAggregateCompleteSubscribeBinding(t *testing.T) {
 	upA, upAB := newAggUp(t, "a"), newAggUp(t, "a_b")
-	_, url := aggServe(t, []upstream.Config{upA.config(), upAB.config()}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{upA.config(), upAB.config()}, Options{})
 	updated := make(chan string, 4)
 	cs := aggConnect(t, url, &mcp.ClientOptions{ResourceUpdatedHandler: func(_ context.Context, req *mcp.ResourceUpdatedNotificationRequest) {
 		updated <- req.Params.URI
@@ -511,7 +511,7 @@ func TestAggregateElicitAndLog(t *testing.T) {
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: res.Action}}}, nil, nil
 	})
-	_, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{up.config()}, Options{})
 	logs := make(chan any, 4)
 	cs := aggConnect(t, url, &mcp.ClientOptions{
 		ElicitationHandler: func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
@@ -585,7 +585,7 @@ func TestAggregateInstructionsAreDecided(t *testing.T) {
 		}
 		return instructions
 	}
-	_, url := aggServe(t, []upstream.Config{a.config(), b.config()}, AggregateOptions{Instructions: decide})
+	_, url := aggServe(t, []upstream.Config{a.config(), b.config()}, Options{Instructions: decide})
 	mu.Lock()
 	if seen["a"] != "Use a wisely." || seen["b"] != "Use b wisely." {
 		t.Errorf("told at connection: %q", seen)

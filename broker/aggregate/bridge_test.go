@@ -40,7 +40,7 @@ func onlyKey(m mcp.InputRequestMap) string {
 // right retry completes the call.
 func TestAggregateBridgeRefusesForeignState(t *testing.T) {
 	up := newMRTRUp(t, "l", false) // stateful: 2025-11-25 only
-	_, url := aggServe(t, []upstream.Config{up.ups}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{up.ups}, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	off := &mcp.ClientOptions{MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}}
@@ -92,7 +92,7 @@ func TestAggregateBridgeRefusesForeignState(t *testing.T) {
 // through go-sdk's server-side fulfilment of input requests (two rounds).
 func TestAggregateBridgeModernClientLegacyUpstream(t *testing.T) {
 	up := newMRTRUp(t, "l", false)
-	_, url := aggServe(t, []upstream.Config{up.ups}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{up.ups}, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	n := 0
@@ -120,7 +120,7 @@ func TestAggregateBridgeModernClientLegacyUpstream(t *testing.T) {
 // bridgeMaxPerToken calls waiting.
 func TestAggregateBridgeBounds(t *testing.T) {
 	up := newMRTRUp(t, "l", false)
-	a, url := aggServe(t, []upstream.Config{up.ups}, AggregateOptions{})
+	a, url := aggServe(t, []upstream.Config{up.ups}, Options{})
 	a.bridge.roundWait = 50 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -53,7 +53,7 @@ func TestAggregateToolCacheLazyStdio(t *testing.T) {
 	up := stdioUpstream(t)
 	ctx := upstreamtest.Ctx(t)
 
-	first, url := aggServe(t, []upstream.Config{up}, AggregateOptions{ToolCache: cache, StdioIdle: -1})
+	first, url := aggServe(t, []upstream.Config{up}, Options{ToolCache: cache, StdioIdle: -1})
 	cs := aggConnect(t, url, nil)
 	if got := aggCallText(t, ctx, cs, "mcp_local_echo", "one"); got != "stdio: one" {
 		t.Fatalf("first gateway: %q", got)
@@ -65,7 +65,7 @@ func TestAggregateToolCacheLazyStdio(t *testing.T) {
 	}
 
 	logs := &upstreamtest.LogCapture{}
-	_, url = aggServe(t, []upstream.Config{up}, AggregateOptions{ToolCache: cache, StdioIdle: -1, Logger: slog.New(logs)})
+	_, url = aggServe(t, []upstream.Config{up}, Options{ToolCache: cache, StdioIdle: -1, Logger: slog.New(logs)})
 	cs = aggConnect(t, url, nil)
 	if got := aggToolNames(t, ctx, cs); !slices.Contains(got, "mcp_local_echo") {
 		t.Fatalf("tools from the cache: %v", got)
@@ -107,7 +107,7 @@ func TestAggregateToolCacheUnreachableUpstream(t *testing.T) {
 	data := fmt.Sprintf(`{"config":%q,"tools":[{"name":"search","inputSchema":{"type":"object"}}]}`, toolCacheKey(mustNormalize(t, u)))
 	cache.Store(context.Background(), "remote", []byte(data))
 
-	_, url := aggServe(t, []upstream.Config{u}, AggregateOptions{ToolCache: cache})
+	_, url := aggServe(t, []upstream.Config{u}, Options{ToolCache: cache})
 	cs := aggConnect(t, url, nil)
 	ctx := upstreamtest.Ctx(t)
 	if got := aggToolNames(t, ctx, cs); !slices.Equal(got, []string{"mcp_remote_search"}) {

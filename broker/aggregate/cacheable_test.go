@@ -32,7 +32,7 @@ func ttlUp(t *testing.T, name string, ttl int) upstream.Config {
 // clients of both generations.
 func TestAggregateListingCacheHints(t *testing.T) {
 	legacy := newAggUp(t, "l")
-	_, url := aggServe(t, []upstream.Config{ttlUp(t, "slow", 5000), ttlUp(t, "fast", 2000), legacy.config()}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{ttlUp(t, "slow", 5000), ttlUp(t, "fast", 2000), legacy.config()}, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, cs := range []*mcp.ClientSession{modernClient(t, url, "tok-1", nil), aggConnect(t, url, nil)} {
@@ -45,7 +45,7 @@ func TestAggregateListingCacheHints(t *testing.T) {
 		}
 	}
 	// With only a 2025-11-25 upstream there is no hint: 0, still private.
-	_, url2 := aggServe(t, []upstream.Config{newAggUp(t, "only").config()}, AggregateOptions{})
+	_, url2 := aggServe(t, []upstream.Config{newAggUp(t, "only").config()}, Options{})
 	res, err := modernClient(t, url2, "tok-1", nil).ListTools(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

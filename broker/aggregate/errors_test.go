@@ -46,7 +46,7 @@ func capabilityUp(t *testing.T) string {
 // suite's server-stateless checks), on tools/call and prompts/get, by the
 // 2026-07-28 fast path, by go-sdk's path, and to a 2025-11-25 client.
 func TestAggregateUpstreamErrorsAsAnswered(t *testing.T) {
-	a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: capabilityUp(t)}}, AggregateOptions{})
+	a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: capabilityUp(t)}}, Options{})
 	modern := modernClient(t, url, "tok-1", nil)
 	legacy := legacyClient(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -101,7 +101,7 @@ func jsonEqual(a, b any) bool {
 // the upstream's -32021 (the conformance suite's
 // MissingCapabilityHttp400), with the upstream's error in the body.
 func TestAggregateModernErrorStatus(t *testing.T) {
-	a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: capabilityUp(t)}}, AggregateOptions{})
+	a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: capabilityUp(t)}}, Options{})
 	body := `{"jsonrpc":"2.0","id":401,"method":"tools/call","params":{` + modernMeta + `,"name":"mcp_a_needs_sampling","arguments":{}}}`
 	hdr := map[string]string{"Mcp-Name": "mcp_a_needs_sampling"}
 	for _, path := range []string{"go-sdk's, first", "fast", "go-sdk's"} {

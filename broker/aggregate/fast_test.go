@@ -124,7 +124,7 @@ func TestAggregateFastPath(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			up := newFastUp(t, "a", mode.json)
 			rec := &recorder{}
-			_, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{OnCall: rec.add})
+			_, url := aggServe(t, []upstream.Config{up.config()}, Options{OnCall: rec.add})
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 
@@ -212,7 +212,7 @@ func TestAggregateFastPath(t *testing.T) {
 func TestAggregateFastPathProgressLogCancel(t *testing.T) {
 	up := newFastUp(t, "a", false)
 	rec := &recorder{}
-	_, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{OnCall: rec.add})
+	_, url := aggServe(t, []upstream.Config{up.config()}, Options{OnCall: rec.add})
 	progress := make(chan *mcp.ProgressNotificationParams, 4)
 	logs := make(chan any, 4)
 	cs := aggConnect(t, url, &mcp.ClientOptions{
@@ -306,7 +306,7 @@ func TestAggregateFastPathProgressLogCancel(t *testing.T) {
 // next call opens a new session; when the upstream is gone, a tool error.
 func TestAggregateFastPathLostSession(t *testing.T) {
 	up := newFastUp(t, "a", true)
-	_, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{up.config()}, Options{})
 	cs := aggConnect(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -402,7 +402,7 @@ func TestAggregateFastPathLeavesModernUpstreams(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	legacy := newFastUp(t, "l", true)
-	_, url := aggServe(t, []upstream.Config{{Name: "m", URL: srv.URL}, legacy.config()}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{{Name: "m", URL: srv.URL}, legacy.config()}, Options{})
 	cs := aggConnect(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -116,9 +116,9 @@ func newModernUp(t *testing.T, name string) *modernUp {
 
 // aggServeEdge is aggServe with the edge's one reading of the body in the
 // request context, as the edge puts it there.
-func aggServeEdge(t *testing.T, ups []upstream.Config, opts AggregateOptions) (*Aggregate, string) {
+func aggServeEdge(t *testing.T, ups []upstream.Config, opts Options) (*Aggregate, string) {
 	t.Helper()
-	a, err := NewAggregate(ups, opts)
+	a, err := New(ups, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestAggregateModernFastMatchesSlow(t *testing.T) {
 	a, url := aggServeEdge(t, []upstream.Config{
 		{Name: "a", URL: a1.url, MaxResponse: 16 << 10},
 		{Name: "b", URL: b1.url},
-	}, AggregateOptions{OnCall: func(r upstream.CallRecord) { recMu.Lock(); recs = append(recs, r); recMu.Unlock() }})
+	}, Options{OnCall: func(r upstream.CallRecord) { recMu.Lock(); recs = append(recs, r); recMu.Unlock() }})
 	cs := modernClient(t, url, "tok-1", &mcp.ClientOptions{MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}})
 
 	// The first call opens the principal session: the go-sdk path's.
@@ -308,7 +308,7 @@ const modernMeta = `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-
 // the client's id.
 func TestAggregateModernFastHeaders(t *testing.T) {
 	up := newModernUp(t, "a")
-	a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: up.url}}, AggregateOptions{})
+	a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: up.url}}, Options{})
 	cs := modernClient(t, url, "tok-1", nil)
 	callOutcome(t, cs, &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": "warm"}})
 
@@ -356,7 +356,7 @@ func TestAggregateModernFastHeaders(t *testing.T) {
 func TestAggregateModernFastRenameRefusals(t *testing.T) {
 	up := newModernUp(t, "a")
 	other := newModernUp(t, "b")
-	a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: up.url}, {Name: "b", URL: other.url}}, AggregateOptions{})
+	a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: up.url}, {Name: "b", URL: other.url}}, Options{})
 	cs := modernClient(t, url, "tok-1", nil)
 	callOutcome(t, cs, &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": "warm"}})
 	callOutcome(t, cs, &mcp.CallToolParams{Name: "mcp_b_echo", Arguments: map[string]any{"text": "warm"}})
@@ -395,7 +395,7 @@ func TestAggregateModernFastRenameRefusals(t *testing.T) {
 // request, with the client's own progress token.
 func TestAggregateModernFastProgress(t *testing.T) {
 	up := newModernUp(t, "a")
-	a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: up.url}}, AggregateOptions{})
+	a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: up.url}}, Options{})
 	progress := make(chan any, 4)
 	cs := modernClient(t, url, "tok-1", &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
@@ -430,7 +430,7 @@ func TestAggregateModernFastProgress(t *testing.T) {
 func TestAggregateModernFastAnswerBudget(t *testing.T) {
 	up := newModernUp(t, "a")
 	budget := answerlimit.NewBudget(1 << 20)
-	a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: up.url}}, AggregateOptions{AnswerBudget: budget})
+	a, url := aggServeEdge(t, []upstream.Config{{Name: "a", URL: up.url}}, Options{AnswerBudget: budget})
 	cs := modernClient(t, url, "tok-1", nil)
 	warm := func() {
 		a.noModernFast.Store(true)

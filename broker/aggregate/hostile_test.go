@@ -25,7 +25,7 @@ func TestAggregateHostileAnswers(t *testing.T) {
 	srv := httptest.NewServer(hu)
 	t.Cleanup(srv.Close)
 	budget := answerlimit.NewBudget(0)
-	_, url := aggServe(t, []upstream.Config{{Name: "evil", URL: srv.URL, MaxResponse: 1 << 20}}, AggregateOptions{AnswerBudget: budget})
+	_, url := aggServe(t, []upstream.Config{{Name: "evil", URL: srv.URL, MaxResponse: 1 << 20}}, Options{AnswerBudget: budget})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, warm := range []bool{false, true} {

@@ -140,7 +140,7 @@ func settledHeap(t *testing.T, a *Aggregate, maxGoroutines int) (uint64, int) {
 // left with the catalog's one), and the heap they took.
 func TestAggregateIdleSessionsAreReleased(t *testing.T) {
 	up := newFastUp(t, "a", false)
-	a, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{SessionTimeout: 3 * time.Second})
+	a, url := aggServe(t, []upstream.Config{up.config()}, Options{SessionTimeout: 3 * time.Second})
 	forgetful(t, url) // the first session's one-time costs go in "before"
 	awaitHeld(t, a, up.server, held{upstream: 1})
 	before, gBefore := settledHeap(t, a, 0)
@@ -184,7 +184,7 @@ func TestAggregateIdleSessionsAreReleased(t *testing.T) {
 // after the timeout.
 func TestAggregateHalfOpenSessionIsReleased(t *testing.T) {
 	up := newFastUp(t, "a", false)
-	a, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{SessionTimeout: 200 * time.Millisecond})
+	a, url := aggServe(t, []upstream.Config{up.config()}, Options{SessionTimeout: 200 * time.Millisecond})
 	if status, sid, body := rawPost(t, url, "", aggInitialize); status != http.StatusOK || sid == "" {
 		t.Fatalf("initialize: %d %s", status, body)
 	}
@@ -196,7 +196,7 @@ func TestAggregateHalfOpenSessionIsReleased(t *testing.T) {
 // session opened after it, and so idle for less time, is closed.
 func TestAggregateFastPathKeepsASession(t *testing.T) {
 	up := newFastUp(t, "a", false)
-	a, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{SessionTimeout: time.Second})
+	a, url := aggServe(t, []upstream.Config{up.config()}, Options{SessionTimeout: time.Second})
 	c := mcp.NewClient(&mcp.Implementation{Name: "busy", Version: "1"}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -80,7 +80,7 @@ func TestAggregateCoalescesListChanged(t *testing.T) {
 		sdk.ServeHTTP(w, r)
 	}))
 	t.Cleanup(up.Close)
-	aggServe(t, []upstream.Config{{Name: "flood", URL: up.URL}}, AggregateOptions{})
+	aggServe(t, []upstream.Config{{Name: "flood", URL: up.URL}}, Options{})
 	t.Cleanup(func() {
 		close(release)
 		up.CloseClientConnections()
@@ -140,7 +140,7 @@ func TestAggregateBoundsEndlessPagination(t *testing.T) {
 		sdk.ServeHTTP(w, r)
 	}))
 	t.Cleanup(up.Close)
-	aggServe(t, []upstream.Config{{Name: "pages", URL: up.URL}}, AggregateOptions{})
+	aggServe(t, []upstream.Config{{Name: "pages", URL: up.URL}}, Options{})
 	if n := int(pages.Load()); n*perPage > 10000+perPage {
 		t.Fatalf("the broker read %d pages (%d tools) of an endless listing; want it to stop after %d tools", n, n*perPage, 10000)
 	}

@@ -84,7 +84,7 @@ func TestAggregateModernClient(t *testing.T) {
 	legacy := newAggUp(t, "l") // go-sdk stateful: 2025-11-25 only
 	counter := &sessionCounter{seen: map[string]bool{}}
 	legacy.http.Config.Handler = counter.wrap(legacy.http.Config.Handler)
-	_, url := aggServe(t, []upstream.Config{modern.ups, legacy.config()}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{modern.ups, legacy.config()}, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -144,7 +144,7 @@ func TestAggregateModernClient(t *testing.T) {
 // reaches the upstream untouched.
 func TestAggregateModernClientGetsInputRequiredUnchanged(t *testing.T) {
 	modern := newMRTRUp(t, "m", true)
-	_, url := aggServe(t, []upstream.Config{modern.ups}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{modern.ups}, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cs := modernClient(t, url, "tok-1", &mcp.ClientOptions{MultiRoundTrip: &mcp.MultiRoundTripOptions{Disabled: true}})
@@ -177,7 +177,7 @@ func TestAggregateModernClientGetsInputRequiredUnchanged(t *testing.T) {
 // subscriptions/listen.
 func TestAggregateModernClientListens(t *testing.T) {
 	up := newAggUp(t, "a")
-	_, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{up.config()}, Options{})
 	changed := make(chan struct{}, 8)
 	updated := make(chan string, 8)
 	cs := modernClient(t, url, "tok-1", &mcp.ClientOptions{
@@ -223,7 +223,7 @@ func TestAggregateModernClientListens(t *testing.T) {
 // instructions.
 func TestAggregateDiscover(t *testing.T) {
 	a, b := newAggUp(t, "a"), newMRTRUp(t, "b", true)
-	_, url := aggServe(t, []upstream.Config{a.config(), b.ups}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{a.config(), b.ups}, Options{})
 	body := `{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`
 	req := httptest.NewRequest("POST", url, strings.NewReader(body))
 	req.RequestURI = ""
@@ -250,7 +250,7 @@ func TestAggregateDiscover(t *testing.T) {
 // fails the listen request.
 func TestAggregateListenChecksResourceOwners(t *testing.T) {
 	a, b := newAggUp(t, "a"), newAggUp(t, "b")
-	_, url := aggServe(t, []upstream.Config{a.config(), b.config()}, AggregateOptions{
+	_, url := aggServe(t, []upstream.Config{a.config(), b.config()}, Options{
 		MayUse: func(p policy.Principal, upstream string) bool { return p.TokenID == "tok-1" && upstream == "a" },
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -329,7 +329,7 @@ func TestAggregateCatalogListensAgain(t *testing.T) {
 		defer mu.Unlock()
 		return len(listens)
 	}
-	_, url := aggServe(t, []upstream.Config{{Name: "m", URL: srv.URL}}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{{Name: "m", URL: srv.URL}}, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if n := listening(); n != 1 {
@@ -364,7 +364,7 @@ func TestAggregateCatalogListensAgain(t *testing.T) {
 // stream, through the token's principal session.
 func TestAggregateModernClientProgress(t *testing.T) {
 	up := newFastUp(t, "l", false)
-	_, url := aggServe(t, []upstream.Config{up.config()}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{up.config()}, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	progress := make(chan string, 4)

@@ -141,7 +141,7 @@ func legacyClient(t *testing.T, url string, opts *mcp.ClientOptions, roots ...*m
 // after round, and each retry carries the requestState the upstream gave.
 func TestAggregateLegacyClientModernUpstreamMRTR(t *testing.T) {
 	up := newMRTRUp(t, "m", true)
-	_, url := aggServe(t, []upstream.Config{up.ups}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{up.ups}, Options{})
 	var asked []string
 	var mu sync.Mutex
 	cs := legacyClient(t, url, &mcp.ClientOptions{
@@ -188,7 +188,7 @@ func TestAggregateLegacyClientModernUpstreamMRTR(t *testing.T) {
 // no retry.
 func TestAggregateLegacyClientWithoutElicitationMRTR(t *testing.T) {
 	up := newMRTRUp(t, "m", true)
-	_, url := aggServe(t, []upstream.Config{up.ups}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{up.ups}, Options{})
 	cs := legacyClient(t, url, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -50,7 +50,7 @@ func TestAggregateRelaysElicitationSchemasAsTheyAre(t *testing.T) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: res.Action + " " + strings.Join(toStrings(res.Content["titledMulti"]), ",")}}}, nil, nil
 	})
 	up := serveUpstream(t, "up", s)
-	_, url := aggServe(t, []upstream.Config{up}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{up}, Options{})
 
 	// The downstream client answers as the conformance suite's TypeScript
 	// client does: go-sdk's own client would refuse the schema itself, so
@@ -130,7 +130,7 @@ func TestAggregateForwardsRoots(t *testing.T) {
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Join(uris, " ")}}}, nil, nil
 	})
-	_, url := aggServe(t, []upstream.Config{serveUpstream(t, "up", s)}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{serveUpstream(t, "up", s)}, Options{})
 	c := mcp.NewClient(&mcp.Implementation{Name: "downstream", Version: "1"}, nil)
 	c.AddRoots(&mcp.Root{URI: "file:///work/a"})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -176,7 +176,7 @@ func TestAggregateForwardsLogsBeforeTheAnswer(t *testing.T) {
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
 	})
-	_, url := aggServe(t, []upstream.Config{serveUpstream(t, "up", s)}, AggregateOptions{})
+	_, url := aggServe(t, []upstream.Config{serveUpstream(t, "up", s)}, Options{})
 	var mu sync.Mutex
 	logs := 0
 	// Offering elicitation keeps these calls on the go-sdk path, where

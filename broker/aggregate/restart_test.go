@@ -29,7 +29,7 @@ func aggTextOf(res *mcp.CallToolResult) string {
 func TestAggregateRestartSharedStdio(t *testing.T) {
 	logs := &upstreamtest.LogCapture{}
 	dir := t.TempDir()
-	a, url := aggServe(t, []upstream.Config{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: -1, PIDDir: dir})
+	a, url := aggServe(t, []upstream.Config{stdioUpstream(t)}, Options{Logger: slog.New(logs), StdioIdle: -1, PIDDir: dir})
 	ctx := upstreamtest.Ctx(t)
 	cs := aggConnect(t, url, nil)
 	if got := aggCallText(t, ctx, cs, "mcp_local_echo", "one"); got != "stdio: one" {
@@ -89,7 +89,7 @@ func TestAggregateRestartSharedStdio(t *testing.T) {
 func TestAggregateRestartUnknownAndUpstreams(t *testing.T) {
 	ups := []upstream.Config{stdioUpstream(t), stdioUpstream(t), stdioUpstream(t)}
 	ups[0].Name, ups[1].Name, ups[2].Name = "zeta", "alpha", "mid"
-	a, _ := aggServe(t, ups, AggregateOptions{StdioIdle: -1})
+	a, _ := aggServe(t, ups, Options{StdioIdle: -1})
 	if got, want := a.Upstreams(), []string{"zeta", "alpha", "mid"}; !slices.Equal(got, want) {
 		t.Fatalf("Upstreams = %v, want %v", got, want)
 	}
@@ -104,7 +104,7 @@ func TestAggregateRestartUnknownAndUpstreams(t *testing.T) {
 // call needs it; Restart, by contrast, has the catalog start a new one.
 func TestAggregateRetireSharedStdio(t *testing.T) {
 	logs := &upstreamtest.LogCapture{}
-	a, url := aggServe(t, []upstream.Config{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: -1})
+	a, url := aggServe(t, []upstream.Config{stdioUpstream(t)}, Options{Logger: slog.New(logs), StdioIdle: -1})
 	ctx := upstreamtest.Ctx(t)
 	cs := aggConnect(t, url, nil)
 	if got := aggCallText(t, ctx, cs, "mcp_local_echo", "one"); got != "stdio: one" {

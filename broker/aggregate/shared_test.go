@@ -31,7 +31,7 @@ func stdioUpstream(t *testing.T) upstream.Config {
 func TestAggregateSharedStdio(t *testing.T) {
 	logs := &upstreamtest.LogCapture{}
 	dir := t.TempDir()
-	a, url := aggServe(t, []upstream.Config{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: -1, PIDDir: dir})
+	a, url := aggServe(t, []upstream.Config{stdioUpstream(t)}, Options{Logger: slog.New(logs), StdioIdle: -1, PIDDir: dir})
 	ctx := upstreamtest.Ctx(t)
 	pid := waitPids(t, ctx, logs, "local", 1)[0]
 
@@ -76,7 +76,7 @@ func TestAggregateSharedStdio(t *testing.T) {
 func TestAggregateSharedStdioIdle(t *testing.T) {
 	logs := &upstreamtest.LogCapture{}
 	dir := t.TempDir()
-	_, url := aggServe(t, []upstream.Config{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: 20 * time.Millisecond, PIDDir: dir})
+	_, url := aggServe(t, []upstream.Config{stdioUpstream(t)}, Options{Logger: slog.New(logs), StdioIdle: 20 * time.Millisecond, PIDDir: dir})
 	ctx := upstreamtest.Ctx(t)
 	first := waitPids(t, ctx, logs, "local", 1)[0]
 	cs := aggConnect(t, url, nil)
@@ -111,7 +111,7 @@ func TestAggregateSharedStdioIdle(t *testing.T) {
 func TestAggregateSharedStdioExit(t *testing.T) {
 	logs := &upstreamtest.LogCapture{}
 	dir := t.TempDir()
-	_, url := aggServe(t, []upstream.Config{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: -1, PIDDir: dir})
+	_, url := aggServe(t, []upstream.Config{stdioUpstream(t)}, Options{Logger: slog.New(logs), StdioIdle: -1, PIDDir: dir})
 	ctx := upstreamtest.Ctx(t)
 	first := waitPids(t, ctx, logs, "local", 1)[0]
 	cs := aggConnect(t, url, nil)

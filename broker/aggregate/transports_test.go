@@ -99,7 +99,7 @@ func TestAggregateHTTPSSEStdio(t *testing.T) {
 		web.config(),
 		{Name: "old", Transport: upstream.TransportSSE, URL: sse.URL + "/sse"},
 		{Name: "local", Command: exe, Env: map[string]string{upstreamtest.StdioEnv: "1"}, Shared: &notShared},
-	}, AggregateOptions{Logger: slog.New(logs)})
+	}, Options{Logger: slog.New(logs)})
 	ctx := upstreamtest.Ctx(t)
 
 	// The catalog session of the stdio upstream is a process.
@@ -183,7 +183,7 @@ func TestAggregateSSEEndpointOnAnotherOrigin(t *testing.T) {
 	_, url := aggServe(t, []upstream.Config{
 		web.config(),
 		{Name: "evil", Transport: upstream.TransportSSE, URL: bad.URL + "/sse", Headers: map[string]string{"Authorization": "Bearer s3cret"}},
-	}, AggregateOptions{Logger: slog.New(logs)})
+	}, Options{Logger: slog.New(logs)})
 	ctx := upstreamtest.Ctx(t)
 
 	cs := aggConnect(t, url, nil)

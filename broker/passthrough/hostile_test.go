@@ -37,7 +37,7 @@ func TestPassThroughHostileAnswers(t *testing.T) {
 		hu.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	pt, err := NewPassThrough(upstream.Config{Name: "evil", URL: srv.URL, MaxResponse: 1 << 20}, PassThroughOptions{SessionKey: testSessionKey})
+	pt, err := New(upstream.Config{Name: "evil", URL: srv.URL, MaxResponse: 1 << 20}, Options{SessionKey: testSessionKey})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestPassThroughBudgetHeldUntilWritten(t *testing.T) {
 	}))
 	defer srv.Close()
 	budget := answerlimit.NewBudget(1 << 30)
-	pt, err := NewPassThrough(upstream.Config{Name: "big", URL: srv.URL}, PassThroughOptions{SessionKey: testSessionKey, AnswerBudget: budget})
+	pt, err := New(upstream.Config{Name: "big", URL: srv.URL}, Options{SessionKey: testSessionKey, AnswerBudget: budget})
 	if err != nil {
 		t.Fatal(err)
 	}

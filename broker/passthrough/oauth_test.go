@@ -50,7 +50,7 @@ func TestPassThroughUpstreamOAuthLogin(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(oc.Close)
-	rt := newRoute(t, up.URL, func(u *upstream.Config, o *PassThroughOptions) {
+	rt := newRoute(t, up.URL, func(u *upstream.Config, o *Options) {
 		u.Headers = nil
 		o.Credentials = oc.Transport
 	})

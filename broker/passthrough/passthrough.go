@@ -27,7 +27,7 @@ import (
 )
 
 // PassThroughOptions configures [NewPassThrough].
-type PassThroughOptions struct {
+type Options struct {
 	// Lookup reads the environment variables of the upstream's ${VAR}
 	// placeholders; nil means os.LookupEnv. A config marked FromUntrusted
 	// never calls it.
@@ -135,7 +135,7 @@ type PassThrough struct {
 	route         string
 	endpoint      string // expanded: may hold a key in its query, never logged
 	client        *http.Client
-	ids           *sessionid.SessionIDs
+	ids           *sessionid.Sealer
 	maxBody       int64
 	headerTimeout time.Duration
 	onCall        func(upstream.CallRecord)
@@ -153,7 +153,7 @@ type PassThrough struct {
 // Mcp-*, Last-Event-ID, framing headers), and a session key that is not 32
 // bytes. Errors name the upstream and say what to change; they never quote
 // a header value.
-func NewPassThrough(u upstream.Config, opts PassThroughOptions) (*PassThrough, error) {
+func New(u upstream.Config, opts Options) (*PassThrough, error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -179,7 +179,7 @@ func NewPassThrough(u upstream.Config, opts PassThroughOptions) (*PassThrough, e
 	if headers, err = withResolvedHeaders(headers, opts.Headers, upstream.Describe(n)); err != nil {
 		return nil, err
 	}
-	ids, err := sessionid.NewSessionIDs(opts.SessionKey)
+	ids, err := sessionid.New(opts.SessionKey)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", upstream.Describe(n), err)
 	}
@@ -408,7 +408,7 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 			// later response as an error, and some servers repeat theirs
 			// on every response.
 			w.Header().Set(upstream.HeaderSessionID, ex.clientSID)
-		case !sessionid.ValidSessionID(sid):
+		case !sessionid.Valid(sid):
 			rec.Outcome, rec.Detail = upstream.OutcomeError, "upstream gave a session id that is not 1 to 512 visible ASCII characters"
 			upstream.WriteRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
 				fmt.Sprintf("the upstream MCP server %q gave an invalid session id; ask the operator to check the server", pt.name))

@@ -46,7 +46,7 @@ const (
 )
 
 var (
-	testSessionKey = bytes.Repeat([]byte{42}, sessionid.SessionKeySize)
+	testSessionKey = bytes.Repeat([]byte{42}, sessionid.KeySize)
 	principals     = map[string]policy.Principal{
 		aliceBearer: {TokenID: "tok_alice", Name: "alice", Kind: policy.KindUser, Source: "token"},
 		bobBearer:   {TokenID: "tok_bob", Name: "bob", Kind: policy.KindUser, Source: "token"},
@@ -213,7 +213,7 @@ type auditLog struct {
 	decisions []pinnedfetch.Decision
 }
 
-func (a *auditLog) options(o *PassThroughOptions) {
+func (a *auditLog) options(o *Options) {
 	o.OnCall = func(r upstream.CallRecord) { a.mu.Lock(); a.calls = append(a.calls, r); a.mu.Unlock() }
 	o.OnRefusal = func(r upstream.Refusal) { a.mu.Lock(); a.refusals = append(a.refusals, r); a.mu.Unlock() }
 	o.OnDecision = func(d pinnedfetch.Decision) { a.mu.Lock(); a.decisions = append(a.decisions, d); a.mu.Unlock() }
@@ -256,7 +256,7 @@ type route struct {
 // upstream must never see, with a query it must not see either.
 func (r *route) endpoint() string { return r.edge.URL + "/mcp/github/some/tail?client=1" }
 
-func newRoute(t testing.TB, upstreamURL string, edit func(*upstream.Config, *PassThroughOptions)) *route {
+func newRoute(t testing.TB, upstreamURL string, edit func(*upstream.Config, *Options)) *route {
 	t.Helper()
 	u := upstream.Config{
 		Name:    "github",
@@ -264,7 +264,7 @@ func newRoute(t testing.TB, upstreamURL string, edit func(*upstream.Config, *Pas
 		Headers: map[string]string{"X-Api-Key": "${TEST_KEY}"},
 	}
 	a := &auditLog{}
-	opts := PassThroughOptions{
+	opts := Options{
 		Lookup: func(name string) (string, bool) {
 			return map[string]string{"TEST_KEY": testAPIKey}[name], name == "TEST_KEY"
 		},
@@ -275,7 +275,7 @@ func newRoute(t testing.TB, upstreamURL string, edit func(*upstream.Config, *Pas
 	if edit != nil {
 		edit(&u, &opts)
 	}
-	pt, err := NewPassThrough(u, opts)
+	pt, err := New(u, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -578,7 +578,7 @@ func TestPassThroughSessionBinding(t *testing.T) {
 
 	// Another route under the same key: a second pass-through to the same
 	// upstream.
-	other := newRoute(t, up.srv.URL+"/mcp", func(_ *upstream.Config, o *PassThroughOptions) { o.Route = "broker:other" })
+	other := newRoute(t, up.srv.URL+"/mcp", func(_ *upstream.Config, o *Options) { o.Route = "broker:other" })
 
 	raw := []byte(clientID)
 	raw[len(raw)/2] ^= 'A' ^ 'B'
@@ -666,7 +666,7 @@ func TestPassThroughRedirectDropsCredentials(t *testing.T) {
 
 func TestPassThroughUpstreamRefusesCredentials(t *testing.T) {
 	up := newUpstream(t, upstreamConfig{wantKey: testAPIKey})
-	rt := newRoute(t, up.srv.URL+"/mcp", func(_ *upstream.Config, o *PassThroughOptions) {
+	rt := newRoute(t, up.srv.URL+"/mcp", func(_ *upstream.Config, o *Options) {
 		o.Lookup = func(string) (string, bool) { return "stale-key", true }
 	})
 	if _, err := connect(t, rt.endpoint(), aliceBearer, nil, legacyMCP); err == nil {
@@ -906,7 +906,7 @@ func TestPassThroughClientDisconnect(t *testing.T) {
 
 func TestPassThroughHeaderTimeout(t *testing.T) {
 	srv, _ := hangingUpstream(t, true)
-	rt := newRoute(t, srv.URL+"/mcp", func(u *upstream.Config, _ *PassThroughOptions) { u.Timeout = 100 * time.Millisecond })
+	rt := newRoute(t, srv.URL+"/mcp", func(u *upstream.Config, _ *Options) { u.Timeout = 100 * time.Millisecond })
 	resp, body := post(t, rt.endpoint(), aliceBearer, "", toolsListBody)
 	if resp.StatusCode != http.StatusGatewayTimeout {
 		t.Fatalf("status %d, want 504: %s", resp.StatusCode, body)
@@ -952,7 +952,7 @@ func TestPassThroughUnreachableUpstream(t *testing.T) {
 
 func TestPassThroughRefusals(t *testing.T) {
 	up := newUpstream(t, upstreamConfig{wantKey: testAPIKey})
-	rt := newRoute(t, up.srv.URL+"/mcp", func(_ *upstream.Config, o *PassThroughOptions) { o.MaxBodyBytes = 64 })
+	rt := newRoute(t, up.srv.URL+"/mcp", func(_ *upstream.Config, o *Options) { o.MaxBodyBytes = 64 })
 
 	t.Run("no principal", func(t *testing.T) {
 		rec := httptest.NewRecorder()
@@ -1010,11 +1010,11 @@ func TestNewPassThroughRefuses(t *testing.T) {
 		v, ok := map[string]string{"TEST_KEY": testAPIKey, "BROKEN": "line\nbreak-secret"}[name]
 		return v, ok
 	}
-	opts := PassThroughOptions{Lookup: lookup, SessionKey: testSessionKey}
+	opts := Options{Lookup: lookup, SessionKey: testSessionKey}
 	for _, tc := range []struct {
 		name   string
 		u      upstream.Config
-		opts   *PassThroughOptions
+		opts   *Options
 		want   string
 		secret string
 	}{
@@ -1026,15 +1026,15 @@ func TestNewPassThroughRefuses(t *testing.T) {
 		{"reserved Accept", upstream.Config{Name: "gh", URL: "https://mcp.example.com/mcp", Headers: map[string]string{"Accept": "*/*"}}, nil, "Accept is set by the pass-through route", ""},
 		{"unset url variable", upstream.Config{Name: "gh", URL: "https://${HOST}/mcp"}, nil, "set HOST", ""},
 		{"plain http off loopback", upstream.Config{Name: "gh", URL: "http://mcp.example.com/mcp"}, nil, "", ""},
-		{"short session key", upstream.Config{Name: "gh", URL: "https://mcp.example.com/mcp"}, &PassThroughOptions{SessionKey: []byte("short")}, "32 random bytes", ""},
-		{"no session key", upstream.Config{Name: "gh", URL: "https://mcp.example.com/mcp"}, &PassThroughOptions{}, "32 random bytes", ""},
+		{"short session key", upstream.Config{Name: "gh", URL: "https://mcp.example.com/mcp"}, &Options{SessionKey: []byte("short")}, "32 random bytes", ""},
+		{"no session key", upstream.Config{Name: "gh", URL: "https://mcp.example.com/mcp"}, &Options{}, "32 random bytes", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := opts
 			if tc.opts != nil {
 				o = *tc.opts
 			}
-			pt, err := NewPassThrough(tc.u, o)
+			pt, err := New(tc.u, o)
 			if err == nil {
 				pt.Close()
 				t.Fatal("NewPassThrough accepted it")

@@ -13,12 +13,12 @@ import (
 
 // SessionKeySize is the length of the key [NewSessionIDs] takes: 32 bytes,
 // an AES-256 key.
-const SessionKeySize = 32
+const KeySize = 32
 
 // MaxUpstreamSessionID bounds the upstream session id that [SessionIDs.Seal]
 // is given by the pass-through route. The MCP spec asks only for visible
 // ASCII; real servers use a UUID or a short random string.
-const MaxUpstreamSessionID = 512
+const MaxUpstream = 512
 
 // sessionIDVersion is the first byte of every sealed id, so that the format
 // can change (a new cipher, a key id for rotation) without a new header.
@@ -36,7 +36,7 @@ const sessionIDPurpose = "session id"
 // ErrUnknownSession is wrapped by every [SessionIDs.Open] failure. The
 // transport answers it as the spec's unknown session (HTTP 404), which tells
 // a client to initialize again.
-var ErrUnknownSession = errors.New("unknown session")
+var ErrUnknown = errors.New("unknown session")
 
 // SessionIDs seals an upstream's Mcp-Session-Id into the id the gateway gives
 // out, and opens it again, bound to one principal and one route.
@@ -55,7 +55,7 @@ var ErrUnknownSession = errors.New("unknown session")
 // first time it opens an id for a principal and route: what it opened is
 // kept in a small table (see opened), since a client sends its id on every
 // request. A SessionIDs is safe for concurrent use.
-type SessionIDs struct {
+type Sealer struct {
 	sealer *seal.Sealer
 	// opened remembers ids that opened: Open is a function of the id, the
 	// principal and the route under this key, which never changes, so a
@@ -78,23 +78,23 @@ type openedID struct{ id, principal, route, upstream string }
 // NewSessionIDs returns a SessionIDs for a 32-byte key. Keep the key across
 // config reloads (and share it between replicas): ids sealed under a key that
 // is gone no longer open, and their clients must initialize again.
-func NewSessionIDs(key []byte) (*SessionIDs, error) {
-	if len(key) != SessionKeySize {
-		return nil, fmt.Errorf("session key is %d bytes; give %d random bytes (crypto/rand), kept across reloads", len(key), SessionKeySize)
+func New(key []byte) (*Sealer, error) {
+	if len(key) != KeySize {
+		return nil, fmt.Errorf("session key is %d bytes; give %d random bytes (crypto/rand), kept across reloads", len(key), KeySize)
 	}
 	sl, err := seal.New(key, sessionIDPurpose)
 	if err != nil {
 		return nil, fmt.Errorf("session key: %w", err)
 	}
-	return &SessionIDs{sealer: sl, seed: maphash.MakeSeed(),
-		maxLen: base64.RawURLEncoding.EncodedLen(1 + MaxUpstreamSessionID + sl.Overhead())}, nil
+	return &Sealer{sealer: sl, seed: maphash.MakeSeed(),
+		maxLen: base64.RawURLEncoding.EncodedLen(1 + MaxUpstream + sl.Overhead())}, nil
 }
 
 // Seal returns the id to give a client for upstreamID, bound to principal
 // (the token id of the [policy.Principal] the session belongs to) and route
 // (such as "broker:github"). Every call uses a fresh nonce, so sealing one
 // upstream id twice gives two different ids that both open to it.
-func (s *SessionIDs) Seal(upstreamID, principal, route string) string {
+func (s *Sealer) Seal(upstreamID, principal, route string) string {
 	raw := make([]byte, 1, 1+len(upstreamID)+s.sealer.Overhead())
 	raw[0] = sessionIDVersion
 	raw = s.sealer.Seal(raw, []byte(upstreamID), associatedData(sessionIDVersion, principal, route))
@@ -106,7 +106,7 @@ func (s *SessionIDs) Seal(upstreamID, principal, route string) string {
 // Every failure wraps [ErrUnknownSession]; the error says whether id was
 // malformed or did not open, never which of principal, route or key was
 // wrong (that is not knowable).
-func (s *SessionIDs) Open(id, principal, route string) (string, error) {
+func (s *Sealer) Open(id, principal, route string) (string, error) {
 	if len(id) > s.maxLen {
 		// Refused before it is hashed: no id this long was given out.
 		return s.open(id, principal, route)
@@ -123,13 +123,13 @@ func (s *SessionIDs) Open(id, principal, route string) (string, error) {
 }
 
 // open is Open without the table of opened ids.
-func (s *SessionIDs) open(id, principal, route string) (string, error) {
+func (s *Sealer) open(id, principal, route string) (string, error) {
 	if len(id) > s.maxLen {
-		return "", fmt.Errorf("%w: the session id is too long to be one this gateway gave out", ErrUnknownSession)
+		return "", fmt.Errorf("%w: the session id is too long to be one this gateway gave out", ErrUnknown)
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(id)
 	if err != nil || len(raw) < 1+s.sealer.Overhead() {
-		return "", fmt.Errorf("%w: the session id is not one this gateway gives out", ErrUnknownSession)
+		return "", fmt.Errorf("%w: the session id is not one this gateway gives out", ErrUnknown)
 	}
 	var plain []byte
 	switch raw[0] {
@@ -138,10 +138,10 @@ func (s *SessionIDs) open(id, principal, route string) (string, error) {
 	case sessionIDVersionUnbound:
 		plain, err = s.sealer.OpenUnbound(nil, raw[1:], associatedData(sessionIDVersionUnbound, principal, route))
 	default:
-		return "", fmt.Errorf("%w: the session id is not one this gateway gives out", ErrUnknownSession)
+		return "", fmt.Errorf("%w: the session id is not one this gateway gives out", ErrUnknown)
 	}
 	if err != nil {
-		return "", fmt.Errorf("%w: the session id was not given to this token on this route", ErrUnknownSession)
+		return "", fmt.Errorf("%w: the session id was not given to this token on this route", ErrUnknown)
 	}
 	return string(plain), nil
 }
@@ -161,8 +161,8 @@ func associatedData(version byte, principal, route string) []byte {
 // ValidSessionID reports whether an upstream's Mcp-Session-Id is one the
 // gateway seals: 1 to [MaxUpstreamSessionID] visible ASCII characters
 // (0x21 to 0x7E), as the MCP spec requires.
-func ValidSessionID(s string) bool {
-	if s == "" || len(s) > MaxUpstreamSessionID {
+func Valid(s string) bool {
+	if s == "" || len(s) > MaxUpstream {
 		return false
 	}
 	for i := 0; i < len(s); i++ {

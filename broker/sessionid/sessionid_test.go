@@ -11,9 +11,9 @@ import (
 	"testing"
 )
 
-func newTestSessionIDs(t testing.TB) *SessionIDs {
+func newTestSessionIDs(t testing.TB) *Sealer {
 	t.Helper()
-	ids, err := NewSessionIDs(bytes.Repeat([]byte{7}, SessionKeySize))
+	ids, err := New(bytes.Repeat([]byte{7}, KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,7 +22,7 @@ func newTestSessionIDs(t testing.TB) *SessionIDs {
 
 func TestSessionIDsRoundTrip(t *testing.T) {
 	ids := newTestSessionIDs(t)
-	for _, upstream := range []string{"a", "5TQK2VZ3E4B6NYS7RBSUXVGZ3M", "0196f0e2-6f2a-7c1e-9b7e-3f6a2c1d4e5f", strings.Repeat("x", MaxUpstreamSessionID)} {
+	for _, upstream := range []string{"a", "5TQK2VZ3E4B6NYS7RBSUXVGZ3M", "0196f0e2-6f2a-7c1e-9b7e-3f6a2c1d4e5f", strings.Repeat("x", MaxUpstream)} {
 		sealed := ids.Seal(upstream, "tok_alice", "broker:github")
 		if len(upstream) > 8 && strings.Contains(sealed, upstream) {
 			t.Errorf("sealed id %q shows the upstream id", sealed)
@@ -54,7 +54,7 @@ func TestSessionIDsRefuse(t *testing.T) {
 	flipped[len(flipped)-1] ^= 1
 	version := bytes.Clone(raw)
 	version[0] = 3
-	other, err := NewSessionIDs(bytes.Repeat([]byte{8}, SessionKeySize))
+	other, err := New(bytes.Repeat([]byte{8}, KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestSessionIDsRefuse(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ids.Open(tc.id, tc.principal, tc.route)
-			if !errors.Is(err, ErrUnknownSession) {
+			if !errors.Is(err, ErrUnknown) {
 				t.Fatalf("Open = %q, %v; want ErrUnknownSession", got, err)
 			}
 			if got != "" {
@@ -123,7 +123,7 @@ func TestSessionIDsOpenMany(t *testing.T) {
 
 func TestNewSessionIDsKeySize(t *testing.T) {
 	for _, n := range []int{0, 16, 31, 33, 64} {
-		if _, err := NewSessionIDs(make([]byte, n)); err == nil || !strings.Contains(err.Error(), "32 random bytes") {
+		if _, err := New(make([]byte, n)); err == nil || !strings.Contains(err.Error(), "32 random bytes") {
 			t.Errorf("key of %d bytes: err = %v, want one that asks for 32 random bytes", n, err)
 		}
 	}
@@ -229,7 +229,7 @@ func BenchmarkSessionIDSeal(b *testing.B) {
 // that code under the key 32 bytes of 7.
 func TestSessionIDsOfEarlierReleasesOpen(t *testing.T) {
 	const earlier = "Af7euYpmia_vAJ99wffxUv8shp3VkriaSbxa2H8C0KXygZIdA3UlGBfOQRrMwc0"
-	s, err := NewSessionIDs(bytes.Repeat([]byte{7}, SessionKeySize))
+	s, err := New(bytes.Repeat([]byte{7}, KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestSessionIDsOfEarlierReleasesOpen(t *testing.T) {
 		t.Fatalf("the earlier release's id: %q, %v", got, err)
 	}
 	for _, c := range [][2]string{{"tok_2", "broker:github"}, {"tok_1", "broker:linear"}} {
-		if _, err := s.Open(earlier, c[0], c[1]); !errors.Is(err, ErrUnknownSession) {
+		if _, err := s.Open(earlier, c[0], c[1]); !errors.Is(err, ErrUnknown) {
 			t.Errorf("opened for %v: %v", c, err)
 		}
 	}
@@ -248,7 +248,7 @@ func TestSessionIDsOfEarlierReleasesOpen(t *testing.T) {
 		t.Fatalf("version %d, want 2", raw[0])
 	}
 	raw[0] = 1
-	if _, err := s.Open(base64.RawURLEncoding.EncodeToString(raw), "tok_1", "broker:github"); !errors.Is(err, ErrUnknownSession) {
+	if _, err := s.Open(base64.RawURLEncoding.EncodeToString(raw), "tok_1", "broker:github"); !errors.Is(err, ErrUnknown) {
 		t.Errorf("a version 2 id relabelled 1 opened: %v", err)
 	}
 }

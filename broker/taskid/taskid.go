@@ -12,7 +12,7 @@ import (
 // MaxUpstreamTaskID bounds the task id an upstream may give (MCP
 // 2026-07-28's Tasks extension, SEP-2663): real servers use a UUID or a
 // short random string. A longer one is withheld from the client.
-const MaxUpstreamTaskID = 512
+const MaxUpstream = 512
 
 // taskIDVersion is the first byte of every task handle, so that the format
 // can change without a new field.
@@ -27,7 +27,7 @@ const taskIDPurpose = "task id"
 // not given to this principal on this route (or was altered, or forged).
 // The routes answer it as the Tasks extension answers an unknown task
 // (-32602).
-var ErrUnknownTask = errors.New("unknown task")
+var ErrUnknown = errors.New("unknown task")
 
 // TaskIDs seals an upstream's task id into the handle the gateway gives the
 // client that created the task, and opens it again, bound to that
@@ -46,7 +46,7 @@ var ErrUnknownTask = errors.New("unknown task")
 //
 // Each Seal and Open is one AES-GCM operation. A TaskIDs is safe for
 // concurrent use.
-type TaskIDs struct {
+type Sealer struct {
 	sealer *seal.Sealer
 	maxLen int // the longest handle Seal gives out
 }
@@ -55,24 +55,24 @@ type TaskIDs struct {
 // reloads and share it between replicas, as the session ids' key is
 // (it may be the same key): handles sealed under a key that is gone no
 // longer open, and their tasks are lost to their clients.
-func NewTaskIDs(key []byte) (*TaskIDs, error) {
+func New(key []byte) (*Sealer, error) {
 	sl, err := seal.New(key, taskIDPurpose)
 	if err != nil {
 		return nil, fmt.Errorf("task handle key: %w", err)
 	}
 	// The upstream's name is a configured name, short; 255 bytes of it
 	// and its length are room enough.
-	plain := binary.MaxVarintLen64 + 255 + MaxUpstreamTaskID
-	return &TaskIDs{sealer: sl, maxLen: base64.RawURLEncoding.EncodedLen(1 + plain + sl.Overhead())}, nil
+	plain := binary.MaxVarintLen64 + 255 + MaxUpstream
+	return &Sealer{sealer: sl, maxLen: base64.RawURLEncoding.EncodedLen(1 + plain + sl.Overhead())}, nil
 }
 
 // Seal returns the handle to give principal (a token id) on route for the
 // task taskID of upstream ("" on a route with one upstream). It refuses an
 // empty task id and one longer than [MaxUpstreamTaskID]. Every call uses a
 // fresh nonce, so one task sealed twice gives two handles that both open.
-func (t *TaskIDs) Seal(upstream, taskID, principal, route string) (string, error) {
-	if taskID == "" || len(taskID) > MaxUpstreamTaskID {
-		return "", fmt.Errorf("the upstream gave a task id of %d bytes; a task id has 1 to %d", len(taskID), MaxUpstreamTaskID)
+func (t *Sealer) Seal(upstream, taskID, principal, route string) (string, error) {
+	if taskID == "" || len(taskID) > MaxUpstream {
+		return "", fmt.Errorf("the upstream gave a task id of %d bytes; a task id has 1 to %d", len(taskID), MaxUpstream)
 	}
 	if len(upstream) > 255 {
 		return "", fmt.Errorf("upstream name of %d bytes", len(upstream))
@@ -88,22 +88,22 @@ func (t *TaskIDs) Seal(upstream, taskID, principal, route string) (string, error
 // and route. Every failure wraps [ErrUnknownTask], and says whether the
 // handle was malformed or did not open, never which of principal, route
 // or key was wrong.
-func (t *TaskIDs) Open(handle, principal, route string) (upstream, taskID string, err error) {
+func (t *Sealer) Open(handle, principal, route string) (upstream, taskID string, err error) {
 	if len(handle) > t.maxLen {
-		return "", "", fmt.Errorf("%w: the task id is too long to be one this gateway gave out", ErrUnknownTask)
+		return "", "", fmt.Errorf("%w: the task id is too long to be one this gateway gave out", ErrUnknown)
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(handle)
 	if err != nil || len(raw) < 1+t.sealer.Overhead() || raw[0] != taskIDVersion {
-		return "", "", fmt.Errorf("%w: the task id is not one this gateway gives out", ErrUnknownTask)
+		return "", "", fmt.Errorf("%w: the task id is not one this gateway gives out", ErrUnknown)
 	}
 	plain, err := t.sealer.Open(nil, raw[1:], taskAD(principal, route))
 	if err != nil {
-		return "", "", fmt.Errorf("%w: the task id was not given to this token on this endpoint", ErrUnknownTask)
+		return "", "", fmt.Errorf("%w: the task id was not given to this token on this endpoint", ErrUnknown)
 	}
 	n, k := binary.Uvarint(plain)
 	if k <= 0 || n > uint64(len(plain)-k) || len(plain)-k-int(n) == 0 {
 		// Sealed by this key, so never: the layout is Seal's.
-		return "", "", fmt.Errorf("%w: the task id is not one this gateway gives out", ErrUnknownTask)
+		return "", "", fmt.Errorf("%w: the task id is not one this gateway gives out", ErrUnknown)
 	}
 	return string(plain[k : k+int(n)]), string(plain[k+int(n):]), nil
 }

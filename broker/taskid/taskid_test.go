@@ -10,11 +10,11 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
 )
 
-var taskKey = bytes.Repeat([]byte{9}, sessionid.SessionKeySize)
+var taskKey = bytes.Repeat([]byte{9}, sessionid.KeySize)
 
-func newTestTaskIDs(t testing.TB) *TaskIDs {
+func newTestTaskIDs(t testing.TB) *Sealer {
 	t.Helper()
-	ids, err := NewTaskIDs(taskKey)
+	ids, err := New(taskKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func TestTaskIDsRoundTrip(t *testing.T) {
 	for _, c := range []struct{ upstream, task string }{
 		{"", "MTNS73FRSZPOUYUS2AV7ZTEWPT"},
 		{"github", "786512e2-9e0d-44bd-8f29-789f320fe840"},
-		{"tasks2", strings.Repeat("t", MaxUpstreamTaskID)},
+		{"tasks2", strings.Repeat("t", MaxUpstream)},
 		{"a", "ünïcode and \"quotes\""},
 	} {
 		h, err := ids.Seal(c.upstream, c.task, "tok_alice", "broker:tasks")
@@ -57,8 +57,8 @@ func TestTaskIDsAttacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw, _ := base64.RawURLEncoding.DecodeString(h)
-	otherKey, _ := NewTaskIDs(bytes.Repeat([]byte{8}, sessionid.SessionKeySize))
-	sessions, _ := sessionid.NewSessionIDs(taskKey)
+	otherKey, _ := New(bytes.Repeat([]byte{8}, sessionid.KeySize))
+	sessions, _ := sessionid.New(taskKey)
 	flip := func(i int) string {
 		b := bytes.Clone(raw)
 		b[i] ^= 1
@@ -66,7 +66,7 @@ func TestTaskIDsAttacks(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name, handle, principal, route string
-		ids                            *TaskIDs
+		ids                            *Sealer
 	}{
 		{"another token", h, "tok_bob", "aggregate:/mcp", ids},
 		{"another route", h, "tok_alice", "broker:tasks", ids},
@@ -85,7 +85,7 @@ func TestTaskIDsAttacks(t *testing.T) {
 		{"far too long", strings.Repeat("A", 1<<16), "tok_alice", "aggregate:/mcp", ids},
 	} {
 		up, task, err := c.ids.Open(c.handle, c.principal, c.route)
-		if !errors.Is(err, ErrUnknownTask) || up != "" || task != "" {
+		if !errors.Is(err, ErrUnknown) || up != "" || task != "" {
 			t.Errorf("%s: Open = %q, %q, %v; want ErrUnknownTask", c.name, up, task, err)
 		}
 		if err != nil && (strings.Contains(err.Error(), "tok_") || strings.Contains(err.Error(), "t-alice")) {
@@ -95,7 +95,7 @@ func TestTaskIDsAttacks(t *testing.T) {
 	if _, err := ids.Seal("", "", "tok_alice", "r"); err == nil {
 		t.Error("an empty upstream task id was sealed")
 	}
-	if _, err := ids.Seal("", strings.Repeat("t", MaxUpstreamTaskID+1), "tok_alice", "r"); err == nil {
+	if _, err := ids.Seal("", strings.Repeat("t", MaxUpstream+1), "tok_alice", "r"); err == nil {
 		t.Error("a task id over MaxUpstreamTaskID was sealed")
 	}
 }
