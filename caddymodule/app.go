@@ -132,7 +132,7 @@ type App struct {
 
 	// MaxInflightResponse bounds the bytes of upstream answers the
 	// broker holds at once, across every route and upstream (see
-	// broker.AnswerBudget); past it a call fails with an error that says
+	// answerlimit.Budget); past it a call fails with an error that says
 	// so. Default: 256 MiB.
 	MaxInflightResponse int64 `json:"max_inflight_response,omitempty"`
 

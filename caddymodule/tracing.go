@@ -114,7 +114,7 @@ func (s steps) routeSpan(ctx context.Context, r *http.Request, route string, p p
 		if route == "aggregate" {
 			// The aggregated route reads a trace context from these
 			// headers where go-sdk lost the request's context
-			// (broker.TraceFromHeader): with no span of the edge's here,
+			// (upstream.TraceFromHeader): with no span of the edge's here,
 			// whatever they hold is the client's, which must not become
 			// the parent of the gateway's spans on a site that traces
 			// nothing.
@@ -134,7 +134,7 @@ func (s steps) routeSpan(ctx context.Context, r *http.Request, route string, p p
 	if route == "guard" || route == "aggregate" {
 		// The guard's server behind reads it; the aggregated route reads
 		// it back where go-sdk's handlers lost the request's context
-		// (broker.TraceFromHeader).
+		// (upstream.TraceFromHeader).
 		r.Header.Del("Traceparent")
 		r.Header.Del("Tracestate")
 		propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(r.Header))

@@ -20,7 +20,7 @@ import (
 //
 //   - Mcp-Session-Id is translated both ways, as on the broker's
 //     pass-through route: the client gets the server's id sealed to its
-//     token and this route ([broker.SessionIDs]), and a request's id is
+//     token and this route ([sessionid.Sealer]), and a request's id is
 //     opened before it goes on. An id given to another token, or to
 //     another guarded site, gets 404, which tells a client to initialize
 //     again; the server never sees it.

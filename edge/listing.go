@@ -58,7 +58,7 @@ type Drop struct {
 	// answer goes), and on a route that binds task handles task_not_named
 	// (an answer or a notification naming a task the request did not
 	// name or create) or task_id_invalid (a task id that is not a string
-	// of 1 to broker.MaxUpstreamTaskID bytes).
+	// of 1 to taskid.MaxUpstream bytes).
 	Reason string
 	// ID is the answer's id, when it could be read.
 	ID string

@@ -28,7 +28,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
-// Prefix modes of [AggregateOptions.Prefix].
+// Prefix modes of [Options.Prefix].
 const (
 	PrefixAlways      = "always"
 	PrefixConditional = "conditional"
@@ -53,11 +53,11 @@ var catalogBackoff = upstream.Backoff{Min: 500 * time.Millisecond, Max: 30 * tim
 // Timeout.
 const aggConnectTimeout = 30 * time.Second
 
-// AggregateOptions configures [NewAggregate].
+// Options configures [New].
 type Options struct {
 	// AnswerBudget, when set, bounds the bytes of upstream answers the
 	// route holds at once, across its upstreams and every other route
-	// that shares it (see [AnswerBudget]).
+	// that shares it (see [answerlimit.Budget]).
 	AnswerBudget *answerlimit.Budget
 
 	// Credentials, when set, returns the credentials layer of the named
@@ -93,8 +93,8 @@ type Options struct {
 	StdioIdle time.Duration
 	// PIDDir, when set, is a directory where every stdio process's pid is
 	// recorded while it runs (<PIDDir>/<upstream>-<pid>.pid, holding its
-	// command line). NewAggregate first ends the processes that leftover
-	// files name ([CleanOrphans]).
+	// command line). New first ends the processes that leftover
+	// files name ([upstream.CleanOrphans]).
 	PIDDir string
 	// ToolCache, when set, keeps each upstream's tool listing across
 	// restarts (see [ToolCache]).
@@ -142,7 +142,7 @@ type Options struct {
 	Tasks bool
 }
 
-// DefaultStdioIdle is the default of [AggregateOptions.StdioIdle].
+// DefaultStdioIdle is the default of [Options.StdioIdle].
 const DefaultStdioIdle = 10 * time.Minute
 
 // Aggregate is the aggregated route: one MCP endpoint (go-sdk streamable
@@ -158,7 +158,7 @@ const DefaultStdioIdle = 10 * time.Minute
 // Instructions: go-sdk fixes ServerOptions.Instructions at server creation,
 // so the route sets InitializeResult.Instructions itself, in a middleware,
 // from the upstreams whose catalog has connected (in config order), each
-// as [AggregateOptions.Instructions] decides (the edge's pins). An
+// as [Options.Instructions] decides (the edge's pins). An
 // initialize (and the list methods) waits for the catalog's first round,
 // bounded by the request and by 5 seconds, so a client that connects right
 // after start sees every reachable upstream.
@@ -195,7 +195,7 @@ const DefaultStdioIdle = 10 * time.Minute
 // retries with backoff); one that went away keeps its last listing, and a
 // call to it gets a tool error naming it. Sessions are bound to the token
 // that initialized them, and closed, with their upstream sessions, after
-// [AggregateOptions.SessionTimeout] without a request in flight.
+// [Options.SessionTimeout] without a request in flight.
 type Aggregate struct {
 	ups          []*aggUpstream
 	byName       map[string]*aggUpstream
@@ -282,20 +282,20 @@ type aggUpstream struct {
 	instructionsRead bool
 }
 
-// NewAggregate builds the aggregated route over ups, which must have
+// New builds the aggregated route over ups, which must have
 // distinct names. Their transports (streamable HTTP, SSE, stdio) are built
-// as [Conn] builds them: http and sse go through the pinned egress client
+// as [upstream.Conn] builds them: http and sse go through the pinned egress client
 // that refuses any other origin (an SSE endpoint event naming another
 // server fails the connection); a stdio upstream starts its command for
 // every upstream session. A shared stdio upstream (the default) runs one
 // process, its catalog session, which every downstream session's calls
 // use (see [Aggregate] for what it cannot forward); it is closed after
-// [AggregateOptions.StdioIdle] without a call and started again by the
+// [Options.StdioIdle] without a call and started again by the
 // next call. With "shared": false, each downstream session that uses the
 // upstream gets a process of its own too. Each process ends when its
 // session closes (idleness, the downstream session's end, or
 // [Aggregate.Close]: stdin closed, SIGTERM after 5s, SIGKILL 5s later).
-// With [AggregateOptions.PIDDir] set it first runs [CleanOrphans] there. It
+// With [Options.PIDDir] set it first runs [upstream.CleanOrphans] there. It
 // never blocks on the network: the catalog connects in the background (see
 // [Aggregate.Ready]).
 func New(ups []upstream.Config, opts Options) (*Aggregate, error) {
@@ -735,7 +735,7 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 
 // instructions merges the connected upstreams' instructions in config
 // order: "## <name>\n<instructions>", joined by blank lines; each as
-// AggregateOptions.Instructions decides.
+// Options.Instructions decides.
 func (a *Aggregate) instructions() string {
 	var parts []string
 	for _, up := range a.ups {

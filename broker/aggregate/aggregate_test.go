@@ -568,7 +568,7 @@ func TestResourceOwnersByTemplate(t *testing.T) {
 	}
 }
 
-// AggregateOptions.Instructions decides what the route merges of each
+// Options.Instructions decides what the route merges of each
 // upstream's instructions: it is told each upstream's own as its catalog
 // connects (before any client asks), and the route serves what it
 // returns, at both protocol versions.

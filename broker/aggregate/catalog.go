@@ -15,7 +15,7 @@ import (
 )
 
 // transport returns a client transport for one session to up, built by the
-// code [Conn] uses: for stdio, its Connect starts a process of its own.
+// code [upstream.Conn] uses: for stdio, its Connect starts a process of its own.
 func (up *aggUpstream) transport() mcp.Transport {
 	return up.tr.NewTransport()
 }

@@ -45,7 +45,7 @@ import (
 // It decodes only what it must: the request's envelope and params, the
 // answer's envelope, and the type of each content block. A result with
 // blocks other than text goes through the same decoding and
-// [NormalizeContent] as the go-sdk path; text-only results pass as the
+// [upstream.NormalizeContent] as the go-sdk path; text-only results pass as the
 // upstream wrote them.
 //
 // It takes a request only when nothing of the go-sdk path is missed:
@@ -383,7 +383,7 @@ func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpst
 		}
 		return nil, nil, fmt.Errorf("the upstream answered HTTP %d", resp.StatusCode)
 	case mt == "application/json":
-		// The body fails past max_response (see answerLimit).
+		// The body fails past max_response (see answerlimit.Transport).
 		data, err := io.ReadAll(resp.Body)
 		if err != nil {
 			return nil, nil, err
@@ -473,7 +473,7 @@ func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstre
 // reader of both fast paths' streams.
 func readStream(ctx context.Context, up *aggUpstream, body io.Reader, id message.ID, other func(event []byte, env message.Call)) (result, rpcErr json.RawMessage, err error) {
 	sc := bufio.NewScanner(body)
-	// The body fails past max_response (see answerLimit) before a line
+	// The body fails past max_response (see answerlimit.Transport) before a line
 	// could reach the scanner's own bound.
 	sc.Buffer(make([]byte, 0, 16<<10), int(up.tr.LimitMax())+1)
 	var data []byte
@@ -642,7 +642,7 @@ func logSeverity(l mcp.LoggingLevel) int {
 // normalizeFastResult returns a tools/call result as the go-sdk path
 // would pass it: a result whose blocks are all text as it came (with an
 // empty content list when it had none), any other through go-sdk's decoding
-// and [NormalizeContent]. It also says whether the tool reported an error.
+// and [upstream.NormalizeContent]. It also says whether the tool reported an error.
 func normalizeFastResult(raw json.RawMessage) (json.RawMessage, bool, error) {
 	if textOnly, isError, ok := scanTextResult(raw); ok && textOnly {
 		return raw, isError, nil

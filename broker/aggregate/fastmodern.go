@@ -47,7 +47,7 @@ import (
 // relayed) goes through max_response and the answer budget; its result is
 // passed as the upstream wrote it when its content blocks are all text or it
 // is an input-required result, and otherwise decoded and normalized as on
-// the go-sdk path ([NormalizeContent]). Tool errors naming the upstream, the
+// the go-sdk path ([upstream.NormalizeContent]). Tool errors naming the upstream, the
 // audit record and the upstream's JSON-RPC errors (with the HTTP status
 // SEP-2575 gives their code) are as on the go-sdk path.
 //

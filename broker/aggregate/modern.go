@@ -30,7 +30,7 @@ import (
 // the gateway's own upstream sessions for its token: one per token and
 // upstream (a "principal session"), opened on first use, shared by that
 // token's requests only, and closed with its upstream sessions after
-// [AggregateOptions.SessionTimeout] (10 minutes when unset) without a call
+// [Options.SessionTimeout] (10 minutes when unset) without a call
 // in flight. Such an upstream session speaks 2026-07-28 to an upstream that
 // does, and then the request's own client capabilities go with each call,
 // so the upstream asks for input it can get (an input-required answer
@@ -39,7 +39,7 @@ import (
 // since a stateless client cannot be sent requests.
 
 // principalIdle is how long a principal session lasts without a call when
-// [AggregateOptions.SessionTimeout] is unset.
+// [Options.SessionTimeout] is unset.
 const principalIdle = 10 * time.Minute
 
 // modernRequest reports whether r is a 2026-07-28 request.

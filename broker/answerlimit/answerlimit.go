@@ -18,11 +18,11 @@ const DefaultMaxResponse = 16 << 20
 // sessionHeader is the header of the upstream session an answer belongs to.
 const sessionHeader = "Mcp-Session-Id"
 
-// DefaultAnswerBudget is the in-flight answer budget when none is
-// configured (see [AnswerBudget]).
+// DefaultBudget is the in-flight answer budget when none is
+// configured (see [Budget]).
 const DefaultBudget = 256 << 20
 
-// AnswerTooLargeError is the failure of an upstream answer over the
+// TooLargeError is the failure of an upstream answer over the
 // upstream's max_response: for a POST, the whole answer (a JSON body, or
 // every event of its stream together); for a GET stream, and the stream
 // of a subscriptions/listen (which lasts as long as its client listens),
@@ -35,10 +35,10 @@ type TooLargeError struct {
 }
 
 // eventLimitKey marks the context of an upstream POST whose event stream
-// is bounded per event (see [withEventLimit]).
+// is bounded per event (see [WithEventLimit]).
 type eventLimitKey struct{}
 
-// withEventLimit marks ctx's request as one whose event stream is bounded
+// WithEventLimit marks ctx's request as one whose event stream is bounded
 // per event, as a GET stream is: a subscriptions/listen.
 func WithEventLimit(ctx context.Context) context.Context {
 	return context.WithValue(ctx, eventLimitKey{}, true)
@@ -58,7 +58,7 @@ func (e *TooLargeError) Error() string {
 		e.Upstream, what, formatBytes(e.Limit))
 }
 
-// AnswerBudgetError is the failure of an upstream answer that would take the
+// BudgetError is the failure of an upstream answer that would take the
 // bytes the gateway holds of upstream answers over its in-flight budget.
 type BudgetError struct {
 	Upstream string
@@ -70,8 +70,8 @@ func (e *BudgetError) Error() string {
 		formatBytes(e.Limit), e.Upstream)
 }
 
-// IsAnswerLimit reports whether err is, or wraps, an answer over a limit:
-// [AnswerTooLargeError] or [AnswerBudgetError].
+// Exceeded reports whether err is, or wraps, an answer over a limit:
+// [TooLargeError] or [BudgetError].
 func Exceeded(err error) bool {
 	var tl *TooLargeError
 	var be *BudgetError
@@ -88,21 +88,21 @@ func formatBytes(n int64) string {
 	return fmt.Sprintf("%d bytes", n)
 }
 
-// AnswerBudget bounds the bytes of upstream answers that the broker holds at
+// Budget bounds the bytes of upstream answers that the broker holds at
 // once, across every call and upstream: an answer reserves its bytes as
 // they are read, and gives them back when it is closed (a JSON body, which
 // its reader holds whole until then) or, on an event stream, at the end of
 // each event.
 // A read that would go over the budget fails, so many concurrent large
-// answers fail instead of exhausting memory. A nil *AnswerBudget holds no
+// answers fail instead of exhausting memory. A nil *Budget holds no
 // limit. It is safe for concurrent use.
 type Budget struct {
 	max  int64
 	used atomic.Int64
 }
 
-// NewAnswerBudget returns a budget of max bytes; max <= 0 means
-// [DefaultAnswerBudget].
+// NewBudget returns a budget of max bytes; max <= 0 means
+// [DefaultBudget].
 func NewBudget(max int64) *Budget {
 	if max <= 0 {
 		max = DefaultBudget
@@ -142,9 +142,9 @@ func (b *Budget) give(n int64) {
 	}
 }
 
-// answerLimit is a RoundTripper that bounds every answer of one upstream:
-// its body fails with [AnswerTooLargeError] past max bytes (per event on a
-// GET stream), and with [AnswerBudgetError] when the shared budget is
+// Transport is a RoundTripper that bounds every answer of one upstream:
+// its body fails with [TooLargeError] past max bytes (per event on a
+// GET stream), and with [BudgetError] when the shared budget is
 // spent. Net/http's own client has no such bound, and go-sdk reads a JSON
 // answer whole (io.ReadAll) and an event stream's events whole, which is why
 // this sits under both.
@@ -301,7 +301,7 @@ func (b *limitedBody) count(chunk []byte) error {
 // state across calls.
 func (b *limitedBody) eventEnd(chunk []byte) int { return b.split.End(chunk) }
 
-// sseSplit finds the ends of events in an event stream read piece by piece:
+// Splitter finds the ends of events in an event stream read piece by piece:
 // an event ends at a blank line, and a line ends at \r\n, \n or \r (the
 // three line ends the SSE format allows). The zero value is at the start
 // of a line.
@@ -362,7 +362,7 @@ func (b *limitedBody) Close() error {
 
 var errReadAfterClose = errors.New("read of an upstream answer after it was closed")
 
-// isEventStream reports whether a Content-Type is text/event-stream.
+// IsEventStream reports whether a Content-Type is text/event-stream.
 func IsEventStream(contentType string) bool {
 	mt, _, _ := strings.Cut(contentType, ";")
 	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")

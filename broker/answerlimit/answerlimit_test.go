@@ -12,7 +12,7 @@ import (
 )
 
 // limitedGet serves body with contentType (and Content-Length when
-// withLength) and reads it back through an answerLimit of max bytes.
+// withLength) and reads it back through a Transport of max bytes.
 func limitedRead(t *testing.T, method, contentType string, withLength bool, body []byte, max int64, budget *Budget) ([]byte, error) {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

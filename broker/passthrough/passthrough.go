@@ -26,7 +26,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
-// PassThroughOptions configures [NewPassThrough].
+// Options configures [New].
 type Options struct {
 	// Lookup reads the environment variables of the upstream's ${VAR}
 	// placeholders; nil means os.LookupEnv. A config marked FromUntrusted
@@ -34,11 +34,11 @@ type Options struct {
 	Lookup func(string) (string, bool)
 
 	// AnswerBudget, when set, bounds the bytes of upstream answers held at
-	// once (see [AnswerBudget]); the route holds only events being read.
+	// once (see [answerlimit.Budget]); the route holds only events being read.
 	AnswerBudget *answerlimit.Budget
 
 	// SessionKey seals the session ids given to clients (see
-	// [SessionIDs]): 32 random bytes. Keep it across config reloads, or
+	// [sessionid.Sealer]): 32 random bytes. Keep it across config reloads, or
 	// every open session's client must initialize again.
 	SessionKey []byte
 
@@ -48,7 +48,7 @@ type Options struct {
 	Route string
 
 	// MaxBodyBytes bounds a request body; a larger one gets 413. Give the
-	// edge's own limit. Default: [DefaultPassThroughMaxBody].
+	// edge's own limit. Default: [upstream.DefaultMaxBody].
 	MaxBodyBytes int64
 
 	// DenyPrivateAddresses, when set, turns pinnedfetch's dial-time address
@@ -111,7 +111,7 @@ type Options struct {
 //     edge: not the client's Authorization, Cookie or Proxy-Authorization,
 //     not Origin, User-Agent or X-Forwarded-*, no hop-by-hop header.
 //   - Mcp-Session-Id is translated both ways: the client gets a sealed id
-//     bound to its token and this route ([SessionIDs]), never the
+//     bound to its token and this route ([sessionid.Sealer]), never the
 //     upstream's.
 //   - Response headers pass through an allow-list too (Content-Type,
 //     Content-Encoding, Cache-Control, Retry-After, Allow): Set-Cookie and
@@ -146,7 +146,7 @@ type PassThrough struct {
 	dropped   map[string]bool // upstream sessions dropped after an answer over a limit
 }
 
-// NewPassThrough builds the pass-through route for u, which must be a
+// New builds the pass-through route for u, which must be a
 // streamable-HTTP ("http") upstream. It expands u's placeholders here,
 // where the transport is built, and refuses a URL or a header value that
 // still holds one, a header the route sets itself (Content-Type, Accept,
@@ -217,7 +217,7 @@ func (pt *PassThrough) Route() string { return pt.route }
 func (pt *PassThrough) Close() { pt.client.CloseIdleConnections() }
 
 // withResolvedHeaders adds the resolved headers of
-// [PassThroughOptions.Headers] to the configured ones. Errors name the
+// [Options.Headers] to the configured ones. Errors name the
 // header, never its value.
 func withResolvedHeaders(headers []upstream.Header, resolved map[string]string, who string) ([]upstream.Header, error) {
 	if len(resolved) == 0 {

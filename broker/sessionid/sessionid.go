@@ -11,11 +11,11 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/internal/seal"
 )
 
-// SessionKeySize is the length of the key [NewSessionIDs] takes: 32 bytes,
+// KeySize is the length of the key [New] takes: 32 bytes,
 // an AES-256 key.
 const KeySize = 32
 
-// MaxUpstreamSessionID bounds the upstream session id that [SessionIDs.Seal]
+// MaxUpstream bounds the upstream session id that [Sealer.Seal]
 // is given by the pass-through route. The MCP spec asks only for visible
 // ASCII; real servers use a UUID or a short random string.
 const MaxUpstream = 512
@@ -33,12 +33,12 @@ const (
 // sessionIDPurpose is the purpose the key seals session ids for.
 const sessionIDPurpose = "session id"
 
-// ErrUnknownSession is wrapped by every [SessionIDs.Open] failure. The
+// ErrUnknown is wrapped by every [Sealer.Open] failure. The
 // transport answers it as the spec's unknown session (HTTP 404), which tells
 // a client to initialize again.
 var ErrUnknown = errors.New("unknown session")
 
-// SessionIDs seals an upstream's Mcp-Session-Id into the id the gateway gives
+// Sealer seals an upstream's Mcp-Session-Id into the id the gateway gives
 // out, and opens it again, bound to one principal and one route.
 //
 // A sealed id is base64url (no padding) of a version byte and the
@@ -51,10 +51,10 @@ var ErrUnknown = errors.New("unknown session")
 // (nor can an attacker). The upstream id never reaches a client.
 //
 // Each Seal is one AES-GCM operation with a key expanded once by
-// [NewSessionIDs]: no key derivation per request. Open is one too, the
+// [New]: no key derivation per request. Open is one too, the
 // first time it opens an id for a principal and route: what it opened is
 // kept in a small table (see opened), since a client sends its id on every
-// request. A SessionIDs is safe for concurrent use.
+// request. A Sealer is safe for concurrent use.
 type Sealer struct {
 	sealer *seal.Sealer
 	// opened remembers ids that opened: Open is a function of the id, the
@@ -70,12 +70,12 @@ type Sealer struct {
 	maxLen int // the longest id Seal gives out, for the longest upstream id
 }
 
-// openedSlots is how many opened ids a SessionIDs remembers at most.
+// openedSlots is how many opened ids a Sealer remembers at most.
 const openedSlots = 1024
 
 type openedID struct{ id, principal, route, upstream string }
 
-// NewSessionIDs returns a SessionIDs for a 32-byte key. Keep the key across
+// New returns a Sealer for a 32-byte key. Keep the key across
 // config reloads (and share it between replicas): ids sealed under a key that
 // is gone no longer open, and their clients must initialize again.
 func New(key []byte) (*Sealer, error) {
@@ -102,8 +102,8 @@ func (s *Sealer) Seal(upstreamID, principal, route string) string {
 }
 
 // Open returns the upstream session id sealed in id, if id was sealed by
-// [SessionIDs.Seal] under the same key for the same principal and route.
-// Every failure wraps [ErrUnknownSession]; the error says whether id was
+// [Sealer.Seal] under the same key for the same principal and route.
+// Every failure wraps [ErrUnknown]; the error says whether id was
 // malformed or did not open, never which of principal, route or key was
 // wrong (that is not knowable).
 func (s *Sealer) Open(id, principal, route string) (string, error) {
@@ -158,8 +158,8 @@ func associatedData(version byte, principal, route string) []byte {
 	return append(ad, route...)
 }
 
-// ValidSessionID reports whether an upstream's Mcp-Session-Id is one the
-// gateway seals: 1 to [MaxUpstreamSessionID] visible ASCII characters
+// Valid reports whether an upstream's Mcp-Session-Id is one the
+// gateway seals: 1 to [MaxUpstream] visible ASCII characters
 // (0x21 to 0x7E), as the MCP spec requires.
 func Valid(s string) bool {
 	if s == "" || len(s) > MaxUpstream {

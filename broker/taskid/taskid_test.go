@@ -49,7 +49,7 @@ func TestTaskIDsRoundTrip(t *testing.T) {
 }
 
 // TestTaskIDsAttacks: what another token, another route, or anyone who
-// alters or forges a handle gets: ErrUnknownTask, never a task id.
+// alters or forges a handle gets: ErrUnknown, never a task id.
 func TestTaskIDsAttacks(t *testing.T) {
 	ids := newTestTaskIDs(t)
 	h, err := ids.Seal("tasks", "t-alice", "tok_alice", "aggregate:/mcp")

@@ -38,7 +38,7 @@ const (
 // requests are its own.
 const ClientIPHeader = "Zidane-Client-Ip"
 
-// clientIP is the client's address that the edge put in h.
+// ClientIP is the client's address that the edge put in h.
 func ClientIP(h http.Header) string {
 	if h == nil {
 		return ""
@@ -46,7 +46,7 @@ func ClientIP(h http.Header) string {
 	return h.Get(ClientIPHeader)
 }
 
-// extraClientIP is clientIP of a go-sdk request's HTTP header.
+// ExtraClientIP is ClientIP of a go-sdk request's HTTP header.
 func ExtraClientIP(extra *mcp.RequestExtra) string {
 	if extra == nil {
 		return ""
@@ -116,7 +116,7 @@ type Refusal struct {
 	Detail string
 }
 
-// safeError returns err's text for a log or a record. net/http wraps a
+// SafeError returns err's text for a log or a record. net/http wraps a
 // client error in a *url.Error that quotes the request URL with its query,
 // where some upstreams take a key, so that layer is dropped; pinnedfetch's
 // own errors are already redacted.
@@ -128,7 +128,7 @@ func SafeError(err error) string {
 	return err.Error()
 }
 
-// limitMessage is what a client is told of an answer over a limit.
+// LimitMessage is what a client is told of an answer over a limit.
 func LimitMessage(err error) string {
 	var tl *answerlimit.TooLargeError
 	if errors.As(err, &tl) {

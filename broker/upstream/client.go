@@ -83,7 +83,7 @@ type ConnOptions struct {
 	ProtocolVersion string
 
 	// AnswerBudget, when set, bounds the bytes of upstream answers held at
-	// once across every upstream that shares it (see [AnswerBudget]).
+	// once across every upstream that shares it (see [answerlimit.Budget]).
 	AnswerBudget *answerlimit.Budget
 }
 
@@ -272,7 +272,7 @@ func (g *originGuard) CloseIdleConnections() {
 	}
 }
 
-// upstreamTransports builds the go-sdk client transports of one upstream.
+// Transports builds the go-sdk client transports of one upstream.
 // [Conn] and the aggregated route ([Aggregate]) both use it, so that the
 // pinned, origin-guarded egress client (http, sse) and the stdio launcher
 // exist once.
@@ -303,7 +303,7 @@ func (t *Transports) WrapHTTP(wrap func(http.RoundTripper) http.RoundTripper) {
 	t.HTTP = &http.Client{Transport: wrap(t.HTTP.Transport), CheckRedirect: t.HTTP.CheckRedirect}
 }
 
-// newUpstreamTransports checks the transport of the normalized upstream n
+// NewTransports checks the transport of the normalized upstream n
 // (e is n expanded) and builds what its transports share: for http and sse
 // the egress client, as [connHTTPClient] does. Errors name the upstream.
 func NewTransports(n, e Config, opts ConnOptions, logger *slog.Logger) (*Transports, error) {

@@ -36,9 +36,9 @@ const MaxNameLength = 64
 //
 // Values may hold environment placeholders (${VAR}, ${VAR:-default},
 // ${env:VAR}; see [Expand]) so that secrets stay in the environment. They are
-// expanded only where a transport is built ([Upstream.Expanded]): a
+// expanded only where a transport is built ([Config.Expanded]): a
 // normalized Upstream, config written back to disk and the admin API's view
-// ([Upstream.Redacted]) keep them as written.
+// ([Config.Redacted]) keep them as written.
 type Config struct {
 	// Name identifies the upstream: letters, digits, '-' and '_', at most
 	// 64 characters. Its tools are offered to clients as
@@ -193,7 +193,7 @@ func parseTimeout(raw json.RawMessage, unit time.Duration) (time.Duration, error
 }
 
 // IsShared reports whether a stdio upstream's process serves every client
-// ([Upstream.Shared], true unless set to false).
+// ([Config.Shared], true unless set to false).
 func (u Config) IsShared() bool {
 	return u.Shared == nil || *u.Shared
 }
@@ -225,7 +225,7 @@ func matchAny(patterns []string, s string) bool {
 }
 
 // Normalize returns u with its transport canonical or inferred and its maps
-// and slices copied, and checks it ([Upstream.Validate]). Placeholders are
+// and slices copied, and checks it ([Config.Validate]). Placeholders are
 // kept as written.
 //
 // The transport is inferred when it is empty: a URL means "http", or "sse"
@@ -389,7 +389,7 @@ func (u Config) Local() bool {
 
 // Endpoint parses the URL of an http or sse upstream and applies the
 // remote-URL rule ([pinnedfetch.CheckRemoteURL]). Call it on the result of
-// [Upstream.Expanded], where the transport is built: a URL that still holds
+// [Config.Expanded], where the transport is built: a URL that still holds
 // a placeholder (its variable was unset) is refused.
 func (u Config) Endpoint() (*url.URL, error) {
 	if u.URL == "" {
@@ -606,7 +606,7 @@ func ValidHeaderName(s string) bool {
 	return true
 }
 
-// describe names an upstream and its source for an error message.
+// Describe names an upstream and its source for an error message.
 func Describe(u Config) string {
 	return fmt.Sprintf("upstream %q%s", u.Name, fromSource(u))
 }

@@ -15,7 +15,7 @@ import (
 // an SSE answer may then stream for as long as both sides keep it open.
 const DefaultHeaderTimeout = 2 * time.Minute
 
-// DefaultPassThroughMaxBody bounds a request body when
+// DefaultMaxBody bounds a request body when
 // [PassThroughOptions.MaxBodyBytes] is zero.
 const DefaultMaxBody = 4 << 20
 
@@ -27,7 +27,7 @@ const (
 
 type Header struct{ Name, Value string }
 
-// upstreamHeaders checks the expanded headers of e and returns them in
+// ConfiguredHeaders checks the expanded headers of e and returns them in
 // canonical form, sorted by name.
 func ConfiguredHeaders(e Config) ([]Header, error) {
 	var out []Header
@@ -66,7 +66,7 @@ func (c *credentials) RoundTrip(req *http.Request) (*http.Response, error) {
 	return c.next.RoundTrip(r)
 }
 
-// pinnedClient is the broker's egress client for one upstream: pinned to
+// PinnedClient is the broker's egress client for one upstream: pinned to
 // url's origin, the upstream's headers attached on that origin only, every
 // redirect decision reported to onDecision.
 func PinnedClient(url string, headers []Header, onDecision func(pinnedfetch.Decision), denyPrivate *bool, creds func(http.RoundTripper) http.RoundTripper, noRedirects bool) (*http.Client, error) {
@@ -107,7 +107,7 @@ type rpcErrorObject struct {
 	Message string `json:"message"`
 }
 
-// writeRPCError answers with a JSON-RPC error object. id is the request's
+// WriteRPCError answers with a JSON-RPC error object. id is the request's
 // id when the body held a single request, else null, as JSON-RPC asks when
 // the id cannot be known.
 func WriteRPCError(w http.ResponseWriter, status int, id json.RawMessage, code int, message string) {
@@ -119,7 +119,7 @@ func WriteRPCError(w http.ResponseWriter, status int, id json.RawMessage, code i
 	w.Write(body)
 }
 
-// rpcErrorAnswer is the JSON-RPC error answer to id.
+// RPCErrorAnswer is the JSON-RPC error answer to id.
 func RPCErrorAnswer(id json.RawMessage, code int, message string) []byte {
 	if len(id) == 0 {
 		id = json.RawMessage("null")
@@ -166,7 +166,7 @@ var forwardedRequestHeaders = map[string]bool{
 	"Tracestate":          true,
 }
 
-// forwardRequestHeader reports whether the canonical header name passes
+// ForwardRequestHeader reports whether the canonical header name passes
 // the allow-list.
 func ForwardRequestHeader(name string) bool {
 	return forwardedRequestHeaders[name] || strings.HasPrefix(name, headerParamPrefix)

@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// Redaction is what [Upstream.Redacted] shows in place of a secret.
+// Redaction is what [Config.Redacted] shows in place of a secret.
 const Redaction = "<redacted>"
 
 // Expand replaces the environment placeholders in s and returns the result
@@ -88,7 +88,7 @@ func HasPlaceholder(s string) bool {
 	return ok
 }
 
-// firstPlaceholder returns the variable of the first placeholder in s that
+// FirstPlaceholder returns the variable of the first placeholder in s that
 // [Expand] would replace, scanning the way Expand does.
 func FirstPlaceholder(s string) (string, bool) {
 	for {
@@ -188,7 +188,7 @@ func appendWarning(list []string, w string) []string {
 // command, args, env values and cwd expanded ([Expand]), reading variables
 // through lookup (nil means [os.LookupEnv]) unless u.FromUntrusted. Call it
 // only where a transport is built, and check the URL there with
-// [Upstream.Endpoint]; keep the unexpanded Upstream everywhere else.
+// [Config.Endpoint]; keep the unexpanded Upstream everywhere else.
 // Warnings name the upstream and the field.
 func (u Config) Expanded(lookup func(string) (string, bool)) (Config, []string) {
 	e := u.clone()

@@ -27,7 +27,7 @@ const MaxMCPJSONServers = 1024
 // "streamable-http", "streamableHttp", "sse", "stdio"); "url", "httpUrl"
 // (streamable HTTP), "sseUrl" (SSE) and "serverUrl" (Windsurf) give the
 // endpoint; "headers", "command" (a string, or a list whose head is the
-// program), "args", "env" and "cwd" are as in [Upstream]. Also read:
+// program), "args", "env" and "cwd" are as in [Config]. Also read:
 // "timeout" (a number of milliseconds, or a duration string such as "30s"),
 // "includeTools"/"toolsAllow"/"tools_allow", "excludeTools"/"toolsDeny"/
 // "tools_deny", "scope" and "shared". An entry with "disabled": true is

@@ -66,7 +66,7 @@ func tracerFor(ctx context.Context) trace.Tracer {
 	return nil
 }
 
-// traceTransport makes each request to an upstream a client span of the
+// TraceTransport makes each request to an upstream a client span of the
 // span its context carries (the edge's route span), when that one records
 // (Caddy's tracing directive is on), and carries the span's W3C trace
 // context to the upstream: in the traceparent and tracestate headers, and,

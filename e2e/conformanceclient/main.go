@@ -1,7 +1,7 @@
 // Command conformanceclient is the client side of the MCP conformance
 // suite (`conformance client --command …`) built from the gateway's own
 // parts: it reaches the server under test through the broker's upstream
-// client (broker.Dial, the origin-pinned egress) with the upstream OAuth
+// client (upstream.Dial, the origin-pinned egress) with the upstream OAuth
 // client of package upstreamauth as its credential layer, and nothing
 // else.
 //
