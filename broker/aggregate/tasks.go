@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -18,12 +19,12 @@ import (
 )
 
 // Tasks (MCP 2026-07-28's Tasks extension, SEP-2663) on the aggregated
-// route, with [AggregateOptions.Tasks] set.
+// route, with [Options.Tasks] set.
 //
 // The edge binds every task handle to the token, the route and the
 // upstream that holds the task (package edge): a client names a task by a
 // handle, and the edge opens it, puts the upstream's id in the request and
-// names the upstream in its context ([WithTaskUpstream]). The route then:
+// names the upstream in its context ([taskid.WithUpstream]). The route then:
 //
 //   - offers the extension in server/discover and initialize when an
 //     upstream offers it;
@@ -41,23 +42,6 @@ import (
 //
 // Without the option, no call carries the extension upstream.
 
-// taskUpstreamKey holds, in a request's context, the upstream that holds
-// the task its task method names.
-type taskUpstreamKey struct{}
-
-// WithTaskUpstream returns ctx naming upstream as the one that holds the
-// task the request's tasks/get, tasks/update or tasks/cancel names (by
-// the upstream's id, in the body). The edge sets it once it opened the
-// client's handle.
-func WithTaskUpstream(ctx context.Context, upstream string) context.Context {
-	return context.WithValue(ctx, taskUpstreamKey{}, upstream)
-}
-
-func taskUpstream(ctx context.Context) (string, bool) {
-	up, ok := ctx.Value(taskUpstreamKey{}).(string)
-	return up, ok && up != ""
-}
-
 // serveTask serves a 2026-07-28 task method on the upstream the context
 // names and reports true, or reports false and leaves r to go-sdk (which
 // does not know the method).
@@ -71,7 +55,7 @@ func (a *Aggregate) serveTask(w http.ResponseWriter, r *http.Request) bool {
 	}
 	call := b.Calls[0]
 	p, _ := policy.PrincipalFrom(r.Context())
-	name, named := taskUpstream(r.Context())
+	name, named := taskid.UpstreamFrom(r.Context())
 	up := a.byName[name]
 	if !named || up == nil || up.cfg.Transport != upstream.TransportHTTP || call.TaskIDRaw == nil {
 		upstream.WriteRPCError(w, http.StatusBadRequest, call.ID.Raw(), message.CodeInvalidParams,

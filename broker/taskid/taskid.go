@@ -1,6 +1,7 @@
 package taskid
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
@@ -9,7 +10,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/internal/seal"
 )
 
-// MaxUpstreamTaskID bounds the task id an upstream may give (MCP
+// MaxUpstream bounds the task id an upstream may give (MCP
 // 2026-07-28's Tasks extension, SEP-2663): real servers use a UUID or a
 // short random string. A longer one is withheld from the client.
 const MaxUpstream = 512
@@ -23,15 +24,15 @@ const taskIDVersion = 1
 // neither opens as the other.
 const taskIDPurpose = "task id"
 
-// ErrUnknownTask is wrapped by every [TaskIDs.Open] failure: the handle was
+// ErrUnknown is wrapped by every [Sealer.Open] failure: the handle was
 // not given to this principal on this route (or was altered, or forged).
 // The routes answer it as the Tasks extension answers an unknown task
 // (-32602).
 var ErrUnknown = errors.New("unknown task")
 
-// TaskIDs seals an upstream's task id into the handle the gateway gives the
+// Sealer seals an upstream's task id into the handle the gateway gives the
 // client that created the task, and opens it again, bound to that
-// principal and that route, as [SessionIDs] does for session ids.
+// principal and that route, as [sessionid.Sealer] does for session ids.
 //
 // A handle is base64url (no padding) of a version byte and, sealed by
 // internal/seal, the upstream's name (length-prefixed; empty on a route
@@ -44,14 +45,14 @@ var ErrUnknown = errors.New("unknown task")
 // can change it. Nothing is kept per task: a route holds no table of
 // handles that could grow.
 //
-// Each Seal and Open is one AES-GCM operation. A TaskIDs is safe for
+// Each Seal and Open is one AES-GCM operation. A Sealer is safe for
 // concurrent use.
 type Sealer struct {
 	sealer *seal.Sealer
 	maxLen int // the longest handle Seal gives out
 }
 
-// NewTaskIDs returns a TaskIDs for a 32-byte key. Keep the key across
+// New returns a Sealer for a 32-byte key. Keep the key across
 // reloads and share it between replicas, as the session ids' key is
 // (it may be the same key): handles sealed under a key that is gone no
 // longer open, and their tasks are lost to their clients.
@@ -68,7 +69,7 @@ func New(key []byte) (*Sealer, error) {
 
 // Seal returns the handle to give principal (a token id) on route for the
 // task taskID of upstream ("" on a route with one upstream). It refuses an
-// empty task id and one longer than [MaxUpstreamTaskID]. Every call uses a
+// empty task id and one longer than [MaxUpstream]. Every call uses a
 // fresh nonce, so one task sealed twice gives two handles that both open.
 func (t *Sealer) Seal(upstream, taskID, principal, route string) (string, error) {
 	if taskID == "" || len(taskID) > MaxUpstream {
@@ -84,8 +85,8 @@ func (t *Sealer) Seal(upstream, taskID, principal, route string) (string, error)
 }
 
 // Open returns the upstream and the task id sealed in handle, if handle
-// was sealed by [TaskIDs.Seal] under the same key for the same principal
-// and route. Every failure wraps [ErrUnknownTask], and says whether the
+// was sealed by [Sealer.Seal] under the same key for the same principal
+// and route. Every failure wraps [ErrUnknown], and says whether the
 // handle was malformed or did not open, never which of principal, route
 // or key was wrong.
 func (t *Sealer) Open(handle, principal, route string) (upstream, taskID string, err error) {
@@ -111,4 +112,22 @@ func (t *Sealer) Open(handle, principal, route string) (upstream, taskID string,
 // taskAD binds a handle to its principal and route.
 func taskAD(principal, route string) []byte {
 	return seal.AD(string(rune(taskIDVersion)), principal, route)
+}
+
+// upstreamKey holds, in a request's context, the upstream that holds the
+// task its task method names.
+type upstreamKey struct{}
+
+// WithUpstream returns ctx naming upstream as the one that holds the task
+// the request's tasks/get, tasks/update or tasks/cancel names (by the
+// upstream's id, in the body). The edge sets it once it opened the
+// client's handle; the aggregated route sends the request there.
+func WithUpstream(ctx context.Context, upstream string) context.Context {
+	return context.WithValue(ctx, upstreamKey{}, upstream)
+}
+
+// UpstreamFrom returns the upstream [WithUpstream] put in ctx, if any.
+func UpstreamFrom(ctx context.Context) (string, bool) {
+	up, ok := ctx.Value(upstreamKey{}).(string)
+	return up, ok && up != ""
 }
