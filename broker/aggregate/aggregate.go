@@ -340,62 +340,16 @@ func New(ups []upstream.Config, opts Options) (*Aggregate, error) {
 	} else {
 		a.pidle = mcpidle.New(principalIdle)
 	}
-	var names []string
-	for _, u := range ups {
-		n, err := upstream.Normalize(u)
-		if err != nil {
-			return nil, err
-		}
-		if _, dup := a.byName[n.Name]; dup {
-			return nil, fmt.Errorf("%s is named twice; upstream names must be unique", upstream.Describe(n))
-		}
-		e, warnings := n.Expanded(opts.Lookup)
-		for _, w := range warnings {
-			logger.Warn(w)
-		}
-		copts := upstream.ConnOptions{OnDecision: opts.OnDecision, AnswerBudget: opts.AnswerBudget}
-		if opts.Credentials != nil {
-			copts.Credentials = opts.Credentials(n.Name)
-		}
-		tr, err := upstream.NewTransports(n, e, copts, logger)
-		if err != nil {
-			return nil, err
-		}
-		if n.Transport == upstream.TransportHTTP {
-			tr.MaxRetries = -1
-		}
-		tr.PIDDir = opts.PIDDir
-		up := &aggUpstream{cfg: n, tr: tr, timeout: n.Timeout, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
-		tr.WrapHTTP(func(next http.RoundTripper) http.RoundTripper {
-			up.notes = &noteCounter{next: next}
-			return up.notes
-		})
-		if n.Transport == upstream.TransportStdio && n.IsShared() {
-			up.shared = true
-			up.idle = opts.StdioIdle
-			if up.idle == 0 {
-				up.idle = DefaultStdioIdle
-			}
-		}
-		if up.timeout == 0 {
-			up.timeout = aggConnectTimeout
-		}
-		a.ups = append(a.ups, up)
-		a.byName[n.Name] = up
-		names = append(names, n.Name)
+	names, err := a.addUpstreams(ups, opts, logger)
+	if err != nil {
+		return nil, err
 	}
 	ns, err := upstream.NewNamespace(names)
 	if err != nil {
 		return nil, err
 	}
 	a.ns = ns
-	if opts.PIDDir != "" {
-		if killed, err := upstream.CleanOrphans(opts.PIDDir, logger); err != nil {
-			logger.Warn("aggregate: cleaning orphaned stdio processes", "pid_dir", opts.PIDDir, "ended", killed, "error", err.Error())
-		} else if killed > 0 {
-			logger.Warn("aggregate: ended orphaned stdio processes", "pid_dir", opts.PIDDir, "ended", killed)
-		}
-	}
+	cleanOrphans(opts.PIDDir, logger)
 	a.conditional = opts.Prefix == PrefixConditional && len(a.ups) == 1
 
 	a.server = mcp.NewServer(aggImplementation, &mcp.ServerOptions{
@@ -427,17 +381,96 @@ func New(ups []upstream.Config, opts Options) (*Aggregate, error) {
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	a.pending = len(a.ups)
 	for _, up := range a.ups {
-		if listed := a.loadCachedTools(up); listed != nil {
-			a.registerTools(up, listed)
-			up.fromCache = true
-			a.logger.Info("aggregate: offering the cached tool listing until the upstream lists again", "upstream", up.cfg.Name, "tools", len(up.tools))
-		}
+		a.offerCachedTools(up)
 	}
 	for _, up := range a.ups {
 		a.wg.Add(1)
 		go a.superviseCatalog(up)
 	}
 	return a, nil
+}
+
+// addUpstreams adds the route's state of each of ups, and returns their
+// names.
+func (a *Aggregate) addUpstreams(ups []upstream.Config, opts Options, logger *slog.Logger) ([]string, error) {
+	var names []string
+	for _, u := range ups {
+		n, err := upstream.Normalize(u)
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := a.byName[n.Name]; dup {
+			return nil, fmt.Errorf("%s is named twice; upstream names must be unique", upstream.Describe(n))
+		}
+		up, err := newAggUpstream(n, opts, logger)
+		if err != nil {
+			return nil, err
+		}
+		a.ups = append(a.ups, up)
+		a.byName[up.cfg.Name] = up
+		names = append(names, up.cfg.Name)
+	}
+	return names, nil
+}
+
+// newAggUpstream builds the route's state of the normalized upstream n:
+// expanded, with its transports.
+func newAggUpstream(n upstream.Config, opts Options, logger *slog.Logger) (*aggUpstream, error) {
+	e, warnings := n.Expanded(opts.Lookup)
+	for _, w := range warnings {
+		logger.Warn(w)
+	}
+	copts := upstream.ConnOptions{OnDecision: opts.OnDecision, AnswerBudget: opts.AnswerBudget}
+	if opts.Credentials != nil {
+		copts.Credentials = opts.Credentials(n.Name)
+	}
+	tr, err := upstream.NewTransports(n, e, copts, logger)
+	if err != nil {
+		return nil, err
+	}
+	if n.Transport == upstream.TransportHTTP {
+		tr.MaxRetries = -1
+	}
+	tr.PIDDir = opts.PIDDir
+	up := &aggUpstream{cfg: n, tr: tr, timeout: n.Timeout, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
+	tr.WrapHTTP(func(next http.RoundTripper) http.RoundTripper {
+		up.notes = &noteCounter{next: next}
+		return up.notes
+	})
+	if n.Transport == upstream.TransportStdio && n.IsShared() {
+		up.shared = true
+		up.idle = opts.StdioIdle
+		if up.idle == 0 {
+			up.idle = DefaultStdioIdle
+		}
+	}
+	if up.timeout == 0 {
+		up.timeout = aggConnectTimeout
+	}
+	return up, nil
+}
+
+// cleanOrphans ends the stdio processes that pid files left in pidDir
+// name, when it is set (see [upstream.CleanOrphans]).
+func cleanOrphans(pidDir string, logger *slog.Logger) {
+	if pidDir == "" {
+		return
+	}
+	if killed, err := upstream.CleanOrphans(pidDir, logger); err != nil {
+		logger.Warn("aggregate: cleaning orphaned stdio processes", "pid_dir", pidDir, "ended", killed, "error", err.Error())
+	} else if killed > 0 {
+		logger.Warn("aggregate: ended orphaned stdio processes", "pid_dir", pidDir, "ended", killed)
+	}
+}
+
+// offerCachedTools registers up's cached tool listing, if the cache holds
+// one, until the upstream lists again.
+func (a *Aggregate) offerCachedTools(up *aggUpstream) {
+	if listed := a.loadCachedTools(up); listed != nil {
+		a.registerTools(up, listed)
+		up.fromCache = true
+		a.logger.Info("aggregate: offering the cached tool listing until the upstream lists again", "upstream", up.cfg.Name, "tools", len(up.tools))
+	}
 }
 
 // Ready waits until every upstream's catalog has connected and listed once,

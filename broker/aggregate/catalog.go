@@ -112,17 +112,7 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 		idle := false
 		delay := catalogBackoff.Delay(failures)
 		if err != nil {
-			up.mu.Lock()
-			up.lastErr = upstream.SafeError(err)
-			up.catalog = nil
-			up.failures++
-			up.notifyLocked()
-			up.mu.Unlock()
-			if errors.Is(err, upstream.ErrOffOrigin) {
-				a.logger.Error("aggregate: upstream refused: its SSE endpoint is on another origin", "upstream", up.cfg.Name, "error", upstream.SafeError(err), "retry_in", delay)
-			} else {
-				a.logger.Warn("aggregate: upstream catalog unavailable", "upstream", up.cfg.Name, "error", upstream.SafeError(err), "retry_in", delay)
-			}
+			a.catalogFailed(up, err, delay)
 		} else {
 			failures, delay = 0, catalogBackoff.Delay(0)
 			a.resubscribe(up, cs)
@@ -168,6 +158,22 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 		case <-wake:
 		}
 		failures++
+	}
+}
+
+// catalogFailed notes that up's catalog round failed with err, and logs
+// it with the delay before the next attempt.
+func (a *Aggregate) catalogFailed(up *aggUpstream, err error, delay time.Duration) {
+	up.mu.Lock()
+	up.lastErr = upstream.SafeError(err)
+	up.catalog = nil
+	up.failures++
+	up.notifyLocked()
+	up.mu.Unlock()
+	if errors.Is(err, upstream.ErrOffOrigin) {
+		a.logger.Error("aggregate: upstream refused: its SSE endpoint is on another origin", "upstream", up.cfg.Name, "error", upstream.SafeError(err), "retry_in", delay)
+	} else {
+		a.logger.Warn("aggregate: upstream catalog unavailable", "upstream", up.cfg.Name, "error", upstream.SafeError(err), "retry_in", delay)
 	}
 }
 

@@ -280,24 +280,11 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	fc := &fastCall{upID: string(upID), up: up, c: c, cancel: cancel}
-	key := call.ID.Key()
-	s.mu.Lock()
-	if s.fast == nil {
-		s.fast = map[string]*fastCall{}
-	}
-	if _, dup := s.fast[key]; dup {
-		s.mu.Unlock()
+	untrack, ok := s.trackFast(call.ID.Key(), fc)
+	if !ok {
 		return false // go-sdk answers a duplicate id
 	}
-	s.fast[key] = fc
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		if s.fast[key] == fc {
-			delete(s.fast, key)
-		}
-		s.mu.Unlock()
-	}()
+	defer untrack()
 
 	fw := &fastWriter{w: w}
 	upMsgID, err := message.ParseID(upID)
@@ -350,6 +337,28 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 		fw.respondTool(callID, a.unreachable(up, err))
 	}
 	return true
+}
+
+// trackFast registers fc as the fast call of the client's request id key,
+// so that its cancellation finds it, until untrack; ok is false, and
+// nothing registered, when a call of that id is in flight.
+func (s *aggSession) trackFast(key string, fc *fastCall) (untrack func(), ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fast == nil {
+		s.fast = map[string]*fastCall{}
+	}
+	if _, dup := s.fast[key]; dup {
+		return nil, false
+	}
+	s.fast[key] = fc
+	return func() {
+		s.mu.Lock()
+		if s.fast[key] == fc {
+			delete(s.fast, key)
+		}
+		s.mu.Unlock()
+	}, true
 }
 
 // nullToNil drops an absent or null raw value, so that it is omitted.

@@ -96,16 +96,10 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 		return false
 	}
 	q, up, c := adm.q, adm.up, adm.c
-	params, ok := renameParams(call.Params, q.Name)
+	out, ok := modernCallBody(call, q.Name)
 	if !ok {
 		return false
 	}
-	out := make([]byte, 0, len(params)+len(call.ID.Raw())+64)
-	out = append(out, `{"jsonrpc":"2.0","id":`...)
-	out = append(out, call.ID.Raw()...)
-	out = append(out, `,"method":"tools/call","params":`...)
-	out = append(out, params...)
-	out = append(out, '}')
 
 	// From here on the call is the fast path's.
 	a.modernFastCalls.Add(1)
@@ -113,27 +107,12 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 	defer done()
 	start := time.Now()
 	rec := upstream.CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: q.Name}
-	// As principal decides for a 2026-07-28 request's session.
-	if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
-		rec.TokenID, rec.TokenName = tokenInfoPrincipal(ti)
-	} else {
-		rec.TokenID, rec.TokenName = p.TokenID, p.Name
-	}
+	rec.TokenID, rec.TokenName = modernCaller(r, p)
 	rec.ClientIP = upstream.ClientIP(r.Header)
-
-	hdr := http.Header{}
-	hdr["Mcp-Method"] = []string{"tools/call"}
-	hdr["Mcp-Name"] = []string{q.Name}
-	// In the one spelling the edge checks (it refuses the others).
-	for k, v := range r.Header {
-		if len(k) > len("Mcp-Param-") && strings.HasPrefix(k, "Mcp-Param-") {
-			hdr[k] = v
-		}
-	}
 	callID := call.ID.Raw()
 	fw := &fastWriter{w: w}
 	ctx := r.Context()
-	res, rpcErr, err := a.modernExchange(ctx, up, hdr, out, call.ID, fw)
+	res, rpcErr, err := a.modernExchange(ctx, up, modernCallHeaders(r, q.Name), out, call.ID, fw)
 	switch {
 	case err == nil && rpcErr != nil:
 		var e jsonrpc.Error
@@ -177,6 +156,48 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 		fw.respond(callID, "result", modernOwnResult(a.unreachable(up, err)))
 	}
 	return true
+}
+
+// modernCallBody is the tools/call the fast path sends upstream for call:
+// its id and params as the client sent them, but for the tool's name
+// upstream, or false when its params are not the fast path's (see
+// renameParams).
+func modernCallBody(call message.Call, name string) ([]byte, bool) {
+	params, ok := renameParams(call.Params, name)
+	if !ok {
+		return nil, false
+	}
+	out := make([]byte, 0, len(params)+len(call.ID.Raw())+64)
+	out = append(out, `{"jsonrpc":"2.0","id":`...)
+	out = append(out, call.ID.Raw()...)
+	out = append(out, `,"method":"tools/call","params":`...)
+	out = append(out, params...)
+	return append(out, '}'), true
+}
+
+// modernCallHeaders are the headers the fast path sends upstream for a
+// call of the tool name: Mcp-Method, Mcp-Name and the client's
+// Mcp-Param-* headers.
+func modernCallHeaders(r *http.Request, name string) http.Header {
+	hdr := http.Header{}
+	hdr["Mcp-Method"] = []string{"tools/call"}
+	hdr["Mcp-Name"] = []string{name}
+	// In the one spelling the edge checks (it refuses the others).
+	for k, v := range r.Header {
+		if len(k) > len("Mcp-Param-") && strings.HasPrefix(k, "Mcp-Param-") {
+			hdr[k] = v
+		}
+	}
+	return hdr
+}
+
+// modernCaller is the token id and name a fast call's record carries, as
+// principal decides them for a 2026-07-28 request's session.
+func modernCaller(r *http.Request, p policy.Principal) (id, name string) {
+	if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
+		return tokenInfoPrincipal(ti)
+	}
+	return p.TokenID, p.Name
 }
 
 // fastModernHeaders reports whether go-sdk's stateless handler would accept

@@ -266,12 +266,7 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 			})
 		},
 	}
-	var down *mcp.ClientCapabilities
-	if ss != nil {
-		if ip := ss.InitializeParams(); ip != nil {
-			down = ip.Capabilities
-		}
-	}
+	down := downCapabilities(ss)
 	if down != nil && down.Sampling != nil {
 		opts.Capabilities.Sampling = &mcp.SamplingCapabilities{}
 		opts.CreateMessageHandler = func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
@@ -343,6 +338,18 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		}
 		s.forget(up.cfg.Name, c)
 	}()
+}
+
+// downCapabilities are the capabilities the downstream client of ss
+// declared, or nil (for a principal's session, ss nil, as well).
+func downCapabilities(ss *mcp.ServerSession) *mcp.ClientCapabilities {
+	if ss == nil {
+		return nil
+	}
+	if ip := ss.InitializeParams(); ip != nil {
+		return ip.Capabilities
+	}
+	return nil
 }
 
 // relayMiddleware answers two of the upstream's requests with the

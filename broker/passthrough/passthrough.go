@@ -381,26 +381,9 @@ func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Pr
 // arrives. Refusals of the gateway's credentials, redirects and invalid
 // session ids become 502 instead.
 func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.Principal, ex exchange, resp *http.Response, rec *upstream.CallRecord) {
-	switch status := resp.StatusCode; {
-	case status == http.StatusUnauthorized || status == http.StatusForbidden || status == http.StatusProxyAuthRequired:
-		// The client's own token passed the edge; what the upstream
-		// refused is the gateway's credential for it. Its challenge
-		// (WWW-Authenticate, resource metadata) would steer the client to
-		// the upstream's authorization server, so none of it is relayed.
-		rec.Outcome = http.StatusText(status)
-		pt.logger.Warn("upstream refused the gateway's credentials", "upstream", pt.name, "route", pt.route, "status", status)
-		upstream.WriteRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
-			fmt.Sprintf("the upstream MCP server %q refused the gateway's credentials for it (HTTP %d); your own token is fine: ask the operator to check the credentials configured for this upstream", pt.name, status))
-		return
-	case status >= 300 && status < 400:
-		// pinnedfetch follows the redirects it allows; one that reaches
-		// here had no usable Location.
-		rec.Outcome, rec.Detail = upstream.OutcomeError, fmt.Sprintf("upstream answered %d without a usable Location", status)
-		upstream.WriteRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
-			fmt.Sprintf("the upstream MCP server %q answered with a redirect the gateway cannot follow; ask the operator to configure its final URL", pt.name))
+	if pt.refusedStatus(w, ex, resp.StatusCode, rec) {
 		return
 	}
-
 	if sid := resp.Header.Get(upstream.HeaderSessionID); sid != "" {
 		switch {
 		case sid == ex.upstreamSID:
@@ -601,6 +584,32 @@ func (pt *PassThrough) limitAnswer(ex exchange, err error) []byte {
 		}
 	}
 	return upstream.RPCErrorAnswer(ex.rpcID, message.CodeUpstream, upstream.LimitMessage(err))
+}
+
+// refusedStatus answers, and reports true for, an upstream status the
+// route does not relay: a refusal of the gateway's credentials, or a
+// redirect pinnedfetch did not follow.
+func (pt *PassThrough) refusedStatus(w http.ResponseWriter, ex exchange, status int, rec *upstream.CallRecord) bool {
+	switch {
+	case status == http.StatusUnauthorized || status == http.StatusForbidden || status == http.StatusProxyAuthRequired:
+		// The client's own token passed the edge; what the upstream
+		// refused is the gateway's credential for it. Its challenge
+		// (WWW-Authenticate, resource metadata) would steer the client to
+		// the upstream's authorization server, so none of it is relayed.
+		rec.Outcome = http.StatusText(status)
+		pt.logger.Warn("upstream refused the gateway's credentials", "upstream", pt.name, "route", pt.route, "status", status)
+		upstream.WriteRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
+			fmt.Sprintf("the upstream MCP server %q refused the gateway's credentials for it (HTTP %d); your own token is fine: ask the operator to check the credentials configured for this upstream", pt.name, status))
+		return true
+	case status >= 300 && status < 400:
+		// pinnedfetch follows the redirects it allows; one that reaches
+		// here had no usable Location.
+		rec.Outcome, rec.Detail = upstream.OutcomeError, fmt.Sprintf("upstream answered %d without a usable Location", status)
+		upstream.WriteRPCError(w, http.StatusBadGateway, ex.rpcID, message.CodeUpstream,
+			fmt.Sprintf("the upstream MCP server %q answered with a redirect the gateway cannot follow; ask the operator to configure its final URL", pt.name))
+		return true
+	}
+	return false
 }
 
 // overLimit answers a request whose answer broke a limit before any of it

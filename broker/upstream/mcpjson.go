@@ -191,35 +191,7 @@ func (l *loader) entry(data []byte, key, where string) {
 		return
 	}
 
-	typ, transport := e.str("type"), e.str("transport")
-	if typ != "" && transport != "" && !sameTransport(typ, transport) {
-		e.failf("\"type\" %q and \"transport\" %q disagree; keep one", typ, transport)
-	}
-	u.Transport = transport
-	if u.Transport == "" {
-		u.Transport = typ
-	}
-
-	var urlKeys []string
-	for _, k := range []string{"url", "httpUrl", "sseUrl", "serverUrl"} {
-		if v := e.str(k); v != "" {
-			urlKeys = append(urlKeys, k)
-			u.URL = v
-		}
-	}
-	if len(urlKeys) > 1 {
-		e.failf("has %s; keep one", strings.Join(urlKeys, " and "))
-	}
-	if len(urlKeys) == 1 {
-		implied := map[string]string{"httpUrl": TransportHTTP, "sseUrl": TransportSSE}[urlKeys[0]]
-		switch t, known := canonicalTransport(u.Transport); {
-		case implied == "":
-		case u.Transport == "":
-			u.Transport = implied
-		case known && t != implied:
-			e.failf("%s means transport %q but its type is %q; keep one", urlKeys[0], implied, u.Transport)
-		}
-	}
+	e.transportAndURL(&u)
 
 	u.Headers = e.stringMap("headers")
 	u.Command, u.Args = e.command()
@@ -264,6 +236,40 @@ func (l *loader) entry(data []byte, key, where string) {
 	}
 	l.names[n.Name] = where
 	l.ups = append(l.ups, n)
+}
+
+// transportAndURL reads the transport ("type" or "transport") and the URL
+// (under any of the names clients use) of u, and checks that they agree.
+func (e *entryReader) transportAndURL(u *Config) {
+	typ, transport := e.str("type"), e.str("transport")
+	if typ != "" && transport != "" && !sameTransport(typ, transport) {
+		e.failf("\"type\" %q and \"transport\" %q disagree; keep one", typ, transport)
+	}
+	u.Transport = transport
+	if u.Transport == "" {
+		u.Transport = typ
+	}
+
+	var urlKeys []string
+	for _, k := range []string{"url", "httpUrl", "sseUrl", "serverUrl"} {
+		if v := e.str(k); v != "" {
+			urlKeys = append(urlKeys, k)
+			u.URL = v
+		}
+	}
+	if len(urlKeys) > 1 {
+		e.failf("has %s; keep one", strings.Join(urlKeys, " and "))
+	}
+	if len(urlKeys) == 1 {
+		implied := map[string]string{"httpUrl": TransportHTTP, "sseUrl": TransportSSE}[urlKeys[0]]
+		switch t, known := canonicalTransport(u.Transport); {
+		case implied == "":
+		case u.Transport == "":
+			u.Transport = implied
+		case known && t != implied:
+			e.failf("%s means transport %q but its type is %q; keep one", urlKeys[0], implied, u.Transport)
+		}
+	}
 }
 
 // entryReader takes fields out of one config, so that what is left at the
