@@ -255,3 +255,22 @@ func TestPairedRatios(t *testing.T) {
 		t.Errorf("p50 = %v, want 3", got)
 	}
 }
+
+// The idle probe takes a call's answer from an event stream as a client
+// reads it: past the notifications before it, whatever its line ends, and
+// with data over several lines joined by LF.
+func TestSSEData(t *testing.T) {
+	const answer = `{"jsonrpc":"2.0","id":1,"result":{}}`
+	for stream, want := range map[string]string{
+		"event: message\ndata: " + answer + "\n\n": answer,
+		`data: {"jsonrpc":"2.0","method":"notifications/message","params":{"result":1}}` + "\n\ndata: " + answer + "\n\n": answer,
+		"data: " + answer + "\r\n\r\n":                                   answer,
+		"data: " + answer + "\r\r":                                       answer,
+		"data: {\"jsonrpc\":\"2.0\",\ndata: \"id\":1,\"result\":{}}\n\n": "{\"jsonrpc\":\"2.0\",\n\"id\":1,\"result\":{}}",
+		"data: " + answer + "\n":                                         "",
+	} {
+		if got := string(sseData([]byte(stream))); got != want {
+			t.Errorf("sseData(%q) = %q; want %q", stream, got, want)
+		}
+	}
+}

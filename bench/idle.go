@@ -17,6 +17,9 @@ import (
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/sse"
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 // The idle-sessions run. For each route, N MCP sessions are opened and
@@ -532,32 +535,23 @@ func (c *idleClient) postHeaders(ctx context.Context, s idleSession, more map[st
 }
 
 // sseData is the data of the first event of an event stream that carries
-// a JSON-RPC answer (a result or an error).
+// a JSON-RPC answer (a result or an error), read as a client reads the
+// stream.
 func sseData(raw []byte) []byte {
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	var data []byte
-	flush := func() []byte {
-		d := data
-		data = nil
-		if bytes.Contains(d, []byte(`"result"`)) || bytes.Contains(d, []byte(`"error"`)) {
-			return d
+	r := sse.NewReader(bytes.NewReader(raw), 0)
+	for {
+		ev, err := r.Next()
+		if err != nil {
+			return nil
 		}
-		return nil
-	}
-	for sc.Scan() {
-		line := sc.Bytes()
-		if len(line) == 0 {
-			if d := flush(); d != nil {
-				return d
-			}
+		data, ok := ev.Data()
+		if !ok {
 			continue
 		}
-		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
+		if b, err := message.ReadAnswer(data); err == nil && !b.Batch && b.Calls[0].IsResponse() {
+			return data
 		}
 	}
-	return flush()
 }
 
 // goroutines is the number of caddy's goroutines, from the admin API's

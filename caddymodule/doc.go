@@ -1,6 +1,9 @@
 // Package caddymodule is the only package of caddy-zidane-mcp that imports
 // Caddy. It registers the zidane app, the http.handlers.zidane_mcp handler
-// and its Caddyfile directive, the admin.api.zidane routes, the
+// and its Caddyfile directive, the handler's routes (guest modules in
+// http.handlers.zidane_mcp.routes: sessions, guard, broker, aggregate, of
+// which a handler loads one and never asks which), the admin.api.zidane
+// routes, the
 // caddy.logging.writers.zidane_audit log writer and the `caddy zidane`
 // command; it parses config, builds the core objects from the
 // policy, pinnedfetch, mcpendpoint, sessions, broker, pins and cluster

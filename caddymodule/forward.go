@@ -420,26 +420,13 @@ func checkAdvertise(raw string) error {
 // own refusal (401 hop_principal, 403 hop_scopes), audited.
 func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) error {
 	now := time.Now()
-	ip := policy.AddressKey(rf.clientIP, h.ipv6Prefix)
-	// The address's bucket is charged for refused hops, and stops them
-	// once empty, but never a hop that verifies: the address is a
-	// replica's, which whatever else shares it (an agent's shell on that
-	// host) must not be able to cut off by sending bad hops.
+	auth := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix}
 	refuse := func(v edge.Verdict) error {
+		v = auth.ChargeRefusedHop(rf.clientIP, now, v)
 		w.Header().Set(edge.HopRefusedHeader, v.Reason)
-		if v.Status == http.StatusUnauthorized || v.Status == http.StatusForbidden {
-			if h.ipLimit.Empty(ip, now) {
-				_, retry := h.ipLimit.Allow(ip, now)
-				v = edge.Refuse(http.StatusTooManyRequests, "rate_limited_ip", "too many refused requests from this address; wait and retry")
-				v.RetryAfter = retry
-				w.Header().Set(edge.HopRefusedHeader, v.Reason)
-			} else {
-				h.ipLimit.Allow(ip, now)
-			}
-		}
 		return h.refuse(w, r, rf, v)
 	}
-	ca, ok := h.route.(forwardedRoute)
+	ca, ok := h.route.route.(forwardedRoute)
 	if !ok {
 		return refuse(edge.Refuse(http.StatusForbidden, "hop_refused",
 			"Zidane-Hop headers are the replicas' own, and this site takes no forwarded requests; send the request without them"))
@@ -483,7 +470,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	if v := edge.CheckRequest(r); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
-	d := edge.Decide(h.route, p, r.Method, r.Header, body)
+	d := edge.Decide(h.route.route, p, r.Method, r.Header, body)
 	if !d.Allowed() {
 		rf.call = d.Call
 		return h.refuse(w, r, rf, d.Verdict)

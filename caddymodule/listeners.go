@@ -30,7 +30,7 @@ func (a *App) checkAgentBases() error {
 	for name, srv := range servers {
 		var errs []error
 		walkHandlers(srv.Routes, srv.Errors, srv.NamedRoutes, func(h *Handler) {
-			if h.Sessions == nil || h.resURL == nil || h.resURL.IsAbs() {
+			if _, sessions := h.mode.(*Sessions); !sessions || h.resURL.IsAbs() {
 				return
 			}
 			switch {

@@ -32,7 +32,7 @@ const (
 	badConfigTimeout = time.Minute
 	// badConfigParallel is how many caddy processes the walk runs at once.
 	badConfigParallel = 2
-	// keyFileLimit is the size the README gives for the files a config
+	// keyFileLimit is the size the Caddyfile reference gives for the files a config
 	// names (key files, upstreams_file).
 	keyFileLimit = 1 << 20
 )
@@ -41,7 +41,10 @@ const (
 // never listens on it, and a `caddy run` stops before it would.
 const badConfigSite = "http://127.0.0.1:9"
 
-// referenceOption is one option of a README reference block: its path of
+// referencePage is the Caddyfile reference, whose blocks list every option.
+const referencePage = "docs/caddyfile.md"
+
+// referenceOption is one option of a reference block: its path of
 // block names ("zidane_mcp jwt leeway") and the value it documents
 // ("<duration>").
 type referenceOption struct {
@@ -49,34 +52,34 @@ type referenceOption struct {
 	value string
 }
 
-// referenceOptions reads the options of the README's caddyfile blocks
-// under "Directive reference: `zidane_mcp`", "Global option: `zidane`" and
-// "Shared storage on NATS (several replicas)" (the storage block) and
-// "Log writer reference: `zidane_audit`":
+// referenceOptions reads the options of the caddyfile blocks of the
+// Caddyfile reference (docs/caddyfile.md) under "Directive `zidane_mcp`",
+// "Global option `zidane`", "Cluster: `storage zidane_nats` and `cluster`"
+// (the storage block) and "Log writer `zidane_audit`":
 // every line's first word, named by the blocks it sits in. The block names
 // are options too ("zidane_mcp jwt"), and so are the directive and the
 // global option themselves. A first word such as a|b names two options.
 func referenceOptions(t *testing.T) []referenceOption {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	raw, err := os.ReadFile(filepath.Join(repoRoot, referencePage))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var opts []referenceOption
 	seen := map[string]bool{}
-	for _, heading := range []string{"## Directive reference: `zidane_mcp`", "## Global option: `zidane`", "## Shared storage on NATS (several replicas)",
-		"## Log writer reference: `zidane_audit`"} {
+	for _, heading := range []string{"## Directive `zidane_mcp`", "## Global option `zidane`", "## Cluster: `storage zidane_nats` and `cluster`",
+		"## Log writer `zidane_audit`"} {
 		_, after, ok := strings.Cut(string(raw), "\n"+heading+"\n")
 		if !ok {
-			t.Fatalf("README.md has no heading %q", heading)
+			t.Fatalf("%s has no heading %q", referencePage, heading)
 		}
 		_, after, ok = strings.Cut(after, "```caddyfile\n")
 		if !ok {
-			t.Fatalf("README.md: no caddyfile block under %q", heading)
+			t.Fatalf("%s: no caddyfile block under %q", referencePage, heading)
 		}
 		block, _, ok := strings.Cut(after, "\n```")
 		if !ok {
-			t.Fatalf("README.md: the caddyfile block under %q does not end", heading)
+			t.Fatalf("%s: the caddyfile block under %q does not end", referencePage, heading)
 		}
 		var stack []string
 		for line := range strings.Lines(block) {
@@ -90,7 +93,7 @@ func referenceOptions(t *testing.T) []referenceOption {
 				continue
 			case words[0] == "}":
 				if len(stack) == 0 {
-					t.Fatalf("README.md: unbalanced } under %q", heading)
+					t.Fatalf("%s: unbalanced } under %q", referencePage, heading)
 				}
 				stack = stack[:len(stack)-1]
 				continue
@@ -114,7 +117,7 @@ func referenceOptions(t *testing.T) []referenceOption {
 			}
 		}
 		if len(stack) != 0 {
-			t.Fatalf("README.md: unclosed block %v under %q", stack, heading)
+			t.Fatalf("%s: unclosed block %v under %q", referencePage, stack, heading)
 		}
 	}
 	return opts
@@ -199,7 +202,7 @@ func writeConfigFixtures(t *testing.T) configFixtures {
 // badConfig is a Caddyfile with one wrong value, and what caddy must say
 // about it: the option's name (the last word of option) and each of want.
 type badConfig struct {
-	option    string // the option's path in the README reference
+	option    string // the option's path in the Caddyfile reference
 	label     string // what is wrong with the value
 	caddyfile string
 	want      []string
@@ -360,7 +363,7 @@ func fileCases(option string, fx configFixtures, tooBig string, wrap func(line s
 func lastWord(path string) string { return path[strings.LastIndexByte(path, ' ')+1:] }
 
 // requiredLabels are the bad values an option must be tried with, by the
-// value the README documents for it.
+// value the Caddyfile reference documents for it.
 func requiredLabels(o referenceOption) []string {
 	switch {
 	case o.value == "<duration>" || o.value == "<dur>":
@@ -881,7 +884,7 @@ func checkRefused(t *testing.T, res caddyOutcome, option string, want []string, 
 	}
 }
 
-// TestBadConfigValuesAreRefused walks the README's reference of the
+// TestBadConfigValuesAreRefused walks the Caddyfile reference (docs/caddyfile.md) of the
 // zidane_mcp directive and the zidane global option: every option listed
 // there is given wrong values (of the wrong kind, negative, huge, empty;
 // for a path, a directory, /dev/zero, a named pipe, a file too big or
@@ -903,18 +906,18 @@ func TestBadConfigValuesAreRefused(t *testing.T) {
 		known[o.path] = true
 		labels, ok := byOption[o.path]
 		if !ok {
-			t.Errorf("README option %q has no bad-value case here: add one to badConfigs", o.path)
+			t.Errorf("Caddyfile reference option %q has no bad-value case here: add one to badConfigs", o.path)
 			continue
 		}
 		for _, l := range requiredLabels(o) {
 			if !slices.Contains(labels, l) {
-				t.Errorf("README option %q (%s) is not tried with %s", o.path, o.value, l)
+				t.Errorf("Caddyfile reference option %q (%s) is not tried with %s", o.path, o.value, l)
 			}
 		}
 	}
 	for opt := range byOption {
 		if !known[opt] {
-			t.Errorf("cases for %q, which the README reference does not list", opt)
+			t.Errorf("cases for %q, which the Caddyfile reference does not list", opt)
 		}
 	}
 	if t.Failed() {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/sse"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
 
@@ -80,43 +81,57 @@ func (c channelStream) Write(p []byte) (int, error) {
 // Unwrap lets http.ResponseController reach Flush on the real writer.
 func (c channelStream) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
+// channelLoggerJSON is in every event that carries a message from
+// channelLogger, as go-sdk's encoder writes it (compact): events without it
+// are passed on without being decoded.
 var channelLoggerJSON = []byte(`"logger":"` + channelLogger + `"`)
 
 // rewriteChannelEvent returns the SSE event p with its data replaced by a
 // notifications/claude/channel message, if p is one whole SSE event carrying
-// a notifications/message from channelLogger.
+// a notifications/message from channelLogger. It reads p as a client reads
+// an event stream (see internal/sse).
 func rewriteChannelEvent(p []byte) ([]byte, bool) {
 	if !bytes.Contains(p, channelLoggerJSON) {
 		return nil, false
 	}
-	lines := bytes.Split(p, []byte("\n"))
-	for i, line := range lines {
-		data, ok := bytes.CutPrefix(line, []byte("data: "))
-		if !ok {
+	var (
+		dec    sse.Decoder
+		events []sse.Event
+	)
+	dec.Write(p, func(ev sse.Event) { events = append(events, ev) })
+	if len(events) != 1 || dec.Pending() != 0 {
+		return nil, false
+	}
+	data, ok := events[0].Data()
+	if !ok {
+		return nil, false
+	}
+	var msg struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+		Params struct {
+			Logger string          `json:"logger"`
+			Data   json.RawMessage `json:"data"`
+		} `json:"params"`
+	}
+	if json.Unmarshal(data, &msg) != nil || msg.ID != nil ||
+		msg.Method != "notifications/message" || msg.Params.Logger != channelLogger || msg.Params.Data == nil {
+		return nil, false
+	}
+	out, err := json.Marshal(struct {
+		JSONRPC string          `json:"jsonrpc"`
+		Method  string          `json:"method"`
+		Params  json.RawMessage `json:"params"`
+	}{"2.0", channelMethod, msg.Params.Data})
+	if err != nil {
+		return nil, false
+	}
+	var ev []byte
+	for line := range events[0].Lines() {
+		if name, _, comment := sse.Field(line); !comment && string(name) == "data" {
 			continue
 		}
-		var msg struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-			Params struct {
-				Logger string          `json:"logger"`
-				Data   json.RawMessage `json:"data"`
-			} `json:"params"`
-		}
-		if json.Unmarshal(data, &msg) != nil || msg.ID != nil ||
-			msg.Method != "notifications/message" || msg.Params.Logger != channelLogger || msg.Params.Data == nil {
-			return nil, false
-		}
-		out, err := json.Marshal(struct {
-			JSONRPC string          `json:"jsonrpc"`
-			Method  string          `json:"method"`
-			Params  json.RawMessage `json:"params"`
-		}{"2.0", channelMethod, msg.Params.Data})
-		if err != nil {
-			return nil, false
-		}
-		lines[i] = append([]byte("data: "), out...)
-		return bytes.Join(lines, []byte("\n")), true
+		ev = append(append(ev, line...), '\n')
 	}
-	return nil, false
+	return append(sse.AppendData(ev, out), '\n'), true
 }

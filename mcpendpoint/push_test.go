@@ -223,11 +223,24 @@ func TestRewriteChannelEvent(t *testing.T) {
 	if !ok || string(out) != want {
 		t.Errorf("rewrite = %q, %v\nwant %q", out, ok, want)
 	}
+	// However the event is spelled, as a client reads it (see
+	// internal/sse): the rewrite goes out with LF line ends.
+	for _, spelled := range []string{
+		strings.Replace(channel, "data: ", "data:", 1),
+		strings.ReplaceAll(channel, "\n", "\r\n"),
+		strings.ReplaceAll(channel, "\n", "\r"),
+		strings.Replace(channel, `"params":`, "\ndata: \"params\":", 1), // the message over two data lines
+	} {
+		if out, ok := rewriteChannelEvent([]byte(spelled)); !ok || string(out) != want {
+			t.Errorf("rewrite of %q = %q, %v\nwant %q", spelled, out, ok, want)
+		}
+	}
 	for _, keep := range []string{
 		": ok\n\n",
 		"event: message\nid: _1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"data\":{\"text\":\"\\\"logger\\\":\\\"claude/channel\\\"\"},\"level\":\"info\",\"logger\":\"session-event\"}}\n\n",
 		"event: message\nid: _2\ndata: {\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"notifications/message\",\"params\":{\"logger\":\"claude/channel\",\"data\":{}}}\n\n",
 		"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"logger\":\"claude/channel\"", // a split write
+		channel + "event: message\n", // more than one event
 	} {
 		if out, ok := rewriteChannelEvent([]byte(keep)); ok {
 			t.Errorf("rewrote %q into %q", keep, out)

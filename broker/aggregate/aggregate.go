@@ -355,6 +355,7 @@ func New(ups []upstream.Config, opts Options) (*Aggregate, error) {
 	a.server = mcp.NewServer(aggImplementation, &mcp.ServerOptions{
 		Logger:             logger,
 		InitializedHandler: func(_ context.Context, req *mcp.InitializedRequest) { a.session(req.Session) },
+		//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		RootsListChangedHandler: func(_ context.Context, req *mcp.RootsListChangedRequest) {
 			a.session(req.Session).rootsChanged()
 		},
@@ -365,6 +366,7 @@ func New(ups []upstream.Config, opts Options) (*Aggregate, error) {
 		GetSessionID:              opts.NewSessionID,
 		SupportedProtocolVersions: []string{protocolModern, "2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"},
 		Capabilities: &mcp.ServerCapabilities{
+			//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 			Logging:   &mcp.LoggingCapabilities{},
 			Tools:     &mcp.ToolCapabilities{ListChanged: true},
 			Prompts:   &mcp.PromptCapabilities{ListChanged: true},
@@ -434,7 +436,7 @@ func newAggUpstream(n upstream.Config, opts Options, logger *slog.Logger) (*aggU
 	tr.PIDDir = opts.PIDDir
 	up := &aggUpstream{cfg: n, tr: tr, timeout: n.Timeout, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
 	tr.WrapHTTP(func(next http.RoundTripper) http.RoundTripper {
-		up.notes = &noteCounter{next: next}
+		up.notes = &noteCounter{next: next, max: int(tr.LimitMax())}
 		return up.notes
 	})
 	if n.Transport == upstream.TransportStdio && n.IsShared() {
@@ -757,6 +759,7 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			}
 		case "logging/setLevel":
 			if ss, ok := req.GetSession().(*mcp.ServerSession); ok {
+				//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 				if p, ok := req.GetParams().(*mcp.SetLoggingLevelParams); ok && p != nil {
 					a.session(ss).setLevel(ctx, p.Level)
 				}

@@ -1,7 +1,6 @@
 package aggregate
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -22,6 +21,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/sse"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -252,6 +252,7 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 	}
 	callID := call.ID.Raw()
 	if ip := s.ss.InitializeParams(); ip == nil || ip.Capabilities == nil ||
+		//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		ip.Capabilities.Sampling != nil || ip.Capabilities.Elicitation != nil {
 		return false
 	}
@@ -479,41 +480,37 @@ func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstre
 
 // readStream reads an upstream's event stream, one whole event at a time,
 // until the answer to id, and hands every other message to other: the one
-// reader of both fast paths' streams.
+// reader of both fast paths' streams. It reads events as a client does
+// (see internal/sse).
 func readStream(ctx context.Context, up *aggUpstream, body io.Reader, id message.ID, other func(event []byte, env message.Call)) (result, rpcErr json.RawMessage, err error) {
-	sc := bufio.NewScanner(body)
-	// The body fails past max_response (see answerlimit.Transport) before a line
-	// could reach the scanner's own bound.
-	sc.Buffer(make([]byte, 0, 16<<10), int(up.tr.LimitMax())+1)
-	var data []byte
-	for sc.Scan() {
-		line := sc.Bytes()
-		switch {
-		case len(line) == 0:
-			if len(data) == 0 {
-				continue
-			}
-			event := data
-			data = nil
-			b, err := message.ReadAnswer(event)
-			if err != nil || b.Batch {
-				continue
-			}
-			env := b.Calls[0]
-			if env.IsResponse() && env.ID.Key() == id.Key() {
-				return answerOf(env)
-			}
-			other(event, env)
-		case bytes.HasPrefix(line, []byte("data:")):
-			v := bytes.TrimPrefix(line[5:], []byte(" "))
-			if data != nil {
-				data = append(data, '\n')
-			}
-			data = append(data, v...)
-		}
+	// The body fails past max_response (see answerlimit.Transport) before an event
+	// could reach the reader's own bound.
+	max := int(up.tr.LimitMax())
+	if max > 0 {
+		max++
 	}
-	if err := sc.Err(); err != nil {
-		return nil, nil, err
+	r := sse.NewReader(body, max)
+	for {
+		ev, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		event, ok := ev.Data()
+		if !ok || len(event) == 0 {
+			continue
+		}
+		b, err := message.ReadAnswer(event)
+		if err != nil || b.Batch {
+			continue
+		}
+		env := b.Calls[0]
+		if env.IsResponse() && env.ID.Key() == id.Key() {
+			return answerOf(env)
+		}
+		other(event, env)
 	}
 	if ctx.Err() != nil {
 		return nil, nil, ctx.Err()
@@ -539,8 +536,10 @@ func (a *Aggregate) fastAnswerUpstream(ctx context.Context, s *aggSession, up *a
 		ans.Result = struct{}{}
 	case "roots/list":
 		ans.Result = map[string]any{"roots": []any{}}
+		//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		if ip := s.ss.InitializeParams(); ip != nil && ip.Capabilities != nil && ip.Capabilities.RootsV2 != nil {
 			rctx, cancel := context.WithTimeout(ctx, up.timeout)
+			//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 			res, err := s.ss.ListRoots(rctx, &mcp.ListRootsParams{})
 			cancel()
 			if err != nil {
@@ -617,6 +616,7 @@ func (s *aggSession) logs(params json.RawMessage) bool {
 		return false
 	}
 	var p struct {
+		//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		Level mcp.LoggingLevel `json:"level"`
 	}
 	if json.Unmarshal(params, &p) != nil {
@@ -626,6 +626,8 @@ func (s *aggSession) logs(params json.RawMessage) bool {
 }
 
 // logSeverity orders MCP logging levels (RFC 5424's, least severe first).
+//
+//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 func logSeverity(l mcp.LoggingLevel) int {
 	switch l {
 	case "debug":

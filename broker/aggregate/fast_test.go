@@ -60,7 +60,9 @@ func newFastUp(t *testing.T, name string, jsonResponse bool) *fastUp {
 		if tok := req.Params.GetProgressToken(); tok != nil {
 			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: 1, Total: 2, Message: "half"})
 		}
+		//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 		_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: "working"})
+		//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 		_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "debug", Data: "noise"})
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
 	})
@@ -217,10 +219,12 @@ func TestAggregateFastPathProgressLogCancel(t *testing.T) {
 	logs := make(chan any, 4)
 	cs := aggConnect(t, url, &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) { progress <- req.Params },
-		LoggingMessageHandler:       func(_ context.Context, req *mcp.LoggingMessageRequest) { logs <- req.Params.Data },
+		//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
+		LoggingMessageHandler: func(_ context.Context, req *mcp.LoggingMessageRequest) { logs <- req.Params.Data },
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
 		t.Fatal(err)
 	}
@@ -427,4 +431,84 @@ func TestAggregateFastPathLeavesModernUpstreams(t *testing.T) {
 	if n := legacy.fast.Load(); n < 2 {
 		t.Errorf("%d calls to the 2025-11-25 upstream took the fast path, want at least 2 of 3", n)
 	}
+}
+
+// The fast path reads an upstream's event stream as a client does (see
+// internal/sse): an answer whose lines end with a lone CR, or whose stream
+// starts with a byte-order mark, is the answer all the same.
+func TestAggregateFastPathReadsEventsAsClients(t *testing.T) {
+	for name, spell := range map[string]func([]byte) []byte{
+		"lone CR": func(b []byte) []byte { return bytes.ReplaceAll(b, []byte("\n"), []byte("\r")) },
+		"CRLF":    func(b []byte) []byte { return bytes.ReplaceAll(b, []byte("\n"), []byte("\r\n")) },
+		"byte-order mark before data": func(b []byte) []byte {
+			b = bytes.ReplaceAll(b, []byte("event: message\n"), nil)
+			b = bytes.ReplaceAll(b, []byte("id: "), []byte(": "))
+			return append([]byte("\xEF\xBB\xBF"), b...)
+		},
+		"no space": func(b []byte) []byte { return bytes.ReplaceAll(b, []byte("data: "), []byte("data:")) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			up := newFastUp(t, "a", false)
+			// The upstream's answers to the fast path's requests are
+			// spelled the other way; go-sdk's, which open the session, are
+			// left as they are.
+			respell := respellEvents(t, up.http.URL, func(req, answer []byte) []byte {
+				if bytes.Contains(req, []byte(`"id":"zidane-`)) {
+					return spell(answer)
+				}
+				return answer
+			})
+			_, url := aggServe(t, []upstream.Config{{Name: "a", URL: respell}}, Options{})
+			cs := aggConnect(t, url, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			for _, text := range []string{"opens", "fast"} {
+				res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": text}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := aggText(t, res); got != "a:"+text || res.IsError {
+					t.Fatalf("call %q answered %q (error %v)", text, got, res.IsError)
+				}
+			}
+			if up.fast.Load() == 0 {
+				t.Fatal("no call took the fast path")
+			}
+		})
+	}
+}
+
+// respellEvents serves a proxy to the MCP server at target that passes
+// each event-stream answer to a POST through spell (with the request's
+// body) before it goes on. It holds answers whole, so it offers no GET
+// stream.
+func respellEvents(t *testing.T, target string, spell func(req, answer []byte) []byte) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, target, bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			answer = spell(body, answer)
+		}
+		w.Header().Del("Content-Length")
+		w.WriteHeader(resp.StatusCode)
+		w.Write(answer)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
 }

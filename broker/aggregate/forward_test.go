@@ -1,6 +1,7 @@
 package aggregate
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -23,12 +24,11 @@ func TestForwardIsBounded(t *testing.T) {
 		t.Fatalf("dropped %d, want %d", got, flood-maxQueuedNotes)
 	}
 	close(release)
-	deadline := time.Now().Add(10 * time.Second)
-	for c.handled.Load() < flood+1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("handled %d of %d", c.handled.Load(), flood+1)
-		}
-		time.Sleep(time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c.handled.wait(ctx, flood+1, time.Hour)
+	if got := c.handled.count(); got < flood+1 {
+		t.Fatalf("handled %d of %d", got, flood+1)
 	}
 	c.stopForwarding()
 	if len(sent) != maxQueuedNotes+1 || sent[0] != -1 {
@@ -41,4 +41,39 @@ func TestForwardIsBounded(t *testing.T) {
 	}
 	// After the session ended, nothing more goes out.
 	c.forward(func() { t.Error("forwarded after stop") })
+}
+
+// A call's answer waits for the notifications read before it, and goes
+// out as the last one is handled: the wait ends on that event, not on the
+// bound, nor on a later poll.
+func TestNoteGateWakesAtTheCount(t *testing.T) {
+	var g noteGate
+	g.done()
+	g.wait(context.Background(), 1, time.Hour) // reached already: no wait
+
+	woke := make(chan struct{})
+	go func() {
+		g.wait(context.Background(), 3, time.Hour)
+		close(woke)
+	}()
+	g.done()
+	g.done()
+	select {
+	case <-woke:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait did not end when the count was reached (its bound is an hour)")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan struct{})
+	go func() {
+		g.wait(ctx, 100, time.Hour)
+		close(ended)
+	}()
+	cancel()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait did not end with its request")
+	}
 }

@@ -1,7 +1,6 @@
 package aggregate
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -11,6 +10,8 @@ import (
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+	"github.com/Tahul/caddy-zidane-mcp/internal/sse"
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 // Ordering of an upstream's notifications before its answer.
@@ -22,7 +23,9 @@ import (
 // closed the call's stream, and be lost. noteCounter counts, per upstream
 // session, the notifications read off the wire (in the SSE streams, before
 // go-sdk queues them); after a call, [aggConn.awaitNotes] waits until the
-// handlers have forwarded as many, so the answer goes out after them.
+// handlers have forwarded as many, so the answer goes out after them. The
+// handlers wake the wait as they count (noteGate): it ends at the last
+// one, not at a poll after it.
 
 // noteWait bounds that wait.
 const noteWait = 500 * time.Millisecond
@@ -30,7 +33,10 @@ const noteWait = 500 * time.Millisecond
 // noteCounter counts the log and progress notifications in the event
 // streams of an upstream's responses, by upstream session id.
 type noteCounter struct {
-	next     http.RoundTripper
+	next http.RoundTripper
+	// max bounds what a noteReader holds of one event: the upstream's
+	// max_response, past which the answer limit below fails the body.
+	max      int
 	sessions sync.Map // upstream session id -> *atomic.Int64
 }
 
@@ -51,7 +57,9 @@ func (n *noteCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 	if sid == "" {
 		return resp, err
 	}
-	resp.Body = &noteReader{ReadCloser: resp.Body, count: n.counter(sid)}
+	r := &noteReader{ReadCloser: resp.Body, count: n.counter(sid)}
+	r.dec.Max = n.max
+	resp.Body = r
 	return resp, nil
 }
 
@@ -61,47 +69,101 @@ func (n *noteCounter) CloseIdleConnections() {
 	}
 }
 
-// noteReader counts the event-stream data lines that carry a log or
-// progress notification. It looks at the start of each line only, where
-// a JSON-RPC message names its method.
+// noteReader counts the events of a stream that carry a log or progress
+// notification, as a client reads the stream (see internal/sse) and as
+// the edge reads a message (package message): whatever the spelling of
+// the stream or of the JSON. It holds an event's lines until its blank
+// line, as the answer limit under it holds the event's bytes in the
+// answer budget, and no longer.
 type noteReader struct {
 	io.ReadCloser
 	count *atomic.Int64
-	line  []byte // the start of the current line
-	skip  bool   // the rest of the current line is past the bytes kept
+	dec   sse.Decoder
 }
-
-const noteLinePrefix = 256
-
-var (
-	noteLog      = []byte(`"method":"notifications/message"`)
-	noteProgress = []byte(`"method":"notifications/progress"`)
-)
 
 func (r *noteReader) Read(p []byte) (int, error) {
 	n, err := r.ReadCloser.Read(p)
-	for _, b := range p[:n] {
-		if b == '\n' {
-			r.endLine()
-			continue
-		}
-		if !r.skip {
-			r.line = append(r.line, b)
-			if len(r.line) >= noteLinePrefix {
-				r.endLine()
-				r.skip = true
-			}
-		}
+	r.dec.Write(p[:n], r.event)
+	if err != nil {
+		r.dec.End()
 	}
 	return n, err
 }
 
-func (r *noteReader) endLine() {
-	if !r.skip && bytes.HasPrefix(r.line, []byte("data:")) &&
-		(bytes.Contains(r.line, noteLog) || bytes.Contains(r.line, noteProgress)) {
+func (r *noteReader) event(ev sse.Event) {
+	data, ok := ev.Data()
+	if !ok {
+		return
+	}
+	b, err := message.ReadAnswer(data)
+	if err != nil || b.Batch {
+		return
+	}
+	if c := b.Calls[0]; c.ID.IsZero() && (c.Method == "notifications/message" || c.Method == "notifications/progress") {
 		r.count.Add(1)
 	}
-	r.line, r.skip = r.line[:0], false
+}
+
+// noteGate counts the notifications an upstream session's handlers have
+// forwarded (or dropped), and wakes whoever waits for the count.
+type noteGate struct {
+	mu      sync.Mutex
+	handled int64
+	wake    chan struct{} // closed at the next count; nil while nobody waits
+}
+
+// done counts one notification handled.
+func (g *noteGate) done() {
+	g.mu.Lock()
+	g.handled++
+	wake := g.wake
+	g.wake = nil
+	g.mu.Unlock()
+	if wake != nil {
+		close(wake)
+	}
+}
+
+// count is how many notifications were handled.
+func (g *noteGate) count() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.handled
+}
+
+// reached reports whether target notifications were handled, and if not,
+// returns a channel closed at the next one.
+func (g *noteGate) reached(target int64) (bool, <-chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.handled >= target {
+		return true, nil
+	}
+	if g.wake == nil {
+		g.wake = make(chan struct{})
+	}
+	return false, g.wake
+}
+
+// wait waits until target notifications were handled, ctx ends or bound
+// passes, whichever comes first.
+func (g *noteGate) wait(ctx context.Context, target int64, bound time.Duration) {
+	ok, wake := g.reached(target)
+	if ok {
+		return
+	}
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for !ok {
+		select {
+		case <-wake:
+		case <-timer.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+		ok, wake = g.reached(target)
+	}
 }
 
 // awaitNotes waits, bounded by noteWait and ctx, until c's handlers have
@@ -111,12 +173,5 @@ func (c *aggConn) awaitNotes(ctx context.Context) {
 	if c.received == nil {
 		return
 	}
-	target := c.received.Load()
-	if c.handled.Load() >= target {
-		return
-	}
-	deadline := time.Now().Add(noteWait)
-	for c.handled.Load() < target && time.Now().Before(deadline) && ctx.Err() == nil {
-		time.Sleep(time.Millisecond)
-	}
+	c.handled.wait(ctx, c.received.Load(), noteWait)
 }

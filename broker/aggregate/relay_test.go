@@ -1,15 +1,18 @@
 package aggregate
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
@@ -117,9 +120,11 @@ func toStrings(v any) []string {
 func TestAggregateForwardsRoots(t *testing.T) {
 	changed := make(chan struct{}, 4)
 	s := mcp.NewServer(&mcp.Implementation{Name: "up", Version: "1"}, &mcp.ServerOptions{
+		//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 		RootsListChangedHandler: func(context.Context, *mcp.RootsListChangedRequest) { changed <- struct{}{} },
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "roots"}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
+		//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 		res, err := req.Session.ListRoots(ctx, nil)
 		if err != nil {
 			return nil, nil, err
@@ -132,6 +137,7 @@ func TestAggregateForwardsRoots(t *testing.T) {
 	})
 	_, url := aggServe(t, []upstream.Config{serveUpstream(t, "up", s)}, Options{})
 	c := mcp.NewClient(&mcp.Implementation{Name: "downstream", Version: "1"}, nil)
+	//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 	c.AddRoots(&mcp.Root{URI: "file:///work/a"})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -151,6 +157,7 @@ func TestAggregateForwardsRoots(t *testing.T) {
 	if got := call(); got != "file:///work/a" {
 		t.Fatalf("upstream saw roots %q, want the downstream client's", got)
 	}
+	//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 	c.AddRoots(&mcp.Root{URI: "file:///work/b"})
 	select {
 	case <-changed:
@@ -172,6 +179,7 @@ func TestAggregateForwardsLogsBeforeTheAnswer(t *testing.T) {
 		// Many at once, so that the broker's handler queue is still busy
 		// when the answer arrives.
 		for i := range perCall {
+			//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: fmt.Sprint("step ", i)})
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
@@ -185,6 +193,7 @@ func TestAggregateForwardsLogsBeforeTheAnswer(t *testing.T) {
 		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 			return &mcp.ElicitResult{Action: "decline"}, nil
 		},
+		//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 		LoggingMessageHandler: func(context.Context, *mcp.LoggingMessageRequest) {
 			mu.Lock()
 			logs++
@@ -193,6 +202,7 @@ func TestAggregateForwardsLogsBeforeTheAnswer(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
 		t.Fatal(err)
 	}
@@ -215,4 +225,112 @@ func TestAggregateForwardsLogsBeforeTheAnswer(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	t.Fatalf("%d log messages reached the client, want %d", logs, perCall*calls)
+}
+
+// The same, from an upstream whose JSON has a space after each colon, as
+// many JSON encoders write it: its log messages are counted and waited for
+// all the same.
+func TestAggregateForwardsSpacedLogsBeforeTheAnswer(t *testing.T) {
+	const perCall, calls = 50, 10
+	s := mcp.NewServer(&mcp.Implementation{Name: "up", Version: "1"}, nil)
+	mcp.AddTool(s, &mcp.Tool{Name: "chatty"}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
+		for i := range perCall {
+			//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
+			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: fmt.Sprint("step ", i)})
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+	})
+	up := serveUpstream(t, "up", s)
+	up.URL = respellEvents(t, up.URL, func(_, answer []byte) []byte {
+		return bytes.ReplaceAll(answer, []byte(`"method":"`), []byte(`"method": "`))
+	})
+	_, url := aggServe(t, []upstream.Config{up}, Options{})
+	var mu sync.Mutex
+	logs := 0
+	cs := aggConnect(t, url, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "decline"}, nil
+		},
+		//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
+		LoggingMessageHandler: func(context.Context, *mcp.LoggingMessageRequest) {
+			mu.Lock()
+			logs++
+			mu.Unlock()
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
+	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
+		t.Fatal(err)
+	}
+	for range calls {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_up_chatty"})
+		if err != nil || res.IsError {
+			t.Fatalf("call: %v %+v", err, res)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		n := logs
+		mu.Unlock()
+		if n == perCall*calls {
+			return
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Fatalf("%d log messages reached the client, want %d", logs, perCall*calls)
+}
+
+// noteCount is how many log and progress notifications the broker counts
+// in stream, an upstream's event-stream answer on one session.
+func noteCount(t *testing.T, stream string) int64 {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, stream)
+	}))
+	defer srv.Close()
+	n := &noteCounter{next: http.DefaultTransport}
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, nil)
+	req.Header.Set(upstream.HeaderSessionID, "s1")
+	resp, err := (&http.Client{Transport: n}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, iotest.OneByteReader(resp.Body))
+	resp.Body.Close()
+	return n.counter("s1").Load()
+}
+
+// The broker counts the notifications a client would read in an
+// upstream's stream, however the stream and its JSON are spelled, and
+// nothing else: a count too low loses log messages after the answer, one
+// too high holds the answer for the wait's whole bound.
+func TestNoteCounterCountsWhatAClientReads(t *testing.T) {
+	const note = `{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x"}}`
+	for _, c := range []struct {
+		name, stream string
+		want         int64
+	}{
+		{"compact", "event: message\ndata: " + note + "\n\n", 1},
+		{"progress", `data: {"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}` + "\n\n", 1},
+		{"a space after the colon", `data: {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}` + "\n\n", 1},
+		{"the method after long params", `data: {"jsonrpc":"2.0","params":{"level":"info","data":"` + strings.Repeat("p", 400) + `"},"method":"notifications/message"}` + "\n\n", 1},
+		{"no space after data:", "data:" + note + "\n\n", 1},
+		{"a byte-order mark", "\xEF\xBB\xBFdata: " + note + "\n\n", 1},
+		{"CRLF", "data: " + note + "\r\n\r\n", 1},
+		{"data over two lines", "data: {\"jsonrpc\":\"2.0\",\ndata: \"method\":\"notifications/message\",\"params\":{}}\n\n", 1},
+		{"an answer that holds the words", `data: {"jsonrpc":"2.0","id":1,"result":{"content":[],"structuredContent":{"method":"notifications/message"}}}` + "\n\n", 0},
+		{"another notification", `data: {"jsonrpc":"2.0","method":"notifications/tools/list_changed"}` + "\n\n", 0},
+		{"a comment", ": " + note + "\n\n", 0},
+		{"three", "data: " + note + "\n\ndata: " + note + "\n\ndata: " + note + "\n\n", 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := noteCount(t, c.stream); got != c.want {
+				t.Fatalf("counted %d notifications; want %d", got, c.want)
+			}
+		})
+	}
 }

@@ -26,8 +26,9 @@ type aggSession struct {
 	a  *Aggregate
 	ss *mcp.ServerSession
 
-	mu     sync.Mutex
-	conns  map[string]*aggConn
+	mu    sync.Mutex
+	conns map[string]*aggConn
+	//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 	level  mcp.LoggingLevel
 	closed bool                 // closeAll ran: no new upstream sessions
 	fast   map[string]*fastCall // tools/call in flight on the fast path, by request id
@@ -56,7 +57,7 @@ type aggConn struct {
 	closeOnce sync.Once
 
 	received *atomic.Int64 // log and progress notifications read on cs (see awaitNotes); nil: not counted
-	handled  atomic.Int64  // and forwarded by the handlers (or dropped)
+	handled  noteGate      // and forwarded by the handlers (or dropped)
 
 	fwdOnce  sync.Once
 	stopOnce sync.Once
@@ -145,6 +146,8 @@ func (s *aggSession) closeAll() {
 
 // setLevel records the downstream session's logging level and passes it to
 // its open upstream sessions.
+//
+//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 func (s *aggSession) setLevel(ctx context.Context, level mcp.LoggingLevel) {
 	s.mu.Lock()
 	s.level = level
@@ -160,6 +163,7 @@ func (s *aggSession) setLevel(ctx context.Context, level mcp.LoggingLevel) {
 	}
 	s.mu.Unlock()
 	for _, cs := range open {
+		//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		_ = cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: level})
 	}
 }
@@ -247,11 +251,13 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	a, ss := s.a, s.ss
 	opts := &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
+		//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		LoggingMessageHandler: func(ctx context.Context, req *mcp.LoggingMessageRequest) {
 			down := context.WithoutCancel(c.requestCtx(ctx, nil))
 			target := downSession(down, ss)
 			c.forward(func() {
 				if target != nil && target == ss {
+					//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 					_ = target.Log(down, req.Params)
 				}
 			})
@@ -267,9 +273,13 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		},
 	}
 	down := downCapabilities(ss)
+	//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 	if down != nil && down.Sampling != nil {
+		//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		opts.Capabilities.Sampling = &mcp.SamplingCapabilities{}
+		//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		opts.CreateMessageHandler = func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 			return ss.CreateMessage(c.requestCtx(ctx, nil), req.Params)
 		}
 	}
@@ -282,7 +292,9 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 			return elicitAsIs(c.requestCtx(ctx, nil), ss, req.Params)
 		}
 	}
+	//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 	if down != nil && down.RootsV2 != nil {
+		//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		opts.Capabilities.RootsV2 = &mcp.RootCapabilities{ListChanged: down.RootsV2.ListChanged}
 	}
 	if ss == nil {
@@ -292,8 +304,10 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		// request's own client capabilities instead.
 		opts.Capabilities = &mcp.ClientCapabilities{
 			Elicitation: &mcp.ElicitationCapabilities{Form: &mcp.FormElicitationCapabilities{}},
-			Sampling:    &mcp.SamplingCapabilities{},
-			RootsV2:     &mcp.RootCapabilities{},
+			//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
+			Sampling: &mcp.SamplingCapabilities{},
+			//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
+			RootsV2: &mcp.RootCapabilities{},
 		}
 	}
 	// Input-required answers come back to the route (see aggregate_mrtr.go).
@@ -312,6 +326,7 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		s.mu.Unlock()
 		if level != "" {
 			lctx, lcancel := context.WithTimeout(a.ctx, up.timeout)
+			//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 			_ = cs.SetLoggingLevel(lctx, &mcp.SetLoggingLevelParams{Level: level})
 			lcancel()
 		}
@@ -371,7 +386,9 @@ func relayMiddleware(ss *mcp.ServerSession, c *aggConn, down *mcp.ClientCapabili
 					return elicitAsIs(c.requestCtx(ctx, nil), ss, r.Params)
 				}
 			case "roots/list":
+				//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 				if down != nil && down.RootsV2 != nil {
+					//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 					return ss.ListRoots(c.requestCtx(ctx, nil), &mcp.ListRootsParams{})
 				}
 			}
@@ -440,6 +457,8 @@ func (s *aggSession) rootsChanged() {
 // rootsMarker is the one root the broker's client holds, only so that
 // go-sdk sends notifications/roots/list_changed: it has no API to send it
 // otherwise. roots/list never returns it (see relayMiddleware).
+//
+//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 var rootsMarker = &mcp.Root{URI: "urn:zidane:roots-changed", Name: "roots changed"}
 
 // notifyRootsChanged sends one notifications/roots/list_changed on c's
@@ -449,8 +468,10 @@ func (c *aggConn) notifyRootsChanged() {
 	c.rootMu.Lock()
 	defer c.rootMu.Unlock()
 	if c.marker {
+		//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		c.client.RemoveRoots(rootsMarker.URI)
 	} else {
+		//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		c.client.AddRoots(rootsMarker)
 	}
 	c.marker = !c.marker
@@ -891,7 +912,7 @@ func (c *aggConn) forward(send func()) {
 	case c.fwd <- send:
 	default:
 		c.dropped.Add(1)
-		c.handled.Add(1)
+		c.handled.done()
 	}
 }
 
@@ -900,7 +921,7 @@ func (c *aggConn) runForward() {
 		select {
 		case send := <-c.fwd:
 			send()
-			c.handled.Add(1)
+			c.handled.done()
 		case <-c.fwdStop:
 			return
 		}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/sse"
 )
 
 // DefaultMaxResponse is an upstream's max_response when none is
@@ -218,9 +220,9 @@ func (l *Transport) CloseIdleConnections() {
 }
 
 // limitedBody counts an answer's bytes against its limit and the budget.
-// On an event stream it finds the ends of events (a blank line, with any of
-// the three line ends SSE allows), where a GET stream's count starts again
-// and the bytes held so far are given back.
+// On an event stream it finds the ends of events where a client does (see
+// internal/sse), where a GET stream's count starts again and the bytes
+// held so far are given back.
 type limitedBody struct {
 	rc       io.ReadCloser
 	l        *Transport
@@ -231,7 +233,7 @@ type limitedBody struct {
 	mu    sync.Mutex
 	n     int64 // bytes counted against max
 	held  int64 // bytes reserved from the budget
-	split Splitter
+	split sse.Splitter
 	err   error // the failure every later Read returns
 }
 
@@ -300,37 +302,6 @@ func (b *limitedBody) count(chunk []byte) error {
 // that ends an event, or -1 when no event ends in chunk. It keeps the line
 // state across calls.
 func (b *limitedBody) eventEnd(chunk []byte) int { return b.split.End(chunk) }
-
-// Splitter finds the ends of events in an event stream read piece by piece:
-// an event ends at a blank line, and a line ends at \r\n, \n or \r (the
-// three line ends the SSE format allows). The zero value is at the start
-// of a line.
-type Splitter struct {
-	midLine bool // a byte of the current line has been seen
-	prevCR  bool // the last byte was \r (a \n after it ends no line)
-}
-
-// end returns the length of chunk up to and including the line end that
-// ends an event, or -1 when no event ends in chunk.
-func (s *Splitter) End(chunk []byte) int {
-	for i, c := range chunk {
-		if c == '\n' && s.prevCR {
-			s.prevCR = false
-			continue
-		}
-		s.prevCR = false
-		if c == '\r' || c == '\n' {
-			s.prevCR = c == '\r'
-			if !s.midLine {
-				return i + 1
-			}
-			s.midLine = false
-			continue
-		}
-		s.midLine = true
-	}
-	return -1
-}
 
 func (b *limitedBody) add(n int64) error {
 	b.n += n

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker/answerlimit"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/sse"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
@@ -130,7 +130,7 @@ func relayEvents(w http.ResponseWriter, body io.Reader, flush func() error) (rea
 	defer copyBuffers.Put(bp)
 	buf := *bp
 	var (
-		split   answerlimit.Splitter
+		split   sse.Splitter
 		pending []byte // the current event, not yet whole
 	)
 	for {

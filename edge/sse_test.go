@@ -15,7 +15,7 @@ import (
 // for the 8 MiB an event may hold).
 func TestSSEFilterHoldsEventCompactly(t *testing.T) {
 	f := NewListing(&Guard{}, policy.Principal{TokenID: "t"}, nil, nil)
-	s := &sseFilter{f: f}
+	s := newSSEFilter(f)
 	const wire = 4 << 20
 	chunk := bytes.Repeat([]byte("a\n"), 32<<10)
 	var before, after runtime.MemStats
