@@ -321,15 +321,7 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	c.client = client
 	cs, err := a.dial(up, client)
 	if err == nil {
-		s.mu.Lock()
-		level := s.level
-		s.mu.Unlock()
-		if level != "" {
-			lctx, lcancel := context.WithTimeout(a.ctx, up.timeout)
-			//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
-			_ = cs.SetLoggingLevel(lctx, &mcp.SetLoggingLevelParams{Level: level})
-			lcancel()
-		}
+		s.applyLevel(up, cs)
 	}
 	if err == nil && up.notes != nil {
 		c.received = up.notes.counter(cs.ID())
@@ -353,6 +345,21 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		}
 		s.forget(up.cfg.Name, c)
 	}()
+}
+
+// applyLevel sets, on cs, the log level the downstream client set on the
+// session, if it set one.
+func (s *aggSession) applyLevel(up *aggUpstream, cs *mcp.ClientSession) {
+	s.mu.Lock()
+	level := s.level
+	s.mu.Unlock()
+	if level == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.a.ctx, up.timeout)
+	defer cancel()
+	//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
+	_ = cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: level})
 }
 
 // downCapabilities are the capabilities the downstream client of ss
