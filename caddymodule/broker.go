@@ -148,7 +148,10 @@ func (b *Broker) build(ctx caddy.Context) error {
 	return nil
 }
 
+// auditUpstreamCall records a call a route sent upstream when it ends: on
+// the latency histogram, and as an audit line.
 func auditUpstreamCall(l *zap.Logger, c upstream.CallRecord) {
+	observeUpstreamCall(c)
 	ce := l.Check(zap.InfoLevel, "upstream call")
 	if ce == nil {
 		return // the audit log is off at this level: build nothing
@@ -246,16 +249,16 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 		Tasks:               true,
 	}
 	if fwd != nil {
-		opts.NewSessionID = fwd.mint
+		opts.NewSessionID = fwd.Mint
 		// A 2026-07-28 client's retry of a bridged call may reach any
 		// replica: every one opens the requestState, which names the node
 		// that holds the call, and forwards the retry there.
-		key, err := fwd.bridgeKey(ctx.Storage().(*cluster.Storage))
+		key, err := bridgeKey(ctx.Storage().(*cluster.Storage), fwd)
 		if err != nil {
 			return err
 		}
 		opts.BridgeKey = key
-		opts.Node = fwd.nodes.Self()
+		opts.Node = fwd.Self()
 	}
 	agg, err := aggregate.New(ups, opts)
 	if err != nil {
@@ -276,7 +279,7 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 		Tasks: tasks, Route: "aggregate|" + s.resource + "|" + names}
 	a.out.route = route
 	if fwd != nil {
-		a.out.route = &clusterAggregate{Aggregate: route, agg: agg, fwd: fwd}
+		a.out.route = &edge.ClusterAggregate{Aggregate: route, BridgeNode: agg.BridgeNode, Fwd: fwd}
 	}
 	return nil
 }
@@ -285,14 +288,14 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 // route forwards its 2025-11-25 sessions: they name the node that holds
 // them, and other replicas forward to it (see forward.go). Nil on a single
 // node.
-func aggregateForward(ctx caddy.Context, route string, audit *zap.Logger) (*aggForward, error) {
+func aggregateForward(ctx caddy.Context, route string, audit *zap.Logger) (*edge.Forward, error) {
 	cs, ok := ctx.Storage().(*cluster.Storage)
 	if !ok {
 		return nil, nil
 	}
 	nodes := cs.Nodes()
 	if nodes == nil {
-		return nil, errors.New("aggregate in cluster mode: set advertise (and node, unless the host name is this replica's id) in the zidane cluster block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see docs/cluster.md")
+		return nil, errors.New("aggregate in cluster mode: set advertise (and node, unless the host name is this replica's id) in storage zidane_nats's block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see docs/cluster.md")
 	}
 	key, err := sessionIDKey(cs)
 	if err != nil {
@@ -306,7 +309,7 @@ func aggregateForward(ctx caddy.Context, route string, audit *zap.Logger) (*aggF
 	if err != nil {
 		return nil, err
 	}
-	return newAggForward(ids, route, nodes, sharedHopKey(hk), audit), nil
+	return newForward(ids, route, nodes, sharedHopKey(hk), audit), nil
 }
 
 // liveAggregates are the aggregated routes of every loaded config, which

@@ -504,7 +504,7 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //			max_inflight_response <size>
 //			upstreams_file <path>
 //			session_upstreams <name...>
-//			cluster {                     # cluster mode, with storage zidane_nats
+//			cluster {                     # the former place of storage zidane_nats's settings; still read
 //				url <nats url...>
 //				creds|tls_ca|tls_cert|tls_key <file>
 //				bucket <name>

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"runtime"
-	"strconv"
 	"strings"
 	"time"
 
@@ -21,13 +20,11 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/message"
-	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
 )
@@ -98,11 +95,9 @@ type Handler struct {
 	limitKey   string
 	jwt        *policy.JWTVerifier
 	resURL     *url.URL // absolute when configured so, else path only
-	// route is what the route module gives to serve; mode, the module.
-	route      routing
-	mode       routeModule
-	app        *App   // this config's zidane app (upstream OAuth logins)
-	releaseOwn func() // this handler's hold on agentDeny
+	route      routing  // what the route module gives to serve
+	app        *App     // this config's zidane app (upstream OAuth logins)
+	releaseOwn func()   // this handler's hold on agentDeny
 	logger     *zap.Logger
 	audit      *zap.Logger
 }
@@ -141,12 +136,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 }
 
 const (
-	defaultMaxBody     = 1 << 20
-	defaultResource    = "/mcp"
-	wellKnownResource  = edge.WellKnownResource
-	mcpSessionHeader   = "Mcp-Session-Id"
-	protocolHeader     = "Mcp-Protocol-Version"
-	allowedCORSHeaders = "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name"
+	defaultMaxBody    = 1 << 20
+	defaultResource   = "/mcp"
+	wellKnownResource = edge.WellKnownResource
+	mcpSessionHeader  = "Mcp-Session-Id"
+	protocolHeader    = "Mcp-Protocol-Version"
 )
 
 var (
@@ -209,13 +203,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// The route builds on this handler's policy, which it finds in its
 	// context: Caddy gives a guest module nothing else.
 	s := &site{resource: h.Resource, resURL: h.resURL, maxBody: h.MaxBodyBytes, rules: h.Scopes, defaults: !h.NoDefaultScopes,
-		scopes: h.scopes, authn: h.authn, app: h.app, audit: h.audit, logger: h.logger, agentBase: h.agentBase}
+		scopes: h.scopes, authn: h.authn, app: h.app, audit: h.audit, logger: h.logger, agentBase: edge.ProtectedResource{URL: h.resURL}.AgentBase}
 	mod, err := ctx.WithValue(siteKey{}, s).LoadModule(h, "RouteRaw")
 	if err != nil {
 		return fmt.Errorf("loading the route: %w", err)
 	}
-	h.mode = mod.(routeModule)
-	h.route = h.mode.routing()
+	m, ok := mod.(routeModule)
+	if !ok {
+		return fmt.Errorf("module %T is no zidane_mcp route", mod)
+	}
+	h.route = m.routing()
 	return nil
 }
 
@@ -266,7 +263,7 @@ const chooseOneMode = "zidane_mcp: choose one mode: `sessions` serves the sessio
 
 // Validate checks that a route is given.
 func (h *Handler) Validate() error {
-	if h.mode == nil {
+	if h.route.route == nil {
 		return errors.New(chooseOneMode)
 	}
 	return nil
@@ -367,10 +364,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if r.Header[edge.HopHeader] != nil || r.Header[edge.HopPrincipalHeader] != nil || r.Header[edge.HopCredentialHeader] != nil {
 		return h.serveHop(w, r, rf)
 	}
-	if v := h.checkHostOrigin(r); !v.Allowed() {
+	if v := edge.CheckHostOrigin(r, h.origins, !h.DisableLocalhostProtection); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
-	if h.preflight(w, r, rf.origin) || h.servePublic(w, r) {
+	if edge.Preflight(w, r) || h.servePublic(w, r) {
 		return nil
 	}
 	route, span, v := h.routeFor(r.URL.Path)
@@ -385,6 +382,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, r, rf, v)
 	}
 	rf.p = p
+	setUserID(r, p)
 	tr := traceSteps(r)
 	if tr.on() {
 		tr.event("auth", "allowed", "", principalAttrs(p)...)
@@ -438,61 +436,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return h.serve(w, r, route, span, p, d.Body, rf, tr, next)
 }
 
-// checkHostOrigin is step 1: on a loopback listener, a Host that is not
-// loopback is a DNS-rebinding attempt (the spec's localhost rule); a
-// browser Origin must be allowed.
-func (h *Handler) checkHostOrigin(r *http.Request) edge.Verdict {
-	if !h.DisableLocalhostProtection && onLoopbackListener(r) && !policy.HostIsLoopback(r.Host) {
-		return edge.Refuse(http.StatusForbidden, "host",
-			fmt.Sprintf("Host %q is not this machine: this endpoint listens on loopback only; if a proxy in front sets another Host, set disable_localhost_protection", r.Host))
-	}
-	if origin := r.Header.Get("Origin"); !h.origins.Allowed(origin, r.Host) {
-		return edge.Refuse(http.StatusForbidden, "origin",
-			fmt.Sprintf("Origin %q is not allowed to call this MCP endpoint; an operator can add it to allowed_origins", origin))
-	}
-	return edge.Verdict{}
-}
-
-// maxCORSParamHeaders bounds the Mcp-Param-* names a preflight is allowed.
-const maxCORSParamHeaders = 64
-
-// corsAllowHeaders is what a preflight allows: the MCP headers, and the
-// Mcp-Param-* headers (2026-07-28, one per x-mcp-header binding, so no
-// fixed list names them) that the browser asks for, each a plain header
-// name; the edge checks their values against the body like any client's.
-func corsAllowHeaders(requested []string) string {
-	out := allowedCORSHeaders
-	n := 0
-	for _, line := range requested {
-		for name := range strings.SplitSeq(line, ",") {
-			name = strings.TrimSpace(name)
-			if n < maxCORSParamHeaders && len(name) <= 128 && len(name) > len("mcp-param-") &&
-				strings.EqualFold(name[:len("mcp-param-")], "mcp-param-") && httpguts.ValidHeaderFieldName(name) {
-				out += ", " + name
-				n++
-			}
-		}
-	}
-	return out
-}
-
-// preflight sets the CORS headers of an allowed browser Origin, and
-// answers its preflight request.
-func (h *Handler) preflight(w http.ResponseWriter, r *http.Request, origin string) bool {
-	if origin == "" {
-		return false
-	}
-	setCORS(w.Header(), origin)
-	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
-		return false
-	}
-	w.Header().Set("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS")
-	w.Header().Set("Access-Control-Allow-Headers", corsAllowHeaders(r.Header.Values("Access-Control-Request-Headers")))
-	w.Header().Set("Access-Control-Max-Age", "600")
-	w.WriteHeader(http.StatusNoContent)
-	return true
-}
-
 // servePublic serves what needs no bearer token, each behind its own
 // capability or none: the RFC 9728 metadata, a session's page (a link
 // bound to one session), the gateway's OAuth client metadata document and
@@ -514,23 +457,18 @@ func (h *Handler) servePublic(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// routeFor is the route of a request path, and how its span is made: a
-// session's egress route under egressPrefix<name>/ on the sessions
-// endpoint, else the site's own.
+// routeFor is the route of a request path (edge.EgressRoute), and how its
+// span is made: a session's egress route under edge.EgressPrefix<name>/ on
+// the sessions endpoint, else the site's own.
 func (h *Handler) routeFor(path string) (edge.Route, spanning, edge.Verdict) {
-	if h.route.egress == nil {
-		return h.route.route, h.route.span, edge.Verdict{}
+	route, v := edge.EgressRoute(path, h.route.route, h.route.egress)
+	switch {
+	case !v.Allowed():
+		return nil, spanning{}, v
+	case route != h.route.route:
+		return route, egressSpan, v
 	}
-	rest, ok := strings.CutPrefix(path, egressPrefix)
-	if !ok {
-		return h.route.route, h.route.span, edge.Verdict{}
-	}
-	name, _, _ := strings.Cut(rest, "/")
-	if r, ok := h.route.egress[name]; ok {
-		return r, egressSpan, edge.Verdict{}
-	}
-	return nil, spanning{}, edge.Refuse(http.StatusNotFound, "no_upstream",
-		"no upstream is offered to sessions at this path; see session_upstreams in the zidane global option")
+	return route, h.route.span, v
 }
 
 // authenticate is step 2 (edge.Authentication): the credential's
@@ -561,8 +499,7 @@ var suspectQueue = policy.NewSuspectQueue(runtime.GOMAXPROCS(0) / 4)
 // is the request's step tracer, looked up once in ServeHTTP.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, span spanning, p policy.Principal, b *message.Body, rf refusal, tr steps, next caddyhttp.Handler) (err error) {
 	ip := rf.clientIP
-	metricAllowed.Inc()
-	metricTokenRequests.WithLabelValues(p.Name).Inc()
+	countAllowed(p)
 	if b != nil {
 		for _, c := range b.Calls {
 			if c.IsToolCall() {
@@ -577,7 +514,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	if b != nil {
 		ctx = message.NewContext(ctx, b)
 	}
-	if _, ok := route.(forwardedRoute); ok && policy.IsJWTID(p.TokenID) {
+	if _, ok := route.(edge.ForwardedRoute); ok && policy.IsJWTID(p.TokenID) {
 		// The replica that holds the request's session, or runs the agent
 		// session it acts on, verifies a JWT principal's access token
 		// itself (see edge.HopKey.Sign, clustersessions).
@@ -633,18 +570,6 @@ func clientIP(r *http.Request) string {
 	return host
 }
 
-// onLoopbackListener reports whether r arrived on a loopback address.
-func onLoopbackListener(r *http.Request) bool {
-	addr, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	return pinnedfetch.IsLoopbackSocket(addr)
-}
-
-func setCORS(h http.Header, origin string) {
-	h.Set("Access-Control-Allow-Origin", origin)
-	h.Add("Vary", "Origin")
-	h.Set("Access-Control-Expose-Headers", "Mcp-Session-Id, WWW-Authenticate, Retry-After")
-}
-
 // Interface guards.
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
@@ -652,24 +577,3 @@ var (
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
-
-// agentBase is where the agents of sessions that r creates reach this
-// gateway: the configured resource's origin, else the listener r arrived on
-// (scheme://ip:port, which the client cannot choose), never r's Host or
-// X-Forwarded-* headers. The URLs handed to agents carry their tokens.
-// Empty when neither gives one (a unix socket; the app refuses to start
-// such a site, see checkAgentBases).
-func (h *Handler) agentBase(r *http.Request) string {
-	if h.resURL.IsAbs() {
-		return h.resURL.Scheme + "://" + h.resURL.Host
-	}
-	addr, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)
-	if !ok {
-		return ""
-	}
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
-	return scheme + "://" + net.JoinHostPort(addr.IP.String(), strconv.Itoa(addr.Port))
-}

@@ -49,6 +49,9 @@ type routing struct {
 	// page, on the sessions endpoint, serves the read-only session pages
 	// behind their links.
 	page http.Handler
+	// handsOutURLs is set where the route hands agents URLs on this site
+	// (the sessions endpoint), which need an address (checkAgentBases).
+	handsOutURLs bool
 	// answerMax is Listing.Max of every answer: a guard's max_response
 	// when the next handler answers, else 0 (the pass-through and the
 	// aggregated route bound what their upstreams send themselves).
@@ -132,6 +135,7 @@ func (m *Sessions) Provision(ctx caddy.Context) error {
 	}
 	m.site = s
 	m.out.span = spanning{name: m.CaddyModule().ID.Name()}
+	m.out.handsOutURLs = true
 	return m.build(ctx)
 }
 

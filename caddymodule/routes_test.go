@@ -41,17 +41,18 @@ func quote(s string) string {
 	return string(b)
 }
 
-// A handler of each route, given in JSON as the docs give it, loads; a
-// config a person could write wrong gets an error that says what to fix.
+// A handler of each route, given in JSON as the JSON reference gives it,
+// loads; a config a person could write wrong gets an error that says what
+// to fix.
 func TestRoutesInJSON(t *testing.T) {
 	t.Setenv("UPSTREAM_TOKEN", "token-for-the-docs-example")
-	doc, err := os.ReadFile("../docs/json-routes.md")
+	doc, err := os.ReadFile("../docs/json.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks := regexp.MustCompile("(?s)```json\n(.*?)```").FindAllSubmatch(doc, -1)
+	blocks := regexp.MustCompile("(?s)<!-- docs: loads as JSON -->\n```json\n(.*?)```").FindAllSubmatch(doc, -1)
 	if len(blocks) < 5 {
-		t.Fatalf("docs/json-routes.md gives %d JSON configs, want one per route and the two guards", len(blocks))
+		t.Fatalf("docs/json.md gives %d JSON configs that load, want one per route and the two guards", len(blocks))
 	}
 	modes := map[string]bool{}
 	for i, b := range blocks {
@@ -64,7 +65,7 @@ func TestRoutesInJSON(t *testing.T) {
 	}
 	for _, m := range []string{"sessions", "guard", "broker", "aggregate"} {
 		if !modes[m] {
-			t.Errorf("docs/json-routes.md gives no config with route mode %q", m)
+			t.Errorf("docs/json.md gives no config that loads with route mode %q", m)
 		}
 	}
 

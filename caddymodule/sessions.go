@@ -100,6 +100,7 @@ func (s *sessionsState) Destruct() error {
 		s.unserve()
 		s.cluster.Close()
 	}
+	liveEngines.Delete(s.engine)
 	if cerr := s.engine.Close(); err == nil {
 		err = cerr
 	}
@@ -142,7 +143,7 @@ func (m *Sessions) build(ctx caddy.Context) error {
 		if err != nil {
 			return err
 		}
-		m.out.route = &clusterSessions{Sessions: route, fwd: newAggForward(ids, sessionsRoute, cs.Nodes(), sharedHopKey(hk), s.audit)}
+		m.out.route = &edge.ClusterSessions{Sessions: route, Fwd: newForward(ids, sessionsRoute, cs.Nodes(), sharedHopKey(hk), s.audit)}
 	}
 	m.out.egress = make(map[string]edge.Route, len(sess.egress))
 	for name, e := range sess.egress {
@@ -193,7 +194,7 @@ func (a *App) loadSessions(ctx caddy.Context, log *zap.Logger, endpointPath stri
 	if b.shared != nil {
 		nodes := b.shared.Nodes()
 		if nodes == nil {
-			return nil, "", errors.New("zidane_mcp sessions: in cluster mode, the sessions endpoint needs this replica's id and address: set `node` (such as gw-1) and `advertise` (where the other replicas reach it) in the zidane cluster block, so that each session runs on one replica and the others reach it there")
+			return nil, "", errors.New("zidane_mcp sessions: in cluster mode, the sessions endpoint needs this replica's id and address: set `node` (such as gw-1) and `advertise` (where the other replicas reach it) in storage zidane_nats's block, so that each session runs on one replica and the others reach it there")
 		}
 		b.node = nodes.Self()
 	}
@@ -213,7 +214,7 @@ func (a *App) loadSessions(ctx caddy.Context, log *zap.Logger, endpointPath stri
 			// changed would resume this node's sessions while the running
 			// config's engine still runs them.
 			if other, busy := nodeEngines.LoadOrStore(b.node, b.key); busy && other != b.key {
-				return nil, fmt.Errorf("the zidane cluster block changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", b.node)
+				return nil, fmt.Errorf("the cluster's settings (storage zidane_nats) changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", b.node)
 			}
 		}
 		return a.newSessionsState(b)
@@ -319,6 +320,7 @@ func (a *App) newSessionsState(b sessionsBuild) (*sessionsState, error) {
 		return nil, err
 	}
 	st.engine, st.endpoint, st.alive = engine, endpoint, engine.Alive
+	liveEngines.Store(engine, struct{}{})
 	if st.cluster != nil {
 		// The others ask this node about its sessions once its registry
 		// entry says it serves them.
@@ -411,12 +413,7 @@ func (st *sessionsState) joinCluster(ctx context.Context, b sessionsBuild, engin
 	// Another node's sessions are its to judge: their tokens stay. An id
 	// with no node is no other node's either (a session of this host's
 	// from before it joined a cluster): this engine judges it.
-	alive := func(id string) bool {
-		if n := sessions.NodeOf(id); n != "" && n != node {
-			return true
-		}
-		return engine.Alive(id)
-	}
+	alive := clustersessions.Alive(node, engine.Alive)
 	mint := func() string { return ids.Seal(node+"/"+rand.Text(), "", sessionsRoute) }
 	return st.cluster, alive, mint, nil
 }
@@ -440,13 +437,6 @@ func sessionsIDs(cs *cluster.Storage) (*sessionid.Sealer, error) {
 	return sessionid.New(key)
 }
 
-// sessionVerbs and interactionVerbs are the verbs an orchestrator's tools
-// may list.
-var (
-	sessionVerbs     = []string{"create", "send", "steer", "cancel", "read", "list", "transcript", "wait", "events"}
-	interactionVerbs = []string{"pending", "answer"}
-)
-
 // orchestratorServers gives an orchestrator session (one created with
 // `tools`) this endpoint as an MCP server, with a token derived from its
 // creator's that grants only the listed verbs (which create checked its
@@ -461,30 +451,10 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 		log.Error("an orchestrator session has no address of this gateway to reach it at; it runs without the endpoint", "session", info.SessionID)
 		return nil
 	}
-	// create checked that the creator may call every listed verb; at a
-	// relaunch the creator may hold less (a JWT with fewer scopes) or the
-	// config grant less (a reload), and the child never holds more.
-	parent, ok := s.creatorNow(tokens, info.Owner)
+	scopes, dropped, ok := mcpendpoint.OrchestratorScopes(tokens, s.runningSites(), info.Owner, info.Tools, time.Now())
 	if !ok {
 		log.Warn("the creator of an orchestrator session is gone; its agent runs without the endpoint", "session", info.SessionID)
 		return nil
-	}
-	var scopes, dropped []string
-	for _, v := range info.Tools {
-		tool := ""
-		switch {
-		case slices.Contains(sessionVerbs, v):
-			tool = "sessions"
-		case slices.Contains(interactionVerbs, v):
-			tool = "interactions"
-		default:
-			continue
-		}
-		if !s.grantsVerb(parent, tool, v) {
-			dropped = append(dropped, tool+" "+v)
-			continue
-		}
-		scopes = append(scopes, policy.VerbScope(tool, v))
 	}
 	if len(dropped) > 0 {
 		log.Warn("an orchestrator's creator may no longer call some of its tools; its agent gets the rest", "session", info.SessionID, "dropped", dropped)
@@ -507,33 +477,12 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 	}}
 }
 
-// creatorNow is the principal of an orchestrator session's creator as it
-// stands: a stored token's current record, as a request with it would be
-// authenticated now (TokenStore.Lookup: refused when it, or a token it was
-// derived from, is revoked, expired or gone), or a JWT subject with the
-// scopes of its latest call. False when it is refused.
-func (s *sessionsState) creatorNow(tokens *policy.TokenStore, o sessions.Owner) (policy.Principal, bool) {
-	if policy.IsJWTID(o.TokenID) {
-		return policy.Principal{TokenID: o.TokenID, Name: o.TokenName, Kind: policy.KindUser, Scopes: o.Scopes, Source: "jwt",
-			Owner: o.ID, Expires: o.Expires, Issued: o.Issued}, true
+// runningSites are the running config's sessions sites.
+func (s *sessionsState) runningSites() []mcpendpoint.Site {
+	if p := s.sites.Load(); p != nil {
+		return *p
 	}
-	p, err := tokens.Lookup(o.TokenID, time.Now())
-	return p, err == nil
-}
-
-// grantsVerb reports whether every sessions site of the running config
-// lets p call tool with verb.
-func (s *sessionsState) grantsVerb(p policy.Principal, tool, verb string) bool {
-	sites := s.sites.Load()
-	if sites == nil || len(*sites) == 0 {
-		return false
-	}
-	for _, site := range *sites {
-		if !site.Access.Scopes.GrantsVerb(p, tool, verb) {
-			return false
-		}
-	}
-	return true
+	return nil
 }
 
 // rpcCaller establishes, on this node, whom another replica's request
@@ -544,11 +493,7 @@ func (s *sessionsState) rpcCaller(ctx context.Context, c clustersessions.Caller,
 	if c.TokenID == "" {
 		return s.signer.ForwardedReader(c.Credential, u.ID, u.Tool, u.Verbs)
 	}
-	var sites []mcpendpoint.Site
-	if p := s.sites.Load(); p != nil {
-		sites = *p
-	}
-	return mcpendpoint.ForwardedOwner(ctx, sites, c.TokenID, c.Scopes, c.Credential, u.Tool, u.Verbs, time.Now())
+	return mcpendpoint.ForwardedOwner(ctx, s.runningSites(), c.TokenID, c.Scopes, c.Credential, u.Tool, u.Verbs, time.Now())
 }
 
 // mintChild mints, or renews at a relaunch, the token of purpose for the

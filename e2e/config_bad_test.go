@@ -54,8 +54,8 @@ type referenceOption struct {
 
 // referenceOptions reads the options of the caddyfile blocks of the
 // Caddyfile reference (docs/caddyfile.md) under "Directive `zidane_mcp`",
-// "Global option `zidane`", "Cluster: `storage zidane_nats` and `cluster`"
-// (the storage block) and "Log writer `zidane_audit`":
+// "Global option `zidane`", "Cluster: `storage zidane_nats`" (the storage
+// block) and "Log writer `zidane_audit`":
 // every line's first word, named by the blocks it sits in. The block names
 // are options too ("zidane_mcp jwt"), and so are the directive and the
 // global option themselves. A first word such as a|b names two options.
@@ -67,7 +67,7 @@ func referenceOptions(t *testing.T) []referenceOption {
 	}
 	var opts []referenceOption
 	seen := map[string]bool{}
-	for _, heading := range []string{"## Directive `zidane_mcp`", "## Global option `zidane`", "## Cluster: `storage zidane_nats` and `cluster`",
+	for _, heading := range []string{"## Directive `zidane_mcp`", "## Global option `zidane`", "## Cluster: `storage zidane_nats`",
 		"## Log writer `zidane_audit`"} {
 		_, after, ok := strings.Cut(string(raw), "\n"+heading+"\n")
 		if !ok {
@@ -666,8 +666,8 @@ func badConfigs(fx configFixtures) []badConfig {
 	} {
 		cases = append(cases, c(m.option, labelMissing, m.caddyfile, "no such file"))
 	}
-	// The cluster block: refused before caddy dials NATS (nats://127.0.0.1:1
-	// would refuse the connection).
+	// The cluster's settings, in storage zidane_nats's block: refused before
+	// caddy dials NATS (nats://127.0.0.1:1 would refuse the connection).
 	nats := func(option, label string, lines ...string) func(want ...string) badConfig {
 		return func(want ...string) badConfig {
 			return withEnv(c(option, label, natsBlock(lines...), want...), clusterKeyEnv)
@@ -675,34 +675,34 @@ func badConfigs(fx configFixtures) []badConfig {
 	}
 	cases = append(cases,
 		c("storage", "an argument", "{\n\tadmin off\n\tstorage zidane_nats extra\n}\n\n"+badConfigSite+" {\n\trespond 404\n}\n", "extra"),
-		c("storage", "a block", "{\n\tadmin off\n\tstorage zidane_nats {\n\t\turl nats://127.0.0.1:1\n\t}\n}\n\n"+badConfigSite+" {\n\trespond 404\n}\n", "takes no block", "zidane { cluster {"),
-		c("storage", "without the cluster block", caddyfileOf("storage zidane_nats", "zidane_mcp {\nguard\n}"), "add zidane { cluster {"),
+		c("storage", "a block without the cluster key", "{\n\tadmin off\n\tstorage zidane_nats {\n\t\turl nats://127.0.0.1:1\n\t}\n}\n\n"+badConfigSite+" {\n\trespond 404\n}\n", "no cluster key", "ZIDANE_CLUSTER_KEY"),
+		c("storage", "without settings", caddyfileOf("storage zidane_nats", "zidane_mcp {\nguard\n}"), "storage zidane_nats has no settings", "storage zidane_nats { url"),
 		withEnv(c("zidane cluster", "an argument", caddyfileOf("storage zidane_nats\nzidane {\ncluster nats {\nurl nats://127.0.0.1:1\n}\n}", "zidane_mcp {\nguard\n}"), "takes no argument"), clusterKeyEnv),
-		withEnv(c("zidane cluster", "no url", natsBlock("node gw-1"), "no url"), clusterKeyEnv),
+		withEnv(c("zidane cluster", "no url", legacyNatsBlock("node gw-1"), "no url"), clusterKeyEnv),
 		withEnv(c("zidane cluster", "on the file storage", caddyfileOf("zidane {\ncluster {\nurl nats://127.0.0.1:1\n}\n}", "zidane_mcp {\nguard\n}"), "add `storage zidane_nats`"), clusterKeyEnv),
 		withEnv(c("zidane cluster", "twice", caddyfileOf("storage zidane_nats\nzidane {\ncluster {\nurl nats://127.0.0.1:1\n}\ncluster {\nurl nats://127.0.0.1:1\n}\n}", "zidane_mcp {\nguard\n}"), "given twice"), clusterKeyEnv),
-		nats("zidane cluster url", labelEmpty, "url")("url needs one or more NATS URLs"),
-		nats("zidane cluster url", "plain to a remote host", "url nats://10.0.0.9:4222")("not loopback", "use tls://"),
-		nats("zidane cluster url", "a password", "url nats://user:pw@127.0.0.1:4222")("creds file"),
-		nats("zidane cluster creds", labelEmpty, "url nats://127.0.0.1:1", "creds")(),
-		nats("zidane cluster tls_ca", labelEmpty, "url nats://127.0.0.1:1", "tls_ca")(),
-		nats("zidane cluster tls_cert", "without tls_key", "url tls://127.0.0.1:1", "tls_cert /c.pem")("tls_key go together"),
-		nats("zidane cluster tls_key", labelEmpty, "url nats://127.0.0.1:1", "tls_key")(),
-		nats("zidane cluster bucket", labelEmpty, "url nats://127.0.0.1:1", "bucket")(),
-		nats("zidane cluster replicas", labelHuge, "url nats://127.0.0.1:1", "replicas 7")("give 1 to 5"),
-		nats("zidane cluster replicas", labelNotNumber, "url nats://127.0.0.1:1", "replicas three")("give 1 to 5"),
-		nats("zidane cluster lock_ttl", "under 1s", "url nats://127.0.0.1:1", "lock_ttl 10ms")("1s or more"),
-		nats("zidane cluster lock_ttl", labelNotNumber, "url nats://127.0.0.1:1", "lock_ttl soon")("1s or more"),
-		nats("zidane cluster key", "a literal key", "url nats://127.0.0.1:1", "key c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=")("literal", "{env.VAR}"),
-		c("zidane cluster key", "an unset variable", natsBlock("url nats://127.0.0.1:1", "key {env.ZIDANE_E2E_UNSET}"), "no cluster key"),
-		nats("zidane cluster node", labelEmpty, "url nats://127.0.0.1:1", "node")(),
-		nats("zidane cluster node", "a slash", "url nats://127.0.0.1:1", "node a/b")("1 to 64", "such as gw-1"),
-		nats("zidane cluster node", "too long", "url nats://127.0.0.1:1", "node "+strings.Repeat("n", 65))("1 to 64"),
-		nats("zidane cluster advertise", labelEmpty, "url nats://127.0.0.1:1", "advertise")(),
-		nats("zidane cluster advertise", "plain http to a remote host", "url nats://127.0.0.1:1", "advertise http://10.0.0.2:8080")("in the clear", "https://"),
-		nats("zidane cluster advertise", "no scheme", "url nats://127.0.0.1:1", "advertise gw-1:8443")("such as https://gw-1.internal:8443"),
-		nats("zidane cluster advertise", "a path", "url nats://127.0.0.1:1", "advertise https://gw-1/mcp")("no user, path or query"),
-		nats("zidane cluster advertise", "the unspecified address", "url nats://127.0.0.1:1", "advertise https://0.0.0.0:8443")("no address another replica can reach"),
+		nats("storage url", labelEmpty, "url")("url needs one or more NATS URLs"),
+		nats("storage url", "plain to a remote host", "url nats://10.0.0.9:4222")("not loopback", "use tls://"),
+		nats("storage url", "a password", "url nats://user:pw@127.0.0.1:4222")("creds file"),
+		nats("storage creds", labelEmpty, "url nats://127.0.0.1:1", "creds")(),
+		nats("storage tls_ca", labelEmpty, "url nats://127.0.0.1:1", "tls_ca")(),
+		nats("storage tls_cert", "without tls_key", "url tls://127.0.0.1:1", "tls_cert /c.pem")("tls_key go together"),
+		nats("storage tls_key", labelEmpty, "url nats://127.0.0.1:1", "tls_key")(),
+		nats("storage bucket", labelEmpty, "url nats://127.0.0.1:1", "bucket")(),
+		nats("storage replicas", labelHuge, "url nats://127.0.0.1:1", "replicas 7")("give 1 to 5"),
+		nats("storage replicas", labelNotNumber, "url nats://127.0.0.1:1", "replicas three")("give 1 to 5"),
+		nats("storage lock_ttl", "under 1s", "url nats://127.0.0.1:1", "lock_ttl 10ms")("1s or more"),
+		nats("storage lock_ttl", labelNotNumber, "url nats://127.0.0.1:1", "lock_ttl soon")("1s or more"),
+		nats("storage key", "a literal key", "url nats://127.0.0.1:1", "key c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=")("literal", "{env.VAR}"),
+		c("storage key", "an unset variable", natsBlock("url nats://127.0.0.1:1", "key {env.ZIDANE_E2E_UNSET}"), "no cluster key"),
+		nats("storage node", labelEmpty, "url nats://127.0.0.1:1", "node")(),
+		nats("storage node", "a slash", "url nats://127.0.0.1:1", "node a/b")("1 to 64", "such as gw-1"),
+		nats("storage node", "too long", "url nats://127.0.0.1:1", "node "+strings.Repeat("n", 65))("1 to 64"),
+		nats("storage advertise", labelEmpty, "url nats://127.0.0.1:1", "advertise")(),
+		nats("storage advertise", "plain http to a remote host", "url nats://127.0.0.1:1", "advertise http://10.0.0.2:8080")("in the clear", "https://"),
+		nats("storage advertise", "no scheme", "url nats://127.0.0.1:1", "advertise gw-1:8443")("such as https://gw-1.internal:8443"),
+		nats("storage advertise", "a path", "url nats://127.0.0.1:1", "advertise https://gw-1/mcp")("no user, path or query"),
+		nats("storage advertise", "the unspecified address", "url nats://127.0.0.1:1", "advertise https://0.0.0.0:8443")("no address another replica can reach"),
 	)
 	return cases
 }
@@ -711,8 +711,15 @@ func badConfigs(fx configFixtures) []badConfig {
 // wrong value is wrong.
 var clusterKeyEnv = "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{9}, 32))
 
-// natsBlock is a config in cluster mode with lines in the cluster block.
+// natsBlock is a config in cluster mode with lines in storage
+// zidane_nats's block.
 func natsBlock(lines ...string) string {
+	return caddyfileOf("storage zidane_nats {\n"+strings.Join(lines, "\n")+"\n}", "zidane_mcp {\nguard\n}")
+}
+
+// legacyNatsBlock is a config in cluster mode with lines in the zidane
+// global option's cluster block, the former place of the settings.
+func legacyNatsBlock(lines ...string) string {
 	return caddyfileOf("storage zidane_nats\nzidane {\ncluster {\n"+strings.Join(lines, "\n")+"\n}\n}", "zidane_mcp {\nguard\n}")
 }
 

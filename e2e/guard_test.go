@@ -595,8 +595,8 @@ func TestGuard(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		for _, want := range []string{`zidane_mcp_refusals_total{reason="no_token"}`, `zidane_mcp_requests_total{decision="allowed"}`,
-			`zidane_mcp_rate_limited_total{bucket="token"}`, `zidane_mcp_token_requests_total{token="full"}`} {
+		for _, want := range []string{`caddy_zidane_refusals_total{reason="no_token"}`, `caddy_zidane_requests_total{decision="allowed"}`,
+			`caddy_zidane_rate_limited_total{bucket="token"}`, `caddy_zidane_credential_requests_total{credential="token",kind="user"}`} {
 			if !strings.Contains(string(b), want) {
 				t.Errorf("metrics lack %s", want)
 			}

@@ -2,8 +2,10 @@ package edge
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
@@ -81,4 +83,24 @@ func (res ProtectedResource) ServeMetadata(w http.ResponseWriter, r *http.Reques
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "max-age=300")
 	_ = json.NewEncoder(w).Encode(res.Metadata(r))
+}
+
+// AgentBase is where the agents of sessions that r creates reach this
+// gateway: the resource's origin when it is absolute, else the listener r
+// arrived on (scheme://ip:port, which the client cannot choose), never r's
+// Host or X-Forwarded-* headers. The URLs handed to agents carry their
+// tokens. Empty when neither gives one (a unix socket).
+func (res ProtectedResource) AgentBase(r *http.Request) string {
+	if res.URL.IsAbs() {
+		return res.URL.Scheme + "://" + res.URL.Host
+	}
+	addr, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)
+	if !ok {
+		return ""
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + net.JoinHostPort(addr.IP.String(), strconv.Itoa(addr.Port))
 }

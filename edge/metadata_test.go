@@ -1,7 +1,10 @@
 package edge
 
 import (
+	"context"
+	"crypto/tls"
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -54,5 +57,34 @@ func TestProtectedResourceMetadata(t *testing.T) {
 				t.Errorf("POST: %d Allow %q, want 405 naming GET, HEAD", w.Code, w.Header().Get("Allow"))
 			}
 		})
+	}
+}
+
+// The address handed to agents is the configured resource's origin, else
+// the listener the request came in on: never the Host a client chose.
+func TestAgentBaseIgnoresHost(t *testing.T) {
+	abs, _ := url.Parse("https://mcp.example.com/mcp")
+	listener := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080}
+	for _, c := range []struct {
+		name     string
+		res      *url.URL
+		listener net.Addr
+		tls      bool
+		want     string
+	}{
+		{"absolute resource", abs, listener, false, "https://mcp.example.com"},
+		{"a path: the listener", &url.URL{Path: "/mcp"}, listener, false, "http://127.0.0.1:8080"},
+		{"a path over TLS", &url.URL{Path: "/mcp"}, &net.TCPAddr{IP: net.ParseIP("::1"), Port: 8443}, true, "https://[::1]:8443"},
+		{"a unix socket", &url.URL{Path: "/mcp"}, &net.UnixAddr{Name: "/run/gw.sock", Net: "unix"}, false, ""},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "http://evil.example/mcp", nil)
+		r.Header.Set("X-Forwarded-Host", "evil.example")
+		r = r.WithContext(context.WithValue(r.Context(), http.LocalAddrContextKey, c.listener))
+		if c.tls {
+			r.TLS = &tls.ConnectionState{}
+		}
+		if got := (ProtectedResource{URL: c.res}).AgentBase(r); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
 	}
 }

@@ -102,7 +102,7 @@ func rewriteChannelEvent(p []byte) ([]byte, bool) {
 	if len(events) != 1 || dec.Pending() != 0 {
 		return nil, false
 	}
-	data, ok := events[0].Data()
+	data, ok := events[0].Message()
 	if !ok {
 		return nil, false
 	}

@@ -40,8 +40,8 @@ type Rule struct {
 func DefaultRules() []Rule {
 	return []Rule{
 		{Scope: "chat", Tools: []string{"sessions", "interactions"}},
-		{Scope: "read", Tools: []string{"sessions"}, Verbs: []string{"read", "list", "transcript", "wait", "events"}},
-		{Scope: "read", Tools: []string{"interactions"}, Verbs: []string{"pending"}},
+		{Scope: "read", Tools: []string{"sessions"}, Verbs: readVerbs("sessions")},
+		{Scope: "read", Tools: []string{"interactions"}, Verbs: readVerbs("interactions")},
 		{Scope: "mcp", Tools: []string{"*"}, Methods: []string{"*"}},
 	}
 }

@@ -407,7 +407,7 @@ func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpst
 
 // fastPost POSTs one JSON-RPC message on the upstream session.
 func (a *Aggregate) fastPost(ctx context.Context, up *aggUpstream, sessionID, version string, body []byte) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.tr.Expanded.URL, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(fastRead(ctx), http.MethodPost, up.tr.Expanded.URL, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -485,11 +485,11 @@ func (a *Aggregate) fastStream(ctx context.Context, s *aggSession, up *aggUpstre
 func readStream(ctx context.Context, up *aggUpstream, body io.Reader, id message.ID, other func(event []byte, env message.Call)) (result, rpcErr json.RawMessage, err error) {
 	// The body fails past max_response (see answerlimit.Transport) before an event
 	// could reach the reader's own bound.
-	max := int(up.tr.LimitMax())
-	if max > 0 {
-		max++
+	bound := int(up.tr.LimitMax())
+	if bound > 0 {
+		bound++
 	}
-	r := sse.NewReader(body, max)
+	r := sse.NewReader(body, bound)
 	for {
 		ev, err := r.Next()
 		if errors.Is(err, io.EOF) {
@@ -498,7 +498,7 @@ func readStream(ctx context.Context, up *aggUpstream, body io.Reader, id message
 		if err != nil {
 			return nil, nil, err
 		}
-		event, ok := ev.Data()
+		event, ok := ev.Message()
 		if !ok || len(event) == 0 {
 			continue
 		}

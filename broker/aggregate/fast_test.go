@@ -446,6 +446,13 @@ func TestAggregateFastPathReadsEventsAsClients(t *testing.T) {
 			return append([]byte("\xEF\xBB\xBF"), b...)
 		},
 		"no space": func(b []byte) []byte { return bytes.ReplaceAll(b, []byte("data: "), []byte("data:")) },
+		// Clients take messages from events of type message only: an
+		// answer in an event of another type is not the answer.
+		"an answer of another type first": func(b []byte) []byte {
+			fake := bytes.Replace(b, []byte("event: message"), []byte("event: other"), 1)
+			fake = bytes.Replace(fake, []byte(`"a:fast"`), []byte(`"a:fake"`), 1)
+			return append(fake, b...)
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			up := newFastUp(t, "a", false)
@@ -511,4 +518,55 @@ func respellEvents(t *testing.T, target string, spell func(req, answer []byte) [
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// The fast path relays the notifications of its calls' streams itself, so
+// they leave nothing for the session's go-sdk handlers to catch up on: a
+// count of them as waiting would hold each later go-sdk call of the
+// session for noteWait.
+func TestAggregateFastPathNotesLeaveNoWait(t *testing.T) {
+	up := newFastUp(t, "a", false)
+	a, url := aggServe(t, []upstream.Config{up.config()}, Options{})
+	progress := make(chan struct{}, 4)
+	cs := aggConnect(t, url, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) { progress <- struct{}{} },
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
+	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	before := up.fast.Load()
+	params := &mcp.CallToolParams{Name: "mcp_a_progress", Arguments: map[string]any{"text": "q"}}
+	params.SetProgressToken("tok")
+	if _, err := cs.CallTool(ctx, params); err != nil {
+		t.Fatal(err)
+	}
+	if up.fast.Load() == before {
+		t.Fatal("the call did not take the fast path")
+	}
+	select {
+	case <-progress:
+	case <-ctx.Done():
+		t.Fatal("no progress notification reached the client")
+	}
+	a.mu.Lock()
+	s := a.byID[cs.ID()]
+	a.mu.Unlock()
+	if s == nil {
+		t.Fatal("no downstream session")
+	}
+	s.mu.Lock()
+	c := s.conns["a"]
+	s.mu.Unlock()
+	if c == nil || c.received == nil {
+		t.Fatal("no counted upstream session")
+	}
+	if waiting := c.received.Load() - c.handled.count(); waiting > 0 {
+		t.Fatalf("%d notifications of the fast path's stream wait for go-sdk's handlers, which never see them", waiting)
+	}
 }

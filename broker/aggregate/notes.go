@@ -48,9 +48,23 @@ func (n *noteCounter) counter(sessionID string) *atomic.Int64 {
 // forget drops the counter of an upstream session that ended.
 func (n *noteCounter) forget(sessionID string) { n.sessions.Delete(sessionID) }
 
+// fastReadKey marks the context of an upstream request whose stream the
+// fast path reads and relays itself (see [fastRead]).
+type fastReadKey struct{}
+
+// fastRead marks ctx's request as one the fast path answers: the
+// notifications on its stream never reach go-sdk's handlers, so counting
+// them would hold the session's next go-sdk call for noteWait.
+func fastRead(ctx context.Context) context.Context {
+	return context.WithValue(ctx, fastReadKey{}, true)
+}
+
 func (n *noteCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := n.next.RoundTrip(req)
 	if err != nil || resp.Body == nil || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		return resp, err
+	}
+	if fast, _ := req.Context().Value(fastReadKey{}).(bool); fast {
 		return resp, err
 	}
 	sid := req.Header.Get(upstream.HeaderSessionID)
@@ -70,11 +84,11 @@ func (n *noteCounter) CloseIdleConnections() {
 }
 
 // noteReader counts the events of a stream that carry a log or progress
-// notification, as a client reads the stream (see internal/sse) and as
-// the edge reads a message (package message): whatever the spelling of
-// the stream or of the JSON. It holds an event's lines until its blank
-// line, as the answer limit under it holds the event's bytes in the
-// answer budget, and no longer.
+// notification, as a client reads the stream (see internal/sse: events of
+// type message) and as the edge reads a message (package message):
+// whatever the spelling of the stream or of the JSON. It holds an event's
+// lines until its blank line, as the answer limit under it holds the
+// event's bytes in the answer budget, and no longer.
 type noteReader struct {
 	io.ReadCloser
 	count *atomic.Int64
@@ -91,7 +105,7 @@ func (r *noteReader) Read(p []byte) (int, error) {
 }
 
 func (r *noteReader) event(ev sse.Event) {
-	data, ok := ev.Data()
+	data, ok := ev.Message()
 	if !ok {
 		return
 	}

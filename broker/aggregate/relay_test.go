@@ -325,6 +325,7 @@ func TestNoteCounterCountsWhatAClientReads(t *testing.T) {
 		{"an answer that holds the words", `data: {"jsonrpc":"2.0","id":1,"result":{"content":[],"structuredContent":{"method":"notifications/message"}}}` + "\n\n", 0},
 		{"another notification", `data: {"jsonrpc":"2.0","method":"notifications/tools/list_changed"}` + "\n\n", 0},
 		{"a comment", ": " + note + "\n\n", 0},
+		{"an event of another type", "event: other\ndata: " + note + "\n\n", 0},
 		{"three", "data: " + note + "\n\ndata: " + note + "\n\ndata: " + note + "\n\n", 3},
 	} {
 		t.Run(c.name, func(t *testing.T) {

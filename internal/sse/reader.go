@@ -14,11 +14,11 @@ type Reader struct {
 	err   error
 }
 
-// NewReader reads r's events, each bounded by max bytes (0: no bound). An
-// event over the bound ends the reading with a *TooLargeError.
-func NewReader(r io.Reader, max int) *Reader {
+// NewReader reads r's events, each bounded by maxEvent bytes (0: no
+// bound). An event over the bound ends the reading with a *TooLargeError.
+func NewReader(r io.Reader, maxEvent int) *Reader {
 	rd := &Reader{r: r, buf: make([]byte, 16<<10)}
-	rd.d.Max = max
+	rd.d.Max = maxEvent
 	rd.d.OnDrop = func(err error) {
 		if rd.err == nil {
 			rd.err = err

@@ -113,6 +113,16 @@ func (e Event) Data() ([]byte, bool) {
 	return out, true
 }
 
+// Message is the data of an event of type "message", the type clients
+// (the MCP SDKs, an EventSource's onmessage) take messages from; events of
+// other types, and events without data, carry none.
+func (e Event) Message() ([]byte, bool) {
+	if t := e.Type(); len(t) != 0 && string(t) != "message" {
+		return nil, false
+	}
+	return e.Data()
+}
+
 // Type is the value of the event's last event field; empty means
 // "message".
 func (e Event) Type() []byte {

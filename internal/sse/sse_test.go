@@ -415,3 +415,26 @@ func TestReaderGivesUpOnAReaderThatNeverProgresses(t *testing.T) {
 		t.Fatalf("err = %v; want io.ErrNoProgress", err)
 	}
 }
+
+func TestEventMessage(t *testing.T) {
+	for stream, want := range map[string]string{
+		"data: a\n\n":                           "a",
+		"event: message\ndata: a\n\n":           "a",
+		"event:\ndata: a\n\n":                   "a",
+		"event: other\ndata: a\n\n":             "",
+		"event: message\nevent: x\ndata: a\n\n": "",
+		"event: x\nevent: message\ndata: a\n\n": "a",
+		"event: message\n\n":                    "",
+	} {
+		var got []string
+		var d Decoder
+		d.Write([]byte(stream), func(ev Event) {
+			if m, ok := ev.Message(); ok {
+				got = append(got, string(m))
+			}
+		})
+		if strings.Join(got, "") != want {
+			t.Errorf("%q: messages %q; want %q", stream, got, want)
+		}
+	}
+}
