@@ -151,9 +151,11 @@ func (b *Budget) give(n int64) {
 // answer whole (io.ReadAll) and an event stream's events whole, which is why
 // this sits under both.
 type Transport struct {
-	Next     http.RoundTripper
-	upstream string
+	// Next is the RoundTripper whose answers are bounded.
+	Next http.RoundTripper
+	// Max is the upstream's max_response.
 	Max      int64
+	upstream string
 	budget   *Budget
 	// watchers are told of a failure on the upstream session they watch
 	// (by its Mcp-Session-Id): go-sdk's client reports a failed read as a
@@ -161,7 +163,7 @@ type Transport struct {
 	watchers sync.Map // session id -> *limitWatcher
 }
 
-// watch calls fn with the limit failure of any answer on the upstream
+// Watch calls fn with the limit failure of any answer on the upstream
 // session sid, until the returned func is called.
 func (l *Transport) Watch(sid string, fn func(error)) (unwatch func()) {
 	if sid == "" {

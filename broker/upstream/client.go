@@ -277,21 +277,25 @@ func (g *originGuard) CloseIdleConnections() {
 // pinned, origin-guarded egress client (http, sse) and the stdio launcher
 // exist once.
 type Transports struct {
-	name     string
-	Expanded Config                 // expanded
-	HTTP     *http.Client           // http and sse: pinned and origin-guarded; nil for stdio
-	guard    *originGuard           // nil for stdio
-	limit    *answerlimit.Transport // bounds every answer; nil for stdio
-	logger   *slog.Logger           // receives a stdio process's stderr
-	// maxRetries is the streamable client's MaxRetries (0: go-sdk's
+	name   string
+	guard  *originGuard           // nil for stdio
+	limit  *answerlimit.Transport // bounds every answer; nil for stdio
+	logger *slog.Logger           // receives a stdio process's stderr
+
+	// Expanded is the upstream's config, placeholders expanded.
+	Expanded Config
+	// HTTP is the egress client of http and sse: pinned, origin-guarded,
+	// every answer bounded and traced; nil for stdio.
+	HTTP *http.Client
+	// MaxRetries is the streamable client's MaxRetries (0: go-sdk's
 	// default).
 	MaxRetries int
-	// pidDir, when set, receives a pid file for every stdio process
+	// PIDDir, when set, receives a pid file for every stdio process
 	// (see [CleanOrphans]).
 	PIDDir string
 }
 
-// wrapHTTP puts the RoundTripper wrap returns in front of the http
+// WrapHTTP puts the RoundTripper wrap returns in front of the http
 // transport's egress client, under go-sdk's streamable client and the
 // aggregated route's fast paths alike (the aggregated route counts the
 // notifications in its upstreams' event streams there). It does nothing for
@@ -329,7 +333,7 @@ func NewTransports(n, e Config, opts ConnOptions, logger *slog.Logger) (*Transpo
 	return t, nil
 }
 
-// newTransport returns a new go-sdk transport for one connection: the
+// NewTransport returns a new go-sdk transport for one connection: the
 // streamable or SSE client over the guarded egress client, or, for stdio,
 // one that starts the command on Connect (the process ends when that
 // connection is closed).
@@ -344,7 +348,7 @@ func (t *Transports) NewTransport() mcp.Transport {
 	}
 }
 
-// watchLimit calls fn with the limit failure of an answer on the upstream
+// WatchLimit calls fn with the limit failure of an answer on the upstream
 // session sid (http and sse), until the returned func is called.
 func (t *Transports) WatchLimit(sid string, fn func(error)) (unwatch func()) {
 	if t.limit == nil {
@@ -353,7 +357,7 @@ func (t *Transports) WatchLimit(sid string, fn func(error)) (unwatch func()) {
 	return t.limit.Watch(sid, fn)
 }
 
-// limitMax is the upstream's max_response (0 for stdio).
+// LimitMax is the upstream's max_response (0 for stdio).
 func (t *Transports) LimitMax() int64 {
 	if t.limit == nil {
 		return 0
@@ -361,7 +365,7 @@ func (t *Transports) LimitMax() int64 {
 	return t.limit.Max
 }
 
-// refusal returns, and forgets, the last request the origin guard refused
+// Refusal returns, and forgets, the last request the origin guard refused
 // (nil when none, or for stdio). The SDK may report a failed attempt as a
 // closed connection rather than the refusal that closed it.
 func (t *Transports) Refusal() error {
@@ -374,7 +378,7 @@ func (t *Transports) Refusal() error {
 	return nil
 }
 
-// closeIdle releases the egress client's idle connections.
+// CloseIdle releases the egress client's idle connections.
 func (t *Transports) CloseIdle() {
 	if t.HTTP != nil {
 		t.HTTP.CloseIdleConnections()

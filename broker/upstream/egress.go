@@ -25,6 +25,7 @@ const (
 	HeaderProtocolVersion = "Mcp-Protocol-Version"
 )
 
+// Header is one configured header of an upstream, its name canonical.
 type Header struct{ Name, Value string }
 
 // ConfiguredHeaders checks the expanded headers of e and returns them in

@@ -131,6 +131,8 @@ type Namespace struct {
 	short map[string]Qualified
 }
 
+// Qualified is a tool or prompt of one upstream: the upstream's name and
+// the tool's or prompt's own name there.
 type Qualified struct {
 	Server, Name string
 }

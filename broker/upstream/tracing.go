@@ -75,8 +75,8 @@ func tracerFor(ctx context.Context) trace.Tracer {
 // server that trusts its own tracing. Nothing of the request's body or
 // credentials becomes an attribute.
 type TraceTransport struct {
-	Upstream string
-	Next     http.RoundTripper
+	Upstream string            // the upstream's name, an attribute of the span
+	Next     http.RoundTripper // sends the request
 }
 
 func (t *TraceTransport) RoundTrip(req *http.Request) (*http.Response, error) {
