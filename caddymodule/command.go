@@ -58,7 +58,7 @@ on stderr when it did not.`,
 			cmd.AddCommand(token)
 			upstream := &cobra.Command{
 				Use:   "upstream",
-				Short: "Shows the upstream MCP servers of a running server",
+				Short: "Lists, restarts and retires the upstream MCP servers of a running server",
 			}
 			upstream.AddCommand(upstreamListCommand(), upstreamRestartCommand("restart"), upstreamRestartCommand("retire"))
 			cmd.AddCommand(upstream)
