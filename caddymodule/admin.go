@@ -10,9 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -151,7 +152,7 @@ func (a *adminAPI) handleTokens(w http.ResponseWriter, r *http.Request) error {
 // configured (redacted), and, for one with an oauth block, the state of its
 // token (never the token).
 type upstreamListing struct {
-	Upstream broker.Upstream
+	Upstream upstream.Config
 	Auth     *upstreamauth.Status
 }
 

@@ -10,13 +10,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/answerlimit"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
@@ -101,7 +103,7 @@ type App struct {
 	// Upstreams are the remote MCP servers the broker offers, by name.
 	// Header values may hold ${VAR} placeholders, expanded only where the
 	// connection is built; a credential given literally is refused.
-	Upstreams []broker.Upstream `json:"upstreams,omitempty"`
+	Upstreams []upstream.Config `json:"upstreams,omitempty"`
 
 	// UpstreamsFiles are mcp.json files with more upstreams, in the shapes
 	// clients use (a list, a name-keyed map, or one under mcpServers).
@@ -131,7 +133,7 @@ type App struct {
 
 	// MaxInflightResponse bounds the bytes of upstream answers the
 	// broker holds at once, across every route and upstream (see
-	// broker.AnswerBudget); past it a call fails with an error that says
+	// answerlimit.Budget); past it a call fails with an error that says
 	// so. Default: 256 MiB.
 	MaxInflightResponse int64 `json:"max_inflight_response,omitempty"`
 
@@ -145,14 +147,14 @@ type App struct {
 	cluster    *cluster.Storage // the cluster's storage, in cluster mode
 	clusterKey string           // this config's hold on natsPool
 
-	answerBudget *broker.AnswerBudget
+	answerBudget *answerlimit.Budget
 
 	tokens     *tokenState
 	tokensKey  string
 	pins       *pinsState // the pinned tool definitions (package pins)
 	pinsKey    string
 	storage    storage.Storage // the configured storage (Caddy's)
-	upstreams  map[string]broker.Upstream
+	upstreams  map[string]upstream.Config
 	oauth      map[string]*upstreamauth.Client // by upstream name
 	oauthKeys  []string                        // this config's holds on oauthPool
 	actionsKey string                          // this config's hold on actionsPool (NATS storage)
@@ -201,7 +203,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.MaxInflightResponse < 0 {
 		return fmt.Errorf("zidane: max_inflight_response %d is negative; give a size such as 256MiB", a.MaxInflightResponse)
 	}
-	a.answerBudget = broker.NewAnswerBudget(a.MaxInflightResponse)
+	a.answerBudget = answerlimit.NewBudget(a.MaxInflightResponse)
 	a.guardSites = &guardSites{byResource: make(map[string][]string)}
 	for _, r := range a.Roots {
 		if !filepath.IsAbs(r) {

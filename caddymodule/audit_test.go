@@ -10,10 +10,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
@@ -112,7 +113,7 @@ func TestAuditEventsFollowTheRunningConfig(t *testing.T) {
 			}
 		},
 		"upstream_call": func() {
-			auditUpstreamCall(auditLogger(), broker.CallRecord{Upstream: "up", Route: "egress:up", Tool: "time", Outcome: "ok", Status: 200})
+			auditUpstreamCall(auditLogger(), upstream.CallRecord{Upstream: "up", Route: "egress:up", Tool: "time", Outcome: "ok", Status: 200})
 		},
 		"held_zap": func() { held.Info("a line of a logger held across reloads", zap.String("event", "held_zap")) },
 		"held_slog": func() {

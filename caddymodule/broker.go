@@ -12,11 +12,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/aggregate"
+	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/internal/configfile"
@@ -48,13 +53,13 @@ func sessionIDKey(st storage.Storage) ([]byte, error) {
 // loadUpstreams reads the configured upstreams: inline ones first, then
 // those of each upstreams_file, in order. Names must be unique.
 func (a *App) loadUpstreams() error {
-	lists := [][]broker.Upstream{}
-	var inline []broker.Upstream
+	lists := [][]upstream.Config{}
+	var inline []upstream.Config
 	for _, u := range a.Upstreams {
 		if u.Source == "" {
 			u.Source = "Caddyfile"
 		}
-		n, err := broker.Normalize(u)
+		n, err := upstream.Normalize(u)
 		if err != nil {
 			return err // it names the upstream and where it is configured
 		}
@@ -66,7 +71,7 @@ func (a *App) loadUpstreams() error {
 		if err != nil {
 			return fmt.Errorf("upstreams_file: %w; give the path of an mcp.json file", err)
 		}
-		ups, warnings, err := broker.LoadMCPJSON(raw, path)
+		ups, warnings, err := upstream.LoadMCPJSON(raw, path)
 		if err != nil {
 			return fmt.Errorf("upstreams_file %s: %w", path, err)
 		}
@@ -75,11 +80,11 @@ func (a *App) loadUpstreams() error {
 		}
 		lists = append(lists, ups)
 	}
-	all, err := broker.MergeUpstreams(lists...)
+	all, err := upstream.MergeUpstreams(lists...)
 	if err != nil {
 		return err
 	}
-	a.upstreams = map[string]broker.Upstream{}
+	a.upstreams = map[string]upstream.Config{}
 	for _, u := range all {
 		a.upstreams[u.Name] = u
 	}
@@ -87,7 +92,7 @@ func (a *App) loadUpstreams() error {
 }
 
 // Upstream returns the configured upstream called name.
-func (a *App) Upstream(name string) (broker.Upstream, bool) {
+func (a *App) Upstream(name string) (upstream.Config, bool) {
 	u, ok := a.upstreams[name]
 	return u, ok
 }
@@ -104,14 +109,14 @@ func (b *Broker) build(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
+	pt, err := passthrough.New(u, passthrough.Options{
 		SessionKey:   sessionKey,
 		Route:        route,
 		MaxBodyBytes: s.maxBody,
 		AnswerBudget: s.app.answerBudget,
 		OnDecision:   func(d pinnedfetch.Decision) { auditRedirect(s.audit, u.Name, d) },
-		OnCall:       func(c broker.CallRecord) { auditUpstreamCall(s.audit, c) },
-		OnRefusal: func(r broker.Refusal) {
+		OnCall:       func(c upstream.CallRecord) { auditUpstreamCall(s.audit, c) },
+		OnRefusal: func(r upstream.Refusal) {
 			metricRefusals.WithLabelValues(r.Reason).Inc()
 			auditBrokerRefusal(s.audit, r)
 		},
@@ -133,7 +138,7 @@ func (b *Broker) build(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	tasks, err := broker.NewTaskIDs(sessionKey)
+	tasks, err := taskid.New(sessionKey)
 	if err != nil {
 		return err
 	}
@@ -145,7 +150,7 @@ func (b *Broker) build(ctx caddy.Context) error {
 
 // auditUpstreamCall records a call a route sent upstream when it ends: on
 // the latency histogram, and as an audit line.
-func auditUpstreamCall(l *zap.Logger, c broker.CallRecord) {
+func auditUpstreamCall(l *zap.Logger, c upstream.CallRecord) {
 	observeUpstreamCall(c)
 	ce := l.Check(zap.InfoLevel, "upstream call")
 	if ce == nil {
@@ -185,7 +190,7 @@ func auditRedirect(l *zap.Logger, upstream string, d pinnedfetch.Decision) {
 		zap.Bool("credentials", d.Credentials), zap.Strings("stripped_headers", d.StrippedHeaders))
 }
 
-func auditBrokerRefusal(l *zap.Logger, r broker.Refusal) {
+func auditBrokerRefusal(l *zap.Logger, r upstream.Refusal) {
 	l.Warn("request refused", zap.String("event", "refused"), zap.String("reason", r.Reason),
 		zap.String("upstream", r.Upstream), zap.String("route", r.Route), zap.String("http_method", r.HTTPMethod),
 		zap.String("token_id", r.TokenID), zap.String("token_name", r.TokenName), zap.Int("status", r.Status),
@@ -195,7 +200,7 @@ func auditBrokerRefusal(l *zap.Logger, r broker.Refusal) {
 // build sets up the aggregated route over the named upstreams.
 func (a *Aggregate) build(ctx caddy.Context) error {
 	s := a.site
-	var ups []broker.Upstream
+	var ups []upstream.Config
 	for _, name := range a.Upstreams {
 		u, ok := s.app.Upstream(name)
 		if !ok {
@@ -203,7 +208,7 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 		}
 		ups = append(ups, u)
 	}
-	byName := map[string]broker.Upstream{}
+	byName := map[string]upstream.Config{}
 	for _, u := range ups {
 		byName[u.Name] = u
 	}
@@ -225,7 +230,7 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 	for _, u := range ups {
 		store = a.openPins(ctx, edge.AggregatePinNS(u.Name), u.PinPolicy())
 	}
-	opts := broker.AggregateOptions{
+	opts := aggregate.Options{
 		// Pid files of stdio upstreams: a gateway that crashed leaves them,
 		// and the next start ends the processes they name.
 		PIDDir:              filepath.Join(caddy.AppDataDir(), "zidane", "stdio"),
@@ -234,7 +239,7 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 		MaxRequestBodyBytes: s.maxBody,
 		AnswerBudget:        s.app.answerBudget,
 		OnDecision:          func(d pinnedfetch.Decision) { auditRedirect(s.audit, "aggregate", d) },
-		OnCall:              func(c broker.CallRecord) { auditUpstreamCall(s.audit, c) },
+		OnCall:              func(c upstream.CallRecord) { auditUpstreamCall(s.audit, c) },
 		Logger:              slog.New(zapslog.NewHandler(s.logger.Named("aggregate").Core())),
 		ToolCache:           toolCache{s.app.storage},
 		SessionTimeout:      max(0, time.Duration(s.app.MCPSessionIdleTimeout)),
@@ -255,7 +260,7 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 		opts.BridgeKey = key
 		opts.Node = fwd.Self()
 	}
-	agg, err := broker.NewAggregate(ups, opts)
+	agg, err := aggregate.New(ups, opts)
 	if err != nil {
 		return fmt.Errorf("aggregate: %w", err)
 	}
@@ -265,7 +270,7 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	tasks, err := broker.NewTaskIDs(taskKey)
+	tasks, err := taskid.New(taskKey)
 	if err != nil {
 		return err
 	}
@@ -296,7 +301,7 @@ func aggregateForward(ctx caddy.Context, route string, audit *zap.Logger) (*edge
 	if err != nil {
 		return nil, err
 	}
-	ids, err := broker.NewSessionIDs(key)
+	ids, err := sessionid.New(key)
 	if err != nil {
 		return nil, err
 	}
@@ -310,20 +315,20 @@ func aggregateForward(ctx caddy.Context, route string, audit *zap.Logger) (*edge
 // liveAggregates are the aggregated routes of every loaded config, which
 // the admin API reaches to restart an upstream. During a reload the old
 // config's routes are here too, until their Cleanup.
-var liveAggregates = &aggregateSet{m: map[*broker.Aggregate]struct{}{}}
+var liveAggregates = &aggregateSet{m: map[*aggregate.Aggregate]struct{}{}}
 
 type aggregateSet struct {
 	mu sync.Mutex
-	m  map[*broker.Aggregate]struct{}
+	m  map[*aggregate.Aggregate]struct{}
 }
 
-func (s *aggregateSet) add(a *broker.Aggregate) {
+func (s *aggregateSet) add(a *aggregate.Aggregate) {
 	s.mu.Lock()
 	s.m[a] = struct{}{}
 	s.mu.Unlock()
 }
 
-func (s *aggregateSet) remove(a *broker.Aggregate) {
+func (s *aggregateSet) remove(a *aggregate.Aggregate) {
 	s.mu.Lock()
 	delete(s.m, a)
 	s.mu.Unlock()
@@ -343,7 +348,7 @@ func (s *aggregateSet) reconnect(name string) {
 // aggregated route that has it, and says on how many.
 func (s *aggregateSet) restart(ctx context.Context, name string, retire bool) (int, error) {
 	s.mu.Lock()
-	var with []*broker.Aggregate
+	var with []*aggregate.Aggregate
 	for a := range s.m {
 		if slices.Contains(a.Upstreams(), name) {
 			with = append(with, a)

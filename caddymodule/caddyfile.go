@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -17,7 +19,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -715,8 +716,8 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 
 var _ caddyfile.Unmarshaler = (*Handler)(nil)
 
-func parseUpstream(d *caddyfile.Dispenser) (broker.Upstream, error) {
-	var u broker.Upstream
+func parseUpstream(d *caddyfile.Dispenser) (upstream.Config, error) {
+	var u upstream.Config
 	if !d.NextArg() {
 		return u, d.Err("upstream takes a name, then a URL or a block: upstream github https://api.githubcopilot.com/mcp/")
 	}

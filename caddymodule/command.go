@@ -15,11 +15,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -382,7 +383,7 @@ func upstreamListCommand() *cobra.Command {
 			}
 			// Each entry is an upstream with, for one with an oauth block,
 			// an "auth" object beside its fields.
-			var list []broker.Upstream
+			var list []upstream.Config
 			var auth []struct {
 				Auth *upstreamauth.Status `json:"auth"`
 			}
@@ -396,7 +397,7 @@ func upstreamListCommand() *cobra.Command {
 			fmt.Fprintln(tw, "NAME\tTRANSPORT\tTARGET\tSCOPE\tAUTH\tSOURCE")
 			for i, u := range list {
 				target := u.URL
-				if u.Transport == broker.TransportStdio {
+				if u.Transport == upstream.TransportStdio {
 					target = strings.TrimSpace(u.Command + " " + strings.Join(u.Args, " "))
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", u.Name, u.Transport, target, u.Scope, authColumn(auth[i].Auth), u.Source)

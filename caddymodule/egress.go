@@ -6,7 +6,10 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
+	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -16,7 +19,7 @@ import (
 // egressRoute is one upstream offered to the sessions on this host: the
 // broker's pass-through route, reached with a per-session machine token.
 type egressRoute struct {
-	pt    *broker.PassThrough
+	pt    *passthrough.PassThrough
 	route *edge.Upstream
 }
 
@@ -30,13 +33,13 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 			return nil, fmt.Errorf("session_upstreams: no upstream %q is configured", name)
 		}
 		route := "egress:" + name
-		pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
+		pt, err := passthrough.New(u, passthrough.Options{
 			SessionKey:   brokerSessionKey,
 			Route:        route,
 			AnswerBudget: a.answerBudget,
 			OnDecision:   func(d pinnedfetch.Decision) { auditRedirect(auditLogger(), name, d) },
-			OnCall:       func(c broker.CallRecord) { auditUpstreamCall(auditLogger(), c) },
-			OnRefusal: func(r broker.Refusal) {
+			OnCall:       func(c upstream.CallRecord) { auditUpstreamCall(auditLogger(), c) },
+			OnRefusal: func(r upstream.Refusal) {
 				metricRefusals.WithLabelValues(r.Reason).Inc()
 				auditBrokerRefusal(auditLogger(), r)
 			},
@@ -55,7 +58,7 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 		octx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		a.pins.open(octx, name, u.PinPolicy())
 		cancel()
-		tasks, err := broker.NewTaskIDs(brokerSessionKey)
+		tasks, err := taskid.New(brokerSessionKey)
 		if err != nil {
 			return nil, err
 		}

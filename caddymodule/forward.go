@@ -7,10 +7,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/aggregate"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/message"
@@ -49,7 +52,7 @@ func sharedHopKey(key []byte) *edge.HopKey {
 
 // newForward wires the forwarding of the route whose session ids ids
 // seals, to the registry nodes, with hop.
-func newForward(ids *broker.SessionIDs, route string, nodes edge.HopNodes, hop *edge.HopKey, audit *zap.Logger) *edge.Forward {
+func newForward(ids *sessionid.Sealer, route string, nodes edge.HopNodes, hop *edge.HopKey, audit *zap.Logger) *edge.Forward {
 	if audit == nil {
 		audit = zap.NewNop()
 	}
@@ -128,7 +131,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		return h.refuse(w, r, rf, v)
 	}
 	rf.p = p
-	modern := broker.ModernRequest(r)
+	modern := aggregate.ModernRequest(r)
 	if !modern {
 		if v := edge.HeldHere(ca, r); !v.Allowed() {
 			return h.refuse(w, r, rf, v)
@@ -172,7 +175,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	r.Header.Del(edge.HopCredentialHeader)
 	r.Header.Del("Authorization")
 	// The address the sender's edge saw, which its signature covers.
-	r.Header[broker.ClientIPHeader] = []string{claims.Client}
+	r.Header[upstream.ClientIPHeader] = []string{claims.Client}
 	h.audit.Debug("forwarded request", zap.String("event", "session_forwarded_in"), zap.String("from", claims.From),
 		zap.String("token_id", p.TokenID), zap.String("http_method", r.Method), zap.String("client_ip", claims.Client), zap.String("via", rf.via))
 	// The sender's edge filters the answer (its listing filter): served

@@ -7,7 +7,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/answerlimit"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 )
 
@@ -19,7 +21,7 @@ func (g *Guard) build(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	ids, err := broker.NewSessionIDs(key)
+	ids, err := sessionid.New(key)
 	if err != nil {
 		return err
 	}
@@ -35,7 +37,7 @@ func (g *Guard) build(ctx caddy.Context) error {
 		s.logger.Warn("another guard site of this config has the same resource; what a guard keeps of its server (pinned tool definitions, learned Mcp-Param-* bindings, the route its session ids are sealed to) is kept under its resource, so if the two guard different servers, give each its own absolute resource",
 			zap.String("resource", s.resource))
 	}
-	tasks, err := broker.NewTaskIDs(key)
+	tasks, err := taskid.New(key)
 	if err != nil {
 		return err
 	}
@@ -46,7 +48,7 @@ func (g *Guard) build(ctx caddy.Context) error {
 		SharedParams: g.sharedParams(ctx, "params|guard|"+s.resource), Pins: g.openPins(ctx, ns, pol), PinNS: ns, Tasks: tasks}
 	if g.Upstream == "" {
 		g.out.route = eg
-		g.out.answerMax = cmp.Or(g.MaxResponse, broker.DefaultMaxResponse)
+		g.out.answerMax = cmp.Or(g.MaxResponse, answerlimit.DefaultMaxResponse)
 		return nil
 	}
 	// The pass-through bounds the server's answers itself, with

@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
@@ -28,9 +30,9 @@ const guardUpstreamName = "guard"
 // operator's upstream headers, to the configured URL only.
 func (g *Guard) buildUpstream(ctx caddy.Context, eg *edge.Guard, sessionKey []byte) (edge.Route, error) {
 	s := g.site
-	u := broker.Upstream{Name: guardUpstreamName, URL: g.Upstream, MaxResponse: g.MaxResponse}
+	u := upstream.Config{Name: guardUpstreamName, URL: g.Upstream, MaxResponse: g.MaxResponse}
 	for _, k := range sortedMapKeys(g.UpstreamHeaders) {
-		if broker.ReservedUpstreamHeader(http.CanonicalHeaderKey(k)) {
+		if upstream.ReservedUpstreamHeader(http.CanonicalHeaderKey(k)) {
 			return nil, fmt.Errorf("guard upstream_header %s: with upstream, the guard sets or passes this header itself (the MCP transport's headers and framing); remove the upstream_header", k)
 		}
 	}
@@ -47,7 +49,7 @@ func (g *Guard) buildUpstream(ctx caddy.Context, eg *edge.Guard, sessionKey []by
 	// follows no redirect, so no answer of the server's can send it to
 	// another host.
 	allowPrivate := false
-	pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
+	pt, err := passthrough.New(u, passthrough.Options{
 		Headers: headers,
 		// The URL holds no placeholder (checkGuardUpstream): nothing to
 		// look up.
@@ -59,8 +61,8 @@ func (g *Guard) buildUpstream(ctx caddy.Context, eg *edge.Guard, sessionKey []by
 		MaxBodyBytes:         s.maxBody,
 		AnswerBudget:         s.app.answerBudget,
 		OnDecision:           func(d pinnedfetch.Decision) { auditRedirect(s.audit, u.Name, d) },
-		OnCall:               func(c broker.CallRecord) { auditUpstreamCall(s.audit, c) },
-		OnRefusal: func(r broker.Refusal) {
+		OnCall:               func(c upstream.CallRecord) { auditUpstreamCall(s.audit, c) },
+		OnRefusal: func(r upstream.Refusal) {
 			metricRefusals.WithLabelValues(r.Reason).Inc()
 			auditBrokerRefusal(s.audit, r)
 		},

@@ -13,13 +13,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
@@ -351,7 +352,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	rf := refusal{clientIP: clientIP(r), origin: r.Header.Get("Origin"), method: r.Method}
 	// The client's address reaches the broker's routes from the edge
 	// alone (see serve): a client's copy is no one's to read.
-	delete(r.Header, broker.ClientIPHeader)
+	delete(r.Header, upstream.ClientIPHeader)
 
 	// 1. Host and Origin, once Origin and Authorization are known to be
 	// sent once each.
@@ -535,7 +536,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	// client gets).
 	delete(r.Header, "Accept-Encoding")
 	if _, ok := route.(edge.ClientAddressed); ok {
-		r.Header[broker.ClientIPHeader] = []string{ip}
+		r.Header[upstream.ClientIPHeader] = []string{ip}
 	}
 	f := edge.NewListing(route, p, b, func(d edge.Drop) { h.auditDrop(r, d) })
 	f.Max = h.route.answerMax

@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
@@ -97,7 +97,7 @@ func credentialKind(p policy.Principal) string {
 // observeUpstreamCall puts one upstream call on the latency histogram.
 // Only POSTs are calls: a GET is a stream that lasts as long as the
 // client listens, and a DELETE ends a session.
-func observeUpstreamCall(c broker.CallRecord) {
+func observeUpstreamCall(c upstream.CallRecord) {
 	if c.HTTPMethod != http.MethodPost {
 		return
 	}
@@ -115,9 +115,9 @@ func routeKind(route string) string {
 
 // callOutcome keeps the outcomes the broker names, and folds an upstream's
 // other answers (their status text) into their status class.
-func callOutcome(c broker.CallRecord) string {
+func callOutcome(c upstream.CallRecord) string {
 	switch c.Outcome {
-	case broker.OutcomeOK, broker.OutcomeError, broker.OutcomeCanceled, broker.OutcomeAuthRequired:
+	case upstream.OutcomeOK, upstream.OutcomeError, upstream.OutcomeCanceled, upstream.OutcomeAuthRequired:
 		return c.Outcome
 	}
 	switch {
@@ -126,7 +126,7 @@ func callOutcome(c broker.CallRecord) string {
 	case c.Status >= 400:
 		return "http_4xx"
 	}
-	return broker.OutcomeError
+	return upstream.OutcomeError
 }
 
 // liveEngines are the session engines of this process, for the gauges.

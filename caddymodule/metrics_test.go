@@ -3,7 +3,8 @@ package caddymodule
 import (
 	"testing"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/aggregate"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
@@ -14,7 +15,7 @@ func TestMetricLabelsAreBounded(t *testing.T) {
 	for route, want := range map[string]string{
 		"broker:github":                       "broker",
 		"egress:github":                       "egress",
-		broker.RouteAggregate:                 "aggregate",
+		aggregate.RouteAggregate:              "aggregate",
 		"guard:https://mcp.example.com/mcp":   "guard",
 		"aggregate|https://gw/mcp|always|a,b": "aggregate",
 	} {
@@ -23,16 +24,16 @@ func TestMetricLabelsAreBounded(t *testing.T) {
 		}
 	}
 	for _, c := range []struct {
-		rec  broker.CallRecord
+		rec  upstream.CallRecord
 		want string
 	}{
-		{broker.CallRecord{Outcome: broker.OutcomeOK, Status: 200}, "ok"},
-		{broker.CallRecord{Outcome: broker.OutcomeCanceled}, "canceled"},
-		{broker.CallRecord{Outcome: broker.OutcomeAuthRequired}, "auth_required"},
-		{broker.CallRecord{Outcome: "Not Found", Status: 404}, "http_4xx"},
-		{broker.CallRecord{Outcome: "I'm a teapot", Status: 418}, "http_4xx"},
-		{broker.CallRecord{Outcome: "Bad Gateway", Status: 502}, "http_5xx"},
-		{broker.CallRecord{Outcome: "Found", Status: 302}, "error"},
+		{upstream.CallRecord{Outcome: upstream.OutcomeOK, Status: 200}, "ok"},
+		{upstream.CallRecord{Outcome: upstream.OutcomeCanceled}, "canceled"},
+		{upstream.CallRecord{Outcome: upstream.OutcomeAuthRequired}, "auth_required"},
+		{upstream.CallRecord{Outcome: "Not Found", Status: 404}, "http_4xx"},
+		{upstream.CallRecord{Outcome: "I'm a teapot", Status: 418}, "http_4xx"},
+		{upstream.CallRecord{Outcome: "Bad Gateway", Status: 502}, "http_5xx"},
+		{upstream.CallRecord{Outcome: "Found", Status: 302}, "error"},
 	} {
 		if got := callOutcome(c.rec); got != c.want {
 			t.Errorf("callOutcome(%+v) = %q, want %q", c.rec, got, c.want)

@@ -7,10 +7,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
@@ -187,7 +188,7 @@ func (g *Guard) pinPolicy() (pins.Policy, error) {
 			return pol, fmt.Errorf("guard %w", err)
 		}
 	}
-	if g.Upstream != "" && (broker.Upstream{URL: g.Upstream}).Local() {
+	if g.Upstream != "" && (upstream.Config{URL: g.Upstream}).Local() {
 		pol.NewTools = pins.AllowNew
 	}
 	if g.NewTools != "" {

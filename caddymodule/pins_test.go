@@ -5,9 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/certmagic"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 )
 
@@ -22,9 +23,9 @@ func TestEgressRoutesArePinned(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = pinsPool.Delete(key) })
-	a := &App{pins: ps, SessionUpstreams: []string{"remote", "local"}, upstreams: map[string]broker.Upstream{}}
+	a := &App{pins: ps, SessionUpstreams: []string{"remote", "local"}, upstreams: map[string]upstream.Config{}}
 	for name, url := range map[string]string{"remote": "https://mcp.example.com/mcp", "local": "http://127.0.0.1:9/mcp"} {
-		u, err := broker.Normalize(broker.Upstream{Name: name, URL: url})
+		u, err := upstream.Normalize(upstream.Config{Name: name, URL: url})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/aggregate"
+	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -154,7 +155,7 @@ func (m *Sessions) Cleanup() error {
 // Upstream to that MCP server.
 type Guard struct {
 	routeBase
-	pt *broker.PassThrough
+	pt *passthrough.PassThrough
 
 	// UpstreamHeaders are set on every request passed on, after the
 	// client's Authorization is removed: an upstream credential, for
@@ -246,7 +247,7 @@ func (g *Guard) Cleanup() error {
 // configured origin only.
 type Broker struct {
 	routeBase
-	pt *broker.PassThrough
+	pt *passthrough.PassThrough
 
 	// Upstream names the upstream (global zidane option) to offer.
 	Upstream string `json:"upstream"`
@@ -294,7 +295,7 @@ func (b *Broker) Cleanup() error {
 // mcp_<upstream>_<name>.
 type Aggregate struct {
 	routeBase
-	agg *broker.Aggregate
+	agg *aggregate.Aggregate
 
 	// Upstreams names the upstreams (global zidane option) to offer.
 	Upstreams []string `json:"upstreams"`

@@ -9,7 +9,8 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
@@ -46,13 +47,13 @@ func literalError(field, placeholder string) error {
 
 // literal reports whether v is a secret given as it is: not empty and
 // holding no ${VAR} placeholder of the broker's.
-func literal(v string) bool { return v != "" && !broker.HasPlaceholder(v) }
+func literal(v string) bool { return v != "" && !upstream.HasPlaceholder(v) }
 
 // checkUpstreamSecrets refuses an upstream of the config with a literal
 // secret: a header value (but the plainHeaders), an env value whose name
 // looks secret, a password or secret-looking query value in its URL, an
 // OAuth client secret or private key.
-func checkUpstreamSecrets(u broker.Upstream) error {
+func checkUpstreamSecrets(u upstream.Config) error {
 	const ph = "${VAR}"
 	for _, k := range sortedMapKeys(u.Headers) {
 		if !plainHeaders[http.CanonicalHeaderKey(k)] && literal(u.Headers[k]) {
@@ -110,7 +111,7 @@ func checkAgentEnv(agent string, env map[string]string) error {
 func checkGuardHeaders(headers map[string]string) error {
 	seen := map[string]string{}
 	for _, k := range sortedMapKeys(headers) {
-		if !broker.ValidHeaderName(k) {
+		if !upstream.ValidHeaderName(k) {
 			return fmt.Errorf("guard upstream_header %q is not a valid HTTP header name: use letters, digits and '-', such as X-Api-Key", k)
 		}
 		if other, ok := seen[http.CanonicalHeaderKey(k)]; ok {
@@ -135,7 +136,7 @@ func checkGuardUpstream(raw string) error {
 	if err != nil || !u.IsAbs() {
 		return errors.New("guard upstream: give the MCP server's absolute URL, such as https://mcp.internal.example/mcp, or http://127.0.0.1:9000/mcp on this host")
 	}
-	if broker.HasPlaceholder(raw) || caddyPlaceholder.MatchString(raw) {
+	if upstream.HasPlaceholder(raw) || caddyPlaceholder.MatchString(raw) {
 		return errors.New("guard upstream: the URL takes no placeholder; write it as it is, and send a credential with upstream_header")
 	}
 	if err := pinnedfetch.CheckRemoteURL(u); err != nil {

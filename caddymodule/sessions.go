@@ -15,11 +15,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/clustersessions"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
@@ -428,12 +429,12 @@ const sessionsService = "sessions"
 
 // sessionsIDs seals and opens the node ids in the sessions endpoint's MCP
 // session ids, with a key derived from the cluster key.
-func sessionsIDs(cs *cluster.Storage) (*broker.SessionIDs, error) {
+func sessionsIDs(cs *cluster.Storage) (*sessionid.Sealer, error) {
 	key, err := sessionIDKey(cs)
 	if err != nil {
 		return nil, err
 	}
-	return broker.NewSessionIDs(key)
+	return sessionid.New(key)
 }
 
 // orchestratorServers gives an orchestrator session (one created with

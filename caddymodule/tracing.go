@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -112,7 +112,7 @@ func (s steps) routeSpan(ctx context.Context, r *http.Request, route spanning, p
 		if route.readsTrace {
 			// The aggregated route reads a trace context from these
 			// headers where go-sdk lost the request's context
-			// (broker.TraceFromHeader): with no span of the edge's here,
+			// (upstream.TraceFromHeader): with no span of the edge's here,
 			// whatever they hold is the client's, which must not become
 			// the parent of the gateway's spans on a site that traces
 			// nothing.
@@ -127,16 +127,16 @@ func (s steps) routeSpan(ctx context.Context, r *http.Request, route spanning, p
 	if route.client {
 		kind = trace.SpanKindClient
 	}
-	ctx, span := s.span.TracerProvider().Tracer(broker.TracerName).Start(ctx, "zidane_mcp "+route.name,
+	ctx, span := s.span.TracerProvider().Tracer(upstream.TracerName).Start(ctx, "zidane_mcp "+route.name,
 		trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
 	if route.client || route.readsTrace {
 		// The guard's server behind reads it; the aggregated route reads
 		// it back where go-sdk's handlers lost the request's context
-		// (broker.TraceFromHeader).
+		// (upstream.TraceFromHeader).
 		r.Header.Del("Traceparent")
 		r.Header.Del("Tracestate")
 		propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(r.Header))
-		broker.RememberTracerProvider(s.span.TracerProvider())
+		upstream.RememberTracerProvider(s.span.TracerProvider())
 	}
 	return ctx, span
 }

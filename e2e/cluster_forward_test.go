@@ -19,9 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 )
 
@@ -420,7 +421,7 @@ func TestClusterHopChecks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids, err := broker.NewSessionIDs(sk)
+	ids, err := sessionid.New(sk)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -43,7 +44,7 @@ type Aggregate struct {
 	Catalog Catalog
 	// Allows reports whether p may use the named upstream.
 	Allows func(p policy.Principal, upstream string) bool
-	// Handler serves the route (broker.Aggregate).
+	// Handler serves the route (aggregate.Aggregate).
 	Handler http.Handler
 	// Params is what the route learned of its tools' x-mcp-header
 	// bindings (by the names it lists them under), to check Mcp-Param-*
@@ -67,7 +68,7 @@ type Aggregate struct {
 	// Tasks, when set, binds the upstreams' task ids (MCP 2026-07-28's
 	// Tasks extension) to the token, Route (the name the route's handles
 	// carry) and the upstream that holds the task (see tasks.go).
-	Tasks *broker.TaskIDs
+	Tasks *taskid.Sealer
 	Route string
 }
 
@@ -130,7 +131,7 @@ func (a *Aggregate) pinServer() (*pins.Store, string) { return nil, "" }
 func (a *Aggregate) pinSets() (*pins.Store, []string) { return nil, nil }
 
 // AggregateInstructions returns what the aggregated route merges of an
-// upstream's instructions (broker.AggregateOptions.Instructions): the
+// upstream's instructions (aggregate.Options.Instructions): the
 // upstream's own when they are its pinned ones (pinned on first sight, in
 // the namespace AggregatePinNS), else the pinned ones, or none. Nil with
 // no store.

@@ -6,7 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -67,7 +68,7 @@ func testRoutes(t testing.TB) map[string]struct {
 	if err != nil {
 		t.Fatal(err)
 	}
-	up := broker.Upstream{Name: "a", ToolsDeny: []string{"drop_*"}}
+	up := upstream.Config{Name: "a", ToolsDeny: []string{"drop_*"}}
 	upScopes, err := policy.NewScopeMap([]policy.Rule{{Scope: policy.UpstreamScope("a"), Tools: []string{"*"}, Methods: []string{"*"}}}, true)
 	if err != nil {
 		t.Fatal(err)

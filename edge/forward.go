@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -85,7 +85,7 @@ type ForwardEvent struct {
 // ForwardOptions configure a [Forward].
 type ForwardOptions struct {
 	// IDs seal the node ids in the route's session ids.
-	IDs *broker.SessionIDs
+	IDs *sessionid.Sealer
 	// Route is the route's identity, the same on every replica.
 	Route string
 	Nodes HopNodes
@@ -254,7 +254,7 @@ func (f *Forward) sendFrom(w http.ResponseWriter, r *http.Request, sid, self, no
 			return nil // the client went away
 		}
 		f.o.OnEvent(ForwardEvent{Event: "session_forward_failed", Node: node, TokenID: p.TokenID, Err: err.Error()})
-		if broker.ModernRequest(r) {
+		if modernRequest(r) {
 			// A bridged call's retry: there is no session to initialize.
 			return &RefusalError{Verdict: Refuse(http.StatusBadGateway, "call_node_unreachable",
 				fmt.Sprintf("the replica that holds this call (node %q) does not answer; call the tool again without requestState and inputResponses", node))}
@@ -348,7 +348,7 @@ type ClusterAggregate struct {
 // Serve serves r here, or forwards it to the node that holds its session,
 // or the pending call its requestState names.
 func (c *ClusterAggregate) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
-	if broker.ModernRequest(r) {
+	if modernRequest(r) {
 		// A 2026-07-28 retry of a call bridged to a 2025-11-25 upstream:
 		// the node that sealed its requestState holds the pending call.
 		if node := c.bridgeNode(r); node != "" && node != c.Fwd.Self() {
@@ -367,7 +367,7 @@ func (c *ClusterAggregate) Serve(w http.ResponseWriter, r *http.Request, next Ne
 // 2026-07-28 retry of a call it holds, or a request of a 2025-11-25
 // session it holds.
 func (c *ClusterAggregate) Holds(r *http.Request) bool {
-	if broker.ModernRequest(r) {
+	if modernRequest(r) {
 		return c.bridgeNode(r) == c.Fwd.Self()
 	}
 	return c.Fwd.HoldsSession(r)
@@ -407,7 +407,7 @@ type ClusterSessions struct {
 
 // Serve serves r here, or forwards it to the node that holds its session.
 func (c *ClusterSessions) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
-	if broker.ModernRequest(r) {
+	if modernRequest(r) {
 		return c.Sessions.Serve(w, r, next)
 	}
 	return c.Fwd.ServeLegacy(w, r, next, c.Sessions)
@@ -416,7 +416,7 @@ func (c *ClusterSessions) Serve(w http.ResponseWriter, r *http.Request, next Nex
 // Holds says whether this node holds the forwarded request's 2025-11-25
 // session.
 func (c *ClusterSessions) Holds(r *http.Request) bool {
-	return !broker.ModernRequest(r) && c.Fwd.HoldsSession(r)
+	return !modernRequest(r) && c.Fwd.HoldsSession(r)
 }
 
 // Forwarder is the route's forwarding.
@@ -465,7 +465,7 @@ func HopRoute(route Route) (ForwardedRoute, Verdict) {
 // hop_misdirected: a 2026-07-28 request is forwarded for nothing else).
 // For the latter, r carries its decided message in its context.
 func HeldHere(route ForwardedRoute, r *http.Request) Verdict {
-	if !broker.ModernRequest(r) {
+	if !modernRequest(r) {
 		if !route.Forwarder().HoldsSession(r) {
 			return UnknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict
 		}
@@ -476,4 +476,10 @@ func HeldHere(route ForwardedRoute, r *http.Request) Verdict {
 			"this replica holds no pending call that the forwarded request's requestState names; call the tool again without requestState and inputResponses")
 	}
 	return Verdict{}
+}
+
+// modernRequest reports whether r is a 2026-07-28 request (or later), by
+// its protocol version header, as the aggregated route tells them apart.
+func modernRequest(r *http.Request) bool {
+	return r.Header.Get(versionHeader) >= modernVersion
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -21,7 +21,7 @@ import (
 func TestAggregateSessionIDNamesItsNode(t *testing.T) {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	ids, err := broker.NewSessionIDs(key)
+	ids, err := sessionid.New(key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestAggregateSessionIDNamesItsNode(t *testing.T) {
 	}
 	otherKey := make([]byte, 32)
 	_, _ = rand.Read(otherKey)
-	other, _ := broker.NewSessionIDs(otherKey)
+	other, _ := sessionid.New(otherKey)
 	for name, forged := range map[string]string{
 		"another node in plain text":   "node-c/" + rand.Text(),
 		"sealed with another key":      other.Seal("node-c/x", "", hopRoute),
@@ -181,7 +181,7 @@ func TestHopIsServedOnlyWhereItIsHeld(t *testing.T) {
 	}
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	ids, err := broker.NewSessionIDs(key)
+	ids, err := sessionid.New(key)
 	if err != nil {
 		t.Fatal(err)
 	}

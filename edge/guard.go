@@ -5,7 +5,9 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -18,7 +20,7 @@ import (
 //
 //   - Mcp-Session-Id is translated both ways, as on the broker's
 //     pass-through route: the client gets the server's id sealed to its
-//     token and this route ([broker.SessionIDs]), and a request's id is
+//     token and this route ([sessionid.Sealer]), and a request's id is
 //     opened before it goes on. An id given to another token, or to
 //     another guarded site, gets 404, which tells a client to initialize
 //     again; the server never sees it.
@@ -42,7 +44,7 @@ type Guard struct {
 	// operator's upstream headers.
 	Prepare func(*http.Request)
 	// IDs seals the server's session ids; required.
-	IDs *broker.SessionIDs
+	IDs *sessionid.Sealer
 	// Route names this guarded site in its sealed ids, so that an id
 	// opens on no other: such as "guard:" and the site's resource URL.
 	Route string
@@ -64,7 +66,7 @@ type Guard struct {
 	// Tasks extension) to the token and Route: clients get handles, and
 	// the server sees only its ids of the token's own tasks (see
 	// tasks.go).
-	Tasks *broker.TaskIDs
+	Tasks *taskid.Sealer
 }
 
 func (g *Guard) bindsTasks() bool { return g.Tasks != nil }
@@ -300,7 +302,7 @@ func (w *guardWriter) WriteHeader(status int) {
 	}
 	switch sids := h.Values(headerSessionID); {
 	case len(sids) == 0:
-	case len(sids) > 1 || !broker.ValidSessionID(sids[0]):
+	case len(sids) > 1 || !sessionid.Valid(sids[0]):
 		w.refused = true
 		w.replace(http.StatusBadGateway, "the MCP server behind this gateway gave an invalid session id; ask the operator to check the server")
 		return

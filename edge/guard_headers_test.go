@@ -11,7 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -59,7 +60,7 @@ func TestGuardStripsTrailers(t *testing.T) {
 				defer upstream.Close()
 				target, _ := url.Parse(upstream.URL)
 				proxy := httputil.NewSingleHostReverseProxy(target)
-				ids, err := broker.NewSessionIDs(bytes.Repeat([]byte{7}, broker.SessionKeySize))
+				ids, err := sessionid.New(bytes.Repeat([]byte{7}, sessionid.KeySize))
 				if err != nil {
 					t.Fatal(err)
 				}

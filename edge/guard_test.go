@@ -13,7 +13,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -30,7 +31,7 @@ type guardFixture struct {
 
 func newGuardFixture(t *testing.T) *guardFixture {
 	t.Helper()
-	ids, err := broker.NewSessionIDs(bytes.Repeat([]byte{7}, broker.SessionKeySize))
+	ids, err := sessionid.New(bytes.Repeat([]byte{7}, sessionid.KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}

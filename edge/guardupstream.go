@@ -5,7 +5,7 @@ import "net/http"
 // GuardUpstream is guard mode with an upstream of its own (`guard {
 // upstream URL }`): the guard's scopes, listing filter, Mcp-Param-*
 // bindings and pins, as [Guard] has them, and the broker's pass-through
-// ([broker.PassThrough]) in place of the next handler. The pass-through
+// ([passthrough.PassThrough]) in place of the next handler. The pass-through
 // translates the session ids (sealed to the token and the guard's route, as
 // Guard's are), sends only the MCP transport's headers and the operator's
 // upstream headers, on the pinned origin only, answers a 401, 403 or 407

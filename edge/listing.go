@@ -10,7 +10,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/answerlimit"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -57,7 +58,7 @@ type Drop struct {
 	// answer goes), and on a route that binds task handles task_not_named
 	// (an answer or a notification naming a task the request did not
 	// name or create) or task_id_invalid (a task id that is not a string
-	// of 1 to broker.MaxUpstreamTaskID bytes).
+	// of 1 to taskid.MaxUpstream bytes).
 	Reason string
 	// ID is the answer's id, when it could be read.
 	ID string
@@ -104,7 +105,7 @@ type Listing struct {
 	// answer the filter holds reserves its bytes there until it is
 	// written out, and one that does not fit is replaced by an error
 	// that says so.
-	Budget *broker.AnswerBudget
+	Budget *answerlimit.Budget
 
 	route  Route
 	p      policy.Principal

@@ -17,7 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/answerlimit"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
@@ -405,7 +406,7 @@ func TestListingMax(t *testing.T) {
 // once both are out.
 func TestListingBudget(t *testing.T) {
 	rt := testRoutes(t)["guard"]
-	budget := broker.NewAnswerBudget(64 << 10)
+	budget := answerlimit.NewBudget(64 << 10)
 	call := `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"test_simple_text"}}`
 	answer := `{"jsonrpc":"2.0","id":5,"result":{"content":[{"type":"text","text":"` + strings.Repeat("a", 48<<10) + `"}]}}`
 	open := func() (*httptest.ResponseRecorder, http.ResponseWriter, func() error) {
@@ -451,7 +452,7 @@ func TestListingBudget(t *testing.T) {
 // given back once the events are out and the streams end.
 func TestListingSSEBudget(t *testing.T) {
 	rt := testRoutes(t)["guard"]
-	budget := broker.NewAnswerBudget(64 << 10)
+	budget := answerlimit.NewBudget(64 << 10)
 	part := "data: " + `{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"` + strings.Repeat("m", 48<<10)
 	open := func() (*httptest.ResponseRecorder, http.ResponseWriter, func() error, *[]Drop) {
 		drops := &[]Drop{}

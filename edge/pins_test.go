@@ -13,10 +13,11 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/caddyserver/certmagic"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -71,7 +72,7 @@ func TestPinnedToolsOnEveryRoute(t *testing.T) {
 	}{
 		{"guard", "guard:/mcp", "weather", func(s *pins.Store) Route { return &Guard{Scopes: all, Pins: s, PinNS: "guard:/mcp"} }},
 		{"pass-through", "a", "weather", func(s *pins.Store) Route {
-			return &Upstream{Config: broker.Upstream{Name: "a"}, Scopes: all.Strict(), Pins: s}
+			return &Upstream{Config: upstream.Config{Name: "a"}, Scopes: all.Strict(), Pins: s}
 		}},
 		{"aggregated", "aggregate:a", "mcp_a_weather", func(s *pins.Store) Route {
 			return &Aggregate{Catalog: prefixed{testCatalog()}, Allows: func(policy.Principal, string) bool { return true }, Pins: s}
@@ -288,7 +289,7 @@ func TestChangedItemsAreRefusedWhenUsed(t *testing.T) {
 	if err := st.Open(ctx, "a", pins.Policy{Mode: pins.Strict}); err != nil {
 		t.Fatal(err)
 	}
-	route := &Upstream{Config: broker.Upstream{Name: "a"}, Scopes: all.Strict(), Pins: st}
+	route := &Upstream{Config: upstream.Config{Name: "a"}, Scopes: all.Strict(), Pins: st}
 	for _, c := range []struct {
 		list, first, second string
 	}{
@@ -358,7 +359,7 @@ func TestDeniedAndWithheldToolsUnderGoCaseMapping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	route := &Upstream{Config: broker.Upstream{Name: "a", ToolsDeny: []string{"write_*"}}, Scopes: all.Strict(), Handler: backend, Pins: st}
+	route := &Upstream{Config: upstream.Config{Name: "a", ToolsDeny: []string{"write_*"}}, Scopes: all.Strict(), Handler: backend, Pins: st}
 	p := policy.Principal{TokenID: "t", Name: "t", Kind: policy.KindUser, Scopes: []string{"upstream:a"}}
 	edgeSrv := edgeFront(t, route, p)
 
@@ -467,7 +468,7 @@ func TestChangedTemplateRefusesItsReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	route := &Upstream{Config: broker.Upstream{Name: "a"}, Scopes: all.Strict(), Handler: backend, Pins: st}
+	route := &Upstream{Config: upstream.Config{Name: "a"}, Scopes: all.Strict(), Handler: backend, Pins: st}
 	p := policy.Principal{TokenID: "t", Name: "t", Kind: policy.KindUser, Scopes: []string{"upstream:a"}}
 	edgeSrv := edgeFront(t, route, p)
 
@@ -532,8 +533,8 @@ func TestChangedServerInfoInEveryResult(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) })
-	route := &Upstream{Config: broker.Upstream{Name: "a"}, Scopes: all.Strict(), Handler: upstream, Pins: st}
+	server := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*current.Load()).ServeHTTP(w, r) })
+	route := &Upstream{Config: upstream.Config{Name: "a"}, Scopes: all.Strict(), Handler: server, Pins: st}
 	p := policy.Principal{TokenID: "t", Name: "t", Kind: policy.KindUser, Scopes: []string{"upstream:a"}}
 	edgeSrv := edgeFront(t, route, p)
 	connect := func() *mcp.ClientSession {

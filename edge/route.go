@@ -32,7 +32,7 @@ type Route interface {
 
 // ClientAddressed is a Route that audits its upstream calls with the
 // client's address: the edge hands the address to its Serve in the
-// broker.ClientIPHeader header, after it removed every copy a client sent.
+// upstream.ClientIPHeader header, after it removed every copy a client sent.
 // Other routes get no such header.
 type ClientAddressed interface {
 	Route

@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
@@ -125,7 +127,7 @@ func (s *Sessions) Serve(w http.ResponseWriter, r *http.Request, _ Next) error {
 // initialize, ping and notifications need no scope.
 type Upstream struct {
 	// Config is the upstream: its name, and its tools allow and deny lists.
-	Config broker.Upstream
+	Config upstream.Config
 	// Scopes decide calls; strict.
 	Scopes *policy.ScopeMap
 	// Handler is the broker's route to the upstream.
@@ -145,7 +147,7 @@ type Upstream struct {
 	// Tasks, when set, binds the upstream's task ids (MCP 2026-07-28's
 	// Tasks extension) to the token and Route, the name the route's
 	// handles carry (see tasks.go).
-	Tasks *broker.TaskIDs
+	Tasks *taskid.Sealer
 	Route string
 }
 

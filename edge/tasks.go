@@ -9,7 +9,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -22,7 +23,7 @@ import (
 // of a route reaches the upstream with the gateway's one credential, so the
 // upstream cannot tell one token's tasks from another's: the route binds
 // them. The client never sees the upstream's task id, only a handle sealed
-// to its token and the route ([broker.TaskIDs]); a request's handle is
+// to its token and the route ([taskid.Sealer]); a request's handle is
 // opened before it goes on, and one that does not open for this token on
 // this route is refused (-32602, what the extension answers for an
 // unknown task), so the upstream only ever sees ids of the token's own
@@ -46,7 +47,7 @@ import (
 // the broker's pass-through, a session's egress and the aggregated route,
 // whose handles also name the upstream that holds the task (the one that
 // offers the tool the call named), where no client can change it; the
-// request goes to that upstream (broker.WithTaskUpstream), if the token
+// request goes to that upstream (taskid.WithUpstream), if the token
 // may still use it.
 
 // offersTasks is a route that binds task handles: Decide refuses the
@@ -97,7 +98,7 @@ func unknownTask(c message.Call) *RefusalError {
 // taskBinding is what one request's answers need to bind its tasks: the
 // route's sealer and name, the principal, and the tasks the request named.
 type taskBinding struct {
-	ids       *broker.TaskIDs
+	ids       *taskid.Sealer
 	route     string
 	principal string
 	// named maps the upstream's id of each task the request named to the
@@ -135,7 +136,7 @@ type upstreams interface {
 // does not open refuses the request. ups is the aggregated route's (nil
 // elsewhere, where a handle names no upstream): the request then goes to
 // the one upstream its handles name.
-func openTasks(w http.ResponseWriter, r *http.Request, ids *broker.TaskIDs, name string, ups upstreams) (*http.Request, error) {
+func openTasks(w http.ResponseWriter, r *http.Request, ids *taskid.Sealer, name string, ups upstreams) (*http.Request, error) {
 	p, _ := policy.PrincipalFrom(r.Context())
 	tb := &taskBinding{ids: ids, route: name, principal: p.TokenID}
 	if ta, ok := w.(taskAnswers); ok {
@@ -217,7 +218,7 @@ func openTasks(w http.ResponseWriter, r *http.Request, ids *broker.TaskIDs, name
 	}
 	ctx := message.NewContext(r.Context(), nb)
 	if target != "" {
-		ctx = broker.WithTaskUpstream(ctx, target)
+		ctx = taskid.WithUpstream(ctx, target)
 	}
 	r = r.WithContext(ctx)
 	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(out)), int64(len(out))

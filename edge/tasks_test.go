@@ -11,7 +11,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
+
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -46,9 +49,9 @@ var (
 	taskBob   = policy.Principal{TokenID: "tok_bob", Name: "taskBob", Kind: policy.KindUser, Scopes: []string{"upstream:tasks"}}
 )
 
-func newTaskRoute(t *testing.T, up *taskUpstream) (*Upstream, *broker.TaskIDs) {
+func newTaskRoute(t *testing.T, up *taskUpstream) (*Upstream, *taskid.Sealer) {
 	t.Helper()
-	ids, err := broker.NewTaskIDs(bytes.Repeat([]byte{3}, broker.SessionKeySize))
+	ids, err := taskid.New(bytes.Repeat([]byte{3}, sessionid.KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +59,7 @@ func newTaskRoute(t *testing.T, up *taskUpstream) (*Upstream, *broker.TaskIDs) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Upstream{Config: broker.Upstream{Name: "tasks"}, Scopes: scopes.Strict(), Handler: up, Tasks: ids, Route: tasksRoute}, ids
+	return &Upstream{Config: upstream.Config{Name: "tasks"}, Scopes: scopes.Strict(), Handler: up, Tasks: ids, Route: tasksRoute}, ids
 }
 
 // modernTask is a 2026-07-28 request of method with params (a JSON object's
@@ -180,7 +183,7 @@ func TestTaskHandleAttacks(t *testing.T) {
 	altered[len(altered)/2] ^= 1
 	otherRoute, _ := ids.Seal("", "up-1", taskAlice.TokenID, "guard:/mcp")
 	aggregate, _ := ids.Seal("tasks", "up-1", taskAlice.TokenID, tasksRoute)
-	sessions, _ := broker.NewSessionIDs(bytes.Repeat([]byte{3}, broker.SessionKeySize))
+	sessions, _ := sessionid.New(bytes.Repeat([]byte{3}, sessionid.KeySize))
 	for _, c := range []struct {
 		name   string
 		p      policy.Principal
@@ -258,7 +261,7 @@ func TestTaskAnswersBound(t *testing.T) {
 		}
 	})
 	t.Run("a task id past the bound is withheld", func(t *testing.T) {
-		answer = event(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":%q,"status":"working"}}`, strings.Repeat("x", broker.MaxUpstreamTaskID+1)))
+		answer = event(fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":%q,"status":"working"}}`, strings.Repeat("x", taskid.MaxUpstream+1)))
 		body, h := modernTask("tools/call", `"name":"slow"`, "slow", true)
 		a := edgeThrough(t, route, taskAlice, h, body)
 		if strings.Contains(a.body, "xxxx") || len(a.drops) != 1 || a.drops[0].Reason != "task_id_invalid" {
@@ -339,7 +342,7 @@ func TestMayTask(t *testing.T) {
 // and one that names no upstream the route has, none at all, or a
 // CreateTaskResult's creator, is as unknown as any other.
 func TestAggregateTaskHandles(t *testing.T) {
-	ids, err := broker.NewTaskIDs(bytes.Repeat([]byte{4}, broker.SessionKeySize))
+	ids, err := taskid.New(bytes.Repeat([]byte{4}, sessionid.KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}

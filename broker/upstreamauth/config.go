@@ -207,6 +207,16 @@ func (c Config) maxStepUp() int {
 // Validate checks c and returns the first problem, in words that say what
 // to write instead. It never quotes a secret.
 func (c Config) Validate() error {
+	for _, check := range []func() error{c.validateClient, c.validateSettings, c.validateGrant} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateClient checks the grant and how the client authenticates.
+func (c Config) validateClient() error {
 	switch c.grant() {
 	case GrantAuthorizationCode, GrantClientCredentials, GrantCrossAppAccess, GrantJWTBearer:
 	default:
@@ -247,6 +257,12 @@ func (c Config) Validate() error {
 	} else if c.SigningAlgorithm != "" || c.KeyID != "" {
 		return errors.New("oauth: signing_algorithm and key_id apply to private_key_jwt: give private_key or private_key_file")
 	}
+	return nil
+}
+
+// validateSettings checks the settings every grant shares: DPoP, scopes,
+// step-up and URLs.
+func (c Config) validateSettings() error {
 	switch c.DPoP {
 	case "", DPoPAuto, DPoPOff, DPoPRequired:
 	default:
@@ -277,7 +293,12 @@ func (c Config) Validate() error {
 			return fmt.Errorf("oauth: %s: %v", u.name, err)
 		}
 	}
+	return nil
+}
 
+// validateGrant checks what the grant needs, and refuses what belongs to
+// another grant.
+func (c Config) validateGrant() error {
 	switch c.grant() {
 	case GrantAuthorizationCode:
 		if c.RedirectURL == "" {

@@ -356,6 +356,53 @@ func (c *Client) register(ctx context.Context, srv *server) (*registration, erro
 	return reg, nil
 }
 
+// checkCallback checks an authorization response: its state names a login
+// under way (taken, so that it is used once) that has not expired, the
+// server did not refuse, the issuer is the one the login went to (RFC
+// 9207), and it carries a code; it returns the login, the code and the
+// login's DPoP key.
+func (c *Client) checkCallback(ctx context.Context, query url.Values) (p *pendingLogin, code string, key *dpopKey, err error) {
+	refuse := func(format string, args ...any) error {
+		return fmt.Errorf("upstream %q: %w: %s", c.name, ErrLogin, c.redact(fmt.Sprintf(format, args...)))
+	}
+	state := query.Get("state")
+	if state != "" {
+		if p, err = c.takePending(ctx, state); err != nil {
+			return nil, "", nil, fmt.Errorf("upstream %q: login: reading the login under way: %s", c.name, c.redact(err.Error()))
+		}
+	}
+	if p == nil {
+		return nil, "", nil, refuse("the state does not belong to a login under way (unknown, already used, or evicted); run the login again")
+	}
+	if c.now().Sub(p.Created) > LoginTimeout {
+		return nil, "", nil, refuse("the login expired after %v; run it again", LoginTimeout)
+	}
+	if e := query.Get("error"); e != "" {
+		return nil, "", nil, refuse("the authorization server refused: %s %s", clip(e, 64), clip(query.Get("error_description"), 200))
+	}
+	// RFC 9207 / SEP-2468: an iss present must be the issuer's; one
+	// advertised must be present.
+	iss := query.Get("iss")
+	switch {
+	case iss != "" && iss != p.Srv.Meta.Issuer:
+		return nil, "", nil, refuse("the authorization response comes from issuer %q, not %s (RFC 9207); a mix-up attack is possible, so the code is not redeemed", clip(iss, 200), p.Srv.Meta.Issuer)
+	case iss == "" && p.Srv.Meta.AuthorizationResponseIssParameterSupported:
+		return nil, "", nil, refuse("the authorization server advertises the iss parameter (RFC 9207) but the response has none; the code is not redeemed")
+	}
+	code = query.Get("code")
+	if code == "" {
+		return nil, "", nil, refuse("the authorization response has no code")
+	}
+	if p.DPoPKey != nil {
+		k, err := parseDPoPKey(p.DPoPKey)
+		if err != nil {
+			return nil, "", nil, refuse("%v; run the login again", err)
+		}
+		key = k
+	}
+	return p, code, key, nil
+}
+
 // Callback completes a login with the query of the authorization
 // response (the redirect to redirect_url): it checks the state (known,
 // unexpired, used once) and the iss parameter (RFC 9207), redeems the code
@@ -365,46 +412,9 @@ func (c *Client) Callback(ctx context.Context, query url.Values) error {
 	if !c.interactive() {
 		return fmt.Errorf("upstream %q uses the %s grant, which needs no login", c.name, c.cfg.grant())
 	}
-	refuse := func(format string, args ...any) error {
-		return fmt.Errorf("upstream %q: %w: %s", c.name, ErrLogin, c.redact(fmt.Sprintf(format, args...)))
-	}
-	state := query.Get("state")
-	var p *pendingLogin
-	if state != "" {
-		var err error
-		if p, err = c.takePending(ctx, state); err != nil {
-			return fmt.Errorf("upstream %q: login: reading the login under way: %s", c.name, c.redact(err.Error()))
-		}
-	}
-	if p == nil {
-		return refuse("the state does not belong to a login under way (unknown, already used, or evicted); run the login again")
-	}
-	if c.now().Sub(p.Created) > LoginTimeout {
-		return refuse("the login expired after %v; run it again", LoginTimeout)
-	}
-	if e := query.Get("error"); e != "" {
-		return refuse("the authorization server refused: %s %s", clip(e, 64), clip(query.Get("error_description"), 200))
-	}
-	// RFC 9207 / SEP-2468: an iss present must be the issuer's; one
-	// advertised must be present.
-	iss := query.Get("iss")
-	switch {
-	case iss != "" && iss != p.Srv.Meta.Issuer:
-		return refuse("the authorization response comes from issuer %q, not %s (RFC 9207); a mix-up attack is possible, so the code is not redeemed", clip(iss, 200), p.Srv.Meta.Issuer)
-	case iss == "" && p.Srv.Meta.AuthorizationResponseIssParameterSupported:
-		return refuse("the authorization server advertises the iss parameter (RFC 9207) but the response has none; the code is not redeemed")
-	}
-	code := query.Get("code")
-	if code == "" {
-		return refuse("the authorization response has no code")
-	}
-	var key *dpopKey
-	if p.DPoPKey != nil {
-		k, err := parseDPoPKey(p.DPoPKey)
-		if err != nil {
-			return refuse("%v; run the login again", err)
-		}
-		key = k
+	p, code, key, err := c.checkCallback(ctx, query)
+	if err != nil {
+		return err
 	}
 
 	if err := c.acquire(ctx); err != nil {
@@ -412,7 +422,7 @@ func (c *Client) Callback(ctx context.Context, query url.Values) error {
 	}
 	defer c.release()
 	var failure error
-	_, err := c.update(ctx, func(rec *record) (*record, error) {
+	_, err = c.update(ctx, func(rec *record) (*record, error) {
 		if rec == nil {
 			rec = &record{}
 		}

@@ -1,7 +1,7 @@
 // Command conformanceclient is the client side of the MCP conformance
 // suite (`conformance client --command …`) built from the gateway's own
 // parts: it reaches the server under test through the broker's upstream
-// client (broker.Dial, the origin-pinned egress) with the upstream OAuth
+// client (upstream.Dial, the origin-pinned egress) with the upstream OAuth
 // client of package upstreamauth as its credential layer, and nothing
 // else.
 //
@@ -36,12 +36,12 @@ import (
 	"github.com/caddyserver/certmagic"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 )
 
-// upstream is the name the server under test has in this program.
-const upstream = "conformance"
+// upstreamName is the name the server under test has in this program.
+const upstreamName = "conformance"
 
 // redirectURL is the gateway callback the logins register; the program
 // reads the redirect's query instead of serving it.
@@ -167,7 +167,7 @@ func runAuth(ctx context.Context, scenario, serverURL string, conf map[string]an
 	}
 	key := make([]byte, 32)
 	rand.Read(key)
-	client, err := upstreamauth.New(ctx, upstream, serverURL, cfg, upstreamauth.Options{
+	client, err := upstreamauth.New(ctx, upstreamName, serverURL, cfg, upstreamauth.Options{
 		Storage: &certmagic.FileStorage{Path: filepath.Join(dir, "storage")},
 		Key:     key,
 		Logger:  logger,
@@ -278,7 +278,7 @@ func login(ctx context.Context, client *upstreamauth.Client) error {
 // session connects to serverURL through the broker's upstream client,
 // runs do on the session and closes it.
 func session(ctx context.Context, serverURL string, opts *mcp.ClientOptions, creds func(http.RoundTripper) http.RoundTripper, logger *slog.Logger, do steps) error {
-	conn, err := broker.Dial(ctx, broker.Upstream{Name: upstream, Transport: broker.TransportHTTP, URL: serverURL}, broker.ConnOptions{
+	conn, err := upstream.Dial(ctx, upstream.Config{Name: upstreamName, Transport: upstream.TransportHTTP, URL: serverURL}, upstream.ConnOptions{
 		ClientInfo:    &mcp.Implementation{Name: "test-client", Version: "1.0.0"},
 		ClientOptions: opts,
 		Credentials:   creds,
