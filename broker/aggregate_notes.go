@@ -30,7 +30,8 @@ import (
 const noteWait = 500 * time.Millisecond
 
 // noteCounter counts the log and progress notifications in the event
-// streams of an upstream's responses, by upstream session id.
+// streams of an upstream's responses, by upstream session id, and hands
+// go-sdk's client each stream as a client reads it (see noteReader).
 type noteCounter struct {
 	next http.RoundTripper
 	// max bounds what a noteReader holds of one event: the upstream's

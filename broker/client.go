@@ -312,12 +312,14 @@ type upstreamTransports struct {
 	// (see [CleanOrphans]).
 	pidDir string
 	// notes, when set (the aggregated route's http upstreams), counts the
-	// notifications in the upstream's event streams (see noteCounter).
+	// notifications in the upstream's event streams and hands go-sdk each
+	// event as a client reads it (see noteCounter).
 	notes *noteCounter
 }
 
 // countNotes has the http transport's egress client count the log and
-// progress notifications it reads, per upstream session.
+// progress notifications it reads, per upstream session, and read event
+// streams as clients do.
 func (t *upstreamTransports) countNotes() {
 	if t.e.Transport != TransportHTTP || t.http == nil {
 		return
