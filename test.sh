@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # test.sh: the one command that tests this repository, locally and in CI.
 #
-#   ./test.sh                 everything: gofmt, go vet, unit tests with -race, end-to-end tests
+#   ./test.sh                 everything: gofmt, go vet, staticcheck, unit tests with -race, end-to-end tests
 #   ./test.sh -run Foo        extra arguments go to both `go test` invocations (-run, -v, -count, ...)
 #
 # It installs the Node tooling that the end-to-end tests use (Node 22, the MCP TypeScript SDK, the MCP
 # conformance suite, the claude-agent-acp agent; pinned in e2e/package-lock.json) with `npm ci` when
 # e2e/node_modules is missing or older than the lock, so a re-run skips that step, and Debian's chromium
-# when it runs as root in CI (or with ZIDANE_E2E=1). It then exports, for the e2e package:
+# when it runs as root in CI (or with ZIDANE_E2E=1), and staticcheck at a pinned version into bin/. It then
+# exports, for the e2e package:
 #   ZIDANE_NODE              the Node 22 binary
 #   ZIDANE_E2E_NODE_MODULES  e2e/node_modules
 #   ZIDANE_E2E=1             missing tooling fails the e2e tests instead of skipping them
@@ -68,6 +69,18 @@ echo "ok"
 
 section "go vet"
 go vet ./...
+echo "ok"
+
+section "staticcheck"
+# Pinned like the Node tooling, so a new release's checks never fail a build
+# that passed; installed into bin/ (git-ignored) from the Go module proxy. A
+# deliberate use of a deprecated name carries //lint:ignore with its reason.
+staticcheck_version=0.8.2 # staticcheck 2026.2.2
+staticcheck=$root/bin/staticcheck
+if [[ ! -x $staticcheck || $("$staticcheck" -version) != *"($staticcheck_version)"* ]]; then
+	GOBIN=$root/bin go install "honnef.co/go/tools/cmd/staticcheck@v$staticcheck_version"
+fi
+"$staticcheck" ./...
 echo "ok"
 
 section "go test -race (all packages but e2e)"

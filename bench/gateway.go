@@ -38,56 +38,40 @@ func startGateway(ctx context.Context, bin, work, upstream, second, modern, mode
 		}
 		ports[i] = p
 	}
+	admin, guardPort := ports[0], ports[2]
+	caddyfile := gatewayCaddyfile(ports, upstream, second, modern, modern2, zidane)
+	path := filepath.Join(work, "Caddyfile")
+	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
+		return nil, err
+	}
+	env := caddyEnv(work, admin)
+	p, err := start(ctx, bin, env, "run", "--config", path, "--adapter", "caddyfile")
+	if err != nil {
+		return nil, err
+	}
+	g := &gateway{p: p, admin: fmt.Sprintf("127.0.0.1:%d", admin)}
+	if err := waitListening(ctx, fmt.Sprintf("127.0.0.1:%d", guardPort)); err != nil {
+		g.stop()
+		return nil, fmt.Errorf("caddy: %v\n%s", err, p.logs)
+	}
+	token, err := createToken(ctx, bin, env, "bench", "mcp")
+	if err != nil {
+		g.stop()
+		return nil, err
+	}
+	g.routes = gatewayRoutes(g, ports, token, second != "", modern != "")
+	return g, nil
+}
+
+// gatewayCaddyfile is the Caddyfile of the gateway on ports: the admin
+// API, then reverse_proxy, guard, broker pass-through, guard upstream and,
+// with a second upstream, the aggregated route, in front of upstream; and
+// the same in front of modern (and modern2) when there is one.
+func gatewayCaddyfile(ports []int, upstream, second, modern, modern2, zidane string) string {
 	admin, rpPort, guardPort, brokerPort, aggPort := ports[0], ports[1], ports[2], ports[3], ports[4]
 	modernSites, modernUpstreams := "", ""
 	if modern != "" {
-		modernUpstreams = fmt.Sprintf("\t\tupstream benchm http://%s/mcp\n\t\tupstream benchm2 http://%s/mcp\n", modern, cmp.Or(modern2, modern))
-		modernSites = fmt.Sprintf(`
-http://127.0.0.1:%d {
-	reverse_proxy %s
-}
-
-http://127.0.0.1:%d {
-	zidane_mcp {
-		guard
-		resource http://127.0.0.1:%d/mcp
-		rate_limit {
-			per_token 1000000/s 1000000
-		}
-	}
-	reverse_proxy %s
-}
-
-http://127.0.0.1:%d {
-	zidane_mcp {
-		broker benchm
-		rate_limit {
-			per_token 1000000/s 1000000
-		}
-	}
-}
-
-http://127.0.0.1:%d {
-	zidane_mcp {
-		guard {
-			upstream http://%s/mcp
-		}
-		resource http://127.0.0.1:%d/mcp
-		rate_limit {
-			per_token 1000000/s 1000000
-		}
-	}
-}
-
-http://127.0.0.1:%d {
-	zidane_mcp {
-		aggregate benchm benchm2
-		rate_limit {
-			per_token 1000000/s 1000000
-		}
-	}
-}
-`, ports[5], modern, ports[6], ports[6], modern, ports[7], ports[10], modern, ports[10], ports[8])
+		modernSites, modernUpstreams = modernCaddyfile(ports, modern, modern2)
 	}
 	// The aggregated route runs over both upstreams when there is a second.
 	second2, aggregated := second, ""
@@ -105,7 +89,7 @@ http://127.0.0.1:%d {
 }
 `, aggPort)
 	}
-	caddyfile := fmt.Sprintf(`{
+	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	log {
 		level ERROR
@@ -153,45 +137,86 @@ http://127.0.0.1:%d {
 	}
 }
 %s%s`, admin, upstream, second2, modernUpstreams, zidane, rpPort, upstream, guardPort, guardPort, upstream, brokerPort, ports[9], upstream, ports[9], aggregated, modernSites)
-	path := filepath.Join(work, "Caddyfile")
-	if err := os.WriteFile(path, []byte(caddyfile), 0o600); err != nil {
-		return nil, err
+}
+
+// modernCaddyfile is the part of the gateway's Caddyfile in front of the
+// 2026-07-28 upstreams modern and modern2: its sites, and its upstreams
+// for the zidane block.
+func modernCaddyfile(ports []int, modern, modern2 string) (sites, upstreams string) {
+	upstreams = fmt.Sprintf("\t\tupstream benchm http://%s/mcp\n\t\tupstream benchm2 http://%s/mcp\n", modern, cmp.Or(modern2, modern))
+	sites = fmt.Sprintf(`
+http://127.0.0.1:%d {
+	reverse_proxy %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource http://127.0.0.1:%d/mcp
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
 	}
-	env := caddyEnv(work, admin)
-	p, err := start(ctx, bin, env, "run", "--config", path, "--adapter", "caddyfile")
-	if err != nil {
-		return nil, err
+	reverse_proxy %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		broker benchm
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
 	}
-	g := &gateway{p: p, admin: fmt.Sprintf("127.0.0.1:%d", admin)}
-	if err := waitListening(ctx, fmt.Sprintf("127.0.0.1:%d", guardPort)); err != nil {
-		g.stop()
-		return nil, fmt.Errorf("caddy: %v\n%s", err, p.logs)
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard {
+			upstream http://%s/mcp
+		}
+		resource http://127.0.0.1:%d/mcp
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
 	}
-	token, err := createToken(ctx, bin, env, "bench", "mcp")
-	if err != nil {
-		g.stop()
-		return nil, err
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		aggregate benchm benchm2
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
 	}
-	g.routes = []route{
+}
+`, ports[5], modern, ports[6], ports[6], modern, ports[7], ports[10], modern, ports[10], ports[8])
+	return sites, upstreams
+}
+
+// gatewayRoutes are the routes of the gateway g that gatewayCaddyfile
+// wrote on ports, for clients with token.
+func gatewayRoutes(g *gateway, ports []int, token string, aggregated, modern bool) []route {
+	rpPort, guardPort, brokerPort, aggPort := ports[1], ports[2], ports[3], ports[4]
+	routes := []route{
 		{name: "reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", rpPort), pid: g.pid(), admin: g.admin},
 		{name: "guard+reverse_proxy", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", guardPort), token: token, pid: g.pid(), admin: g.admin},
 		{name: "broker pass-through", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", brokerPort), token: token, pid: g.pid(), admin: g.admin},
 		{name: "guard upstream", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[9]), token: token, pid: g.pid(), admin: g.admin},
 	}
-	if aggregated != "" {
-		g.routes = append(g.routes, route{name: "aggregated (2 upstreams)", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", aggPort),
+	if aggregated {
+		routes = append(routes, route{name: "aggregated (2 upstreams)", url: fmt.Sprintf("http://127.0.0.1:%d/mcp", aggPort),
 			token: token, pid: g.pid(), admin: g.admin, prefix: "mcp_bench_"})
 	}
-	if modern != "" {
+	if modern {
 		m := func(name string, port int, token, prefix string) route {
 			return route{name: name + " " + modernProtocolVersion, url: fmt.Sprintf("http://127.0.0.1:%d/mcp", port), token: token,
 				pid: g.pid(), admin: g.admin, prefix: prefix, version: modernProtocolVersion}
 		}
-		g.routes = append(g.routes, m("reverse_proxy", ports[5], "", ""), m("guard+reverse_proxy", ports[6], token, ""),
+		routes = append(routes, m("reverse_proxy", ports[5], "", ""), m("guard+reverse_proxy", ports[6], token, ""),
 			m("broker pass-through", ports[7], token, ""), m("guard upstream", ports[10], token, ""),
 			m("aggregated (2 upstreams)", ports[8], token, "mcp_benchm_"))
 	}
-	return g, nil
+	return routes
 }
 
 // createToken runs `caddy zidane token create` against the running caddy

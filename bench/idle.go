@@ -207,33 +207,8 @@ func measureIdle(ctx context.Context, name, url, token string, n, caddyPID int, 
 		r.upRSSBefore, _ = rss(upPID)
 	}
 
-	var (
-		next  atomic.Int64
-		mu    sync.Mutex
-		wg    sync.WaitGroup
-		ids   = make([]idleSession, 0, n)
-		start = time.Now()
-	)
-	for w := 0; w < min(idleWorkers, n); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil && next.Add(1) <= int64(n) {
-				s, _, err := c.open(ctx)
-				mu.Lock()
-				if err != nil {
-					r.failures++
-					if r.firstError == "" {
-						r.firstError = err.Error()
-					}
-				} else {
-					ids = append(ids, s)
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
+	start := time.Now()
+	ids := openIdle(ctx, c, n, &r)
 	r.open = time.Since(start)
 	r.opened = len(ids)
 	if err := ctx.Err(); err != nil {
@@ -247,24 +222,7 @@ func measureIdle(ctx context.Context, name, url, token string, n, caddyPID int, 
 		r.upRSSAfter, _ = rss(upPID)
 	}
 
-	// Still alive? Ping a sample, the first and the last opened among them.
-	sample := map[int]bool{}
-	if len(ids) > 0 {
-		sample[0], sample[len(ids)-1] = true, true
-	}
-	for i := 0; len(sample) < min(idlePings, len(ids)) && i < 10*idlePings; i++ {
-		sample[rand.IntN(len(ids))] = true
-	}
-	for i := range sample {
-		r.pingsSampled++
-		if err := c.ping(ctx, ids[i]); err != nil {
-			if r.firstPingError == "" {
-				r.firstPingError = err.Error()
-			}
-			continue
-		}
-		r.pingsOK++
-	}
+	sample := pingSample(ctx, c, ids, &r)
 	if expire <= 0 || ctx.Err() != nil {
 		return r, ctx.Err()
 	}
@@ -286,6 +244,62 @@ func measureIdle(ctx context.Context, name, url, token string, n, caddyPID int, 
 		}
 	}
 	return r, ctx.Err()
+}
+
+// openIdle opens n sessions with c, idleWorkers at a time, and returns
+// those that opened; r counts the failures and keeps the first error.
+func openIdle(ctx context.Context, c *idleClient, n int, r *idleRoute) []idleSession {
+	var (
+		next atomic.Int64
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		ids  = make([]idleSession, 0, n)
+	)
+	for w := 0; w < min(idleWorkers, n); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil && next.Add(1) <= int64(n) {
+				s, _, err := c.open(ctx)
+				mu.Lock()
+				if err != nil {
+					r.failures++
+					if r.firstError == "" {
+						r.firstError = err.Error()
+					}
+				} else {
+					ids = append(ids, s)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return ids
+}
+
+// pingSample pings a sample of ids, the first and the last opened among
+// them, to tell whether they are still alive; r counts the answers. It
+// returns the sample, as indexes into ids.
+func pingSample(ctx context.Context, c *idleClient, ids []idleSession, r *idleRoute) map[int]bool {
+	sample := map[int]bool{}
+	if len(ids) > 0 {
+		sample[0], sample[len(ids)-1] = true, true
+	}
+	for i := 0; len(sample) < min(idlePings, len(ids)) && i < 10*idlePings; i++ {
+		sample[rand.IntN(len(ids))] = true
+	}
+	for i := range sample {
+		r.pingsSampled++
+		if err := c.ping(ctx, ids[i]); err != nil {
+			if r.firstPingError == "" {
+				r.firstPingError = err.Error()
+			}
+			continue
+		}
+		r.pingsOK++
+	}
+	return sample
 }
 
 // measureIdleModern is measureIdle for MCP 2026-07-28 clients, which have

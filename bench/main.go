@@ -137,26 +137,8 @@ func parseFlags(args []string) (config, error) {
 	cfg := config{calls: *calls, roundCalls: *roundCalls, rounds: *rounds, tool: *tool, peers: peers, peerMCPGo: *peerMCPGo, cluster: *cluster, timeout: *timeout, only: *only,
 		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle, idle: *idle, idleTimeout: *idleTimeout,
 		cpuProfile: *cpuProfile, profileRoute: *profileRoute, profileSessions: *profileSessions, profileFor: *profileFor, profileKind: *profileKind, interleave: *interleave}
-	for _, s := range strings.Split(*routesFlag, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			cfg.routes = append(cfg.routes, s)
-		}
-	}
-	for _, s := range strings.Split(*versionsFlag, ",") {
-		switch s = strings.TrimSpace(s); s {
-		case "":
-		case benchProtocolVersion, modernProtocolVersion:
-			cfg.versions = append(cfg.versions, s)
-		default:
-			return config{}, fmt.Errorf("-versions %q: give %s, %s or both", *versionsFlag, benchProtocolVersion, modernProtocolVersion)
-		}
-	}
-	for _, s := range strings.Split(*conc, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 1 || n > 1024 {
-			return config{}, fmt.Errorf("-concurrency %q: give numbers from 1 to 1024", *conc)
-		}
-		cfg.concurrency = append(cfg.concurrency, n)
+	if err := cfg.parseLists(*routesFlag, *versionsFlag, *conc); err != nil {
+		return config{}, err
 	}
 	if *smoke {
 		cfg.calls, cfg.rounds, cfg.concurrency = 20, 1, []int{1, 8}
@@ -172,61 +154,96 @@ func parseFlags(args []string) (config, error) {
 			cfg.idleTimeout = 3 * time.Second
 		}
 	}
-	if cfg.calls < 1 || cfg.rounds < 1 {
-		return config{}, fmt.Errorf("-calls and -rounds must be at least 1")
-	}
-	if cfg.roundCalls < 0 || cfg.roundCalls > 1_000_000 {
-		return config{}, fmt.Errorf("-round-calls %d: give 0 (off) to 1000000", cfg.roundCalls)
-	}
-	if cfg.tool != "echo" && cfg.tool != "payload" {
-		return config{}, fmt.Errorf("-tool %q: use echo or payload", cfg.tool)
-	}
-	switch cfg.only {
-	case "", "calls":
-	case "sessions":
-		if cfg.sessions < 1 {
-			return config{}, fmt.Errorf("-only sessions needs -sessions of at least 1")
-		}
-	case "idle":
-		if cfg.idle < 1 {
-			return config{}, fmt.Errorf("-only idle needs -idle of at least 1")
-		}
-	default:
-		return config{}, fmt.Errorf("-only %q: use calls, sessions or idle, or leave it out for all", cfg.only)
-	}
-	if cfg.cpuProfile != "" {
-		if !cfg.callsOn() {
-			return config{}, fmt.Errorf("-cpuprofile is taken in the calls section: leave out -only or give -only calls")
-		}
-		if cfg.profileSessions < 1 || cfg.profileSessions > 1024 {
-			return config{}, fmt.Errorf("-profile-sessions %d: give 1 to 1024", cfg.profileSessions)
-		}
-		if cfg.profileFor < time.Second || cfg.profileFor > 5*time.Minute {
-			return config{}, fmt.Errorf("-profile-for %s: give 1s to 5m", cfg.profileFor)
-		}
-		if cfg.profileKind != "cpu" && cfg.profileKind != "allocs" {
-			return config{}, fmt.Errorf("-profile-kind %q: give cpu or allocs", cfg.profileKind)
-		}
-	}
-	if cfg.idleTimeout < 0 {
-		return config{}, fmt.Errorf("-mcp-idle-timeout %s: give 0 (not measured) or a positive duration such as 30s", cfg.idleTimeout)
-	}
-	if cfg.idle < 0 || cfg.idle > 100000 {
-		return config{}, fmt.Errorf("-idle %d: give 0 (skip) to 100000", cfg.idle)
-	}
-	if cfg.sessions < 0 || cfg.sessions > 100000 {
-		return config{}, fmt.Errorf("-sessions %d: give 0 (skip) to 100000", cfg.sessions)
-	}
-	if cfg.sessionClients < 1 || cfg.sessionClients > 256 {
-		return config{}, fmt.Errorf("-session-clients %d: give 1 to 256", cfg.sessionClients)
-	}
-	if cfg.maxAgents < 1 || cfg.maxAgents > 1024 {
-		return config{}, fmt.Errorf("-max-agents %d: give 1 to 1024", cfg.maxAgents)
-	}
-	if cfg.agentIdle <= 0 {
-		return config{}, fmt.Errorf("-agent-idle %s: give a positive duration such as 2s", cfg.agentIdle)
+	if err := cfg.validate(); err != nil {
+		return config{}, err
 	}
 	return cfg, nil
+}
+
+// parseLists reads the comma-separated flags -routes, -versions and
+// -concurrency into cfg.
+func (c *config) parseLists(routes, versions, conc string) error {
+	for _, s := range strings.Split(routes, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			c.routes = append(c.routes, s)
+		}
+	}
+	for _, s := range strings.Split(versions, ",") {
+		switch s = strings.TrimSpace(s); s {
+		case "":
+		case benchProtocolVersion, modernProtocolVersion:
+			c.versions = append(c.versions, s)
+		default:
+			return fmt.Errorf("-versions %q: give %s, %s or both", versions, benchProtocolVersion, modernProtocolVersion)
+		}
+	}
+	for _, s := range strings.Split(conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || n > 1024 {
+			return fmt.Errorf("-concurrency %q: give numbers from 1 to 1024", conc)
+		}
+		c.concurrency = append(c.concurrency, n)
+	}
+	return nil
+}
+
+// validate checks the flags' values once read, and says which to change.
+func (c *config) validate() error {
+	if c.calls < 1 || c.rounds < 1 {
+		return fmt.Errorf("-calls and -rounds must be at least 1")
+	}
+	if c.roundCalls < 0 || c.roundCalls > 1_000_000 {
+		return fmt.Errorf("-round-calls %d: give 0 (off) to 1000000", c.roundCalls)
+	}
+	if c.tool != "echo" && c.tool != "payload" {
+		return fmt.Errorf("-tool %q: use echo or payload", c.tool)
+	}
+	switch c.only {
+	case "", "calls":
+	case "sessions":
+		if c.sessions < 1 {
+			return fmt.Errorf("-only sessions needs -sessions of at least 1")
+		}
+	case "idle":
+		if c.idle < 1 {
+			return fmt.Errorf("-only idle needs -idle of at least 1")
+		}
+	default:
+		return fmt.Errorf("-only %q: use calls, sessions or idle, or leave it out for all", c.only)
+	}
+	if c.cpuProfile != "" {
+		if !c.callsOn() {
+			return fmt.Errorf("-cpuprofile is taken in the calls section: leave out -only or give -only calls")
+		}
+		if c.profileSessions < 1 || c.profileSessions > 1024 {
+			return fmt.Errorf("-profile-sessions %d: give 1 to 1024", c.profileSessions)
+		}
+		if c.profileFor < time.Second || c.profileFor > 5*time.Minute {
+			return fmt.Errorf("-profile-for %s: give 1s to 5m", c.profileFor)
+		}
+		if c.profileKind != "cpu" && c.profileKind != "allocs" {
+			return fmt.Errorf("-profile-kind %q: give cpu or allocs", c.profileKind)
+		}
+	}
+	if c.idleTimeout < 0 {
+		return fmt.Errorf("-mcp-idle-timeout %s: give 0 (not measured) or a positive duration such as 30s", c.idleTimeout)
+	}
+	if c.idle < 0 || c.idle > 100000 {
+		return fmt.Errorf("-idle %d: give 0 (skip) to 100000", c.idle)
+	}
+	if c.sessions < 0 || c.sessions > 100000 {
+		return fmt.Errorf("-sessions %d: give 0 (skip) to 100000", c.sessions)
+	}
+	if c.sessionClients < 1 || c.sessionClients > 256 {
+		return fmt.Errorf("-session-clients %d: give 1 to 256", c.sessionClients)
+	}
+	if c.maxAgents < 1 || c.maxAgents > 1024 {
+		return fmt.Errorf("-max-agents %d: give 1 to 1024", c.maxAgents)
+	}
+	if c.agentIdle <= 0 {
+		return fmt.Errorf("-agent-idle %s: give a positive duration such as 2s", c.agentIdle)
+	}
+	return nil
 }
 
 type stringList []string

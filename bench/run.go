@@ -232,9 +232,32 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 		return nil, err
 	}
 
-	// Each route runs right beside its baseline, in turn before and after
-	// it, so that the pair sees the same machine: its ratios come from
-	// that pair alone. A baseline's own row pools all its runs.
+	cs, err := driveRounds(ctx, cfg, routes)
+	if err != nil {
+		return nil, err
+	}
+
+	if cfg.cpuProfile != "" {
+		if err := profileCaddy(ctx, cfg, gw, routes); err != nil {
+			return nil, err
+		}
+	}
+
+	return callResults(cfg, routes, cs), nil
+}
+
+// callSamples are the samples of the calls table: each route's runs, all
+// of them; its runs in its pairs; and the baseline's run beside each of
+// those.
+type callSamples struct {
+	samples, self, paired map[string]map[int][]sample
+}
+
+// driveRounds drives every route at every concurrency, cfg.rounds times.
+// Each route runs right beside its baseline, in turn before and after it,
+// so that the pair sees the same machine: its ratios come from that pair
+// alone. A baseline's own row pools all its runs.
+func driveRounds(ctx context.Context, cfg config, routes []route) (callSamples, error) {
 	samples := map[string]map[int][]sample{} // a route's runs, all of them
 	self := map[string]map[int][]sample{}    // a route's runs in its pairs
 	paired := map[string]map[int][]sample{}  // the baseline's run beside each of those
@@ -262,7 +285,7 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 					fmt.Fprintf(os.Stderr, "bench: round %d/%d, 1 session each, %s and %s call by call\n", round+1, cfg.rounds, run[0].name, run[1].name)
 					s0, s1, err := driveInterleaved(ctx, run[0], run[1], cfg.callsPer(conc), cfg.tool)
 					if err != nil {
-						return nil, fmt.Errorf("at 1 session, interleaved: %w", err)
+						return callSamples{}, fmt.Errorf("at 1 session, interleaved: %w", err)
 					}
 					got[run[0].name], got[run[1].name] = s0, s1
 					add(samples, run[0].name, conc, s0)
@@ -275,7 +298,7 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 					fmt.Fprintf(os.Stderr, "bench: round %d/%d, %d sessions, %s\n", round+1, cfg.rounds, conc, r.name)
 					s, err := drive(ctx, r, conc, cfg.callsPer(conc), cfg.tool)
 					if err != nil {
-						return nil, fmt.Errorf("%s at %d sessions: %w", r.name, conc, err)
+						return callSamples{}, fmt.Errorf("%s at %d sessions: %w", r.name, conc, err)
 					}
 					got[r.name] = s
 					add(samples, r.name, conc, s)
@@ -287,13 +310,13 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 			}
 		}
 	}
+	return callSamples{samples, self, paired}, nil
+}
 
-	if cfg.cpuProfile != "" {
-		if err := profileCaddy(ctx, cfg, gw, routes); err != nil {
-			return nil, err
-		}
-	}
-
+// callResults summarizes the samples of each route at each concurrency,
+// with its ratios to its baseline from their pairs.
+func callResults(cfg config, routes []route, cs callSamples) []result {
+	samples, self, paired := cs.samples, cs.self, cs.paired
 	var results []result
 	for _, r := range routes {
 		for _, conc := range cfg.concurrency {
@@ -309,7 +332,7 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 			results = append(results, res)
 		}
 	}
-	return results, nil
+	return results
 }
 
 // selectRoutes keeps the routes whose names start with one of prefixes and

@@ -43,8 +43,8 @@ const aggProtocolVersion = "2025-11-25"
 // catalog's first round (each upstream connected, or failed once).
 const aggInitWait = 5 * time.Second
 
-// aggMaxBackoff caps the delay between catalog reconnection attempts.
-const aggMaxBackoff = 30 * time.Second
+// catalogBackoff spaces a catalog session's reconnection attempts.
+var catalogBackoff = Backoff{Min: 500 * time.Millisecond, Max: 30 * time.Second}
 
 // aggConnectTimeout bounds one connection attempt when the upstream sets no
 // Timeout.
@@ -241,6 +241,7 @@ type aggUpstream struct {
 	cfg     Upstream            // normalized
 	tr      *upstreamTransports // shared with [Conn]: egress client, SSE origin guard, stdio launcher
 	timeout time.Duration
+	notes   *noteCounter // an http upstream's notifications, counted (see noteCounter); nil for the other transports
 
 	refresh sync.Mutex // serializes re-listing
 	// relisting marks, per kind (tools, prompts, resources), a re-listing
@@ -359,10 +360,13 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		}
 		if n.Transport == TransportHTTP {
 			tr.maxRetries = -1
-			tr.countNotes()
 		}
 		tr.pidDir = opts.PIDDir
 		up := &aggUpstream{cfg: n, tr: tr, timeout: n.Timeout, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
+		tr.wrapHTTP(func(next http.RoundTripper) http.RoundTripper {
+			up.notes = &noteCounter{next: next, max: int(tr.limitMax())}
+			return up.notes
+		})
 		if n.Transport == TransportStdio && n.IsShared() {
 			up.shared = true
 			up.idle = opts.StdioIdle
@@ -394,6 +398,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 	a.server = mcp.NewServer(aggImplementation, &mcp.ServerOptions{
 		Logger:             logger,
 		InitializedHandler: func(_ context.Context, req *mcp.InitializedRequest) { a.session(req.Session) },
+		//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		RootsListChangedHandler: func(_ context.Context, req *mcp.RootsListChangedRequest) {
 			a.session(req.Session).rootsChanged()
 		},
@@ -404,6 +409,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		GetSessionID:              opts.NewSessionID,
 		SupportedProtocolVersions: []string{protocolModern, "2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"},
 		Capabilities: &mcp.ServerCapabilities{
+			//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 			Logging:   &mcp.LoggingCapabilities{},
 			Tools:     &mcp.ToolCapabilities{ListChanged: true},
 			Prompts:   &mcp.PromptCapabilities{ListChanged: true},
@@ -717,6 +723,7 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			}
 		case "logging/setLevel":
 			if ss, ok := req.GetSession().(*mcp.ServerSession); ok {
+				//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 				if p, ok := req.GetParams().(*mcp.SetLoggingLevelParams); ok && p != nil {
 					a.session(ss).setLevel(ctx, p.Level)
 				}

@@ -445,10 +445,13 @@ func bridgeMiddleware(c *aggConn) mcp.Middleware {
 				switch p := req.GetParams().(type) {
 				case *mcp.ElicitParams:
 					params = p
+				//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 				case *mcp.CreateMessageParams:
 					params = p
+				//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 				case *mcp.CreateMessageWithToolsParams:
 					params = p
+				//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 				case *mcp.ListRootsParams:
 					params = p
 				}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/internal/upstreamtest"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -48,7 +49,7 @@ func (c *memToolCache) Store(_ context.Context, upstream string, data []byte) er
 func TestAggregateToolCacheLazyStdio(t *testing.T) {
 	cache := &memToolCache{}
 	up := stdioUpstream(t)
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 
 	first, url := aggServe(t, []Upstream{up}, AggregateOptions{ToolCache: cache, StdioIdle: -1})
 	cs := aggConnect(t, url, nil)
@@ -61,7 +62,7 @@ func TestAggregateToolCacheLazyStdio(t *testing.T) {
 		t.Fatal("the listing was not cached")
 	}
 
-	logs := &logCapture{}
+	logs := &upstreamtest.LogCapture{}
 	_, url = aggServe(t, []Upstream{up}, AggregateOptions{ToolCache: cache, StdioIdle: -1, Logger: slog.New(logs)})
 	cs = aggConnect(t, url, nil)
 	if got := aggToolNames(t, ctx, cs); !slices.Contains(got, "mcp_local_echo") {
@@ -106,7 +107,7 @@ func TestAggregateToolCacheUnreachableUpstream(t *testing.T) {
 
 	_, url := aggServe(t, []Upstream{u}, AggregateOptions{ToolCache: cache})
 	cs := aggConnect(t, url, nil)
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 	if got := aggToolNames(t, ctx, cs); !slices.Equal(got, []string{"mcp_remote_search"}) {
 		t.Fatalf("tools = %v, want the cached listing", got)
 	}

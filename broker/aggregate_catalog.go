@@ -62,13 +62,14 @@ func (up *aggUpstream) connectErr(err error) error {
 }
 
 // superviseCatalog keeps up's catalog session: connect, list, register,
-// wait for it to end, and again after a backoff (500ms doubling to 30s).
+// wait for it to end, and again after a backoff (catalogBackoff, counted
+// from the last session that opened).
 // What an upstream registered stays listed while it is away, so calls get
 // a tool error naming it; a new listing replaces it on reconnection.
 func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 	defer a.wg.Done()
 	first := true
-	delay := 500 * time.Millisecond
+	failures := 0 // rounds since a catalog session last opened
 	if up.shared && up.fromCache {
 		// Lazy connect: its cached listing is offered, and the process
 		// starts with the first call.
@@ -107,6 +108,7 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 			a.firstRoundDone()
 		}
 		idle := false
+		delay := catalogBackoff.Delay(failures)
 		if err != nil {
 			up.mu.Lock()
 			up.lastErr = safeError(err)
@@ -120,7 +122,7 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 				a.logger.Warn("aggregate: upstream catalog unavailable", "upstream", up.cfg.Name, "error", safeError(err), "retry_in", delay)
 			}
 		} else {
-			delay = 500 * time.Millisecond
+			failures, delay = 0, catalogBackoff.Delay(0)
 			a.resubscribe(up, cs)
 			// Close ends the session (and a stdio process) even if it
 			// did not see this one.
@@ -163,7 +165,7 @@ func (a *Aggregate) superviseCatalog(up *aggUpstream) {
 		case <-time.After(delay):
 		case <-wake:
 		}
-		delay = min(delay*2, aggMaxBackoff)
+		failures++
 	}
 }
 

@@ -249,41 +249,16 @@ func (a *Aggregate) fastToolCall(w http.ResponseWriter, r *http.Request, s *aggS
 	}
 	callID := call.ID.Raw()
 	if ip := s.ss.InitializeParams(); ip == nil || ip.Capabilities == nil ||
+		//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		ip.Capabilities.Sampling != nil || ip.Capabilities.Elicitation != nil {
 		return false
 	}
-	a.mu.Lock()
-	q, ok := a.tools[call.Tool]
-	a.mu.Unlock()
+	adm, ok := a.admitFast(s, call.Tool, false)
 	if !ok {
 		return false
 	}
-	up := a.byName[q.server]
-	if up == nil || up.shared || up.cfg.Transport != TransportHTTP {
-		return false
-	}
-	// The upstream session must already be open: opening one is the go-sdk
-	// path's business, and so is a failure to open it.
-	s.mu.Lock()
-	c := s.conns[up.cfg.Name]
-	closed := s.closed
-	s.mu.Unlock()
-	if c == nil || closed {
-		return false
-	}
-	select {
-	case <-c.done:
-	default:
-		return false
-	}
-	if c.err != nil || c.cs == nil {
-		return false
-	}
-	ir := c.cs.InitializeResult()
+	q, up, c, ir := adm.q, adm.up, adm.c, adm.ir
 	sessionID := c.cs.ID()
-	if ir == nil || sessionID == "" || ir.ProtocolVersion > aggProtocolVersion {
-		return false
-	}
 
 	start := time.Now()
 	rec := CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: q.name}
@@ -549,8 +524,10 @@ func (a *Aggregate) fastAnswerUpstream(ctx context.Context, s *aggSession, up *a
 		ans.Result = struct{}{}
 	case "roots/list":
 		ans.Result = map[string]any{"roots": []any{}}
+		//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		if ip := s.ss.InitializeParams(); ip != nil && ip.Capabilities != nil && ip.Capabilities.RootsV2 != nil {
 			rctx, cancel := context.WithTimeout(ctx, up.timeout)
+			//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 			res, err := s.ss.ListRoots(rctx, &mcp.ListRootsParams{})
 			cancel()
 			if err != nil {
@@ -627,6 +604,7 @@ func (s *aggSession) logs(params json.RawMessage) bool {
 		return false
 	}
 	var p struct {
+		//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		Level mcp.LoggingLevel `json:"level"`
 	}
 	if json.Unmarshal(params, &p) != nil {
@@ -636,6 +614,8 @@ func (s *aggSession) logs(params json.RawMessage) bool {
 }
 
 // logSeverity orders MCP logging levels (RFC 5424's, least severe first).
+//
+//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 func logSeverity(l mcp.LoggingLevel) int {
 	switch l {
 	case "debug":

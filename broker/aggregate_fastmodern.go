@@ -86,34 +86,13 @@ func (a *Aggregate) serveModernFast(w http.ResponseWriter, r *http.Request) bool
 		a.taskDeclaringCall(r.Context(), call.Tool)
 	}
 	a.mu.Lock()
-	q, ok := a.tools[call.Tool]
 	s := a.principals[p.TokenID]
 	a.mu.Unlock()
-	if !ok || s == nil || a.waitingForLogin(call.Tool) != nil {
+	adm, ok := a.admitFast(s, call.Tool, true)
+	if !ok {
 		return false
 	}
-	up := a.byName[q.server]
-	if up == nil || up.shared || up.cfg.Transport != TransportHTTP {
-		return false
-	}
-	s.mu.Lock()
-	c := s.conns[up.cfg.Name]
-	closed := s.closed
-	s.mu.Unlock()
-	if c == nil || closed {
-		return false
-	}
-	select {
-	case <-c.done:
-	default:
-		return false
-	}
-	if c.err != nil || c.cs == nil || c.overLimit.Load() != nil {
-		return false
-	}
-	if ir := c.cs.InitializeResult(); ir == nil || ir.ProtocolVersion != protocolModern {
-		return false
-	}
+	q, up, c := adm.q, adm.up, adm.c
 	params, ok := renameParams(call.Params, q.name)
 	if !ok {
 		return false

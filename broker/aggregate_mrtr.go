@@ -152,11 +152,17 @@ func fulfilInputRequest(ctx context.Context, ss *mcp.ServerSession, ir mcp.Input
 		// As the session relay does: the client checks what it is shown,
 		// the upstream what comes back.
 		return elicitAsIs(ctx, ss, p)
+	//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 	case *mcp.CreateMessageParams:
+		//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		return ss.CreateMessageWithTools(ctx, samplingWithTools(p))
+	//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 	case *mcp.CreateMessageWithToolsParams:
+		//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		return ss.CreateMessageWithTools(ctx, p)
+	//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 	case *mcp.ListRootsParams:
+		//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		return ss.ListRoots(ctx, p)
 	default:
 		return nil, fmt.Errorf("input request of unknown kind %T", ir)
@@ -166,11 +172,16 @@ func fulfilInputRequest(ctx context.Context, ss *mcp.ServerSession, ir mcp.Input
 // samplingWithTools is p as the sampling request that carries a list of
 // content blocks per message (go-sdk's own server-side fulfilment does the
 // same).
+//
+//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 func samplingWithTools(p *mcp.CreateMessageParams) *mcp.CreateMessageWithToolsParams {
+	//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 	msgs := make([]*mcp.SamplingMessageV2, 0, len(p.Messages))
 	for _, m := range p.Messages {
+		//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		msgs = append(msgs, &mcp.SamplingMessageV2{Content: []mcp.Content{m.Content}, Role: m.Role})
 	}
+	//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 	return &mcp.CreateMessageWithToolsParams{
 		Meta:             p.Meta,
 		IncludeContext:   p.IncludeContext,

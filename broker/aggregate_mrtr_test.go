@@ -71,7 +71,9 @@ func newMRTRUp(t *testing.T, name string, stateless bool) *mrtrUp {
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "roots_and_sampling"}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
 		record(req)
+		//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 		roots, rok := req.Params.InputResponses["roots"].(*mcp.ListRootsResult)
+		//lint:ignore SA1019 the test checks that the aggregated route still relays sampling, which SEP-2577 deprecates but earlier protocol versions use
 		sample, sok := req.Params.InputResponses["sample"].(*mcp.CreateMessageWithToolsResult)
 		if rok && sok && req.Params.RequestState == "rs" {
 			text := ""
@@ -83,7 +85,9 @@ func newMRTRUp(t *testing.T, name string, stateless bool) *mrtrUp {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("roots=%d sample=%s", len(roots.Roots), text)}}}, nil, nil
 		}
 		return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{
-			"roots":  &mcp.ListRootsParams{},
+			//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
+			"roots": &mcp.ListRootsParams{},
+			//lint:ignore SA1019 the test checks that the aggregated route still relays sampling, which SEP-2577 deprecates but earlier protocol versions use
 			"sample": &mcp.CreateMessageParams{Messages: []*mcp.SamplingMessage{{Role: "user", Content: &mcp.TextContent{Text: "hi"}}}, MaxTokens: 10},
 		}, RequestState: "rs"}, nil, nil
 	})
@@ -120,9 +124,11 @@ func newMRTRUp(t *testing.T, name string, stateless bool) *mrtrUp {
 	return u
 }
 
+//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 func legacyClient(t *testing.T, url string, opts *mcp.ClientOptions, roots ...*mcp.Root) *mcp.ClientSession {
 	t.Helper()
 	c := mcp.NewClient(&mcp.Implementation{Name: "downstream", Version: "1"}, opts)
+	//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 	c.AddRoots(roots...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -150,9 +156,12 @@ func TestAggregateLegacyClientModernUpstreamMRTR(t *testing.T) {
 			mu.Unlock()
 			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"name": fmt.Sprintf("n%d", n)}}, nil
 		},
+		//lint:ignore SA1019 the test checks that the aggregated route still relays sampling, which SEP-2577 deprecates but earlier protocol versions use
 		CreateMessageHandler: func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			//lint:ignore SA1019 the test checks that the aggregated route still relays sampling, which SEP-2577 deprecates but earlier protocol versions use
 			return &mcp.CreateMessageResult{Role: "assistant", Model: "m", Content: &mcp.TextContent{Text: "sampled"}}, nil
 		},
+		//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 	}, &mcp.Root{URI: "file:///a"}, &mcp.Root{URI: "file:///b"})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -118,9 +118,11 @@ func toStrings(v any) []string {
 func TestAggregateForwardsRoots(t *testing.T) {
 	changed := make(chan struct{}, 4)
 	s := mcp.NewServer(&mcp.Implementation{Name: "up", Version: "1"}, &mcp.ServerOptions{
+		//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 		RootsListChangedHandler: func(context.Context, *mcp.RootsListChangedRequest) { changed <- struct{}{} },
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "roots"}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
+		//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 		res, err := req.Session.ListRoots(ctx, nil)
 		if err != nil {
 			return nil, nil, err
@@ -133,6 +135,7 @@ func TestAggregateForwardsRoots(t *testing.T) {
 	})
 	_, url := aggServe(t, []Upstream{serveUpstream(t, "up", s)}, AggregateOptions{})
 	c := mcp.NewClient(&mcp.Implementation{Name: "downstream", Version: "1"}, nil)
+	//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 	c.AddRoots(&mcp.Root{URI: "file:///work/a"})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -152,6 +155,7 @@ func TestAggregateForwardsRoots(t *testing.T) {
 	if got := call(); got != "file:///work/a" {
 		t.Fatalf("upstream saw roots %q, want the downstream client's", got)
 	}
+	//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 	c.AddRoots(&mcp.Root{URI: "file:///work/b"})
 	select {
 	case <-changed:
@@ -173,6 +177,7 @@ func TestAggregateForwardsLogsBeforeTheAnswer(t *testing.T) {
 		// Many at once, so that the broker's handler queue is still busy
 		// when the answer arrives.
 		for i := range perCall {
+			//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: fmt.Sprint("step ", i)})
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
@@ -186,6 +191,7 @@ func TestAggregateForwardsLogsBeforeTheAnswer(t *testing.T) {
 		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 			return &mcp.ElicitResult{Action: "decline"}, nil
 		},
+		//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 		LoggingMessageHandler: func(context.Context, *mcp.LoggingMessageRequest) {
 			mu.Lock()
 			logs++
@@ -194,6 +200,7 @@ func TestAggregateForwardsLogsBeforeTheAnswer(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
 		t.Fatal(err)
 	}
@@ -226,6 +233,7 @@ func TestAggregateForwardsSpacedLogsBeforeTheAnswer(t *testing.T) {
 	s := mcp.NewServer(&mcp.Implementation{Name: "up", Version: "1"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "chatty"}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
 		for i := range perCall {
+			//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 			_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: fmt.Sprint("step ", i)})
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
@@ -241,6 +249,7 @@ func TestAggregateForwardsSpacedLogsBeforeTheAnswer(t *testing.T) {
 		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 			return &mcp.ElicitResult{Action: "decline"}, nil
 		},
+		//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 		LoggingMessageHandler: func(context.Context, *mcp.LoggingMessageRequest) {
 			mu.Lock()
 			logs++
@@ -249,6 +258,7 @@ func TestAggregateForwardsSpacedLogsBeforeTheAnswer(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/internal/upstreamtest"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -24,10 +25,10 @@ func aggTextOf(res *mcp.CallToolResult) string {
 }
 
 func TestAggregateRestartSharedStdio(t *testing.T) {
-	logs := &logCapture{}
+	logs := &upstreamtest.LogCapture{}
 	dir := t.TempDir()
 	a, url := aggServe(t, []Upstream{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: -1, PIDDir: dir})
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 	cs := aggConnect(t, url, nil)
 	if got := aggCallText(t, ctx, cs, "mcp_local_echo", "one"); got != "stdio: one" {
 		t.Fatalf("first call: %q", got)
@@ -50,7 +51,7 @@ func TestAggregateRestartSharedStdio(t *testing.T) {
 	if pids[len(pids)-1] == first {
 		t.Fatalf("pids = %v, want a new process after Restart", pids)
 	}
-	if alive(first) {
+	if upstreamtest.Alive(first) {
 		t.Fatalf("the first process %d still runs", first)
 	}
 
@@ -90,7 +91,7 @@ func TestAggregateRestartUnknownAndUpstreams(t *testing.T) {
 	if got, want := a.Upstreams(), []string{"zeta", "alpha", "mid"}; !slices.Equal(got, want) {
 		t.Fatalf("Upstreams = %v, want %v", got, want)
 	}
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 	err := a.Restart(ctx, "nosuch")
 	if err == nil || !strings.Contains(err.Error(), `"nosuch"`) {
 		t.Fatalf("Restart of an unknown upstream: %v, want an error naming it", err)
@@ -100,9 +101,9 @@ func TestAggregateRestartUnknownAndUpstreams(t *testing.T) {
 // Retire stops a shared stdio upstream's process and starts none until a
 // call needs it; Restart, by contrast, has the catalog start a new one.
 func TestAggregateRetireSharedStdio(t *testing.T) {
-	logs := &logCapture{}
+	logs := &upstreamtest.LogCapture{}
 	a, url := aggServe(t, []Upstream{stdioUpstream(t)}, AggregateOptions{Logger: slog.New(logs), StdioIdle: -1})
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 	cs := aggConnect(t, url, nil)
 	if got := aggCallText(t, ctx, cs, "mcp_local_echo", "one"); got != "stdio: one" {
 		t.Fatalf("first call: %q", got)

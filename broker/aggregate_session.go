@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,8 +23,9 @@ type aggSession struct {
 	a  *Aggregate
 	ss *mcp.ServerSession
 
-	mu     sync.Mutex
-	conns  map[string]*aggConn
+	mu    sync.Mutex
+	conns map[string]*aggConn
+	//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 	level  mcp.LoggingLevel
 	closed bool                 // closeAll ran: no new upstream sessions
 	fast   map[string]*fastCall // tools/call in flight on the fast path, by request id
@@ -143,6 +143,8 @@ func (s *aggSession) closeAll() {
 
 // setLevel records the downstream session's logging level and passes it to
 // its open upstream sessions.
+//
+//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 func (s *aggSession) setLevel(ctx context.Context, level mcp.LoggingLevel) {
 	s.mu.Lock()
 	s.level = level
@@ -158,6 +160,7 @@ func (s *aggSession) setLevel(ctx context.Context, level mcp.LoggingLevel) {
 	}
 	s.mu.Unlock()
 	for _, cs := range open {
+		//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		_ = cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: level})
 	}
 }
@@ -245,11 +248,13 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 	a, ss := s.a, s.ss
 	opts := &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
+		//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		LoggingMessageHandler: func(ctx context.Context, req *mcp.LoggingMessageRequest) {
 			down := context.WithoutCancel(c.requestCtx(ctx, nil))
 			target := downSession(down, ss)
 			c.forward(func() {
 				if target != nil && target == ss {
+					//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 					_ = target.Log(down, req.Params)
 				}
 			})
@@ -270,9 +275,13 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 			down = ip.Capabilities
 		}
 	}
+	//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 	if down != nil && down.Sampling != nil {
+		//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		opts.Capabilities.Sampling = &mcp.SamplingCapabilities{}
+		//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		opts.CreateMessageHandler = func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 			return ss.CreateMessage(c.requestCtx(ctx, nil), req.Params)
 		}
 	}
@@ -285,7 +294,9 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 			return elicitAsIs(c.requestCtx(ctx, nil), ss, req.Params)
 		}
 	}
+	//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 	if down != nil && down.RootsV2 != nil {
+		//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		opts.Capabilities.RootsV2 = &mcp.RootCapabilities{ListChanged: down.RootsV2.ListChanged}
 	}
 	if ss == nil {
@@ -295,8 +306,10 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		// request's own client capabilities instead.
 		opts.Capabilities = &mcp.ClientCapabilities{
 			Elicitation: &mcp.ElicitationCapabilities{Form: &mcp.FormElicitationCapabilities{}},
-			Sampling:    &mcp.SamplingCapabilities{},
-			RootsV2:     &mcp.RootCapabilities{},
+			//lint:ignore SA1019 SEP-2577 deprecates sampling, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
+			Sampling: &mcp.SamplingCapabilities{},
+			//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
+			RootsV2: &mcp.RootCapabilities{},
 		}
 	}
 	// Input-required answers come back to the route (see aggregate_mrtr.go).
@@ -315,12 +328,13 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		s.mu.Unlock()
 		if level != "" {
 			lctx, lcancel := context.WithTimeout(a.ctx, up.timeout)
+			//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 			_ = cs.SetLoggingLevel(lctx, &mcp.SetLoggingLevelParams{Level: level})
 			lcancel()
 		}
 	}
-	if err == nil && up.tr.notes != nil {
-		c.received = up.tr.notes.counter(cs.ID())
+	if err == nil && up.notes != nil {
+		c.received = up.notes.counter(cs.ID())
 	}
 	unwatch := func() {}
 	if err == nil {
@@ -336,8 +350,8 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		cs.Wait()
 		c.stopForwarding()
 		unwatch()
-		if up.tr.notes != nil {
-			up.tr.notes.forget(cs.ID())
+		if up.notes != nil {
+			up.notes.forget(cs.ID())
 		}
 		s.forget(up.cfg.Name, c)
 	}()
@@ -362,7 +376,9 @@ func relayMiddleware(ss *mcp.ServerSession, c *aggConn, down *mcp.ClientCapabili
 					return elicitAsIs(c.requestCtx(ctx, nil), ss, r.Params)
 				}
 			case "roots/list":
+				//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 				if down != nil && down.RootsV2 != nil {
+					//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 					return ss.ListRoots(c.requestCtx(ctx, nil), &mcp.ListRootsParams{})
 				}
 			}
@@ -431,6 +447,8 @@ func (s *aggSession) rootsChanged() {
 // rootsMarker is the one root the broker's client holds, only so that
 // go-sdk sends notifications/roots/list_changed: it has no API to send it
 // otherwise. roots/list never returns it (see relayMiddleware).
+//
+//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 var rootsMarker = &mcp.Root{URI: "urn:zidane:roots-changed", Name: "roots changed"}
 
 // notifyRootsChanged sends one notifications/roots/list_changed on c's
@@ -440,8 +458,10 @@ func (c *aggConn) notifyRootsChanged() {
 	c.rootMu.Lock()
 	defer c.rootMu.Unlock()
 	if c.marker {
+		//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		c.client.RemoveRoots(rootsMarker.URI)
 	} else {
+		//lint:ignore SA1019 SEP-2577 deprecates roots, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 		c.client.AddRoots(rootsMarker)
 	}
 	c.marker = !c.marker
@@ -513,7 +533,7 @@ func (a *Aggregate) unreachable(up *aggUpstream, err error) *mcp.CallToolResult 
 	if errors.Is(err, upstreamauth.ErrAuthRequired) || (a.authRequired != nil && a.authRequired(up.cfg.Name)) {
 		return &mcp.CallToolResult{
 			IsError: true,
-			Content: []mcp.Content{&mcp.TextContent{Text: LoginRequiredMessage(up.cfg.Name, err)}},
+			Content: []mcp.Content{&mcp.TextContent{Text: upstreamauth.LoginRequiredMessage(up.cfg.Name, err)}},
 		}
 	}
 	return &mcp.CallToolResult{
@@ -858,17 +878,6 @@ func (a *Aggregate) upstreamUnsubscribe(uri string) {
 	ctx, cancel := context.WithTimeout(a.ctx, up.timeout)
 	defer cancel()
 	_ = cs.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: uri})
-}
-
-// LoginRequiredMessage is what a caller is told when upstream waits for an
-// operator's OAuth login: how to log in, and the scopes the login must
-// grant when err says (a step-up).
-func LoginRequiredMessage(upstream string, err error) string {
-	var are *upstreamauth.AuthRequiredError
-	if errors.As(err, &are) && len(are.Scopes) > 0 {
-		return fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in with the scopes %q (`caddy zidane login %s`)", upstream, strings.Join(are.Scopes, " "), upstream)
-	}
-	return fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in (`caddy zidane login %s`)", upstream, upstream)
 }
 
 // maxQueuedNotes bounds the notifications an upstream session has waiting

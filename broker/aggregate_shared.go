@@ -170,6 +170,7 @@ func (a *Aggregate) sharedClientOptions(up *aggUpstream, opts *mcp.ClientOptions
 		params.ProgressToken = p.token
 		_ = p.ss.NotifyProgress(valuesFrom{Context: ctx, values: p.ctx}, &params)
 	}
+	//lint:ignore SA1019 SEP-2577 deprecates logging, but clients and upstreams on earlier protocol versions still use it, so the aggregated route relays it
 	opts.LoggingMessageHandler = func(ctx context.Context, req *mcp.LoggingMessageRequest) {
 		a.logger.Debug("aggregate: dropped a log message of a shared stdio upstream: it cannot be attributed to one client", "upstream", up.cfg.Name)
 	}

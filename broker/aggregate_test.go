@@ -270,6 +270,7 @@ func TestAggregateProgressSamplingCancel(t *testing.T) {
 		if tok := req.Params.GetProgressToken(); tok != nil {
 			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: 1, Total: 2, Message: "half"})
 		}
+		//lint:ignore SA1019 the test checks that the aggregated route still relays sampling, which SEP-2577 deprecates but earlier protocol versions use
 		res, err := req.Session.CreateMessage(ctx, &mcp.CreateMessageParams{MaxTokens: 10, Messages: []*mcp.SamplingMessage{{Role: "user", Content: &mcp.TextContent{Text: "question"}}}})
 		if err != nil {
 			return nil, nil, err
@@ -285,7 +286,9 @@ func TestAggregateProgressSamplingCancel(t *testing.T) {
 	_, url := aggServe(t, []Upstream{up.config()}, AggregateOptions{})
 	progress := make(chan *mcp.ProgressNotificationParams, 4)
 	cs := aggConnect(t, url, &mcp.ClientOptions{
+		//lint:ignore SA1019 the test checks that the aggregated route still relays sampling, which SEP-2577 deprecates but earlier protocol versions use
 		CreateMessageHandler: func(ctx context.Context, req *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			//lint:ignore SA1019 the test checks that the aggregated route still relays sampling, which SEP-2577 deprecates but earlier protocol versions use
 			return &mcp.CreateMessageResult{Role: "assistant", Model: "m", Content: &mcp.TextContent{Text: "42"}}, nil
 		},
 		ProgressNotificationHandler: func(ctx context.Context, req *mcp.ProgressNotificationClientRequest) {
@@ -373,16 +376,14 @@ func TestAggregateUnreachable(t *testing.T) {
 	}
 	up.http.CloseClientConnections()
 	up.http.Close()
-	start := time.Now()
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_down_echo", Arguments: map[string]any{"text": "x"}})
-	if time.Since(start) > 5*time.Second {
-		t.Errorf("the call took %v", time.Since(start))
-	}
 	if err != nil {
 		t.Fatalf("call: %v", err)
 	}
-	if !res.IsError || !strings.Contains(aggText(t, res), `"down"`) {
-		t.Errorf("result = %q (isError %v), want a tool error naming the upstream", aggText(t, res), res.IsError)
+	// The call ends on the refused connection, not on a deadline or after
+	// retries that outlast it: the error says the upstream was refused.
+	if text := aggText(t, res); !res.IsError || !strings.Contains(text, `"down" could not be reached`) || !strings.Contains(text, "connection refused") {
+		t.Errorf("result = %q (isError %v), want a tool error naming the upstream and the refused connection", text, res.IsError)
 	}
 }
 
@@ -496,6 +497,7 @@ func TestAggregateCompleteSubscribeBinding(t *testing.T) {
 func TestAggregateElicitAndLog(t *testing.T) {
 	up := newAggUp(t, "a")
 	mcp.AddTool(up.server, &mcp.Tool{Name: "confirm"}, func(ctx context.Context, req *mcp.CallToolRequest, in aggIn) (*mcp.CallToolResult, any, error) {
+		//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 		_ = req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: "working"})
 		res, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: "sure?", RequestedSchema: map[string]any{"type": "object"}})
 		if err != nil {
@@ -509,10 +511,12 @@ func TestAggregateElicitAndLog(t *testing.T) {
 		ElicitationHandler: func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{}}, nil
 		},
+		//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 		LoggingMessageHandler: func(_ context.Context, req *mcp.LoggingMessageRequest) { logs <- req.Params.Data },
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	//lint:ignore SA1019 the test checks that the aggregated route still relays logging, which SEP-2577 deprecates but earlier protocol versions use
 	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -14,20 +13,18 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/internal/upstreamtest"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // stdioPids returns the pids the stdio test server logged ("pid N" on its
 // stderr, relayed by the aggregate's logger), in order.
-func stdioPids(logs *logCapture, upstream string) []int {
-	logs.mu.Lock()
-	defer logs.mu.Unlock()
+func stdioPids(logs *upstreamtest.LogCapture, upstream string) []int {
 	var pids []int
-	for _, r := range logs.records {
+	for _, r := range logs.Records() {
 		if r["msg"] != "stdio upstream wrote to stderr" || r["upstream"] != upstream {
 			continue
 		}
@@ -41,7 +38,7 @@ func stdioPids(logs *logCapture, upstream string) []int {
 }
 
 // waitPids waits (bounded by ctx) until n stdio processes have reported.
-func waitPids(t *testing.T, ctx context.Context, logs *logCapture, upstream string, n int) []int {
+func waitPids(t *testing.T, ctx context.Context, logs *upstreamtest.LogCapture, upstream string, n int) []int {
 	t.Helper()
 	for {
 		pids := stdioPids(logs, upstream)
@@ -56,14 +53,10 @@ func waitPids(t *testing.T, ctx context.Context, logs *logCapture, upstream stri
 	}
 }
 
-func alive(pid int) bool {
-	return !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
-}
-
 // waitGone waits (bounded by ctx) until the process pid no longer exists.
 func waitGone(t *testing.T, ctx context.Context, pid int, what string) {
 	t.Helper()
-	for alive(pid) {
+	for upstreamtest.Alive(pid) {
 		select {
 		case <-ctx.Done():
 			t.Fatalf("%s (pid %d) is still running", what, pid)
@@ -94,18 +87,18 @@ func TestAggregateHTTPSSEStdio(t *testing.T) {
 		t.Skip(err)
 	}
 	web := newAggUp(t, "web")
-	sseServer := newEchoServer("sse")
+	sseServer := upstreamtest.NewEchoServer("sse")
 	sse := httptest.NewServer(mcp.NewSSEHandler(func(*http.Request) *mcp.Server { return sseServer }, nil))
 	t.Cleanup(sse.Close)
 	t.Cleanup(sse.CloseClientConnections)
 
-	logs := &logCapture{}
+	logs := &upstreamtest.LogCapture{}
 	a, url := aggServe(t, []Upstream{
 		web.config(),
 		{Name: "old", Transport: TransportSSE, URL: sse.URL + "/sse"},
-		{Name: "local", Command: exe, Env: map[string]string{"BROKER_STDIO_SERVER": "1"}, Shared: &notShared},
+		{Name: "local", Command: exe, Env: map[string]string{upstreamtest.StdioEnv: "1"}, Shared: &notShared},
 	}, AggregateOptions{Logger: slog.New(logs)})
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 
 	// The catalog session of the stdio upstream is a process.
 	catalog := waitPids(t, ctx, logs, "local", 1)[0]
@@ -144,8 +137,8 @@ func TestAggregateHTTPSSEStdio(t *testing.T) {
 		t.Fatalf("closing the first session: %v", err)
 	}
 	waitGone(t, ctx, first, "the closed downstream session's process")
-	if !alive(catalog) || !alive(second) {
-		t.Fatalf("closing one session ended another process: catalog alive %v, second alive %v", alive(catalog), alive(second))
+	if !upstreamtest.Alive(catalog) || !upstreamtest.Alive(second) {
+		t.Fatalf("closing one session ended another process: catalog alive %v, second alive %v", upstreamtest.Alive(catalog), upstreamtest.Alive(second))
 	}
 	if got := aggCallText(t, ctx, cs2, "mcp_local_echo", "still"); got != "stdio: still" {
 		t.Fatalf("second session after the first closed: %q", got)
@@ -154,7 +147,7 @@ func TestAggregateHTTPSSEStdio(t *testing.T) {
 	// Close waits for every process to end.
 	a.Close()
 	for _, pid := range []int{catalog, second} {
-		if alive(pid) {
+		if upstreamtest.Alive(pid) {
 			t.Errorf("pid %d still running after Aggregate.Close", pid)
 		}
 	}
@@ -184,18 +177,18 @@ func TestAggregateSSEEndpointOnAnotherOrigin(t *testing.T) {
 	t.Cleanup(bad.CloseClientConnections)
 	web := newAggUp(t, "web")
 
-	logs := &logCapture{}
+	logs := &upstreamtest.LogCapture{}
 	_, url := aggServe(t, []Upstream{
 		web.config(),
 		{Name: "evil", Transport: TransportSSE, URL: bad.URL + "/sse", Headers: map[string]string{"Authorization": "Bearer s3cret"}},
 	}, AggregateOptions{Logger: slog.New(logs)})
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 
 	cs := aggConnect(t, url, nil)
 	if got, want := aggToolNames(t, ctx, cs), []string{"mcp_web_echo", "mcp_web_secret"}; !slices.Equal(got, want) {
 		t.Fatalf("tools = %v, want %v", got, want)
 	}
-	rec := logs.find(func(r map[string]string) bool {
+	rec := logs.Find(func(r map[string]string) bool {
 		return r["level"] == "ERROR" && r["upstream"] == "evil"
 	})
 	if rec == nil {
@@ -204,15 +197,13 @@ func TestAggregateSSEEndpointOnAnotherOrigin(t *testing.T) {
 	if e := rec["error"]; !strings.Contains(e, "another origin") || !strings.Contains(e, `"evil"`) || !strings.Contains(e, evil.URL) {
 		t.Fatalf("logged error = %q, want a refusal naming the upstream and the other origin", e)
 	}
-	logs.mu.Lock()
-	for _, r := range logs.records {
+	for _, r := range logs.Records() {
 		for k, v := range r {
 			if strings.Contains(v, "s3cret") {
 				t.Errorf("log record leaks the credential in %s: %v", k, r)
 			}
 		}
 	}
-	logs.mu.Unlock()
 	if n := hits.Load(); n != 0 {
 		t.Fatalf("the other origin received %d requests", n)
 	}

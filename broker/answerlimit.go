@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -15,6 +16,9 @@ import (
 // DefaultMaxResponse is an upstream's max_response when none is
 // configured: the most one answer of the upstream may hold.
 const DefaultMaxResponse = 16 << 20
+
+// sessionHeader is the header of the upstream session an answer belongs to.
+const sessionHeader = "Mcp-Session-Id"
 
 // DefaultAnswerBudget is the in-flight answer budget when none is
 // configured (see [AnswerBudget]).
@@ -202,10 +206,10 @@ func (l *answerLimit) RoundTrip(req *http.Request) (*http.Response, error) {
 		// Known to be over before a byte is read.
 		resp.Body.Close()
 		err := &AnswerTooLargeError{Upstream: l.upstream, Limit: l.max}
-		l.failed(req.Header.Get(headerSessionID), err)
+		l.failed(req.Header.Get(sessionHeader), err)
 		return nil, err
 	}
-	resp.Body = &limitedBody{rc: resp.Body, l: l, sid: req.Header.Get(headerSessionID), sse: sse, perEvent: perEvent}
+	resp.Body = &limitedBody{rc: resp.Body, l: l, sid: req.Header.Get(sessionHeader), sse: sse, perEvent: perEvent}
 	return resp, nil
 }
 
@@ -328,3 +332,9 @@ func (b *limitedBody) Close() error {
 }
 
 var errReadAfterClose = errors.New("read of an upstream answer after it was closed")
+
+// isEventStream reports whether a Content-Type is text/event-stream.
+func isEventStream(contentType string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
+}

@@ -125,3 +125,16 @@ func safeError(err error) string {
 	}
 	return err.Error()
 }
+
+// limitMessage is what a client is told of an answer over a limit.
+func limitMessage(err error) string {
+	var tl *AnswerTooLargeError
+	if errors.As(err, &tl) {
+		return tl.Error()
+	}
+	var be *AnswerBudgetError
+	if errors.As(err, &be) {
+		return be.Error()
+	}
+	return safeError(err)
+}

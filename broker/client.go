@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -37,20 +36,6 @@ const (
 	// ConnClosed: Close was called.
 	ConnClosed = "closed"
 )
-
-// Default reconnect backoff of a [Conn].
-const (
-	DefaultBackoffMin = 100 * time.Millisecond
-	DefaultBackoffMax = 30 * time.Second
-)
-
-// Backoff bounds the delay between reconnection attempts: it starts at Min
-// and doubles up to Max, each delay drawn at random between half and all of
-// its value. Zero values take the defaults ([DefaultBackoffMin],
-// [DefaultBackoffMax]).
-type Backoff struct {
-	Min, Max time.Duration
-}
 
 // ConnOptions configures [Dial].
 type ConnOptions struct {
@@ -196,22 +181,13 @@ func Dial(ctx context.Context, u Upstream, opts ConnOptions) (*Conn, error) {
 		name:    n.Name,
 		e:       e,
 		logger:  logger,
-		backoff: opts.Backoff,
+		backoff: opts.Backoff.withDefaults(),
 		timeout: cmp.Or(n.Timeout, DefaultHeaderTimeout),
 		version: opts.ProtocolVersion,
 		state:   ConnConnecting,
 		changed: make(chan struct{}),
 		now:     make(chan struct{}, 1),
 		done:    make(chan struct{}),
-	}
-	if c.backoff.Min <= 0 {
-		c.backoff.Min = DefaultBackoffMin
-	}
-	if c.backoff.Max <= 0 {
-		c.backoff.Max = DefaultBackoffMax
-	}
-	if c.backoff.Max < c.backoff.Min {
-		c.backoff.Max = c.backoff.Min
 	}
 	if c.tr, err = newUpstreamTransports(n, e, opts, logger); err != nil {
 		return nil, err
@@ -311,21 +287,19 @@ type upstreamTransports struct {
 	// pidDir, when set, receives a pid file for every stdio process
 	// (see [CleanOrphans]).
 	pidDir string
-	// notes, when set (the aggregated route's http upstreams), counts the
-	// notifications in the upstream's event streams and hands go-sdk each
-	// event as a client reads it (see noteCounter).
-	notes *noteCounter
 }
 
-// countNotes has the http transport's egress client count the log and
-// progress notifications it reads, per upstream session, and read event
-// streams as clients do.
-func (t *upstreamTransports) countNotes() {
+// wrapHTTP puts the RoundTripper wrap returns in front of the http
+// transport's egress client, under go-sdk's streamable client and the
+// aggregated route's fast paths alike (the aggregated route counts the
+// notifications in its upstreams' event streams there, and hands go-sdk
+// each event as a client reads it). It does nothing for the other
+// transports.
+func (t *upstreamTransports) wrapHTTP(wrap func(http.RoundTripper) http.RoundTripper) {
 	if t.e.Transport != TransportHTTP || t.http == nil {
 		return
 	}
-	t.notes = &noteCounter{next: t.http.Transport, max: int(t.limitMax())}
-	t.http = &http.Client{Transport: t.notes, CheckRedirect: t.http.CheckRedirect}
+	t.http = &http.Client{Transport: wrap(t.http.Transport), CheckRedirect: t.http.CheckRedirect}
 }
 
 // newUpstreamTransports checks the transport of the normalized upstream n
@@ -432,7 +406,7 @@ func (c *Conn) supervise() {
 		if err != nil {
 			c.setLocked(ConnReconnecting, err)
 			c.mu.Unlock()
-			delay := c.delay(failures)
+			delay := c.backoff.Delay(failures)
 			failures++
 			c.logger.Warn("upstream connection attempt failed; retrying", "upstream", c.name, "error", err.Error(), "retry_in", delay)
 			if !c.sleep(delay) {
@@ -464,7 +438,7 @@ func (c *Conn) supervise() {
 			// A dropped connection: back off before the first attempt
 			// too, so a server that accepts and drops at once is not
 			// hammered.
-			delay := c.delay(failures)
+			delay := c.backoff.Delay(failures)
 			failures++
 			if !c.sleep(delay) {
 				return
@@ -484,18 +458,6 @@ func (c *Conn) sleep(d time.Duration) bool {
 	case <-c.ctx.Done():
 		return false
 	}
-}
-
-// delay is the backoff before attempt n+1: Min·2ⁿ capped at Max, with
-// jitter between half and all of it.
-func (c *Conn) delay(n int) time.Duration {
-	d := c.backoff.Min
-	for i := 0; i < n && d < c.backoff.Max; i++ {
-		d *= 2
-	}
-	d = min(d, c.backoff.Max)
-	half := d / 2
-	return half + rand.N(d-half+1)
 }
 
 // connect opens and initializes one session, within the attempt timeout.

@@ -10,97 +10,21 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/internal/upstreamtest"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // TestMain lets the test binary act as a stdio MCP server for the stdio
-// tests: they run it again with BROKER_STDIO_SERVER=1.
-func TestMain(m *testing.M) {
-	if os.Getenv("BROKER_STDIO_SERVER") == "1" {
-		runStdioServer()
-		return
-	}
-	os.Exit(m.Run())
-}
-
-const longStderrLine = 10000
-
-func runStdioServer() {
-	fmt.Fprintln(os.Stderr, "hello from stderr")
-	fmt.Fprintf(os.Stderr, "pid %d\n", os.Getpid()) // the aggregate tests check that the process ends
-	fmt.Fprintln(os.Stderr, strings.Repeat("x", longStderrLine))
-	s := newEchoServer("stdio")
-	mcp.AddTool(s, &mcp.Tool{Name: "exit", Description: "ends the process"},
-		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
-			fmt.Fprintln(os.Stderr, "exiting on request")
-			os.Exit(3)
-			return nil, nil, nil
-		})
-	if err := s.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
-		fmt.Fprintln(os.Stderr, "server ended:", err)
-	}
-	os.Exit(0)
-}
-
-type echoIn struct {
-	Text string `json:"text"`
-}
-
-func newEchoServer(name string) *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: name, Version: "1"}, nil)
-	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "echoes text"},
-		func(_ context.Context, _ *mcp.CallToolRequest, in echoIn) (*mcp.CallToolResult, any, error) {
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: name + ": " + in.Text}}}, nil, nil
-		})
-	return s
-}
+// tests.
+func TestMain(m *testing.M) { upstreamtest.Main(m) }
 
 func streamableHandler(name string) http.Handler {
-	s := newEchoServer(name)
+	s := upstreamtest.NewEchoServer(name)
 	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
-}
-
-// logCapture is a slog handler that keeps its records.
-type logCapture struct {
-	mu      sync.Mutex
-	records []map[string]string
-}
-
-func (l *logCapture) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logCapture) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *logCapture) WithGroup(string) slog.Handler            { return l }
-func (l *logCapture) Handle(_ context.Context, r slog.Record) error {
-	m := map[string]string{"msg": r.Message, "level": r.Level.String()}
-	r.Attrs(func(a slog.Attr) bool {
-		m[a.Key] = a.Value.String()
-		return true
-	})
-	l.mu.Lock()
-	l.records = append(l.records, m)
-	l.mu.Unlock()
-	return nil
-}
-
-func (l *logCapture) find(match func(map[string]string) bool) map[string]string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, r := range l.records {
-		if match(r) {
-			return r
-		}
-	}
-	return nil
-}
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 func dialT(t *testing.T, u Upstream, opts ConnOptions) *Conn {
@@ -116,16 +40,6 @@ func dialT(t *testing.T, u Upstream, opts ConnOptions) *Conn {
 	return c
 }
 
-func resultText(r *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range r.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String()
-}
-
 func echo(t *testing.T, ctx context.Context, c *Conn, text string) *mcp.CallToolResult {
 	t.Helper()
 	res, err := c.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"text": text}})
@@ -138,8 +52,8 @@ func echo(t *testing.T, ctx context.Context, c *Conn, text string) *mcp.CallTool
 func wantEcho(t *testing.T, ctx context.Context, c *Conn, want string) {
 	t.Helper()
 	res := echo(t, ctx, c, "hi")
-	if res.IsError || resultText(res) != want {
-		t.Fatalf("echo = %q (IsError %v), want %q", resultText(res), res.IsError, want)
+	if res.IsError || upstreamtest.ResultText(res) != want {
+		t.Fatalf("echo = %q (IsError %v), want %q", upstreamtest.ResultText(res), res.IsError, want)
 	}
 }
 
@@ -148,12 +62,12 @@ func eventually(t *testing.T, ctx context.Context, c *Conn, want string) {
 	t.Helper()
 	for {
 		res := echo(t, ctx, c, "hi")
-		if !res.IsError && resultText(res) == want {
+		if !res.IsError && upstreamtest.ResultText(res) == want {
 			return
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("echo never succeeded; last result %q, state %s", resultText(res), c.State())
+			t.Fatalf("echo never succeeded; last result %q, state %s", upstreamtest.ResultText(res), c.State())
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -173,7 +87,7 @@ func TestConnStreamableHeadersAndTools(t *testing.T) {
 	defer srv.Close()
 	defer srv.CloseClientConnections()
 
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 	c := dialT(t, Upstream{Name: "up", URL: srv.URL + "/mcp", Headers: map[string]string{"Authorization": "Bearer ${TOKEN}"}},
 		ConnOptions{Lookup: func(k string) (string, bool) { return "s3cret", k == "TOKEN" }})
 	if _, err := c.Session(ctx); err != nil {
@@ -198,8 +112,8 @@ func TestConnStreamableHeadersAndTools(t *testing.T) {
 		t.Fatalf("State after Close = %q", got)
 	}
 	res := echo(t, ctx, c, "hi")
-	if !res.IsError || !strings.Contains(resultText(res), `"up"`) {
-		t.Fatalf("call after Close = %q (IsError %v)", resultText(res), res.IsError)
+	if !res.IsError || !strings.Contains(upstreamtest.ResultText(res), `"up"`) {
+		t.Fatalf("call after Close = %q (IsError %v)", upstreamtest.ResultText(res), res.IsError)
 	}
 }
 
@@ -208,7 +122,7 @@ func TestConnWrongCredentialsIsReported(t *testing.T) {
 		http.Error(w, "no", http.StatusUnauthorized)
 	}))
 	defer srv.Close()
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 	c := dialT(t, Upstream{Name: "locked", URL: srv.URL + "/mcp"}, ConnOptions{})
 	_, err := c.Session(ctx)
 	if err == nil || !strings.Contains(err.Error(), `"locked"`) {
@@ -218,8 +132,8 @@ func TestConnWrongCredentialsIsReported(t *testing.T) {
 		t.Fatal("Session waited for the caller's deadline instead of failing")
 	}
 	res := echo(t, ctx, c, "hi")
-	if !res.IsError || !strings.Contains(resultText(res), `"locked"`) {
-		t.Fatalf("CallTool = %q (IsError %v)", resultText(res), res.IsError)
+	if !res.IsError || !strings.Contains(upstreamtest.ResultText(res), `"locked"`) {
+		t.Fatalf("CallTool = %q (IsError %v)", upstreamtest.ResultText(res), res.IsError)
 	}
 	if !strings.HasPrefix(c.State(), ConnReconnecting) {
 		t.Fatalf("State = %q", c.State())
@@ -227,11 +141,11 @@ func TestConnWrongCredentialsIsReported(t *testing.T) {
 }
 
 func TestConnSSE(t *testing.T) {
-	s := newEchoServer("sse")
+	s := upstreamtest.NewEchoServer("sse")
 	srv := httptest.NewServer(mcp.NewSSEHandler(func(*http.Request) *mcp.Server { return s }, nil))
 	defer srv.Close()
 	defer srv.CloseClientConnections()
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 	c := dialT(t, Upstream{Name: "old", Transport: TransportSSE, URL: srv.URL + "/sse"}, ConnOptions{})
 	wantEcho(t, ctx, c, "sse: hi")
 }
@@ -256,7 +170,7 @@ func TestConnSSEEndpointOnAnotherOriginIsRefused(t *testing.T) {
 	defer bad.Close()
 	defer bad.CloseClientConnections()
 
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 	c := dialT(t, Upstream{Name: "evil", Transport: TransportSSE, URL: bad.URL + "/sse",
 		Headers: map[string]string{"Authorization": "Bearer s3cret"}}, ConnOptions{})
 	_, err := c.Session(ctx)
@@ -279,9 +193,9 @@ func TestConnStdio(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
-	logs := &logCapture{}
-	ctx := testCtx(t)
-	c := dialT(t, Upstream{Name: "local", Command: exe, Env: map[string]string{"BROKER_STDIO_SERVER": "1"}},
+	logs := &upstreamtest.LogCapture{}
+	ctx := upstreamtest.Ctx(t)
+	c := dialT(t, Upstream{Name: "local", Command: exe, Env: map[string]string{upstreamtest.StdioEnv: "1"}},
 		ConnOptions{Logger: slog.New(logs)})
 	wantEcho(t, ctx, c, "stdio: hi")
 
@@ -290,8 +204,8 @@ func TestConnStdio(t *testing.T) {
 	}
 	var short, long map[string]string
 	for short == nil || long == nil {
-		short = logs.find(func(r map[string]string) bool { return isStderr(r) && r["line"] == "hello from stderr" })
-		long = logs.find(func(r map[string]string) bool { return isStderr(r) && strings.HasPrefix(r["line"], "xxx") })
+		short = logs.Find(func(r map[string]string) bool { return isStderr(r) && r["line"] == "hello from stderr" })
+		long = logs.Find(func(r map[string]string) bool { return isStderr(r) && strings.HasPrefix(r["line"], "xxx") })
 		select {
 		case <-ctx.Done():
 			t.Fatalf("stderr lines not logged: short %v, long %v", short != nil, long != nil)
@@ -305,7 +219,7 @@ func TestConnStdio(t *testing.T) {
 		t.Fatalf("long line logged with %d bytes, truncated=%q; want %d and a note", len(long["line"]), long["truncated"], MaxStderrLine)
 	}
 	// The rest of the long line is not logged as a line of its own.
-	if r := logs.find(func(r map[string]string) bool {
+	if r := logs.Find(func(r map[string]string) bool {
 		return isStderr(r) && r["line"] != long["line"] && strings.HasPrefix(r["line"], "x")
 	}); r != nil {
 		t.Fatalf("the cut part of the long line was logged: %d bytes", len(r["line"]))
@@ -317,8 +231,8 @@ func TestConnStdio(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CallTool(exit): %v", err)
 	}
-	if !res.IsError || !strings.Contains(resultText(res), `"local"`) {
-		t.Fatalf("CallTool(exit) = %q (IsError %v)", resultText(res), res.IsError)
+	if !res.IsError || !strings.Contains(upstreamtest.ResultText(res), `"local"`) {
+		t.Fatalf("CallTool(exit) = %q (IsError %v)", upstreamtest.ResultText(res), res.IsError)
 	}
 	eventually(t, ctx, c, "stdio: hi")
 }
@@ -334,7 +248,7 @@ func TestConnStdioEnvironment(t *testing.T) {
 }
 
 func TestConnStdioMissingCommand(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 	c := dialT(t, Upstream{Name: "nope", Command: "/nonexistent/mcp-server"}, ConnOptions{})
 	_, err := c.Session(ctx)
 	if err == nil || !strings.Contains(err.Error(), `"nope"`) || !strings.Contains(err.Error(), "/nonexistent/mcp-server") {
@@ -352,7 +266,7 @@ func TestConnSessionMissingReinitializes(t *testing.T) {
 	defer srv.Close()
 	defer srv.CloseClientConnections()
 
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 	c := dialT(t, Upstream{Name: "up", URL: srv.URL + "/mcp"}, ConnOptions{})
 	wantEcho(t, ctx, c, "one: hi")
 	before, err := c.Session(ctx)
@@ -382,7 +296,7 @@ func TestConnSessionMissingReinitializes(t *testing.T) {
 func TestConnUpstreamRestart(t *testing.T) {
 	srv := httptest.NewServer(streamableHandler("first"))
 	addr := srv.Listener.Addr().String()
-	ctx := testCtx(t)
+	ctx := upstreamtest.Ctx(t)
 	c := dialT(t, Upstream{Name: "flaky", URL: srv.URL + "/mcp"}, ConnOptions{})
 	wantEcho(t, ctx, c, "first: hi")
 
@@ -391,8 +305,8 @@ func TestConnUpstreamRestart(t *testing.T) {
 
 	// Down: the call fails promptly with a tool error naming the upstream.
 	res := echo(t, ctx, c, "hi")
-	if !res.IsError || !strings.Contains(resultText(res), `"flaky"`) {
-		t.Fatalf("call while down = %q (IsError %v)", resultText(res), res.IsError)
+	if !res.IsError || !strings.Contains(upstreamtest.ResultText(res), `"flaky"`) {
+		t.Fatalf("call while down = %q (IsError %v)", upstreamtest.ResultText(res), res.IsError)
 	}
 	if ctx.Err() != nil {
 		t.Fatal("the call while down waited for the caller's deadline")
@@ -433,8 +347,8 @@ func TestConnCallerDeadlineWhileConnecting(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	res := echo(t, ctx, c, "hi")
-	if !res.IsError || !strings.Contains(resultText(res), `"slow"`) || !strings.Contains(resultText(res), "connecting") {
-		t.Fatalf("CallTool = %q (IsError %v)", resultText(res), res.IsError)
+	if !res.IsError || !strings.Contains(upstreamtest.ResultText(res), `"slow"`) || !strings.Contains(upstreamtest.ResultText(res), "connecting") {
+		t.Fatalf("CallTool = %q (IsError %v)", upstreamtest.ResultText(res), res.IsError)
 	}
 	if got := c.State(); got != ConnConnecting {
 		t.Fatalf("State = %q", got)

@@ -6,24 +6,13 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"image"
-	"image/color"
 	"image/jpeg"
-	"image/png"
 	"strings"
 	"testing"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/internal/upstreamtest"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
-
-func pngBytes(t testing.TB) []byte {
-	var buf bytes.Buffer
-	img := image.NewRGBA(image.Rect(0, 0, 2, 2))
-	img.Set(0, 0, color.RGBA{R: 255, A: 255})
-	if err := png.Encode(&buf, img); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
 
 func jpegBytes(t testing.TB) []byte {
 	var buf bytes.Buffer
@@ -79,7 +68,7 @@ var (
 )
 
 func TestMediaType(t *testing.T) {
-	pngData, jpegData, wavData, zipData := pngBytes(t), jpegBytes(t), wavBytes(), zipBytes(t)
+	pngData, jpegData, wavData, zipData := upstreamtest.PNGBytes(t), jpegBytes(t), wavBytes(), zipBytes(t)
 	tests := []struct {
 		name     string
 		data     []byte
@@ -126,7 +115,7 @@ func TestMediaType(t *testing.T) {
 }
 
 func TestNormalizeContent(t *testing.T) {
-	pngData, wavData := pngBytes(t), wavBytes()
+	pngData, wavData := upstreamtest.PNGBytes(t), wavBytes()
 	text := &mcp.TextContent{Text: "hello"}
 	textRes := &mcp.EmbeddedResource{Resource: &mcp.ResourceContents{URI: "file:///a.md", MIMEType: "text/markdown", Text: "# A"}}
 	link := &mcp.ResourceLink{URI: "https://x.example/a.png", Name: "a", MIMEType: "image/jpeg"}
@@ -174,7 +163,7 @@ func TestNormalizeContent(t *testing.T) {
 }
 
 func TestDecodeContent(t *testing.T) {
-	pngB64 := base64.StdEncoding.EncodeToString(pngBytes(t))
+	pngB64 := base64.StdEncoding.EncodeToString(upstreamtest.PNGBytes(t))
 	raw := `[
 		{"type": "text", "text": "hi"},
 		{"type": "image", "data": "` + pngB64 + `", "mimeType": "image/jpeg"},
@@ -248,7 +237,7 @@ func TestFlattenText(t *testing.T) {
 }
 
 func BenchmarkNormalizeContent(b *testing.B) {
-	pngData, wavData := pngBytes(b), wavBytes()
+	pngData, wavData := upstreamtest.PNGBytes(b), wavBytes()
 	content := []mcp.Content{
 		&mcp.TextContent{Text: "result text"},
 		&mcp.ImageContent{Data: pngData, MIMEType: "image/jpeg"},

@@ -21,15 +21,6 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
-// DefaultHeaderTimeout bounds the wait for an upstream's response headers
-// when the upstream sets no Timeout. Only the wait for headers is bounded:
-// an SSE answer may then stream for as long as both sides keep it open.
-const DefaultHeaderTimeout = 2 * time.Minute
-
-// DefaultPassThroughMaxBody bounds a request body when
-// [PassThroughOptions.MaxBodyBytes] is zero.
-const DefaultPassThroughMaxBody = 4 << 20
-
 // PassThroughOptions configures [NewPassThrough].
 type PassThroughOptions struct {
 	// Lookup reads the environment variables of the upstream's ${VAR}
@@ -220,29 +211,6 @@ func (pt *PassThrough) Route() string { return pt.route }
 // way keep running until they end.
 func (pt *PassThrough) Close() { pt.client.CloseIdleConnections() }
 
-type header struct{ name, value string }
-
-// upstreamHeaders checks the expanded headers of e and returns them in
-// canonical form, sorted by name.
-func upstreamHeaders(e Upstream) ([]header, error) {
-	var out []header
-	for _, name := range sortedKeys(e.Headers) {
-		value := e.Headers[name]
-		canonical := http.CanonicalHeaderKey(name)
-		if reservedUpstreamHeader(canonical) {
-			return nil, fmt.Errorf("%s: header %s is set by the pass-through route for each request; remove it from headers", describe(e), canonical)
-		}
-		if v, ok := firstPlaceholder(value); ok {
-			return nil, fmt.Errorf("%s: header %s still holds the placeholder for %s: set %s in the environment of the Caddy process, or give a default with ${%s:-…}", describe(e), canonical, v, v, v)
-		}
-		if strings.ContainsAny(value, "\r\n\x00") {
-			return nil, fmt.Errorf("%s: header %s: after expansion the value holds a line break or NUL; fix the variable it comes from", describe(e), canonical)
-		}
-		out = append(out, header{canonical, value})
-	}
-	return out, nil
-}
-
 // withResolvedHeaders adds the resolved headers of
 // [PassThroughOptions.Headers] to the configured ones. Errors name the
 // header, never its value.
@@ -268,24 +236,6 @@ func withResolvedHeaders(headers []header, resolved map[string]string, who strin
 	}
 	slices.SortFunc(headers, func(a, b header) int { return strings.Compare(a.name, b.name) })
 	return headers, nil
-}
-
-// credentials is the layer pinnedfetch calls only for hops to the pinned
-// origin: it adds the upstream's configured headers.
-type credentials struct {
-	headers []header
-	next    http.RoundTripper
-}
-
-func (c *credentials) RoundTrip(req *http.Request) (*http.Response, error) {
-	// A RoundTripper must not modify the request it is given: copy the
-	// header map, the only part it changes.
-	r := req.WithContext(req.Context())
-	r.Header = req.Header.Clone()
-	for _, h := range c.headers {
-		r.Header[h.name] = []string{h.value}
-	}
-	return c.next.RoundTrip(r)
 }
 
 var errHeaderTimeout = errors.New("no response headers in time")
@@ -598,7 +548,7 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *CallR
 		// Not sent: the gateway holds no usable token for the upstream.
 		rec.Outcome = OutcomeAuthRequired
 		pt.logger.Warn("upstream needs an OAuth login", "upstream", pt.name, "route", pt.route, "error", rec.Detail)
-		msg := LoginRequiredMessage(pt.name, err) + "; your own token is fine"
+		msg := upstreamauth.LoginRequiredMessage(pt.name, err) + "; your own token is fine"
 		if rec.Method == "tools/call" && len(rpcID) > 0 {
 			// A tool call gets a tool error, which an agent reads and
 			// reports, rather than a protocol failure.
@@ -635,48 +585,6 @@ func (pt *PassThrough) refuse(w http.ResponseWriter, r *http.Request, p policy.P
 		})
 	}
 	writeRPCError(w, status, ex.rpcID, code, message)
-}
-
-// pinnedClient is the broker's egress client for one upstream: pinned to
-// url's origin, the upstream's headers attached on that origin only, every
-// redirect decision reported to onDecision.
-func pinnedClient(url string, headers []header, onDecision func(pinnedfetch.Decision), denyPrivate *bool, creds func(http.RoundTripper) http.RoundTripper, noRedirects bool) (*http.Client, error) {
-	names := make([]string, 0, len(headers))
-	for _, h := range headers {
-		names = append(names, h.name)
-	}
-	fetchOpts := []pinnedfetch.Option{pinnedfetch.WithDecisions(onDecision)}
-	if len(headers) > 0 || creds != nil {
-		fetchOpts = append(fetchOpts, pinnedfetch.WithCredentials(func(next http.RoundTripper) http.RoundTripper {
-			if creds != nil {
-				next = creds(next)
-			}
-			if len(headers) == 0 {
-				return next
-			}
-			return &credentials{headers: headers, next: next}
-		}))
-	}
-	if denyPrivate != nil {
-		fetchOpts = append(fetchOpts, pinnedfetch.DenyPrivateAddresses(*denyPrivate))
-	}
-	if noRedirects {
-		fetchOpts = append(fetchOpts, pinnedfetch.WithMaxRedirects(0))
-	}
-	return pinnedfetch.New(url, names, fetchOpts...)
-}
-
-// limitMessage is what a client is told of an answer over a limit.
-func limitMessage(err error) string {
-	var tl *AnswerTooLargeError
-	if errors.As(err, &tl) {
-		return tl.Error()
-	}
-	var be *AnswerBudgetError
-	if errors.As(err, &be) {
-		return be.Error()
-	}
-	return safeError(err)
 }
 
 // limitAnswer is the answer to the request of ex that an answer over a limit

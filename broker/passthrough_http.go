@@ -12,51 +12,6 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
-// Header names the pass-through route handles itself.
-const (
-	headerSessionID       = "Mcp-Session-Id"
-	headerProtocolVersion = "Mcp-Protocol-Version"
-	headerParamPrefix     = "Mcp-Param-"
-)
-
-// forwardedRequestHeaders is the allow-list of client request headers sent
-// upstream, in canonical form. An allow-list rather than a deny-list: a
-// header nobody thought about stays behind, so the client's Authorization,
-// Cookie and Proxy-Authorization, anything identifying the client (Origin,
-// Referer, User-Agent, X-Forwarded-*, Forwarded) and every hop-by-hop header
-// never leave the edge. What passes is what the MCP transport needs and
-// carries no credential:
-//
-//   - Content-Type and Accept: the transport's content negotiation (an MCP
-//     server refuses a POST without both JSON and SSE in Accept);
-//   - Mcp-Protocol-Version: the negotiated protocol version;
-//   - Last-Event-Id: resuming an SSE stream;
-//   - Mcp-Method, Mcp-Name and Mcp-Param-* (protocol 2026-07-28): copies of
-//     the method, the tool, prompt or resource name and annotated tool
-//     arguments, which the server checks against the body;
-//   - Traceparent and Tracestate: W3C trace context, so a trace spans the
-//     gateway.
-//
-// Mcp-Session-Id is not in the list: it is translated (see
-// [PassThrough.ServeHTTP]). Accept-Encoding is left to the Go transport,
-// which asks for gzip and decompresses itself.
-var forwardedRequestHeaders = map[string]bool{
-	"Content-Type":        true,
-	"Accept":              true,
-	headerProtocolVersion: true,
-	"Last-Event-Id":       true,
-	"Mcp-Method":          true,
-	"Mcp-Name":            true,
-	"Traceparent":         true,
-	"Tracestate":          true,
-}
-
-// forwardRequestHeader reports whether the canonical header name passes
-// the allow-list.
-func forwardRequestHeader(name string) bool {
-	return forwardedRequestHeaders[name] || strings.HasPrefix(name, headerParamPrefix)
-}
-
 // copyRequestHeaders copies the allow-listed headers of in to out, leaving
 // out any that the client's Connection header names as hop-by-hop.
 func copyRequestHeaders(out, in http.Header) {
@@ -103,49 +58,6 @@ func copyResponseHeaders(out, in http.Header) {
 	}
 }
 
-// ReservedUpstreamHeader reports whether the pass-through route sets the
-// header of that canonical name itself on every request, so that a
-// configured header of that name is refused.
-func ReservedUpstreamHeader(canonical string) bool { return reservedUpstreamHeader(canonical) }
-
-// reservedUpstreamHeader reports whether a configured upstream header would
-// clash with what the route sets on each request. Such a config is refused
-// rather than allowed to override the translated session id or the
-// transport's framing.
-func reservedUpstreamHeader(canonical string) bool {
-	switch canonical {
-	case "Host", "Content-Length", "Transfer-Encoding", "Connection", "Te", "Trailer", "Upgrade",
-		"Keep-Alive", "Proxy-Connection", "Accept-Encoding", "Content-Type", "Accept":
-		return true
-	}
-	return forwardedRequestHeaders[canonical] || canonical == headerSessionID ||
-		strings.HasPrefix(canonical, headerParamPrefix)
-}
-
-// rpcError is a JSON-RPC error response.
-type rpcError struct {
-	JSONRPC string          `json:"jsonrpc"`
-	ID      json.RawMessage `json:"id"`
-	Error   rpcErrorObject  `json:"error"`
-}
-
-type rpcErrorObject struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-}
-
-// writeRPCError answers with a JSON-RPC error object. id is the request's
-// id when the body held a single request, else null, as JSON-RPC asks when
-// the id cannot be known.
-func writeRPCError(w http.ResponseWriter, status int, id json.RawMessage, code int, message string) {
-	body := rpcErrorAnswer(id, code, message)
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	w.Write(body)
-}
-
 // writeToolError answers the tools/call of id with a tool result that
 // reports msg as an error.
 func writeToolError(w http.ResponseWriter, id json.RawMessage, msg string) {
@@ -172,18 +84,6 @@ func toolErrorAnswer(id json.RawMessage, message string) ([]byte, error) {
 			"isError": true,
 		},
 	})
-}
-
-// rpcErrorAnswer is the JSON-RPC error answer to id.
-func rpcErrorAnswer(id json.RawMessage, code int, message string) []byte {
-	if len(id) == 0 {
-		id = json.RawMessage("null")
-	}
-	body, err := json.Marshal(rpcError{JSONRPC: "2.0", ID: id, Error: rpcErrorObject{code, message}})
-	if err != nil {
-		body, _ = json.Marshal(rpcError{JSONRPC: "2.0", ID: json.RawMessage("null"), Error: rpcErrorObject{code, message}})
-	}
-	return body
 }
 
 var errBodyTooLarge = errors.New("request body too large")
@@ -270,12 +170,6 @@ func relayEvents(w http.ResponseWriter, body io.Reader, flush func() error) (rea
 			return err, false
 		}
 	}
-}
-
-// isEventStream reports whether a Content-Type is text/event-stream.
-func isEventStream(contentType string) bool {
-	mt, _, _ := strings.Cut(contentType, ";")
-	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
 // ValidSessionID reports whether an upstream's Mcp-Session-Id is one the

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/certmagic"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/internal/upstreamtest"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/internal/oauthtest"
 )
@@ -62,7 +63,7 @@ func TestPassThroughUpstreamOAuthLogin(t *testing.T) {
 	}
 
 	res := call("echo")
-	if text := resultText(res); !res.IsError || !strings.Contains(text, "`caddy zidane login github`") || strings.Contains(text, "scopes") {
+	if text := upstreamtest.ResultText(res); !res.IsError || !strings.Contains(text, "`caddy zidane login github`") || strings.Contains(text, "scopes") {
 		t.Fatalf("before the login: %+v", res)
 	}
 	if req, _ := up.Stats(); req != 0 {
@@ -93,18 +94,18 @@ func TestPassThroughUpstreamOAuthLogin(t *testing.T) {
 		}
 	}
 	login()
-	if res := call("echo"); res.IsError || resultText(res) != "echo: hi" {
+	if res := call("echo"); res.IsError || upstreamtest.ResultText(res) != "echo: hi" {
 		t.Fatalf("after the login: %+v", res)
 	}
 
 	// admin_op needs mcp:admin too: a step-up.
 	res = call("admin_op")
-	if text := resultText(res); !res.IsError || !strings.Contains(text, "`caddy zidane login github`") || !strings.Contains(text, `"mcp:read mcp:admin"`) {
+	if text := upstreamtest.ResultText(res); !res.IsError || !strings.Contains(text, "`caddy zidane login github`") || !strings.Contains(text, `"mcp:read mcp:admin"`) {
 		t.Fatalf("admin_op without its scope: %+v", res)
 	}
 	login()
-	if res := call("admin_op"); res.IsError || resultText(res) != "admin_op: done" {
-		t.Fatalf("admin_op after the step-up login: %q", resultText(res))
+	if res := call("admin_op"); res.IsError || upstreamtest.ResultText(res) != "admin_op: done" {
+		t.Fatalf("admin_op after the step-up login: %q", upstreamtest.ResultText(res))
 	}
 	for _, b := range up.Bearers() {
 		if strings.Contains(aliceBearer, b) {

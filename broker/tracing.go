@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"sync/atomic"
 
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -105,7 +106,7 @@ func (t *traceTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req.Header.Del("Traceparent")
 	req.Header.Del("Tracestate")
 	propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
-	if req.Method == http.MethodPost && req.Body != nil && req.Header.Get("Mcp-Protocol-Version") >= protocolModern {
+	if req.Method == http.MethodPost && req.Body != nil && req.Header.Get("Mcp-Protocol-Version") >= message.ModernVersion {
 		if err := traceMeta(req); err != nil {
 			span.SetStatus(codes.Error, "the request body could not be read")
 			return nil, err

@@ -201,6 +201,12 @@ func (a *App) ownFiles(log *zap.Logger) []gatewayfiles.File {
 		for _, f := range cs.SecretFiles() {
 			own = append(own, gatewayfiles.File{Path: f, Why: whyNATS})
 		}
+		// The cluster's settings, wherever they were given (storage
+		// zidane_nats's, or this app's cluster block below): a
+		// {file.…} key is the cluster key.
+		if _, st := natsStateOf(cs); st != nil {
+			own = append(own, gatewayfiles.PlaceholderFiles(&st.cfg)...)
+		}
 	}
 	if dir := os.Getenv("CREDENTIALS_DIRECTORY"); dir != "" {
 		own = append(own, gatewayfiles.File{Path: dir, Why: whyCredentials})

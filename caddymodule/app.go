@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -134,9 +135,11 @@ type App struct {
 	// so. Default: 256 MiB.
 	MaxInflightResponse int64 `json:"max_inflight_response,omitempty"`
 
-	// Cluster, when set, is cluster mode: every replica with the same
-	// block keeps its state in one NATS JetStream, and Caddy's storage must
-	// be that one (`storage zidane_nats`). See ClusterConfig.
+	// Cluster is the former place of the cluster's settings, read with a
+	// bare `storage zidane_nats`; they now go in that storage's own object
+	// (see NATSStorage), and giving them in both places is refused. With
+	// a cluster, every replica keeps its state in one NATS JetStream,
+	// which is Caddy's storage.
 	Cluster *ClusterConfig `json:"cluster,omitempty"`
 
 	cluster    *cluster.Storage // the cluster's storage, in cluster mode
@@ -262,27 +265,56 @@ func (a *App) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// provisionStorage is the storage the app keeps its state in: Caddy's, or
-// in cluster mode the cluster's, which must then be Caddy's too. Caddy
-// provisions its storage before its apps, and `storage zidane_nats`
-// provisions this app from its own Provision to take the cluster's storage
-// from it: so a storage still unset in ctx means that storage zidane_nats
-// is Caddy's, and one already set means that it is not.
+// provisionStorage is the storage the app keeps its state in: Caddy's,
+// which in cluster mode is the cluster's. `storage zidane_nats` with its
+// settings is opened before the apps, as Caddy orders it, and the app
+// takes its hold on that connection. A bare `storage zidane_nats` (the
+// settings in this app's cluster block, the form before they moved to the
+// storage) provisions this app from its own Provision to take the
+// cluster's storage from it: so a storage still unset in ctx means that
+// storage zidane_nats is Caddy's, and one already set means that it is not.
 func (a *App) provisionStorage(ctx caddy.Context) (certmagic.Storage, error) {
 	caddys := ctx.Storage()
+	if cs, ok := caddys.(*cluster.Storage); ok {
+		if a.Cluster != nil {
+			return nil, errors.New("zidane cluster: the cluster's settings are given twice, in storage zidane_nats and in the zidane app's cluster block; keep those of storage zidane_nats { … } and remove the cluster block")
+		}
+		key, state := natsStateOf(cs)
+		if state == nil {
+			return nil, errors.New("zidane cluster: storage zidane_nats closed while this config was provisioned; load it again")
+		}
+		// The app's own reference: Caddy cleans a config's modules up in
+		// no set order, and what the app's pools hold runs on this
+		// connection until the app's Cleanup.
+		if _, _, err := natsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
+			return nil, errors.New("storage zidane_nats closed while this config was provisioned; load it again")
+		}); err != nil {
+			return nil, fmt.Errorf("zidane cluster: %w", err)
+		}
+		a.cluster, a.clusterKey = cs, key
+		if err := state.startNodes(); err != nil {
+			return nil, fmt.Errorf("zidane cluster: %w", err)
+		}
+		return cs, nil
+	}
 	switch {
 	case a.Cluster == nil && caddys == nil:
 		return nil, errNoClusterBlock
 	case a.Cluster == nil:
 		return caddys, nil
 	case caddys != nil:
-		return nil, fmt.Errorf("zidane cluster: Caddy's storage is %s, not the cluster's: add `storage zidane_nats` to the global options, so that TLS certificates and the state of every replica are kept in the cluster's NATS JetStream", storageName(caddys))
+		return nil, fmt.Errorf("zidane cluster: Caddy's storage is %s, not the cluster's: add `storage zidane_nats` to the global options, with the cluster's settings in its block (storage zidane_nats { url … }) in place of the zidane app's cluster block, so that TLS certificates and the state of every replica are kept in the cluster's NATS JetStream", storageName(caddys))
 	}
 	cs, key, err := a.Cluster.open(slog.New(zapslog.NewHandler(ctx.Logger().Core())))
 	if err != nil {
 		return nil, err
 	}
 	a.cluster, a.clusterKey = cs, key
+	if _, state := natsStateOf(cs); state != nil {
+		if err := state.startNodes(); err != nil {
+			return nil, fmt.Errorf("zidane cluster: %w", err)
+		}
+	}
 	return cs, nil
 }
 

@@ -131,7 +131,7 @@ func auditSlog() *slog.Logger {
 func auditTokenEvent(ev policy.TokenEvent) {
 	t := ev.Token
 	fields := []zap.Field{
-		zap.String("event", "token."+ev.Action),
+		zap.String("event", "token_"+ev.Action),
 		zap.String("token_id", t.ID),
 		zap.String("token_name", t.Name),
 		zap.String("kind", string(t.Kind)),

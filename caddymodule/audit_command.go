@@ -61,9 +61,12 @@ elsewhere instead (the writer's checkpoint_copy, or a line saved from the
 storage). --no-anchor verifies the files alone, which cannot tell a cut
 after a checkpoint.
 
-It exits 0 when the chain holds up to the kept checkpoint, and otherwise 1
-with FILE:LINE and the seq of the first record that was removed, reordered
-or changed, or where the log was cut.
+It prints its findings on stdout, one plain line each. It exits 0 when the
+chain holds up to the kept checkpoint; otherwise 1, after a line that starts
+with FAILED and gives FILE:LINE and the seq of the first record that was
+removed, reordered or changed, or where the log was cut, or one that starts
+with INCOMPLETE when there was no kept checkpoint to compare the log with.
+A key or file it cannot read is said on stderr, with exit status 1.
 
 Records after the last checkpoint are chained but not signed: whoever can
 write the file can cut them off (or rewrite them, the chain recomputed)
@@ -71,7 +74,7 @@ unnoticed. The output says how many there are.`,
 		Example: `  caddy zidane audit verify --public-key audit-public.key /var/log/caddy/zidane-audit*.log*
   caddy zidane audit verify --public-key audit-public.key --anchor /mnt/audit-copy/zidane-audit.checkpoint /var/log/caddy/zidane-audit*.log*`,
 		Args: cobra.MinimumNArgs(1),
-		RunE: caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+		RunE: plainCommand(func(fl caddycmd.Flags) (int, error) {
 			values, err := fl.GetStringArray("public-key")
 			if err != nil {
 				return caddy.ExitCodeFailedStartup, err
@@ -103,21 +106,16 @@ unnoticed. The output says how many there are.`,
 			rep, err := auditchain.Verify(srcs, opts)
 			if err != nil {
 				var f *auditchain.Failure
-				if errors.As(err, &f) {
-					return caddy.ExitCodeFailedStartup, fmt.Errorf("audit log verification FAILED (%s): %w", f.Kind, f)
+				if !errors.As(err, &f) {
+					return caddy.ExitCodeFailedStartup, fmt.Errorf("could not verify: %w", err)
 				}
-				return caddy.ExitCodeFailedStartup, fmt.Errorf("audit log verification failed: %w", err)
+				fmt.Printf("FAILED (%s): %v\n", f.Kind, f)
+				return caddy.ExitCodeFailedStartup, nil
 			}
 			printAuditReport(os.Stdout, rep)
-			if rep.Records == 0 {
-				return caddy.ExitCodeFailedStartup, errors.New("no audit record in the files given")
-			}
-			switch {
-			case noAnchor:
-			case rep.Chain == "":
-				return caddy.ExitCodeFailedStartup, errors.New("audit log verification incomplete: the log's checkpoints name no chain (caddy wrote them before it kept checkpoints outside the log), so there is no kept checkpoint to compare its end with; pass --no-anchor to verify the files alone")
-			case rep.Anchor == nil:
-				return caddy.ExitCodeFailedStartup, fmt.Errorf("audit log verification incomplete: no checkpoint of this log's chain (%s) is kept in %s, so a cut after its last checkpoint cannot be told: verify against the storage of the caddy that wrote it (--address, or --config), or a copy (--anchor FILE); pass --no-anchor to verify the files alone", rep.Chain, where)
+			if verdict := auditIncomplete(rep, noAnchor, where); verdict != "" {
+				fmt.Println(verdict)
+				return caddy.ExitCodeFailedStartup, nil
 			}
 			return caddy.ExitCodeSuccess, nil
 		}),
@@ -128,6 +126,22 @@ unnoticed. The output says how many there are.`,
 	c.Flags().Bool("no-anchor", false, "Verify the files alone: a cut after a checkpoint then goes unnoticed")
 	adminFlags(c)
 	return c
+}
+
+// auditIncomplete is verify's verdict on a chain that holds together but
+// cannot be told whole, or "" when it can.
+func auditIncomplete(rep *auditchain.Report, noAnchor bool, where string) string {
+	switch {
+	case rep.Records == 0:
+		return "FAILED: no audit record in the files given"
+	case noAnchor:
+		return ""
+	case rep.Chain == "":
+		return "INCOMPLETE: the log's checkpoints name no chain (caddy wrote them before it kept checkpoints outside the log), so there is no kept checkpoint to compare its end with; pass --no-anchor to verify the files alone"
+	case rep.Anchor == nil:
+		return fmt.Sprintf("INCOMPLETE: no checkpoint of this log's chain (%s) is kept in %s, so a cut after its last checkpoint cannot be told: verify against the storage of the caddy that wrote it (--address, or --config), or a copy (--anchor FILE); pass --no-anchor to verify the files alone", rep.Chain, where)
+	}
+	return ""
 }
 
 // keptCheckpointLookup is verify's look-up of a chain's latest checkpoint
@@ -292,7 +306,7 @@ default ZIDANE_AUDIT_SIGNING_KEY), as caddy does, and prints the public key
 that verifies its checkpoints, in base64, for ` + "`caddy zidane audit verify --public-key`" + `.
 It never prints the signing key.`,
 		Args: cobra.NoArgs,
-		RunE: caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+		RunE: plainCommand(func(fl caddycmd.Flags) (int, error) {
 			name := fl.String("env")
 			v := os.Getenv(name)
 			if strings.TrimSpace(v) == "" {

@@ -93,7 +93,7 @@ func TestAuditEventsFollowTheRunningConfig(t *testing.T) {
 	held := auditLogger().With(zap.String("held", "before the reload"))
 	heldSlog := auditSlog()
 	emitters := map[string]func(){
-		"token.created": func() {
+		"token_created": func() {
 			auditTokenEvent(policy.TokenEvent{Action: "created", Token: policy.Token{ID: "tok_1", Name: "alice", Kind: policy.KindUser}})
 		},
 		"tool_refused": func() {

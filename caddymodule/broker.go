@@ -92,11 +92,12 @@ func (a *App) Upstream(name string) (broker.Upstream, bool) {
 	return u, ok
 }
 
-// buildBroker sets up the pass-through route to upstream name.
-func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
-	u, ok := app.Upstream(h.Broker)
+// build sets up the pass-through route to the named upstream.
+func (b *Broker) build(ctx caddy.Context) error {
+	s := b.site
+	u, ok := s.app.Upstream(b.Upstream)
 	if !ok {
-		return fmt.Errorf("broker %q: no such upstream; configure it in the global zidane option (upstream %s <url>) or an upstreams_file", h.Broker, h.Broker)
+		return fmt.Errorf("broker %q: no such upstream; configure it in the global zidane option (upstream %s <url>) or an upstreams_file", b.Upstream, b.Upstream)
 	}
 	route := "broker:" + u.Name
 	sessionKey, err := sessionIDKey(ctx.Storage())
@@ -106,21 +107,21 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	pt, err := broker.NewPassThrough(u, broker.PassThroughOptions{
 		SessionKey:   sessionKey,
 		Route:        route,
-		MaxBodyBytes: h.MaxBodyBytes,
-		AnswerBudget: app.answerBudget,
-		OnDecision:   func(d pinnedfetch.Decision) { auditRedirect(h.audit, u.Name, d) },
-		OnCall:       func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
+		MaxBodyBytes: s.maxBody,
+		AnswerBudget: s.app.answerBudget,
+		OnDecision:   func(d pinnedfetch.Decision) { auditRedirect(s.audit, u.Name, d) },
+		OnCall:       func(c broker.CallRecord) { auditUpstreamCall(s.audit, c) },
 		OnRefusal: func(r broker.Refusal) {
 			metricRefusals.WithLabelValues(r.Reason).Inc()
-			auditBrokerRefusal(h.audit, r)
+			auditBrokerRefusal(s.audit, r)
 		},
-		Logger:      slog.New(zapslog.NewHandler(ctx.Logger().Named("broker").Core())),
-		Credentials: app.credentials(u.Name),
+		Logger:      slog.New(zapslog.NewHandler(s.logger.Named("broker").Core())),
+		Credentials: s.app.credentials(u.Name),
 	})
 	if err != nil {
-		return fmt.Errorf("broker %q: %w", h.Broker, err)
+		return fmt.Errorf("broker %q: %w", b.Upstream, err)
 	}
-	h.passThrough = pt
+	b.pt = pt
 	// The upstream's scope, and upstream:<name>, grant its every tool and
 	// method on this route. The map is strict: a token that none of its
 	// rules grant learns nothing of the upstream.
@@ -128,7 +129,7 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	if u.Scope != "" {
 		grant = append(grant, policy.Rule{Scope: u.Scope, Tools: []string{"*"}, Methods: []string{"*"}})
 	}
-	scopes, err := policy.NewScopeMap(append(grant, h.Scopes...), !h.NoDefaultScopes)
+	scopes, err := policy.NewScopeMap(append(grant, s.rules...), s.defaults)
 	if err != nil {
 		return err
 	}
@@ -136,13 +137,16 @@ func (h *Handler) buildBroker(ctx caddy.Context, app *App) error {
 	if err != nil {
 		return err
 	}
-	h.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt,
-		SharedParams: h.sharedParams(ctx, "params|broker|"+u.Name+"|"+u.URL), Pins: h.openPins(ctx, u.Name, u.PinPolicy()),
+	b.out.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt,
+		SharedParams: b.sharedParams(ctx, "params|broker|"+u.Name+"|"+u.URL), Pins: b.openPins(ctx, u.Name, u.PinPolicy()),
 		Tasks: tasks, Route: route}
 	return nil
 }
 
+// auditUpstreamCall records a call a route sent upstream when it ends: on
+// the latency histogram, and as an audit line.
 func auditUpstreamCall(l *zap.Logger, c broker.CallRecord) {
+	observeUpstreamCall(c)
 	ce := l.Check(zap.InfoLevel, "upstream call")
 	if ce == nil {
 		return // the audit log is off at this level: build nothing
@@ -188,11 +192,12 @@ func auditBrokerRefusal(l *zap.Logger, r broker.Refusal) {
 		zap.String("detail", r.Detail))
 }
 
-// buildAggregate sets up the aggregated route over the named upstreams.
-func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
+// build sets up the aggregated route over the named upstreams.
+func (a *Aggregate) build(ctx caddy.Context) error {
+	s := a.site
 	var ups []broker.Upstream
-	for _, name := range h.Aggregate {
-		u, ok := app.Upstream(name)
+	for _, name := range a.Upstreams {
+		u, ok := s.app.Upstream(name)
 		if !ok {
 			return fmt.Errorf("aggregate: no upstream %q; configure it in the global zidane option", name)
 		}
@@ -203,81 +208,59 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		byName[u.Name] = u
 	}
 	allows := func(p policy.Principal, name string) bool {
-		return upstreamAllows(p, byName[name], !h.NoDefaultScopes)
+		u := byName[name]
+		return policy.UpstreamAllows(p, u.Name, u.Scope, s.defaults)
 	}
-	// In cluster mode the route's 2025-11-25 sessions name the node that
-	// holds them, and other replicas forward to it (see forward.go).
-	var fwd *aggForward
-	if cs, ok := ctx.Storage().(*cluster.Storage); ok {
-		nodes := cs.Nodes()
-		if nodes == nil {
-			return errors.New("aggregate in cluster mode: set advertise (and node, unless the host name is this replica's id) in the zidane cluster block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see the README's cluster section")
-		}
-		key, err := sessionIDKey(cs)
-		if err != nil {
-			return err
-		}
-		ids, err := broker.NewSessionIDs(key)
-		if err != nil {
-			return err
-		}
-		hk, err := cs.DeriveKey("aggregate hop v1")
-		if err != nil {
-			return err
-		}
-		// The route's identity: the same on every replica of one config,
-		// and another for another site or upstream list, so that no id or
-		// hop of one aggregated route is taken by another.
-		route := "aggregate-node|" + h.Resource + "|" + h.Prefix + "|" + strings.Join(h.Aggregate, ",")
-		fwd = newAggForward(ids, route, nodes, sharedHopKey(hk), h.audit)
+	// The route's identity: the same on every replica of one config, and
+	// another for another site or upstream list, so that no id, hop or
+	// task handle of one aggregated route is taken by another.
+	names := a.Prefix + "|" + strings.Join(a.Upstreams, ",")
+	fwd, err := aggregateForward(ctx, "aggregate-node|"+s.resource+"|"+names, s.audit)
+	if err != nil {
+		return err
 	}
 	// The pins are open before the route starts: its catalogs connect in
 	// the background, and their instructions are pinned as they come.
 	var store *pins.Store
-	for _, name := range h.Aggregate {
-		if u, ok := app.Upstream(name); ok {
-			store = h.openPins(ctx, edge.AggregatePinNS(name), u.PinPolicy())
-		}
+	for _, u := range ups {
+		store = a.openPins(ctx, edge.AggregatePinNS(u.Name), u.PinPolicy())
 	}
 	opts := broker.AggregateOptions{
 		// Pid files of stdio upstreams: a gateway that crashed leaves them,
 		// and the next start ends the processes they name.
 		PIDDir:              filepath.Join(caddy.AppDataDir(), "zidane", "stdio"),
 		Instructions:        edge.AggregateInstructions(store),
-		Prefix:              h.Prefix,
-		MaxRequestBodyBytes: h.MaxBodyBytes,
-		AnswerBudget:        app.answerBudget,
-		OnDecision:          func(d pinnedfetch.Decision) { auditRedirect(h.audit, "aggregate", d) },
-		OnCall:              func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
-		Logger:              slog.New(zapslog.NewHandler(ctx.Logger().Named("aggregate").Core())),
-		ToolCache:           toolCache{app.storage},
-		SessionTimeout:      max(0, time.Duration(app.MCPSessionIdleTimeout)),
-		Credentials:         app.credentials,
-		AuthRequired:        app.authRequired,
+		Prefix:              a.Prefix,
+		MaxRequestBodyBytes: s.maxBody,
+		AnswerBudget:        s.app.answerBudget,
+		OnDecision:          func(d pinnedfetch.Decision) { auditRedirect(s.audit, "aggregate", d) },
+		OnCall:              func(c broker.CallRecord) { auditUpstreamCall(s.audit, c) },
+		Logger:              slog.New(zapslog.NewHandler(s.logger.Named("aggregate").Core())),
+		ToolCache:           toolCache{s.app.storage},
+		SessionTimeout:      max(0, time.Duration(s.app.MCPSessionIdleTimeout)),
+		Credentials:         s.app.credentials,
+		AuthRequired:        s.app.authRequired,
 		MayUse:              allows,
 		Tasks:               true,
 	}
 	if fwd != nil {
-		opts.NewSessionID = fwd.mint
+		opts.NewSessionID = fwd.Mint
 		// A 2026-07-28 client's retry of a bridged call may reach any
 		// replica: every one opens the requestState, which names the node
 		// that holds the call, and forwards the retry there.
-		key, err := fwd.bridgeKey(ctx.Storage().(*cluster.Storage))
+		key, err := bridgeKey(ctx.Storage().(*cluster.Storage), fwd)
 		if err != nil {
 			return err
 		}
 		opts.BridgeKey = key
-		opts.Node = fwd.nodes.Self()
+		opts.Node = fwd.Self()
 	}
 	agg, err := broker.NewAggregate(ups, opts)
 	if err != nil {
 		return fmt.Errorf("aggregate: %w", err)
 	}
-	h.aggregate = agg
+	a.agg = agg
 	liveAggregates.add(agg)
-	// Task handles name the route as session ids do elsewhere: the same
-	// on every replica of one config, another for another site or
-	// upstream list.
 	taskKey, err := sessionIDKey(ctx.Storage())
 	if err != nil {
 		return err
@@ -287,23 +270,41 @@ func (h *Handler) buildAggregate(ctx caddy.Context, app *App) error {
 		return err
 	}
 	route := &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows,
-		SharedParams: h.sharedParams(ctx, "params|aggregate|"+h.Prefix+"|"+strings.Join(h.Aggregate, ",")), Pins: store,
-		Tasks: tasks, Route: "aggregate|" + h.Resource + "|" + h.Prefix + "|" + strings.Join(h.Aggregate, ",")}
-	h.route = route
+		SharedParams: a.sharedParams(ctx, "params|aggregate|"+names), Pins: store,
+		Tasks: tasks, Route: "aggregate|" + s.resource + "|" + names}
+	a.out.route = route
 	if fwd != nil {
-		h.route = &clusterAggregate{Aggregate: route, agg: agg, fwd: fwd}
+		a.out.route = &edge.ClusterAggregate{Aggregate: route, BridgeNode: agg.BridgeNode, Fwd: fwd}
 	}
 	return nil
 }
 
-// upstreamAllows says whether p may use upstream u on the aggregated
-// route: with the scope upstream:<name>, the upstream's own scope, or mcp
-// when the default rules are on.
-func upstreamAllows(p policy.Principal, u broker.Upstream, defaults bool) bool {
-	if u.Name == "" {
-		return false
+// aggregateForward is, in cluster mode, how the aggregated route called
+// route forwards its 2025-11-25 sessions: they name the node that holds
+// them, and other replicas forward to it (see forward.go). Nil on a single
+// node.
+func aggregateForward(ctx caddy.Context, route string, audit *zap.Logger) (*edge.Forward, error) {
+	cs, ok := ctx.Storage().(*cluster.Storage)
+	if !ok {
+		return nil, nil
 	}
-	return p.HasScope(policy.UpstreamScope(u.Name)) || (u.Scope != "" && p.HasScope(u.Scope)) || (defaults && p.HasScope("mcp"))
+	nodes := cs.Nodes()
+	if nodes == nil {
+		return nil, errors.New("aggregate in cluster mode: set advertise (and node, unless the host name is this replica's id) in storage zidane_nats's block, so the other replicas can forward this route's 2025-11-25 sessions to the replica that holds them; see docs/cluster.md")
+	}
+	key, err := sessionIDKey(cs)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := broker.NewSessionIDs(key)
+	if err != nil {
+		return nil, err
+	}
+	hk, err := cs.DeriveKey("aggregate hop v1")
+	if err != nil {
+		return nil, err
+	}
+	return newForward(ids, route, nodes, sharedHopKey(hk), audit), nil
 }
 
 // liveAggregates are the aggregated routes of every loaded config, which

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -76,80 +77,25 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.Err("zidane_mcp takes no argument, only a block of options: zidane_mcp { guard }")
 	}
+	var m caddyfileRoute
 	for d.NextBlock(0) {
 		switch d.Val() {
 		case "guard":
-			if h.Guard != nil {
+			if m.guard != nil {
 				return d.Err("guard given twice")
 			}
-			h.Guard = &Guard{}
-			if d.NextArg() {
-				return d.Err("guard takes no value; give the headers it sets in a block: guard { upstream_header <name> <value> }")
+			g, err := parseGuard(d)
+			if err != nil {
+				return err
 			}
-			for d.NextBlock(1) {
-				switch d.Val() {
-				case "upstream":
-					if h.Guard.Upstream != "" {
-						return d.Err("guard upstream given twice: a guard sends to one MCP server")
-					}
-					if !d.Args(&h.Guard.Upstream) || d.NextArg() {
-						return d.Err("guard upstream takes the MCP server's URL, such as http://127.0.0.1:9000/mcp")
-					}
-					if err := checkGuardUpstream(h.Guard.Upstream); err != nil {
-						return d.Err(err.Error())
-					}
-				case "upstream_header":
-					var name, value string
-					if !d.Args(&name, &value) || d.NextArg() {
-						return d.Err("upstream_header takes a header name and a value")
-					}
-					if h.Guard.UpstreamHeaders == nil {
-						h.Guard.UpstreamHeaders = map[string]string{}
-					}
-					for k := range h.Guard.UpstreamHeaders {
-						if http.CanonicalHeaderKey(k) == http.CanonicalHeaderKey(name) {
-							return d.Errf("guard upstream_header %s given twice (names are not case-sensitive); give it once", name)
-						}
-					}
-					h.Guard.UpstreamHeaders[name] = value
-					if err := checkGuardHeaders(map[string]string{name: value}); err != nil {
-						return d.Err(err.Error())
-					}
-				case "max_response":
-					var v string
-					if !d.Args(&v) || d.NextArg() {
-						return d.Err("max_response takes one size, such as 16MiB")
-					}
-					n, err := humanize.ParseBytes(v)
-					if err != nil || n == 0 || n > 1<<40 {
-						return d.Errf("guard max_response %q: give a size such as 16MiB, at most 1TiB", v)
-					}
-					h.Guard.MaxResponse = int64(n)
-				case "pin":
-					if !d.Args(&h.Guard.Pin) || d.NextArg() {
-						return d.Err("pin takes one value: strict, warn or off")
-					}
-					if _, err := pins.ParseMode(h.Guard.Pin); err != nil {
-						return d.Errf("guard %v", err)
-					}
-				case "new_tools":
-					if !d.Args(&h.Guard.NewTools) || d.NextArg() {
-						return d.Err("new_tools takes one value: allow or hold")
-					}
-					if _, err := pins.ParseNewTools(h.Guard.NewTools); err != nil {
-						return d.Errf("guard %v", err)
-					}
-				default:
-					return d.Errf("unknown guard option %q", d.Val())
-				}
-			}
+			m.guard = g
 		case "sessions":
 			if d.NextArg() {
 				return d.Err("sessions takes no value; agents are configured in the global zidane option")
 			}
-			h.Sessions = &SessionsMode{}
+			m.sessions = true
 		case "broker":
-			if !d.Args(&h.Broker) || d.NextArg() {
+			if !d.Args(&m.broker) || d.NextArg() {
 				return d.Err("broker takes the name of an upstream configured in the global zidane option")
 			}
 		case "aggregate":
@@ -157,9 +103,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(names) == 0 {
 				return d.Err("aggregate takes the names of upstreams configured in the global zidane option")
 			}
-			h.Aggregate = append(h.Aggregate, names...)
+			m.aggregate = append(m.aggregate, names...)
 		case "prefix":
-			if !d.Args(&h.Prefix) || d.NextArg() || (h.Prefix != "always" && h.Prefix != "conditional") {
+			if !d.Args(&m.prefix) || d.NextArg() || (m.prefix != "always" && m.prefix != "conditional") {
 				return d.Err("prefix takes always or conditional")
 			}
 		case "resource":
@@ -247,7 +193,116 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("unknown zidane_mcp option %q", d.Val())
 		}
 	}
+	raw, err := m.json()
+	if err != nil {
+		return d.Err(err.Error())
+	}
+	h.RouteRaw = raw
 	return nil
+}
+
+// caddyfileRoute is the route the Caddyfile's mode options give, which
+// are words of the handler's block there and a guest module in JSON.
+type caddyfileRoute struct {
+	guard     *Guard
+	sessions  bool
+	broker    string
+	aggregate []string
+	prefix    string
+}
+
+// json is the handler's route: nil when no mode is given (Validate says
+// so when the config loads, as for a JSON config without one).
+func (m caddyfileRoute) json() (json.RawMessage, error) {
+	var mode caddy.Module
+	n := 0
+	if m.guard != nil {
+		mode, n = m.guard, n+1
+	}
+	if m.sessions {
+		mode, n = &Sessions{}, n+1
+	}
+	if m.broker != "" {
+		mode, n = &Broker{Upstream: m.broker}, n+1
+	}
+	if len(m.aggregate) > 0 {
+		mode, n = &Aggregate{Upstreams: m.aggregate, Prefix: m.prefix}, n+1
+	}
+	switch {
+	case n > 1:
+		return nil, errors.New(chooseOneMode)
+	case m.prefix != "" && len(m.aggregate) == 0:
+		return nil, errors.New("prefix is an option of the aggregated route: give it with aggregate <upstream...>")
+	case n == 0:
+		return nil, nil
+	}
+	return caddyconfig.JSONModuleObject(mode, "mode", mode.CaddyModule().ID.Name(), nil), nil
+}
+
+// parseGuard reads the guard's block.
+func parseGuard(d *caddyfile.Dispenser) (*Guard, error) {
+	g := &Guard{}
+	if d.NextArg() {
+		return nil, d.Err("guard takes no value; give the headers it sets in a block: guard { upstream_header <name> <value> }")
+	}
+	for d.NextBlock(1) {
+		switch d.Val() {
+		case "upstream":
+			if g.Upstream != "" {
+				return nil, d.Err("guard upstream given twice: a guard sends to one MCP server")
+			}
+			if !d.Args(&g.Upstream) || d.NextArg() {
+				return nil, d.Err("guard upstream takes the MCP server's URL, such as http://127.0.0.1:9000/mcp")
+			}
+			if err := checkGuardUpstream(g.Upstream); err != nil {
+				return nil, d.Err(err.Error())
+			}
+		case "upstream_header":
+			var name, value string
+			if !d.Args(&name, &value) || d.NextArg() {
+				return nil, d.Err("upstream_header takes a header name and a value")
+			}
+			if g.UpstreamHeaders == nil {
+				g.UpstreamHeaders = map[string]string{}
+			}
+			for k := range g.UpstreamHeaders {
+				if http.CanonicalHeaderKey(k) == http.CanonicalHeaderKey(name) {
+					return nil, d.Errf("guard upstream_header %s given twice (names are not case-sensitive); give it once", name)
+				}
+			}
+			g.UpstreamHeaders[name] = value
+			if err := checkGuardHeaders(map[string]string{name: value}); err != nil {
+				return nil, d.Err(err.Error())
+			}
+		case "max_response":
+			var v string
+			if !d.Args(&v) || d.NextArg() {
+				return nil, d.Err("max_response takes one size, such as 16MiB")
+			}
+			n, err := humanize.ParseBytes(v)
+			if err != nil || n == 0 || n > 1<<40 {
+				return nil, d.Errf("guard max_response %q: give a size such as 16MiB, at most 1TiB", v)
+			}
+			g.MaxResponse = int64(n)
+		case "pin":
+			if !d.Args(&g.Pin) || d.NextArg() {
+				return nil, d.Err("pin takes one value: strict, warn or off")
+			}
+			if _, err := pins.ParseMode(g.Pin); err != nil {
+				return nil, d.Errf("guard %v", err)
+			}
+		case "new_tools":
+			if !d.Args(&g.NewTools) || d.NextArg() {
+				return nil, d.Err("new_tools takes one value: allow or hold")
+			}
+			if _, err := pins.ParseNewTools(g.NewTools); err != nil {
+				return nil, d.Errf("guard %v", err)
+			}
+		default:
+			return nil, d.Errf("unknown guard option %q", d.Val())
+		}
+	}
+	return g, nil
 }
 
 func parseScopeRule(d *caddyfile.Dispenser) (policy.Rule, error) {
@@ -448,7 +503,7 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //			max_inflight_response <size>
 //			upstreams_file <path>
 //			session_upstreams <name...>
-//			cluster {                     # cluster mode, with storage zidane_nats
+//			cluster {                     # the former place of storage zidane_nats's settings; still read
 //				url <nats url...>
 //				creds|tls_ca|tls_cert|tls_key <file>
 //				bucket <name>

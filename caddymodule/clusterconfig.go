@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -20,12 +21,13 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 )
 
-// ClusterConfig is the zidane app's cluster block: the NATS JetStream that
-// every replica shares, this replica's id and address, and the cluster
-// key. With it, Caddy's storage must be `storage zidane_nats`, which is the
-// storage this block opens (TLS certificates, tokens, sessions, upstream
+// ClusterConfig is the cluster's settings: the NATS JetStream that every
+// replica shares, this replica's id and address, and the cluster key. They
+// are the settings of `storage zidane_nats` (NATSStorage), which opens
+// them as Caddy's storage (TLS certificates, tokens, sessions, upstream
 // credentials; see package cluster for how values, large values and locks
-// are kept).
+// are kept). The zidane app's cluster block, their former place, still
+// takes them, with a bare storage zidane_nats.
 type ClusterConfig struct {
 	// URLs of the NATS servers: tls://host:4222, or nats:// to loopback.
 	URLs []string `json:"urls,omitempty"`
@@ -66,17 +68,56 @@ type ClusterConfig struct {
 var natsPool = caddy.NewUsagePool()
 
 type natsState struct {
-	conn  *cluster.Conn
-	st    *cluster.Storage
-	nodes *cluster.Nodes // when advertise is set
+	conn *cluster.Conn
+	st   *cluster.Storage
+	cfg  ClusterConfig
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	nodes *cluster.Nodes // when advertise is set and the app started them
 }
 
 func (n *natsState) Destruct() error {
+	n.mu.Lock()
 	if n.nodes != nil {
 		n.nodes.Close()
 	}
+	n.mu.Unlock()
 	n.conn.Close()
 	return nil
+}
+
+// startNodes registers this replica in the node registry, once per
+// connection, when the block advertises an address. The app does it, as
+// the server that answers there; the storage does not, since
+// `caddy storage export` opens it too and must not pass for a replica.
+func (n *natsState) startNodes() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cfg.Advertise == "" || n.nodes != nil {
+		return nil
+	}
+	node, err := n.cfg.nodeID()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n.nodes, err = n.st.StartNodes(ctx, cluster.NodeOptions{Node: node, Advertise: n.cfg.Advertise, Logger: n.log})
+	return err
+}
+
+// natsStateOf finds the pooled connection that st was opened on, and its
+// pool key.
+func natsStateOf(st *cluster.Storage) (key string, state *natsState) {
+	natsPool.Range(func(k, v any) bool {
+		if n, ok := v.(*natsState); ok && n.st == st {
+			key, state = k.(string), n
+			return false
+		}
+		return true
+	})
+	return key, state
 }
 
 func (c *ClusterConfig) connConfig(log *slog.Logger) cluster.ConnConfig {
@@ -109,7 +150,7 @@ func (c *ClusterConfig) check() error {
 		}
 	}
 	if c.Advertise != "" {
-		if err := checkAdvertise(c.Advertise); err != nil {
+		if err := cluster.CheckAdvertise(c.Advertise); err != nil {
 			return err
 		}
 		if _, err := c.nodeID(); err != nil {
@@ -167,7 +208,8 @@ func (c *ClusterConfig) nodeID() (string, error) {
 
 // open checks the block, then connects (or reuses the connection of the
 // same block, kept across reloads) and returns the shared storage and the
-// pool key, which the caller releases with natsPool.Delete.
+// pool key, which the caller releases with natsPool.Delete. It registers
+// no node (see natsState.startNodes).
 func (c *ClusterConfig) open(log *slog.Logger) (*cluster.Storage, string, error) {
 	if err := c.check(); err != nil {
 		return nil, "", fmt.Errorf("zidane cluster: %w", err)
@@ -205,14 +247,7 @@ func (c *ClusterConfig) open(log *slog.Logger) (*cluster.Storage, string, error)
 			conn.Close()
 			return nil, err
 		}
-		state := &natsState{conn: conn, st: st}
-		if c.Advertise != "" {
-			if state.nodes, err = st.StartNodes(ctx, cluster.NodeOptions{Node: node, Advertise: c.Advertise, Logger: log}); err != nil {
-				conn.Close()
-				return nil, err
-			}
-		}
-		return state, nil
+		return &natsState{conn: conn, st: st, cfg: *c, log: log}, nil
 	})
 	if err != nil {
 		return nil, "", fmt.Errorf("zidane cluster: %w", err)
@@ -241,6 +276,29 @@ func (c *ClusterConfig) unmarshalCaddyfile(d *caddyfile.Dispenser, depth int) er
 	if d.NextArg() {
 		return d.Err("cluster takes no argument, only a block: cluster { url tls://nats-1:4222 … }")
 	}
+	return c.options(d, depth)
+}
+
+// options reads the options of a block at depth, from the next one on.
+func (c *ClusterConfig) options(d *caddyfile.Dispenser, depth int) error {
+	for d.NextBlock(depth) {
+		if err := c.option(d); err != nil {
+			return err
+		}
+	}
+	return c.requireURL(d)
+}
+
+// requireURL refuses a block that names no NATS server.
+func (c *ClusterConfig) requireURL(d *caddyfile.Dispenser) error {
+	if len(c.URLs) == 0 {
+		return d.Err("zidane cluster: no url: give the NATS servers, such as url tls://nats-1.internal:4222 tls://nats-2.internal:4222")
+	}
+	return nil
+}
+
+// option reads the option d is on.
+func (c *ClusterConfig) option(d *caddyfile.Dispenser) error {
 	one := func(dst *string) error {
 		if !d.NextArg() {
 			return d.ArgErr()
@@ -251,67 +309,59 @@ func (c *ClusterConfig) unmarshalCaddyfile(d *caddyfile.Dispenser, depth int) er
 		}
 		return nil
 	}
-	for d.NextBlock(depth) {
-		var err error
-		switch d.Val() {
-		case "url":
-			c.URLs = append(c.URLs, d.RemainingArgs()...)
-			if len(c.URLs) == 0 {
-				return d.Err("url needs one or more NATS URLs, such as tls://nats-1.internal:4222")
-			}
-		case "creds":
-			err = one(&c.CredsFile)
-		case "tls_ca":
-			err = one(&c.TLSCA)
-		case "tls_cert":
-			err = one(&c.TLSCert)
-		case "tls_key":
-			err = one(&c.TLSKey)
-		case "bucket":
-			err = one(&c.Bucket)
-		case "replicas":
-			var v string
-			if err = one(&v); err == nil {
-				n, perr := strconv.Atoi(v)
-				if perr != nil || n < 1 || n > 5 {
-					return d.Errf("replicas %q: give 1 to 5 (3 on a three-node NATS cluster)", v)
-				}
-				c.Replicas = n
-			}
-		case "key":
-			if err = one(&c.Key); err == nil && !onePlaceholder.MatchString(c.Key) {
-				return d.Err(literalError("key", "{env.VAR} (or leave it out and set "+ClusterKeyEnv+")").Error())
-			}
-		case "node":
-			if err = one(&c.Node); err == nil {
-				if cerr := cluster.CheckNodeID(c.Node); cerr != nil {
-					return d.Errf("node: %v", cerr)
-				}
-			}
-		case "advertise":
-			if err = one(&c.Advertise); err == nil {
-				if cerr := checkAdvertise(c.Advertise); cerr != nil {
-					return d.Err(cerr.Error())
-				}
-			}
-		case "lock_ttl":
-			var v string
-			if err = one(&v); err == nil {
-				dur, perr := caddy.ParseDuration(v)
-				if perr != nil || dur < time.Second {
-					return d.Errf("lock_ttl %q: give a duration of 1s or more, such as 15s", v)
-				}
-				c.LockTTL = caddy.Duration(dur)
-			}
-		default:
-			return d.Errf("zidane cluster: unknown option %q; the options are url, creds, tls_ca, tls_cert, tls_key, bucket, replicas, lock_ttl, key, node, advertise", d.Val())
+	var err error
+	switch d.Val() {
+	case "url":
+		c.URLs = append(c.URLs, d.RemainingArgs()...)
+		if len(c.URLs) == 0 {
+			return d.Err("url needs one or more NATS URLs, such as tls://nats-1.internal:4222")
 		}
-		if err != nil {
-			return err
+	case "creds":
+		err = one(&c.CredsFile)
+	case "tls_ca":
+		err = one(&c.TLSCA)
+	case "tls_cert":
+		err = one(&c.TLSCert)
+	case "tls_key":
+		err = one(&c.TLSKey)
+	case "bucket":
+		err = one(&c.Bucket)
+	case "replicas":
+		var v string
+		if err = one(&v); err == nil {
+			n, perr := strconv.Atoi(v)
+			if perr != nil || n < 1 || n > 5 {
+				return d.Errf("replicas %q: give 1 to 5 (3 on a three-node NATS cluster)", v)
+			}
+			c.Replicas = n
 		}
+	case "key":
+		if err = one(&c.Key); err == nil && !onePlaceholder.MatchString(c.Key) {
+			return d.Err(literalError("key", "{env.VAR} (or leave it out and set "+ClusterKeyEnv+")").Error())
+		}
+	case "node":
+		if err = one(&c.Node); err == nil {
+			if cerr := cluster.CheckNodeID(c.Node); cerr != nil {
+				return d.Errf("node: %v", cerr)
+			}
+		}
+	case "advertise":
+		if err = one(&c.Advertise); err == nil {
+			if cerr := cluster.CheckAdvertise(c.Advertise); cerr != nil {
+				return d.Err(cerr.Error())
+			}
+		}
+	case "lock_ttl":
+		var v string
+		if err = one(&v); err == nil {
+			dur, perr := caddy.ParseDuration(v)
+			if perr != nil || dur < time.Second {
+				return d.Errf("lock_ttl %q: give a duration of 1s or more, such as 15s", v)
+			}
+			c.LockTTL = caddy.Duration(dur)
+		}
+	default:
+		return d.Errf("zidane cluster: unknown option %q; the options are url, creds, tls_ca, tls_cert, tls_key, bucket, replicas, lock_ttl, key, node, advertise", d.Val())
 	}
-	if len(c.URLs) == 0 {
-		return d.Err("zidane cluster: no url: give the NATS servers, such as url tls://nats-1.internal:4222 tls://nats-2.internal:4222")
-	}
-	return nil
+	return err
 }

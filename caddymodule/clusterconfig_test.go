@@ -24,10 +24,20 @@ import (
 // the cluster key file given as {file.cluster.key} would let it sign hops
 // as any replica, so they are among the paths no agent may reach, as
 // every session engine of the process sees them; the CA is not a secret.
-// The config is provisioned as caddy provisions it: storage zidane_nats
-// first, which provisions the zidane app, whose cluster block dials a real
-// nats-server that requires a client certificate.
+// The config is provisioned as caddy provisions it, with the settings in
+// either place: in storage zidane_nats, which dials a real nats-server
+// that requires a client certificate before the app is provisioned, or in
+// the zidane app's cluster block, which a bare storage zidane_nats
+// provisions first.
 func TestClusterModeDeniesAgentsTheNATSFiles(t *testing.T) {
+	for _, inStorage := range []bool{true, false} {
+		t.Run(map[bool]string{true: "settings in storage zidane_nats", false: "settings in the zidane app's cluster block"}[inStorage], func(t *testing.T) {
+			clusterModeDeniesAgentsTheNATSFiles(t, inStorage)
+		})
+	}
+}
+
+func clusterModeDeniesAgentsTheNATSFiles(t *testing.T, inStorage bool) {
 	certs := testtls.Files(t, "zidane")
 	ns := natstest.FromConfig(t, fmt.Sprintf("listen: \"127.0.0.1:-1\"\njetstream { store_dir: %q }\ntls {\n\tcert_file: %q\n\tkey_file: %q\n\tca_file: %q\n\tverify: true\n}\n",
 		t.TempDir(), filepath.Join(certs, "server.pem"), filepath.Join(certs, "server-key.pem"), filepath.Join(certs, "ca.pem")))
@@ -46,12 +56,19 @@ func TestClusterModeDeniesAgentsTheNATSFiles(t *testing.T) {
 	}
 
 	cert, key, ca := filepath.Join(certs, "zidane.pem"), filepath.Join(certs, "zidane-key.pem"), filepath.Join(certs, "ca.pem")
-	raw, _ := json.Marshal(map[string]any{
-		"storage": map[string]any{"module": "zidane_nats"},
-		"apps": map[string]any{"zidane": map[string]any{"cluster": map[string]any{
-			"urls": []string{url}, "tls_ca": ca, "tls_cert": cert, "tls_key": key, "node": "gw-1", "key": "{file.cluster.key}",
-		}}},
-	})
+	settings := map[string]any{
+		"urls": []string{url}, "tls_ca": ca, "tls_cert": cert, "tls_key": key, "node": "gw-1", "key": "{file.cluster.key}",
+	}
+	storage := map[string]any{"module": "zidane_nats"}
+	zidane := map[string]any{}
+	if inStorage {
+		for k, v := range settings {
+			storage[k] = v
+		}
+	} else {
+		zidane["cluster"] = settings
+	}
+	raw, _ := json.Marshal(map[string]any{"storage": storage, "apps": map[string]any{"zidane": zidane}})
 	var cfg caddy.Config
 	if err := json.Unmarshal(raw, &cfg); err != nil {
 		t.Fatal(err)
@@ -65,6 +82,14 @@ func TestClusterModeDeniesAgentsTheNATSFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	app := v.(*App)
+	// The storage module's own hold on the connection, which the config's
+	// context releases when caddy stops it.
+	storageKey, _ := natsStateOf(app.cluster)
+	t.Cleanup(func() {
+		if inStorage {
+			_, _ = natsPool.Delete(storageKey)
+		}
+	})
 	cleaned := false
 	t.Cleanup(func() {
 		if !cleaned {

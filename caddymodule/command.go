@@ -27,16 +27,27 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "zidane",
-		Usage: "token create|list|revoke …",
-		Short: "Manages caddy-zidane-mcp tokens",
+		Usage: "token|upstream|tools|login|logout|audit …",
+		Short: "Manages a zidane_mcp gateway: tokens, upstreams, pinned tools, upstream logins, the audit log",
 		Long: `
-Manages the bearer tokens that zidane_mcp accepts.
+Manages what a zidane_mcp gateway keeps outside its config:
+
+  token     creates, lists and revokes the bearer tokens it accepts
+  upstream  lists the upstream MCP servers of a running server, restarts or retires one
+  tools     lists the pinned definitions of upstream servers, shows a change, approves or rejects it
+  login     logs the gateway in to an upstream that uses OAuth
+  logout    revokes and deletes the gateway's OAuth token for an upstream
+  audit     verifies the audit log, prints the public key that verifies it
 
 With a server running, each command goes through the admin API (found from
 --address, or the admin address of --config), so a change is live at once.
-With no server answering, it reads and writes Caddy's storage directly; a
-server started later, or one whose admin API is elsewhere, sees the change
-within two seconds.`,
+With no server answering, token and audit read and write Caddy's storage
+directly; a server started later, or one whose admin API is elsewhere, sees
+the change within two seconds.
+
+Output is plain text for people; list and diff commands take --json for
+scripts. A command exits 0 when it did what was asked, and 1 with a message
+on stderr when it did not.`,
 		CobraFunc: func(cmd *cobra.Command) {
 			token := &cobra.Command{
 				Use:   "token",
@@ -46,7 +57,7 @@ within two seconds.`,
 			cmd.AddCommand(token)
 			upstream := &cobra.Command{
 				Use:   "upstream",
-				Short: "Shows the upstream MCP servers of a running server",
+				Short: "Lists, restarts and retires the upstream MCP servers of a running server",
 			}
 			upstream.AddCommand(upstreamListCommand(), upstreamRestartCommand("restart"), upstreamRestartCommand("retire"))
 			cmd.AddCommand(upstream)
@@ -60,6 +71,27 @@ within two seconds.`,
 // zidaneSubcommands are the other `caddy zidane` commands, each added by
 // the file that implements it.
 var zidaneSubcommands []func() *cobra.Command
+
+// plainCommand runs f as caddycmd.WrapCommandFuncForCobra does, but writes
+// its error as one plain line on stderr, "caddy zidane token revoke: …",
+// where Caddy's wrapper logs it as a JSON log line: these commands are run
+// by people. A status other than 0 with no error (a verdict f has printed
+// itself) exits with it and adds nothing.
+func plainCommand(f caddycmd.CommandFunc) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		status, err := f(caddycmd.Flags{FlagSet: cmd.Flags()})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", cmd.CommandPath(), err)
+			if status == caddy.ExitCodeSuccess {
+				status = caddy.ExitCodeFailedStartup
+			}
+		}
+		if status != caddy.ExitCodeSuccess {
+			os.Exit(status)
+		}
+		return nil
+	}
+}
 
 // printJSON writes v to stdout as indented JSON: the --json output of the
 // commands that list.
@@ -84,7 +116,7 @@ func tokenCreateCommand() *cobra.Command {
   caddy zidane token create --name intern --scope chat --root /srv/projects/sandbox
   caddy zidane token create --name ci --scope deploy --machine --expires 30d`,
 		Args: cobra.NoArgs,
-		RunE: caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+		RunE: plainCommand(func(fl caddycmd.Flags) (int, error) {
 			scopes, err := fl.GetStringArray("scope")
 			if err != nil {
 				return caddy.ExitCodeFailedStartup, err
@@ -141,7 +173,7 @@ func tokenListCommand() *cobra.Command {
 		Use:   "list [--json]",
 		Short: "Lists tokens; never prints a secret",
 		Args:  cobra.NoArgs,
-		RunE: caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+		RunE: plainCommand(func(fl caddycmd.Flags) (int, error) {
 			var list []policy.Token
 			err := withTokens(fl, func(admin string) error {
 				return adminJSON(admin, http.MethodGet, "/zidane/tokens", nil, &list)
@@ -183,7 +215,7 @@ func tokenListCommand() *cobra.Command {
 			return caddy.ExitCodeSuccess, tw.Flush()
 		}),
 	}
-	c.Flags().Bool("json", false, "Print JSON")
+	c.Flags().Bool("json", false, "Print the tokens as a JSON array, as GET /zidane/tokens answers (for scripts)")
 	adminFlags(c)
 	return c
 }
@@ -209,7 +241,7 @@ does not renew them.`,
   caddy zidane token revoke --session ses_4kq2v7x9m1abcdef`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+			return plainCommand(func(fl caddycmd.Flags) (int, error) {
 				session := fl.String("session")
 				if (session == "") == (len(args) == 0) {
 					return caddy.ExitCodeFailedStartup, fmt.Errorf("give a token name or id, jwt:<sub>, or --session <session id> (one of them)")
@@ -336,7 +368,7 @@ func upstreamListCommand() *cobra.Command {
 		Use:   "list [--json]",
 		Short: "Lists the configured upstreams; secrets are shown as <redacted>",
 		Args:  cobra.NoArgs,
-		RunE: caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+		RunE: plainCommand(func(fl caddycmd.Flags) (int, error) {
 			admin, err := runningAdmin(fl, "upstreams are listed from a running server")
 			if err != nil {
 				return caddy.ExitCodeFailedStartup, err
@@ -372,7 +404,7 @@ func upstreamListCommand() *cobra.Command {
 			return caddy.ExitCodeSuccess, tw.Flush()
 		}),
 	}
-	c.Flags().Bool("json", false, "Print JSON")
+	c.Flags().Bool("json", false, "Print the upstreams as a JSON array, as GET /zidane/upstreams answers, with each OAuth upstream's state under \"auth\" (for scripts)")
 	adminFlags(c)
 	return c
 }
@@ -392,7 +424,7 @@ func upstreamRestartCommand(action string) *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
-			return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+			return plainCommand(func(fl caddycmd.Flags) (int, error) {
 				admin, err := runningAdmin(fl, action+" needs a running server")
 				if err != nil {
 					return caddy.ExitCodeFailedStartup, err

@@ -17,8 +17,10 @@ func init() {
 // so that the sandbox is in place before the agent's first instruction.
 func confineCommand() *cobra.Command {
 	return &cobra.Command{
-		Use:   "confine [--read PATH]… [--write PATH]… [--deny PATH]… [--connect PORT]… [--connect-any] [--best-effort] -- COMMAND [ARGS…]",
-		Short: "Runs a command in the agents' sandbox (the gateway launches agents with it)",
+		// The gateway runs it, not a person: left out of the help.
+		Hidden: true,
+		Use:    "confine [--read PATH]… [--write PATH]… [--deny PATH]… [--connect PORT]… [--connect-any] [--best-effort] -- COMMAND [ARGS…]",
+		Short:  "Runs a command in the agents' sandbox (the gateway launches agents with it)",
 		Long: `
 Confines this process with Landlock (reads and executes only under the
 system directories, the command's directories and --read; writes only under

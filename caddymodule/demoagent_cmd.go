@@ -17,8 +17,10 @@ func init() {
 
 func demoAgentCommand() *cobra.Command {
 	return &cobra.Command{
-		Use:   "demo-agent",
-		Short: "Serves the built-in demo ACP agent on stdio (demos and tests only)",
+		// The gateway runs it, not a person: left out of the help.
+		Hidden: true,
+		Use:    "demo-agent",
+		Short:  "Serves the built-in demo ACP agent on stdio (demos and tests only)",
 		Long: `
 Serves the demo agent: an Agent Client Protocol agent, JSON-RPC over stdin and
 stdout, that runs no model and needs no API key. It exists so that the quick

@@ -56,7 +56,7 @@ const (
 	whyDataDir        = "Caddy's data directory (its storage: tokens, keys, certificates)"
 	whyConfigDir      = "Caddy's configuration directory (autosave.json)"
 	whyStorage        = "Caddy's storage"
-	whyNATS           = "a file that logs into NATS (the cluster block's creds, tls_cert or tls_key)"
+	whyNATS           = "a file that logs into NATS (storage zidane_nats's creds, tls_cert or tls_key)"
 	whyCredentials    = "systemd's credentials directory ($CREDENTIALS_DIRECTORY)"
 	whyUpstreams      = "an upstreams_file"
 	whyOAuthKey       = "an upstream's oauth private_key_file"

@@ -1,13 +1,31 @@
 // Package caddymodule is the only package of caddy-zidane-mcp that imports
-// Caddy. It registers the zidane app, the http.handlers.zidane_mcp handler
-// and its Caddyfile directive, the admin.api.zidane routes, the
+// Caddy: the adapter between Caddy and the core packages. It registers the
+// zidane app, the http.handlers.zidane_mcp handler and its Caddyfile
+// directive, the handler's routes (guest modules in
+// http.handlers.zidane_mcp.routes: sessions, guard, broker, aggregate, of
+// which a handler loads one and never asks which), the admin.api.zidane
+// routes, the
 // caddy.logging.writers.zidane_audit log writer and the `caddy zidane`
-// command; it parses config, builds the core objects from the
-// policy, pinnedfetch, mcpendpoint, sessions, broker, pins and cluster
-// packages, and hands requests to them; it tells gatewayfiles which files
-// each module reads secrets from or writes logs to, and finds those of the
-// config caddy runs, for the sessions to keep from agents; with Caddy's
-// tracing on it records
-// the edge's steps in the request's span. It holds no decision logic of its
-// own.
+// command.
+//
+// It parses and checks config (a literal secret where a placeholder
+// belongs is refused at load), keeps durable state in Caddy's usage pools
+// across reloads, builds the core objects from the policy, pinnedfetch,
+// mcpendpoint, sessions, clustersessions, broker, pins and cluster
+// packages, and hands requests to them. The handler's ServeHTTP sequences
+// the request path's steps, and serveHop those of a request another
+// replica forwarded; each verdict is a core package's: the Host, Origin
+// and CORS rules, authentication and the charging of failed guesses, the
+// refusal as the client sees it (its WWW-Authenticate, its JSON-RPC code,
+// the RFC 9728 document), the rule of a draining replica, the hop between
+// replicas and the egress paths are package edge's; scopes, tokens, the
+// aggregated route's upstream rule and the verb table are package
+// policy's; an orchestrator's child-token scopes are package
+// mcpendpoint's. This package writes the audit lines and metrics of what
+// they decide, and with Caddy's tracing on records the steps in the
+// request's span.
+//
+// It also tells gatewayfiles which files each module reads secrets from or
+// writes logs to, and finds those of the config caddy runs, for the
+// sessions to keep from agents.
 package caddymodule

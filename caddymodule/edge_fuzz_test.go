@@ -154,7 +154,7 @@ func newGuardEdge(tb testing.TB) *guardEdge {
 	ctx := caddy.ActiveContext()
 	lots := &policy.Limit{Rate: 1e9, Burst: 1 << 30}
 	h := &Handler{
-		Guard:          &Guard{UpstreamHeaders: map[string]string{"Authorization": "Bearer {env." + upstreamEnv + "}"}},
+		RouteRaw:       routeJSON(&Guard{UpstreamHeaders: map[string]string{"Authorization": "Bearer {env." + upstreamEnv + "}"}}),
 		AllowedOrigins: []string{edgeOrigin},
 		MaxBodyBytes:   edgeMaxBodyBytes,
 		Scopes:         []policy.Rule{{Scope: toolAScope, Tools: []string{allowedToolForA}}},

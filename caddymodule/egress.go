@@ -13,10 +13,6 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
 
-// egressPrefix is where the sessions endpoint offers the upstreams that
-// sessions may use: <egressPrefix><name>/mcp.
-const egressPrefix = "/zidane/upstream/"
-
 // egressRoute is one upstream offered to the sessions on this host: the
 // broker's pass-through route, reached with a per-session machine token.
 type egressRoute struct {
@@ -102,7 +98,7 @@ func (s *sessionsState) egressServers(tokens *policy.TokenStore, info sessions.S
 	for _, n := range names {
 		out = append(out, sessions.McpServer{
 			Name:    n,
-			URL:     info.Base + egressPrefix + n + "/mcp",
+			URL:     edge.EgressURL(info.Base, n),
 			Headers: map[string]string{"Authorization": "Bearer " + secret},
 		})
 	}

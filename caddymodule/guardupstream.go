@@ -19,16 +19,17 @@ import (
 // messages and its upstream_call and redirect audit lines.
 const guardUpstreamName = "guard"
 
-// buildGuardUpstream sets up `guard { upstream URL }`: the broker's
+// buildUpstream sets up `guard { upstream URL }`: the broker's
 // pass-through to the guarded server in place of the next handler, under
 // the guard's route identity (so its sealed session ids are the guard's),
 // with the guard's upstream headers and max_response. Caddy's
 // reverse_proxy would forward every header of the client's but
 // Authorization; the pass-through sends only the MCP transport's, and the
 // operator's upstream headers, to the configured URL only.
-func (h *Handler) buildGuardUpstream(ctx caddy.Context, app *App, g *edge.Guard, sessionKey []byte) (edge.Route, error) {
-	u := broker.Upstream{Name: guardUpstreamName, URL: h.Guard.Upstream, MaxResponse: h.Guard.MaxResponse}
-	for _, k := range sortedMapKeys(h.Guard.UpstreamHeaders) {
+func (g *Guard) buildUpstream(ctx caddy.Context, eg *edge.Guard, sessionKey []byte) (edge.Route, error) {
+	s := g.site
+	u := broker.Upstream{Name: guardUpstreamName, URL: g.Upstream, MaxResponse: g.MaxResponse}
+	for _, k := range sortedMapKeys(g.UpstreamHeaders) {
 		if broker.ReservedUpstreamHeader(http.CanonicalHeaderKey(k)) {
 			return nil, fmt.Errorf("guard upstream_header %s: with upstream, the guard sets or passes this header itself (the MCP transport's headers and framing); remove the upstream_header", k)
 		}
@@ -36,11 +37,11 @@ func (h *Handler) buildGuardUpstream(ctx caddy.Context, app *App, g *edge.Guard,
 	// The values are resolved here, once, and handed over as they are:
 	// the pass-through attaches them in its egress client, on the pinned
 	// origin only, and never expands them.
-	headers, err := guardHeaderValues(h.Guard.UpstreamHeaders)
+	headers, err := guardHeaderValues(g.UpstreamHeaders)
 	if err != nil {
 		return nil, err
 	}
-	logger := ctx.Logger().Named("guard")
+	logger := s.logger.Named("guard")
 	// The guard dials the one host the operator configured, whatever
 	// address it resolves to, as the reverse_proxy it replaces would; it
 	// follows no redirect, so no answer of the server's can send it to
@@ -54,27 +55,27 @@ func (h *Handler) buildGuardUpstream(ctx caddy.Context, app *App, g *edge.Guard,
 		NoRedirects:          true,
 		DenyPrivateAddresses: &allowPrivate,
 		SessionKey:           sessionKey,
-		Route:                g.Route,
-		MaxBodyBytes:         h.MaxBodyBytes,
-		AnswerBudget:         app.answerBudget,
-		OnDecision:           func(d pinnedfetch.Decision) { auditRedirect(h.audit, u.Name, d) },
-		OnCall:               func(c broker.CallRecord) { auditUpstreamCall(h.audit, c) },
+		Route:                eg.Route,
+		MaxBodyBytes:         s.maxBody,
+		AnswerBudget:         s.app.answerBudget,
+		OnDecision:           func(d pinnedfetch.Decision) { auditRedirect(s.audit, u.Name, d) },
+		OnCall:               func(c broker.CallRecord) { auditUpstreamCall(s.audit, c) },
 		OnRefusal: func(r broker.Refusal) {
 			metricRefusals.WithLabelValues(r.Reason).Inc()
-			auditBrokerRefusal(h.audit, r)
+			auditBrokerRefusal(s.audit, r)
 		},
 		Logger: slog.New(zapslog.NewHandler(logger.Core())),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("guard upstream: %w", err)
 	}
-	h.passThrough = pt
+	g.pt = pt
 	for _, k := range sortedMapKeys(headers) {
 		if headers[k] == "" {
 			logger.Warn("guard upstream_header is empty, and is sent so", zap.String("header", k))
 		}
 	}
-	return &edge.GuardUpstream{Guard: g, Handler: pt}, nil
+	return &edge.GuardUpstream{Guard: eg, Handler: pt}, nil
 }
 
 // guardHeaderValues resolves the guard's upstream headers once. Only

@@ -108,7 +108,7 @@ func guHandler(t *testing.T, ctx caddy.Context, g *Guard, resource string) (*Han
 	t.Helper()
 	lots := &policy.Limit{Rate: 1e9, Burst: 1 << 30}
 	h := &Handler{
-		Guard:     g,
+		RouteRaw:  routeJSON(g),
 		Resource:  resource,
 		Scopes:    []policy.Rule{{Scope: "tool-a", Tools: []string{"a"}}},
 		RateLimit: &RateLimit{PerToken: lots, PerIP: lots},

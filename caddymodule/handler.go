@@ -1,8 +1,8 @@
 package caddymodule
 
 import (
-	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"runtime"
-	"strconv"
 	"strings"
 	"time"
 
@@ -19,14 +18,12 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/message"
-	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
 )
@@ -44,29 +41,12 @@ func init() {
 // /.well-known/oauth-protected-resource and at that path followed by the
 // resource path, so leave the directive without a path matcher.
 type Handler struct {
-	// Sessions serves the sessions endpoint: the `sessions` and
-	// `interactions` MCP tools that drive coding-agent sessions on this
-	// host, and the read-only session pages behind their links.
-	Sessions *SessionsMode `json:"sessions,omitempty"`
-
-	// Broker names an upstream (global zidane option) to offer on this
-	// route unchanged: the pass-through route. The client's token is
-	// checked here and removed; the upstream's credentials are attached by
-	// the broker, on its configured origin only.
-	Broker string `json:"broker,omitempty"`
-
-	// Aggregate names upstreams to offer together on one endpoint, their
-	// tools and prompts namespaced mcp_<upstream>_<name>.
-	Aggregate []string `json:"aggregate,omitempty"`
-
-	// Prefix is the aggregated route's naming: "always" (default), or
-	// "conditional", which leaves names as they are when there is one
-	// upstream.
-	Prefix string `json:"prefix,omitempty"`
-
-	// Guard turns on guard mode: authorized requests go to the next handler
-	// with the client's Authorization header removed.
-	Guard *Guard `json:"guard,omitempty"`
+	// Route is what the site offers behind the edge: one of the modules
+	// in namespace http.handlers.zidane_mcp.routes, chosen by its "mode":
+	// "sessions" serves the sessions endpoint, "guard" passes authorized
+	// requests on, "broker" offers one upstream unchanged, and
+	// "aggregate" offers several together.
+	RouteRaw json.RawMessage `json:"route,omitempty" caddy:"namespace=http.handlers.zidane_mcp.routes inline_key=mode"`
 
 	// Resource is this MCP server's URL as clients know it, such as
 	// https://mcp.example.com/mcp. It is the `resource` of the metadata and
@@ -112,65 +92,13 @@ type Handler struct {
 	ipLimit    *policy.Limiter
 	ipv6Prefix int // the prefix length by which ipLimit keys IPv6 clients
 	limitKey   string
-	paramsKey  string   // this handler's hold on paramsPool
-	pinNS      []string // the pin namespaces this handler opened
 	jwt        *policy.JWTVerifier
 	resURL     *url.URL // absolute when configured so, else path only
-	// route is this site's mode; egress, in sessions mode, the routes of
-	// the upstreams offered to sessions, under egressPrefix<name>/.
-	route       edge.Route
-	answerMax   int64 // Listing.Max of every answer: guard max_response; 0 elsewhere
-	egress      map[string]edge.Route
-	sess        *sessionsState
-	sessKey     string
-	passThrough *broker.PassThrough
-	aggregate   *broker.Aggregate
-	app         *App   // this config's zidane app (upstream OAuth logins)
-	releaseOwn  func() // this handler's hold on agentDeny
-	logger      *zap.Logger
-	audit       *zap.Logger
-}
-
-// SessionsMode configures the sessions endpoint. Agents are configured in
-// the zidane app (global option).
-type SessionsMode struct{}
-
-// Guard configures guard mode.
-type Guard struct {
-	// UpstreamHeaders are set on every request passed on, after the
-	// client's Authorization is removed: an upstream credential, for
-	// example, given as a placeholder such as {env.UPSTREAM_TOKEN}. A
-	// literal value is refused (the admin API and autosave.json would show
-	// it), but for Accept, Accept-Language, Content-Type, User-Agent and
-	// Mcp-Protocol-Version.
-	UpstreamHeaders map[string]string `json:"upstream_headers,omitempty"`
-
-	// MaxResponse bounds what the guarded server may send in answer to
-	// one request, in bytes; past it the client gets a JSON-RPC error and
-	// the answer is ended. A GET stream is bounded per event (8 MiB).
-	// Default: 16 MiB.
-	MaxResponse int64 `json:"max_response,omitempty"`
-
-	// Upstream, when set, is the guarded MCP server's streamable HTTP URL:
-	// the guard sends what it allowed there itself, through the broker's
-	// pass-through (origin-pinned, plain http only to loopback, session
-	// ids sealed, only the MCP transport's headers), and the next handler
-	// is not called. Unset, authorized requests go to the next handler,
-	// such as reverse_proxy.
-	Upstream string `json:"upstream,omitempty"`
-
-	// Pin is what the guard does when one of the server's tools changes
-	// its definition after it was first listed (package pins): "strict"
-	// (the default: withhold it until an operator approves), "warn" or
-	// "off".
-	Pin string `json:"pin,omitempty"`
-
-	// NewTools is what the guard does with a tool the server lists after
-	// its tools were listed whole (package pins): "hold" (withheld until
-	// an operator approves it, with pin strict) or "allow" (pinned on
-	// first sight). Default: hold, but allow for an Upstream on loopback
-	// (reverse_proxy's server is not known to the guard, so it holds).
-	NewTools string `json:"new_tools,omitempty"`
+	route      routing  // what the route module gives to serve
+	app        *App     // this config's zidane app (upstream OAuth logins)
+	releaseOwn func()   // this handler's hold on agentDeny
+	logger     *zap.Logger
+	audit      *zap.Logger
 }
 
 // RateLimit configures the token buckets.
@@ -207,12 +135,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 }
 
 const (
-	defaultMaxBody     = 1 << 20
-	defaultResource    = "/mcp"
-	wellKnownResource  = "/.well-known/oauth-protected-resource"
-	mcpSessionHeader   = "Mcp-Session-Id"
-	protocolHeader     = "Mcp-Protocol-Version"
-	allowedCORSHeaders = "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name"
+	defaultMaxBody    = 1 << 20
+	defaultResource   = "/mcp"
+	wellKnownResource = edge.WellKnownResource
+	mcpSessionHeader  = "Mcp-Session-Id"
+	protocolHeader    = "Mcp-Protocol-Version"
 )
 
 var (
@@ -220,28 +147,19 @@ var (
 	defaultIPLimit    = policy.Limit{Rate: 1, Burst: 10}
 )
 
-// Provision builds the policy objects and looks up the shared state.
+// Provision builds the policy objects, looks up the shared state, and
+// loads the route, which builds on them.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.audit = auditLoggerOf(ctx)
 	// The files this handler reads secrets from (a guard's upstream_header
-	// {file.…}, the JWT public key) are no agent's, read or write: one
-	// who rewrites the JWT key signs its own tokens.
+	// {file.…}, in the route's JSON, the JWT public key) are no agent's,
+	// read or write: one who rewrites the JWT key signs its own tokens.
 	own := gatewayfiles.PlaceholderFiles(h)
 	if h.JWT != nil && h.JWT.PublicKeyFile != "" {
 		own = append(own, gatewayfiles.File{Path: h.JWT.PublicKeyFile, Why: whyJWTKey})
 	}
 	h.releaseOwn = agentDeny.Hold(own)
-	if h.Guard != nil {
-		if err := checkGuardHeaders(h.Guard.UpstreamHeaders); err != nil {
-			return err
-		}
-		if h.Guard.Upstream != "" {
-			if err := checkGuardUpstream(h.Guard.Upstream); err != nil {
-				return err
-			}
-		}
-	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return err
 	}
@@ -249,8 +167,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	h.tokens = appIface.(*App).Tokens()
 	h.app = appIface.(*App)
+	h.tokens = h.app.Tokens()
 
 	if h.MaxBodyBytes == 0 {
 		h.MaxBodyBytes = defaultMaxBody
@@ -267,6 +185,39 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.origins, err = policy.NewOrigins(h.AllowedOrigins); err != nil {
 		return err
 	}
+	if err := h.provisionLimits(ctx); err != nil {
+		return err
+	}
+	h.authn = policy.Authenticator{Tokens: h.tokens, Suspects: suspectQueue}
+	if h.JWT != nil {
+		v, err := h.JWT.build(ctx, h.resURL)
+		if err != nil {
+			return err
+		}
+		h.jwt, h.authn.JWT = v, v
+	}
+	if h.RouteRaw == nil {
+		return nil // Validate says what is missing
+	}
+	// The route builds on this handler's policy, which it finds in its
+	// context: Caddy gives a guest module nothing else.
+	s := &site{resource: h.Resource, resURL: h.resURL, maxBody: h.MaxBodyBytes, rules: h.Scopes, defaults: !h.NoDefaultScopes,
+		scopes: h.scopes, authn: h.authn, app: h.app, audit: h.audit, logger: h.logger, agentBase: edge.ProtectedResource{URL: h.resURL}.AgentBase}
+	mod, err := ctx.WithValue(siteKey{}, s).LoadModule(h, "RouteRaw")
+	if err != nil {
+		return fmt.Errorf("loading the route: %w", err)
+	}
+	m, ok := mod.(routeModule)
+	if !ok {
+		return fmt.Errorf("module %T is no zidane_mcp route", mod)
+	}
+	h.route = m.routing()
+	return nil
+}
+
+// provisionLimits sets up the token buckets, shared by every handler of
+// the same resource and limits (and, on NATS storage, every replica).
+func (h *Handler) provisionLimits(ctx caddy.Context) error {
 	tokenLimit, ipLimit := defaultTokenLimit, defaultIPLimit
 	if h.RateLimit != nil {
 		if h.RateLimit.PerToken != nil {
@@ -281,6 +232,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("rate_limit %s: %w", name, err)
 		}
 	}
+	var err error
 	if h.ipv6Prefix, err = h.RateLimit.ipv6Prefix(); err != nil {
 		return err
 	}
@@ -301,83 +253,23 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.tokenLimit, h.ipLimit = lv.(*limiters).token, lv.(*limiters).ip
-	h.authn = policy.Authenticator{Tokens: h.tokens, Suspects: suspectQueue}
-	if h.JWT != nil {
-		v, err := h.JWT.build(ctx, h.resURL)
-		if err != nil {
-			return err
-		}
-		h.jwt, h.authn.JWT = v, v
-	}
-	switch {
-	case h.Broker != "":
-		err = h.buildBroker(ctx, appIface.(*App))
-	case len(h.Aggregate) > 0:
-		err = h.buildAggregate(ctx, appIface.(*App))
-	case h.Sessions != nil:
-		err = h.buildSessions(ctx, appIface.(*App))
-	case h.Guard != nil:
-		key, kerr := sessionIDKey(ctx.Storage())
-		if kerr != nil {
-			return kerr
-		}
-		ids, ierr := broker.NewSessionIDs(key)
-		if ierr != nil {
-			return ierr
-		}
-		// Sealed ids name the site by its resource, so one guarded site's
-		// id opens on no other with another resource.
-		pol, perr := h.Guard.pinPolicy()
-		if perr != nil {
-			return perr
-		}
-		if h.Guard.MaxResponse < 0 {
-			return fmt.Errorf("guard max_response %d is negative; give a size such as 16MiB", h.Guard.MaxResponse)
-		}
-		shared, cerr := h.app.claimGuardResource(h.Resource, h.Guard.Upstream)
-		if cerr != nil {
-			return cerr
-		}
-		if shared {
-			h.logger.Warn("another guard site of this config has the same resource; what a guard keeps of its server (pinned tool definitions, learned Mcp-Param-* bindings, the route its session ids are sealed to) is kept under its resource, so if the two guard different servers, give each its own absolute resource",
-				zap.String("resource", h.Resource))
-		}
-		ns := "guard:" + h.Resource
-		tasks, terr := broker.NewTaskIDs(key)
-		if terr != nil {
-			return terr
-		}
-		g := &edge.Guard{Scopes: h.scopes, Prepare: h.Guard.setHeaders, IDs: ids, Route: "guard:" + h.Resource,
-			SharedParams: h.sharedParams(ctx, "params|guard|"+h.Resource), Pins: h.openPins(ctx, ns, pol), PinNS: ns, Tasks: tasks}
-		h.route = g
-		if h.Guard.Upstream == "" {
-			h.answerMax = cmp.Or(h.Guard.MaxResponse, broker.DefaultMaxResponse)
-			break
-		}
-		// The pass-through bounds the server's answers itself, with
-		// max_response, as on the broker's route.
-		if h.route, err = h.buildGuardUpstream(ctx, appIface.(*App), g, key); err != nil {
-			return err
-		}
-	}
-	return err
+	return nil
 }
 
-// Validate checks that a mode is chosen.
+// chooseOneMode is the error of a handler with no route, or in the
+// Caddyfile with more than one mode.
+const chooseOneMode = "zidane_mcp: choose one mode: `sessions` serves the sessions endpoint; `broker NAME` offers a configured upstream; `aggregate NAME...` offers several together; `guard` passes authorized requests to the next handler (for example reverse_proxy), or with guard { upstream URL } to that MCP server"
+
+// Validate checks that a route is given.
 func (h *Handler) Validate() error {
-	modes := 0
-	for _, on := range []bool{h.Guard != nil, h.Sessions != nil, h.Broker != "", len(h.Aggregate) > 0} {
-		if on {
-			modes++
-		}
-	}
-	if modes != 1 {
-		return errors.New("zidane_mcp: choose one mode: `sessions` serves the sessions endpoint; `broker NAME` offers a configured upstream; `aggregate NAME...` offers several together; `guard` passes authorized requests to the next handler (for example reverse_proxy), or with guard { upstream URL } to that MCP server")
+	if h.route.route == nil {
+		return errors.New(chooseOneMode)
 	}
 	return nil
 }
 
-// Cleanup releases this config's hold on the shared buckets.
+// Cleanup releases this config's hold on the shared buckets. Caddy cleans
+// up the route module itself, as every module it loaded.
 func (h *Handler) Cleanup() error {
 	if h.releaseOwn != nil {
 		h.releaseOwn()
@@ -385,27 +277,11 @@ func (h *Handler) Cleanup() error {
 	if h.jwt != nil {
 		h.jwt.Close()
 	}
-	if h.passThrough != nil {
-		h.passThrough.Close()
-	}
-	if h.aggregate != nil {
-		liveAggregates.remove(h.aggregate)
-		h.aggregate.Close()
-	}
-	var err error
-	if h.paramsKey != "" {
-		_, _ = paramsPool.Delete(h.paramsKey)
-	}
-	h.closePins()
 	if h.limitKey != "" {
-		_, err = limiterPool.Delete(h.limitKey)
+		_, err := limiterPool.Delete(h.limitKey)
+		return err
 	}
-	if h.sessKey != "" {
-		if _, derr := sessionsPool.Delete(h.sessKey); err == nil {
-			err = derr
-		}
-	}
-	return err
+	return nil
 }
 
 // limiterPool keeps rate-limit buckets across reloads, keyed by the
@@ -487,13 +363,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if r.Header[edge.HopHeader] != nil || r.Header[edge.HopPrincipalHeader] != nil || r.Header[edge.HopCredentialHeader] != nil {
 		return h.serveHop(w, r, rf)
 	}
-	if v := h.checkHostOrigin(r); !v.Allowed() {
+	if v := edge.CheckHostOrigin(r, h.origins, !h.DisableLocalhostProtection); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
-	if h.preflight(w, r, rf.origin) || h.servePublic(w, r) {
+	if edge.Preflight(w, r) || h.servePublic(w, r) {
 		return nil
 	}
-	route, v := h.routeFor(r.URL.Path)
+	route, span, v := h.routeFor(r.URL.Path)
 	if !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
@@ -505,6 +381,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, r, rf, v)
 	}
 	rf.p = p
+	setUserID(r, p)
 	tr := traceSteps(r)
 	if tr.on() {
 		tr.event("auth", "allowed", "", principalAttrs(p)...)
@@ -547,69 +424,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// A replica that is shutting down finishes the sessions it holds and
 	// opens none.
-	if draining() && opensLegacySession(r, d.Body) {
-		rf.call = d.Body.Calls[0]
-		w.Header().Set("Retry-After", "1")
-		return h.refuse(w, r, rf, drainingVerdict())
+	if draining() {
+		if v := edge.Drain(r.Method, r.Header, d.Body); !v.Allowed() {
+			rf.call = d.Body.Calls[0]
+			return h.refuse(w, r, rf, v)
+		}
 	}
 
 	// 6. Serve.
-	return h.serve(w, r, route, p, d.Body, rf, tr, next)
-}
-
-// checkHostOrigin is step 1: on a loopback listener, a Host that is not
-// loopback is a DNS-rebinding attempt (the spec's localhost rule); a
-// browser Origin must be allowed.
-func (h *Handler) checkHostOrigin(r *http.Request) edge.Verdict {
-	if !h.DisableLocalhostProtection && onLoopbackListener(r) && !policy.HostIsLoopback(r.Host) {
-		return edge.Refuse(http.StatusForbidden, "host",
-			fmt.Sprintf("Host %q is not this machine: this endpoint listens on loopback only; if a proxy in front sets another Host, set disable_localhost_protection", r.Host))
-	}
-	if origin := r.Header.Get("Origin"); !h.origins.Allowed(origin, r.Host) {
-		return edge.Refuse(http.StatusForbidden, "origin",
-			fmt.Sprintf("Origin %q is not allowed to call this MCP endpoint; an operator can add it to allowed_origins", origin))
-	}
-	return edge.Verdict{}
-}
-
-// maxCORSParamHeaders bounds the Mcp-Param-* names a preflight is allowed.
-const maxCORSParamHeaders = 64
-
-// corsAllowHeaders is what a preflight allows: the MCP headers, and the
-// Mcp-Param-* headers (2026-07-28, one per x-mcp-header binding, so no
-// fixed list names them) that the browser asks for, each a plain header
-// name; the edge checks their values against the body like any client's.
-func corsAllowHeaders(requested []string) string {
-	out := allowedCORSHeaders
-	n := 0
-	for _, line := range requested {
-		for name := range strings.SplitSeq(line, ",") {
-			name = strings.TrimSpace(name)
-			if n < maxCORSParamHeaders && len(name) <= 128 && len(name) > len("mcp-param-") &&
-				strings.EqualFold(name[:len("mcp-param-")], "mcp-param-") && httpguts.ValidHeaderFieldName(name) {
-				out += ", " + name
-				n++
-			}
-		}
-	}
-	return out
-}
-
-// preflight sets the CORS headers of an allowed browser Origin, and
-// answers its preflight request.
-func (h *Handler) preflight(w http.ResponseWriter, r *http.Request, origin string) bool {
-	if origin == "" {
-		return false
-	}
-	setCORS(w.Header(), origin)
-	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
-		return false
-	}
-	w.Header().Set("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS")
-	w.Header().Set("Access-Control-Allow-Headers", corsAllowHeaders(r.Header.Values("Access-Control-Request-Headers")))
-	w.Header().Set("Access-Control-Max-Age", "600")
-	w.WriteHeader(http.StatusNoContent)
-	return true
+	return h.serve(w, r, route, span, p, d.Body, rf, tr, next)
 }
 
 // servePublic serves what needs no bearer token, each behind its own
@@ -618,12 +441,10 @@ func (h *Handler) preflight(w http.ResponseWriter, r *http.Request, origin strin
 // an upstream login's callback (its one-time state).
 func (h *Handler) servePublic(w http.ResponseWriter, r *http.Request) bool {
 	switch path := r.URL.Path; {
-	case strings.HasPrefix(path, wellKnownResource) && h.servesMetadata(path):
-		if err := h.serveMetadata(w, r); err != nil {
-			writeHandlerError(w, err)
-		}
-	case h.sess != nil && strings.HasPrefix(path, sessionpage.PathPrefix):
-		h.sess.page.ServeHTTP(w, r)
+	case strings.HasPrefix(path, wellKnownResource) && (edge.ProtectedResource{URL: h.resURL}).ServesMetadata(path):
+		h.protectedResource().ServeMetadata(w, r)
+	case h.route.page != nil && strings.HasPrefix(path, sessionpage.PathPrefix):
+		h.route.page.ServeHTTP(w, r)
 	case h.app != nil && h.app.serveClientMetadata(w, r):
 	case strings.HasPrefix(path, OAuthCallbackPath):
 		_ = h.serveOAuthCallback(w, r)
@@ -635,73 +456,33 @@ func (h *Handler) servePublic(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-// writeHandlerError answers a handler error that carries its status.
-func writeHandlerError(w http.ResponseWriter, err error) {
-	status := http.StatusInternalServerError
-	var he caddyhttp.HandlerError
-	if errors.As(err, &he) && he.StatusCode != 0 {
-		status = he.StatusCode
-	}
-	http.Error(w, http.StatusText(status), status)
-}
-
-// routeFor is the route of a request path: a session's egress route under
-// egressPrefix<name>/ on the sessions endpoint, else the site's own.
-func (h *Handler) routeFor(path string) (edge.Route, edge.Verdict) {
-	if h.egress == nil {
-		return h.route, edge.Verdict{}
-	}
-	rest, ok := strings.CutPrefix(path, egressPrefix)
-	if !ok {
-		return h.route, edge.Verdict{}
-	}
-	name, _, _ := strings.Cut(rest, "/")
-	if r, ok := h.egress[name]; ok {
-		return r, edge.Verdict{}
-	}
-	return nil, edge.Refuse(http.StatusNotFound, "no_upstream",
-		"no upstream is offered to sessions at this path; see session_upstreams in the zidane global option")
-}
-
-// authenticate is step 2. A request without a valid credential is charged
-// to its address (an IPv6 client's prefix), and once the address's bucket
-// is empty it is refused 429 rather than 401, so that guessing slows down.
-// The bucket is consulted after the credential, never for a valid one: an
-// address is shared (an agent that guesses and the orchestrator on its
-// host; in a cluster, the usage reaches every replica), and one client's
-// guesses must not lock the others out. While the bucket is empty, a JWT's
-// signature check waits its turn in suspectQueue, which bounds the CPU
-// that such addresses can have spent on checking signatures.
-func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) (policy.Principal, edge.Verdict) {
-	ip := policy.AddressKey(clientIP, h.ipv6Prefix)
-	authenticate := h.authn.Authenticate
-	if h.authn.JWT != nil && h.ipLimit.Empty(ip, now) {
-		authenticate = h.authn.AuthenticateSuspect
-	}
-	p, err := authenticate(r.Context(), r.Header.Get("Authorization"), now)
+// routeFor is the route of a request path (edge.EgressRoute), and how its
+// span is made: a session's egress route under edge.EgressPrefix<name>/ on
+// the sessions endpoint, else the site's own.
+func (h *Handler) routeFor(path string) (edge.Route, spanning, edge.Verdict) {
+	route, v := edge.EgressRoute(path, h.route.route, h.route.egress)
 	switch {
-	case err == nil:
-		return p, edge.Verdict{}
-	case errors.Is(err, policy.ErrKeysUnavailable):
-		// Not the client's fault, so no 401 and no charge to its address.
-		// The detail (URL, network error) goes to the log only.
+	case !v.Allowed():
+		return nil, spanning{}, v
+	case route != h.route.route:
+		return route, egressSpan, v
+	}
+	return route, h.route.span, v
+}
+
+// authenticate is step 2 (edge.Authentication): the credential's
+// principal, or its refusal; a refusal for the identity provider's keys
+// logs their detail, and one for the address's bucket is counted.
+func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) (policy.Principal, edge.Verdict) {
+	a := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix}
+	p, v, err := a.Authenticate(r.Context(), r.Header.Get("Authorization"), clientIP, now)
+	switch v.Reason {
+	case edge.ReasonKeysUnavailable:
 		h.logger.Error("JWT signing keys unavailable", zap.String("detail", err.Error()))
-		v := edge.Refuse(http.StatusServiceUnavailable, "jwt_keys_unavailable",
-			"the identity provider's signing keys are unavailable right now; retry later")
-		v.RetryAfter = 30 * time.Second
-		return policy.Principal{}, v
-	}
-	if ok, retry := h.ipLimit.Allow(ip, now); !ok {
+	case edge.ReasonRateLimitedIP:
 		metricRateLimited.WithLabelValues("ip").Inc()
-		v := edge.Refuse(http.StatusTooManyRequests, "rate_limited_ip",
-			"too many requests without a valid token from this address; wait and retry with a valid token")
-		v.RetryAfter = retry
-		return policy.Principal{}, v
 	}
-	if errors.Is(err, policy.ErrNoCredential) {
-		return policy.Principal{}, edge.Refuse(http.StatusUnauthorized, "no_token", errMessage(err, policy.ErrNoCredential))
-	}
-	return policy.Principal{}, edge.Refuse(http.StatusUnauthorized, "invalid_token", errMessage(err, policy.ErrTokenInvalid))
+	return p, v
 }
 
 // suspectQueue is where the JWT signature checks of requests from an
@@ -711,19 +492,13 @@ func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) 
 // (at least one) busy verifying signatures.
 var suspectQueue = policy.NewSuspectQueue(runtime.GOMAXPROCS(0) / 4)
 
-// errMessage is err's message without the sentinel's prefix.
-func errMessage(err, sentinel error) string {
-	return strings.TrimPrefix(err.Error(), sentinel.Error()+": ")
-}
-
 // serve is step 6: the route serves the request with the principal and
 // the body it was allowed on in its context, without the client's
 // credential, and behind the listing filter, which every answer passes. tr
 // is the request's step tracer, looked up once in ServeHTTP.
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, p policy.Principal, b *message.Body, rf refusal, tr steps, next caddyhttp.Handler) (err error) {
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, span spanning, p policy.Principal, b *message.Body, rf refusal, tr steps, next caddyhttp.Handler) (err error) {
 	ip := rf.clientIP
-	metricAllowed.Inc()
-	metricTokenRequests.WithLabelValues(p.Name).Inc()
+	countAllowed(p)
 	if b != nil {
 		for _, c := range b.Calls {
 			if c.IsToolCall() {
@@ -731,14 +506,14 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 			}
 		}
 	}
-	ctx, span := tr.routeSpan(r.Context(), r, routeName(route), p, b)
-	defer func() { endRoute(span, err) }()
+	ctx, rs := tr.routeSpan(r.Context(), r, span, p, b)
+	defer func() { endRoute(rs, err) }()
 	ctx, cancel := context.WithCancel(policy.WithPrincipal(ctx, p))
 	defer cancel()
 	if b != nil {
 		ctx = message.NewContext(ctx, b)
 	}
-	if _, ok := route.(forwardedRoute); ok && policy.IsJWTID(p.TokenID) {
+	if _, ok := route.(edge.ForwardedRoute); ok && policy.IsJWTID(p.TokenID) {
 		// The replica that holds the request's session, or runs the agent
 		// session it acts on, verifies a JWT principal's access token
 		// itself (see edge.HopKey.Sign, clustersessions).
@@ -764,7 +539,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 		r.Header[broker.ClientIPHeader] = []string{ip}
 	}
 	f := edge.NewListing(route, p, b, func(d edge.Drop) { h.auditDrop(r, d) })
-	f.Max = h.answerMax
+	f.Max = h.route.answerMax
 	f.Budget = h.app.answerBudget
 	fw, closeFilter := f.Wrap(w)
 	if err = route.Serve(fw, r, next); err != nil {
@@ -783,21 +558,6 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	return err
 }
 
-// setHeaders sets the guard's upstream headers on a request passed on,
-// after the client's Authorization is removed.
-func (g *Guard) setHeaders(r *http.Request) {
-	if len(g.UpstreamHeaders) == 0 {
-		return
-	}
-	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	for k, v := range g.UpstreamHeaders {
-		if repl != nil {
-			v = repl.ReplaceAll(v, "")
-		}
-		r.Header.Set(k, v)
-	}
-}
-
 func clientIP(r *http.Request) string {
 	if ip, ok := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ok && ip != "" {
 		return ip
@@ -809,18 +569,6 @@ func clientIP(r *http.Request) string {
 	return host
 }
 
-// onLoopbackListener reports whether r arrived on a loopback address.
-func onLoopbackListener(r *http.Request) bool {
-	addr, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	return pinnedfetch.IsLoopbackSocket(addr)
-}
-
-func setCORS(h http.Header, origin string) {
-	h.Set("Access-Control-Allow-Origin", origin)
-	h.Add("Vary", "Origin")
-	h.Set("Access-Control-Expose-Headers", "Mcp-Session-Id, WWW-Authenticate, Retry-After")
-}
-
 // Interface guards.
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
@@ -828,24 +576,3 @@ var (
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
-
-// agentBase is where the agents of sessions that r creates reach this
-// gateway: the configured resource's origin, else the listener r arrived on
-// (scheme://ip:port, which the client cannot choose), never r's Host or
-// X-Forwarded-* headers. The URLs handed to agents carry their tokens.
-// Empty when neither gives one (a unix socket; the app refuses to start
-// such a site, see checkAgentBases).
-func (h *Handler) agentBase(r *http.Request) string {
-	if h.resURL.IsAbs() {
-		return h.resURL.Scheme + "://" + h.resURL.Host
-	}
-	addr, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)
-	if !ok {
-		return ""
-	}
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
-	return scheme + "://" + net.JoinHostPort(addr.IP.String(), strconv.Itoa(addr.Port))
-}

@@ -6,8 +6,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
-	"github.com/Tahul/caddy-zidane-mcp/edge"
-	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 // HealthzPath answers a load balancer's health check on every site that
@@ -46,26 +44,4 @@ func (h *Handler) serveHealthz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	_ = writeJSON(w, code, out)
-}
-
-// opensLegacySession says whether r opens a 2025-11-25 MCP session: an
-// initialize without a session id. A 2026-07-28 request opens none, and a
-// request on a session goes on where it is held.
-func opensLegacySession(r *http.Request, b *message.Body) bool {
-	if r.Method != http.MethodPost || r.Header.Get("Mcp-Session-Id") != "" || b == nil {
-		return false
-	}
-	for _, c := range b.Calls {
-		if c.Method == "initialize" {
-			return true
-		}
-	}
-	return false
-}
-
-// drainingVerdict refuses a new session on a replica that is shutting
-// down, so the client opens it on another.
-func drainingVerdict() edge.Verdict {
-	return edge.Refuse(http.StatusServiceUnavailable, "draining",
-		"this gateway replica is shutting down and opens no new session: retry, and the load balancer sends you to another replica")
 }

@@ -11,7 +11,7 @@ import (
 // checkAgentBases refuses a config in which a sessions endpoint has no
 // address to hand its agents: the URLs of their MCP servers, which carry
 // their tokens, are built from the site's `resource` when it is absolute,
-// else from the listener a session was created on (see agentBase), never
+// else from the listener a session was created on (see edge.ProtectedResource.AgentBase), never
 // from a request's Host. A listener's address is a name an agent can reach
 // over plain HTTP; over TLS, the address is an IP that the site's
 // certificate does not name, and a unix socket has none. (Behind the
@@ -30,7 +30,7 @@ func (a *App) checkAgentBases() error {
 	for name, srv := range servers {
 		var errs []error
 		walkHandlers(srv.Routes, srv.Errors, srv.NamedRoutes, func(h *Handler) {
-			if h.Sessions == nil || h.resURL == nil || h.resURL.IsAbs() {
+			if !h.route.handsOutURLs || h.resURL.IsAbs() {
 				return
 			}
 			switch {

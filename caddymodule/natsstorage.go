@@ -5,15 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
-	"strings"
+	"log/slog"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 )
@@ -25,12 +24,22 @@ func init() {
 // NATSStorage is `storage zidane_nats`: Caddy's storage (TLS certificates,
 // and everything the zidane app keeps: tokens, sessions, upstream
 // credentials) on NATS JetStream, shared by every replica of a cluster. It
-// has no settings of its own: it is the storage that the zidane app's
-// cluster block opens (ClusterConfig), so that the cluster is configured in
-// one place and Caddy's storage is the cluster's. Caddy provisions its
-// storage before its apps, so this module provisions the zidane app first.
+// carries the cluster's settings (ClusterConfig) and opens them on its own,
+// as Caddy's lifecycle has it (storage first, then the apps, which find
+// it in their context), so that `caddy storage export` and `import`, which
+// load the storage without any app, open it too. The zidane app takes the
+// cluster from it: its settings are given once, here.
+//
+// A config written before the settings moved here, with a bare
+// `storage zidane_nats` and the settings in the zidane app's cluster
+// block, still runs: the storage then provisions the app to open that
+// block (the reverse of Caddy's order, so the storage commands cannot open
+// it). docs/upgrade.md says how to move the block.
 type NATSStorage struct {
-	st *cluster.Storage
+	ClusterConfig
+
+	st      *cluster.Storage
+	poolKey string // this storage's hold on natsPool, when it opened the cluster itself
 }
 
 // CaddyModule returns the Caddy module information.
@@ -41,15 +50,24 @@ func (NATSStorage) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// errNoClusterBlock is the refusal of storage zidane_nats without the
-// zidane app's cluster block.
-var errNoClusterBlock = errors.New("storage zidane_nats is the storage that the zidane global option's cluster block opens, and none was provisioned: add zidane { cluster { url tls://nats-1:4222 … } } (see the README, \"Shared storage on NATS\"), or remove storage zidane_nats to keep Caddy's file storage; `caddy storage export` and `import` load no app, so they cannot open it")
+// errNoClusterBlock is the refusal of a bare storage zidane_nats without
+// the zidane app's cluster block.
+var errNoClusterBlock = errors.New("storage zidane_nats has no settings: give the cluster's in its block, storage zidane_nats { url tls://nats-1:4222 … } (see docs/upgrade.md), or remove storage zidane_nats to keep Caddy's file storage")
 
-// Provision provisions the zidane app, whose cluster block opens the
-// storage. Caddy provisions its storage before its apps, and the app, so
+// Provision opens the cluster's storage from the settings, or, for a bare
+// storage zidane_nats, provisions the zidane app, whose cluster block
+// opens it: Caddy provisions its storage before its apps, and the app, so
 // provisioned, finds no storage yet in ctx: that is how it knows it is the
 // cluster's (see App.provisionStorage).
 func (s *NATSStorage) Provision(ctx caddy.Context) error {
+	if !s.bare() {
+		st, key, err := s.open(slog.New(zapslog.NewHandler(ctx.Logger().Core())))
+		if err != nil {
+			return fmt.Errorf("storage zidane_nats: %w", err)
+		}
+		s.st, s.poolKey = st, key
+		return nil
+	}
 	v, err := ctx.AppIfConfigured("zidane")
 	if errors.Is(err, caddy.ErrNotConfigured) {
 		return errNoClusterBlock
@@ -65,6 +83,21 @@ func (s *NATSStorage) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// bare reports whether the storage was given no settings.
+func (s *NATSStorage) bare() bool {
+	b, _ := json.Marshal(s.ClusterConfig)
+	return string(b) == "{}"
+}
+
+// Cleanup releases the storage's hold on the connection; the app holds its
+// own while it runs.
+func (s *NATSStorage) Cleanup() error {
+	if s.poolKey != "" {
+		_, _ = natsPool.Delete(s.poolKey)
+	}
+	return nil
+}
+
 // CertMagicStorage returns the cluster's storage.
 func (s *NATSStorage) CertMagicStorage() (certmagic.Storage, error) {
 	if s.st == nil {
@@ -73,42 +106,48 @@ func (s *NATSStorage) CertMagicStorage() (certmagic.Storage, error) {
 	return s.st, nil
 }
 
-// UnmarshalJSON refuses settings, which belong to the zidane app's
-// cluster block, saying so: caddy's strict decoding would only name an
-// unknown field.
-func (s *NATSStorage) UnmarshalJSON(b []byte) error {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(b, &fields); err != nil {
-		return fmt.Errorf("storage zidane_nats: %w", err)
-	}
-	delete(fields, "module")
-	if len(fields) > 0 {
-		return fmt.Errorf("storage zidane_nats takes no settings (found %s): the cluster's settings go in the zidane app's cluster object, apps.zidane.cluster (in a Caddyfile, zidane { cluster { … } }); see the README, \"Shared storage on NATS\"", strings.Join(slices.Sorted(maps.Keys(fields)), ", "))
-	}
-	return nil
-}
-
-// UnmarshalCaddyfile reads `storage zidane_nats`, which takes nothing: the
-// cluster's settings are the zidane global option's cluster block.
+// UnmarshalCaddyfile reads
+//
+//	storage zidane_nats {
+//		url       <url>...
+//		creds     <file>
+//		tls_ca    <file>
+//		tls_cert  <file>
+//		tls_key   <file>
+//		bucket    <name>
+//		replicas  <n>
+//		lock_ttl  <duration>
+//		key       {env.VAR}
+//		node      <id>
+//		advertise <url>
+//	}
+//
+// or a bare `storage zidane_nats`, whose settings are the zidane global
+// option's cluster block (the form before they moved here).
 func (s *NATSStorage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the module name
 	if d.NextArg() {
-		return d.ArgErr()
+		return d.Errf("storage zidane_nats takes no argument (found %q), only a block: storage zidane_nats { url tls://nats-1:4222 … }", d.Val())
 	}
-	if d.NextBlock(0) {
-		return d.Errf("storage zidane_nats takes no block (found %q): the cluster's settings go in the zidane global option, zidane { cluster { url … key … node … advertise … } }; see the README, \"Shared storage on NATS\"", d.Val())
+	nesting := d.Nesting()
+	if !d.NextBlock(nesting) {
+		return nil
 	}
-	return nil
+	if err := s.option(d); err != nil {
+		return err
+	}
+	return s.options(d, nesting)
 }
 
 // errClusterStorageOffline is what the CLI says instead of writing a
 // storage that is not the one the servers use.
-var errClusterStorageOffline = errors.New("this configuration keeps its state in NATS (the zidane cluster block, storage zidane_nats), which the CLI does not write behind the servers' backs; run the command while a server is up, against its admin API (--address)")
+var errClusterStorageOffline = errors.New("this configuration keeps its state in NATS (storage zidane_nats), which the CLI does not write behind the servers' backs; run the command while a server is up, against its admin API (--address)")
 
 // Interface guards.
 var (
 	_ caddy.StorageConverter = (*NATSStorage)(nil)
 	_ caddy.Provisioner      = (*NATSStorage)(nil)
+	_ caddy.CleanerUpper     = (*NATSStorage)(nil)
 	_ caddyfile.Unmarshaler  = (*NATSStorage)(nil)
 )
 

@@ -38,8 +38,8 @@ func TestClusterKeyIsOnePlaceholder(t *testing.T) {
 	}
 }
 
-// The cluster's settings are one block in the zidane global option; the
-// storage line takes none, and says where they go.
+// The cluster block in the zidane global option, the form before the
+// settings moved to the storage, still reads as it did.
 func TestClusterBlockInTheZidaneOption(t *testing.T) {
 	d := caddyfile.NewTestDispenser(`zidane {
 		cluster {
@@ -77,24 +77,50 @@ func TestClusterBlockInTheZidaneOption(t *testing.T) {
 	}
 
 	var s NATSStorage
-	if err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser("zidane_nats")); err != nil {
-		t.Errorf("storage zidane_nats: %v", err)
-	}
-	err = s.UnmarshalCaddyfile(caddyfile.NewTestDispenser("zidane_nats {\nurl nats://127.0.0.1:4222\n}"))
-	if err == nil || !strings.Contains(err.Error(), "zidane { cluster {") {
-		t.Errorf("storage zidane_nats with a block: %v, want a refusal saying where the settings go", err)
+	if err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser("zidane_nats")); err != nil || !s.bare() {
+		t.Errorf("bare storage zidane_nats: %v (bare %v)", err, s.bare())
 	}
 }
 
-// A JSON config written for the storage that held the cluster's settings
-// is told where they went, not only that a field is unknown.
-func TestNATSStorageJSONTakesNoSettings(t *testing.T) {
+// The storage carries the cluster's settings in its block, in the shape of
+// the cluster block, so that Caddy opens it before any app and the
+// storage commands open it with none.
+func TestNATSStorageCarriesTheClusterSettings(t *testing.T) {
 	var s NATSStorage
-	if err := json.Unmarshal([]byte(`{"module":"zidane_nats"}`), &s); err != nil {
-		t.Errorf("no settings: %v", err)
+	err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser(`zidane_nats {
+		url nats://127.0.0.1:4222 nats://127.0.0.1:4223
+		node gw-1
+		advertise http://127.0.0.1:8443
+		replicas 3
+		lock_ttl 20s
+		key {env.ZIDANE_TEST_CLUSTER_KEY}
+	}`))
+	if err != nil {
+		t.Fatal(err)
 	}
-	err := json.Unmarshal([]byte(`{"module":"zidane_nats","urls":["nats://127.0.0.1:4222"],"node":"gw-1"}`), &s)
-	if err == nil || !strings.Contains(err.Error(), "found node, urls") || !strings.Contains(err.Error(), "apps.zidane.cluster") {
-		t.Errorf("settings on the storage: %v, want a refusal naming them and apps.zidane.cluster", err)
+	b, err := json.Marshal(&s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"urls":["nats://127.0.0.1:4222","nats://127.0.0.1:4223"]`, `"replicas":3`, `"lock_ttl":20000000000`, `"node":"gw-1"`, `"advertise":"http://127.0.0.1:8443"`, `"key":"{env.ZIDANE_TEST_CLUSTER_KEY}"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("storage JSON %s lacks %s", b, want)
+		}
+	}
+	var back NATSStorage
+	if err := json.Unmarshal(b, &back); err != nil || back.Node != "gw-1" || len(back.URLs) != 2 || back.bare() {
+		t.Errorf("the JSON does not read back: %+v %v", back.ClusterConfig, err)
+	}
+
+	for _, c := range []struct{ caddyfile, want string }{
+		{"zidane_nats extra", `takes no argument (found "extra")`},
+		{"zidane_nats {\nnode gw-1\n}", "no url"},
+		{"zidane_nats {\nurl nats://127.0.0.1:4222\nbucketz x\n}", `unknown option "bucketz"`},
+		{"zidane_nats {\nurl nats://127.0.0.1:4222\nkey c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=\n}", "literal"},
+	} {
+		var s NATSStorage
+		if err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.caddyfile)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want a refusal saying %q", c.caddyfile, err, c.want)
+		}
 	}
 }

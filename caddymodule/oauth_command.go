@@ -34,7 +34,7 @@ encrypted. The command waits until then (or --wait 0 to return at once).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
-			return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+			return plainCommand(func(fl caddycmd.Flags) (int, error) {
 				admin, err := runningAdmin(fl, "the login's callback lands on the running server")
 				if err != nil {
 					return caddy.ExitCodeFailedStartup, err
@@ -97,7 +97,7 @@ func logoutCommand() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
-			return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+			return plainCommand(func(fl caddycmd.Flags) (int, error) {
 				admin, err := runningAdmin(fl, "logout needs a running server")
 				if err != nil {
 					return caddy.ExitCodeFailedStartup, err

@@ -36,10 +36,10 @@ func (e *paramsEntry) Destruct() error {
 	return nil
 }
 
-// sharedParams returns the pooled bindings store named name; the handler
+// sharedParams returns the pooled bindings store named name; the route
 // releases it in Cleanup. On NATS storage, what each replica learns is
 // shared with the others (shareParams).
-func (h *Handler) sharedParams(ctx caddy.Context, name string) *edge.ParamHeaders {
+func (b *routeBase) sharedParams(ctx caddy.Context, name string) *edge.ParamHeaders {
 	key := name
 	cs, shared := ctx.Storage().(*cluster.Storage)
 	if shared {
@@ -52,12 +52,12 @@ func (h *Handler) sharedParams(ctx caddy.Context, name string) *edge.ParamHeader
 			e.stop, e.done = stop, make(chan struct{})
 			go func() {
 				defer close(e.done)
-				shareParams(sctx, cs, paramsStorageKey(name), e.ph, ctx.Logger().Named("params"))
+				shareParams(sctx, cs, paramsStorageKey(name), e.ph, b.site.logger.Named("params"))
 			}()
 		}
 		return e, nil
 	})
-	h.paramsKey = key
+	b.paramsKey = key
 	return v.(*paramsEntry).ph
 }
 

@@ -161,19 +161,19 @@ func clipDiff(d []pins.FieldDiff) []pins.FieldDiff {
 	return out
 }
 
-// openPins opens namespace ns for this handler's route and returns the
-// store; closePins releases what it opened.
-func (h *Handler) openPins(ctx context.Context, ns string, pol pins.Policy) *pins.Store {
-	h.app.pins.open(ctx, ns, pol)
-	h.pinNS = append(h.pinNS, ns)
-	return h.app.pins.store
+// openPins opens namespace ns for this route and returns the store;
+// closePins releases what it opened.
+func (b *routeBase) openPins(ctx context.Context, ns string, pol pins.Policy) *pins.Store {
+	b.site.app.pins.open(ctx, ns, pol)
+	b.pinNS = append(b.pinNS, ns)
+	return b.site.app.pins.store
 }
 
-func (h *Handler) closePins() {
-	for _, ns := range h.pinNS {
-		h.app.pins.store.Close(ns)
+func (b *routeBase) closePins() {
+	for _, ns := range b.pinNS {
+		b.site.app.pins.store.Close(ns)
 	}
-	h.pinNS = nil
+	b.pinNS = nil
 }
 
 // pinPolicy is the guard's pin policy: pin (default strict) and new_tools

@@ -74,7 +74,7 @@ func toolsListCommand() *cobra.Command {
 		Short: "Lists the pinned items, and the changes waiting for a decision",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+			return plainCommand(func(fl caddycmd.Flags) (int, error) {
 				admin, err := runningAdmin(fl, "pins are read from a running server")
 				if err != nil {
 					return caddy.ExitCodeFailedStartup, err
@@ -113,7 +113,7 @@ func toolsListCommand() *cobra.Command {
 			})(cmd, args)
 		},
 	}
-	c.Flags().Bool("json", false, "Print JSON")
+	c.Flags().Bool("json", false, "Print the pins as a JSON array of upstreams, as the admin API answers (for scripts)")
 	adminFlags(c)
 	return c
 }
@@ -124,7 +124,7 @@ func toolsDiffCommand() *cobra.Command {
 		Short: "Shows an item's pending change, member by member: the pinned value, then the new one",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+			return plainCommand(func(fl caddycmd.Flags) (int, error) {
 				kind, err := readKind(fl)
 				if err != nil {
 					return caddy.ExitCodeFailedStartup, err
@@ -157,7 +157,7 @@ func toolsDiffCommand() *cobra.Command {
 			})(cmd, args)
 		},
 	}
-	c.Flags().Bool("json", false, "Print JSON")
+	c.Flags().Bool("json", false, "Print the change as one JSON object, as the admin API answers: kind, name, pinned and pending digests, each member's old and new value (for scripts)")
 	kindFlag(c)
 	adminFlags(c)
 	return c
@@ -188,7 +188,7 @@ func toolsDecideCommand(action string) func() *cobra.Command {
 			Short: short,
 			Args:  cobra.ExactArgs(2),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+				return plainCommand(func(fl caddycmd.Flags) (int, error) {
 					kind, err := readKind(fl)
 					if err != nil {
 						return caddy.ExitCodeFailedStartup, err

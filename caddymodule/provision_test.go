@@ -110,6 +110,11 @@ func TestCleanupOfWhatWasNeverProvisioned(t *testing.T) {
 	if err := (&Handler{JWT: &JWTConfig{Issuer: "https://idp.test"}}).Cleanup(); err != nil {
 		t.Errorf("Handler.Cleanup with an unbuilt jwt: %v", err)
 	}
+	for _, m := range []routeModule{&Sessions{}, &Guard{}, &Broker{}, &Aggregate{}} {
+		if err := m.Cleanup(); err != nil {
+			t.Errorf("%s Cleanup: %v", m.CaddyModule().ID, err)
+		}
+	}
 	if err := (&App{}).Cleanup(); err != nil {
 		t.Errorf("App.Cleanup: %v", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -98,6 +99,7 @@ func (s *sessionsState) Destruct() error {
 		s.unserve()
 		s.cluster.Close()
 	}
+	liveEngines.Delete(s.engine)
 	if cerr := s.engine.Close(); err == nil {
 		err = cerr
 	}
@@ -110,23 +112,25 @@ var sessionsPool = caddy.NewUsagePool()
 // engine runs that node's sessions in this process.
 var nodeEngines sync.Map
 
-// buildSessions sets up the sessions endpoint and the egress routes of
-// the upstreams offered to its sessions.
-func (h *Handler) buildSessions(ctx caddy.Context, app *App) error {
+// build sets up the sessions endpoint and the egress routes of the
+// upstreams offered to its sessions.
+func (m *Sessions) build(ctx caddy.Context) error {
+	s := m.site
 	// The endpoint is shared by every site over this storage; each site's
 	// requests carry its own scope map (what an orchestrator's creator may
 	// call, and so give) and the app's share_sessions.
-	access := mcpendpoint.Access{Scopes: h.scopes, ShareSessions: app.ShareSessions}
+	access := mcpendpoint.Access{Scopes: s.scopes, ShareSessions: s.app.ShareSessions}
 	var err error
-	if h.sess, h.sessKey, err = app.loadSessions(ctx, h.resURL.Path, mcpendpoint.Site{Authn: h.authn, Access: access}); err != nil {
+	if m.state, m.stateKey, err = s.app.loadSessions(ctx, s.logger, s.resURL.Path, mcpendpoint.Site{Authn: s.authn, Access: access}); err != nil {
 		return err
 	}
-	sess := h.sess
+	sess := m.state
 	endpoint := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sess.endpoint.ServeHTTP(w, r.WithContext(mcpendpoint.WithAccess(r.Context(), access)))
 	})
-	route := &edge.Sessions{Scopes: h.scopes, Endpoint: endpoint, Base: h.agentBase}
-	h.route = route
+	route := &edge.Sessions{Scopes: s.scopes, Endpoint: endpoint, Base: s.agentBase}
+	m.out.route = route
+	m.out.page = sess.page
 	if cs, ok := ctx.Storage().(*cluster.Storage); ok {
 		// The endpoint's 2025-11-25 MCP sessions name their node (see
 		// sessionsMint); another replica forwards to it.
@@ -138,11 +142,11 @@ func (h *Handler) buildSessions(ctx caddy.Context, app *App) error {
 		if err != nil {
 			return err
 		}
-		h.route = &clusterSessions{Sessions: route, fwd: newAggForward(ids, sessionsRoute, cs.Nodes(), sharedHopKey(hk), h.audit)}
+		m.out.route = &edge.ClusterSessions{Sessions: route, Fwd: newForward(ids, sessionsRoute, cs.Nodes(), sharedHopKey(hk), s.audit)}
 	}
-	h.egress = make(map[string]edge.Route, len(sess.egress))
+	m.out.egress = make(map[string]edge.Route, len(sess.egress))
 	for name, e := range sess.egress {
-		h.egress[name] = e.route
+		m.out.egress[name] = e.route
 	}
 	return nil
 }
@@ -180,183 +184,43 @@ func (a *App) agentSet() (map[string]sessions.AgentConfig, string, error) {
 
 // loadSessions returns the pooled sessions state for the app's storage,
 // building it on first use. Release it with sessionsPool.Delete(key).
-func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpoint.Site) (*sessionsState, string, error) {
+func (a *App) loadSessions(ctx caddy.Context, log *zap.Logger, endpointPath string, site mcpendpoint.Site) (*sessionsState, string, error) {
 	// On a cluster's storage, each session runs on the node that created
 	// it, which every other replica reaches through the node registry.
-	shared, _ := ctx.Storage().(*cluster.Storage)
-	node := ""
-	if shared != nil {
-		nodes := shared.Nodes()
+	b := sessionsBuild{storage: ctx.Storage(), endpointPath: endpointPath, site: site,
+		logger: slog.New(zapslog.NewHandler(log.Named("sessions").Core()))}
+	b.shared, _ = ctx.Storage().(*cluster.Storage)
+	if b.shared != nil {
+		nodes := b.shared.Nodes()
 		if nodes == nil {
-			return nil, "", errors.New("zidane_mcp sessions: in cluster mode, the sessions endpoint needs this replica's id and address: set `node` (such as gw-1) and `advertise` (where the other replicas reach it) in the zidane cluster block, so that each session runs on one replica and the others reach it there")
+			return nil, "", errors.New("zidane_mcp sessions: in cluster mode, the sessions endpoint needs this replica's id and address: set `node` (such as gw-1) and `advertise` (where the other replicas reach it) in storage zidane_nats's block, so that each session runs on one replica and the others reach it there")
 		}
-		node = nodes.Self()
+		b.node = nodes.Self()
 	}
-	agents, def, err := a.agentSet()
-	if err != nil {
+	var err error
+	if b.agents, b.def, err = a.agentSet(); err != nil {
 		return nil, "", err
 	}
-	confineCommand, err := selfCommand("zidane", "confine")
-	if err != nil {
+	if b.confine, err = selfCommand("zidane", "confine"); err != nil {
 		return nil, "", err
 	}
-	hash := fmt.Sprint(sortedAgents(agents), def, a.WorktreeRoot, a.MaxAgents, a.MaxSessions, a.AgentIdleTimeout, a.SessionUpstreams,
+	b.hash = fmt.Sprint(sortedAgents(b.agents), b.def, a.WorktreeRoot, a.MaxAgents, a.MaxSessions, a.AgentIdleTimeout, a.SessionUpstreams,
 		a.MaxSessionsPerToken, a.MaxAgentsPerToken, a.MCPSessionIdleTimeout)
-	key := "sessions|" + storageKey(ctx.Storage())
-	tokens := a.Tokens()
-	v, loaded, err := sessionsPool.LoadOrNew(key, func() (caddy.Destructor, error) {
-		if shared != nil {
+	b.key = "sessions|" + storageKey(ctx.Storage())
+	v, loaded, err := sessionsPool.LoadOrNew(b.key, func() (caddy.Destructor, error) {
+		if b.shared != nil {
 			// One engine per node id: another over a storage block that
 			// changed would resume this node's sessions while the running
 			// config's engine still runs them.
-			if other, busy := nodeEngines.LoadOrStore(node, key); busy && other != key {
-				return nil, fmt.Errorf("the zidane cluster block changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", node)
+			if other, busy := nodeEngines.LoadOrStore(b.node, b.key); busy && other != b.key {
+				return nil, fmt.Errorf("the cluster's settings (storage zidane_nats) changed under the sessions endpoint of node %q, whose agent sessions run on the old NATS connection; a reload cannot move them: restart caddy to apply the new settings", b.node)
 			}
 		}
-		logger := slog.New(zapslog.NewHandler(ctx.Logger().Named("sessions").Core()))
-		signer := sessionpage.NewSigner(time.Duration(a.LinkTTL))
-		if shared != nil {
-			// A link any replica signed opens on every other.
-			k, err := shared.DeriveKey("session page links v1")
-			if err == nil {
-				signer, err = sessionpage.NewSignerKey(k, time.Duration(a.LinkTTL))
-			}
-			if err != nil {
-				return nil, err
-			}
-		}
-		st := &sessionsState{signer: signer, agentsHash: hash, endpointPath: endpointPath, node: node, poolKey: key}
-		// Until this config starts (App.Start), the sessions resumed now
-		// are held to the map of the site that built the engine, and
-		// other replicas' requests are taken as it takes its callers.
-		st.sites.Store(&[]mcpendpoint.Site{site})
-		// Resumed sessions may launch while NewEngine runs; the hook that
-		// needs the engine waits for it.
-		ready := make(chan struct{})
-		egress, err := a.buildEgress(logger)
-		if err != nil {
-			return nil, err
-		}
-		st.egress = egress
-		names := make([]string, 0, len(agents))
-		for n := range agents {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		openCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		engine, err := sessions.NewEngine(openCtx, sessions.Config{
-			Agents:       agents,
-			DefaultAgent: def,
-			Storage:      storage.Storage(ctx.Storage()),
-			Node:         node,
-			WorktreeRoot: a.WorktreeRoot,
-			Roots:        a.Roots,
-			Confine:      confineCommand,
-			Deny:         deniedFiles,
-			Denied:       auditLaunchDenied,
-			Limits: sessions.Limits{
-				MaxAgents:           a.MaxAgents,
-				MaxSessions:         a.MaxSessions,
-				MaxSessionsPerToken: a.MaxSessionsPerToken,
-				MaxAgentsPerToken:   a.MaxAgentsPerToken,
-				IdleTimeout:         time.Duration(a.AgentIdleTimeout),
-			},
-			LinkFor: func(id, base string) string { return st.signer.Link(base, id) },
-			MCPServers: func(info sessions.SessionInfo) []sessions.McpServer {
-				<-ready
-				return append(st.orchestratorServers(tokens, info, logger), st.egressServers(tokens, info, logger)...)
-			},
-			// What was minted for a session's agent goes with the session.
-			Ended: func(id string) {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				if _, err := tokens.DeleteSession(ctx, id); err != nil {
-					logger.Error("deleting the tokens of an ended session failed; the next start deletes them", "session", id, "error", err)
-				}
-			},
-			Logger: logger,
-		})
-		if err != nil {
-			return nil, err
-		}
-		// What the endpoint and the page serve: this engine, or on a
-		// cluster every node's sessions.
-		var served sessions.Sessions = engine
-		alive := engine.Alive
-		if shared != nil {
-			st.cluster, err = clustersessions.New(openCtx, clustersessions.Options{
-				Local: engine, Listings: engine, Node: node, Storage: shared, Logger: logger, Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq,
-				Resolve: st.rpcCaller, OnRefusal: auditRPCRefusal,
-				LinkFor: func(id, base string) string { return st.signer.Link(base, id) },
-				Peers: func() []string {
-					if n := shared.Nodes(); n != nil {
-						return n.AliveServing(sessionsService)
-					}
-					return nil
-				},
-			})
-			if err != nil {
-				engine.Close()
-				return nil, err
-			}
-			served = st.cluster
-			// Another node's sessions are its to judge: their tokens stay.
-			// An id with no node is no other node's either (a session of
-			// this host's from before it joined a cluster): this engine
-			// judges it.
-			alive = func(id string) bool {
-				if n := sessions.NodeOf(id); n != "" && n != node {
-					return true
-				}
-				return engine.Alive(id)
-			}
-		}
-		var mint func() string
-		if shared != nil {
-			ids, err := sessionsIDs(shared)
-			if err != nil {
-				engine.Close()
-				st.cluster.Close()
-				return nil, err
-			}
-			mint = func() string { return ids.Seal(node+"/"+rand.Text(), "", sessionsRoute) }
-		}
-		endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: served, Agents: names, Logger: logger, OnRefusal: auditToolRefusal,
-			SessionTimeout: max(0, time.Duration(a.MCPSessionIdleTimeout)), NewSessionID: mint})
-		if err != nil {
-			if st.cluster != nil {
-				st.cluster.Close()
-			}
-			engine.Close()
-			return nil, err
-		}
-		st.engine, st.endpoint, st.alive = engine, endpoint, engine.Alive
-		if st.cluster != nil {
-			// The others ask this node about its sessions once its
-			// registry entry says it serves them.
-			st.unserve = shared.Nodes().Serve(sessionsService)
-		}
-		// Before any agent gets a token: the tokens of sessions that ended
-		// while the gateway was down, and those minted before tokens
-		// recorded their session, have no use.
-		pruneCtx, cancelPrune := context.WithTimeout(context.Background(), 30*time.Second)
-		if gone, err := tokens.PruneDerived(pruneCtx, alive); err != nil {
-			logger.Error("deleting the tokens of ended sessions failed; they are refused all the same once their parent goes", "error", err)
-		} else if len(gone) > 0 {
-			logger.Info("deleted the tokens of sessions that have ended", "tokens", len(gone))
-		}
-		cancelPrune()
-		close(ready)
-		st.page = &sessionpage.Page{Sessions: served, Signer: st.signer}
-		// Revoking a token cancels what it started, wherever the revocation
-		// came from (admin API, CLI offline, parent token).
-		st.unhook = tokens.OnRevoke(func(t policy.Token) { engine.RevokeToken(t.ID) })
-		return st, nil
+		return a.newSessionsState(b)
 	})
 	if err != nil {
-		if shared != nil {
-			nodeEngines.CompareAndDelete(node, key) // the state was not made
+		if b.shared != nil {
+			nodeEngines.CompareAndDelete(b.node, b.key) // the state was not made
 		}
 		return nil, "", fmt.Errorf("sessions: %w", err)
 	}
@@ -367,7 +231,7 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpo
 	// cannot leave the running config with the new roots.
 	if loaded {
 		if _, err := sessions.CleanRoots(a.Roots); err != nil {
-			sessionsPool.Delete(key)
+			sessionsPool.Delete(b.key)
 			return nil, "", fmt.Errorf("sessions: %w", err)
 		}
 		a.rootsFor = append(a.rootsFor, st.engine)
@@ -376,11 +240,181 @@ func (a *App) loadSessions(ctx caddy.Context, endpointPath string, site mcpendpo
 		a.sessionSites = map[*sessionsState][]mcpendpoint.Site{}
 	}
 	a.sessionSites[st] = append(a.sessionSites[st], site)
-	if loaded && st.agentsHash != hash {
-		ctx.Logger().Warn("the agents or session limits changed; the running session engine keeps the ones it started with until caddy restarts (roots apply at once)",
+	if loaded && st.agentsHash != b.hash {
+		log.Warn("the agents or session limits changed; the running session engine keeps the ones it started with until caddy restarts (roots apply at once)",
 			zap.String("hint", "restart caddy to apply agent and limit changes"))
 	}
-	return st, key, nil
+	return st, b.key, nil
+}
+
+// sessionsBuild is what a sessions state is built of.
+type sessionsBuild struct {
+	storage storage.Storage
+	shared  *cluster.Storage // the storage, when it is a cluster's
+	// node is this replica's id on a cluster's storage, else empty; key,
+	// the state's in sessionsPool.
+	node, key    string
+	endpointPath string
+	site         mcpendpoint.Site // the site that builds the state
+	agents       map[string]sessions.AgentConfig
+	def          string   // the default agent
+	confine      []string // the command that confines an agent
+	hash         string   // of the agents and limits the engine starts with
+	logger       *slog.Logger
+}
+
+// newSessionsState builds the sessions state: the engine, on a cluster's
+// storage its view of every node's sessions, the MCP endpoint and the
+// session pages.
+func (a *App) newSessionsState(b sessionsBuild) (*sessionsState, error) {
+	signer := sessionpage.NewSigner(time.Duration(a.LinkTTL))
+	if b.shared != nil {
+		// A link any replica signed opens on every other.
+		k, err := b.shared.DeriveKey("session page links v1")
+		if err == nil {
+			signer, err = sessionpage.NewSignerKey(k, time.Duration(a.LinkTTL))
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	st := &sessionsState{signer: signer, agentsHash: b.hash, endpointPath: b.endpointPath, node: b.node, poolKey: b.key}
+	// Until this config starts (App.Start), the sessions resumed now are
+	// held to the map of the site that built the engine, and other
+	// replicas' requests are taken as it takes its callers.
+	st.sites.Store(&[]mcpendpoint.Site{b.site})
+	egress, err := a.buildEgress(b.logger)
+	if err != nil {
+		return nil, err
+	}
+	st.egress = egress
+	openCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Resumed sessions may launch while NewEngine runs; the hook that
+	// needs the engine waits for it.
+	ready := make(chan struct{})
+	engine, err := a.newEngine(openCtx, b, st, ready)
+	if err != nil {
+		return nil, err
+	}
+	// What the endpoint and the page serve: this engine, or on a cluster
+	// every node's sessions.
+	var served sessions.Sessions = engine
+	alive := engine.Alive
+	var mint func() string
+	if b.shared != nil {
+		if served, alive, mint, err = st.joinCluster(openCtx, b, engine); err != nil {
+			engine.Close()
+			return nil, err
+		}
+	}
+	names := slices.Sorted(maps.Keys(b.agents))
+	endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: served, Agents: names, Logger: b.logger, OnRefusal: auditToolRefusal,
+		SessionTimeout: max(0, time.Duration(a.MCPSessionIdleTimeout)), NewSessionID: mint})
+	if err != nil {
+		if st.cluster != nil {
+			st.cluster.Close()
+		}
+		engine.Close()
+		return nil, err
+	}
+	st.engine, st.endpoint, st.alive = engine, endpoint, engine.Alive
+	liveEngines.Store(engine, struct{}{})
+	if st.cluster != nil {
+		// The others ask this node about its sessions once its registry
+		// entry says it serves them.
+		st.unserve = b.shared.Nodes().Serve(sessionsService)
+	}
+	tokens := a.Tokens()
+	// Before any agent gets a token: the tokens of sessions that ended
+	// while the gateway was down, and those minted before tokens recorded
+	// their session, have no use.
+	pruneCtx, cancelPrune := context.WithTimeout(context.Background(), 30*time.Second)
+	if gone, err := tokens.PruneDerived(pruneCtx, alive); err != nil {
+		b.logger.Error("deleting the tokens of ended sessions failed; they are refused all the same once their parent goes", "error", err)
+	} else if len(gone) > 0 {
+		b.logger.Info("deleted the tokens of sessions that have ended", "tokens", len(gone))
+	}
+	cancelPrune()
+	close(ready)
+	st.page = &sessionpage.Page{Sessions: served, Signer: st.signer}
+	// Revoking a token cancels what it started, wherever the revocation
+	// came from (admin API, CLI offline, parent token).
+	st.unhook = tokens.OnRevoke(func(t policy.Token) { engine.RevokeToken(t.ID) })
+	return st, nil
+}
+
+// newEngine starts the session engine of st, which resumes the sessions
+// the storage holds; their agents' MCP servers wait for ready.
+func (a *App) newEngine(ctx context.Context, b sessionsBuild, st *sessionsState, ready <-chan struct{}) (*sessions.Engine, error) {
+	tokens := a.Tokens()
+	logger := b.logger
+	return sessions.NewEngine(ctx, sessions.Config{
+		Agents:       b.agents,
+		DefaultAgent: b.def,
+		Storage:      b.storage,
+		Node:         b.node,
+		WorktreeRoot: a.WorktreeRoot,
+		Roots:        a.Roots,
+		Confine:      b.confine,
+		Deny:         deniedFiles,
+		Denied:       auditLaunchDenied,
+		Limits: sessions.Limits{
+			MaxAgents:           a.MaxAgents,
+			MaxSessions:         a.MaxSessions,
+			MaxSessionsPerToken: a.MaxSessionsPerToken,
+			MaxAgentsPerToken:   a.MaxAgentsPerToken,
+			IdleTimeout:         time.Duration(a.AgentIdleTimeout),
+		},
+		LinkFor: func(id, base string) string { return st.signer.Link(base, id) },
+		MCPServers: func(info sessions.SessionInfo) []sessions.McpServer {
+			<-ready
+			return append(st.orchestratorServers(tokens, info, logger), st.egressServers(tokens, info, logger)...)
+		},
+		// What was minted for a session's agent goes with the session.
+		Ended: func(id string) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, err := tokens.DeleteSession(ctx, id); err != nil {
+				logger.Error("deleting the tokens of an ended session failed; the next start deletes them", "session", id, "error", err)
+			}
+		},
+		Logger: logger,
+	})
+}
+
+// joinCluster sets st up on a cluster's storage: what its endpoint and
+// pages serve (every node's sessions), which sessions' tokens stay (those
+// alive here, and every other node's), and how its MCP sessions are named
+// (by node, so that another replica forwards to this one).
+func (st *sessionsState) joinCluster(ctx context.Context, b sessionsBuild, engine *sessions.Engine) (sessions.Sessions, func(string) bool, func() string, error) {
+	shared, node := b.shared, b.node
+	var err error
+	st.cluster, err = clustersessions.New(ctx, clustersessions.Options{
+		Local: engine, Listings: engine, Node: node, Storage: shared, Logger: b.logger, Relay: engine.RelayEvent, LastEvent: engine.LastEventSeq,
+		Resolve: st.rpcCaller, OnRefusal: auditRPCRefusal,
+		LinkFor: func(id, base string) string { return st.signer.Link(base, id) },
+		Peers: func() []string {
+			if n := shared.Nodes(); n != nil {
+				return n.AliveServing(sessionsService)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ids, err := sessionsIDs(shared)
+	if err != nil {
+		st.cluster.Close()
+		return nil, nil, nil, err
+	}
+	// Another node's sessions are its to judge: their tokens stay. An id
+	// with no node is no other node's either (a session of this host's
+	// from before it joined a cluster): this engine judges it.
+	alive := clustersessions.Alive(node, engine.Alive)
+	mint := func() string { return ids.Seal(node+"/"+rand.Text(), "", sessionsRoute) }
+	return st.cluster, alive, mint, nil
 }
 
 // sessionsRoute is the sessions endpoint's identity in the node ids its
@@ -402,13 +436,6 @@ func sessionsIDs(cs *cluster.Storage) (*broker.SessionIDs, error) {
 	return broker.NewSessionIDs(key)
 }
 
-// sessionVerbs and interactionVerbs are the verbs an orchestrator's tools
-// may list.
-var (
-	sessionVerbs     = []string{"create", "send", "steer", "cancel", "read", "list", "transcript", "wait", "events"}
-	interactionVerbs = []string{"pending", "answer"}
-)
-
 // orchestratorServers gives an orchestrator session (one created with
 // `tools`) this endpoint as an MCP server, with a token derived from its
 // creator's that grants only the listed verbs (which create checked its
@@ -423,30 +450,10 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 		log.Error("an orchestrator session has no address of this gateway to reach it at; it runs without the endpoint", "session", info.SessionID)
 		return nil
 	}
-	// create checked that the creator may call every listed verb; at a
-	// relaunch the creator may hold less (a JWT with fewer scopes) or the
-	// config grant less (a reload), and the child never holds more.
-	parent, ok := s.creatorNow(tokens, info.Owner)
+	scopes, dropped, ok := mcpendpoint.OrchestratorScopes(tokens, s.runningSites(), info.Owner, info.Tools, time.Now())
 	if !ok {
 		log.Warn("the creator of an orchestrator session is gone; its agent runs without the endpoint", "session", info.SessionID)
 		return nil
-	}
-	var scopes, dropped []string
-	for _, v := range info.Tools {
-		tool := ""
-		switch {
-		case slices.Contains(sessionVerbs, v):
-			tool = "sessions"
-		case slices.Contains(interactionVerbs, v):
-			tool = "interactions"
-		default:
-			continue
-		}
-		if !s.grantsVerb(parent, tool, v) {
-			dropped = append(dropped, tool+" "+v)
-			continue
-		}
-		scopes = append(scopes, policy.VerbScope(tool, v))
 	}
 	if len(dropped) > 0 {
 		log.Warn("an orchestrator's creator may no longer call some of its tools; its agent gets the rest", "session", info.SessionID, "dropped", dropped)
@@ -469,33 +476,12 @@ func (s *sessionsState) orchestratorServers(tokens *policy.TokenStore, info sess
 	}}
 }
 
-// creatorNow is the principal of an orchestrator session's creator as it
-// stands: a stored token's current record, as a request with it would be
-// authenticated now (TokenStore.Lookup: refused when it, or a token it was
-// derived from, is revoked, expired or gone), or a JWT subject with the
-// scopes of its latest call. False when it is refused.
-func (s *sessionsState) creatorNow(tokens *policy.TokenStore, o sessions.Owner) (policy.Principal, bool) {
-	if policy.IsJWTID(o.TokenID) {
-		return policy.Principal{TokenID: o.TokenID, Name: o.TokenName, Kind: policy.KindUser, Scopes: o.Scopes, Source: "jwt",
-			Owner: o.ID, Expires: o.Expires, Issued: o.Issued}, true
+// runningSites are the running config's sessions sites.
+func (s *sessionsState) runningSites() []mcpendpoint.Site {
+	if p := s.sites.Load(); p != nil {
+		return *p
 	}
-	p, err := tokens.Lookup(o.TokenID, time.Now())
-	return p, err == nil
-}
-
-// grantsVerb reports whether every sessions site of the running config
-// lets p call tool with verb.
-func (s *sessionsState) grantsVerb(p policy.Principal, tool, verb string) bool {
-	sites := s.sites.Load()
-	if sites == nil || len(*sites) == 0 {
-		return false
-	}
-	for _, site := range *sites {
-		if !site.Access.Scopes.GrantsVerb(p, tool, verb) {
-			return false
-		}
-	}
-	return true
+	return nil
 }
 
 // rpcCaller establishes, on this node, whom another replica's request
@@ -506,11 +492,7 @@ func (s *sessionsState) rpcCaller(ctx context.Context, c clustersessions.Caller,
 	if c.TokenID == "" {
 		return s.signer.ForwardedReader(c.Credential, u.ID, u.Tool, u.Verbs)
 	}
-	var sites []mcpendpoint.Site
-	if p := s.sites.Load(); p != nil {
-		sites = *p
-	}
-	return mcpendpoint.ForwardedOwner(ctx, sites, c.TokenID, c.Scopes, c.Credential, u.Tool, u.Verbs, time.Now())
+	return mcpendpoint.ForwardedOwner(ctx, s.runningSites(), c.TokenID, c.Scopes, c.Credential, u.Tool, u.Verbs, time.Now())
 }
 
 // mintChild mints, or renews at a relaunch, the token of purpose for the

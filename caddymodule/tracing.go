@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker"
-	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -104,13 +103,13 @@ func (s steps) refused(rf refusal) {
 // headers, which reverse_proxy passes on. The client's baggage is dropped
 // from the context and the headers, whatever the tracing: it is the
 // client's to say, and a server behind may trust it.
-func (s steps) routeSpan(ctx context.Context, r *http.Request, route string, p policy.Principal, b *message.Body) (context.Context, trace.Span) {
+func (s steps) routeSpan(ctx context.Context, r *http.Request, route spanning, p policy.Principal, b *message.Body) (context.Context, trace.Span) {
 	delete(r.Header, "Baggage") // its canonical name
 	if baggage.FromContext(ctx).Len() > 0 {
 		ctx = baggage.ContextWithoutBaggage(ctx)
 	}
 	if s.span == nil {
-		if route == "aggregate" {
+		if route.readsTrace {
 			// The aggregated route reads a trace context from these
 			// headers where go-sdk lost the request's context
 			// (broker.TraceFromHeader): with no span of the edge's here,
@@ -122,15 +121,15 @@ func (s steps) routeSpan(ctx context.Context, r *http.Request, route string, p p
 		}
 		return ctx, nil
 	}
-	attrs := append([]attribute.KeyValue{attribute.String("zidane.route", route), attribute.String("zidane.decision", "allowed")}, principalAttrs(p)...)
+	attrs := append([]attribute.KeyValue{attribute.String("zidane.route", route.name), attribute.String("zidane.decision", "allowed")}, principalAttrs(p)...)
 	attrs = append(attrs, callAttrs(b)...)
 	kind := trace.SpanKindInternal
-	if route == "guard" {
+	if route.client {
 		kind = trace.SpanKindClient
 	}
-	ctx, span := s.span.TracerProvider().Tracer(broker.TracerName).Start(ctx, "zidane_mcp "+route,
+	ctx, span := s.span.TracerProvider().Tracer(broker.TracerName).Start(ctx, "zidane_mcp "+route.name,
 		trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
-	if route == "guard" || route == "aggregate" {
+	if route.client || route.readsTrace {
 		// The guard's server behind reads it; the aggregated route reads
 		// it back where go-sdk's handlers lost the request's context
 		// (broker.TraceFromHeader).
@@ -153,15 +152,17 @@ func endRoute(span trace.Span, err error) {
 	span.End()
 }
 
-// routeName names a route in spans.
-func routeName(route edge.Route) string {
-	switch route.(type) {
-	case *edge.Guard, *edge.GuardUpstream:
-		return "guard"
-	case *edge.Upstream:
-		return "broker"
-	case *edge.Aggregate, *clusterAggregate:
-		return "aggregate"
-	}
-	return "sessions"
+// spanning is how a route's span is made, which its module says.
+type spanning struct {
+	// name is the route's in spans: its module's name.
+	name string
+	// client is set where the route stands for the call to a server
+	// behind (the guard's): a client span, whose trace context goes on
+	// in the request's headers.
+	client bool
+	// readsTrace is set where the route reads a trace context back from
+	// the request's headers (the aggregated route, where go-sdk lost the
+	// request's context): it goes there when the edge traces, and a
+	// client's is removed when it does not.
+	readsTrace bool
 }

@@ -284,7 +284,7 @@ func (n *Nodes) apply(entry jetstream.KeyValueEntry) {
 	if e.Node == n.self.Node {
 		if e.Instance != n.self.Instance && time.UnixMilli(e.At).After(n.started) && now.Sub(n.dupSeen) > 10*time.Second {
 			n.dupSeen = now
-			n.log.Error("node registry: another process heartbeats under this node's id; give every replica its own node id in the zidane cluster block, or sessions are sent to the wrong one", "node", e.Node, "its_advertise", e.Advertise)
+			n.log.Error("node registry: another process heartbeats under this node's id; give every replica its own node id (storage zidane_nats's node), or sessions are sent to the wrong one", "node", e.Node, "its_advertise", e.Advertise)
 		}
 		return
 	}

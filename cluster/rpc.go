@@ -75,6 +75,14 @@ type RPCHandler func(ctx context.Context, method string, body json.RawMessage) (
 // is dropped unanswered; one that finds the node's replay check at its
 // memory bound (maxRPCIDs) is refused with a reply that says to try
 // again, never carried out without its id kept.
+//
+// Each serving process has an incarnation (random, made at start), and a
+// request names the incarnation it is for: the node refuses one for
+// another with a sealed reply that gives its own, and the caller sends the
+// request again, under a new id, to that one. So a request recorded before
+// a node restarted, whose id the new process has no record of, is never
+// carried out by it, whatever the caller's clock said when it was sealed
+// (a clock ahead of the node's dates a request after the restart).
 type RPC struct {
 	nc      *nats.Conn
 	sealer  *sealer
@@ -85,11 +93,14 @@ type RPC struct {
 	sub     *nats.Subscription
 	slots   chan struct{}
 
-	ctx     context.Context // ends at Close: the handlers' base
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	now     func() time.Time // the clock requests are dated and checked by
-	started time.Time        // a request sealed before it is a replay to this process
+	ctx         context.Context // ends at Close: the handlers' base
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	now         func() time.Time // the clock requests are dated and checked by
+	incarnation string           // this process's: 64 random bits, hex: 64 random bits, hex
+
+	incMu        sync.Mutex
+	incarnations map[string]string // node -> the incarnation it last gave
 
 	flightMu sync.Mutex
 	inFlight map[string]context.CancelFunc // request id -> its handler's cancel
@@ -101,8 +112,9 @@ type rpcRequest struct {
 	ID       string          `json:"i"`           // 128 random bits, hex
 	Abort    bool            `json:"x,omitempty"` // the caller gave up on request ID
 	From     string          `json:"f"`
-	At       int64           `json:"t"` // Unix milliseconds
-	Deadline int64           `json:"d"` // Unix milliseconds; 0 means MaxRPCWait
+	To       string          `json:"n,omitempty"` // the node's incarnation, as the caller last heard it
+	At       int64           `json:"t"`           // Unix milliseconds
+	Deadline int64           `json:"d"`           // Unix milliseconds; 0 means MaxRPCWait
 	Method   string          `json:"m"`
 	Body     json.RawMessage `json:"b"`
 }
@@ -111,6 +123,9 @@ type rpcReply struct {
 	ID   string          `json:"i"`
 	Body json.RawMessage `json:"b,omitempty"`
 	Err  string          `json:"e,omitempty"`
+	// Inc is the node's incarnation, given with a refusal of a request
+	// for another: the caller sends it again to this one.
+	Inc string `json:"n,omitempty"`
 }
 
 // ServeRPC serves this node's requests of service (a NATS subject token:
@@ -146,7 +161,8 @@ func (s *Storage) serveRPC(service, node string, handler RPCHandler, log *slog.L
 	r := &RPC{
 		nc: s.conn.nc, sealer: sl, prefix: "zidane.rpc." + s.opts.Bucket + "." + service + ".", self: node,
 		handler: handler, log: log, slots: make(chan struct{}, maxRPCInFlight),
-		ctx: ctx, cancel: cancel, seen: replay.New(maxIDs, rpcFreshness), now: now, started: now(), inFlight: map[string]context.CancelFunc{},
+		ctx: ctx, cancel: cancel, seen: replay.New(maxIDs, rpcFreshness), now: now, incarnation: randomHex(8), inFlight: map[string]context.CancelFunc{},
+		incarnations: map[string]string{},
 	}
 	// Not a queue subscription: a node's subject is its own, and two
 	// processes under one node id (a misconfiguration the node registry
@@ -185,13 +201,43 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 	}
 	ctx, cancel := context.WithTimeout(ctx, MaxRPCWait)
 	defer cancel()
+	// A node that does not know the caller's idea of its incarnation (the
+	// first call to it, or it restarted) refuses the request and gives its
+	// own: the request goes again, once, to that one. A node that
+	// restarts again in between refuses again, and the caller is told.
+	for try := 0; ; try++ {
+		r.incMu.Lock()
+		inc := r.incarnations[node]
+		r.incMu.Unlock()
+		rep, err := r.call(ctx, node, inc, method, body)
+		if err != nil {
+			return nil, err
+		}
+		if rep.Inc != "" && rep.Inc != inc {
+			r.incMu.Lock()
+			r.incarnations[node] = rep.Inc
+			r.incMu.Unlock()
+			if try == 0 {
+				continue
+			}
+		}
+		if rep.Err != "" {
+			return nil, fmt.Errorf("node %s: %s", node, rep.Err)
+		}
+		return rep.Body, nil
+	}
+}
+
+// call sends one request, for incarnation inc of node, and returns its
+// reply.
+func (r *RPC) call(ctx context.Context, node, inc, method string, body json.RawMessage) (rpcReply, error) {
 	deadline, _ := ctx.Deadline()
-	req := rpcRequest{ID: randomHex(16), From: r.self, At: r.now().UnixMilli(), Deadline: deadline.UnixMilli(), Method: method, Body: body}
+	req := rpcRequest{ID: randomHex(16), From: r.self, To: inc, At: r.now().UnixMilli(), Deadline: deadline.UnixMilli(), Method: method, Body: body}
 	data, _ := json.Marshal(req)
 	subject := r.prefix + node
 	sealed := r.sealer.seal(nil, data, []byte(subject))
 	if limit := r.nc.MaxPayload(); int64(len(sealed)) > limit {
-		return nil, fmt.Errorf("the request is %d bytes, over the %d a NATS message carries between replicas: send less, or send it to the replica that runs the session (node %s)", len(sealed), limit, node)
+		return rpcReply{}, fmt.Errorf("the request is %d bytes, over the %d a NATS message carries between replicas: send less, or send it to the replica that runs the session (node %s)", len(sealed), limit, node)
 	}
 	// Replies come to an inbox of this call's own, where whatever does not
 	// open under the cluster key as the reply to this request (a NATS
@@ -200,7 +246,7 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 	inbox := r.nc.NewRespInbox()
 	sub, err := r.nc.SubscribeSync(inbox)
 	if err != nil {
-		return nil, fmt.Errorf("%w: node %s: %v", ErrRPCUnreachable, node, err)
+		return rpcReply{}, fmt.Errorf("%w: node %s: %v", ErrRPCUnreachable, node, err)
 	}
 	// One reply is expected: what a flood of others leaves pending is
 	// bounded (nats.go drops past it, and the sealed reply is the one
@@ -208,7 +254,7 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 	_ = sub.SetPendingLimits(64, 4<<20)
 	defer func() { _ = sub.Unsubscribe() }()
 	if err := r.nc.PublishMsg(&nats.Msg{Subject: subject, Reply: inbox, Data: sealed}); err != nil {
-		return nil, fmt.Errorf("%w: node %s: %v", ErrRPCUnreachable, node, err)
+		return rpcReply{}, fmt.Errorf("%w: node %s: %v", ErrRPCUnreachable, node, err)
 	}
 	// NATS's "no responders" status is not sealed: anyone who can publish
 	// to the inbox can send one. It ends nothing here; a caller that must
@@ -222,11 +268,11 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 			continue
 		}
 		if err != nil {
-			r.abort(subject, req.ID)
+			r.abort(subject, inc, req.ID)
 			if noResponders {
-				return nil, fmt.Errorf("%w: %w: node %s is not serving", ErrRPCUnreachable, ErrRPCNotServing, node)
+				return rpcReply{}, fmt.Errorf("%w: %w: node %s is not serving", ErrRPCUnreachable, ErrRPCNotServing, node)
 			}
-			return nil, fmt.Errorf("%w: node %s did not answer in time", ErrRPCUnreachable, node)
+			return rpcReply{}, fmt.Errorf("%w: node %s did not answer in time", ErrRPCUnreachable, node)
 		}
 		plain, err := r.sealer.open(msg.Data, []byte("reply "+req.ID))
 		if err != nil {
@@ -236,16 +282,14 @@ func (r *RPC) Call(ctx context.Context, node, method string, body json.RawMessag
 		if json.Unmarshal(plain, &rep) != nil || rep.ID != req.ID {
 			continue
 		}
-		if rep.Err != "" {
-			return nil, fmt.Errorf("node %s: %s", node, rep.Err)
-		}
-		return rep.Body, nil
+		return rep, nil
 	}
 }
 
-// abort tells the node that the caller of request id gave up on it.
-func (r *RPC) abort(subject, id string) {
-	data, _ := json.Marshal(rpcRequest{ID: id, Abort: true, From: r.self, At: r.now().UnixMilli()})
+// abort tells incarnation inc of the node that the caller of request id
+// gave up on it.
+func (r *RPC) abort(subject, inc, id string) {
+	data, _ := json.Marshal(rpcRequest{ID: id, Abort: true, From: r.self, To: inc, At: r.now().UnixMilli()})
 	_ = r.nc.Publish(subject, r.sealer.seal(nil, data, []byte(subject)))
 }
 
@@ -267,7 +311,7 @@ func (r *RPC) serve(msg *nats.Msg) {
 	if at.Before(now.Add(-rpcFreshness)) || at.After(now.Add(rpcFreshness)) {
 		return
 	}
-	if req.Abort {
+	if req.Abort && req.To == r.incarnation {
 		r.flightMu.Lock()
 		cancel := r.inFlight[req.ID]
 		r.flightMu.Unlock()
@@ -276,7 +320,7 @@ func (r *RPC) serve(msg *nats.Msg) {
 		}
 		return
 	}
-	if msg.Reply == "" {
+	if req.Abort || msg.Reply == "" {
 		return
 	}
 	reply := func(rep rpcReply) {
@@ -291,14 +335,6 @@ func (r *RPC) serve(msg *nats.Msg) {
 			r.log.Warn("answering another node failed", "from", req.From, "method", req.Method, "error", err)
 		}
 	}
-	if req.At < r.started.UnixMilli() {
-		// Sealed before this process started: perhaps a replay of a
-		// request to the node's previous process, which has no record of
-		// it here. Refused, not carried out; a caller whose request
-		// crossed the restart is told to send it again.
-		reply(rpcReply{Err: "this node restarted after the request was sent; send it again"})
-		return
-	}
 	switch r.seen.Take(req.From, id, req.At, now) {
 	case replay.Replayed, replay.Stale:
 		return // a replay: carried out once already, or too old to tell
@@ -306,6 +342,15 @@ func (r *RPC) serve(msg *nats.Msg) {
 		// Not taken, since its id could not be kept: the caller may send
 		// it again once older ones expire.
 		reply(rpcReply{Err: "this node holds as many recent requests from other replicas as its memory bound for the replay check allows; try again in a second"})
+		return
+	}
+	if req.To != r.incarnation {
+		// For another process under this node id: the caller's first
+		// request to it, one that crossed a restart, or a replay of a
+		// request to the node's previous process, which has no record of
+		// it here. Refused, not carried out; the caller learns this
+		// process's incarnation and sends it again.
+		reply(rpcReply{Err: "this node restarted after the request was sent; send it again", Inc: r.incarnation})
 		return
 	}
 	select {

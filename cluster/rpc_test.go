@@ -220,6 +220,54 @@ func TestRPCReplayToARestartedNodeIsDropped(t *testing.T) {
 	_ = replies // it may be told to send again: a refusal, sealed
 }
 
+// The same replay, where the caller's clock runs ahead of the node's by
+// less than rpcFreshness, which the node accepts: the caller dates its
+// request after the moment the node's next process starts, if the restart
+// comes within that lead. Recorded before the restart and replayed after
+// it, the request must still be dropped, not carried out a second time by
+// a process that has no record of it.
+func TestRPCReplayToARestartedNodeFromACallerAheadIsDropped(t *testing.T) {
+	const ahead = 5 * time.Second // inside rpcFreshness: the node takes a's requests
+	url := startNATS(t)
+	st, nc := newStorage(t, url, StorageOptions{Bucket: "rpc"})
+	st.conn = &Conn{nc: nc}
+	a, err := st.serveRPC("svc", "a", echo(new(atomic.Int64)), nil, func() time.Time { return time.Now().Add(ahead) }, maxRPCIDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	var calls atomic.Int64
+	b, _ := rpcNode(t, url, "b", nil, echo(&calls))
+	spy := connect(t, url)
+	recorded, stop := recordFirst(t, spy, "zidane.rpc.rpc.svc.b")
+	if _, err := a.Call(testCtx(t), "b", "send", json.RawMessage(`"rm -rf"`)); err != nil {
+		t.Fatal(err)
+	}
+	m := <-recorded
+	stop()
+	b.Close()
+	rpcNode(t, url, "b", nil, echo(&calls)) // b restarts under the same id, within a's lead
+	inbox := nats.NewInbox()
+	replies, err := spy.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.PublishRequest("zidane.rpc.rpc.svc.b", inbox, m.Data); err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Once a's next call is answered, b has dropped or taken the replay.
+	if _, err := a.Call(testCtx(t), "b", "read", nil); err != nil {
+		t.Fatal(err)
+	}
+	if calls.Load() != 2 {
+		t.Fatalf("the restarted node served %d requests (want 2: the call before the restart and the one after, not the replay of the first)", calls.Load())
+	}
+	_ = replies
+}
+
 // A caller that gives up tells the node: the handler's context ends, and
 // its slot is free again.
 func TestRPCCallerThatGivesUpEndsTheHandler(t *testing.T) {
@@ -303,7 +351,7 @@ func TestRPCFullReplayCheckRefusesClearly(t *testing.T) {
 	request := func() ([]byte, rpcReply) {
 		t.Helper()
 		id := randomHex(16)
-		req, _ := json.Marshal(rpcRequest{ID: id, From: "a", At: clock.tick().UnixMilli(), Method: "read"})
+		req, _ := json.Marshal(rpcRequest{ID: id, From: "a", To: b.incarnation, At: clock.tick().UnixMilli(), Method: "read"})
 		sealed := b.sealer.seal(nil, req, []byte(subject))
 		if err := send.PublishRequest(subject, inbox+"."+id, sealed); err != nil {
 			t.Fatal(err)
@@ -490,7 +538,7 @@ func TestRPCTakesAHighRate(t *testing.T) {
 					waiting := map[string]bool{}
 					for range batch {
 						id := randomHex(16)
-						req, _ := json.Marshal(rpcRequest{ID: id, From: "a", At: clock.tick().UnixMilli(), Method: "read"})
+						req, _ := json.Marshal(rpcRequest{ID: id, From: "a", To: b.incarnation, At: clock.tick().UnixMilli(), Method: "read"})
 						sealed := b.sealer.seal(nil, req, []byte(subject))
 						if err := send.PublishRequest(subject, inbox+"."+id, sealed); err != nil {
 							return err

@@ -731,19 +731,26 @@ func TestWatchSeesOtherReplicasWrites(t *testing.T) {
 	for len(fired) > 0 {
 		<-fired
 	}
-	if err := a.Store(ctx, "zidane/other.json", []byte("x")); err != nil {
-		t.Fatal(err)
+	// A watch tells at least once per change: the write that ended the
+	// loop above may still be told (by the watch, or by its periodic
+	// check) after the drain. So the other key is written many times: a
+	// watch that fired for it would tell each of them before the delete.
+	const others = 10
+	for i := range others {
+		if err := a.Store(ctx, "zidane/other.json", []byte{byte('a' + i)}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := a.Delete(ctx, "zidane/tokens.json"); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-fired: // the delete; the other key's write came first and fired nothing
+	case <-fired: // the delete, or a late telling of the last write
 	case <-time.After(20 * time.Second):
 		t.Fatal("the watch missed a delete")
 	}
-	if len(fired) != 0 {
-		t.Fatal("the watch fired for another key")
+	if n := len(fired); n > 2 {
+		t.Fatalf("the watch fired %d more times after %d writes to another key and one delete of its own", n, others)
 	}
 }
 

@@ -1024,3 +1024,17 @@ func encode(result any, err error) (json.RawMessage, error) {
 	}
 	return json.Marshal(rep)
 }
+
+// Alive is the rule by which node keeps the tokens minted for sessions'
+// agents: a session of another node is that node's to judge, so its
+// tokens stay; one of this node's, or one whose id names no node (a
+// session of this host's from before it joined a cluster), is alive when
+// local, this node's engine, says so.
+func Alive(node string, local func(id string) bool) func(id string) bool {
+	return func(id string) bool {
+		if n := sessions.NodeOf(id); n != "" && n != node {
+			return true
+		}
+		return local(id)
+	}
+}

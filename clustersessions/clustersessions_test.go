@@ -613,3 +613,23 @@ func create(t testing.TB, n *node, o sessions.Owner, prompt string) sessions.Cre
 	}
 	return c
 }
+
+// A node keeps the tokens of another node's sessions (that node judges
+// them) and judges its own, and those whose id names no node, by its
+// engine.
+func TestAliveJudgesOnlyThisNodesSessions(t *testing.T) {
+	local := map[string]bool{"ses_0123456789abcdef.gw-1": true, "ses_0123456789abcdef": true}
+	alive := clustersessions.Alive("gw-1", func(id string) bool { return local[id] })
+	for id, want := range map[string]bool{
+		"ses_0123456789abcdef.gw-1": true,  // this node's, running
+		"ses_fedcba9876543210.gw-1": false, // this node's, ended
+		"ses_0123456789abcdef":      true,  // from before the cluster, running here
+		"ses_fedcba9876543210":      false, // from before the cluster, ended
+		"ses_fedcba9876543210.gw-2": true,  // another node's: its own to judge
+		"ses_fedcba9876543210.-bad": false, // no node id: judged here
+	} {
+		if got := alive(id); got != want {
+			t.Errorf("%s: %v, want %v", id, got, want)
+		}
+	}
+}

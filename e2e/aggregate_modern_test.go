@@ -87,7 +87,9 @@ func connectAggClient(t *testing.T, url, token, version string) *aggClient {
 			c.mu.Unlock()
 			return &mcp.ElicitResult{Action: "accept", Content: fillSchema(req.Params)}, nil
 		},
+		//lint:ignore SA1019 the test checks that the aggregated route still relays sampling, which SEP-2577 deprecates but earlier protocol versions use
 		CreateMessageHandler: func(context.Context, *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			//lint:ignore SA1019 the test checks that the aggregated route still relays sampling, which SEP-2577 deprecates but earlier protocol versions use
 			return &mcp.CreateMessageResult{Role: "assistant", Model: "e2e", Content: &mcp.TextContent{Text: "Paris"}}, nil
 		},
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
@@ -103,6 +105,7 @@ func connectAggClient(t *testing.T, url, token, version string) *aggClient {
 			}
 		},
 	})
+	//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 	client.AddRoots(&mcp.Root{URI: "file:///e2e", Name: "e2e"})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

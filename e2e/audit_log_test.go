@@ -20,22 +20,17 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/internal/oauthtest"
 )
 
-// readmeLogPath is the audit file the README's log configs name.
+// readmeLogPath is the audit file the audit page's log configs name.
 const readmeLogPath = "/var/log/caddy/zidane-audit.log"
 
-// readmeAuditConfigs returns the global-options blocks of the README's
-// "Audit log" section that route the audit logger to its own file, by
-// their output (file, zidane_audit), exactly as the README shows them.
+// readmeAuditConfigs returns the global-options blocks of the audit page
+// (docs/audit.md) that route the audit logger to its own file, by their
+// output (file, zidane_audit), exactly as the page shows them.
 func readmeAuditConfigs(t *testing.T) map[string]string {
 	t.Helper()
-	readme := readFile(t, filepath.Join(repoRoot, "README.md"))
-	start := strings.Index(readme, "\n## Audit log\n")
-	if start < 0 {
-		t.Fatal(`README.md has no "## Audit log" section`)
-	}
-	section := readme[start+1:]
-	if end := strings.Index(section[3:], "\n## "); end >= 0 {
-		section = section[:end+3]
+	section := readFile(t, filepath.Join(repoRoot, "docs", "audit.md"))
+	if !strings.HasPrefix(section, "# Audit log\n") {
+		t.Fatal(`docs/audit.md does not open with "# Audit log"`)
 	}
 	out := map[string]string{}
 	for _, m := range regexp.MustCompile("(?s)```caddyfile\n(.*?)```").FindAllStringSubmatch(section, -1) {
@@ -51,7 +46,7 @@ func readmeAuditConfigs(t *testing.T) map[string]string {
 		}
 	}
 	if len(out) != 2 {
-		t.Fatalf("the README's Audit log section does not show both log configs (output file, output zidane_audit): found %v", slices.Sorted(func(yield func(string) bool) {
+		t.Fatalf("docs/audit.md does not show both log configs (output file, output zidane_audit): found %v", slices.Sorted(func(yield func(string) bool) {
 			for k := range out {
 				if !yield(k) {
 					return
@@ -63,8 +58,8 @@ func readmeAuditConfigs(t *testing.T) map[string]string {
 }
 
 // withReadmeLog is caddyfile (whose global options open it with "{\n")
-// with the README's log config merged into its global options, the audit
-// file at path instead of the README's.
+// with the audit page's log config merged into its global options, the audit
+// file at path instead of the page's.
 func withReadmeLog(t *testing.T, readmeBlock, path, caddyfile string) string {
 	t.Helper()
 	global, ok := strings.CutPrefix(strings.TrimSpace(readmeBlock), "{\n")
@@ -138,7 +133,7 @@ func waitAuditEvents(t *testing.T, path string, events []auditEvent) []map[strin
 
 // noAuditInDefaultLog fails the test if caddy's default log (its output)
 // holds a line of the audit logger, or any line of an event kind of the
-// table: the README's config excludes them from it.
+// table: the audit page's config excludes them from it.
 func noAuditInDefaultLog(t *testing.T, c *Caddy, events []auditEvent) {
 	t.Helper()
 	kinds := map[any]bool{}
@@ -152,7 +147,7 @@ func noAuditInDefaultLog(t *testing.T, c *Caddy, events []auditEvent) {
 	}
 }
 
-// TestEveryAuditEventInTheAuditLog runs the README's audit log configs
+// TestEveryAuditEventInTheAuditLog runs the audit page's (docs/audit.md) log configs
 // (output file, and output zidane_audit) with the built binary, triggers
 // each kind of audit event, and finds each in the audit file, none in
 // caddy's default log: the events of the request path, of the CLI through
@@ -311,8 +306,8 @@ http://:%[5]d {
 	events := []auditEvent{
 		{"refused", map[string]any{"reason": "no_token"}},
 		{"tool_call", map[string]any{"tool": "sessions", "token_name": "alice"}},
-		{"token.created", map[string]any{"token_name": "alice"}},
-		{"token.revoked", map[string]any{"token_name": "short-lived"}},
+		{"token_created", map[string]any{"token_name": "alice"}},
+		{"token_revoked", map[string]any{"token_name": "short-lived"}},
 		{"admin_refused", map[string]any{"path": "/zidane/tokens"}},
 		{"tool_refused", map[string]any{"reason": "not_owner", "token_name": "bob"}},
 		{"upstream_call", map[string]any{"route": "egress:up", "tool": "time"}},
@@ -335,14 +330,14 @@ http://:%[5]d {
 		t.Fatalf("logout: %v\n%s", err, stderr)
 	}
 	after := []auditEvent{
-		{"token.created", map[string]any{"token_name": "carol"}},
+		{"token_created", map[string]any{"token_name": "carol"}},
 		{"tool_changed", map[string]any{"namespace": "up", "tool": "weather"}},
 		{"upstream_logout", map[string]any{"upstream": "remote"}},
 		{"upstream_auth", map[string]any{"upstream": "remote", "state": "auth-required"}},
 	}
 	waitAuditEvents(t, pathB, after)
 	noAuditInDefaultLog(t, c, append(events, after...))
-	if b, _ := os.ReadFile(pathA); (auditEvent{"token.created", map[string]any{"token_name": "carol"}}).in(auditEntries(string(b))) {
+	if b, _ := os.ReadFile(pathA); (auditEvent{"token_created", map[string]any{"token_name": "carol"}}).in(auditEntries(string(b))) {
 		t.Error("an event after the reload went to the audit file of the config before it")
 	}
 
@@ -362,7 +357,7 @@ http://:%[5]d {
 }
 
 // TestClusterAuditEventsInTheAuditLog runs two replicas on one NATS storage,
-// each with the README's audit log config (output file): an operator's
+// each with the audit page's log config (output file): an operator's
 // upstream action on A, carried out on B by its watcher of the cluster's
 // actions, is an audit line in B's audit file and none in B's default log.
 func TestClusterAuditEventsInTheAuditLog(t *testing.T) {
@@ -403,7 +398,7 @@ http://127.0.0.1:%d {
 	}
 	onB := []auditEvent{{"upstream_retire", map[string]any{"upstream": "local", "from": "another replica"}}}
 	waitAuditEvents(t, paths[1], onB)
-	waitAuditEvents(t, paths[0], []auditEvent{{"token.created", map[string]any{"token_name": "ops"}}})
+	waitAuditEvents(t, paths[0], []auditEvent{{"token_created", map[string]any{"token_name": "ops"}}})
 	for i, c := range replicas {
 		noAuditInDefaultLog(t, c, onB)
 		if i == 1 && strings.Contains(c.Logs(), "upstream action from another replica") {

@@ -467,7 +467,7 @@ func TestClusterAgentSessions(t *testing.T) {
 	})
 
 	t.Run("through the load balancer at both protocol versions", func(t *testing.T) {
-		lb := startLoadBalancer(t, hosts)
+		lb, _ := startLoadBalancer(t, hosts)
 		// Two clients at each version; one that cannot connect is a
 		// failure, and the others go on.
 		var clients []*goSessions

@@ -32,7 +32,7 @@ const (
 	badConfigTimeout = time.Minute
 	// badConfigParallel is how many caddy processes the walk runs at once.
 	badConfigParallel = 2
-	// keyFileLimit is the size the README gives for the files a config
+	// keyFileLimit is the size the Caddyfile reference gives for the files a config
 	// names (key files, upstreams_file).
 	keyFileLimit = 1 << 20
 )
@@ -41,7 +41,10 @@ const (
 // never listens on it, and a `caddy run` stops before it would.
 const badConfigSite = "http://127.0.0.1:9"
 
-// referenceOption is one option of a README reference block: its path of
+// referencePage is the Caddyfile reference, whose blocks list every option.
+const referencePage = "docs/caddyfile.md"
+
+// referenceOption is one option of a reference block: its path of
 // block names ("zidane_mcp jwt leeway") and the value it documents
 // ("<duration>").
 type referenceOption struct {
@@ -49,34 +52,34 @@ type referenceOption struct {
 	value string
 }
 
-// referenceOptions reads the options of the README's caddyfile blocks
-// under "Directive reference: `zidane_mcp`", "Global option: `zidane`" and
-// "Shared storage on NATS (several replicas)" (the storage block) and
-// "Log writer reference: `zidane_audit`":
+// referenceOptions reads the options of the caddyfile blocks of the
+// Caddyfile reference (docs/caddyfile.md) under "Directive `zidane_mcp`",
+// "Global option `zidane`", "Cluster: `storage zidane_nats`" (the storage
+// block) and "Log writer `zidane_audit`":
 // every line's first word, named by the blocks it sits in. The block names
 // are options too ("zidane_mcp jwt"), and so are the directive and the
 // global option themselves. A first word such as a|b names two options.
 func referenceOptions(t *testing.T) []referenceOption {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	raw, err := os.ReadFile(filepath.Join(repoRoot, referencePage))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var opts []referenceOption
 	seen := map[string]bool{}
-	for _, heading := range []string{"## Directive reference: `zidane_mcp`", "## Global option: `zidane`", "## Shared storage on NATS (several replicas)",
-		"## Log writer reference: `zidane_audit`"} {
+	for _, heading := range []string{"## Directive `zidane_mcp`", "## Global option `zidane`", "## Cluster: `storage zidane_nats`",
+		"## Log writer `zidane_audit`"} {
 		_, after, ok := strings.Cut(string(raw), "\n"+heading+"\n")
 		if !ok {
-			t.Fatalf("README.md has no heading %q", heading)
+			t.Fatalf("%s has no heading %q", referencePage, heading)
 		}
 		_, after, ok = strings.Cut(after, "```caddyfile\n")
 		if !ok {
-			t.Fatalf("README.md: no caddyfile block under %q", heading)
+			t.Fatalf("%s: no caddyfile block under %q", referencePage, heading)
 		}
 		block, _, ok := strings.Cut(after, "\n```")
 		if !ok {
-			t.Fatalf("README.md: the caddyfile block under %q does not end", heading)
+			t.Fatalf("%s: the caddyfile block under %q does not end", referencePage, heading)
 		}
 		var stack []string
 		for line := range strings.Lines(block) {
@@ -90,7 +93,7 @@ func referenceOptions(t *testing.T) []referenceOption {
 				continue
 			case words[0] == "}":
 				if len(stack) == 0 {
-					t.Fatalf("README.md: unbalanced } under %q", heading)
+					t.Fatalf("%s: unbalanced } under %q", referencePage, heading)
 				}
 				stack = stack[:len(stack)-1]
 				continue
@@ -114,7 +117,7 @@ func referenceOptions(t *testing.T) []referenceOption {
 			}
 		}
 		if len(stack) != 0 {
-			t.Fatalf("README.md: unclosed block %v under %q", stack, heading)
+			t.Fatalf("%s: unclosed block %v under %q", referencePage, stack, heading)
 		}
 	}
 	return opts
@@ -199,7 +202,7 @@ func writeConfigFixtures(t *testing.T) configFixtures {
 // badConfig is a Caddyfile with one wrong value, and what caddy must say
 // about it: the option's name (the last word of option) and each of want.
 type badConfig struct {
-	option    string // the option's path in the README reference
+	option    string // the option's path in the Caddyfile reference
 	label     string // what is wrong with the value
 	caddyfile string
 	want      []string
@@ -360,7 +363,7 @@ func fileCases(option string, fx configFixtures, tooBig string, wrap func(line s
 func lastWord(path string) string { return path[strings.LastIndexByte(path, ' ')+1:] }
 
 // requiredLabels are the bad values an option must be tried with, by the
-// value the README documents for it.
+// value the Caddyfile reference documents for it.
 func requiredLabels(o referenceOption) []string {
 	switch {
 	case o.value == "<duration>" || o.value == "<dur>":
@@ -663,8 +666,8 @@ func badConfigs(fx configFixtures) []badConfig {
 	} {
 		cases = append(cases, c(m.option, labelMissing, m.caddyfile, "no such file"))
 	}
-	// The cluster block: refused before caddy dials NATS (nats://127.0.0.1:1
-	// would refuse the connection).
+	// The cluster's settings, in storage zidane_nats's block: refused before
+	// caddy dials NATS (nats://127.0.0.1:1 would refuse the connection).
 	nats := func(option, label string, lines ...string) func(want ...string) badConfig {
 		return func(want ...string) badConfig {
 			return withEnv(c(option, label, natsBlock(lines...), want...), clusterKeyEnv)
@@ -672,34 +675,34 @@ func badConfigs(fx configFixtures) []badConfig {
 	}
 	cases = append(cases,
 		c("storage", "an argument", "{\n\tadmin off\n\tstorage zidane_nats extra\n}\n\n"+badConfigSite+" {\n\trespond 404\n}\n", "extra"),
-		c("storage", "a block", "{\n\tadmin off\n\tstorage zidane_nats {\n\t\turl nats://127.0.0.1:1\n\t}\n}\n\n"+badConfigSite+" {\n\trespond 404\n}\n", "takes no block", "zidane { cluster {"),
-		c("storage", "without the cluster block", caddyfileOf("storage zidane_nats", "zidane_mcp {\nguard\n}"), "add zidane { cluster {"),
+		c("storage", "a block without the cluster key", "{\n\tadmin off\n\tstorage zidane_nats {\n\t\turl nats://127.0.0.1:1\n\t}\n}\n\n"+badConfigSite+" {\n\trespond 404\n}\n", "no cluster key", "ZIDANE_CLUSTER_KEY"),
+		c("storage", "without settings", caddyfileOf("storage zidane_nats", "zidane_mcp {\nguard\n}"), "storage zidane_nats has no settings", "storage zidane_nats { url"),
 		withEnv(c("zidane cluster", "an argument", caddyfileOf("storage zidane_nats\nzidane {\ncluster nats {\nurl nats://127.0.0.1:1\n}\n}", "zidane_mcp {\nguard\n}"), "takes no argument"), clusterKeyEnv),
-		withEnv(c("zidane cluster", "no url", natsBlock("node gw-1"), "no url"), clusterKeyEnv),
+		withEnv(c("zidane cluster", "no url", legacyNatsBlock("node gw-1"), "no url"), clusterKeyEnv),
 		withEnv(c("zidane cluster", "on the file storage", caddyfileOf("zidane {\ncluster {\nurl nats://127.0.0.1:1\n}\n}", "zidane_mcp {\nguard\n}"), "add `storage zidane_nats`"), clusterKeyEnv),
 		withEnv(c("zidane cluster", "twice", caddyfileOf("storage zidane_nats\nzidane {\ncluster {\nurl nats://127.0.0.1:1\n}\ncluster {\nurl nats://127.0.0.1:1\n}\n}", "zidane_mcp {\nguard\n}"), "given twice"), clusterKeyEnv),
-		nats("zidane cluster url", labelEmpty, "url")("url needs one or more NATS URLs"),
-		nats("zidane cluster url", "plain to a remote host", "url nats://10.0.0.9:4222")("not loopback", "use tls://"),
-		nats("zidane cluster url", "a password", "url nats://user:pw@127.0.0.1:4222")("creds file"),
-		nats("zidane cluster creds", labelEmpty, "url nats://127.0.0.1:1", "creds")(),
-		nats("zidane cluster tls_ca", labelEmpty, "url nats://127.0.0.1:1", "tls_ca")(),
-		nats("zidane cluster tls_cert", "without tls_key", "url tls://127.0.0.1:1", "tls_cert /c.pem")("tls_key go together"),
-		nats("zidane cluster tls_key", labelEmpty, "url nats://127.0.0.1:1", "tls_key")(),
-		nats("zidane cluster bucket", labelEmpty, "url nats://127.0.0.1:1", "bucket")(),
-		nats("zidane cluster replicas", labelHuge, "url nats://127.0.0.1:1", "replicas 7")("give 1 to 5"),
-		nats("zidane cluster replicas", labelNotNumber, "url nats://127.0.0.1:1", "replicas three")("give 1 to 5"),
-		nats("zidane cluster lock_ttl", "under 1s", "url nats://127.0.0.1:1", "lock_ttl 10ms")("1s or more"),
-		nats("zidane cluster lock_ttl", labelNotNumber, "url nats://127.0.0.1:1", "lock_ttl soon")("1s or more"),
-		nats("zidane cluster key", "a literal key", "url nats://127.0.0.1:1", "key c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=")("literal", "{env.VAR}"),
-		c("zidane cluster key", "an unset variable", natsBlock("url nats://127.0.0.1:1", "key {env.ZIDANE_E2E_UNSET}"), "no cluster key"),
-		nats("zidane cluster node", labelEmpty, "url nats://127.0.0.1:1", "node")(),
-		nats("zidane cluster node", "a slash", "url nats://127.0.0.1:1", "node a/b")("1 to 64", "such as gw-1"),
-		nats("zidane cluster node", "too long", "url nats://127.0.0.1:1", "node "+strings.Repeat("n", 65))("1 to 64"),
-		nats("zidane cluster advertise", labelEmpty, "url nats://127.0.0.1:1", "advertise")(),
-		nats("zidane cluster advertise", "plain http to a remote host", "url nats://127.0.0.1:1", "advertise http://10.0.0.2:8080")("in the clear", "https://"),
-		nats("zidane cluster advertise", "no scheme", "url nats://127.0.0.1:1", "advertise gw-1:8443")("such as https://gw-1.internal:8443"),
-		nats("zidane cluster advertise", "a path", "url nats://127.0.0.1:1", "advertise https://gw-1/mcp")("no user, path or query"),
-		nats("zidane cluster advertise", "the unspecified address", "url nats://127.0.0.1:1", "advertise https://0.0.0.0:8443")("no address another replica can reach"),
+		nats("storage url", labelEmpty, "url")("url needs one or more NATS URLs"),
+		nats("storage url", "plain to a remote host", "url nats://10.0.0.9:4222")("not loopback", "use tls://"),
+		nats("storage url", "a password", "url nats://user:pw@127.0.0.1:4222")("creds file"),
+		nats("storage creds", labelEmpty, "url nats://127.0.0.1:1", "creds")(),
+		nats("storage tls_ca", labelEmpty, "url nats://127.0.0.1:1", "tls_ca")(),
+		nats("storage tls_cert", "without tls_key", "url tls://127.0.0.1:1", "tls_cert /c.pem")("tls_key go together"),
+		nats("storage tls_key", labelEmpty, "url nats://127.0.0.1:1", "tls_key")(),
+		nats("storage bucket", labelEmpty, "url nats://127.0.0.1:1", "bucket")(),
+		nats("storage replicas", labelHuge, "url nats://127.0.0.1:1", "replicas 7")("give 1 to 5"),
+		nats("storage replicas", labelNotNumber, "url nats://127.0.0.1:1", "replicas three")("give 1 to 5"),
+		nats("storage lock_ttl", "under 1s", "url nats://127.0.0.1:1", "lock_ttl 10ms")("1s or more"),
+		nats("storage lock_ttl", labelNotNumber, "url nats://127.0.0.1:1", "lock_ttl soon")("1s or more"),
+		nats("storage key", "a literal key", "url nats://127.0.0.1:1", "key c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=")("literal", "{env.VAR}"),
+		c("storage key", "an unset variable", natsBlock("url nats://127.0.0.1:1", "key {env.ZIDANE_E2E_UNSET}"), "no cluster key"),
+		nats("storage node", labelEmpty, "url nats://127.0.0.1:1", "node")(),
+		nats("storage node", "a slash", "url nats://127.0.0.1:1", "node a/b")("1 to 64", "such as gw-1"),
+		nats("storage node", "too long", "url nats://127.0.0.1:1", "node "+strings.Repeat("n", 65))("1 to 64"),
+		nats("storage advertise", labelEmpty, "url nats://127.0.0.1:1", "advertise")(),
+		nats("storage advertise", "plain http to a remote host", "url nats://127.0.0.1:1", "advertise http://10.0.0.2:8080")("in the clear", "https://"),
+		nats("storage advertise", "no scheme", "url nats://127.0.0.1:1", "advertise gw-1:8443")("such as https://gw-1.internal:8443"),
+		nats("storage advertise", "a path", "url nats://127.0.0.1:1", "advertise https://gw-1/mcp")("no user, path or query"),
+		nats("storage advertise", "the unspecified address", "url nats://127.0.0.1:1", "advertise https://0.0.0.0:8443")("no address another replica can reach"),
 	)
 	return cases
 }
@@ -708,8 +711,15 @@ func badConfigs(fx configFixtures) []badConfig {
 // wrong value is wrong.
 var clusterKeyEnv = "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{9}, 32))
 
-// natsBlock is a config in cluster mode with lines in the cluster block.
+// natsBlock is a config in cluster mode with lines in storage
+// zidane_nats's block.
 func natsBlock(lines ...string) string {
+	return caddyfileOf("storage zidane_nats {\n"+strings.Join(lines, "\n")+"\n}", "zidane_mcp {\nguard\n}")
+}
+
+// legacyNatsBlock is a config in cluster mode with lines in the zidane
+// global option's cluster block, the former place of the settings.
+func legacyNatsBlock(lines ...string) string {
 	return caddyfileOf("storage zidane_nats\nzidane {\ncluster {\n"+strings.Join(lines, "\n")+"\n}\n}", "zidane_mcp {\nguard\n}")
 }
 
@@ -881,7 +891,7 @@ func checkRefused(t *testing.T, res caddyOutcome, option string, want []string, 
 	}
 }
 
-// TestBadConfigValuesAreRefused walks the README's reference of the
+// TestBadConfigValuesAreRefused walks the Caddyfile reference (docs/caddyfile.md) of the
 // zidane_mcp directive and the zidane global option: every option listed
 // there is given wrong values (of the wrong kind, negative, huge, empty;
 // for a path, a directory, /dev/zero, a named pipe, a file too big or
@@ -903,18 +913,18 @@ func TestBadConfigValuesAreRefused(t *testing.T) {
 		known[o.path] = true
 		labels, ok := byOption[o.path]
 		if !ok {
-			t.Errorf("README option %q has no bad-value case here: add one to badConfigs", o.path)
+			t.Errorf("Caddyfile reference option %q has no bad-value case here: add one to badConfigs", o.path)
 			continue
 		}
 		for _, l := range requiredLabels(o) {
 			if !slices.Contains(labels, l) {
-				t.Errorf("README option %q (%s) is not tried with %s", o.path, o.value, l)
+				t.Errorf("Caddyfile reference option %q (%s) is not tried with %s", o.path, o.value, l)
 			}
 		}
 	}
 	for opt := range byOption {
 		if !known[opt] {
-			t.Errorf("cases for %q, which the README reference does not list", opt)
+			t.Errorf("cases for %q, which the Caddyfile reference does not list", opt)
 		}
 	}
 	if t.Failed() {

@@ -263,7 +263,9 @@ func connectPeer(t *testing.T, endpoint string, hc *http.Client, version string)
 		ElicitationHandler: func(_ context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 			return &mcp.ElicitResult{Action: "accept", Content: elicitContent(req.Params.RequestedSchema)}, nil
 		},
+		//lint:ignore SA1019 the test checks that the aggregated route still relays sampling, which SEP-2577 deprecates but earlier protocol versions use
 		CreateMessageHandler: func(context.Context, *mcp.CreateMessageRequest) (*mcp.CreateMessageResult, error) {
+			//lint:ignore SA1019 the test checks that the aggregated route still relays sampling, which SEP-2577 deprecates but earlier protocol versions use
 			return &mcp.CreateMessageResult{Role: "assistant", Model: "e2e", Content: &mcp.TextContent{Text: "Paris"}}, nil
 		},
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
@@ -285,6 +287,7 @@ func connectPeer(t *testing.T, endpoint string, hc *http.Client, version string)
 			}
 		},
 	})
+	//lint:ignore SA1019 the test checks that the aggregated route still relays roots, which SEP-2577 deprecates but earlier protocol versions use
 	client.AddRoots(&mcp.Root{URI: "file:///e2e-root", Name: "e2e"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

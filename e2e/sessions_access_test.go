@@ -142,12 +142,12 @@ func TestSessionsTokens(t *testing.T) {
 			if l["reason"] == "invalid_token" && l["status"] == float64(401) && strings.Contains(fmt.Sprint(l["detail"]), "revoked") {
 				refusedAfter++
 			}
-			if l["event"] == "token.revoked" && l["token_name"] == "temp" {
+			if l["event"] == "token_revoked" && l["token_name"] == "temp" {
 				revoked = true
 			}
 		}
 		if refusedAfter <= refusedBefore || !revoked {
-			t.Fatalf("audit: %d refusals of the revoked token (before: %d), token.revoked line %v", refusedAfter, refusedBefore, revoked)
+			t.Fatalf("audit: %d refusals of the revoked token (before: %d), token_revoked line %v", refusedAfter, refusedBefore, revoked)
 		}
 	})
 

@@ -33,14 +33,22 @@
 // them: a route opens a request's handles before it serves it, and the
 // listing filter seals the ids of the answers (see tasks.go).
 //
-// In a cluster, a request for an aggregated 2025-11-25 session that
-// another replica holds is served there: the replica that got it runs the
-// six steps, then sends it over a hop that [HopKey] signs and the holder's
-// [HopKey.Verify] checks (MAC over the request and the identity, the
-// nodes, a time and a nonce; see hop.go). The holder establishes the
-// principal from the identity alone ([HopClaims.Principal]: its own token
-// store, its own check of a JWT) and decides the request again ([Decide])
-// under it.
+// In a cluster, a request for an aggregated or sessions-endpoint
+// 2025-11-25 session that another replica holds is served there
+// ([ClusterAggregate], [ClusterSessions]): the replica that got it runs
+// the six steps, then [Forward] sends it to the holder's advertised
+// address over a hop that [HopKey] signs and the holder's [HopKey.Verify]
+// checks (MAC over the request and the identity, the nodes, a time and a
+// nonce; see hop.go and forward.go). The holder establishes the principal
+// from the identity alone ([HopClaims.Principal]: its own token store, its
+// own check of a JWT) and decides the request again ([Decide]) under it.
+//
+// Around the steps it also owns what a client sees of them: the
+// authentication verdicts and the charging of failed guesses to their
+// address ([Authentication]), the refusal as written ([WriteRefusal]: the
+// WWW-Authenticate challenge, the JSON-RPC code), the RFC 9728 document
+// ([ProtectedResource]), and the rule of a replica that is shutting down
+// ([Drain]).
 //
 // What it never does: it never decodes a client's JSON-RPC message itself
 // (package message is the one reader), never builds anything

@@ -221,21 +221,9 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 	if !c.IsResponse() || c.Result == nil {
 		return c.Raw, true
 	}
-	lists := shapes
-	// Pins and bindings are learned from an answer to a list request of
-	// the body only: an answer taken for a listing by its shape is the
-	// server's to any request, one a client could have it echo.
-	method := ""
-	if f.ids != nil {
-		m, known := f.method(c.ID)
-		if !known {
-			f.drop(Drop{Reason: "unmatched_answer", ID: clip(c.ID.String())})
-			return nil, false
-		}
-		method = m
-		if l, ok := listings[method]; ok {
-			lists = []listing{l}
-		}
+	method, lists, known := f.answered(c)
+	if !known {
+		return nil, false
 	}
 	server := method == "initialize" || method == "server/discover"
 	info := !server && f.info != nil
@@ -246,22 +234,11 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 	if json.Unmarshal(c.Result, &res) != nil {
 		return c.Raw, true // not an object: no list in it
 	}
-	changed := false
-	for key := range res {
-		for _, l := range shapes {
-			if key != l.list && strings.EqualFold(key, l.list) {
-				// A client reading case-insensitively would take it for
-				// the list; this filter would not.
-				f.drop(Drop{Reason: "ambiguous_answer", ID: clip(c.ID.String())})
-				return nil, false
-			}
-		}
-		if server && ((key != "instructions" && strings.EqualFold(key, "instructions")) || (key != "serverInfo" && strings.EqualFold(key, "serverInfo"))) {
-			// The same, for what the pins check of the server's answer.
-			f.drop(Drop{Reason: "ambiguous_answer", ID: clip(c.ID.String())})
-			return nil, false
-		}
+	if ambiguousKeys(res, server) {
+		f.drop(Drop{Reason: "ambiguous_answer", ID: clip(c.ID.String())})
+		return nil, false
 	}
+	changed := false
 	if server {
 		changed = pinServerAnswer(f.route, method, res)
 	}
@@ -269,76 +246,7 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 		changed = pinnedMetaInfo(res, f.info)
 	}
 	for _, l := range lists {
-		raw, ok := res[l.list]
-		if !ok {
-			continue
-		}
-		var items []json.RawMessage
-		if json.Unmarshal(raw, &items) != nil {
-			// A list member that is not an array shows nothing a client
-			// could use; drop it rather than guess.
-			delete(res, l.list)
-			changed = true
-			continue
-		}
-		asked := method != "" && listings[method] == l
-		kept := make([]json.RawMessage, 0, len(items))
-		params := paramsOf(f.route)
-		type entry struct {
-			raw   json.RawMessage
-			named map[string]json.RawMessage
-			name  string
-		}
-		entries := make([]entry, 0, len(items))
-		count := make(map[string]int, len(items))
-		for _, it := range items {
-			var named map[string]json.RawMessage
-			var name string
-			if json.Unmarshal(it, &named) != nil || json.Unmarshal(named[l.named], &name) != nil {
-				continue
-			}
-			entries = append(entries, entry{it, named, name})
-			count[name]++
-		}
-		// The namespaces whose tools a whole tools listing held.
-		var seen map[string]*pins.Store
-		if asked && l.kind == KindTool {
-			seen = map[string]*pins.Store{}
-		}
-		for _, e := range entries {
-			it, named, name := e.raw, e.named, e.name
-			if count[name] > 1 {
-				// Two items of one name: clients keep the first or the
-				// last, and the pin and the scopes decide on one of them.
-				// Neither goes out.
-				f.drop(Drop{Reason: "duplicate_item", ID: clip(c.ID.String()), Item: clip(name)})
-				count[name] = -1 // one audit line for the name
-				continue
-			}
-			if count[name] < 0 {
-				continue
-			}
-			if asked && l.kind == KindTool {
-				// What its Mcp-Param-* headers carry (see ParamHeaders),
-				// learned whoever may see it: a tool's schema is the
-				// server's, the same for every principal.
-				params.learn(name, named["inputSchema"])
-			}
-			// Every item is pinned, whoever may see it: the set an
-			// upstream lists is the same for every principal, and one
-			// that one principal cannot see must not count as new when
-			// another lists it.
-			shown := pinShown(f.route, l.kind, name, named, asked, seen)
-			if shown && f.route.Visible(f.p, Item{Kind: l.kind, Name: name}) {
-				kept = append(kept, it)
-			}
-		}
-		if seen != nil && lastPage(res) {
-			pinToolSets(f.route, seen)
-		}
-		if len(kept) != len(items) {
-			list, _ := json.Marshal(kept)
-			res[l.list] = list
+		if f.filterList(c, l, method, res) {
 			changed = true
 		}
 	}
@@ -352,6 +260,126 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 	msg["result"], _ = json.Marshal(res)
 	out, err := json.Marshal(msg)
 	return out, err == nil
+}
+
+// answered is the method of the request c answers and the listings its
+// result may hold: the one the method asks for, or, where the filter does
+// not know the requests, every shape. known is false (and the answer
+// dropped) for an answer to no request of the body. Pins and bindings are
+// learned from an answer to a list request of the body only: an answer
+// taken for a listing by its shape is the server's to any request, one a
+// client could have it echo.
+func (f *Listing) answered(c message.Call) (method string, lists []listing, known bool) {
+	lists = shapes
+	if f.ids == nil {
+		return "", lists, true
+	}
+	method, known = f.method(c.ID)
+	if !known {
+		f.drop(Drop{Reason: "unmatched_answer", ID: clip(c.ID.String())})
+		return "", nil, false
+	}
+	if l, ok := listings[method]; ok {
+		lists = []listing{l}
+	}
+	return method, lists, true
+}
+
+// ambiguousKeys reports whether res has a member that a client reading
+// case-insensitively would take for a list (or, in a server's answer, for
+// its instructions or serverInfo), where this filter would not.
+func ambiguousKeys(res map[string]json.RawMessage, server bool) bool {
+	for key := range res {
+		for _, l := range shapes {
+			if key != l.list && strings.EqualFold(key, l.list) {
+				return true
+			}
+		}
+		if server && ((key != "instructions" && strings.EqualFold(key, "instructions")) || (key != "serverInfo" && strings.EqualFold(key, "serverInfo"))) {
+			return true
+		}
+	}
+	return false
+}
+
+// listedItem is one item of a listing, read for its name.
+type listedItem struct {
+	raw   json.RawMessage
+	named map[string]json.RawMessage
+	name  string
+}
+
+// filterList filters the list l of res, the result of c (an answer to
+// method), in place: it pins every item and keeps those the principal may
+// see. It reports whether res changed.
+func (f *Listing) filterList(c message.Call, l listing, method string, res map[string]json.RawMessage) bool {
+	raw, ok := res[l.list]
+	if !ok {
+		return false
+	}
+	var items []json.RawMessage
+	if json.Unmarshal(raw, &items) != nil {
+		// A list member that is not an array shows nothing a client
+		// could use; drop it rather than guess.
+		delete(res, l.list)
+		return true
+	}
+	asked := method != "" && listings[method] == l
+	kept := make([]json.RawMessage, 0, len(items))
+	params := paramsOf(f.route)
+	entries := make([]listedItem, 0, len(items))
+	count := make(map[string]int, len(items))
+	for _, it := range items {
+		var named map[string]json.RawMessage
+		var name string
+		if json.Unmarshal(it, &named) != nil || json.Unmarshal(named[l.named], &name) != nil {
+			continue
+		}
+		entries = append(entries, listedItem{it, named, name})
+		count[name]++
+	}
+	// The namespaces whose tools a whole tools listing held.
+	var seen map[string]*pins.Store
+	if asked && l.kind == KindTool {
+		seen = map[string]*pins.Store{}
+	}
+	for _, e := range entries {
+		it, named, name := e.raw, e.named, e.name
+		if count[name] > 1 {
+			// Two items of one name: clients keep the first or the
+			// last, and the pin and the scopes decide on one of them.
+			// Neither goes out.
+			f.drop(Drop{Reason: "duplicate_item", ID: clip(c.ID.String()), Item: clip(name)})
+			count[name] = -1 // one audit line for the name
+			continue
+		}
+		if count[name] < 0 {
+			continue
+		}
+		if asked && l.kind == KindTool {
+			// What its Mcp-Param-* headers carry (see ParamHeaders),
+			// learned whoever may see it: a tool's schema is the
+			// server's, the same for every principal.
+			params.learn(name, named["inputSchema"])
+		}
+		// Every item is pinned, whoever may see it: the set an
+		// upstream lists is the same for every principal, and one
+		// that one principal cannot see must not count as new when
+		// another lists it.
+		shown := pinShown(f.route, l.kind, name, named, asked, seen)
+		if shown && f.route.Visible(f.p, Item{Kind: l.kind, Name: name}) {
+			kept = append(kept, it)
+		}
+	}
+	if seen != nil && lastPage(res) {
+		pinToolSets(f.route, seen)
+	}
+	if len(kept) == len(items) {
+		return false
+	}
+	list, _ := json.Marshal(kept)
+	res[l.list] = list
+	return true
 }
 
 // lastPage reports whether a listing result is the last page of its

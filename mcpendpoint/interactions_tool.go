@@ -7,13 +7,18 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
 
-var interactionsVerbs = []verb{
-	{"pending", []string{"sessionId"}},
-	{"answer", []string{"requestId", "optionId", "decision", "action", "content"}},
+// interactionsArgs are the arguments each verb of the interactions tool
+// takes; its verbs and their order are policy's table.
+var interactionsArgs = map[string][]string{
+	"pending": {"sessionId"},
+	"answer":  {"requestId", "optionId", "decision", "action", "content"},
 }
+
+var interactionsVerbs = verbsOf("interactions", interactionsArgs)
 
 const interactionsDescription = `Answer the questions, plan approvals and permission prompts that coding-agent sessions wait on (a session in state blocked, or a <session-event status="needs-attention">). Set ` + "`verb`" + `:
 
@@ -29,7 +34,7 @@ func interactionsTool() *mcp.Tool {
 			"type":     "object",
 			"required": []string{"verb"},
 			"properties": map[string]any{
-				"verb":      schemaEnum("What to do: pending lists, answer answers.", "pending", "answer"),
+				"verb":      schemaEnum("What to do: pending lists, answer answers.", policy.VerbNames("interactions")...),
 				"sessionId": schemaString("pending: only this session's prompts. Leave it out for all sessions."),
 				"requestId": schemaString("answer: the requestId of the prompt, as pending or a needs-attention <session-event> gave it."),
 				"optionId":  schemaString("answer, approval or plan: the id of one of the options in the payload."),

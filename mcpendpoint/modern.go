@@ -311,7 +311,8 @@ func (e *Endpoint) listen(ctx context.Context, req mcp.Request, next mcp.MethodH
 func (e *Endpoint) authorizeEvents(c caller, uri string) (string, error) {
 	id, ok := sessionOfEventsURI(uri)
 	if !ok {
-		return "", &jsonrpc.Error{Code: mcp.CodeResourceNotFound, Message: fmt.Sprintf(
+		// MCP's resource not found is Invalid Params since SEP-2164.
+		return "", &jsonrpc.Error{Code: message.CodeInvalidParams, Message: fmt.Sprintf(
 			"no resource %q on this endpoint: a session's events are %s, with the id that create or list returned", truncateURI(uri), EventsURITemplate),
 			Data: reasonData("no_resource")}
 	}

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -165,6 +167,7 @@ func TestBothVersionsOnOneURL(t *testing.T) {
 		t.Errorf("legacy push %+v, want seq %d", d, ev.Seq)
 	}
 	// The legacy session offers no resources: its capabilities are today's.
+	//lint:ignore SA1019 the test checks that a 2025-11-25 session keeps the logging capability, which SEP-2577 deprecates but that version has
 	if caps := legacy.InitializeResult().Capabilities; caps.Resources != nil || caps.Logging == nil {
 		t.Errorf("legacy capabilities: %+v", caps)
 	}
@@ -621,5 +624,30 @@ func TestSessionOfEventsURI(t *testing.T) {
 		if ok != want || (ok && got != id) {
 			t.Errorf("%q: %q %v, want %v", id, got, ok, want)
 		}
+	}
+}
+
+// A zidane:// resource that is not a session's events is MCP's "resource
+// not found", which is Invalid Params since SEP-2164, and stays so under
+// go-sdk's MCPGODEBUG=customresnotfounderrcode=1: that setting turns the
+// SDK's own CodeResourceNotFound back into -32002, and is the SDK's to
+// follow, not this endpoint's.
+func TestModernUnknownResourceIsInvalidParams(t *testing.T) {
+	h := newHarness(t)
+	for _, uri := range []string{"zidane://sessions//events", "zidane://sessions/ses.x/events"} {
+		_, msgs := h.post("alice-token", ModernVersion, readBody(uri))
+		if code, reason, msg := rpcError(t, msgs); code != message.CodeInvalidParams || reason != "no_resource" {
+			t.Errorf("read %s: code %d, reason %q (%s), want %d no_resource", uri, code, reason, msg, message.CodeInvalidParams)
+		}
+	}
+	if os.Getenv("MCPGODEBUG") != "" {
+		return
+	}
+	// go-sdk reads MCPGODEBUG once, when the process starts: run this test
+	// again in a process that has it.
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "MCPGODEBUG=customresnotfounderrcode=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("with MCPGODEBUG=customresnotfounderrcode=1: %v\n%s", err, out)
 	}
 }

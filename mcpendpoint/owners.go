@@ -3,18 +3,17 @@ package mcpendpoint
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
 
-// toolOfVerb is the tool a verb of an orchestrator's tools belongs to.
+// toolOfVerb is the tool a verb of an orchestrator's tools belongs to
+// (create refused a name that is no verb).
 func toolOfVerb(name string) string {
-	if slices.ContainsFunc(interactionsVerbs, func(v verb) bool { return v.name == name }) {
-		return "interactions"
-	}
-	return "sessions"
+	tool, _ := policy.VerbTool(name)
+	return tool
 }
 
 // checkTools refuses an orchestrator's tools that its creator may not call
@@ -32,7 +31,7 @@ func checkTools(c caller, tools []string) error {
 	if len(beyond) == 0 {
 		return nil
 	}
-	for _, t := range allVerbs() {
+	for _, t := range policy.VerbNames("") {
 		if c.access.Scopes.GrantsVerb(c.p, toolOfVerb(t), t) {
 			granted = append(granted, t)
 		}

@@ -12,30 +12,25 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
 
-var sessionsVerbs = []verb{
-	{"create", []string{"cwd", "prompt", "agent", "environment", "title", "tools", "subscribe"}},
-	{"send", []string{"sessionId", "prompt"}},
-	{"steer", []string{"sessionId", "text"}},
-	{"cancel", []string{"sessionId"}},
-	{"read", []string{"sessionId", "full"}},
-	{"list", []string{"limit"}},
-	{"transcript", []string{"sessionId", "turns", "full"}},
-	{"wait", []string{"sessionId", "timeout"}},
-	{"events", []string{"sessionId", "status", "text", "since", "limit"}},
+// sessionsArgs are the arguments each verb of the sessions tool takes;
+// its verbs and their order are policy's table.
+var sessionsArgs = map[string][]string{
+	"create":     {"cwd", "prompt", "agent", "environment", "title", "tools", "subscribe"},
+	"send":       {"sessionId", "prompt"},
+	"steer":      {"sessionId", "text"},
+	"cancel":     {"sessionId"},
+	"read":       {"sessionId", "full"},
+	"list":       {"limit"},
+	"transcript": {"sessionId", "turns", "full"},
+	"wait":       {"sessionId", "timeout"},
+	"events":     {"sessionId", "status", "text", "since", "limit"},
 }
 
-// allVerbs are the verbs of both tools, which `tools` may grant to an
-// orchestrator session.
-func allVerbs() []string {
-	var vs []string
-	for _, v := range append(slices.Clone(sessionsVerbs), interactionsVerbs...) {
-		vs = append(vs, v.name)
-	}
-	return vs
-}
+var sessionsVerbs = verbsOf("sessions", sessionsArgs)
 
 const sessionsDescription = `Start and drive coding-agent sessions on this host. Set ` + "`verb`" + ` and the arguments that verb takes:
 
@@ -58,10 +53,7 @@ func sessionsTool(agents []string) *mcp.Tool {
 	if len(agents) > 0 {
 		agent = schemaEnum("create: the configured agent to run ("+strings.Join(agents, ", ")+"); leave it out for the default agent.", agents...)
 	}
-	verbs := make([]string, len(sessionsVerbs))
-	for i, v := range sessionsVerbs {
-		verbs[i] = v.name
-	}
+	verbs := policy.VerbNames("sessions")
 	return &mcp.Tool{
 		Name:        "sessions",
 		Title:       "Coding-agent sessions",
@@ -89,7 +81,7 @@ func sessionsTool(agents []string) *mcp.Tool {
 				"title": schemaString("create: a short title; derived from the prompt when left out."),
 				"tools": map[string]any{
 					"type":        "array",
-					"items":       map[string]any{"type": "string", "enum": allVerbs()},
+					"items":       map[string]any{"type": "string", "enum": policy.VerbNames("")},
 					"description": "create, orchestrator: the verbs of the sessions and interactions tools the new session may call itself.",
 				},
 				"subscribe": schemaBool("create, orchestrator: deliver the events of the sessions it creates to it as prompts."),
@@ -186,8 +178,8 @@ func (e *Endpoint) create(ctx context.Context, c caller, a *args) (reply, error)
 		return reply{}, err
 	}
 	for _, t := range tools {
-		if !slices.Contains(allVerbs(), t) {
-			return reply{}, badInput("unknown verb %q in tools: list verbs of the sessions and interactions tools (%s)", t, strings.Join(allVerbs(), ", "))
+		if _, ok := policy.VerbTool(t); !ok {
+			return reply{}, badInput("unknown verb %q in tools: list verbs of the sessions and interactions tools (%s)", t, strings.Join(policy.VerbNames(""), ", "))
 		}
 	}
 	if err := checkTools(c, tools); err != nil {

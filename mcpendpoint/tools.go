@@ -42,6 +42,16 @@ type verb struct {
 	args []string
 }
 
+// verbsOf is tool's verbs as policy's table lists them, each with the
+// arguments args gives it.
+func verbsOf(tool string, args map[string][]string) []verb {
+	var out []verb
+	for _, name := range policy.VerbNames(tool) {
+		out = append(out, verb{name: name, args: args[name]})
+	}
+	return out
+}
+
 // args are the arguments of one tool call, checked against the verb.
 type args struct {
 	tool string

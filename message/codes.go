@@ -27,7 +27,8 @@ const (
 	// upstream's answer it withheld, say).
 	CodeInternalError = -32603
 
-	// CodeResourceNotFound: MCP's (and ACP's) resource not found.
+	// CodeResourceNotFound: ACP's resource not found (MCP's was the same
+	// until SEP-2164 made it CodeInvalidParams).
 	CodeResourceNotFound = -32002
 	// CodeHeaderMismatch: MCP 2026-07-28's Mcp-Method, Mcp-Name or
 	// Mcp-Param-* header that says something else than the body.

@@ -464,13 +464,7 @@ func (r *reader) message(c *Call, depth int) error {
 	if err != nil {
 		return err
 	}
-	var (
-		hasVersion, version                bool
-		hasID, hasMethod, hasParams        bool
-		hasResult, hasError, paramsPending bool
-		nullID                             bool
-		paramsAt                           int
-	)
+	var m members
 	for {
 		k, more, err := r.nextKey(&it)
 		if err != nil {
@@ -482,36 +476,36 @@ func (r *reader) message(c *Call, depth int) error {
 		at := r.i
 		switch r.field(k, envelopeFields) {
 		case "jsonrpc":
-			hasVersion = true
+			m.hasVersion = true
 			var s string
-			s, version, err = r.strValue(depth)
-			version = version && s == "2.0"
+			s, m.version, err = r.strValue(depth)
+			m.version = m.version && s == "2.0"
 		case "id":
-			hasID, nullID = true, r.peek() == 'n'
+			m.hasID, m.nullID = true, r.peek() == 'n'
 			c.ID, err = r.requestID(depth)
 		case "method":
-			hasMethod = true
+			m.hasMethod = true
 			var ok bool
 			c.Method, ok, err = r.strValue(depth)
 			if !ok || c.Method == "" {
 				r.malformed(at, `"method" must be a non-empty string`)
 			}
 		case "params":
-			hasParams, paramsAt = true, at
-			if hasMethod {
+			m.hasParams, m.paramsAt = true, at
+			if m.hasMethod {
 				err = r.params(c, depth)
 			} else {
 				// The method comes later: check the JSON now, read the
 				// params once the method is known.
-				paramsPending = true
+				m.paramsPending = true
 				err = r.value(depth)
 			}
 		case "result":
-			hasResult = true
+			m.hasResult = true
 			err = r.value(depth)
 			c.Result = r.b[at:r.i]
 		case "error":
-			hasError = true
+			m.hasError = true
 			err = r.errorObject(depth)
 			c.Error = r.b[at:r.i]
 		default:
@@ -523,45 +517,61 @@ func (r *reader) message(c *Call, depth int) error {
 	}
 	end := r.i
 	c.Raw = r.b[start:end]
-	if paramsPending && hasMethod {
-		r.i = paramsAt
+	if m.paramsPending && m.hasMethod {
+		r.i = m.paramsAt
 		if err := r.params(c, depth); err != nil {
 			return err
 		}
 		r.i = end
 	}
 
+	r.checkMembers(c, start, m)
+	return nil
+}
+
+// members is what message saw of a message's members.
+type members struct {
+	hasVersion, version                bool
+	hasID, hasMethod, hasParams        bool
+	hasResult, hasError, paramsPending bool
+	nullID                             bool
+	paramsAt                           int
+}
+
+// checkMembers checks that the members m of the message c, read at start,
+// make one JSON-RPC 2.0 request, notification or response, and says what
+// is wrong when they do not.
+func (r *reader) checkMembers(c *Call, start int, m members) {
 	switch {
-	case !hasVersion:
+	case !m.hasVersion:
 		r.malformed(start, `"jsonrpc" is missing; a JSON-RPC 2.0 message has "jsonrpc": "2.0"`)
-	case !version:
+	case !m.version:
 		r.malformed(start, `"jsonrpc" must be the string "2.0"`)
 	}
-	if hasMethod {
-		if nullID {
+	if m.hasMethod {
+		if m.nullID {
 			// go-sdk runs it as a notification and answers nothing, the
 			// TypeScript SDK refuses it, and MCP forbids it.
 			r.ambiguous(start, `a request with a null "id": go-sdk runs it as a notification, the TypeScript SDK refuses it; send an integer or a string id, or no id for a notification`)
 		}
-		if hasResult || hasError {
+		if m.hasResult || m.hasError {
 			r.malformed(start, `a message with a "method" is a request, and has no "result" or "error"`)
 		}
-		if !hasParams && needsParams(c.Method) {
+		if !m.hasParams && needsParams(c.Method) {
 			r.malformed(start, c.Method+" needs params; see the MCP specification for the method")
 		}
-		return nil
+		return
 	}
 	switch {
-	case !hasResult && !hasError:
+	case !m.hasResult && !m.hasError:
 		r.malformed(start, `a message needs a "method" (a request or notification), or a "result" or an "error" (a response)`)
-	case hasResult && hasError:
+	case m.hasResult && m.hasError:
 		r.malformed(start, `a response has a "result" or an "error", not both`)
-	case !hasID || (nullID && !(r.answers && hasError)):
+	case !m.hasID || (m.nullID && !(r.answers && m.hasError)):
 		r.malformed(start, `a response needs the "id" of the request it answers`)
-	case hasParams:
+	case m.hasParams:
 		r.malformed(start, `a response has no "params"`)
 	}
-	return nil
 }
 
 func needsParams(method string) bool {
@@ -726,6 +736,13 @@ func (r *reader) paramsObject(c *Call, depth int, fields []string) error {
 			return err
 		}
 	}
+	r.requireParams(c, at, hasName, hasURI, hasRef)
+	return nil
+}
+
+// requireParams checks that the params of c, read at at, hold what its
+// method needs: a name, a URI or a ref.
+func (r *reader) requireParams(c *Call, at int, hasName, hasURI, hasRef bool) {
 	switch c.Method {
 	case "tools/call":
 		if !hasName || c.Tool == "" {
@@ -744,7 +761,6 @@ func (r *reader) paramsObject(c *Call, depth int, fields []string) error {
 			r.malformed(at, `completion/complete needs params.ref, an object with a "type"`)
 		}
 	}
-	return nil
 }
 
 // arguments reads tools/call params.arguments, an object, for its verb.

@@ -2,6 +2,7 @@ package pinnedfetch
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -177,44 +178,18 @@ func (t *transport) follow(req *http.Request, resp *http.Response, tainted bool)
 		visited[key] = true
 
 		d := Decision{Hop: hop, From: redactURL(prev), To: redactURL(next), Status: status, Action: ActionFollow}
-		switch {
-		case !tainted && t.onOrigin(next):
-			d.Reason, d.Credentials = "same origin: credentials kept", true
-		case !tainted:
-			tainted = true
-			d.Reason = "left the pinned origin " + t.origin + ": credentials dropped for the rest of the chain"
-		case t.onOrigin(next):
-			d.Reason = "back on the pinned origin, but credentials were dropped earlier in the chain and stay dropped"
-		default:
-			d.Reason = "off the pinned origin: no credentials"
-		}
-
-		nr := &http.Request{
-			Method:     method,
-			URL:        next,
-			Proto:      "HTTP/1.1",
-			ProtoMajor: 1,
-			ProtoMinor: 1,
-			Header:     req.Header.Clone(),
-		}
-		if nr.Header == nil {
-			nr.Header = make(http.Header)
+		tainted = t.credentials(&d, next, tainted)
+		header := req.Header.Clone()
+		if header == nil {
+			header = make(http.Header)
 		}
 		if tainted {
-			nr.Header, d.StrippedHeaders = t.strip(nr.Header)
+			header, d.StrippedHeaders = t.strip(header)
 		}
-		if withBody && hasBody(req) {
-			body, err := req.GetBody()
-			if err != nil {
-				return refuse(fmt.Errorf("%w: GetBody: %v", ErrBodyNotReplayable, err))
-			}
-			nr.Body, nr.GetBody, nr.ContentLength = body, req.GetBody, req.ContentLength
-		} else {
-			for _, h := range bodyHeaders {
-				nr.Header.Del(h)
-			}
+		nr, err := hopRequest(ctx, req, method, next, header, withBody)
+		if err != nil {
+			return refuse(err)
 		}
-		nr = nr.WithContext(ctx)
 
 		discard(resp)
 		t.report(d)
@@ -230,6 +205,49 @@ func (t *transport) follow(req *http.Request, resp *http.Response, tainted bool)
 		}
 		prev = next
 	}
+}
+
+// credentials decides whether the hop to next carries credentials, and
+// says why in d. It returns tainted for the rest of the chain: once off the
+// pinned origin, no later hop carries them, even one that comes back.
+func (t *transport) credentials(d *Decision, next *url.URL, tainted bool) bool {
+	switch {
+	case !tainted && t.onOrigin(next):
+		d.Reason, d.Credentials = "same origin: credentials kept", true
+	case !tainted:
+		tainted = true
+		d.Reason = "left the pinned origin " + t.origin + ": credentials dropped for the rest of the chain"
+	case t.onOrigin(next):
+		d.Reason = "back on the pinned origin, but credentials were dropped earlier in the chain and stay dropped"
+	default:
+		d.Reason = "off the pinned origin: no credentials"
+	}
+	return tainted
+}
+
+// hopRequest is the request of a hop to next with header, and req's body
+// again when withBody, else without the headers that describe one.
+func hopRequest(ctx context.Context, req *http.Request, method string, next *url.URL, header http.Header, withBody bool) (*http.Request, error) {
+	nr := &http.Request{
+		Method:     method,
+		URL:        next,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     header,
+	}
+	if withBody && hasBody(req) {
+		body, err := req.GetBody()
+		if err != nil {
+			return nil, fmt.Errorf("%w: GetBody: %v", ErrBodyNotReplayable, err)
+		}
+		nr.Body, nr.GetBody, nr.ContentLength = body, req.GetBody, req.ContentLength
+	} else {
+		for _, h := range bodyHeaders {
+			nr.Header.Del(h)
+		}
+	}
+	return nr.WithContext(ctx), nil
 }
 
 // bodyHeaders describe a body; they go when a redirect drops it.

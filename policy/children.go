@@ -161,115 +161,32 @@ func earlier(a, b *time.Time) *time.Time {
 // scopes are wider than the parent's (see checkChildScopes), or the session's
 // token was revoked (RevokeSession), which a relaunch does not undo.
 func (s *TokenStore) CreateChild(ctx context.Context, spec ChildSpec) (string, Token, error) {
-	if !sessionPattern.MatchString(spec.Session) {
-		return "", Token{}, fmt.Errorf("%w: session id %q is not one this gateway makes", ErrNoChild, spec.Session)
-	}
-	var kind Kind
-	switch spec.Purpose {
-	case PurposeOrchestrator:
-		kind = KindUser
-	case PurposeEgress:
-		kind = KindMachine
-	default:
-		return "", Token{}, fmt.Errorf("%w: unknown purpose %q", ErrNoChild, spec.Purpose)
-	}
-	parentID := spec.Parent.TokenID
-	if parentID == "" {
-		return "", Token{}, fmt.Errorf("%w: session %s has no creator to derive a token from", ErrNoChild, spec.Session)
+	kind, err := childKind(spec)
+	if err != nil {
+		return "", Token{}, err
 	}
 	secret := NewTokenSecret()
 	now := time.Now().UTC().Truncate(time.Second)
 	var out Token
 	var action string
-	err := s.update(ctx, func(f *tokenFile) error {
+	err = s.update(ctx, func(f *tokenFile) error {
 		action = ""
-		byID := make(map[string]*Token, len(f.Tokens))
-		for _, t := range f.Tokens {
-			byID[t.ID] = t
-		}
-		subjects := make(map[string]time.Time, len(f.Subjects))
-		for _, r := range f.Subjects {
-			subjects[r.Subject] = r.Revoked
-		}
-		var owner string
-		var expires *time.Time
-		var roots []string
-		if IsJWTID(parentID) {
-			exp := spec.Parent.Expires
-			if exp == nil || !now.Before(*exp) {
-				return fmt.Errorf("%w: the JWT that created session %s has expired: the owner's next call with a fresh one renews it", ErrNoChild, spec.Session)
-			}
-			if at, ok := subjects[parentID]; ok && (spec.Parent.Issued == nil || !spec.Parent.Issued.After(at)) {
-				return fmt.Errorf("%w: JWT subject %q was revoked at %s, after the JWT that created session %s was issued", ErrNoChild,
-					strings.TrimPrefix(parentID, JWTPrefix), at.UTC().Format(time.RFC3339), spec.Session)
-			}
-			if err := checkChildScopes(spec, nil, false); err != nil {
-				return err
-			}
-			owner, expires, roots = parentID, exp, spec.Parent.Roots
-		} else {
-			p := byID[parentID]
-			switch {
-			case p == nil:
-				return fmt.Errorf("%w: the token that created session %s no longer exists", ErrNoChild, spec.Session)
-			case p.Revoked != nil:
-				return fmt.Errorf("%w: the token %q that created session %s was revoked", ErrNoChild, p.Name, spec.Session)
-			case p.Expires != nil && !now.Before(*p.Expires):
-				return fmt.Errorf("%w: the token %q that created session %s expired at %s", ErrNoChild, p.Name, spec.Session, p.Expires.UTC().Format(time.RFC3339))
-			}
-			if err := chainProblem(byID, subjects, p, now); err != nil {
-				return fmt.Errorf("%w: the token that created session %s may not be used: %v", ErrNoChild, spec.Session, err)
-			}
-			if err := checkChildScopes(spec, p.Scopes, true); err != nil {
-				return err
-			}
-			owner, roots = p.OwnerID(), p.Roots
-			for a := p; a != nil; a = byID[a.Parent] {
-				expires = earlier(expires, a.Expires)
-				if a.Parent == "" || IsJWTID(a.Parent) {
-					break
-				}
-			}
-		}
-		want := make([]string, 0, len(spec.Roots))
-		for _, r := range spec.Roots {
-			if !filepath.IsAbs(r) {
-				return fmt.Errorf("%w: root %q is not an absolute path", ErrNoChild, r)
-			}
-			want = append(want, filepath.Clean(r))
-		}
-		roots, err := narrowRoots(roots, want)
+		inh, err := inherited(f, spec, now)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrNoChild, err)
+			return err
 		}
-		var mine *Token
-		for _, t := range f.Tokens {
-			if t.Session == spec.Session && t.Purpose == spec.Purpose {
-				mine = t
-				break
-			}
+		mine, act, err := childRecord(f, spec, now)
+		if err != nil {
+			return err
 		}
-		if mine != nil && mine.Revoked != nil {
-			return fmt.Errorf("%w: the %s token of session %s was revoked at %s, and is not renewed: create a new session", ErrNoChild,
-				spec.Purpose, spec.Session, mine.Revoked.UTC().Format(time.RFC3339))
-		}
-		if mine == nil {
-			mine = &Token{ID: newTokenID(), Name: childName(spec.Session, spec.Purpose), Created: now, Session: spec.Session, Purpose: spec.Purpose}
-			if err := nameFree(f, mine.Name); err != nil {
-				return err
-			}
-			f.Tokens = append(f.Tokens, mine)
-			action = "created"
-		} else {
-			action = "rotated"
-		}
+		action = act
 		mine.SHA256 = HashSecret(secret)
 		mine.Scopes = append([]string(nil), spec.Scopes...)
 		mine.Kind = kind
-		mine.Parent = parentID
-		mine.Owner = owner
-		mine.Expires = expires
-		mine.Roots = roots
+		mine.Parent = spec.Parent.TokenID
+		mine.Owner = inh.owner
+		mine.Expires = inh.expires
+		mine.Roots = inh.roots
 		out = *mine
 		return nil
 	})
@@ -278,6 +195,126 @@ func (s *TokenStore) CreateChild(ctx context.Context, spec ChildSpec) (string, T
 	}
 	s.emit(TokenEvent{Action: action, Token: out})
 	return secret, out, nil
+}
+
+// childKind checks what spec names before the token file is read, and
+// returns the kind of the child token its purpose makes.
+func childKind(spec ChildSpec) (Kind, error) {
+	if !sessionPattern.MatchString(spec.Session) {
+		return "", fmt.Errorf("%w: session id %q is not one this gateway makes", ErrNoChild, spec.Session)
+	}
+	var kind Kind
+	switch spec.Purpose {
+	case PurposeOrchestrator:
+		kind = KindUser
+	case PurposeEgress:
+		kind = KindMachine
+	default:
+		return "", fmt.Errorf("%w: unknown purpose %q", ErrNoChild, spec.Purpose)
+	}
+	if spec.Parent.TokenID == "" {
+		return "", fmt.Errorf("%w: session %s has no creator to derive a token from", ErrNoChild, spec.Session)
+	}
+	return kind, nil
+}
+
+// inheritance is what a child token takes from its parent: its owner, an
+// expiry no later than any of its ancestors', and roots within theirs.
+type inheritance struct {
+	owner   string
+	expires *time.Time
+	roots   []string
+}
+
+// inherited checks that the parent of spec, a JWT subject or a token of f,
+// may derive the child at now, and returns what the child inherits, its
+// roots narrowed to spec.Roots.
+func inherited(f *tokenFile, spec ChildSpec, now time.Time) (inheritance, error) {
+	parentID := spec.Parent.TokenID
+	byID := make(map[string]*Token, len(f.Tokens))
+	for _, t := range f.Tokens {
+		byID[t.ID] = t
+	}
+	subjects := make(map[string]time.Time, len(f.Subjects))
+	for _, r := range f.Subjects {
+		subjects[r.Subject] = r.Revoked
+	}
+	var inh inheritance
+	if IsJWTID(parentID) {
+		exp := spec.Parent.Expires
+		if exp == nil || !now.Before(*exp) {
+			return inheritance{}, fmt.Errorf("%w: the JWT that created session %s has expired: the owner's next call with a fresh one renews it", ErrNoChild, spec.Session)
+		}
+		if at, ok := subjects[parentID]; ok && (spec.Parent.Issued == nil || !spec.Parent.Issued.After(at)) {
+			return inheritance{}, fmt.Errorf("%w: JWT subject %q was revoked at %s, after the JWT that created session %s was issued", ErrNoChild,
+				strings.TrimPrefix(parentID, JWTPrefix), at.UTC().Format(time.RFC3339), spec.Session)
+		}
+		if err := checkChildScopes(spec, nil, false); err != nil {
+			return inheritance{}, err
+		}
+		inh = inheritance{owner: parentID, expires: exp, roots: spec.Parent.Roots}
+	} else {
+		p := byID[parentID]
+		switch {
+		case p == nil:
+			return inheritance{}, fmt.Errorf("%w: the token that created session %s no longer exists", ErrNoChild, spec.Session)
+		case p.Revoked != nil:
+			return inheritance{}, fmt.Errorf("%w: the token %q that created session %s was revoked", ErrNoChild, p.Name, spec.Session)
+		case p.Expires != nil && !now.Before(*p.Expires):
+			return inheritance{}, fmt.Errorf("%w: the token %q that created session %s expired at %s", ErrNoChild, p.Name, spec.Session, p.Expires.UTC().Format(time.RFC3339))
+		}
+		if err := chainProblem(byID, subjects, p, now); err != nil {
+			return inheritance{}, fmt.Errorf("%w: the token that created session %s may not be used: %v", ErrNoChild, spec.Session, err)
+		}
+		if err := checkChildScopes(spec, p.Scopes, true); err != nil {
+			return inheritance{}, err
+		}
+		inh.owner, inh.roots = p.OwnerID(), p.Roots
+		for a := p; a != nil; a = byID[a.Parent] {
+			inh.expires = earlier(inh.expires, a.Expires)
+			if a.Parent == "" || IsJWTID(a.Parent) {
+				break
+			}
+		}
+	}
+	want := make([]string, 0, len(spec.Roots))
+	for _, r := range spec.Roots {
+		if !filepath.IsAbs(r) {
+			return inheritance{}, fmt.Errorf("%w: root %q is not an absolute path", ErrNoChild, r)
+		}
+		want = append(want, filepath.Clean(r))
+	}
+	roots, err := narrowRoots(inh.roots, want)
+	if err != nil {
+		return inheritance{}, fmt.Errorf("%w: %v", ErrNoChild, err)
+	}
+	inh.roots = roots
+	return inh, nil
+}
+
+// childRecord is the record of the child token of spec in f: the one a
+// relaunch of its agent rotates, or a new one added to f. action says
+// which, for the audit log. A revoked one is not renewed.
+func childRecord(f *tokenFile, spec ChildSpec, now time.Time) (mine *Token, action string, err error) {
+	for _, t := range f.Tokens {
+		if t.Session == spec.Session && t.Purpose == spec.Purpose {
+			mine = t
+			break
+		}
+	}
+	if mine != nil && mine.Revoked != nil {
+		return nil, "", fmt.Errorf("%w: the %s token of session %s was revoked at %s, and is not renewed: create a new session", ErrNoChild,
+			spec.Purpose, spec.Session, mine.Revoked.UTC().Format(time.RFC3339))
+	}
+	if mine != nil {
+		return mine, "rotated", nil
+	}
+	mine = &Token{ID: newTokenID(), Name: childName(spec.Session, spec.Purpose), Created: now, Session: spec.Session, Purpose: spec.Purpose}
+	if err := nameFree(f, mine.Name); err != nil {
+		return nil, "", err
+	}
+	f.Tokens = append(f.Tokens, mine)
+	return mine, "created", nil
 }
 
 // nameFree refuses a name a live token has.

@@ -40,8 +40,8 @@ type Rule struct {
 func DefaultRules() []Rule {
 	return []Rule{
 		{Scope: "chat", Tools: []string{"sessions", "interactions"}},
-		{Scope: "read", Tools: []string{"sessions"}, Verbs: []string{"read", "list", "transcript", "wait", "events"}},
-		{Scope: "read", Tools: []string{"interactions"}, Verbs: []string{"pending"}},
+		{Scope: "read", Tools: []string{"sessions"}, Verbs: readVerbs("sessions")},
+		{Scope: "read", Tools: []string{"interactions"}, Verbs: readVerbs("interactions")},
 		{Scope: "mcp", Tools: []string{"*"}, Methods: []string{"*"}},
 	}
 }
@@ -90,6 +90,17 @@ func AnyOwnerScope(tool string) string { return tool + ":" + AnyOwner }
 // UpstreamScope is the scope that grants every tool and method of one
 // upstream of the broker, "upstream:<name>".
 func UpstreamScope(name string) string { return "upstream:" + name }
+
+// UpstreamAllows says whether p may use the upstream name on an
+// aggregated route: with the scope upstream:<name> ([UpstreamScope]), the
+// upstream's own scope (own, when the operator gave it one), or, with the
+// default rules on, mcp. An upstream without a name is no one's.
+func UpstreamAllows(p Principal, name, own string, defaults bool) bool {
+	if name == "" {
+		return false
+	}
+	return p.HasScope(UpstreamScope(name)) || (own != "" && p.HasScope(own)) || (defaults && p.HasScope("mcp"))
+}
 
 // ScopeMap decides calls.
 type ScopeMap struct {
@@ -257,6 +268,13 @@ func (m *ScopeMap) anyTool(p Principal) bool {
 		}
 	}
 	return false
+}
+
+// Names lists the scopes m's rules know, each once, in the order of the
+// rules (the defaults first): what the protected-resource metadata
+// advertises as scopes_supported.
+func (m *ScopeMap) Names() []string {
+	return m.scopesFor(func(Rule) bool { return true })
 }
 
 // scopesFor lists the scopes of the rules keep selects.

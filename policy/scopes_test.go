@@ -251,3 +251,53 @@ func TestTaskMethodsFollowTools(t *testing.T) {
 		}
 	}
 }
+
+// The scopes a site advertises are those its rules know, each once, the
+// defaults first, and none of the defaults once they are turned off.
+func TestScopeMapNames(t *testing.T) {
+	extra := []Rule{{Scope: "deploy", Tools: []string{"deploy_*"}}, {Scope: "read", Tools: []string{"x"}}, {Scope: "deploy", Methods: []string{"prompts/get"}}}
+	for _, c := range []struct {
+		defaults bool
+		want     []string
+	}{
+		{true, []string{"chat", "read", "mcp", "deploy"}},
+		{false, []string{"deploy", "read"}},
+	} {
+		m, err := NewScopeMap(extra, c.defaults)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Names(); !slices.Equal(got, c.want) {
+			t.Errorf("defaults %v: %v, want %v", c.defaults, got, c.want)
+		}
+	}
+}
+
+// On an aggregated route an upstream is used with its own upstream:<name>
+// scope, the scope the operator gave it, or mcp while the default rules
+// are on; never with another upstream's scope, and an unnamed upstream
+// (one the route does not have) by no one.
+func TestUpstreamAllows(t *testing.T) {
+	p := func(scopes ...string) Principal { return Principal{TokenID: "t", Scopes: scopes} }
+	for _, c := range []struct {
+		name     string
+		p        Principal
+		upstream string
+		own      string
+		defaults bool
+		allowed  bool
+	}{
+		{"its upstream scope", p("upstream:gh"), "gh", "", true, true},
+		{"another upstream's scope", p("upstream:linear"), "gh", "", true, false},
+		{"its own scope", p("code"), "gh", "code", false, true},
+		{"no own scope to hold", p(""), "gh", "", false, false},
+		{"mcp with the defaults", p("mcp"), "gh", "", true, true},
+		{"mcp without them", p("mcp"), "gh", "", false, false},
+		{"chat is no upstream scope", p("chat", "read"), "gh", "", true, false},
+		{"an unnamed upstream", p("mcp", "upstream:"), "", "", true, false},
+	} {
+		if got := UpstreamAllows(c.p, c.upstream, c.own, c.defaults); got != c.allowed {
+			t.Errorf("%s: %v, want %v", c.name, got, c.allowed)
+		}
+	}
+}

@@ -262,7 +262,8 @@ type SubjectRevocation struct {
 type TokenEvent struct {
 	// Action is created, rotated (a derived token got a new secret when
 	// its agent was relaunched), revoked, deleted (a derived token whose
-	// session ended, or whose JWT subject was revoked) or seen-revoked.
+	// session ended, or whose JWT subject was revoked) or seen_revoked (a
+	// token gone from the token file when it was read again).
 	Action string
 	Token  Token
 }
@@ -820,7 +821,7 @@ func (s *TokenStore) Sync(ctx context.Context) error {
 		return loadErr
 	}
 	for _, t := range gone {
-		s.emit(TokenEvent{Action: "seen-revoked", Token: t})
+		s.emit(TokenEvent{Action: "seen_revoked", Token: t})
 		s.fireRevoke(t)
 	}
 	return nil

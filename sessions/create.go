@@ -26,41 +26,9 @@ func (e *Engine) checkText(what, text string) error {
 // a token at its quota gets ErrQuota, a gateway at MaxAgents with no idle
 // agent to stop ErrBusy.
 func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Created, error) {
-	if err := e.checkText("prompt", req.Prompt); err != nil {
-		return Created{}, err
-	}
-	agentName := req.Agent
-	if agentName == "" {
-		agentName = e.cfg.DefaultAgent
-	}
-	if _, ok := e.cfg.Agents[agentName]; !ok {
-		if agentName == "" {
-			return Created{}, fmt.Errorf("%w: no agent named and no default agent configured; name one of: %s", ErrBadRequest, strings.Join(e.cfg.agentNames(), ", "))
-		}
-		return Created{}, fmt.Errorf("%w: unknown agent %q; configured agents: %s", ErrBadRequest, agentName, strings.Join(e.cfg.agentNames(), ", "))
-	}
-	cwd, err := checkCwd(req.Cwd)
+	place, err := e.placeOf(owner, req)
 	if err != nil {
 		return Created{}, err
-	}
-	// The roots first: their refusal says where a session may go.
-	roots := e.rootSets(owner.Roots)
-	if cwd, err = inRoots(roots, "cwd", cwd); err != nil {
-		return Created{}, err
-	}
-	if err := e.checkDenied("cwd", cwd); err != nil {
-		return Created{}, err
-	}
-	env := req.Environment
-	switch env.Kind {
-	case "", "local":
-		env.Kind = "local"
-		if env.Branch != "" {
-			return Created{}, fmt.Errorf("%w: a branch is only used by environment kind worktree; drop it or use worktree", ErrBadRequest)
-		}
-	case "worktree":
-	default:
-		return Created{}, fmt.Errorf("%w: environment kind %q: use local (work in cwd) or worktree (a new git worktree of the repository at cwd)", ErrBadRequest, env.Kind)
 	}
 	// A first look, before a worktree is made for nothing; the decision
 	// is taken again, and an idle agent stopped for room, when the session
@@ -73,13 +41,91 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 	}
 
 	id := e.newID("ses")
+	rec := newRecord(id, owner, req, place)
+	if place.env.Kind == "worktree" {
+		if place.env.Branch == "" {
+			rec.Environment.Branch = "zidane/" + id[len("ses_"):idLen] // the random part: a node id may end in ".lock", which git refuses
+		}
+		wt, err := e.addWorktree(ctx, place.agent, place.cwd, rec.Environment.Branch, place.roots)
+		if err != nil {
+			return Created{}, err
+		}
+		rec.Cwd, rec.Repo = wt.cwd, wt.repo
+		e.log.Info("worktree created", "session", id, "repo", wt.repo, "dir", wt.dir, "branch", wt.branch)
+	}
+	now := time.Now().UTC()
+	rec.Created, rec.Updated = now, now
+
+	s := newSession(rec)
+	s.queue.push(prompt{text: req.Prompt, owner: owner})
+	if err := e.add(s, owner); err != nil {
+		return Created{}, err
+	}
+	e.persist(s, saveRecord)
+	return Created{SessionID: id, Link: e.link(id)}, nil
+}
+
+// place is where a new session runs: its agent, its cwd inside the roots,
+// and its environment.
+type place struct {
+	agent string
+	cwd   string
+	roots [2][]string
+	env   Environment
+}
+
+// placeOf checks what a create request asks for, the prompt included,
+// and returns where the session runs; a refusal is ErrBadRequest and
+// says what to change.
+func (e *Engine) placeOf(owner Owner, req CreateRequest) (place, error) {
+	if err := e.checkText("prompt", req.Prompt); err != nil {
+		return place{}, err
+	}
+	p := place{agent: req.Agent}
+	if p.agent == "" {
+		p.agent = e.cfg.DefaultAgent
+	}
+	if _, ok := e.cfg.Agents[p.agent]; !ok {
+		if p.agent == "" {
+			return place{}, fmt.Errorf("%w: no agent named and no default agent configured; name one of: %s", ErrBadRequest, strings.Join(e.cfg.agentNames(), ", "))
+		}
+		return place{}, fmt.Errorf("%w: unknown agent %q; configured agents: %s", ErrBadRequest, p.agent, strings.Join(e.cfg.agentNames(), ", "))
+	}
+	cwd, err := checkCwd(req.Cwd)
+	if err != nil {
+		return place{}, err
+	}
+	// The roots first: their refusal says where a session may go.
+	p.roots = e.rootSets(owner.Roots)
+	if p.cwd, err = inRoots(p.roots, "cwd", cwd); err != nil {
+		return place{}, err
+	}
+	if err := e.checkDenied("cwd", p.cwd); err != nil {
+		return place{}, err
+	}
+	p.env = req.Environment
+	switch p.env.Kind {
+	case "", "local":
+		p.env.Kind = "local"
+		if p.env.Branch != "" {
+			return place{}, fmt.Errorf("%w: a branch is only used by environment kind worktree; drop it or use worktree", ErrBadRequest)
+		}
+	case "worktree":
+	default:
+		return place{}, fmt.Errorf("%w: environment kind %q: use local (work in cwd) or worktree (a new git worktree of the repository at cwd)", ErrBadRequest, p.env.Kind)
+	}
+	return p, nil
+}
+
+// newRecord is the record of a new session id for owner, in place p.
+func newRecord(id string, owner Owner, req CreateRequest, p place) record {
 	rec := record{
 		V:              recordVersion,
 		ID:             id,
 		Title:          req.Title,
-		Cwd:            cwd,
-		Agent:          agentName,
-		Environment:    env,
+		Cwd:            p.cwd,
+		Agent:          p.agent,
+		Environment:    p.env,
 		OwnerTokenID:   owner.TokenID,
 		OwnerTokenName: owner.TokenName,
 		OwnerRoots:     append([]string(nil), owner.Roots...),
@@ -97,38 +143,29 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 	if rec.Title == "" {
 		rec.Title = firstLine(req.Prompt, 60)
 	}
-	if env.Kind == "worktree" {
-		if env.Branch == "" {
-			rec.Environment.Branch = "zidane/" + id[len("ses_"):idLen] // the random part: a node id may end in ".lock", which git refuses
-		}
-		wt, err := e.addWorktree(ctx, agentName, cwd, rec.Environment.Branch, roots)
-		if err != nil {
-			return Created{}, err
-		}
-		rec.Cwd, rec.Repo = wt.cwd, wt.repo
-		e.log.Info("worktree created", "session", id, "repo", wt.repo, "dir", wt.dir, "branch", wt.branch)
-	}
-	now := time.Now().UTC()
-	rec.Created, rec.Updated = now, now
+	return rec
+}
 
-	s := newSession(rec)
-	s.queue.push(prompt{text: req.Prompt, owner: owner})
+// add admits s for owner, makes room by dropping the oldest ended
+// sessions, and starts its worker.
+func (e *Engine) add(s *session, owner Owner) error {
+	rec := s.rec // read before s is shared
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return Created{}, ErrClosed
+		return ErrClosed
 	}
 	if err := e.admitLocked(owner, false); err != nil {
 		e.mu.Unlock()
 		if rec.Repo != "" {
 			e.log.Warn("a session was refused after its worktree was made; the worktree is left in place", "dir", rec.Cwd, "error", err)
 		}
-		return Created{}, err
+		return err
 	}
 	evicted := e.evictLocked()
-	e.sessions[id] = s
+	e.sessions[rec.ID] = s
 	e.startWorkerLocked(s)
-	e.noteLocked(id)
+	e.noteLocked(rec.ID)
 	for _, old := range evicted {
 		e.noteLocked(old)
 	}
@@ -143,8 +180,7 @@ func (e *Engine) Create(ctx context.Context, owner Owner, req CreateRequest) (Cr
 		}
 		e.mu.Unlock()
 	}
-	e.persist(s, saveRecord)
-	return Created{SessionID: id, Link: e.link(id)}, nil
+	return nil
 }
 
 // evictLocked drops the oldest ended sessions past MaxSessions-1 and

@@ -144,3 +144,20 @@ func (s *session) holdsAgent() bool { return s.agent != nil || s.worker }
 func (s *session) evictable() bool {
 	return s.agent != nil && !s.worker && s.turn == nil && s.queue.len() == 0 && len(s.pending) == 0 && !s.dead() && s.rec.LoadSession
 }
+
+// Counts returns how many sessions have not ended and how many agent
+// processes run or are being launched (what max_agents counts), for the
+// gateway's gauges.
+func (e *Engine) Counts() (open, agents int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.sessions {
+		if !s.dead() {
+			open++
+		}
+		if s.holdsAgent() {
+			agents++
+		}
+	}
+	return open, agents
+}

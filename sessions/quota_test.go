@@ -174,3 +174,26 @@ func TestDerivedTokensShareTheirChainsQuota(t *testing.T) {
 	wantErr(t, err, sessions.ErrQuota, "max_sessions_per_token")
 	create(t, e, owner("gus"), "gus is fine")
 }
+
+// TestCounts: what the gateway's gauges read: the sessions that have not
+// ended, and the agent processes. A session whose idle agent was stopped
+// to make room is still open, with no process.
+func TestCounts(t *testing.T) {
+	e, logs := limited(t, 2, 2, 10)
+	if open, agents := e.Counts(); open != 0 || agents != 0 {
+		t.Fatalf("a new engine counts %d open sessions and %d agents", open, agents)
+	}
+	for i := range 2 {
+		waitState(t, e, create(t, e, owner("ann"), fmt.Sprintf("a%d", i)), sessions.StateIdle)
+	}
+	if open, agents := e.Counts(); open != 2 || agents != 2 {
+		t.Fatalf("two idle sessions: %d open, %d agents; want 2 and 2", open, agents)
+	}
+	waitState(t, e, create(t, e, owner("ben"), "b"), sessions.StateIdle)
+	if len(madeRoomBy(logs)) != 1 {
+		t.Fatalf("no agent was stopped to make room at max_agents 2; logs:\n%s", logs)
+	}
+	if open, agents := e.Counts(); open != 3 || agents != 2 {
+		t.Fatalf("three sessions, one agent stopped for room: %d open, %d agents; want 3 and 2", open, agents)
+	}
+}

@@ -87,47 +87,14 @@ func (e *Engine) launch(s *session, gen int) error {
 	if !ok {
 		return fmt.Errorf("agent %q is no longer configured; create a new session with one of the configured agents", rec.Agent)
 	}
-	// The roots may have changed since the session was created (a reload,
-	// a restart with a new configuration), and so may the directory: the
-	// agent starts only in a cwd that is inside them now.
-	// The agent starts in the directory the check resolved, not in one
-	// that a symlink could make another by the time it starts.
-	real, err := inRoots(e.rootSets(rec.OwnerRoots), "cwd", rec.Cwd)
-	if err != nil {
-		return fmt.Errorf("the agent was not started: %v; create a new session in an allowed directory", err)
-	}
-	rec.Cwd = real
-	// A directory that became the gateway's (a reload, or a session
-	// restored from before the rule) is refused here too, with what a
-	// worktree session writes besides its cwd.
-	dirs := [][2]string{{"cwd", rec.Cwd}}
-	if rec.Repo != "" {
-		if top := worktreeTop(rec.Cwd); top != "" {
-			dirs = append(dirs, [2]string{"the worktree", top})
-		}
-		dirs = append(dirs, [2]string{"the repository's git directory", filepath.Join(rec.Repo, ".git")})
-	}
-	for _, d := range dirs {
-		if err := e.checkDenied(d[0], d[1]); err != nil {
-			if e.cfg.Denied != nil {
-				e.cfg.Denied(Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, ID: rec.Owner}, rec.ID, err)
-			}
-			return fmt.Errorf("could not launch agent %q: %v", rec.Agent, err)
-		}
+	if err := e.checkLaunchDirs(&rec); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, e.lim.LaunchTimeout)
 	defer cancel()
 	log := e.log.With("session", rec.ID, "agent", rec.Agent)
 	// The servers come first: a confined agent may connect to their ports.
-	var hooked []McpServer
-	if e.cfg.MCPServers != nil {
-		hooked = e.cfg.MCPServers(SessionInfo{
-			SessionID: rec.ID, Title: rec.Title, Cwd: rec.Cwd, Agent: rec.Agent,
-			Owner: Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, ID: rec.Owner, MCPSession: rec.Target,
-				Expires: rec.OwnerExpires, Issued: rec.OwnerIssued, Scopes: rec.OwnerScopes},
-			Tools: rec.Tools, Subscribe: rec.Subscribe, Base: rec.Base,
-		})
-	}
+	hooked := e.sessionServers(rec)
 	servers := acpServers(hooked)
 	home, tmp, err := e.makeScratch(rec.ID, cfg.User)
 	if err != nil {
@@ -180,6 +147,53 @@ func (e *Engine) launch(s *session, gen int) error {
 		"sandbox", sandbox, "user", user)
 	e.persist(s, saveRecord)
 	return nil
+}
+
+// checkLaunchDirs checks, at each launch, the directories the agent of rec
+// works in, and sets rec.Cwd to the one the check resolved.
+func (e *Engine) checkLaunchDirs(rec *record) error {
+	// The roots may have changed since the session was created (a reload,
+	// a restart with a new configuration), and so may the directory: the
+	// agent starts only in a cwd that is inside them now.
+	// The agent starts in the directory the check resolved, not in one
+	// that a symlink could make another by the time it starts.
+	real, err := inRoots(e.rootSets(rec.OwnerRoots), "cwd", rec.Cwd)
+	if err != nil {
+		return fmt.Errorf("the agent was not started: %v; create a new session in an allowed directory", err)
+	}
+	rec.Cwd = real
+	// A directory that became the gateway's (a reload, or a session
+	// restored from before the rule) is refused here too, with what a
+	// worktree session writes besides its cwd.
+	dirs := [][2]string{{"cwd", rec.Cwd}}
+	if rec.Repo != "" {
+		if top := worktreeTop(rec.Cwd); top != "" {
+			dirs = append(dirs, [2]string{"the worktree", top})
+		}
+		dirs = append(dirs, [2]string{"the repository's git directory", filepath.Join(rec.Repo, ".git")})
+	}
+	for _, d := range dirs {
+		if err := e.checkDenied(d[0], d[1]); err != nil {
+			if e.cfg.Denied != nil {
+				e.cfg.Denied(Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, ID: rec.Owner}, rec.ID, err)
+			}
+			return fmt.Errorf("could not launch agent %q: %v", rec.Agent, err)
+		}
+	}
+	return nil
+}
+
+// sessionServers are the MCP servers the gateway gives the agent of rec.
+func (e *Engine) sessionServers(rec record) []McpServer {
+	if e.cfg.MCPServers == nil {
+		return nil
+	}
+	return e.cfg.MCPServers(SessionInfo{
+		SessionID: rec.ID, Title: rec.Title, Cwd: rec.Cwd, Agent: rec.Agent,
+		Owner: Owner{TokenID: rec.OwnerTokenID, TokenName: rec.OwnerTokenName, ID: rec.Owner, MCPSession: rec.Target,
+			Expires: rec.OwnerExpires, Issued: rec.OwnerIssued, Scopes: rec.OwnerScopes},
+		Tools: rec.Tools, Subscribe: rec.Subscribe, Base: rec.Base,
+	})
 }
 
 func (e *Engine) launchError(ctx context.Context, rec record, what string, err error) error {

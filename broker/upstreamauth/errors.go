@@ -103,3 +103,14 @@ func clip(s string, n int) string {
 	}
 	return b.String()
 }
+
+// LoginRequiredMessage is what a caller is told when upstream waits for an
+// operator's OAuth login: how to log in, and the scopes the login must
+// grant when err says (a step-up).
+func LoginRequiredMessage(upstream string, err error) string {
+	var are *AuthRequiredError
+	if errors.As(err, &are) && len(are.Scopes) > 0 {
+		return fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in with the scopes %q (`caddy zidane login %s`)", upstream, strings.Join(are.Scopes, " "), upstream)
+	}
+	return fmt.Sprintf("the upstream MCP server %q is not available yet: the gateway needs an operator to log it in (`caddy zidane login %s`)", upstream, upstream)
+}

@@ -84,6 +84,14 @@ type steps func(ctx context.Context, cs *mcp.ClientSession) error
 
 func run(ctx context.Context, scenario, serverURL string, conf map[string]any) error {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if strings.HasPrefix(scenario, "auth/") {
+		return runAuth(ctx, scenario, serverURL, conf, logger)
+	}
+	return runScenario(ctx, scenario, serverURL, conf, logger)
+}
+
+// runScenario runs a scenario that needs no authorization.
+func runScenario(ctx context.Context, scenario, serverURL string, conf map[string]any, logger *slog.Logger) error {
 	switch scenario {
 	case "initialize":
 		return session(ctx, serverURL, nil, nil, logger, listTools)
@@ -130,10 +138,12 @@ func run(ctx context.Context, scenario, serverURL string, conf map[string]any) e
 		// for any upstream, and reads no skill.
 		return session(ctx, serverURL, nil, nil, logger, listTools)
 	}
-	if !strings.HasPrefix(scenario, "auth/") {
-		return fmt.Errorf("unknown scenario")
-	}
+	return fmt.Errorf("unknown scenario")
+}
 
+// runAuth runs an auth/ scenario: the gateway's upstream OAuth client,
+// configured as an operator would for it, logs in and calls a tool.
+func runAuth(ctx context.Context, scenario, serverURL string, conf map[string]any, logger *slog.Logger) error {
 	cfg := oauthConfig(scenario, conf)
 	dir, err := os.MkdirTemp("", "conformanceclient-")
 	if err != nil {

@@ -461,87 +461,108 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 	}
 	switch f.Get("grant_type") {
 	case GrantAuthorizationCode:
-		as.mu.Lock()
-		code := as.codes[f.Get("code")]
-		delete(as.codes, f.Get("code")) // used once, whatever the outcome
-		as.mu.Unlock()
-		sum := sha256.Sum256([]byte(f.Get("code_verifier")))
-		switch {
-		case code == nil || code.client != client:
-			as.refused(w, http.StatusBadRequest, "invalid_grant", "unknown code")
-		case base64.RawURLEncoding.EncodeToString(sum[:]) != code.challenge:
-			as.refused(w, http.StatusBadRequest, "invalid_grant", "PKCE verification failed")
-		case f.Get("redirect_uri") != code.redirect:
-			as.refused(w, http.StatusBadRequest, "invalid_grant", "redirect_uri mismatch")
-		case f.Get("resource") != code.resource:
-			as.refused(w, http.StatusBadRequest, "invalid_target", "resource mismatch")
-		case code.jkt != "" && jkt != code.jkt:
-			as.refused(w, http.StatusBadRequest, "invalid_grant", "the code was requested with dpop_jkt for another DPoP key")
-		default:
-			as.mu.Lock()
-			as.pkceOK++
-			as.mu.Unlock()
-			as.issue(w, client, code.scopes, code.resource, newGrant, jkt)
-		}
+		as.grantCode(w, f, client, jkt)
 	case GrantRefreshToken:
-		as.mu.Lock()
-		rt := as.findRefresh(f.Get("refresh_token"))
-		ok := rt != nil && rt.client == client && !rt.revoked && rt.redeemed == 0 && f.Get("resource") == rt.resource
-		if rt != nil {
-			rt.redeemed++
-			if rt.redeemed > 1 {
-				// A rotated refresh token came back: two parties hold
-				// the grant (a theft, or a client that raced itself).
-				// OAuth 2.1 §4.3.1: revoke the grant, every token of it.
-				as.reuses++
-				as.revokeGrantLocked(rt.grant)
-			}
-		}
-		as.mu.Unlock()
-		if !ok {
-			as.refused(w, http.StatusBadRequest, "invalid_grant", "refresh token unknown, revoked or already used")
-			return
-		}
-		if rt.jkt != "" && jkt != rt.jkt {
-			as.refused(w, http.StatusBadRequest, "invalid_grant", "the refresh token is bound to another DPoP key")
-			return
-		}
-		as.issue(w, client, rt.scopes, rt.resource, rt.grant, jkt)
+		as.grantRefresh(w, f, client, jkt)
 	case GrantClientCredentials:
 		as.issue(w, client, strings.Fields(f.Get("scope")), f.Get("resource"), noRefresh, jkt)
 	case GrantTokenExchange:
-		// The IdP side of SEP-990: an ID token for an ID-JAG.
-		as.mu.Lock()
-		ok := f.Get("subject_token") == as.idToken && as.idToken != "" && f.Get("audience") == as.URL && f.Get("resource") != "" &&
-			f.Get("subject_token_type") == tokenTypeIDToken && f.Get("requested_token_type") == tokenTypeIDJAG
-		jag := NewSecret("jag")
-		if ok {
-			as.jags[jag] = f.Get("resource")
-			as.issued = append(as.issued, jag)
-		}
-		as.mu.Unlock()
-		if !ok {
-			as.refused(w, http.StatusBadRequest, "invalid_request", "bad token exchange")
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"access_token": jag, "issued_token_type": tokenTypeIDJAG, "token_type": "N_A"})
+		as.grantExchange(w, f)
 	case GrantJWTBearer:
-		as.mu.Lock()
-		resource, ok := as.jags[f.Get("assertion")]
-		delete(as.jags, f.Get("assertion"))
-		as.mu.Unlock()
-		if !ok {
-			// RFC 7523 §2.1 with a workload's own JWT (SEP-1933).
-			if err := as.checkWorkload(f.Get("assertion")); err != nil {
-				as.refused(w, http.StatusBadRequest, "invalid_grant", err.Error())
-				return
-			}
-			resource = f.Get("resource")
-		}
-		as.issue(w, client, strings.Fields(f.Get("scope")), resource, noRefresh, jkt)
+		as.grantJWTBearer(w, f, client, jkt)
 	default:
 		as.refused(w, http.StatusBadRequest, "unsupported_grant_type", f.Get("grant_type"))
 	}
+}
+
+// grantCode redeems an authorization code, once, checking its PKCE
+// verifier, redirect URI, resource and DPoP key.
+func (as *AuthServer) grantCode(w http.ResponseWriter, f url.Values, client, jkt string) {
+	as.mu.Lock()
+	code := as.codes[f.Get("code")]
+	delete(as.codes, f.Get("code")) // used once, whatever the outcome
+	as.mu.Unlock()
+	sum := sha256.Sum256([]byte(f.Get("code_verifier")))
+	switch {
+	case code == nil || code.client != client:
+		as.refused(w, http.StatusBadRequest, "invalid_grant", "unknown code")
+	case base64.RawURLEncoding.EncodeToString(sum[:]) != code.challenge:
+		as.refused(w, http.StatusBadRequest, "invalid_grant", "PKCE verification failed")
+	case f.Get("redirect_uri") != code.redirect:
+		as.refused(w, http.StatusBadRequest, "invalid_grant", "redirect_uri mismatch")
+	case f.Get("resource") != code.resource:
+		as.refused(w, http.StatusBadRequest, "invalid_target", "resource mismatch")
+	case code.jkt != "" && jkt != code.jkt:
+		as.refused(w, http.StatusBadRequest, "invalid_grant", "the code was requested with dpop_jkt for another DPoP key")
+	default:
+		as.mu.Lock()
+		as.pkceOK++
+		as.mu.Unlock()
+		as.issue(w, client, code.scopes, code.resource, newGrant, jkt)
+	}
+}
+
+// grantRefresh redeems a refresh token, once: one that comes back revokes
+// its whole grant.
+func (as *AuthServer) grantRefresh(w http.ResponseWriter, f url.Values, client, jkt string) {
+	as.mu.Lock()
+	rt := as.findRefresh(f.Get("refresh_token"))
+	ok := rt != nil && rt.client == client && !rt.revoked && rt.redeemed == 0 && f.Get("resource") == rt.resource
+	if rt != nil {
+		rt.redeemed++
+		if rt.redeemed > 1 {
+			// A rotated refresh token came back: two parties hold
+			// the grant (a theft, or a client that raced itself).
+			// OAuth 2.1 §4.3.1: revoke the grant, every token of it.
+			as.reuses++
+			as.revokeGrantLocked(rt.grant)
+		}
+	}
+	as.mu.Unlock()
+	if !ok {
+		as.refused(w, http.StatusBadRequest, "invalid_grant", "refresh token unknown, revoked or already used")
+		return
+	}
+	if rt.jkt != "" && jkt != rt.jkt {
+		as.refused(w, http.StatusBadRequest, "invalid_grant", "the refresh token is bound to another DPoP key")
+		return
+	}
+	as.issue(w, client, rt.scopes, rt.resource, rt.grant, jkt)
+}
+
+// grantExchange is the IdP side of SEP-990: an ID token for an ID-JAG.
+func (as *AuthServer) grantExchange(w http.ResponseWriter, f url.Values) {
+	as.mu.Lock()
+	ok := f.Get("subject_token") == as.idToken && as.idToken != "" && f.Get("audience") == as.URL && f.Get("resource") != "" &&
+		f.Get("subject_token_type") == tokenTypeIDToken && f.Get("requested_token_type") == tokenTypeIDJAG
+	jag := NewSecret("jag")
+	if ok {
+		as.jags[jag] = f.Get("resource")
+		as.issued = append(as.issued, jag)
+	}
+	as.mu.Unlock()
+	if !ok {
+		as.refused(w, http.StatusBadRequest, "invalid_request", "bad token exchange")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"access_token": jag, "issued_token_type": tokenTypeIDJAG, "token_type": "N_A"})
+}
+
+// grantJWTBearer redeems an ID-JAG, or a workload's own JWT (RFC 7523).
+func (as *AuthServer) grantJWTBearer(w http.ResponseWriter, f url.Values, client, jkt string) {
+	as.mu.Lock()
+	resource, ok := as.jags[f.Get("assertion")]
+	delete(as.jags, f.Get("assertion"))
+	as.mu.Unlock()
+	if !ok {
+		// RFC 7523 §2.1 with a workload's own JWT (SEP-1933).
+		if err := as.checkWorkload(f.Get("assertion")); err != nil {
+			as.refused(w, http.StatusBadRequest, "invalid_grant", err.Error())
+			return
+		}
+		resource = f.Get("resource")
+	}
+	as.issue(w, client, strings.Fields(f.Get("scope")), resource, noRefresh, jkt)
 }
 
 func (as *AuthServer) handleRegister(w http.ResponseWriter, r *http.Request) {

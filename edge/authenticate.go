@@ -1,0 +1,107 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// Reasons of the authentication step's refusals.
+const (
+	ReasonNoToken         = "no_token"
+	ReasonInvalidToken    = "invalid_token"
+	ReasonKeysUnavailable = "jwt_keys_unavailable"
+	ReasonRateLimitedIP   = "rate_limited_ip"
+)
+
+// keysRetry is the Retry-After of a refusal for the identity provider's
+// keys being unavailable.
+const keysRetry = 30 * time.Second
+
+// Authentication is step 2 of the request path: the credential of a
+// request, turned into its principal or a refusal. A request without a
+// valid credential is charged to its address (an IPv6 client's prefix) in
+// Failures, and once the address's bucket is empty it is refused 429
+// rather than 401, so that guessing slows down. The bucket is consulted
+// after the credential, never for a valid one: an address is shared (an
+// agent that guesses and the orchestrator on its host; in a cluster, the
+// usage reaches every replica), and one client's guesses must not lock the
+// others out. While the bucket is empty, a JWT's signature check waits its
+// turn in the Authenticator's SuspectQueue (see
+// [policy.Authenticator.AuthenticateSuspect]), which bounds the CPU that
+// such addresses can have spent on checking signatures.
+type Authentication struct {
+	Authn policy.Authenticator
+	// Failures is the bucket of failed attempts per address.
+	Failures *policy.Limiter
+	// IPv6Prefix is the prefix length by which Failures keys IPv6 clients.
+	IPv6Prefix int
+}
+
+// Authenticate checks the Authorization header value authz of a request
+// from clientIP. A refusal for the identity provider's keys (a 503 with
+// [ReasonKeysUnavailable]) is not the client's fault: it is not charged,
+// and its detail, err, is for the log only (an URL, a network error).
+func (a Authentication) Authenticate(ctx context.Context, authz, clientIP string, now time.Time) (p policy.Principal, v Verdict, err error) {
+	ip := policy.AddressKey(clientIP, a.IPv6Prefix)
+	authenticate := a.Authn.Authenticate
+	if a.Authn.JWT != nil && a.Failures.Empty(ip, now) {
+		authenticate = a.Authn.AuthenticateSuspect
+	}
+	p, err = authenticate(ctx, authz, now)
+	if err == nil {
+		return p, Verdict{}, nil
+	}
+	if errors.Is(err, policy.ErrKeysUnavailable) {
+		v := Refuse(http.StatusServiceUnavailable, ReasonKeysUnavailable,
+			"the identity provider's signing keys are unavailable right now; retry later")
+		v.RetryAfter = keysRetry
+		return policy.Principal{}, v, err
+	}
+	if ok, retry := a.Failures.Allow(ip, now); !ok {
+		v := Refuse(http.StatusTooManyRequests, ReasonRateLimitedIP,
+			"too many requests without a valid token from this address; wait and retry with a valid token")
+		v.RetryAfter = retry
+		return policy.Principal{}, v, err
+	}
+	return policy.Principal{}, credentialVerdict(err), err
+}
+
+// credentialVerdict is the 401 of a failed credential: the one place an
+// authentication error becomes a status.
+func credentialVerdict(err error) Verdict {
+	if errors.Is(err, policy.ErrNoCredential) {
+		return Refuse(http.StatusUnauthorized, ReasonNoToken, errMessage(err, policy.ErrNoCredential))
+	}
+	return Refuse(http.StatusUnauthorized, ReasonInvalidToken, errMessage(err, policy.ErrTokenInvalid))
+}
+
+// errMessage is err's message without the sentinel's prefix.
+func errMessage(err, sentinel error) string {
+	return strings.TrimPrefix(err.Error(), sentinel.Error()+": ")
+}
+
+// ChargeRefusedHop charges the address of a hop refused with v (a request
+// with the replicas' hop headers that did not verify) as a failed
+// credential, and once its bucket is empty refuses it 429 instead. A hop
+// that verifies is never charged: the address is a replica's, which
+// whatever else shares it (an agent's shell on that host) must not be able
+// to cut off by sending bad hops.
+func (a Authentication) ChargeRefusedHop(clientIP string, now time.Time, v Verdict) Verdict {
+	if v.Status != http.StatusUnauthorized && v.Status != http.StatusForbidden {
+		return v
+	}
+	ip := policy.AddressKey(clientIP, a.IPv6Prefix)
+	if !a.Failures.Empty(ip, now) {
+		a.Failures.Allow(ip, now)
+		return v
+	}
+	_, retry := a.Failures.Allow(ip, now)
+	v = Refuse(http.StatusTooManyRequests, ReasonRateLimitedIP, "too many refused requests from this address; wait and retry")
+	v.RetryAfter = retry
+	return v
+}

@@ -1,0 +1,165 @@
+package edge
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker"
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
+)
+
+// A session id names its node only sealed: an id naming another node,
+// made without the key, or sealed for another route, names none.
+func TestAggregateSessionIDNamesItsNode(t *testing.T) {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	ids, err := broker.NewSessionIDs(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := NewForward(ForwardOptions{IDs: ids, Route: hopRoute, CheckNode: cluster.CheckNodeID})
+	sid := ids.Seal("node-b/"+rand.Text(), "", hopRoute)
+	if node, ok := f.Owner(sid); !ok || node != "node-b" {
+		t.Fatalf("owner of a sealed id: %q %v", node, ok)
+	}
+	otherKey := make([]byte, 32)
+	_, _ = rand.Read(otherKey)
+	other, _ := broker.NewSessionIDs(otherKey)
+	for name, forged := range map[string]string{
+		"another node in plain text":   "node-c/" + rand.Text(),
+		"sealed with another key":      other.Seal("node-c/x", "", hopRoute),
+		"sealed for another route":     ids.Seal("node-c/x", "", "aggregate-node|/other||a"),
+		"a bad node id, sealed":        ids.Seal("../../x/y", "", hopRoute),
+		"no node, sealed":              ids.Seal("justrandom", "", hopRoute),
+		"a sealed id with a bit moved": flipMiddle(sid),
+	} {
+		if node, ok := f.Owner(forged); ok {
+			t.Errorf("%s: names node %q", name, node)
+		}
+	}
+}
+
+// flipMiddle changes one character in the middle of a base64 id (the
+// last one may hold only padding bits).
+func flipMiddle(s string) string {
+	b := []byte(s)
+	i := len(b) / 2
+	if b[i] == 'A' {
+		b[i] = 'B'
+	} else {
+		b[i] = 'A'
+	}
+	return string(b)
+}
+
+// The hop carries the forwarded headers only: no Authorization, cookie,
+// Origin or X-Forwarded-*; the answer's headers come back by an allowlist,
+// and only an answer that carries the hop's tag (from the route the hop
+// was for) is relayed at all.
+func TestHopCarriesOnlyForwardedHeaders(t *testing.T) {
+	k := testHopKey(t)
+	var got http.Header
+	tagged := true
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = r.Header.Clone()
+		body, _ := io.ReadAll(r.Body)
+		c, v := k.Verify(r, r.URL.RequestURI(), body, "b", hopRoute, time.Now())
+		if !v.Allowed() {
+			t.Errorf("the owner refuses the hop: %+v", v)
+		}
+		// The client's address as the sender saw it (its connection's,
+		// never X-Forwarded-For), for the owner's audit lines.
+		if c.Client != "192.0.2.1" {
+			t.Errorf("the hop names client %q, want the sender's client 192.0.2.1", c.Client)
+		}
+		if tagged {
+			w.Header().Set(HopAnswerHeader, k.AnswerTag(c))
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Set-Cookie", "x=1")
+		_, _ = w.Write([]byte(`{"internal":"page"}`))
+	}))
+	defer owner.Close()
+	f := NewForward(ForwardOptions{Route: hopRoute, Hop: k})
+	request := func() *http.Request {
+		in := httptest.NewRequest(http.MethodPost, "http://mcp.example/mcp", bytes.NewReader([]byte(`{}`)))
+		for name, v := range map[string]string{
+			"Authorization": "Bearer secret", "Cookie": "a=b", "Origin": "http://evil", "X-Forwarded-For": "1.2.3.4",
+			"X-Forwarded-Host": "evil", "Mcp-Session-Id": hopSID, "Content-Type": "application/json", "Accept": "application/json",
+		} {
+			in.Header.Set(name, v)
+		}
+		return in.WithContext(policy.WithPrincipal(in.Context(), policy.Principal{TokenID: "tok_1"}))
+	}
+	w := httptest.NewRecorder()
+	if err := f.sendFrom(w, request(), hopSID, "a", "b", owner.URL); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"Authorization", "Cookie", "Origin", "X-Forwarded-For", "X-Forwarded-Host"} {
+		if got.Get(name) != "" {
+			t.Errorf("the hop carried %s: %q", name, got.Get(name))
+		}
+	}
+	if got.Get("Mcp-Session-Id") != hopSID || got.Get(HopHeader) == "" {
+		t.Errorf("the hop lacks what the owner needs: %v", got)
+	}
+	if w.Header().Get("Set-Cookie") != "" || w.Header().Get(HopAnswerHeader) != "" {
+		t.Errorf("the owner's Set-Cookie or tag reached the client: %v", w.Header())
+	}
+	if w.Body.String() != `{"internal":"page"}` {
+		t.Errorf("the tagged answer was not relayed: %q", w.Body.String())
+	}
+
+	tagged = false
+	w = httptest.NewRecorder()
+	err := f.sendFrom(w, request(), hopSID, "a", "b", owner.URL)
+	var re *RefusalError
+	if !errors.As(err, &re) || re.Verdict.Reason != "hop_untagged" || w.Body.Len() != 0 {
+		t.Fatalf("an untagged answer: %v, %q relayed", err, w.Body.String())
+	}
+}
+
+// An owner whose replay check is at its memory bound refuses a hop 503
+// hop_busy with Retry-After: the client gets 503 with the owner's delay,
+// something to retry, not a 502 that blames the cluster's config.
+func TestHopBusyOwnerGivesARetry(t *testing.T) {
+	k := testHopKey(t)
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(HopRefusedHeader, "hop_busy")
+		w.Header().Set("Retry-After", "2")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer owner.Close()
+	f := NewForward(ForwardOptions{Route: hopRoute, Hop: k})
+	in := httptest.NewRequest(http.MethodPost, "http://mcp.example/mcp", strings.NewReader(`{}`))
+	in.Header.Set("Mcp-Session-Id", hopSID)
+	in = in.WithContext(policy.WithPrincipal(in.Context(), policy.Principal{TokenID: "tok_1"}))
+	err := f.sendFrom(httptest.NewRecorder(), in, hopSID, "a", "b", owner.URL)
+	var re *RefusalError
+	if !errors.As(err, &re) || re.Verdict.Status != http.StatusServiceUnavailable || re.Verdict.Reason != "hop_busy" || re.Verdict.RetryAfter != 2*time.Second {
+		t.Fatalf("a busy owner: %v, want 503 hop_busy retrying after 2s", err)
+	}
+}
+
+// A busy owner's Retry-After is taken within 1 to 60 seconds, else one
+// second; any other refusal of the owner's sends the operator to the
+// cluster's configuration, with 502.
+func TestHopRefusedVerdict(t *testing.T) {
+	for ra, want := range map[string]time.Duration{"2": 2 * time.Second, "60": time.Minute, "61": time.Second, "0": time.Second, "-3": time.Second, "soon": time.Second, "": time.Second} {
+		if v := hopRefusedVerdict("gw-2", "hop_busy", ra); v.Status != http.StatusServiceUnavailable || v.RetryAfter != want {
+			t.Errorf("Retry-After %q: %d %v, want 503 after %v", ra, v.Status, v.RetryAfter, want)
+		}
+	}
+	v := hopRefusedVerdict("gw-2", "hop_stale", "5")
+	if v.Status != http.StatusBadGateway || v.Reason != "hop_refused" || v.RetryAfter != 0 || !strings.Contains(v.Message, "synchronized clocks") || !strings.Contains(v.Message, `"gw-2"`) {
+		t.Errorf("a refused hop: %+v", v)
+	}
+}
