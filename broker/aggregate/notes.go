@@ -1,14 +1,15 @@
 package aggregate
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/answerlimit"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 	"github.com/Tahul/caddy-zidane-mcp/internal/sse"
 	"github.com/Tahul/caddy-zidane-mcp/message"
@@ -31,7 +32,8 @@ import (
 const noteWait = 500 * time.Millisecond
 
 // noteCounter counts the log and progress notifications in the event
-// streams of an upstream's responses, by upstream session id.
+// streams of an upstream's responses, by upstream session id, and hands
+// go-sdk's client each stream as a client reads it (see noteReader).
 type noteCounter struct {
 	next http.RoundTripper
 	// max bounds what a noteReader holds of one event: the upstream's
@@ -61,17 +63,17 @@ func fastRead(ctx context.Context) context.Context {
 
 func (n *noteCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := n.next.RoundTrip(req)
-	if err != nil || resp.Body == nil || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if err != nil || resp.Body == nil || resp.StatusCode < 200 || resp.StatusCode >= 300 ||
+		!answerlimit.IsEventStream(resp.Header.Get("Content-Type")) {
 		return resp, err
 	}
 	if fast, _ := req.Context().Value(fastReadKey{}).(bool); fast {
-		return resp, err
+		return resp, err // read by the fast path, with internal/sse
 	}
-	sid := req.Header.Get(upstream.HeaderSessionID)
-	if sid == "" {
-		return resp, err
+	r := &noteReader{ReadCloser: resp.Body}
+	if sid := req.Header.Get(upstream.HeaderSessionID); sid != "" {
+		r.count = n.counter(sid)
 	}
-	r := &noteReader{ReadCloser: resp.Body, count: n.counter(sid)}
 	r.dec.Max = n.max
 	resp.Body = r
 	return resp, nil
@@ -83,30 +85,88 @@ func (n *noteCounter) CloseIdleConnections() {
 	}
 }
 
-// noteReader counts the events of a stream that carry a log or progress
-// notification, as a client reads the stream (see internal/sse: events of
-// type message) and as the edge reads a message (package message):
-// whatever the spelling of the stream or of the JSON. It holds an event's
-// lines until its blank line, as the answer limit under it holds the
-// event's bytes in the answer budget, and no longer.
+// noteReader reads an upstream's event stream for go-sdk's client, as a
+// client reads it (see internal/sse), and hands go-sdk each event in one
+// plain spelling that go-sdk's own reader (mcp/event.go, with other rules:
+// LF line ends only, spaces trimmed, a line without ':' fatal, a last
+// event taken without its blank line) reads the same: id and retry as the
+// event set them, and the data of an event of type message, on lines of
+// their own. It counts the events that carry a log or progress
+// notification, as the edge reads a message (package message), whatever
+// the spelling of the JSON. It holds an event's lines until its blank
+// line, as the answer limit under it holds the event's bytes in the
+// answer budget, and no longer.
 type noteReader struct {
 	io.ReadCloser
-	count *atomic.Int64
+	count *atomic.Int64 // nil: not counted (no upstream session yet)
 	dec   sse.Decoder
+	in    []byte // what is read from the upstream
+	out   []byte // events in their plain spelling, not yet read by go-sdk
+	off   int    // how much of out go-sdk has read
+	err   error  // the upstream body's, returned once out is read
 }
 
 func (r *noteReader) Read(p []byte) (int, error) {
-	n, err := r.ReadCloser.Read(p)
-	r.dec.Write(p[:n], r.event)
-	if err != nil {
-		r.dec.End()
+	for empty := 0; r.off == len(r.out); {
+		if r.err != nil {
+			return 0, r.err
+		}
+		if cap(r.out) > 64<<10 {
+			r.out = nil // a large event's buffer is not kept for the stream's life
+		}
+		r.out, r.off = r.out[:0], 0
+		if r.in == nil {
+			r.in = make([]byte, 16<<10)
+		}
+		n, err := r.ReadCloser.Read(r.in)
+		r.dec.Write(r.in[:n], r.event)
+		switch {
+		case err != nil:
+			r.err = err
+			r.dec.End()
+		case n == 0:
+			if empty++; empty == 100 {
+				r.err = io.ErrNoProgress
+			}
+		}
 	}
-	return n, err
+	n := copy(p, r.out[r.off:])
+	r.off += n
+	return n, nil
 }
 
 func (r *noteReader) event(ev sse.Event) {
-	data, ok := ev.Message()
-	if !ok {
+	var id, retry []byte
+	hasID := false
+	for line := range ev.Lines() {
+		name, value, comment := sse.Field(line)
+		switch {
+		case comment:
+		case string(name) == "id" && bytes.IndexByte(value, 0) < 0:
+			id, hasID = value, true
+		case string(name) == "retry" && digitsOnly(value):
+			retry = value
+		}
+	}
+	start := len(r.out)
+	if hasID {
+		r.out = append(append(append(r.out, "id: "...), id...), '\n')
+	}
+	if retry != nil {
+		r.out = append(append(append(r.out, "retry: "...), retry...), '\n')
+	}
+	if data, ok := ev.Message(); ok {
+		r.out = sse.AppendData(r.out, data)
+		r.counted(data)
+	}
+	if len(r.out) > start {
+		r.out = append(r.out, '\n')
+	}
+}
+
+// counted counts data if it is a log or progress notification.
+func (r *noteReader) counted(data []byte) {
+	if r.count == nil {
 		return
 	}
 	b, err := message.ReadAnswer(data)
@@ -116,6 +176,17 @@ func (r *noteReader) event(ev sse.Event) {
 	if c := b.Calls[0]; c.ID.IsZero() && (c.Method == "notifications/message" || c.Method == "notifications/progress") {
 		r.count.Add(1)
 	}
+}
+
+// digitsOnly reports whether b is a retry value clients take: ASCII
+// digits only.
+func digitsOnly(b []byte) bool {
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return len(b) > 0
 }
 
 // noteGate counts the notifications an upstream session's handlers have

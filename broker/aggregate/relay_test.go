@@ -335,3 +335,74 @@ func TestNoteCounterCountsWhatAClientReads(t *testing.T) {
 		})
 	}
 }
+
+// The broker's go-sdk client reads an upstream's event streams as a client
+// does too (see internal/sse), not by go-sdk's own rules (LF line ends
+// only, spaces trimmed, a line without ':' fatal, a last event taken
+// without its blank line): the stream is read once and handed to go-sdk
+// in one plain spelling.
+func TestAggregateGoSDKPathReadsEventsAsClients(t *testing.T) {
+	for name, spell := range map[string]func([]byte) []byte{
+		"lone CR": func(b []byte) []byte { return bytes.ReplaceAll(b, []byte("\n"), []byte("\r")) },
+		"a byte-order mark": func(b []byte) []byte {
+			return append([]byte("\xEF\xBB\xBF"), bytes.ReplaceAll(b, []byte("event: message\n"), nil)...)
+		},
+		"a field without colon": func(b []byte) []byte { return append([]byte("x-note\n\n"), b...) },
+		"an unended last event": func(b []byte) []byte { return append(b, "data: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}"...) },
+		"an answer of another type first": func(b []byte) []byte {
+			fake := bytes.Replace(b, []byte("event: message"), []byte("event: other"), 1)
+			return append(bytes.Replace(fake, []byte(`"a:`), []byte(`"fake:`), 1), b...)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			up := newFastUp(t, "a", false)
+			respelled := respellEvents(t, up.http.URL, func(_, answer []byte) []byte { return spell(answer) })
+			_, url := aggServe(t, []upstream.Config{{Name: "a", URL: respelled}}, Options{})
+			// Offering elicitation keeps the calls on the go-sdk path.
+			cs := aggConnect(t, url, &mcp.ClientOptions{
+				ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+					return &mcp.ElicitResult{Action: "decline"}, nil
+				},
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			for _, text := range []string{"one", "two"} {
+				res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_a_echo", Arguments: map[string]any{"text": text}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := aggText(t, res); got != "a:"+text || res.IsError {
+					t.Fatalf("call %q answered %q (error %v)", text, got, res.IsError)
+				}
+			}
+			if up.fast.Load() != 0 {
+				t.Fatal("a call took the fast path")
+			}
+		})
+	}
+}
+
+// What go-sdk's client gets of an upstream's stream: each event as a
+// client reads it, in one plain spelling.
+func TestNoteReaderHandsGoSDKPlainEvents(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "\xEF\xBB\xBF: c\rid: 7\rretry: 100\rretry: 1x\rdata: a\rdata:b\r\r"+
+			"event: other\ndata: x\nid: 8\n\nx-field\n\n"+
+			"event: message\r\ndata:  c\r\n\r\ndata: unended")
+	}))
+	defer srv.Close()
+	n := &noteCounter{next: http.DefaultTransport}
+	resp, err := (&http.Client{Transport: n}).Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(iotest.OneByteReader(resp.Body))
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "id: 7\nretry: 100\ndata: a\ndata: b\n\nid: 8\n\ndata:  c\n\n"; string(got) != want {
+		t.Fatalf("go-sdk gets %q\nwant %q", got, want)
+	}
+}

@@ -298,8 +298,9 @@ type Transports struct {
 // WrapHTTP puts the RoundTripper wrap returns in front of the http
 // transport's egress client, under go-sdk's streamable client and the
 // aggregated route's fast paths alike (the aggregated route counts the
-// notifications in its upstreams' event streams there). It does nothing for
-// the other transports.
+// notifications in its upstreams' event streams there, and hands go-sdk
+// each event as a client reads it). It does nothing for the other
+// transports.
 func (t *Transports) WrapHTTP(wrap func(http.RoundTripper) http.RoundTripper) {
 	if t.Expanded.Transport != TransportHTTP || t.HTTP == nil {
 		return

@@ -1,8 +1,9 @@
 // Package sse is the module's one reader of text/event-stream: every place
 // that reads or relays an event stream (the edge's listing filter, the
-// broker's answer limit, pass-through relay, fast paths and notification
-// count, the sessions endpoint's channel rewrite) splits it here, by the
-// rules the HTML standard gives clients
+// broker's answer limit, pass-through relay, fast paths, notification
+// count and the plain spelling it hands go-sdk's client, the sessions
+// endpoint's channel rewrite, the benchmark's idle probe) splits it here,
+// by the rules the HTML standard gives clients
 // (https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation),
 // so that what the gateway reads, counts or filters is what a client
 // dispatches:
