@@ -105,6 +105,7 @@ func (a *NodeArea) run(ctx context.Context) {
 		missed  uint64               // a revision the last check found and the watch had not brought
 	)
 	a.s.keepWatching(ctx, watching{
+		name: "the nodes' " + a.area + " area", log: a.log,
 		open: func(ctx context.Context) (jetstream.KeyWatcher, error) {
 			w, err := a.s.data.Watch(ctx, a.filter)
 			if err != nil && ctx.Err() == nil {

@@ -92,6 +92,7 @@ type Conn struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	files []string // the secret files the connection was made with
+	log   *slog.Logger
 
 	mu   sync.Mutex
 	back chan struct{} // closed when the connection comes back after it was lost
@@ -135,7 +136,7 @@ func Dial(c ConnConfig) (*Conn, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	conn := &Conn{}
+	conn := &Conn{log: log}
 	opts := []nats.Option{
 		nats.Name(c.Name),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
@@ -197,6 +198,9 @@ func (c *Conn) Close() { c.nc.Close() }
 
 // Storage opens the storage on c.
 func (c *Conn) Storage(ctx context.Context, opts StorageOptions) (*Storage, error) {
+	if opts.Logger == nil {
+		opts.Logger = c.log
+	}
 	st, err := NewStorage(ctx, c.js, c.nc.MaxPayload(), opts)
 	if err == nil {
 		st.conn = c

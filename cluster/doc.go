@@ -20,7 +20,9 @@
 // again as soon as the connection comes back after it was lost, and
 // checked against the stream's leader every [WatchCheck]: NATS keeps the
 // consumer behind a watch in one server's memory, and a restart of NATS
-// loses it (see watch.go).
+// loses it (see watch.go). Each watch made again is logged ("NATS watch
+// made again", with what it follows and why), so an operator and the
+// tests see that it was this package, not nats.go, that made it.
 //
 // The storage:
 //

@@ -204,6 +204,7 @@ func (n *Nodes) watch(ctx context.Context) {
 	self := nodeKey(n.self.Node)
 	var heard, expect uint64 // the revisions of this node's heartbeat the watch brought, and should have
 	n.st.keepWatching(ctx, watching{
+		name: "the node registry", log: n.log,
 		open:  func(ctx context.Context) (jetstream.KeyWatcher, error) { return n.kv.WatchAll(ctx) },
 		began: func() { heard, expect = 0, 0 },
 		take: func(e jetstream.KeyValueEntry) {

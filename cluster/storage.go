@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -60,6 +61,10 @@ type StorageOptions struct {
 	// ones go to the object store, in chunks. Default: half the server's
 	// max payload, at most 512 KiB.
 	InlineMax int
+	// Logger gets a line each time a watch is made again after NATS went
+	// away or lost its consumer (see Storage.Watch). Default: the Conn's
+	// logger for a Storage opened by Conn.Storage, else none.
+	Logger *slog.Logger
 }
 
 // Storage is a certmagic.Storage (and so a storage.Storage) on JetStream:
@@ -74,6 +79,7 @@ type Storage struct {
 	seal   *sealer
 	conn   *Conn // when opened by Conn.Storage
 	js     jetstream.JetStream
+	log    *slog.Logger          // nil: none
 	nodes  atomic.Pointer[Nodes] // the node registry started on this storage, if any
 
 	// leader reads the data bucket's stream from its leader (see
@@ -187,7 +193,7 @@ func NewStorage(ctx context.Context, js jetstream.JetStream, maxPayload int64, o
 		return nil, fmt.Errorf("cluster storage: %w", err)
 	}
 	return &Storage{
-		data: data, leader: leader, locks: locks, blobs: blobs, opts: opts, seal: sl, js: js,
+		data: data, leader: leader, locks: locks, blobs: blobs, opts: opts, seal: sl, js: js, log: opts.Logger,
 		holder: opts.Owner + "#" + randomHex(8),
 		held:   map[string]*heldLock{},
 	}, nil

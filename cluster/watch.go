@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -52,6 +53,12 @@ const (
 // watching says how a watch loop makes its watches and what it does with
 // them. Its functions run on the loop's goroutine, one at a time.
 type watching struct {
+	// name says what the watch follows (a storage key, an area), for the
+	// log; it names no secret.
+	name string
+	// log gets one line each time a watch is made again after the last
+	// one ended on its own (see keepWatching); nil discards it.
+	log *slog.Logger
 	// open makes a watch that lives until ctx ends.
 	open func(ctx context.Context) (jetstream.KeyWatcher, error)
 	// began is called each time a watch is made.
@@ -74,10 +81,30 @@ const (
 	watchBehind                 // its check found it behind
 )
 
+// reason says why a watch that ended this way is made again, for the log.
+func (e watchEnd) reason() string {
+	switch e {
+	case watchClosed:
+		return "nats.go closed the last one"
+	case watchBack:
+		return "the NATS connection came back"
+	case watchBehind:
+		return "the last one fell behind the stream's leader"
+	}
+	return ""
+}
+
 // keepWatching runs watches made by w.open until ctx ends, making a new
 // one when the last could not be made or ended; see WatchCheck.
+//
+// Each watch made again after the last ended on its own is logged, once it
+// is up and w.began has run (what it follows was read again then): this
+// happens only when NATS went away or lost a consumer, and it is how an
+// operator, or a test, sees that the gateway made its watches again
+// itself rather than waiting for nats.go's.
 func (s *Storage) keepWatching(ctx context.Context, w watching) {
 	pause := watchRetryMin
+	var again watchEnd // why the last watch ended, until the next is made
 	for ctx.Err() == nil {
 		back := s.reconnected()
 		if back != nil && !s.js.Conn().IsConnected() {
@@ -91,8 +118,12 @@ func (s *Storage) keepWatching(ctx context.Context, w watching) {
 		kw, err := w.open(wctx)
 		if err == nil {
 			w.began()
+			if again != watchDone && w.log != nil {
+				w.log.Info("NATS watch made again", "watch", w.name, "reason", again.reason())
+			}
 			made := time.Now()
 			end := follow(wctx, kw, back, w)
+			again = end
 			_ = kw.Stop()
 			stop()
 			if end != watchClosed {
@@ -179,7 +210,8 @@ func (s *Storage) lastRevision(ctx context.Context, subject string) (uint64, err
 // stream's leader, fn being called if the watch has not told it. fn is
 // also called every WatchResync, so that a read of fn's that failed is
 // done again. fn may be called when nothing changed; writes close
-// together may be told once.
+// together may be told once. A watch made again is logged, naming key,
+// through the storage's logger (see StorageOptions.Logger).
 func (s *Storage) Watch(ctx context.Context, key string, fn func()) {
 	k, err := kvKey(key)
 	if err != nil {
@@ -203,6 +235,7 @@ func (s *Storage) Watch(ctx context.Context, key string, fn func()) {
 		fn()
 	}
 	s.keepWatching(ctx, watching{
+		name: key, log: s.log,
 		open: func(ctx context.Context) (jetstream.KeyWatcher, error) {
 			return s.data.Watch(ctx, k, jetstream.UpdatesOnly())
 		},

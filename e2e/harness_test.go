@@ -506,8 +506,20 @@ func (c *Caddy) Logs() string {
 // `log` block with its own output) are not seen here.
 func (c *Caddy) WaitForLog(t testing.TB, substr string, timeout time.Duration) {
 	t.Helper()
+	c.WaitForLogFrom(t, 0, substr, timeout)
+}
+
+// LogSize is how much caddy has written so far: what WaitForLogFrom skips
+// to wait for a line written after this point.
+func (c *Caddy) LogSize() int { return len(c.Logs()) }
+
+// WaitForLogFrom is WaitForLog for what caddy writes after the first from
+// bytes of its output (see LogSize): an event that happens again, such as
+// one per NATS restart.
+func (c *Caddy) WaitForLogFrom(t testing.TB, from int, substr string, timeout time.Duration) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !strings.Contains(c.Logs(), substr) {
+	for logs := c.Logs(); !strings.Contains(logs[min(from, len(logs)):], substr); logs = c.Logs() {
 		if c.proc.exited() {
 			t.Fatalf("caddy exited (%v) before logging %q", c.proc.err, substr)
 		}
