@@ -364,7 +364,7 @@ func NewAggregate(ups []Upstream, opts AggregateOptions) (*Aggregate, error) {
 		tr.pidDir = opts.PIDDir
 		up := &aggUpstream{cfg: n, tr: tr, timeout: n.Timeout, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
 		tr.wrapHTTP(func(next http.RoundTripper) http.RoundTripper {
-			up.notes = &noteCounter{next: next, max: int(tr.limitMax())}
+			up.notes = &noteCounter{next: next, max: int(tr.limitMax()), budget: opts.AnswerBudget}
 			return up.notes
 		})
 		if n.Transport == TransportStdio && n.IsShared() {

@@ -35,7 +35,11 @@ type noteCounter struct {
 	next http.RoundTripper
 	// max bounds what a noteReader holds of one event: the upstream's
 	// max_response, past which the answer limit below fails the body.
-	max      int
+	max int
+	// budget is the in-flight answer budget, in which a noteReader
+	// reserves what it holds: go-sdk above holds the same event, whose
+	// bytes the answer limit below reserved once.
+	budget   *AnswerBudget
 	sessions sync.Map // upstream session id -> *atomic.Int64
 }
 
@@ -72,6 +76,11 @@ func (n *noteCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	r := &noteReader{ReadCloser: resp.Body, count: n.counter(sid)}
 	r.dec.Max = n.max
+	if n.budget != nil {
+		// A nil *AnswerBudget holds no limit; as an interface it would
+		// not be nil.
+		r.dec.Budget = n.budget
+	}
 	resp.Body = r
 	return resp, nil
 }
@@ -86,21 +95,50 @@ func (n *noteCounter) CloseIdleConnections() {
 // notification, as a client reads the stream (see internal/sse: events of
 // type message) and as the edge reads a message (package message):
 // whatever the spelling of the stream or of the JSON. It holds an event's
-// lines until its blank line, as the answer limit under it holds the
-// event's bytes in the answer budget, and no longer.
+// lines until its blank line, and no longer; what it holds is a second
+// copy of what go-sdk holds above it, so it is reserved in the answer
+// budget too. An event the budget has no room for is not counted: its
+// notification, if it is one, may then reach the client after the answer,
+// which is better than the gateway holding twice its budget.
 type noteReader struct {
 	io.ReadCloser
 	count *atomic.Int64
-	dec   sse.Decoder
+
+	mu     sync.Mutex // Close may come from another goroutine than Read
+	dec    sse.Decoder
+	closed bool
 }
 
 func (r *noteReader) Read(p []byte) (int, error) {
 	n, err := r.ReadCloser.Read(p)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return n, err
+	}
 	r.dec.Write(p[:n], r.event)
 	if err != nil {
 		r.dec.End()
 	}
 	return n, err
+}
+
+// Close gives back what the reader holds of an event the stream did not
+// end.
+func (r *noteReader) Close() error {
+	err := r.ReadCloser.Close()
+	r.mu.Lock()
+	r.closed = true
+	r.dec.End()
+	r.mu.Unlock()
+	return err
+}
+
+// pending is how many bytes of the current event the reader holds.
+func (r *noteReader) pending() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.dec.Pending()
 }
 
 func (r *noteReader) event(ev sse.Event) {
