@@ -224,11 +224,13 @@ func connHTTPClient(n, e Upstream, opts ConnOptions) (*http.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", describe(n), err)
 	}
+	limit := newAnswerLimit(&traceTransport{upstream: n.Name, next: &originGuard{upstream: n.Name, origin: pinnedfetch.Origin(endpoint), next: pinned.Transport}},
+		n.Name, n.MaxResponse, opts.AnswerBudget)
+	limit.sdkLines = true
 	return &http.Client{
 		// Every answer is bounded by max_response and the budget, under
 		// whatever reads it (go-sdk's transports, the fast path).
-		Transport: newAnswerLimit(&traceTransport{upstream: n.Name, next: &originGuard{upstream: n.Name, origin: pinnedfetch.Origin(endpoint), next: pinned.Transport}},
-			n.Name, n.MaxResponse, opts.AnswerBudget),
+		Transport:     limit,
 		CheckRedirect: pinned.CheckRedirect,
 		// No Timeout: it would cut SSE streams. Requests are bounded by
 		// their context.
