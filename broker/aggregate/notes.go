@@ -99,6 +99,7 @@ func (n *noteCounter) CloseIdleConnections() {
 type noteReader struct {
 	io.ReadCloser
 	count *atomic.Int64 // nil: not counted (no upstream session yet)
+	mu    sync.Mutex    // guards dec against pending, from another goroutine
 	dec   sse.Decoder
 	in    []byte // what is read from the upstream
 	out   []byte // events in their plain spelling, not yet read by go-sdk
@@ -119,11 +120,15 @@ func (r *noteReader) Read(p []byte) (int, error) {
 			r.in = make([]byte, 16<<10)
 		}
 		n, err := r.ReadCloser.Read(r.in)
+		r.mu.Lock()
 		r.dec.Write(r.in[:n], r.event)
+		if err != nil {
+			r.dec.End()
+		}
+		r.mu.Unlock()
 		switch {
 		case err != nil:
 			r.err = err
-			r.dec.End()
 		case n == 0:
 			if empty++; empty == 100 {
 				r.err = io.ErrNoProgress
@@ -133,6 +138,13 @@ func (r *noteReader) Read(p []byte) (int, error) {
 	n := copy(p, r.out[r.off:])
 	r.off += n
 	return n, nil
+}
+
+// pending is how many bytes of the current event the reader holds.
+func (r *noteReader) pending() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.dec.Pending()
 }
 
 func (r *noteReader) event(ev sse.Event) {

@@ -157,6 +157,9 @@ type Transport struct {
 	Max      int64
 	upstream string
 	budget   *Budget
+	// SDKLines is set under go-sdk's transports, whose event reader ends a
+	// line at LF only (see [lfEvents]): events are counted as it reads them.
+	SDKLines bool
 	// watchers are told of a failure on the upstream session they watch
 	// (by its Mcp-Session-Id): go-sdk's client reports a failed read as a
 	// closed connection, without the error that closed it.
@@ -211,7 +214,12 @@ func (l *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		l.failed(req.Header.Get(sessionHeader), err)
 		return nil, err
 	}
-	resp.Body = &limitedBody{rc: resp.Body, l: l, sid: req.Header.Get(sessionHeader), sse: sse, perEvent: perEvent}
+	body := &limitedBody{rc: resp.Body, l: l, sid: req.Header.Get(sessionHeader), sse: sse, perEvent: perEvent}
+	body.split = &body.html
+	if l.SDKLines {
+		body.split = &body.lf
+	}
+	resp.Body = body
 	return resp, nil
 }
 
@@ -235,8 +243,41 @@ type limitedBody struct {
 	mu    sync.Mutex
 	n     int64 // bytes counted against max
 	held  int64 // bytes reserved from the budget
-	split sse.Splitter
+	split interface{ End([]byte) int }
+	html  sse.Splitter
+	lf    lfEvents
 	err   error // the failure every later Read returns
+}
+
+// lfEvents finds where go-sdk's event reader (mcp/event.go in v1.8.0) ends
+// events: it ends a line at LF only, and takes a line of nothing but CRs
+// as blank. A lone CR, which ends a line for a client that follows the
+// HTML standard (sse.Splitter), is text to it, so a stream spelled with
+// lone CRs is one event, which it holds whole, up to its own bound. Its
+// ends never come before a client's (a blank line of go-sdk's starts with
+// a CR, or follows a LF, either of which ends a client's event first), so
+// the fast path, which reads the same answers as a client does, holds no
+// event past one. The zero value is at the start of a line.
+type lfEvents struct {
+	text bool // the current line has a byte other than CR
+}
+
+// End returns the length of p up to and including the LF that ends an
+// event, or -1 when no event ends in p.
+func (s *lfEvents) End(p []byte) int {
+	for i, c := range p {
+		switch c {
+		case '\n':
+			if !s.text {
+				return i + 1
+			}
+			s.text = false
+		case '\r':
+		default:
+			s.text = true
+		}
+	}
+	return -1
 }
 
 func (b *limitedBody) Read(p []byte) (int, error) {

@@ -226,11 +226,13 @@ func connHTTPClient(n, e Config, opts ConnOptions) (*http.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", Describe(n), err)
 	}
+	limit := answerlimit.NewTransport(&TraceTransport{Upstream: n.Name, Next: &originGuard{upstream: n.Name, origin: pinnedfetch.Origin(endpoint), next: pinned.Transport}},
+		n.Name, n.MaxResponse, opts.AnswerBudget)
+	limit.SDKLines = true
 	return &http.Client{
 		// Every answer is bounded by max_response and the budget, under
 		// whatever reads it (go-sdk's transports, the fast path).
-		Transport: answerlimit.NewTransport(&TraceTransport{Upstream: n.Name, Next: &originGuard{upstream: n.Name, origin: pinnedfetch.Origin(endpoint), next: pinned.Transport}},
-			n.Name, n.MaxResponse, opts.AnswerBudget),
+		Transport:     limit,
 		CheckRedirect: pinned.CheckRedirect,
 		// No Timeout: it would cut SSE streams. Requests are bounded by
 		// their context.
