@@ -99,7 +99,7 @@ func TestClusterStorageBlockReloads(t *testing.T) {
 	up := startRecordingUpstream(t)
 	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
 	site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	config := func(ttl, extra string) string {
+	config := func(ttl, mode string) string {
 		return fmt.Sprintf(`{
 	admin %s
 	storage zidane_nats
@@ -113,20 +113,19 @@ func TestClusterStorageBlockReloads(t *testing.T) {
 
 http://%s {
 	zidane_mcp {
-		guard
 		%s
 	}
 	reverse_proxy %s
 }
-`, AdminPlaceholder, nats.url, ttl, site, extra, up.addr)
+`, AdminPlaceholder, nats.url, ttl, site, mode, up.addr)
 	}
-	a := startCaddy(t, config("", ""), clusterKey)
+	a := startCaddy(t, config("", "guard"), clusterKey)
 	createToken(t, a, "one", "--scope", "mcp")
 	if out, err := a.TryReload(t, config("lock_ttl 20s", "aggregate nosuch")); err == nil || !strings.Contains(out, "nosuch") {
 		t.Fatalf("a reload onto an unknown upstream: %v %s", err, out)
 	}
 	two := createToken(t, a, "two", "--scope", "mcp")
-	a.Reload(t, config("lock_ttl 20s", ""))
+	a.Reload(t, config("lock_ttl 20s", "guard"))
 	three := createToken(t, a, "three", "--scope", "mcp")
 	for _, tok := range []string{two, three} {
 		waitStatus(t, "http://"+site+"/mcp", tok, http.StatusOK, 20*time.Second)

@@ -184,12 +184,13 @@ http://127.0.0.1:%d {
 	}
 }
 
-// Cluster mode is the zidane option's cluster block together with storage
-// zidane_nats. Bad cluster settings, and either of the two without the
-// other, are refused before anything connects, with what to set: the
-// cluster block on the file storage would keep TLS certificates, and
-// anything else that Caddy keeps, per replica; the storage line alone has
-// nothing to connect to.
+// Cluster mode is storage zidane_nats with the cluster's settings, in its
+// block or (the former shape) in the zidane option's cluster block. Bad
+// cluster settings (given twice: TestClusterStorageExportImport), and the
+// cluster block without the storage or the storage without settings are refused before
+// anything connects, with what to set: the cluster block on the file
+// storage would keep TLS certificates, and anything else that Caddy keeps,
+// per replica; the storage line alone has nothing to connect to.
 func TestClusterStorageBadSettings(t *testing.T) {
 	c := startCaddy(t, fmt.Sprintf("{\n\tadmin %s\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", AdminPlaceholder, freePort(t)))
 	cluster := func(lines string) string {
@@ -208,9 +209,9 @@ func TestClusterStorageBadSettings(t *testing.T) {
 		{cluster("url nats://127.0.0.1:1\n\t\tkey c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI="), "literal"},
 		{cluster("url nats://127.0.0.1:1\n\t\tkey c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI={env.ZIDANE_E2E_UNSET_KEY}"), "literal"},
 		{"zidane {\n\t\tcluster {\n\t\t\turl nats://127.0.0.1:1\n\t\t}\n\t}", "add `storage zidane_nats` to the global options"},
-		{"storage zidane_nats", "add zidane { cluster {"},
-		{"storage zidane_nats\n\tzidane {\n\t\ttoken_sync 2s\n\t}", "add zidane { cluster {"},
-		{"storage zidane_nats {\n\t\turl nats://127.0.0.1:1\n\t}", "the cluster's settings go in the zidane global option"},
+		{"storage zidane_nats", "storage zidane_nats has no settings"},
+		{"storage zidane_nats\n\tzidane {\n\t\ttoken_sync 2s\n\t}", "storage zidane_nats has no settings"},
+		{"storage zidane_nats {\n\t\turl nats://127.0.0.1:1\n\t}", "no cluster key"},
 	} {
 		out, err := c.TryReload(t, fmt.Sprintf("{\n\tadmin %s\n\t%s\n}\n\nhttp://127.0.0.1:%d {\n\trespond ok\n}\n", AdminPlaceholder, bad.globals, freePort(t)))
 		if err == nil || !strings.Contains(out, bad.want) {
