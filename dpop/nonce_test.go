@@ -1,6 +1,7 @@
 package dpop
 
 import (
+	"encoding/base64"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +36,16 @@ func TestNonces(t *testing.T) {
 	b[len(b)-2] ^= 1
 	if n.Valid(string(b), start) {
 		t.Error("an altered nonce is valid")
+	}
+	// An old nonce given a current period: the MAC covers the period.
+	old, err := base64.RawURLEncoding.DecodeString(n.Issue(start.Add(-2 * period)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, _ := base64.RawURLEncoding.DecodeString(nonce)
+	copy(old[:8], cur[:8])
+	if n.Valid(base64.RawURLEncoding.EncodeToString(old), start) {
+		t.Error("an old nonce restamped with the current period is valid")
 	}
 	for _, bad := range []string{"", "x", nonce + "A", strings.Repeat("A", len(nonce))} {
 		if n.Valid(bad, start) {
