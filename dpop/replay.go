@@ -20,7 +20,9 @@ var errFull = errors.New("dpop: the replay check is full")
 // Local is the [Replay] of one node, on the module's one replay check
 // (internal/replay): bounded by memory, each key kept until its proof is
 // stale and no longer, never evicting a key early (a key evicted early
-// is a replay let in). A cluster needs the replicas to share one check.
+// is a replay let in). It forgets by the node's wall clock, which is
+// also the clock a Verifier is given in production. A cluster needs the
+// replicas to share one check.
 type Local struct {
 	check  *replay.Check
 	window time.Duration
