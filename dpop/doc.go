@@ -4,7 +4,10 @@
 // within the window, in process.
 //
 // What it owns: [Verifier.Verify] (typ, algorithm, the jwk header, the
-// signature, htm, htu, iat, jti, ath, nonce, size), [Nonces] (issuing and
+// signature, htm, htu, iat, jti, ath, nonce, size, and one reading: a
+// protected header or claims with a member twice, or two names equal but
+// for case, are refused, by the check package message applies to every
+// client body), [Nonces] (issuing and
 // checking server nonces without storing any), the [Replay] interface
 // and [Local], its implementation on one node.
 //

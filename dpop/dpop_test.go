@@ -91,6 +91,32 @@ func raw(t testing.TB, header, claims map[string]any, signer func([]byte) []byte
 	return in + "." + b64(signer([]byte(in)))
 }
 
+// rawJSON builds a compact JWS from header and claims JSON byte for byte:
+// for members twice, which no map holds.
+func rawJSON(header, claims []byte, signer func([]byte) []byte) string {
+	in := b64(header) + "." + b64(claims)
+	return in + "." + b64(signer([]byte(in)))
+}
+
+// prepend puts member ("name":value) first in the JSON object obj.
+func prepend(member string, obj []byte) []byte {
+	return append([]byte("{"+member+","), obj[1:]...)
+}
+
+// appendMember puts member ("name":value) last in the JSON object obj.
+func appendMember(obj []byte, member string) []byte {
+	return append(obj[:len(obj)-1:len(obj)-1], ","+member+"}"...)
+}
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 func es256Signer(k *ecdsa.PrivateKey) func([]byte) []byte {
 	return func(in []byte) []byte {
 		h := sha256.Sum256(in)
@@ -178,6 +204,13 @@ func TestAttacks(t *testing.T) {
 		return c
 	}
 	staleNonces, foreignNonces := f.nonces, mustNonces(t, strings.Repeat("x", 32))
+	// Members twice: the first is what a reader that keeps the first
+	// would take, the last (the honest one) what encoding/json and
+	// go-jose take; so each proof passes on the last reading.
+	goodHeader := mustJSON(t, header("ES256", jwkOf(t, &f.key.PublicKey)))
+	goodClaims := func() []byte { return mustJSON(t, baseClaims(f.now, nonce)) }
+	twice := func(header, claims []byte) string { return rawJSON(header, claims, es256Signer(f.key)) }
+	otherJWK := mustJSON(t, jwkOf(t, &other.PublicKey))
 
 	tests := []struct {
 		name  string
@@ -272,6 +305,29 @@ func TestAttacks(t *testing.T) {
 			in := b64(h) + "." + b64([]byte("not json"))
 			return in + "." + b64(es256Signer(f.key)([]byte(in)))
 		}, nil, ErrInvalidProof},
+		{"two htu, another host first", func() string {
+			return twice(goodHeader, prepend(`"htu":"https://evil.example.com/mcp"`, goodClaims()))
+		}, nil, ErrInvalidProof},
+		{"htu and HTU", func() string {
+			return twice(goodHeader, prepend(`"HTU":"https://evil.example.com/mcp"`, goodClaims()))
+		}, nil, ErrInvalidProof},
+		{"two jti", func() string { return twice(goodHeader, prepend(`"jti":"another-jti"`, goodClaims())) }, nil, ErrInvalidProof},
+		{"two jwk, another key first", func() string {
+			return twice(prepend(`"jwk":`+string(otherJWK), goodHeader), goodClaims())
+		}, nil, ErrInvalidProof},
+		{"two x in the jwk", func() string {
+			jwk := prepend(`"x":"`+jwkOf(t, &other.PublicKey)["x"].(string)+`"`, mustJSON(t, jwkOf(t, &f.key.PublicKey)))
+			return twice([]byte(`{"alg":"ES256","typ":"dpop+jwt","jwk":`+string(jwk)+`}`), goodClaims())
+		}, nil, ErrInvalidProof},
+		{"two typ, JWT first", func() string { return twice(prepend(`"typ":"JWT"`, goodHeader), goodClaims()) }, nil, ErrInvalidProof},
+		// Case variants: go-jose matches header and jwk members exactly
+		// and ignores these; encoding/json, which folds case, would take
+		// the last for typ or x.
+		{"typ and TYP", func() string { return twice(appendMember(goodHeader, `"TYP":"JWT"`), goodClaims()) }, nil, ErrInvalidProof},
+		{"x and X in the jwk", func() string {
+			jwk := appendMember(mustJSON(t, jwkOf(t, &f.key.PublicKey)), `"X":"`+jwkOf(t, &other.PublicKey)["x"].(string)+`"`)
+			return twice([]byte(`{"alg":"ES256","typ":"dpop+jwt","jwk":`+string(jwk)+`}`), goodClaims())
+		}, nil, ErrInvalidProof},
 		{"short RSA key", func() string {
 			k, err := rsa.GenerateKey(rand.Reader, 1024)
 			if err != nil {
@@ -291,6 +347,8 @@ func TestAttacks(t *testing.T) {
 		badNonce = "stale or not this server's"
 		format   = "not a JWS in compact serialization"
 		claims   = "claims are not a JSON object"
+		dupH     = "protected header is JSON that readers could read differently"
+		dupC     = "claims are JSON that readers could read differently"
 	)
 	why := map[string]string{
 		"alg none": parse, "alg HS256 with an oct jwk": parse, "alg ES256 with an oct jwk": parse, "private jwk": parse,
@@ -307,7 +365,10 @@ func TestAttacks(t *testing.T) {
 		"nonce garbage":                       badNonce,
 		"two signatures (JSON serialization)": format, "JSON serialization of one signature": format,
 		"oversize proof": "over 8192 bytes", "empty": "no DPoP proof", "claims not JSON": claims,
-		"short RSA key": "shorter than 2048",
+		"short RSA key":               "shorter than 2048",
+		"two htu, another host first": dupC, "htu and HTU": dupC, "two jti": dupC,
+		"two jwk, another key first": dupH, "two x in the jwk": dupH, "two typ, JWT first": dupH,
+		"typ and TYP": dupH, "x and X in the jwk": dupH,
 	}
 	for _, tt := range tests {
 		if why[tt.name] == "" {
@@ -325,6 +386,9 @@ func TestAttacks(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), why[tt.name]) {
 				t.Fatalf("refused for another reason than %q: %v", why[tt.name], err)
+			}
+			if (why[tt.name] == dupH || why[tt.name] == dupC) && !strings.Contains(err.Error(), "send each key once") {
+				t.Fatalf("a member twice is refused without saying what to fix: %v", err)
 			}
 			var e *Error
 			if !errors.As(err, &e) || e.Reason == "" {

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 // Defaults of a [Verifier] whose fields are zero.
@@ -173,12 +175,26 @@ func (v *Verifier) Verify(ctx context.Context, r Request) (Proof, error) {
 	if strings.Count(r.Proof, ".") != 2 {
 		return Proof{}, invalid("the proof is not a JWS in compact serialization (three base64url parts joined by dots)")
 	}
+	// The header is checked before go-jose parses it, so that a member
+	// twice is refused as that, with what to fix. A header that is not
+	// base64url is go-jose's to refuse, just below.
+	header, _, _ := strings.Cut(r.Proof, ".")
+	if raw, err := base64.RawURLEncoding.DecodeString(header); err == nil {
+		if err := oneReading("protected header is", raw); err != nil {
+			return Proof{}, err
+		}
+	}
 	jws, err := jose.ParseSignedCompact(r.Proof, Algorithms)
 	if err != nil {
 		return Proof{}, invalid("the proof does not parse as a JWS signed with one of ES256, ES384, EdDSA, RS256, PS256, with a public jwk header")
 	}
 	if len(jws.Signatures) != 1 {
 		return Proof{}, invalid("the proof has %d signatures; it must have one", len(jws.Signatures))
+	}
+	// The claims before the signature too: a check of the bytes, cheaper
+	// than the signature; the payload is the one Verify returns below.
+	if err := oneReading("claims are", jws.UnsafePayloadWithoutVerification()); err != nil {
+		return Proof{}, err
 	}
 	h := jws.Signatures[0].Protected
 	if typ, _ := h.ExtraHeaders[jose.HeaderType].(string); typ != "dpop+jwt" {
@@ -255,6 +271,40 @@ func (v *Verifier) Verify(ctx context.Context, r Request) (Proof, error) {
 		}
 	}
 	return p, nil
+}
+
+// oneReading refuses a proof's protected header or claims (raw, decoded
+// from base64url) when two readers could read them differently: a member
+// twice, or two names equal once case is folded and escapes decoded, at
+// any depth (the jwk's members included); "__proto__"; invalid UTF-8 or a
+// lone surrogate escape; and JSON that is not JSON by RFC 8259. The proof
+// is read here by encoding/json (the claims: it folds case and keeps the
+// last of two members) and by go-jose's JSON (the header and its jwk: it
+// refuses exact duplicates but matches names exactly and ignores "TYP" or
+// "X"); another reader of the same proof (a client's library, an audit)
+// may keep the first of two members, or match names exactly, and then
+// check another htu, jti, typ or key than this one did.
+//
+// It is message.Validate, the repository's one check of that rule (the
+// one the edge applies to every client body, fuzzed against encoding/json
+// and the SDKs' readers), rather than a second detector here that could
+// disagree with it; internal/jsonscan has no duplicate check and reads no
+// client's message. Its reasons never quote the input (message.Error
+// names no key or value the client chose), so passing them on keeps the
+// proof out of the error.
+func oneReading(part string, raw []byte) error {
+	err := message.Validate(raw)
+	if err == nil {
+		return nil
+	}
+	var e *message.Error
+	if !errors.As(err, &e) {
+		return invalid("the proof's %s not JSON that one reading fits; send plain JSON with each member once", part)
+	}
+	if errors.Is(err, message.ErrSyntax) {
+		return invalid("the proof's %s not a JSON object: %s", part, e.Msg)
+	}
+	return invalid("the proof's %s JSON that readers could read differently: %s", part, e.Msg)
 }
 
 // ReplayKey is the key a proof is claimed under: base64url(SHA-256(jkt ||
