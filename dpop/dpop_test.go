@@ -1,6 +1,7 @@
 package dpop
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -312,6 +313,9 @@ func TestAttacks(t *testing.T) {
 			return twice(goodHeader, prepend(`"HTU":"https://evil.example.com/mcp"`, goodClaims()))
 		}, nil, ErrInvalidProof},
 		{"two jti", func() string { return twice(goodHeader, prepend(`"jti":"another-jti"`, goodClaims())) }, nil, ErrInvalidProof},
+		{"HTU alone, htu in upper case", func() string {
+			return twice(goodHeader, bytes.Replace(goodClaims(), []byte(`"htu":`), []byte(`"HTU":`), 1))
+		}, nil, ErrInvalidProof},
 		{"two jwk, another key first", func() string {
 			return twice(prepend(`"jwk":`+string(otherJWK), goodHeader), goodClaims())
 		}, nil, ErrInvalidProof},
@@ -366,7 +370,7 @@ func TestAttacks(t *testing.T) {
 		"two signatures (JSON serialization)": format, "JSON serialization of one signature": format,
 		"oversize proof": "over 8192 bytes", "empty": "no DPoP proof", "claims not JSON": claims,
 		"short RSA key":               "shorter than 2048",
-		"two htu, another host first": dupC, "htu and HTU": dupC, "two jti": dupC,
+		"two htu, another host first": dupC, "htu and HTU": dupC, "two jti": dupC, "HTU alone, htu in upper case": "in lower case",
 		"two jwk, another key first": dupH, "two x in the jwk": dupH, "two typ, JWT first": dupH,
 		"typ and TYP": dupH, "x and X in the jwk": dupH,
 	}

@@ -217,6 +217,9 @@ func (v *Verifier) Verify(ctx context.Context, r Request) (Proof, error) {
 	if err != nil {
 		return Proof{}, invalid("the proof's signature does not verify with its jwk header")
 	}
+	if err := exactClaimNames(payload); err != nil {
+		return Proof{}, err
+	}
 	var c claims
 	if err := json.Unmarshal(payload, &c); err != nil {
 		return Proof{}, invalid("the proof's claims are not a JSON object with jti, htm, htu and iat of the right types")
@@ -355,4 +358,27 @@ func target(u *url.URL) string {
 		path = "/"
 	}
 	return scheme + "://" + host + path
+}
+
+// claimNames are the claims Verify reads, as RFC 9449 spells them.
+var claimNames = []string{"jti", "htm", "htu", "iat", "ath", "nonce"}
+
+// exactClaimNames refuses claims that spell one of claimNames in another
+// letter case: encoding/json matches member names without regard to case,
+// so {"HTU": …} alone would be read as htu here, and as no htu at all by a
+// reader that matches names exactly (one reading, as oneReading keeps for
+// duplicates). payload is a JSON object: oneReading checked it.
+func exactClaimNames(payload []byte) error {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &members); err != nil {
+		return invalid("the proof's claims are not a JSON object")
+	}
+	for name := range members {
+		for _, want := range claimNames {
+			if name != want && strings.EqualFold(name, want) {
+				return invalid("the proof's claims spell %s in another letter case; spell jti, htm, htu, iat, ath and nonce in lower case, as RFC 9449 does", want)
+			}
+		}
+	}
+	return nil
 }
