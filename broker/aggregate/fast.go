@@ -381,11 +381,21 @@ func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpst
 		return nil, nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return nil, nil, fmt.Errorf("the upstream no longer knows the session (HTTP 404): %w", mcp.ErrSessionMissing)
+	}
+	return readAnswer(resp, upID, func(body io.Reader) (json.RawMessage, json.RawMessage, error) {
+		return a.fastStream(ctx, s, up, sessionID, version, body, upID, fw)
+	})
+}
+
+// readAnswer reads a fast path's answer to the call upID, after the
+// status each path decides on itself: a JSON-RPC error in a failed
+// answer, a JSON answer, or an event stream, which stream reads.
+func readAnswer(resp *http.Response, upID message.ID, stream func(io.Reader) (result, rpcErr json.RawMessage, err error)) (result, rpcErr json.RawMessage, err error) {
 	mt, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
 	mt = strings.ToLower(strings.TrimSpace(mt))
 	switch {
-	case resp.StatusCode == http.StatusNotFound:
-		return nil, nil, fmt.Errorf("the upstream no longer knows the session (HTTP 404): %w", mcp.ErrSessionMissing)
 	case resp.StatusCode < 200 || resp.StatusCode >= 300:
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		if rpcErr := errorAnswer(data); rpcErr != nil {
@@ -400,7 +410,7 @@ func (a *Aggregate) fastExchange(ctx context.Context, s *aggSession, up *aggUpst
 		}
 		return fastAnswer(data, upID)
 	case mt == "text/event-stream":
-		return a.fastStream(ctx, s, up, sessionID, version, resp.Body, upID, fw)
+		return stream(resp.Body)
 	}
 	return nil, nil, fmt.Errorf("the upstream answered with content type %q", mt)
 }

@@ -273,30 +273,15 @@ func (a *Aggregate) modernExchange(ctx context.Context, up *aggUpstream, hdr htt
 		return nil, nil, err
 	}
 	defer resp.Body.Close()
-	mt, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
-	mt = strings.ToLower(strings.TrimSpace(mt))
-	switch {
-	case transientStatus(resp.StatusCode):
+	if transientStatus(resp.StatusCode) {
 		// As go-sdk's client reports it, whatever the body: a JSON-RPC
 		// error (-32005, "rejected by transport"), here naming the upstream.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		return nil, rejectedError(up, resp.StatusCode), nil
-	case resp.StatusCode < 200 || resp.StatusCode >= 300:
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if rpcErr := errorAnswer(data); rpcErr != nil {
-			return nil, rpcErr, nil
-		}
-		return nil, nil, fmt.Errorf("the upstream answered HTTP %d", resp.StatusCode)
-	case mt == "application/json":
-		data, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return nil, nil, err
-		}
-		return fastAnswer(data, id)
-	case mt == "text/event-stream":
-		return modernStream(ctx, up, resp.Body, id, fw)
 	}
-	return nil, nil, fmt.Errorf("the upstream answered with content type %q", mt)
+	return readAnswer(resp, id, func(body io.Reader) (json.RawMessage, json.RawMessage, error) {
+		return modernStream(ctx, up, body, id, fw)
+	})
 }
 
 // modernStream reads the upstream's event stream until the answer to id:
