@@ -28,8 +28,20 @@ type Principal struct {
 	Kind Kind
 	// Scopes are the scopes the credential grants.
 	Scopes []string
-	// Source is "token" for opaque tokens and "jwt" for JWT access tokens.
+	// Source is "token" for opaque tokens, "jwt" for JWT access tokens,
+	// and "grant" for the access tokens this gateway issues to OAuth
+	// clients a person signed in (see [Principal.Client]).
 	Source string
+	// Client is the OAuth client_id a grant was issued to (a Client ID
+	// Metadata Document URL or a registered id); empty for other sources.
+	Client string
+	// Resource is the one resource (RFC 8707) the credential was issued
+	// for, when it names one; the edge refuses it at any other resource.
+	Resource string
+	// JKT is the RFC 7638 thumbprint of the DPoP key the credential is
+	// bound to (cnf.jkt); empty for a bearer credential. A request with a
+	// bound credential must carry a DPoP proof signed by that key.
+	JKT string
 	// Roots are the directory trees the token's sessions are confined to,
 	// within the gateway's own roots; nil means the gateway's alone.
 	Roots []string
