@@ -139,6 +139,16 @@ func BearerJWT(authz string) string {
 	return tok
 }
 
+// BearerToken is the token that the Authorization header value authz
+// carries with the Bearer scheme, or "".
+func BearerToken(authz string) string {
+	scheme, tok, ok := strings.Cut(authz, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(tok)
+}
+
 // ErrScopesClaimed is returned by [Authenticator.Forwarded] for a forwarded
 // request that claims a scope its credential does not grant here.
 var ErrScopesClaimed = errors.New("the forwarded request claims scopes its credential does not grant")
