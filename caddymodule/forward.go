@@ -174,6 +174,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	r.Header.Del(edge.HopPrincipalHeader)
 	r.Header.Del(edge.HopCredentialHeader)
 	r.Header.Del("Authorization")
+	r.Header.Del("DPoP")
 	// The address the sender's edge saw, which its signature covers.
 	r.Header[upstream.ClientIPHeader] = []string{claims.Client}
 	h.audit.Debug("forwarded request", zap.String("event", "session_forwarded_in"), zap.String("from", claims.From),
