@@ -130,6 +130,10 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	if !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
+	if v := h.dpop.CheckForwarded(r.Context(), p, r.Header.Values("DPoP"), r.Method, claims.JWT, now); !v.Allowed() {
+		rf.p = p
+		return h.refuse(w, r, rf, v)
+	}
 	rf.p = p
 	modern := aggregate.ModernRequest(r)
 	if !modern {

@@ -545,6 +545,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 		// itself (see edge.HopKey.Sign, clustersessions).
 		ctx = policy.WithJWT(ctx, policy.BearerJWT(r.Header.Get("Authorization")))
 	}
+	if _, ok := route.(edge.ForwardedRoute); ok && p.JKT != "" {
+		// And checks a bound principal's proof again (edge.DPoP.CheckForwarded).
+		ctx = edge.WithProof(ctx, r.Header.Get("DPoP"))
+	}
 	// A revoked token's (or JWT subject's) open requests and streams end at
 	// once, and every one ends when the process exits: the token store
 	// cancels what it holds then (see loadTokens); a request that arrives

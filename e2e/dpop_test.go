@@ -84,9 +84,15 @@ func postDPoP(t *testing.T, url, host, authz string, proofs []string, body strin
 	if host != "" {
 		req.Host = host
 	}
+	return sendRaw(t, req)
+}
+
+// sendRaw sends req and reads its answer.
+func sendRaw(t *testing.T, req *http.Request) rawAnswer {
+	t.Helper()
 	resp, err := shortClient.Do(req)
 	if err != nil {
-		t.Fatalf("POST %s: %v", url, err)
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)

@@ -154,6 +154,74 @@ func (d DPoP) checkBinding(ctx context.Context, p policy.Principal, c Credential
 	return dpopRefuse(ReasonDPoPProof, "invalid_dpop_proof", "the DPoP proof does not verify")
 }
 
+// CheckForwarded holds a request another replica forwarded (a hop), acting
+// for p, to p's DPoP binding, as the sending replica's edge did: a hop
+// carries identity, never authority (see hop.go), and whoever holds the
+// cluster key can sign one, so a bound principal's hop must carry the
+// client's proof, under the hop's MAC, and this replica checks it again:
+// its signature by p's key, htm, htu (this resource), iat, the nonce, and
+// ath over jwt, the access token the hop carries (for a principal of the
+// token store, which no hop carries, ath is not checked). The proof was
+// claimed once cluster-wide by the sending edge; here it is claimed once
+// more under a key of its own, so that one proof makes one hop. A holder
+// of the cluster key and a stolen bound token thus needs a proof the
+// client signed for this resource within the window, and one that was
+// forwarded already will not do. An unbound principal on a site that
+// requires DPoP is refused as at the edge.
+func (d DPoP) CheckForwarded(ctx context.Context, p policy.Principal, proofs []string, method, jwt string, now time.Time) Verdict {
+	if p.JKT == "" {
+		if d.Required {
+			return dpopRefuse(ReasonDPoPRequired, "invalid_token", "the forwarded request acts for a credential that is not DPoP-bound, and this resource takes DPoP-bound access tokens only")
+		}
+		return Verdict{}
+	}
+	if !d.On() || len(proofs) != 1 {
+		return dpopRefuse(ReasonDPoPProof, "invalid_dpop_proof", "the forwarded request acts for a DPoP-bound credential and does not carry one proof of it, which a replica of this cluster always forwards")
+	}
+	v := *d.Verifier
+	if v.Replay != nil {
+		v.Replay = hopReplay{v.Replay}
+	}
+	proof, err := v.Verify(ctx, dpop.Request{Proof: proofs[0], Method: method, URL: d.URL, AccessToken: jwt, Now: now})
+	var e *dpop.Error
+	switch {
+	case err == nil && proof.JKT == p.JKT:
+		return Verdict{}
+	case err == nil:
+		return dpopRefuse(ReasonDPoPProof, "invalid_dpop_proof", "the forwarded request's proof is signed by another key than the one its credential is bound to")
+	case errors.Is(err, dpop.ErrUnavailable):
+		v := Refuse(http.StatusServiceUnavailable, ReasonDPoPUnavailable, "the replica that holds this session could not check the DPoP proof right now; retry shortly with a new proof")
+		v.RetryAfter = dpopRetry
+		return v
+	case errors.As(err, &e):
+		return dpopRefuse(ReasonDPoPProof, "invalid_dpop_proof", "the forwarded request's proof: "+e.Reason)
+	}
+	return dpopRefuse(ReasonDPoPProof, "invalid_dpop_proof", "the forwarded request's proof does not verify")
+}
+
+// hopReplay claims a proof for its hop, apart from its claim at the edge.
+type hopReplay struct{ dpop.Replay }
+
+func (h hopReplay) Claim(ctx context.Context, key string, until time.Time) (bool, error) {
+	return h.Replay.Claim(ctx, "hop|"+key, until)
+}
+
+type proofKey struct{}
+
+// WithProof returns a context that carries the DPoP proof a request of a
+// bound principal came with, for a hop to carry on (see
+// [DPoP.CheckForwarded]); like the JWT of policy.WithJWT, it is kept past
+// the edge only for that.
+func WithProof(ctx context.Context, proof string) context.Context {
+	return context.WithValue(ctx, proofKey{}, proof)
+}
+
+// ProofFrom returns the proof WithProof put in ctx, or "".
+func ProofFrom(ctx context.Context) string {
+	proof, _ := ctx.Value(proofKey{}).(string)
+	return proof
+}
+
 // dpopCharged says whether a refusal of checkBinding counts as a failed
 // credential against the address: not the nonce step of the protocol, nor
 // the server's own unavailability.

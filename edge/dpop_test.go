@@ -344,3 +344,58 @@ func challenges(t *testing.T, h http.Header) []oauthex.Challenge {
 	}
 	return cs
 }
+
+// A hop carries identity, never authority: whoever holds the cluster key
+// can sign one, so the replica that takes a hop for a bound principal
+// checks the client's proof again. What such a signer sends with a stolen
+// bound token is refused: no proof, another key's, one for another token,
+// one forwarded already; the proof the edge took (and claimed) passes on
+// its one hop.
+func TestDPoPCheckForwarded(t *testing.T) {
+	s := newDPoPSite(t, false, false)
+	owner, thief := newDPoPClient(t), newDPoPClient(t)
+	tok := s.issuer.boundToken(t, "alice", "mcp", owner.jkt)
+	other := s.issuer.boundToken(t, "bob", "mcp", owner.jkt)
+	p, v := s.check("DPoP "+tok, owner.proofFor(t, http.MethodPost, dpopResource, tok, ""))
+	if !v.Allowed() {
+		t.Fatal(v)
+	}
+	taken := owner.proofFor(t, http.MethodPost, dpopResource, tok, "")
+	if _, v := s.check("DPoP "+tok, taken); !v.Allowed() {
+		t.Fatalf("the edge's check: %+v", v)
+	}
+	fwd := func(proofs []string, jwt string) Verdict {
+		return s.a.DPoP.CheckForwarded(context.Background(), p, proofs, http.MethodPost, jwt, time.Now())
+	}
+	if v := fwd([]string{taken}, tok); !v.Allowed() {
+		t.Fatalf("the hop of a proof the edge took: %+v, want it served", v)
+	}
+	for _, tc := range []struct {
+		name   string
+		proofs []string
+		jwt    string
+		says   string
+	}{
+		{"no proof", nil, tok, "one proof"},
+		{"two proofs", []string{taken, taken}, tok, "one proof"},
+		{"a proof forwarded already", []string{taken}, tok, "used already"},
+		{"another key's proof", []string{thief.proofFor(t, http.MethodPost, dpopResource, tok, "")}, tok, "another key"},
+		{"a proof for another token", []string{owner.proofFor(t, http.MethodPost, dpopResource, other, "")}, tok, "ath"},
+		{"a proof for another method", []string{owner.proofFor(t, http.MethodGet, dpopResource, tok, "")}, tok, "htm"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := fwd(tc.proofs, tc.jwt)
+			if v.Status != http.StatusUnauthorized || v.Reason != ReasonDPoPProof || !strings.Contains(v.Message, tc.says) {
+				t.Fatalf("%+v, want 401 %s saying %q", v, ReasonDPoPProof, tc.says)
+			}
+		})
+	}
+	unbound := policy.Principal{TokenID: "tok_x"}
+	if v := s.a.DPoP.CheckForwarded(context.Background(), unbound, nil, http.MethodPost, "", time.Now()); !v.Allowed() {
+		t.Errorf("an unbound principal's hop on a site where DPoP is optional: %+v", v)
+	}
+	s.a.DPoP.Required = true
+	if v := s.a.DPoP.CheckForwarded(context.Background(), unbound, nil, http.MethodPost, "", time.Now()); v.Reason != ReasonDPoPRequired {
+		t.Errorf("an unbound principal's hop on a site that requires DPoP: %+v, want %s", v, ReasonDPoPRequired)
+	}
+}
