@@ -49,7 +49,14 @@ type DPoP struct {
 	// another host (another resource the same token is good at, say) would
 	// otherwise pass wherever the client sent it with that Host.
 	URL *url.URL
-	// Required refuses every credential that is not bound to a key.
+	// Required refuses every credential that is not bound to a key, but
+	// the tokens the gateway derives for its own agents (a session's
+	// orchestrator and egress tokens, Principal.Parent set). Those are
+	// bearer tokens whatever their parent: the agent holds no key of the
+	// client's, so a derived token never inherits a JKT it could not
+	// prove. It is bound to its session instead: it lives no longer than
+	// its parent or its session, holds narrower scopes, is revoked with
+	// either, and is handed only to the agent process the gateway runs.
 	Required bool
 }
 
@@ -117,7 +124,10 @@ func (d DPoP) checkBinding(ctx context.Context, p policy.Principal, c Credential
 	switch {
 	case p.JKT == "" && isDPoP:
 		return dpopRefuse(ReasonInvalidToken, "invalid_token", "the token is not DPoP-bound: send it as Authorization: Bearer <token>, or get a DPoP-bound token from the authorization server by sending it a DPoP proof")
-	case p.JKT == "" && d.Required:
+	case p.JKT == "" && d.Required && p.Parent == "":
+		// A derived token (Parent set) is the gateway's own, held by the
+		// agent of a session it runs: a bearer token bound to its session
+		// (see [DPoP.Required]).
 		return dpopRefuse(ReasonDPoPRequired, "invalid_token", "this resource takes DPoP-bound access tokens only (RFC 9449): get one from the authorization server by sending it a DPoP proof, and send it as Authorization: DPoP <token> with a DPoP proof")
 	case p.JKT == "":
 		return Verdict{}
@@ -170,7 +180,7 @@ func (d DPoP) checkBinding(ctx context.Context, p policy.Principal, c Credential
 // requires DPoP is refused as at the edge.
 func (d DPoP) CheckForwarded(ctx context.Context, p policy.Principal, proofs []string, method, jwt string, now time.Time) Verdict {
 	if p.JKT == "" {
-		if d.Required {
+		if d.Required && p.Parent == "" {
 			return dpopRefuse(ReasonDPoPRequired, "invalid_token", "the forwarded request acts for a credential that is not DPoP-bound, and this resource takes DPoP-bound access tokens only")
 		}
 		return Verdict{}

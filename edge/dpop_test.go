@@ -399,3 +399,35 @@ func TestDPoPCheckForwarded(t *testing.T) {
 		t.Errorf("an unbound principal's hop on a site that requires DPoP: %+v, want %s", v, ReasonDPoPRequired)
 	}
 }
+
+// The tokens the gateway derives for a session's agents (an orchestrator's
+// child token, an egress token) from a DPoP-bound credential are bearer
+// tokens: the agent holds no key of the client's, so they do not inherit
+// the JKT, which they could never prove. They stay bound to their session
+// instead (lifetime, scopes and revocation: see policy/children.go), and a
+// site that requires DPoP takes them, the gateway's own, as bearer tokens;
+// sent with the DPoP scheme they are refused as any unbound token.
+func TestDPoPDerivedTokensAreBearer(t *testing.T) {
+	s := newDPoPSite(t, true, false)
+	c := newDPoPClient(t)
+	tok := s.issuer.boundToken(t, "alice", "mcp", c.jkt)
+	parent, v := s.check("DPoP "+tok, c.proofFor(t, http.MethodPost, dpopResource, tok, ""))
+	if !v.Allowed() || parent.JKT != c.jkt {
+		t.Fatalf("the parent: %+v", v)
+	}
+	secret, _, err := s.a.Authn.Tokens.CreateChild(context.Background(), policy.ChildSpec{Parent: parent, Session: "ses_1",
+		Purpose: policy.PurposeOrchestrator, Scopes: []string{"sessions:create"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, v := s.check("Bearer " + secret)
+	if !v.Allowed() || child.JKT != "" || child.Parent != parent.TokenID {
+		t.Fatalf("the child as a bearer token on a site that requires DPoP: %+v, principal %+v; want it served, unbound, derived from %s", v, child, parent.TokenID)
+	}
+	if _, v := s.check("DPoP "+secret, c.proofFor(t, http.MethodPost, dpopResource, secret, "")); v.Reason != ReasonInvalidToken || v.DPoPError != "invalid_token" {
+		t.Errorf("the child with the DPoP scheme: %+v, want invalid_token (not bound)", v)
+	}
+	if v := s.a.DPoP.CheckForwarded(context.Background(), child, nil, http.MethodPost, "", time.Now()); !v.Allowed() {
+		t.Errorf("a hop of the child: %+v", v)
+	}
+}
