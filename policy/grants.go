@@ -871,3 +871,41 @@ func earlierTime(a, b time.Time) time.Time {
 	}
 	return a
 }
+
+// FilterTokens keeps the tokens of list that act for owner (when owner is
+// not empty) and that are grants to client or derive from one (when client
+// is not empty), in their order: what `token list --owner --client` shows.
+func FilterTokens(list []Token, owner, client string) []Token {
+	parent := make(map[string]string, len(list))
+	grantClient := map[string]string{}
+	for _, t := range list {
+		parent[t.ID] = t.Parent
+		if t.IsGrant() {
+			grantClient[t.ID] = t.Client
+		}
+	}
+	// clientOf is the client of the grant at the top of t's chain.
+	clientOf := func(t Token) string {
+		id := t.ID
+		for range maxParentChain + 1 {
+			if c, ok := grantClient[id]; ok {
+				return c
+			}
+			if id = parent[id]; id == "" {
+				break
+			}
+		}
+		return ""
+	}
+	var out []Token
+	for _, t := range list {
+		if owner != "" && t.OwnerID() != owner {
+			continue
+		}
+		if client != "" && clientOf(t) != client {
+			continue
+		}
+		out = append(out, t)
+	}
+	return out
+}
