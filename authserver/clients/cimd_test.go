@@ -213,7 +213,7 @@ func TestMetadataDocumentAccepted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.ClientID() != id || c.Source != SourceMetadataDocument || c.Name != "Test Client" || c.DisplayName() != id || c.Host() != docHost+":"+strconv.Itoa(int(d.port)) {
+	if c.ClientID() != id || c.Source != SourceMetadataDocument || c.Name != "Test Client" || c.DisplayName() != "Test Client" || c.Host() != docHost+":"+strconv.Itoa(int(d.port)) {
 		t.Errorf("client = %+v (display %q, host %q)", c, c.DisplayName(), c.Host())
 	}
 	if !c.AllowsRedirect("http://127.0.0.1:49152/callback") || !c.AllowsRedirect("https://app.example.com/cb") || c.AllowsRedirect("https://app.example.com/cb2") {

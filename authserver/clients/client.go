@@ -46,13 +46,14 @@ type Client struct {
 // ClientID returns the client_id.
 func (c Client) ClientID() string { return c.ID }
 
-// DisplayName is how a consent page names the client truthfully. For a
-// metadata document it is the client_id URL, the one thing the client's
-// domain vouches for; for a registered client it is its client_name (what
-// it said of itself at registration), or its id when it gave none. A page
-// that shows Name beside it says that the client named itself so.
+// DisplayName is the name the client gives itself (client_name), or its
+// client_id when it gave none. It is the client's claim, never a fact: a
+// consent page shows it beside the client_id, which for a metadata
+// document is the URL its domain serves. It is at most MaxNameLength
+// bytes and has no control or formatting characters (a right-to-left
+// override would make a name read backwards); a page still escapes it.
 func (c Client) DisplayName() string {
-	if c.Source == SourceRegistered && c.Name != "" {
+	if c.Name != "" {
 		return c.Name
 	}
 	return c.ID

@@ -253,3 +253,21 @@ func TestRegistrationAnswer(t *testing.T) {
 		t.Errorf("answer has a client_secret: %s", body)
 	}
 }
+
+// TestUnnamedClientShownByID: a client that gives no client_name is shown
+// by its client_id, never by an empty name.
+func TestUnnamedClientShownByID(t *testing.T) {
+	r, _, _ := testRegistry(t, Config{Registration: true})
+	w := register(r, "198.51.100.1", "application/json", "POST", `{"redirect_uris":["http://127.0.0.1/cb"]}`)
+	var resp struct {
+		ClientID string `json:"client_id"`
+	}
+	json.Unmarshal(w.Body.Bytes(), &resp)
+	c, err := r.Resolve(context.Background(), resp.ClientID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DisplayName() != resp.ClientID || c.Host() != "" {
+		t.Errorf("display %q, host %q; want the client_id and no host", c.DisplayName(), c.Host())
+	}
+}
