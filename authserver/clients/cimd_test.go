@@ -288,3 +288,62 @@ func TestDocumentTTL(t *testing.T) {
 		}
 	}
 }
+
+// TestMetadataDocumentFetchesBounded: with MaxConcurrentFetches documents
+// being fetched (their servers hold the answers), one more client_id is
+// refused as busy without a fetch, and is not remembered as refused: once
+// the fetches end, it resolves.
+func TestMetadataDocumentFetchesBounded(t *testing.T) {
+	d := newDocServer(t)
+	arrived := make(chan struct{}, MaxConcurrentFetches+1)
+	release := make(chan struct{})
+	d.mux.HandleFunc("/held/", func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(goodDoc(d.url(r.URL.Path))))
+	})
+	r, _, rec := testRegistry(t, Config{FetchTimeout: time.Minute})
+	reach(r, d)
+	errs := make(chan error, MaxConcurrentFetches)
+	for i := range MaxConcurrentFetches {
+		go func() {
+			_, err := r.Resolve(context.Background(), d.url("/held/"+strconv.Itoa(i)+".json"))
+			errs <- err
+		}()
+	}
+	timeout := time.After(30 * time.Second)
+	for range MaxConcurrentFetches {
+		select {
+		case <-arrived:
+		case <-timeout:
+			close(release)
+			t.Fatal("the held fetches did not all arrive")
+		}
+	}
+	extra := d.url("/held/extra.json")
+	_, err := r.Resolve(context.Background(), extra)
+	if Reason(err) != "busy" || codeOf(err) != CodeTemporarilyUnavailable {
+		close(release)
+		t.Fatalf("got %v, want busy", err)
+	}
+	if d.hitsOf("/held/extra.json") != 0 {
+		t.Errorf("the extra document was fetched")
+	}
+	close(release)
+	for range MaxConcurrentFetches {
+		if err := <-errs; err != nil {
+			t.Errorf("held fetch: %v", err)
+		}
+	}
+	if _, err := r.Resolve(context.Background(), extra); err != nil {
+		t.Errorf("after the fetches ended: %v", err)
+	}
+	if evs := rec.all(); len(evs) != 1 || evs[0].Reason != "busy" {
+		t.Errorf("audit = %+v", evs)
+	}
+}
