@@ -431,3 +431,30 @@ func TestDPoPDerivedTokensAreBearer(t *testing.T) {
 		t.Errorf("a hop of the child: %+v", v)
 	}
 }
+
+// A grant this gateway issued to a client that sent a proof (a zda_ access
+// token bound to its key) is held to the same check as a cnf.jkt JWT.
+func TestDPoPBoundGrant(t *testing.T) {
+	s := newDPoPSite(t, false, false)
+	c, thief := newDPoPClient(t), newDPoPClient(t)
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	if err := s.a.Authn.Tokens.SetGrantKey(key); err != nil {
+		t.Fatal(err)
+	}
+	iss, err := s.a.Authn.Tokens.CreateGrant(context.Background(), policy.GrantSpec{Owner: "alice", Client: "https://client.example/metadata.json",
+		Resource: dpopResource, Scopes: []string{"mcp"}, JKT: c.jkt}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := iss.Access
+	if _, v := s.check("Bearer " + tok); v.Status != http.StatusUnauthorized || v.DPoPError != "invalid_token" {
+		t.Errorf("a bound grant as Bearer: %+v, want 401 with DPoP error=invalid_token", v)
+	}
+	if _, v := s.check("DPoP "+tok, thief.proofFor(t, http.MethodPost, dpopResource, tok, "")); v.Reason != ReasonDPoPProof {
+		t.Errorf("a bound grant with another key's proof: %+v, want %s", v, ReasonDPoPProof)
+	}
+	if p, v := s.check("DPoP "+tok, c.proofFor(t, http.MethodPost, dpopResource, tok, "")); !v.Allowed() || p.JKT != c.jkt || p.Source != "grant" {
+		t.Errorf("a bound grant with its proof: %+v, principal %+v", v, p)
+	}
+}
