@@ -78,7 +78,7 @@ func (c dpopClient) proofFor(t testing.TB, method, htu, token, nonce string) str
 }
 
 // boundToken is a JWT access token of j bound to jkt (cnf.jkt).
-func (j testJWT) boundToken(t *testing.T, sub, scope, jkt string) string {
+func (j testJWT) boundToken(t testing.TB, sub, scope, jkt string) string {
 	t.Helper()
 	now := time.Now()
 	raw, err := jwt.NewWithClaims(jwt.SigningMethodES256, jwt.MapClaims{"iss": "https://idp.example/", "aud": "https://edge.example/mcp",
@@ -98,7 +98,7 @@ type dpopSite struct {
 	opaque string
 }
 
-func newDPoPSite(t *testing.T, required, nonces bool) *dpopSite {
+func newDPoPSite(t testing.TB, required, nonces bool) *dpopSite {
 	t.Helper()
 	ctx := context.Background()
 	tokens, err := policy.OpenTokenStore(ctx, &certmagic.FileStorage{Path: t.TempDir()})
