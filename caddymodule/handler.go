@@ -500,7 +500,7 @@ func (h *Handler) routeFor(path string) (edge.Route, spanning, edge.Verdict) {
 // principal, or its refusal; a refusal for the identity provider's keys
 // logs their detail, and one for the address's bucket is counted.
 func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) (policy.Principal, edge.Verdict) {
-	a := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix, DPoP: h.dpop}
+	a := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix, DPoP: h.dpop, PerToken: h.tokenLimit}
 	p, v, err := a.Check(r.Context(), edge.CredentialOf(r), clientIP, now)
 	switch v.Reason {
 	case edge.ReasonKeysUnavailable:

@@ -42,6 +42,13 @@ type Authentication struct {
 	IPv6Prefix int
 	// DPoP holds bound credentials to their keys (see [DPoP]).
 	DPoP DPoP
+	// PerToken, when set, is step 5's bucket per principal, consulted
+	// (not drawn on) before a proof is checked: a principal whose bucket
+	// is empty is refused 429 as step 5 would, before its proof costs a
+	// signature check and a claim in the replay check, so that one
+	// holder of a bound token cannot fill the check that every client's
+	// proofs go through.
+	PerToken *policy.Limiter
 }
 
 // Authenticate checks the Authorization header value authz of a request
@@ -75,6 +82,9 @@ func (a Authentication) Check(ctx context.Context, c Credential, clientIP string
 	if err == nil {
 		if !isDPoP {
 			token = policy.BearerToken(authz)
+		}
+		if p.JKT != "" && isDPoP && a.PerToken != nil && a.PerToken.Empty(p.TokenID, now) {
+			return policy.Principal{}, RateLimit(a.PerToken, p.TokenID, now), nil
 		}
 		v = a.DPoP.checkBinding(ctx, p, c, token, isDPoP, now)
 		if v.Allowed() {

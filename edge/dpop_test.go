@@ -458,3 +458,27 @@ func TestDPoPBoundGrant(t *testing.T) {
 		t.Errorf("a bound grant with its proof: %+v, principal %+v", v, p)
 	}
 }
+
+// One holder of a bound token cannot fill the replay check that every
+// client's proofs go through: once its bucket of step 5 is empty, its
+// requests are refused 429 before their proof is checked or claimed.
+func TestDPoPProofsBoundedByTheTokensBucket(t *testing.T) {
+	s := newDPoPSite(t, false, false)
+	s.a.PerToken = policy.NewLimiter(policy.Limit{Rate: 1.0 / 3600, Burst: 2})
+	c := newDPoPClient(t)
+	tok := s.issuer.boundToken(t, "alice", "mcp", c.jkt)
+	now := time.Now()
+	for range 2 {
+		if v := RateLimit(s.a.PerToken, "jwt:alice", now); !v.Allowed() {
+			t.Fatalf("step 5 within the burst: %+v", v)
+		}
+	}
+	proof := c.proofFor(t, http.MethodPost, dpopResource, tok, "")
+	if _, v := s.check("DPoP "+tok, proof); v.Status != http.StatusTooManyRequests || v.Reason != ReasonRateLimited || v.RetryAfter <= 0 {
+		t.Fatalf("a proof with the token's bucket empty: %+v, want 429 %s", v, ReasonRateLimited)
+	}
+	s.a.PerToken = policy.NewLimiter(policy.Limit{Rate: 1, Burst: 2})
+	if _, v := s.check("DPoP "+tok, proof); !v.Allowed() {
+		t.Errorf("the same proof once the bucket has room: %+v, want it served (the refused request claimed nothing)", v)
+	}
+}
