@@ -130,7 +130,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	if !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
-	if v := h.dpop.CheckForwarded(r.Context(), p, r.Header.Values("DPoP"), r.Method, claims.JWT, now); !v.Allowed() {
+	if v := h.dpop.CheckForwarded(r.Context(), p, r.Header.Values("DPoP"), r.Method, hopURL(r).EscapedPath(), claims.JWT, now); !v.Allowed() {
 		rf.p = p
 		return h.refuse(w, r, rf, v)
 	}

@@ -365,7 +365,7 @@ func TestDPoPCheckForwarded(t *testing.T) {
 		t.Fatalf("the edge's check: %+v", v)
 	}
 	fwd := func(proofs []string, jwt string) Verdict {
-		return s.a.DPoP.CheckForwarded(context.Background(), p, proofs, http.MethodPost, jwt, time.Now())
+		return s.a.DPoP.CheckForwarded(context.Background(), p, proofs, http.MethodPost, "", jwt, time.Now())
 	}
 	if v := fwd([]string{taken}, tok); !v.Allowed() {
 		t.Fatalf("the hop of a proof the edge took: %+v, want it served", v)
@@ -391,11 +391,11 @@ func TestDPoPCheckForwarded(t *testing.T) {
 		})
 	}
 	unbound := policy.Principal{TokenID: "tok_x"}
-	if v := s.a.DPoP.CheckForwarded(context.Background(), unbound, nil, http.MethodPost, "", time.Now()); !v.Allowed() {
+	if v := s.a.DPoP.CheckForwarded(context.Background(), unbound, nil, http.MethodPost, "", "", time.Now()); !v.Allowed() {
 		t.Errorf("an unbound principal's hop on a site where DPoP is optional: %+v", v)
 	}
 	s.a.DPoP.Required = true
-	if v := s.a.DPoP.CheckForwarded(context.Background(), unbound, nil, http.MethodPost, "", time.Now()); v.Reason != ReasonDPoPRequired {
+	if v := s.a.DPoP.CheckForwarded(context.Background(), unbound, nil, http.MethodPost, "", "", time.Now()); v.Reason != ReasonDPoPRequired {
 		t.Errorf("an unbound principal's hop on a site that requires DPoP: %+v, want %s", v, ReasonDPoPRequired)
 	}
 }
@@ -427,7 +427,7 @@ func TestDPoPDerivedTokensAreBearer(t *testing.T) {
 	if _, v := s.check("DPoP "+secret, c.proofFor(t, http.MethodPost, dpopResource, secret, "")); v.Reason != ReasonInvalidToken || v.DPoPError != "invalid_token" {
 		t.Errorf("the child with the DPoP scheme: %+v, want invalid_token (not bound)", v)
 	}
-	if v := s.a.DPoP.CheckForwarded(context.Background(), child, nil, http.MethodPost, "", time.Now()); !v.Allowed() {
+	if v := s.a.DPoP.CheckForwarded(context.Background(), child, nil, http.MethodPost, "", "", time.Now()); !v.Allowed() {
 		t.Errorf("a hop of the child: %+v", v)
 	}
 }
@@ -480,5 +480,29 @@ func TestDPoPProofsBoundedByTheTokensBucket(t *testing.T) {
 	s.a.PerToken = policy.NewLimiter(policy.Limit{Rate: 1, Burst: 2})
 	if _, v := s.check("DPoP "+tok, proof); !v.Allowed() {
 		t.Errorf("the same proof once the bucket has room: %+v, want it served (the refused request claimed nothing)", v)
+	}
+}
+
+// A proof names the path it was sent to (htu, RFC 9449 §4.2) on the
+// resource's configured scheme and host: a proof for the resource's URL is
+// no proof for a request to another path of the same site, and one for the
+// other path is, whatever Host the request names.
+func TestDPoPProofNamesTheRequestPath(t *testing.T) {
+	s := newDPoPSite(t, false, false)
+	c := newDPoPClient(t)
+	tok := s.issuer.boundToken(t, "alice", "mcp", c.jkt)
+	check := func(path, htu string) Verdict {
+		_, v, _ := s.a.Check(context.Background(), Credential{Authorization: "DPoP " + tok, Method: http.MethodPost, Path: path,
+			Proofs: []string{c.proofFor(t, http.MethodPost, htu, tok, "")}}, "192.0.2.1", time.Now())
+		return v
+	}
+	if v := check("/other", dpopResource); v.Reason != ReasonDPoPProof || !strings.Contains(v.Message, "https://edge.example/other") {
+		t.Errorf("the resource's proof sent to /other: %+v, want invalid_dpop_proof naming https://edge.example/other", v)
+	}
+	if v := check("/other", "https://edge.example/other"); !v.Allowed() {
+		t.Errorf("a proof for /other sent to /other: %+v", v)
+	}
+	if v := check("/mcp", dpopResource); !v.Allowed() {
+		t.Errorf("the resource's proof sent to its path: %+v", v)
 	}
 }
