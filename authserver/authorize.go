@@ -84,6 +84,7 @@ func (s *Server) serveAuthorize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.Client = client.ClientID()
+	p.Name = client.DisplayName()
 	p.Redirect = redirect
 	p.State = state
 

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"path"
 	"time"
 
@@ -24,14 +25,16 @@ const tombstoneKeep = 10 * time.Minute
 
 // codeRecord is what an authorization code stands for.
 type codeRecord struct {
-	Client    string    `json:"client"`
-	Redirect  string    `json:"redirect_uri"`
-	Resource  string    `json:"resource"`
-	Challenge string    `json:"code_challenge"`
-	JKT       string    `json:"jkt,omitempty"`
-	Owner     string    `json:"owner"`
-	Scopes    []string  `json:"scopes"`
-	Expires   time.Time `json:"expires"`
+	Client string `json:"client"`
+	// ClientName is what the client called itself, for listings.
+	ClientName string    `json:"client_name,omitempty"`
+	Redirect   string    `json:"redirect_uri"`
+	Resource   string    `json:"resource"`
+	Challenge  string    `json:"code_challenge"`
+	JKT        string    `json:"jkt,omitempty"`
+	Owner      string    `json:"owner"`
+	Scopes     []string  `json:"scopes"`
+	Expires    time.Time `json:"expires"`
 	// Redeemed is the tombstone: the code was presented once, and is
 	// never good again.
 	Redeemed bool `json:"redeemed,omitempty"`
@@ -58,6 +61,69 @@ func (s *Server) issueCode(ctx context.Context, rec codeRecord) (string, error) 
 		return "", err
 	}
 	return code, s.cfg.Storage.Store(ctx, codeKey(code), raw)
+}
+
+// Errors of a redemption.
+var (
+	errCodeUnknown = errors.New("the code is unknown or expired; start the authorization again")
+	errCodeExpired = errors.New("the code expired; start the authorization again")
+)
+
+// errRedeem is a code that does not match the token request.
+type errRedeem string
+
+func (e errRedeem) Error() string { return string(e) }
+
+// errRedeemTarget is a token request for another resource than the
+// code's: invalid_target rather than invalid_grant (RFC 8707 §2).
+const errRedeemTarget = errRedeem("the resource is not the one the code was issued for")
+
+// errCodeReused is a code presented again: the grant issued from it, if
+// any, is to be revoked.
+type errCodeReused struct{ grant string }
+
+func (errCodeReused) Error() string {
+	return "the code was already used; the grant issued from it is revoked, start the authorization again"
+}
+
+// redeemCode takes code once, cluster-wide (under the storage lock of its
+// key): check refuses a record that does not match the token request,
+// grant issues the grant and returns its id. The code is spent by any
+// presentation that finds it, good or not, so that a code can be tried
+// once: a stolen code with a guessed verifier leaves nothing to retry.
+func (s *Server) redeemCode(ctx context.Context, code string, check func(*codeRecord) error, grant func(*codeRecord) (string, error)) error {
+	now := s.cfg.Now()
+	var result error
+	err := storage.Update(ctx, s.cfg.Storage, codeKey(code), func(old []byte) ([]byte, error) {
+		if old == nil {
+			return nil, errCodeUnknown
+		}
+		var rec codeRecord
+		if err := json.Unmarshal(old, &rec); err != nil {
+			return nil, errCodeUnknown
+		}
+		if rec.Redeemed {
+			return nil, errCodeReused{grant: rec.Grant}
+		}
+		if now.After(rec.Expires) {
+			return nil, errCodeExpired
+		}
+		rec.Redeemed = true
+		if result = check(&rec); result == nil {
+			id, err := grant(&rec)
+			if err != nil {
+				// Not the client's fault: the code stays good for a retry
+				// within its lifetime.
+				return nil, err
+			}
+			rec.Grant = id
+		}
+		return json.Marshal(rec)
+	})
+	if err != nil {
+		return err
+	}
+	return result
 }
 
 // Sweep deletes the records of codes expired longer than the tombstones

@@ -18,6 +18,7 @@ import (
 // exactly the request that was checked.
 type pending struct {
 	Client    string   `json:"c"`
+	Name      string   `json:"n,omitempty"`
 	Redirect  string   `json:"r"`
 	State     string   `json:"s,omitempty"`
 	Resource  string   `json:"res"`
@@ -192,13 +193,14 @@ func (s *Server) serveConsent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	code, err := s.issueCode(r.Context(), codeRecord{
-		Client:    p.Client,
-		Redirect:  p.Redirect,
-		Resource:  p.Resource,
-		Challenge: p.Challenge,
-		JKT:       p.JKT,
-		Owner:     p.Owner,
-		Scopes:    granted,
+		Client:     p.Client,
+		ClientName: p.Name,
+		Redirect:   p.Redirect,
+		Resource:   p.Resource,
+		Challenge:  p.Challenge,
+		JKT:        p.JKT,
+		Owner:      p.Owner,
+		Scopes:     granted,
 	})
 	if err != nil {
 		s.audit(r, Refusal{Error: "server_error", Client: p.Client, Owner: p.Owner, Resource: p.Resource, Reason: "the code could not be stored"})

@@ -41,7 +41,7 @@ func TestConsentPage(t *testing.T) {
 // TestConsentEscapes: a client's name is its own claim and is shown as
 // text, never markup.
 func TestConsentEscapes(t *testing.T) {
-	f := newFixture(t, func(c *Config) {
+	f := newFixture(t, func(_ *fixture, c *Config) {
 		c.Clients = testClients{clientA: {id: clientA, name: `<script>alert(1)</script>"><img src=x>`, redirects: []string{redirectA}}}
 	})
 	body := readBody(f.authorize(f.authzQuery(newPKCE(f)).Encode(), "alice"))

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
 const (
@@ -85,6 +87,7 @@ type fixture struct {
 	t      *testing.T
 	srv    *Server
 	store  *certmagic.FileStorage
+	grants *policy.TokenStore
 	now    time.Time
 	mu     sync.Mutex
 	audits []Refusal
@@ -92,7 +95,7 @@ type fixture struct {
 	secrets []string
 }
 
-func newFixture(t *testing.T, opt ...func(*Config)) *fixture {
+func newFixture(t *testing.T, opt ...func(*fixture, *Config)) *fixture {
 	t.Helper()
 	f := &fixture{t: t, store: &certmagic.FileStorage{Path: t.TempDir()}, now: time.Unix(1_800_000_000, 0)}
 	key := make([]byte, 32)
@@ -121,8 +124,9 @@ func newFixture(t *testing.T, opt ...func(*Config)) *fixture {
 		},
 		Now: func() time.Time { return f.now },
 	}
+	withGrants(f, &cfg)
 	for _, o := range opt {
-		o(&cfg)
+		o(f, &cfg)
 	}
 	srv, err := New(cfg)
 	if err != nil {
@@ -288,6 +292,24 @@ func (fm form) values(decision string, scopes ...string) url.Values {
 	}
 	v["scope"] = scopes
 	return v
+}
+
+// consentCode runs a good authorization for client A as alice and returns
+// the code the client received.
+func (f *fixture) consentCode(p pkce, mod ...func(url.Values)) string {
+	f.t.Helper()
+	q := f.authzQuery(p)
+	for _, m := range mod {
+		m(q)
+	}
+	fm := f.readForm(f.authorize(q.Encode(), "alice"))
+	resp := f.postConsent(fm.values("allow"), "alice", fm.cookie)
+	loc := redirectParams(f.t, resp, http.StatusSeeOther)
+	code := loc.Get("code")
+	if code == "" {
+		f.t.Fatalf("no code in the redirect: %v", loc)
+	}
+	return f.secret(code)
 }
 
 // redirectParams checks that resp redirects with status and returns the

@@ -18,7 +18,7 @@ import (
 // only when registration is on, and carries no empty jwks_uri.
 func TestMetadata(t *testing.T) {
 	for _, register := range []bool{false, true} {
-		f := newFixture(t, func(c *Config) {
+		f := newFixture(t, func(_ *fixture, c *Config) {
 			if register {
 				c.Register = http.NotFoundHandler()
 			}
@@ -77,7 +77,7 @@ func TestMetadataGoSDK(t *testing.T) {
 		t.Fatal(err)
 	}
 	issuer := "http://" + ln.Addr().String()
-	f := newFixture(t, func(c *Config) { c.Issuer = issuer })
+	f := newFixture(t, func(_ *fixture, c *Config) { c.Issuer = issuer })
 	hs := httptest.NewUnstartedServer(f.srv)
 	hs.Listener.Close()
 	hs.Listener = ln

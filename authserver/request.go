@@ -99,6 +99,22 @@ func isB64SHA256(s string) bool {
 	return err == nil && len(b) == sha256.Size
 }
 
+// isVerifier says whether s is a PKCE code_verifier (RFC 7636 §4.1):
+// 43 to 128 unreserved characters.
+func isVerifier(s string) bool {
+	if len(s) < 43 || len(s) > 128 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '.', c == '_', c == '~':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // s256 is the S256 challenge of verifier.
 func s256(verifier string) string {
 	sum := sha256.Sum256([]byte(verifier))

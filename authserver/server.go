@@ -160,6 +160,11 @@ type Config struct {
 	Clients Clients
 	// People signs persons in.
 	People People
+	// Grants issues, refreshes and revokes the tokens.
+	Grants Grants
+	// AccessLifetime and RefreshLifetime are an access token's and a
+	// refresh token's (unused); zero takes the token store's defaults.
+	AccessLifetime, RefreshLifetime time.Duration
 	// Storage holds the authorization codes.
 	Storage storage.Storage
 	// Key seals the consent forms and keys their CSRF tokens:
@@ -203,8 +208,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Resources == nil || cfg.Clients == nil || cfg.People == nil || cfg.Storage == nil {
-		return nil, errors.New("authserver: Resources, Clients, People and Storage are required")
+	if cfg.Resources == nil || cfg.Clients == nil || cfg.People == nil || cfg.Grants == nil || cfg.Storage == nil {
+		return nil, errors.New("authserver: Resources, Clients, People, Grants and Storage are required")
 	}
 	sealer, err := seal.New(cfg.Key, "signin consent")
 	if err != nil {
@@ -267,7 +272,7 @@ func (s *Server) Issuer() string { return s.issuer }
 // Handles says whether path is one of the server's.
 func (s *Server) Handles(path string) bool {
 	switch path {
-	case WellKnown, AuthorizePath, ConsentPath:
+	case WellKnown, AuthorizePath, ConsentPath, TokenPath, RevokePath:
 		return true
 	case RegisterPath:
 		return s.cfg.Register != nil
@@ -284,6 +289,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.serveAuthorize(w, r)
 	case ConsentPath:
 		s.serveConsent(w, r)
+	case TokenPath:
+		s.serveToken(w, r)
+	case RevokePath:
+		s.serveRevoke(w, r)
 	case RegisterPath:
 		if s.cfg.Register == nil {
 			http.NotFound(w, r)
