@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/dpop"
 	"github.com/Tahul/caddy-zidane-mcp/internal/seal"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -36,6 +39,13 @@ const (
 	// good: the time a person takes to read it.
 	DefaultConsentLifetime = 10 * time.Minute
 )
+
+// DefaultLimit is an address's rate at the endpoints: a person's sign-in
+// takes four requests, a client's refresh one; a burst of 30 leaves room
+// for a few clients behind one address. It is per address and not per
+// client: a client_id is public (Claude Code's is the same for everyone),
+// so a limit per client would let anyone exhaust every person's.
+var DefaultLimit = policy.Limit{Rate: 2, Burst: 30}
 
 // Bounds on what a client sends.
 const (
@@ -185,6 +195,14 @@ type Config struct {
 	// ConsentLifetime is a consent form's; DefaultConsentLifetime when
 	// zero.
 	ConsentLifetime time.Duration
+	// Limit bounds the requests of one client address to the
+	// authorization, consent, token and revocation endpoints;
+	// DefaultLimit when zero. Registration has its own.
+	Limit policy.Limit
+	// ClientIP is a request's client address, as the edge established
+	// it (through the server's trusted proxies); nil takes the request's
+	// remote address, never X-Forwarded-For.
+	ClientIP func(*http.Request) string
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -200,6 +218,7 @@ type Server struct {
 	csrfKey   []byte
 	dpop      *dpop.Verifier
 	secure    bool // the issuer is https: cookies are Secure and __Host-
+	limiter   *policy.Limiter
 }
 
 // New checks cfg and builds the server.
@@ -224,6 +243,15 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Limit == (policy.Limit{}) {
+		cfg.Limit = DefaultLimit
+	}
+	if err := cfg.Limit.Validate(); err != nil {
+		return nil, fmt.Errorf("authserver: limit: %w", err)
+	}
+	if cfg.ClientIP == nil {
+		cfg.ClientIP = remoteIP
+	}
 	v := cfg.DPoP
 	if v == nil {
 		v = &dpop.Verifier{}
@@ -238,6 +266,7 @@ func New(cfg Config) (*Server, error) {
 		csrfKey:   deriveKey(cfg.Key, "signin csrf"),
 		dpop:      v,
 		secure:    strings.HasPrefix(iss, "https://"),
+		limiter:   policy.NewLimiter(cfg.Limit),
 	}, nil
 }
 
@@ -283,6 +312,12 @@ func (s *Server) Handles(path string) bool {
 // ServeHTTP serves the metadata and the endpoints; any other path is 404.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
+	case AuthorizePath, ConsentPath, TokenPath, RevokePath:
+		if !s.allow(w, r) {
+			return
+		}
+	}
+	switch r.URL.Path {
 	case WellKnown:
 		s.serveMetadata(w, r)
 	case AuthorizePath:
@@ -309,8 +344,35 @@ func (s *Server) audit(r *http.Request, ref Refusal) {
 		return
 	}
 	ref.Endpoint = r.URL.Path
-	ref.Remote = r.RemoteAddr
+	ref.Remote = s.cfg.ClientIP(r)
 	s.cfg.Audit(ref)
+}
+
+// allow takes one request of r's address from its bucket, or refuses it
+// 429 with Retry-After: as a page at the browser's endpoints, in JSON at
+// the client's.
+func (s *Server) allow(w http.ResponseWriter, r *http.Request) bool {
+	ok, wait := s.limiter.Allow(policy.AddressKey(s.cfg.ClientIP(r), policy.DefaultIPv6Prefix), s.cfg.Now())
+	if ok {
+		return true
+	}
+	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+	reason := "too many requests from this address; try again after the Retry-After delay"
+	switch r.URL.Path {
+	case TokenPath, RevokePath:
+		s.refuseJSON(w, r, oauthError{http.StatusTooManyRequests, "temporarily_unavailable", reason}, Refusal{})
+	default:
+		s.refusePage(w, r, http.StatusTooManyRequests, Refusal{Error: "temporarily_unavailable", Reason: reason})
+	}
+	return false
+}
+
+// remoteIP is the host of r's remote address.
+func remoteIP(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
 }
 
 // isLoopbackHost says whether host (no port, brackets removed) is a

@@ -374,3 +374,36 @@ func TestRevoke(t *testing.T) {
 		t.Errorf("no token: %v", r.body)
 	}
 }
+
+// TestRateLimit: an address past its bucket is refused 429 with
+// Retry-After, at the browser's endpoints on a page and at the client's in
+// JSON; another address is not.
+func TestRateLimit(t *testing.T) {
+	f := newFixture(t, func(_ *fixture, c *Config) { c.Limit = policy.Limit{Rate: 1, Burst: 2} })
+	q := f.authzQuery(newPKCE(f)).Encode()
+	for i := 0; i < 2; i++ {
+		f.authorize(q, "alice")
+	}
+	resp := f.authorize(q, "alice")
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || resp.Header.Get("Location") != "" {
+		t.Errorf("authorization past the limit: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if a := f.post(TokenPath, url.Values{"grant_type": {"refresh_token"}, "refresh_token": {"x"}, "client_id": {clientA}}); a.status != http.StatusTooManyRequests || a.str("error") != "temporarily_unavailable" {
+		t.Errorf("token request past the limit: %d %v", a.status, a.body)
+	}
+	if a := f.lastAudit(); a.Error != "temporarily_unavailable" || a.Remote != "127.0.0.1" {
+		t.Errorf("audited %+v", a)
+	}
+	r := httptest.NewRequest(http.MethodGet, testIssuer+AuthorizePath+"?"+q, nil)
+	r.AddCookie(&http.Cookie{Name: "test-person", Value: "alice"})
+	w := httptest.NewRecorder()
+	r.RemoteAddr = "127.0.0.2:1234"
+	f.srv.ServeHTTP(w, r)
+	if w.Code != http.StatusOK {
+		t.Errorf("another address: %d", w.Code)
+	}
+	// The metadata is not limited.
+	if resp := f.do(httptest.NewRequest(http.MethodGet, testIssuer+WellKnown, nil)); resp.StatusCode != http.StatusOK {
+		t.Errorf("metadata past the limit: %d", resp.StatusCode)
+	}
+}
