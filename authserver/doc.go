@@ -15,7 +15,9 @@
 // stored under their SHA-256 with a short lifetime, redeemed once under
 // the storage lock, a second redemption revoking the grant issued from
 // the first), and the token endpoint's mapping of OAuth onto [Grants]
-// (DPoP-bound when the request carries a proof, Bearer otherwise).
+// (DPoP-bound when the request carries a proof, Bearer otherwise), and a
+// rate limit per client address at the endpoints (not per client: a
+// client_id is public, so its bucket would be anyone's to exhaust).
 //
 // What it never does: resolve clients (Client ID Metadata Documents and
 // registration are [Clients]', package authserver/clients), sign a person
