@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"html"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	signin "github.com/Tahul/caddy-zidane-mcp/authserver/idp"
+)
+
+// signinSite is a small Go site that serves authserver/idp as the gateway
+// will: /start sends the browser to sign in and come back to /whoami,
+// which shows who is signed in; the package's own paths go to it. It
+// records each request to the callback, as an attacker who saw one would.
+type signinSite struct {
+	URL       string
+	svc       *signin.Service
+	mu        sync.Mutex
+	callbacks []recordedRequest
+	refusals  []signin.Refusal
+}
+
+type recordedRequest struct {
+	url    string
+	cookie string
+}
+
+func startSigninSite(t *testing.T, configure func(site string) signin.Config) *signinSite {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &signinSite{URL: "http://" + ln.Addr().String()}
+	cfg := configure(s.URL)
+	cfg.Site = s.URL
+	cfg.Key = make([]byte, 32)
+	_, _ = rand.Read(cfg.Key)
+	cfg.Audit = func(r signin.Refusal) {
+		s.mu.Lock()
+		s.refusals = append(s.refusals, r)
+		s.mu.Unlock()
+	}
+	if s.svc, err = signin.New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/start", func(w http.ResponseWriter, r *http.Request) { s.svc.SignIn(w, r, "/whoami?from=start") })
+	mux.HandleFunc("/whoami", func(w http.ResponseWriter, r *http.Request) {
+		p, ok := s.svc.Current(r)
+		if !ok {
+			http.Error(w, "no one is signed in", http.StatusUnauthorized)
+			return
+		}
+		j, _ := json.Marshal(map[string]any{"owner": p.Owner, "name": p.Name, "scopes": p.Scopes, "query": r.URL.RawQuery})
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintf(w, `<!DOCTYPE html><title>whoami</title><h1 id="title">whoami</h1><pre id="person">%s</pre>`, html.EscapeString(string(j)))
+	})
+	mux.HandleFunc(signin.CallbackPath, func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.callbacks = append(s.callbacks, recordedRequest{url: s.URL + r.URL.RequestURI(), cookie: r.Header.Get("Cookie")})
+		s.mu.Unlock()
+		s.svc.ServeHTTP(w, r)
+	})
+	mux.Handle(signin.LinkPath, s.svc)
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return s
+}
+
+func (s *signinSite) lastRefusal() signin.Refusal {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.refusals) == 0 {
+		return signin.Refusal{}
+	}
+	return s.refusals[len(s.refusals)-1]
+}
+
+// TestIdPSignIn signs people in through a real OpenID Certified IdP
+// (panva's oidc-provider) in headless Chromium: alice, in the eng group,
+// comes back signed in as owner alice with the scopes the rules grant;
+// bob, whom no rule grants a scope, is told so and not signed in. The
+// IdP's answer to alice's browser, replayed with her cookies, or opened in
+// another browser, signs no one in.
+func TestIdPSignIn(t *testing.T) {
+	var issuer *testIdP
+	site := startSigninSite(t, func(site string) signin.Config {
+		issuer = startIdP(t, site+signin.CallbackPath)
+		return signin.Config{OIDC: &signin.OIDC{
+			Issuer: issuer.Issuer, ClientID: issuer.ClientID, ClientSecret: issuer.ClientSecret,
+			Scopes: []string{"profile", "email", "groups"},
+			Claims: signin.Claims{Rules: []signin.Rule{
+				{Claim: "groups", Value: "eng", Scopes: []string{"upstream:github", "chat"}},
+				{Claim: "groups", Value: "staff", Scopes: []string{"chat"}},
+			}},
+		}}
+	})
+
+	loc, text := newBrowser(t).idpSignIn(t, site.URL+"/start", "alice")
+	if loc != site.URL+"/whoami?from=start" {
+		t.Fatalf("alice ended at %s:\n%s", loc, text)
+	}
+	var who struct {
+		Owner, Name string
+		Scopes      []string
+	}
+	if err := json.Unmarshal([]byte(text[strings.Index(text, "{"):]), &who); err != nil {
+		t.Fatalf("whoami: %v\n%s", err, text)
+	}
+	if who.Owner != "alice" || who.Name != "Alice Example" || strings.Join(who.Scopes, " ") != "chat upstream:github" {
+		t.Fatalf("alice signed in as %+v", who)
+	}
+
+	site.mu.Lock()
+	if len(site.callbacks) != 1 {
+		site.mu.Unlock()
+		t.Fatalf("%d callbacks", len(site.callbacks))
+	}
+	cb := site.callbacks[0]
+	site.mu.Unlock()
+	if !strings.Contains(cb.url, "iss=") || !strings.Contains(cb.url, "code=") {
+		t.Fatalf("the IdP's answer carries no iss or code: %s", cb.url)
+	}
+	for _, tc := range []struct {
+		name, cookie string
+		reason       string
+	}{
+		{"replayed with alice's cookies", cb.cookie, "replayed"},
+		{"opened in another browser", "", "no_flow"},
+	} {
+		req, _ := http.NewRequest("GET", cb.url, nil)
+		if tc.cookie != "" {
+			req.Header.Set("Cookie", tc.cookie)
+		}
+		resp, err := shortClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || site.lastRefusal().Reason != tc.reason || !strings.Contains(string(b), "Start again") {
+			t.Errorf("%s: %d %+v\n%s", tc.name, resp.StatusCode, site.lastRefusal(), b)
+		}
+		for _, c := range resp.Cookies() {
+			if strings.HasSuffix(c.Name, "zidane-signin") && c.MaxAge >= 0 {
+				t.Errorf("%s: signed in", tc.name)
+			}
+		}
+	}
+
+	loc, text = newBrowser(t).idpSignIn(t, site.URL+"/start", "bob")
+	if !strings.HasPrefix(loc, site.URL+signin.CallbackPath) || !strings.Contains(text, "no rule of this gateway grants you a scope") || !strings.Contains(text, "Bob Example") {
+		t.Fatalf("bob ended at %s:\n%s", loc, text)
+	}
+	if r := site.lastRefusal(); r.Reason != "no_scope" || r.Owner != "bob" || r.Status != http.StatusForbidden {
+		t.Fatalf("bob's refusal: %+v", r)
+	}
+}
