@@ -100,10 +100,20 @@ func (a Authenticator) Authenticate(ctx context.Context, authz string, now time.
 	if a.JWT != nil && LooksLikeJWT(tok) {
 		return a.verifyJWT(ctx, tok)
 	}
+	if strings.HasPrefix(tok, RefreshPrefix) {
+		return Principal{}, fmt.Errorf("%w: this is a refresh token, which only the token endpoint takes: send the access token", ErrTokenInvalid)
+	}
 	p, err := a.Tokens.Check(tok, now)
+	grant := strings.HasPrefix(tok, AccessPrefix)
 	switch {
 	case err == nil:
 		return p, nil
+	case grant && errors.Is(err, ErrTokenExpired):
+		return Principal{}, fmt.Errorf("%w: %v: refresh it at the token endpoint, or sign in again", ErrTokenInvalid, err)
+	case grant && errors.Is(err, ErrTokenRevoked):
+		return Principal{}, fmt.Errorf("%w: %v: sign in again", ErrTokenInvalid, err)
+	case grant:
+		return Principal{}, fmt.Errorf("%w: the access token is not valid here: sign in again", ErrTokenInvalid)
 	case errors.Is(err, ErrTokenRevoked) || errors.Is(err, ErrTokenExpired):
 		return Principal{}, fmt.Errorf("%w: %v: ask the operator for a new token", ErrTokenInvalid, err)
 	}
