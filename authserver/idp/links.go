@@ -81,20 +81,14 @@ func NewLinks(store storage.Storage, now func() time.Time) *Links {
 // Create stores a link for spec and returns its secret, once, and when it
 // expires. Expired links left unused are deleted on the way.
 func (l *Links) Create(ctx context.Context, spec LinkSpec) (secret string, expires time.Time, err error) {
+	if err := spec.Check(); err != nil {
+		return "", time.Time{}, err
+	}
 	life := spec.Expires
 	if life == 0 {
 		life = DefaultLinkLifetime
 	}
-	if life < 0 || life > MaxLinkLifetime {
-		return "", time.Time{}, fmt.Errorf("a sign-in link lasts between 1s and %s; asked %s", MaxLinkLifetime, life)
-	}
 	p := Person{Owner: spec.Owner, Scopes: sortedUnique(spec.Scopes)}
-	if len(p.Scopes) != len(spec.Scopes) {
-		return "", time.Time{}, fmt.Errorf("a scope is given twice: give each once")
-	}
-	if err := p.check(); err != nil {
-		return "", time.Time{}, err
-	}
 	l.prune(ctx)
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
@@ -110,6 +104,19 @@ func (l *Links) Create(ctx context.Context, spec LinkSpec) (secret string, expir
 		return "", time.Time{}, fmt.Errorf("keeping the sign-in link: %w", err)
 	}
 	return secret, now.Add(life), nil
+}
+
+// Check says what is wrong with spec: an owner policy refuses for a
+// person, no scope or one twice, a lifetime out of bounds.
+func (spec LinkSpec) Check() error {
+	if spec.Expires < 0 || spec.Expires > MaxLinkLifetime {
+		return fmt.Errorf("a sign-in link lasts between 1s and %s; asked %s", MaxLinkLifetime, spec.Expires)
+	}
+	p := Person{Owner: spec.Owner, Scopes: sortedUnique(spec.Scopes)}
+	if len(p.Scopes) != len(spec.Scopes) {
+		return fmt.Errorf("a scope is given twice: give each once")
+	}
+	return p.check()
 }
 
 // Redeem uses the link of secret: it is deleted, and the person it names

@@ -79,17 +79,10 @@ const maxPendingStates = 1 << 16
 // discovery document is read at the first sign-in, so that a gateway
 // starts while its IdP is down.
 func New(cfg Config) (*Service, error) {
-	u, err := url.Parse(cfg.Site)
-	if err != nil || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return nil, fmt.Errorf("signin site %q: give the site's origin, such as https://gw.example.com", cfg.Site)
+	origin, err := SiteOrigin(cfg.Site)
+	if err != nil {
+		return nil, err
 	}
-	switch {
-	case u.Scheme == "https":
-	case u.Scheme == "http" && pinnedfetch.IsLoopbackHost(u.Hostname()):
-	default:
-		return nil, fmt.Errorf("signin site %q: use https (http only on a loopback address)", cfg.Site)
-	}
-	origin := pinnedfetch.Origin(u)
 	life := cfg.SessionLifetime
 	if life == 0 {
 		life = DefaultSessionLifetime
@@ -101,7 +94,7 @@ func New(cfg Config) (*Service, error) {
 	if now == nil {
 		now = time.Now
 	}
-	j, err := newJar(cfg.Key, origin, u.Scheme == "https", life, now)
+	j, err := newJar(cfg.Key, origin, strings.HasPrefix(origin, "https:"), life, now)
 	if err != nil {
 		return nil, fmt.Errorf("signin key: %w", err)
 	}
@@ -118,6 +111,23 @@ func New(cfg Config) (*Service, error) {
 		s.audit = func(Refusal) {}
 	}
 	return s, nil
+}
+
+// SiteOrigin checks a site's origin as configured (https://gw.example.com;
+// http only on a loopback address; no path, query or user) and returns it
+// normalized (scheme and host in lower case, the port always written).
+func SiteOrigin(site string) (string, error) {
+	u, err := url.Parse(site)
+	if err != nil || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.User != nil {
+		return "", fmt.Errorf("signin site %q: give the site's origin, such as https://gw.example.com", site)
+	}
+	switch {
+	case u.Scheme == "https":
+	case u.Scheme == "http" && pinnedfetch.IsLoopbackHost(u.Hostname()):
+	default:
+		return "", fmt.Errorf("signin site %q: use https (http only on a loopback address)", site)
+	}
+	return pinnedfetch.Origin(u), nil
 }
 
 // Current is the person the request's browser is signed in as.
