@@ -115,11 +115,18 @@ func newBrowser(t testing.TB) *browserSession {
 	return &browserSession{ctx: bctx}
 }
 
+// browserStepTimeout bounds one do: a page that never shows what a step
+// waits for fails the step, and the browser is still there to say where
+// it is.
+const browserStepTimeout = 30 * time.Second
+
 // do runs steps in the browser, failing the test with where it is and what
 // it shows when one fails.
 func (b *browserSession) do(t testing.TB, what string, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
-	if err := chromedp.Do(b.ctx, steps...); err != nil {
+	ctx, cancel := context.WithTimeout(b.ctx, browserStepTimeout)
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
 		loc, _ := chromedp.Run(b.ctx, chromedp.Location())
 		text, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`))
 		t.Fatalf("%s: %v\nat %s:\n%s", what, err, loc, tail(text, 2000))

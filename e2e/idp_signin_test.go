@@ -12,6 +12,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/caddyserver/certmagic"
+	"github.com/chromedp/chromedp"
+
 	signin "github.com/Tahul/caddy-zidane-mcp/authserver/idp"
 )
 
@@ -163,5 +166,64 @@ func TestIdPSignIn(t *testing.T) {
 	}
 	if r := site.lastRefusal(); r.Reason != "no_scope" || r.Owner != "bob" || r.Status != http.StatusForbidden {
 		t.Fatalf("bob's refusal: %+v", r)
+	}
+}
+
+// TestSigninLinkInBrowser opens a sign-in link in headless Chromium as a
+// person would: the sign-in started on the site (an authorization request
+// with nobody signed in) says to get a link; fetching the link's page, as
+// a mail scanner does, uses nothing; the page's script (allowed by its
+// content security policy, by hash) takes the secret from the fragment
+// into the form and out of the address bar; the button signs the browser
+// in and brings it back where the sign-in started. The same link in a
+// second browser is refused.
+func TestSigninLinkInBrowser(t *testing.T) {
+	store := &certmagic.FileStorage{Path: t.TempDir()}
+	site := startSigninSite(t, func(string) signin.Config { return signin.Config{Links: store} })
+	secret, _, err := signin.NewLinks(store, nil).Create(t.Context(), signin.LinkSpec{Owner: "carol", Name: "Carol", Scopes: []string{"chat"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := signin.LinkURL(site.URL, secret)
+
+	for range 2 {
+		resp, err := shortClient.Get(link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || len(resp.Cookies()) != 0 {
+			t.Fatalf("fetching the link: %d %v", resp.StatusCode, resp.Cookies())
+		}
+	}
+
+	b := newBrowser(t)
+	b.do(t, "starting a sign-in", chromedp.Navigate(site.URL+"/start"), chromedp.WaitReady(chromedp.ID("title")))
+	if _, text := b.page(t); !strings.Contains(text, "signin-link") {
+		t.Fatalf("the sign-in page does not say how to get a link:\n%s", text)
+	}
+	b.do(t, "opening the link", chromedp.Navigate(link), chromedp.WaitVisible(chromedp.ID("signin")))
+	loc, _ := b.page(t)
+	filled, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.getElementById("secret").value`))
+	if err != nil || filled != secret {
+		t.Fatalf("the page's script did not fill in the secret (CSP?): %q, %v", filled, err)
+	}
+	if strings.Contains(loc, secret) {
+		t.Errorf("the secret stays in the address bar: %s", loc)
+	}
+	b.do(t, "pressing the button", chromedp.Click(chromedp.ID("signin")), chromedp.WaitNotPresent(chromedp.ID("signin")), chromedp.WaitReady(chromedp.ID("title")))
+	loc, text := b.page(t)
+	if loc != site.URL+"/whoami?from=start" || !strings.Contains(text, `"owner":"carol"`) || !strings.Contains(text, `"scopes":["chat"]`) {
+		t.Fatalf("after the link: %s\n%s\n%+v", loc, text, site.lastRefusal())
+	}
+
+	other := newBrowser(t)
+	other.do(t, "the same link in another browser", chromedp.Navigate(link), chromedp.WaitVisible(chromedp.ID("signin")),
+		chromedp.Click(chromedp.ID("signin")), chromedp.WaitNotPresent(chromedp.ID("signin")), chromedp.WaitReady(chromedp.ID("title")))
+	if _, text := other.page(t); !strings.Contains(text, "unknown or was used already") {
+		t.Fatalf("the link's second use:\n%s", text)
+	}
+	if r := site.lastRefusal(); r.Step != "link" || r.Status != http.StatusForbidden {
+		t.Fatalf("second use audited as %+v", r)
 	}
 }

@@ -375,7 +375,7 @@ func TestLinkPage(t *testing.T) {
 		if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "frame-ancestors 'none'") || !strings.Contains(csp, "script-src 'sha256-") {
 			t.Fatalf("link page CSP: %q", csp)
 		}
-		if resp.Header.Get("X-Frame-Options") != "DENY" || resp.Header.Get("Cache-Control") != "no-store" {
+		if resp.Header.Get("X-Frame-Options") != "DENY" || resp.Header.Get("Cache-Control") != "no-store" || resp.Header.Get("Referrer-Policy") != "same-origin" {
 			t.Fatalf("link page headers: %v", resp.Header)
 		}
 	}

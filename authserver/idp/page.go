@@ -64,6 +64,10 @@ func securityHeaders(w http.ResponseWriter, csp string) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")
 	noStore(w)
+	// same-origin, not no-referrer: under no-referrer a browser sends
+	// "Origin: null" with the link form's POST, which the same-origin
+	// check then cannot tell from a sandboxed frame's.
+	h.Set("Referrer-Policy", "same-origin")
 }
 
 func writePage(w http.ResponseWriter, status int, p page) {
