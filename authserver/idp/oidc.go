@@ -65,27 +65,35 @@ type discovered struct {
 	token    *http.Client // pinned to the token endpoint's origin: the secret's only destination
 }
 
-func newRelyingParty(cfg OIDC, redirect string) (*relyingParty, error) {
-	u, err := url.Parse(cfg.Issuer)
+// Check says what is wrong with o, without reaching the IdP.
+func (o OIDC) Check() error {
+	u, err := url.Parse(o.Issuer)
 	if err != nil || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return nil, fmt.Errorf("oidc issuer %q: write the issuer's URL, such as https://login.example.com", cfg.Issuer)
+		return fmt.Errorf("oidc issuer %q: write the issuer's URL, such as https://login.example.com", o.Issuer)
 	}
 	if err := pinnedfetch.CheckRemoteURL(u); err != nil {
-		return nil, fmt.Errorf("oidc issuer: %w", err)
+		return fmt.Errorf("oidc issuer: %w", err)
 	}
-	if cfg.ClientID == "" {
-		return nil, errors.New("oidc: give the client_id the IdP registered for this gateway")
+	if o.ClientID == "" {
+		return errors.New("oidc: give the client_id the IdP registered for this gateway")
 	}
-	if cfg.ClientSecret == "" {
-		return nil, errors.New("oidc: give the client_secret, as a placeholder such as {env.OIDC_CLIENT_SECRET}")
+	if o.ClientSecret == "" {
+		return errors.New("oidc: give the client_secret, as a placeholder such as {env.OIDC_CLIENT_SECRET}")
 	}
-	for _, s := range cfg.Scopes {
+	for _, s := range o.Scopes {
 		if s == "" || strings.ContainsAny(s, " \t\r\n\"\\") {
-			return nil, fmt.Errorf("oidc scope %q: one scope per word", s)
+			return fmt.Errorf("oidc scope %q: one scope per word", s)
 		}
 	}
-	if err := cfg.Claims.check(); err != nil {
-		return nil, fmt.Errorf("oidc: %w", err)
+	if err := o.Claims.check(); err != nil {
+		return fmt.Errorf("oidc: %w", err)
+	}
+	return nil
+}
+
+func newRelyingParty(cfg OIDC, redirect string) (*relyingParty, error) {
+	if err := cfg.Check(); err != nil {
+		return nil, err
 	}
 	client, err := idpClient(cfg.Issuer)
 	if err != nil {
