@@ -8,8 +8,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/caddyserver/certmagic"
@@ -28,6 +30,9 @@ type signinSite struct {
 	mu        sync.Mutex
 	callbacks []recordedRequest
 	refusals  []signin.Refusal
+	// hold makes the callback record the IdP's answer and stop there, as
+	// an attacker who caught it would, without using it.
+	hold atomic.Bool
 }
 
 type recordedRequest struct {
@@ -70,6 +75,10 @@ func startSigninSite(t *testing.T, configure func(site string) signin.Config) *s
 		s.mu.Lock()
 		s.callbacks = append(s.callbacks, recordedRequest{url: s.URL + r.URL.RequestURI(), cookie: r.Header.Get("Cookie")})
 		s.mu.Unlock()
+		if s.hold.Load() {
+			fmt.Fprint(w, `<!DOCTYPE html><title>held</title><h1 id="title">held</h1>`)
+			return
+		}
 		s.svc.ServeHTTP(w, r)
 	})
 	mux.Handle(signin.LinkPath, s.svc)
@@ -225,5 +234,85 @@ func TestSigninLinkInBrowser(t *testing.T) {
 	}
 	if r := site.lastRefusal(); r.Step != "link" || r.Status != http.StatusForbidden {
 		t.Fatalf("second use audited as %+v", r)
+	}
+}
+
+// lastCallback is the IdP's last answer the site saw.
+func (s *signinSite) lastCallback(t *testing.T) recordedRequest {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.callbacks) == 0 {
+		t.Fatal("the IdP sent no browser back")
+	}
+	return s.callbacks[len(s.callbacks)-1]
+}
+
+// withParam is rawURL with its query parameter name set to that of from.
+func withParam(t *testing.T, rawURL, from, name string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	f, err2 := url.Parse(from)
+	if err != nil || err2 != nil {
+		t.Fatal(err, err2)
+	}
+	q := u.Query()
+	q.Set(name, f.Query().Get(name))
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// TestIdPSignInCrossBrowser: answers of the real IdP carried from one
+// browser to another sign no one in. Bob's answer opened in Alice's
+// browser (login CSRF: Alice would act as Bob) is refused for its state;
+// Alice's code, caught and sent with Bob's own state and cookie (code
+// injection), passes the state check but the IdP refuses it, since Bob's
+// PKCE verifier is not the one Alice's sign-in committed to.
+func TestIdPSignInCrossBrowser(t *testing.T) {
+	var issuer *testIdP
+	site := startSigninSite(t, func(site string) signin.Config {
+		issuer = startIdP(t, site+signin.CallbackPath)
+		return signin.Config{OIDC: &signin.OIDC{
+			Issuer: issuer.Issuer, ClientID: issuer.ClientID, ClientSecret: issuer.ClientSecret,
+			Scopes: []string{"profile", "groups"},
+			Claims: signin.Claims{Rules: []signin.Rule{{Claim: "groups", Value: "eng", Scopes: []string{"chat"}}, {Claim: "groups", Value: "sales", Scopes: []string{"chat"}}}},
+		}}
+	})
+	site.hold.Store(true)
+	alice, bob := newBrowser(t), newBrowser(t)
+	alice.idpSignIn(t, site.URL+"/start", "alice")
+	aliceAnswer := site.lastCallback(t)
+	bob.idpSignIn(t, site.URL+"/start", "bob")
+	bobAnswer := site.lastCallback(t)
+	site.hold.Store(false)
+
+	alice.do(t, "opening Bob's answer in Alice's browser", chromedp.Navigate(bobAnswer.url), chromedp.WaitReady(chromedp.ID("title")))
+	if _, text := alice.page(t); !strings.Contains(text, "does not belong to the sign-in under way in this browser") {
+		t.Fatalf("Bob's answer in Alice's browser:\n%s", text)
+	}
+	if r := site.lastRefusal(); r.Reason != "state" {
+		t.Fatalf("refused as %+v", r)
+	}
+	alice.do(t, "asking who Alice is", chromedp.Navigate(site.URL+"/whoami"), chromedp.WaitReady(chromedp.CSS("body")))
+	if _, text := alice.page(t); !strings.Contains(text, "no one is signed in") {
+		t.Fatalf("Alice's browser after Bob's answer:\n%s", text)
+	}
+
+	injected := withParam(t, bobAnswer.url, aliceAnswer.url, "code")
+	req, _ := http.NewRequest("GET", injected, nil)
+	req.Header.Set("Cookie", bobAnswer.cookie)
+	resp, err := shortClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || site.lastRefusal().Reason != "exchange" || !strings.Contains(string(b), "invalid_grant") {
+		t.Fatalf("Alice's code with Bob's state: %d %+v\n%s", resp.StatusCode, site.lastRefusal(), b)
+	}
+	for _, c := range resp.Cookies() {
+		if strings.HasSuffix(c.Name, "zidane-signin") && c.MaxAge >= 0 {
+			t.Fatal("signed in with an injected code")
+		}
 	}
 }
