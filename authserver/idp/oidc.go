@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coreos/go-oidc/v3/oidc"
 	"golang.org/x/oauth2"
@@ -291,14 +292,32 @@ func safeCode(code string) string {
 	return code
 }
 
+// maxCause bounds the cause of an IdP failure that reaches a page or the
+// audit log: go-oidc puts an error answer's whole body in its error.
+const maxCause = 200
+
 // redact drops the URL net/http puts in a request's error (a token
-// endpoint's query could carry something) and keeps the cause.
+// endpoint's query could carry something), keeps the cause, cut to
+// maxCause bytes of printable text.
 func redact(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
-		return fmt.Errorf("%s: %w", ue.Op, ue.Err)
+		err = fmt.Errorf("%s: %w", ue.Op, ue.Err)
 	}
-	return err
+	msg := strings.Map(func(r rune) rune {
+		if r < ' ' || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, err.Error())
+	if len(msg) <= maxCause {
+		return errors.New(msg)
+	}
+	cut := maxCause
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return errors.New(msg[:cut] + "…")
 }
 
 // bounded bounds one request in time (headers and body) and its answer in

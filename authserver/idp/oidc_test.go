@@ -266,3 +266,22 @@ func TestIdPAnswerBounded(t *testing.T) {
 		t.Fatalf("discover: %v", err)
 	}
 }
+
+// TestIdPErrorBounded: what an IdP answers with an error (a 404 page of
+// any size) reaches the page and the audit log cut short.
+func TestIdPErrorBounded(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, strings.Repeat("not here ", 50_000), http.StatusNotFound)
+	}))
+	defer srv.Close()
+	var audit []Refusal
+	s := newService(t, Config{Audit: func(r Refusal) { audit = append(audit, r) }, OIDC: &OIDC{Issuer: srv.URL, ClientID: "gw", ClientSecret: "x"}})
+	resp := serve(func(w http.ResponseWriter, r *http.Request) { s.SignIn(w, r, "/") }, httptest.NewRequest("GET", "/", nil))
+	b := body(t, resp)
+	if resp.StatusCode != http.StatusBadGateway || len(audit) != 1 || audit[0].Reason != "idp_unavailable" {
+		t.Fatalf("%d %+v", resp.StatusCode, audit)
+	}
+	if len(audit[0].Detail) > 600 || len(b) > 2000 || !strings.Contains(audit[0].Detail, "404") {
+		t.Fatalf("the IdP's error page reached the audit (%d bytes) and the page (%d bytes): %.300s", len(audit[0].Detail), len(b), audit[0].Detail)
+	}
+}
