@@ -506,3 +506,21 @@ func TestDPoPProofNamesTheRequestPath(t *testing.T) {
 		t.Errorf("the resource's proof sent to its path: %+v", v)
 	}
 }
+
+// A DPoP client in a browser page of an allowed origin can send its proof
+// (the preflight allows the DPoP header) and read the nonce and the
+// challenge of an answer (DPoP-Nonce and WWW-Authenticate are exposed).
+func TestDPoPThroughCORS(t *testing.T) {
+	r := httptest.NewRequest(http.MethodOptions, dpopResource, nil)
+	r.Header.Set("Origin", "https://app.example")
+	r.Header.Set("Access-Control-Request-Method", "POST")
+	r.Header.Set("Access-Control-Request-Headers", "authorization, dpop")
+	w := httptest.NewRecorder()
+	if !Preflight(w, r) || !slices.Contains(strings.Split(w.Header().Get("Access-Control-Allow-Headers"), ", "), "DPoP") {
+		t.Errorf("preflight allows %q, want DPoP among them", w.Header().Get("Access-Control-Allow-Headers"))
+	}
+	expose := strings.Split(w.Header().Get("Access-Control-Expose-Headers"), ", ")
+	if !slices.Contains(expose, "DPoP-Nonce") || !slices.Contains(expose, "WWW-Authenticate") {
+		t.Errorf("answers expose %q, want DPoP-Nonce and WWW-Authenticate", expose)
+	}
+}
