@@ -524,3 +524,53 @@ func TestDPoPThroughCORS(t *testing.T) {
 		t.Errorf("answers expose %q, want DPoP-Nonce and WWW-Authenticate", expose)
 	}
 }
+
+// The challenges a client reads, per refusal and site: Bearer first (what
+// clients without DPoP read) and DPoP beside it where proofs are checked;
+// DPoP alone where bound tokens are required, carrying the error the
+// Bearer challenge would have; none of DPoP's on a site that checks no
+// proof (a resource that is a path).
+func TestDPoPChallenges(t *testing.T) {
+	u := mustParse(t, dpopResource)
+	optional := ProtectedResource{URL: u, DPoPAlgs: DPoPAlgorithms()}
+	required := ProtectedResource{URL: u, DPoPAlgs: DPoPAlgorithms(), DPoPRequired: true}
+	pathOnly := ProtectedResource{URL: mustParse(t, "/mcp")}
+	noToken := Refuse(http.StatusUnauthorized, ReasonNoToken, "send a token")
+	badToken := Refuse(http.StatusUnauthorized, ReasonInvalidToken, "expired")
+	scope := Verdict{Status: http.StatusForbidden, Reason: ReasonScope, Message: "needs deploy", Need: []string{"deploy"}}
+	type want struct{ scheme, err string }
+	for _, tc := range []struct {
+		name string
+		res  ProtectedResource
+		v    Verdict
+		want []want
+	}{
+		{"optional, no token", optional, noToken, []want{{"bearer", ""}, {"dpop", ""}}},
+		{"optional, a bad token", optional, badToken, []want{{"bearer", "invalid_token"}, {"dpop", ""}}},
+		{"optional, insufficient scope", optional, scope, []want{{"bearer", "insufficient_scope"}}},
+		{"required, no token", required, noToken, []want{{"dpop", ""}}},
+		{"required, a bad token", required, badToken, []want{{"dpop", "invalid_token"}}},
+		{"required, insufficient scope", required, scope, []want{{"dpop", "insufficient_scope"}}},
+		{"a path resource, a bad token", pathOnly, badToken, []want{{"bearer", "invalid_token"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := httptest.NewRecorder()
+			_ = WriteRefusal(w, httptest.NewRequest(http.MethodPost, "http://127.0.0.1/mcp", nil), tc.res, tc.v, nil)
+			cs := challenges(t, w.Result().Header)
+			if len(cs) != len(tc.want) {
+				t.Fatalf("challenges %+v, want %+v", cs, tc.want)
+			}
+			for i, c := range cs {
+				if c.Scheme != tc.want[i].scheme || c.Params["error"] != tc.want[i].err || c.Params["resource_metadata"] == "" {
+					t.Errorf("challenge %d: %+v, want %+v with resource_metadata", i, c, tc.want[i])
+				}
+				if c.Scheme == "dpop" && c.Params["algs"] != strings.Join(DPoPAlgorithms(), " ") {
+					t.Errorf("DPoP challenge algs %q", c.Params["algs"])
+				}
+				if c.Params["error"] == "insufficient_scope" && c.Params["scope"] != "deploy" {
+					t.Errorf("insufficient_scope names scope %q, want deploy", c.Params["scope"])
+				}
+			}
+		})
+	}
+}
