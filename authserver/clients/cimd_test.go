@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -362,6 +363,8 @@ func TestMetadataDocumentFetchOutlivesItsRequest(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(goodDoc(id)))
 	})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the server's Close
 	r, _, _ := testRegistry(t, Config{FetchTimeout: time.Minute})
 	reach(r, d)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -372,10 +375,15 @@ func TestMetadataDocumentFetchOutlivesItsRequest(t *testing.T) {
 	}()
 	<-arrived
 	cancel()
-	if err := <-errs; Reason(err) != "cancelled" {
-		t.Fatalf("got %v, want cancelled", err)
+	select {
+	case err := <-errs:
+		if Reason(err) != "cancelled" {
+			t.Fatalf("got %v, want cancelled", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the ended request was not answered while its document was held")
 	}
-	close(release)
+	once.Do(func() { close(release) })
 	c, err := r.Resolve(context.Background(), id)
 	if err != nil || c.ClientID() != id {
 		t.Fatalf("got %+v, %v", c, err)
