@@ -67,6 +67,7 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/zidane/tools", Handler: a.keyed(a.handleTools)},
 		{Pattern: "/zidane/tools/", Handler: a.keyed(a.handleTools)},
 		{Pattern: "/zidane/audit/checkpoints/", Handler: a.keyed(a.handleAuditCheckpoint)},
+		{Pattern: "/zidane/signin/links", Handler: a.keyed(a.handleSigninLinks)},
 	}
 }
 
@@ -97,7 +98,13 @@ func (a *adminAPI) handleTokens(w http.ResponseWriter, r *http.Request) error {
 
 	switch {
 	case r.Method == http.MethodGet && rest == "":
-		return writeJSON(w, http.StatusOK, redact(store.List()))
+		q := r.URL.Query()
+		for _, name := range []string{"owner", "client"} {
+			if len(q[name]) > 1 {
+				return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("give %s at most once", name)}
+			}
+		}
+		return writeJSON(w, http.StatusOK, redact(policy.FilterTokens(store.List(), q.Get("owner"), q.Get("client"))))
 	case r.Method == http.MethodPost && rest == "":
 		var req createTokenRequest
 		dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
@@ -144,7 +151,7 @@ func (a *adminAPI) handleTokens(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, http.StatusOK, tok)
 	default:
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed,
-			Err: fmt.Errorf("use GET or POST /zidane/tokens, DELETE /zidane/tokens/<name-or-id|jwt:sub>, or DELETE /zidane/tokens?session=<session id>")}
+			Err: fmt.Errorf("use GET /zidane/tokens[?owner=NAME&client=ID] or POST /zidane/tokens, DELETE /zidane/tokens/<name-or-id|jwt:sub>, or DELETE /zidane/tokens?session=<session id>")}
 	}
 }
 

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -418,6 +419,27 @@ func (t *tokenState) Destruct() error {
 	return nil
 }
 
+// processGrantKey authenticates the access tokens of grants on a gateway
+// that is not a cluster. It is random and lives as long as the process,
+// never written anywhere (agents can read the gateway's files): after a
+// restart, clients' access tokens are refused and the clients refresh,
+// which needs no key since refresh tokens are stored hashed.
+var processGrantKey = func() []byte {
+	k := make([]byte, 32)
+	rand.Read(k)
+	return k
+}()
+
+// grantKey is the key of the grants' access tokens on storage st: on NATS
+// storage, one derived from the cluster key, so that a token one replica
+// made is accepted by every other; elsewhere processGrantKey.
+func grantKey(st storage.Storage) ([]byte, error) {
+	if cs, ok := st.(*cluster.Storage); ok {
+		return cs.DeriveKey("grant tokens")
+	}
+	return processGrantKey, nil
+}
+
 // storageKey names a storage backend for pooling. certmagic storages print
 // their location (FileStorage:/path).
 func storageKey(st storage.Storage) string {
@@ -439,6 +461,13 @@ func loadTokens(st storage.Storage, syncEvery, flushEvery time.Duration) (*token
 			return nil, fmt.Errorf("zidane: %w", err)
 		}
 		store.OnEvent(auditTokenEvent)
+		key, err := grantKey(st)
+		if err != nil {
+			return nil, fmt.Errorf("zidane: the grant key: %w", err)
+		}
+		if err := store.SetGrantKey(key); err != nil {
+			return nil, fmt.Errorf("zidane: %w", err)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		// Every request the edge lets through is held in the store (see
 		// Handler.serve), so ending the held ones ends every open stream

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
@@ -127,11 +128,17 @@ func auditSlog() *slog.Logger {
 }
 
 // auditTokenEvent records a token lifecycle change. It names the token and
-// its id, never the secret or its hash.
+// its id, never the secret or its hash. A grant's events are named for the
+// grant (grant_created, grant_refreshed, grant_refresh_reused,
+// grant_revoked) and name its client and resource.
 func auditTokenEvent(ev policy.TokenEvent) {
 	t := ev.Token
+	event, msg := "token_"+ev.Action, "token "+ev.Action
+	if strings.HasPrefix(ev.Action, "grant_") {
+		event, msg = ev.Action, strings.ReplaceAll(ev.Action, "_", " ")
+	}
 	fields := []zap.Field{
-		zap.String("event", "token_"+ev.Action),
+		zap.String("event", event),
 		zap.String("token_id", t.ID),
 		zap.String("token_name", t.Name),
 		zap.String("kind", string(t.Kind)),
@@ -146,10 +153,16 @@ func auditTokenEvent(ev policy.TokenEvent) {
 	if t.Session != "" {
 		fields = append(fields, zap.String("session", t.Session), zap.String("purpose", string(t.Purpose)))
 	}
+	if t.IsGrant() {
+		fields = append(fields, zap.String("client", t.Client), zap.String("resource", t.Resource), zap.Bool("dpop_bound", t.JKT != ""))
+		if t.Refresh != nil {
+			fields = append(fields, zap.Uint64("generation", t.Refresh.Generation))
+		}
+	}
 	if t.Expires != nil {
 		fields = append(fields, zap.Time("expires", *t.Expires))
 	}
-	auditLogger().Info("token "+ev.Action, fields...)
+	auditLogger().Info(msg, fields...)
 }
 
 // refusal is everything the audit log says about a refused request.

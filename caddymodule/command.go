@@ -171,15 +171,35 @@ func tokenCreateCommand() *cobra.Command {
 
 func tokenListCommand() *cobra.Command {
 	c := &cobra.Command{
-		Use:   "list [--json]",
-		Short: "Lists tokens; never prints a secret",
-		Args:  cobra.NoArgs,
+		Use:   "list [--owner NAME] [--client ID] [--json]",
+		Short: "Lists tokens and grants; never prints a secret",
+		Long: `
+Lists the tokens the gateway accepts: the operator's, those derived for
+sessions' agents (under their parent), and the grants people gave OAuth
+clients when they signed them in, with the client in the CLIENT column.
+A grant is revoked like a token, by its id (grt_…).`,
+		Example: `  caddy zidane token list
+  caddy zidane token list --owner alice
+  caddy zidane token list --client https://claude.ai/oauth/claude-code-client-metadata`,
+		Args: cobra.NoArgs,
 		RunE: plainCommand(func(fl caddycmd.Flags) (int, error) {
 			var list []policy.Token
+			owner, client := fl.String("owner"), fl.String("client")
 			err := withTokens(fl, func(admin string) error {
-				return adminJSON(admin, http.MethodGet, "/zidane/tokens", nil, &list)
+				q := url.Values{}
+				if owner != "" {
+					q.Set("owner", owner)
+				}
+				if client != "" {
+					q.Set("client", client)
+				}
+				uri := "/zidane/tokens"
+				if len(q) > 0 {
+					uri += "?" + q.Encode()
+				}
+				return adminJSON(admin, http.MethodGet, uri, nil, &list)
 			}, func(store *policy.TokenStore) error {
-				list = redact(store.List())
+				list = redact(policy.FilterTokens(store.List(), owner, client))
 				return nil
 			})
 			if err != nil {
@@ -189,14 +209,14 @@ func tokenListCommand() *cobra.Command {
 				return caddy.ExitCodeSuccess, printJSON(list)
 			}
 			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tOWNER\tKIND\tSCOPES\tROOTS\tCREATED\tEXPIRES\tLAST USED\tSTATE")
+			fmt.Fprintln(tw, "ID\tNAME\tOWNER\tCLIENT\tKIND\tSCOPES\tROOTS\tCREATED\tEXPIRES\tLAST USED\tSTATE")
 			now := time.Now()
 			for _, row := range tokenTree(list) {
 				t := row.token
 				if t.ID == "" {
 					// A JWT subject, which tokens derive from but the store
 					// does not hold.
-					fmt.Fprintf(tw, "%s\t(JWT subject)\t%s\tuser\t-\t-\t-\t-\t-\t-\n", row.subject, row.subject)
+					fmt.Fprintf(tw, "%s\t(JWT subject)\t%s\t-\tuser\t-\t-\t-\t-\t-\t-\n", row.subject, row.subject)
 					continue
 				}
 				state := "active"
@@ -210,12 +230,14 @@ func tokenListCommand() *cobra.Command {
 				if len(t.Roots) > 0 {
 					roots = strings.Join(t.Roots, ",")
 				}
-				fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, strings.Repeat("  ", row.depth), t.Name, t.OwnerID(), t.Kind, strings.Join(t.Scopes, ","), roots,
+				fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, strings.Repeat("  ", row.depth), t.Name, t.OwnerID(), clientColumn(t), t.Kind, strings.Join(t.Scopes, ","), roots,
 					t.Created.Local().Format(time.DateTime), when(t.Expires, "never"), when(t.LastUsed, "-"), state)
 			}
 			return caddy.ExitCodeSuccess, tw.Flush()
 		}),
 	}
+	c.Flags().String("owner", "", "List only the tokens and grants acting for this owner")
+	c.Flags().String("client", "", "List only the grants to this OAuth client (its client_id) and the tokens derived from them")
 	c.Flags().Bool("json", false, "Print the tokens as a JSON array, as GET /zidane/tokens answers (for scripts)")
 	adminFlags(c)
 	return c
@@ -223,11 +245,16 @@ func tokenListCommand() *cobra.Command {
 
 func tokenRevokeCommand() *cobra.Command {
 	c := &cobra.Command{
-		Use:   "revoke NAME_OR_ID | jwt:SUB | --session SESSION_ID",
-		Short: "Revokes a token at once, and every token derived from it",
+		Use:   "revoke NAME_OR_ID | GRANT_ID | jwt:SUB | --session SESSION_ID",
+		Short: "Revokes a token or grant at once, and every token derived from it",
 		Long: `
 Revokes a token at once, and every token derived from it; what they started is
 cancelled.
+
+A grant (grt_…, see token list) is revoked by its id: its client's access and
+refresh tokens are refused at once, its open streams close and the sessions
+it started are cancelled. The person signs the client in again to get a new
+one.
 
 jwt:SUB revokes a JWT subject: its access tokens issued until now are refused,
 its running sessions are cancelled, and the tokens derived from it are deleted.
@@ -238,6 +265,7 @@ subject there to lock it out.
 those derived from them); the agent runs without them, and a relaunch of it
 does not renew them.`,
 		Example: `  caddy zidane token revoke laptop
+  caddy zidane token revoke grt_3f9c0a1b2c4d5e6f
   caddy zidane token revoke jwt:alice
   caddy zidane token revoke --session ses_4kq2v7x9m1abcdef`,
 		Args: cobra.MaximumNArgs(1),
@@ -268,6 +296,10 @@ does not renew them.`,
 				})
 				if err != nil {
 					return caddy.ExitCodeFailedStartup, err
+				}
+				if tok.IsGrant() {
+					fmt.Printf("Revoked grant %s of %s to client %s: its access and refresh tokens are refused, and what they started is cancelled.\n", tok.ID, tok.OwnerID(), tok.Client)
+					return caddy.ExitCodeSuccess, nil
 				}
 				fmt.Printf("Revoked token %q (id %s).\n", tok.Name, tok.ID)
 				return caddy.ExitCodeSuccess, nil
@@ -309,6 +341,18 @@ func revokeDerived(fl caddycmd.Flags, uri string, offline func(*policy.TokenStor
 	}
 	fmt.Printf("Revoked %d token(s) of session %s%s.\nIts agent runs without them, and a relaunch does not renew them.\n", len(rev.Tokens), rev.Session, list)
 	return caddy.ExitCodeSuccess, nil
+}
+
+// clientColumn is the CLIENT column of `token list`: a grant's client
+// (its name, when it gave one, then its client_id), else "-".
+func clientColumn(t policy.Token) string {
+	switch {
+	case !t.IsGrant():
+		return "-"
+	case t.ClientName != "":
+		return fmt.Sprintf("%q %s", t.ClientName, t.Client)
+	}
+	return t.Client
 }
 
 // tokenRow is one line of `token list`: a token at its depth under its

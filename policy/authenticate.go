@@ -100,10 +100,20 @@ func (a Authenticator) Authenticate(ctx context.Context, authz string, now time.
 	if a.JWT != nil && LooksLikeJWT(tok) {
 		return a.verifyJWT(ctx, tok)
 	}
+	if strings.HasPrefix(tok, RefreshPrefix) {
+		return Principal{}, fmt.Errorf("%w: this is a refresh token, which only the token endpoint takes: send the access token", ErrTokenInvalid)
+	}
 	p, err := a.Tokens.Check(tok, now)
+	grant := strings.HasPrefix(tok, AccessPrefix)
 	switch {
 	case err == nil:
 		return p, nil
+	case grant && errors.Is(err, ErrTokenExpired):
+		return Principal{}, fmt.Errorf("%w: %v: refresh it at the token endpoint, or sign in again", ErrTokenInvalid, err)
+	case grant && errors.Is(err, ErrTokenRevoked):
+		return Principal{}, fmt.Errorf("%w: %v: sign in again", ErrTokenInvalid, err)
+	case grant:
+		return Principal{}, fmt.Errorf("%w: the access token is not valid here: sign in again", ErrTokenInvalid)
 	case errors.Is(err, ErrTokenRevoked) || errors.Is(err, ErrTokenExpired):
 		return Principal{}, fmt.Errorf("%w: %v: ask the operator for a new token", ErrTokenInvalid, err)
 	}
@@ -126,16 +136,27 @@ func (a Authenticator) verifyJWT(ctx context.Context, raw string) (Principal, er
 }
 
 // BearerJWT is the JWT access token that the Authorization header value
-// authz carries, or "" when it carries none (no bearer token, or an
-// opaque one): what a replica forwards of a JWT principal's credential
-// (see [Authenticator.Forwarded]), and never an opaque token.
+// authz carries, with the Bearer or the DPoP scheme (RFC 9449 §7.1), or ""
+// when it carries none (no token, or an opaque one): what a replica
+// forwards of a JWT principal's credential (see [Authenticator.Forwarded]),
+// and never an opaque token.
 func BearerJWT(authz string) string {
 	scheme, tok, ok := strings.Cut(authz, " ")
 	tok = strings.TrimSpace(tok)
-	if !ok || !strings.EqualFold(scheme, "Bearer") || !LooksLikeJWT(tok) {
+	if !ok || !(strings.EqualFold(scheme, "Bearer") || strings.EqualFold(scheme, "DPoP")) || !LooksLikeJWT(tok) {
 		return ""
 	}
 	return tok
+}
+
+// BearerToken is the token that the Authorization header value authz
+// carries with the Bearer scheme, or "".
+func BearerToken(authz string) string {
+	scheme, tok, ok := strings.Cut(authz, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(tok)
 }
 
 // ErrScopesClaimed is returned by [Authenticator.Forwarded] for a forwarded

@@ -320,7 +320,7 @@ func childRecord(f *tokenFile, spec ChildSpec, now time.Time) (mine *Token, acti
 // nameFree refuses a name a live token has.
 func nameFree(f *tokenFile, name string) error {
 	for _, t := range f.Tokens {
-		if t.Name == name && t.Revoked == nil {
+		if t.Name == name && t.Revoked == nil && !t.IsGrant() {
 			return fmt.Errorf("a token named %q already exists: revoke it first or choose another name", name)
 		}
 	}

@@ -62,6 +62,16 @@ type Token struct {
 	// purpose, and its tokens are deleted when it ends.
 	Session string  `json:"session,omitempty"`
 	Purpose Purpose `json:"purpose,omitempty"`
+	// Client, ClientName, Resource and JKT are set on the record of a
+	// grant (see grants.go): the OAuth client it was issued to and the
+	// name the client gives itself, the one resource its tokens are for,
+	// and the DPoP key thumbprint they are bound to (empty: bearer).
+	Client     string `json:"client,omitempty"`
+	ClientName string `json:"client_name,omitempty"`
+	Resource   string `json:"resource,omitempty"`
+	JKT        string `json:"jkt,omitempty"`
+	// Refresh is a grant's refresh state: hashes only.
+	Refresh *RefreshState `json:"refresh,omitempty"`
 }
 
 // Purpose says what a derived token is for.
@@ -92,8 +102,12 @@ func (t Token) OwnerID() string {
 
 // Principal is what t authenticates as.
 func (t Token) Principal() Principal {
-	return Principal{TokenID: t.ID, Name: t.Name, Kind: t.Kind, Scopes: t.Scopes, Source: "token", Roots: t.Roots,
+	p := Principal{TokenID: t.ID, Name: t.Name, Kind: t.Kind, Scopes: t.Scopes, Source: "token", Roots: t.Roots,
 		Owner: t.OwnerID(), Parent: t.Parent, Expires: t.Expires}
+	if t.IsGrant() {
+		p.Source, p.Client, p.Resource, p.JKT = "grant", t.Client, t.Resource, t.JKT
+	}
+	return p
 }
 
 // TokenSpec is what an operator asks for when creating a token. Tokens
@@ -310,6 +324,10 @@ type TokenStore struct {
 	hookMu   sync.Mutex
 	onRevoke []func(Token)
 	onEvent  func(TokenEvent)
+
+	// grantKey authenticates the access tokens of grants (see
+	// SetGrantKey); nil until set, and then no access token is accepted.
+	grantKey atomic.Pointer[grantKey]
 }
 
 // OpenTokenStore loads the token file from st. A missing file is an empty
@@ -476,9 +494,14 @@ func (s *TokenStore) CancelHolds() {
 	}
 }
 
-// Check authenticates secret. It does not touch storage: the last-used time
-// is recorded in memory and written by Flush.
+// Check authenticates secret: an operator's token (TokenPrefix) or a
+// grant's access token (AccessPrefix); anything else, a grant's refresh
+// token included, is unknown. It does not touch storage: the last-used
+// time is recorded in memory and written by Flush.
 func (s *TokenStore) Check(secret string, now time.Time) (Principal, error) {
+	if strings.HasPrefix(secret, AccessPrefix) {
+		return s.checkAccess(secret, now)
+	}
 	if !strings.HasPrefix(secret, TokenPrefix) {
 		return Principal{}, ErrTokenUnknown
 	}
@@ -590,12 +613,18 @@ func (s *TokenStore) SubjectRevoked(id string) (time.Time, bool) {
 	return at, ok
 }
 
-// List returns every token record, newest first. Records hold no secret.
+// List returns every token record, newest first. Records hold no secret,
+// and a grant's no refresh hashes.
 func (s *TokenStore) List() []Token {
 	s.mu.RLock()
 	out := make([]Token, 0, len(s.byID))
 	for _, t := range s.byID {
 		c := *t
+		if c.Refresh != nil {
+			sha := c.SHA256
+			c = c.redacted()
+			c.SHA256 = sha
+		}
 		if v, ok := s.used.Load(t.ID); ok {
 			u := v.(time.Time)
 			c.LastUsed = &u
@@ -654,7 +683,8 @@ func (s *TokenStore) Create(ctx context.Context, spec TokenSpec) (string, Token,
 
 // Revoke revokes the token named or identified by nameOrID, and every token
 // derived from it. Revoking is immediate: Check refuses the token as soon as
-// Revoke returns, and what the token holds is cancelled.
+// Revoke returns, and what the token holds is cancelled. A grant is named
+// by its id only: grants' names are labels, which many share.
 func (s *TokenStore) Revoke(ctx context.Context, nameOrID string) (Token, error) {
 	var revoked []Token
 	var target Token
@@ -662,14 +692,14 @@ func (s *TokenStore) Revoke(ctx context.Context, nameOrID string) (Token, error)
 		revoked = revoked[:0]
 		var match *Token
 		for _, t := range f.Tokens {
-			if t.ID == nameOrID || (t.Name == nameOrID && t.Revoked == nil) {
+			if t.ID == nameOrID || (t.Name == nameOrID && t.Revoked == nil && !t.IsGrant()) {
 				match = t
 				break
 			}
 		}
 		if match == nil {
 			for _, t := range f.Tokens {
-				if t.Name == nameOrID {
+				if t.Name == nameOrID && !t.IsGrant() {
 					return fmt.Errorf("token %q is already revoked", nameOrID)
 				}
 			}
@@ -687,16 +717,13 @@ func (s *TokenStore) Revoke(ctx context.Context, nameOrID string) (Token, error)
 				revoked = append(revoked, *t)
 			}
 		}
-		target = *match
+		target = match.redacted()
 		return nil
 	})
 	if err != nil {
 		return Token{}, err
 	}
-	for _, t := range revoked {
-		s.emit(TokenEvent{Action: "revoked", Token: t})
-		s.fireRevoke(t)
-	}
+	s.announceRevoked(revoked)
 	return target, nil
 }
 
@@ -712,6 +739,7 @@ func (s *TokenStore) update(ctx context.Context, fn func(*tokenFile) error) erro
 		if err := fn(f); err != nil {
 			return nil, err
 		}
+		pruneGrants(f, time.Now())
 		mergeLastUsed(f, s.usedSnapshot())
 		written, err = json.MarshalIndent(f, "", "  ")
 		return written, err
