@@ -38,7 +38,8 @@ type Config struct {
 	Storage storage.Storage
 	// Registration allows dynamic client registration (RFC 7591). Off by
 	// default: Register refuses, and only metadata-document clients are
-	// accepted.
+	// accepted, with the clients registered while it was on (when Storage
+	// holds them) until they expire unused.
 	Registration bool
 	// RegistrationLimit is the per-address rate of registrations;
 	// DefaultRegistrationLimit when zero.
