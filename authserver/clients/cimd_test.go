@@ -104,6 +104,9 @@ func TestMetadataDocumentAttacks(t *testing.T) {
 		}), "client_name", true},
 		{"not JSON", serve("/notjson.json", `{"client_id":`), "json", true},
 		{"an array", serve("/array.json", `[]`), "json", true},
+		{"client credentials only", doc("/cc.json", func(id string) string {
+			return strings.Replace(goodDoc(id), `"grant_types":["authorization_code","refresh_token"]`, `"grant_types":["client_credentials"]`, 1)
+		}), "grant_types", true},
 		{"implicit grant", doc("/implicit.json", func(id string) string {
 			return strings.Replace(goodDoc(id), `"response_types":["code"]`, `"response_types":["token"]`, 1)
 		}), "response_types", true},
@@ -206,7 +209,8 @@ func TestMetadataDocumentAccepted(t *testing.T) {
 	d.mux.HandleFunc("/oauth/client.json", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json; charset=utf-8")
 		w.Header().Set("Cache-Control", "public, max-age=300")
-		w.Write([]byte(goodDoc(id)))
+		// A grant this server does not have is ignored, not refused.
+		w.Write([]byte(strings.Replace(goodDoc(id), `"refresh_token"]`, `"refresh_token","urn:ietf:params:oauth:grant-type:device_code"]`, 1)))
 	})
 	r, clk, rec := testRegistry(t, Config{})
 	reach(r, d)
