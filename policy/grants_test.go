@@ -756,14 +756,38 @@ func BenchmarkGrantCheck(b *testing.B) {
 		}
 		op, access = sec, iss
 	}
-	for _, c := range []struct{ name, tok string }{{"zds", op}, {"zda", access.Access}} {
-		b.Run(c.name, func(b *testing.B) {
+	check := func(tok string) func(*testing.B) {
+		return func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := s.Check(c.tok, now); err != nil {
+				if _, err := s.Check(tok, now); err != nil {
 					b.Fatal(err)
 				}
 			}
-		})
+		}
 	}
+	b.Run("zds", check(op))
+	b.Run("zda", check(access.Access))
+	// ratio alternates batches of both checks, so that both meet the same
+	// load on the machine, and reports what a zda_ check costs in zds_
+	// checks.
+	b.Run("ratio", func(b *testing.B) {
+		const batch = 256
+		var zds, zda time.Duration
+		for b.Loop() {
+			for _, c := range []struct {
+				tok string
+				sum *time.Duration
+			}{{op, &zds}, {access.Access, &zda}} {
+				start := time.Now()
+				for range batch {
+					if _, err := s.Check(c.tok, now); err != nil {
+						b.Fatal(err)
+					}
+				}
+				*c.sum += time.Since(start)
+			}
+		}
+		b.ReportMetric(float64(zda)/float64(max(zds, 1)), "zda/zds")
+	})
 }
