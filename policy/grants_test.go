@@ -791,3 +791,37 @@ func BenchmarkGrantCheck(b *testing.B) {
 		b.ReportMetric(float64(zda)/float64(max(zds, 1)), "zda/zds")
 	})
 }
+
+// The Authenticator takes a grant's access token as it takes an operator's
+// token, and tells a client with a refused one what to do: refresh, sign
+// in again, or send the access token rather than the refresh token.
+func TestAuthenticateGrant(t *testing.T) {
+	ctx := context.Background()
+	e := newGrantEnv(t, GrantSpec{Owner: "alice", Client: clientCC, Resource: resourceA, Scopes: []string{"chat"}, JKT: thumb("k")})
+	a := Authenticator{Tokens: e.s}
+	p, err := a.Authenticate(ctx, "Bearer "+e.first.Access, e.now)
+	if err != nil || p.Source != "grant" || p.TokenID != e.first.GrantID || p.OwnerID() != "alice" || p.Client != clientCC ||
+		p.Resource != resourceA || p.JKT != thumb("k") || p.Kind != KindUser || !slices.Equal(p.Scopes, []string{"chat"}) ||
+		p.Expires == nil || !p.Expires.Equal(e.first.AccessExpires) {
+		t.Fatalf("Authenticate = %+v, %v", p, err)
+	}
+	for _, c := range []struct {
+		authz string
+		at    time.Time
+		word  string
+	}{
+		{"Bearer " + e.first.Refresh, e.now, "send the access token"},
+		{"Bearer " + e.first.Access, e.first.AccessExpires, "refresh it"},
+		{"Bearer " + flipAt(e.first.Access, 10), e.now, "sign in again"},
+	} {
+		if _, err := a.Authenticate(ctx, c.authz, c.at); !errors.Is(err, ErrTokenInvalid) || !strings.Contains(err.Error(), c.word) {
+			t.Errorf("%.12s…: err = %v, want invalid saying %q", c.authz, err, c.word)
+		}
+	}
+	if _, err := e.s.Revoke(ctx, e.first.GrantID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Authenticate(ctx, "Bearer "+e.first.Access, e.now); !errors.Is(err, ErrTokenInvalid) || !strings.Contains(err.Error(), "revoked") {
+		t.Fatalf("revoked grant: %v", err)
+	}
+}
