@@ -67,6 +67,7 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/zidane/tools", Handler: a.keyed(a.handleTools)},
 		{Pattern: "/zidane/tools/", Handler: a.keyed(a.handleTools)},
 		{Pattern: "/zidane/audit/checkpoints/", Handler: a.keyed(a.handleAuditCheckpoint)},
+		{Pattern: "/zidane/signin/links", Handler: a.keyed(a.handleSigninLinks)},
 	}
 }
 
