@@ -225,6 +225,10 @@ A grant is revoked like a token, by its id (grt_…).`,
 					state = "revoked"
 				case !t.Active(now):
 					state = "expired"
+				case t.Refresh != nil && !now.Before(t.Refresh.Expires):
+					// A grant whose refresh token lapsed unused: its client
+					// signs in again once its access token expires.
+					state = "lapsed"
 				}
 				roots := "-"
 				if len(t.Roots) > 0 {
