@@ -201,6 +201,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.scopes, err = policy.NewScopeMap(h.Scopes, !h.NoDefaultScopes); err != nil {
 		return err
 	}
+	if err := h.app.signinResource(h.resURL.String(), h.resURL.IsAbs(), h.scopes.Names()); err != nil {
+		return err
+	}
 	if h.origins, err = policy.NewOrigins(h.AllowedOrigins); err != nil {
 		return err
 	}
@@ -384,6 +387,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// signature, which no client can make, and nothing else.
 	if edge.IsHop(r.Header) {
 		return h.serveHop(w, r, rf)
+	}
+	// The sign-in's endpoints are before the Origin check: a browser
+	// posts the consent form from the issuer's origin, which need not be
+	// one of the MCP endpoint's allowed_origins, and the authorization
+	// server checks that Origin itself. They read no Host.
+	if h.app != nil && h.app.signin != nil && h.app.signin.serves(r.URL.Path) {
+		if v := edge.CheckHost(r, !h.DisableLocalhostProtection); !v.Allowed() {
+			return h.refuse(w, r, rf, v)
+		}
+		h.app.signin.ServeHTTP(w, r)
+		return nil
 	}
 	if v := edge.CheckHostOrigin(r, h.origins, !h.DisableLocalhostProtection); !v.Allowed() {
 		return h.refuse(w, r, rf, v)

@@ -1,0 +1,355 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"html"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/modelcontextprotocol/go-sdk/oauthex"
+
+	"github.com/Tahul/caddy-zidane-mcp/authserver"
+	signinidp "github.com/Tahul/caddy-zidane-mcp/authserver/idp"
+)
+
+// authServerSite is a gateway with a signin block (registration dynamic: the
+// go-sdk client registers itself; a Client ID Metadata Document on
+// loopback would be refused by the fetch guard) and a sessions site whose
+// resource is its absolute URL.
+func authServerSite(t *testing.T) (c *Caddy, base string) {
+	t.Helper()
+	base = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	c = startCaddy(t, fmt.Sprintf(`{
+	admin {{ADMIN}}
+	zidane {
+		signin {
+			issuer %[1]s
+			registration dynamic
+		}
+	}
+}
+
+%[1]s {
+	zidane_mcp {
+		sessions
+		resource %[1]s/mcp
+	}
+}
+`, base))
+	return c, base
+}
+
+// formBrowser is a person's browser: a cookie jar, and no redirect followed
+// off the gateway's origin (the client's loopback callback is where the
+// flow ends).
+type formBrowser struct {
+	t    *testing.T
+	base string
+	hc   *http.Client
+}
+
+func newFormBrowser(t *testing.T, base string) *formBrowser {
+	jar, _ := cookiejar.New(nil)
+	b := &formBrowser{t: t, base: base}
+	b.hc = &http.Client{Jar: jar, Timeout: 30 * time.Second, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+		if !strings.HasPrefix(req.URL.String(), base+"/") || len(via) > 5 {
+			return http.ErrUseLastResponse
+		}
+		return nil
+	}}
+	return b
+}
+
+func (b *formBrowser) get(u string) (*http.Response, string) {
+	b.t.Helper()
+	resp, err := b.hc.Get(u)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	return resp, string(body)
+}
+
+func (b *formBrowser) post(path string, form url.Values) (*http.Response, string) {
+	b.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, b.base+path, strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", b.base)
+	resp, err := b.hc.Do(req)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	return resp, string(body)
+}
+
+var consentField = regexp.MustCompile(`name="(client_id|request|csrf|scope)" value="([^"]*)"`)
+
+// consent fills the consent page as the person would: every scope
+// offered, or only those in keep, and Allow. It returns where the
+// gateway sent the browser.
+func (b *formBrowser) consent(page string, keep ...string) *url.URL {
+	b.t.Helper()
+	form := url.Values{"decision": {"allow"}}
+	for _, m := range consentField.FindAllStringSubmatch(page, -1) {
+		v := html.UnescapeString(m[2])
+		if m[1] == "scope" && keep != nil && !contains(keep, v) {
+			continue
+		}
+		form.Add(m[1], v)
+	}
+	if form.Get("request") == "" {
+		b.t.Fatalf("no consent form on the page:\n%s", page)
+	}
+	resp, body := b.post(authserver.ConsentPath, form)
+	if resp.StatusCode != http.StatusSeeOther {
+		b.t.Fatalf("consent answered %d:\n%s", resp.StatusCode, body)
+	}
+	loc, err := url.Parse(resp.Header.Get("Location"))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return loc
+}
+
+func contains(list []string, s string) bool {
+	for _, l := range list {
+		if l == s {
+			return true
+		}
+	}
+	return false
+}
+
+// signInLink makes a one-time sign-in link for owner with `caddy zidane
+// signin-link`, and returns its secret.
+func signInLink(t *testing.T, c *Caddy, owner string, scopes ...string) string {
+	t.Helper()
+	args := []string{"zidane", "signin-link", "--owner", owner}
+	for _, s := range scopes {
+		args = append(args, "--scope", s)
+	}
+	out, stderr, err := c.Run(t, append(args, "--config", c.Caddyfile)...)
+	if err != nil {
+		t.Fatalf("signin-link: %v\n%s", err, stderr)
+	}
+	_, secret, ok := strings.Cut(strings.TrimSpace(out), signinidp.LinkPath+"#")
+	if !ok || secret == "" {
+		t.Fatalf("signin-link printed %q", out)
+	}
+	return secret
+}
+
+// TestSigninGoSDKClient: go-sdk's client goes from a bare URL to a tool
+// call through the gateway's authorization server: the 401 and its RFC
+// 9728 document, the RFC 8414 metadata, dynamic registration, the
+// browser's sign-in (a one-time link) and consent, the code with PKCE,
+// resource and iss, and the token; the grant is then listed with its
+// owner and client, and the scope the person unticked is not in it.
+func TestSigninGoSDKClient(t *testing.T) {
+	c, base := authServerSite(t)
+	secret := signInLink(t, c, "alice", "chat", "read")
+	b := newFormBrowser(t, base)
+	var consented []string
+	fetcher := func(ctx context.Context, args *auth.AuthorizationArgs) (*auth.AuthorizationResult, error) {
+		resp, body := b.get(args.URL)
+		if resp.StatusCode == http.StatusUnauthorized {
+			// Not signed in: the gateway's sign-in page; the link signs the
+			// browser in and brings it back to the authorization request.
+			resp, body = b.post(signinidp.LinkPath, url.Values{"secret": {secret}})
+		}
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("the authorization request answered %d: %s", resp.StatusCode, body)
+		}
+		for _, m := range consentField.FindAllStringSubmatch(body, -1) {
+			if m[1] == "scope" {
+				consented = append(consented, m[2])
+			}
+		}
+		loc := b.consent(body, "read")
+		q := loc.Query()
+		if q.Get("iss") != base {
+			return nil, fmt.Errorf("the authorization response's iss is %q, want %q", q.Get("iss"), base)
+		}
+		return &auth.AuthorizationResult{Code: q.Get("code"), State: q.Get("state"), Iss: q.Get("iss")}, nil
+	}
+	h, err := auth.NewAuthorizationCodeHandler(&auth.AuthorizationCodeHandlerConfig{
+		DynamicClientRegistrationConfig: &auth.DynamicClientRegistrationConfig{
+			Metadata: &oauthex.ClientRegistrationMetadata{
+				ClientName:              "e2e go-sdk client",
+				RedirectURIs:            []string{"http://127.0.0.1:41234/callback"},
+				GrantTypes:              []string{"authorization_code", "refresh_token"},
+				TokenEndpointAuthMethod: "none",
+			},
+		},
+		AuthorizationCodeFetcher: fetcher,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-signin", Version: "1"}, nil).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: base + "/mcp", OAuthHandler: h, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatalf("connect through the sign-in: %v", err)
+	}
+	defer cs.Close()
+	tools, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatalf("tools/list with the issued token: %v", err)
+	}
+	if len(tools.Tools) == 0 {
+		t.Fatal("no tools listed")
+	}
+	if !contains(consented, "chat") || !contains(consented, "read") {
+		t.Errorf("the consent offered %v, want alice's chat and read", consented)
+	}
+	out, stderr, err := c.Run(t, "zidane", "token", "list", "--owner", "alice")
+	if err != nil {
+		t.Fatalf("token list: %v\n%s", err, stderr)
+	}
+	var line string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "grt_") {
+			line = l
+		}
+	}
+	// One grant, alice's, to the client as it named itself, with the one
+	// scope she left ticked.
+	if strings.Count(out, "grt_") != 1 || !strings.Contains(line, "alice") || !strings.Contains(line, `"e2e go-sdk client"`) ||
+		!regexp.MustCompile(`\sread\s`).MatchString(line) || strings.Contains(line, "chat") {
+		t.Errorf("token list --owner alice:\n%s", out)
+	}
+	logs := c.Logs()
+	for _, s := range []string{secret} {
+		if strings.Contains(logs, s) {
+			t.Error("a secret reached caddy's log")
+		}
+	}
+}
+
+// TestSigninMetadata: the RFC 9728 document of a zidane_mcp resource names
+// the gateway's issuer, whose RFC 8414 document go-sdk reads and checks.
+func TestSigninMetadata(t *testing.T) {
+	_, base := authServerSite(t)
+	ctx := context.Background()
+	prm, err := oauthex.GetProtectedResourceMetadata(ctx, base+"/.well-known/oauth-protected-resource/mcp", base+"/mcp", http.DefaultClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(prm.AuthorizationServers) == 0 || prm.AuthorizationServers[0] != base {
+		t.Fatalf("authorization_servers %v, want the issuer %s first", prm.AuthorizationServers, base)
+	}
+	asm, err := oauthex.GetAuthServerMeta(ctx, base+authserver.WellKnown, base, http.DefaultClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if asm.RegistrationEndpoint != base+authserver.RegisterPath || !asm.AuthorizationResponseIssParameterSupported {
+		t.Errorf("metadata %+v", asm)
+	}
+	resp, err := http.Get(base + authserver.WellKnown)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&m)
+	resp.Body.Close()
+	if _, ok := m["dpop_signing_alg_values_supported"]; !ok {
+		t.Errorf("no dpop_signing_alg_values_supported in %v", m)
+	}
+}
+
+// TestSigninResourceMustBeAbsolute: with a signin block, a site whose
+// resource is a path alone is refused at load, saying what to write.
+func TestSigninResourceMustBeAbsolute(t *testing.T) {
+	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	c := newCaddy(t, "{\n\tadmin {{ADMIN}}\n}\n")
+	cfg := fmt.Sprintf("{\n\tadmin {{ADMIN}}\n\tzidane {\n\t\tsignin {\n\t\t\tissuer %[1]s\n\t\t}\n\t}\n}\n%[1]s {\n\tzidane_mcp {\n\t\tsessions\n\t\tresource /mcp\n\t}\n}\n", base)
+	c.writeCaddyfile(t, cfg)
+	out, stderr, err := c.Run(t, "validate", "--config", c.Caddyfile, "--adapter", "caddyfile")
+	if err == nil || !strings.Contains(out+stderr, "give the resource as an absolute URL") {
+		t.Fatalf("validate: %v\n%s%s", err, out, stderr)
+	}
+}
+
+// TestSigninTypeScriptClient: the TypeScript SDK's client (what Claude Code
+// is built on) goes from a bare URL to tools/list through the gateway's
+// authorization server: it registers, the test plays the person's browser
+// (the sign-in link, the consent page), and the client redeems the code
+// and calls with the token.
+func TestSigninTypeScriptClient(t *testing.T) {
+	c, base := authServerSite(t)
+	secret := signInLink(t, c, "bob", "read")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := boundedCommand(ctx, node(t), filepath.Join(e2eDir, "tsoauth.mjs"), "--url", base+"/mcp", "--redirect", "http://127.0.0.1:41235/callback")
+	cmd.Env = nodeEnv(t)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Wait() }()
+	out := bufio.NewScanner(stdout)
+	readLine := func() map[string]any {
+		t.Helper()
+		if !out.Scan() {
+			t.Fatalf("tsoauth.mjs ended early; stderr:\n%s", stderr.String())
+		}
+		var m map[string]any
+		if err := json.Unmarshal(out.Bytes(), &m); err != nil {
+			t.Fatalf("tsoauth.mjs printed %q", out.Text())
+		}
+		if e, ok := m["error"]; ok {
+			t.Fatalf("the TypeScript client failed: %v\nstderr:\n%s", e, stderr.String())
+		}
+		return m
+	}
+	authURL, _ := readLine()["authorize"].(string)
+	if !strings.HasPrefix(authURL, base+authserver.AuthorizePath+"?") {
+		t.Fatalf("the client was sent to %q, not the gateway's authorization endpoint", authURL)
+	}
+	b := newFormBrowser(t, base)
+	resp, body := b.get(authURL)
+	if resp.StatusCode == http.StatusUnauthorized {
+		resp, body = b.post(signinidp.LinkPath, url.Values{"secret": {secret}})
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the authorization request answered %d:\n%s", resp.StatusCode, body)
+	}
+	back := b.consent(body)
+	if back.Query().Get("iss") != base || back.Query().Get("code") == "" {
+		t.Fatalf("sent back to %s", back.Redacted())
+	}
+	if _, err := io.WriteString(stdin, back.String()+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	got := readLine()
+	tools, _ := got["tools"].([]any)
+	if len(tools) == 0 || got["token_type"] != "Bearer" || got["scope"] != "read" {
+		t.Errorf("the client ended with %v", got)
+	}
+	stdin.Close()
+	for _, s := range []string{secret, back.Query().Get("code")} {
+		if strings.Contains(c.Logs(), s) {
+			t.Error("a secret reached caddy's log")
+		}
+	}
+}
