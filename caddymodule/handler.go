@@ -516,6 +516,9 @@ func (h *Handler) routeFor(path string) (edge.Route, spanning, edge.Verdict) {
 func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) (policy.Principal, edge.Verdict) {
 	a := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix, DPoP: h.dpop, PerToken: h.tokenLimit}
 	p, v, err := a.Check(r.Context(), edge.CredentialOf(r), clientIP, now)
+	if v.Allowed() {
+		v = edge.CheckAudience(p, h.resURL)
+	}
 	switch v.Reason {
 	case edge.ReasonKeysUnavailable:
 		h.logger.Error("JWT signing keys unavailable", zap.String("detail", err.Error()))

@@ -3,6 +3,8 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"html"
@@ -351,5 +353,179 @@ func TestSigninTypeScriptClient(t *testing.T) {
 		if strings.Contains(c.Logs(), s) {
 			t.Error("a secret reached caddy's log")
 		}
+	}
+}
+
+// manualClient is an OAuth client written out by hand, so that a test can
+// send what no SDK would: it registers, has a person's browser consent,
+// and redeems the code.
+type manualClient struct {
+	t        *testing.T
+	base     string
+	id       string
+	redirect string
+}
+
+func registerClient(t *testing.T, base string) *manualClient {
+	t.Helper()
+	m := &manualClient{t: t, base: base, redirect: "http://127.0.0.1:41236/callback"}
+	body := `{"client_name":"manual","redirect_uris":["` + m.redirect + `"],"token_endpoint_auth_method":"none"}`
+	resp, err := http.Post(base+authserver.RegisterPath, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got struct {
+		ClientID string `json:"client_id"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("registration: %d %v", resp.StatusCode, err)
+	}
+	m.id = got.ClientID
+	return m
+}
+
+// code has b consent to an authorization request for resource and
+// returns the code and its PKCE verifier.
+func (m *manualClient) code(b *formBrowser, secret, resource string) (code, verifier string) {
+	m.t.Helper()
+	verifier = randomHex(32)
+	sum := sha256.Sum256([]byte(verifier))
+	q := url.Values{
+		"response_type": {"code"}, "client_id": {m.id}, "redirect_uri": {m.redirect},
+		"code_challenge": {base64.RawURLEncoding.EncodeToString(sum[:])}, "code_challenge_method": {"S256"},
+		"resource": {resource}, "state": {randomHex(8)},
+	}
+	resp, body := b.get(m.base + authserver.AuthorizePath + "?" + q.Encode())
+	if resp.StatusCode == http.StatusUnauthorized {
+		resp, body = b.post(signinidp.LinkPath, url.Values{"secret": {secret}})
+	}
+	if resp.StatusCode != http.StatusOK {
+		m.t.Fatalf("authorization: %d\n%s", resp.StatusCode, body)
+	}
+	back := b.consent(body)
+	if back.Query().Get("state") != q.Get("state") || back.Query().Get("iss") != m.base {
+		m.t.Fatalf("sent back with %v", back.Query())
+	}
+	return back.Query().Get("code"), verifier
+}
+
+// token posts a token request and returns its status and JSON.
+func (m *manualClient) token(form url.Values) (int, map[string]any) {
+	m.t.Helper()
+	form.Set("client_id", m.id)
+	resp, err := http.PostForm(m.base+authserver.TokenPath, form)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	if resp.Header.Get("Cache-Control") != "no-store" {
+		m.t.Errorf("a token endpoint answer without Cache-Control: no-store")
+	}
+	return resp.StatusCode, out
+}
+
+func (m *manualClient) redeem(code, verifier, resource string) (int, map[string]any) {
+	return m.token(url.Values{"grant_type": {"authorization_code"}, "code": {code}, "code_verifier": {verifier},
+		"redirect_uri": {m.redirect}, "resource": {resource}})
+}
+
+// listToolsStatus initializes a session at endpoint with token, and
+// returns the status and the challenge.
+func listToolsStatus(t *testing.T, endpoint, token string) (int, string) {
+	t.Helper()
+	a := post(t, endpoint, token, initializeBody)
+	return a.status, a.header.Get("WWW-Authenticate")
+}
+
+// TestSigninAtTheGateway: what the gateway's authorization server refuses,
+// through the real binary: a token issued for one site's resource used at
+// another site of the same gateway (401 invalid_token), a code redeemed
+// twice (the second refused, and the grant of the first revoked), a wrong
+// PKCE verifier, and a refresh token used twice (the grant revoked).
+func TestSigninAtTheGateway(t *testing.T) {
+	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	other := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin {{ADMIN}}
+	zidane {
+		signin {
+			issuer %[1]s
+			registration dynamic
+		}
+	}
+}
+
+%[1]s {
+	zidane_mcp {
+		sessions
+		resource %[1]s/mcp
+	}
+}
+
+%[2]s {
+	zidane_mcp {
+		sessions
+		resource %[2]s/mcp
+	}
+}
+`, base, other))
+	secret := signInLink(t, c, "carol", "read")
+	m := registerClient(t, base)
+	b := newFormBrowser(t, base)
+
+	code, verifier := m.code(b, secret, base+"/mcp")
+	status, tok := m.redeem(code, verifier, base+"/mcp")
+	if status != http.StatusOK {
+		t.Fatalf("redeem: %d %v", status, tok)
+	}
+	access := tok["access_token"].(string)
+	if got, _ := listToolsStatus(t, base+"/mcp", access); got != http.StatusOK {
+		t.Fatalf("the token at its own resource: %d", got)
+	}
+	if got, challenge := listToolsStatus(t, other+"/mcp", access); got != http.StatusUnauthorized || !strings.Contains(challenge, "another resource") {
+		t.Errorf("the token at another site's resource: %d %q, want 401 invalid_token", got, challenge)
+	}
+
+	// The same code again: refused, and the grant it gave is revoked.
+	if status, out := m.redeem(code, verifier, base+"/mcp"); status != http.StatusBadRequest || out["error"] != "invalid_grant" {
+		t.Errorf("the code redeemed twice: %d %v", status, out)
+	}
+	if got, _ := listToolsStatus(t, base+"/mcp", access); got != http.StatusUnauthorized {
+		t.Errorf("the grant of a code redeemed twice still works: %d", got)
+	}
+
+	// A wrong verifier spends the code.
+	code, verifier = m.code(b, secret, base+"/mcp")
+	if status, out := m.redeem(code, randomHex(32), base+"/mcp"); status != http.StatusBadRequest || out["error"] != "invalid_grant" {
+		t.Errorf("a wrong verifier: %d %v", status, out)
+	}
+	if status, _ := m.redeem(code, verifier, base+"/mcp"); status != http.StatusBadRequest {
+		t.Errorf("the code after a wrong verifier: %d, want it spent", status)
+	}
+
+	// Refresh rotation; the old refresh token again revokes the grant.
+	code, verifier = m.code(b, secret, base+"/mcp")
+	_, tok = m.redeem(code, verifier, base+"/mcp")
+	first := tok["refresh_token"].(string)
+	status, next := m.token(url.Values{"grant_type": {"refresh_token"}, "refresh_token": {first}})
+	if status != http.StatusOK || next["refresh_token"] == first {
+		t.Fatalf("refresh: %d %v", status, next)
+	}
+	if status, out := m.token(url.Values{"grant_type": {"refresh_token"}, "refresh_token": {first}}); status != http.StatusBadRequest || out["error"] != "invalid_grant" {
+		t.Errorf("a refresh token used twice: %d %v", status, out)
+	}
+	if got, _ := listToolsStatus(t, base+"/mcp", next["access_token"].(string)); got != http.StatusUnauthorized {
+		t.Errorf("the grant after its refresh token's reuse still works: %d", got)
+	}
+	for _, s := range []string{secret, code, verifier, first, access} {
+		if strings.Contains(c.Logs(), s) {
+			t.Error("a secret reached caddy's log")
+		}
+	}
+	if !strings.Contains(c.Logs(), `"event":"signin_refused"`) {
+		t.Error("no refusal of the authorization server was audited")
 	}
 }
