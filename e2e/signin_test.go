@@ -410,11 +410,17 @@ func (m *manualClient) code(b *formBrowser, secret, resource string) (code, veri
 	return back.Query().Get("code"), verifier
 }
 
-// token posts a token request and returns its status and JSON.
-func (m *manualClient) token(form url.Values) (int, map[string]any) {
+// token posts a token request, with a DPoP header for each proof, and
+// returns its status and JSON.
+func (m *manualClient) token(form url.Values, proofs ...string) (int, map[string]any) {
 	m.t.Helper()
 	form.Set("client_id", m.id)
-	resp, err := http.PostForm(m.base+authserver.TokenPath, form)
+	req, _ := http.NewRequest(http.MethodPost, m.base+authserver.TokenPath, strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for _, p := range proofs {
+		req.Header.Add("DPoP", p)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		m.t.Fatal(err)
 	}
@@ -427,9 +433,9 @@ func (m *manualClient) token(form url.Values) (int, map[string]any) {
 	return resp.StatusCode, out
 }
 
-func (m *manualClient) redeem(code, verifier, resource string) (int, map[string]any) {
+func (m *manualClient) redeem(code, verifier, resource string, proofs ...string) (int, map[string]any) {
 	return m.token(url.Values{"grant_type": {"authorization_code"}, "code": {code}, "code_verifier": {verifier},
-		"redirect_uri": {m.redirect}, "resource": {resource}})
+		"redirect_uri": {m.redirect}, "resource": {resource}}, proofs...)
 }
 
 // listToolsStatus initializes a session at endpoint with token, and
@@ -527,5 +533,47 @@ func TestSigninAtTheGateway(t *testing.T) {
 	}
 	if !strings.Contains(c.Logs(), `"event":"signin_refused"`) {
 		t.Error("no refusal of the authorization server was audited")
+	}
+}
+
+// TestSigninDPoPBound: a token request with a DPoP proof gets tokens bound
+// to the proof's key (token_type DPoP), which the edge then takes only
+// with a proof of that key: as Bearer, or with another key's proof, they
+// are refused; a refresh of the bound grant needs that key's proof too.
+func TestSigninDPoPBound(t *testing.T) {
+	c, base := authServerSite(t)
+	secret := signInLink(t, c, "dave", "read")
+	m := registerClient(t, base)
+	b := newFormBrowser(t, base)
+	key := newDPoPKey(t)
+	tokenURL := base + authserver.TokenPath
+
+	code, verifier := m.code(b, secret, base+"/mcp")
+	status, tok := m.redeem(code, verifier, base+"/mcp", key.proof(t, http.MethodPost, tokenURL, "", ""))
+	if status != http.StatusOK || tok["token_type"] != "DPoP" {
+		t.Fatalf("redeem with a proof: %d %v", status, tok)
+	}
+	access := tok["access_token"].(string)
+	if a := postDPoP(t, base+"/mcp", "", "DPoP "+access, []string{key.proof(t, http.MethodPost, base+"/mcp", access, "")}, initializeBody); a.status != http.StatusOK {
+		t.Errorf("the bound token with its key's proof: %d %s", a.status, a.body)
+	}
+	if a := post(t, base+"/mcp", access, initializeBody); a.status != http.StatusUnauthorized {
+		t.Errorf("the bound token as Bearer: %d", a.status)
+	}
+	other := newDPoPKey(t)
+	if a := postDPoP(t, base+"/mcp", "", "DPoP "+access, []string{other.proof(t, http.MethodPost, base+"/mcp", access, "")}, initializeBody); a.status != http.StatusUnauthorized {
+		t.Errorf("the bound token with another key's proof: %d", a.status)
+	}
+	refresh := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {tok["refresh_token"].(string)}}
+	if status, out := m.token(refresh, other.proof(t, http.MethodPost, tokenURL, "", "")); status != http.StatusBadRequest || out["error"] != "invalid_grant" {
+		t.Errorf("refresh of the bound grant with another key: %d %v", status, out)
+	}
+	if status, out := m.token(refresh, key.proof(t, http.MethodPost, tokenURL, "", "")); status != http.StatusOK || out["token_type"] != "DPoP" {
+		t.Errorf("refresh of the bound grant with its key: %d %v", status, out)
+	}
+	// A proof for another URL is refused at the token endpoint.
+	code, verifier = m.code(b, secret, base+"/mcp")
+	if status, out := m.redeem(code, verifier, base+"/mcp", key.proof(t, http.MethodPost, base+"/elsewhere", "", "")); status != http.StatusBadRequest || out["error"] != "invalid_dpop_proof" {
+		t.Errorf("a proof for another URL at the token endpoint: %d %v", status, out)
 	}
 }
