@@ -58,15 +58,19 @@ func authServerSite(t *testing.T) (c *Caddy, base string) {
 // flow ends).
 type formBrowser struct {
 	t    *testing.T
-	base string
-	hc   *http.Client
+	base string // where the forms are posted
+	// origin is the Origin the posts carry: the origin of the page the
+	// form was on, base unless a test posts a page's form to another
+	// replica.
+	origin string
+	hc     *http.Client
 }
 
 func newFormBrowser(t *testing.T, base string) *formBrowser {
 	jar, _ := cookiejar.New(nil)
-	b := &formBrowser{t: t, base: base}
+	b := &formBrowser{t: t, base: base, origin: base}
 	b.hc = &http.Client{Jar: jar, Timeout: 30 * time.Second, CheckRedirect: func(req *http.Request, via []*http.Request) error {
-		if !strings.HasPrefix(req.URL.String(), base+"/") || len(via) > 5 {
+		if req.URL.Hostname() != "127.0.0.1" || req.URL.Path == "/callback" || len(via) > 5 {
 			return http.ErrUseLastResponse
 		}
 		return nil
@@ -89,7 +93,7 @@ func (b *formBrowser) post(path string, form url.Values) (*http.Response, string
 	b.t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, b.base+path, strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Origin", b.base)
+	req.Header.Set("Origin", b.origin)
 	resp, err := b.hc.Do(req)
 	if err != nil {
 		b.t.Fatal(err)
@@ -385,17 +389,23 @@ func registerClient(t *testing.T, base string) *manualClient {
 	return m
 }
 
+// authorizeQuery is an authorization request for resource, with the
+// S256 challenge of verifier.
+func (m *manualClient) authorizeQuery(verifier, resource string) url.Values {
+	sum := sha256.Sum256([]byte(verifier))
+	return url.Values{
+		"response_type": {"code"}, "client_id": {m.id}, "redirect_uri": {m.redirect},
+		"code_challenge": {base64.RawURLEncoding.EncodeToString(sum[:])}, "code_challenge_method": {"S256"},
+		"resource": {resource}, "state": {randomHex(8)},
+	}
+}
+
 // code has b consent to an authorization request for resource and
 // returns the code and its PKCE verifier.
 func (m *manualClient) code(b *formBrowser, secret, resource string) (code, verifier string) {
 	m.t.Helper()
 	verifier = randomHex(32)
-	sum := sha256.Sum256([]byte(verifier))
-	q := url.Values{
-		"response_type": {"code"}, "client_id": {m.id}, "redirect_uri": {m.redirect},
-		"code_challenge": {base64.RawURLEncoding.EncodeToString(sum[:])}, "code_challenge_method": {"S256"},
-		"resource": {resource}, "state": {randomHex(8)},
-	}
+	q := m.authorizeQuery(verifier, resource)
 	resp, body := b.get(m.base + authserver.AuthorizePath + "?" + q.Encode())
 	if resp.StatusCode == http.StatusUnauthorized {
 		resp, body = b.post(signinidp.LinkPath, url.Values{"secret": {secret}})
