@@ -184,6 +184,7 @@ func (a *App) provisionSignin(ctx caddy.Context) error {
 		Registration: c.Registration == registrationDynamic,
 		ClientIP:     clientIP,
 		OnRefusal: func(rf clients.Refusal) {
+			metricRefusals.WithLabelValues("signin_client").Inc()
 			auditLogger().Warn("signin client refused", zap.String("event", "signin_refused"), zap.String("step", rf.Kind),
 				zap.String("error", rf.Code), zap.String("reason", rf.Reason), zap.String("client_id", rf.ClientID), zap.String("client_ip", rf.Address))
 		},
@@ -208,6 +209,7 @@ func (a *App) provisionSignin(ctx caddy.Context) error {
 		OIDC:            rp,
 		Links:           a.storage,
 		Audit: func(rf idp.Refusal) {
+			metricRefusals.WithLabelValues("signin_person").Inc()
 			auditLogger().Warn("signin refused", zap.String("event", "signin_refused"), zap.String("step", rf.Step),
 				zap.String("reason", rf.Reason), zap.String("detail", rf.Detail), zap.String("owner", rf.Owner), zap.Int("status", rf.Status))
 		},
@@ -241,6 +243,9 @@ func (a *App) provisionSignin(ctx caddy.Context) error {
 		DPoP:            verifier,
 		ClientIP:        clientIP,
 		Audit: func(rf authserver.Refusal) {
+			// One label per source, not per reason: the metric's labels
+			// stay a fixed set whatever a refusal says.
+			metricRefusals.WithLabelValues("signin").Inc()
 			auditLogger().Warn("signin refused", zap.String("event", "signin_refused"), zap.String("step", rf.Endpoint),
 				zap.String("error", rf.Error), zap.String("reason", rf.Reason), zap.String("client_id", rf.Client),
 				zap.String("owner", rf.Owner), zap.String("resource", rf.Resource), zap.String("remote", rf.Remote))
