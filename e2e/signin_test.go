@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -585,5 +586,41 @@ func TestSigninDPoPBound(t *testing.T) {
 	code, verifier = m.code(b, secret, base+"/mcp")
 	if status, out := m.redeem(code, verifier, base+"/mcp", key.proof(t, http.MethodPost, base+"/elsewhere", "", "")); status != http.StatusBadRequest || out["error"] != "invalid_dpop_proof" {
 		t.Errorf("a proof for another URL at the token endpoint: %d %v", status, out)
+	}
+}
+
+// TestSigninAcrossReload: a config reload keeps what a person is in the
+// middle of: a consent page shown before the reload is taken after it, the
+// browser is still signed in, and the code it gives is redeemed.
+func TestSigninAcrossReload(t *testing.T) {
+	c, base := authServerSite(t)
+	secret := signInLink(t, c, "frank", "read")
+	m := registerClient(t, base)
+	b := newFormBrowser(t, base)
+	verifier := randomHex(32)
+	q := m.authorizeQuery(verifier, base+"/mcp")
+	resp, body := b.get(base + authserver.AuthorizePath + "?" + q.Encode())
+	if resp.StatusCode == http.StatusUnauthorized {
+		resp, body = b.post(signinidp.LinkPath, url.Values{"secret": {secret}})
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("authorization: %d\n%s", resp.StatusCode, body)
+	}
+	cfg, err := os.ReadFile(c.Caddyfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Reload(t, strings.Replace(strings.Replace(string(cfg), c.AdminAddr, AdminPlaceholder, 1), "registration dynamic", "registration dynamic\n\t\t\taccess_lifetime 10m", 1))
+	back := b.consent(body)
+	status, tok := m.redeem(back.Query().Get("code"), verifier, base+"/mcp")
+	if status != http.StatusOK {
+		t.Fatalf("the code of a consent given across a reload: %d %v", status, tok)
+	}
+	if ttl, _ := tok["expires_in"].(float64); ttl > 600 {
+		t.Errorf("expires_in %v after the reload set access_lifetime 10m", ttl)
+	}
+	resp, body = b.get(base + authserver.AuthorizePath + "?" + m.authorizeQuery(randomHex(32), base+"/mcp").Encode())
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "Allow access?") {
+		t.Errorf("the browser signed in before the reload is not after it: %d", resp.StatusCode)
 	}
 }
