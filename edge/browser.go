@@ -16,13 +16,23 @@ import (
 // listener a Host that is not loopback is a DNS-rebinding attempt (the
 // spec's localhost rule); a browser Origin must be one origins allows.
 func CheckHostOrigin(r *http.Request, origins *policy.Origins, localhostProtection bool) Verdict {
-	if localhostProtection && onLoopbackListener(r) && !policy.HostIsLoopback(r.Host) {
-		return Refuse(http.StatusForbidden, "host",
-			fmt.Sprintf("Host %q is not this machine: this endpoint listens on loopback only; if a proxy in front sets another Host, set disable_localhost_protection", r.Host))
+	if v := CheckHost(r, localhostProtection); !v.Allowed() {
+		return v
 	}
 	if origin := r.Header.Get("Origin"); !origins.Allowed(origin, r.Host) {
 		return Refuse(http.StatusForbidden, "origin",
 			fmt.Sprintf("Origin %q is not allowed to call this MCP endpoint; an operator can add it to allowed_origins", origin))
+	}
+	return Verdict{}
+}
+
+// CheckHost refuses, with localhostProtection, a request that arrived on a
+// loopback listener with a Host that is not this machine: a page of
+// another site whose name a DNS rebinding pointed here.
+func CheckHost(r *http.Request, localhostProtection bool) Verdict {
+	if localhostProtection && onLoopbackListener(r) && !policy.HostIsLoopback(r.Host) {
+		return Refuse(http.StatusForbidden, "host",
+			fmt.Sprintf("Host %q is not this machine: this endpoint listens on loopback only; if a proxy in front sets another Host, set disable_localhost_protection", r.Host))
 	}
 	return Verdict{}
 }
