@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/certmagic"
 	"github.com/chromedp/chromedp"
@@ -116,6 +117,39 @@ func TestIdPSignIn(t *testing.T) {
 			}},
 		}}
 	})
+
+	// The request to the IdP, as the browser is sent there: its redirect
+	// URI comes from the configured site whatever Host says, with PKCE
+	// S256, a nonce and a state of its own.
+	noFollow := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	states := map[string]bool{}
+	for range 2 {
+		req, _ := http.NewRequest("GET", site.URL+"/start", nil)
+		req.Host = "evil.example"
+		req.Header.Set("X-Forwarded-Host", "evil.example")
+		resp, err := noFollow.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		to, err := url.Parse(resp.Header.Get("Location"))
+		if resp.StatusCode != http.StatusSeeOther || err != nil || !strings.HasPrefix(to.String(), issuer.Issuer+"/") {
+			t.Fatalf("/start: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
+		}
+		q := to.Query()
+		if q.Get("redirect_uri") != site.URL+signin.CallbackPath || q.Get("code_challenge_method") != "S256" || len(q.Get("code_challenge")) != 43 ||
+			q.Get("nonce") == "" || q.Get("state") == "" || q.Get("client_id") != issuer.ClientID || q.Get("response_type") != "code" ||
+			q.Get("scope") != "openid profile email groups" || strings.Contains(to.String(), issuer.ClientSecret) {
+			t.Fatalf("the authorization request: %s", to)
+		}
+		if states[q.Get("state")] {
+			t.Fatal("two sign-ins got one state")
+		}
+		states[q.Get("state")] = true
+		if cs := resp.Cookies(); len(cs) != 1 || cs[0].Name != "zidane-signin-flow" || !cs[0].HttpOnly || cs[0].SameSite != http.SameSiteLaxMode {
+			t.Fatalf("the flow cookie: %v", resp.Cookies())
+		}
+	}
 
 	loc, text := newBrowser(t).idpSignIn(t, site.URL+"/start", "alice")
 	if loc != site.URL+"/whoami?from=start" {
