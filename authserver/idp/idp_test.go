@@ -219,9 +219,19 @@ func TestClaimRules(t *testing.T) {
 	}
 
 	owned := Claims{OwnerClaim: "email", Rules: c.Rules}
-	p, err := owned.person([]byte(`{"sub":"u1","email":"ann@example.com","groups":["eng"],"name":"Ann\u202eevil"}`))
+	p, err := owned.person([]byte(`{"sub":"u1","email":"ann@example.com","email_verified":true,"groups":["eng"],"name":"Ann\u202eevil"}`))
 	if err != nil || p.Owner != "ann@example.com" || p.Name != "Annevil" {
 		t.Fatalf("owner claim email: %+v, %v", p, err)
+	}
+	// An address the IdP has not verified is anyone's to type in.
+	for _, unverified := range []string{
+		`{"sub":"u1","email":"ann@example.com","groups":["eng"]}`,
+		`{"sub":"u1","email":"ann@example.com","email_verified":false,"groups":["eng"]}`,
+		`{"sub":"u1","email":"ann@example.com","email_verified":"true","groups":["eng"]}`,
+	} {
+		if p, err := owned.person([]byte(unverified)); !errors.Is(err, ErrNoOwner) || !strings.Contains(err.Error(), "email_verified") {
+			t.Errorf("%s: %+v, %v", unverified, p, err)
+		}
 	}
 	p, err = Claims{}.person([]byte(`{"sub":"u1","groups":["eng"]}`))
 	if !errors.Is(err, ErrNoScope) || p.Scopes != nil {
