@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -72,6 +73,8 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 //			leeway <duration>
 //			machine_scope <scope>
 //		}
+//		dpop optional|required
+//		dpop_nonce
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
@@ -190,8 +193,33 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.JWT = j
+		case "dpop":
+			if !d.Args(&h.DPoP) || d.NextArg() {
+				return d.Err("dpop takes optional or required: `dpop required` takes DPoP-bound tokens only")
+			}
+			if err := checkDPoPOption(h.DPoP, false, &url.URL{Scheme: "https", Host: "h"}); err != nil {
+				return d.Err(err.Error())
+			}
+		case "dpop_nonce":
+			if d.NextArg() {
+				return d.Err("dpop_nonce takes no value: with it, every DPoP proof must carry a nonce this server issued")
+			}
+			h.DPoPNonce = true
 		default:
 			return d.Errf("unknown zidane_mcp option %q", d.Val())
+		}
+	}
+	if h.DPoP != "" || h.DPoPNonce {
+		res := h.Resource
+		if res == "" {
+			res = defaultResource
+		}
+		u, err := parseResource(res)
+		if err != nil {
+			return d.Err(err.Error())
+		}
+		if err := checkDPoPOption(h.DPoP, h.DPoPNonce, u); err != nil {
+			return d.Err(err.Error())
 		}
 	}
 	raw, err := m.json()

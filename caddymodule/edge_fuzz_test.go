@@ -429,6 +429,9 @@ func (e *guardEdge) check(t *testing.T, in edgeInput) {
 	if v := got.header.Values("Authorization"); len(v) != 1 || v[0] != "Bearer "+upstreamSecret {
 		t.Fatalf("the server behind got Authorization %q, want the guard's upstream header alone", v)
 	}
+	if v := got.header.Values("DPoP"); len(v) != 0 {
+		t.Fatalf("the server behind got the client's DPoP header %q: a proof is for the edge, as the token is", v)
+	}
 	for k, vv := range got.header {
 		for _, v := range vv {
 			if strings.Contains(v, secret) {
@@ -718,6 +721,7 @@ func edgeSeeds(tb testing.TB) []edgeInput {
 		edgeInput{http.MethodPost, "/mcp", "Content-Length: 5\n", []byte(list), jsonA},
 		edgeInput{http.MethodPost, "/mcp", "Content-Encoding: gzip\n", []byte(list), jsonA},
 		edgeInput{http.MethodPost, "/mcp", "Mcp-Method: tools/list\nMcp-Protocol-Version: 2026-07-28\n", []byte(list), jsonA},
+		edgeInput{http.MethodPost, "/mcp", "DPoP: eyJhbGciOiJFUzI1NiJ9.e30.c2ln\ndpop: second\n", []byte(list), jsonA},
 		edgeInput{http.MethodPost, "/mcp", "Mcp_Name: a\n", []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"b"}}`), jsonA},
 		edgeInput{http.MethodPost, "/mcp", "Transfer-Encoding: chunked\n", []byte(fmt.Sprintf("%x\r\n%s\r\n0\r\nMcp-Name: b\r\nAuthorization: Bearer x\r\n\r\n", len(list), list)), jsonA},
 		edgeInput{http.MethodGet, "/mcp", "Transfer-Encoding: chunked\nTrailer: Mcp-Method\n", []byte("0\r\nMcp-Method: tools/call\r\n\r\n"), credToolA},

@@ -130,6 +130,10 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	if !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
+	if v := h.dpop.CheckForwarded(r.Context(), p, r.Header.Values("DPoP"), r.Method, claims.JWT, now); !v.Allowed() {
+		rf.p = p
+		return h.refuse(w, r, rf, v)
+	}
 	rf.p = p
 	modern := aggregate.ModernRequest(r)
 	if !modern {
@@ -174,6 +178,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	r.Header.Del(edge.HopPrincipalHeader)
 	r.Header.Del(edge.HopCredentialHeader)
 	r.Header.Del("Authorization")
+	r.Header.Del("DPoP")
 	// The address the sender's edge saw, which its signature covers.
 	r.Header[upstream.ClientIPHeader] = []string{claims.Client}
 	h.audit.Debug("forwarded request", zap.String("event", "session_forwarded_in"), zap.String("from", claims.From),

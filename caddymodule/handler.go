@@ -85,6 +85,23 @@ type Handler struct {
 	// identity provider.
 	JWT *JWTConfig `json:"jwt,omitempty"`
 
+	// DPoP is how the site treats DPoP (RFC 9449): "optional" (the
+	// default) takes bearer tokens, and a DPoP-bound token (a JWT with
+	// cnf.jkt, a grant issued to a client that sent a proof) only with the
+	// DPoP scheme and a proof signed by its key on every request;
+	// "required" takes DPoP-bound tokens only, and the RFC 9728 metadata
+	// says dpop_bound_access_tokens_required. Proofs are checked against
+	// Resource, which must then be an absolute URL: with a path alone,
+	// bound tokens are refused. Each proof is taken once (across the
+	// cluster on zidane_nats storage).
+	DPoP string `json:"dpop,omitempty"`
+
+	// DPoPNonce makes every DPoP proof carry a nonce this server issued
+	// (RFC 9449 §8): answers carry a DPoP-Nonce header, and a proof
+	// without a current nonce is refused use_dpop_nonce, which clients
+	// retry with it. Needs Resource as an absolute URL.
+	DPoPNonce bool `json:"dpop_nonce,omitempty"`
+
 	authn      policy.Authenticator
 	tokens     *policy.TokenStore
 	scopes     *policy.ScopeMap
@@ -94,6 +111,7 @@ type Handler struct {
 	ipv6Prefix int // the prefix length by which ipLimit keys IPv6 clients
 	limitKey   string
 	jwt        *policy.JWTVerifier
+	dpop       edge.DPoP
 	resURL     *url.URL // absolute when configured so, else path only
 	route      routing  // what the route module gives to serve
 	app        *App     // this config's zidane app (upstream OAuth logins)
@@ -187,6 +205,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	if err := h.provisionLimits(ctx); err != nil {
+		return err
+	}
+	if err := h.provisionDPoP(ctx); err != nil {
 		return err
 	}
 	h.authn = policy.Authenticator{Tokens: h.tokens, Suspects: suspectQueue}
@@ -377,6 +398,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 2. Authenticate.
 	now := time.Now()
+	if n := h.dpop.Nonce(now); n != "" {
+		// On every answer from here, so that a client keeps a current
+		// nonce without a refusal to learn it from.
+		w.Header().Set("DPoP-Nonce", n)
+	}
 	p, v := h.authenticate(r, rf.clientIP, now)
 	if !v.Allowed() {
 		return h.refuse(w, r, rf, v)
@@ -474,8 +500,8 @@ func (h *Handler) routeFor(path string) (edge.Route, spanning, edge.Verdict) {
 // principal, or its refusal; a refusal for the identity provider's keys
 // logs their detail, and one for the address's bucket is counted.
 func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) (policy.Principal, edge.Verdict) {
-	a := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix}
-	p, v, err := a.Authenticate(r.Context(), r.Header.Get("Authorization"), clientIP, now)
+	a := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix, DPoP: h.dpop, PerToken: h.tokenLimit}
+	p, v, err := a.Check(r.Context(), edge.CredentialOf(r), clientIP, now)
 	switch v.Reason {
 	case edge.ReasonKeysUnavailable:
 		h.logger.Error("JWT signing keys unavailable", zap.String("detail", err.Error()))
@@ -519,6 +545,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 		// itself (see edge.HopKey.Sign, clustersessions).
 		ctx = policy.WithJWT(ctx, policy.BearerJWT(r.Header.Get("Authorization")))
 	}
+	if _, ok := route.(edge.ForwardedRoute); ok && p.JKT != "" {
+		// And checks a bound principal's proof again (edge.DPoP.CheckForwarded).
+		ctx = edge.WithProof(ctx, r.Header.Get("DPoP"))
+	}
 	// A revoked token's (or JWT subject's) open requests and streams end at
 	// once, and every one ends when the process exits: the token store
 	// cancels what it holds then (see loadTokens); a request that arrives
@@ -531,6 +561,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	}
 	r = r.WithContext(ctx)
 	delete(r.Header, "Authorization") // canonical names: Header.Del would only canonicalize them again
+	delete(r.Header, "Dpop")          // a proof is for this edge, as the token is
 	// Every answer goes through the listing filter, which reads it: ask
 	// for it uncompressed (an `encode` in front still compresses what the
 	// client gets).

@@ -17,17 +17,27 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rf refusal, v e
 	rf.log(h.audit)
 	metricRequests.WithLabelValues("refused").Inc()
 	metricRefusals.WithLabelValues(rf.reason).Inc()
-	// The challenge needs the resource's URL alone.
-	err := edge.WriteRefusal(w, r, edge.ProtectedResource{URL: h.resURL}, v, rf.call.ID.Raw())
+	// The challenge needs the resource's URL and DPoP settings alone.
+	err := edge.WriteRefusal(w, r, h.challengeResource(), v, rf.call.ID.Raw())
 	if err != nil && !v.ToolError {
 		return caddyhttp.Error(v.Status, err)
 	}
 	return err
 }
 
+// challengeResource is what a refusal's challenges say of this site.
+func (h *Handler) challengeResource() edge.ProtectedResource {
+	res := edge.ProtectedResource{URL: h.resURL, DPoPRequired: h.dpop.Required}
+	if h.dpop.On() {
+		res.DPoPAlgs = edge.DPoPAlgorithms()
+	}
+	return res
+}
+
 // protectedResource is what this site's RFC 9728 metadata says.
 func (h *Handler) protectedResource() edge.ProtectedResource {
-	res := edge.ProtectedResource{URL: h.resURL, Scopes: h.scopes.Names()}
+	res := h.challengeResource()
+	res.Scopes = h.scopes.Names()
 	if h.JWT != nil {
 		res.AuthorizationServers = []string{h.JWT.Issuer}
 	}

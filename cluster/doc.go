@@ -14,7 +14,8 @@
 // sequence for the whole cluster; and node areas ([NodeArea]): what each
 // node writes for its own part under zidane/nodes/<node>/<area>/ (the
 // sessions directory), which every node follows with one watch and reads
-// caught up.
+// caught up; and the replay check of DPoP proofs ([Replay]: one KV bucket,
+// each proof claimed once across the cluster by an atomic create).
 //
 // A watch ([Storage.Watch], a node area's, the node registry's) is made
 // again as soon as the connection comes back after it was lost, and

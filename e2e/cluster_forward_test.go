@@ -341,7 +341,7 @@ func (h testHop) sign(t *testing.T, req *http.Request, body, from, to string, at
 	}
 	d := sha256.Sum256([]byte(body))
 	field(string(d[:]))
-	for _, name := range []string{"Accept", "Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID", "Mcp-Method", "Mcp-Name"} {
+	for _, name := range []string{"Accept", "Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID", "Mcp-Method", "Mcp-Name", "DPoP"} {
 		vs := req.Header.Values(name)
 		field(strconv.Itoa(len(vs)))
 		for _, v := range vs {

@@ -40,21 +40,60 @@ type Authentication struct {
 	Failures *policy.Limiter
 	// IPv6Prefix is the prefix length by which Failures keys IPv6 clients.
 	IPv6Prefix int
+	// DPoP holds bound credentials to their keys (see [DPoP]).
+	DPoP DPoP
+	// PerToken, when set, is step 5's bucket per principal, consulted
+	// (not drawn on) before a proof is checked: a principal whose bucket
+	// is empty is refused 429 as step 5 would, before its proof costs a
+	// signature check and a claim in the replay check, so that one
+	// holder of a bound token cannot fill the check that every client's
+	// proofs go through.
+	PerToken *policy.Limiter
 }
 
 // Authenticate checks the Authorization header value authz of a request
-// from clientIP. A refusal for the identity provider's keys (a 503 with
-// [ReasonKeysUnavailable]) is not the client's fault: it is not charged,
-// and its detail, err, is for the log only (an URL, a network error).
+// from clientIP that carries no DPoP proof (see [Authentication.Check]).
 func (a Authentication) Authenticate(ctx context.Context, authz, clientIP string, now time.Time) (p policy.Principal, v Verdict, err error) {
+	return a.Check(ctx, Credential{Authorization: authz}, clientIP, now)
+}
+
+// Check authenticates the credential c of a request from clientIP: its
+// token, with the Bearer or the DPoP scheme, then the token's DPoP binding
+// (see [DPoP]). A refusal for the identity provider's keys (a 503 with
+// [ReasonKeysUnavailable]) or for the replay check (503
+// [ReasonDPoPUnavailable]) is not the client's fault: it is not charged,
+// and its detail, err, is for the log only (an URL, a network error); nor
+// is the use_dpop_nonce step of the protocol. A refused proof is charged
+// like a failed token.
+func (a Authentication) Check(ctx context.Context, c Credential, clientIP string, now time.Time) (p policy.Principal, v Verdict, err error) {
 	ip := policy.AddressKey(clientIP, a.IPv6Prefix)
 	authenticate := a.Authn.Authenticate
 	if a.Authn.JWT != nil && a.Failures.Empty(ip, now) {
 		authenticate = a.Authn.AuthenticateSuspect
 	}
+	authz := c.Authorization
+	token, isDPoP := dpopScheme(authz)
+	if isDPoP {
+		// The Authenticator checks the token; the scheme's binding is
+		// checked below, here, once the token's principal is known.
+		authz = "Bearer " + token
+	}
 	p, err = authenticate(ctx, authz, now)
 	if err == nil {
-		return p, Verdict{}, nil
+		if !isDPoP {
+			token = policy.BearerToken(authz)
+		}
+		if p.JKT != "" && isDPoP && a.PerToken != nil && a.PerToken.Empty(p.TokenID, now) {
+			return policy.Principal{}, RateLimit(a.PerToken, p.TokenID, now), nil
+		}
+		v = a.DPoP.checkBinding(ctx, p, c, token, isDPoP, now)
+		if v.Allowed() {
+			return p, Verdict{}, nil
+		}
+		if !dpopCharged(v) {
+			return policy.Principal{}, v, nil
+		}
+		return policy.Principal{}, a.charge(ip, now, v), errors.New(v.Message)
 	}
 	if errors.Is(err, policy.ErrKeysUnavailable) {
 		v := Refuse(http.StatusServiceUnavailable, ReasonKeysUnavailable,
@@ -62,13 +101,19 @@ func (a Authentication) Authenticate(ctx context.Context, authz, clientIP string
 		v.RetryAfter = keysRetry
 		return policy.Principal{}, v, err
 	}
+	return policy.Principal{}, a.charge(ip, now, credentialVerdict(err)), err
+}
+
+// charge counts the failed credential refused with v against the address
+// ip, and once its bucket is empty answers 429 instead.
+func (a Authentication) charge(ip string, now time.Time, v Verdict) Verdict {
 	if ok, retry := a.Failures.Allow(ip, now); !ok {
 		v := Refuse(http.StatusTooManyRequests, ReasonRateLimitedIP,
 			"too many requests without a valid token from this address; wait and retry with a valid token")
 		v.RetryAfter = retry
-		return policy.Principal{}, v, err
+		return v
 	}
-	return policy.Principal{}, credentialVerdict(err), err
+	return v
 }
 
 // credentialVerdict is the 401 of a failed credential: the one place an

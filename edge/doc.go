@@ -41,11 +41,15 @@
 // checks (MAC over the request and the identity, the nodes, a time and a
 // nonce; see hop.go and forward.go). The holder establishes the principal
 // from the identity alone ([HopClaims.Principal]: its own token store, its
-// own check of a JWT) and decides the request again ([Decide]) under it.
+// own check of a JWT) and decides the request again ([Decide]) under it;
+// a bound principal's hop carries the client's DPoP proof, which the holder
+// checks again ([DPoP.CheckForwarded]).
 //
 // Around the steps it also owns what a client sees of them: the
 // authentication verdicts and the charging of failed guesses to their
-// address ([Authentication]), the refusal as written ([WriteRefusal]: the
+// address ([Authentication]), DPoP (RFC 9449: a credential bound to a key
+// is taken only with a proof of it on every request, checked against the
+// configured resource URL; [DPoP]), the refusal as written ([WriteRefusal]: the
 // WWW-Authenticate challenge, the JSON-RPC code), the RFC 9728 document
 // ([ProtectedResource]), the Host, Origin and CORS rules
 // ([CheckHostOrigin], [Preflight]), the rate limit's verdict ([RateLimit]),
@@ -61,5 +65,6 @@
 // client's credential on: a route serves a request whose Authorization the
 // adapter removed. (The one credential that moves is a JWT principal's
 // access token, over the hop, to another replica of this same gateway,
-// which verifies it: see [HopKey.Sign].)
+// which verifies it: see [HopKey.Sign]; with it, for a DPoP-bound one, the
+// client's proof for this same resource.)
 package edge

@@ -244,6 +244,10 @@ func (f *Forward) sendFrom(w http.ResponseWriter, r *http.Request, sid, self, no
 	for _, name := range HopParamHeaders(r.Header) {
 		out.Header[name] = append([]string(nil), r.Header[name]...)
 	}
+	out.Header.Del("DPoP")
+	if proof := ProofFrom(r.Context()); proof != "" {
+		out.Header.Set("DPoP", proof)
+	}
 	nonce, err := f.o.Hop.Sign(out, f.o.Route, self, node, p, policy.JWTFrom(r.Context()), f.o.ClientIP(r), body, time.Now())
 	if err != nil {
 		return &RefusalError{Verdict: Refuse(http.StatusBadGateway, "hop_failed", "this request cannot be forwarded to the replica that holds its session: "+err.Error())}

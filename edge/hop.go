@@ -64,8 +64,11 @@ const (
 // HopForwardedHeaders are the only request headers a hop carries, with
 // every Mcp-Param-* header ([HopParamHeaders]): what the aggregated route
 // and the edge read. The client's Authorization, cookies, Origin,
-// Host-derived headers and X-Forwarded-* never leave the edge.
-var HopForwardedHeaders = []string{"Accept", "Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID", "Mcp-Method", "Mcp-Name"}
+// Host-derived headers and X-Forwarded-* never leave the edge. DPoP is
+// set by the sender from the request's context, for a bound principal
+// only: the client's proof, for this same resource, which the receiver
+// checks again ([DPoP.CheckForwarded]).
+var HopForwardedHeaders = []string{"Accept", "Content-Type", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID", "Mcp-Method", "Mcp-Name", "DPoP"}
 
 // HopParamHeaders are h's Mcp-Param-* headers (MCP 2026-07-28), by
 // canonical name, sorted: a hop carries them, under its MAC.

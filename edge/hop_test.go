@@ -298,7 +298,7 @@ type testJWT struct {
 	key *ecdsa.PrivateKey
 }
 
-func newTestJWT(t *testing.T) (testJWT, *policy.JWTVerifier) {
+func newTestJWT(t testing.TB) (testJWT, *policy.JWTVerifier) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -319,7 +319,7 @@ func newTestJWT(t *testing.T) (testJWT, *policy.JWTVerifier) {
 	return testJWT{key}, v
 }
 
-func (j testJWT) token(t *testing.T, sub, scope string) string {
+func (j testJWT) token(t testing.TB, sub, scope string) string {
 	t.Helper()
 	now := time.Now()
 	raw, err := jwt.NewWithClaims(jwt.SigningMethodES256, jwt.MapClaims{"iss": "https://idp.example/", "aud": "https://edge.example/mcp",

@@ -27,6 +27,11 @@ type ProtectedResource struct {
 	AuthorizationServers []string
 	// Scopes are the scopes its rules know, for scopes_supported.
 	Scopes []string
+	// DPoPAlgs are the DPoP proof algorithms it verifies (see
+	// [DPoPAlgorithms]); empty when it can check no proof.
+	DPoPAlgs []string
+	// DPoPRequired says it takes DPoP-bound access tokens only.
+	DPoPRequired bool
 }
 
 // ResourceURL is the absolute URL of the resource for r.
@@ -70,6 +75,9 @@ func (res ProtectedResource) Metadata(r *http.Request) oauthex.ProtectedResource
 		ScopesSupported:        res.Scopes,
 		BearerMethodsSupported: []string{"header"},
 		ResourceName:           "caddy-zidane-mcp",
+
+		DPOPSigningAlgValuesSupported: res.DPoPAlgs,
+		DPOPBoundAccessTokensRequired: res.DPoPRequired,
 	}
 }
 

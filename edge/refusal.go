@@ -25,6 +25,12 @@ func WriteRefusal(w http.ResponseWriter, r *http.Request, res ProtectedResource,
 	if c := Challenge(v, res, r); c != "" {
 		w.Header().Set("WWW-Authenticate", c)
 	}
+	if c := DPoPChallenge(v, res, r); c != "" {
+		w.Header().Add("WWW-Authenticate", c)
+	}
+	if v.DPoPNonce != "" {
+		w.Header().Set("DPoP-Nonce", v.DPoPNonce)
+	}
 	if v.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(v.RetryAfter.Seconds()))))
 	}
@@ -86,11 +92,17 @@ func RefusalCode(v Verdict) int {
 // the call. go-sdk's auth.RequireBearerToken writes no error= parameter,
 // which clients read to tell a bad token from a missing scope: this
 // writes its own.
+//
+// A site that takes DPoP-bound tokens only has no Bearer challenge (see
+// [DPoPChallenge]), and a refusal whose error is DPoP's puts it there.
 func Challenge(v Verdict, res ProtectedResource, r *http.Request) string {
+	if res.DPoPRequired {
+		return ""
+	}
 	switch {
 	case v.Status == http.StatusUnauthorized:
 		c := fmt.Sprintf(`Bearer resource_metadata=%q`, res.MetadataURL(r))
-		if v.Reason != ReasonNoToken {
+		if v.Reason != ReasonNoToken && v.DPoPError == "" {
 			c += fmt.Sprintf(`, error="invalid_token", error_description=%q`, quoteSafe(v.Message))
 		}
 		return c
@@ -102,6 +114,38 @@ func Challenge(v Verdict, res ProtectedResource, r *http.Request) string {
 		return c + fmt.Sprintf(`, error_description=%q`, quoteSafe(v.Message))
 	}
 	return ""
+}
+
+// DPoPChallenge is the DPoP challenge (RFC 9449 §7.1) of the refusal v of
+// r, beside or instead of the Bearer one, or "" when res checks no proofs
+// or v calls for none: a 401 names the metadata and the algorithms, and
+// v's DPoP error when it has one; on a site that takes bound tokens only,
+// it carries what the Bearer challenge would (invalid_token,
+// insufficient_scope).
+func DPoPChallenge(v Verdict, res ProtectedResource, r *http.Request) string {
+	if len(res.DPoPAlgs) == 0 {
+		return ""
+	}
+	code := v.DPoPError
+	switch {
+	case v.Status == http.StatusUnauthorized:
+		if code == "" && res.DPoPRequired && v.Reason != ReasonNoToken {
+			code = "invalid_token"
+		}
+	case v.Reason == ReasonScope && res.DPoPRequired:
+		code = "insufficient_scope"
+	default:
+		return ""
+	}
+	c := fmt.Sprintf(`DPoP resource_metadata=%q, algs=%q`, res.MetadataURL(r), strings.Join(res.DPoPAlgs, " "))
+	if code == "" {
+		return c
+	}
+	c += fmt.Sprintf(`, error=%q`, code)
+	if code == "insufficient_scope" && len(v.Need) > 0 {
+		c += fmt.Sprintf(`, scope=%q`, strings.Join(v.Need, " "))
+	}
+	return c + fmt.Sprintf(`, error_description=%q`, quoteSafe(v.Message))
 }
 
 // writeToolError answers a refused tools/call with a tool error: a result

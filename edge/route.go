@@ -111,6 +111,13 @@ type Verdict struct {
 	// reason: what the refusal's code has there (-32021's
 	// requiredCapabilities).
 	Data map[string]any
+	// DPoPError, on a 401, is the error code of the DPoP challenge
+	// (RFC 9449 §7.1, §12): invalid_token, invalid_dpop_proof or
+	// use_dpop_nonce. The Bearer challenge then carries none.
+	DPoPError string
+	// DPoPNonce, on a use_dpop_nonce refusal, is the nonce the client
+	// signs its next proof with: the DPoP-Nonce header.
+	DPoPNonce string
 }
 
 // Allowed reports whether v allows.

@@ -1,6 +1,7 @@
 // Package policy owns the inbound decisions of the edge, with no HTTP
 // framework in it: authentication (the opaque token format and its store,
-// JWT access-token verification, revoked JWT subjects, the queue that bounds
+// JWT access-token verification (with a DPoP-bound token's cnf.jkt, which
+// the edge holds each request to), revoked JWT subjects, the queue that bounds
 // the signature checks of addresses that guess), who a credential
 // acts for (its owner), the tokens derived for sessions' agents and their
 // bounds (scopes that only narrow the parent's, an expiry no later than the

@@ -28,6 +28,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"golang.org/x/time/rate"
 
+	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
@@ -470,7 +471,8 @@ func (v *JWTVerifier) Close() {
 // and its Scopes are the union of the `scope` claim (space-separated) and the
 // `scp` claim (a string or an array). Its Name is `sub` for a user; for a
 // machine (see JWTConfig.MachineScope) it is the first of `client_id`, `cid`,
-// `azp` and `sub` that is set.
+// `azp` and `sub` that is set. Its JKT is `cnf.jkt` for a DPoP-bound token
+// (see jwtConfirmation): the edge then asks every request for a proof.
 func (v *JWTVerifier) Verify(ctx context.Context, raw string) (Principal, error) {
 	if len(raw) > jwtMaxBytes {
 		return Principal{}, jwtInvalid(fmt.Sprintf("the token is %d bytes, more than the %d this server accepts", len(raw), jwtMaxBytes))
@@ -498,7 +500,99 @@ func (v *JWTVerifier) Verify(ctx context.Context, raw string) (Principal, error)
 	if err != nil {
 		return Principal{}, v.explain(tok, &claims, err)
 	}
-	return v.principal(&claims), nil
+	jkt, err := jwtConfirmation(raw, claims.Cnf)
+	if err != nil {
+		return Principal{}, err
+	}
+	p := v.principal(&claims)
+	p.JKT = jkt
+	return p, nil
+}
+
+// jwtJKTLen is the length of a SHA-256 RFC 7638 thumbprint in base64url.
+const jwtJKTLen = 43
+
+// jwtConfirmation is the DPoP key thumbprint a verified token is bound to
+// (cnf.jkt, RFC 9449 §6.1), or "" for a bearer token (no cnf at all). The
+// edge then takes the token only with a proof signed by that key.
+//
+// A confirmation it cannot hold a request to is refused, never read as no
+// binding: the issuer meant the token bound, and a bearer reading would
+// let whoever holds it in without the key. That is a cnf that is not an
+// object, one without jkt (an mTLS certificate's x5t#S256, which this
+// server does not check), a jkt that is no thumbprint; and one reading:
+// encoding/json, which reads the claims here, matches "CNF" or "\u0063nf"
+// as cnf and keeps the last of two, where a reader that matches names
+// exactly or keeps the first would find another binding, or none. So a
+// payload that may spell cnf (or jkt) otherwise, or twice, passes
+// message.Validate, the repository's one check of that rule, and then an
+// exact-spelling check of the two names. The payload is decoded again only
+// for that, and only when it holds "cnf" in some case or an escape.
+func jwtConfirmation(raw string, cnf json.RawMessage) (string, error) {
+	_, rest, _ := strings.Cut(raw, ".")
+	seg, _, _ := strings.Cut(rest, ".")
+	payload, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(seg, "="))
+	if err != nil {
+		return "", jwtInvalid("the token's claims do not decode as base64url")
+	}
+	if cnf != nil || jwtContainsFold(payload, "cnf") || strings.Contains(string(payload), `\u`) {
+		if err := message.Validate(payload); err != nil {
+			return "", jwtInvalid("the token's claims are JSON that readers could read differently (a member twice, or spelled in another case): " + jwtValidateReason(err))
+		}
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal(payload, &top); err != nil {
+			return "", jwtInvalid("the token's claims are not a JSON object")
+		}
+		for name := range top {
+			if name != "cnf" && strings.EqualFold(name, "cnf") {
+				return "", jwtInvalid("the token spells its cnf claim in another letter case; the identity provider must write cnf")
+			}
+		}
+	}
+	if cnf == nil {
+		return "", nil
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(cnf, &members); err != nil || members == nil {
+		return "", jwtInvalid("the token's cnf claim is not a JSON object; a DPoP-bound token carries cnf: {\"jkt\": <thumbprint>}")
+	}
+	for name := range members {
+		if name != "jkt" && strings.EqualFold(name, "jkt") {
+			return "", jwtInvalid("the token's cnf spells jkt in another letter case; the identity provider must write jkt")
+		}
+	}
+	rawJKT, ok := members["jkt"]
+	if !ok {
+		return "", jwtInvalid("the token is bound (cnf) by a method other than a DPoP key (no cnf.jkt), which this server cannot check; ask the identity provider for a DPoP-bound or a bearer token")
+	}
+	var jkt string
+	if err := json.Unmarshal(rawJKT, &jkt); err != nil {
+		return "", jwtInvalid("the token's cnf.jkt is not a string")
+	}
+	if b, err := base64.RawURLEncoding.DecodeString(jkt); err != nil || len(jkt) != jwtJKTLen || len(b) != 32 {
+		return "", jwtInvalid("the token's cnf.jkt is not a SHA-256 JWK thumbprint (43 base64url characters, RFC 7638)")
+	}
+	return jkt, nil
+}
+
+// jwtContainsFold reports whether b holds s in any letter case (s is ASCII).
+func jwtContainsFold(b []byte, s string) bool {
+	for i := 0; i+len(s) <= len(b); i++ {
+		if strings.EqualFold(string(b[i:i+len(s)]), s) {
+			return true
+		}
+	}
+	return false
+}
+
+// jwtValidateReason is message.Validate's reason, which never quotes the
+// input.
+func jwtValidateReason(err error) string {
+	var e *message.Error
+	if errors.As(err, &e) {
+		return e.Msg
+	}
+	return "not JSON"
 }
 
 // key finds the verification key for t, whose alg is already allowed, once
@@ -751,6 +845,8 @@ type jwtAccessClaims struct {
 	Cid      string        `json:"cid"`
 	Azp      string        `json:"azp"`
 	Idtyp    string        `json:"idtyp"`
+	// Cnf is the confirmation (RFC 7800), read by jwtConfirmation.
+	Cnf json.RawMessage `json:"cnf"`
 }
 
 // Validate is called by the jwt package after the registered claims checks.

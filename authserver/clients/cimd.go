@@ -7,6 +7,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -161,9 +162,12 @@ func (d *documents) resolve(ctx context.Context, id string) (Client, error) {
 	}
 	select {
 	case <-doc.done:
-		return doc.client, doc.err
+		c := doc.client
+		// Every caller gets its own slice: the cached client stays as fetched.
+		c.RedirectURIs = slices.Clone(c.RedirectURIs)
+		return c, doc.err
 	case <-ctx.Done():
-		return Client{}, ctx.Err()
+		return Client{}, &Error{Code: CodeTemporarilyUnavailable, Reason: "cancelled", Description: "the request ended before the client's metadata document arrived", Err: ctx.Err()}
 	}
 }
 

@@ -347,3 +347,40 @@ func TestMetadataDocumentFetchesBounded(t *testing.T) {
 		t.Errorf("audit = %+v", evs)
 	}
 }
+
+// TestMetadataDocumentFetchOutlivesItsRequest: a request that ends while
+// its client's document is being fetched is answered at once, and the
+// fetch goes on for the next request, which then does not fetch again.
+func TestMetadataDocumentFetchOutlivesItsRequest(t *testing.T) {
+	d := newDocServer(t)
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	id := d.url("/held.json")
+	d.mux.HandleFunc("/held.json", func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(goodDoc(id)))
+	})
+	r, _, _ := testRegistry(t, Config{FetchTimeout: time.Minute})
+	reach(r, d)
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 1)
+	go func() {
+		_, err := r.Resolve(ctx, id)
+		errs <- err
+	}()
+	<-arrived
+	cancel()
+	if err := <-errs; Reason(err) != "cancelled" {
+		t.Fatalf("got %v, want cancelled", err)
+	}
+	close(release)
+	c, err := r.Resolve(context.Background(), id)
+	if err != nil || c.ClientID() != id {
+		t.Fatalf("got %+v, %v", c, err)
+	}
+	if n := d.hitsOf("/held.json"); n != 1 {
+		t.Errorf("fetched %d times, want 1", n)
+	}
+}
