@@ -31,6 +31,7 @@ type signinSite struct {
 	mu        sync.Mutex
 	callbacks []recordedRequest
 	refusals  []signin.Refusal
+	signedIn  []string // "owner by via", as the audit log would have them
 	// hold makes the callback record the IdP's answer and stop there, as
 	// an attacker who caught it would, without using it.
 	hold atomic.Bool
@@ -55,6 +56,11 @@ func startSigninSite(t *testing.T, configure func(site string) signin.Config) *s
 	cfg.Audit = func(r signin.Refusal) {
 		s.mu.Lock()
 		s.refusals = append(s.refusals, r)
+		s.mu.Unlock()
+	}
+	cfg.SignedIn = func(p signin.Person, via string) {
+		s.mu.Lock()
+		s.signedIn = append(s.signedIn, p.Owner+" by "+via)
 		s.mu.Unlock()
 	}
 	if s.svc, err = signin.New(cfg); err != nil {
@@ -209,6 +215,11 @@ func TestIdPSignIn(t *testing.T) {
 	}
 	if r := site.lastRefusal(); r.Reason != "no_scope" || r.Owner != "bob" || r.Status != http.StatusForbidden {
 		t.Fatalf("bob's refusal: %+v", r)
+	}
+	site.mu.Lock()
+	defer site.mu.Unlock()
+	if strings.Join(site.signedIn, ",") != "alice by idp" {
+		t.Fatalf("sign-ins reported: %q", site.signedIn)
 	}
 }
 

@@ -371,7 +371,9 @@ func linkPost(form string, headers ...string) *http.Request {
 // site, or one that could be read two ways, is refused and uses nothing.
 func TestLinkPage(t *testing.T) {
 	var audit []Refusal
-	s := newService(t, Config{Links: fileStorage(t), Audit: func(r Refusal) { audit = append(audit, r) }})
+	var signed []string
+	s := newService(t, Config{Links: fileStorage(t), Audit: func(r Refusal) { audit = append(audit, r) },
+		SignedIn: func(p Person, via string) { signed = append(signed, p.Owner+" by "+via) }})
 	secret, _, err := s.links.Create(context.Background(), LinkSpec{Owner: "alice", Scopes: []string{"chat"}})
 	if err != nil {
 		t.Fatal(err)
@@ -442,6 +444,9 @@ func TestLinkPage(t *testing.T) {
 	}
 	if p, ok := s.Current(b.send(httptest.NewRequest("GET", "/", nil))); !ok || p.Owner != "alice" {
 		t.Fatalf("after the link: %+v, %v", p, ok)
+	}
+	if strings.Join(signed, ",") != "alice by link" {
+		t.Fatalf("sign-ins reported: %q", signed)
 	}
 	resp = serve(s.ServeHTTP, linkPost(form))
 	if resp.StatusCode != 403 || !strings.Contains(body(t, resp), "used already") {

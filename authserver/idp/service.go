@@ -47,6 +47,9 @@ type Config struct {
 	Links storage.Storage
 	// Audit receives every refusal. Optional.
 	Audit func(Refusal)
+	// SignedIn receives every sign-in, with how it was made ("idp" or
+	// "link"), for the audit log. Optional.
+	SignedIn func(p Person, via string)
 	// Now is time.Now when nil.
 	Now func() time.Time
 }
@@ -69,6 +72,7 @@ type Service struct {
 	links  *Links        // nil without links
 	states *replay.Check
 	audit  func(Refusal)
+	signed func(Person, string)
 	now    func() time.Time
 }
 
@@ -109,6 +113,10 @@ func New(cfg Config) (*Service, error) {
 	}
 	if s.audit == nil {
 		s.audit = func(Refusal) {}
+	}
+	s.signed = cfg.SignedIn
+	if s.signed == nil {
+		s.signed = func(Person, string) {}
 	}
 	return s, nil
 }
@@ -277,7 +285,7 @@ func (s *Service) callback(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, r)
 		return
 	}
-	s.signedIn(w, r, p, f.Return)
+	s.signedIn(w, r, p, "idp", f.Return)
 }
 
 // redeem signs the browser in with a link's secret, posted from the link
@@ -322,16 +330,17 @@ func (s *Service) redeem(w http.ResponseWriter, r *http.Request) {
 		returnTo = f.Return
 		s.jar.endFlow(w)
 	}
-	s.signedIn(w, r, p, returnTo)
+	s.signedIn(w, r, p, "link", returnTo)
 }
 
 // signedIn starts p's session, and goes back to returnTo, or says so on a
 // page when there is nowhere to go back to.
-func (s *Service) signedIn(w http.ResponseWriter, r *http.Request, p Person, returnTo string) {
+func (s *Service) signedIn(w http.ResponseWriter, r *http.Request, p Person, via, returnTo string) {
 	if err := s.jar.startSession(w, p); err != nil {
 		s.refuse(w, Refusal{Step: "signin", Reason: "cookie", Owner: p.Owner, Status: http.StatusInternalServerError, Detail: "The sign-in could not be kept: " + err.Error()})
 		return
 	}
+	s.signed(p, via)
 	if CheckReturnTo(returnTo) == nil {
 		noStore(w)
 		http.Redirect(w, r, returnTo, http.StatusSeeOther)
