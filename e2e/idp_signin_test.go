@@ -35,6 +35,11 @@ type signinSite struct {
 	// hold makes the callback record the IdP's answer and stop there, as
 	// an attacker who caught it would, without using it.
 	hold atomic.Bool
+	// other is a second replica of the site (the same configuration and
+	// key, as replicas derive it from the cluster key); with toOther set,
+	// the IdP's answers land on it, as a load balancer may send them.
+	other   *signin.Service
+	toOther atomic.Bool
 }
 
 type recordedRequest struct {
@@ -66,6 +71,9 @@ func startSigninSite(t *testing.T, configure func(site string) signin.Config) *s
 	if s.svc, err = signin.New(cfg); err != nil {
 		t.Fatal(err)
 	}
+	if s.other, err = signin.New(cfg); err != nil {
+		t.Fatal(err)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/start", func(w http.ResponseWriter, r *http.Request) { s.svc.SignIn(w, r, "/whoami?from=start") })
 	mux.HandleFunc("/whoami", func(w http.ResponseWriter, r *http.Request) {
@@ -82,11 +90,14 @@ func startSigninSite(t *testing.T, configure func(site string) signin.Config) *s
 		s.mu.Lock()
 		s.callbacks = append(s.callbacks, recordedRequest{url: s.URL + r.URL.RequestURI(), cookie: r.Header.Get("Cookie")})
 		s.mu.Unlock()
-		if s.hold.Load() {
+		switch {
+		case s.hold.Load():
 			fmt.Fprint(w, `<!DOCTYPE html><title>held</title><h1 id="title">held</h1>`)
-			return
+		case s.toOther.Load():
+			s.other.ServeHTTP(w, r)
+		default:
+			s.svc.ServeHTTP(w, r)
 		}
-		s.svc.ServeHTTP(w, r)
 	})
 	mux.Handle(signin.LinkPath, s.svc)
 	srv := &http.Server{Handler: mux}
@@ -358,6 +369,45 @@ func TestIdPSignInCrossBrowser(t *testing.T) {
 	for _, c := range resp.Cookies() {
 		if strings.HasSuffix(c.Name, "zidane-signin") && c.MaxAge >= 0 {
 			t.Fatal("signed in with an injected code")
+		}
+	}
+}
+
+// TestIdPSignInOnAnotherReplica: a sign-in started on one replica finishes
+// on another (the flow cookie opens under the key they share), and the
+// session it makes is read by both. The same answer replayed on the first
+// replica, which did not see it used, is refused by the IdP, which redeems
+// a code once.
+func TestIdPSignInOnAnotherReplica(t *testing.T) {
+	var issuer *testIdP
+	site := startSigninSite(t, func(site string) signin.Config {
+		issuer = startIdP(t, site+signin.CallbackPath)
+		return signin.Config{OIDC: &signin.OIDC{
+			Issuer: issuer.Issuer, ClientID: issuer.ClientID, ClientSecret: issuer.ClientSecret, Scopes: []string{"groups"},
+			Claims: signin.Claims{Rules: []signin.Rule{{Claim: "groups", Value: "eng", Scopes: []string{"chat"}}}},
+		}}
+	})
+	site.toOther.Store(true)
+	loc, text := newBrowser(t).idpSignIn(t, site.URL+"/start", "alice")
+	if loc != site.URL+"/whoami?from=start" || !strings.Contains(text, `"owner":"alice"`) {
+		t.Fatalf("alice, her answer on the other replica: %s\n%s", loc, text)
+	}
+	answer := site.lastCallback(t)
+	site.toOther.Store(false)
+	req, _ := http.NewRequest("GET", answer.url, nil)
+	req.Header.Set("Cookie", answer.cookie)
+	resp, err := shortClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || site.lastRefusal().Reason != "exchange" || !strings.Contains(string(b), "invalid_grant") {
+		t.Fatalf("the answer replayed on the first replica: %d %+v\n%s", resp.StatusCode, site.lastRefusal(), b)
+	}
+	for _, c := range resp.Cookies() {
+		if strings.HasSuffix(c.Name, "zidane-signin") && c.MaxAge >= 0 {
+			t.Fatal("signed in by a replayed answer")
 		}
 	}
 }
