@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
 var testKey = bytes.Repeat([]byte{7}, 32)
@@ -496,5 +498,44 @@ func TestSignInWithLinks(t *testing.T) {
 	resp = serve(none.ServeHTTP, httptest.NewRequest("GET", LinkPath, nil))
 	if resp.StatusCode != 404 {
 		t.Fatalf("link page without links: %d", resp.StatusCode)
+	}
+}
+
+// TestRateLimitPerAddress: one address that posts links (or IdP answers)
+// faster than the limit is refused 429 with Retry-After, before any
+// storage or IdP is touched; another address is not.
+func TestRateLimitPerAddress(t *testing.T) {
+	c := &clock{t: time.Now()}
+	var audit []Refusal
+	s := newService(t, Config{Links: fileStorage(t), Now: c.now, Limit: policy.Limit{Rate: 1, Burst: 3},
+		Audit: func(r Refusal) { audit = append(audit, r) },
+		OIDC:  &OIDC{Issuer: "http://127.0.0.1:1", ClientID: "gw", ClientSecret: "x"}})
+	from := func(r *http.Request, addr string) *http.Request {
+		r.RemoteAddr = addr + ":40000"
+		return r
+	}
+	unknown := "secret=zsl_" + strings.Repeat("A", 43)
+	for i := range 3 {
+		if resp := serve(s.ServeHTTP, from(linkPost(unknown), "192.0.2.7")); resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("post %d: %d", i, resp.StatusCode)
+		}
+	}
+	for _, r := range []*http.Request{from(linkPost(unknown), "192.0.2.7"), from(callback("code=c&state=s"), "192.0.2.7"),
+		from(httptest.NewRequest("GET", LinkPath, nil), "192.0.2.7")} {
+		resp := serve(s.ServeHTTP, r)
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || !strings.Contains(body(t, resp), "Too many") {
+			t.Fatalf("%s %s over the limit: %d %v", r.Method, r.URL.Path, resp.StatusCode, resp.Header)
+		}
+		if audit[len(audit)-1].Reason != "rate_limited" {
+			t.Fatalf("audited as %+v", audit[len(audit)-1])
+		}
+	}
+	// Another address has a bucket of its own.
+	if resp := serve(s.ServeHTTP, from(linkPost(unknown), "198.51.100.1")); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("another address: %d", resp.StatusCode)
+	}
+	c.t = c.t.Add(2 * time.Second)
+	if resp := serve(s.ServeHTTP, from(linkPost(unknown), "192.0.2.7")); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("after the refill: %d", resp.StatusCode)
 	}
 }

@@ -6,14 +6,18 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"math"
 	"mime"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/internal/replay"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -50,9 +54,20 @@ type Config struct {
 	// SignedIn receives every sign-in, with how it was made ("idp" or
 	// "link"), for the audit log. Optional.
 	SignedIn func(p Person, via string)
+	// Limit bounds the requests of one client address to the paths this
+	// package serves (IPv6 by /64): DefaultLimit when zero.
+	Limit policy.Limit
+	// ClientIP is a request's client address, as the edge established it;
+	// the peer's address when nil. Never X-Forwarded-For unchecked.
+	ClientIP func(*http.Request) string
 	// Now is time.Now when nil.
 	Now func() time.Time
 }
+
+// DefaultLimit is an address's rate at the sign-in paths: a person's
+// sign-in takes a few requests; a script that posts link secrets or
+// replays IdP answers is slowed to this.
+var DefaultLimit = policy.Limit{Rate: 2, Burst: 30}
 
 // Refusal is one refused sign-in step, for the audit log. It never holds a
 // secret, a code or a token.
@@ -73,6 +88,8 @@ type Service struct {
 	states *replay.Check
 	audit  func(Refusal)
 	signed func(Person, string)
+	limit  *policy.Limiter
+	ip     func(*http.Request) string
 	now    func() time.Time
 }
 
@@ -113,6 +130,17 @@ func New(cfg Config) (*Service, error) {
 	}
 	if s.audit == nil {
 		s.audit = func(Refusal) {}
+	}
+	if cfg.Limit == (policy.Limit{}) {
+		cfg.Limit = DefaultLimit
+	}
+	if err := cfg.Limit.Validate(); err != nil {
+		return nil, fmt.Errorf("signin limit: %w", err)
+	}
+	s.limit = policy.NewLimiter(cfg.Limit)
+	s.ip = cfg.ClientIP
+	if s.ip == nil {
+		s.ip = peerIP
 	}
 	s.signed = cfg.SignedIn
 	if s.signed == nil {
@@ -182,6 +210,14 @@ func (s *Service) SignIn(w http.ResponseWriter, r *http.Request, returnTo string
 // ServeHTTP serves CallbackPath (with an IdP) and LinkPath (with links);
 // any other path is 404.
 func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if (r.URL.Path == CallbackPath && s.rp != nil) || (r.URL.Path == LinkPath && s.links != nil) {
+		if ok, wait := s.limit.Allow(policy.AddressKey(s.ip(r), policy.DefaultIPv6Prefix), s.now()); !ok {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+			s.refuse(w, Refusal{Step: "signin", Reason: "rate_limited", Status: http.StatusTooManyRequests,
+				Detail: "Too many sign-in requests from this address. Wait a few seconds and try again."})
+			return
+		}
+	}
 	switch {
 	case r.URL.Path == CallbackPath && s.rp != nil:
 		if r.Method != http.MethodGet {
@@ -405,6 +441,14 @@ func stateID(state string) ([16]byte, error) {
 	}
 	copy(id[:], b)
 	return id, nil
+}
+
+// peerIP is the host of r's peer address.
+func peerIP(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
 }
 
 func capitalize(s string) string {
