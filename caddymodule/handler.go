@@ -501,7 +501,9 @@ func (h *Handler) routeFor(path string) (edge.Route, spanning, edge.Verdict) {
 // logs their detail, and one for the address's bucket is counted.
 func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) (policy.Principal, edge.Verdict) {
 	a := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix, DPoP: h.dpop, PerToken: h.tokenLimit}
-	p, v, err := a.Check(r.Context(), edge.CredentialOf(r), clientIP, now)
+	c := edge.CredentialOf(r)
+	c.Path = hopURL(r).EscapedPath() // the path the client sent, which its proof names
+	p, v, err := a.Check(r.Context(), c, clientIP, now)
 	switch v.Reason {
 	case edge.ReasonKeysUnavailable:
 		h.logger.Error("JWT signing keys unavailable", zap.String("detail", err.Error()))

@@ -33,8 +33,9 @@ func onLoopbackListener(r *http.Request) bool {
 	return pinnedfetch.IsLoopbackSocket(addr)
 }
 
-// allowedCORSHeaders are the request headers a preflight always allows.
-const allowedCORSHeaders = "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name"
+// allowedCORSHeaders are the request headers a preflight always allows
+// (DPoP: a bound token's proof, RFC 9449).
+const allowedCORSHeaders = "Authorization, DPoP, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name"
 
 // maxCORSParamHeaders bounds the Mcp-Param-* names a preflight is allowed.
 const maxCORSParamHeaders = 64
@@ -70,7 +71,7 @@ func Preflight(w http.ResponseWriter, r *http.Request) bool {
 	h := w.Header()
 	h.Set("Access-Control-Allow-Origin", origin)
 	h.Add("Vary", "Origin")
-	h.Set("Access-Control-Expose-Headers", "Mcp-Session-Id, WWW-Authenticate, Retry-After")
+	h.Set("Access-Control-Expose-Headers", "Mcp-Session-Id, WWW-Authenticate, Retry-After, DPoP-Nonce")
 	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
 		return false
 	}
