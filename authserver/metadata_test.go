@@ -118,3 +118,16 @@ func TestIssuer(t *testing.T) {
 		}
 	}
 }
+
+// TestMetadataMethod: the document is read with GET or HEAD; a POST is
+// refused 405 with Allow, and audited.
+func TestMetadataMethod(t *testing.T) {
+	f := newFixture(t)
+	resp := f.do(httptest.NewRequest(http.MethodPost, testIssuer+WellKnown, nil))
+	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" {
+		t.Errorf("POST: %d, Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
+	}
+	if a := f.lastAudit(); a.Endpoint != WellKnown || !strings.Contains(a.Reason, "GET") {
+		t.Errorf("audited %+v", a)
+	}
+}
