@@ -311,6 +311,9 @@ func (s *Server) Handles(path string) bool {
 
 // ServeHTTP serves the metadata and the endpoints; any other path is 404.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.Handles(r.URL.Path) && cors(w, r) {
+		return
+	}
 	switch r.URL.Path {
 	case AuthorizePath, ConsentPath, TokenPath, RevokePath:
 		if !s.allow(w, r) {
@@ -365,6 +368,36 @@ func (s *Server) allow(w http.ResponseWriter, r *http.Request) bool {
 		s.refusePage(w, r, http.StatusTooManyRequests, Refusal{Error: "temporarily_unavailable", Reason: reason})
 	}
 	return false
+}
+
+// cors lets a client that runs in a browser (on any origin) read the
+// metadata and call the token, revocation and registration endpoints, and
+// answers its preflight (it returns true when it did). These endpoints read
+// no cookie and take no credential but what the request carries, so any
+// origin may call them: "*", without credentials, is what lets a page use
+// them and gives it nothing of another's. The browser's endpoints
+// (authorization, consent) are navigations, never fetched, and get no CORS
+// header.
+func cors(w http.ResponseWriter, r *http.Request) bool {
+	switch r.URL.Path {
+	case WellKnown, TokenPath, RevokePath, RegisterPath:
+	default:
+		return false
+	}
+	if r.Header.Get("Origin") == "" {
+		return false
+	}
+	h := w.Header()
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Expose-Headers", "DPoP-Nonce, WWW-Authenticate, Retry-After")
+	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
+		return false
+	}
+	h.Set("Access-Control-Allow-Methods", "GET, POST")
+	h.Set("Access-Control-Allow-Headers", "Content-Type, DPoP")
+	h.Set("Access-Control-Max-Age", "600")
+	w.WriteHeader(http.StatusNoContent)
+	return true
 }
 
 // remoteIP is the host of r's remote address.
