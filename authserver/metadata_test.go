@@ -134,10 +134,10 @@ func TestMetadataMethod(t *testing.T) {
 
 // TestCORS: a client in a browser may read the metadata and call the
 // token endpoint from any origin (no cookie is read there); the
-// authorization and consent endpoints, which a browser navigates to, get
-// no CORS header.
+// authorization and consent endpoints, which a browser navigates to, and
+// registration get no CORS header.
 func TestCORS(t *testing.T) {
-	f := newFixture(t)
+	f := newFixture(t, func(_ *fixture, c *Config) { c.Register = http.NotFoundHandler() })
 	pre := httptest.NewRequest(http.MethodOptions, testIssuer+TokenPath, nil)
 	pre.Header.Set("Origin", "https://inspector.example")
 	pre.Header.Set("Access-Control-Request-Method", "POST")
@@ -152,7 +152,7 @@ func TestCORS(t *testing.T) {
 	if resp := f.do(get); resp.Header.Get("Access-Control-Allow-Origin") != "*" {
 		t.Errorf("metadata from a page: %v", resp.Header)
 	}
-	for _, path := range []string{AuthorizePath, ConsentPath} {
+	for _, path := range []string{AuthorizePath, ConsentPath, RegisterPath} {
 		r := httptest.NewRequest(http.MethodOptions, testIssuer+path, nil)
 		r.Header.Set("Origin", "https://evil.example")
 		r.Header.Set("Access-Control-Request-Method", "POST")

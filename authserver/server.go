@@ -371,16 +371,17 @@ func (s *Server) allow(w http.ResponseWriter, r *http.Request) bool {
 }
 
 // cors lets a client that runs in a browser (on any origin) read the
-// metadata and call the token, revocation and registration endpoints, and
-// answers its preflight (it returns true when it did). These endpoints read
-// no cookie and take no credential but what the request carries, so any
-// origin may call them: "*", without credentials, is what lets a page use
-// them and gives it nothing of another's. The browser's endpoints
-// (authorization, consent) are navigations, never fetched, and get no CORS
-// header.
+// metadata and call the token and revocation endpoints, and answers its
+// preflight (it returns true when it did). These endpoints read no cookie
+// and take no credential but what the request carries, so any origin may
+// call them: "*", without credentials, is what lets a page use them and
+// gives it nothing of another's. The browser's endpoints (authorization,
+// consent) are navigations, never fetched, and get no CORS header; nor
+// does registration, so that a page cannot make each of its visitors'
+// browsers register a client and fill the registered clients' bound.
 func cors(w http.ResponseWriter, r *http.Request) bool {
 	switch r.URL.Path {
-	case WellKnown, TokenPath, RevokePath, RegisterPath:
+	case WellKnown, TokenPath, RevokePath:
 	default:
 		return false
 	}
