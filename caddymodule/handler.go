@@ -510,11 +510,21 @@ func (h *Handler) routeFor(path string) (edge.Route, spanning, edge.Verdict) {
 	return route, h.route.span, v
 }
 
+// absoluteResource is the site's resource URL as grants name it, or ""
+// when the resource is configured as a path alone.
+func (h *Handler) absoluteResource() string {
+	if h.resURL == nil || !h.resURL.IsAbs() {
+		return ""
+	}
+	return h.resURL.String()
+}
+
 // authenticate is step 2 (edge.Authentication): the credential's
 // principal, or its refusal; a refusal for the identity provider's keys
 // logs their detail, and one for the address's bucket is counted.
 func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) (policy.Principal, edge.Verdict) {
-	a := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix, DPoP: h.dpop, PerToken: h.tokenLimit}
+	a := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix, DPoP: h.dpop, PerToken: h.tokenLimit,
+		Resource: h.absoluteResource()}
 	c := edge.CredentialOf(r)
 	c.Path = hopURL(r).EscapedPath() // the path the client sent, which its proof names
 	p, v, err := a.Check(r.Context(), c, clientIP, now)

@@ -46,6 +46,14 @@ func seedGrants(t *testing.T, c *Caddy) map[string]policy.Issued {
 		}
 		out[g.owner+" "+g.name] = iss
 	}
+	// carol signed in two hours ago, and her client never refreshed within
+	// the hour its refresh token lived.
+	iss, err := store.CreateGrant(ctx, policy.GrantSpec{Owner: "carol", Client: claudeClient, Resource: "http://127.0.0.1:1/mcp",
+		Scopes: []string{"chat"}, RefreshTTL: time.Hour}, time.Now().Add(-2*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out["carol lapsed"] = iss
 	return out
 }
 
@@ -92,6 +100,14 @@ func TestGrantsListedAndRevoked(t *testing.T) {
 				t.Fatalf("token list does not name the client of a grant, or lacks the operator's token:\n%s", all)
 			}
 
+			for _, line := range strings.Split(all, "\n") {
+				if strings.HasPrefix(line, grants["carol lapsed"].GrantID) && !strings.HasSuffix(strings.TrimSpace(line), "lapsed") {
+					t.Fatalf("a grant whose refresh token lapsed is listed as %q", line)
+				}
+				if strings.HasPrefix(line, grants["alice Cursor"].GrantID) && !strings.HasSuffix(strings.TrimSpace(line), "active") {
+					t.Fatalf("a live grant is listed as %q", line)
+				}
+			}
 			alice := listGrants(t, c, "--owner", "alice")
 			if strings.Contains(alice, grants["bob Cursor"].GrantID) || !strings.Contains(alice, grants["alice Cursor"].GrantID) || !strings.Contains(alice, "laptop") {
 				t.Fatalf("token list --owner alice:\n%s", alice)

@@ -122,7 +122,7 @@ func newDPoPSite(t testing.TB, required, nonces bool) *dpopSite {
 	return &dpopSite{
 		a: Authentication{Failures: policy.NewLimiter(policy.Limit{Rate: 1, Burst: 100}), IPv6Prefix: policy.DefaultIPv6Prefix,
 			Authn: policy.Authenticator{Tokens: tokens, JWT: v},
-			DPoP:  DPoP{Verifier: verifier, URL: u, Required: required}},
+			DPoP:  DPoP{Verifier: verifier, URL: u, Required: required}, Resource: dpopResource},
 		issuer: issuer, opaque: secret,
 	}
 }

@@ -21,7 +21,8 @@ type TokenVerifier interface {
 
 // Authenticator is step 2 of the request path: it turns a request's
 // Authorization header into the principal it authenticates, from an opaque
-// token of the store or, with a verifier, a JWT access token.
+// token of the store, an access token of a grant (see grants.go), or, with
+// a verifier, a JWT access token.
 type Authenticator struct {
 	Tokens *TokenStore
 	// JWT, when set, verifies tokens that look like JWTs.

@@ -1,7 +1,9 @@
 // Package policy owns the inbound decisions of the edge, with no HTTP
 // framework in it: authentication (the opaque token format and its store,
-// JWT access-token verification (with a DPoP-bound token's cnf.jkt, which
-// the edge holds each request to), revoked JWT subjects, the queue that bounds
+// the grants a person gives OAuth clients and their access and refresh
+// tokens, see grants.go; JWT access-token verification, with a DPoP-bound
+// token's cnf.jkt, which the edge holds each request to; revoked JWT
+// subjects, the queue that bounds
 // the signature checks of addresses that guess), who a credential
 // acts for (its owner), the tokens derived for sessions' agents and their
 // bounds (scopes that only narrow the parent's, an expiry no later than the

@@ -206,18 +206,42 @@ type grantKey struct {
 
 func newGrantKey(key []byte) *grantKey {
 	k := &grantKey{key: slices.Clone(key)}
-	k.macs.New = func() any { return hmac.New(sha256.New, k.key) }
+	k.macs.New = func() any { return &pooledMAC{h: hmac.New(sha256.New, k.key)} }
 	return k
 }
 
-// sum is the MAC of payload.
+// pooledMAC is a keyed HMAC, room for its sum, and a copy of what it
+// hashes, reused across checks. The payload is copied before it is hashed
+// because what a call through the hash.Hash interface is given escapes to
+// the heap: the check's decoding buffer would be allocated on every call.
+type pooledMAC struct {
+	h   hash.Hash
+	sum [sha256.Size]byte
+	in  []byte
+}
+
+// of hashes payload and returns the MAC, which stays m's.
+func (m *pooledMAC) of(payload []byte) []byte {
+	m.in = append(m.in[:0], payload...)
+	m.h.Reset()
+	m.h.Write(m.in)
+	return m.h.Sum(m.sum[:0])
+}
+
+// sum appends the MAC of payload to dst.
 func (k *grantKey) sum(dst, payload []byte) []byte {
-	m := k.macs.Get().(hash.Hash)
-	m.Reset()
-	m.Write(payload)
-	dst = m.Sum(dst)
+	m := k.macs.Get().(*pooledMAC)
+	dst = append(dst, m.of(payload)...)
 	k.macs.Put(m)
 	return dst
+}
+
+// verify reports whether mac is the MAC of payload, in constant time.
+func (k *grantKey) verify(payload, mac []byte) bool {
+	m := k.macs.Get().(*pooledMAC)
+	ok := hmac.Equal(mac, m.of(payload))
+	k.macs.Put(m)
+	return ok
 }
 
 // SetGrantKey sets the key that authenticates the access tokens of grants
@@ -433,61 +457,91 @@ func appendString(b []byte, s string) []byte {
 // two strings are one token.
 var accessEncoding = base64.RawURLEncoding.Strict()
 
-// openAccess authenticates the access token tok under k and reads it, or
-// returns false. The MAC is checked before any of the payload is read.
-func openAccess(k *grantKey, tok string) (accessClaims, bool) {
-	body, ok := strings.CutPrefix(tok, AccessPrefix)
-	if !ok || len(tok) > maxAccessTokenLen {
-		return accessClaims{}, false
-	}
-	var buf [512]byte
-	raw := buf[:0]
-	if n := accessEncoding.DecodedLen(len(body)); n > len(buf) {
-		raw = make([]byte, 0, n)
-	}
-	raw, err := accessEncoding.AppendDecode(raw, []byte(body))
-	if err != nil || len(raw) < 1+grantIDBytes+8+sha256.Size {
-		return accessClaims{}, false
-	}
-	payload, mac := raw[:len(raw)-sha256.Size], raw[len(raw)-sha256.Size:]
-	var want [sha256.Size]byte
-	if !hmac.Equal(mac, k.sum(want[:0], payload)) {
-		return accessClaims{}, false
-	}
-	if payload[0] != accessVersion {
-		return accessClaims{}, false
-	}
-	c := accessClaims{grant: grantIDPrefix + hex.EncodeToString(payload[1:1+grantIDBytes])}
-	c.expires = time.Unix(int64(binary.BigEndian.Uint64(payload[1+grantIDBytes:])), 0)
-	rest := payload[1+grantIDBytes+8:]
-	if c.resource, rest, ok = readString(rest); !ok {
-		return accessClaims{}, false
-	}
-	if c.jkt, rest, ok = readString(rest); !ok {
-		return accessClaims{}, false
-	}
-	n, used := binary.Uvarint(rest)
-	if used <= 0 || n > maxGrantScopes {
-		return accessClaims{}, false
-	}
-	rest = rest[used:]
-	c.scopes = make([]string, 0, n)
-	for range n {
-		var sc string
-		if sc, rest, ok = readString(rest); !ok {
-			return accessClaims{}, false
-		}
-		c.scopes = append(c.scopes, sc)
-	}
-	return c, len(rest) == 0
+// accessView is an authenticated access token, read in place: its byte
+// slices point into the decoded token, so that a check allocates nothing
+// for what it only compares.
+type accessView struct {
+	grant    [len(grantIDPrefix) + 2*grantIDBytes]byte // the grant id, spelled out
+	expires  int64                                     // Unix seconds: a time.Time holds a pointer, which would tie the check's buffer to the principal
+	resource []byte
+	jkt      []byte
+	scopes   []byte // the scope list as encoded: count, then each scope
 }
 
-func readString(b []byte) (string, []byte, bool) {
+// grantID is the id of the grant v names.
+func (v *accessView) grantID() string { return string(v.grant[:]) }
+
+// hasScope reports whether v grants sc.
+func (v *accessView) hasScope(sc string) bool {
+	n, used := binary.Uvarint(v.scopes)
+	rest := v.scopes[used:]
+	for range n {
+		var b []byte
+		b, rest, _ = readBytes(rest)
+		if string(b) == sc {
+			return true
+		}
+	}
+	return false
+}
+
+// openAccess authenticates the access token tok under k and reads it,
+// decoding it into buf, or returns false. The MAC is checked before any of
+// the payload is read.
+func openAccess(k *grantKey, tok string, buf []byte) (v accessView, ok bool) {
+	body, ok := strings.CutPrefix(tok, AccessPrefix)
+	if !ok || len(tok) > maxAccessTokenLen {
+		return v, false
+	}
+	// Decoded from a copy on the stack: converting the string would
+	// allocate on every request.
+	var src [512]byte
+	in := src[:0]
+	if len(body) > len(src) {
+		in = make([]byte, 0, len(body))
+	}
+	in = append(in, body...)
+	raw, err := accessEncoding.AppendDecode(buf[:0], in)
+	if err != nil || len(raw) < 1+grantIDBytes+8+sha256.Size {
+		return v, false
+	}
+	payload, mac := raw[:len(raw)-sha256.Size], raw[len(raw)-sha256.Size:]
+	if !k.verify(payload, mac) {
+		return v, false
+	}
+	if payload[0] != accessVersion {
+		return v, false
+	}
+	copy(v.grant[:], grantIDPrefix)
+	hex.Encode(v.grant[len(grantIDPrefix):], payload[1:1+grantIDBytes])
+	v.expires = int64(binary.BigEndian.Uint64(payload[1+grantIDBytes:]))
+	rest := payload[1+grantIDBytes+8:]
+	if v.resource, rest, ok = readBytes(rest); !ok {
+		return v, false
+	}
+	if v.jkt, rest, ok = readBytes(rest); !ok {
+		return v, false
+	}
+	v.scopes = rest
+	n, used := binary.Uvarint(rest)
+	if used <= 0 || n > maxGrantScopes {
+		return v, false
+	}
+	rest = rest[used:]
+	for range n {
+		if _, rest, ok = readBytes(rest); !ok {
+			return v, false
+		}
+	}
+	return v, len(rest) == 0
+}
+
+func readBytes(b []byte) ([]byte, []byte, bool) {
 	n, used := binary.Uvarint(b)
 	if used <= 0 || n > uint64(len(b)-used) {
-		return "", nil, false
+		return nil, nil, false
 	}
-	return string(b[used : used+int(n)]), b[used+int(n):], true
+	return b[used : used+int(n)], b[used+int(n):], true
 }
 
 // checkAccess authenticates a grant's access token: its MAC, its expiry,
@@ -497,20 +551,22 @@ func (s *TokenStore) checkAccess(tok string, now time.Time) (Principal, error) {
 	if k == nil {
 		return Principal{}, ErrTokenUnknown
 	}
-	c, ok := openAccess(k, tok)
+	var buf [384]byte
+	v, ok := openAccess(k, tok, buf[:])
 	if !ok {
 		return Principal{}, ErrTokenUnknown
 	}
-	if !now.Before(c.expires) {
-		return Principal{}, fmt.Errorf("%w: the access token expired at %s", ErrTokenExpired, c.expires.UTC().Format(time.RFC3339))
+	expires := time.Unix(v.expires, 0)
+	if !now.Before(expires) {
+		return Principal{}, fmt.Errorf("%w: the access token expired at %s", ErrTokenExpired, expires.UTC().Format(time.RFC3339))
 	}
 	s.mu.RLock()
-	t := s.byID[c.grant]
+	t := s.byID[string(v.grant[:])]
 	s.mu.RUnlock()
 	// A token made under this key names a grant this gateway recorded;
 	// one whose grant is gone (pruned) or does not match was made for
 	// another record, and is refused as unknown.
-	if t == nil || !t.IsGrant() || t.Resource != c.resource || t.JKT != c.jkt {
+	if t == nil || !t.IsGrant() || t.Resource != string(v.resource) || t.JKT != string(v.jkt) {
 		return Principal{}, ErrTokenUnknown
 	}
 	if t.Revoked != nil {
@@ -521,10 +577,24 @@ func (s *TokenStore) checkAccess(tok string, now time.Time) (Principal, error) {
 	}
 	p := t.Principal()
 	// The grant may have been narrowed since the token was made: the token
-	// holds what both grant.
-	p.Scopes = slices.DeleteFunc(c.scopes, func(sc string) bool { return !slices.Contains(t.Scopes, sc) })
-	p.Expires = earlier(&c.expires, t.Expires)
-	if v, ok := s.used.Load(t.ID); !ok || now.Sub(v.(time.Time)) >= time.Second {
+	// holds what both grant. Most often that is all the grant holds, and
+	// the principal shares the record's list, as an operator token's does.
+	held := 0
+	for _, sc := range t.Scopes {
+		if v.hasScope(sc) {
+			held++
+		}
+	}
+	if held < len(t.Scopes) {
+		p.Scopes = make([]string, 0, held)
+		for _, sc := range t.Scopes {
+			if v.hasScope(sc) {
+				p.Scopes = append(p.Scopes, sc)
+			}
+		}
+	}
+	p.Expires = earlier(&expires, t.Expires)
+	if u, ok := s.used.Load(t.ID); !ok || now.Sub(u.(time.Time)) >= time.Second {
 		s.used.Store(t.ID, now)
 	}
 	return p, nil
@@ -718,11 +788,11 @@ func (s *TokenStore) RevokeCredential(ctx context.Context, token, client string)
 		if k == nil {
 			return nil
 		}
-		c, ok := openAccess(k, token)
-		if !ok || !time.Now().Before(c.expires) {
+		v, ok := openAccess(k, token, make([]byte, 0, 512))
+		if !ok || time.Now().Unix() >= v.expires {
 			return nil
 		}
-		id = c.grant
+		id = v.grantID()
 	case strings.HasPrefix(token, RefreshPrefix):
 		var ok bool
 		if id, ok = parseRefresh(token); !ok {

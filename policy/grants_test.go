@@ -6,9 +6,12 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -756,14 +759,168 @@ func BenchmarkGrantCheck(b *testing.B) {
 		}
 		op, access = sec, iss
 	}
-	for _, c := range []struct{ name, tok string }{{"zds", op}, {"zda", access.Access}} {
-		b.Run(c.name, func(b *testing.B) {
+	check := func(tok string) func(*testing.B) {
+		return func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := s.Check(c.tok, now); err != nil {
+				if _, err := s.Check(tok, now); err != nil {
 					b.Fatal(err)
 				}
 			}
-		})
+		}
+	}
+	b.Run("zds", check(op))
+	b.Run("zda", check(access.Access))
+	// ratio alternates batches of both checks, so that both meet the same
+	// load on the machine, and reports what a zda_ check costs in zds_
+	// checks.
+	b.Run("ratio", func(b *testing.B) {
+		const batch = 256
+		var zds, zda time.Duration
+		for b.Loop() {
+			for _, c := range []struct {
+				tok string
+				sum *time.Duration
+			}{{op, &zds}, {access.Access, &zda}} {
+				start := time.Now()
+				for range batch {
+					if _, err := s.Check(c.tok, now); err != nil {
+						b.Fatal(err)
+					}
+				}
+				*c.sum += time.Since(start)
+			}
+		}
+		b.ReportMetric(float64(zda)/float64(max(zds, 1)), "zda/zds")
+	})
+}
+
+// The Authenticator takes a grant's access token as it takes an operator's
+// token, and tells a client with a refused one what to do: refresh, sign
+// in again, or send the access token rather than the refresh token.
+func TestAuthenticateGrant(t *testing.T) {
+	ctx := context.Background()
+	e := newGrantEnv(t, GrantSpec{Owner: "alice", Client: clientCC, Resource: resourceA, Scopes: []string{"chat"}, JKT: thumb("k")})
+	a := Authenticator{Tokens: e.s}
+	p, err := a.Authenticate(ctx, "Bearer "+e.first.Access, e.now)
+	if err != nil || p.Source != "grant" || p.TokenID != e.first.GrantID || p.OwnerID() != "alice" || p.Client != clientCC ||
+		p.Resource != resourceA || p.JKT != thumb("k") || p.Kind != KindUser || !slices.Equal(p.Scopes, []string{"chat"}) ||
+		p.Expires == nil || !p.Expires.Equal(e.first.AccessExpires) {
+		t.Fatalf("Authenticate = %+v, %v", p, err)
+	}
+	for _, c := range []struct {
+		authz string
+		at    time.Time
+		word  string
+	}{
+		{"Bearer " + e.first.Refresh, e.now, "send the access token"},
+		{"Bearer " + e.first.Access, e.first.AccessExpires, "refresh it"},
+		{"Bearer " + flipAt(e.first.Access, 10), e.now, "sign in again"},
+	} {
+		if _, err := a.Authenticate(ctx, c.authz, c.at); !errors.Is(err, ErrTokenInvalid) || !strings.Contains(err.Error(), c.word) {
+			t.Errorf("%.12s…: err = %v, want invalid saying %q", c.authz, err, c.word)
+		}
+	}
+	if _, err := e.s.Revoke(ctx, e.first.GrantID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Authenticate(ctx, "Bearer "+e.first.Access, e.now); !errors.Is(err, ErrTokenInvalid) || !strings.Contains(err.Error(), "revoked") {
+		t.Fatalf("revoked grant: %v", err)
+	}
+}
+
+// helperEnv, when set, makes the test binary a contender of
+// TestGrantRefreshOnceAcrossProcesses: the storage directory, the grant key
+// and the refresh token, separated by spaces.
+const helperEnv = "ZIDANE_GRANT_REFRESH_CONTENDER"
+
+// Processes of their own (the CLI, other gateways on one file storage) do
+// not share this process's lock on the token file: only the storage lock
+// orders them. Three processes redeem one refresh token at once; exactly
+// one gets tokens, and the others, presenting a spent token, revoke the
+// grant.
+func TestGrantRefreshOnceAcrossProcesses(t *testing.T) {
+	if v := os.Getenv(helperEnv); v != "" {
+		refreshContender(t, v)
+		return
+	}
+	e := newGrantEnv(t, GrantSpec{})
+	start := filepath.Join(t.TempDir(), "start")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var outs [2]bytes.Buffer
+	var cmds [2]*exec.Cmd
+	for i := range cmds {
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestGrantRefreshOnceAcrossProcesses$", "-test.count=1")
+		cmd.Env = append(os.Environ(), helperEnv+"="+strings.Join([]string{e.fs.Path, hex.EncodeToString(e.key), e.first.Refresh, start}, " "))
+		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[i] = cmd
+	}
+	if err := os.WriteFile(start, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wins := 0
+	if _, err := e.refresh(e.first.Refresh, e.now); err == nil {
+		wins++
+	} else if !errors.Is(err, ErrGrantReused) {
+		t.Fatalf("this process lost with %v, want reused", err)
+	}
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("contender %d: %v\n%s", i, err, outs[i].String())
+		}
+		switch out := outs[i].String(); {
+		case strings.Contains(out, "CONTENDER WON"):
+			wins++
+		case !strings.Contains(out, "CONTENDER LOST reused"):
+			t.Fatalf("contender %d said:\n%s", i, out)
+		}
+	}
+	if wins != 1 {
+		t.Fatalf("%d of 3 processes redeemed one refresh token", wins)
+	}
+	if err := e.s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Check(e.first.Access, e.now); !errors.Is(err, ErrTokenRevoked) {
+		t.Fatalf("after the reuse the grant's access token: %v, want revoked", err)
+	}
+}
+
+// refreshContender is one contender process: it waits for the start file,
+// redeems the refresh token and says whether it won.
+func refreshContender(t *testing.T, v string) {
+	parts := strings.Split(v, " ")
+	if len(parts) != 4 {
+		t.Fatalf("%s=%q", helperEnv, v)
+	}
+	s, err := OpenTokenStore(context.Background(), &certmagic.FileStorage{Path: parts[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := hex.DecodeString(parts[1])
+	if err := s.SetGrantKey(key); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		if _, err := os.Stat(parts[3]); err == nil {
+			break
+		}
+		if i > 10000 {
+			t.Fatal("the start file never came")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_, err = s.RefreshGrant(context.Background(), RefreshRequest{Refresh: parts[2], Client: clientCC}, time.Now())
+	switch {
+	case err == nil:
+		fmt.Println("CONTENDER WON")
+	case errors.Is(err, ErrGrantReused):
+		fmt.Println("CONTENDER LOST reused")
+	default:
+		fmt.Println("CONTENDER LOST", err)
 	}
 }
