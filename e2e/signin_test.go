@@ -502,7 +502,7 @@ func TestSigninAtTheGateway(t *testing.T) {
 	if got, _ := listToolsStatus(t, base+"/mcp", access); got != http.StatusOK {
 		t.Fatalf("the token at its own resource: %d", got)
 	}
-	if got, challenge := listToolsStatus(t, other+"/mcp", access); got != http.StatusUnauthorized || !strings.Contains(challenge, "another resource") {
+	if got, challenge := listToolsStatus(t, other+"/mcp", access); got != http.StatusUnauthorized || !strings.Contains(challenge, "issued for "+base+"/mcp, not for "+other+"/mcp") {
 		t.Errorf("the token at another site's resource: %d %q, want 401 invalid_token", got, challenge)
 	}
 
