@@ -47,7 +47,12 @@ func (s *Server) serveAuthorize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	client, err := s.cfg.Clients.Resolve(r.Context(), clientID)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrClientUnavailable):
+		w.Header().Set("Retry-After", "60")
+		s.refusePage(w, r, http.StatusServiceUnavailable, Refusal{Error: "temporarily_unavailable", Client: clientID, Reason: "the client could not be looked up just now; try again in a minute: " + err.Error()})
+		return
+	case err != nil:
 		s.refusePage(w, r, http.StatusBadRequest, Refusal{Error: "invalid_client", Client: clientID, Reason: "the client is not known here: " + err.Error()})
 		return
 	}

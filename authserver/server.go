@@ -80,9 +80,16 @@ type Client interface {
 type Clients interface {
 	// Resolve returns the client clientID names, or an error saying why
 	// there is none (unknown, its document unreachable or invalid). The
-	// error's text is shown to the person and must carry no secret.
+	// error's text is shown to the person and must carry no secret; one
+	// that matches ErrClientUnavailable says the client may be resolved
+	// later (too many fetches at once, storage down).
 	Resolve(ctx context.Context, clientID string) (Client, error)
 }
+
+// ErrClientUnavailable is a client that could not be resolved now, for a
+// reason that is not the client's: the person is told to try again (503),
+// not that the client is unknown.
+var ErrClientUnavailable = errors.New("the client could not be looked up just now")
 
 // Person is who is signed in on a browser.
 type Person struct {

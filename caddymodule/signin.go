@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -139,7 +140,11 @@ type registryClients struct{ r *clients.Registry }
 
 func (c registryClients) Resolve(ctx context.Context, id string) (authserver.Client, error) {
 	cl, err := c.r.Resolve(ctx, id)
-	if err != nil {
+	var ce *clients.Error
+	switch {
+	case errors.As(err, &ce) && ce.Code == clients.CodeTemporarilyUnavailable:
+		return nil, fmt.Errorf("%w: %w", authserver.ErrClientUnavailable, err)
+	case err != nil:
 		return nil, err
 	}
 	return cl, nil
