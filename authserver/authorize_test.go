@@ -198,3 +198,21 @@ func TestAuthorizeClientUnavailable(t *testing.T) {
 		t.Errorf("audited %+v", a)
 	}
 }
+
+// TestAuditBounded: what a request names in an audit line (its client_id,
+// its resource) is cut at its query and bounded.
+func TestAuditBounded(t *testing.T) {
+	f := newFixture(t)
+	q := f.authzQuery(newPKCE(f))
+	q.Set("client_id", "https://nobody.example/c.json?secret=hunter2&"+strings.Repeat("a", 4000))
+	f.authorize(q.Encode(), "alice")
+	if a := f.lastAudit(); a.Client != "https://nobody.example/c.json" {
+		t.Errorf("audited client %q", a.Client)
+	}
+	q = f.authzQuery(newPKCE(f))
+	q.Set("resource", "https://"+strings.Repeat("r", 1000)+".example/mcp")
+	f.authorize(q.Encode(), "alice")
+	if a := f.lastAudit(); len(a.Resource) > maxAuditValue+len("…") || a.Error != "invalid_target" {
+		t.Errorf("audited resource of %d bytes: %+v", len(a.Resource), a.Error)
+	}
+}

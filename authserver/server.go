@@ -355,7 +355,23 @@ func (s *Server) audit(r *http.Request, ref Refusal) {
 	}
 	ref.Endpoint = r.URL.Path
 	ref.Remote = s.cfg.ClientIP(r)
+	// A client_id and a resource are what the request said: bounded, and
+	// without a query, which no good one has and a bad one may fill.
+	ref.Client, ref.Resource = clip(ref.Client), clip(ref.Resource)
 	s.cfg.Audit(ref)
+}
+
+// maxAuditValue bounds a value the request chose in an audit line.
+const maxAuditValue = 256
+
+func clip(v string) string {
+	if i := strings.IndexAny(v, "?#"); i >= 0 {
+		v = v[:i]
+	}
+	if len(v) > maxAuditValue {
+		v = v[:maxAuditValue] + "…"
+	}
+	return v
 }
 
 // allow takes one request of r's address from its bucket, or refuses it
