@@ -146,7 +146,7 @@ func (s *Server) readAuthorization(q url.Values) (pending, *authzError) {
 		}
 		for _, sc := range asked {
 			if !contains(res.Scopes, sc) {
-				return p, &authzError{"invalid_scope", fmt.Sprintf("the resource knows no scope %q; its scopes are in its metadata's scopes_supported", sc)}
+				return p, &authzError{"invalid_scope", fmt.Sprintf("the resource knows no scope %q; its scopes are in its metadata's scopes_supported", clip(sc))}
 			}
 			if !contains(p.Asked, sc) {
 				p.Asked = append(p.Asked, sc)
