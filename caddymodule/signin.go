@@ -20,6 +20,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/authserver/idp"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/dpop"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -41,12 +42,13 @@ type SigninConfig struct {
 	// is built from it, never from a request's Host. Required.
 	Issuer string `json:"issuer"`
 
-	// AccessLifetime is how long an access token lasts. Default: the
-	// token store's (15m).
+	// AccessLifetime is how long an access token lasts, at most 24h.
+	// Default: the token store's (10m).
 	AccessLifetime caddy.Duration `json:"access_lifetime,omitempty"`
 
 	// RefreshLifetime is how long a refresh token stays good unused;
-	// each refresh rotates it. Default: the token store's.
+	// each refresh rotates it, and a grant ends after 90 days whatever
+	// its refreshes. Default: the token store's (14 days).
 	RefreshLifetime caddy.Duration `json:"refresh_lifetime,omitempty"`
 
 	// Registration is "dynamic" to let clients register themselves (RFC
@@ -183,6 +185,9 @@ func (a *App) provisionSignin(ctx caddy.Context) error {
 		if d < 0 {
 			return fmt.Errorf("zidane signin: %s is negative; give a duration such as 15m", name)
 		}
+	}
+	if err := policy.CheckGrantLifetimes(time.Duration(c.AccessLifetime), time.Duration(c.RefreshLifetime)); err != nil {
+		return fmt.Errorf("zidane signin: access_lifetime or refresh_lifetime: %w", err)
 	}
 	reg, err := clients.New(clients.Config{
 		Storage:      a.storage,
