@@ -56,8 +56,8 @@ type SigninConfig struct {
 	// clients then name themselves by a Client ID Metadata Document.
 	Registration string `json:"registration,omitempty"`
 
-	// SessionLifetime is how long a person's sign-in on a browser lasts.
-	// Default: the sign-in's (package authserver/idp).
+	// SessionLifetime is how long a person's sign-in on a browser lasts,
+	// 1m to 24h. Default: 1h.
 	SessionLifetime caddy.Duration `json:"session_lifetime,omitempty"`
 
 	// OIDC is the company IdP people sign in through (see SigninOIDC).
