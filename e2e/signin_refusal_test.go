@@ -99,6 +99,9 @@ func TestSigninRefusals(t *testing.T) {
 `, base, other))
 	secret := signInLink(t, c, "frank", "read", "chat")
 	m := registerClient(t, base)
+	// Another client, registered with the same redirect URI: what one
+	// client holds is no credential for it.
+	stranger := registerClient(t, base)
 	// The person's browser and the client reach the gateway from two
 	// addresses, as they do when a client runs elsewhere than the
 	// browser: each stays within its own rate limit at the endpoints.
@@ -245,6 +248,31 @@ func TestSigninRefusals(t *testing.T) {
 					t.Errorf("the current refresh token after the reuse: %d %v, want invalid_grant (the grant is revoked)", status, out)
 				}
 				return a
+			}},
+		{name: "code redeemed by another client", status: http.StatusBadRequest, err: "invalid_grant", word: "another client",
+			do: func(t *testing.T) signinAnswer {
+				code, verifier := m.code(b, secret, mcpURL)
+				return tokenAnswer(stranger.redeem(code, verifier, mcpURL))
+			}},
+		{name: "refresh token of another client", status: http.StatusBadRequest, err: "invalid_grant", word: "another client",
+			do: func(t *testing.T) signinAnswer {
+				tok := redeemed(t)
+				return tokenAnswer(stranger.token(url.Values{"grant_type": {"refresh_token"}, "refresh_token": {tok["refresh_token"].(string)}}))
+			}},
+		{name: "revocation by another client", status: http.StatusBadRequest, err: "unauthorized_client", word: "another client",
+			do: func(t *testing.T) signinAnswer {
+				tok := redeemed(t)
+				resp, err := http.PostForm(base+authserver.RevokePath, url.Values{"token": {tok["refresh_token"].(string)}, "client_id": {stranger.id}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				var out map[string]any
+				_ = json.NewDecoder(resp.Body).Decode(&out)
+				if got, _ := listToolsStatus(t, mcpURL, tok["access_token"].(string)); got != http.StatusOK {
+					t.Errorf("the grant after another client's revocation: %d, want it alive", got)
+				}
+				return tokenAnswer(resp.StatusCode, out)
 			}},
 		{name: "client_id document on 127.0.0.1", status: http.StatusBadRequest, err: "", word: "address",
 			do: func(t *testing.T) signinAnswer {
