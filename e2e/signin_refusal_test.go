@@ -150,6 +150,19 @@ func TestSigninRefusals(t *testing.T) {
 	}))
 	t.Cleanup(doc.Close)
 
+	// consentTo has the person allow the authorization request q and
+	// returns the code.
+	consentTo := func(t *testing.T, q url.Values) string {
+		t.Helper()
+		resp, body := b.get(base + authserver.AuthorizePath + "?" + q.Encode())
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("authorization: %d\n%s", resp.StatusCode, body)
+		}
+		return b.consent(body).Query().Get("code")
+	}
+	key := newDPoPKey(t)
+	tokenURL := base + authserver.TokenPath
+
 	cases := []struct {
 		name string
 		// do sends the attack and returns the answer; after checks what
@@ -274,6 +287,32 @@ func TestSigninRefusals(t *testing.T) {
 				}
 				return tokenAnswer(resp.StatusCode, out)
 			}},
+		{name: "code bound by dpop_jkt redeemed without a proof", status: http.StatusBadRequest, err: "invalid_grant", word: "DPoP",
+			do: func(t *testing.T) signinAnswer {
+				verifier := randomHex(32)
+				q := m.authorizeQuery(verifier, mcpURL)
+				q.Set("dpop_jkt", key.jkt)
+				return tokenAnswer(m.redeem(consentTo(t, q), verifier, mcpURL))
+			}},
+		{name: "token endpoint proof replayed", status: http.StatusBadRequest, err: "invalid_dpop_proof", word: "used already",
+			do: func(t *testing.T) signinAnswer {
+				proof := key.proof(t, http.MethodPost, tokenURL, "", "")
+				code, verifier := m.code(b, secret, mcpURL)
+				if status, tok := m.redeem(code, verifier, mcpURL, proof); status != http.StatusOK || tok["token_type"] != "DPoP" {
+					t.Fatalf("redeem with a proof: %d %v", status, tok)
+				}
+				code, verifier = m.code(b, secret, mcpURL)
+				return tokenAnswer(m.redeem(code, verifier, mcpURL, proof))
+			}},
+		{name: "bound refresh token without a proof", status: http.StatusBadRequest, err: "invalid_grant", word: "DPoP",
+			do: func(t *testing.T) signinAnswer {
+				code, verifier := m.code(b, secret, mcpURL)
+				status, tok := m.redeem(code, verifier, mcpURL, key.proof(t, http.MethodPost, tokenURL, "", ""))
+				if status != http.StatusOK || tok["token_type"] != "DPoP" {
+					t.Fatalf("redeem with a proof: %d %v", status, tok)
+				}
+				return tokenAnswer(refresh(tok["refresh_token"].(string)))
+			}},
 		{name: "client_id document on 127.0.0.1", status: http.StatusBadRequest, err: "", word: "address",
 			do: func(t *testing.T) signinAnswer {
 				q := m.authorizeQuery(randomHex(32), mcpURL)
@@ -286,8 +325,13 @@ func TestSigninRefusals(t *testing.T) {
 				}
 			}},
 	}
-	for _, tc := range cases {
+	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			// The endpoints' limit per address (a burst of 30) is not what
+			// this table tests: each case's browser requests leave from a
+			// loopback address of their own, the cookies staying the
+			// browser's.
+			b.hc.Transport = fromAddress(fmt.Sprintf("127.0.1.%d", i+1))
 			a := tc.do(t)
 			if a.status != tc.status || a.err != tc.err || !strings.Contains(a.reason, tc.word) {
 				t.Errorf("answered %d %q %q; want %d %q with %q in the reason", a.status, a.err, clip(a.reason), tc.status, tc.err, tc.word)
