@@ -20,7 +20,7 @@ func TestConsentPage(t *testing.T) {
 	for h, want := range map[string]string{
 		"X-Frame-Options":         "DENY",
 		"Cache-Control":           "no-store",
-		"Referrer-Policy":         "no-referrer",
+		"Referrer-Policy":         "same-origin",
 		"Content-Security-Policy": "frame-ancestors 'none'",
 	} {
 		if got := resp.Header.Get(h); !strings.Contains(got, want) {
@@ -101,6 +101,14 @@ func TestConsentAttacks(t *testing.T) {
 			r := httptest.NewRequest(http.MethodPost, testIssuer+ConsentPath, strings.NewReader(fm.values("allow").Encode()))
 			r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 			r.Header.Set("Origin", "https://evil.example")
+			r.AddCookie(&http.Cookie{Name: "test-person", Value: "alice"})
+			r.AddCookie(&http.Cookie{Name: fm.cookie.Name, Value: fm.cookie.Value})
+			return f.do(r)
+		}, 403, "another origin"},
+		{"posted with Origin: null (a sandboxed frame)", func(f *fixture, fm form) *http.Response {
+			r := httptest.NewRequest(http.MethodPost, testIssuer+ConsentPath, strings.NewReader(fm.values("allow").Encode()))
+			r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			r.Header.Set("Origin", "null")
 			r.AddCookie(&http.Cookie{Name: "test-person", Value: "alice"})
 			r.AddCookie(&http.Cookie{Name: fm.cookie.Name, Value: fm.cookie.Value})
 			return f.do(r)

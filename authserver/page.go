@@ -9,15 +9,27 @@ import (
 
 // pageHeaders are on every page this server shows: no framing (the
 // consent form must not be clickjacked), no caching (it carries a CSRF
-// token and a sealed request), no referrer (the authorization request's
-// URL, with its state, must not follow a link).
-func pageHeaders(h http.Header) {
+// token and a sealed request), and no referrer sent off this origin (the
+// authorization request's URL, with its state, must not follow a link or
+// the redirect to the client).
+//
+// The consent page says same-origin where the others say no-referrer:
+// under no-referrer a browser sends its form's POST with "Origin: null"
+// (Fetch §3.1, the referrer policy applies to Origin), which is also what
+// a sandboxed frame on any site sends, and the consent endpoint could no
+// longer tell its own form from one posted elsewhere. same-origin sends
+// nothing to another origin either.
+func pageHeaders(h http.Header, consent bool) {
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; frame-ancestors 'none'")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Cache-Control", "no-store")
 	h.Set("Pragma", "no-cache")
-	h.Set("Referrer-Policy", "no-referrer")
+	if consent {
+		h.Set("Referrer-Policy", "same-origin")
+	} else {
+		h.Set("Referrer-Policy", "no-referrer")
+	}
 	h.Set("X-Content-Type-Options", "nosniff")
 }
 
@@ -85,7 +97,7 @@ func (s *Server) page(w http.ResponseWriter, status int, data any) {
 		buf.Reset()
 		buf.WriteString("the page could not be rendered")
 	}
-	pageHeaders(w.Header())
+	pageHeaders(w.Header(), name == "consent")
 	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())

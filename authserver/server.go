@@ -15,6 +15,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/dpop"
 	"github.com/Tahul/caddy-zidane-mcp/internal/seal"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -377,16 +378,10 @@ func remoteIP(r *http.Request) string {
 
 // isLoopbackHost says whether host (no port, brackets removed) is a
 // loopback address, or the name localhost, which RFC 8252 §8.3 discourages
-// but clients (Claude Code among them) use.
-func isLoopbackHost(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	// An IPv4-mapped IPv6 address is refused: one reading of an address,
-	// the loopback literals 127.x and ::1 only.
-	return ip != nil && ip.IsLoopback() && (ip.To4() == nil || !strings.Contains(host, ":"))
-}
+// but clients (Claude Code among them) use: pinnedfetch's predicate, the
+// module's one, so that no spelling (an IPv4-mapped address, a zone) is
+// loopback here and not to the egress rules.
+func isLoopbackHost(host string) bool { return pinnedfetch.IsLoopbackHost(host) }
 
 // scopesIn returns the scopes of want that are in have, in want's order.
 func scopesIn(want, have []string) []string {

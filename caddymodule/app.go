@@ -145,6 +145,11 @@ type App struct {
 	// which is Caddy's storage.
 	Cluster *ClusterConfig `json:"cluster,omitempty"`
 
+	// Signin makes the gateway the OAuth authorization server of its MCP
+	// clients, on every site that runs zidane_mcp (see SigninConfig and
+	// docs/signin.md). Off when unset.
+	Signin *SigninConfig `json:"signin,omitempty"`
+
 	cluster    *cluster.Storage // the cluster's storage, in cluster mode
 	clusterKey string           // this config's hold on natsPool
 
@@ -178,6 +183,8 @@ type App struct {
 	// auditCtx is this config's context, for the audit logger (see
 	// auditConfig).
 	auditCtx *caddy.Context
+	// signin is this config's authorization server, with a signin block.
+	signin *signin
 }
 
 // CaddyModule returns the Caddy module information.
@@ -261,6 +268,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		}
 	}
 	if err := a.provisionOAuth(ctx); err != nil {
+		return err
+	}
+	if err := a.provisionSignin(ctx); err != nil {
 		return err
 	}
 	a.own = a.ownFiles(ctx.Logger())

@@ -532,6 +532,12 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //			max_inflight_response <size>
 //			upstreams_file <path>
 //			session_upstreams <name...>
+//			signin {                      # the gateway as its MCP clients' authorization server
+//				issuer <https origin>
+//				access_lifetime|refresh_lifetime|session_lifetime <duration>
+//				registration dynamic|off
+//				oidc { … }
+//			}
 //			cluster {                     # the former place of storage zidane_nats's settings; still read
 //				url <nats url...>
 //				creds|tls_ca|tls_cert|tls_key <file>
@@ -705,6 +711,15 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			}
 			app.Cluster = new(ClusterConfig)
 			if err := app.Cluster.unmarshalCaddyfile(d, 1); err != nil {
+				return nil, err
+			}
+			continue
+		case "signin":
+			if app.Signin != nil {
+				return nil, d.Err("zidane: signin is given twice; give one block with every setting")
+			}
+			var err error
+			if app.Signin, err = parseSignin(d); err != nil {
 				return nil, err
 			}
 			continue

@@ -39,10 +39,11 @@ Manages what a zidane_mcp gateway keeps outside its config:
   login     logs the gateway in to an upstream that uses OAuth
   logout    revokes and deletes the gateway's OAuth token for an upstream
   audit     verifies the audit log, prints the public key that verifies it
+  signin-link  prints a one-time link that signs a browser in, on a gateway without an IdP
 
 With a server running, each command goes through the admin API (found from
 --address, or the admin address of --config), so a change is live at once.
-With no server answering, token and audit read and write Caddy's storage
+With no server answering, token, audit and signin-link read and write Caddy's storage
 directly; a server started later, or one whose admin API is elsewhere, sees
 the change within two seconds.
 

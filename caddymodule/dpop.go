@@ -77,19 +77,11 @@ func (h *Handler) provisionDPoP(ctx caddy.Context) error {
 	if !h.resURL.IsAbs() {
 		return nil
 	}
-	v := &dpop.Verifier{Window: dpop.DefaultWindow, Replay: dpopLocal}
-	nonceKey := dpopNonceKey
-	if cs, ok := ctx.Storage().(*cluster.Storage); ok {
-		r, err := clusterReplay(cs)
-		if err != nil {
-			return fmt.Errorf("zidane_mcp dpop: %w", err)
-		}
-		v.Replay = r
-		// Every replica takes the nonces any other issued.
-		if nonceKey, err = cs.DeriveKey("dpop nonce v1"); err != nil {
-			return err
-		}
+	replay, nonceKey, err := dpopShared(ctx.Storage())
+	if err != nil {
+		return fmt.Errorf("zidane_mcp dpop: %w", err)
 	}
+	v := &dpop.Verifier{Window: dpop.DefaultWindow, Replay: replay}
 	if h.DPoPNonce {
 		n, err := dpop.NewNonces(nonceKey, 0)
 		if err != nil {
@@ -99,6 +91,28 @@ func (h *Handler) provisionDPoP(ctx caddy.Context) error {
 	}
 	h.dpop.Verifier, h.dpop.URL = v, h.resURL
 	return nil
+}
+
+// dpopShared is the replay check of DPoP proofs and the key of DPoP nonces
+// on storage st, for every verifier of the process (the edge's, the token
+// endpoint's) with DefaultWindow: on a cluster's storage the cluster's
+// replay check and a key derived from the cluster key, so that every
+// replica takes a nonce any other issued and refuses a proof any other
+// took; elsewhere the process's own.
+func dpopShared(st any) (dpop.Replay, []byte, error) {
+	cs, ok := st.(*cluster.Storage)
+	if !ok {
+		return dpopLocal, dpopNonceKey, nil
+	}
+	r, err := clusterReplay(cs)
+	if err != nil {
+		return nil, nil, err
+	}
+	key, err := cs.DeriveKey("dpop nonce v1")
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, key, nil
 }
 
 // clusterReplay is the replay check on cluster storage cs, opened once.

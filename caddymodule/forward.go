@@ -83,12 +83,14 @@ func bridgeKey(cs *cluster.Storage, f *edge.Forward) ([]byte, error) {
 // on it; this node checks the hop (see verify), that the sender is alive
 // in the registry and that the session is this node's, establishes whom
 // it acts for from the identity the hop names (its own token store, its
-// own check of a JWT; the hop's scopes only narrow what it finds), decides
-// the request again as the sender did, and serves it with that principal
-// in its context. A refused hop is answered 401 (403 for a sender the
-// registry does not know) and audited, and its address charged like a
-// failed credential; a principal refused here is answered as the route's
-// own refusal (401 hop_principal, 403 hop_scopes), audited.
+// own check of a JWT; the hop's scopes only narrow what it finds), holds a
+// DPoP-bound principal to the client's proof the hop carries
+// (edge.DPoP.CheckForwarded), decides the request again as the sender did,
+// and serves it with that principal in its context. A refused hop is
+// answered 401 (403 for a sender the registry does not know) and audited,
+// and its address charged like a failed credential; a principal refused
+// here is answered as the route's own refusal (401 hop_principal, 403
+// hop_scopes, 401 invalid_dpop_proof), audited.
 func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) error {
 	now := time.Now()
 	auth := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix}
@@ -130,7 +132,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	if !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
-	if v := h.dpop.CheckForwarded(r.Context(), p, r.Header.Values("DPoP"), r.Method, claims.JWT, now); !v.Allowed() {
+	if v := h.dpop.CheckForwarded(r.Context(), p, r.Header.Values("DPoP"), r.Method, hopURL(r).EscapedPath(), claims.JWT, now); !v.Allowed() {
 		rf.p = p
 		return h.refuse(w, r, rf, v)
 	}

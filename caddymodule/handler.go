@@ -201,6 +201,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.scopes, err = policy.NewScopeMap(h.Scopes, !h.NoDefaultScopes); err != nil {
 		return err
 	}
+	if err := h.app.signinResource(h.resURL.String(), h.resURL.IsAbs(), h.scopes.Names()); err != nil {
+		return err
+	}
 	if h.origins, err = policy.NewOrigins(h.AllowedOrigins); err != nil {
 		return err
 	}
@@ -385,6 +388,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if edge.IsHop(r.Header) {
 		return h.serveHop(w, r, rf)
 	}
+	// The sign-in's endpoints are before the Origin check: a browser
+	// posts the consent form from the issuer's origin, which need not be
+	// one of the MCP endpoint's allowed_origins, and the authorization
+	// server checks that Origin itself. They read no Host.
+	if h.app != nil && h.app.signin != nil && h.app.signin.serves(r.URL.Path) {
+		if v := edge.CheckHost(r, !h.DisableLocalhostProtection); !v.Allowed() {
+			return h.refuse(w, r, rf, v)
+		}
+		h.app.signin.ServeHTTP(w, r)
+		return nil
+	}
 	if v := edge.CheckHostOrigin(r, h.origins, !h.DisableLocalhostProtection); !v.Allowed() {
 		return h.refuse(w, r, rf, v)
 	}
@@ -496,12 +510,27 @@ func (h *Handler) routeFor(path string) (edge.Route, spanning, edge.Verdict) {
 	return route, h.route.span, v
 }
 
+// absoluteResource is the site's resource URL as grants name it, or ""
+// when the resource is configured as a path alone.
+func (h *Handler) absoluteResource() string {
+	if h.resURL == nil || !h.resURL.IsAbs() {
+		return ""
+	}
+	return h.resURL.String()
+}
+
 // authenticate is step 2 (edge.Authentication): the credential's
 // principal, or its refusal; a refusal for the identity provider's keys
 // logs their detail, and one for the address's bucket is counted.
 func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) (policy.Principal, edge.Verdict) {
-	a := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix, DPoP: h.dpop, PerToken: h.tokenLimit}
-	p, v, err := a.Check(r.Context(), edge.CredentialOf(r), clientIP, now)
+	a := edge.Authentication{Authn: h.authn, Failures: h.ipLimit, IPv6Prefix: h.ipv6Prefix, DPoP: h.dpop, PerToken: h.tokenLimit,
+		Resource: h.absoluteResource()}
+	c := edge.CredentialOf(r)
+	c.Path = hopURL(r).EscapedPath() // the path the client sent, which its proof names
+	p, v, err := a.Check(r.Context(), c, clientIP, now)
+	if v.Allowed() {
+		v = edge.CheckAudience(p, h.resURL)
+	}
 	switch v.Reason {
 	case edge.ReasonKeysUnavailable:
 		h.logger.Error("JWT signing keys unavailable", zap.String("detail", err.Error()))

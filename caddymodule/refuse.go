@@ -41,5 +41,10 @@ func (h *Handler) protectedResource() edge.ProtectedResource {
 	if h.JWT != nil {
 		res.AuthorizationServers = []string{h.JWT.Issuer}
 	}
+	// The gateway's own authorization server first: it is the one that
+	// signs a person in for any MCP client.
+	if iss := h.app.signinIssuer(); iss != "" {
+		res.AuthorizationServers = append([]string{iss}, res.AuthorizationServers...)
+	}
 	return res
 }

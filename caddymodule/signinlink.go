@@ -165,18 +165,22 @@ func (a *adminAPI) handleSigninLinks(w http.ResponseWriter, r *http.Request) err
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("POST a link request")}
 	}
 	var req signinLinkRequest
+	refuse := func(status int, err error) error {
+		auditLogger().Warn("signin link refused", zap.String("event", "signin_link_refused"), zap.String("owner", req.Owner), zap.Error(err))
+		return caddy.APIError{HTTPStatus: status, Err: err}
+	}
 	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("decoding the link request: %v", err)}
+		return refuse(http.StatusBadRequest, fmt.Errorf("decoding the link request: %v", err))
 	}
 	spec, err := req.spec()
 	if err != nil {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+		return refuse(http.StatusBadRequest, err)
 	}
 	secret, expires, err := idp.NewLinks(a.store(), nil).Create(r.Context(), spec)
 	if err != nil {
-		return caddy.APIError{HTTPStatus: storeStatus(err, http.StatusBadRequest), Err: err}
+		return refuse(storeStatus(err, http.StatusBadRequest), err)
 	}
 	auditLogger().Info("signin link created", zap.String("event", "signin_link_created"), zap.String("owner", spec.Owner),
 		zap.Strings("scopes", spec.Scopes), zap.Time("expires", expires))

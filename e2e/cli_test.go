@@ -22,7 +22,7 @@ func TestCLIHelp(t *testing.T) {
 	}
 	_, listed, _ := strings.Cut(out, "Available Commands:")
 	listed, _, _ = strings.Cut(listed, "Flags:")
-	for _, sub := range []string{"token", "upstream", "tools", "login", "logout", "audit"} {
+	for _, sub := range []string{"token", "upstream", "tools", "login", "logout", "audit", "signin-link"} {
 		if !strings.Contains(listed, "\n  "+sub+" ") {
 			t.Errorf("zidane --help does not list %s:\n%s", sub, out)
 		}

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -10,14 +12,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
 )
 
@@ -48,6 +54,14 @@ func newDPoPKey(t testing.TB) dpopKey {
 // proof signs a proof for method on htu, for token, with nonce when set.
 func (k dpopKey) proof(t testing.TB, method, htu, token, nonce string) string {
 	t.Helper()
+	s, err := k.sign(method, htu, token, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (k dpopKey) sign(method, htu, token, nonce string) (string, error) {
 	sum := sha256.Sum256([]byte(token))
 	claims := map[string]any{"jti": rand.Text(), "htm": method, "htu": htu, "iat": time.Now().Unix(), "ath": base64.RawURLEncoding.EncodeToString(sum[:])}
 	if nonce != "" {
@@ -56,13 +70,146 @@ func (k dpopKey) proof(t testing.TB, method, htu, token, nonce string) string {
 	payload, _ := json.Marshal(claims)
 	jws, err := k.signer.Sign(payload)
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
-	s, err := jws.CompactSerialize()
+	return jws.CompactSerialize()
+}
+
+// dpopTransport is what a DPoP client library does under an MCP client:
+// the DPoP scheme and a fresh proof for every request (its method, its URL
+// without query), the last nonce the server gave, and one retry of a
+// use_dpop_nonce refusal with the nonce it carries (RFC 9449 §9).
+type dpopTransport struct {
+	key   dpopKey
+	token string
+
+	mu      sync.Mutex
+	nonce   string
+	methods map[string]int // requests sent, by method
+	retried int            // use_dpop_nonce refusals retried
+}
+
+func (d *dpopTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	var body []byte
+	if r.Body != nil {
+		var err error
+		if body, err = io.ReadAll(r.Body); err != nil {
+			return nil, err
+		}
+		r.Body.Close()
+	}
+	htu := (&url.URL{Scheme: r.URL.Scheme, Host: r.URL.Host, Path: r.URL.Path, RawPath: r.URL.RawPath}).String()
+	for attempt := 0; ; attempt++ {
+		d.mu.Lock()
+		nonce := d.nonce
+		if d.methods == nil {
+			d.methods = map[string]int{}
+		}
+		d.methods[r.Method]++
+		d.mu.Unlock()
+		proof, err := d.key.sign(r.Method, htu, d.token, nonce)
+		if err != nil {
+			return nil, err
+		}
+		out := r.Clone(r.Context())
+		if body != nil {
+			out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		}
+		out.Header.Set("Authorization", "DPoP "+d.token)
+		out.Header.Set("DPoP", proof)
+		resp, err := http.DefaultTransport.RoundTrip(out)
+		if err != nil {
+			return nil, err
+		}
+		if n := resp.Header.Get("DPoP-Nonce"); n != "" {
+			d.mu.Lock()
+			d.nonce = n
+			d.mu.Unlock()
+		}
+		cs, _ := oauthex.ParseWWWAuthenticate(resp.Header.Values("WWW-Authenticate"))
+		if attempt == 0 && resp.StatusCode == http.StatusUnauthorized && slices.ContainsFunc(cs, func(c oauthex.Challenge) bool {
+			return c.Scheme == "dpop" && c.Params["error"] == "use_dpop_nonce"
+		}) {
+			resp.Body.Close()
+			d.mu.Lock()
+			d.retried++
+			d.mu.Unlock()
+			continue
+		}
+		return resp, nil
+	}
+}
+
+// go-sdk's MCP client, over a transport that adds DPoP as a client
+// library does, goes from initialize to a tool call and closes its
+// session through the built binary with a DPoP-bound JWT: every request
+// (POST, the GET stream, DELETE) carries a proof, the first is refused
+// use_dpop_nonce and retried with the nonce, and nothing else is refused.
+// The same client sending the token as Bearer cannot connect.
+func TestDPoPGoSDKClient(t *testing.T) {
+	upstream := startEverythingServer(t)
+	up := strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp")
+	p := startIDP(t)
+	site := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	resource := "http://" + site + "/mcp"
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+}
+
+http://%s {
+	zidane_mcp {
+		guard
+		resource %s
+		dpop_nonce
+		jwt {
+			issuer %s
+			jwks_url %s
+			algorithms RS256
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, site, resource, p.issuer, p.jwksURL, up))
+	key := newDPoPKey(t)
+	now := time.Now()
+	tok := p.token(t, jwt.MapClaims{"iss": p.issuer, "aud": resource, "sub": "alice", "scope": "mcp",
+		"iat": now.Unix(), "exp": now.Add(time.Hour).Unix(), "cnf": map[string]any{"jkt": key.jkt}})
+
+	tr := &dpopTransport{key: key, token: tok}
+	cs, err := connectGo(t, resource, &http.Client{Transport: tr})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil || len(tools.Tools) == 0 {
+		t.Fatalf("tools/list: %v %v", tools, err)
+	}
+	if res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "test_simple_text"}); err != nil || res.IsError {
+		t.Fatalf("tools/call: %+v %v", res, err)
+	}
+	if err := cs.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	tr.mu.Lock()
+	methods, retried := maps.Clone(tr.methods), tr.retried
+	tr.mu.Unlock()
+	t.Logf("requests by method %v, %d retried after use_dpop_nonce", methods, retried)
+	if retried != 1 || methods[http.MethodPost] < 4 || methods[http.MethodDelete] != 1 {
+		t.Errorf("requests by method %v, %d use_dpop_nonce retried; want one retry, POSTs and the session's DELETE", methods, retried)
+	}
+	refused := map[string]int{}
+	for _, l := range auditLines(c) {
+		if l["event"] == "refused" {
+			refused[fmt.Sprint(l["reason"])]++
+		}
+	}
+	if len(refused) != 1 || refused["use_dpop_nonce"] != 1 {
+		t.Errorf("refusals audited %v, want the one use_dpop_nonce", refused)
+	}
+
+	if _, err := connectGo(t, resource, bearerClient(tok, nil)); err == nil {
+		t.Fatal("the bound token as Bearer connected")
+	}
 }
 
 // postDPoP posts body to url with the Authorization value authz and one

@@ -92,9 +92,9 @@ type browserSession struct {
 // resolves no name but localhost and loopback addresses, so that a page
 // that asks for something on the Internet (oidc-provider's login page
 // imports a web font) gets nothing and no test reaches past loopback.
-func newBrowser(t testing.TB) *browserSession {
+func newBrowser(t *testing.T) *browserSession {
 	t.Helper()
-	bin := chromium(t.(*testing.T))
+	bin := chromium(t)
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(bin),
 		chromedp.NoSandbox,
@@ -146,14 +146,13 @@ func (b *browserSession) page(t testing.TB) (location, text string) {
 	return location, text
 }
 
-// idpSignIn drives oidc-provider's development login and consent pages
-// from startURL (a page that sends the browser to sign in) as login, and
-// returns the location and the text of the page the browser ends on: one
-// of the gateway's, which name their heading "title".
-func (b *browserSession) idpSignIn(t testing.TB, startURL, login string) (location, text string) {
+// idpLogin signs login in at oidc-provider's development pages, the
+// browser being on (or on its way to) its login page: the login form,
+// then the consent form. It returns once the consent is sent, the browser
+// on its way back to the client (a gateway's callback).
+func (b *browserSession) idpLogin(t testing.TB, login string) {
 	t.Helper()
-	b.do(t, "opening "+startURL+" and the IdP's login page",
-		chromedp.Navigate(startURL),
+	b.do(t, "signing in at the IdP as "+login,
 		chromedp.WaitVisible(chromedp.CSS(`input[name="login"]`)),
 		chromedp.SendKeys(chromedp.CSS(`input[name="login"]`), login),
 		chromedp.SendKeys(chromedp.CSS(`input[name="password"]`), idpPassword),
@@ -162,7 +161,18 @@ func (b *browserSession) idpSignIn(t testing.TB, startURL, login string) (locati
 	)
 	b.do(t, "consenting at the IdP",
 		chromedp.Click(chromedp.CSS(`button[type="submit"]`)),
-		chromedp.WaitReady(chromedp.ID("title")),
+		chromedp.WaitNotPresent(chromedp.CSS(`input[name="prompt"][value="consent"]`)),
 	)
+}
+
+// idpSignIn opens startURL (a page that sends the browser to sign in),
+// signs login in at the IdP, and returns the location and the text of the
+// page the browser ends on: one of the gateway's, whose heading has the
+// id "title".
+func (b *browserSession) idpSignIn(t testing.TB, startURL, login string) (location, text string) {
+	t.Helper()
+	b.do(t, "opening "+startURL, chromedp.Navigate(startURL))
+	b.idpLogin(t, login)
+	b.do(t, "coming back from the IdP", chromedp.WaitReady(chromedp.ID("title")))
 	return b.page(t)
 }

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/certmagic"
 	"github.com/chromedp/chromedp"
@@ -30,9 +31,15 @@ type signinSite struct {
 	mu        sync.Mutex
 	callbacks []recordedRequest
 	refusals  []signin.Refusal
+	signedIn  []string // "owner by via", as the audit log would have them
 	// hold makes the callback record the IdP's answer and stop there, as
 	// an attacker who caught it would, without using it.
 	hold atomic.Bool
+	// other is a second replica of the site (the same configuration and
+	// key, as replicas derive it from the cluster key); with toOther set,
+	// the IdP's answers land on it, as a load balancer may send them.
+	other   *signin.Service
+	toOther atomic.Bool
 }
 
 type recordedRequest struct {
@@ -56,7 +63,15 @@ func startSigninSite(t *testing.T, configure func(site string) signin.Config) *s
 		s.refusals = append(s.refusals, r)
 		s.mu.Unlock()
 	}
+	cfg.SignedIn = func(p signin.Person, via string) {
+		s.mu.Lock()
+		s.signedIn = append(s.signedIn, p.Owner+" by "+via)
+		s.mu.Unlock()
+	}
 	if s.svc, err = signin.New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if s.other, err = signin.New(cfg); err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
@@ -75,11 +90,14 @@ func startSigninSite(t *testing.T, configure func(site string) signin.Config) *s
 		s.mu.Lock()
 		s.callbacks = append(s.callbacks, recordedRequest{url: s.URL + r.URL.RequestURI(), cookie: r.Header.Get("Cookie")})
 		s.mu.Unlock()
-		if s.hold.Load() {
+		switch {
+		case s.hold.Load():
 			fmt.Fprint(w, `<!DOCTYPE html><title>held</title><h1 id="title">held</h1>`)
-			return
+		case s.toOther.Load():
+			s.other.ServeHTTP(w, r)
+		default:
+			s.svc.ServeHTTP(w, r)
 		}
-		s.svc.ServeHTTP(w, r)
 	})
 	mux.Handle(signin.LinkPath, s.svc)
 	srv := &http.Server{Handler: mux}
@@ -116,6 +134,39 @@ func TestIdPSignIn(t *testing.T) {
 			}},
 		}}
 	})
+
+	// The request to the IdP, as the browser is sent there: its redirect
+	// URI comes from the configured site whatever Host says, with PKCE
+	// S256, a nonce and a state of its own.
+	noFollow := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	states := map[string]bool{}
+	for range 2 {
+		req, _ := http.NewRequest("GET", site.URL+"/start", nil)
+		req.Host = "evil.example"
+		req.Header.Set("X-Forwarded-Host", "evil.example")
+		resp, err := noFollow.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		to, err := url.Parse(resp.Header.Get("Location"))
+		if resp.StatusCode != http.StatusSeeOther || err != nil || !strings.HasPrefix(to.String(), issuer.Issuer+"/") {
+			t.Fatalf("/start: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
+		}
+		q := to.Query()
+		if q.Get("redirect_uri") != site.URL+signin.CallbackPath || q.Get("code_challenge_method") != "S256" || len(q.Get("code_challenge")) != 43 ||
+			q.Get("nonce") == "" || q.Get("state") == "" || q.Get("client_id") != issuer.ClientID || q.Get("response_type") != "code" ||
+			q.Get("scope") != "openid profile email groups" || strings.Contains(to.String(), issuer.ClientSecret) {
+			t.Fatalf("the authorization request: %s", to)
+		}
+		if states[q.Get("state")] {
+			t.Fatal("two sign-ins got one state")
+		}
+		states[q.Get("state")] = true
+		if cs := resp.Cookies(); len(cs) != 1 || cs[0].Name != "zidane-signin-flow" || !cs[0].HttpOnly || cs[0].SameSite != http.SameSiteLaxMode {
+			t.Fatalf("the flow cookie: %v", resp.Cookies())
+		}
+	}
 
 	loc, text := newBrowser(t).idpSignIn(t, site.URL+"/start", "alice")
 	if loc != site.URL+"/whoami?from=start" {
@@ -175,6 +226,11 @@ func TestIdPSignIn(t *testing.T) {
 	}
 	if r := site.lastRefusal(); r.Reason != "no_scope" || r.Owner != "bob" || r.Status != http.StatusForbidden {
 		t.Fatalf("bob's refusal: %+v", r)
+	}
+	site.mu.Lock()
+	defer site.mu.Unlock()
+	if strings.Join(site.signedIn, ",") != "alice by idp" {
+		t.Fatalf("sign-ins reported: %q", site.signedIn)
 	}
 }
 
@@ -313,6 +369,45 @@ func TestIdPSignInCrossBrowser(t *testing.T) {
 	for _, c := range resp.Cookies() {
 		if strings.HasSuffix(c.Name, "zidane-signin") && c.MaxAge >= 0 {
 			t.Fatal("signed in with an injected code")
+		}
+	}
+}
+
+// TestIdPSignInOnAnotherReplica: a sign-in started on one replica finishes
+// on another (the flow cookie opens under the key they share), and the
+// session it makes is read by both. The same answer replayed on the first
+// replica, which did not see it used, is refused by the IdP, which redeems
+// a code once.
+func TestIdPSignInOnAnotherReplica(t *testing.T) {
+	var issuer *testIdP
+	site := startSigninSite(t, func(site string) signin.Config {
+		issuer = startIdP(t, site+signin.CallbackPath)
+		return signin.Config{OIDC: &signin.OIDC{
+			Issuer: issuer.Issuer, ClientID: issuer.ClientID, ClientSecret: issuer.ClientSecret, Scopes: []string{"groups"},
+			Claims: signin.Claims{Rules: []signin.Rule{{Claim: "groups", Value: "eng", Scopes: []string{"chat"}}}},
+		}}
+	})
+	site.toOther.Store(true)
+	loc, text := newBrowser(t).idpSignIn(t, site.URL+"/start", "alice")
+	if loc != site.URL+"/whoami?from=start" || !strings.Contains(text, `"owner":"alice"`) {
+		t.Fatalf("alice, her answer on the other replica: %s\n%s", loc, text)
+	}
+	answer := site.lastCallback(t)
+	site.toOther.Store(false)
+	req, _ := http.NewRequest("GET", answer.url, nil)
+	req.Header.Set("Cookie", answer.cookie)
+	resp, err := shortClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || site.lastRefusal().Reason != "exchange" || !strings.Contains(string(b), "invalid_grant") {
+		t.Fatalf("the answer replayed on the first replica: %d %+v\n%s", resp.StatusCode, site.lastRefusal(), b)
+	}
+	for _, c := range resp.Cookies() {
+		if strings.HasSuffix(c.Name, "zidane-signin") && c.MaxAge >= 0 {
+			t.Fatal("signed in by a replayed answer")
 		}
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,8 +109,41 @@ func TestSigninLinkCLI(t *testing.T) {
 	if err != nil || p.Owner != "bob" || p.Name != "Bob B" {
 		t.Fatalf("redeeming the online link: %+v, %v", p, err)
 	}
-	out, stderr, err = c.Run(t, "zidane", "signin-link", "--owner", "jwt:bob", "--scope", "chat", "--base", base)
-	if exitCode(err) != 1 || out != "" || !strings.Contains(stderr, "jwt:") {
-		t.Errorf("online, owner jwt:bob: exit %d %q %q", exitCode(err), out, stderr)
+	// The admin route itself, as a script would call it: the admin key is
+	// required (a link signs a browser in as anyone), and a request the
+	// CLI would have refused is refused and audited.
+	key, err := os.ReadFile(filepath.Join(c.DataDir, "zidane", "admin.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, key, body string
+		status          int
+		word            string
+	}{
+		{"no admin key", "", `{"owner":"mallory","scopes":["chat"]}`, http.StatusForbidden, "CLI"},
+		{"a wrong admin key", "wrong", `{"owner":"mallory","scopes":["chat"]}`, http.StatusForbidden, ""},
+		{"an owner of a JWT subject", string(key), `{"owner":"jwt:bob","scopes":["chat"]}`, http.StatusBadRequest, "jwt:"},
+		{"an unknown field", string(key), `{"owner":"bob","scopes":["chat"],"admin":true}`, http.StatusBadRequest, "unknown field"},
+		{"a lifetime of a week", string(key), `{"owner":"bob","scopes":["chat"],"expires":"7d"}`, http.StatusBadRequest, "24h"},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, c.AdminURL("/zidane/signin/links"), strings.NewReader(tc.body))
+		req.Header.Set("Content-Type", "application/json")
+		if tc.key != "" {
+			req.Header.Set("Authorization", "Zidane-Admin-Key "+tc.key)
+		}
+		resp, err := shortClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || !strings.Contains(string(b), tc.word) || strings.Contains(string(b), "zsl_") {
+			t.Errorf("%s: %d %s", tc.name, resp.StatusCode, b)
+		}
+	}
+	c.WaitForLog(t, "signin_link_refused", startTimeout)
+	if n := strings.Count(c.Logs(), "signin_link_created"); n != 1 {
+		t.Errorf("%d links made through the admin API; only the CLI's one should have been", n)
 	}
 }

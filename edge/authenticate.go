@@ -16,6 +16,7 @@ const (
 	ReasonInvalidToken    = "invalid_token"
 	ReasonKeysUnavailable = "jwt_keys_unavailable"
 	ReasonRateLimitedIP   = "rate_limited_ip"
+	ReasonWrongResource   = "wrong_resource"
 )
 
 // keysRetry is the Retry-After of a refusal for the identity provider's
@@ -49,6 +50,11 @@ type Authentication struct {
 	// holder of a bound token cannot fill the check that every client's
 	// proofs go through.
 	PerToken *policy.Limiter
+	// Resource is the site's configured resource URL when it is absolute,
+	// "" when it is a path alone. A credential issued for one resource (a
+	// grant, RFC 8707) is taken only where Resource is exactly that one;
+	// a site with no absolute resource cannot tell, and takes none.
+	Resource string
 }
 
 // Authenticate checks the Authorization header value authz of a request
@@ -80,6 +86,10 @@ func (a Authentication) Check(ctx context.Context, c Credential, clientIP string
 	}
 	p, err = authenticate(ctx, authz, now)
 	if err == nil {
+		if p.Resource != "" && p.Resource != a.Resource {
+			v := Refuse(http.StatusUnauthorized, ReasonWrongResource, wrongResource(p.Resource, a.Resource))
+			return policy.Principal{}, a.charge(ip, now, v), errors.New(v.Message)
+		}
 		if !isDPoP {
 			token = policy.BearerToken(authz)
 		}
@@ -102,6 +112,15 @@ func (a Authentication) Check(ctx context.Context, c Credential, clientIP string
 		return policy.Principal{}, v, err
 	}
 	return policy.Principal{}, a.charge(ip, now, credentialVerdict(err)), err
+}
+
+// wrongResource says why a credential for resource was refused at a site
+// whose resource is here ("" for a path alone).
+func wrongResource(resource, here string) string {
+	if here == "" {
+		return "this token was issued for " + resource + "; this site names no absolute resource, so it takes no token issued for one"
+	}
+	return "this token was issued for " + resource + ", not for " + here + ": sign in to this resource for a token of its own"
 }
 
 // charge counts the failed credential refused with v against the address

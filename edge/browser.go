@@ -16,13 +16,23 @@ import (
 // listener a Host that is not loopback is a DNS-rebinding attempt (the
 // spec's localhost rule); a browser Origin must be one origins allows.
 func CheckHostOrigin(r *http.Request, origins *policy.Origins, localhostProtection bool) Verdict {
-	if localhostProtection && onLoopbackListener(r) && !policy.HostIsLoopback(r.Host) {
-		return Refuse(http.StatusForbidden, "host",
-			fmt.Sprintf("Host %q is not this machine: this endpoint listens on loopback only; if a proxy in front sets another Host, set disable_localhost_protection", r.Host))
+	if v := CheckHost(r, localhostProtection); !v.Allowed() {
+		return v
 	}
 	if origin := r.Header.Get("Origin"); !origins.Allowed(origin, r.Host) {
 		return Refuse(http.StatusForbidden, "origin",
 			fmt.Sprintf("Origin %q is not allowed to call this MCP endpoint; an operator can add it to allowed_origins", origin))
+	}
+	return Verdict{}
+}
+
+// CheckHost refuses, with localhostProtection, a request that arrived on a
+// loopback listener with a Host that is not this machine: a page of
+// another site whose name a DNS rebinding pointed here.
+func CheckHost(r *http.Request, localhostProtection bool) Verdict {
+	if localhostProtection && onLoopbackListener(r) && !policy.HostIsLoopback(r.Host) {
+		return Refuse(http.StatusForbidden, "host",
+			fmt.Sprintf("Host %q is not this machine: this endpoint listens on loopback only; if a proxy in front sets another Host, set disable_localhost_protection", r.Host))
 	}
 	return Verdict{}
 }
@@ -33,8 +43,9 @@ func onLoopbackListener(r *http.Request) bool {
 	return pinnedfetch.IsLoopbackSocket(addr)
 }
 
-// allowedCORSHeaders are the request headers a preflight always allows.
-const allowedCORSHeaders = "Authorization, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name"
+// allowedCORSHeaders are the request headers a preflight always allows
+// (DPoP: a bound token's proof, RFC 9449).
+const allowedCORSHeaders = "Authorization, DPoP, Content-Type, Accept, Mcp-Session-Id, Mcp-Protocol-Version, Last-Event-ID, Mcp-Method, Mcp-Name"
 
 // maxCORSParamHeaders bounds the Mcp-Param-* names a preflight is allowed.
 const maxCORSParamHeaders = 64
@@ -70,7 +81,7 @@ func Preflight(w http.ResponseWriter, r *http.Request) bool {
 	h := w.Header()
 	h.Set("Access-Control-Allow-Origin", origin)
 	h.Add("Vary", "Origin")
-	h.Set("Access-Control-Expose-Headers", "Mcp-Session-Id, WWW-Authenticate, Retry-After")
+	h.Set("Access-Control-Expose-Headers", "Mcp-Session-Id, WWW-Authenticate, Retry-After, DPoP-Nonce")
 	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
 		return false
 	}

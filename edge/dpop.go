@@ -43,11 +43,13 @@ type DPoP struct {
 	// the site cannot check a proof (its resource is a path alone): a
 	// bound credential is then refused.
 	Verifier *dpop.Verifier
-	// URL is the resource's configured absolute URL, which every proof's
-	// htu must name. Never one built from the request's Host or
-	// X-Forwarded-* headers, which the client chooses: a proof signed for
-	// another host (another resource the same token is good at, say) would
-	// otherwise pass wherever the client sent it with that Host.
+	// URL is the resource's configured absolute URL, whose scheme and
+	// host every proof's htu must name, with the path the client sent
+	// the request to (the resource's own, for an MCP client). Never a
+	// scheme or host built from the request's Host or X-Forwarded-*
+	// headers, which the client chooses: a proof signed for another host
+	// (another resource the same token is good at, say) would otherwise
+	// pass wherever the client sent it with that Host.
 	URL *url.URL
 	// Required refuses every credential that is not bound to a key, but
 	// the tokens the gateway derives for its own agents (a session's
@@ -91,11 +93,28 @@ type Credential struct {
 	Proofs []string
 	// Method is the request's HTTP method, which a proof's htm names.
 	Method string
+	// Path is the request's path as the client sent it (escaped, before
+	// any rewrite on the server), which a proof's htu names; empty for
+	// the resource's own.
+	Path string
 }
 
-// CredentialOf reads r's credential.
+// CredentialOf reads r's credential; its Path is r's, which a caller that
+// rewrites paths replaces with the one the client sent.
 func CredentialOf(r *http.Request) Credential {
-	return Credential{Authorization: r.Header.Get("Authorization"), Proofs: r.Header.Values("DPoP"), Method: r.Method}
+	return Credential{Authorization: r.Header.Get("Authorization"), Proofs: r.Header.Values("DPoP"), Method: r.Method, Path: r.URL.EscapedPath()}
+}
+
+// htu is the URL a proof of a request to path must name: the configured
+// resource's scheme and host, and path (the resource's when empty).
+func (d DPoP) htu(path string) *url.URL {
+	if path == "" {
+		return d.URL
+	}
+	u := *d.URL
+	u.RawPath = path
+	u.Path, _ = url.PathUnescape(path)
+	return &u
 }
 
 // dpopScheme splits authz into its token and whether its scheme is DPoP.
@@ -143,7 +162,7 @@ func (d DPoP) checkBinding(ctx context.Context, p policy.Principal, c Credential
 		// Two proofs: two readers could check different ones.
 		return dpopRefuse(ReasonDPoPProof, "invalid_dpop_proof", "send exactly one DPoP header, with one proof")
 	}
-	proof, err := d.Verifier.Verify(ctx, dpop.Request{Proof: c.Proofs[0], Method: c.Method, URL: d.URL, AccessToken: token, Now: now})
+	proof, err := d.Verifier.Verify(ctx, dpop.Request{Proof: c.Proofs[0], Method: c.Method, URL: d.htu(c.Path), AccessToken: token, Now: now})
 	var e *dpop.Error
 	switch {
 	case err == nil && proof.JKT != p.JKT:
@@ -169,7 +188,8 @@ func (d DPoP) checkBinding(ctx context.Context, p policy.Principal, c Credential
 // carries identity, never authority (see hop.go), and whoever holds the
 // cluster key can sign one, so a bound principal's hop must carry the
 // client's proof, under the hop's MAC, and this replica checks it again:
-// its signature by p's key, htm, htu (this resource), iat, the nonce, and
+// its signature by p's key, htm (method), htu (this resource's scheme and
+// host, and path, the request's as the client sent it), iat, the nonce, and
 // ath over jwt, the access token the hop carries (for a principal of the
 // token store, which no hop carries, ath is not checked). The proof was
 // claimed once cluster-wide by the sending edge; here it is claimed once
@@ -178,7 +198,7 @@ func (d DPoP) checkBinding(ctx context.Context, p policy.Principal, c Credential
 // client signed for this resource within the window, and one that was
 // forwarded already will not do. An unbound principal on a site that
 // requires DPoP is refused as at the edge.
-func (d DPoP) CheckForwarded(ctx context.Context, p policy.Principal, proofs []string, method, jwt string, now time.Time) Verdict {
+func (d DPoP) CheckForwarded(ctx context.Context, p policy.Principal, proofs []string, method, path, jwt string, now time.Time) Verdict {
 	if p.JKT == "" {
 		if d.Required && p.Parent == "" {
 			return dpopRefuse(ReasonDPoPRequired, "invalid_token", "the forwarded request acts for a credential that is not DPoP-bound, and this resource takes DPoP-bound access tokens only")
@@ -192,7 +212,7 @@ func (d DPoP) CheckForwarded(ctx context.Context, p policy.Principal, proofs []s
 	if v.Replay != nil {
 		v.Replay = hopReplay{v.Replay}
 	}
-	proof, err := v.Verify(ctx, dpop.Request{Proof: proofs[0], Method: method, URL: d.URL, AccessToken: jwt, Now: now})
+	proof, err := v.Verify(ctx, dpop.Request{Proof: proofs[0], Method: method, URL: d.htu(path), AccessToken: jwt, Now: now})
 	var e *dpop.Error
 	switch {
 	case err == nil && proof.JKT == p.JKT:

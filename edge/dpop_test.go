@@ -122,7 +122,7 @@ func newDPoPSite(t testing.TB, required, nonces bool) *dpopSite {
 	return &dpopSite{
 		a: Authentication{Failures: policy.NewLimiter(policy.Limit{Rate: 1, Burst: 100}), IPv6Prefix: policy.DefaultIPv6Prefix,
 			Authn: policy.Authenticator{Tokens: tokens, JWT: v},
-			DPoP:  DPoP{Verifier: verifier, URL: u, Required: required}},
+			DPoP:  DPoP{Verifier: verifier, URL: u, Required: required}, Resource: dpopResource},
 		issuer: issuer, opaque: secret,
 	}
 }
@@ -365,7 +365,7 @@ func TestDPoPCheckForwarded(t *testing.T) {
 		t.Fatalf("the edge's check: %+v", v)
 	}
 	fwd := func(proofs []string, jwt string) Verdict {
-		return s.a.DPoP.CheckForwarded(context.Background(), p, proofs, http.MethodPost, jwt, time.Now())
+		return s.a.DPoP.CheckForwarded(context.Background(), p, proofs, http.MethodPost, "", jwt, time.Now())
 	}
 	if v := fwd([]string{taken}, tok); !v.Allowed() {
 		t.Fatalf("the hop of a proof the edge took: %+v, want it served", v)
@@ -391,11 +391,11 @@ func TestDPoPCheckForwarded(t *testing.T) {
 		})
 	}
 	unbound := policy.Principal{TokenID: "tok_x"}
-	if v := s.a.DPoP.CheckForwarded(context.Background(), unbound, nil, http.MethodPost, "", time.Now()); !v.Allowed() {
+	if v := s.a.DPoP.CheckForwarded(context.Background(), unbound, nil, http.MethodPost, "", "", time.Now()); !v.Allowed() {
 		t.Errorf("an unbound principal's hop on a site where DPoP is optional: %+v", v)
 	}
 	s.a.DPoP.Required = true
-	if v := s.a.DPoP.CheckForwarded(context.Background(), unbound, nil, http.MethodPost, "", time.Now()); v.Reason != ReasonDPoPRequired {
+	if v := s.a.DPoP.CheckForwarded(context.Background(), unbound, nil, http.MethodPost, "", "", time.Now()); v.Reason != ReasonDPoPRequired {
 		t.Errorf("an unbound principal's hop on a site that requires DPoP: %+v, want %s", v, ReasonDPoPRequired)
 	}
 }
@@ -427,7 +427,7 @@ func TestDPoPDerivedTokensAreBearer(t *testing.T) {
 	if _, v := s.check("DPoP "+secret, c.proofFor(t, http.MethodPost, dpopResource, secret, "")); v.Reason != ReasonInvalidToken || v.DPoPError != "invalid_token" {
 		t.Errorf("the child with the DPoP scheme: %+v, want invalid_token (not bound)", v)
 	}
-	if v := s.a.DPoP.CheckForwarded(context.Background(), child, nil, http.MethodPost, "", time.Now()); !v.Allowed() {
+	if v := s.a.DPoP.CheckForwarded(context.Background(), child, nil, http.MethodPost, "", "", time.Now()); !v.Allowed() {
 		t.Errorf("a hop of the child: %+v", v)
 	}
 }
@@ -480,5 +480,97 @@ func TestDPoPProofsBoundedByTheTokensBucket(t *testing.T) {
 	s.a.PerToken = policy.NewLimiter(policy.Limit{Rate: 1, Burst: 2})
 	if _, v := s.check("DPoP "+tok, proof); !v.Allowed() {
 		t.Errorf("the same proof once the bucket has room: %+v, want it served (the refused request claimed nothing)", v)
+	}
+}
+
+// A proof names the path it was sent to (htu, RFC 9449 §4.2) on the
+// resource's configured scheme and host: a proof for the resource's URL is
+// no proof for a request to another path of the same site, and one for the
+// other path is, whatever Host the request names.
+func TestDPoPProofNamesTheRequestPath(t *testing.T) {
+	s := newDPoPSite(t, false, false)
+	c := newDPoPClient(t)
+	tok := s.issuer.boundToken(t, "alice", "mcp", c.jkt)
+	check := func(path, htu string) Verdict {
+		_, v, _ := s.a.Check(context.Background(), Credential{Authorization: "DPoP " + tok, Method: http.MethodPost, Path: path,
+			Proofs: []string{c.proofFor(t, http.MethodPost, htu, tok, "")}}, "192.0.2.1", time.Now())
+		return v
+	}
+	if v := check("/other", dpopResource); v.Reason != ReasonDPoPProof || !strings.Contains(v.Message, "https://edge.example/other") {
+		t.Errorf("the resource's proof sent to /other: %+v, want invalid_dpop_proof naming https://edge.example/other", v)
+	}
+	if v := check("/other", "https://edge.example/other"); !v.Allowed() {
+		t.Errorf("a proof for /other sent to /other: %+v", v)
+	}
+	if v := check("/mcp", dpopResource); !v.Allowed() {
+		t.Errorf("the resource's proof sent to its path: %+v", v)
+	}
+}
+
+// A DPoP client in a browser page of an allowed origin can send its proof
+// (the preflight allows the DPoP header) and read the nonce and the
+// challenge of an answer (DPoP-Nonce and WWW-Authenticate are exposed).
+func TestDPoPThroughCORS(t *testing.T) {
+	r := httptest.NewRequest(http.MethodOptions, dpopResource, nil)
+	r.Header.Set("Origin", "https://app.example")
+	r.Header.Set("Access-Control-Request-Method", "POST")
+	r.Header.Set("Access-Control-Request-Headers", "authorization, dpop")
+	w := httptest.NewRecorder()
+	if !Preflight(w, r) || !slices.Contains(strings.Split(w.Header().Get("Access-Control-Allow-Headers"), ", "), "DPoP") {
+		t.Errorf("preflight allows %q, want DPoP among them", w.Header().Get("Access-Control-Allow-Headers"))
+	}
+	expose := strings.Split(w.Header().Get("Access-Control-Expose-Headers"), ", ")
+	if !slices.Contains(expose, "DPoP-Nonce") || !slices.Contains(expose, "WWW-Authenticate") {
+		t.Errorf("answers expose %q, want DPoP-Nonce and WWW-Authenticate", expose)
+	}
+}
+
+// The challenges a client reads, per refusal and site: Bearer first (what
+// clients without DPoP read) and DPoP beside it where proofs are checked;
+// DPoP alone where bound tokens are required, carrying the error the
+// Bearer challenge would have; none of DPoP's on a site that checks no
+// proof (a resource that is a path).
+func TestDPoPChallenges(t *testing.T) {
+	u := mustParse(t, dpopResource)
+	optional := ProtectedResource{URL: u, DPoPAlgs: DPoPAlgorithms()}
+	required := ProtectedResource{URL: u, DPoPAlgs: DPoPAlgorithms(), DPoPRequired: true}
+	pathOnly := ProtectedResource{URL: mustParse(t, "/mcp")}
+	noToken := Refuse(http.StatusUnauthorized, ReasonNoToken, "send a token")
+	badToken := Refuse(http.StatusUnauthorized, ReasonInvalidToken, "expired")
+	scope := Verdict{Status: http.StatusForbidden, Reason: ReasonScope, Message: "needs deploy", Need: []string{"deploy"}}
+	type want struct{ scheme, err string }
+	for _, tc := range []struct {
+		name string
+		res  ProtectedResource
+		v    Verdict
+		want []want
+	}{
+		{"optional, no token", optional, noToken, []want{{"bearer", ""}, {"dpop", ""}}},
+		{"optional, a bad token", optional, badToken, []want{{"bearer", "invalid_token"}, {"dpop", ""}}},
+		{"optional, insufficient scope", optional, scope, []want{{"bearer", "insufficient_scope"}}},
+		{"required, no token", required, noToken, []want{{"dpop", ""}}},
+		{"required, a bad token", required, badToken, []want{{"dpop", "invalid_token"}}},
+		{"required, insufficient scope", required, scope, []want{{"dpop", "insufficient_scope"}}},
+		{"a path resource, a bad token", pathOnly, badToken, []want{{"bearer", "invalid_token"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := httptest.NewRecorder()
+			_ = WriteRefusal(w, httptest.NewRequest(http.MethodPost, "http://127.0.0.1/mcp", nil), tc.res, tc.v, nil)
+			cs := challenges(t, w.Result().Header)
+			if len(cs) != len(tc.want) {
+				t.Fatalf("challenges %+v, want %+v", cs, tc.want)
+			}
+			for i, c := range cs {
+				if c.Scheme != tc.want[i].scheme || c.Params["error"] != tc.want[i].err || c.Params["resource_metadata"] == "" {
+					t.Errorf("challenge %d: %+v, want %+v with resource_metadata", i, c, tc.want[i])
+				}
+				if c.Scheme == "dpop" && c.Params["algs"] != strings.Join(DPoPAlgorithms(), " ") {
+					t.Errorf("DPoP challenge algs %q", c.Params["algs"])
+				}
+				if c.Params["error"] == "insufficient_scope" && c.Params["scope"] != "deploy" {
+					t.Errorf("insufficient_scope names scope %q, want deploy", c.Params["scope"])
+				}
+			}
+		})
 	}
 }

@@ -151,14 +151,17 @@ func (d *documents) resolve(ctx context.Context, id string) (Client, error) {
 	d.mu.Unlock()
 	if owner {
 		// The fetch outlives the request that started it (others may be
-		// waiting on it) but not its own time bound.
-		doc.client, doc.expires, doc.err = d.fetch(context.WithoutCancel(ctx), id)
-		if Reason(doc.err) == "busy" {
-			d.mu.Lock()
-			delete(d.cache, id)
-			d.mu.Unlock()
-		}
-		close(doc.done)
+		// waiting on it, and the next request will want its answer) but
+		// not its own time bound.
+		go func() {
+			doc.client, doc.expires, doc.err = d.fetch(context.WithoutCancel(ctx), id)
+			if Reason(doc.err) == "busy" {
+				d.mu.Lock()
+				delete(d.cache, id)
+				d.mu.Unlock()
+			}
+			close(doc.done)
+		}()
 	}
 	select {
 	case <-doc.done:

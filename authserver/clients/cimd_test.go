@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -103,6 +104,9 @@ func TestMetadataDocumentAttacks(t *testing.T) {
 		}), "client_name", true},
 		{"not JSON", serve("/notjson.json", `{"client_id":`), "json", true},
 		{"an array", serve("/array.json", `[]`), "json", true},
+		{"client credentials only", doc("/cc.json", func(id string) string {
+			return strings.Replace(goodDoc(id), `"grant_types":["authorization_code","refresh_token"]`, `"grant_types":["client_credentials"]`, 1)
+		}), "grant_types", true},
 		{"implicit grant", doc("/implicit.json", func(id string) string {
 			return strings.Replace(goodDoc(id), `"response_types":["code"]`, `"response_types":["token"]`, 1)
 		}), "response_types", true},
@@ -205,7 +209,8 @@ func TestMetadataDocumentAccepted(t *testing.T) {
 	d.mux.HandleFunc("/oauth/client.json", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json; charset=utf-8")
 		w.Header().Set("Cache-Control", "public, max-age=300")
-		w.Write([]byte(goodDoc(id)))
+		// A grant this server does not have is ignored, not refused.
+		w.Write([]byte(strings.Replace(goodDoc(id), `"refresh_token"]`, `"refresh_token","urn:ietf:params:oauth:grant-type:device_code"]`, 1)))
 	})
 	r, clk, rec := testRegistry(t, Config{})
 	reach(r, d)
@@ -362,6 +367,8 @@ func TestMetadataDocumentFetchOutlivesItsRequest(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(goodDoc(id)))
 	})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the server's Close
 	r, _, _ := testRegistry(t, Config{FetchTimeout: time.Minute})
 	reach(r, d)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -372,10 +379,15 @@ func TestMetadataDocumentFetchOutlivesItsRequest(t *testing.T) {
 	}()
 	<-arrived
 	cancel()
-	if err := <-errs; Reason(err) != "cancelled" {
-		t.Fatalf("got %v, want cancelled", err)
+	select {
+	case err := <-errs:
+		if Reason(err) != "cancelled" {
+			t.Fatalf("got %v, want cancelled", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the ended request was not answered while its document was held")
 	}
-	close(release)
+	once.Do(func() { close(release) })
 	c, err := r.Resolve(context.Background(), id)
 	if err != nil || c.ClientID() != id {
 		t.Fatalf("got %+v, %v", c, err)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -106,10 +107,10 @@ func parseMetadata(raw []byte) (metadata, error) {
 			return m, err
 		}
 	}
-	if err := checkList(obj, "grant_types", "authorization_code", "authorization_code", "refresh_token"); err != nil {
+	if err := checkList(obj, "grant_types", "authorization_code"); err != nil {
 		return m, err
 	}
-	if err := checkList(obj, "response_types", "code", "code"); err != nil {
+	if err := checkList(obj, "response_types", "code"); err != nil {
 		return m, err
 	}
 	if m.name, ok = stringMember(obj, "client_name"); !ok || !displayable(m.name) {
@@ -145,31 +146,19 @@ func stringMember(obj map[string]json.RawMessage, name string) (string, bool) {
 	return s, true
 }
 
-// checkList checks an optional array member against the values this
-// server supports; when present it must hold need.
-func checkList(obj map[string]json.RawMessage, name, need string, allowed ...string) error {
+// checkList checks an optional array member: when present, it is an
+// array of at most 16 strings that holds need. Other values are ignored,
+// not refused: a metadata document is written once for every server, and
+// a client that also lists, say, the device grant may still use this one;
+// the token endpoint serves only the grants this server has.
+func checkList(obj map[string]json.RawMessage, name, need string) error {
 	v, ok := obj[name]
 	if !ok {
 		return nil
 	}
 	var list []string
-	bad := badMetadata(name, name+" may list only "+strings.Join(allowed, " and ")+", and must list "+need+": this server runs the authorization code flow with PKCE for public clients")
-	if json.Unmarshal(v, &list) != nil || len(list) > 8 {
-		return bad
-	}
-	has := false
-	for _, s := range list {
-		found := false
-		for _, a := range allowed {
-			found = found || s == a
-		}
-		if !found {
-			return bad
-		}
-		has = has || s == need
-	}
-	if !has {
-		return bad
+	if json.Unmarshal(v, &list) != nil || len(list) > 16 || !slices.Contains(list, need) {
+		return badMetadata(name, name+" must be an array that lists "+need+": this server runs the authorization code flow with PKCE for public clients")
 	}
 	return nil
 }

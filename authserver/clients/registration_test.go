@@ -271,3 +271,18 @@ func TestUnnamedClientShownByID(t *testing.T) {
 		t.Errorf("display %q, host %q; want the client_id and no host", c.DisplayName(), c.Host())
 	}
 }
+
+// TestRegistrationLimiterOutlivesReload: a registry built on a kept
+// limiter (as after a config reload) finds the address's bucket as the
+// previous registry left it.
+func TestRegistrationLimiterOutlivesReload(t *testing.T) {
+	kept := policy.NewLimiter(policy.Limit{Rate: 1.0 / 3600, Burst: 1})
+	before, _, _ := testRegistry(t, Config{Registration: true, Limiter: kept})
+	if w := register(before, "198.51.100.9", "application/json", "POST", goodRegistration); w.Code != 201 {
+		t.Fatalf("%d %s", w.Code, w.Body.String())
+	}
+	after, _, _ := testRegistry(t, Config{Registration: true, Limiter: kept})
+	if w := register(after, "198.51.100.9", "application/json", "POST", goodRegistration); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("after the reload: %d, want 429", w.Code)
+	}
+}

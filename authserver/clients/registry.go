@@ -38,11 +38,17 @@ type Config struct {
 	Storage storage.Storage
 	// Registration allows dynamic client registration (RFC 7591). Off by
 	// default: Register refuses, and only metadata-document clients are
-	// accepted.
+	// accepted, with the clients registered while it was on (when Storage
+	// holds them) until they expire unused.
 	Registration bool
 	// RegistrationLimit is the per-address rate of registrations;
 	// DefaultRegistrationLimit when zero.
 	RegistrationLimit policy.Limit
+	// Limiter, when set, keeps the per-address buckets instead of a new
+	// limiter of RegistrationLimit: one kept across config reloads (and
+	// shared with other replicas through its usage) so that a reload does
+	// not refill every address's bucket.
+	Limiter *policy.Limiter
 	// MaxRegistered bounds the registered clients kept; when reached,
 	// registration is refused until unused ones expire.
 	// DefaultMaxRegistered when zero.
@@ -117,10 +123,14 @@ func New(cfg Config) (*Registry, error) {
 	if cfg.Registration && cfg.Storage == nil {
 		return nil, fmt.Errorf("dynamic client registration needs a storage")
 	}
+	limiter := cfg.Limiter
+	if limiter == nil {
+		limiter = policy.NewLimiter(cfg.RegistrationLimit)
+	}
 	return &Registry{
 		cfg:     cfg,
 		docs:    newDocuments(cfg.FetchTimeout, cfg.Now),
-		limiter: policy.NewLimiter(cfg.RegistrationLimit),
+		limiter: limiter,
 	}, nil
 }
 

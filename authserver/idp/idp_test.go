@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
 var testKey = bytes.Repeat([]byte{7}, 32)
@@ -219,9 +221,19 @@ func TestClaimRules(t *testing.T) {
 	}
 
 	owned := Claims{OwnerClaim: "email", Rules: c.Rules}
-	p, err := owned.person([]byte(`{"sub":"u1","email":"ann@example.com","groups":["eng"],"name":"Ann\u202eevil"}`))
+	p, err := owned.person([]byte(`{"sub":"u1","email":"ann@example.com","email_verified":true,"groups":["eng"],"name":"Ann\u202eevil"}`))
 	if err != nil || p.Owner != "ann@example.com" || p.Name != "Annevil" {
 		t.Fatalf("owner claim email: %+v, %v", p, err)
+	}
+	// An address the IdP has not verified is anyone's to type in.
+	for _, unverified := range []string{
+		`{"sub":"u1","email":"ann@example.com","groups":["eng"]}`,
+		`{"sub":"u1","email":"ann@example.com","email_verified":false,"groups":["eng"]}`,
+		`{"sub":"u1","email":"ann@example.com","email_verified":"true","groups":["eng"]}`,
+	} {
+		if p, err := owned.person([]byte(unverified)); !errors.Is(err, ErrNoOwner) || !strings.Contains(err.Error(), "email_verified") {
+			t.Errorf("%s: %+v, %v", unverified, p, err)
+		}
 	}
 	p, err = Claims{}.person([]byte(`{"sub":"u1","groups":["eng"]}`))
 	if !errors.Is(err, ErrNoScope) || p.Scopes != nil {
@@ -361,7 +373,9 @@ func linkPost(form string, headers ...string) *http.Request {
 // site, or one that could be read two ways, is refused and uses nothing.
 func TestLinkPage(t *testing.T) {
 	var audit []Refusal
-	s := newService(t, Config{Links: fileStorage(t), Audit: func(r Refusal) { audit = append(audit, r) }})
+	var signed []string
+	s := newService(t, Config{Links: fileStorage(t), Audit: func(r Refusal) { audit = append(audit, r) },
+		SignedIn: func(p Person, via string) { signed = append(signed, p.Owner+" by "+via) }})
 	secret, _, err := s.links.Create(context.Background(), LinkSpec{Owner: "alice", Scopes: []string{"chat"}})
 	if err != nil {
 		t.Fatal(err)
@@ -433,6 +447,9 @@ func TestLinkPage(t *testing.T) {
 	if p, ok := s.Current(b.send(httptest.NewRequest("GET", "/", nil))); !ok || p.Owner != "alice" {
 		t.Fatalf("after the link: %+v, %v", p, ok)
 	}
+	if strings.Join(signed, ",") != "alice by link" {
+		t.Fatalf("sign-ins reported: %q", signed)
+	}
 	resp = serve(s.ServeHTTP, linkPost(form))
 	if resp.StatusCode != 403 || !strings.Contains(body(t, resp), "used already") {
 		t.Fatalf("second use: %d", resp.StatusCode)
@@ -481,5 +498,44 @@ func TestSignInWithLinks(t *testing.T) {
 	resp = serve(none.ServeHTTP, httptest.NewRequest("GET", LinkPath, nil))
 	if resp.StatusCode != 404 {
 		t.Fatalf("link page without links: %d", resp.StatusCode)
+	}
+}
+
+// TestRateLimitPerAddress: one address that posts links (or IdP answers)
+// faster than the limit is refused 429 with Retry-After, before any
+// storage or IdP is touched; another address is not.
+func TestRateLimitPerAddress(t *testing.T) {
+	c := &clock{t: time.Now()}
+	var audit []Refusal
+	s := newService(t, Config{Links: fileStorage(t), Now: c.now, Limit: policy.Limit{Rate: 1, Burst: 3},
+		Audit: func(r Refusal) { audit = append(audit, r) },
+		OIDC:  &OIDC{Issuer: "http://127.0.0.1:1", ClientID: "gw", ClientSecret: "x"}})
+	from := func(r *http.Request, addr string) *http.Request {
+		r.RemoteAddr = addr + ":40000"
+		return r
+	}
+	unknown := "secret=zsl_" + strings.Repeat("A", 43)
+	for i := range 3 {
+		if resp := serve(s.ServeHTTP, from(linkPost(unknown), "192.0.2.7")); resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("post %d: %d", i, resp.StatusCode)
+		}
+	}
+	for _, r := range []*http.Request{from(linkPost(unknown), "192.0.2.7"), from(callback("code=c&state=s"), "192.0.2.7"),
+		from(httptest.NewRequest("GET", LinkPath, nil), "192.0.2.7")} {
+		resp := serve(s.ServeHTTP, r)
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || !strings.Contains(body(t, resp), "Too many") {
+			t.Fatalf("%s %s over the limit: %d %v", r.Method, r.URL.Path, resp.StatusCode, resp.Header)
+		}
+		if audit[len(audit)-1].Reason != "rate_limited" {
+			t.Fatalf("audited as %+v", audit[len(audit)-1])
+		}
+	}
+	// Another address has a bucket of its own.
+	if resp := serve(s.ServeHTTP, from(linkPost(unknown), "198.51.100.1")); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("another address: %d", resp.StatusCode)
+	}
+	c.t = c.t.Add(2 * time.Second)
+	if resp := serve(s.ServeHTTP, from(linkPost(unknown), "192.0.2.7")); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("after the refill: %d", resp.StatusCode)
 	}
 }

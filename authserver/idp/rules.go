@@ -31,7 +31,7 @@ type Claims struct {
 	// OwnerClaim names the claim whose string is the person's owner:
 	// "sub" when empty. A claim the person can change at the IdP (an
 	// email, a name) is a poor owner: whoever takes it later takes the
-	// sessions too.
+	// sessions too. "email" is taken only with email_verified true.
 	OwnerClaim string `json:"owner_claim,omitempty"`
 	// NameClaim names the claim shown on pages: the first of name,
 	// preferred_username and email that is a string, when empty.
@@ -83,6 +83,9 @@ func (c Claims) person(raw []byte) (Person, error) {
 	owner, ok := stringClaim(claims, ownerClaim)
 	if !ok || owner == "" {
 		return Person{}, fmt.Errorf("%w: its claim %q is missing, empty or not a string", ErrNoOwner, ownerClaim)
+	}
+	if ownerClaim == "email" && string(claims["email_verified"]) != "true" {
+		return Person{}, fmt.Errorf("%w: the owner is the email claim, and the IdP does not say the address is verified (email_verified)", ErrNoOwner)
 	}
 	if err := policy.ValidatePersonOwner(owner); err != nil {
 		return Person{}, fmt.Errorf("%w: %v", ErrNoOwner, err)

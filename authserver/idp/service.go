@@ -6,14 +6,18 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"math"
 	"mime"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/internal/replay"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -47,9 +51,23 @@ type Config struct {
 	Links storage.Storage
 	// Audit receives every refusal. Optional.
 	Audit func(Refusal)
+	// SignedIn receives every sign-in, with how it was made ("idp" or
+	// "link"), for the audit log. Optional.
+	SignedIn func(p Person, via string)
+	// Limit bounds the requests of one client address to the paths this
+	// package serves (IPv6 by /64): DefaultLimit when zero.
+	Limit policy.Limit
+	// ClientIP is a request's client address, as the edge established it;
+	// the peer's address when nil. Never X-Forwarded-For unchecked.
+	ClientIP func(*http.Request) string
 	// Now is time.Now when nil.
 	Now func() time.Time
 }
+
+// DefaultLimit is an address's rate at the sign-in paths: a person's
+// sign-in takes a few requests; a script that posts link secrets or
+// replays IdP answers is slowed to this.
+var DefaultLimit = policy.Limit{Rate: 2, Burst: 30}
 
 // Refusal is one refused sign-in step, for the audit log. It never holds a
 // secret, a code or a token.
@@ -69,6 +87,9 @@ type Service struct {
 	links  *Links        // nil without links
 	states *replay.Check
 	audit  func(Refusal)
+	signed func(Person, string)
+	limit  *policy.Limiter
+	ip     func(*http.Request) string
 	now    func() time.Time
 }
 
@@ -109,6 +130,21 @@ func New(cfg Config) (*Service, error) {
 	}
 	if s.audit == nil {
 		s.audit = func(Refusal) {}
+	}
+	if cfg.Limit == (policy.Limit{}) {
+		cfg.Limit = DefaultLimit
+	}
+	if err := cfg.Limit.Validate(); err != nil {
+		return nil, fmt.Errorf("signin limit: %w", err)
+	}
+	s.limit = policy.NewLimiter(cfg.Limit)
+	s.ip = cfg.ClientIP
+	if s.ip == nil {
+		s.ip = peerIP
+	}
+	s.signed = cfg.SignedIn
+	if s.signed == nil {
+		s.signed = func(Person, string) {}
 	}
 	return s, nil
 }
@@ -174,6 +210,14 @@ func (s *Service) SignIn(w http.ResponseWriter, r *http.Request, returnTo string
 // ServeHTTP serves CallbackPath (with an IdP) and LinkPath (with links);
 // any other path is 404.
 func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if (r.URL.Path == CallbackPath && s.rp != nil) || (r.URL.Path == LinkPath && s.links != nil) {
+		if ok, wait := s.limit.Allow(policy.AddressKey(s.ip(r), policy.DefaultIPv6Prefix), s.now()); !ok {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+			s.refuse(w, Refusal{Step: "signin", Reason: "rate_limited", Status: http.StatusTooManyRequests,
+				Detail: "Too many sign-in requests from this address. Wait a few seconds and try again."})
+			return
+		}
+	}
 	switch {
 	case r.URL.Path == CallbackPath && s.rp != nil:
 		if r.Method != http.MethodGet {
@@ -277,7 +321,7 @@ func (s *Service) callback(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, r)
 		return
 	}
-	s.signedIn(w, r, p, f.Return)
+	s.signedIn(w, r, p, "idp", f.Return)
 }
 
 // redeem signs the browser in with a link's secret, posted from the link
@@ -322,16 +366,17 @@ func (s *Service) redeem(w http.ResponseWriter, r *http.Request) {
 		returnTo = f.Return
 		s.jar.endFlow(w)
 	}
-	s.signedIn(w, r, p, returnTo)
+	s.signedIn(w, r, p, "link", returnTo)
 }
 
 // signedIn starts p's session, and goes back to returnTo, or says so on a
 // page when there is nowhere to go back to.
-func (s *Service) signedIn(w http.ResponseWriter, r *http.Request, p Person, returnTo string) {
+func (s *Service) signedIn(w http.ResponseWriter, r *http.Request, p Person, via, returnTo string) {
 	if err := s.jar.startSession(w, p); err != nil {
 		s.refuse(w, Refusal{Step: "signin", Reason: "cookie", Owner: p.Owner, Status: http.StatusInternalServerError, Detail: "The sign-in could not be kept: " + err.Error()})
 		return
 	}
+	s.signed(p, via)
 	if CheckReturnTo(returnTo) == nil {
 		noStore(w)
 		http.Redirect(w, r, returnTo, http.StatusSeeOther)
@@ -396,6 +441,14 @@ func stateID(state string) ([16]byte, error) {
 	}
 	copy(id[:], b)
 	return id, nil
+}
+
+// peerIP is the host of r's peer address.
+func peerIP(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
 }
 
 func capitalize(s string) string {

@@ -1,0 +1,33 @@
+package caddymodule
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestSigninProvision: a signin block is checked when the config loads,
+// and so by `caddy validate`: its issuer, and the resource of every
+// zidane_mcp site, which tokens are issued for and must be absolute.
+func TestSigninProvision(t *testing.T) {
+	global := func(issuer string) string {
+		return "\tzidane {\n\t\tsignin {\n\t\t\tissuer " + issuer + "\n\t\t}\n\t}"
+	}
+	site := func(resource string) string {
+		return "http://127.0.0.1:9 {\n\tzidane_mcp {\n\t\tguard\n\t\tresource " + resource + "\n\t}\n}\n"
+	}
+	if err := validate(t, global("http://127.0.0.1:9"), site("http://127.0.0.1:9/mcp")); err != nil {
+		t.Fatalf("the valid config the cases change is refused: %v", err)
+	}
+	for _, c := range []struct{ name, issuer, resource, want string }{
+		{"a resource that is a path alone", "http://127.0.0.1:9", "/mcp", "give the resource as an absolute URL"},
+		{"an issuer in plain http off loopback", "http://mcp.example.com", "http://127.0.0.1:9/mcp", "plain http is allowed on a loopback address only"},
+		{"an issuer with a path", "https://mcp.example.com/tenant", "http://127.0.0.1:9/mcp", "must have no path"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := validate(t, global(c.issuer), site(c.resource))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("validate = %v; want an error saying %q", err, c.want)
+			}
+		})
+	}
+}
