@@ -16,8 +16,8 @@ import (
 
 // A grant's access token made with the key derived from the cluster key is
 // accepted by every replica, with no storage read per request; one made
-// with any other key, and the grant's refresh token sent as a bearer
-// token, are refused; revoking the grant on one replica (`token revoke
+// with any other key, one for another resource, and the grant's refresh
+// token sent as a bearer token, are refused; revoking the grant on one replica (`token revoke
 // grt_…`) refuses its access token on the other. The grant is recorded
 // here as the gateway's authorization server records one, through the
 // token store on the cluster's NATS storage.
@@ -86,6 +86,12 @@ http://%s {
 		t.Fatalf("the guard forwarded the client's access token upstream: %q", got)
 	}
 
+	elsewhere := spec
+	elsewhere.Resource = "https://other.example.test/mcp"
+	foreign, err := store.CreateGrant(ctx, elsewhere, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
 	otherKey := make([]byte, 32)
 	rand.Read(otherKey)
 	if err := store.SetGrantKey(otherKey); err != nil {
@@ -98,6 +104,7 @@ http://%s {
 	for _, c := range []struct{ name, token string }{
 		{"an access token made with another key, for a grant the cluster holds", forged.Access},
 		{"the refresh token as a bearer token", iss.Refresh},
+		{"an access token of this cluster for another resource", foreign.Access},
 	} {
 		for _, url := range []string{urlA, urlB} {
 			got := post(t, url, c.token, initializeBody)
