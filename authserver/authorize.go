@@ -47,7 +47,12 @@ func (s *Server) serveAuthorize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	client, err := s.cfg.Clients.Resolve(r.Context(), clientID)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrClientUnavailable):
+		w.Header().Set("Retry-After", "60")
+		s.refusePage(w, r, http.StatusServiceUnavailable, Refusal{Error: "temporarily_unavailable", Client: clientID, Reason: "the client could not be looked up just now; try again in a minute: " + err.Error()})
+		return
+	case err != nil:
 		s.refusePage(w, r, http.StatusBadRequest, Refusal{Error: "invalid_client", Client: clientID, Reason: "the client is not known here: " + err.Error()})
 		return
 	}
@@ -141,7 +146,7 @@ func (s *Server) readAuthorization(q url.Values) (pending, *authzError) {
 		}
 		for _, sc := range asked {
 			if !contains(res.Scopes, sc) {
-				return p, &authzError{"invalid_scope", fmt.Sprintf("the resource knows no scope %q; its scopes are in its metadata's scopes_supported", sc)}
+				return p, &authzError{"invalid_scope", fmt.Sprintf("the resource knows no scope %q; its scopes are in its metadata's scopes_supported", clip(sc))}
 			}
 			if !contains(p.Asked, sc) {
 				p.Asked = append(p.Asked, sc)

@@ -1,6 +1,8 @@
 package authserver
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -173,5 +175,44 @@ func TestAuthorizeResourceCase(t *testing.T) {
 	got := redirectParams(t, f.authorize(q.Encode(), "alice"), http.StatusFound)
 	if got.Get("error") != "invalid_target" {
 		t.Errorf("a resource with another path case got %v, want invalid_target", got)
+	}
+}
+
+// unavailableClients cannot look any client up now.
+type unavailableClients struct{}
+
+func (unavailableClients) Resolve(context.Context, string) (Client, error) {
+	return nil, fmt.Errorf("%w: too many documents are being fetched", ErrClientUnavailable)
+}
+
+// TestAuthorizeClientUnavailable: a client that cannot be looked up now,
+// for a reason that is not its own, is a 503 page that says to try again
+// (never a redirect), not "unknown client".
+func TestAuthorizeClientUnavailable(t *testing.T) {
+	f := newFixture(t, func(_ *fixture, c *Config) { c.Clients = unavailableClients{} })
+	resp := f.authorize(f.authzQuery(newPKCE(f)).Encode(), "alice")
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || resp.Header.Get("Location") != "" {
+		t.Errorf("status %d, Retry-After %q, Location %q", resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get("Location"))
+	}
+	if a := f.lastAudit(); a.Error != "temporarily_unavailable" || !strings.Contains(a.Reason, "try again") {
+		t.Errorf("audited %+v", a)
+	}
+}
+
+// TestAuditBounded: what a request names in an audit line (its client_id,
+// its resource) is cut at its query and bounded.
+func TestAuditBounded(t *testing.T) {
+	f := newFixture(t)
+	q := f.authzQuery(newPKCE(f))
+	q.Set("client_id", "https://nobody.example/c.json?secret=hunter2&"+strings.Repeat("a", 4000))
+	f.authorize(q.Encode(), "alice")
+	if a := f.lastAudit(); a.Client != "https://nobody.example/c.json" {
+		t.Errorf("audited client %q", a.Client)
+	}
+	q = f.authzQuery(newPKCE(f))
+	q.Set("resource", "https://"+strings.Repeat("r", 1000)+".example/mcp")
+	f.authorize(q.Encode(), "alice")
+	if a := f.lastAudit(); len(a.Resource) > maxAuditValue+len("…") || a.Error != "invalid_target" {
+		t.Errorf("audited resource of %d bytes: %+v", len(a.Resource), a.Error)
 	}
 }

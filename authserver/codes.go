@@ -18,6 +18,13 @@ import (
 // the SHA-256 of the code: storage never holds a code itself.
 const CodesPrefix = "zidane/signin/codes"
 
+// ConsentsPrefix is where the consent forms already answered are kept,
+// each under the SHA-256 of its sealed request, until the form expires:
+// a form is answered once, so that a replay of its POST (the browser's
+// back button, or someone holding its cookie and fields) gives no second
+// code.
+const ConsentsPrefix = "zidane/signin/consents"
+
 // tombstoneKeep is how long a redeemed code's record stays after the
 // code's expiry, so that a second redemption within it is seen as reuse
 // and revokes the grant (RFC 6749 §4.1.2).
@@ -126,12 +133,43 @@ func (s *Server) redeemCode(ctx context.Context, code string, check func(*codeRe
 	return result
 }
 
+// errFormAnswered is a consent form posted again.
+var errFormAnswered = errors.New("this consent form was already answered; start the sign-in again from the client")
+
+// answerOnce records that the consent form sealed was answered, and
+// refuses it if it was before, cluster-wide (under the storage lock of its
+// key).
+func (s *Server) answerOnce(ctx context.Context, sealed string, expires time.Time) error {
+	sum := sha256.Sum256([]byte(sealed))
+	key := path.Join(ConsentsPrefix, hex.EncodeToString(sum[:]))
+	return storage.Update(ctx, s.cfg.Storage, key, func(old []byte) ([]byte, error) {
+		if old != nil {
+			return nil, errFormAnswered
+		}
+		return json.Marshal(struct {
+			Expires time.Time `json:"expires"`
+		}{expires})
+	})
+}
+
 // Sweep deletes the records of codes expired longer than the tombstones
-// are kept, and returns how many it deleted. A server runs it from time
-// to time; a code's expiry is checked at redemption whether or not it
-// ran.
+// are kept, and of consent forms past theirs, and returns how many it
+// deleted. A server runs it from time to time; a code's expiry is checked
+// at redemption whether or not it ran.
 func (s *Server) Sweep(ctx context.Context) (int, error) {
-	keys, err := s.cfg.Storage.List(ctx, CodesPrefix, false)
+	n := 0
+	for _, prefix := range []string{CodesPrefix, ConsentsPrefix} {
+		m, err := s.sweep(ctx, prefix)
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (s *Server) sweep(ctx context.Context, prefix string) (int, error) {
+	keys, err := s.cfg.Storage.List(ctx, prefix, false)
 	if err != nil {
 		if storage.IsNotExist(err) {
 			return 0, nil

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/url"
 	"time"
@@ -163,6 +164,14 @@ func (s *Server) serveConsent(w http.ResponseWriter, r *http.Request) {
 	person, ok := s.cfg.People.Current(r)
 	if !ok || person.Owner != p.Owner {
 		s.refusePage(w, r, http.StatusForbidden, Refusal{Error: "access_denied", Client: p.Client, Resource: p.Resource, Reason: "the person signed in on this browser is not the one the form was shown to; start the sign-in again from the client"})
+		return
+	}
+	switch err := s.answerOnce(r.Context(), sealed, time.Unix(p.Expires, 0)); {
+	case errors.Is(err, errFormAnswered):
+		s.refusePage(w, r, http.StatusBadRequest, Refusal{Error: "invalid_request", Client: p.Client, Owner: p.Owner, Resource: p.Resource, Reason: err.Error()})
+		return
+	case err != nil:
+		s.refusePage(w, r, http.StatusServiceUnavailable, Refusal{Error: "temporarily_unavailable", Client: p.Client, Owner: p.Owner, Resource: p.Resource, Reason: "the answer could not be recorded; start the sign-in again from the client"})
 		return
 	}
 	back := func(v url.Values) {

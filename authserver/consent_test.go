@@ -226,3 +226,52 @@ func TestConsentDeny(t *testing.T) {
 		})
 	}
 }
+
+// TestConsentOnce: a consent form is answered once: posted again (the back
+// button, or whoever holds its cookie and fields), allow or deny, it gives
+// no second code.
+func TestConsentOnce(t *testing.T) {
+	for _, first := range []string{"allow", "deny"} {
+		t.Run("after "+first, func(t *testing.T) {
+			f := newFixture(t)
+			fm := f.readForm(f.authorize(f.authzQuery(newPKCE(f)).Encode(), "alice"))
+			if resp := f.postConsent(fm.values(first), "alice", fm.cookie); resp.StatusCode != http.StatusSeeOther {
+				t.Fatalf("first answer: %d", resp.StatusCode)
+			}
+			resp := f.postConsent(fm.values("allow"), "alice", fm.cookie)
+			if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Location") != "" {
+				t.Errorf("the form posted again: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
+			}
+			if a := f.lastAudit(); !strings.Contains(a.Reason, "already answered") {
+				t.Errorf("audited %q", a.Reason)
+			}
+			want := 0
+			if first == "allow" {
+				want = 1
+			}
+			if n := f.codes(); n != want {
+				t.Errorf("%d codes stored, want %d", n, want)
+			}
+		})
+	}
+}
+
+// TestSweep: expired codes (after their tombstones' time) and answered
+// forms (after the form's lifetime) are deleted; live ones are kept.
+func TestSweep(t *testing.T) {
+	f := newFixture(t)
+	f.consentCode(newPKCE(f))
+	if n, err := f.srv.Sweep(context.Background()); err != nil || n != 0 {
+		t.Fatalf("a sweep of live records deleted %d (%v)", n, err)
+	}
+	f.now = f.now.Add(DefaultConsentLifetime + tombstoneKeep + time.Minute)
+	n, err := f.srv.Sweep(context.Background())
+	if err != nil || n != 2 {
+		t.Fatalf("the sweep deleted %d (%v), want the code and the answered form", n, err)
+	}
+	for _, prefix := range []string{CodesPrefix, ConsentsPrefix} {
+		if keys, _ := f.store.List(context.Background(), prefix, false); len(keys) != 0 {
+			t.Errorf("%s still holds %v", prefix, keys)
+		}
+	}
+}

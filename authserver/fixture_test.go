@@ -84,7 +84,7 @@ func (p testPeople) SignIn(w http.ResponseWriter, r *http.Request, returnTo stri
 }
 
 type fixture struct {
-	t      *testing.T
+	t      testing.TB
 	srv    *Server
 	store  *certmagic.FileStorage
 	grants *policy.TokenStore
@@ -95,7 +95,7 @@ type fixture struct {
 	secrets []string
 }
 
-func newFixture(t *testing.T, opt ...func(*fixture, *Config)) *fixture {
+func newFixture(t testing.TB, opt ...func(*fixture, *Config)) *fixture {
 	t.Helper()
 	f := &fixture{t: t, store: &certmagic.FileStorage{Path: t.TempDir()}, now: time.Unix(1_800_000_000, 0)}
 	key := make([]byte, 32)
@@ -314,7 +314,7 @@ func (f *fixture) consentCode(p pkce, mod ...func(url.Values)) string {
 
 // redirectParams checks that resp redirects with status and returns the
 // parameters the client receives.
-func redirectParams(t *testing.T, resp *http.Response, status int) url.Values {
+func redirectParams(t testing.TB, resp *http.Response, status int) url.Values {
 	t.Helper()
 	if resp.StatusCode != status {
 		t.Fatalf("status %d, want %d (a redirect)", resp.StatusCode, status)

@@ -79,6 +79,7 @@ func (s *Server) Metadata() Metadata {
 func (s *Server) serveMetadata(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
+		s.audit(r, Refusal{Error: "invalid_request", Reason: "the metadata is read with GET"})
 		http.Error(w, "the metadata is read with GET", http.StatusMethodNotAllowed)
 		return
 	}

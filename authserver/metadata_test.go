@@ -118,3 +118,46 @@ func TestIssuer(t *testing.T) {
 		}
 	}
 }
+
+// TestMetadataMethod: the document is read with GET or HEAD; a POST is
+// refused 405 with Allow, and audited.
+func TestMetadataMethod(t *testing.T) {
+	f := newFixture(t)
+	resp := f.do(httptest.NewRequest(http.MethodPost, testIssuer+WellKnown, nil))
+	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" {
+		t.Errorf("POST: %d, Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
+	}
+	if a := f.lastAudit(); a.Endpoint != WellKnown || !strings.Contains(a.Reason, "GET") {
+		t.Errorf("audited %+v", a)
+	}
+}
+
+// TestCORS: a client in a browser may read the metadata and call the
+// token endpoint from any origin (no cookie is read there); the
+// authorization and consent endpoints, which a browser navigates to, and
+// registration get no CORS header.
+func TestCORS(t *testing.T) {
+	f := newFixture(t, func(_ *fixture, c *Config) { c.Register = http.NotFoundHandler() })
+	pre := httptest.NewRequest(http.MethodOptions, testIssuer+TokenPath, nil)
+	pre.Header.Set("Origin", "https://inspector.example")
+	pre.Header.Set("Access-Control-Request-Method", "POST")
+	pre.Header.Set("Access-Control-Request-Headers", "content-type, dpop")
+	resp := f.do(pre)
+	if resp.StatusCode != http.StatusNoContent || resp.Header.Get("Access-Control-Allow-Origin") != "*" ||
+		!strings.Contains(resp.Header.Get("Access-Control-Allow-Headers"), "DPoP") || resp.Header.Get("Access-Control-Allow-Credentials") != "" {
+		t.Errorf("preflight of the token endpoint: %d %v", resp.StatusCode, resp.Header)
+	}
+	get := httptest.NewRequest(http.MethodGet, testIssuer+WellKnown, nil)
+	get.Header.Set("Origin", "https://inspector.example")
+	if resp := f.do(get); resp.Header.Get("Access-Control-Allow-Origin") != "*" {
+		t.Errorf("metadata from a page: %v", resp.Header)
+	}
+	for _, path := range []string{AuthorizePath, ConsentPath, RegisterPath} {
+		r := httptest.NewRequest(http.MethodOptions, testIssuer+path, nil)
+		r.Header.Set("Origin", "https://evil.example")
+		r.Header.Set("Access-Control-Request-Method", "POST")
+		if resp := f.do(r); resp.Header.Get("Access-Control-Allow-Origin") != "" {
+			t.Errorf("%s answers a preflight: %v", path, resp.Header)
+		}
+	}
+}

@@ -81,9 +81,16 @@ type Client interface {
 type Clients interface {
 	// Resolve returns the client clientID names, or an error saying why
 	// there is none (unknown, its document unreachable or invalid). The
-	// error's text is shown to the person and must carry no secret.
+	// error's text is shown to the person and must carry no secret; one
+	// that matches ErrClientUnavailable says the client may be resolved
+	// later (too many fetches at once, storage down).
 	Resolve(ctx context.Context, clientID string) (Client, error)
 }
+
+// ErrClientUnavailable is a client that could not be resolved now, for a
+// reason that is not the client's: the person is told to try again (503),
+// not that the client is unknown.
+var ErrClientUnavailable = errors.New("the client could not be looked up just now")
 
 // Person is who is signed in on a browser.
 type Person struct {
@@ -312,6 +319,9 @@ func (s *Server) Handles(path string) bool {
 
 // ServeHTTP serves the metadata and the endpoints; any other path is 404.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.Handles(r.URL.Path) && cors(w, r) {
+		return
+	}
 	switch r.URL.Path {
 	case AuthorizePath, ConsentPath, TokenPath, RevokePath:
 		if !s.allow(w, r) {
@@ -346,7 +356,23 @@ func (s *Server) audit(r *http.Request, ref Refusal) {
 	}
 	ref.Endpoint = r.URL.Path
 	ref.Remote = s.cfg.ClientIP(r)
+	// A client_id and a resource are what the request said: bounded, and
+	// without a query, which no good one has and a bad one may fill.
+	ref.Client, ref.Resource = clip(ref.Client), clip(ref.Resource)
 	s.cfg.Audit(ref)
+}
+
+// maxAuditValue bounds a value the request chose in an audit line.
+const maxAuditValue = 256
+
+func clip(v string) string {
+	if i := strings.IndexAny(v, "?#"); i >= 0 {
+		v = v[:i]
+	}
+	if len(v) > maxAuditValue {
+		v = v[:maxAuditValue] + "…"
+	}
+	return v
 }
 
 // allow takes one request of r's address from its bucket, or refuses it
@@ -366,6 +392,37 @@ func (s *Server) allow(w http.ResponseWriter, r *http.Request) bool {
 		s.refusePage(w, r, http.StatusTooManyRequests, Refusal{Error: "temporarily_unavailable", Reason: reason})
 	}
 	return false
+}
+
+// cors lets a client that runs in a browser (on any origin) read the
+// metadata and call the token and revocation endpoints, and answers its
+// preflight (it returns true when it did). These endpoints read no cookie
+// and take no credential but what the request carries, so any origin may
+// call them: "*", without credentials, is what lets a page use them and
+// gives it nothing of another's. The browser's endpoints (authorization,
+// consent) are navigations, never fetched, and get no CORS header; nor
+// does registration, so that a page cannot make each of its visitors'
+// browsers register a client and fill the registered clients' bound.
+func cors(w http.ResponseWriter, r *http.Request) bool {
+	switch r.URL.Path {
+	case WellKnown, TokenPath, RevokePath:
+	default:
+		return false
+	}
+	if r.Header.Get("Origin") == "" {
+		return false
+	}
+	h := w.Header()
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Expose-Headers", "DPoP-Nonce, WWW-Authenticate, Retry-After")
+	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
+		return false
+	}
+	h.Set("Access-Control-Allow-Methods", "GET, POST")
+	h.Set("Access-Control-Allow-Headers", "Content-Type, DPoP")
+	h.Set("Access-Control-Max-Age", "600")
+	w.WriteHeader(http.StatusNoContent)
+	return true
 }
 
 // remoteIP is the host of r's remote address.

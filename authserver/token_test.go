@@ -46,7 +46,7 @@ type dpopKey struct {
 	jkt  string
 }
 
-func newDPoPKey(t *testing.T) dpopKey {
+func newDPoPKey(t testing.TB) dpopKey {
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +58,7 @@ func newDPoPKey(t *testing.T) dpopKey {
 	return dpopKey{k, base64.RawURLEncoding.EncodeToString(tp)}
 }
 
-func (k dpopKey) proof(t *testing.T, htu string, now time.Time) string {
+func (k dpopKey) proof(t testing.TB, htu string, now time.Time) string {
 	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: k.priv},
 		(&jose.SignerOptions{EmbedJWK: true}).WithType("dpop+jwt"))
 	if err != nil {

@@ -24,10 +24,9 @@
 // mcpendpoint's; the authorization server of a signin block (its
 // metadata, authorization, consent, token and revocation endpoints, served
 // on every zidane_mcp site) is package authserver's, on the clients of
-// authserver/clients and the sign-in of authserver/idp, and the check that
-// a grant is used at its own resource is edge's. This package writes the
-// audit lines and metrics of what they decide, and with Caddy's tracing
-// on records the steps in the request's span.
+// authserver/clients and the sign-in of authserver/idp. This package
+// writes the audit lines and metrics of what they decide, and with Caddy's
+// tracing on records the steps in the request's span.
 //
 // It also tells gatewayfiles which files each module reads secrets from or
 // writes logs to, and finds those of the config caddy runs, for the

@@ -528,9 +528,6 @@ func (h *Handler) authenticate(r *http.Request, clientIP string, now time.Time) 
 	c := edge.CredentialOf(r)
 	c.Path = hopURL(r).EscapedPath() // the path the client sent, which its proof names
 	p, v, err := a.Check(r.Context(), c, clientIP, now)
-	if v.Allowed() {
-		v = edge.CheckAudience(p, h.resURL)
-	}
 	switch v.Reason {
 	case edge.ReasonKeysUnavailable:
 		h.logger.Error("JWT signing keys unavailable", zap.String("detail", err.Error()))

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/authserver/idp"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/dpop"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -40,12 +42,13 @@ type SigninConfig struct {
 	// is built from it, never from a request's Host. Required.
 	Issuer string `json:"issuer"`
 
-	// AccessLifetime is how long an access token lasts. Default: the
-	// token store's (15m).
+	// AccessLifetime is how long an access token lasts, at most 24h.
+	// Default: the token store's (10m).
 	AccessLifetime caddy.Duration `json:"access_lifetime,omitempty"`
 
 	// RefreshLifetime is how long a refresh token stays good unused;
-	// each refresh rotates it. Default: the token store's.
+	// each refresh rotates it, and a grant ends after 90 days whatever
+	// its refreshes. Default: the token store's (14 days).
 	RefreshLifetime caddy.Duration `json:"refresh_lifetime,omitempty"`
 
 	// Registration is "dynamic" to let clients register themselves (RFC
@@ -53,8 +56,8 @@ type SigninConfig struct {
 	// clients then name themselves by a Client ID Metadata Document.
 	Registration string `json:"registration,omitempty"`
 
-	// SessionLifetime is how long a person's sign-in on a browser lasts.
-	// Default: the sign-in's (package authserver/idp).
+	// SessionLifetime is how long a person's sign-in on a browser lasts,
+	// 1m to 24h. Default: 1h.
 	SessionLifetime caddy.Duration `json:"session_lifetime,omitempty"`
 
 	// OIDC is the company IdP people sign in through (see SigninOIDC).
@@ -139,7 +142,11 @@ type registryClients struct{ r *clients.Registry }
 
 func (c registryClients) Resolve(ctx context.Context, id string) (authserver.Client, error) {
 	cl, err := c.r.Resolve(ctx, id)
-	if err != nil {
+	var ce *clients.Error
+	switch {
+	case errors.As(err, &ce) && ce.Code == clients.CodeTemporarilyUnavailable:
+		return nil, fmt.Errorf("%w: %w", authserver.ErrClientUnavailable, err)
+	case err != nil:
 		return nil, err
 	}
 	return cl, nil
@@ -178,6 +185,9 @@ func (a *App) provisionSignin(ctx caddy.Context) error {
 		if d < 0 {
 			return fmt.Errorf("zidane signin: %s is negative; give a duration such as 15m", name)
 		}
+	}
+	if err := policy.CheckGrantLifetimes(time.Duration(c.AccessLifetime), time.Duration(c.RefreshLifetime)); err != nil {
+		return fmt.Errorf("zidane signin: access_lifetime or refresh_lifetime: %w", err)
 	}
 	reg, err := clients.New(clients.Config{
 		Storage:      a.storage,

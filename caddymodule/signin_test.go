@@ -22,6 +22,7 @@ func TestSigninProvision(t *testing.T) {
 		{"a resource that is a path alone", "http://127.0.0.1:9", "/mcp", "give the resource as an absolute URL"},
 		{"an issuer in plain http off loopback", "http://mcp.example.com", "http://127.0.0.1:9/mcp", "plain http is allowed on a loopback address only"},
 		{"an issuer with a path", "https://mcp.example.com/tenant", "http://127.0.0.1:9/mcp", "must have no path"},
+		{"an access lifetime over a day", "http://127.0.0.1:9\n\t\t\taccess_lifetime 48h", "http://127.0.0.1:9/mcp", "an access token lives 1s to 24h0m0s"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := validate(t, global(c.issuer), site(c.resource))
