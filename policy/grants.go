@@ -292,8 +292,8 @@ func checkGrantSpec(spec *GrantSpec) error {
 	if spec.JKT != "" && !isThumbprint(spec.JKT) {
 		return fmt.Errorf("DPoP key thumbprint %q: want the %d-character base64url SHA-256 thumbprint of RFC 7638", spec.JKT, jktLen)
 	}
-	if err := CheckGrantLifetimes(spec.AccessTTL, spec.RefreshTTL, spec.GrantTTL); err != nil {
-		return err
+	if spec.AccessTTL < 0 || spec.RefreshTTL < 0 || spec.GrantTTL < 0 {
+		return errors.New("grant lifetimes must be positive (zero takes the default)")
 	}
 	if spec.AccessTTL == 0 {
 		spec.AccessTTL = DefaultAccessTTL
@@ -304,23 +304,14 @@ func checkGrantSpec(spec *GrantSpec) error {
 	if spec.GrantTTL == 0 {
 		spec.GrantTTL = DefaultGrantTTL
 	}
-	return nil
-}
-
-// CheckGrantLifetimes says what is wrong with the lifetimes of a grant's
-// access token, refresh token (idle) and the grant itself, zero meaning the
-// default: what a configuration is checked against before any grant is
-// made.
-func CheckGrantLifetimes(access, refresh, grant time.Duration) error {
-	switch {
-	case access < 0 || refresh < 0 || grant < 0:
-		return errors.New("grant lifetimes must be positive (zero takes the default)")
-	case grant > MaxGrantTTL:
-		return fmt.Errorf("a grant lives at most %s, not %s", MaxGrantTTL, grant)
-	case access != 0 && (access > MaxAccessTTL || access < time.Second):
-		return fmt.Errorf("an access token lives 1s to %s, not %s", MaxAccessTTL, access)
-	case refresh != 0 && refresh < time.Second:
-		return fmt.Errorf("a refresh token lives at least 1s, not %s", refresh)
+	if spec.GrantTTL > MaxGrantTTL {
+		return fmt.Errorf("a grant lives at most %s, not %s", MaxGrantTTL, spec.GrantTTL)
+	}
+	if spec.AccessTTL > MaxAccessTTL || spec.AccessTTL < time.Second {
+		return fmt.Errorf("an access token lives 1s to %s, not %s", MaxAccessTTL, spec.AccessTTL)
+	}
+	if spec.RefreshTTL < time.Second {
+		return fmt.Errorf("a refresh token lives at least 1s, not %s", spec.RefreshTTL)
 	}
 	return nil
 }
