@@ -19,6 +19,8 @@ import (
 // redeemed twice, the grant the winner got is revoked, which every
 // replica then refuses. The same for one refresh token sent to two
 // replicas at once: one rotation wins, and the reuse revokes the grant.
+// A DPoP proof taken on one replica, at the token endpoint or at the
+// resource, is refused on the others.
 func TestSigninCodeRaceAcrossReplicas(t *testing.T) {
 	natsURL := startNATSServer(t)
 	up := startRecordingUpstream(t)
@@ -128,5 +130,33 @@ func TestSigninCodeRaceAcrossReplicas(t *testing.T) {
 	next := winner("one refresh token", statuses, answers)
 	for _, r := range []string{issuer, b, c} {
 		waitStatus(t, r+"/mcp", next["access_token"].(string), http.StatusUnauthorized, 20*time.Second)
+	}
+
+	// A DPoP proof is taken once across the cluster: at the token
+	// endpoint (a proof that redeemed a code on B is refused on C), and
+	// at the resource (a proof B took with the bound token is refused on
+	// C and on A).
+	key := newDPoPKey(t)
+	proof := key.proof(t, http.MethodPost, issuer+authserver.TokenPath, "", "")
+	code3, verifier3 := m.code(br, secret, resource)
+	m.base = b
+	status, bound := m.redeem(code3, verifier3, resource, proof)
+	if status != http.StatusOK || bound["token_type"] != "DPoP" {
+		t.Fatalf("redeem with a proof on B: %d %v", status, bound)
+	}
+	m.base = issuer
+	code4, verifier4 := m.code(br, secret, resource)
+	m.base = c
+	if status, out := m.redeem(code4, verifier4, resource, proof); status != http.StatusBadRequest || out["error"] != "invalid_dpop_proof" {
+		t.Errorf("B's token endpoint proof again on C: %d %v, want invalid_dpop_proof", status, out)
+	}
+	access := bound["access_token"].(string)
+	onB := key.proof(t, http.MethodPost, resource, access, "")
+	if a := postDPoP(t, b+"/mcp", "", "DPoP "+access, []string{onB}, initializeBody); a.status != http.StatusOK {
+		t.Fatalf("the bound token with its proof on B: %d %s", a.status, a.body)
+	}
+	for _, r := range []string{c, issuer} {
+		a := postDPoP(t, r+"/mcp", "", "DPoP "+access, []string{onB}, initializeBody)
+		wantDPoPRefusal(t, a, "invalid_dpop_proof", "used already")
 	}
 }
