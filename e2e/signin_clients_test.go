@@ -26,7 +26,8 @@ const signinAccessLifetime = 5 * time.Second
 // consentInChromium is the person's part of a sign-in, in headless
 // Chromium: the authorization URL, the company IdP's login and consent,
 // and Allow on the gateway's consent page, which must name the client,
-// the resource and the person; the browser then lands on the client's
+// the resource and the person, and warn that the grant goes to a loopback
+// redirect URI; the browser then lands on the client's
 // loopback callback, whose page has the id "done".
 func consentInChromium(t *testing.T, b *browserSession, authURL, base, client string) {
 	t.Helper()
@@ -35,7 +36,7 @@ func consentInChromium(t *testing.T, b *browserSession, authURL, base, client st
 	b.do(t, "reaching the consent page", chromedp.WaitVisible(chromedp.CSS(`button[value="allow"]`)))
 	loc, text := b.page(t)
 	if !strings.HasPrefix(loc, base+"/") || !strings.Contains(text, "Alice Example") || !strings.Contains(text, client) ||
-		!strings.Contains(text, base+"/mcp") {
+		!strings.Contains(text, base+"/mcp") || !strings.Contains(text, "on your own computer") {
 		t.Errorf("the consent page at %s says:\n%s", loc, text)
 	}
 	b.do(t, "allowing", chromedp.Click(chromedp.CSS(`button[value="allow"]`)), chromedp.WaitVisible(chromedp.ID("done")))
