@@ -425,12 +425,18 @@ type accessClaims struct {
 // accessVersion is the first byte of an access token's payload.
 const accessVersion = 1
 
+// accessNonceBytes is how many random bytes each access token carries.
+const accessNonceBytes = 8
+
 // mintAccess makes the access token of c under key k: the payload
 //
-//	version | grant id (8 bytes) | expiry (Unix seconds, 8 bytes) |
+//	version | grant id (8 bytes) | expiry (Unix seconds, 8 bytes) | random (8 bytes) |
 //	resource | jkt | scope count | scopes      (strings uvarint-length-prefixed)
 //
-// then its HMAC-SHA256, in unpadded base64url after AccessPrefix.
+// then its HMAC-SHA256, in unpadded base64url after AccessPrefix. The
+// random bytes make each token one of its own: two minted in the same
+// second for the same grant would otherwise be one string, and a client
+// could not tell its refreshed token from the old one.
 func mintAccess(k *grantKey, c accessClaims) (string, error) {
 	raw, err := hex.DecodeString(strings.TrimPrefix(c.grant, grantIDPrefix))
 	if err != nil || len(raw) != grantIDBytes {
@@ -439,6 +445,9 @@ func mintAccess(k *grantKey, c accessClaims) (string, error) {
 	p := append(make([]byte, 0, 128), accessVersion)
 	p = append(p, raw...)
 	p = binary.BigEndian.AppendUint64(p, uint64(c.expires.Unix()))
+	var nonce [accessNonceBytes]byte
+	rand.Read(nonce[:])
+	p = append(p, nonce[:]...)
 	p = appendString(p, c.resource)
 	p = appendString(p, c.jkt)
 	p = binary.AppendUvarint(p, uint64(len(c.scopes)))
@@ -503,7 +512,7 @@ func openAccess(k *grantKey, tok string, buf []byte) (v accessView, ok bool) {
 	}
 	in = append(in, body...)
 	raw, err := accessEncoding.AppendDecode(buf[:0], in)
-	if err != nil || len(raw) < 1+grantIDBytes+8+sha256.Size {
+	if err != nil || len(raw) < 1+grantIDBytes+8+accessNonceBytes+sha256.Size {
 		return v, false
 	}
 	payload, mac := raw[:len(raw)-sha256.Size], raw[len(raw)-sha256.Size:]
@@ -516,7 +525,7 @@ func openAccess(k *grantKey, tok string, buf []byte) (v accessView, ok bool) {
 	copy(v.grant[:], grantIDPrefix)
 	hex.Encode(v.grant[len(grantIDPrefix):], payload[1:1+grantIDBytes])
 	v.expires = int64(binary.BigEndian.Uint64(payload[1+grantIDBytes:]))
-	rest := payload[1+grantIDBytes+8:]
+	rest := payload[1+grantIDBytes+8+accessNonceBytes:]
 	if v.resource, rest, ok = readBytes(rest); !ok {
 		return v, false
 	}
