@@ -1,0 +1,181 @@
+package connect
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
+)
+
+// Required is a call that cannot go on until its owner connects their
+// account at an upstream: what [Answer] answers it with.
+type Required struct {
+	// ID is the call's JSON-RPC id as canonical JSON (message.ID.Raw).
+	ID json.RawMessage
+	// Method is the call's method: a tools/call of a client without URL
+	// elicitation is answered with a tool error, which its model reads.
+	Method string
+	// Version is the protocol version the call speaks: from 2026-07-28
+	// (message.ModernVersion) on, an input_required result; before, the
+	// -32042 error.
+	Version string
+	// URLElicitation reports whether the client declared the URL
+	// elicitation capability (see [URLCapable]).
+	URLElicitation bool
+	// Upstream is the upstream's name, as the person knows it.
+	Upstream string
+	// Link is the connect link made for this call's owner.
+	Link Link
+}
+
+// requestStatePrefix starts the requestState of a connect answer, so that
+// a retry carrying it is told from one carrying an upstream's own state.
+const requestStatePrefix = "zidane-connect."
+
+// RequestState is the requestState of the input_required answer for the
+// elicitation id: the retry names the elicitation it followed.
+func RequestState(elicitation string) string { return requestStatePrefix + elicitation }
+
+// ElicitationOf is the elicitation id a retry's requestState names, if it
+// is a connect answer's.
+func ElicitationOf(requestState string) (string, bool) {
+	id, ok := strings.CutPrefix(requestState, requestStatePrefix)
+	return id, ok && id != ""
+}
+
+// elicitParams is MCP's ElicitRequestURLParams.
+type elicitParams struct {
+	Mode          string `json:"mode"`
+	Message       string `json:"message"`
+	URL           string `json:"url"`
+	ElicitationID string `json:"elicitationId"`
+}
+
+type inputRequest struct {
+	Method string       `json:"method"`
+	Params elicitParams `json:"params"`
+}
+
+type rpcError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+	Data    any    `json:"data,omitempty"`
+}
+
+type textContent struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+type response struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Result  any             `json:"result,omitempty"`
+	Error   *rpcError       `json:"error,omitempty"`
+}
+
+// Message is what the person is asked: connect their account at the
+// upstream, as themselves, before the link expires.
+func (r Required) Message() string {
+	return fmt.Sprintf("This request needs your own account at %s. Open the link, sign in to the gateway as yourself if asked, and approve at %s. The link works once, for you alone, until %s.",
+		r.Upstream, r.Upstream, r.Link.Expires.UTC().Format("15:04 UTC"))
+}
+
+func (r Required) params() elicitParams {
+	return elicitParams{Mode: "url", Message: r.Message(), URL: r.Link.URL, ElicitationID: r.Link.Elicitation}
+}
+
+// Answer is the JSON-RPC response to a call that needs its owner to
+// connect their account first:
+//   - a client with the URL elicitation capability, at 2026-07-28 or
+//     later: an input_required result whose one input request is the URL
+//     elicitation, keyed by its id, and a requestState naming it, so that
+//     the client's retry with inputResponses goes on once connected;
+//   - such a client before 2026-07-28: the error -32042
+//     (URLElicitationRequired) whose data.elicitations holds it; the
+//     client retries after notifications/elicitation/complete;
+//   - a client without the capability: for tools/call, a tool error whose
+//     text names the URL (the model, and so the person, reads it); for
+//     another method, the -32042 error, whose message names the URL.
+func Answer(r Required) []byte {
+	resp := response{JSONRPC: "2.0", ID: r.ID}
+	modern := r.Version >= message.ModernVersion
+	switch {
+	case r.URLElicitation && modern:
+		resp.Result = map[string]any{
+			"resultType":    "input_required",
+			"inputRequests": map[string]inputRequest{r.Link.Elicitation: {Method: "elicitation/create", Params: r.params()}},
+			"requestState":  RequestState(r.Link.Elicitation),
+		}
+	case r.URLElicitation || r.Method != "tools/call":
+		msg := "URL elicitation required: connect your account at " + r.Upstream
+		if !r.URLElicitation {
+			msg += " by opening " + r.Link.URL
+		}
+		resp.Error = &rpcError{Code: message.CodeURLElicitationRequired, Message: msg,
+			Data: map[string]any{"elicitations": []elicitParams{r.params()}}}
+	default:
+		res := map[string]any{
+			"content": []textContent{{Type: "text", Text: r.Message() + " Link: " + r.Link.URL + " Then call this tool again."}},
+			"isError": true,
+		}
+		if modern {
+			res["resultType"] = "complete"
+		}
+		resp.Result = res
+	}
+	b, err := json.Marshal(resp)
+	if err != nil {
+		// Every field is a string, a map of them or raw JSON the edge
+		// read: it always encodes.
+		panic(err)
+	}
+	return b
+}
+
+// CompleteNotification is notifications/elicitation/complete for the
+// elicitation id: sent on the client's stream when the account is
+// connected, so that a 2025-11-25 client retries its call.
+func CompleteNotification(elicitation string) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"jsonrpc": "2.0",
+		"method":  "notifications/elicitation/complete",
+		"params":  map[string]string{"elicitationId": elicitation},
+	})
+	return b
+}
+
+// URLCapable reports whether client capabilities (initialize's
+// params.capabilities, or a 2026-07-28 request's _meta entry) declare URL
+// elicitation: elicitation.url is an object. Capabilities that two JSON
+// readers could read differently (a duplicate key) declare nothing.
+func URLCapable(capabilities []byte) bool {
+	if len(capabilities) == 0 || message.Validate(capabilities) != nil {
+		return false
+	}
+	v, ok := message.Lookup(capabilities, []string{"elicitation", "url"})
+	return ok && len(v) > 0 && v[0] == '{'
+}
+
+// MetaCapabilities is the client capabilities a 2026-07-28 request
+// carries in its params._meta (message.Call.Meta); nil when none.
+func MetaCapabilities(meta []byte) []byte {
+	if len(meta) == 0 {
+		return nil
+	}
+	v, _ := message.Lookup(meta, []string{message.ClientCapabilitiesKey})
+	return v
+}
+
+// Declined reports whether a retry's params answer the elicitation id
+// with anything but accept (decline, cancel): the person said no, and the
+// call ends with a tool error rather than another link.
+func Declined(params []byte, elicitation string) bool {
+	v, ok := message.Lookup(params, []string{"inputResponses", elicitation, "action"})
+	if !ok {
+		return false
+	}
+	s, isString, ok := message.Scalar(v)
+	return !ok || !isString || s != "accept"
+}

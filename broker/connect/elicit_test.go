@@ -1,0 +1,297 @@
+package connect
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
+)
+
+// gate stands where the per_user refusal will: in front of a real go-sdk
+// server whose tool says who called it, it answers alice's tools/call
+// with [Answer] until alice has connected github through a link.
+type gate struct {
+	f        *fixture
+	inner    http.Handler
+	mu       sync.Mutex
+	initCaps []byte   // the 2025-11-25 session's capabilities, from initialize
+	states   []string // requestStates the retries carried
+	declined int
+}
+
+func (g *gate) connected() bool {
+	for _, c := range g.f.auth.finishedFor() {
+		if c == [2]string{"alice", "github"} {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost {
+		raw, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+		if body, err := message.Read(raw); err == nil && len(body.Calls) == 1 {
+			c := body.Calls[0]
+			if c.Method == "initialize" {
+				caps, _ := message.Lookup(c.Params, []string{"capabilities"})
+				g.mu.Lock()
+				g.initCaps = append([]byte(nil), caps...)
+				g.mu.Unlock()
+			}
+			if c.IsToolCall() && c.Tool == "whoami" {
+				if g.answer(w, r, c) {
+					return
+				}
+			}
+		}
+	}
+	g.inner.ServeHTTP(w, r)
+}
+
+// answer answers a call of alice's that needs github, and reports whether
+// it did.
+func (g *gate) answer(w http.ResponseWriter, r *http.Request, c message.Call) bool {
+	version := r.Header.Get("Mcp-Protocol-Version")
+	g.mu.Lock()
+	caps := g.initCaps
+	if version >= message.ModernVersion {
+		caps = MetaCapabilities(c.Meta)
+	}
+	if id, ok := ElicitationOf(c.RequestState); ok {
+		g.states = append(g.states, id)
+		if Declined(c.Params, id) {
+			g.declined++
+		}
+	}
+	g.mu.Unlock()
+	if g.connected() {
+		return false
+	}
+	link, err := g.f.svc.Create(r.Context(), "alice", "github")
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return true
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(Answer(Required{ID: c.ID.Raw(), Method: c.Method, Version: version, URLElicitation: URLCapable(caps), Upstream: "github", Link: link}))
+	return true
+}
+
+func newGate(t *testing.T) (*gate, string) {
+	t.Helper()
+	srv := mcp.NewServer(&mcp.Implementation{Name: "upstream", Version: "1"}, nil)
+	srv.AddTool(&mcp.Tool{Name: "whoami", InputSchema: json.RawMessage(`{"type":"object"}`)}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "alice at github"}}}, nil
+	})
+	g := &gate{f: newFixture(t), inner: mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{Stateless: true})}
+	hs := httptest.NewServer(g)
+	t.Cleanup(hs.Close)
+	return g, hs.URL
+}
+
+// connectInBrowser is the person following the link in their browser,
+// signed in as alice: the page, the button, the upstream's callback.
+func (g *gate) connectInBrowser(t *testing.T, b browser, linkURL string) {
+	t.Helper()
+	path, ok := strings.CutPrefix(linkURL, site)
+	if !ok {
+		t.Fatalf("the elicitation's URL %q is not a link of the site", linkURL)
+	}
+	if resp := g.f.get(b, path); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the link's page: %d", resp.StatusCode)
+	}
+	callback := g.f.authorizeFrom(g.f.post(b, path, nil))
+	if resp := g.f.get(b, callback); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the callback: %d %s", resp.StatusCode, readBody(resp))
+	}
+}
+
+func connectClient(t *testing.T, endpoint, version string, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "client", Version: "1"}, opts).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: endpoint, MaxRetries: -1, DisableStandaloneSSE: true}, &mcp.ClientSessionOptions{ProtocolVersion: version})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}
+
+func resultText(t *testing.T, res *mcp.CallToolResult) string {
+	t.Helper()
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+// TestAnswerGoSDK2025: at 2025-11-25 go-sdk's client gets -32042 with the
+// URL elicitation in data.elicitations, as its URL elicitation middleware
+// parses it (url mode, the link, an id); once the person connects in the
+// browser, the same call goes through.
+func TestAnswerGoSDK2025(t *testing.T) {
+	g, endpoint := newGate(t)
+	handler := func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		return &mcp.ElicitResult{Action: "accept"}, nil
+	}
+	cs := connectClient(t, endpoint, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: handler,
+		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}}})
+	ctx := context.Background()
+	_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}})
+	var rpcErr *jsonrpc.Error
+	if !errors.As(err, &rpcErr) || rpcErr.Code != mcp.CodeURLElicitationRequired {
+		t.Fatalf("got %v, want the -32042 error", err)
+	}
+	var data struct {
+		Elicitations []*mcp.ElicitParams `json:"elicitations"`
+	}
+	if err := json.Unmarshal(rpcErr.Data, &data); err != nil || len(data.Elicitations) != 1 {
+		t.Fatalf("data %s: %v", rpcErr.Data, err)
+	}
+	e := data.Elicitations[0]
+	if e.Mode != "url" || !strings.HasPrefix(e.URL, site+PathPrefix) || e.ElicitationID == "" || !strings.Contains(e.Message, "github") || e.RequestedSchema != nil {
+		t.Fatalf("elicitation %+v", e)
+	}
+	if strings.Contains(rpcErr.Message, e.URL) {
+		t.Fatalf("a capable client's error message repeats the link: %q", rpcErr.Message)
+	}
+	a := browser{}
+	g.f.signIn(a, "alice")
+	g.connectInBrowser(t, a, e.URL)
+	if len(g.f.connected) != 1 || g.f.connected[0].Elicitation != e.ElicitationID {
+		t.Fatalf("connected %+v, want the elicitation %q", g.f.connected, e.ElicitationID)
+	}
+	var note mcp.ElicitationCompleteParams
+	raw := CompleteNotification(e.ElicitationID)
+	var wire struct {
+		Method string          `json:"method"`
+		Params json.RawMessage `json:"params"`
+	}
+	if err := json.Unmarshal(raw, &wire); err != nil || wire.Method != "notifications/elicitation/complete" || json.Unmarshal(wire.Params, &note) != nil || note.ElicitationID != e.ElicitationID {
+		t.Fatalf("notification %s", raw)
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}})
+	if err != nil || res.IsError || resultText(t, res) != "alice at github" {
+		t.Fatalf("after connecting: %v %+v", err, res)
+	}
+}
+
+// TestAnswerGoSDK2026: at 2026-07-28 go-sdk's client gets input_required
+// with the URL elicitation, hands it to its elicitation handler (where
+// the person connects in the browser), and retries with inputResponses
+// and the requestState: the retry succeeds.
+func TestAnswerGoSDK2026(t *testing.T) {
+	g, endpoint := newGate(t)
+	a := browser{}
+	g.f.signIn(a, "alice")
+	var seen []*mcp.ElicitParams
+	handler := func(_ context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		seen = append(seen, req.Params)
+		g.connectInBrowser(t, a, req.Params.URL)
+		return &mcp.ElicitResult{Action: "accept"}, nil
+	}
+	cs := connectClient(t, endpoint, "2026-07-28", &mcp.ClientOptions{ElicitationHandler: handler,
+		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}}})
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}})
+	if err != nil || res.IsError || resultText(t, res) != "alice at github" {
+		t.Fatalf("call: %v %+v", err, res)
+	}
+	if len(seen) != 1 || seen[0].Mode != "url" || !strings.HasPrefix(seen[0].URL, site+PathPrefix) || seen[0].ElicitationID == "" {
+		t.Fatalf("elicitations %+v", seen)
+	}
+	if len(g.states) != 1 || g.states[0] != seen[0].ElicitationID || g.declined != 0 {
+		t.Fatalf("the retry carried %v (declined %d), want the elicitation %q", g.states, g.declined, seen[0].ElicitationID)
+	}
+}
+
+// TestAnswerDeclined2026: a person who declines: the retry says so, the
+// gate sees it, and no account is connected.
+func TestAnswerDeclined2026(t *testing.T) {
+	g, endpoint := newGate(t)
+	handler := func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		return &mcp.ElicitResult{Action: "decline"}, nil
+	}
+	cs := connectClient(t, endpoint, "2026-07-28", &mcp.ClientOptions{ElicitationHandler: handler,
+		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}}})
+	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}}); err == nil {
+		t.Fatal("a declined connection ended in a result")
+	}
+	if g.declined == 0 || g.connected() {
+		t.Fatalf("declined %d, connected %v", g.declined, g.connected())
+	}
+}
+
+// TestAnswerWithoutCapability: a client that does not declare URL
+// elicitation (go-sdk's without an elicitation handler, or with form
+// elicitation only) gets a tool error that names the link, at both
+// versions.
+func TestAnswerWithoutCapability(t *testing.T) {
+	for _, version := range []string{"2025-11-25", "2026-07-28"} {
+		for name, opts := range map[string]*mcp.ClientOptions{
+			"none": nil,
+			"form only": {ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+				return &mcp.ElicitResult{Action: "cancel"}, nil
+			}, Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{Form: &mcp.FormElicitationCapabilities{}}}},
+		} {
+			t.Run(version+" "+name, func(t *testing.T) {
+				_, endpoint := newGate(t)
+				cs := connectClient(t, endpoint, version, opts)
+				res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}})
+				if err != nil || !res.IsError || res.NeedsInput() {
+					t.Fatalf("got %v %+v, want a tool error", err, res)
+				}
+				if text := resultText(t, res); !strings.Contains(text, site+PathPrefix+"zcl_") || !strings.Contains(text, "github") {
+					t.Fatalf("the tool error does not name the link: %q", text)
+				}
+			})
+		}
+	}
+}
+
+// TestURLCapable: only elicitation.url as an object declares it; a
+// duplicate key, which two readers could read differently, declares
+// nothing.
+func TestURLCapable(t *testing.T) {
+	for caps, want := range map[string]bool{
+		`{"elicitation":{"url":{}}}`:                      true,
+		`{"elicitation":{"form":{},"url":{}}}`:            true,
+		`{"elicitation":{}}`:                              false,
+		`{"elicitation":{"form":{}}}`:                     false,
+		`{"elicitation":{"url":true}}`:                    false,
+		`{"elicitation":{"url":{}},"elicitation":{}}`:     false,
+		`{"elicitation":{"url":{}, "u\u0072l":{}}}`:       false,
+		`{"Elicitation":{"url":{}}}`:                      false,
+		`{"elicitation":{"URL":{}}}`:                      false,
+		``:                                                false,
+		`[]`:                                              false,
+		`{"elicitation":{"url":{}}} trailing`:             false,
+		`{"sampling":{},"elicitation":{"url":{"x":[1]}}}`: true,
+	} {
+		if got := URLCapable([]byte(caps)); got != want {
+			t.Errorf("URLCapable(%s) = %v, want %v", caps, got, want)
+		}
+	}
+}
