@@ -196,6 +196,15 @@ func (s *Server) serveConsent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// The form offered what the person could grant when it was shown; a
+	// sign-in since (the IdP took a group away) may have narrowed that,
+	// and the grant is what the person may grant now.
+	for _, sc := range granted {
+		if !contains(person.Scopes, sc) {
+			s.refusePage(w, r, http.StatusForbidden, Refusal{Error: "access_denied", Client: p.Client, Owner: p.Owner, Resource: p.Resource, Reason: "you may no longer grant " + clip(sc) + " since you last signed in; start the sign-in again from the client"})
+			return
+		}
+	}
 	granted = scopesIn(p.Offered, granted) // the offered order, each once
 	if len(granted) == 0 {
 		deny("the person granted no scope")

@@ -94,6 +94,11 @@ func TestConsentAttacks(t *testing.T) {
 		{"nobody signed in", func(f *fixture, fm form) *http.Response {
 			return f.postConsent(fm.values("allow"), "", fm.cookie)
 		}, 403, "not the one the form was shown to"},
+		{"a scope the person may no longer grant", func(f *fixture, fm form) *http.Response {
+			// The form was shown when alice could grant tools:call; she
+			// has since signed in again without it.
+			return f.postConsent(fm.values("allow"), "alice-narrowed", fm.cookie)
+		}, 403, "may no longer grant tools:call"},
 		{"scope widened in the form", func(f *fixture, fm form) *http.Response {
 			return f.postConsent(fm.values("allow", "tools:read", "sessions"), "alice", fm.cookie)
 		}, 400, "did not offer"},
