@@ -14,8 +14,8 @@ import (
 // egress token for the upstreams given to sessions. Each one
 //
 //   - has a parent, the credential that created the session (a token of the
-//     store, or a JWT subject), the parent's owner, and the parent's roots or
-//     roots inside them;
+//     store, or a JWT subject), the parent's owner, the parent's roots or
+//     roots inside them, and the one resource of a grant it derives from;
 //   - expires no later than its parent (Check also refuses it as soon as a
 //     parent up its chain is revoked, expired or gone);
 //   - is one of at most one per (session, purpose): a relaunch gives the same
@@ -187,6 +187,7 @@ func (s *TokenStore) CreateChild(ctx context.Context, spec ChildSpec) (string, T
 		mine.Owner = inh.owner
 		mine.Expires = inh.expires
 		mine.Roots = inh.roots
+		mine.Resource = inh.resource
 		out = *mine
 		return nil
 	})
@@ -219,11 +220,15 @@ func childKind(spec ChildSpec) (Kind, error) {
 }
 
 // inheritance is what a child token takes from its parent: its owner, an
-// expiry no later than any of its ancestors', and roots within theirs.
+// expiry no later than any of its ancestors', roots within theirs, and the
+// one resource a grant up its chain is for. A grant's child is handed to
+// an agent, hostile code on the host; taken at every site of the gateway,
+// it would reach resources the person never let the client reach.
 type inheritance struct {
-	owner   string
-	expires *time.Time
-	roots   []string
+	owner    string
+	expires  *time.Time
+	roots    []string
+	resource string
 }
 
 // inherited checks that the parent of spec, a JWT subject or a token of f,
@@ -269,7 +274,7 @@ func inherited(f *tokenFile, spec ChildSpec, now time.Time) (inheritance, error)
 		if err := checkChildScopes(spec, p.Scopes, true); err != nil {
 			return inheritance{}, err
 		}
-		inh.owner, inh.roots = p.OwnerID(), p.Roots
+		inh.owner, inh.roots, inh.resource = p.OwnerID(), p.Roots, p.Resource
 		for a := p; a != nil; a = byID[a.Parent] {
 			inh.expires = earlier(inh.expires, a.Expires)
 			if a.Parent == "" || IsJWTID(a.Parent) {
