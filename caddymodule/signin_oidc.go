@@ -43,6 +43,10 @@ type SigninOIDC struct {
 	// token's claims. None by default: a person no rule grants a scope
 	// is told so, and not signed in.
 	Rules []idp.Rule `json:"rules,omitempty"`
+
+	// PrivateNetwork lets the gateway reach an IdP on private addresses
+	// (an on-premises IdP); see idp.OIDC.PrivateNetwork. Off by default.
+	PrivateNetwork bool `json:"private_network,omitempty"`
 }
 
 // unmarshalSigninOIDC reads an `oidc` block, the dispenser on its name:
@@ -55,6 +59,7 @@ type SigninOIDC struct {
 //		owner_claim    <claim>
 //		name_claim     <claim>
 //		scopes         <claim> <value> <scope…>   # repeat for more rules
+//		private_network                         # an IdP on private addresses
 //	}
 func unmarshalSigninOIDC(d *caddyfile.Dispenser) (*SigninOIDC, error) {
 	if d.NextArg() {
@@ -102,8 +107,13 @@ func unmarshalSigninOIDC(d *caddyfile.Dispenser) (*SigninOIDC, error) {
 			} else {
 				c.Rules = append(c.Rules, idp.Rule{Claim: args[0], Value: args[1], Scopes: args[2:]})
 			}
+		case "private_network":
+			if len(args) != 0 {
+				err = d.Err("oidc private_network takes no value: write it alone to let the gateway reach an IdP on private addresses")
+			}
+			c.PrivateNetwork = true
 		default:
-			err = d.Errf("oidc: unknown option %q; use issuer, client_id, client_secret, idp_scopes, owner_claim, name_claim or scopes", key)
+			err = d.Errf("oidc: unknown option %q; use issuer, client_id, client_secret, idp_scopes, owner_claim, name_claim, scopes or private_network", key)
 		}
 		if err != nil {
 			return nil, err
@@ -129,7 +139,7 @@ func (c *SigninOIDC) config() (*idp.OIDC, error) {
 	case !caddyPlaceholder.MatchString(c.ClientSecret):
 		return nil, literalError("oidc client_secret", "{env.VAR}")
 	}
-	o := &idp.OIDC{Issuer: c.Issuer, ClientID: c.ClientID, Scopes: c.Scopes,
+	o := &idp.OIDC{Issuer: c.Issuer, ClientID: c.ClientID, Scopes: c.Scopes, PrivateNetwork: c.PrivateNetwork,
 		Claims: idp.Claims{OwnerClaim: c.OwnerClaim, NameClaim: c.NameClaim, Rules: c.Rules}}
 	// Checked with the placeholder standing in for the secret: it is
 	// there, and it is not what any check reads.

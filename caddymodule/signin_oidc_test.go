@@ -33,6 +33,17 @@ func TestSigninOIDCCaddyfile(t *testing.T) {
 		t.Fatalf("read %+v", c)
 	}
 
+	if c.PrivateNetwork {
+		t.Fatal("private_network is on without being written")
+	}
+	dp := caddyfile.NewTestDispenser(strings.Replace(good, "owner_claim sub", "owner_claim sub\nprivate_network", 1))
+	dp.Next()
+	if cp, err := unmarshalSigninOIDC(dp); err != nil || !cp.PrivateNetwork {
+		t.Fatalf("private_network: %+v, %v", cp, err)
+	} else if o, err := cp.config(); err != nil || !o.PrivateNetwork {
+		t.Fatalf("private_network does not reach the relying party: %+v, %v", o, err)
+	}
+
 	t.Setenv("OIDC_CLIENT_SECRET", "")
 	if _, err := c.relyingParty(); err == nil || !strings.Contains(err.Error(), "{env.OIDC_CLIENT_SECRET}") {
 		t.Fatalf("unset secret: %v", err)
@@ -48,6 +59,7 @@ func TestSigninOIDCCaddyfile(t *testing.T) {
 	}{
 		{"a literal secret", strings.Replace(good, "{env.OIDC_CLIENT_SECRET}", "hunter2", 1), "literal"},
 		{"a {$VAR} secret, replaced when read", strings.Replace(good, "{env.OIDC_CLIENT_SECRET}", "$SECRET", 1), "literal"},
+		{"private_network with a value", strings.Replace(good, "owner_claim sub", "owner_claim sub\nprivate_network yes", 1), "takes no value"},
 		{"issuer twice", strings.Replace(good, "client_id gateway", "client_id gateway\nissuer https://evil.example", 1), "twice"},
 		{"client_id twice", strings.Replace(good, "client_id gateway", "client_id gateway\nclient_id other", 1), "twice"},
 		{"a rule without scopes", strings.Replace(good, "scopes groups staff chat", "scopes groups staff", 1), "a claim, a value and the scopes"},

@@ -67,8 +67,9 @@ const (
 	DefaultAccessTTL  = 10 * time.Minute
 	DefaultRefreshTTL = 14 * 24 * time.Hour
 	DefaultGrantTTL   = 90 * 24 * time.Hour
-	maxAccessTTL      = 24 * time.Hour
-	maxGrantTTL       = 400 * 24 * time.Hour
+	// MaxAccessTTL and MaxGrantTTL bound what a configuration may ask.
+	MaxAccessTTL = 24 * time.Hour
+	MaxGrantTTL  = 400 * 24 * time.Hour
 )
 
 // grantIDPrefix starts the id of a grant's token record, which has a fixed
@@ -303,11 +304,11 @@ func checkGrantSpec(spec *GrantSpec) error {
 	if spec.GrantTTL == 0 {
 		spec.GrantTTL = DefaultGrantTTL
 	}
-	if spec.GrantTTL > maxGrantTTL {
-		return fmt.Errorf("a grant lives at most %s, not %s", maxGrantTTL, spec.GrantTTL)
+	if spec.GrantTTL > MaxGrantTTL {
+		return fmt.Errorf("a grant lives at most %s, not %s", MaxGrantTTL, spec.GrantTTL)
 	}
-	if spec.AccessTTL > maxAccessTTL || spec.AccessTTL < time.Second {
-		return fmt.Errorf("an access token lives 1s to %s, not %s", maxAccessTTL, spec.AccessTTL)
+	if spec.AccessTTL > MaxAccessTTL || spec.AccessTTL < time.Second {
+		return fmt.Errorf("an access token lives 1s to %s, not %s", MaxAccessTTL, spec.AccessTTL)
 	}
 	if spec.RefreshTTL < time.Second {
 		return fmt.Errorf("a refresh token lives at least 1s, not %s", spec.RefreshTTL)

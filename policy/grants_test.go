@@ -691,6 +691,8 @@ func TestGrantSpecRefused(t *testing.T) {
 		{func(g *GrantSpec) { g.JKT = "abc" }, "thumbprint"},
 		{func(g *GrantSpec) { g.AccessTTL = 48 * time.Hour }, "access token lives"},
 		{func(g *GrantSpec) { g.GrantTTL = -time.Hour }, "positive"},
+		{func(g *GrantSpec) { g.GrantTTL = 500 * 24 * time.Hour }, "a grant lives at most"},
+		{func(g *GrantSpec) { g.RefreshTTL = time.Millisecond }, "at least 1s"},
 	} {
 		spec := base
 		spec.Scopes = slices.Clone(base.Scopes)

@@ -34,6 +34,13 @@ type OIDC struct {
 	Scopes []string `json:"scopes,omitempty"`
 	// Claims map the ID token to a person.
 	Claims Claims `json:"claims"`
+	// PrivateNetwork lets the gateway reach the IdP (its issuer, and the
+	// endpoints and keys its discovery document names) at private
+	// addresses: an on-premises IdP. Off, those requests are refused at
+	// dial time like every egress of the gateway; the operator, who
+	// configured the IdP and trusts it with every person's identity,
+	// turns it on.
+	PrivateNetwork bool `json:"private_network,omitempty"`
 }
 
 const (
@@ -96,7 +103,7 @@ func newRelyingParty(cfg OIDC, redirect string) (*relyingParty, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
-	client, err := idpClient(cfg.Issuer)
+	client, err := idpClient(cfg.Issuer, cfg.PrivateNetwork)
 	if err != nil {
 		return nil, err
 	}
@@ -105,9 +112,13 @@ func newRelyingParty(cfg OIDC, redirect string) (*relyingParty, error) {
 
 // idpClient is a pinnedfetch client to rawURL's origin whose every request
 // is bounded in time and in the size of its answer: go-oidc reads
-// discovery documents and key sets whole.
-func idpClient(rawURL string) (*http.Client, error) {
-	c, err := pinnedfetch.New(rawURL, nil)
+// discovery documents and key sets whole. With private, the dial-time
+// guard lets private addresses through (see [OIDC.PrivateNetwork]).
+func idpClient(rawURL string, private bool, opts ...pinnedfetch.Option) (*http.Client, error) {
+	if private {
+		opts = append(opts, pinnedfetch.DenyPrivateAddresses(false))
+	}
+	c, err := pinnedfetch.New(rawURL, nil, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -169,7 +180,7 @@ func (rp *relyingParty) load(ctx context.Context) (*discovered, error) {
 	default:
 		return nil, fmt.Errorf("the IdP takes none of client_secret_basic and client_secret_post at its token endpoint (it takes %s)", strings.Join(meta.TokenAuth, ", "))
 	}
-	token, err := idpClient(ep.TokenURL)
+	token, err := idpClient(ep.TokenURL, rp.cfg.PrivateNetwork)
 	if err != nil {
 		return nil, err
 	}
