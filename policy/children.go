@@ -132,10 +132,19 @@ func chainProblem(byID map[string]*Token, subjects map[string]time.Time, t *Toke
 			return fmt.Errorf("%w: %q derives from %q, which was revoked at %s", ErrTokenRevoked, t.Name, p.Name, p.Revoked.UTC().Format(time.RFC3339))
 		case p.Expires != nil && !now.Before(*p.Expires):
 			return fmt.Errorf("%w: %q derives from %q, which expired at %s", ErrTokenExpired, t.Name, p.Name, p.Expires.UTC().Format(time.RFC3339))
+		case lapsed(p, now):
+			return fmt.Errorf("%w: %q derives from grant %s, whose refresh token lapsed unused at %s", ErrTokenExpired, t.Name, p.ID, p.Refresh.Expires.UTC().Format(time.RFC3339))
 		}
 		child = p
 	}
 	return fmt.Errorf("%w: %q derives from more than %d generations of tokens", ErrTokenRevoked, t.Name, maxParentChain)
+}
+
+// lapsed reports whether t is a grant whose refresh token lapsed unused:
+// its client can get no access token any more, and what derives from it
+// ends with it, as with an expired parent.
+func lapsed(t *Token, now time.Time) bool {
+	return t.Refresh != nil && !now.Before(t.Refresh.Expires)
 }
 
 // earlier is the earlier of two expiries, nil meaning never.
@@ -267,6 +276,8 @@ func inherited(f *tokenFile, spec ChildSpec, now time.Time) (inheritance, error)
 			return inheritance{}, fmt.Errorf("%w: the token %q that created session %s was revoked", ErrNoChild, p.Name, spec.Session)
 		case p.Expires != nil && !now.Before(*p.Expires):
 			return inheritance{}, fmt.Errorf("%w: the token %q that created session %s expired at %s", ErrNoChild, p.Name, spec.Session, p.Expires.UTC().Format(time.RFC3339))
+		case lapsed(p, now):
+			return inheritance{}, fmt.Errorf("%w: the grant %s that created session %s lapsed unused at %s", ErrNoChild, p.ID, spec.Session, p.Refresh.Expires.UTC().Format(time.RFC3339))
 		}
 		if err := chainProblem(byID, subjects, p, now); err != nil {
 			return inheritance{}, fmt.Errorf("%w: the token that created session %s may not be used: %v", ErrNoChild, spec.Session, err)
