@@ -27,6 +27,7 @@ func TestSigninProvision(t *testing.T) {
 		// code redemption failed with server_error.
 		{"a resource with user information", "http://127.0.0.1:9", "http://user@127.0.0.1:9/mcp", "grant resource"},
 		{"a resource with an escaped slash", "http://127.0.0.1:9", "http://127.0.0.1:9/a%2Fb", "grant resource"},
+		{"a resource with an empty query", "http://127.0.0.1:9", "http://127.0.0.1:9/mcp?", "grant resource"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := validate(t, global(c.issuer), site(c.resource))
