@@ -704,6 +704,47 @@ func badConfigs(fx configFixtures) []badConfig {
 		nats("storage advertise", "a path", "url nats://127.0.0.1:1", "advertise https://gw-1/mcp")("no user, path or query"),
 		nats("storage advertise", "the unspecified address", "url nats://127.0.0.1:1", "advertise https://0.0.0.0:8443")("no address another replica can reach"),
 	)
+	return append(cases, signinConfigs()...)
+}
+
+// signinBlock is a zidane option with a signin block of lines, and a
+// guard site whose resource is absolute, as signin needs.
+func signinBlock(lines ...string) string {
+	return caddyfileOf("zidane {\nsignin {\n"+strings.Join(lines, "\n")+"\n}\n}",
+		"zidane_mcp {\nguard\nresource "+badConfigSite+"/mcp\n}")
+}
+
+// signinConfigs are the bad values of the signin block, and of the
+// per-site DPoP options.
+func signinConfigs() []badConfig {
+	c := func(option, label, caddyfile string, want ...string) badConfig {
+		return badConfig{option: option, label: label, caddyfile: caddyfile, want: want}
+	}
+	issuer := "issuer " + badConfigSite
+	oidc := func(lines ...string) string {
+		return signinBlock(issuer, "oidc {\n"+strings.Join(lines, "\n")+"\n}")
+	}
+	cases := []badConfig{
+		c("zidane_mcp dpop", "unknown", guarded("resource "+badConfigSite+"/mcp", "dpop sometimes"), "`dpop optional`", "`dpop required`"),
+		c("zidane_mcp dpop", labelEmpty, guarded("resource "+badConfigSite+"/mcp", "dpop"), "optional or required"),
+		c("zidane_mcp dpop", "required on a path resource", guarded("dpop required"), "absolute"),
+		c("zidane_mcp dpop_nonce", "a value", guarded("resource "+badConfigSite+"/mcp", "dpop_nonce on"), "no value"),
+		c("zidane_mcp dpop_nonce", "on a path resource", guarded("dpop_nonce"), "absolute"),
+		c("zidane signin", "an argument", caddyfileOf("zidane {\nsignin on {\n"+issuer+"\n}\n}", "zidane_mcp {\nguard\n}"), "no argument"),
+		c("zidane signin", "a site whose resource is a path", caddyfileOf("zidane {\nsignin {\n"+issuer+"\n}\n}", "zidane_mcp {\nguard\n}"), "absolute"),
+		c("zidane signin issuer", labelMissing, signinBlock("registration off"), "issuer"),
+		c("zidane signin issuer", labelEmpty, signinBlock("issuer"), "issuer"),
+		c("zidane signin issuer", "a path", signinBlock(issuer+"/as"), "path"),
+		c("zidane signin issuer", "plain http off loopback", signinBlock("issuer http://10.0.0.5"), "https"),
+		c("zidane signin registration", "unknown", signinBlock(issuer, "registration sometimes"), "takes one value: dynamic", "or off"),
+		c("zidane signin registration", labelEmpty, signinBlock(issuer, "registration"), "takes one value: dynamic", "or off"),
+		c("zidane signin oidc", "no issuer", oidc("client_id gw", "client_secret {env.OIDC_SECRET}"), "issuer"),
+		c("zidane signin oidc", "a literal secret", oidc("issuer https://idp.test", "client_id gw", "client_secret hunter2"), "{env.VAR}"),
+		c("zidane signin oidc", "an unknown option", oidc("issuer https://idp.test", "client_id gw", "client_secret {env.OIDC_SECRET}", "colour blue"), "unknown option"),
+	}
+	for _, opt := range []string{"access_lifetime", "refresh_lifetime", "session_lifetime"} {
+		cases = append(cases, durationCases("zidane signin "+opt, func(l string) string { return signinBlock(issuer, l) }, "duration")...)
+	}
 	return cases
 }
 
