@@ -420,3 +420,32 @@ func TestConnectLinkCreate(t *testing.T) {
 		t.Fatalf("storage holds the secret: %s %s", keys[0], raw)
 	}
 }
+
+// TestConnectLinksPerOwner: a client that calls in a loop makes one link
+// per call; past MaxLinksPerOwner the oldest stops working, and another
+// owner's links are untouched.
+func TestConnectLinksPerOwner(t *testing.T) {
+	f := newFixture(t)
+	a, b := browser{}, browser{}
+	f.signIn(a, "alice")
+	f.signIn(b, "bob")
+	_, bobs := f.link("bob", "github")
+	var paths []string
+	for range MaxLinksPerOwner + 1 {
+		_, p := f.link("alice", "github")
+		paths = append(paths, p)
+	}
+	f.wantRefused(f.get(a, paths[0]), http.StatusForbidden, "unknown", "unknown")
+	for _, p := range paths[1:] {
+		if resp := f.get(a, p); resp.StatusCode != http.StatusOK {
+			t.Fatalf("a newer link: %d", resp.StatusCode)
+		}
+	}
+	if resp := f.get(b, bobs); resp.StatusCode != http.StatusOK {
+		t.Fatalf("bob's link: %d", resp.StatusCode)
+	}
+	keys, err := f.svc.links.store.List(context.Background(), strings.TrimSuffix(LinkKeyPrefix, "/"), false)
+	if err != nil || len(keys) != MaxLinksPerOwner+1 {
+		t.Fatalf("stored links %d %v, want %d", len(keys), err, MaxLinksPerOwner+1)
+	}
+}

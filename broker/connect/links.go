@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -22,6 +23,11 @@ import (
 const (
 	LinkKeyPrefix = "zidane/connect/links/"
 	FlowKeyPrefix = "zidane/connect/flows/"
+	// OwnerKeyPrefix holds, per owner (under the hex SHA-256 of the
+	// owner), the keys of their live links, so that one owner's calls
+	// cannot fill storage with links: past MaxLinksPerOwner the oldest
+	// goes.
+	OwnerKeyPrefix = "zidane/connect/owners/"
 )
 
 const (
@@ -33,6 +39,9 @@ const (
 	// awaits its callback, as long as the upstream OAuth client's own
 	// pending login.
 	FlowLifetime = 10 * time.Minute
+	// MaxLinksPerOwner bounds an owner's live links: a client that calls
+	// in a loop gets new links, and the oldest stop working.
+	MaxLinksPerOwner = 8
 	// maxRecord bounds a record read back from storage.
 	maxRecord = 4 << 10
 	// maxPrune bounds how many stored records one Create looks at to
@@ -100,6 +109,37 @@ func (rs *records) read(ctx context.Context, key string) (record, error) {
 		return record{}, ErrUnknown
 	}
 	return rec, nil
+}
+
+// ownerLink is one entry of an owner's index of live links.
+type ownerLink struct {
+	Key     string    `json:"key"`
+	Expires time.Time `json:"expires"`
+}
+
+// putOwned stores the link of secret, and notes it in its owner's index:
+// expired entries leave the index, and past MaxLinksPerOwner the oldest
+// link is deleted.
+func (rs *records) putOwned(ctx context.Context, secret string, rec record) error {
+	sum := sha256.Sum256([]byte(rec.Owner))
+	index := OwnerKeyPrefix + hex.EncodeToString(sum[:])
+	now := rs.now()
+	return storage.Update(ctx, rs.store, index, func(old []byte) ([]byte, error) {
+		var live []ownerLink
+		if len(old) > maxRecord*4 || (old != nil && json.Unmarshal(old, &live) != nil) {
+			live = nil // unreadable: its links expire on their own
+		}
+		live = slices.DeleteFunc(live, func(l ownerLink) bool { return !now.Before(l.Expires) || !strings.HasPrefix(l.Key, rs.prefix) })
+		slices.SortStableFunc(live, func(a, b ownerLink) int { return a.Expires.Compare(b.Expires) })
+		for len(live) >= MaxLinksPerOwner {
+			_ = rs.store.Delete(ctx, live[0].Key)
+			live = live[1:]
+		}
+		if err := rs.put(ctx, secret, rec); err != nil {
+			return nil, err
+		}
+		return json.Marshal(append(live, ownerLink{Key: rs.key(secret), Expires: rec.Expires}))
+	})
 }
 
 // peek returns the record of secret without using it up.

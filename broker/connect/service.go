@@ -199,7 +199,7 @@ func (s *Service) Create(ctx context.Context, owner, up string) (Link, error) {
 		return Link{}, err
 	}
 	exp := s.now().Add(s.life)
-	if err := s.links.put(ctx, secret, record{Owner: owner, Upstream: up, Elicitation: id, Expires: exp}); err != nil {
+	if err := s.links.putOwned(ctx, secret, record{Owner: owner, Upstream: up, Elicitation: id, Expires: exp}); err != nil {
 		return Link{}, fmt.Errorf("keeping the connect link: %w", err)
 	}
 	return Link{URL: s.site + PathPrefix + secret, Elicitation: id, Expires: exp}, nil
