@@ -449,3 +449,39 @@ func TestConnectLinksPerOwner(t *testing.T) {
 		t.Fatalf("stored links %d %v, want %d", len(keys), err, MaxLinksPerOwner+1)
 	}
 }
+
+// TestConnectWait: a wait for an elicitation returns once its owner
+// connects, whether the callback lands in this process or on another
+// replica sharing the storage; a wait by another owner for that id
+// learns nothing.
+func TestConnectWait(t *testing.T) {
+	f := newFixture(t)
+	// A second replica: its own Service on the same storage.
+	replica, err := New(Config{Site: site, Store: f.svc.links.store, People: f.signin, Authorizer: f.auth, Now: f.clock.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := browser{}
+	f.signIn(a, "alice")
+	for _, waiter := range []*Service{f.svc, replica} {
+		l, path := f.link("alice", "github")
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		got := make(chan bool, 1)
+		go func() { got <- waiter.Wait(ctx, "alice", l.Elicitation) }()
+		callback := f.authorizeFrom(f.post(a, path, nil))
+		if resp := f.get(a, callback); resp.StatusCode != http.StatusOK {
+			t.Fatalf("callback: %d", resp.StatusCode)
+		}
+		if !<-got {
+			t.Fatal("the wait did not see the connection")
+		}
+		cancel()
+		// Done already: a wait returns at once, for its owner only.
+		if !waiter.Wait(context.Background(), "alice", l.Elicitation) {
+			t.Fatal("a later wait did not see it")
+		}
+		if waiter.Wait(context.Background(), "bob", l.Elicitation) {
+			t.Fatal("bob's wait saw alice's connection")
+		}
+	}
+}

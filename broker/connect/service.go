@@ -120,6 +120,7 @@ type Service struct {
 	limit     *policy.Limiter
 	ip        func(*http.Request) string
 	now       func() time.Time
+	waits     waiters
 }
 
 // New checks cfg and returns its Service.
@@ -361,7 +362,9 @@ func (s *Service) callback(w http.ResponseWriter, r *http.Request) {
 			Detail: fmt.Sprintf("The authorization at %s did not finish: %v. Call the tool again from your MCP client for a new link.", rec.Upstream, err)})
 		return
 	}
-	s.connected(Connection{Owner: rec.Owner, Upstream: rec.Upstream, Elicitation: rec.Elicitation})
+	conn := Connection{Owner: rec.Owner, Upstream: rec.Upstream, Elicitation: rec.Elicitation}
+	s.done(r.Context(), conn)
+	s.connected(conn)
 	writePage(w, http.StatusOK, page{Title: "Connected", Person: &p, Lines: []string{
 		fmt.Sprintf("Your account at %s is connected to this gateway.", rec.Upstream),
 		"Go back to your MCP client: it carries on with your request. If it does not, ask it again.",
