@@ -23,6 +23,10 @@ import (
 const (
 	LinkKeyPrefix = "zidane/connect/links/"
 	FlowKeyPrefix = "zidane/connect/flows/"
+	// DoneKeyPrefix notes a completed elicitation (under the hash of its
+	// id) with its owner, until FlowLifetime after: a replica other than
+	// the one the callback landed on learns of it there.
+	DoneKeyPrefix = "zidane/connect/done/"
 	// OwnerKeyPrefix holds, per owner (under the hex SHA-256 of the
 	// owner), the keys of their live links, so that one owner's calls
 	// cannot fill storage with links: past MaxLinksPerOwner the oldest

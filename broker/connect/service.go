@@ -112,6 +112,7 @@ type Service struct {
 	site      string // as configured, for the links
 	links     *records
 	flows     *records
+	dones     *records
 	people    Persons
 	auth      Authorizer
 	life      time.Duration
@@ -153,6 +154,7 @@ func New(cfg Config) (*Service, error) {
 		site:      strings.TrimSuffix(cfg.Site, "/"),
 		links:     &records{store: cfg.Store, prefix: LinkKeyPrefix, now: now},
 		flows:     &records{store: cfg.Store, prefix: FlowKeyPrefix, now: now},
+		dones:     &records{store: cfg.Store, prefix: DoneKeyPrefix, now: now},
 		people:    cfg.People,
 		auth:      cfg.Authorizer,
 		life:      cfg.Lifetime,

@@ -2,17 +2,9 @@ package connect
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"sync"
 	"time"
 )
-
-// DoneKeyPrefix is where a completed elicitation is noted, under the hex
-// SHA-256 of its id, with its owner, until FlowLifetime after: a replica
-// other than the one the callback landed on learns of it there.
-const DoneKeyPrefix = "zidane/connect/done/"
 
 // Bounds of [Service.Wait].
 const (
@@ -73,30 +65,17 @@ func (ws *waiters) wake(id string) {
 	}
 }
 
-func doneKey(elicitation string) string {
-	sum := sha256.Sum256([]byte(elicitation))
-	return DoneKeyPrefix + hex.EncodeToString(sum[:])
-}
-
-type doneRecord struct {
-	Owner   string    `json:"owner"`
-	Expires time.Time `json:"expires"`
-}
-
 // done notes that owner's elicitation completed, and wakes its waits.
 func (s *Service) done(ctx context.Context, c Connection) {
-	if b, err := json.Marshal(doneRecord{Owner: c.Owner, Expires: s.now().Add(FlowLifetime)}); err == nil {
-		_ = s.links.store.Store(ctx, doneKey(c.Elicitation), b)
-	}
+	_ = s.dones.put(ctx, c.Elicitation, record{Owner: c.Owner, Upstream: c.Upstream, Elicitation: c.Elicitation, Expires: s.now().Add(FlowLifetime)})
 	s.waits.wake(c.Elicitation)
 }
 
 // completed reads whether the elicitation completed for owner: yes, no,
 // or for someone else (then no wait will change it).
 func (s *Service) completed(ctx context.Context, owner, elicitation string) (done, other bool) {
-	raw, err := s.links.store.Load(ctx, doneKey(elicitation))
-	var rec doneRecord
-	if err != nil || len(raw) > maxRecord || json.Unmarshal(raw, &rec) != nil || !s.now().Before(rec.Expires) {
+	rec, err := s.dones.peek(ctx, elicitation)
+	if err != nil {
 		return false, false
 	}
 	return rec.Owner == owner, rec.Owner != owner
