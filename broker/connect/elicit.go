@@ -1,9 +1,11 @@
 package connect
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/message"
 )
@@ -178,4 +180,68 @@ func Declined(params []byte, elicitation string) bool {
 	}
 	s, isString, ok := message.Scalar(v)
 	return !ok || !isString || s != "accept"
+}
+
+// RetryWait bounds how long the retry of a call answered with a connect
+// elicitation waits for its person to finish connecting: a client opens
+// the link and retries at once, while the person is still at the
+// upstream.
+const RetryWait = 2 * time.Minute
+
+// Settle is for a call about to go to a per_user upstream: when it is
+// the 2026-07-28 retry of a call answered with a connect elicitation
+// (its requestState names one), it waits, at most RetryWait or until ctx
+// ends, for owner to finish connecting, and then lets the call go on. It
+// reports whether the person declined instead (the retry's inputResponses
+// say decline or cancel): then there is nothing to wait for.
+func (s *Service) Settle(ctx context.Context, owner string, c message.Call) (declined bool) {
+	id, ok := ElicitationOf(c.RequestState)
+	if !ok {
+		return false
+	}
+	if Declined(c.Params, id) {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, RetryWait)
+	defer cancel()
+	s.Wait(ctx, owner, id)
+	return false
+}
+
+// Refuse answers owner's call c that cannot go to upstream for want of
+// owner's connected account: it makes a connect link and returns
+// [Answer]'s response for the call's protocol version and the client's
+// capabilities (from c's _meta at 2026-07-28; initCaps, the capabilities
+// of the session's initialize, before). A retry whose person declined
+// gets a tool error (or, for another method than tools/call, the -32042
+// error) saying so, and no new link.
+func (s *Service) Refuse(ctx context.Context, owner, upstream string, c message.Call, initCaps []byte) ([]byte, error) {
+	version, caps := "2025-11-25", initCaps
+	if c.HasMetaVersion {
+		version, caps = c.MetaVersion, MetaCapabilities(c.Meta)
+	}
+	if id, ok := ElicitationOf(c.RequestState); ok && Declined(c.Params, id) {
+		return declinedAnswer(c, upstream, version), nil
+	}
+	link, err := s.Create(ctx, owner, upstream)
+	if err != nil {
+		return nil, err
+	}
+	return Answer(Required{ID: c.ID.Raw(), Method: c.Method, Version: version, URLElicitation: URLCapable(caps), Upstream: upstream, Link: link}), nil
+}
+
+func declinedAnswer(c message.Call, upstream, version string) []byte {
+	text := fmt.Sprintf("You declined to connect your account at %s, so this request was not made. Call again to be asked again.", upstream)
+	resp := response{JSONRPC: "2.0", ID: c.ID.Raw()}
+	if c.Method == "tools/call" {
+		res := map[string]any{"content": []textContent{{Type: "text", Text: text}}, "isError": true}
+		if version >= message.ModernVersion {
+			res["resultType"] = "complete"
+		}
+		resp.Result = res
+	} else {
+		resp.Error = &rpcError{Code: message.CodeURLElicitationRequired, Message: text}
+	}
+	b, _ := json.Marshal(resp)
+	return b
 }

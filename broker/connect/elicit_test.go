@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -67,31 +69,33 @@ func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // answer answers a call of alice's that needs github, and reports whether
-// it did.
+// it did, as the per_user refusal does: a retry waits for the connection
+// it followed (Settle), and a call still without one gets Refuse's answer.
 func (g *gate) answer(w http.ResponseWriter, r *http.Request, c message.Call) bool {
-	version := r.Header.Get("Mcp-Protocol-Version")
-	g.mu.Lock()
-	caps := g.initCaps
-	if version >= message.ModernVersion {
-		caps = MetaCapabilities(c.Meta)
-	}
 	if id, ok := ElicitationOf(c.RequestState); ok {
+		g.mu.Lock()
 		g.states = append(g.states, id)
-		if Declined(c.Params, id) {
-			g.declined++
-		}
+		g.mu.Unlock()
 	}
-	g.mu.Unlock()
-	if g.connected() {
+	declined := g.f.svc.Settle(r.Context(), "alice", c)
+	if declined {
+		g.mu.Lock()
+		g.declined++
+		g.mu.Unlock()
+	}
+	if !declined && g.connected() {
 		return false
 	}
-	link, err := g.f.svc.Create(r.Context(), "alice", "github")
+	g.mu.Lock()
+	caps := g.initCaps
+	g.mu.Unlock()
+	b, err := g.f.svc.Refuse(r.Context(), "alice", "github", c, caps)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return true
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(Answer(Required{ID: c.ID.Raw(), Method: c.Method, Version: version, URLElicitation: URLCapable(caps), Upstream: "github", Link: link}))
+	_, _ = w.Write(b)
 	return true
 }
 
@@ -111,17 +115,29 @@ func newGate(t *testing.T) (*gate, string) {
 // signed in as alice: the page, the button, the upstream's callback.
 func (g *gate) connectInBrowser(t *testing.T, b browser, linkURL string) {
 	t.Helper()
+	if err := g.follow(b, linkURL); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (g *gate) follow(b browser, linkURL string) error {
 	path, ok := strings.CutPrefix(linkURL, site)
 	if !ok {
-		t.Fatalf("the elicitation's URL %q is not a link of the site", linkURL)
+		return fmt.Errorf("the elicitation's URL %q is not a link of the site", linkURL)
 	}
 	if resp := g.f.get(b, path); resp.StatusCode != http.StatusOK {
-		t.Fatalf("the link's page: %d", resp.StatusCode)
+		return fmt.Errorf("the link's page: %d", resp.StatusCode)
 	}
-	callback := g.f.authorizeFrom(g.f.post(b, path, nil))
+	resp := g.f.post(b, path, nil)
+	loc, err := url.Parse(resp.Header.Get("Location"))
+	if resp.StatusCode != http.StatusSeeOther || err != nil {
+		return fmt.Errorf("connect: %d", resp.StatusCode)
+	}
+	callback := CallbackPath + "?" + url.Values{"code": {"c0de"}, "state": {loc.Query().Get("state")}}.Encode()
 	if resp := g.f.get(b, callback); resp.StatusCode != http.StatusOK {
-		t.Fatalf("the callback: %d %s", resp.StatusCode, readBody(resp))
+		return fmt.Errorf("the callback: %d %s", resp.StatusCode, readBody(resp))
 	}
+	return nil
 }
 
 func connectClient(t *testing.T, endpoint, version string, opts *mcp.ClientOptions) *mcp.ClientSession {
@@ -200,17 +216,20 @@ func TestAnswerGoSDK2025(t *testing.T) {
 }
 
 // TestAnswerGoSDK2026: at 2026-07-28 go-sdk's client gets input_required
-// with the URL elicitation, hands it to its elicitation handler (where
-// the person connects in the browser), and retries with inputResponses
-// and the requestState: the retry succeeds.
+// with the URL elicitation and hands it to its elicitation handler, which
+// opens the link and accepts at once, as a client does; the client
+// retries with inputResponses and the requestState while the person is
+// still connecting in the browser, and the retry waits for the
+// connection and succeeds.
 func TestAnswerGoSDK2026(t *testing.T) {
 	g, endpoint := newGate(t)
 	a := browser{}
 	g.f.signIn(a, "alice")
 	var seen []*mcp.ElicitParams
+	browsed := make(chan error, 1)
 	handler := func(_ context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 		seen = append(seen, req.Params)
-		g.connectInBrowser(t, a, req.Params.URL)
+		go func() { browsed <- g.follow(a, req.Params.URL) }()
 		return &mcp.ElicitResult{Action: "accept"}, nil
 	}
 	cs := connectClient(t, endpoint, "2026-07-28", &mcp.ClientOptions{ElicitationHandler: handler,
@@ -218,6 +237,9 @@ func TestAnswerGoSDK2026(t *testing.T) {
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}})
 	if err != nil || res.IsError || resultText(t, res) != "alice at github" {
 		t.Fatalf("call: %v %+v", err, res)
+	}
+	if err := <-browsed; err != nil {
+		t.Fatal(err)
 	}
 	if len(seen) != 1 || seen[0].Mode != "url" || !strings.HasPrefix(seen[0].URL, site+PathPrefix) || seen[0].ElicitationID == "" {
 		t.Fatalf("elicitations %+v", seen)
@@ -228,19 +250,23 @@ func TestAnswerGoSDK2026(t *testing.T) {
 }
 
 // TestAnswerDeclined2026: a person who declines: the retry says so, the
-// gate sees it, and no account is connected.
+// call ends in a tool error saying so, without a second link, and no
+// account is connected.
 func TestAnswerDeclined2026(t *testing.T) {
 	g, endpoint := newGate(t)
+	asked := 0
 	handler := func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		asked++
 		return &mcp.ElicitResult{Action: "decline"}, nil
 	}
 	cs := connectClient(t, endpoint, "2026-07-28", &mcp.ClientOptions{ElicitationHandler: handler,
 		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}}})
-	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}}); err == nil {
-		t.Fatal("a declined connection ended in a result")
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}})
+	if err != nil || !res.IsError || !strings.Contains(resultText(t, res), "declined") {
+		t.Fatalf("got %v %+v, want a tool error saying the person declined", err, res)
 	}
-	if g.declined == 0 || g.connected() {
-		t.Fatalf("declined %d, connected %v", g.declined, g.connected())
+	if asked != 1 || g.declined != 1 || g.connected() {
+		t.Fatalf("asked %d, declined %d, connected %v", asked, g.declined, g.connected())
 	}
 }
 
