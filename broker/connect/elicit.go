@@ -190,7 +190,8 @@ const RetryWait = 2 * time.Minute
 
 // Settle is for a call about to go to a per_user upstream: when it is
 // the 2026-07-28 retry of a call answered with a connect elicitation
-// (its requestState names one), it waits, at most RetryWait or until ctx
+// (its requestState names one made for owner, whose link is live), it
+// waits, at most RetryWait or until ctx
 // ends, for owner to finish connecting, and then lets the call go on. It
 // reports whether the person declined instead (the retry's inputResponses
 // say decline or cancel): then there is nothing to wait for.
@@ -201,6 +202,11 @@ func (s *Service) Settle(ctx context.Context, owner string, c message.Call) (dec
 	}
 	if Declined(c.Params, id) {
 		return true
+	}
+	if !s.links.issued(ctx, owner, id) {
+		// Not a link of owner's that is still live: a requestState made
+		// up to hold a request open waits for nothing.
+		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, RetryWait)
 	defer cancel()

@@ -321,3 +321,36 @@ func TestURLCapable(t *testing.T) {
 		}
 	}
 }
+
+// TestSettleWaitsOnlyForOwnLinks: a retry whose requestState names an
+// elicitation that was never made for its owner (made up, or another
+// person's) does not wait: nobody can hold requests open with it.
+func TestSettleWaitsOnlyForOwnLinks(t *testing.T) {
+	f := newFixture(t)
+	bobs, err := f.svc.Create(context.Background(), "bob", "github")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, state := range []string{RequestState("made-up"), RequestState(bobs.Elicitation)} {
+		body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","requestState":` + strconvQuote(state) + `,"inputResponses":{}}}`
+		m, err := message.Read([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A cancelled context, so that a wait, were one started, would
+		// end at once; the test asserts none started.
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if f.svc.Settle(ctx, "alice", m.Calls[0]) {
+			t.Fatalf("%s: declined", state)
+		}
+		f.svc.waits.mu.Lock()
+		n := f.svc.waits.total
+		f.svc.waits.mu.Unlock()
+		if n != 0 {
+			t.Fatalf("%s: alice's retry registered a wait", state)
+		}
+	}
+}
+
+func strconvQuote(s string) string { b, _ := json.Marshal(s); return string(b) }

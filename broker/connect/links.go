@@ -117,16 +117,16 @@ func (rs *records) read(ctx context.Context, key string) (record, error) {
 
 // ownerLink is one entry of an owner's index of live links.
 type ownerLink struct {
-	Key     string    `json:"key"`
-	Expires time.Time `json:"expires"`
+	Key         string    `json:"key"`
+	Elicitation string    `json:"elicitation"`
+	Expires     time.Time `json:"expires"`
 }
 
 // putOwned stores the link of secret, and notes it in its owner's index:
 // expired entries leave the index, and past MaxLinksPerOwner the oldest
 // link is deleted.
 func (rs *records) putOwned(ctx context.Context, secret string, rec record) error {
-	sum := sha256.Sum256([]byte(rec.Owner))
-	index := OwnerKeyPrefix + hex.EncodeToString(sum[:])
+	index := ownerIndexKey(rec.Owner)
 	now := rs.now()
 	return storage.Update(ctx, rs.store, index, func(old []byte) ([]byte, error) {
 		var live []ownerLink
@@ -142,8 +142,25 @@ func (rs *records) putOwned(ctx context.Context, secret string, rec record) erro
 		if err := rs.put(ctx, secret, rec); err != nil {
 			return nil, err
 		}
-		return json.Marshal(append(live, ownerLink{Key: rs.key(secret), Expires: rec.Expires}))
+		return json.Marshal(append(live, ownerLink{Key: rs.key(secret), Elicitation: rec.Elicitation, Expires: rec.Expires}))
 	})
+}
+
+func ownerIndexKey(owner string) string {
+	sum := sha256.Sum256([]byte(owner))
+	return OwnerKeyPrefix + hex.EncodeToString(sum[:])
+}
+
+// issued reports whether owner's index lists the elicitation id with a
+// link still live.
+func (rs *records) issued(ctx context.Context, owner, elicitation string) bool {
+	raw, err := rs.store.Load(ctx, ownerIndexKey(owner))
+	var live []ownerLink
+	if err != nil || len(raw) > maxRecord*4 || json.Unmarshal(raw, &live) != nil {
+		return false
+	}
+	now := rs.now()
+	return slices.ContainsFunc(live, func(l ownerLink) bool { return l.Elicitation == elicitation && now.Before(l.Expires) })
 }
 
 // peek returns the record of secret without using it up.

@@ -18,9 +18,10 @@ const (
 // waiters wakes the waits of this process when an elicitation completes
 // here.
 type waiters struct {
-	mu sync.Mutex
-	m  map[string]*waiting
-	n  int
+	mu    sync.Mutex
+	m     map[string]*waiting
+	n     int
+	total int // waits ever started, for the tests
 }
 
 type waiting struct {
@@ -46,6 +47,7 @@ func (ws *waiters) add(id string) (<-chan struct{}, func(), bool) {
 	}
 	w.n++
 	ws.n++
+	ws.total++
 	return w.ch, func() {
 		ws.mu.Lock()
 		defer ws.mu.Unlock()
