@@ -31,6 +31,7 @@ type gate struct {
 	initCaps []byte   // the 2025-11-25 session's capabilities, from initialize
 	states   []string // requestStates the retries carried
 	declined int
+	issued   chan string // the elicitation ids answered, for the GET stream
 }
 
 func (g *gate) connected() bool {
@@ -43,6 +44,10 @@ func (g *gate) connected() bool {
 }
 
 func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet {
+		g.stream(w, r)
+		return
+	}
 	if r.Method == http.MethodPost {
 		raw, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		if err != nil {
@@ -96,7 +101,42 @@ func (g *gate) answer(w http.ResponseWriter, r *http.Request, c message.Call) bo
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b)
+	var answered struct {
+		Error struct {
+			Data struct {
+				Elicitations []struct {
+					ID string `json:"elicitationId"`
+				} `json:"elicitations"`
+			} `json:"data"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(b, &answered) == nil && len(answered.Error.Data.Elicitations) == 1 {
+		select {
+		case g.issued <- answered.Error.Data.Elicitations[0].ID:
+		default:
+		}
+	}
 	return true
+}
+
+// stream is the client's GET stream (2025-11-25): when an elicitation it
+// was answered with completes, it carries notifications/elicitation/
+// complete, as the route's stream will.
+func (g *gate) stream(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	_ = http.NewResponseController(w).Flush()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case id := <-g.issued:
+			if g.f.svc.Wait(r.Context(), "alice", id) {
+				fmt.Fprintf(w, "event: message\ndata: %s\n\n", CompleteNotification(id))
+				_ = http.NewResponseController(w).Flush()
+			}
+		}
+	}
 }
 
 func newGate(t *testing.T) (*gate, string) {
@@ -105,7 +145,7 @@ func newGate(t *testing.T) (*gate, string) {
 	srv.AddTool(&mcp.Tool{Name: "whoami", InputSchema: json.RawMessage(`{"type":"object"}`)}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "alice at github"}}}, nil
 	})
-	g := &gate{f: newFixture(t), inner: mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{Stateless: true})}
+	g := &gate{f: newFixture(t), issued: make(chan string, 16), inner: mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{Stateless: true})}
 	hs := httptest.NewServer(g)
 	t.Cleanup(hs.Close)
 	return g, hs.URL
@@ -141,11 +181,15 @@ func (g *gate) follow(b browser, linkURL string) error {
 }
 
 func connectClient(t *testing.T, endpoint, version string, opts *mcp.ClientOptions) *mcp.ClientSession {
+	return connectClientStream(t, endpoint, version, opts, false)
+}
+
+func connectClientStream(t *testing.T, endpoint, version string, opts *mcp.ClientOptions, stream bool) *mcp.ClientSession {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "client", Version: "1"}, opts).Connect(ctx,
-		&mcp.StreamableClientTransport{Endpoint: endpoint, MaxRetries: -1, DisableStandaloneSSE: true}, &mcp.ClientSessionOptions{ProtocolVersion: version})
+		&mcp.StreamableClientTransport{Endpoint: endpoint, MaxRetries: -1, DisableStandaloneSSE: !stream}, &mcp.ClientSessionOptions{ProtocolVersion: version})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,14 +211,19 @@ func resultText(t *testing.T, res *mcp.CallToolResult) string {
 // TestAnswerGoSDK2025: at 2025-11-25 go-sdk's client gets -32042 with the
 // URL elicitation in data.elicitations, as its URL elicitation middleware
 // parses it (url mode, the link, an id); once the person connects in the
-// browser, the same call goes through.
+// browser, notifications/elicitation/complete reaches the client's
+// completion handler on its GET stream, and the same call goes through.
 func TestAnswerGoSDK2025(t *testing.T) {
 	g, endpoint := newGate(t)
 	handler := func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 		return &mcp.ElicitResult{Action: "accept"}, nil
 	}
-	cs := connectClient(t, endpoint, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: handler,
-		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}}})
+	completed := make(chan string, 1)
+	cs := connectClientStream(t, endpoint, "2025-11-25", &mcp.ClientOptions{ElicitationHandler: handler,
+		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+		ElicitationCompleteHandler: func(_ context.Context, req *mcp.ElicitationCompleteNotificationRequest) {
+			completed <- req.Params.ElicitationID
+		}}, true)
 	ctx := context.Background()
 	_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}})
 	var rpcErr *jsonrpc.Error
@@ -200,14 +249,13 @@ func TestAnswerGoSDK2025(t *testing.T) {
 	if len(g.f.connected) != 1 || g.f.connected[0].Elicitation != e.ElicitationID {
 		t.Fatalf("connected %+v, want the elicitation %q", g.f.connected, e.ElicitationID)
 	}
-	var note mcp.ElicitationCompleteParams
-	raw := CompleteNotification(e.ElicitationID)
-	var wire struct {
-		Method string          `json:"method"`
-		Params json.RawMessage `json:"params"`
-	}
-	if err := json.Unmarshal(raw, &wire); err != nil || wire.Method != "notifications/elicitation/complete" || json.Unmarshal(wire.Params, &note) != nil || note.ElicitationID != e.ElicitationID {
-		t.Fatalf("notification %s", raw)
+	select {
+	case id := <-completed:
+		if id != e.ElicitationID {
+			t.Fatalf("completion of %q, want %q", id, e.ElicitationID)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no notifications/elicitation/complete reached the client")
 	}
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}})
 	if err != nil || res.IsError || resultText(t, res) != "alice at github" {
