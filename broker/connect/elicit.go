@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
@@ -250,4 +251,37 @@ func declinedAnswer(c message.Call, upstream, version string) []byte {
 	}
 	b, _ := json.Marshal(resp)
 	return b
+}
+
+// Respond writes, in w, Refuse's answer to the request r: the call whose
+// id is rpcID in the body the edge read and decided on (message.
+// FromContext), refused because owner has not connected their account at
+// upstream. It is what a route's refusal of a per_user call hands the
+// caller. A request whose body is not in its context is answered by its
+// method and id alone, as a client without the capability.
+func (s *Service) Respond(w http.ResponseWriter, r *http.Request, owner, upstream string, rpcID json.RawMessage, method string, initCaps []byte) {
+	c := message.Call{Method: method}
+	if id, err := message.ParseID(rpcID); err == nil {
+		c.ID = id
+	}
+	if body, ok := message.FromContext(r.Context()); ok {
+		for _, bc := range body.Calls {
+			if !bc.ID.IsZero() && bc.ID == c.ID {
+				c = bc
+				break
+			}
+		}
+	}
+	b, err := s.Refuse(r.Context(), owner, upstream, c, initCaps)
+	if err != nil {
+		b, _ = json.Marshal(response{JSONRPC: "2.0", ID: c.ID.Raw(), Error: &rpcError{Code: message.CodeUnavailable,
+			Message: fmt.Sprintf("your account at %s is not connected, and a link to connect it could not be made (%v); try again", upstream, err)}})
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write(b)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(b)
 }

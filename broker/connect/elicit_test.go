@@ -402,3 +402,40 @@ func TestSettleWaitsOnlyForOwnLinks(t *testing.T) {
 }
 
 func strconvQuote(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+// TestRespond: the answer a route writes reads the call it refused from
+// the body the edge decided on: its version, its client's capabilities,
+// its id among a batch's; without that body, the call is answered as a
+// client without the capability.
+func TestRespond(t *testing.T) {
+	f := newFixture(t)
+	modern := `{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"whoami","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{"url":{}}}}}}`
+	plain := `{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"whoami"}}`
+	for _, c := range []struct {
+		name, body, id string
+		inBody         bool
+		want           string
+	}{
+		{"2026 capable", fmt.Sprintf(modern, `"a"`), `"a"`, true, `"resultType":"input_required"`},
+		{"batch, second", "[" + fmt.Sprintf(plain, "1") + "," + fmt.Sprintf(modern, "2") + "]", "2", true, `"resultType":"input_required"`},
+		{"batch, first", "[" + fmt.Sprintf(plain, "1") + "," + fmt.Sprintf(modern, "2") + "]", "1", true, `"isError":true`},
+		{"no body in context", fmt.Sprintf(modern, "7"), "7", false, `"isError":true`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(c.body))
+			if c.inBody {
+				b, err := message.Read([]byte(c.body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				r = r.WithContext(message.NewContext(r.Context(), b))
+			}
+			rec := httptest.NewRecorder()
+			f.svc.Respond(rec, r, "alice", "github", json.RawMessage(c.id), "tools/call", nil)
+			got := rec.Body.String()
+			if rec.Code != http.StatusOK || !strings.Contains(got, c.want) || !strings.Contains(got, `"id":`+c.id) || !strings.Contains(got, site+PathPrefix+"zcl_") {
+				t.Fatalf("%d %s, want %s for id %s", rec.Code, got, c.want, c.id)
+			}
+		})
+	}
+}
