@@ -242,7 +242,10 @@ func TestConnectLinkAttacks(t *testing.T) {
 		a := browser{}
 		f.signIn(a, "alice")
 		_, path := f.link("alice", "github")
-		if resp := f.get(a, path); resp.StatusCode != http.StatusOK || !strings.Contains(readBody(resp), "Connect my account at github") {
+		// The page names whom the account will act for, and says to
+		// stop if that is not the person at the browser (a browser
+		// someone else signed in, with a sign-in link of theirs).
+		if resp := f.get(a, path); resp.StatusCode != http.StatusOK || !strings.Contains(readBody(resp), "If you are not Alice, stop here") {
 			t.Fatalf("the link's page: %d", resp.StatusCode)
 		}
 		// Showing the page twice uses nothing up.

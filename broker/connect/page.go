@@ -71,6 +71,7 @@ func writePage(w http.ResponseWriter, status int, p page) {
 func writeConnectPage(w http.ResponseWriter, action, upstream string, p idp.Person) {
 	writePage(w, http.StatusOK, page{Title: "Connect your account", Person: &p, Action: action, Upstream: upstream, Lines: []string{
 		"A request you made through your MCP client needs your own account at " + upstream + ".",
-		"Pressing the button sends you to " + upstream + " to sign in there and approve. The gateway then keeps that account's token for you alone, and uses it for your requests only.",
+		"Pressing the button sends you to " + upstream + " to sign in there and approve. The gateway then keeps that account's token for " + p.Name + " alone, and uses it for " + p.Name + "'s requests only.",
+		"If you are not " + p.Name + ", stop here: whoever signed this browser in as " + p.Name + " would act at " + upstream + " as you.",
 	}})
 }
