@@ -75,7 +75,7 @@ func (a *authorizer) finishedFor() [][2]string {
 }
 
 type fixture struct {
-	t         *testing.T
+	t         testing.TB
 	clock     *clock
 	signin    *idp.Service
 	links     *idp.Links
@@ -86,7 +86,7 @@ type fixture struct {
 	connected []Connection
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	store := &certmagic.FileStorage{Path: t.TempDir()}
 	f := &fixture{t: t, clock: &clock{t: time.Unix(1_800_000_000, 0)}, auth: &authorizer{}}
@@ -108,7 +108,7 @@ func newFixture(t *testing.T) *fixture {
 // browser keeps the cookies one browser holds for the site.
 type browser map[string]string
 
-func (b browser) do(t *testing.T, h http.Handler, r *http.Request) *http.Response {
+func (b browser) do(t testing.TB, h http.Handler, r *http.Request) *http.Response {
 	t.Helper()
 	for n, v := range b {
 		r.AddCookie(&http.Cookie{Name: n, Value: v})
@@ -206,7 +206,7 @@ func (f *fixture) wantRefused(resp *http.Response, status int, word, reason stri
 	wantPageHeaders(f.t, resp)
 }
 
-func wantPageHeaders(t *testing.T, resp *http.Response) {
+func wantPageHeaders(t testing.TB, resp *http.Response) {
 	t.Helper()
 	h := resp.Header
 	if !strings.Contains(h.Get("Content-Security-Policy"), "frame-ancestors 'none'") || h.Get("X-Frame-Options") != "DENY" ||
