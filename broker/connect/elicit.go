@@ -3,6 +3,7 @@ package connect
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -274,10 +275,15 @@ func (s *Service) Respond(w http.ResponseWriter, r *http.Request, owner, upstrea
 	}
 	b, err := s.Refuse(r.Context(), owner, upstream, c, initCaps)
 	if err != nil {
-		b, _ = json.Marshal(response{JSONRPC: "2.0", ID: c.ID.Raw(), Error: &rpcError{Code: message.CodeUnavailable,
-			Message: fmt.Sprintf("your account at %s is not connected, and a link to connect it could not be made (%v); try again", upstream, err)}})
+		status, code := http.StatusServiceUnavailable, message.CodeUnavailable
+		msg := fmt.Sprintf("your account at %s is not connected, and a link to connect it could not be made (%v); try again", upstream, err)
+		if errors.Is(err, ErrNotPerson) {
+			status, code = http.StatusForbidden, message.CodeForbidden
+			msg = fmt.Sprintf("%s takes each person's own account, and this credential does not belong to a person who can sign in to the gateway to connect one (%v); use a credential of your own, signed in", upstream, err)
+		}
+		b, _ = json.Marshal(response{JSONRPC: "2.0", ID: c.ID.Raw(), Error: &rpcError{Code: code, Message: msg}})
 		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusServiceUnavailable)
+		w.WriteHeader(status)
 		_, _ = w.Write(b)
 		return
 	}

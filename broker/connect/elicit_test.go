@@ -439,3 +439,15 @@ func TestRespond(t *testing.T) {
 		})
 	}
 }
+
+// TestRespondNotAPerson: a caller whose owner no person can sign in as
+// gets 403 saying so, not a link nobody could use, nor "try again".
+func TestRespondNotAPerson(t *testing.T) {
+	f := newFixture(t)
+	r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami"}}`))
+	rec := httptest.NewRecorder()
+	f.svc.Respond(rec, r, "not a person", "github", json.RawMessage("1"), "tools/call", nil)
+	if got := rec.Body.String(); rec.Code != http.StatusForbidden || !strings.Contains(got, `"code":-32003`) || !strings.Contains(got, "does not belong to a person") || strings.Contains(got, PathPrefix) {
+		t.Fatalf("%d %s", rec.Code, got)
+	}
+}

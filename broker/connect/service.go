@@ -185,13 +185,18 @@ type Link struct {
 	Expires     time.Time
 }
 
+// ErrNotPerson is wrapped by [Service.Create]'s refusal of an owner no
+// person can sign in as (or of a name that is no upstream's): no link
+// could ever be used, so none is made.
+var ErrNotPerson = errors.New("no connect link for this caller")
+
 // Create makes a link for owner to connect their account at upstream.
 func (s *Service) Create(ctx context.Context, owner, up string) (Link, error) {
 	if err := policy.ValidatePersonOwner(owner); err != nil {
-		return Link{}, fmt.Errorf("connect link: %w", err)
+		return Link{}, fmt.Errorf("%w: %v", ErrNotPerson, err)
 	}
 	if !upstream.ValidName(up) {
-		return Link{}, fmt.Errorf("connect link: %q is not an upstream's name", up)
+		return Link{}, fmt.Errorf("%w: %q is not an upstream's name", ErrNotPerson, up)
 	}
 	secret, err := newSecret()
 	if err != nil {
