@@ -154,6 +154,17 @@ type Client struct {
 	// refusedAssertion is the hash of the last workload JWT (with its
 	// scopes) the authorization server refused: it is not presented again.
 	refusedAssertion [32]byte
+
+	// A person's client (see [Client.ForOwner]) has its upstream's client
+	// as parent, the person as owner, and their keyed hash as ownerHash.
+	// The upstream's client has ownerMAC, the key of those hashes, and
+	// the people's clients it made.
+	parent    *Client
+	owner     string
+	ownerHash string
+	ownerMAC  []byte
+	ownersMu  sync.Mutex
+	owners    map[string]*Client
 }
 
 // hotToken is what the Transport needs on its hot path.
@@ -214,6 +225,9 @@ func New(ctx context.Context, name, mcpURL string, cfg Config, opts Options) (*C
 		if c.signer, c.alg, err = cfg.signingKey(); err != nil {
 			return nil, fmt.Errorf("upstream %q: %w", name, err)
 		}
+	}
+	if c.ownerMAC, err = ownerMACKey(opts.Key); err != nil {
+		return nil, fmt.Errorf("upstream %q: %w", name, err)
 	}
 	c.addSecrets(cfg.ClientSecret, cfg.IDPClientSecret)
 	if c.interactive() {
@@ -518,6 +532,9 @@ func (c *Client) update(ctx context.Context, fn func(rec *record) (*record, erro
 			out = rec
 			return nil, err
 		}
+		if next != nil && c.owner != "" {
+			next.Owner = c.owner
+		}
 		out = next
 		return c.seal.seal(next)
 	})
@@ -667,8 +684,9 @@ func (c *Client) token(ctx context.Context, rejected string) (*hotToken, error) 
 	var (
 		ue  *UnavailableError
 		are *AuthRequiredError
+		cre *ConnectRequiredError
 	)
-	if (errors.As(err, &ue) || errors.As(err, &are)) && ctx.Err() == nil {
+	if (errors.As(err, &ue) || errors.As(err, &are) || errors.As(err, &cre)) && ctx.Err() == nil {
 		// Answer the next requests from this for a moment: no storage
 		// read and no token request per request while the upstream is
 		// unusable. A login here clears it at once; one on another
@@ -680,7 +698,8 @@ func (c *Client) token(ctx context.Context, rejected string) (*hotToken, error) 
 	return nil, err
 }
 
-// authRequired is the error of a request refused for want of a login.
+// authRequired is the error of a request refused for want of a login:
+// the operator's, or for a person's client, the person's.
 func (c *Client) authRequired() error {
 	st := c.State()
 	if st.State == StateError {
@@ -689,6 +708,9 @@ func (c *Client) authRequired() error {
 	var need []string
 	if rec := c.current(); rec != nil {
 		need = rec.NeedScopes
+	}
+	if c.owner != "" {
+		return &ConnectRequiredError{Upstream: c.name, Reason: st.Err, Scopes: need}
 	}
 	return &AuthRequiredError{Upstream: c.name, Reason: st.Err, Scopes: need}
 }
@@ -914,22 +936,7 @@ func (c *Client) Logout(ctx context.Context) error {
 		if rec == nil {
 			return nil, errNoChange
 		}
-		if rec.RevocationEndpoint != "" {
-			auth := c.grantAuth(rec.Client, rec.Issuer, rec.TokenEndpoint, rec.AuthMethods)
-			for _, t := range []struct{ token, hint string }{
-				{rec.RefreshToken, "refresh_token"},
-				{rec.AccessToken, "access_token"},
-			} {
-				if t.token == "" {
-					continue
-				}
-				form := url.Values{"token": {t.token}, "token_type_hint": {t.hint}}
-				a := *auth
-				if _, err := c.egress.postForm(ctx, rec.RevocationEndpoint, form, &a, nil, c.now(), c.redact); err != nil {
-					revokeErr = errors.Join(revokeErr, fmt.Errorf("revoking the %s: %w", strings.ReplaceAll(t.hint, "_", " "), err))
-				}
-			}
-		}
+		revokeErr = c.revokeTokens(ctx, rec)
 		rec.clearTokens("logged out")
 		rec.NeedScopes = nil
 		return rec, nil
