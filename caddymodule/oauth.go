@@ -24,6 +24,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -165,6 +166,7 @@ func (a *App) provisionOAuth(ctx caddy.Context) error {
 			a.cimd[strings.ToLower(u.Hostname())+u.EscapedPath()] = a.oauth[name]
 		}
 	}
+	a.unhookGrants = a.hookGrantRevocations()
 	return nil
 }
 
@@ -180,6 +182,10 @@ func oauthPoolKey(storageKey, name, endpoint string, cfg upstreamauth.Config, ke
 }
 
 func (a *App) cleanupOAuth() {
+	if a.unhookGrants != nil {
+		a.unhookGrants()
+		a.unhookGrants = nil
+	}
 	for _, k := range a.oauthKeys {
 		_, _ = oauthPool.Delete(k)
 	}
@@ -191,12 +197,36 @@ func (a *App) cleanupOAuth() {
 func (a *App) OAuthClient(name string) *upstreamauth.Client { return a.oauth[name] }
 
 // credentials returns the egress credentials layer of upstream name: its
-// OAuth client's transport, or nil.
+// OAuth client's transport, or nil. For credentials per_user it attaches
+// the calling person's own token (the request's principal's owner), and
+// never the shared one.
 func (a *App) credentials(name string) func(next http.RoundTripper) http.RoundTripper {
-	if c := a.oauth[name]; c != nil {
-		return c.Transport
+	c := a.oauth[name]
+	if c == nil {
+		return nil
 	}
-	return nil
+	if u, ok := a.upstreams[name]; ok && u.OAuth != nil && u.OAuth.PerUser() {
+		return c.OwnerTransport(callerOwner)
+	}
+	return c.Transport
+}
+
+// callerOwner is the person a request acts for: its principal's owner (a
+// grant's person, a JWT's subject, a token's owner, inherited by the
+// tokens derived from it, such as a session agent's), or "" with no
+// principal.
+func callerOwner(ctx context.Context) string {
+	p, ok := policy.PrincipalFrom(ctx)
+	if !ok {
+		return ""
+	}
+	return p.OwnerID()
+}
+
+// perUser reports whether upstream name attaches each caller's own token.
+func (a *App) perUser(name string) bool {
+	u, ok := a.upstreams[name]
+	return ok && u.OAuth != nil && u.OAuth.PerUser()
 }
 
 // authRequired reports whether upstream name waits for an operator's
