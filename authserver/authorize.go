@@ -89,7 +89,12 @@ func (s *Server) serveAuthorize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.Client = client.ClientID()
-	p.Name = client.DisplayName()
+	if p.Name = client.DisplayName(); p.Name == p.Client {
+		// A client that gives no name is shown by its client_id, which
+		// the grant records already, and which may be longer than a
+		// grant's name may be.
+		p.Name = ""
+	}
 	p.Redirect = redirect
 	p.State = state
 

@@ -60,6 +60,13 @@ func TestAuthorizeAttacks(t *testing.T) {
 		{name: "scope twice", mod: []func(url.Values){add("scope", "sessions")}, want: want{err: "invalid_request", reason: "scope is given more than once"}},
 		{name: "state twice", mod: []func(url.Values){add("state", "other")}, want: want{err: "invalid_request", reason: "state is given more than once"}},
 		{name: "dpop_jkt malformed", mod: []func(url.Values){set("dpop_jkt", "abc")}, want: want{err: "invalid_request", reason: "dpop_jkt"}},
+		// 42 A's and a B: base64url of 32 bytes whose last character
+		// sets bits the bytes do not hold, a second spelling of the
+		// value whose last character is A. A thumbprint or a challenge
+		// is compared as a string: that spelling would match no key's
+		// thumbprint (RFC 7638) and no verifier's S256.
+		{name: "dpop_jkt in a second spelling", mod: []func(url.Values){set("dpop_jkt", strings.Repeat("A", 42)+"B")}, want: want{err: "invalid_request", reason: "dpop_jkt"}},
+		{name: "PKCE challenge in a second spelling", mod: []func(url.Values){set("code_challenge", strings.Repeat("A", 42)+"B")}, want: want{err: "invalid_request", reason: "not an S256 challenge"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/internal/seal"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
 // pending is an authorization request the person is asked about: what the
@@ -115,6 +116,15 @@ func (s *Server) showConsent(w http.ResponseWriter, r *http.Request, client Clie
 	})
 }
 
+// sameOrigin says whether a request's Origin header is the issuer's
+// origin, compared as pinnedfetch compares origins (the sign-in link's
+// form is held to the same rule): a browser leaves out a default port
+// that the issuer may write. "null" and anything with a path are not.
+func (s *Server) sameOrigin(origin string) bool {
+	u, err := url.Parse(origin)
+	return err == nil && u.Path == "" && u.RawQuery == "" && u.User == nil && pinnedfetch.Origin(u) == s.origin
+}
+
 // serveConsent takes the person's answer. Every check that the form is
 // this browser's, for this request, from this person, comes before any
 // redirect; the redirect goes to the URI sealed in the form, which the
@@ -125,7 +135,7 @@ func (s *Server) serveConsent(w http.ResponseWriter, r *http.Request) {
 		s.refusePage(w, r, http.StatusMethodNotAllowed, Refusal{Error: "invalid_request", Reason: "the consent form is posted"})
 		return
 	}
-	if o := r.Header.Get("Origin"); o != "" && o != s.issuer {
+	if o := r.Header.Get("Origin"); o != "" && !s.sameOrigin(o) {
 		s.refusePage(w, r, http.StatusForbidden, Refusal{Error: "invalid_request", Reason: "the consent form was posted from another origin"})
 		return
 	}
@@ -193,6 +203,15 @@ func (s *Server) serveConsent(w http.ResponseWriter, r *http.Request) {
 	for _, sc := range granted {
 		if !contains(p.Offered, sc) {
 			s.refusePage(w, r, http.StatusBadRequest, Refusal{Error: "invalid_scope", Client: p.Client, Owner: p.Owner, Resource: p.Resource, Reason: "the form grants a scope the request did not offer; start the sign-in again from the client"})
+			return
+		}
+	}
+	// The form offered what the person could grant when it was shown; a
+	// sign-in since (the IdP took a group away) may have narrowed that,
+	// and the grant is what the person may grant now.
+	for _, sc := range granted {
+		if !contains(person.Scopes, sc) {
+			s.refusePage(w, r, http.StatusForbidden, Refusal{Error: "access_denied", Client: p.Client, Owner: p.Owner, Resource: p.Resource, Reason: "you may no longer grant " + clip(sc) + " since you last signed in; start the sign-in again from the client"})
 			return
 		}
 	}

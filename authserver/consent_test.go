@@ -94,6 +94,11 @@ func TestConsentAttacks(t *testing.T) {
 		{"nobody signed in", func(f *fixture, fm form) *http.Response {
 			return f.postConsent(fm.values("allow"), "", fm.cookie)
 		}, 403, "not the one the form was shown to"},
+		{"a scope the person may no longer grant", func(f *fixture, fm form) *http.Response {
+			// The form was shown when alice could grant tools:call; she
+			// has since signed in again without it.
+			return f.postConsent(fm.values("allow"), "alice-narrowed", fm.cookie)
+		}, 403, "may no longer grant tools:call"},
 		{"scope widened in the form", func(f *fixture, fm form) *http.Response {
 			return f.postConsent(fm.values("allow", "tools:read", "sessions"), "alice", fm.cookie)
 		}, 400, "did not offer"},
@@ -272,6 +277,30 @@ func TestSweep(t *testing.T) {
 	for _, prefix := range []string{CodesPrefix, ConsentsPrefix} {
 		if keys, _ := f.store.List(context.Background(), prefix, false); len(keys) != 0 {
 			t.Errorf("%s still holds %v", prefix, keys)
+		}
+	}
+}
+
+// TestConsentOriginAsBrowsersWriteIt: a browser's Origin leaves out the
+// scheme's default port (RFC 6454 §6.2); an issuer written with it
+// (https://mcp.example.com:443) still takes its own consent form, and one
+// from another port is still another origin.
+func TestConsentOriginAsBrowsersWriteIt(t *testing.T) {
+	for origin, status := range map[string]int{
+		"http://127.0.0.1":      http.StatusSeeOther,
+		"http://127.0.0.1:80":   http.StatusSeeOther,
+		"http://127.0.0.1:8080": http.StatusForbidden,
+		"http://localhost":      http.StatusForbidden,
+	} {
+		f := newFixture(t, func(_ *fixture, c *Config) { c.Issuer = "http://127.0.0.1:80" })
+		fm := f.readForm(f.authorize(f.authzQuery(newPKCE(f)).Encode(), "alice"))
+		r := httptest.NewRequest(http.MethodPost, testIssuer+ConsentPath, strings.NewReader(fm.values("allow").Encode()))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		r.Header.Set("Origin", origin)
+		r.AddCookie(&http.Cookie{Name: "test-person", Value: "alice"})
+		r.AddCookie(&http.Cookie{Name: fm.cookie.Name, Value: fm.cookie.Value})
+		if resp := f.do(r); resp.StatusCode != status {
+			t.Errorf("the form posted with Origin %s: %d, want %d", origin, resp.StatusCode, status)
 		}
 	}
 }

@@ -114,6 +114,9 @@ func newFixture(t testing.TB, opt ...func(*fixture, *Config)) *fixture {
 			"alice": {Owner: "alice", Name: "Alice", Scopes: []string{"tools:read", "tools:call", "sessions"}},
 			"bob":   {Owner: "bob", Name: "Bob", Scopes: []string{"tools:read"}},
 			"carol": {Owner: "carol", Name: "Carol", Scopes: []string{"admin"}},
+			// alice again, signed in anew after her IdP took tools:call
+			// from her.
+			"alice-narrowed": {Owner: "alice", Name: "Alice", Scopes: []string{"tools:read"}},
 		},
 		Storage: f.store,
 		Key:     key,

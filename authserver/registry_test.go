@@ -3,8 +3,10 @@ package authserver
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -80,4 +82,35 @@ func (c registryClients) Resolve(ctx context.Context, id string) (Client, error)
 		return nil, err
 	}
 	return cl, nil
+}
+
+// staticClients resolves to the clients package's own Client values.
+type staticClients map[string]clients.Client
+
+func (cs staticClients) Resolve(_ context.Context, id string) (Client, error) {
+	if c, ok := cs[id]; ok {
+		return c, nil
+	}
+	return nil, errors.New("no such client")
+}
+
+// TestNamelessClientGetsTokens: a client whose metadata document gives no
+// client_name is shown by its client_id URL, which may be up to
+// clients.MaxClientIDLength bytes; the grant records no name for it
+// rather than the URL as one, and the client gets its tokens.
+func TestNamelessClientGetsTokens(t *testing.T) {
+	long := "https://nameless.example/" + strings.Repeat("c", 300) + "/client.json"
+	f := newFixture(t, func(f *fixture, c *Config) {
+		c.Clients = staticClients{long: {ID: long, RedirectURIs: []string{redirectA}, Source: clients.SourceMetadataDocument}}
+	})
+	p := newPKCE(f)
+	code := f.consentCode(p, func(q url.Values) { q.Set("client_id", long) })
+	req := codeRequest(code, p)
+	req.Set("client_id", long)
+	if a := f.post(TokenPath, req); a.status != http.StatusOK || a.str("access_token") == "" {
+		t.Fatalf("the nameless client's code: %d %v, want its tokens", a.status, a.body)
+	}
+	if g := f.grants.List(); len(g) != 1 || g[0].Client != long || g[0].ClientName != "" {
+		t.Errorf("grants %+v, want one for the client, with no name", g)
+	}
 }

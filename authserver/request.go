@@ -90,12 +90,15 @@ func readForm(r *http.Request, multi ...string) (url.Values, error) {
 }
 
 // isB64SHA256 says whether s is an unpadded base64url SHA-256 value: a
-// PKCE S256 challenge, or a JWK thumbprint.
+// PKCE S256 challenge, or a JWK thumbprint, in its one spelling (strict
+// decoding: a last character with bits the value does not use is a second
+// spelling, which would match no verifier and no key, compared as strings
+// as both are; the token store reads a thumbprint so too).
 func isB64SHA256(s string) bool {
 	if len(s) != 43 {
 		return false
 	}
-	b, err := base64.RawURLEncoding.DecodeString(s)
+	b, err := base64.RawURLEncoding.Strict().DecodeString(s)
 	return err == nil && len(b) == sha256.Size
 }
 

@@ -220,6 +220,7 @@ type Config struct {
 type Server struct {
 	cfg       Config
 	issuer    string
+	origin    string // the issuer's, as pinnedfetch.Origin writes it
 	authorize string
 	token     *url.URL
 	consent   *seal.Sealer
@@ -268,6 +269,7 @@ func New(cfg Config) (*Server, error) {
 	return &Server{
 		cfg:       cfg,
 		issuer:    iss,
+		origin:    pinnedfetch.Origin(tok),
 		authorize: iss + AuthorizePath,
 		token:     tok,
 		consent:   sealer,

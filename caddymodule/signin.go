@@ -321,6 +321,9 @@ func (a *App) signinResource(resource string, absolute bool, scopes []string) er
 	if !absolute {
 		return fmt.Errorf("zidane_mcp: resource %q: with a signin block, give the resource as an absolute URL, such as %s/mcp: tokens are issued for one resource, named by its URL", resource, a.signin.server.Issuer())
 	}
+	if err := policy.CheckGrantResource(resource); err != nil {
+		return fmt.Errorf("zidane_mcp: with a signin block, grants name the resource: %w", err)
+	}
 	a.signin.resources.add(authserver.Resource{URL: resource, Scopes: scopes})
 	return nil
 }

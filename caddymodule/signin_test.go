@@ -23,6 +23,11 @@ func TestSigninProvision(t *testing.T) {
 		{"an issuer in plain http off loopback", "http://mcp.example.com", "http://127.0.0.1:9/mcp", "plain http is allowed on a loopback address only"},
 		{"an issuer with a path", "https://mcp.example.com/tenant", "http://127.0.0.1:9/mcp", "must have no path"},
 		{"an access lifetime over a day", "http://127.0.0.1:9\n\t\t\taccess_lifetime 48h", "http://127.0.0.1:9/mcp", "an access token lives 1s to 24h0m0s"},
+		// Resources a grant cannot name: taken before, each site's every
+		// code redemption failed with server_error.
+		{"a resource with user information", "http://127.0.0.1:9", "http://user@127.0.0.1:9/mcp", "grant resource"},
+		{"a resource with an escaped slash", "http://127.0.0.1:9", "http://127.0.0.1:9/a%2Fb", "grant resource"},
+		{"a resource with an empty query", "http://127.0.0.1:9", "http://127.0.0.1:9/mcp?", "grant resource"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := validate(t, global(c.issuer), site(c.resource))

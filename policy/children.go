@@ -14,8 +14,8 @@ import (
 // egress token for the upstreams given to sessions. Each one
 //
 //   - has a parent, the credential that created the session (a token of the
-//     store, or a JWT subject), the parent's owner, and the parent's roots or
-//     roots inside them;
+//     store, or a JWT subject), the parent's owner, the parent's roots or
+//     roots inside them, and the one resource of a grant it derives from;
 //   - expires no later than its parent (Check also refuses it as soon as a
 //     parent up its chain is revoked, expired or gone);
 //   - is one of at most one per (session, purpose): a relaunch gives the same
@@ -132,10 +132,19 @@ func chainProblem(byID map[string]*Token, subjects map[string]time.Time, t *Toke
 			return fmt.Errorf("%w: %q derives from %q, which was revoked at %s", ErrTokenRevoked, t.Name, p.Name, p.Revoked.UTC().Format(time.RFC3339))
 		case p.Expires != nil && !now.Before(*p.Expires):
 			return fmt.Errorf("%w: %q derives from %q, which expired at %s", ErrTokenExpired, t.Name, p.Name, p.Expires.UTC().Format(time.RFC3339))
+		case lapsed(p, now):
+			return fmt.Errorf("%w: %q derives from grant %s, whose refresh token lapsed unused at %s", ErrTokenExpired, t.Name, p.ID, p.Refresh.Expires.UTC().Format(time.RFC3339))
 		}
 		child = p
 	}
 	return fmt.Errorf("%w: %q derives from more than %d generations of tokens", ErrTokenRevoked, t.Name, maxParentChain)
+}
+
+// lapsed reports whether t is a grant whose refresh token lapsed unused:
+// its client can get no access token any more, and what derives from it
+// ends with it, as with an expired parent.
+func lapsed(t *Token, now time.Time) bool {
+	return t.Refresh != nil && !now.Before(t.Refresh.Expires)
 }
 
 // earlier is the earlier of two expiries, nil meaning never.
@@ -187,6 +196,7 @@ func (s *TokenStore) CreateChild(ctx context.Context, spec ChildSpec) (string, T
 		mine.Owner = inh.owner
 		mine.Expires = inh.expires
 		mine.Roots = inh.roots
+		mine.Resource = inh.resource
 		out = *mine
 		return nil
 	})
@@ -219,11 +229,15 @@ func childKind(spec ChildSpec) (Kind, error) {
 }
 
 // inheritance is what a child token takes from its parent: its owner, an
-// expiry no later than any of its ancestors', and roots within theirs.
+// expiry no later than any of its ancestors', roots within theirs, and the
+// one resource a grant up its chain is for. A grant's child is handed to
+// an agent, hostile code on the host; taken at every site of the gateway,
+// it would reach resources the person never let the client reach.
 type inheritance struct {
-	owner   string
-	expires *time.Time
-	roots   []string
+	owner    string
+	expires  *time.Time
+	roots    []string
+	resource string
 }
 
 // inherited checks that the parent of spec, a JWT subject or a token of f,
@@ -262,6 +276,8 @@ func inherited(f *tokenFile, spec ChildSpec, now time.Time) (inheritance, error)
 			return inheritance{}, fmt.Errorf("%w: the token %q that created session %s was revoked", ErrNoChild, p.Name, spec.Session)
 		case p.Expires != nil && !now.Before(*p.Expires):
 			return inheritance{}, fmt.Errorf("%w: the token %q that created session %s expired at %s", ErrNoChild, p.Name, spec.Session, p.Expires.UTC().Format(time.RFC3339))
+		case lapsed(p, now):
+			return inheritance{}, fmt.Errorf("%w: the grant %s that created session %s lapsed unused at %s", ErrNoChild, p.ID, spec.Session, p.Refresh.Expires.UTC().Format(time.RFC3339))
 		}
 		if err := chainProblem(byID, subjects, p, now); err != nil {
 			return inheritance{}, fmt.Errorf("%w: the token that created session %s may not be used: %v", ErrNoChild, spec.Session, err)
@@ -269,7 +285,7 @@ func inherited(f *tokenFile, spec ChildSpec, now time.Time) (inheritance, error)
 		if err := checkChildScopes(spec, p.Scopes, true); err != nil {
 			return inheritance{}, err
 		}
-		inh.owner, inh.roots = p.OwnerID(), p.Roots
+		inh.owner, inh.roots, inh.resource = p.OwnerID(), p.Roots, p.Resource
 		for a := p; a != nil; a = byID[a.Parent] {
 			inh.expires = earlier(inh.expires, a.Expires)
 			if a.Parent == "" || IsJWTID(a.Parent) {

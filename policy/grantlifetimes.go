@@ -12,3 +12,8 @@ func CheckGrantLifetimes(access, refresh time.Duration) error {
 		Scopes: []string{"lifetimes"}, AccessTTL: access, RefreshTTL: refresh}
 	return checkGrantSpec(&spec)
 }
+
+// CheckGrantResource refuses a resource URL that CreateGrant would refuse
+// to record, for the same reason: a site whose resource it is is refused
+// when the configuration loads, rather than at each code's redemption.
+func CheckGrantResource(resource string) error { return checkResource(resource) }

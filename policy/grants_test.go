@@ -926,3 +926,29 @@ func refreshContender(t *testing.T, v string) {
 		fmt.Println("CONTENDER LOST", err)
 	}
 }
+
+// TestGrantChildEndsWhenTheGrantLapses: a grant whose refresh token
+// lapsed unused is over (its client can get no new access token, and
+// `token list` says it lapsed); the tokens derived from it for a
+// session's agent end with it then, not when a later write prunes it.
+func TestGrantChildEndsWhenTheGrantLapses(t *testing.T) {
+	e := newGrantEnv(t, GrantSpec{Owner: "alice", Client: clientCC, Resource: resourceA, Scopes: []string{"chat"}, RefreshTTL: time.Hour})
+	grant, err := e.s.Check(e.first.Access, e.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret, _, err := e.s.CreateChild(context.Background(), ChildSpec{Parent: grant, Session: "ses_lapse1", Purpose: PurposeOrchestrator, Scopes: []string{"sessions:create"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Check(secret, e.now.Add(59*time.Minute)); err != nil {
+		t.Fatalf("the child while its grant can still be refreshed: %v", err)
+	}
+	if _, err := e.refresh(e.first.Refresh, e.now.Add(61*time.Minute)); !errors.Is(err, ErrRefreshInvalid) || !strings.Contains(err.Error(), "lapsed") {
+		t.Fatalf("the lapsed grant's refresh: %v", err)
+	}
+	_, err = e.s.Check(secret, e.now.Add(61*time.Minute))
+	if !errors.Is(err, ErrTokenExpired) || !strings.Contains(err.Error(), "lapsed") {
+		t.Errorf("the child of a lapsed grant: %v, want it expired, saying the grant lapsed", err)
+	}
+}

@@ -65,7 +65,9 @@ type Token struct {
 	// Client, ClientName, Resource and JKT are set on the record of a
 	// grant (see grants.go): the OAuth client it was issued to and the
 	// name the client gives itself, the one resource its tokens are for,
-	// and the DPoP key thumbprint they are bound to (empty: bearer).
+	// and the DPoP key thumbprint they are bound to (empty: bearer). A
+	// token derived from a grant, at any depth, has its Resource too: it
+	// is for that resource alone (see CreateChild).
 	Client     string `json:"client,omitempty"`
 	ClientName string `json:"client_name,omitempty"`
 	Resource   string `json:"resource,omitempty"`
@@ -103,9 +105,9 @@ func (t Token) OwnerID() string {
 // Principal is what t authenticates as.
 func (t Token) Principal() Principal {
 	p := Principal{TokenID: t.ID, Name: t.Name, Kind: t.Kind, Scopes: t.Scopes, Source: "token", Roots: t.Roots,
-		Owner: t.OwnerID(), Parent: t.Parent, Expires: t.Expires}
+		Owner: t.OwnerID(), Parent: t.Parent, Expires: t.Expires, Resource: t.Resource}
 	if t.IsGrant() {
-		p.Source, p.Client, p.Resource, p.JKT = "grant", t.Client, t.Resource, t.JKT
+		p.Source, p.Client, p.JKT = "grant", t.Client, t.JKT
 	}
 	return p
 }

@@ -121,7 +121,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{origin: origin, jar: j, states: replay.New(maxPendingStates, flowLifetime), audit: cfg.Audit, now: now}
 	if cfg.OIDC != nil {
-		if s.rp, err = newRelyingParty(*cfg.OIDC, origin+CallbackPath); err != nil {
+		if s.rp, err = newRelyingParty(*cfg.OIDC, webOrigin(origin)+CallbackPath); err != nil {
 			return nil, err
 		}
 	}
@@ -164,6 +164,21 @@ func SiteOrigin(site string) (string, error) {
 		return "", fmt.Errorf("signin site %q: use https (http only on a loopback address)", site)
 	}
 	return pinnedfetch.Origin(u), nil
+}
+
+// webOrigin is origin, as [SiteOrigin] returns it (the port always
+// written), as browsers and IdPs write it (RFC 6454 §6.2): without the
+// scheme's default port. The callback URL sent to the IdP is built from
+// it, so that it is the URL the operator registered there, which an IdP
+// compares character by character.
+func webOrigin(origin string) string {
+	switch {
+	case strings.HasPrefix(origin, "https://"):
+		return strings.TrimSuffix(origin, ":443")
+	case strings.HasPrefix(origin, "http://"):
+		return strings.TrimSuffix(origin, ":80")
+	}
+	return origin
 }
 
 // Current is the person the request's browser is signed in as.
