@@ -23,11 +23,12 @@ import (
 // MCP server whose whoami tool says which of its users a token acts for)
 // has credentials per_user, served on a broker route.
 type perUserGateway struct {
-	c         *Caddy
-	as        *oauthtest.AuthServer
-	up        *oauthtest.MCPServer
-	brokerURL string
-	callback  string
+	c           *Caddy
+	as          *oauthtest.AuthServer
+	up          *oauthtest.MCPServer
+	brokerURL   string
+	sessionsURL string
+	callback    string
 }
 
 func startPerUserGateway(t *testing.T) *perUserGateway {
@@ -40,7 +41,7 @@ func startPerUserGateway(t *testing.T) *perUserGateway {
 	as.AddClient("zidane-gateway", secret, nil)
 	rawKey := make([]byte, 32)
 	rand.Read(rawKey)
-	port := freePort(t)
+	port, sessionsPort := freePort(t), freePort(t)
 	c := startCaddy(t, fmt.Sprintf(`{
 	admin %[1]s
 	zidane {
@@ -52,6 +53,7 @@ func startPerUserGateway(t *testing.T) *perUserGateway {
 				credentials per_user
 			}
 		}
+		session_upstreams remote
 	}
 }
 
@@ -64,9 +66,20 @@ http://:%[3]d {
 		}
 	}
 }
-`, AdminPlaceholder, up.URL, port), "REMOTE_SECRET="+secret, "ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey))
+
+http://:%[4]d {
+	bind 127.0.0.1
+	zidane_mcp {
+		sessions
+		rate_limit {
+			per_token 1000/s 1000
+		}
+	}
+}
+`, AdminPlaceholder, up.URL, port, sessionsPort), "REMOTE_SECRET="+secret, "ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey))
 	return &perUserGateway{c: c, as: as, up: up, brokerURL: fmt.Sprintf("http://127.0.0.1:%d/mcp", port),
-		callback: fmt.Sprintf("http://127.0.0.1:%d/zidane/oauth/callback/remote", port)}
+		sessionsURL: fmt.Sprintf("http://127.0.0.1:%d/mcp", sessionsPort),
+		callback:    fmt.Sprintf("http://127.0.0.1:%d/zidane/oauth/callback/remote", port)}
 }
 
 // signIn plays a browser signed in at the authorization server as user:
@@ -222,6 +235,15 @@ func TestPerUserUpstreamCredentials(t *testing.T) {
 	if !hasAudit(g.c, map[string]any{"event": "upstream_call", "upstream": "remote", "outcome": "connect_required"}) {
 		t.Error("no audit line for carol's refused call (upstream_call, outcome connect_required)")
 	}
+	// Any other request of hers gets 403 with a JSON-RPC error that says
+	// the same, and reaches nothing either.
+	if a := post(t, g.brokerURL, carol, `{"jsonrpc":"2.0","id":4,"method":"tools/list"}`, "Mcp-Protocol-Version", "2025-11-25"); a.status != http.StatusForbidden ||
+		!strings.Contains(a.body, "connect your account") || !strings.Contains(a.body, `"error"`) {
+		t.Errorf("carol's tools/list: HTTP %d %s, want 403 with a JSON-RPC error to connect", a.status, a.body)
+	}
+	if after, _ := g.up.Stats(); after != before {
+		t.Errorf("carol's tools/list reached the upstream")
+	}
 	if slices.Contains(g.up.Bearers(), shared[0]) {
 		t.Error("the operator's shared token was sent on the per_user upstream")
 	}
@@ -264,5 +286,57 @@ func TestPerUserUpstreamCredentials(t *testing.T) {
 	}
 	if list, _, _ := g.c.Run(t, "zidane", "connections", "list", "--owner", "alice@example.com"); !strings.Contains(list, "No connections") {
 		t.Errorf("alice's connections after the revocation:\n%s", list)
+	}
+}
+
+// A session's agent acts upstream as the session's owner: its egress token
+// is derived from the owner's, so the broker attaches the owner's own
+// upstream token, and a session of a person who has not connected gets
+// the refusal, with no request upstream.
+func TestPerUserSessionAgentActsAsTheSessionsOwner(t *testing.T) {
+	g := startPerUserGateway(t)
+	g.connect(t, "alice@example.com", "alice")
+	g.connect(t, "bob@example.com", "bob")
+	ask := func(owner, prompt string) string {
+		t.Helper()
+		token := createToken(t, g.c, "chat-"+strings.Split(owner, "@")[0], "--scope", "chat", "--owner", owner)
+		cs, err := connectGo(t, g.sessionsURL, bearerClient(token, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		_, created, err := callSessions(t, cs, "sessions", map[string]any{"verb": "create", "cwd": t.TempDir(), "prompt": prompt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := created["sessionId"].(string)
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			text, _, err := callSessions(t, cs, "sessions", map[string]any{"verb": "transcript", "sessionId": id, "turns": 1, "full": true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(text, "(end_turn)") {
+				return text
+			}
+			callSessions(t, cs, "sessions", map[string]any{"verb": "wait", "sessionId": id, "timeout": 5})
+		}
+		t.Fatalf("%s's session did not end its turn", owner)
+		return ""
+	}
+	for _, tc := range []struct{ owner, want string }{
+		{"alice@example.com", "whoami: alice"}, {"bob@example.com", "whoami: bob"},
+	} {
+		if got := ask(tc.owner, "mcp: call remote whoami {}"); !strings.Contains(got, tc.want) {
+			t.Errorf("%s's agent called whoami:\n%s\nwant %q", tc.owner, got, tc.want)
+		}
+	}
+	before, _ := g.up.Stats()
+	got := ask("carol@example.com", "mcp: call remote whoami {}")
+	if strings.Contains(got, "whoami:") || !strings.Contains(got, "connect your account") {
+		t.Errorf("carol's agent, carol never connected:\n%s\nwant the refusal to connect", got)
+	}
+	if after, _ := g.up.Stats(); after != before {
+		t.Errorf("carol's agent reached the upstream (%d requests, was %d)", after, before)
 	}
 }
