@@ -71,6 +71,22 @@ func watchRecord(st storage.Storage, name string, c *upstreamauth.Client, logger
 	return cancel
 }
 
+// watchOwnerRecords, on NATS storage, watches a person's record for the
+// OAuth client that holds it in memory (see watchRecord): a person's
+// connection revoked on one replica stops their token's use on every
+// other at once. Nil on other storage, where one process holds it.
+func watchOwnerRecords(st storage.Storage) func(key string, changed func()) func() {
+	cs, ok := st.(*cluster.Storage)
+	if !ok {
+		return nil
+	}
+	return func(key string, changed func()) func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		go cs.Watch(ctx, key, changed)
+		return cancel
+	}
+}
+
 // upstreamTokenKey decodes the key that seals upstream tokens.
 func (a *App) upstreamTokenKey() ([]byte, error) {
 	raw := a.UpstreamTokenKey
@@ -146,7 +162,8 @@ func (a *App) provisionOAuth(ctx caddy.Context) error {
 				HTTPOptions: []pinnedfetch.Option{pinnedfetch.WithDecisions(func(d pinnedfetch.Decision) {
 					auditRedirect(audit, name+" (oauth)", d)
 				})},
-				OnState: func(st upstreamauth.Status) { oauthStateChanged(name, st) },
+				OnState:    func(st upstreamauth.Status) { oauthStateChanged(name, st) },
+				WatchOwner: watchOwnerRecords(a.storage),
 			})
 			if err != nil {
 				return nil, err

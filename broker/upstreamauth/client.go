@@ -106,6 +106,14 @@ type Options struct {
 	// (for audit and events). It is called with the Client's lock held:
 	// it must not call the Client, and should not block.
 	OnState func(Status)
+	// WatchOwner, when set, is called for each person's client made (see
+	// [Client.ForOwner]) with the storage key of that person's record: it
+	// calls changed each time another replica writes or deletes the record
+	// (a connection, a refresh, a revocation), until stop is called (the
+	// client is dropped, or the Client closed). On shared storage (NATS)
+	// it keeps a person's revocation on one replica from leaving their
+	// token in use on another.
+	WatchOwner func(key string, changed func()) (stop func())
 }
 
 // Client is the OAuth client of one upstream. It is safe for concurrent
@@ -165,6 +173,10 @@ type Client struct {
 	ownerMAC  []byte
 	ownersMu  sync.Mutex
 	owners    map[string]*Client
+	// watchOwner is Options.WatchOwner; unwatch stops a person's
+	// client's watch.
+	watchOwner func(key string, changed func()) (stop func())
+	unwatch    func()
 }
 
 // hotToken is what the Transport needs on its hot path.
@@ -211,6 +223,8 @@ func New(ctx context.Context, name, mcpURL string, cfg Config, opts Options) (*C
 		now:     opts.Now,
 		flight:  make(chan struct{}, 1),
 		onState: opts.OnState,
+
+		watchOwner: opts.WatchOwner,
 	}
 	if c.logger == nil {
 		c.logger = slog.New(slog.DiscardHandler)
@@ -272,8 +286,19 @@ func (c *Client) interactive() bool { return c.cfg.grant() == GrantAuthorization
 // own credentials.
 func (c *Client) LogsIn() bool { return c.interactive() }
 
-// Close releases idle connections.
-func (c *Client) Close() { c.egress.closeIdle() }
+// Close releases idle connections, and stops the watches of the people's
+// clients.
+func (c *Client) Close() {
+	c.ownersMu.Lock()
+	for k, oc := range c.owners {
+		if oc.unwatch != nil {
+			oc.unwatch()
+		}
+		delete(c.owners, k)
+	}
+	c.ownersMu.Unlock()
+	c.egress.closeIdle()
+}
 
 // State reports the upstream's authorization state.
 func (c *Client) State() Status {

@@ -126,10 +126,22 @@ func (c *Client) ForOwner(owner string) (*OwnerClient, error) {
 		c.owners = map[string]*Client{}
 	}
 	if len(c.owners) >= maxCachedOwners {
-		for k := range c.owners {
+		for k, old := range c.owners {
+			if old.unwatch != nil {
+				old.unwatch()
+			}
 			delete(c.owners, k)
 			break
 		}
+	}
+	if c.watchOwner != nil {
+		oc.unwatch = c.watchOwner(oc.key, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := oc.Reload(ctx); err != nil {
+				c.logger.Warn("upstream oauth: cannot read a person's record another replica wrote", "upstream", c.name, "owner", h, "error", c.redact(err.Error()))
+			}
+		})
 	}
 	c.owners[owner] = oc
 	return &OwnerClient{c: oc}, nil

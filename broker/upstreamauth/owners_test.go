@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/internal/oauthtest"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
@@ -356,5 +357,55 @@ func TestPerUserConfig(t *testing.T) {
 		if _, err := c.ForOwner(owner); err == nil {
 			t.Errorf("ForOwner(%q) accepted", owner)
 		}
+	}
+}
+
+// On NATS storage, a person's connection revoked on one replica is not
+// used on another, even where the authorization server has no revocation
+// endpoint (the other replica's token stays valid upstream): the other
+// replica's watch drops it.
+func TestPerUserRevocationReachesOtherReplicas(t *testing.T) {
+	e := newEnv(t, oauthtest.AuthServerOptions{NoRevocation: true}, nil, "")
+	e.onNATS()
+	cs := e.store.(*cluster.Storage)
+	watched := Config{RedirectURL: redirect, Credentials: CredentialsPerUser}
+	replica := func() *Client {
+		c, err := New(context.Background(), testUpstream, e.mcp.URL, watched, Options{
+			Storage: e.store, Key: e.key, Now: e.clock.Now,
+			WatchOwner: func(key string, changed func()) func() {
+				ctx, cancel := context.WithCancel(context.Background())
+				go cs.Watch(ctx, key, changed)
+				return cancel
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	a, b := replica(), replica()
+	e.connect(a, "alice@example.com", "alice")
+	if got, err := e.whoami(b, withOwner("alice@example.com")); err != nil || got != "alice" {
+		t.Fatalf("alice's call on b: %q %v", got, err)
+	}
+	oa, _ := a.ForOwner("alice@example.com")
+	if found, err := oa.Revoke(context.Background()); err != nil || !found {
+		t.Fatalf("Revoke on a: %v %v", found, err)
+	}
+	ob, _ := b.ForOwner("alice@example.com")
+	deadline := time.Now().Add(15 * time.Second)
+	for ob.State().State == StateReady {
+		if time.Now().After(deadline) {
+			t.Fatal("b still holds alice's token 15s after a revoked it")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	reqs, _ := e.mcp.Stats()
+	if _, err := e.whoami(b, withOwner("alice@example.com")); !errors.Is(err, ErrConnectRequired) {
+		t.Errorf("alice's call on b after the revocation on a: %v, want ErrConnectRequired", err)
+	}
+	if after, _ := e.mcp.Stats(); after != reqs {
+		t.Error("alice's call on b reached the upstream with her revoked connection's token")
 	}
 }
