@@ -16,6 +16,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/internal/oauthtest"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
 type ownerCtxKey struct{}
@@ -407,5 +408,61 @@ func TestPerUserRevocationReachesOtherReplicas(t *testing.T) {
 	}
 	if after, _ := e.mcp.Stats(); after != reqs {
 		t.Error("alice's call on b reached the upstream with her revoked connection's token")
+	}
+}
+
+// countingStorage counts the reads and locks that reach its storage.
+type countingStorage struct {
+	storage.Storage
+	mu           sync.Mutex
+	loads, locks int
+}
+
+func (s *countingStorage) Load(ctx context.Context, key string) ([]byte, error) {
+	s.mu.Lock()
+	s.loads++
+	s.mu.Unlock()
+	return s.Storage.Load(ctx, key)
+}
+
+func (s *countingStorage) Lock(ctx context.Context, name string) error {
+	s.mu.Lock()
+	s.locks++
+	s.mu.Unlock()
+	return s.Storage.Lock(ctx, name)
+}
+
+func (s *countingStorage) counts() (int, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.loads, s.locks
+}
+
+// Once a person's token is warm, their calls read no storage: the
+// person's client is kept, and its token is in memory.
+func TestPerUserWarmCallReadsNoStorage(t *testing.T) {
+	e := newEnv(t, oauthtest.AuthServerOptions{}, nil, "")
+	cs := &countingStorage{Storage: e.store}
+	e.store = cs
+	c := e.client(perUser)
+	e.connect(c, "alice@example.com", "alice")
+	e.connect(c, "bob@example.com", "bob")
+	for _, owner := range []string{"alice@example.com", "bob@example.com"} {
+		if _, err := e.whoami(c, withOwner(owner)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loads, locks := cs.counts()
+	for i := range 20 {
+		owner, want := "alice@example.com", "alice"
+		if i%2 == 1 {
+			owner, want = "bob@example.com", "bob"
+		}
+		if got, err := e.whoami(c, withOwner(owner)); err != nil || got != want {
+			t.Fatalf("%s's call ran as %q (%v)", owner, got, err)
+		}
+	}
+	if l, k := cs.counts(); l != loads || k != locks {
+		t.Errorf("20 warm calls read storage %d times and locked it %d times, want none", l-loads, k-locks)
 	}
 }
