@@ -375,6 +375,13 @@ func (c *Client) checkCallback(ctx context.Context, query url.Values) (p *pendin
 	refuse := func(format string, args ...any) error {
 		return fmt.Errorf("upstream %q: %w: %s", c.name, ErrLogin, c.redact(fmt.Sprintf(format, args...)))
 	}
+	for _, k := range []string{"state", "code", "iss", "error"} {
+		if len(query[k]) > 1 {
+			// Which one counts is a guess two readers could make
+			// differently; the login stays under way for the real answer.
+			return nil, "", nil, refuse("the authorization response has %s more than once; it is not from the authorization server as sent", k)
+		}
+	}
 	state := query.Get("state")
 	if state != "" {
 		if p, err = c.takePending(ctx, state); err != nil {

@@ -466,3 +466,25 @@ func TestPerUserWarmCallReadsNoStorage(t *testing.T) {
 		t.Errorf("20 warm calls read storage %d times and locked it %d times, want none", l-loads, k-locks)
 	}
 }
+
+// An authorization response with a parameter given twice is refused
+// without taking the login, which the genuine response then completes.
+func TestPerUserCallbackRefusesRepeatedParameters(t *testing.T) {
+	e := newEnv(t, oauthtest.AuthServerOptions{}, nil, "")
+	c := e.client(perUser)
+	alice, _ := c.ForOwner("alice@example.com")
+	q := e.authorizeAs(alice.BeginLogin, "alice")
+	for _, k := range []string{"state", "code"} {
+		bad := url.Values{}
+		for kk, v := range q {
+			bad[kk] = slices.Clone(v)
+		}
+		bad.Add(k, "other")
+		if err := alice.Callback(context.Background(), bad); !errors.Is(err, ErrLogin) || !strings.Contains(err.Error(), k+" more than once") {
+			t.Errorf("%s twice: %v, want ErrLogin naming it", k, err)
+		}
+	}
+	if err := alice.Callback(context.Background(), q); err != nil {
+		t.Fatalf("the genuine response after the refused ones: %v", err)
+	}
+}
