@@ -19,6 +19,13 @@
 //     private_key_jwt), cross_app_access (SEP-990) and jwt_bearer (a
 //     workload's own JWT, RFC 7523 and SEP-1933), which need no login.
 //
+// An upstream with credentials per_user holds each person's own token
+// instead: [Client.ForOwner] gives the person's [OwnerClient] (their
+// login, callback, transport and revocation), sealed under (upstream, a
+// keyed hash of the person), and [Client.OwnerTransport] attaches the
+// calling person's token, never another's nor the shared one, refusing a
+// call with none ([ErrConnectRequired]) before it is sent.
+//
 // Where the authorization server offers it, tokens are DPoP-bound (RFC
 // 9449): each request carries a fresh proof of a key the gateway made for
 // the grant, and the servers' nonces are answered.
