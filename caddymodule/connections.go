@@ -241,10 +241,13 @@ func revokeConnections(ctx context.Context, app *App, owner, upstream, by string
 	return out, nil
 }
 
-// hookGrantRevocations ends a person's upstream connections when one of
-// their grants (a client they signed in) is revoked, here or on another
-// replica: a revoked person keeps no way to act upstream through the
-// gateway. It returns the function that unhooks it.
+// hookGrantRevocations ends a person's upstream connections when the last
+// of their live grants (the clients they signed in) is revoked, here or on
+// another replica: a person the gateway no longer lets in keeps no way to
+// act upstream through it. Revoking one of several grants (one client of
+// theirs) leaves the connections, which no client ever held; so does a
+// grant displaced by a newer sign-in of the same client. It returns the
+// function that unhooks it.
 func (a *App) hookGrantRevocations() func() {
 	if a.tokens == nil || a.tokens.store == nil {
 		return nil
@@ -256,11 +259,14 @@ func (a *App) hookGrantRevocations() func() {
 	if !per {
 		return nil
 	}
-	return a.tokens.store.OnRevoke(func(t policy.Token) {
-		if !t.IsGrant() {
+	store := a.tokens.store
+	return store.OnRevoke(func(t policy.Token) {
+		owner, ok := lastGrantRevoked(store, t, time.Now())
+		if !ok {
 			return
 		}
-		owner := t.OwnerID()
+		// The revocations at the authorization server take a while:
+		// not on the path of the revocation that fired the hook.
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -270,6 +276,21 @@ func (a *App) hookGrantRevocations() func() {
 			}
 		}()
 	})
+}
+
+// lastGrantRevoked reports whether the revocation of t leaves its owner
+// with no live grant at now, and names the owner.
+func lastGrantRevoked(store *policy.TokenStore, t policy.Token, now time.Time) (string, bool) {
+	if !t.IsGrant() {
+		return "", false
+	}
+	owner := t.OwnerID()
+	for _, o := range store.List() {
+		if o.IsGrant() && o.OwnerID() == owner && o.Active(now) {
+			return owner, false
+		}
+	}
+	return owner, true
 }
 
 // connectionsCommand is `caddy zidane connections list|revoke`.

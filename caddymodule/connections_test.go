@@ -16,10 +16,10 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
-// Revoking a person's grant (a client they signed in) ends their own
-// upstream connections, revoked at the authorization server too; revoking
-// a token that is not a grant ends none, nor does it touch another
-// person's.
+// Revoking the last of a person's live grants (the clients they signed
+// in) ends their own upstream connections, revoked at the authorization
+// server too; revoking one of two grants, or a token that is not a grant,
+// ends none, nor does it touch another person's.
 func TestGrantRevocationEndsThePersonsConnections(t *testing.T) {
 	ctx := context.Background()
 	as := oauthtest.NewAuthServer(oauthtest.AuthServerOptions{})
@@ -82,12 +82,28 @@ func TestGrantRevocationEndsThePersonsConnections(t *testing.T) {
 	if _, err := store.Revoke(ctx, bobTok.ID); err != nil {
 		t.Fatal(err)
 	}
-	iss, err := store.CreateGrant(ctx, policy.GrantSpec{Owner: "alice", Client: "https://client.example/metadata.json",
-		Resource: "https://gw.example/mcp", Scopes: []string{"upstream:remote"}}, time.Now())
+	var grants []string
+	for _, client := range []string{"https://client.example/metadata.json", "https://other.example/metadata.json"} {
+		iss, err := store.CreateGrant(ctx, policy.GrantSpec{Owner: "alice", Client: client,
+			Resource: "https://gw.example/mcp", Scopes: []string{"upstream:remote"}}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		grants = append(grants, iss.GrantID)
+	}
+	// One of her two clients is revoked: she is still signed in with the
+	// other, and her connection stays.
+	first, err := store.Revoke(ctx, grants[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Revoke(ctx, iss.GrantID); err != nil {
+	if _, last := lastGrantRevoked(store, first, time.Now()); last {
+		t.Fatal("one of alice's two grants revoked counts as her last")
+	}
+	if _, last := lastGrantRevoked(store, bobTok, time.Now()); last {
+		t.Fatal("bob's plain token counts as a grant")
+	}
+	if _, err := store.Revoke(ctx, grants[1]); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
