@@ -100,6 +100,26 @@ func TestGrantRevocationEndsThePersonsConnections(t *testing.T) {
 	if _, last := lastGrantRevoked(store, first, time.Now()); last {
 		t.Fatal("one of alice's two grants revoked counts as her last")
 	}
+	// A grant displaced by the ninth sign-in of one client (policy keeps
+	// eight per client) is not her last either.
+	for range 9 {
+		if _, err := store.CreateGrant(ctx, policy.GrantSpec{Owner: "carol", Client: "https://client.example/metadata.json",
+			Resource: "https://gw.example/mcp", Scopes: []string{"upstream:remote"}}, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	displaced := 0
+	for _, tok := range store.List() {
+		if tok.IsGrant() && tok.Owner == "carol" && tok.Revoked != nil {
+			displaced++
+			if _, last := lastGrantRevoked(store, tok, time.Now()); last {
+				t.Error("carol's displaced grant counts as her last")
+			}
+		}
+	}
+	if displaced != 1 {
+		t.Fatalf("%d of carol's grants displaced by her ninth sign-in, want 1", displaced)
+	}
 	if _, last := lastGrantRevoked(store, bobTok, time.Now()); last {
 		t.Fatal("bob's plain token counts as a grant")
 	}
