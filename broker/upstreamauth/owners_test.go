@@ -488,3 +488,30 @@ func TestPerUserCallbackRefusesRepeatedParameters(t *testing.T) {
 		t.Fatalf("the genuine response after the refused ones: %v", err)
 	}
 }
+
+// With DPoP, each person's token is bound to a key of their own: the
+// upstream sees each person's call with the DPoP scheme and a proof of
+// that person's key, and still as that person.
+func TestPerUserDPoPKeysArePerPerson(t *testing.T) {
+	e := newEnv(t, oauthtest.AuthServerOptions{DPoP: true}, nil, "")
+	c := e.client(perUser)
+	e.connect(c, "alice@example.com", "alice")
+	e.connect(c, "bob@example.com", "bob")
+	for _, tc := range []struct{ owner, user string }{{"alice@example.com", "alice"}, {"bob@example.com", "bob"}} {
+		if got, err := e.whoami(c, withOwner(tc.owner)); err != nil || got != tc.user {
+			t.Errorf("%s's call ran as %q (%v)", tc.owner, got, err)
+		}
+	}
+	for _, s := range e.mcp.Schemes() {
+		if s != "DPoP" {
+			t.Errorf("a person's call used the %s scheme, want DPoP", s)
+		}
+	}
+	keys := map[string]bool{}
+	for _, p := range e.mcp.DPoPProofs() {
+		keys[p.JKT] = true
+	}
+	if len(keys) != 2 {
+		t.Errorf("the proofs name %d keys, want one per person: %v", len(keys), keys)
+	}
+}
