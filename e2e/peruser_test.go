@@ -266,6 +266,23 @@ func TestPerUserUpstreamCredentials(t *testing.T) {
 		}
 	}
 
+	for _, tc := range []struct {
+		args []string
+		word string
+	}{
+		{[]string{"revoke"}, "name the owner, the upstream, or both"},
+		{[]string{"list", "--upstream", "nosuch"}, `no upstream "nosuch"`},
+		{[]string{"revoke", "--owner", strings.Repeat("x", 600)}, "at most 512 bytes"},
+	} {
+		out, stderr, err := g.c.Run(t, append([]string{"zidane", "connections"}, tc.args...)...)
+		if err == nil || !strings.Contains(stderr, tc.word) {
+			t.Errorf("connections %s: %v\n%s%s\nwant a refusal saying %q", strings.Join(tc.args, " "), err, out, stderr, tc.word)
+		}
+	}
+	if got, _ := g.whoami(t, alice); got != "whoami: alice" {
+		t.Errorf("alice after the refused revocations: %q", got)
+	}
+
 	revoked := len(g.as.Revocations())
 	out, stderr, err := g.c.Run(t, "zidane", "connections", "revoke", "--owner", "alice@example.com")
 	if err != nil || !strings.Contains(out, "alice@example.com") {
