@@ -19,6 +19,8 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/Tahul/caddy-zidane-mcp/accounts"
+	"github.com/Tahul/caddy-zidane-mcp/authserver/idp"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -275,6 +277,50 @@ func (a *App) hookGrantRevocations() func() {
 					zap.String("owner", owner), zap.String("by", "grant revoked: "+t.ID), zap.Error(err))
 			}
 		}()
+	})
+}
+
+// accountsPage is the connected accounts page of the sign-in site issuer,
+// for people signed in through people; nil when no upstream has
+// credentials per_user.
+func (a *App) accountsPage(issuer string, people *idp.Service) (*accounts.Page, error) {
+	per := map[string]*upstreamauth.Client{}
+	for name, c := range a.oauth {
+		if a.perUser(name) {
+			per[name] = c
+		}
+	}
+	if len(per) == 0 {
+		return nil, nil
+	}
+	key, err := signinKey(a.storage, "signin accounts v1")
+	if err != nil {
+		return nil, err
+	}
+	return accounts.New(accounts.Options{
+		Origin: issuer,
+		Key:    key,
+		Current: func(r *http.Request) (accounts.Person, bool) {
+			p, ok := people.Current(r)
+			return accounts.Person{Owner: p.Owner, Name: p.Name}, ok
+		},
+		SignIn:    people.SignIn,
+		Upstreams: func() map[string]*upstreamauth.Client { return per },
+		Audit: func(e accounts.Event) {
+			fields := []zap.Field{zap.String("owner", e.Owner), zap.String("upstream", e.Upstream), zap.String("by", "the person")}
+			if e.Action == "disconnected" {
+				fields = append([]zap.Field{zap.String("event", "upstream_disconnect")}, fields...)
+				if e.Detail != "" {
+					auditLogger().Warn("upstream connection revoked", append(fields, zap.String("detail", e.Detail))...)
+				} else {
+					auditLogger().Info("upstream connection revoked", fields...)
+				}
+				return
+			}
+			metricRefusals.WithLabelValues("accounts").Inc()
+			auditLogger().Warn("connected accounts refused", append([]zap.Field{zap.String("event", "refused"), zap.String("reason", e.Reason),
+				zap.Int("status", e.Status), zap.String("detail", e.Detail)}, fields[:2]...)...)
+		},
 	})
 }
 

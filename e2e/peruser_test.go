@@ -6,16 +6,20 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/accounts"
+	signinidp "github.com/Tahul/caddy-zidane-mcp/authserver/idp"
 	"github.com/Tahul/caddy-zidane-mcp/internal/oauthtest"
 )
 
@@ -355,5 +359,124 @@ func TestPerUserSessionAgentActsAsTheSessionsOwner(t *testing.T) {
 	}
 	if after, _ := g.up.Stats(); after != before {
 		t.Errorf("carol's agent reached the upstream (%d requests, was %d)", after, before)
+	}
+}
+
+// accountsField finds the connected accounts page's form fields.
+var accountsField = regexp.MustCompile(`name="(upstream|token)" value="([^"]*)"`)
+
+// A person signed in to the gateway sees the upstream accounts they
+// connected on the connected accounts page, with no token, and disconnects
+// one: it is revoked at the authorization server and their next call is
+// refused, while another person's connection stays. A disconnection posted
+// from another origin, with no origin, with a token not shown to this
+// person, or from a browser not signed in, is refused and changes nothing.
+func TestPerUserConnectedAccountsPage(t *testing.T) {
+	as := oauthtest.NewAuthServer(oauthtest.AuthServerOptions{})
+	t.Cleanup(as.Close)
+	up := oauthtest.NewMCPServer(as, oauthtest.MCPOptions{})
+	t.Cleanup(up.Close)
+	secret := oauthtest.NewSecret("gateway-client-secret")
+	as.AddClient("zidane-gateway", secret, nil)
+	rawKey := make([]byte, 32)
+	rand.Read(rawKey)
+	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin {{ADMIN}}
+	zidane {
+		signin {
+			issuer %[1]s
+			registration dynamic
+		}
+		upstream remote %[2]s {
+			oauth {
+				client_id zidane-gateway
+				client_secret ${REMOTE_SECRET}
+				redirect_url %[1]s/zidane/oauth/callback/remote
+				credentials per_user
+			}
+		}
+	}
+}
+
+%[1]s {
+	zidane_mcp {
+		broker remote
+		resource %[1]s/mcp
+	}
+}
+`, base, up.URL), "REMOTE_SECRET="+secret, "ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey))
+	g := &perUserGateway{c: c, as: as, up: up, brokerURL: base + "/mcp", callback: base + "/zidane/oauth/callback/remote"}
+	g.connect(t, "alice", "alice")
+	g.connect(t, "bob", "bob")
+	alice := createToken(t, c, "alice-laptop", "--scope", "upstream:remote", "--owner", "alice")
+	bob := createToken(t, c, "bob-laptop", "--scope", "upstream:remote", "--owner", "bob")
+
+	b := newFormBrowser(t, base)
+	resp, body := b.get(base + accounts.Path)
+	if resp.StatusCode == http.StatusUnauthorized {
+		resp, body = b.post(signinidp.LinkPath, url.Values{"secret": {signInLink(t, c, "alice", "upstream:remote")}})
+	}
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "Connected accounts") || !strings.Contains(body, `class="upstream">remote<`) {
+		t.Fatalf("alice's connected accounts page: %d\n%s", resp.StatusCode, body)
+	}
+	for _, s := range as.Secrets() {
+		if strings.Contains(body, s) {
+			t.Errorf("the page shows a token of the authorization server (%.8s…)", s)
+		}
+	}
+	form := url.Values{}
+	for _, m := range accountsField.FindAllStringSubmatch(body, -1) {
+		form.Set(m[1], html.UnescapeString(m[2]))
+	}
+	if form.Get("token") == "" || form.Get("upstream") != "remote" {
+		t.Fatalf("no disconnect form on the page:\n%s", body)
+	}
+
+	stranger := newFormBrowser(t, base)
+	for _, tc := range []struct {
+		name   string
+		b      *formBrowser
+		origin string
+		form   url.Values
+		status int
+		word   string
+	}{
+		{"from another origin", b, "http://127.0.0.1:1", form, http.StatusForbidden, "press the button there"},
+		{"with no origin", b, "", form, http.StatusForbidden, "press the button there"},
+		{"with a token not shown to alice", b, base, url.Values{"upstream": {"remote"}, "token": {strings.Repeat("0", 64)}}, http.StatusForbidden, "not shown to the person"},
+		{"a field twice", b, base, url.Values{"upstream": {"remote", "remote"}, "token": {form.Get("token")}}, http.StatusBadRequest, "once each"},
+		{"from a browser not signed in", stranger, base, form, http.StatusForbidden, "not signed in"},
+	} {
+		tc.b.origin = tc.origin
+		resp, body := tc.b.post(accounts.Path, tc.form)
+		if resp.StatusCode != tc.status || !strings.Contains(body, tc.word) {
+			t.Errorf("a disconnection %s: %d, want %d saying %q:\n%s", tc.name, resp.StatusCode, tc.status, tc.word, body)
+		}
+	}
+	b.origin = base
+	if got, _ := g.whoami(t, alice); got != "whoami: alice" {
+		t.Fatalf("alice after the refused disconnections: %q", got)
+	}
+	if !hasAudit(c, map[string]any{"event": "refused", "reason": "cross_origin"}) {
+		t.Error("no audit line for the disconnection from another origin")
+	}
+
+	revoked := len(as.Revocations())
+	resp, body = b.post(accounts.Path, form)
+	if resp.StatusCode != http.StatusOK || strings.Contains(body, `class="upstream">remote<`) || !strings.Contains(body, "no upstream account") {
+		t.Fatalf("after alice disconnected: %d\n%s", resp.StatusCode, body)
+	}
+	if n := len(as.Revocations()) - revoked; n != 2 {
+		t.Errorf("%d of alice's tokens revoked at the authorization server, want 2", n)
+	}
+	if got, isErr := g.whoami(t, alice); !isErr || !strings.Contains(got, "connect your account") {
+		t.Errorf("alice after disconnecting: %q", got)
+	}
+	if got, _ := g.whoami(t, bob); got != "whoami: bob" {
+		t.Errorf("bob after alice disconnected: %q", got)
+	}
+	if !hasAudit(c, map[string]any{"event": "upstream_disconnect", "owner": "alice", "upstream": "remote"}) {
+		t.Error("no audit line for alice's disconnection")
 	}
 }
