@@ -68,6 +68,8 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/zidane/tools/", Handler: a.keyed(a.handleTools)},
 		{Pattern: "/zidane/audit/checkpoints/", Handler: a.keyed(a.handleAuditCheckpoint)},
 		{Pattern: "/zidane/signin/links", Handler: a.keyed(a.handleSigninLinks)},
+		{Pattern: "/zidane/connections", Handler: a.keyed(a.handleConnections)},
+		{Pattern: "/zidane/connections/", Handler: a.keyed(a.handleConnections)},
 	}
 }
 

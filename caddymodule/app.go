@@ -155,18 +155,21 @@ type App struct {
 
 	answerBudget *answerlimit.Budget
 
-	tokens     *tokenState
-	tokensKey  string
-	pins       *pinsState // the pinned tool definitions (package pins)
-	pinsKey    string
-	storage    storage.Storage // the configured storage (Caddy's)
-	upstreams  map[string]upstream.Config
-	oauth      map[string]*upstreamauth.Client // by upstream name
-	oauthKeys  []string                        // this config's holds on oauthPool
-	actionsKey string                          // this config's hold on actionsPool (NATS storage)
-	cimd       map[string]*upstreamauth.Client // host+path of a client_metadata_url -> its upstream's client
-	ctx        caddy.Context                   // this config's: events, the http app
-	events     *caddyevents.App                // the events app, if configured
+	tokens    *tokenState
+	tokensKey string
+	pins      *pinsState // the pinned tool definitions (package pins)
+	pinsKey   string
+	storage   storage.Storage // the configured storage (Caddy's)
+	upstreams map[string]upstream.Config
+	oauth     map[string]*upstreamauth.Client // by upstream name
+	oauthKeys []string                        // this config's holds on oauthPool
+	// unhookGrants removes the hook that ends a person's upstream
+	// connections when their grant is revoked.
+	unhookGrants func()
+	actionsKey   string                          // this config's hold on actionsPool (NATS storage)
+	cimd         map[string]*upstreamauth.Client // host+path of a client_metadata_url -> its upstream's client
+	ctx          caddy.Context                   // this config's: events, the http app
+	events       *caddyevents.App                // the events app, if configured
 
 	agentUsers map[string]*sessions.User // by agent name, for those with `user`
 	own        []gatewayfiles.File       // this config's files that no agent may reach

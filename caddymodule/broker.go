@@ -206,6 +206,11 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 		if !ok {
 			return fmt.Errorf("aggregate: no upstream %q; configure it in the global zidane option", name)
 		}
+		if s.app.perUser(name) {
+			// The aggregated route's upstream connections serve every
+			// caller; a person's own token cannot ride on them.
+			return fmt.Errorf("aggregate: upstream %q has oauth credentials per_user, which the aggregated route does not serve yet; serve it on its own route (zidane_mcp { broker %s }), or set credentials shared", name, name)
+		}
 		ups = append(ups, u)
 	}
 	byName := map[string]upstream.Config{}

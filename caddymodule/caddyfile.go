@@ -526,6 +526,7 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //					idp_issuer|idp_token_url|idp_client_id|idp_client_secret|id_token_file <value>
 //					assertion_file <path>
 //					dpop auto|off|required
+//					credentials shared|per_user   # per_user: each person's own token
 //				}
 //			}
 //			upstream_token_key <base64 key or {env.VAR}>
@@ -909,6 +910,7 @@ func parseOAuth(d *caddyfile.Dispenser, upstream string) (*upstreamauth.Config, 
 		"id_token_file":              &c.IDTokenFile,
 		"assertion_file":             &c.AssertionFile,
 		"dpop":                       &c.DPoP,
+		"credentials":                &c.Credentials,
 	}
 	for d.NextBlock(2) {
 		opt := d.Val()

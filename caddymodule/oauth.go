@@ -24,6 +24,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
@@ -68,6 +69,22 @@ func watchRecord(st storage.Storage, name string, c *upstreamauth.Client, logger
 		}
 	})
 	return cancel
+}
+
+// watchOwnerRecords, on NATS storage, watches a person's record for the
+// OAuth client that holds it in memory (see watchRecord): a person's
+// connection revoked on one replica stops their token's use on every
+// other at once. Nil on other storage, where one process holds it.
+func watchOwnerRecords(st storage.Storage) func(key string, changed func()) func() {
+	cs, ok := st.(*cluster.Storage)
+	if !ok {
+		return nil
+	}
+	return func(key string, changed func()) func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		go cs.Watch(ctx, key, changed)
+		return cancel
+	}
 }
 
 // upstreamTokenKey decodes the key that seals upstream tokens.
@@ -145,7 +162,8 @@ func (a *App) provisionOAuth(ctx caddy.Context) error {
 				HTTPOptions: []pinnedfetch.Option{pinnedfetch.WithDecisions(func(d pinnedfetch.Decision) {
 					auditRedirect(audit, name+" (oauth)", d)
 				})},
-				OnState: func(st upstreamauth.Status) { oauthStateChanged(name, st) },
+				OnState:    func(st upstreamauth.Status) { oauthStateChanged(name, st) },
+				WatchOwner: watchOwnerRecords(a.storage),
 			})
 			if err != nil {
 				return nil, err
@@ -165,6 +183,7 @@ func (a *App) provisionOAuth(ctx caddy.Context) error {
 			a.cimd[strings.ToLower(u.Hostname())+u.EscapedPath()] = a.oauth[name]
 		}
 	}
+	a.unhookGrants = a.hookGrantRevocations()
 	return nil
 }
 
@@ -180,6 +199,10 @@ func oauthPoolKey(storageKey, name, endpoint string, cfg upstreamauth.Config, ke
 }
 
 func (a *App) cleanupOAuth() {
+	if a.unhookGrants != nil {
+		a.unhookGrants()
+		a.unhookGrants = nil
+	}
 	for _, k := range a.oauthKeys {
 		_, _ = oauthPool.Delete(k)
 	}
@@ -191,12 +214,36 @@ func (a *App) cleanupOAuth() {
 func (a *App) OAuthClient(name string) *upstreamauth.Client { return a.oauth[name] }
 
 // credentials returns the egress credentials layer of upstream name: its
-// OAuth client's transport, or nil.
+// OAuth client's transport, or nil. For credentials per_user it attaches
+// the calling person's own token (the request's principal's owner), and
+// never the shared one.
 func (a *App) credentials(name string) func(next http.RoundTripper) http.RoundTripper {
-	if c := a.oauth[name]; c != nil {
-		return c.Transport
+	c := a.oauth[name]
+	if c == nil {
+		return nil
 	}
-	return nil
+	if u, ok := a.upstreams[name]; ok && u.OAuth != nil && u.OAuth.PerUser() {
+		return c.OwnerTransport(callerOwner)
+	}
+	return c.Transport
+}
+
+// callerOwner is the person a request acts for: its principal's owner (a
+// grant's person, a JWT's subject, a token's owner, inherited by the
+// tokens derived from it, such as a session agent's), or "" with no
+// principal.
+func callerOwner(ctx context.Context) string {
+	p, ok := policy.PrincipalFrom(ctx)
+	if !ok {
+		return ""
+	}
+	return p.OwnerID()
+}
+
+// perUser reports whether upstream name attaches each caller's own token.
+func (a *App) perUser(name string) bool {
+	u, ok := a.upstreams[name]
+	return ok && u.OAuth != nil && u.OAuth.PerUser()
 }
 
 // authRequired reports whether upstream name waits for an operator's

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 
+	"github.com/Tahul/caddy-zidane-mcp/accounts"
 	"github.com/Tahul/caddy-zidane-mcp/authserver"
 	"github.com/Tahul/caddy-zidane-mcp/authserver/clients"
 	"github.com/Tahul/caddy-zidane-mcp/authserver/idp"
@@ -93,6 +94,9 @@ type signin struct {
 	people    *idp.Service
 	clients   *clients.Registry
 	resources *signinResources
+	// accounts is the page of a person's connected upstream accounts;
+	// nil when no upstream has credentials per_user.
+	accounts *accounts.Page
 }
 
 // signinResources are the resources of the config's zidane_mcp sites,
@@ -269,6 +273,9 @@ func (a *App) provisionSignin(ctx caddy.Context) error {
 		return fmt.Errorf("zidane signin: %w", err)
 	}
 	a.signin = &signin{server: srv, people: people, clients: reg, resources: resources}
+	if a.signin.accounts, err = a.accountsPage(issuer, people); err != nil {
+		return fmt.Errorf("zidane signin: %w", err)
+	}
 	go sweepSignin(ctx, srv, reg)
 	return nil
 }
@@ -303,6 +310,10 @@ func (s *signin) serves(path string) bool {
 }
 
 func (s *signin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == accounts.Path && s.accounts != nil {
+		s.accounts.ServeHTTP(w, r)
+		return
+	}
 	if s.server.Handles(r.URL.Path) {
 		s.server.ServeHTTP(w, r)
 		return

@@ -90,6 +90,30 @@ type Options struct {
 	// upstream's OAuth client (see package upstreamauth) adds its bearer
 	// token there. pinnedfetch never sends a hop off the origin through it.
 	Credentials func(next http.RoundTripper) http.RoundTripper
+
+	// ConnectRequired answers a request that was not sent because the
+	// upstream takes each person's own token (credentials per_user) and
+	// the caller has none: err names the upstream and why. Nil:
+	// [RefuseConnectRequired].
+	ConnectRequired ConnectRequiredFunc
+}
+
+// ConnectRequiredFunc answers, in w, the request r (the JSON-RPC id rpcID,
+// empty for a notification; method its method) refused because the
+// calling person has not connected their account to the upstream.
+type ConnectRequiredFunc func(w http.ResponseWriter, r *http.Request, rpcID json.RawMessage, method string, err *upstreamauth.ConnectRequiredError)
+
+// RefuseConnectRequired is the default [Options.ConnectRequired]: a tool
+// call gets a tool error (which an agent reads and reports), any other
+// request HTTP 403 with a JSON-RPC error; both say that the person must
+// connect their account to the upstream.
+func RefuseConnectRequired(w http.ResponseWriter, r *http.Request, rpcID json.RawMessage, method string, err *upstreamauth.ConnectRequiredError) {
+	msg := err.Error()
+	if method == "tools/call" && len(rpcID) > 0 {
+		writeToolError(w, rpcID, msg)
+		return
+	}
+	upstream.WriteRPCError(w, http.StatusForbidden, rpcID, message.CodeUpstream, msg)
 }
 
 // PassThrough is the pass-through route: one streamable-HTTP upstream
@@ -140,6 +164,7 @@ type PassThrough struct {
 	headerTimeout time.Duration
 	onCall        func(upstream.CallRecord)
 	onRefusal     func(upstream.Refusal)
+	connect       ConnectRequiredFunc
 	logger        *slog.Logger
 
 	droppedMu sync.Mutex
@@ -192,6 +217,10 @@ func New(u upstream.Config, opts Options) (*PassThrough, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", upstream.Describe(n), err)
 	}
+	connect := opts.ConnectRequired
+	if connect == nil {
+		connect = RefuseConnectRequired
+	}
 	// A JSON answer is held whole and an event until it is whole (see
 	// answer and relayEvents): max_response and the budget bound both.
 	client.Transport = &upstream.TraceTransport{Upstream: n.Name, Next: answerlimit.NewTransport(client.Transport, n.Name, n.MaxResponse, opts.AnswerBudget)}
@@ -205,6 +234,7 @@ func New(u upstream.Config, opts Options) (*PassThrough, error) {
 		headerTimeout: cmp.Or(n.Timeout, upstream.DefaultHeaderTimeout),
 		onCall:        opts.OnCall,
 		onRefusal:     opts.OnRefusal,
+		connect:       connect,
 		logger:        logger,
 	}, nil
 }
@@ -532,6 +562,14 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *upstr
 		return
 	}
 	rec.Detail = upstream.SafeError(err)
+	var cre *upstreamauth.ConnectRequiredError
+	if errors.As(err, &cre) {
+		// Not sent: the calling person has no token of their own for
+		// the upstream, and nobody else's may go in its place.
+		rec.Outcome = upstream.OutcomeConnectRequired
+		pt.connect(w, r, rpcID, rec.Method, cre)
+		return
+	}
 	if errors.Is(err, upstreamauth.ErrAuthRequired) {
 		// Not sent: the gateway holds no usable token for the upstream.
 		rec.Outcome = upstream.OutcomeAuthRequired

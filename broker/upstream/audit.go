@@ -28,6 +28,9 @@ const (
 	// OutcomeAuthRequired: not sent, since the upstream waits for an
 	// operator's OAuth login.
 	OutcomeAuthRequired = "auth_required"
+	// OutcomeConnectRequired: not sent, since the upstream takes each
+	// person's own token (credentials per_user) and the caller has none.
+	OutcomeConnectRequired = "connect_required"
 )
 
 // ClientIPHeader carries the client's address, as the zidane_mcp edge

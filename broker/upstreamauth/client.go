@@ -19,6 +19,13 @@
 //     private_key_jwt), cross_app_access (SEP-990) and jwt_bearer (a
 //     workload's own JWT, RFC 7523 and SEP-1933), which need no login.
 //
+// An upstream with credentials per_user holds each person's own token
+// instead: [Client.ForOwner] gives the person's [OwnerClient] (their
+// login, callback, transport and revocation), sealed under (upstream, a
+// keyed hash of the person), and [Client.OwnerTransport] attaches the
+// calling person's token, never another's nor the shared one, refusing a
+// call with none ([ErrConnectRequired]) before it is sent.
+//
 // Where the authorization server offers it, tokens are DPoP-bound (RFC
 // 9449): each request carries a fresh proof of a key the gateway made for
 // the grant, and the servers' nonces are answered.
@@ -106,6 +113,14 @@ type Options struct {
 	// (for audit and events). It is called with the Client's lock held:
 	// it must not call the Client, and should not block.
 	OnState func(Status)
+	// WatchOwner, when set, is called for each person's client made (see
+	// [Client.ForOwner]) with the storage key of that person's record: it
+	// calls changed each time another replica writes or deletes the record
+	// (a connection, a refresh, a revocation), until stop is called (the
+	// client is dropped, or the Client closed). On shared storage (NATS)
+	// it keeps a person's revocation on one replica from leaving their
+	// token in use on another.
+	WatchOwner func(key string, changed func()) (stop func())
 }
 
 // Client is the OAuth client of one upstream. It is safe for concurrent
@@ -154,6 +169,21 @@ type Client struct {
 	// refusedAssertion is the hash of the last workload JWT (with its
 	// scopes) the authorization server refused: it is not presented again.
 	refusedAssertion [32]byte
+
+	// A person's client (see [Client.ForOwner]) has its upstream's client
+	// as parent, the person as owner, and their keyed hash as ownerHash.
+	// The upstream's client has ownerMAC, the key of those hashes, and
+	// the people's clients it made.
+	parent    *Client
+	owner     string
+	ownerHash string
+	ownerMAC  []byte
+	ownersMu  sync.Mutex
+	owners    map[string]*Client
+	// watchOwner is Options.WatchOwner; unwatch stops a person's
+	// client's watch.
+	watchOwner func(key string, changed func()) (stop func())
+	unwatch    func()
 }
 
 // hotToken is what the Transport needs on its hot path.
@@ -200,6 +230,8 @@ func New(ctx context.Context, name, mcpURL string, cfg Config, opts Options) (*C
 		now:     opts.Now,
 		flight:  make(chan struct{}, 1),
 		onState: opts.OnState,
+
+		watchOwner: opts.WatchOwner,
 	}
 	if c.logger == nil {
 		c.logger = slog.New(slog.DiscardHandler)
@@ -214,6 +246,9 @@ func New(ctx context.Context, name, mcpURL string, cfg Config, opts Options) (*C
 		if c.signer, c.alg, err = cfg.signingKey(); err != nil {
 			return nil, fmt.Errorf("upstream %q: %w", name, err)
 		}
+	}
+	if c.ownerMAC, err = ownerMACKey(opts.Key); err != nil {
+		return nil, fmt.Errorf("upstream %q: %w", name, err)
 	}
 	c.addSecrets(cfg.ClientSecret, cfg.IDPClientSecret)
 	if c.interactive() {
@@ -258,8 +293,19 @@ func (c *Client) interactive() bool { return c.cfg.grant() == GrantAuthorization
 // own credentials.
 func (c *Client) LogsIn() bool { return c.interactive() }
 
-// Close releases idle connections.
-func (c *Client) Close() { c.egress.closeIdle() }
+// Close releases idle connections, and stops the watches of the people's
+// clients.
+func (c *Client) Close() {
+	c.ownersMu.Lock()
+	for k, oc := range c.owners {
+		if oc.unwatch != nil {
+			oc.unwatch()
+		}
+		delete(c.owners, k)
+	}
+	c.ownersMu.Unlock()
+	c.egress.closeIdle()
+}
 
 // State reports the upstream's authorization state.
 func (c *Client) State() Status {
@@ -518,6 +564,9 @@ func (c *Client) update(ctx context.Context, fn func(rec *record) (*record, erro
 			out = rec
 			return nil, err
 		}
+		if next != nil && c.owner != "" {
+			next.Owner = c.owner
+		}
 		out = next
 		return c.seal.seal(next)
 	})
@@ -667,8 +716,9 @@ func (c *Client) token(ctx context.Context, rejected string) (*hotToken, error) 
 	var (
 		ue  *UnavailableError
 		are *AuthRequiredError
+		cre *ConnectRequiredError
 	)
-	if (errors.As(err, &ue) || errors.As(err, &are)) && ctx.Err() == nil {
+	if (errors.As(err, &ue) || errors.As(err, &are) || errors.As(err, &cre)) && ctx.Err() == nil {
 		// Answer the next requests from this for a moment: no storage
 		// read and no token request per request while the upstream is
 		// unusable. A login here clears it at once; one on another
@@ -680,7 +730,8 @@ func (c *Client) token(ctx context.Context, rejected string) (*hotToken, error) 
 	return nil, err
 }
 
-// authRequired is the error of a request refused for want of a login.
+// authRequired is the error of a request refused for want of a login:
+// the operator's, or for a person's client, the person's.
 func (c *Client) authRequired() error {
 	st := c.State()
 	if st.State == StateError {
@@ -689,6 +740,9 @@ func (c *Client) authRequired() error {
 	var need []string
 	if rec := c.current(); rec != nil {
 		need = rec.NeedScopes
+	}
+	if c.owner != "" {
+		return &ConnectRequiredError{Upstream: c.name, Reason: st.Err, Scopes: need}
 	}
 	return &AuthRequiredError{Upstream: c.name, Reason: st.Err, Scopes: need}
 }
@@ -914,22 +968,7 @@ func (c *Client) Logout(ctx context.Context) error {
 		if rec == nil {
 			return nil, errNoChange
 		}
-		if rec.RevocationEndpoint != "" {
-			auth := c.grantAuth(rec.Client, rec.Issuer, rec.TokenEndpoint, rec.AuthMethods)
-			for _, t := range []struct{ token, hint string }{
-				{rec.RefreshToken, "refresh_token"},
-				{rec.AccessToken, "access_token"},
-			} {
-				if t.token == "" {
-					continue
-				}
-				form := url.Values{"token": {t.token}, "token_type_hint": {t.hint}}
-				a := *auth
-				if _, err := c.egress.postForm(ctx, rec.RevocationEndpoint, form, &a, nil, c.now(), c.redact); err != nil {
-					revokeErr = errors.Join(revokeErr, fmt.Errorf("revoking the %s: %w", strings.ReplaceAll(t.hint, "_", " "), err))
-				}
-			}
-		}
+		revokeErr = c.revokeTokens(ctx, rec)
 		rec.clearTokens("logged out")
 		rec.NeedScopes = nil
 		return rec, nil

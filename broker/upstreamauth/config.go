@@ -40,6 +40,16 @@ const (
 	GrantJWTBearer = "jwt_bearer"
 )
 
+// Whose token a call carries ([Config.Credentials]).
+const (
+	CredentialsShared  = "shared"
+	CredentialsPerUser = "per_user"
+)
+
+// PerUser reports whether each caller's own token is attached, rather
+// than the upstream's one shared token.
+func (c Config) PerUser() bool { return c.Credentials == CredentialsPerUser }
+
 // Client authentication methods at the token endpoint.
 const (
 	AuthClientSecretBasic = "client_secret_basic"
@@ -126,6 +136,15 @@ type Config struct {
 	// useless.
 	DPoP string `json:"dpop,omitempty"`
 
+	// Credentials is whose token a call carries: "shared" (the default),
+	// the one token of the upstream, obtained by an operator's login or by
+	// the gateway's own grant, for every caller; or "per_user", each
+	// calling person's own token, obtained when that person connects their
+	// account (authorization_code only), never another person's and never
+	// the shared one. A per_user call by a person who has not connected is
+	// refused without reaching the upstream.
+	Credentials string `json:"credentials,omitempty"`
+
 	// Cross-app access (SEP-990): the enterprise IdP.
 	IDPIssuer       string `json:"idp_issuer,omitempty"`
 	IDPTokenURL     string `json:"idp_token_url,omitempty"`
@@ -158,6 +177,9 @@ func (c Config) String() string {
 	}
 	if c.DPoP != "" {
 		fmt.Fprintf(&b, " dpop=%s", c.DPoP)
+	}
+	if c.Credentials != "" {
+		fmt.Fprintf(&b, " credentials=%s", c.Credentials)
 	}
 	if c.PrivateKey != "" {
 		b.WriteString(" private_key=<redacted>")
@@ -275,6 +297,15 @@ func (c Config) validateSettings() error {
 		if !validScope(s) {
 			return fmt.Errorf("oauth: scopes: %q is not a valid OAuth scope (printable ASCII without spaces, quotes or backslashes)", s)
 		}
+	}
+	switch c.Credentials {
+	case "", CredentialsShared:
+	case CredentialsPerUser:
+		if c.grant() != GrantAuthorizationCode {
+			return fmt.Errorf("oauth: credentials per_user needs grant authorization_code (each person logs in to the upstream as themselves); the %s grant gives the gateway one identity for everyone: use credentials shared", c.grant())
+		}
+	default:
+		return fmt.Errorf("oauth: credentials %q is not supported; use shared (the default: one token for every caller) or per_user (each person's own token)", c.Credentials)
 	}
 	if c.MaxStepUp < 0 || c.MaxStepUp > 10 {
 		return fmt.Errorf("oauth: max_step_up %d is out of range; give 1 to 10, or 0 for the default %d", c.MaxStepUp, DefaultMaxStepUp)

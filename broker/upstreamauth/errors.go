@@ -44,6 +44,41 @@ func (e *AuthRequiredError) Error() string {
 
 func (e *AuthRequiredError) Unwrap() error { return ErrAuthRequired }
 
+// ErrConnectRequired is wrapped by the error of a request the gateway did
+// not send because the upstream takes each person's own token (credentials
+// per_user) and the calling person has none usable: they must connect
+// their account to the upstream. Test with errors.Is; errors.As with
+// *[ConnectRequiredError] gives the upstream and the reason.
+var ErrConnectRequired = errors.New("upstream account not connected")
+
+// ConnectRequiredError says which upstream the calling person must connect
+// their account to, and why. It never names the person: it goes back to
+// them alone.
+type ConnectRequiredError struct {
+	// Upstream is the upstream's name.
+	Upstream string
+	// Reason says why the person's token (if any) cannot be used.
+	Reason string
+	// Scopes, when the upstream asked for more scopes (step-up), are the
+	// scopes the next connection requests.
+	Scopes []string
+}
+
+func (e *ConnectRequiredError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "the upstream MCP server %q acts as each person with their own account, and yours is not connected", e.Upstream)
+	if e.Reason != "" {
+		fmt.Fprintf(&b, " (%s)", e.Reason)
+	}
+	if len(e.Scopes) > 0 {
+		fmt.Fprintf(&b, "; connecting must grant the scopes %q", strings.Join(e.Scopes, " "))
+	}
+	b.WriteString(": connect your account to it, then call again")
+	return b.String()
+}
+
+func (e *ConnectRequiredError) Unwrap() error { return ErrConnectRequired }
+
 // UnavailableError is the error of a request the gateway did not send
 // because it could not obtain a token for a reason a login does not fix
 // (the authorization server is unreachable or refuses the client, the

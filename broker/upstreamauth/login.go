@@ -51,7 +51,12 @@ type pendingLogin struct {
 }
 
 // pendingDir is the storage directory of this upstream's pending logins.
-func (c *Client) pendingDir() string { return PendingPrefix + c.name }
+func (c *Client) pendingDir() string {
+	if c.owner != "" {
+		return OwnerPendingPrefix + c.name + "/" + c.ownerHash
+	}
+	return PendingPrefix + c.name
+}
 
 // pendingKey is the storage key of the login whose state is state. The
 // state is hashed: it is the login's CSRF secret, and storage keys show in
@@ -276,6 +281,11 @@ func (c *Client) applicationType() string {
 // it, the pre-registered client, then dynamic registration (RFC 7591),
 // reusing a registration stored earlier for the same server and callback.
 func (c *Client) register(ctx context.Context, srv *server) (*registration, error) {
+	if c.parent != nil {
+		// Every person logs in through the one client the gateway
+		// registered for the upstream, kept in its shared record.
+		return c.parent.register(ctx, srv)
+	}
 	issuer := srv.Meta.Issuer
 	if c.cfg.ClientMetadataURL != "" && srv.Meta.ClientIDMetadataDocumentSupported {
 		return &registration{Kind: "cimd", Issuer: issuer, ClientID: c.cfg.ClientMetadataURL, AuthMethod: AuthNone, RedirectURL: c.cfg.RedirectURL}, nil
@@ -364,6 +374,13 @@ func (c *Client) register(ctx context.Context, srv *server) (*registration, erro
 func (c *Client) checkCallback(ctx context.Context, query url.Values) (p *pendingLogin, code string, key *dpopKey, err error) {
 	refuse := func(format string, args ...any) error {
 		return fmt.Errorf("upstream %q: %w: %s", c.name, ErrLogin, c.redact(fmt.Sprintf(format, args...)))
+	}
+	for _, k := range []string{"state", "code", "iss", "error"} {
+		if len(query[k]) > 1 {
+			// Which one counts is a guess two readers could make
+			// differently; the login stays under way for the real answer.
+			return nil, "", nil, refuse("the authorization response has %s more than once; it is not from the authorization server as sent", k)
+		}
 	}
 	state := query.Get("state")
 	if state != "" {
@@ -458,6 +475,7 @@ func (c *Client) Callback(ctx context.Context, query url.Values) error {
 		// fewer, the upstream's next 403 says so, and counts as another
 		// step-up.
 		rec.NeedScopes = nil
+		rec.Owner = c.owner
 		return rec, nil
 	})
 	if err == nil {

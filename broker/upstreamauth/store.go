@@ -64,6 +64,11 @@ type record struct {
 	// Reason, when there are no tokens, says why (for State after a
 	// restart).
 	Reason string `json:"reason,omitempty"`
+
+	// Owner is the person a per-person record belongs to (empty for the
+	// upstream's shared record). Its storage key names the owner only by
+	// a keyed hash; the name is here, sealed, for the listings.
+	Owner string `json:"owner,omitempty"`
 }
 
 // registration is a client registered by the gateway itself.
@@ -110,7 +115,11 @@ func (r *record) clearTokens(reason string) {
 type sealer struct {
 	s        *seal.Sealer
 	upstream string
-	unbound  []byte // the associated data of a version 1 record (earlier releases)
+	// owner, for a person's record, is the keyed hash of the person that
+	// names the record's storage key: bound in too, so that a record
+	// copied under another person's key does not open.
+	owner   string
+	unbound []byte // the associated data of a version 1 record (earlier releases)
 }
 
 // sealPurpose is the purpose the storage key seals records for.
@@ -127,6 +136,20 @@ func newSealer(key []byte, upstream string) (*sealer, error) {
 	return &sealer{s: sl, upstream: upstream, unbound: []byte("zidane upstream-oauth v1\x00" + upstream)}, nil
 }
 
+// forOwner returns the sealer of the person whose keyed hash is owner:
+// the same key, with the owner bound in.
+func (s *sealer) forOwner(owner string) *sealer {
+	return &sealer{s: s.s, upstream: s.upstream, owner: owner}
+}
+
+// ad is the associated data of what, for this upstream (and owner).
+func (s *sealer) ad(what string) []byte {
+	if s.owner == "" {
+		return seal.AD(s.upstream, what)
+	}
+	return seal.AD(s.upstream, what, "owner", s.owner)
+}
+
 func (s *sealer) seal(r *record) ([]byte, error) { return s.sealValue(r, "") }
 
 // sealValue seals v's JSON; what is a record, what a pending login (and
@@ -138,7 +161,7 @@ func (s *sealer) sealValue(v any, what string) ([]byte, error) {
 	}
 	out := make([]byte, 1, 1+len(plain)+s.s.Overhead())
 	out[0] = sealVersion
-	out = s.s.Seal(out, plain, seal.AD(s.upstream, what))
+	out = s.s.Seal(out, plain, s.ad(what))
 	clear(plain)
 	return out, nil
 }
@@ -170,8 +193,12 @@ func (s *sealer) openValue(b []byte, what string, v any) error {
 	var err error
 	switch b[0] {
 	case sealVersion:
-		plain, err = s.s.Open(nil, b[1:], seal.AD(s.upstream, what))
+		plain, err = s.s.Open(nil, b[1:], s.ad(what))
 	case sealVersionUnbound:
+		if s.owner != "" {
+			// Per-person records came after version 1.
+			return errUnseal
+		}
 		plain, err = s.s.OpenUnbound(nil, b[1:], s.unboundAD(what))
 	default:
 		return errUnseal

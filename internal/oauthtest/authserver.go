@@ -141,6 +141,7 @@ type asCode struct {
 	client, challenge, redirect, resource string
 	scopes                                []string
 	jkt                                   string // dpop_jkt of the authorization request
+	user                                  string // login_hint of the authorization request
 }
 
 type asAccess struct {
@@ -148,6 +149,7 @@ type asAccess struct {
 	expiry  time.Time
 	revoked bool
 	jkt     string // the DPoP key it is bound to; "" for a Bearer token
+	user    string // the user who authorized it; "" for a machine grant
 }
 
 type asRefresh struct {
@@ -160,6 +162,7 @@ type asRefresh struct {
 	issuedFor string // the access token issued with it
 	grant     int    // the authorization it descends from, by rotation
 	jkt       string // the DPoP key it is bound to
+	user      string // the user who authorized its grant
 }
 
 // AuthServer is an OAuth 2.1 authorization server on 127.0.0.1. It is safe
@@ -302,7 +305,7 @@ func (as *AuthServer) handleAuthorize(w http.ResponseWriter, r *http.Request) {
 	}
 	code := NewSecret("code")
 	as.mu.Lock()
-	as.codes[code] = &asCode{client: q.Get("client_id"), challenge: q.Get("code_challenge"), redirect: q.Get("redirect_uri"), resource: q.Get("resource"), scopes: strings.Fields(q.Get("scope")), jkt: q.Get("dpop_jkt")}
+	as.codes[code] = &asCode{client: q.Get("client_id"), challenge: q.Get("code_challenge"), redirect: q.Get("redirect_uri"), resource: q.Get("resource"), scopes: strings.Fields(q.Get("scope")), jkt: q.Get("dpop_jkt"), user: q.Get("login_hint")}
 	as.issued = append(as.issued, code)
 	as.allCodes = append(as.allCodes, code)
 	as.mu.Unlock()
@@ -383,7 +386,7 @@ func (as *AuthServer) authenticate(r *http.Request) (string, string, error) {
 // issue answers a token request with a new access token (and, when
 // grant is not noRefresh, a refresh token of that grant: newGrant for a
 // new authorization, or the grant of the refresh token it rotates).
-func (as *AuthServer) issue(w http.ResponseWriter, client string, scopes []string, resource string, grant int, jkt string) {
+func (as *AuthServer) issue(w http.ResponseWriter, client string, scopes []string, resource string, grant int, jkt, user string) {
 	if as.opts.GrantScopes != nil {
 		scopes = as.opts.GrantScopes(scopes)
 	}
@@ -397,7 +400,7 @@ func (as *AuthServer) issue(w http.ResponseWriter, client string, scopes []strin
 	if len(scopes) > 0 {
 		resp["scope"] = strings.Join(scopes, " ")
 	}
-	as.access[at] = &asAccess{scopes: scopes, expiry: as.now().Add(ttl), jkt: jkt}
+	as.access[at] = &asAccess{scopes: scopes, expiry: as.now().Add(ttl), jkt: jkt, user: user}
 	as.accessSeq = append(as.accessSeq, at)
 	as.issued = append(as.issued, at)
 	if grant != noRefresh {
@@ -406,7 +409,7 @@ func (as *AuthServer) issue(w http.ResponseWriter, client string, scopes []strin
 			grant = as.grants
 		}
 		rt := NewSecret("rt")
-		as.refresh = append(as.refresh, &asRefresh{token: rt, client: client, scopes: scopes, resource: resource, issuedFor: at, grant: grant, jkt: jkt})
+		as.refresh = append(as.refresh, &asRefresh{token: rt, client: client, scopes: scopes, resource: resource, issuedFor: at, grant: grant, jkt: jkt, user: user})
 		as.issued = append(as.issued, rt)
 		resp["refresh_token"] = rt
 	}
@@ -465,7 +468,7 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 	case GrantRefreshToken:
 		as.grantRefresh(w, f, client, jkt)
 	case GrantClientCredentials:
-		as.issue(w, client, strings.Fields(f.Get("scope")), f.Get("resource"), noRefresh, jkt)
+		as.issue(w, client, strings.Fields(f.Get("scope")), f.Get("resource"), noRefresh, jkt, "")
 	case GrantTokenExchange:
 		as.grantExchange(w, f)
 	case GrantJWTBearer:
@@ -498,7 +501,7 @@ func (as *AuthServer) grantCode(w http.ResponseWriter, f url.Values, client, jkt
 		as.mu.Lock()
 		as.pkceOK++
 		as.mu.Unlock()
-		as.issue(w, client, code.scopes, code.resource, newGrant, jkt)
+		as.issue(w, client, code.scopes, code.resource, newGrant, jkt, code.user)
 	}
 }
 
@@ -527,7 +530,7 @@ func (as *AuthServer) grantRefresh(w http.ResponseWriter, f url.Values, client, 
 		as.refused(w, http.StatusBadRequest, "invalid_grant", "the refresh token is bound to another DPoP key")
 		return
 	}
-	as.issue(w, client, rt.scopes, rt.resource, rt.grant, jkt)
+	as.issue(w, client, rt.scopes, rt.resource, rt.grant, jkt, rt.user)
 }
 
 // grantExchange is the IdP side of SEP-990: an ID token for an ID-JAG.
@@ -562,7 +565,7 @@ func (as *AuthServer) grantJWTBearer(w http.ResponseWriter, f url.Values, client
 		}
 		resource = f.Get("resource")
 	}
-	as.issue(w, client, strings.Fields(f.Get("scope")), resource, noRefresh, jkt)
+	as.issue(w, client, strings.Fields(f.Get("scope")), resource, noRefresh, jkt, "")
 }
 
 func (as *AuthServer) handleRegister(w http.ResponseWriter, r *http.Request) {
@@ -650,6 +653,20 @@ func (as *AuthServer) bound(accessToken string) (scopes []string, jkt string, ok
 		return nil, "", false
 	}
 	return slices.Clone(t.scopes), t.jkt, true
+}
+
+// UserOf returns the user who authorized a valid access token: the
+// login_hint of the authorization request its grant began with, which
+// stands for the person who signed in at this server ("" for a machine
+// grant, or a login without one).
+func (as *AuthServer) UserOf(accessToken string) (string, bool) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	t := as.access[accessToken]
+	if t == nil || t.revoked || !as.now().Before(t.expiry) {
+		return "", false
+	}
+	return t.user, true
 }
 
 // RevokeAll makes every access and refresh token invalid at once, as if

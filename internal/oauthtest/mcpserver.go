@@ -46,6 +46,9 @@ type MCPOptions struct {
 //   - echo {text}: answers "echo: <text>"; needs MCPOptions.EchoScope.
 //   - admin_op: answers "admin_op: done"; needs MCPOptions.EchoScope and
 //     MCPOptions.AdminScope.
+//   - whoami: answers "whoami: <user>", the user who authorized the call's
+//     token (the login_hint of its authorization request: the person who
+//     signed in); needs MCPOptions.EchoScope.
 //
 // Other methods (initialize, tools/list, …) need only a valid token. A
 // request without a valid token gets 401 with `WWW-Authenticate: Bearer
@@ -90,6 +93,17 @@ func NewMCPServer(as *AuthServer, opts MCPOptions) *MCPServer {
 		Text string `json:"text"`
 	}) (*mcp.CallToolResult, any, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "echo: " + in.Text}}}, nil, nil
+	})
+	mcp.AddTool(server, &mcp.Tool{Name: "whoami", Description: "Says which user of the authorization server the call's token acts for."}, func(ctx context.Context, req *mcp.CallToolRequest, in struct{}) (*mcp.CallToolResult, any, error) {
+		_, token, _ := strings.Cut(req.Extra.Header.Get("Authorization"), " ")
+		user, ok := as.UserOf(token)
+		switch {
+		case !ok:
+			user = "(no valid token)"
+		case user == "":
+			user = "(no user)"
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "whoami: " + user}}}, nil, nil
 	})
 	mcp.AddTool(server, &mcp.Tool{Name: "admin_op", Description: "An operation that needs the admin scope."}, func(ctx context.Context, req *mcp.CallToolRequest, in struct{}) (*mcp.CallToolResult, any, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "admin_op: done"}}}, nil, nil
