@@ -382,6 +382,14 @@ func TestConnectCallbackAttacks(t *testing.T) {
 	f.wantRefused(f.get(a, callback+"&state=x"), http.StatusBadRequest, "twice", "query")
 	f.wantRefused(f.get(a, CallbackPath+"?code=x"), http.StatusBadRequest, "no state", "state")
 
+	// The callback is known for what it is, wherever it lands; another
+	// login's answer (the operator's, at the same redirect URL) is not.
+	if !f.svc.Handles(httptest.NewRequest(http.MethodGet, "/zidane/oauth/callback/github"+callback[len(CallbackPath):], nil)) {
+		t.Fatal("the flow's answer is not known as one")
+	}
+	if f.svc.Handles(httptest.NewRequest(http.MethodGet, "/zidane/oauth/callback/github?code=x&state="+rand.Text(), nil)) {
+		t.Fatal("another login's answer is taken for a flow's")
+	}
 	// Alice's own browser finishes it, once.
 	resp := f.get(a, callback)
 	if body := readBody(resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, "Go back to your MCP client") {

@@ -82,7 +82,7 @@ type response struct {
 // Message is what the person is asked: connect their account at the
 // upstream, as themselves, before the link expires.
 func (r Required) Message() string {
-	return fmt.Sprintf("This request needs your own account at %s. Open the link, sign in to the gateway as yourself if asked, and approve at %s. The link works once, for you alone, until %s.",
+	return fmt.Sprintf("This request needs your own account at %s: connect your account by opening the link, signing in to the gateway as yourself if asked, and approving at %s. The link works once, for you alone, until %s.",
 		r.Upstream, r.Upstream, r.Link.Expires.UTC().Format("15:04 UTC"))
 }
 

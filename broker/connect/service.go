@@ -221,18 +221,11 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	if ok, wait := s.limit.Allow(policy.AddressKey(s.ip(r), policy.DefaultIPv6Prefix), s.now()); !ok {
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
-		s.refuse(w, Refusal{Step: "link", Reason: "rate_limited", Status: http.StatusTooManyRequests,
-			Detail: "Too many requests from this address. Wait a few seconds and try again."})
+	if r.URL.Path == CallbackPath {
+		s.ServeCallback(w, r)
 		return
 	}
-	if r.URL.Path == CallbackPath {
-		if r.Method != http.MethodGet {
-			methodNotAllowed(w, "GET")
-			return
-		}
-		s.callback(w, r)
+	if !s.allow(w, r) {
 		return
 	}
 	// One reading of the path: the secret spelled with escapes is not
@@ -250,6 +243,44 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		methodNotAllowed(w, "GET, POST")
 	}
+}
+
+// allow applies the per-address limit, and refuses past it.
+func (s *Service) allow(w http.ResponseWriter, r *http.Request) bool {
+	ok, wait := s.limit.Allow(policy.AddressKey(s.ip(r), policy.DefaultIPv6Prefix), s.now())
+	if !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+		s.refuse(w, Refusal{Step: "link", Reason: "rate_limited", Status: http.StatusTooManyRequests,
+			Detail: "Too many requests from this address. Wait a few seconds and try again."})
+	}
+	return ok
+}
+
+// ServeCallback serves the upstream's authorization answer: at
+// CallbackPath, or at whatever path of the site an upstream's configured
+// redirect URL names (the gateway hands it over from there). When the
+// browser is not signed in, the sign-in comes back to CallbackPath.
+func (s *Service) ServeCallback(w http.ResponseWriter, r *http.Request) {
+	if !s.allow(w, r) {
+		return
+	}
+	if r.Method != http.MethodGet {
+		methodNotAllowed(w, "GET")
+		return
+	}
+	s.callback(w, r)
+}
+
+// Handles reports whether r is the answer to an authorization started
+// from a connect link: its state is one kept here. An upstream's
+// redirect URL also takes the operator's own logins, which are not.
+func (s *Service) Handles(r *http.Request) bool {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil || len(q["state"]) != 1 || q["state"][0] == "" {
+		return false
+	}
+	_, err = s.flows.peek(r.Context(), q["state"][0])
+	return err == nil || errors.Is(err, ErrExpired)
 }
 
 // show is the link's page: who it connects, and a button. It never uses
