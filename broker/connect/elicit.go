@@ -219,14 +219,18 @@ func (s *Service) Settle(ctx context.Context, owner string, c message.Call) (dec
 // Refuse answers owner's call c that cannot go to upstream for want of
 // owner's connected account: it makes a connect link and returns
 // [Answer]'s response for the call's protocol version and the client's
-// capabilities (from c's _meta at 2026-07-28; initCaps, the capabilities
-// of the session's initialize, before). A retry whose person declined
+// capabilities (from c's _meta at 2026-07-28; before, from c itself when
+// it is the initialize, else initCaps, the session's initialize's). A retry whose person declined
 // gets a tool error (or, for another method than tools/call, the -32042
 // error) saying so, and no new link.
 func (s *Service) Refuse(ctx context.Context, owner, upstream string, c message.Call, initCaps []byte) ([]byte, error) {
 	version, caps := "2025-11-25", initCaps
-	if c.HasMetaVersion {
+	switch {
+	case c.HasMetaVersion:
 		version, caps = c.MetaVersion, MetaCapabilities(c.Meta)
+	case c.Method == "initialize":
+		// Refused at the handshake itself: the capabilities are in it.
+		caps, _ = message.Lookup(c.Params, []string{"capabilities"})
 	}
 	if id, ok := ElicitationOf(c.RequestState); ok && Declined(c.Params, id) {
 		return declinedAnswer(c, upstream, version), nil

@@ -420,6 +420,8 @@ func TestRespond(t *testing.T) {
 		{"batch, second", "[" + fmt.Sprintf(plain, "1") + "," + fmt.Sprintf(modern, "2") + "]", "2", true, `"resultType":"input_required"`},
 		{"batch, first", "[" + fmt.Sprintf(plain, "1") + "," + fmt.Sprintf(modern, "2") + "]", "1", true, `"isError":true`},
 		{"no body in context", fmt.Sprintf(modern, "7"), "7", false, `"isError":true`},
+		{"initialize, capable", `{"jsonrpc":"2.0","id":9,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"elicitation":{"url":{}}},"clientInfo":{"name":"c","version":"1"}}}`, "9", true, `"message":"URL elicitation required: connect your account at github","data":{"elicitations":[{"mode":"url"`},
+		{"initialize, not capable", `{"jsonrpc":"2.0","id":9,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}`, "9", true, `by opening http`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(c.body))
@@ -431,7 +433,11 @@ func TestRespond(t *testing.T) {
 				r = r.WithContext(message.NewContext(r.Context(), b))
 			}
 			rec := httptest.NewRecorder()
-			f.svc.Respond(rec, r, "alice", "github", json.RawMessage(c.id), "tools/call", nil)
+			method := "tools/call"
+			if strings.Contains(c.body, `"initialize"`) {
+				method = "initialize"
+			}
+			f.svc.Respond(rec, r, "alice", "github", json.RawMessage(c.id), method, nil)
 			got := rec.Body.String()
 			if rec.Code != http.StatusOK || !strings.Contains(got, c.want) || !strings.Contains(got, `"id":`+c.id) || !strings.Contains(got, site+PathPrefix+"zcl_") {
 				t.Fatalf("%d %s, want %s for id %s", rec.Code, got, c.want, c.id)
