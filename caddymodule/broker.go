@@ -120,8 +120,9 @@ func (b *Broker) build(ctx caddy.Context) error {
 			metricRefusals.WithLabelValues(r.Reason).Inc()
 			auditBrokerRefusal(s.audit, r)
 		},
-		Logger:      slog.New(zapslog.NewHandler(s.logger.Named("broker").Core())),
-		Credentials: s.app.credentials(u.Name),
+		Logger:          slog.New(zapslog.NewHandler(s.logger.Named("broker").Core())),
+		Credentials:     s.app.credentials(u.Name),
+		ConnectRequired: s.app.connectRequired,
 	})
 	if err != nil {
 		return fmt.Errorf("broker %q: %w", b.Upstream, err)

@@ -43,8 +43,9 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 				metricRefusals.WithLabelValues(r.Reason).Inc()
 				auditBrokerRefusal(auditLogger(), r)
 			},
-			Logger:      log,
-			Credentials: a.credentials(name),
+			Logger:          log,
+			Credentials:     a.credentials(name),
+			ConnectRequired: a.connectRequired,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("session_upstreams: %w", err)

@@ -115,6 +115,12 @@ func (h *Handler) serveOAuthCallback(w http.ResponseWriter, r *http.Request) err
 		w.Header().Set("Allow", http.MethodGet)
 		return page(http.StatusMethodNotAllowed, "Use GET", "The authorization server sends the browser here with GET.")
 	}
+	if h.app.perUser(name) && h.app.signin != nil && h.app.signin.connect != nil && h.app.signin.connect.Handles(r) {
+		// A person's login, started from a connect link: finished only
+		// in a browser signed in as that person.
+		h.app.signin.connect.ServeCallback(w, r)
+		return nil
+	}
 	audit := auditLogger()
 	if err := c.Callback(r.Context(), r.URL.Query()); err != nil {
 		audit.Warn("upstream login refused", zap.String("event", "upstream_login"), zap.String("upstream", name),

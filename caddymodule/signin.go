@@ -19,6 +19,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/authserver"
 	"github.com/Tahul/caddy-zidane-mcp/authserver/clients"
 	"github.com/Tahul/caddy-zidane-mcp/authserver/idp"
+	"github.com/Tahul/caddy-zidane-mcp/broker/connect"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/dpop"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -97,6 +98,9 @@ type signin struct {
 	// accounts is the page of a person's connected upstream accounts;
 	// nil when no upstream has credentials per_user.
 	accounts *accounts.Page
+	// connect serves the connect links of per_user upstreams; nil with
+	// none.
+	connect *connect.Service
 }
 
 // signinResources are the resources of the config's zidane_mcp sites,
@@ -276,6 +280,9 @@ func (a *App) provisionSignin(ctx caddy.Context) error {
 	if a.signin.accounts, err = a.accountsPage(issuer, people); err != nil {
 		return fmt.Errorf("zidane signin: %w", err)
 	}
+	if a.signin.connect, err = a.connectService(issuer, people); err != nil {
+		return fmt.Errorf("zidane signin: %w", err)
+	}
 	go sweepSignin(ctx, srv, reg)
 	return nil
 }
@@ -306,10 +313,14 @@ func sweepSignin(ctx context.Context, srv *authserver.Server, reg *clients.Regis
 // serves says whether path is the sign-in's: the authorization server's
 // endpoints and metadata, and the person's sign-in under the same prefix.
 func (s *signin) serves(path string) bool {
-	return s.server.Handles(path) || strings.HasPrefix(path, authserver.Base)
+	return s.server.Handles(path) || strings.HasPrefix(path, authserver.Base) || (s.connect != nil && strings.HasPrefix(path, connect.PathPrefix))
 }
 
 func (s *signin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.connect != nil && strings.HasPrefix(r.URL.Path, connect.PathPrefix) {
+		s.connect.ServeHTTP(w, r)
+		return
+	}
 	if r.URL.Path == accounts.Path && s.accounts != nil {
 		s.accounts.ServeHTTP(w, r)
 		return

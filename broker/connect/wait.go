@@ -1,0 +1,115 @@
+package connect
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Bounds of [Service.Wait].
+const (
+	// maxWaiters bounds the waits under way in one process.
+	maxWaiters = 4096
+	// pollEvery is how often a wait reads storage for a completion on
+	// another replica.
+	pollEvery = 500 * time.Millisecond
+)
+
+// waiters wakes the waits of this process when an elicitation completes
+// here.
+type waiters struct {
+	mu    sync.Mutex
+	m     map[string]*waiting
+	n     int
+	total int // waits ever started, for the tests
+}
+
+type waiting struct {
+	ch chan struct{}
+	n  int
+}
+
+// add registers a wait for id; the func ends it. It is refused past
+// maxWaiters.
+func (ws *waiters) add(id string) (<-chan struct{}, func(), bool) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.n >= maxWaiters {
+		return nil, nil, false
+	}
+	if ws.m == nil {
+		ws.m = map[string]*waiting{}
+	}
+	w, ok := ws.m[id]
+	if !ok {
+		w = &waiting{ch: make(chan struct{})}
+		ws.m[id] = w
+	}
+	w.n++
+	ws.n++
+	ws.total++
+	return w.ch, func() {
+		ws.mu.Lock()
+		defer ws.mu.Unlock()
+		ws.n--
+		if w.n--; w.n == 0 && ws.m[id] == w {
+			delete(ws.m, id)
+		}
+	}, true
+}
+
+func (ws *waiters) wake(id string) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if w, ok := ws.m[id]; ok {
+		close(w.ch)
+		delete(ws.m, id)
+	}
+}
+
+// done notes that owner's elicitation completed, and wakes its waits.
+func (s *Service) done(ctx context.Context, c Connection) {
+	_ = s.dones.put(ctx, c.Elicitation, record{Owner: c.Owner, Upstream: c.Upstream, Elicitation: c.Elicitation, Expires: s.now().Add(FlowLifetime)})
+	s.waits.wake(c.Elicitation)
+}
+
+// completed reads whether the elicitation completed for owner: yes, no,
+// or for someone else (then no wait will change it).
+func (s *Service) completed(ctx context.Context, owner, elicitation string) (done, other bool) {
+	rec, err := s.dones.peek(ctx, elicitation)
+	if err != nil {
+		return false, false
+	}
+	return rec.Owner == owner, rec.Owner != owner
+}
+
+// Wait blocks until owner's elicitation (the id of a link made for
+// owner) completes, on this replica or another sharing the storage, or
+// until ctx ends; it reports whether it completed. A caller bounds ctx:
+// the retry of a 2026-07-28 call may wait a little for the person, and
+// the stream of a 2025-11-25 client sends notifications/elicitation/
+// complete when it returns true. An elicitation completed for another
+// owner is never reported.
+func (s *Service) Wait(ctx context.Context, owner, elicitation string) bool {
+	ch, release, ok := s.waits.add(elicitation)
+	if !ok {
+		done, _ := s.completed(ctx, owner, elicitation)
+		return done
+	}
+	defer release()
+	tick := time.NewTicker(pollEvery)
+	defer tick.Stop()
+	for {
+		done, other := s.completed(ctx, owner, elicitation)
+		if done || other {
+			return done
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-ch:
+			ch = nil // woken here: read it back, which tells the owner
+		case <-tick.C:
+		}
+	}
+}

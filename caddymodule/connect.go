@@ -1,0 +1,86 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+
+	"go.uber.org/zap"
+
+	"github.com/Tahul/caddy-zidane-mcp/authserver/idp"
+	"github.com/Tahul/caddy-zidane-mcp/broker/connect"
+	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+)
+
+// connectAuthorizer runs the per-owner logins of the app's per_user
+// upstreams for the connect links.
+type connectAuthorizer map[string]*upstreamauth.Client
+
+func (c connectAuthorizer) owner(owner, up string) (*upstreamauth.OwnerClient, error) {
+	cl := c[up]
+	if cl == nil {
+		return nil, fmt.Errorf("upstream %q takes no person's own account", up)
+	}
+	return cl.ForOwner(owner)
+}
+
+func (c connectAuthorizer) Begin(ctx context.Context, owner, up string) (string, error) {
+	oc, err := c.owner(owner, up)
+	if err != nil {
+		return "", err
+	}
+	return oc.BeginLogin(ctx)
+}
+
+func (c connectAuthorizer) Finish(ctx context.Context, owner, up string, q url.Values) error {
+	oc, err := c.owner(owner, up)
+	if err != nil {
+		return err
+	}
+	return oc.Callback(ctx, q)
+}
+
+// connectService is the connect links of the app's per_user upstreams, on
+// the sign-in's site; nil when no upstream is per_user.
+func (a *App) connectService(issuer string, people *idp.Service) (*connect.Service, error) {
+	per := connectAuthorizer{}
+	for name, c := range a.oauth {
+		if a.perUser(name) {
+			per[name] = c
+		}
+	}
+	if len(per) == 0 {
+		return nil, nil
+	}
+	return connect.New(connect.Config{
+		Site:       issuer,
+		Store:      a.storage,
+		People:     people,
+		Authorizer: per,
+		ClientIP:   clientIP,
+		Audit: func(rf connect.Refusal) {
+			metricRefusals.WithLabelValues("connect").Inc()
+			auditLogger().Warn("connect refused", zap.String("event", "connect_refused"), zap.String("step", rf.Step),
+				zap.String("reason", rf.Reason), zap.String("owner", rf.Owner), zap.String("browser", rf.Browser),
+				zap.String("upstream", rf.Upstream), zap.Int("status", rf.Status), zap.String("detail", rf.Detail))
+		},
+		Connected: func(c connect.Connection) {
+			auditLogger().Info("upstream account connected", zap.String("event", "upstream_connect"),
+				zap.String("owner", c.Owner), zap.String("upstream", c.Upstream))
+		},
+	})
+}
+
+// connectRequired answers a per_user call whose person has not connected
+// their account: with a connect link carried by URL elicitation when the
+// gateway signs people in, else passthrough's refusal.
+func (a *App) connectRequired(w http.ResponseWriter, r *http.Request, rpcID json.RawMessage, method string, err *upstreamauth.ConnectRequiredError) {
+	if a.signin == nil || a.signin.connect == nil {
+		passthrough.RefuseConnectRequired(w, r, rpcID, method, err)
+		return
+	}
+	a.signin.connect.Respond(w, r, callerOwner(r.Context()), err.Upstream, rpcID, method, nil)
+}
