@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker/connect"
 	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
 // connectAuthorizer runs the per-owner logins of the app's per_user
@@ -48,9 +50,13 @@ func (c connectAuthorizer) Finish(ctx context.Context, owner, up string, q url.V
 func (a *App) connectService(issuer string, people *idp.Service) (*connect.Service, error) {
 	per := connectAuthorizer{}
 	for name, c := range a.oauth {
-		if a.perUser(name) {
-			per[name] = c
+		if !a.perUser(name) {
+			continue
 		}
+		if err := checkConnectRedirect(name, a.upstreams[name].OAuth.RedirectURL, issuer); err != nil {
+			return nil, err
+		}
+		per[name] = c
 	}
 	if len(per) == 0 {
 		return nil, nil
@@ -72,6 +78,20 @@ func (a *App) connectService(issuer string, people *idp.Service) (*connect.Servi
 				zap.String("owner", c.Owner), zap.String("upstream", c.Upstream))
 		},
 	})
+}
+
+// checkConnectRedirect refuses a per_user upstream whose redirect_url is
+// not on the signin issuer's site: the upstream sends the person's browser
+// there, and the connect flow finishes only with the sign-in cookie of the
+// issuer's site, so every person's connection would fail at its last step.
+func checkConnectRedirect(name, redirect, issuer string) error {
+	want := strings.TrimSuffix(issuer, "/") + "/zidane/oauth/callback/" + name
+	ru, err1 := url.Parse(redirect)
+	iu, err2 := url.Parse(issuer)
+	if err1 == nil && err2 == nil && ru.IsAbs() && pinnedfetch.Origin(ru) == pinnedfetch.Origin(iu) {
+		return nil
+	}
+	return fmt.Errorf("upstream %q has credentials per_user, and its redirect_url %s is not on the signin issuer's site, where the person's browser carries their sign-in: set redirect_url %s", name, redirect, want)
 }
 
 // connectRequired answers a per_user call whose person has not connected
