@@ -886,7 +886,9 @@ func parseUpstream(d *caddyfile.Dispenser) (upstream.Config, error) {
 }
 
 // parseOAuth reads an upstream's oauth block. Each option takes one value,
-// except scopes, which takes one or more.
+// given once (a second would silently win over the first, which the reader
+// of the file may take for the one in force), except scopes, which takes
+// one or more and may be repeated.
 func parseOAuth(d *caddyfile.Dispenser, upstream string) (*upstreamauth.Config, error) {
 	c := &upstreamauth.Config{}
 	fields := map[string]*string{
@@ -912,9 +914,14 @@ func parseOAuth(d *caddyfile.Dispenser, upstream string) (*upstreamauth.Config, 
 		"dpop":                       &c.DPoP,
 		"credentials":                &c.Credentials,
 	}
+	seen := map[string]bool{}
 	for d.NextBlock(2) {
 		opt := d.Val()
 		args := d.RemainingArgs()
+		if opt != "scopes" && seen[opt] {
+			return nil, d.Errf("upstream %s: oauth %s is given twice; give it once", upstream, opt)
+		}
+		seen[opt] = true
 		switch opt {
 		case "scopes":
 			if len(args) == 0 {

@@ -241,7 +241,16 @@ func stdioBlock(lines ...string) string {
 }
 
 func oauthBlock(base []string, lines ...string) string {
-	return upstreamBlock("oauth {\n" + strings.Join(append(slices.Clone(base), lines...), "\n") + "\n}")
+	kept := slices.DeleteFunc(slices.Clone(base), func(b string) bool {
+		return slices.ContainsFunc(lines, func(l string) bool { return optionOf(l) == optionOf(b) && optionOf(l) != "scopes" })
+	})
+	return upstreamBlock("oauth {\n" + strings.Join(append(kept, lines...), "\n") + "\n}")
+}
+
+// optionOf is the option a config line sets: its first word.
+func optionOf(line string) string {
+	opt, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+	return opt
 }
 
 // The oauth blocks the cases change: one line of a case replaces the
@@ -623,6 +632,7 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane upstream oauth scopes", labelEmpty, oauthBlock(oauthSecret, "scopes"), "scopes takes one or more scopes"),
 		c("zidane upstream oauth scopes", "too many", oauthBlock(oauthSecret, "scopes "+scopes65), "give at most 64"),
 		c("zidane upstream oauth scopes", "a quote", oauthBlock(oauthSecret, `scopes "a\"b"`), "is not a valid OAuth scope"),
+		c("zidane upstream oauth redirect_url", "twice", upstreamBlock("oauth {\n"+strings.Join(append(slices.Clone(oauthLogin), "redirect_url "+badConfigSite+"/other"), "\n")+"\n}"), "given twice", "give it once"),
 		c("zidane upstream oauth redirect_url", "plain http off loopback", oauthBlock(oauthLogin, "redirect_url http://192.0.2.1/cb"), "use https://"),
 		c("zidane upstream oauth redirect_url", "not a URL", oauthBlock(oauthLogin, "redirect_url callback"), "redirect_url"),
 		c("zidane upstream oauth redirect_url", "with client_credentials", oauthBlock(oauthSecret, "redirect_url "+badConfigSite+"/cb"), "apply to authorization_code"),
