@@ -2,6 +2,7 @@ package rules
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -212,7 +213,11 @@ type Input struct {
 	// Claims are the JWT's or the sign-in's claims, when known. (A
 	// variable of its own: CEL's Go struct types hold no dyn field.)
 	Claims map[string]any
-	Method string
+	// ClaimsJWT, when Claims is nil, is a verified JWT's payload as the
+	// token carries it (base64url JSON), decoded when a rule first reads
+	// claims, as the arguments are.
+	ClaimsJWT string
+	Method    string
 	// Tool, Prompt and URI are the call's tool name, prompt name and
 	// resource URI, as the edge read them ("" when the call has none).
 	Tool, Prompt, URI string
@@ -335,6 +340,7 @@ type activation struct {
 	in        Input
 	withArgs  bool
 	args      ref.Val
+	claims    ref.Val
 	principal *principalVar
 }
 
@@ -352,10 +358,16 @@ func (a *activation) ResolveName(name string) (any, bool) {
 		}
 		return a.principal, true
 	case "claims":
-		if in.Claims == nil {
-			return noClaims, true
+		switch {
+		case in.Claims != nil:
+			return in.Claims, true
+		case in.ClaimsJWT != "":
+			if a.claims == nil {
+				a.claims = decodeClaims(in.ClaimsJWT)
+			}
+			return a.claims, true
 		}
-		return in.Claims, true
+		return noClaims, true
 	case "method":
 		return in.Method, true
 	case "tool":
@@ -393,6 +405,24 @@ var noClaims = map[string]any{}
 func objectOrNone(raw []byte) bool {
 	raw = bytes.TrimSpace(raw)
 	return len(raw) == 0 || raw[0] == '{' || bytes.Equal(raw, []byte("null"))
+}
+
+// decodeClaims reads a JWT's payload as the arguments are read (numbers
+// exact, ints where they are integers): a payload that is not one JSON
+// object fails the rules that read it closed.
+func decodeClaims(payload string) ref.Val {
+	raw, err := base64.RawURLEncoding.DecodeString(payload)
+	if err != nil {
+		return types.NewErr("the token's claims are not base64url")
+	}
+	if !objectOrNone(raw) || len(bytes.TrimSpace(raw)) == 0 {
+		return types.NewErr("the token's claims are not a JSON object")
+	}
+	v, err := decodeArgs(raw)
+	if err != nil {
+		return types.NewErr("the token's claims are not a JSON object")
+	}
+	return v
 }
 
 var noArgs = types.NewRefValMap(types.DefaultTypeAdapter, map[ref.Val]ref.Val{})
