@@ -1,0 +1,176 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// policyCaddyfile offers the everything-server through guard (in front of
+// reverse_proxy), the broker's pass-through and the aggregated route, each
+// with the same rules: a global deny rule over a tool's name, and site
+// rules over a call's arguments and a token's scopes.
+func policyCaddyfile(ports map[string]int, upstream string) string {
+	siteRules := `
+		scope narrow tools json_schema_2020_12_tool
+		policy {
+			deny "tool.name.endsWith('json_schema_2020_12_tool') && args.name == 'production'" "the production name is off limits"
+			allow "'narrow' in principal.scopes && tool.name.endsWith('test_image_content')"
+		}
+		rate_limit {
+			per_token 1000/s 1000
+			per_ip 1000/s 1000
+		}`
+	return fmt.Sprintf(`{
+	admin %s
+	zidane {
+		upstream ev %s
+		policy {
+			deny "tool.name.endsWith('test_simple_text')" "simple text is switched off here"
+		}
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource http://127.0.0.1:%d/mcp
+%s
+	}
+	reverse_proxy %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		broker ev
+%s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		aggregate ev
+		prefix conditional
+%s
+	}
+}
+`, AdminPlaceholder, upstream, ports["guard"], ports["guard"], siteRules, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp"),
+		ports["broker"], siteRules, ports["aggregate"], siteRules)
+}
+
+// TestPolicyRules drives go-sdk clients at both protocol versions through
+// guard, broker and aggregate in front of a real MCP server: a rule over an
+// argument refuses one call (with the rule's message, never its
+// expression) and lets its neighbour through; a tool a rule denies
+// whatever the arguments is left out of the listing and refused; an allow
+// rule grants a tool the token's scopes do not, and lists it; each
+// decision is an audit line naming its rule.
+func TestPolicyRules(t *testing.T) {
+	upstream := startStatelessEverythingServer(t)
+	ports := map[string]int{"guard": freePort(t), "broker": freePort(t), "aggregate": freePort(t)}
+	c := startCaddy(t, policyCaddyfile(ports, upstream))
+	full := createToken(t, c, "full", "--scope", "mcp")
+	narrow := createToken(t, c, "narrow", "--scope", "narrow")
+
+	for _, route := range []string{"guard", "broker", "aggregate"} {
+		for _, version := range []string{modernVersion, legacyVersion} {
+			t.Run(route+"/"+version, func(t *testing.T) {
+				endpoint := fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[route])
+				p, err := connectPeer(t, endpoint, bearerClient(full, nil), version)
+				if err != nil {
+					t.Fatalf("connect: %v", err)
+				}
+				if got := p.cs.InitializeResult().ProtocolVersion; got != version {
+					t.Fatalf("negotiated %q, want %q", got, version)
+				}
+				names := listToolNames(t, p.cs)
+				if !slices.Contains(names, "json_schema_2020_12_tool") || slices.Contains(names, "test_simple_text") {
+					t.Fatalf("the listing does not follow the rules: %v", names)
+				}
+
+				from := c.LogSize()
+				_, err = callRouteTool(p.cs, "json_schema_2020_12_tool", map[string]any{"name": "production", "email": "ops@example.com"})
+				if err == nil || !strings.Contains(err.Error(), "the production name is off limits") || strings.Contains(err.Error(), "args.name") {
+					t.Fatalf("the production call: %v, want the rule's message alone", err)
+				}
+				c.WaitForLogFrom(t, from, `"rule":"`+siteRuleName(route, ports)+`, rule 1"`, 10*time.Second)
+
+				res, err := callRouteTool(p.cs, "json_schema_2020_12_tool", map[string]any{"name": "staging", "email": "ops@example.com"})
+				if err != nil || res.IsError || !strings.Contains(outcome(res, err), `"name":"staging"`) {
+					t.Fatalf("the neighbouring call: %s", outcome(res, err))
+				}
+
+				from = c.LogSize()
+				_, err = callRouteTool(p.cs, "test_simple_text", nil)
+				if err == nil || !strings.Contains(err.Error(), "simple text is switched off here") {
+					t.Fatalf("a tool denied by the global rule: %v", err)
+				}
+				c.WaitForLogFrom(t, from, `"rule":"global policy, rule 1"`, 10*time.Second)
+				checkRuleAudit(t, c, "global policy, rule 1", "deny", "denied_by_rule")
+
+				if route == "aggregate" {
+					// An allow rule grants a call of one upstream, and the
+					// narrow token may use none here: the listing names
+					// none, and is refused.
+					return
+				}
+				q, err := connectPeer(t, endpoint, bearerClient(narrow, nil), version)
+				if err != nil {
+					t.Fatalf("connect narrow: %v", err)
+				}
+				names = listToolNames(t, q.cs)
+				slices.Sort(names)
+				if !slices.Equal(names, []string{"json_schema_2020_12_tool", "test_image_content"}) {
+					t.Fatalf("the narrow token lists %v, want its scope's tool and the one the allow rule grants", names)
+				}
+				from = c.LogSize()
+				if res, err := callRouteTool(q.cs, "test_image_content", nil); err != nil || res.IsError {
+					t.Fatalf("the tool an allow rule grants: %s", outcome(res, err))
+				}
+				c.WaitForLogFrom(t, from, `"event":"rule_allowed"`, 10*time.Second)
+				checkRuleAudit(t, c, siteRuleName(route, ports)+", rule 2", "allow", "")
+				if _, err := callRouteTool(q.cs, "test_error_handling", nil); err == nil || !strings.Contains(err.Error(), "lacks a scope") {
+					t.Fatalf("a tool neither the scope nor a rule grants: %v", err)
+				}
+			})
+		}
+	}
+}
+
+// siteRuleName is how the site's rules are named: by the site's resource.
+func siteRuleName(route string, ports map[string]int) string {
+	if route == "guard" {
+		return fmt.Sprintf("http://127.0.0.1:%d/mcp policy", ports[route])
+	}
+	return "/mcp policy"
+}
+
+func listToolNames(t *testing.T, cs *mcp.ClientSession) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatalf("tools/list: %v", err)
+	}
+	return toolNamesOf(res)
+}
+
+// checkRuleAudit finds the audit line of a decision by rule.
+func checkRuleAudit(t *testing.T, c *Caddy, rule, effect, reason string) {
+	t.Helper()
+	for _, l := range auditLines(c) {
+		if l["rule"] == rule && l["effect"] == effect && (reason == "" || l["reason"] == reason) {
+			if strings.Contains(fmt.Sprint(l), "ops@example.com") || strings.Contains(fmt.Sprint(l), "endsWith") {
+				t.Fatalf("the audit line holds the call's arguments or the rule's expression: %v", l)
+			}
+			return
+		}
+	}
+	t.Fatalf("no audit line of rule %q (%s)", rule, effect)
+}
