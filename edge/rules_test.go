@@ -180,3 +180,43 @@ func TestRulesVisibleAgreesWithAuthorize(t *testing.T) {
 		}
 	}
 }
+
+// benchRuleSet is the five rules of the benchmark (bench -rules).
+func benchRuleSet(b testing.TB) *rules.Set {
+	s, err := rules.Compile([]rules.Spec{
+		{Effect: rules.Deny, Expr: "tool.name == 'drop_table'", Message: "m", Where: "r1"},
+		{Effect: rules.Deny, Expr: "tool.name == 'deploy' && args.environment == 'production'", Message: "m", Where: "r2"},
+		{Effect: rules.Deny, Expr: `tool.name == 'echo' && args.message.matches('(?i)\\b(drop|truncate)\\b')`, Message: "m", Where: "r3"},
+		{Effect: rules.Deny, Expr: "'readonly' in principal.scopes && tool.name.startsWith('write_')", Message: "m", Where: "r4"},
+		{Effect: rules.Allow, Expr: "'db' in principal.scopes && tool.name == 'run_query'", Where: "r5"},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// BenchmarkGuardAuthorizeRules is what five rules add to a guard's
+// decision of one tool call: the same call without rules, then with.
+func BenchmarkGuardAuthorizeRules(b *testing.B) {
+	scopes, err := policy.NewScopeMap(nil, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := principal(policy.KindUser, "mcp")
+	body := []byte(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"message":"hello"}}}`)
+	for _, bc := range []struct {
+		name string
+		set  *rules.Set
+	}{{"none", nil}, {"five", benchRuleSet(b)}} {
+		g := &Guard{Scopes: scopes, Rules: bc.set}
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if d := Decide(g, p, http.MethodPost, http.Header{}, body); !d.Allowed() {
+					b.Fatal(d.Message)
+				}
+			}
+		})
+	}
+}

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
-	"reflect"
 	"strings"
 
 	"cel.dev/cel-go/cel"
@@ -61,47 +59,40 @@ type Set struct {
 	env   *cel.Env
 }
 
-// The variables' types. Their `cel` tags are the names rules use; a
-// change here is a change of the rule language (docs/policy.md).
-type principalVar struct {
-	Owner  string   `cel:"owner"`
-	Token  string   `cel:"token"`
-	Kind   string   `cel:"kind"`
-	Source string   `cel:"source"`
-	Client string   `cel:"client"`
-	Scopes []string `cel:"scopes"`
+// The variables. Those written with a dot (principal.owner, tool.name)
+// are variables of their own, each a string or list, which the rules
+// read without reflecting over a Go struct: a rule reads its variables on
+// every call. A change here is a change of the rule language
+// (docs/policy.md).
+var variables = []cel.EnvOption{
+	cel.Variable("principal.owner", cel.StringType),
+	cel.Variable("principal.token", cel.StringType),
+	cel.Variable("principal.kind", cel.StringType),
+	cel.Variable("principal.source", cel.StringType),
+	cel.Variable("principal.client", cel.StringType),
+	cel.Variable("principal.scopes", cel.ListType(cel.StringType)),
+	cel.Variable("method", cel.StringType),
+	cel.Variable("tool.name", cel.StringType),
+	cel.Variable("prompt.name", cel.StringType),
+	cel.Variable("resource.uri", cel.StringType),
+	cel.Variable("claims", cel.MapType(cel.StringType, cel.DynType)),
+	cel.Variable("args", cel.MapType(cel.StringType, cel.DynType)),
+	cel.Variable("upstream", cel.StringType),
+	cel.Variable("route", cel.StringType),
 }
 
-type toolVar struct {
-	Name string `cel:"name"`
+// fieldsOf says what a variable group holds, for an error that names
+// the group alone (CEL says "undeclared reference to 'principal'" for
+// principal.email).
+var fieldsOf = map[string]string{
+	"principal": "principal.owner, .token, .kind, .source, .client and .scopes",
+	"tool":      "tool.name",
+	"prompt":    "prompt.name",
+	"resource":  "resource.uri",
 }
-
-type resourceVar struct {
-	URI string `cel:"uri"`
-}
-
-var (
-	principalType = cel.ObjectType("rules.principalVar")
-	toolType      = cel.ObjectType("rules.toolVar")
-	resourceType  = cel.ObjectType("rules.resourceVar")
-)
 
 func newEnv() (*cel.Env, error) {
-	return cel.NewEnv(
-		ext.NativeTypes(reflect.TypeOf(&principalVar{}), reflect.TypeOf(&toolVar{}), reflect.TypeOf(&resourceVar{}), ext.ParseStructTags(true)),
-		ext.Strings(),
-		cel.OptionalTypes(),
-		cel.CrossTypeNumericComparisons(true),
-		cel.Variable("principal", principalType),
-		cel.Variable("method", cel.StringType),
-		cel.Variable("tool", toolType),
-		cel.Variable("prompt", toolType),
-		cel.Variable("resource", resourceType),
-		cel.Variable("claims", cel.MapType(cel.StringType, cel.DynType)),
-		cel.Variable("args", cel.MapType(cel.StringType, cel.DynType)),
-		cel.Variable("upstream", cel.StringType),
-		cel.Variable("route", cel.StringType),
-	)
+	return cel.NewEnv(append([]cel.EnvOption{ext.Strings(), cel.OptionalTypes(), cel.CrossTypeNumericComparisons(true)}, variables...)...)
 }
 
 // Compile type-checks and compiles specs, in order. An error names the
@@ -144,7 +135,13 @@ func compile(env *cel.Env, sp Spec) (*Rule, error) {
 	}
 	ast, iss := env.Compile(sp.Expr)
 	if iss != nil && iss.Err() != nil {
-		return nil, fmt.Errorf("%s: %s does not compile: %s", where, quote(sp.Expr), oneLine(iss.Err().Error()))
+		msg := oneLine(iss.Err().Error())
+		for group, fields := range fieldsOf {
+			if strings.Contains(msg, "undeclared reference to '"+group+"'") {
+				msg += fmt.Sprintf(" (the variables are %s)", fields)
+			}
+		}
+		return nil, fmt.Errorf("%s: %s does not compile: %s", where, quote(sp.Expr), msg)
 	}
 	if !ast.OutputType().IsExactType(cel.BoolType) {
 		return nil, fmt.Errorf("%s: %s is a %s, not a bool; a rule holds or does not", where, quote(sp.Expr), ast.OutputType())
@@ -337,26 +334,31 @@ func overCost(err error) bool {
 // when a rule first reads them, once per call: a rule set whose rules
 // decide on the tool's name alone never decodes them.
 type activation struct {
-	in        Input
-	withArgs  bool
-	args      ref.Val
-	claims    ref.Val
-	principal *principalVar
+	in       Input
+	withArgs bool
+	args     ref.Val
+	claims   ref.Val
+	scopes   ref.Val
 }
 
 func (a *activation) ResolveName(name string) (any, bool) {
 	in := &a.in
 	switch name {
-	case "principal":
-		if a.principal == nil {
-			scopes := in.Principal.Scopes
-			if scopes == nil {
-				scopes = []string{}
-			}
-			a.principal = &principalVar{Owner: in.Principal.Owner, Token: in.Principal.Token, Kind: in.Principal.Kind,
-				Source: in.Principal.Source, Client: in.Principal.Client, Scopes: scopes}
+	case "principal.owner":
+		return in.Principal.Owner, true
+	case "principal.token":
+		return in.Principal.Token, true
+	case "principal.kind":
+		return in.Principal.Kind, true
+	case "principal.source":
+		return in.Principal.Source, true
+	case "principal.client":
+		return in.Principal.Client, true
+	case "principal.scopes":
+		if a.scopes == nil {
+			a.scopes = types.NewStringList(types.DefaultTypeAdapter, in.Principal.Scopes)
 		}
-		return a.principal, true
+		return a.scopes, true
 	case "claims":
 		switch {
 		case in.Claims != nil:
@@ -370,12 +372,12 @@ func (a *activation) ResolveName(name string) (any, bool) {
 		return noClaims, true
 	case "method":
 		return in.Method, true
-	case "tool":
-		return &toolVar{Name: in.Tool}, true
-	case "prompt":
-		return &toolVar{Name: in.Prompt}, true
-	case "resource":
-		return &resourceVar{URI: in.URI}, true
+	case "tool.name":
+		return in.Tool, true
+	case "prompt.name":
+		return in.Prompt, true
+	case "resource.uri":
+		return in.URI, true
 	case "args":
 		if !a.withArgs {
 			return nil, false
@@ -427,61 +429,16 @@ func decodeClaims(payload string) ref.Val {
 
 var noArgs = types.NewRefValMap(types.DefaultTypeAdapter, map[ref.Val]ref.Val{})
 
-// decodeArgs reads the arguments object. The edge's reader has refused
-// duplicate and case-variant keys already, so encoding/json reads the
-// object the backend will read; numbers are read exactly (json.Number),
-// and made ints where they are integers within int64.
+// decodeArgs reads the arguments object, lazily (see jsonObject). The
+// edge's reader has refused duplicate and case-variant keys already, so
+// the rules read the object the backend will read.
 func decodeArgs(raw []byte) (ref.Val, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return noArgs, nil
 	}
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	var v any
-	if err := d.Decode(&v); err != nil {
+	if raw[0] != '{' || !json.Valid(raw) {
 		return nil, ErrArguments
 	}
-	if _, ok := v.(map[string]any); !ok {
-		return nil, ErrArguments
-	}
-	return celValue(v), nil
-}
-
-// celValue makes a decoded JSON value a CEL value once, so that a rule
-// that reads an argument many times (a comprehension) pays for each read
-// what CEL's cost counts, not a new reflection over the whole value.
-func celValue(v any) ref.Val {
-	switch x := v.(type) {
-	case map[string]any:
-		m := make(map[ref.Val]ref.Val, len(x))
-		for k, e := range x {
-			m[types.String(k)] = celValue(e)
-		}
-		return types.NewRefValMap(types.DefaultTypeAdapter, m)
-	case []any:
-		l := make([]ref.Val, len(x))
-		for i, e := range x {
-			l[i] = celValue(e)
-		}
-		return types.NewRefValList(types.DefaultTypeAdapter, l)
-	case json.Number:
-		if i, err := x.Int64(); err == nil {
-			return types.Int(i)
-		}
-		f, err := x.Float64()
-		if err != nil || math.IsInf(f, 0) {
-			// Larger than a double: kept as its text, which no number
-			// equals, so a rule comparing it fails closed.
-			return types.String(x.String())
-		}
-		return types.Double(f)
-	case string:
-		return types.String(x)
-	case bool:
-		return types.Bool(x)
-	case nil:
-		return types.NullValue
-	}
-	return types.NewErr("unexpected JSON value %T", v)
+	return &jsonObject{raw: raw}, nil
 }
