@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common/cost"
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/ext"
@@ -146,7 +147,14 @@ func compile(env *cel.Env, sp Spec) (*Rule, error) {
 	if !ast.OutputType().IsExactType(cel.BoolType) {
 		return nil, fmt.Errorf("%s: %s is a %s, not a bool; a rule holds or does not", where, quote(sp.Expr), ast.OutputType())
 	}
-	prg, err := env.Program(ast, cel.CostLimit(CostLimit), cel.EvalOptions(cel.OptOptimize))
+	opts := []cel.ProgramOption{cel.EvalOptions(cel.OptOptimize)}
+	if est, err := env.EstimateCost(ast, sizes{}); err != nil || est.Max > CostLimit {
+		// Tracked as it runs. A rule whose cost is bounded under the limit
+		// whatever its inputs (see sizes) needs no tracking, which was most
+		// of what such a rule cost a call.
+		opts = append(opts, cel.CostLimit(CostLimit))
+	}
+	prg, err := env.Program(ast, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", where, quote(sp.Expr), err)
 	}
@@ -155,6 +163,36 @@ func compile(env *cel.Env, sp Spec) (*Rule, error) {
 		return nil, fmt.Errorf("%s: %s: %w", where, quote(sp.Expr), err)
 	}
 	return &Rule{Spec: sp, prg: prg, partial: partial}, nil
+}
+
+// sizes bounds the inputs of a rule for CEL's static cost estimate: no
+// string, list or map a rule reads is larger than maxInputSize, the
+// edge's largest body by default (the arguments, the names and URIs of a
+// call; a JWT is smaller still), and a credential holds at most
+// maxScopes scopes. A rule whose estimate under these bounds stays within
+// CostLimit runs untracked: at worst, with a larger body configured, its
+// work grows with the body, as reading the body does; a rule that could
+// cost more (a comprehension over an argument, a regular expression over
+// one) is tracked and stopped at the limit.
+type sizes struct{}
+
+const (
+	maxInputSize = 1 << 20
+	maxScopes    = 1024
+)
+
+func (sizes) EstimateSize(n cost.AstNode) *cost.SizeEstimate {
+	if p := n.Path(); len(p) > 0 && p[0] == "principal.scopes" {
+		return &cost.SizeEstimate{Min: 0, Max: maxScopes}
+	}
+	if len(n.Path()) > 0 {
+		return &cost.SizeEstimate{Min: 0, Max: maxInputSize}
+	}
+	return nil
+}
+
+func (sizes) EstimateCallCost(string, string, *cost.AstNode, []cost.AstNode) *cost.CallEstimate {
+	return nil
 }
 
 func quote(expr string) string {
