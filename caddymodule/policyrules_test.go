@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -138,4 +140,32 @@ func setHandlerPolicy(v any, list any) bool {
 		}
 	}
 	return false
+}
+
+// TestPolicyDocsExamples: every rule docs/policy.md shows in a caddyfile
+// block compiles, as the Caddyfile adapter reads it.
+func TestPolicyDocsExamples(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "docs", "policy.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := strings.Split(string(raw), "```caddyfile\n")[1:]
+	n := 0
+	for _, b := range blocks {
+		b, _, _ = strings.Cut(b, "```")
+		for _, line := range strings.Split(b, "\n") {
+			line = strings.TrimSpace(line)
+			if !strings.HasPrefix(line, "deny ") && !strings.HasPrefix(line, "allow ") {
+				continue
+			}
+			n++
+			caddyfile := "{\n\tadmin off\n}\n" + fmt.Sprintf(policySite, "policy {\n"+line+"\n}")
+			if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil); err != nil {
+				t.Errorf("docs/policy.md: %s\n%v", line, err)
+			}
+		}
+	}
+	if n < 10 {
+		t.Fatalf("docs/policy.md shows %d rules, want its examples (10 or more)", n)
+	}
 }

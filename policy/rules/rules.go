@@ -377,21 +377,32 @@ type activation struct {
 	args     ref.Val
 	claims   ref.Val
 	scopes   ref.Val
+	// The string variables as CEL values, made once per call: the rules
+	// of a set read the same few (tool.name) again and again.
+	owner, token, kind, source, client, method, tool, prompt, uri, upstream, route ref.Val
+}
+
+// str is s as a CEL value, kept in *v.
+func (a *activation) str(v *ref.Val, s string) ref.Val {
+	if *v == nil {
+		*v = types.String(s)
+	}
+	return *v
 }
 
 func (a *activation) ResolveName(name string) (any, bool) {
 	in := &a.in
 	switch name {
 	case "principal.owner":
-		return in.Principal.Owner, true
+		return a.str(&a.owner, in.Principal.Owner), true
 	case "principal.token":
-		return in.Principal.Token, true
+		return a.str(&a.token, in.Principal.Token), true
 	case "principal.kind":
-		return in.Principal.Kind, true
+		return a.str(&a.kind, in.Principal.Kind), true
 	case "principal.source":
-		return in.Principal.Source, true
+		return a.str(&a.source, in.Principal.Source), true
 	case "principal.client":
-		return in.Principal.Client, true
+		return a.str(&a.client, in.Principal.Client), true
 	case "principal.scopes":
 		if a.scopes == nil {
 			a.scopes = types.NewStringList(types.DefaultTypeAdapter, in.Principal.Scopes)
@@ -409,13 +420,13 @@ func (a *activation) ResolveName(name string) (any, bool) {
 		}
 		return noClaims, true
 	case "method":
-		return in.Method, true
+		return a.str(&a.method, in.Method), true
 	case "tool.name":
-		return in.Tool, true
+		return a.str(&a.tool, in.Tool), true
 	case "prompt.name":
-		return in.Prompt, true
+		return a.str(&a.prompt, in.Prompt), true
 	case "resource.uri":
-		return in.URI, true
+		return a.str(&a.uri, in.URI), true
 	case "args":
 		if !a.withArgs {
 			return nil, false
@@ -429,9 +440,9 @@ func (a *activation) ResolveName(name string) (any, bool) {
 		}
 		return a.args, true
 	case "upstream":
-		return in.Upstream, true
+		return a.str(&a.upstream, in.Upstream), true
 	case "route":
-		return in.Route, true
+		return a.str(&a.route, in.Route), true
 	}
 	return nil, false
 }
