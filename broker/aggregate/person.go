@@ -176,6 +176,13 @@ func (a *Aggregate) personConn(ctx context.Context, owner string, up *aggUpstrea
 		done()
 		return nil, nil, err
 	}
+	if a.isConnected != nil && !a.isConnected(up.cfg.Name, owner) {
+		// Revoked since the session opened, and the sweep has not come
+		// by yet: end it now rather than send what cannot go.
+		done()
+		a.endRevoked(owner, s)
+		return nil, nil, &upstreamauth.ConnectRequiredError{Upstream: up.cfg.Name, Reason: "the connection was revoked"}
+	}
 	return c, done, nil
 }
 
