@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -294,13 +295,18 @@ func (a *Aggregate) personListing(ctx context.Context, owner string, up *aggUpst
 func (a *Aggregate) personToolCall(ctx context.Context, req mcp.Request, up *aggUpstream, orig string, p *mcp.CallToolParamsRaw) (mcp.Result, error) {
 	ss, _ := req.GetSession().(*mcp.ServerSession)
 	if orig == ConnectToolName {
-		_, release, err := a.personConn(ctx, a.ownerOf(ctx, ss), up)
+		// The connect tool, called once connected: unless the upstream
+		// has a tool of that name itself, which is then called, say so.
+		c, release, err := a.personConn(ctx, a.ownerOf(ctx, ss), up)
 		if err != nil {
 			return a.unreachable(up, err), nil
 		}
+		listed, _, err := listAll(ctx, a, up, c.cs, "tools", toolPage(c.cs))
 		release()
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
-			"Your account at %s is connected: list tools again to see its tools.", up.cfg.Name)}}}, nil
+		if err == nil && !slices.ContainsFunc(listed, func(t *mcp.Tool) bool { return t != nil && t.Name == ConnectToolName }) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
+				"Your account at %s is connected: list tools again to see its tools.", up.cfg.Name)}}}, nil
+		}
 	}
 	return a.toolHandler(up, orig)(ctx, &mcp.CallToolRequest{Session: ss, Params: p, Extra: req.GetExtra()})
 }
@@ -381,9 +387,14 @@ func (a *Aggregate) afterConnect(ss *mcp.ServerSession, owner, id string) {
 	defer a.wg.Done()
 	ctx, cancel := context.WithTimeout(a.ctx, connectWait)
 	defer cancel()
+	ended := a.session(ss).endedCh()
 	go func() {
-		_ = ss.Wait()
-		cancel()
+		// Ends with the wait: the session's end, or the wait's.
+		select {
+		case <-ended:
+			cancel()
+		case <-ctx.Done():
+		}
 	}()
 	if !a.awaitConnect(ctx, owner, id) {
 		return
@@ -481,5 +492,8 @@ func (a *Aggregate) endRevoked(owner string, s *aggSession) {
 		a.endBridges(c)
 		c.cs.Close()
 		a.logger.Info("aggregate: a person's upstream session closed: their connection was revoked or disconnected")
+	}
+	if len(ended) > 0 {
+		a.personListChanged() // their listing is the connect tool again
 	}
 }

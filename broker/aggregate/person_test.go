@@ -283,6 +283,10 @@ func TestAggregatePerUserAttacks(t *testing.T) {
 					t.Errorf("call: %q (error %v), want %q", got, isErr, step.want)
 				}
 			}
+			// The connect tool, called once connected, says so.
+			if got, isErr := callText(t, alice, "mcp_people_connect_account"); isErr || !strings.Contains(got, "is connected") {
+				t.Errorf("alice's connect tool once connected: %q (error %v)", got, isErr)
+			}
 			// B calling A's own tool by name reaches the upstream as B,
 			// where it does not exist: never A's result.
 			if got, _ := callText(t, bob, "mcp_people_alice_private"); strings.Contains(got, "alice's secret") {

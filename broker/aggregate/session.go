@@ -39,6 +39,21 @@ type aggSession struct {
 	// own upstream sessions it holds; every request on them is marked
 	// with that person.
 	owner string
+
+	ended chan struct{} // closed by closeAll; nil until asked for (see endedCh)
+}
+
+// endedCh is closed when the session's closeAll runs.
+func (s *aggSession) endedCh() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended == nil {
+		s.ended = make(chan struct{})
+		if s.closed {
+			close(s.ended)
+		}
+	}
+	return s.ended
 }
 
 // aggConn is one upstream client session of a downstream session.
@@ -135,6 +150,9 @@ func (s *aggSession) closeAll() {
 	s.mu.Lock()
 	conns := s.conns
 	s.conns = map[string]*aggConn{}
+	if s.ended != nil && !s.closed {
+		close(s.ended)
+	}
 	s.closed = true
 	s.mu.Unlock()
 	var wg sync.WaitGroup
