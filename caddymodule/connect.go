@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/Tahul/caddy-zidane-mcp/authserver/idp"
+	"github.com/Tahul/caddy-zidane-mcp/broker/aggregate"
 	"github.com/Tahul/caddy-zidane-mcp/broker/connect"
 	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
@@ -119,7 +121,12 @@ func (a *App) connects() *connect.Service {
 // per_user upstream's tool, owner not having connected there: the connect
 // link (connect.Service.Refuse). Set only with connect links.
 func (a *App) connectAnswer(ctx context.Context, owner, upstream string, c message.Call, initCaps []byte) ([]byte, error) {
-	return a.connects().Refuse(ctx, owner, upstream, c, initCaps)
+	b, err := a.connects().Refuse(ctx, owner, upstream, c, initCaps)
+	if errors.Is(err, connect.ErrNotPerson) {
+		return nil, &aggregate.ConnectRefusal{Status: http.StatusForbidden, Code: message.CodeForbidden,
+			Message: fmt.Sprintf("%s takes each person's own account, and this credential does not belong to a person who can sign in to the gateway to connect one (%v); use a credential of your own, signed in", upstream, err)}
+	}
+	return b, err
 }
 
 // connectSettle lets the 2026-07-28 retry of a call answered with a

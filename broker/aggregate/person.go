@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -80,6 +81,18 @@ var errTooManyPeople = errors.New("too many people have their own upstream sessi
 // for no person.
 var errNoPerson = fmt.Errorf("the call acts for no person: %w", upstreamauth.ErrConnectRequired)
 
+// ConnectRefusal is what [Options.ConnectRequired] returns for a caller
+// who can never connect (a credential of no person who can sign in): the
+// route answers the call with this JSON-RPC error and HTTP status, rather
+// than as a link that could not be made this time.
+type ConnectRefusal struct {
+	Status  int
+	Code    int
+	Message string
+}
+
+func (r *ConnectRefusal) Error() string { return r.Message }
+
 // ownerMark marks every request of a person's upstream session with the
 // person (see upstreamauth.WithCallOwner).
 type ownerMark struct {
@@ -149,8 +162,40 @@ func (a *Aggregate) personSession(owner string) (s *aggSession, done func(), err
 		a.people[owner] = s
 		a.peopleIdle.Opened(s.idleKey, owner, func() { a.dropPerson(owner, s) })
 	}
+	s.uses++
 	a.mu.Unlock()
-	return s, a.peopleIdle.Use(s.idleKey, owner), nil
+	idleDone := a.peopleIdle.Use(s.idleKey, owner)
+	var once sync.Once
+	return s, func() {
+		once.Do(func() {
+			idleDone()
+			a.releasePerson(owner, s)
+		})
+	}, nil
+}
+
+// releasePerson ends a call's use of owner's person session s, and drops
+// s when no call uses it and it holds no upstream session: a person who
+// has not connected (whose every attempt fails) holds no place among
+// Options.MaxPeople.
+func (a *Aggregate) releasePerson(owner string, s *aggSession) {
+	a.mu.Lock()
+	s.uses--
+	drop := false
+	if s.uses == 0 && a.people[owner] == s {
+		s.mu.Lock()
+		if len(s.conns) == 0 {
+			drop, s.closed = true, true
+		}
+		s.mu.Unlock()
+		if drop {
+			delete(a.people, owner)
+		}
+	}
+	a.mu.Unlock()
+	if drop {
+		a.peopleIdle.Closed(s.idleKey)
+	}
 }
 
 // dropPerson closes a person session, idle for PersonIdle.
@@ -361,7 +406,12 @@ func (a *Aggregate) servePersonConnect(w http.ResponseWriter, r *http.Request, p
 	rec := upstream.CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: call.Tool, Outcome: upstream.OutcomeAuthRequired,
 		TokenID: p.TokenID, TokenName: p.Name, ClientIP: r.Header.Get(upstream.ClientIPHeader), Detail: "the person has not connected their account"}
 	a.record(rec, time.Now())
-	if err != nil {
+	var refusal *ConnectRefusal
+	switch {
+	case errors.As(err, &refusal):
+		upstream.WriteRPCError(w, refusal.Status, call.ID.Raw(), refusal.Code, refusal.Message)
+		return true
+	case err != nil:
 		upstream.WriteRPCError(w, http.StatusServiceUnavailable, call.ID.Raw(), message.CodeUnavailable,
 			fmt.Sprintf("your account at %s is not connected, and a link to connect it could not be made (%s); try again", up.cfg.Name, upstream.SafeError(err)))
 		return true

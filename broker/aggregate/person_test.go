@@ -164,14 +164,8 @@ func personServe(t *testing.T, pu *personUp, ppl *people, opts Options) string {
 		return nil
 	}
 	opts.Connected = func(up, owner string) bool { return up == "people" && ppl.is(owner) }
-	opts.ConnectRequired = func(ctx context.Context, owner, up string, c message.Call, initCaps []byte) ([]byte, error) {
-		version := "2025-11-25"
-		caps := initCaps
-		if c.HasMetaVersion {
-			version, caps = c.MetaVersion, connect.MetaCapabilities(c.Meta)
-		}
-		return connect.Answer(connect.Required{ID: c.ID.Raw(), Method: c.Method, Version: version, URLElicitation: connect.URLCapable(caps),
-			Upstream: up, Link: connect.Link{URL: testConnectURL + "_" + owner, Elicitation: "el-" + owner, Expires: time.Now().Add(10 * time.Minute)}}), nil
+	if opts.ConnectRequired == nil {
+		opts.ConnectRequired = testConnectAnswer
 	}
 	a, err := New([]upstream.Config{shared.config(), {Name: "people", URL: pu.http.URL}}, opts)
 	if err != nil {
@@ -209,6 +203,18 @@ func readBody(t *testing.T, r *http.Request) (io.ReadCloser, []byte) {
 		t.Error(err)
 	}
 	return io.NopCloser(bytes.NewReader(b)), b
+}
+
+// testConnectAnswer answers as the gateway's connect links do, with a link
+// of the person's own.
+func testConnectAnswer(ctx context.Context, owner, up string, c message.Call, initCaps []byte) ([]byte, error) {
+	version := "2025-11-25"
+	caps := initCaps
+	if c.HasMetaVersion {
+		version, caps = c.MetaVersion, connect.MetaCapabilities(c.Meta)
+	}
+	return connect.Answer(connect.Required{ID: c.ID.Raw(), Method: c.Method, Version: version, URLElicitation: connect.URLCapable(caps),
+		Upstream: up, Link: connect.Link{URL: testConnectURL + "_" + owner, Elicitation: "el-" + owner, Expires: time.Now().Add(10 * time.Minute)}}), nil
 }
 
 // personRT sends a person's token, as their client does.
@@ -369,6 +375,51 @@ func TestAggregatePerUserBounds(t *testing.T) {
 		if auth == "Bearer person-bob" {
 			t.Error("bob reached the upstream past the bound")
 		}
+	}
+}
+
+// TestAggregatePerUserUnconnectedHoldNoPlace: people who have not
+// connected hold no person session, so however many list and call, a
+// connected person past them still gets one.
+func TestAggregatePerUserUnconnectedHoldNoPlace(t *testing.T) {
+	pu := newPersonUp(t)
+	ppl := &people{connected: map[string]bool{"alice": true}}
+	url := personServe(t, pu, ppl, Options{MaxPeople: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, who := range []string{"carol", "dave", "erin"} {
+		cs := personClient(t, url, "2025-11-25", who)
+		aggToolNames(t, ctx, cs)
+		if got, isErr := callText(t, cs, "mcp_people_whoami"); !isErr || !strings.Contains(got, testConnectURL+"_"+who) {
+			t.Errorf("%s: %q, want their link", who, got)
+		}
+	}
+	alice := personClient(t, url, "2025-11-25", "alice")
+	if got, isErr := callText(t, alice, "mcp_people_whoami"); isErr || got != "whoami: alice" {
+		t.Errorf("alice after three people not connected: %q (error %v)", got, isErr)
+	}
+}
+
+// TestAggregatePerUserNotAPerson: a credential of no person who could
+// connect gets the hook's refusal, with its status, and reaches nothing.
+func TestAggregatePerUserNotAPerson(t *testing.T) {
+	pu := newPersonUp(t)
+	ppl := &people{connected: map[string]bool{}}
+	url := personServe(t, pu, ppl, Options{ConnectRequired: func(context.Context, string, string, message.Call, []byte) ([]byte, error) {
+		return nil, &ConnectRefusal{Status: http.StatusForbidden, Code: message.CodeForbidden, Message: "people takes each person's own account, and this credential is no person's"}
+	}})
+	robot := personClient(t, url, "2025-11-25", "robot")
+	got, isErr := callText(t, robot, "mcp_people_whoami")
+	if !isErr || !strings.Contains(got, "no person's") {
+		t.Errorf("robot's call: %q, want the refusal", got)
+	}
+	if n := len(pu.seen()); n != 0 {
+		t.Errorf("the upstream got %d requests", n)
+	}
+	status, body := modernPost(t, url, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"mcp_people_whoami","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"x","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}}}`,
+		map[string]string{"X-Test-Token": "tok-robot", "X-Test-Owner": "robot", "Mcp-Method": "tools/call", "Mcp-Name": "mcp_people_whoami"})
+	if status != http.StatusForbidden || !strings.Contains(body, "no person's") {
+		t.Errorf("robot's 2026-07-28 call: HTTP %d %s, want 403 with the refusal", status, body)
 	}
 }
 

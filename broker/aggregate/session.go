@@ -39,6 +39,7 @@ type aggSession struct {
 	// own upstream sessions it holds; every request on them is marked
 	// with that person.
 	owner string
+	uses  int // a person session's calls in flight (under Aggregate.mu)
 
 	ended chan struct{} // closed by closeAll; nil until asked for (see endedCh)
 }
