@@ -421,8 +421,12 @@ func (a *Aggregate) servePersonConnect(w http.ResponseWriter, r *http.Request, p
 	_, _ = w.Write(answer)
 	if ss != nil && a.awaitConnect != nil {
 		if id := answerElicitation(answer); id != "" {
-			a.wg.Add(1)
-			go a.afterConnect(ss, owner, id)
+			a.mu.Lock()
+			if !a.closed {
+				a.wg.Add(1) // under a.mu: never after Close's Wait began
+				go a.afterConnect(ss, owner, id)
+			}
+			a.mu.Unlock()
 		}
 	}
 	return true
