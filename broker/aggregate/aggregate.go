@@ -255,29 +255,20 @@ type Aggregate struct {
 	wg     sync.WaitGroup
 	ready  chan struct{}
 
-	mu           sync.Mutex
-	pending      int                                    // upstreams whose catalog has not had a first round
-	tools        map[string]upstream.Qualified          // registered tool name -> upstream, original
-	prompts      map[string]upstream.Qualified          // registered prompt name -> upstream, original
-	resOwner     map[string]string                      // resource URI -> upstream
-	tmplOwner    map[string]string                      // URI template -> upstream
-	tmplMatch    map[string]*regexp.Regexp              // URI template -> its compiled matcher, made at first use
-	sessions     map[*mcp.ServerSession]*aggSession     // downstream sessions
-	byID         map[string]*aggSession                 // downstream sessions by session id
-	bindings     map[string]string                      // downstream session id -> token id
-	subs         map[string]map[*mcp.ServerSession]bool // resource URI -> subscribed sessions
-	withdrawn    map[string]string                      // tool name -> upstream, while it waits for a login
-	principals   map[string]*aggSession                 // token id -> its 2026-07-28 requests' upstream sessions
-	sessionOwner map[string]string                      // downstream session id -> the owner of its token
-	people       map[string]*aggSession                 // owner -> their per-person upstream sessions (see person.go)
-
-	perUser         map[string]bool // per-person upstreams (Options.PerUser)
-	maxPeople       int
-	peopleIdle      *mcpidle.Sessions
-	connectRequired func(ctx context.Context, owner, upstream string, c message.Call, initCaps []byte) ([]byte, error)
-	settle          func(ctx context.Context, owner string, c message.Call) bool
-	awaitConnect    func(ctx context.Context, owner, elicitation string) bool
-	isConnected     func(upstream, owner string) bool
+	mu         sync.Mutex
+	pending    int                                    // upstreams whose catalog has not had a first round
+	tools      map[string]upstream.Qualified          // registered tool name -> upstream, original
+	prompts    map[string]upstream.Qualified          // registered prompt name -> upstream, original
+	resOwner   map[string]string                      // resource URI -> upstream
+	tmplOwner  map[string]string                      // URI template -> upstream
+	tmplMatch  map[string]*regexp.Regexp              // URI template -> its compiled matcher, made at first use
+	sessions   map[*mcp.ServerSession]*aggSession     // downstream sessions
+	byID       map[string]*aggSession                 // downstream sessions by session id
+	bindings   map[string]string                      // downstream session id -> token id
+	subs       map[string]map[*mcp.ServerSession]bool // resource URI -> subscribed sessions
+	withdrawn  map[string]string                      // tool name -> upstream, while it waits for a login
+	principals map[string]*aggSession                 // token id -> its 2026-07-28 requests' upstream sessions
+	per        perUsers                               // per-person upstreams (see person.go)
 
 	noModernFast    atomic.Bool  // tests: 2026-07-28 tools/call always through go-sdk
 	modernFastCalls atomic.Int64 // tools/call served by the 2026-07-28 fast path
@@ -356,45 +347,30 @@ func New(ups []upstream.Config, opts Options) (*Aggregate, error) {
 		return nil, fmt.Errorf("aggregate: prefix %q is not known; use \"always\" or \"conditional\"", opts.Prefix)
 	}
 	a := &Aggregate{
-		byName:          map[string]*aggUpstream{},
-		onCall:          opts.OnCall,
-		pinned:          opts.Instructions,
-		logger:          logger,
-		cache:           opts.ToolCache,
-		authRequired:    opts.AuthRequired,
-		mayUse:          opts.MayUse,
-		ready:           make(chan struct{}),
-		tools:           map[string]upstream.Qualified{},
-		prompts:         map[string]upstream.Qualified{},
-		resOwner:        map[string]string{},
-		tmplOwner:       map[string]string{},
-		tmplMatch:       map[string]*regexp.Regexp{},
-		sessions:        map[*mcp.ServerSession]*aggSession{},
-		byID:            map[string]*aggSession{},
-		maxBody:         opts.MaxRequestBodyBytes,
-		bindings:        map[string]string{},
-		subs:            map[string]map[*mcp.ServerSession]bool{},
-		idle:            mcpidle.New(opts.SessionTimeout),
-		principals:      map[string]*aggSession{},
-		bridge:          newBridge(opts.BridgeKey, opts.Node),
-		tasks:           opts.Tasks,
-		sessionOwner:    map[string]string{},
-		people:          map[string]*aggSession{},
-		perUser:         map[string]bool{},
-		maxPeople:       opts.MaxPeople,
-		connectRequired: opts.ConnectRequired,
-		settle:          opts.Settle,
-		awaitConnect:    opts.AwaitConnect,
-		isConnected:     opts.Connected,
+		byName:       map[string]*aggUpstream{},
+		onCall:       opts.OnCall,
+		pinned:       opts.Instructions,
+		logger:       logger,
+		cache:        opts.ToolCache,
+		authRequired: opts.AuthRequired,
+		mayUse:       opts.MayUse,
+		ready:        make(chan struct{}),
+		tools:        map[string]upstream.Qualified{},
+		prompts:      map[string]upstream.Qualified{},
+		resOwner:     map[string]string{},
+		tmplOwner:    map[string]string{},
+		tmplMatch:    map[string]*regexp.Regexp{},
+		sessions:     map[*mcp.ServerSession]*aggSession{},
+		byID:         map[string]*aggSession{},
+		maxBody:      opts.MaxRequestBodyBytes,
+		bindings:     map[string]string{},
+		subs:         map[string]map[*mcp.ServerSession]bool{},
+		idle:         mcpidle.New(opts.SessionTimeout),
+		principals:   map[string]*aggSession{},
+		bridge:       newBridge(opts.BridgeKey, opts.Node),
+		tasks:        opts.Tasks,
+		per:          newPerUsers(opts),
 	}
-	if a.maxPeople <= 0 {
-		a.maxPeople = DefaultMaxPeople
-	}
-	personIdle := opts.PersonIdle
-	if personIdle <= 0 {
-		personIdle = DefaultPersonIdle
-	}
-	a.peopleIdle = mcpidle.New(personIdle)
 	if opts.SessionTimeout > 0 {
 		a.pidle = mcpidle.New(opts.SessionTimeout)
 	} else {
@@ -411,7 +387,7 @@ func New(ups []upstream.Config, opts Options) (*Aggregate, error) {
 		if up.cfg.Transport != upstream.TransportHTTP && up.cfg.Transport != upstream.TransportSSE {
 			return nil, fmt.Errorf("aggregate: %s takes each person's own credentials, which only an http or sse upstream can carry", upstream.Describe(up.cfg))
 		}
-		a.perUser[up.cfg.Name] = true
+		a.per.upstreams[up.cfg.Name] = true
 	}
 	ns, err := upstream.NewNamespace(names)
 	if err != nil {
@@ -452,25 +428,25 @@ func New(ups []upstream.Config, opts Options) (*Aggregate, error) {
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	// A per-person upstream has no catalog (see person.go): only its
 	// connect tool is registered, and the route is ready without it.
-	a.pending = len(a.ups) - len(a.perUser)
+	a.pending = len(a.ups) - len(a.per.upstreams)
 	if a.pending == 0 {
 		close(a.ready)
 	}
 	for _, up := range a.ups {
-		if a.perUser[up.cfg.Name] {
+		if a.per.upstreams[up.cfg.Name] {
 			a.server.AddTool(a.connectTool(up), a.connectToolHandler(up))
 			continue
 		}
 		a.offerCachedTools(up)
 	}
 	for _, up := range a.ups {
-		if a.perUser[up.cfg.Name] {
+		if a.per.upstreams[up.cfg.Name] {
 			continue
 		}
 		a.wg.Add(1)
 		go a.superviseCatalog(up)
 	}
-	if len(a.perUser) > 0 && a.isConnected != nil {
+	if len(a.per.upstreams) > 0 && a.per.connected != nil {
 		a.wg.Add(1)
 		go a.sweepPeople()
 	}
@@ -674,11 +650,11 @@ func (a *Aggregate) Close() error {
 		sessions = append(sessions, s)
 	}
 	clear(a.principals)
-	a.peopleIdle.Stop()
-	for _, s := range a.people {
+	a.per.idle.Stop()
+	for _, s := range a.per.people {
 		sessions = append(sessions, s)
 	}
-	clear(a.people)
+	clear(a.per.people)
 	a.mu.Unlock()
 	a.cancel()
 	for ss := range a.server.Sessions() {
@@ -742,7 +718,7 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.mu.Lock()
 		if _, known := a.bindings[sid]; !known {
 			a.bindings[sid] = p.TokenID
-			a.sessionOwner[sid] = p.OwnerID()
+			a.per.sessionOwner[sid] = p.OwnerID()
 		}
 		a.mu.Unlock()
 		a.idle.Opened(sid, p.TokenID, func() { a.expire(sid) })
@@ -768,7 +744,7 @@ func (a *Aggregate) expire(sid string) {
 	}
 	a.mu.Lock()
 	delete(a.bindings, sid)
-	delete(a.sessionOwner, sid)
+	delete(a.per.sessionOwner, sid)
 	a.mu.Unlock()
 	a.logger.Debug("aggregate: downstream session closed after being idle", "session", sid)
 }
@@ -837,7 +813,7 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		switch method {
 		case "tools/list":
-			if lr, ok := res.(*mcp.ListToolsResult); ok && lr != nil && len(a.perUser) > 0 {
+			if lr, ok := res.(*mcp.ListToolsResult); ok && lr != nil && len(a.per.upstreams) > 0 {
 				ss, _ := req.GetSession().(*mcp.ServerSession)
 				a.listForPerson(ctx, ss, lr)
 			}

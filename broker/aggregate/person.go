@@ -15,6 +15,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/internal/mcpidle"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -53,6 +54,43 @@ import (
 // session whose connection is no longer usable ([Options.Connected]: the
 // person disconnected, an operator revoked it, or their gateway grant was
 // revoked, on this replica or another) is closed within personSweep.
+
+// perUsers is the route's state of its per-person upstreams.
+type perUsers struct {
+	upstreams       map[string]bool // their names (Options.PerUser)
+	max             int             // Options.MaxPeople
+	idle            *mcpidle.Sessions
+	connectRequired func(ctx context.Context, owner, upstream string, c message.Call, initCaps []byte) ([]byte, error)
+	settle          func(ctx context.Context, owner string, c message.Call) bool
+	awaitConnect    func(ctx context.Context, owner, elicitation string) bool
+	connected       func(upstream, owner string) bool
+
+	// Under Aggregate.mu:
+	people       map[string]*aggSession // owner -> their person session
+	sessionOwner map[string]string      // downstream session id -> the owner of its token
+}
+
+func newPerUsers(opts Options) perUsers {
+	p := perUsers{
+		upstreams:       map[string]bool{},
+		max:             opts.MaxPeople,
+		connectRequired: opts.ConnectRequired,
+		settle:          opts.Settle,
+		awaitConnect:    opts.AwaitConnect,
+		connected:       opts.Connected,
+		people:          map[string]*aggSession{},
+		sessionOwner:    map[string]string{},
+	}
+	if p.max <= 0 {
+		p.max = DefaultMaxPeople
+	}
+	idle := opts.PersonIdle
+	if idle <= 0 {
+		idle = DefaultPersonIdle
+	}
+	p.idle = mcpidle.New(idle)
+	return p
+}
 
 // DefaultMaxPeople is the default of [Options.MaxPeople].
 const DefaultMaxPeople = 256
@@ -137,7 +175,7 @@ func (a *Aggregate) ownerOf(ctx context.Context, ss *mcp.ServerSession) string {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.sessionOwner[ss.ID()]
+	return a.per.sessionOwner[ss.ID()]
 }
 
 // personSession returns owner's person session, creating it on first use
@@ -152,19 +190,19 @@ func (a *Aggregate) personSession(owner string) (s *aggSession, done func(), err
 		a.mu.Unlock()
 		return nil, nil, errors.New("the route is closed")
 	}
-	s = a.people[owner]
+	s = a.per.people[owner]
 	if s == nil {
-		if len(a.people) >= a.maxPeople {
+		if len(a.per.people) >= a.per.max {
 			a.mu.Unlock()
 			return nil, nil, errTooManyPeople
 		}
 		s = &aggSession{a: a, conns: map[string]*aggConn{}, idleKey: "person:" + rand.Text(), owner: owner}
-		a.people[owner] = s
-		a.peopleIdle.Opened(s.idleKey, owner, func() { a.dropPerson(owner, s) })
+		a.per.people[owner] = s
+		a.per.idle.Opened(s.idleKey, owner, func() { a.dropPerson(owner, s) })
 	}
 	s.uses++
 	a.mu.Unlock()
-	idleDone := a.peopleIdle.Use(s.idleKey, owner)
+	idleDone := a.per.idle.Use(s.idleKey, owner)
 	var once sync.Once
 	return s, func() {
 		once.Do(func() {
@@ -182,30 +220,30 @@ func (a *Aggregate) releasePerson(owner string, s *aggSession) {
 	a.mu.Lock()
 	s.uses--
 	drop := false
-	if s.uses == 0 && a.people[owner] == s {
+	if s.uses == 0 && a.per.people[owner] == s {
 		s.mu.Lock()
 		if len(s.conns) == 0 {
 			drop, s.closed = true, true
 		}
 		s.mu.Unlock()
 		if drop {
-			delete(a.people, owner)
+			delete(a.per.people, owner)
 		}
 	}
 	a.mu.Unlock()
 	if drop {
-		a.peopleIdle.Closed(s.idleKey)
+		a.per.idle.Closed(s.idleKey)
 	}
 }
 
 // dropPerson closes a person session, idle for PersonIdle.
 func (a *Aggregate) dropPerson(owner string, s *aggSession) {
 	a.mu.Lock()
-	if a.people[owner] == s {
-		delete(a.people, owner)
+	if a.per.people[owner] == s {
+		delete(a.per.people, owner)
 	}
 	a.mu.Unlock()
-	a.peopleIdle.Closed(s.idleKey)
+	a.per.idle.Closed(s.idleKey)
 	s.closeAll()
 	a.logger.Debug("aggregate: a person's upstream sessions closed after being idle")
 }
@@ -222,7 +260,7 @@ func (a *Aggregate) personConn(ctx context.Context, owner string, up *aggUpstrea
 		done()
 		return nil, nil, err
 	}
-	if a.isConnected != nil && !a.isConnected(up.cfg.Name, owner) {
+	if a.per.connected != nil && !a.per.connected(up.cfg.Name, owner) {
 		// Revoked since the session opened, and the sweep has not come
 		// by yet: end it now rather than send what cannot go.
 		done()
@@ -235,14 +273,14 @@ func (a *Aggregate) personConn(ctx context.Context, owner string, up *aggUpstrea
 // perUserTool resolves name to a per-person upstream and the upstream's
 // own name of the tool, or nil.
 func (a *Aggregate) perUserTool(name string) (*aggUpstream, string) {
-	if len(a.perUser) == 0 {
+	if len(a.per.upstreams) == 0 {
 		return nil, ""
 	}
 	server, tool, ok := a.ns.Resolve(name)
 	if a.conditional {
 		server, tool, ok = a.ups[0].cfg.Name, name, true
 	}
-	if !ok || !a.perUser[server] {
+	if !ok || !a.per.upstreams[server] {
 		return nil, ""
 	}
 	return a.byName[server], tool
@@ -267,7 +305,7 @@ func (a *Aggregate) personTools(ctx context.Context, ss *mcp.ServerSession) []*m
 	owner := a.ownerOf(ctx, ss)
 	var out []*mcp.Tool
 	for _, up := range a.ups {
-		if !a.perUser[up.cfg.Name] {
+		if !a.per.upstreams[up.cfg.Name] {
 			continue
 		}
 		lctx, cancel := context.WithTimeout(ctx, aggInitWait)
@@ -291,7 +329,7 @@ func (a *Aggregate) personTools(ctx context.Context, ss *mcp.ServerSession) []*m
 func (a *Aggregate) listForPerson(ctx context.Context, ss *mcp.ServerSession, lr *mcp.ListToolsResult) {
 	connect := map[string]bool{}
 	for _, up := range a.ups {
-		if a.perUser[up.cfg.Name] {
+		if a.per.upstreams[up.cfg.Name] {
 			connect[a.publicName(up, ConnectToolName)] = true
 		}
 	}
@@ -362,7 +400,7 @@ func (a *Aggregate) personToolCall(ctx context.Context, req mcp.Request, up *agg
 // of a call so answered first waits, bounded, for the person to finish
 // connecting ([Options.Settle]). It reports whether it answered.
 func (a *Aggregate) servePersonConnect(w http.ResponseWriter, r *http.Request, p policy.Principal, sid string) bool {
-	if len(a.perUser) == 0 || a.connectRequired == nil {
+	if len(a.per.upstreams) == 0 || a.per.connectRequired == nil {
 		return false
 	}
 	body, ok := message.FromContext(r.Context())
@@ -377,8 +415,8 @@ func (a *Aggregate) servePersonConnect(w http.ResponseWriter, r *http.Request, p
 	owner := p.OwnerID()
 	ctx := r.Context()
 	declined := false
-	if a.settle != nil && call.HasMetaVersion {
-		declined = a.settle(ctx, owner, call)
+	if a.per.settle != nil && call.HasMetaVersion {
+		declined = a.per.settle(ctx, owner, call)
 	}
 	if !declined {
 		_, release, err := a.personConn(ctx, owner, up)
@@ -402,7 +440,7 @@ func (a *Aggregate) servePersonConnect(w http.ResponseWriter, r *http.Request, p
 			initCaps, _ = json.Marshal(caps)
 		}
 	}
-	answer, err := a.connectRequired(ctx, owner, up.cfg.Name, call, initCaps)
+	answer, err := a.per.connectRequired(ctx, owner, up.cfg.Name, call, initCaps)
 	rec := upstream.CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: call.Tool, Outcome: upstream.OutcomeAuthRequired,
 		TokenID: p.TokenID, TokenName: p.Name, ClientIP: r.Header.Get(upstream.ClientIPHeader), Detail: "the person has not connected their account"}
 	a.record(rec, time.Now())
@@ -419,7 +457,7 @@ func (a *Aggregate) servePersonConnect(w http.ResponseWriter, r *http.Request, p
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	_, _ = w.Write(answer)
-	if ss != nil && a.awaitConnect != nil {
+	if ss != nil && a.per.awaitConnect != nil {
 		if id := answerElicitation(answer); id != "" {
 			a.mu.Lock()
 			if !a.closed {
@@ -450,7 +488,7 @@ func (a *Aggregate) afterConnect(ss *mcp.ServerSession, owner, id string) {
 		case <-ctx.Done():
 		}
 	}()
-	if !a.awaitConnect(ctx, owner, id) {
+	if !a.per.awaitConnect(ctx, owner, id) {
 		return
 	}
 	_ = ss.NotifyElicitationComplete(ctx, &mcp.ElicitationCompleteParams{ElicitationID: id})
@@ -463,7 +501,7 @@ func (a *Aggregate) afterConnect(ss *mcp.ServerSession, owner, id string) {
 // registers) is added again, unchanged.
 func (a *Aggregate) personListChanged() {
 	for _, up := range a.ups {
-		if a.perUser[up.cfg.Name] {
+		if a.per.upstreams[up.cfg.Name] {
 			a.server.AddTool(a.connectTool(up), a.connectToolHandler(up))
 			return
 		}
@@ -514,8 +552,8 @@ func (a *Aggregate) sweepPeople() {
 		case <-t.C:
 		}
 		a.mu.Lock()
-		people := make(map[string]*aggSession, len(a.people))
-		for o, s := range a.people {
+		people := make(map[string]*aggSession, len(a.per.people))
+		for o, s := range a.per.people {
 			people[o] = s
 		}
 		a.mu.Unlock()
@@ -536,7 +574,7 @@ func (a *Aggregate) endRevoked(owner string, s *aggSession) {
 		default:
 			continue // still opening
 		}
-		if c.cs != nil && !a.isConnected(name, owner) {
+		if c.cs != nil && !a.per.connected(name, owner) {
 			delete(s.conns, name)
 			ended = append(ended, c)
 		}

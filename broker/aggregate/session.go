@@ -121,7 +121,7 @@ func (a *Aggregate) dropSession(ss *mcp.ServerSession) {
 	s := a.sessions[ss]
 	delete(a.sessions, ss)
 	delete(a.bindings, ss.ID())
-	delete(a.sessionOwner, ss.ID())
+	delete(a.per.sessionOwner, ss.ID())
 	if a.byID[ss.ID()] == s {
 		delete(a.byID, ss.ID())
 	}
@@ -204,7 +204,7 @@ func (a *Aggregate) conn(ctx context.Context, ss *mcp.ServerSession, up *aggUpst
 	if up.shared {
 		return a.sharedConn(ctx, up)
 	}
-	if a.perUser[up.cfg.Name] {
+	if a.per.upstreams[up.cfg.Name] {
 		// Never a session's or a token's: the person's own.
 		return a.personConn(ctx, a.ownerOf(ctx, ss), up)
 	}
@@ -234,7 +234,7 @@ func (a *Aggregate) connOf(ctx context.Context, s *aggSession, up *aggUpstream) 
 		s.mu.Unlock()
 		return nil, errors.New("the downstream session is closed")
 	}
-	if a.perUser[up.cfg.Name] != (s.owner != "") {
+	if a.per.upstreams[up.cfg.Name] != (s.owner != "") {
 		// A per-person upstream is reached on its person's session
 		// alone, and a person session reaches no other upstream.
 		s.mu.Unlock()
@@ -582,10 +582,10 @@ func (v valuesFrom) Value(key any) any {
 
 // unreachable is the tool result for an upstream that could not be used.
 func (a *Aggregate) unreachable(up *aggUpstream, err error) *mcp.CallToolResult {
-	if a.perUser[up.cfg.Name] {
+	if a.per.upstreams[up.cfg.Name] {
 		text := fmt.Sprintf("the upstream MCP server %q could not be reached: %s; try again later", up.cfg.Name, upstream.SafeError(err))
 		switch {
-		case errors.Is(err, upstreamauth.ErrConnectRequired) && a.connectRequired == nil:
+		case errors.Is(err, upstreamauth.ErrConnectRequired) && a.per.connectRequired == nil:
 			text = fmt.Sprintf("%q takes your own account, and yours is not connected there; this gateway makes no links to connect one (it signs no one in): ask its operator", up.cfg.Name)
 		case errors.Is(err, upstreamauth.ErrConnectRequired):
 			text = fmt.Sprintf("%q takes your own account, and yours is not connected there: call %s to get a link to connect it, then list tools again",
