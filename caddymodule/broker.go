@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/aggregate"
+	"github.com/Tahul/caddy-zidane-mcp/broker/connect"
 	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
 	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
 	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
@@ -257,6 +258,7 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 		opts.ConnectRequired = s.app.connectAnswer
 		opts.Settle = s.app.connectSettle
 		opts.AwaitConnect = s.app.connectWait
+		opts.ConnectState = func(state string) bool { _, ok := connect.ElicitationOf(state); return ok }
 	}
 	if fwd != nil {
 		opts.NewSessionID = fwd.Mint

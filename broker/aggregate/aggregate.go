@@ -159,6 +159,11 @@ type Options struct {
 	// connecting when the call is the retry of a connect answer, and
 	// reports whether the person declined.
 	Settle func(ctx context.Context, owner string, c message.Call) (declined bool)
+	// ConnectState, when set, reports whether a call's requestState is
+	// the one of the route's own connect answer (not the upstream's): a
+	// retry carrying it goes upstream without it and its inputResponses,
+	// which answered the gateway, not the upstream.
+	ConnectState func(requestState string) bool
 	// AwaitConnect, when set, waits until owner has finished connecting
 	// through the link of elicitation, or ctx ends, and reports whether
 	// they did.

@@ -49,11 +49,12 @@ import (
 //     not have.
 //
 // Bounds: at most [Options.MaxPeople] person sessions at once (a person
-// beyond them is told to try again later), each closed with its upstream
-// sessions after [Options.PersonIdle] without a call. A person's upstream
-// session whose connection is no longer usable ([Options.Connected]: the
-// person disconnected, an operator revoked it, or their gateway grant was
-// revoked, on this replica or another) is closed within personSweep.
+// beyond them is told to try again later; one who has not connected holds
+// none), each closed with its upstream sessions after [Options.PersonIdle]
+// without a call. A person's upstream session whose connection is no
+// longer usable ([Options.Connected]: the person disconnected, an operator
+// revoked it, or their gateway grant was revoked, on this replica or
+// another) is closed within personSweep, or at the person's next call.
 
 // perUsers is the route's state of its per-person upstreams.
 type perUsers struct {
@@ -64,6 +65,7 @@ type perUsers struct {
 	settle          func(ctx context.Context, owner string, c message.Call) bool
 	awaitConnect    func(ctx context.Context, owner, elicitation string) bool
 	connected       func(upstream, owner string) bool
+	connectState    func(requestState string) bool
 
 	// Under Aggregate.mu:
 	people       map[string]*aggSession // owner -> their person session
@@ -78,6 +80,7 @@ func newPerUsers(opts Options) perUsers {
 		settle:          opts.Settle,
 		awaitConnect:    opts.AwaitConnect,
 		connected:       opts.Connected,
+		connectState:    opts.ConnectState,
 		people:          map[string]*aggSession{},
 		sessionOwner:    map[string]string{},
 	}
@@ -390,6 +393,13 @@ func (a *Aggregate) personToolCall(ctx context.Context, req mcp.Request, up *agg
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
 				"Your account at %s is connected: list tools again to see its tools.", up.cfg.Name)}}}, nil
 		}
+	}
+	if p.RequestState != "" && a.per.connectState != nil && a.per.connectState(p.RequestState) {
+		// The retry of the gateway's connect answer: its state and answers
+		// were the gateway's, and the upstream gets the call afresh.
+		fresh := *p
+		fresh.RequestState, fresh.InputResponses = "", nil
+		p = &fresh
 	}
 	return a.toolHandler(up, orig)(ctx, &mcp.CallToolRequest{Session: ss, Params: p, Extra: req.GetExtra()})
 }

@@ -48,6 +48,9 @@ func newPersonUp(t *testing.T) *personUp {
 		s := mcp.NewServer(&mcp.Implementation{Name: "people", Version: "1"}, &mcp.ServerOptions{SupportedProtocolVersions: []string{"2025-11-25"}})
 		mcp.AddTool(s, &mcp.Tool{Name: "whoami", Description: "who " + person + " is"}, func(ctx context.Context, req *mcp.CallToolRequest, in aggIn) (*mcp.CallToolResult, any, error) {
 			who := strings.TrimPrefix(req.Extra.Header.Get("Authorization"), "Bearer person-")
+			if req.Params.RequestState != "" || len(req.Params.InputResponses) > 0 {
+				who += " (with the state " + req.Params.RequestState + ")"
+			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "whoami: " + who}}}, nil, nil
 		})
 		if person == "alice" {
@@ -164,6 +167,7 @@ func personServe(t *testing.T, pu *personUp, ppl *people, opts Options) string {
 		return nil
 	}
 	opts.Connected = func(up, owner string) bool { return up == "people" && ppl.is(owner) }
+	opts.ConnectState = func(state string) bool { _, ok := connect.ElicitationOf(state); return ok }
 	if opts.ConnectRequired == nil {
 		opts.ConnectRequired = testConnectAnswer
 	}
@@ -420,6 +424,26 @@ func TestAggregatePerUserNotAPerson(t *testing.T) {
 		map[string]string{"X-Test-Token": "tok-robot", "X-Test-Owner": "robot", "Mcp-Method": "tools/call", "Mcp-Name": "mcp_people_whoami"})
 	if status != http.StatusForbidden || !strings.Contains(body, "no person's") {
 		t.Errorf("robot's 2026-07-28 call: HTTP %d %s, want 403 with the refusal", status, body)
+	}
+}
+
+// TestAggregatePerUserRetryStateStaysHere: the 2026-07-28 retry of a
+// connect answer carries the gateway's requestState and the person's
+// answer to the gateway's elicitation; neither goes upstream.
+func TestAggregatePerUserRetryStateStaysHere(t *testing.T) {
+	pu := newPersonUp(t)
+	ppl := &people{connected: map[string]bool{"alice": true}}
+	url := personServe(t, pu, ppl, Options{})
+	meta := `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"x","version":"1"},"io.modelcontextprotocol/clientCapabilities":{"elicitation":{"url":{}}}}`
+	hdr := map[string]string{"X-Test-Token": "tok-alice", "X-Test-Owner": "alice", "Mcp-Method": "tools/call", "Mcp-Name": "mcp_people_whoami"}
+	for _, tc := range []struct{ name, params, want string }{
+		{"the gateway's state", `"requestState":"` + connect.RequestState("el-alice") + `","inputResponses":{"el-alice":{"action":"accept"}}`, `whoami: alice"`},
+		{"the upstream's own state", `"requestState":"the-upstreams-own","inputResponses":{"q1":{"action":"accept"}}`, `whoami: alice (with the state the-upstreams-own)"`},
+	} {
+		status, body := modernPost(t, url, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"mcp_people_whoami","arguments":{"text":"x"},`+tc.params+`,`+meta+`}}`, hdr)
+		if status != http.StatusOK || !strings.Contains(body, tc.want) {
+			t.Errorf("%s: HTTP %d %s, want %s", tc.name, status, body, tc.want)
+		}
 	}
 }
 
