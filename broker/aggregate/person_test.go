@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -52,6 +53,12 @@ func newPersonUp(t *testing.T) *personUp {
 				who += " (with the state " + req.Params.RequestState + ")"
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "whoami: " + who}}}, nil, nil
+		})
+		mcp.AddTool(s, &mcp.Tool{Name: "progress"}, func(ctx context.Context, req *mcp.CallToolRequest, in aggIn) (*mcp.CallToolResult, any, error) {
+			if tok := req.Params.GetProgressToken(); tok != nil {
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: 1, Total: 2, Message: "half of " + person + "'s work"})
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
 		})
 		if person == "alice" {
 			mcp.AddTool(s, &mcp.Tool{Name: "alice_private", Description: "alice's own tool"}, func(ctx context.Context, req *mcp.CallToolRequest, in aggIn) (*mcp.CallToolResult, any, error) {
@@ -278,10 +285,10 @@ func TestAggregatePerUserAttacks(t *testing.T) {
 
 			// A's list shows the upstream's tools for A; B's never shows
 			// what was listed with A's token.
-			if got, want := aggToolNames(t, ctx, alice), []string{"mcp_people_alice_private", "mcp_people_whoami", "mcp_shared_echo", "mcp_shared_secret"}; !slices.Equal(got, want) {
+			if got, want := aggToolNames(t, ctx, alice), []string{"mcp_people_alice_private", "mcp_people_progress", "mcp_people_whoami", "mcp_shared_echo", "mcp_shared_secret"}; !slices.Equal(got, want) {
 				t.Errorf("alice lists %v, want %v", got, want)
 			}
-			if got, want := aggToolNames(t, ctx, bob), []string{"mcp_people_whoami", "mcp_shared_echo", "mcp_shared_secret"}; !slices.Equal(got, want) {
+			if got, want := aggToolNames(t, ctx, bob), []string{"mcp_people_progress", "mcp_people_whoami", "mcp_shared_echo", "mcp_shared_secret"}; !slices.Equal(got, want) {
 				t.Errorf("bob lists %v (alice's tools must not show), want %v", got, want)
 			}
 			// A's call runs as A, B's as B, in either order, and again.
@@ -444,6 +451,42 @@ func TestAggregatePerUserRetryStateStaysHere(t *testing.T) {
 		if status != http.StatusOK || !strings.Contains(body, tc.want) {
 			t.Errorf("%s: HTTP %d %s, want %s", tc.name, status, body, tc.want)
 		}
+	}
+}
+
+// TestAggregatePerUserProgress: an upstream's progress on a person's
+// session reaches the call it is for, at both versions.
+func TestAggregatePerUserProgress(t *testing.T) {
+	pu := newPersonUp(t)
+	ppl := &people{connected: map[string]bool{"alice": true}}
+	url := personServe(t, pu, ppl, Options{})
+	for _, version := range []string{"2025-11-25", ""} {
+		got := make(chan string, 4)
+		c := mcp.NewClient(&mcp.Implementation{Name: "alice-client", Version: "1"}, &mcp.ClientOptions{
+			ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+				got <- fmt.Sprint(req.Params.ProgressToken) + ": " + req.Params.Message
+			}})
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: personRT{token: "tok-alice", owner: "alice"}}, MaxRetries: -1},
+			&mcp.ClientSessionOptions{ProtocolVersion: version})
+		if err != nil {
+			t.Fatal(err)
+		}
+		params := &mcp.CallToolParams{Name: "mcp_people_progress", Arguments: map[string]any{"text": "x"}}
+		params.SetProgressToken("p-7")
+		if _, err := cs.CallTool(ctx, params); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case p := <-got:
+			if p != "p-7: half of alice's work" {
+				t.Errorf("%q: progress %q", version, p)
+			}
+		case <-ctx.Done():
+			t.Errorf("%q: no progress reached the caller", version)
+		}
+		cs.Close()
+		cancel()
 	}
 }
 
