@@ -298,6 +298,9 @@ func TestPerUserAggregate(t *testing.T) {
 			}
 		})
 	}
+	if !hasAudit(c, map[string]any{"event": "upstream_call", "upstream": "remote", "route": "aggregate", "outcome": "connect_required"}) {
+		t.Error("no audit line for a call answered with a connect link (upstream_call, outcome connect_required)")
+	}
 	for _, s := range as.Secrets() {
 		if strings.Contains(c.Logs(), s) {
 			t.Errorf("a token of the authorization server (%.8s…) is in the log", s)

@@ -451,7 +451,7 @@ func (a *Aggregate) servePersonConnect(w http.ResponseWriter, r *http.Request, p
 		}
 	}
 	answer, err := a.per.connectRequired(ctx, owner, up.cfg.Name, call, initCaps)
-	rec := upstream.CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: call.Tool, Outcome: upstream.OutcomeAuthRequired,
+	rec := upstream.CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: call.Tool, Outcome: upstream.OutcomeConnectRequired,
 		TokenID: p.TokenID, TokenName: p.Name, ClientIP: r.Header.Get(upstream.ClientIPHeader), Detail: "the person has not connected their account"}
 	a.record(rec, time.Now())
 	var refusal *ConnectRefusal

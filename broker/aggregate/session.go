@@ -619,6 +619,9 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 		c, release, err := a.conn(ctx, req.Session, up)
 		if err != nil {
 			rec.Outcome, rec.Detail = outcome(ctx, err)
+			if errors.Is(err, upstreamauth.ErrConnectRequired) {
+				rec.Outcome = upstream.OutcomeConnectRequired
+			}
 			a.record(rec, start)
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -650,6 +653,9 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 		// the upstream sent before it.
 		c.awaitNotes(ctx)
 		rec.Outcome, rec.Detail = outcome(ctx, err)
+		if errors.Is(err, upstreamauth.ErrConnectRequired) {
+			rec.Outcome = upstream.OutcomeConnectRequired
+		}
 		if err == nil && res != nil && res.IsError {
 			rec.Outcome = upstream.OutcomeError
 			rec.Detail = "the tool reported an error"
