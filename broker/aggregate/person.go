@@ -343,6 +343,10 @@ func (a *Aggregate) listForPerson(ctx context.Context, ss *mcp.ServerSession, lr
 		}
 	}
 	lr.Tools = kept
+	// The person's listing changes when they connect or are revoked, and
+	// a client that has no subscriptions/listen stream hears of neither:
+	// it is stale at once (private, as every listing of the route).
+	lr.TTLMs = 0
 	if lr.NextCursor == "" {
 		lr.Tools = append(lr.Tools, a.personTools(ctx, ss)...)
 	}

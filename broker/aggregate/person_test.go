@@ -165,7 +165,12 @@ const testConnectURL = "https://gateway.example/zidane/connect/zcl_test"
 // X-Test-Owner its person) and reading of the body.
 func personServe(t *testing.T, pu *personUp, ppl *people, opts Options) string {
 	t.Helper()
-	shared := newAggUp(t, "shared")
+	return personServeWith(t, newAggUp(t, "shared").config(), pu, ppl, opts)
+}
+
+// personServeWith is personServe with shared as the shared upstream.
+func personServeWith(t *testing.T, shared upstream.Config, pu *personUp, ppl *people, opts Options) string {
+	t.Helper()
 	opts.PerUser = func(name string) bool { return name == "people" }
 	opts.Credentials = func(name string) func(http.RoundTripper) http.RoundTripper {
 		if name == "people" {
@@ -178,7 +183,7 @@ func personServe(t *testing.T, pu *personUp, ppl *people, opts Options) string {
 	if opts.ConnectRequired == nil {
 		opts.ConnectRequired = testConnectAnswer
 	}
-	a, err := New([]upstream.Config{shared.config(), {Name: "people", URL: pu.http.URL}}, opts)
+	a, err := New([]upstream.Config{shared, {Name: "people", URL: pu.http.URL}}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,6 +492,26 @@ func TestAggregatePerUserProgress(t *testing.T) {
 		}
 		cs.Close()
 		cancel()
+	}
+}
+
+// TestAggregatePerUserListingIsStale: a listing that holds a person's
+// tools changes when they connect or are revoked, so it is never fresh
+// for the shared upstreams' ttlMs.
+func TestAggregatePerUserListingIsStale(t *testing.T) {
+	pu := newPersonUp(t)
+	ppl := &people{connected: map[string]bool{"alice": true}}
+	url := personServeWith(t, ttlUp(t, "shared", 5000), pu, ppl, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, version := range []string{"2025-11-25", ""} {
+		res, err := personClient(t, url, version, "alice").ListTools(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.TTLMs != 0 || res.CacheScope != "private" {
+			t.Errorf("%q: tools/list ttlMs %d cacheScope %q; want 0, private", version, res.TTLMs, res.CacheScope)
+		}
 	}
 }
 
