@@ -165,11 +165,18 @@ const testConnectURL = "https://gateway.example/zidane/connect/zcl_test"
 // X-Test-Owner its person) and reading of the body.
 func personServe(t *testing.T, pu *personUp, ppl *people, opts Options) string {
 	t.Helper()
+	_, url := personServeAgg(t, pu, ppl, opts)
+	return url
+}
+
+// personServeAgg is personServe, returning the route too.
+func personServeAgg(t *testing.T, pu *personUp, ppl *people, opts Options) (*Aggregate, string) {
+	t.Helper()
 	return personServeWith(t, newAggUp(t, "shared").config(), pu, ppl, opts)
 }
 
-// personServeWith is personServe with shared as the shared upstream.
-func personServeWith(t *testing.T, shared upstream.Config, pu *personUp, ppl *people, opts Options) string {
+// personServeWith is personServeAgg with shared as the shared upstream.
+func personServeWith(t *testing.T, shared upstream.Config, pu *personUp, ppl *people, opts Options) (*Aggregate, string) {
 	t.Helper()
 	opts.PerUser = func(name string) bool { return name == "people" }
 	opts.Credentials = func(name string) func(http.RoundTripper) http.RoundTripper {
@@ -209,7 +216,7 @@ func personServeWith(t *testing.T, shared upstream.Config, pu *personUp, ppl *pe
 	if err := a.Ready(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return srv.URL
+	return a, srv.URL
 }
 
 func readBody(t *testing.T, r *http.Request) (io.ReadCloser, []byte) {
@@ -501,7 +508,7 @@ func TestAggregatePerUserProgress(t *testing.T) {
 func TestAggregatePerUserListingIsStale(t *testing.T) {
 	pu := newPersonUp(t)
 	ppl := &people{connected: map[string]bool{"alice": true}}
-	url := personServeWith(t, ttlUp(t, "shared", 5000), pu, ppl, Options{})
+	_, url := personServeWith(t, ttlUp(t, "shared", 5000), pu, ppl, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, version := range []string{"2025-11-25", ""} {
@@ -512,6 +519,35 @@ func TestAggregatePerUserListingIsStale(t *testing.T) {
 		if res.TTLMs != 0 || res.CacheScope != "private" {
 			t.Errorf("%q: tools/list ttlMs %d cacheScope %q; want 0, private", version, res.TTLMs, res.CacheScope)
 		}
+	}
+}
+
+// TestAggregatePerUserRestart: restarting a per_user upstream ends the
+// people's sessions to it; each person's next call opens their own again.
+func TestAggregatePerUserRestart(t *testing.T) {
+	pu := newPersonUp(t)
+	ppl := &people{connected: map[string]bool{"alice": true}}
+	a, url := personServeAgg(t, pu, ppl, Options{})
+	alice := personClient(t, url, "2025-11-25", "alice")
+	if got, _ := callText(t, alice, "mcp_people_whoami"); got != "whoami: alice" {
+		t.Fatalf("alice: %q", got)
+	}
+	if pu.open("alice") == 0 {
+		t.Fatal("alice has no upstream stream open")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Restart(ctx, "people"); err != nil {
+		t.Fatal(err)
+	}
+	for pu.open("alice") > 0 {
+		if ctx.Err() != nil {
+			t.Fatal("alice's upstream stream outlived the restart by 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, _ := callText(t, alice, "mcp_people_whoami"); got != "whoami: alice" {
+		t.Errorf("alice after the restart: %q", got)
 	}
 }
 
