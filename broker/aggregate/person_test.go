@@ -551,6 +551,56 @@ func TestAggregatePerUserRestart(t *testing.T) {
 	}
 }
 
+// TestAggregatePerUserAlone: a route whose one upstream is per_user is
+// ready at once (there is no catalog to wait for), and with prefix
+// conditional offers the upstream's own names.
+func TestAggregatePerUserAlone(t *testing.T) {
+	pu := newPersonUp(t)
+	ppl := &people{connected: map[string]bool{"alice": true}}
+	a, err := New([]upstream.Config{{Name: "people", URL: pu.http.URL}}, Options{
+		Prefix:          PrefixConditional,
+		PerUser:         func(string) bool { return true },
+		Credentials:     func(string) func(http.RoundTripper) http.RoundTripper { return ppl.layer },
+		ConnectRequired: testConnectAnswer,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Ready(ctx); err != nil {
+		t.Fatalf("a route of one per_user upstream is not ready: %v", err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := policy.Principal{TokenID: r.Header.Get("X-Test-Token"), Owner: r.Header.Get("X-Test-Owner")}
+		ctx := policy.WithPrincipal(r.Context(), p)
+		if r.Method == http.MethodPost {
+			body, b := readBody(t, r)
+			r.Body = body
+			if m, err := message.Read(b); err == nil {
+				ctx = message.NewContext(ctx, m)
+			}
+		}
+		a.ServeHTTP(w, r.WithContext(ctx))
+	}))
+	defer srv.Close()
+	defer srv.CloseClientConnections()
+	alice, bob := personClient(t, srv.URL, "2025-11-25", "alice"), personClient(t, srv.URL, "", "bob")
+	if got := aggToolNames(t, ctx, alice); !slices.Equal(got, []string{"alice_private", "progress", "whoami"}) {
+		t.Errorf("alice lists %v", got)
+	}
+	if got, _ := callText(t, alice, "whoami"); got != "whoami: alice" {
+		t.Errorf("alice: %q", got)
+	}
+	if got := aggToolNames(t, ctx, bob); !slices.Equal(got, []string{"connect_account"}) {
+		t.Errorf("bob, not connected, lists %v", got)
+	}
+	if got, isErr := callText(t, bob, "whoami"); !isErr || !strings.Contains(got, testConnectURL+"_bob") {
+		t.Errorf("bob: %q, want his link", got)
+	}
+}
+
 // TestAggregatePerUserNeedsHTTP: a per-person upstream is refused at New
 // unless it is http or sse.
 func TestAggregatePerUserNeedsHTTP(t *testing.T) {
