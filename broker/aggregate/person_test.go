@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/connect"
@@ -59,6 +60,13 @@ func newPersonUp(t *testing.T) *personUp {
 				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: 1, Total: 2, Message: "half of " + person + "'s work"})
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+		})
+		mcp.AddTool(s, &mcp.Tool{Name: "ask"}, func(ctx context.Context, req *mcp.CallToolRequest, in aggIn) (*mcp.CallToolResult, any, error) {
+			res, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: "colour?", RequestedSchema: &jsonschema.Schema{Type: "object", Properties: map[string]*jsonschema.Schema{"c": {Type: "string"}}}})
+			if err != nil {
+				return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "elicitation failed: " + err.Error()}}}, nil, nil
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: person + " answered " + res.Action + " " + fmt.Sprint(res.Content["c"])}}}, nil, nil
 		})
 		if person == "alice" {
 			mcp.AddTool(s, &mcp.Tool{Name: "alice_private", Description: "alice's own tool"}, func(ctx context.Context, req *mcp.CallToolRequest, in aggIn) (*mcp.CallToolResult, any, error) {
@@ -297,10 +305,10 @@ func TestAggregatePerUserAttacks(t *testing.T) {
 
 			// A's list shows the upstream's tools for A; B's never shows
 			// what was listed with A's token.
-			if got, want := aggToolNames(t, ctx, alice), []string{"mcp_people_alice_private", "mcp_people_progress", "mcp_people_whoami", "mcp_shared_echo", "mcp_shared_secret"}; !slices.Equal(got, want) {
+			if got, want := aggToolNames(t, ctx, alice), []string{"mcp_people_alice_private", "mcp_people_ask", "mcp_people_progress", "mcp_people_whoami", "mcp_shared_echo", "mcp_shared_secret"}; !slices.Equal(got, want) {
 				t.Errorf("alice lists %v, want %v", got, want)
 			}
-			if got, want := aggToolNames(t, ctx, bob), []string{"mcp_people_progress", "mcp_people_whoami", "mcp_shared_echo", "mcp_shared_secret"}; !slices.Equal(got, want) {
+			if got, want := aggToolNames(t, ctx, bob), []string{"mcp_people_ask", "mcp_people_progress", "mcp_people_whoami", "mcp_shared_echo", "mcp_shared_secret"}; !slices.Equal(got, want) {
 				t.Errorf("bob lists %v (alice's tools must not show), want %v", got, want)
 			}
 			// A's call runs as A, B's as B, in either order, and again.
@@ -587,7 +595,7 @@ func TestAggregatePerUserAlone(t *testing.T) {
 	defer srv.Close()
 	defer srv.CloseClientConnections()
 	alice, bob := personClient(t, srv.URL, "2025-11-25", "alice"), personClient(t, srv.URL, "", "bob")
-	if got := aggToolNames(t, ctx, alice); !slices.Equal(got, []string{"alice_private", "progress", "whoami"}) {
+	if got := aggToolNames(t, ctx, alice); !slices.Equal(got, []string{"alice_private", "ask", "progress", "whoami"}) {
 		t.Errorf("alice lists %v", got)
 	}
 	if got, _ := callText(t, alice, "whoami"); got != "whoami: alice" {
@@ -598,6 +606,37 @@ func TestAggregatePerUserAlone(t *testing.T) {
 	}
 	if got, isErr := callText(t, bob, "whoami"); !isErr || !strings.Contains(got, testConnectURL+"_bob") {
 		t.Errorf("bob: %q, want his link", got)
+	}
+}
+
+// TestAggregatePerUserElicitation: an upstream's elicitation on a
+// person's session reaches a 2026-07-28 caller as an input request, and
+// is refused for a 2025-11-25 caller (the session serves all the person's
+// clients, and a 2025-11-25 call is not waiting for one).
+func TestAggregatePerUserElicitation(t *testing.T) {
+	pu := newPersonUp(t)
+	ppl := &people{connected: map[string]bool{"alice": true}}
+	url := personServe(t, pu, ppl, Options{})
+	for _, tc := range []struct{ version, want string }{
+		{"", "alice answered accept blue"},
+		{"2025-11-25", "no call of this client is waiting"},
+	} {
+		c := mcp.NewClient(&mcp.Implementation{Name: "alice-client", Version: "1"}, &mcp.ClientOptions{
+			ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"c": "blue"}}, nil
+			}})
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: personRT{token: "tok-alice", owner: "alice"}}, MaxRetries: -1},
+			&mcp.ClientSessionOptions{ProtocolVersion: tc.version})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := callText(t, cs, "mcp_people_ask")
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("%q: %q, want %q", tc.version, got, tc.want)
+		}
+		cs.Close()
+		cancel()
 	}
 }
 
