@@ -581,14 +581,28 @@ func (a *Aggregate) sweepPeople() {
 // connection is no longer usable.
 func (a *Aggregate) endRevoked(owner string, s *aggSession) {
 	s.mu.Lock()
-	var ended []*aggConn
+	open := make(map[string]*aggConn, len(s.conns))
 	for name, c := range s.conns {
 		select {
 		case <-c.done:
-		default:
-			continue // still opening
+			if c.cs != nil {
+				open[name] = c
+			}
+		default: // still opening
 		}
-		if c.cs != nil && !a.per.connected(name, owner) {
+	}
+	s.mu.Unlock()
+	// Asked without s.mu: the answer may need the person's OAuth client
+	// made again (and, on NATS, its record watched).
+	for name := range open {
+		if a.per.connected(name, owner) {
+			delete(open, name)
+		}
+	}
+	var ended []*aggConn
+	s.mu.Lock()
+	for name, c := range open {
+		if s.conns[name] == c {
 			delete(s.conns, name)
 			ended = append(ended, c)
 		}
