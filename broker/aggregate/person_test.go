@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/connect"
@@ -637,6 +638,77 @@ func TestAggregatePerUserElicitation(t *testing.T) {
 		}
 		cs.Close()
 		cancel()
+	}
+}
+
+// TestAggregatePerUserConnectCompletes: a 2025-11-25 session given a
+// connect link hears, once its person has connected,
+// notifications/elicitation/complete for that link and
+// tools/list_changed; its list then shows the upstream's tools.
+func TestAggregatePerUserConnectCompletes(t *testing.T) {
+	pu := newPersonUp(t)
+	ppl := &people{connected: map[string]bool{}}
+	connected := make(chan struct{})
+	url := personServe(t, pu, ppl, Options{AwaitConnect: func(ctx context.Context, owner, elicitation string) bool {
+		if owner != "carol" || elicitation != "el-carol" {
+			return false
+		}
+		select {
+		case <-connected:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}})
+	complete, changed := make(chan string, 4), make(chan struct{}, 16)
+	c := mcp.NewClient(&mcp.Implementation{Name: "carol-client", Version: "1"}, &mcp.ClientOptions{
+		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept"}, nil
+		},
+		ElicitationCompleteHandler: func(_ context.Context, req *mcp.ElicitationCompleteNotificationRequest) {
+			complete <- req.Params.ElicitationID
+		},
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: personRT{token: "tok-carol", owner: "carol"}}, MaxRetries: -1},
+		&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	_, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_people_whoami", Arguments: map[string]any{"text": "x"}})
+	var rpcErr *jsonrpc.Error
+	if !errors.As(err, &rpcErr) || rpcErr.Code != mcp.CodeURLElicitationRequired || !strings.Contains(string(rpcErr.Data), testConnectURL+"_carol") {
+		t.Fatalf("carol's call: %v, want -32042 with her link", err)
+	}
+	ppl.set("carol", true)
+	close(connected)
+	select {
+	case id := <-complete:
+		if id != "el-carol" {
+			t.Errorf("elicitation/complete for %q", id)
+		}
+	case <-ctx.Done():
+		t.Fatal("no notifications/elicitation/complete")
+	}
+	select {
+	case <-changed:
+	case <-ctx.Done():
+		t.Fatal("no notifications/tools/list_changed")
+	}
+	if got := aggToolNames(t, ctx, cs); !slices.Contains(got, "mcp_people_whoami") || slices.Contains(got, "mcp_people_connect_account") {
+		t.Errorf("carol's list once connected: %v", got)
+	}
+	if got, isErr := callText(t, cs, "mcp_people_whoami"); isErr || got != "whoami: carol" {
+		t.Errorf("carol once connected: %q", got)
 	}
 }
 
