@@ -366,11 +366,15 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		unwatch = up.tr.WatchLimit(cs.ID(), func(err error) { c.overLimit.Store(&err) })
 	}
 	c.cs, c.err = cs, err
-	close(c.done)
 	if err != nil {
+		// Forgotten before the waiters wake: a caller that sees the
+		// failure finds the session without it (a person session that
+		// holds nothing is let go at once, see releasePerson).
 		s.forget(up.cfg.Name, c)
+		close(c.done)
 		return
 	}
+	close(c.done)
 	go func() {
 		cs.Wait()
 		c.stopForwarding()
