@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"cel.dev/cel-go/cel"
+	celast "cel.dev/cel-go/common/ast"
 	"cel.dev/cel-go/common/cost"
+	"cel.dev/cel-go/common/operators"
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/ext"
@@ -52,6 +55,12 @@ type Rule struct {
 	Spec
 	prg     cel.Program // the call-time program
 	partial cel.Program // the list-time program, with args unknown
+	// tools, when set, are the only tool names the rule can hold for: its
+	// expression is a conjunction with tool.name == 'x' (or tool.name in
+	// [...]) among its terms. A call of another tool is not evaluated: the
+	// rule is false for it (in CEL, a false term makes a conjunction
+	// false, whatever errors the others would give).
+	tools []string
 }
 
 // Set is the rules in force for a route, global ones first.
@@ -162,7 +171,63 @@ func compile(env *cel.Env, sp Spec) (*Rule, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", where, quote(sp.Expr), err)
 	}
-	return &Rule{Spec: sp, prg: prg, partial: partial}, nil
+	return &Rule{Spec: sp, prg: prg, partial: partial, tools: toolTerms(ast.NativeRep().Expr())}, nil
+}
+
+// toolTerms are the tool names a conjunction e requires, by its terms
+// tool.name == 'x' and tool.name in ['x', 'y'] (the first such term); nil
+// when it requires none.
+func toolTerms(e celast.Expr) []string {
+	if e.Kind() != celast.CallKind {
+		return nil
+	}
+	c := e.AsCall()
+	args := c.Args()
+	switch c.FunctionName() {
+	case operators.LogicalAnd:
+		for _, a := range args {
+			if t := toolTerms(a); t != nil {
+				return t
+			}
+		}
+	case operators.Equals:
+		if len(args) == 2 {
+			if isToolName(args[0]) {
+				return literalStrings(args[1:])
+			}
+			if isToolName(args[1]) {
+				return literalStrings(args[:1])
+			}
+		}
+	case operators.In:
+		if len(args) == 2 && isToolName(args[0]) && args[1].Kind() == celast.ListKind {
+			return literalStrings(args[1].AsList().Elements())
+		}
+	}
+	return nil
+}
+
+func isToolName(e celast.Expr) bool {
+	return e.Kind() == celast.IdentKind && e.AsIdent() == "tool.name"
+}
+
+// literalStrings are the values of es when each is a string literal.
+func literalStrings(es []celast.Expr) []string {
+	out := make([]string, 0, len(es))
+	for _, e := range es {
+		if e.Kind() != celast.LiteralKind {
+			return nil
+		}
+		s, ok := e.AsLiteral().(types.String)
+		if !ok {
+			return nil
+		}
+		out = append(out, string(s))
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // sizes bounds the inputs of a rule for CEL's static cost estimate: no
@@ -290,6 +355,9 @@ func (s *Set) Decide(in Input) Verdict {
 	act := &activation{in: in, withArgs: true}
 	var approve, allow *Rule
 	for _, r := range s.rules {
+		if r.tools != nil && !slices.Contains(r.tools, in.Tool) {
+			continue
+		}
 		out, _, err := r.prg.Eval(act)
 		holds, failed := result(out, err)
 		switch {

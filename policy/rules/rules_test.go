@@ -3,6 +3,7 @@ package rules
 import (
 	"encoding/base64"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -380,6 +381,47 @@ func TestClaims(t *testing.T) {
 		v := s.Decide(Input{Method: "tools/call", Tool: "x", ClaimsJWT: enc(c.payload)})
 		if v.Effect != c.effect || (v.Err != nil) != c.failed {
 			t.Errorf("%s: %q (err %v), want %q failed=%v", c.payload, v.Effect, v.Err, c.effect, c.failed)
+		}
+	}
+}
+
+// TestToolTerms: a rule that names its tools in a term of a conjunction is
+// not evaluated for other tools, and decides every call as it would if it
+// were.
+func TestToolTerms(t *testing.T) {
+	specs := []Spec{
+		{Effect: Deny, Expr: "tool.name == 'deploy' && args.environment == 'production'", Message: "m", Where: "eq"},
+		{Effect: Deny, Expr: "args.force == true && 'drop' == tool.name", Message: "m", Where: "eq reversed"},
+		{Effect: Deny, Expr: "method == 'tools/call' && tool.name in ['rm', 'mv'] && args.path.startsWith('/etc')", Message: "m", Where: "in"},
+		{Effect: Allow, Expr: "tool.name == 'q' || args.x == 1", Where: "or"},
+		{Effect: Deny, Expr: "!(tool.name == 'safe') && args.y == 2", Message: "m", Where: "not"},
+	}
+	s, err := Compile(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{"eq": {"deploy"}, "eq reversed": {"drop"}, "in": {"rm", "mv"}}
+	for _, r := range s.rules {
+		if !slices.Equal(r.tools, want[r.Where]) {
+			t.Errorf("%s: tools %v, want %v", r.Where, r.tools, want[r.Where])
+		}
+	}
+	// The same rules with no tool terms: every rule evaluated.
+	full, err := Compile(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range full.rules {
+		r.tools = nil
+	}
+	for _, in := range []Input{
+		call("deploy", `{"environment":"production"}`), call("deploy", `{}`), call("other", `{}`),
+		call("drop", `{"force":true}`), call("rm", `{"path":"/etc/x"}`), call("mv", `{}`), call("cp", `{"path":"/etc"}`),
+		call("q", `{}`), call("safe", `{"y":2}`), call("other", `{"y":2}`), call("other", `{"x":1}`),
+	} {
+		a, b := s.Decide(in), full.Decide(in)
+		if a.Effect != b.Effect || a.Rule != nil && b.Rule != nil && a.Rule.Where != b.Rule.Where || (a.Err == nil) != (b.Err == nil) {
+			t.Errorf("%s %s: %q %v, evaluated whole %q %v", in.Tool, in.Arguments, a.Effect, a.Err, b.Effect, b.Err)
 		}
 	}
 }
