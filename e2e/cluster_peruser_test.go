@@ -172,10 +172,9 @@ func (pc *perUserCluster) connectLink(t *testing.T, i int, token string) string 
 }
 
 // useLink has browser b (signed in to the gateway as the link's person)
-// open the connect link on replica open, press its button there, sign in
-// at the upstream's authorization server as user, and come back to the
-// callback on replica back.
-func (pc *perUserCluster) useLink(t *testing.T, b *formBrowser, link string, open, back int, user string) {
+// open the connect link on replica open and press its button there, and
+// returns where it sends the browser: the upstream's authorization.
+func (pc *perUserCluster) useLink(t *testing.T, b *formBrowser, link string, open int) (authURL string) {
 	t.Helper()
 	path := strings.TrimPrefix(link, pc.issuer)
 	b.base, b.origin = pc.sites[open], pc.issuer
@@ -183,14 +182,23 @@ func (pc *perUserCluster) useLink(t *testing.T, b *formBrowser, link string, ope
 		t.Fatalf("the connect link opened on replica %d: %d\n%s", open, resp.StatusCode, body)
 	}
 	resp, body := b.post(path, url.Values{"connect": {"1"}})
-	authURL := resp.Header.Get("Location")
+	authURL = resp.Header.Get("Location")
 	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(authURL, pc.as.URL+"/authorize?") {
 		t.Fatalf("the link pressed on replica %d: %d to %q\n%s", open, resp.StatusCode, authURL, body)
 	}
+	return authURL
+}
+
+// authorize signs in at the upstream's authorization server as user and
+// brings its answer to the callback on replica back, in browser b; it
+// returns the answer's query.
+func (pc *perUserCluster) authorize(t *testing.T, b *formBrowser, authURL string, back int, user string) url.Values {
+	t.Helper()
 	q := pc.replicas[back].signIn(t, authURL, user)
 	if resp, body := b.get(pc.sites[back] + "/zidane/oauth/callback/remote?" + q.Encode()); resp.StatusCode != http.StatusOK || !strings.Contains(body, "Go back to your MCP client") {
 		t.Fatalf("the upstream's callback on replica %d: %d\n%s", back, resp.StatusCode, body)
 	}
+	return q
 }
 
 // awaitExpiry waits until the authorization server no longer takes
@@ -275,7 +283,7 @@ func TestPerUserAcrossReplicas(t *testing.T) {
 	}
 
 	// The link made on A, used on B, the upstream's answer back on A.
-	pc.useLink(t, browser, link, 1, 0, frank)
+	answer := pc.authorize(t, browser, pc.useLink(t, browser, link, 1), 0, frank)
 	if !hasAudit(a.c, map[string]any{"event": "upstream_connect", "owner": frank, "upstream": "remote"}) {
 		t.Error("no audit line on A for frank's connection")
 	}
@@ -289,6 +297,17 @@ func TestPerUserAcrossReplicas(t *testing.T) {
 		if text, isErr, err := whoamiAt(base, bob); err != nil || isErr || text != "whoami: bob" {
 			t.Errorf("bob's call at %s: %q (error %v, %v)", base, text, isErr, err)
 		}
+	}
+
+	// The upstream's answer again, on C: refused, and no code redeemed.
+	// (Its flow used up, the state is no connect link's any more, and the
+	// operator's login callback, which shares the address, refuses it.)
+	codes, _ := codeGrants(pc.as)
+	if resp, body := browser.get(pc.sites[2] + "/zidane/oauth/callback/remote?" + answer.Encode()); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "unknown, already used") {
+		t.Errorf("the upstream's answer replayed on C: %d\n%s", resp.StatusCode, body)
+	}
+	if n, _ := codeGrants(pc.as); n != codes {
+		t.Errorf("the replayed answer redeemed a code (%d redemptions, was %d)", n, codes)
 	}
 
 	// Refreshed on C; B uses C's token.
@@ -383,8 +402,55 @@ func TestPerUserAcrossReplicas(t *testing.T) {
 		t.Errorf("the upstream saw %d requests for 3 of bob's calls and 3 of frank's refused ones, want 3", now-reached)
 	}
 
-	// Reconnected, with a link made on C, opened on C and back on B.
-	pc.useLink(t, browser, pc.connectLink(t, 2, access), 2, 1, frank)
+	// Reconnected with a link made on C, which the browser sends to B and
+	// C at once (two tabs, a double click behind a load balancer): one
+	// press goes on, the other is refused; the answer comes back on B.
+	link = pc.connectLink(t, 2, access)
+	path := strings.TrimPrefix(link, pc.issuer)
+	type press struct {
+		status   int
+		location string
+		body     string
+		err      error
+	}
+	presses := make([]press, 2)
+	ready := make(chan struct{})
+	var pw sync.WaitGroup
+	for i := range presses {
+		pw.Go(func() {
+			req, _ := http.NewRequest(http.MethodPost, pc.sites[1+i]+path, strings.NewReader("connect=1"))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Header.Set("Origin", pc.issuer)
+			<-ready
+			resp, err := browser.hc.Do(req)
+			if err != nil {
+				presses[i].err = err
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			presses[i] = press{resp.StatusCode, resp.Header.Get("Location"), string(b), nil}
+		})
+	}
+	close(ready)
+	pw.Wait()
+	var authURL string
+	for i, p := range presses {
+		switch {
+		case p.err == nil && p.status == http.StatusSeeOther && strings.HasPrefix(p.location, pc.as.URL+"/authorize?"):
+			if authURL != "" {
+				t.Fatalf("one connect link pressed on B and C at once started two authorizations")
+			}
+			authURL = p.location
+		case p.err == nil && p.status == http.StatusForbidden && strings.Contains(p.body, "used already"):
+		default:
+			t.Fatalf("the link pressed on replica %d at the same time as on the other: %d %v\n%s", 1+i, p.status, p.err, p.body)
+		}
+	}
+	if authURL == "" {
+		t.Fatal("one connect link pressed on B and C at once: both refused")
+	}
+	pc.authorize(t, browser, authURL, 1, frank)
 	pc.awaitEveryReplica(t, access, "frank's call once reconnected", time.Now(), 20*time.Second, func(text string, isErr bool) bool {
 		return !isErr && text == "whoami: frank"
 	})
