@@ -254,10 +254,8 @@ func TestPerUserAcrossReplicas(t *testing.T) {
 	a, b, c := pc.replicas[0], pc.replicas[1], pc.replicas[2]
 	const frank = "frank"
 
-	// Frank signs in and his MCP client gets a grant for the site. The
-	// grant's scope is mcp: the sign-in offers a site the scopes of its
-	// own rules, which on a broker route do not name upstream:remote.
-	secret := signInLink(t, a.c, frank, "mcp")
+	// Frank signs in and his MCP client gets a grant for the site.
+	secret := signInLink(t, a.c, frank, "upstream:remote")
 	m := registerClient(t, pc.issuer)
 	browser := newFormBrowser(t, pc.issuer)
 	code, verifier := m.code(browser, secret, pc.issuer+"/mcp")
