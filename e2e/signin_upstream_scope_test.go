@@ -33,6 +33,7 @@ func TestSigninOffersTheUpstreamScope(t *testing.T) {
 	rawKey := make([]byte, 32)
 	rand.Read(rawKey)
 	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	aggSite := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	c := startCaddy(t, fmt.Sprintf(`{
 	admin {{ADMIN}}
 	zidane {
@@ -48,6 +49,9 @@ func TestSigninOffersTheUpstreamScope(t *testing.T) {
 				credentials per_user
 			}
 		}
+		upstream plain %[2]s {
+			scope plain:all
+		}
 	}
 }
 
@@ -57,19 +61,33 @@ func TestSigninOffersTheUpstreamScope(t *testing.T) {
 		resource %[1]s/mcp
 	}
 }
-`, base, up.URL), "REMOTE_SECRET="+secret, "ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey))
 
-	resp, err := shortClient.Get(base + "/.well-known/oauth-protected-resource/mcp")
-	if err != nil {
-		t.Fatal(err)
+%[3]s {
+	zidane_mcp {
+		aggregate plain
+		resource %[3]s/mcp
 	}
-	var meta struct {
-		Scopes []string `json:"scopes_supported"`
-	}
-	json.NewDecoder(resp.Body).Decode(&meta)
-	resp.Body.Close()
-	if !slices.Contains(meta.Scopes, "upstream:remote") {
-		t.Errorf("the broker site's scopes_supported %v lack upstream:remote, the scope that grants its upstream", meta.Scopes)
+}
+`, base, up.URL, aggSite), "REMOTE_SECRET="+secret, "ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey))
+
+	for _, tc := range []struct {
+		site string
+		want []string
+	}{{base, []string{"upstream:remote"}}, {aggSite, []string{"upstream:plain", "plain:all"}}} {
+		resp, err := shortClient.Get(tc.site + "/.well-known/oauth-protected-resource/mcp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var meta struct {
+			Scopes []string `json:"scopes_supported"`
+		}
+		json.NewDecoder(resp.Body).Decode(&meta)
+		resp.Body.Close()
+		for _, w := range tc.want {
+			if !slices.Contains(meta.Scopes, w) {
+				t.Errorf("%s: scopes_supported %v lack %s, a scope that grants its upstream", tc.site, meta.Scopes, w)
+			}
+		}
 	}
 
 	m := registerClient(t, base)
@@ -105,7 +123,7 @@ func TestSigninOffersTheUpstreamScope(t *testing.T) {
 	q.Set("scope", "upstream:other")
 	b := newFormBrowser(t, base)
 	b.hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	resp, _ = b.get(base + authserver.AuthorizePath + "?" + q.Encode())
+	resp, _ := b.get(base + authserver.AuthorizePath + "?" + q.Encode())
 	loc, _ := url.Parse(resp.Header.Get("Location"))
 	if resp.StatusCode != http.StatusFound || loc == nil || loc.Query().Get("error") != "invalid_scope" {
 		t.Errorf("scope upstream:other asked: %d, Location %q, want invalid_scope", resp.StatusCode, resp.Header.Get("Location"))
