@@ -246,11 +246,21 @@ func refreshGrants(as *oauthtest.AuthServer) (all, refused int) {
 // three within 2 s, and bob's connection stays; once reconnected,
 // revoking his grant on B refuses his client on all three, and deletes his
 // connection everywhere, within 2 s.
+//
+// With an authorization server that binds tokens to a DPoP key, the same
+// holds with the key the person's login made, kept sealed in their record:
+// C refreshes with it, and every call on every replica proves it.
 func TestPerUserAcrossReplicas(t *testing.T) {
+	for _, dpop := range []bool{false, true} {
+		t.Run(map[bool]string{false: "bearer", true: "dpop"}[dpop], func(t *testing.T) { perUserAcrossReplicas(t, dpop) })
+	}
+}
+
+func perUserAcrossReplicas(t *testing.T, dpop bool) {
 	// The login's access token lives 6 s (the gateway refreshes at half
 	// its life), the first refresh's 20 s, so B's call after C's refresh
 	// has 10 s before it would renew it itself.
-	pc := startPerUserCluster(t, oauthtest.AuthServerOptions{AccessTokenTTL: 6 * time.Second, NoRevocation: true})
+	pc := startPerUserCluster(t, oauthtest.AuthServerOptions{AccessTokenTTL: 6 * time.Second, NoRevocation: true, DPoP: dpop})
 	a, b, c := pc.replicas[0], pc.replicas[1], pc.replicas[2]
 	const frank = "frank"
 
@@ -291,6 +301,17 @@ func TestPerUserAcrossReplicas(t *testing.T) {
 		return !isErr && text == "whoami: frank"
 	})
 	t.Logf("frank connected on A: his calls ran as him on A, B and C after %v", lags)
+	// The key of frank's proofs, on the three replicas' calls.
+	var frankKey string
+	if dpop {
+		proofs := pc.up.DPoPProofs()
+		frankKey = proofs[len(proofs)-1].JKT
+		for _, p := range proofs[len(proofs)-len(pc.sites):] {
+			if p.JKT != frankKey || p.Err != "" {
+				t.Fatalf("frank's calls on A, B and C proved keys %+v, want one key, his", proofs[len(proofs)-len(pc.sites):])
+			}
+		}
+	}
 	for _, base := range pc.sites {
 		if text, isErr, err := whoamiAt(base, bob); err != nil || isErr || text != "whoami: bob" {
 			t.Errorf("bob's call at %s: %q (error %v, %v)", base, text, isErr, err)
@@ -337,7 +358,7 @@ func TestPerUserAcrossReplicas(t *testing.T) {
 	pc.as.SetAccessTokenTTL(time.Hour)
 	awaitExpiry(t, pc.as, fromC)
 	before, _ = refreshGrants(pc.as)
-	sent := len(pc.up.Bearers())
+	sent, proved := len(pc.up.Bearers()), len(pc.up.DPoPProofs())
 	const calls = 24
 	errs := make([]error, calls)
 	start := make(chan struct{})
@@ -370,6 +391,24 @@ func TestPerUserAcrossReplicas(t *testing.T) {
 		if tok != issued[len(issued)-1] {
 			t.Errorf("a call of the burst carried a token (%.8s…) other than the one refresh's", tok)
 			break
+		}
+	}
+	if dpop {
+		for _, s := range pc.up.Schemes()[sent:] {
+			if s != "DPoP" {
+				t.Errorf("a call of the burst used the %s scheme, want DPoP", s)
+				break
+			}
+		}
+		proofs := pc.up.DPoPProofs()[proved:]
+		if len(proofs) < calls {
+			t.Errorf("%d proofs for the %d calls of the burst", len(proofs), calls)
+		}
+		for _, p := range proofs {
+			if p.JKT != frankKey || p.Err != "" {
+				t.Errorf("a call of the burst proved another key than frank's login's, or a bad proof: %+v", p)
+				break
+			}
 		}
 	}
 
