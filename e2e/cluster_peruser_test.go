@@ -237,13 +237,15 @@ func refreshGrants(as *oauthtest.AuthServer) (all, refused int) {
 // which he opens and presses on replica B, and the upstream's
 // authorization comes back to A; his calls then run upstream as him on
 // every replica, including B and C, which had answered him "connect your
-// account" moments before. His upstream token, expired, is refreshed by a
+// account" moments before; the upstream's answer replayed on C redeems
+// nothing. His upstream token, expired, is refreshed by a
 // call on C, and B uses what C obtained; expired again, calls on B and C
 // at once refresh it once (the authorization server rotates refresh
 // tokens and would refuse a second use). The operator's `connections
 // revoke` on A, with an authorization server that has no revocation
 // endpoint (so only the gateway can stop the token), is refused on all
-// three within 2 s, and bob's connection stays; once reconnected,
+// three within 2 s, and bob's connection stays. His next link, pressed
+// on B and C at once, starts one authorization; once reconnected,
 // revoking his grant on B refuses his client on all three, and deletes his
 // connection everywhere, within 2 s.
 //
