@@ -322,9 +322,11 @@ func perUserAcrossReplicas(t *testing.T, dpop bool) {
 
 	// The upstream's answer again, on C: refused, and no code redeemed.
 	// (Its flow used up, the state is no connect link's any more, and the
-	// operator's login callback, which shares the address, refuses it.)
+	// operator's login callback, which shares the address, refuses it,
+	// telling a person what to do too.)
 	codes, _ := codeGrants(pc.as)
-	if resp, body := browser.get(pc.sites[2] + "/zidane/oauth/callback/remote?" + answer.Encode()); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "unknown, already used") {
+	if resp, body := browser.get(pc.sites[2] + "/zidane/oauth/callback/remote?" + answer.Encode()); resp.StatusCode != http.StatusBadRequest ||
+		!strings.Contains(body, "unknown, already used") || !strings.Contains(body, "If you were connecting your own account") {
 		t.Errorf("the upstream's answer replayed on C: %d\n%s", resp.StatusCode, body)
 	}
 	if n, _ := codeGrants(pc.as); n != codes {
