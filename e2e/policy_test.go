@@ -59,12 +59,23 @@ http://127.0.0.1:%d {
 %s
 	}
 }
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		sessions
+		resource http://127.0.0.1:%d/mcp
+		policy {
+			deny "tool.name == 'sessions' && args.verb == 'create'" "sessions are created from the console here"
+		}
+	}
+}
 `, AdminPlaceholder, upstream, ports["guard"], ports["guard"], siteRules, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp"),
-		ports["broker"], siteRules, ports["aggregate"], siteRules)
+		ports["broker"], siteRules, ports["aggregate"], siteRules, ports["sessions"], ports["sessions"])
 }
 
 // TestPolicyRules drives go-sdk clients at both protocol versions through
-// guard, broker and aggregate in front of a real MCP server: a rule over an
+// the sessions endpoint (a rule over a verb), and guard, broker and
+// aggregate in front of a real MCP server: a rule over an
 // argument refuses one call (with the rule's message, never its
 // expression) and lets its neighbour through; a tool a rule denies
 // whatever the arguments is left out of the listing and refused; an allow
@@ -72,10 +83,35 @@ http://127.0.0.1:%d {
 // decision is an audit line naming its rule.
 func TestPolicyRules(t *testing.T) {
 	upstream := startStatelessEverythingServer(t)
-	ports := map[string]int{"guard": freePort(t), "broker": freePort(t), "aggregate": freePort(t)}
+	ports := map[string]int{"guard": freePort(t), "broker": freePort(t), "aggregate": freePort(t), "sessions": freePort(t)}
 	c := startCaddy(t, policyCaddyfile(ports, upstream))
 	full := createToken(t, c, "full", "--scope", "mcp")
 	narrow := createToken(t, c, "narrow", "--scope", "narrow")
+	chat := createToken(t, c, "chat", "--scope", "chat")
+
+	// The sessions endpoint: a rule over the verb refuses creating a
+	// session, and its neighbour (list) goes on.
+	for _, version := range []string{modernVersion, legacyVersion} {
+		t.Run("sessions/"+version, func(t *testing.T) {
+			endpoint := fmt.Sprintf("http://127.0.0.1:%d/mcp", ports["sessions"])
+			p, err := connectPeer(t, endpoint, bearerClient(chat, nil), version)
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			if names := listToolNames(t, p.cs); !slices.Contains(names, "sessions") {
+				t.Fatalf("the sessions tool is not listed: %v", names)
+			}
+			from := c.LogSize()
+			_, err = callRouteTool(p.cs, "sessions", map[string]any{"verb": "create", "cwd": t.TempDir(), "prompt": "hello"})
+			if err == nil || !strings.Contains(err.Error(), "sessions are created from the console here") {
+				t.Fatalf("create: %v, want the rule's message", err)
+			}
+			c.WaitForLogFrom(t, from, fmt.Sprintf(`"rule":"http://127.0.0.1:%d/mcp policy, rule 1"`, ports["sessions"]), 10*time.Second)
+			if res, err := callRouteTool(p.cs, "sessions", map[string]any{"verb": "list"}); err != nil || res.IsError {
+				t.Fatalf("list: %s", outcome(res, err))
+			}
+		})
+	}
 
 	for _, route := range []string{"guard", "broker", "aggregate"} {
 		for _, version := range []string{modernVersion, legacyVersion} {
