@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -209,4 +211,70 @@ func checkRuleAudit(t *testing.T, c *Caddy, rule, effect, reason string) {
 		}
 	}
 	t.Fatalf("no audit line of rule %q (%s)", rule, effect)
+}
+
+// TestPolicyRulesAcrossReplicas: two replicas on one NATS storage, each
+// with the same rules, decide a call the same: a token made on one is
+// refused the same production call on both, with the rule's message, and
+// the neighbouring call goes on through both.
+func TestPolicyRulesAcrossReplicas(t *testing.T) {
+	natsURL := startNATSServer(t)
+	upstream := startStatelessEverythingServer(t)
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+	replica := func() (*Caddy, string) {
+		port := freePort(t)
+		c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+			lock_ttl 5s
+		}
+		policy {
+			deny "tool.name == 'json_schema_2020_12_tool' && args.name == 'production'" "the production name is off limits"
+		}
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource http://127.0.0.1:%d/mcp
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, natsURL, port, port, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp")), clusterKey)
+		return c, fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	}
+	a, urlA := replica()
+	b, urlB := replica()
+	stdout, stderr, err := a.Run(t, "zidane", "token", "create", "--name", "shared", "--scope", "mcp")
+	if err != nil {
+		t.Fatalf("token create on A: %v %s", err, stderr)
+	}
+	token := strings.TrimSpace(stdout)
+	waitStatus(t, urlB, token, http.StatusOK, 20*time.Second)
+
+	for _, r := range []struct {
+		c   *Caddy
+		url string
+	}{{a, urlA}, {b, urlB}} {
+		for _, version := range []string{modernVersion, legacyVersion} {
+			p, err := connectPeer(t, r.url, bearerClient(token, nil), version)
+			if err != nil {
+				t.Fatalf("%s %s: connect: %v", r.url, version, err)
+			}
+			from := r.c.LogSize()
+			_, err = callRouteTool(p.cs, "json_schema_2020_12_tool", map[string]any{"name": "production", "email": "ops@example.com"})
+			if err == nil || !strings.Contains(err.Error(), "the production name is off limits") {
+				t.Fatalf("%s %s: the production call: %v", r.url, version, err)
+			}
+			r.c.WaitForLogFrom(t, from, `"rule":"global policy, rule 1"`, 10*time.Second)
+			res, err := callRouteTool(p.cs, "json_schema_2020_12_tool", map[string]any{"name": "staging", "email": "ops@example.com"})
+			if err != nil || res.IsError {
+				t.Fatalf("%s %s: the neighbouring call: %s", r.url, version, outcome(res, err))
+			}
+		}
+	}
 }
