@@ -278,3 +278,69 @@ http://127.0.0.1:%d {
 		}
 	}
 }
+
+// TestPolicyRulesOnSessionsEgress: the global rules decide what a
+// session's agent calls through its egress to an upstream, as they decide
+// a client's: a rule refuses the agent one tool, and its neighbour goes
+// on.
+func TestPolicyRulesOnSessionsEgress(t *testing.T) {
+	upstream := startEverythingServer(t)
+	port := freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	zidane {
+		upstream everything %s
+		session_upstreams everything
+		policy {
+			deny "principal.kind == 'machine' && upstream == 'everything' && tool.name == 'test_simple_text'" "agents may not call test_simple_text"
+		}
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		sessions
+		rate_limit {
+			per_token 1000/s 1000
+		}
+	}
+}
+`, AdminPlaceholder, upstream, port))
+	token := createToken(t, c, "human", "--scope", "chat")
+	cs, err := connectGo(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", port), bearerClient(token, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, created, err := callSessions(t, cs, "sessions", map[string]any{"verb": "create", "cwd": t.TempDir(), "prompt": "mcp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created["sessionId"].(string)
+	send := func(prompt string) string {
+		t.Helper()
+		if _, _, err := callSessions(t, cs, "sessions", map[string]any{"verb": "send", "sessionId": id, "prompt": prompt}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			text, _, err := callSessions(t, cs, "sessions", map[string]any{"verb": "transcript", "sessionId": id, "turns": 1, "full": true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(text, "prompt: "+prompt) && strings.Contains(text, "(end_turn)") {
+				return text
+			}
+			callSessions(t, cs, "sessions", map[string]any{"verb": "wait", "sessionId": id, "timeout": 5})
+		}
+		t.Fatalf("no answer to %q", prompt)
+		return ""
+	}
+	from := c.LogSize()
+	if got := send("mcp: call everything test_simple_text {}"); !strings.Contains(got, "failed") || strings.Contains(got, "Result of test_simple_text") {
+		t.Fatalf("the agent called the tool a rule refuses it:\n%s", got)
+	}
+	c.WaitForLogFrom(t, from, `"rule":"global policy, rule 1"`, 10*time.Second)
+	if got := send("mcp: call everything test_embedded_resource {}"); !strings.Contains(got, "Result of test_embedded_resource on everything:") {
+		t.Fatalf("the agent could not call the neighbouring tool:\n%s", got)
+	}
+}
