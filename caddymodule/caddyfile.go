@@ -509,7 +509,7 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //				max_response <size>
 //				shared true|false
 //				oauth {
-//					grant authorization_code|client_credentials|cross_app_access|jwt_bearer
+//					grant authorization_code|client_credentials|cross_app_access|jwt_bearer|token_exchange
 //					client_id <id>
 //					client_secret <secret>
 //					token_endpoint_auth_method client_secret_basic|client_secret_post|private_key_jwt|none
@@ -527,6 +527,8 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //					assertion_file <path>
 //					dpop auto|off|required
 //					credentials shared|per_user   # per_user: each person's own token
+//					fallback none|connect         # per_user token_exchange, cross_app_access
+//					audience <value>              # token_exchange
 //				}
 //			}
 //			upstream_token_key <base64 key or {env.VAR}>
@@ -913,6 +915,8 @@ func parseOAuth(d *caddyfile.Dispenser, upstream string) (*upstreamauth.Config, 
 		"assertion_file":             &c.AssertionFile,
 		"dpop":                       &c.DPoP,
 		"credentials":                &c.Credentials,
+		"fallback":                   &c.Fallback,
+		"audience":                   &c.Audience,
 	}
 	seen := map[string]bool{}
 	for d.NextBlock(2) {

@@ -220,12 +220,17 @@ func (a *App) provisionSignin(ctx caddy.Context) error {
 			return fmt.Errorf("zidane signin: %w", err)
 		}
 	}
+	var keep storage.Storage
+	if a.keepsSignIns() {
+		keep = a.storage
+	}
 	people, err := idp.New(idp.Config{
 		Site:            issuer,
 		Key:             peopleKey,
 		SessionLifetime: time.Duration(c.SessionLifetime),
 		OIDC:            rp,
 		Links:           a.storage,
+		KeepSignIns:     keep,
 		Audit: func(rf idp.Refusal) {
 			metricRefusals.WithLabelValues("signin_person").Inc()
 			auditLogger().Warn("signin refused", zap.String("event", "signin_refused"), zap.String("step", rf.Step),

@@ -445,10 +445,10 @@ func (c Config) validateGrant() error {
 		}
 	case GrantTokenExchange:
 		if !c.PerUser() {
-			return errors.New("oauth: token_exchange exchanges each person's sign-in token: it needs credentials per_user")
+			return errors.New("oauth: grant token_exchange exchanges each person's sign-in token: it needs credentials per_user")
 		}
 		if c.ClientID == "" || (c.ClientSecret == "" && c.PrivateKey == "" && c.PrivateKeyFile == "") {
-			return errors.New("oauth: token_exchange needs client_id and a client credential (client_secret, private_key or private_key_file): the gateway authenticates as the actor of the exchange")
+			return errors.New("oauth: grant token_exchange needs client_id and a client credential (client_secret, private_key or private_key_file): the gateway authenticates as the actor of the exchange")
 		}
 		if (c.RedirectURL != "" || c.ClientMetadataURL != "") && c.Fallback != FallbackConnect {
 			return errors.New("oauth: redirect_url and client_metadata_url apply to authorization_code, not token_exchange (or to its fallback connect)")
