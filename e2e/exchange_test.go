@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -38,7 +39,7 @@ type exchangeGateway struct {
 	callback <-chan url.Values
 }
 
-func startExchangeGateway(t *testing.T, oauth func(idp *testIdP) string) *exchangeGateway {
+func startExchangeGateway(t *testing.T, oauth func(idp *testIdP, base string) string) *exchangeGateway {
 	t.Helper()
 	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	idp := startIdP(t, base+signinidp.CallbackPath)
@@ -85,7 +86,7 @@ func startExchangeGateway(t *testing.T, oauth func(idp *testIdP) string) *exchan
 		resource %[1]s/mcp
 	}
 }
-`, base, idp.Issuer, idp.ClientID, up.URL, oauth(idp)), "OIDC_CLIENT_SECRET="+idp.ClientSecret, "REMOTE_SECRET="+secret,
+`, base, idp.Issuer, idp.ClientID, up.URL, oauth(idp, base)), "OIDC_CLIENT_SECRET="+idp.ClientSecret, "REMOTE_SECRET="+secret,
 		"IDP_CLIENT_SECRET="+idp.ClientSecret, "ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey))
 	redirect, callback := loopbackCallback(t)
 	m := &manualClient{t: t, base: base, redirect: redirect}
@@ -160,11 +161,11 @@ func (g *exchangeGateway) keptSignIns(t *testing.T) int {
 func TestExchangeGivesEachPersonTheirUpstreamToken(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		oauth func(idp *testIdP) string
+		oauth func(idp *testIdP, base string) string
 		grant string // at the upstream's authorization server
 	}{
-		{"token_exchange", func(*testIdP) string { return "grant token_exchange" }, oauthtest.GrantTokenExchange},
-		{"cross_app_access", func(idp *testIdP) string {
+		{"token_exchange", func(*testIdP, string) string { return "grant token_exchange" }, oauthtest.GrantTokenExchange},
+		{"cross_app_access", func(idp *testIdP, _ string) string {
 			return "grant cross_app_access\nidp_issuer " + idp.Issuer + "\nidp_client_id " + idp.ClientID + "\nidp_client_secret ${IDP_CLIENT_SECRET}"
 		}, oauthtest.GrantJWTBearer},
 	} {
@@ -234,4 +235,61 @@ func TestExchangeGivesEachPersonTheirUpstreamToken(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestExchangeFallback: a person the gateway holds no sign-in token of
+// (carol, whose token an operator made, never signed in through the IdP)
+// gets, on a per_user token_exchange upstream, a refusal that says to
+// sign in through the company IdP (fallback none), or the connect link
+// (fallback connect), through which she connects her account in her
+// browser, and her next call runs as her. Neither call before reaches
+// the upstream with any credential, nor asks its authorization server
+// for a token.
+func TestExchangeFallback(t *testing.T) {
+	t.Run("none", func(t *testing.T) {
+		g := startExchangeGateway(t, func(*testIdP, string) string { return "grant token_exchange" })
+		carol := createToken(t, g.c, "carol-laptop", "--scope", "mcp", "--owner", "carol")
+		text, isErr := g.whoami(t, carol)
+		if !isErr || !strings.Contains(text, "sign in to the gateway again") || !strings.Contains(text, "could not be had") {
+			t.Errorf("carol without a sign-in token: %q (error %v), want a refusal saying to sign in", text, isErr)
+		}
+		if n := g.up.Credentialed(); n != 0 {
+			t.Errorf("%d requests reached the upstream with a credential", n)
+		}
+		if n := len(g.as.TokenRequests()); n != 0 {
+			t.Errorf("%d token requests at the upstream's server", n)
+		}
+	})
+	t.Run("connect", func(t *testing.T) {
+		g := startExchangeGateway(t, func(_ *testIdP, base string) string {
+			return "grant token_exchange\nfallback connect\nredirect_url " + base + "/zidane/oauth/callback/remote"
+		})
+		carol := createToken(t, g.c, "carol-laptop", "--scope", "mcp", "--owner", "carol")
+		text, isErr := g.whoami(t, carol)
+		link := regexp.MustCompile(regexp.QuoteMeta(g.base) + `/zidane/connect/zcl_[A-Za-z0-9_-]{43}`).FindString(text)
+		if !isErr || link == "" {
+			t.Fatalf("carol without a sign-in token: %q (error %v), want the connect link", text, isErr)
+		}
+		if n := g.up.Credentialed(); n != 0 {
+			t.Errorf("%d requests reached the upstream with a credential", n)
+		}
+		b := newFormBrowser(t, g.base)
+		b.hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+		if resp, body := b.post(signinidp.LinkPath, url.Values{"secret": {signInLink(t, g.c, "carol", "mcp")}}); resp.StatusCode != http.StatusOK {
+			t.Fatalf("carol's sign-in: %d %s", resp.StatusCode, body)
+		}
+		resp, _ := b.post(strings.TrimPrefix(link, g.base), url.Values{"connect": {"1"}})
+		authURL := resp.Header.Get("Location")
+		if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(authURL, g.as.URL+"/authorize?") {
+			t.Fatalf("the press: %d to %q", resp.StatusCode, authURL)
+		}
+		pg := &perUserGateway{callback: g.base + "/zidane/oauth/callback/remote"}
+		q := pg.signIn(t, authURL, "carol-upstream")
+		if resp, body := b.get(pg.callback + "?" + q.Encode()); resp.StatusCode != http.StatusOK || !strings.Contains(body, "Go back to your MCP client") {
+			t.Fatalf("carol's callback: %d %s", resp.StatusCode, body)
+		}
+		if got, isErr := g.whoami(t, carol); isErr || got != "whoami: carol-upstream" {
+			t.Errorf("carol once connected: %q (error %v)", got, isErr)
+		}
+	})
 }

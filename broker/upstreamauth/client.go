@@ -745,8 +745,9 @@ func (c *Client) token(ctx context.Context, rejected string) (*hotToken, error) 
 		ue  *UnavailableError
 		are *AuthRequiredError
 		cre *ConnectRequiredError
+		sre *SignInRequiredError
 	)
-	if (errors.As(err, &ue) || errors.As(err, &are) || errors.As(err, &cre)) && ctx.Err() == nil {
+	if (errors.As(err, &ue) || errors.As(err, &are) || errors.As(err, &cre) || errors.As(err, &sre)) && ctx.Err() == nil {
 		// Answer the next requests from this for a moment: no storage
 		// read and no token request per request while the upstream is
 		// unusable. A login here clears it at once; one on another

@@ -122,8 +122,8 @@ func (c *Client) checkIDJAG(raw string, rec *record) error {
 }
 
 // exchangeFailed is the error of a person's call when their token could
-// not be had by exchange: the connect link with fallback connect, else an
-// [*UnavailableError] saying what failed and what to do. The person's
+// not be had by exchange: the connect link with fallback connect, else a
+// [*SignInRequiredError] saying what failed and what to do. The person's
 // client keeps its state: the next call tries again (after the failure
 // backoff).
 func (c *Client) exchangeFailed(err error) error {
@@ -132,5 +132,5 @@ func (c *Client) exchangeFailed(err error) error {
 	if c.cfg.Fallback == FallbackConnect {
 		return &ConnectRequiredError{Upstream: c.name, Reason: "your token could not be had from your sign-in: " + msg}
 	}
-	return &UnavailableError{Upstream: c.name, Err: fmt.Errorf("your token for it could not be had from your sign-in (%s), and it has no other way to connect you (fallback none); if signing in again does not help, ask this gateway's operator", msg)}
+	return &SignInRequiredError{Upstream: c.name, Reason: msg}
 }

@@ -288,9 +288,9 @@ func TestExchangeAttacks(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Alice's call: %v; want a refusal saying %q", err, tc.want)
 			}
-			var ue *UnavailableError
-			if !errors.As(err, &ue) {
-				t.Errorf("the refusal is %T, want an UnavailableError (fallback none)", err)
+			var sre *SignInRequiredError
+			if !errors.As(err, &sre) || !strings.Contains(err.Error(), "sign in to the gateway again") {
+				t.Errorf("the refusal is %T %v, want a SignInRequiredError saying to sign in again (fallback none)", err, err)
 			}
 			if after := x.mcp.Credentialed(); after != before {
 				t.Errorf("the refused call reached the upstream with a credential")
