@@ -93,7 +93,8 @@ const (
 // errors of [Config.Validate] nor in [Config.String].
 type Config struct {
 	// Grant is "authorization_code" (the default), "client_credentials",
-	// "cross_app_access" or "jwt_bearer".
+	// "cross_app_access", "jwt_bearer" or "token_exchange" (credentials
+	// per_user only).
 	Grant string `json:"grant,omitempty"`
 
 	// ClientID is a pre-registered client id. For authorization_code it is
@@ -157,9 +158,10 @@ type Config struct {
 	// the one token of the upstream, obtained by an operator's login or by
 	// the gateway's own grant, for every caller; or "per_user", each
 	// calling person's own token, obtained when that person connects their
-	// account (authorization_code only), never another person's and never
-	// the shared one. A per_user call by a person who has not connected is
-	// refused without reaching the upstream.
+	// account (authorization_code) or from their sign-in through the
+	// company IdP (token_exchange, cross_app_access), never another
+	// person's and never the shared one. A per_user call by a person with
+	// no token is refused without reaching the upstream.
 	Credentials string `json:"credentials,omitempty"`
 
 	// Fallback, for credentials per_user with the token_exchange or
