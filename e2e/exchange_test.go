@@ -87,7 +87,7 @@ func startExchangeGateway(t *testing.T, oauth func(idp *testIdP, base string) st
 	}
 }
 `, base, idp.Issuer, idp.ClientID, up.URL, oauth(idp, base)), "OIDC_CLIENT_SECRET="+idp.ClientSecret, "REMOTE_SECRET="+secret,
-		"IDP_CLIENT_SECRET="+idp.ClientSecret, "ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey))
+		"IDP_CLIENT_SECRET="+idp.ClientSecret, "UPSTREAM_AS="+as.URL, "ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey))
 	redirect, callback := loopbackCallback(t)
 	m := &manualClient{t: t, base: base, redirect: redirect}
 	body := `{"client_name":"laptop","redirect_uris":["` + redirect + `"],"token_endpoint_auth_method":"none"}`
@@ -164,7 +164,7 @@ func TestExchangeGivesEachPersonTheirUpstreamToken(t *testing.T) {
 		oauth func(idp *testIdP, base string) string
 		grant string // at the upstream's authorization server
 	}{
-		{"token_exchange", func(*testIdP, string) string { return "grant token_exchange" }, oauthtest.GrantTokenExchange},
+		{"token_exchange", func(*testIdP, string) string { return "grant token_exchange\nauthorization_server {$UPSTREAM_AS}" }, oauthtest.GrantTokenExchange},
 		{"cross_app_access", func(idp *testIdP, _ string) string {
 			return "grant cross_app_access\nidp_issuer " + idp.Issuer + "\nidp_client_id " + idp.ClientID + "\nidp_client_secret ${IDP_CLIENT_SECRET}"
 		}, oauthtest.GrantJWTBearer},
@@ -247,7 +247,7 @@ func TestExchangeGivesEachPersonTheirUpstreamToken(t *testing.T) {
 // for a token.
 func TestExchangeFallback(t *testing.T) {
 	t.Run("none", func(t *testing.T) {
-		g := startExchangeGateway(t, func(*testIdP, string) string { return "grant token_exchange" })
+		g := startExchangeGateway(t, func(*testIdP, string) string { return "grant token_exchange\nauthorization_server {$UPSTREAM_AS}" })
 		carol := createToken(t, g.c, "carol-laptop", "--scope", "mcp", "--owner", "carol")
 		text, isErr := g.whoami(t, carol)
 		if !isErr || !strings.Contains(text, "sign in to the gateway again") || !strings.Contains(text, "could not be had") {
@@ -262,7 +262,7 @@ func TestExchangeFallback(t *testing.T) {
 	})
 	t.Run("connect", func(t *testing.T) {
 		g := startExchangeGateway(t, func(_ *testIdP, base string) string {
-			return "grant token_exchange\nfallback connect\nredirect_url " + base + "/zidane/oauth/callback/remote"
+			return "grant token_exchange\nauthorization_server {$UPSTREAM_AS}\nfallback connect\nredirect_url " + base + "/zidane/oauth/callback/remote"
 		})
 		carol := createToken(t, g.c, "carol-laptop", "--scope", "mcp", "--owner", "carol")
 		text, isErr := g.whoami(t, carol)

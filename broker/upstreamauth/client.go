@@ -925,7 +925,7 @@ func (c *Client) fetch(ctx context.Context, rec *record, extra []string) error {
 		form.Set("grant_type", jwtBearer)
 		form.Set("assertion", jag)
 	case GrantTokenExchange:
-		if err := c.exchangeForm(ctx, form); err != nil {
+		if err := c.exchangeForm(ctx, rec, form); err != nil {
 			return err
 		}
 	}

@@ -452,6 +452,12 @@ func (c Config) validateGrant() error {
 		if c.ClientID == "" || (c.ClientSecret == "" && c.PrivateKey == "" && c.PrivateKeyFile == "") {
 			return errors.New("oauth: grant token_exchange needs client_id and a client credential (client_secret, private_key or private_key_file): the gateway authenticates as the actor of the exchange")
 		}
+		if c.TokenURL == "" && c.AuthorizationServer == "" {
+			// The upstream's metadata names its authorization server: a
+			// hostile or compromised upstream would collect everyone's ID
+			// tokens at a server of its choosing.
+			return errors.New("oauth: grant token_exchange sends each person's ID token to the upstream's authorization server, which the config names, never the upstream's metadata: set authorization_server <issuer> (or token_url)")
+		}
 		if (c.RedirectURL != "" || c.ClientMetadataURL != "") && c.Fallback != FallbackConnect {
 			return errors.New("oauth: redirect_url and client_metadata_url apply to authorization_code, not token_exchange (or to its fallback connect)")
 		}

@@ -73,8 +73,13 @@ func (c *Client) subjectToken(ctx context.Context) (string, error) {
 }
 
 // exchangeForm fills form with the RFC 8693 exchange of the person's ID
-// token for their access token.
-func (c *Client) exchangeForm(ctx context.Context, form url.Values) error {
+// token for their access token, at rec's token endpoint: token_url, or
+// that of the configured authorization_server, never a server only the
+// upstream's metadata named.
+func (c *Client) exchangeForm(ctx context.Context, rec *record, form url.Values) error {
+	if c.cfg.TokenURL == "" && (c.cfg.AuthorizationServer == "" || !issuersEqual(rec.Issuer, c.cfg.AuthorizationServer)) {
+		return fmt.Errorf("the upstream's metadata leads to the authorization server %s, not the configured authorization_server %s; the person's ID token is not sent there", shown(rec.Issuer), shown(c.cfg.AuthorizationServer))
+	}
 	subject, err := c.subjectToken(ctx)
 	if err != nil {
 		return err

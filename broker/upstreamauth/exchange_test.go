@@ -73,7 +73,7 @@ func (x *exchangeEnv) signedOut(owner string) {
 }
 
 func (x *exchangeEnv) tokenExchange() Config {
-	return Config{Grant: GrantTokenExchange, Credentials: CredentialsPerUser, ClientID: "gw", ClientSecret: x.secret}
+	return Config{Grant: GrantTokenExchange, Credentials: CredentialsPerUser, ClientID: "gw", ClientSecret: x.secret, AuthorizationServer: x.as.URL}
 }
 
 func (x *exchangeEnv) crossAppAccess() Config {
@@ -346,7 +346,7 @@ func TestExchangeFallsBackToTheConnectLink(t *testing.T) {
 // or would do something else than they say, are refused naming what to
 // write.
 func TestExchangeConfig(t *testing.T) {
-	te := Config{Grant: GrantTokenExchange, Credentials: CredentialsPerUser, ClientID: "gw", ClientSecret: "s"}
+	te := Config{Grant: GrantTokenExchange, Credentials: CredentialsPerUser, ClientID: "gw", ClientSecret: "s", AuthorizationServer: "https://as.example.com"}
 	caa := Config{Grant: GrantCrossAppAccess, Credentials: CredentialsPerUser, ClientID: "gw", IDPIssuer: "https://idp.example.com", IDPClientID: "i"}
 	with := func(c Config, f func(*Config)) Config { f(&c); return c }
 	for _, good := range []Config{
@@ -364,6 +364,7 @@ func TestExchangeConfig(t *testing.T) {
 		want string
 	}{
 		{with(te, func(c *Config) { c.Credentials = "" }), "needs credentials per_user"},
+		{with(te, func(c *Config) { c.AuthorizationServer = "" }), "set authorization_server"},
 		{with(te, func(c *Config) { c.ClientSecret = "" }), "client credential"},
 		{with(te, func(c *Config) { c.ClientID, c.ClientSecret = "", "" }), "client_id"},
 		{with(te, func(c *Config) { c.RedirectURL = redirect }), "fallback connect"},
@@ -380,4 +381,61 @@ func TestExchangeConfig(t *testing.T) {
 			t.Errorf("%v: %v, want %q", tc.cfg, err, tc.want)
 		}
 	}
+}
+
+// A person's ID token goes to the authorization server the config names,
+// never to one only the upstream's metadata names: an upstream that lists
+// another server (one that would take the token and answer), or that
+// publishes no resource metadata so that its own origin would stand for
+// its authorization server, gets no token request carrying it.
+func TestExchangeSendsTheIDTokenOnlyToTheConfiguredServer(t *testing.T) {
+	t.Run("metadata naming another server", func(t *testing.T) {
+		x := newExchangeEnv(t)
+		evil := oauthtest.NewAuthServer(oauthtest.AuthServerOptions{Now: x.clock.Now})
+		t.Cleanup(evil.Close)
+		evil.AddClient("gw", x.secret, nil)
+		evil.TrustIdP(x.idp.URL, x.idp.JWKSURL(), gatewayAtIdP)
+		x.mcp.Override(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"resource":%q,"authorization_servers":[%q]}`, x.mcp.URL, evil.URL)
+		}))
+		c := x.client(x.tokenExchange())
+		_, err := x.whoami(c, withOwner("alice@example.com"))
+		if err == nil || !strings.Contains(err.Error(), "not one the upstream lists") {
+			t.Errorf("Alice's call: %v", err)
+		}
+		if n := len(evil.TokenRequests()); n != 0 {
+			t.Errorf("the server the upstream named got %d token requests", n)
+		}
+	})
+	t.Run("no metadata: the upstream's origin as its server", func(t *testing.T) {
+		x := newExchangeEnv(t)
+		var tokenRequests int
+		var mu sync.Mutex
+		x.mcp.Override(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/.well-known/oauth-authorization-server":
+				origin := "http://" + r.Host
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprintf(w, `{"issuer":%q,"authorization_endpoint":"%s/authorize","token_endpoint":"%s/token","response_types_supported":["code"],"code_challenge_methods_supported":["S256"]}`, origin, origin, origin)
+			case "/token":
+				mu.Lock()
+				tokenRequests++
+				mu.Unlock()
+				http.Error(w, "no", http.StatusBadRequest)
+			default:
+				http.NotFound(w, r)
+			}
+		}))
+		c := x.client(x.tokenExchange())
+		_, err := x.whoami(c, withOwner("alice@example.com"))
+		if err == nil {
+			t.Fatal("Alice's call went through")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if tokenRequests != 0 {
+			t.Errorf("the upstream's origin got %d token requests (%v)", tokenRequests, err)
+		}
+	})
 }
