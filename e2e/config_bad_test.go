@@ -636,6 +636,7 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane upstream oauth grant", "token_exchange without a signin IdP", oauthBlock(oauthExchange), "signs no one in through one", "signin { oidc"),
 		c("zidane upstream oauth grant", "token_exchange with fallback connect without a signin IdP", oauthBlock(oauthExchange, "fallback connect", "redirect_url "+badConfigSite+"/zidane/oauth/callback/up"), "signs no one in through one"),
 		c("zidane upstream oauth id_token_file", "with cross_app_access per_user", oauthBlock(oauthXAA(fx), "credentials per_user"), "remove id_token_file"),
+		c("zidane upstream oauth grant", "cross_app_access per_user to the server the upstream names", oauthBlock(slices.DeleteFunc(oauthXAA(fx), func(l string) bool { return optionOf(l) == "token_url" || optionOf(l) == "id_token_file" }), "credentials per_user"), "set authorization_server"),
 		c("zidane upstream oauth fallback", "unknown", exchangeBlock("fallback browser"), "use none (the default"),
 		c("zidane upstream oauth redirect_url", "fallback connect off the signin site", exchangeBlock("fallback connect", "redirect_url https://elsewhere.example.com/zidane/oauth/callback/up"), "not on the signin issuer's site"),
 		c("zidane upstream oauth fallback", labelEmpty, oauthBlock(oauthExchange, "fallback"), "fallback takes one value"),

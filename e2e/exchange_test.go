@@ -166,7 +166,7 @@ func TestExchangeGivesEachPersonTheirUpstreamToken(t *testing.T) {
 	}{
 		{"token_exchange", func(*testIdP, string) string { return "grant token_exchange\nauthorization_server {$UPSTREAM_AS}" }, oauthtest.GrantTokenExchange},
 		{"cross_app_access", func(idp *testIdP, _ string) string {
-			return "grant cross_app_access\nidp_issuer " + idp.Issuer + "\nidp_client_id " + idp.ClientID + "\nidp_client_secret ${IDP_CLIENT_SECRET}"
+			return "grant cross_app_access\nauthorization_server {$UPSTREAM_AS}\nidp_issuer " + idp.Issuer + "\nidp_client_id " + idp.ClientID + "\nidp_client_secret ${IDP_CLIENT_SECRET}"
 		}, oauthtest.GrantJWTBearer},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/coreos/go-oidc/v3/oidc"
@@ -248,4 +249,61 @@ func (s *Service) ForgetSignIn(ctx context.Context, owner string) error {
 		return fmt.Errorf("deleting the kept sign-in: %w", err)
 	}
 	return nil
+}
+
+// maxSwept bounds the kept sign-ins one sweep reads.
+const maxSwept = 10000
+
+// SweepKept deletes the kept sign-ins that can no longer give a token: an
+// ID token expired with no refresh token to renew it, one kept longer than
+// MaxKeptSignIn, or a record that does not open. A sign-in kept for a
+// person who never calls an upstream that exchanges it is deleted here,
+// not left in storage. It returns how many it deleted.
+func (s *Service) SweepKept(ctx context.Context) (int, error) {
+	if s.kept == nil {
+		return 0, nil
+	}
+	keys, err := s.kept.store.List(ctx, strings.TrimSuffix(TokenPrefix, "/"), false)
+	if storage.IsNotExist(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if len(keys) > maxSwept {
+		keys = keys[:maxSwept]
+	}
+	now, n := s.now(), 0
+	for _, key := range keys {
+		if ctx.Err() != nil {
+			return n, ctx.Err()
+		}
+		if s.sweepOne(ctx, key, now) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// sweepOne deletes the record at key if it can give no token, under the
+// storage lock, so that a sign-in stored meanwhile is not deleted.
+func (s *Service) sweepOne(ctx context.Context, key string, now time.Time) bool {
+	if err := s.kept.store.Lock(ctx, key); err != nil {
+		return false
+	}
+	defer s.kept.store.Unlock(context.WithoutCancel(ctx), key)
+	b, err := s.kept.store.Load(ctx, key)
+	if err != nil {
+		return false
+	}
+	var rec keptSignIn
+	pt, err := s.kept.sealer.Open(nil, b, seal.AD(key))
+	if err == nil {
+		err = json.Unmarshal(pt, &rec)
+	}
+	if err == nil && s.kept.keyOf(rec.Owner) == key && now.Sub(rec.SignedIn) <= MaxKeptSignIn && (rec.RefreshToken != "" || now.Before(rec.Expiry)) {
+		return false
+	}
+	err = s.kept.store.Delete(ctx, key)
+	return err == nil || storage.IsNotExist(err)
 }

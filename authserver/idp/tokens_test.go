@@ -155,6 +155,36 @@ func TestKeptSignIn(t *testing.T) {
 	}
 }
 
+// The sweep deletes the kept sign-ins that can give no token any more,
+// read or not, and keeps the others.
+func TestKeptSignInSweep(t *testing.T) {
+	clk := &clock{t: time.Now()}
+	p := newTokenIdP(t, clk)
+	s, st := keepingService(t, p, clk, nil)
+	ctx := context.Background()
+	p.signIn(t, s, "alice") // expires in 5 minutes, no refresh token
+	p.refresh = "rt-bob"
+	p.signIn(t, s, "bob") // renewable
+	st.Store(ctx, TokenPrefix+"garbage", []byte("not sealed"))
+	if n, err := s.SweepKept(ctx); err != nil || n != 1 {
+		t.Fatalf("first sweep: %d %v, want the unsealed record alone", n, err)
+	}
+	clk.t = clk.t.Add(10 * time.Minute)
+	if n, err := s.SweepKept(ctx); err != nil || n != 1 {
+		t.Fatalf("sweep after alice's ID token expired: %d %v", n, err)
+	}
+	if _, err := st.Load(ctx, s.kept.keyOf("alice")); err == nil {
+		t.Error("alice's expired sign-in is still stored")
+	}
+	if _, err := st.Load(ctx, s.kept.keyOf("bob")); err != nil {
+		t.Errorf("bob's renewable sign-in was swept: %v", err)
+	}
+	clk.t = clk.t.Add(MaxKeptSignIn)
+	if n, err := s.SweepKept(ctx); err != nil || n != 1 {
+		t.Fatalf("sweep after the longest keep: %d %v", n, err)
+	}
+}
+
 // With a refresh token (offline_access), an ID token about to expire is
 // renewed at the IdP; a renewal the IdP refuses, or whose ID token names
 // another person, ends what is kept.

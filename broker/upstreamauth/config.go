@@ -426,6 +426,10 @@ func (c Config) validateGrant() error {
 			return errors.New("oauth: cross_app_access needs idp_client_id, the gateway's client at the IdP")
 		}
 		switch {
+		case c.PerUser() && c.TokenURL == "" && c.AuthorizationServer == "":
+			// The ID-JAG's audience is the upstream's authorization
+			// server: the config names it, never the upstream's metadata.
+			return errors.New("oauth: grant cross_app_access with credentials per_user asks the IdP for an ID-JAG for the upstream's authorization server, which the config names, never the upstream's metadata: set authorization_server <issuer> (or token_url)")
 		case c.PerUser() && c.IDTokenFile != "":
 			return errors.New("oauth: id_token_file is the gateway's own ID token; with credentials per_user each person's ID token from their sign-in is exchanged: remove id_token_file")
 		case !c.PerUser() && c.IDTokenFile == "":

@@ -77,7 +77,7 @@ func (x *exchangeEnv) tokenExchange() Config {
 }
 
 func (x *exchangeEnv) crossAppAccess() Config {
-	return Config{Grant: GrantCrossAppAccess, Credentials: CredentialsPerUser, ClientID: "gw", ClientSecret: x.secret,
+	return Config{Grant: GrantCrossAppAccess, Credentials: CredentialsPerUser, ClientID: "gw", ClientSecret: x.secret, AuthorizationServer: x.as.URL,
 		IDPTokenURL: x.idp.URL + "/token", IDPClientID: gatewayAtIdP, IDPClientSecret: x.idpSecret}
 }
 
@@ -347,7 +347,7 @@ func TestExchangeFallsBackToTheConnectLink(t *testing.T) {
 // write.
 func TestExchangeConfig(t *testing.T) {
 	te := Config{Grant: GrantTokenExchange, Credentials: CredentialsPerUser, ClientID: "gw", ClientSecret: "s", AuthorizationServer: "https://as.example.com"}
-	caa := Config{Grant: GrantCrossAppAccess, Credentials: CredentialsPerUser, ClientID: "gw", IDPIssuer: "https://idp.example.com", IDPClientID: "i"}
+	caa := Config{Grant: GrantCrossAppAccess, Credentials: CredentialsPerUser, ClientID: "gw", IDPIssuer: "https://idp.example.com", IDPClientID: "i", AuthorizationServer: "https://as.example.com"}
 	with := func(c Config, f func(*Config)) Config { f(&c); return c }
 	for _, good := range []Config{
 		te, caa,
@@ -373,6 +373,7 @@ func TestExchangeConfig(t *testing.T) {
 		{with(te, func(c *Config) { c.IDTokenFile = "/run/id_token" }), "id_token_file"},
 		{with(te, func(c *Config) { c.IDPIssuer = "https://idp.example.com" }), "idp_issuer"},
 		{with(caa, func(c *Config) { c.IDTokenFile = "/run/id_token" }), "remove id_token_file"},
+		{with(caa, func(c *Config) { c.AuthorizationServer = "" }), "set authorization_server"},
 		{with(caa, func(c *Config) { c.Audience = "x" }), "audience applies to grant token_exchange"},
 		{Config{RedirectURL: redirect, Credentials: CredentialsPerUser, Fallback: FallbackConnect}, "fallback connect applies"},
 		{Config{Grant: GrantJWTBearer, AssertionFile: "/x", Credentials: CredentialsPerUser}, "needs grant authorization_code"},
@@ -438,4 +439,39 @@ func TestExchangeSendsTheIDTokenOnlyToTheConfiguredServer(t *testing.T) {
 			t.Errorf("the upstream's origin got %d token requests (%v)", tokenRequests, err)
 		}
 	})
+}
+
+// A person's exchange is single-flight across goroutines and replicas:
+// many first calls at once, on two replicas sharing the storage, make one
+// token request, and every call runs as the person.
+func TestExchangeIsSingleFlightAcrossReplicas(t *testing.T) {
+	x := newExchangeEnv(t)
+	a, b := x.client(x.tokenExchange()), x.client(x.tokenExchange())
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := range 16 {
+		c := a
+		if i%2 == 1 {
+			c = b
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, err := x.whoami(c, withOwner("alice@example.com"))
+			if err == nil && got != "alice" {
+				err = fmt.Errorf("ran as %q", got)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if got := grantsAt(x.as); len(got) != 1 {
+		t.Errorf("%d token requests for one person's first calls on two replicas: %v", len(got), got)
+	}
 }

@@ -502,6 +502,9 @@ func (c *Client) Callback(ctx context.Context, query url.Values) error {
 func (c *Client) idJAG(ctx context.Context, rec *record, scopes []string) (string, error) {
 	var idToken string
 	if c.owner != "" {
+		if c.cfg.TokenURL == "" && (c.cfg.AuthorizationServer == "" || !issuersEqual(rec.Issuer, c.cfg.AuthorizationServer)) {
+			return "", fmt.Errorf("the upstream's metadata leads to the authorization server %s, not the configured authorization_server %s; no ID-JAG is asked for it", shown(rec.Issuer), shown(c.cfg.AuthorizationServer))
+		}
 		t, err := c.subjectToken(ctx)
 		if err != nil {
 			return "", err
