@@ -271,6 +271,22 @@ func TestExchangeAttacks(t *testing.T) {
 			want: "not an access token",
 		},
 		{
+			name: "exchange refused, the answer echoing the subject token",
+			setup: func(x *exchangeEnv) Config {
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					r.ParseForm()
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(http.StatusBadRequest)
+					fmt.Fprintf(w, `{"error":"invalid_grant","error_description":"not taking %s"}`, r.PostForm.Get("subject_token"))
+				}))
+				t.Cleanup(srv.Close)
+				cfg := x.tokenExchange()
+				cfg.TokenURL = srv.URL + "/token"
+				return cfg
+			},
+			want: "<redacted>",
+		},
+		{
 			name: "exchange answer without issued_token_type",
 			setup: func(x *exchangeEnv) Config {
 				cfg := x.tokenExchange()
