@@ -458,10 +458,20 @@ func TestExchangeSendsTheIDTokenOnlyToTheConfiguredServer(t *testing.T) {
 }
 
 // A person's exchange is single-flight across goroutines and replicas:
-// many first calls at once, on two replicas sharing the storage, make one
-// token request, and every call runs as the person.
+// many first calls at once, on two replicas sharing the storage (files,
+// and a real nats-server), make one token request, and every call runs as
+// the person.
 func TestExchangeIsSingleFlightAcrossReplicas(t *testing.T) {
+	for _, onNATS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("nats=%v", onNATS), func(t *testing.T) { testExchangeSingleFlight(t, onNATS) })
+	}
+}
+
+func testExchangeSingleFlight(t *testing.T, onNATS bool) {
 	x := newExchangeEnv(t)
+	if onNATS {
+		x.onNATS()
+	}
 	a, b := x.client(x.tokenExchange()), x.client(x.tokenExchange())
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
