@@ -529,6 +529,7 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //					credentials shared|per_user   # per_user: each person's own token
 //					fallback none|connect         # per_user token_exchange, cross_app_access
 //					audience <value>              # token_exchange
+//					actor_token_file <path>       # token_exchange: the gateway's JWT as actor_token
 //				}
 //			}
 //			upstream_token_key <base64 key or {env.VAR}>
@@ -917,6 +918,7 @@ func parseOAuth(d *caddyfile.Dispenser, upstream string) (*upstreamauth.Config, 
 		"credentials":                &c.Credentials,
 		"fallback":                   &c.Fallback,
 		"audience":                   &c.Audience,
+		"actor_token_file":           &c.ActorTokenFile,
 	}
 	seen := map[string]bool{}
 	for d.NextBlock(2) {

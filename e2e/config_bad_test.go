@@ -644,6 +644,7 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane upstream oauth fallback", "connect with authorization_code", oauthBlock(oauthLogin, "credentials per_user", "fallback connect"), "fallback connect applies"),
 		c("zidane upstream oauth fallback", "redirect_url without fallback connect", oauthBlock(oauthExchange, "redirect_url "+badConfigSite+"/zidane/oauth/callback/up"), "fallback connect"),
 		c("zidane upstream oauth audience", labelEmpty, oauthBlock(oauthExchange, "audience"), "audience takes one value"),
+		c("zidane upstream oauth actor_token_file", "with client_credentials", oauthBlock(oauthSecret, "actor_token_file "+fx.idToken), "actor_token_file applies to grant token_exchange"),
 		c("zidane upstream oauth audience", "with client_credentials", oauthBlock(oauthSecret, "audience urn:up"), "audience applies to grant token_exchange"),
 		c("zidane upstream oauth grant", labelEmpty, oauthBlock(oauthSecret, "grant"), "grant takes one value"),
 		c("zidane upstream oauth client_id", labelEmpty, oauthBlock(oauthSecret, "client_id"), "client_id takes one value"),
@@ -703,6 +704,8 @@ func badConfigs(fx configFixtures) []badConfig {
 	// The ID token file is read at each exchange, and may be written only
 	// after caddy starts; what is there must be a file all the same.
 	cases = append(cases, fileCases("zidane upstream oauth id_token_file", fx, fx.bigIDToken, func(l string) string { return oauthBlock(oauthXAA(fx), l) })...)
+	// The gateway's own JWT, the actor of a token exchange, likewise.
+	cases = append(cases, fileCases("zidane upstream oauth actor_token_file", fx, fx.bigIDToken, func(l string) string { return oauthBlock(oauthExchange, l) })...)
 	// The workload's JWT likewise: the platform may write it later.
 	cases = append(cases, fileCases("zidane upstream oauth assertion_file", fx, fx.bigIDToken, func(l string) string { return oauthBlock(oauthWorkload(fx)[:2], l) })...)
 	cases = append(cases, auditWriterCases(fx)...)

@@ -175,6 +175,14 @@ type Config struct {
 	// exchange: the logical name of the upstream at its authorization
 	// server, when it wants one besides the resource.
 	Audience string `json:"audience,omitempty"`
+	// ActorTokenFile (token_exchange) names the file holding the
+	// gateway's own current JWT (a workload identity, kept fresh by its
+	// platform), sent as the exchange's actor_token (RFC 8693 §2.1, type
+	// jwt), so that the token issued names the gateway as the party
+	// acting for the person. It is read at each exchange and sent only to
+	// the authorization server its audience names, before it expires.
+	// Without it the actor is the gateway's authenticated client.
+	ActorTokenFile string `json:"actor_token_file,omitempty"`
 
 	// Cross-app access (SEP-990): the enterprise IdP.
 	IDPIssuer       string `json:"idp_issuer,omitempty"`
@@ -242,6 +250,9 @@ func (c Config) String() string {
 	}
 	if c.AssertionFile != "" {
 		fmt.Fprintf(&b, " assertion_file=%s", c.AssertionFile)
+	}
+	if c.ActorTokenFile != "" {
+		fmt.Fprintf(&b, " actor_token_file=%s", c.ActorTokenFile)
 	}
 	b.WriteString("}")
 	return b.String()
@@ -361,6 +372,15 @@ func (c Config) validateSettings() error {
 	}
 	if c.Audience != "" && c.grant() != GrantTokenExchange {
 		return errors.New("oauth: audience applies to grant token_exchange")
+	}
+	if c.ActorTokenFile != "" {
+		if c.grant() != GrantTokenExchange {
+			return errors.New("oauth: actor_token_file applies to grant token_exchange")
+		}
+		// As for assertion_file: the platform may write it only later.
+		if err := configfile.Check(c.ActorTokenFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("oauth: actor_token_file: %v; give the path of the file that holds the gateway's JWT", err)
+		}
 	}
 	if c.MaxStepUp < 0 || c.MaxStepUp > 10 {
 		return fmt.Errorf("oauth: max_step_up %d is out of range; give 1 to 10, or 0 for the default %d", c.MaxStepUp, DefaultMaxStepUp)

@@ -91,8 +91,19 @@ func (c *Client) exchangeForm(ctx context.Context, rec *record, form url.Values)
 	if c.cfg.Audience != "" {
 		form.Set("audience", c.cfg.Audience)
 	}
+	if c.cfg.ActorTokenFile != "" {
+		actor, err := c.audienceJWT(c.cfg.ActorTokenFile, "actor_token_file", "whatever issues the gateway's JWT has not written it yet", rec)
+		if err != nil {
+			return err
+		}
+		form.Set("actor_token", actor)
+		form.Set("actor_token_type", tokenTypeJWT)
+	}
 	return nil
 }
+
+// tokenTypeJWT is RFC 8693's token type of a JWT.
+const tokenTypeJWT = "urn:ietf:params:oauth:token-type:jwt"
 
 // idJAGClaims are the claims of an ID-JAG this side checks.
 type idJAGClaims struct {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -391,6 +392,8 @@ func TestExchangeConfig(t *testing.T) {
 		{with(caa, func(c *Config) { c.IDTokenFile = "/run/id_token" }), "remove id_token_file"},
 		{with(caa, func(c *Config) { c.AuthorizationServer = "" }), "set authorization_server"},
 		{with(caa, func(c *Config) { c.Audience = "x" }), "audience applies to grant token_exchange"},
+		{with(caa, func(c *Config) { c.ActorTokenFile = "/run/gw.jwt" }), "actor_token_file applies to grant token_exchange"},
+		{with(te, func(c *Config) { c.ActorTokenFile = "/" }), "actor_token_file"},
 		{Config{RedirectURL: redirect, Credentials: CredentialsPerUser, Fallback: FallbackConnect}, "fallback connect applies"},
 		{Config{Grant: GrantJWTBearer, AssertionFile: "/x", Credentials: CredentialsPerUser}, "needs grant authorization_code"},
 	} {
@@ -499,5 +502,52 @@ func testExchangeSingleFlight(t *testing.T, onNATS bool) {
 	}
 	if got := grantsAt(x.as); len(got) != 1 {
 		t.Errorf("%d token requests for one person's first calls on two replicas: %v", len(got), got)
+	}
+}
+
+// With actor_token_file the gateway's own JWT goes with the person's ID
+// token as the exchange's actor_token, read at each exchange; one for
+// another authorization server, or expired, is not sent, and neither is
+// the person's ID token.
+func TestExchangeActorToken(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		issue func(x *exchangeEnv, w *workload)
+		want  string // "" for success
+	}{
+		{"the gateway's JWT for this server", func(x *exchangeEnv, w *workload) { w.issue(x.as.URL, x.clock.Now(), 5*time.Minute) }, ""},
+		{"for another server", func(x *exchangeEnv, w *workload) {
+			w.issue("https://other-as.example.com", x.clock.Now(), 5*time.Minute)
+		}, "audience"},
+		{"expired", func(x *exchangeEnv, w *workload) { w.issue(x.as.URL, x.clock.Now().Add(-time.Hour), 5*time.Minute) }, "expired"},
+		{"not written yet", func(*exchangeEnv, *workload) {}, "actor_token_file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x := newExchangeEnv(t)
+			w := newWorkload(t)
+			x.as.TrustWorkloadKey(&w.key.PublicKey)
+			tc.issue(x, w)
+			cfg := x.tokenExchange()
+			cfg.ActorTokenFile = w.file
+			c := x.client(cfg)
+			got, err := x.whoami(c, withOwner("alice@example.com"))
+			reqs := x.as.TokenRequests()
+			if tc.want == "" {
+				if err != nil || got != "alice" {
+					t.Fatalf("Alice's call: %q %v", got, err)
+				}
+				raw, _ := os.ReadFile(w.file)
+				if len(reqs) != 1 || reqs[0].ActorToken != strings.TrimSpace(string(raw)) {
+					t.Errorf("the exchange carried actor_token %.20q, want the gateway's JWT", reqs[0].ActorToken)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Alice's call: %v; want a refusal saying %q", err, tc.want)
+			}
+			if len(reqs) != 0 {
+				t.Errorf("%d token requests: the person's ID token went out", len(reqs))
+			}
+		})
 	}
 }

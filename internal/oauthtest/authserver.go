@@ -120,6 +120,8 @@ type TokenRequest struct {
 	// (RFC 8693).
 	SubjectToken       string
 	RequestedTokenType string
+	// ActorToken is a token exchange's actor_token.
+	ActorToken string
 }
 
 // Registration is one dynamic client registration request (RFC 7591).
@@ -459,7 +461,7 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 	client, method, err := as.authenticate(r)
 	as.mu.Lock()
 	as.requests = append(as.requests, TokenRequest{GrantType: f.Get("grant_type"), AuthMethod: method, Scope: f.Get("scope"), Resource: f.Get("resource"), Assertion: f.Get("assertion"),
-		SubjectToken: f.Get("subject_token"), RequestedTokenType: f.Get("requested_token_type")})
+		SubjectToken: f.Get("subject_token"), RequestedTokenType: f.Get("requested_token_type"), ActorToken: f.Get("actor_token")})
 	as.mu.Unlock()
 	if err != nil {
 		desc := "client authentication failed"

@@ -210,6 +210,18 @@ func (as *AuthServer) exchangeForPerson(w http.ResponseWriter, f url.Values, cli
 			as.refused(w, http.StatusBadRequest, "invalid_grant", "subject token refused: "+err.Error())
 			return true
 		}
+		// An actor token (RFC 8693 §2.1) is a workload's JWT whose key
+		// the server trusts (TrustWorkloadKey).
+		if actor := f.Get("actor_token"); actor != "" || f.Get("actor_token_type") != "" {
+			if f.Get("actor_token_type") != "urn:ietf:params:oauth:token-type:jwt" {
+				as.refused(w, http.StatusBadRequest, "invalid_request", "actor_token_type must be jwt")
+				return true
+			}
+			if err := as.checkWorkload(actor); err != nil {
+				as.refused(w, http.StatusBadRequest, "invalid_grant", "actor token refused: "+err.Error())
+				return true
+			}
+		}
 		sub, _ := claims["sub"].(string)
 		if sub == "" {
 			as.refused(w, http.StatusBadRequest, "invalid_grant", "subject token has no sub")
