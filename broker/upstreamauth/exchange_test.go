@@ -551,3 +551,46 @@ func TestExchangeActorToken(t *testing.T) {
 		})
 	}
 }
+
+// Once a person's exchanged token is warm, their calls read no storage
+// and ask for no sign-in token: the exchange runs once per token.
+func TestExchangeWarmCallReadsNoStorage(t *testing.T) {
+	x := newExchangeEnv(t)
+	cs := &countingStorage{Storage: x.store}
+	x.store = cs
+	var asked sync.Map
+	subjects := x.subjects
+	x.subjects = func(ctx context.Context, owner string) (string, error) {
+		n, _ := asked.LoadOrStore(owner, new(int))
+		*n.(*int)++
+		return subjects(ctx, owner)
+	}
+	c := x.client(x.tokenExchange())
+	for _, owner := range []string{"alice@example.com", "bob@example.com"} {
+		if _, err := x.whoami(c, withOwner(owner)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loads, locks := cs.counts()
+	for i := range 20 {
+		owner, want := "alice@example.com", "alice"
+		if i%2 == 1 {
+			owner, want = "bob@example.com", "bob"
+		}
+		if got, err := x.whoami(c, withOwner(owner)); err != nil || got != want {
+			t.Fatalf("%s's call ran as %q (%v)", owner, got, err)
+		}
+	}
+	if l, k := cs.counts(); l != loads || k != locks {
+		t.Errorf("20 warm calls read storage %d times and locked it %d times, want none", l-loads, k-locks)
+	}
+	asked.Range(func(owner, n any) bool {
+		if *n.(*int) != 1 {
+			t.Errorf("%s's sign-in token was asked for %d times", owner, *n.(*int))
+		}
+		return true
+	})
+	if got := grantsAt(x.as); len(got) != 2 {
+		t.Errorf("%d token requests, want one per person", len(got))
+	}
+}
