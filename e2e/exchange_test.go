@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/Tahul/caddy-zidane-mcp/authserver"
 	signinidp "github.com/Tahul/caddy-zidane-mcp/authserver/idp"
@@ -40,6 +42,13 @@ type exchangeGateway struct {
 }
 
 func startExchangeGateway(t *testing.T, oauth func(idp *testIdP, base string) string) *exchangeGateway {
+	t.Helper()
+	return startExchangeRoute(t, "broker remote", oauth)
+}
+
+// startExchangeRoute is startExchangeGateway with route the site's
+// zidane_mcp route.
+func startExchangeRoute(t *testing.T, route string, oauth func(idp *testIdP, base string) string) *exchangeGateway {
 	t.Helper()
 	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	idp := startIdP(t, base+signinidp.CallbackPath)
@@ -82,11 +91,11 @@ func startExchangeGateway(t *testing.T, oauth func(idp *testIdP, base string) st
 
 %[1]s {
 	zidane_mcp {
-		broker remote
+		%[6]s
 		resource %[1]s/mcp
 	}
 }
-`, base, idp.Issuer, idp.ClientID, up.URL, oauth(idp, base)), "OIDC_CLIENT_SECRET="+idp.ClientSecret, "REMOTE_SECRET="+secret,
+`, base, idp.Issuer, idp.ClientID, up.URL, oauth(idp, base), route), "OIDC_CLIENT_SECRET="+idp.ClientSecret, "REMOTE_SECRET="+secret,
 		"IDP_CLIENT_SECRET="+idp.ClientSecret, "UPSTREAM_AS="+as.URL, "ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey))
 	redirect, callback := loopbackCallback(t)
 	m := &manualClient{t: t, base: base, redirect: redirect}
@@ -292,4 +301,73 @@ func TestExchangeFallback(t *testing.T) {
 			t.Errorf("carol once connected: %q (error %v)", got, isErr)
 		}
 	})
+}
+
+// TestExchangeOnTheAggregatedRoute: on the aggregated route, the same
+// upstream's tools run as each person, with the token their sign-in gave
+// by exchange: go-sdk's client of alice and of bob, each with the grant
+// of their own sign-in through the IdP. A person with no sign-in to
+// exchange gets a tool error saying to sign in again (it said "could not
+// be reached … try again later" before), and nothing reaches the upstream.
+func TestExchangeOnTheAggregatedRoute(t *testing.T) {
+	g := startExchangeRoute(t, "aggregate remote", func(*testIdP, string) string {
+		return "grant token_exchange\nauthorization_server {$UPSTREAM_AS}"
+	})
+	alice, bob := g.grant(t, "alice"), g.grant(t, "bob")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	connect := func(who string, tok map[string]any) *mcp.ClientSession {
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: who + "-client", Version: "1"}, nil).Connect(ctx,
+			&mcp.StreamableClientTransport{Endpoint: g.mcpURL, MaxRetries: -1, HTTPClient: bearerClient(tok["access_token"].(string), nil)}, nil)
+		if err != nil {
+			t.Fatalf("%s connects: %v", who, err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		return cs
+	}
+	pa, pb := connect("alice", alice), connect("bob", bob)
+	for _, step := range []struct {
+		cs   *mcp.ClientSession
+		want string
+	}{{pa, "whoami: alice"}, {pb, "whoami: bob"}, {pa, "whoami: alice"}} {
+		res, err := step.cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_remote_whoami", Arguments: map[string]any{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var text string
+		for _, c := range res.Content {
+			if tc, ok := c.(*mcp.TextContent); ok {
+				text += tc.Text
+			}
+		}
+		if res.IsError || text != step.want {
+			t.Errorf("got %q (error %v), want %q", text, res.IsError, step.want)
+		}
+	}
+	if n := len(g.as.AuthorizationRequests()); n != 0 {
+		t.Errorf("%d authorization requests at the upstream's server: a browser step", n)
+	}
+	if got := g.as.ExchangedUsers(); !slices.Equal(got, []string{"alice", "bob"}) {
+		t.Errorf("tokens exchanged for %v, want alice then bob", got)
+	}
+
+	// carol, whose token an operator made, has no sign-in to exchange:
+	// her call is refused with what to do, and reaches no one upstream.
+	before := g.up.Credentialed()
+	pc := connect("carol", map[string]any{"access_token": createToken(t, g.c, "carol-laptop", "--scope", "mcp", "--owner", "carol")})
+	res, err := pc.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_remote_whoami", Arguments: map[string]any{}})
+	var text string
+	if err == nil {
+		for _, c := range res.Content {
+			if tc, ok := c.(*mcp.TextContent); ok {
+				text += tc.Text
+			}
+		}
+	}
+	if err != nil || !res.IsError || !strings.Contains(text, "sign in to the gateway again") || strings.Contains(text, "could not be reached") {
+		t.Errorf("carol's call: %v %q; want a tool error saying to sign in again", err, text)
+	}
+	if after := g.up.Credentialed(); after != before {
+		t.Errorf("carol's call reached the upstream with a credential")
+	}
 }
