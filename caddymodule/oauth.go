@@ -255,9 +255,7 @@ func callerOwner(ctx context.Context) string {
 
 // exchanges reports whether cfg gets each person's token from their
 // sign-in through the IdP, without a browser.
-func exchanges(cfg *upstreamauth.Config) bool {
-	return cfg != nil && cfg.PerUser() && (cfg.Grant == upstreamauth.GrantTokenExchange || cfg.Grant == upstreamauth.GrantCrossAppAccess)
-}
+func exchanges(cfg *upstreamauth.Config) bool { return cfg != nil && cfg.Exchanges() }
 
 // checkExchange refuses an upstream that would get each person's token
 // from their sign-in through the company IdP where the gateway signs no

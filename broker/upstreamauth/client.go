@@ -310,11 +310,8 @@ func (c *Client) logsIn() bool {
 }
 
 // exchanges reports whether a person's token comes from their sign-in
-// token, without a browser (credentials per_user, with token_exchange or
-// cross_app_access).
-func (c *Client) exchanges() bool {
-	return c.cfg.PerUser() && (c.cfg.grant() == GrantTokenExchange || c.cfg.grant() == GrantCrossAppAccess)
-}
+// (see [Config.Exchanges]).
+func (c *Client) exchanges() bool { return c.cfg.Exchanges() }
 
 // LogsIn reports whether the upstream's tokens come from an operator's
 // login (the authorization code grant), rather than from the gateway's

@@ -67,6 +67,13 @@ const (
 // than the upstream's one shared token.
 func (c Config) PerUser() bool { return c.Credentials == CredentialsPerUser }
 
+// Exchanges reports whether each person's token comes from their sign-in
+// through the company IdP, without a browser: credentials per_user with
+// the token_exchange or cross_app_access grant.
+func (c Config) Exchanges() bool {
+	return c.PerUser() && (c.grant() == GrantTokenExchange || c.grant() == GrantCrossAppAccess)
+}
+
 // Client authentication methods at the token endpoint.
 const (
 	AuthClientSecretBasic = "client_secret_basic"
