@@ -118,6 +118,7 @@ func (rs *records) read(ctx context.Context, key string) (record, error) {
 // ownerLink is one entry of an owner's index of live links.
 type ownerLink struct {
 	Key         string    `json:"key"`
+	Upstream    string    `json:"upstream"`
 	Elicitation string    `json:"elicitation"`
 	Expires     time.Time `json:"expires"`
 }
@@ -142,7 +143,7 @@ func (rs *records) putOwned(ctx context.Context, secret string, rec record) erro
 		if err := rs.put(ctx, secret, rec); err != nil {
 			return nil, err
 		}
-		return json.Marshal(append(live, ownerLink{Key: rs.key(secret), Elicitation: rec.Elicitation, Expires: rec.Expires}))
+		return json.Marshal(append(live, ownerLink{Key: rs.key(secret), Upstream: rec.Upstream, Elicitation: rec.Elicitation, Expires: rec.Expires}))
 	})
 }
 
@@ -151,16 +152,37 @@ func ownerIndexKey(owner string) string {
 	return OwnerKeyPrefix + hex.EncodeToString(sum[:])
 }
 
-// issued reports whether owner's index lists the elicitation id with a
-// link still live.
-func (rs *records) issued(ctx context.Context, owner, elicitation string) bool {
+// issued reports whether owner's index lists the elicitation id, made
+// for upstream, with a link still live (used or not: the retry of a call
+// comes after its person used the link).
+func (rs *records) issued(ctx context.Context, owner, upstream, elicitation string) bool {
 	raw, err := rs.store.Load(ctx, ownerIndexKey(owner))
 	var live []ownerLink
 	if err != nil || len(raw) > maxRecord*4 || json.Unmarshal(raw, &live) != nil {
 		return false
 	}
 	now := rs.now()
-	return slices.ContainsFunc(live, func(l ownerLink) bool { return l.Elicitation == elicitation && now.Before(l.Expires) })
+	return slices.ContainsFunc(live, func(l ownerLink) bool {
+		return l.Elicitation == elicitation && l.Upstream == upstream && now.Before(l.Expires)
+	})
+}
+
+// elicitations are the ids of owner's live links for upstream, oldest
+// first.
+func (rs *records) elicitations(ctx context.Context, owner, upstream string) []string {
+	raw, err := rs.store.Load(ctx, ownerIndexKey(owner))
+	var live []ownerLink
+	if err != nil || len(raw) > maxRecord*4 || json.Unmarshal(raw, &live) != nil {
+		return nil
+	}
+	now := rs.now()
+	var ids []string
+	for _, l := range live {
+		if l.Upstream == upstream && now.Before(l.Expires) {
+			ids = append(ids, l.Elicitation)
+		}
+	}
+	return ids
 }
 
 // peek returns the record of secret without using it up.
