@@ -123,6 +123,9 @@ func (b *Broker) build(ctx caddy.Context) error {
 		Logger:          slog.New(zapslog.NewHandler(s.logger.Named("broker").Core())),
 		Credentials:     s.app.credentials(u.Name),
 		ConnectRequired: s.app.connectRequired,
+		Retry:           s.app.connectRetry(u.Name),
+		Connected:       s.app.connectWait(u.Name),
+		Store:           ctx.Storage(),
 	})
 	if err != nil {
 		return fmt.Errorf("broker %q: %w", b.Upstream, err)
