@@ -440,8 +440,18 @@ func (pt *PassThrough) post(ctx context.Context, body []byte, sid, version strin
 	return resp, nil
 }
 
+// ownAnswer tells the edge's writer, when it asks, that the answer is the
+// gateway's own, with nothing of the upstream's in it: the edge's pins
+// must not take it for what the upstream gives.
+func ownAnswer(w http.ResponseWriter) {
+	if o, ok := w.(interface{ OwnAnswer() }); ok {
+		o.OwnAnswer()
+	}
+}
+
 // writeJSON writes one JSON answer of the gateway's own.
 func writeJSON(w http.ResponseWriter, status int, extra http.Header, v any) {
+	ownAnswer(w)
 	b, err := json.Marshal(v)
 	if err != nil {
 		upstream.WriteRPCError(w, http.StatusInternalServerError, nil, message.CodeInternalError, "the gateway could not write its answer")
