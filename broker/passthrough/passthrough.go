@@ -349,6 +349,19 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// events are bounded one by one (max_response each), not in all.
 		r = r.WithContext(answerlimit.WithEventLimit(r.Context()))
 	}
+	if ex.pending != nil && r.Method == http.MethodDelete {
+		// Ending a pending session starts no upstream session: only one
+		// that started is ended there.
+		sid, started := pt.lookup(r.Context(), p, ex.pending)
+		pt.forget(r.Context(), ex.pending)
+		if !started || sid == "" {
+			ownAnswer(w)
+			w.WriteHeader(http.StatusOK)
+			rec.Outcome = upstream.OutcomeOK
+			return
+		}
+		ex.pending, ex.upstreamSID = nil, sid
+	}
 	if ex.pending != nil {
 		// A session begun before its person connected: it goes on with
 		// an upstream session of its own once they have.

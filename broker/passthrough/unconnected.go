@@ -325,6 +325,16 @@ func (pt *PassThrough) lookup(ctx context.Context, p policy.Principal, ps *pendi
 	return sid, true
 }
 
+// forget drops what is kept of ps: the client ended it.
+func (pt *PassThrough) forget(ctx context.Context, ps *pendingSession) {
+	pt.pending.mu.Lock()
+	delete(pt.pending.m, ps.ID)
+	pt.pending.mu.Unlock()
+	if pt.pending.store != nil {
+		_ = pt.pending.store.Delete(ctx, pt.pendingKey(ps))
+	}
+}
+
 func (pt *PassThrough) remember(ps *pendingSession, sid string) {
 	pt.pending.mu.Lock()
 	defer pt.pending.mu.Unlock()
