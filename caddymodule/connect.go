@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -144,14 +145,14 @@ func (a *App) connectRetry(name string) func(w http.ResponseWriter, r *http.Requ
 // connectWait is, for upstream name, the wait of a person's GET stream for
 // their connection (connect.Service.WaitConnected); nil when the gateway
 // makes no connect links, it waits for nothing.
-func (a *App) connectWait(name string) func(ctx context.Context, r *http.Request) ([]string, bool) {
-	return func(ctx context.Context, r *http.Request) ([]string, bool) {
+func (a *App) connectWait(name string) func(ctx context.Context, r *http.Request, since time.Time) ([]string, bool) {
+	return func(ctx context.Context, r *http.Request, since time.Time) ([]string, bool) {
 		if a.signin == nil || a.signin.connect == nil {
 			// No link can connect this person: the stream stays open,
 			// quiet, until it ends.
 			<-ctx.Done()
 			return nil, false
 		}
-		return a.signin.connect.WaitConnected(ctx, callerOwner(r.Context()), name)
+		return a.signin.connect.WaitConnected(ctx, callerOwner(r.Context()), name, since)
 	}
 }

@@ -450,7 +450,8 @@ func TestRetryAttacks(t *testing.T) {
 }
 
 // TestWaitConnected: a wait for any of alice's links at github ends when
-// she connects through one of them, naming all her live elicitations for
+// she connects through one of them after the wait began (not for an
+// earlier connection), naming all her live elicitations for
 // github (each a call that asked) and none of bob's or another upstream's.
 func TestWaitConnected(t *testing.T) {
 	f := newFixture(t)
@@ -459,6 +460,10 @@ func TestWaitConnected(t *testing.T) {
 	second, _ := f.svc.Create(ctx, "alice", "github")
 	other, _ := f.svc.Create(ctx, "alice", "linear")
 	bobs, _ := f.svc.Create(ctx, "bob", "github")
+	// A connection made before the wait began (since revoked) is none.
+	f.svc.done(ctx, Connection{Owner: "alice", Upstream: "github", Elicitation: first.Elicitation})
+	f.clock.add(time.Second)
+	since := f.clock.now()
 	type result struct {
 		ids []string
 		ok  bool
@@ -467,7 +472,7 @@ func TestWaitConnected(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	go func() {
-		ids, ok := f.svc.WaitConnected(wctx, "alice", "github")
+		ids, ok := f.svc.WaitConnected(wctx, "alice", "github", since)
 		got <- result{ids, ok}
 	}()
 	// Bob connecting wakes nothing of alice's.
@@ -484,7 +489,7 @@ func TestWaitConnected(t *testing.T) {
 	}
 	ended, end := context.WithCancel(ctx)
 	end()
-	if ids, ok := f.svc.WaitConnected(ended, "bob", "linear"); ok || ids != nil {
+	if ids, ok := f.svc.WaitConnected(ended, "bob", "linear", since); ok || ids != nil {
 		t.Fatalf("bob never connected linear: %v %v", ids, ok)
 	}
 }

@@ -74,6 +74,8 @@ type record struct {
 	Upstream    string    `json:"upstream"`
 	Elicitation string    `json:"elicitation"`
 	Expires     time.Time `json:"expires"`
+	// At is when a completion was noted (DoneKeyPrefix records).
+	At time.Time `json:"at,omitzero"`
 }
 
 // records is one kind of record in storage, each under the hash of its

@@ -108,10 +108,10 @@ type Options struct {
 	Retry func(w http.ResponseWriter, r *http.Request, c message.Call) (answered bool)
 
 	// Connected, when set, blocks until the person calling r connects
-	// their account at the upstream, or ctx ends; it returns the ids of
+	// their account at the upstream at since or later, or ctx ends; it returns the ids of
 	// their elicitations for it. A GET stream of a person not connected
 	// waits on it; without it, such a stream is refused.
-	Connected func(ctx context.Context, r *http.Request) (elicitations []string, ok bool)
+	Connected func(ctx context.Context, r *http.Request, since time.Time) (elicitations []string, ok bool)
 
 	// Store keeps the upstream session ids of pending sessions (those
 	// begun before their person connected), so that every replica
@@ -189,7 +189,7 @@ type PassThrough struct {
 	onRefusal     func(upstream.Refusal)
 	connect       ConnectRequiredFunc
 	retry         func(http.ResponseWriter, *http.Request, message.Call) bool
-	connected     func(context.Context, *http.Request) ([]string, bool)
+	connected     func(context.Context, *http.Request, time.Time) ([]string, bool)
 	pending       pendingSessions
 	logger        *slog.Logger
 
@@ -332,6 +332,7 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	ex.start = start
 	if _, inCtx := message.FromContext(r.Context()); !inCtx && ex.msg != nil {
 		// Whoever answers for the route reads the one reading.
 		r = r.WithContext(message.NewContext(r.Context(), ex.msg))
@@ -410,6 +411,7 @@ type exchange struct {
 	clientSID   string          // the sealed Mcp-Session-Id the client sent
 	upstreamSID string          // what it opened to
 	msg         *message.Body   // a POST's body, as read once
+	start       time.Time       // when the request came
 	urlCapable  bool            // its client declared URL elicitation at initialize
 	pending     *pendingSession // a session begun before its person connected
 }

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/broker/answerlimit"
 	connectlink "github.com/Tahul/caddy-zidane-mcp/broker/connect"
 	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
@@ -143,7 +144,7 @@ func onlyCall(r *http.Request) (message.Call, bool) {
 func (pt *PassThrough) unconnected(w http.ResponseWriter, r *http.Request, p policy.Principal, ex exchange, cre *upstreamauth.ConnectRequiredError) {
 	switch r.Method {
 	case http.MethodGet:
-		pt.hold(w, r, ex)
+		pt.hold(w, r, p, ex)
 		return
 	case http.MethodDelete:
 		// Nothing upstream to end: the session never reached it.
@@ -248,9 +249,13 @@ func trimParams(params []byte, version string) json.RawMessage {
 // hold holds the GET stream of a person not connected until they connect
 // (or holdFor passes, or the client goes), and then tells the client:
 // notifications/elicitation/complete for each of their elicitations at
-// the upstream, and notifications/tools/list_changed. It then ends the
-// stream; the client opens it again, on the upstream session by then.
-func (pt *PassThrough) hold(w http.ResponseWriter, r *http.Request, ex exchange) {
+// the upstream, and notifications/tools/list_changed. The stream then
+// goes on as the session's: the upstream's own GET stream, now as the
+// person, relayed event by event, or, where the upstream has none, a
+// quiet stream until holdFor. It is not ended at once, since a client
+// (go-sdk's) takes a stream that ends as one to open again, and may have
+// no retries left for it.
+func (pt *PassThrough) hold(w http.ResponseWriter, r *http.Request, p policy.Principal, ex exchange) {
 	if pt.connected == nil {
 		upstream.WriteRPCError(w, http.StatusMethodNotAllowed, nil, message.CodeInvalidRequest,
 			fmt.Sprintf("your account at %s is not connected; this stream opens once it is", pt.name))
@@ -264,12 +269,20 @@ func (pt *PassThrough) hold(w http.ResponseWriter, r *http.Request, ex exchange)
 	}
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+	flush := func() error {
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+		return nil
+	}
+	if flush() != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), holdFor)
 	defer cancel()
-	ids, ok := pt.connected(ctx, r)
+	// A connection since the request began counts: the person was not
+	// connected when it was refused.
+	ids, ok := pt.connected(ctx, r, ex.start)
 	if !ok {
 		return
 	}
@@ -277,7 +290,27 @@ func (pt *PassThrough) hold(w http.ResponseWriter, r *http.Request, ex exchange)
 		w.Write(sseMessage(connectlink.CompleteNotification(id)))
 	}
 	w.Write(sseMessage([]byte(`{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}`)))
-	_ = rc.Flush()
+	if flush() != nil {
+		return
+	}
+	sid := ex.upstreamSID
+	if ex.pending != nil {
+		var err error
+		if sid, err = pt.startPending(r, p, ex.pending); err != nil {
+			<-ctx.Done()
+			return
+		}
+	}
+	if sid != "" {
+		if resp, err := pt.send(r.WithContext(ctx), nil, sid); err == nil {
+			defer resp.Body.Close()
+			if resp.StatusCode == http.StatusOK && answerlimit.IsEventStream(resp.Header.Get("Content-Type")) {
+				relayEvents(w, resp.Body, flush)
+				return
+			}
+		}
+	}
+	<-ctx.Done()
 }
 
 // pendingRecord is what storage keeps of a pending session once its

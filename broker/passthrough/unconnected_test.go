@@ -89,7 +89,7 @@ func newPerUser(t *testing.T, upOpts oauthtest.MCPOptions) *perUser {
 			w.Write(connectlink.Answer(connectlink.Required{ID: rpcID, Method: method, Version: version, URLElicitation: connectlink.URLCapable(caps),
 				Upstream: err.Upstream, Link: connectlink.Link{URL: "https://gw.example/zidane/connect/zcl_x", Elicitation: elicitationID, Expires: time.Now().Add(time.Minute)}}))
 		}
-		o.Connected = func(ctx context.Context, r *http.Request) ([]string, bool) {
+		o.Connected = func(ctx context.Context, r *http.Request, _ time.Time) ([]string, bool) {
 			select {
 			case <-g.connected:
 				return []string{elicitationID}, true
