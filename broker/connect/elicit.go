@@ -221,15 +221,22 @@ func (s *Service) Settle(ctx context.Context, owner, upstream string, c message.
 		return nil
 	}
 	id, ok := ElicitationOf(c.RequestState)
-	if !ok || !s.links.issued(ctx, owner, upstream, id) {
+	var made time.Time
+	if ok {
+		made, ok = s.links.issued(ctx, owner, upstream, id)
+	}
+	if !ok {
 		return ErrRetryNotYours
 	}
 	if Declined(c.Params, id) {
 		return ErrDeclined
 	}
+	// The person may have connected through another of their links (a
+	// client that asked twice): any connection since this link was made
+	// lets the call go on.
 	ctx, cancel := context.WithTimeout(ctx, RetryWait)
 	defer cancel()
-	s.Wait(ctx, owner, id)
+	s.WaitConnected(ctx, owner, upstream, made)
 	return nil
 }
 
@@ -267,8 +274,10 @@ func (s *Service) Refuse(ctx context.Context, owner, upstream string, c message.
 		// Refused at the handshake itself: the capabilities are in it.
 		caps, _ = message.Lookup(c.Params, []string{"capabilities"})
 	}
-	if id, ok := ElicitationOf(c.RequestState); ok && Declined(c.Params, id) && s.links.issued(ctx, owner, upstream, id) {
-		return declinedAnswer(c, upstream, version), nil
+	if id, ok := ElicitationOf(c.RequestState); ok && Declined(c.Params, id) {
+		if _, mine := s.links.issued(ctx, owner, upstream, id); mine {
+			return declinedAnswer(c, upstream, version), nil
+		}
 	}
 	link, err := s.Create(ctx, owner, upstream)
 	if err != nil {

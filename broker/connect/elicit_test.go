@@ -550,3 +550,38 @@ func TestRespondNotAPerson(t *testing.T) {
 		t.Fatalf("%d %s", rec.Code, got)
 	}
 }
+
+// TestSettleEndsOnAnyConnection: the retry of a call answered with one
+// link goes on once its person connected through another of their links
+// for the same upstream (a client that asked twice), and not for a
+// connection of someone else's, or one made before the link.
+func TestSettleEndsOnAnyConnection(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.svc.done(ctx, Connection{Owner: "alice", Upstream: "github", Elicitation: "long-ago"})
+	f.clock.add(time.Second)
+	first, _ := f.svc.Create(ctx, "alice", "github")
+	second, _ := f.svc.Create(ctx, "alice", "github")
+	bobs, _ := f.svc.Create(ctx, "bob", "github")
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","requestState":` + strconvQuote(RequestState(first.Elicitation)) +
+		`,"inputResponses":{` + strconvQuote(first.Elicitation) + `:{"action":"accept"}}}}`
+	m, err := message.Read([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	settled := make(chan error, 1)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	go func() { settled <- f.svc.Settle(wctx, "alice", "github", m.Calls[0]) }()
+	f.svc.done(ctx, Connection{Owner: "bob", Upstream: "github", Elicitation: bobs.Elicitation})
+	f.clock.add(time.Second)
+	f.svc.done(ctx, Connection{Owner: "alice", Upstream: "github", Elicitation: second.Elicitation})
+	select {
+	case err := <-settled:
+		if err != nil || wctx.Err() != nil {
+			t.Fatalf("Settle: %v (waited out: %v)", err, wctx.Err())
+		}
+	case <-wctx.Done():
+		t.Fatal("the retry still waits after alice connected through her other link")
+	}
+}

@@ -121,6 +121,7 @@ func (rs *records) read(ctx context.Context, key string) (record, error) {
 type ownerLink struct {
 	Key         string    `json:"key"`
 	Upstream    string    `json:"upstream"`
+	Made        time.Time `json:"made,omitzero"`
 	Elicitation string    `json:"elicitation"`
 	Expires     time.Time `json:"expires"`
 }
@@ -145,7 +146,7 @@ func (rs *records) putOwned(ctx context.Context, secret string, rec record) erro
 		if err := rs.put(ctx, secret, rec); err != nil {
 			return nil, err
 		}
-		return json.Marshal(append(live, ownerLink{Key: rs.key(secret), Upstream: rec.Upstream, Elicitation: rec.Elicitation, Expires: rec.Expires}))
+		return json.Marshal(append(live, ownerLink{Key: rs.key(secret), Upstream: rec.Upstream, Made: now, Elicitation: rec.Elicitation, Expires: rec.Expires}))
 	})
 }
 
@@ -156,17 +157,21 @@ func ownerIndexKey(owner string) string {
 
 // issued reports whether owner's index lists the elicitation id, made
 // for upstream, with a link still live (used or not: the retry of a call
-// comes after its person used the link).
-func (rs *records) issued(ctx context.Context, owner, upstream, elicitation string) bool {
+// comes after its person used the link), and when that link was made.
+func (rs *records) issued(ctx context.Context, owner, upstream, elicitation string) (made time.Time, ok bool) {
 	raw, err := rs.store.Load(ctx, ownerIndexKey(owner))
 	var live []ownerLink
 	if err != nil || len(raw) > maxRecord*4 || json.Unmarshal(raw, &live) != nil {
-		return false
+		return time.Time{}, false
 	}
 	now := rs.now()
-	return slices.ContainsFunc(live, func(l ownerLink) bool {
+	i := slices.IndexFunc(live, func(l ownerLink) bool {
 		return l.Elicitation == elicitation && l.Upstream == upstream && now.Before(l.Expires)
 	})
+	if i < 0 {
+		return time.Time{}, false
+	}
+	return live[i].Made, true
 }
 
 // elicitations are the ids of owner's live links for upstream, oldest
