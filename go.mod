@@ -3,6 +3,7 @@ module github.com/Tahul/caddy-zidane-mcp
 go 1.26.0
 
 require (
+	cel.dev/cel-go v0.33.3
 	github.com/MicahParks/jwkset v0.11.4
 	github.com/MicahParks/keyfunc/v3 v3.9.2
 	github.com/caddyserver/caddy/v2 v2.11.9
@@ -38,7 +39,6 @@ require (
 )
 
 require (
-	cel.dev/cel-go v0.32.0 // indirect
 	cel.dev/expr v0.25.3 // indirect
 	cloud.google.com/go/auth v0.23.3 // indirect
 	cloud.google.com/go/auth/oauth2adapt v0.2.8 // indirect

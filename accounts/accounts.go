@@ -20,7 +20,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"html/template"
-	"mime"
 	"net/http"
 	"net/url"
 	"slices"
@@ -28,6 +27,7 @@ import (
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/internal/formpost"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
@@ -103,24 +103,6 @@ func (p *Page) formToken(owner string) string {
 	m := hmac.New(sha256.New, p.opts.Key)
 	m.Write([]byte("connected accounts\x00" + owner))
 	return hex.EncodeToString(m.Sum(nil))
-}
-
-// sameOrigin reports whether a POST comes from the sign-in site's own
-// pages: one Sec-Fetch-Site of same-origin, or one Origin that is the
-// configured one; with neither, it is refused.
-func (p *Page) sameOrigin(r *http.Request) bool {
-	site, origin := r.Header.Values("Sec-Fetch-Site"), r.Header.Values("Origin")
-	if len(site) > 1 || len(origin) > 1 || (len(site) == 0 && len(origin) == 0) {
-		return false
-	}
-	if len(site) == 1 && site[0] != "same-origin" {
-		return false
-	}
-	if len(origin) == 0 {
-		return true
-	}
-	u, err := url.Parse(origin[0])
-	return err == nil && u.Path == "" && u.RawQuery == "" && u.User == nil && pinnedfetch.Origin(u) == p.origin
 }
 
 func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -251,24 +233,16 @@ func joinScopes(s []string) string {
 
 // disconnect ends one of the signed-in person's connections.
 func (p *Page) disconnect(w http.ResponseWriter, r *http.Request) {
-	if !p.sameOrigin(r) {
-		p.refuse(w, Event{Reason: "cross_origin", Status: http.StatusForbidden, Detail: "A disconnection is made from this site's own page. Open the connected accounts page and press the button there."})
+	f, bad := formpost.Read(w, r, p.origin, 4096)
+	if bad != nil {
+		p.refuse(w, Event{Reason: bad.Reason, Status: bad.Status, Detail: map[*formpost.Refusal]string{
+			formpost.CrossOrigin: "A disconnection is made from this site's own page. Open the connected accounts page and press the button there.",
+			formpost.Query:       "The form's fields go in its body, never in the address.",
+			formpost.ContentType: "Send the form as application/x-www-form-urlencoded, as the page does.",
+			formpost.Unreadable:  "The form does not read (at most 4 KiB).",
+		}[bad]})
 		return
 	}
-	if r.URL.RawQuery != "" {
-		p.refuse(w, Event{Reason: "query", Status: http.StatusBadRequest, Detail: "The form's fields go in its body, never in the address."})
-		return
-	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/x-www-form-urlencoded" {
-		p.refuse(w, Event{Reason: "content_type", Status: http.StatusUnsupportedMediaType, Detail: "Send the form as application/x-www-form-urlencoded, as the page does."})
-		return
-	}
-	r.Body = http.MaxBytesReader(w, r.Body, 4096)
-	if err := r.ParseForm(); err != nil {
-		p.refuse(w, Event{Reason: "form", Status: http.StatusBadRequest, Detail: "The form does not read (at most 4 KiB)."})
-		return
-	}
-	f := r.PostForm
 	if len(f) != 2 || len(f["upstream"]) != 1 || len(f["token"]) != 1 {
 		p.refuse(w, Event{Reason: "form", Status: http.StatusBadRequest, Detail: "The form carries two fields, upstream and token, once each. Use the page's button."})
 		return

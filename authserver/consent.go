@@ -11,8 +11,8 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/formpost"
 	"github.com/Tahul/caddy-zidane-mcp/internal/seal"
-	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 )
 
 // pending is an authorization request the person is asked about: what the
@@ -116,15 +116,6 @@ func (s *Server) showConsent(w http.ResponseWriter, r *http.Request, client Clie
 	})
 }
 
-// sameOrigin says whether a request's Origin header is the issuer's
-// origin, compared as pinnedfetch compares origins (the sign-in link's
-// form is held to the same rule): a browser leaves out a default port
-// that the issuer may write. "null" and anything with a path are not.
-func (s *Server) sameOrigin(origin string) bool {
-	u, err := url.Parse(origin)
-	return err == nil && u.Path == "" && u.RawQuery == "" && u.User == nil && pinnedfetch.Origin(u) == s.origin
-}
-
 // serveConsent takes the person's answer. Every check that the form is
 // this browser's, for this request, from this person, comes before any
 // redirect; the redirect goes to the URI sealed in the form, which the
@@ -135,7 +126,7 @@ func (s *Server) serveConsent(w http.ResponseWriter, r *http.Request) {
 		s.refusePage(w, r, http.StatusMethodNotAllowed, Refusal{Error: "invalid_request", Reason: "the consent form is posted"})
 		return
 	}
-	if o := r.Header.Get("Origin"); o != "" && !s.sameOrigin(o) {
+	if o := r.Header.Get("Origin"); o != "" && !formpost.OriginIs(o, s.origin) {
 		s.refusePage(w, r, http.StatusForbidden, Refusal{Error: "invalid_request", Reason: "the consent form was posted from another origin"})
 		return
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"mime"
 	"net"
 	"net/http"
 	"net/url"
@@ -15,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/formpost"
 	"github.com/Tahul/caddy-zidane-mcp/internal/replay"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
@@ -345,25 +345,18 @@ func (s *Service) redeem(w http.ResponseWriter, r *http.Request) {
 	step := func(reason string, status int, detail string) {
 		s.refuse(w, Refusal{Step: "link", Reason: reason, Status: status, Detail: detail})
 	}
-	if !s.sameOrigin(r) {
-		step("cross_origin", http.StatusForbidden, "A sign-in link is used from its own page on this site. Open the link again and press the button.")
+	form, bad := formpost.Read(w, r, s.origin, 4096)
+	if bad != nil {
+		step(bad.Reason, bad.Status, map[*formpost.Refusal]string{
+			formpost.CrossOrigin: "A sign-in link is used from its own page on this site. Open the link again and press the button.",
+			formpost.Query:       "A sign-in link's secret goes in the form, never in the address. Open the link again and press the button.",
+			formpost.ContentType: "Send the sign-in form as application/x-www-form-urlencoded, as the link's page does.",
+			formpost.Unreadable:  "The sign-in form does not read (at most 4 KiB). Open the link again and press the button.",
+		}[bad])
 		return
 	}
-	if r.URL.RawQuery != "" {
-		step("query", http.StatusBadRequest, "A sign-in link's secret goes in the form, never in the address. Open the link again and press the button.")
-		return
-	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/x-www-form-urlencoded" {
-		step("content_type", http.StatusUnsupportedMediaType, "Send the sign-in form as application/x-www-form-urlencoded, as the link's page does.")
-		return
-	}
-	r.Body = http.MaxBytesReader(w, r.Body, 4096)
-	if err := r.ParseForm(); err != nil {
-		step("form", http.StatusBadRequest, "The sign-in form does not read (at most 4 KiB). Open the link again and press the button.")
-		return
-	}
-	secrets := r.PostForm["secret"]
-	if len(secrets) != 1 || len(r.PostForm) != 1 {
+	secrets := form["secret"]
+	if len(secrets) != 1 || len(form) != 1 {
 		step("form", http.StatusBadRequest, "The sign-in form carries one field, secret, once. Open the link again and press the button.")
 		return
 	}
@@ -399,25 +392,6 @@ func (s *Service) signedIn(w http.ResponseWriter, r *http.Request, p Person, via
 	}
 	writePage(w, http.StatusOK, page{Title: "Signed in", Person: &p,
 		Lines: []string{"You are signed in to this gateway in this browser. Go back to your MCP client and connect again."}})
-}
-
-// sameOrigin reports whether a form post came from a page of this site:
-// a browser says so in Sec-Fetch-Site, or in Origin (sent on every POST
-// by the browsers that have no Sec-Fetch-Site). A request with neither is
-// no browser's form and is refused: a link is redeemed from its page.
-func (s *Service) sameOrigin(r *http.Request) bool {
-	site, origin := r.Header.Values("Sec-Fetch-Site"), r.Header.Values("Origin")
-	if len(site) > 1 || len(origin) > 1 || (len(site) == 0 && len(origin) == 0) {
-		return false
-	}
-	if len(site) == 1 && site[0] != "same-origin" {
-		return false
-	}
-	if len(origin) == 0 {
-		return true
-	}
-	u, err := url.Parse(origin[0])
-	return err == nil && u.Path == "" && u.RawQuery == "" && u.User == nil && pinnedfetch.Origin(u) == s.origin
 }
 
 func (s *Service) refuse(w http.ResponseWriter, rf Refusal) {

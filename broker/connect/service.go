@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"mime"
 	"net"
 	"net/http"
 	"net/url"
@@ -15,7 +14,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/authserver/idp"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
-	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/internal/formpost"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -307,20 +306,16 @@ func (s *Service) use(w http.ResponseWriter, r *http.Request, secret string) {
 	step := func(reason string, status int, detail string) {
 		s.refuse(w, Refusal{Step: "connect", Reason: reason, Status: status, Detail: detail})
 	}
-	if !s.sameOrigin(r) {
-		step("cross_origin", http.StatusForbidden, "A connect link is used from its own page on this site. Open the link again and press the button.")
+	form, bad := formpost.Read(w, r, s.origin, 1024)
+	if bad != nil && bad != formpost.Unreadable {
+		step(bad.Reason, bad.Status, map[*formpost.Refusal]string{
+			formpost.CrossOrigin: "A connect link is used from its own page on this site. Open the link again and press the button.",
+			formpost.Query:       "The connect form carries nothing in its address. Open the link again and press the button.",
+			formpost.ContentType: "Send the connect form as application/x-www-form-urlencoded, as the link's page does.",
+		}[bad])
 		return
 	}
-	if r.URL.RawQuery != "" {
-		step("query", http.StatusBadRequest, "The connect form carries nothing in its address. Open the link again and press the button.")
-		return
-	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/x-www-form-urlencoded" {
-		step("content_type", http.StatusUnsupportedMediaType, "Send the connect form as application/x-www-form-urlencoded, as the link's page does.")
-		return
-	}
-	r.Body = http.MaxBytesReader(w, r.Body, 1024)
-	if err := r.ParseForm(); err != nil || len(r.PostForm) != 1 || len(r.PostForm["connect"]) != 1 {
+	if bad != nil || len(form) != 1 || len(form["connect"]) != 1 {
 		step("form", http.StatusBadRequest, "The connect form carries one field, connect, once. Open the link again and press the button.")
 		return
 	}
@@ -434,25 +429,6 @@ func (s *Service) refuseLink(w http.ResponseWriter, stepName string, err error, 
 func (s *Service) refuse(w http.ResponseWriter, rf Refusal) {
 	s.audit(rf)
 	writePage(w, rf.Status, page{Title: "Not connected", Lines: []string{rf.Detail}})
-}
-
-// sameOrigin reports whether a form post came from a page of this site,
-// as idp's link form checks it: Sec-Fetch-Site says same-origin, or
-// Origin (sent on every POST by browsers without Sec-Fetch-Site) is the
-// site's. A request with neither is no browser's form and is refused.
-func (s *Service) sameOrigin(r *http.Request) bool {
-	site, origin := r.Header.Values("Sec-Fetch-Site"), r.Header.Values("Origin")
-	if len(site) > 1 || len(origin) > 1 || (len(site) == 0 && len(origin) == 0) {
-		return false
-	}
-	if len(site) == 1 && site[0] != "same-origin" {
-		return false
-	}
-	if len(origin) == 0 {
-		return true
-	}
-	u, err := url.Parse(origin[0])
-	return err == nil && u.Path == "" && u.RawQuery == "" && u.User == nil && pinnedfetch.Origin(u) == s.origin
 }
 
 // oneState is the state an authorization URL carries, once.

@@ -1,0 +1,36 @@
+// Package rules decides MCP calls by the operator's rules over who calls
+// what with which arguments, written in CEL (https://cel.dev), ahead of
+// the scopes: a `deny` rule that holds refuses the call, an `approve` rule
+// that holds makes it wait for a person's approval, an `allow` rule that
+// holds lets it through, and a call no rule holds for is left to the
+// scopes. Deny wins over approve, approve over allow.
+//
+// A rule reads these variables, each typed, so that a rule naming one that
+// does not exist (or a field of one that does not exist) is refused when
+// the config loads, with the rule's place and CEL's message:
+//
+//	principal.owner, .token, .kind, .source, .client  string
+//	principal.scopes                                   list(string)
+//	claims                                             map(string, dyn): the JWT's or sign-in's claims
+//	method                                             string
+//	tool.name, prompt.name, resource.uri               string ("" when the call has none)
+//	args                                               map(string, dyn): the call's arguments
+//	upstream, route                                    string
+//
+// args is the tools/call (or prompts/get) arguments object exactly as the
+// edge's one reader read it (package message refuses duplicate and
+// case-variant keys anywhere in a body, so no other reader of the body can
+// see different arguments); JSON numbers that are integers within int64
+// are ints, others doubles, and ints and doubles compare with each other.
+//
+// Evaluation is bounded by a cost limit. A rule whose evaluation fails (a
+// missing argument, a value of another type, the cost limit) fails closed:
+// a deny or approve rule that fails denies the call, as does any rule over
+// the cost limit; an allow rule that fails for another reason does not
+// hold, and the call goes on to the next rule and to the scopes, which is
+// what would decide it without that rule.
+//
+// Listings are decided on the same rules with the arguments unknown (CEL's
+// partial evaluation): a tool that a deny rule refuses whatever the
+// arguments is left out.
+package rules
