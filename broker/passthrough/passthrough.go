@@ -389,6 +389,13 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 					rec.Outcome = upstream.OutcomeConnectRequired
 					return
 				}
+				body, err := withoutConnectState(ex.body)
+				if err != nil {
+					pt.refuse(w, r, p, ex, http.StatusBadRequest, message.CodeInvalidRequest, "malformed", err.Error(),
+						"the retry's params could not be read again; send the call again without requestState and inputResponses")
+					return
+				}
+				ex.body = body
 			}
 		}
 	}

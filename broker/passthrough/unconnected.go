@@ -492,6 +492,45 @@ func ownAnswer(w http.ResponseWriter) {
 	}
 }
 
+// withoutConnectState returns the body of one call with its
+// params.requestState and params.inputResponses removed: they answer the
+// gateway's connect elicitation, which the upstream never made, and an
+// upstream that reads requestState (to go on with a call of its own)
+// would take the gateway's for its. The rest of the message, which the
+// edge decided on (the tool, its arguments, _meta), is as the client sent
+// it. The body was read by package message, so its keys are unique and
+// decoding it to maps and writing it back changes no value a reader
+// sees.
+func withoutConnectState(body []byte) ([]byte, error) {
+	var msg map[string]json.RawMessage
+	if err := json.Unmarshal(body, &msg); err != nil {
+		return nil, err
+	}
+	var params map[string]json.RawMessage
+	if err := json.Unmarshal(msg["params"], &params); err != nil {
+		return nil, err
+	}
+	delete(params, "requestState")
+	delete(params, "inputResponses")
+	var err error
+	if msg["params"], err = marshalPlain(params); err != nil {
+		return nil, err
+	}
+	return marshalPlain(msg)
+}
+
+// marshalPlain is json.Marshal without HTML escaping, which would rewrite
+// every <, > and & of the values kept.
+func marshalPlain(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(b.Bytes(), "\n"), nil
+}
+
 // writeJSON writes one JSON answer of the gateway's own.
 func writeJSON(w http.ResponseWriter, status int, extra http.Header, v any) {
 	ownAnswer(w)

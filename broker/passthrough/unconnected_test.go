@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -337,5 +338,45 @@ func TestRetryAnsweredByTheHook(t *testing.T) {
 	}
 	if n := g.upstreamRequests() - before; n != 0 {
 		t.Fatalf("the upstream got %d requests", n)
+	}
+}
+
+// TestRetryGoesWithoutTheConnectState: a retry the hook lets go on reaches
+// the upstream as the call the client first made: without the gateway's
+// requestState and inputResponses (the upstream never made that
+// elicitation), with the tool, its arguments and _meta as sent; an
+// upstream's own requestState goes as it is.
+func TestRetryGoesWithoutTheConnectState(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ok"}]}}`)
+	}))
+	t.Cleanup(up.Close)
+	rt := newRoute(t, up.URL, func(u *upstream.Config, o *Options) { u.Headers = nil })
+	rt.pt.retry = func(http.ResponseWriter, *http.Request, message.Call) bool { return false }
+	for _, c := range []struct{ body, want, gone string }{
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","arguments":{"a":"<b>"},"requestState":"zidane-connect.el","inputResponses":{"el":{"action":"accept"}},"_meta":{"k":1}}}`,
+			`{"id":1,"jsonrpc":"2.0","method":"tools/call","params":{"_meta":{"k":1},"arguments":{"a":"<b>"},"name":"whoami"}}`, "zidane-connect"},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","requestState":"upstream-own","inputResponses":{}}}`,
+			`"requestState":"upstream-own","inputResponses":{}`, ""},
+	} {
+		mu.Lock()
+		bodies = nil
+		mu.Unlock()
+		if resp, body := post(t, rt.endpoint(), aliceBearer, "", c.body); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		mu.Lock()
+		got := bodies
+		mu.Unlock()
+		if len(got) != 1 || !strings.Contains(got[0], c.want) || (c.gone != "" && strings.Contains(got[0], c.gone)) {
+			t.Fatalf("the upstream got %q, want %s", got, c.want)
+		}
 	}
 }
