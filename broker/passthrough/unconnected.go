@@ -329,6 +329,10 @@ type pendingSessions struct {
 	mu    sync.Mutex
 	m     map[string]string
 	store storage.Storage
+	// starting serializes the starts of this process when there is no
+	// storage lock to: two requests of one pending session would start
+	// two upstream sessions. A start happens once per pending session.
+	starting sync.Mutex
 }
 
 func (pt *PassThrough) pendingKey(ps *pendingSession) string {
@@ -391,9 +395,12 @@ func (pt *PassThrough) startPending(r *http.Request, p policy.Principal, ps *pen
 			return "", fmt.Errorf("locking the pending session: %w", err)
 		}
 		defer st.Unlock(context.WithoutCancel(r.Context()), key)
-		if sid, ok := pt.lookup(r.Context(), p, ps); ok {
-			return sid, nil
-		}
+	} else {
+		pt.pending.starting.Lock()
+		defer pt.pending.starting.Unlock()
+	}
+	if sid, ok := pt.lookup(r.Context(), p, ps); ok {
+		return sid, nil
 	}
 	version := legacyVersions[0]
 	if v, ok := message.Lookup(ps.Params, []string{"protocolVersion"}); ok {
@@ -433,12 +440,39 @@ func (pt *PassThrough) startPending(r *http.Request, p policy.Principal, ps *pen
 			rec.Sealed = pt.ids.Seal(sid, p.TokenID, pt.route)
 		}
 		b, _ := json.Marshal(rec)
+		pt.prunePending(r.Context())
 		if err := st.Store(r.Context(), pt.pendingKey(ps), b); err != nil {
 			return "", fmt.Errorf("keeping the pending session's upstream session: %w", err)
 		}
 	}
 	pt.remember(ps, sid)
 	return sid, nil
+}
+
+// maxPrune bounds how many stored pending sessions one start looks at to
+// delete the expired ones.
+const maxPrune = 1000
+
+// prunePending deletes expired pending sessions' records, looking at no
+// more than maxPrune; failures are left for the next start.
+func (pt *PassThrough) prunePending(ctx context.Context) {
+	st := pt.pending.store
+	keys, err := st.List(ctx, "zidane/broker/pending", false)
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	for i, key := range keys {
+		if i == maxPrune || ctx.Err() != nil {
+			return
+		}
+		raw, err := st.Load(ctx, key)
+		var rec pendingRecord
+		if err != nil || (len(raw) <= 4096 && json.Unmarshal(raw, &rec) == nil && now.Before(rec.Expires)) {
+			continue
+		}
+		_ = st.Delete(ctx, key)
+	}
 }
 
 // hasResult reports whether an answer (JSON, or an event stream of

@@ -42,6 +42,7 @@ type perUser struct {
 	connected chan struct{}
 	once      sync.Once
 	edit      func(*upstream.Config, *Options)
+	store     *certmagic.FileStorage
 }
 
 // elicitationID is the id of the elicitation every connect answer of
@@ -65,7 +66,7 @@ func newPerUser(t *testing.T, upOpts oauthtest.MCPOptions) *perUser {
 		t.Fatal(err)
 	}
 	t.Cleanup(oc.Close)
-	g := &perUser{as: as, up: up, oc: oc, connected: make(chan struct{})}
+	g := &perUser{as: as, up: up, oc: oc, connected: make(chan struct{}), store: store}
 	g.edit = func(u *upstream.Config, o *Options) {
 		u.Headers = nil
 		o.Credentials = oc.OwnerTransport(func(ctx context.Context) string {
@@ -378,5 +379,30 @@ func TestRetryGoesWithoutTheConnectState(t *testing.T) {
 		if len(got) != 1 || !strings.Contains(got[0], c.want) || (c.gone != "" && strings.Contains(got[0], c.gone)) {
 			t.Fatalf("the upstream got %q, want %s", got, c.want)
 		}
+	}
+}
+
+// TestPendingRecordsArePruned: starting a pending session's upstream
+// session deletes the stored records of pending sessions past their
+// lifetime, and keeps the live ones.
+func TestPendingRecordsArePruned(t *testing.T) {
+	g := newPerUser(t, oauthtest.MCPOptions{Stateful: true})
+	ctx := context.Background()
+	old, _ := json.Marshal(pendingRecord{Sealed: "x", Expires: time.Now().Add(-time.Minute)})
+	live, _ := json.Marshal(pendingRecord{Sealed: "y", Expires: time.Now().Add(time.Hour)})
+	if g.store.Store(ctx, "zidane/broker/pending/old", old) != nil || g.store.Store(ctx, "zidane/broker/pending/live", live) != nil {
+		t.Fatal("storing")
+	}
+	resp, _ := post(t, g.rt.endpoint(), aliceBearer, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}`)
+	sid := resp.Header.Get("Mcp-Session-Id")
+	g.connectAccount(t, "alice")
+	if resp, body := post(t, g.rt.endpoint(), aliceBearer, sid, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`); resp.StatusCode != http.StatusOK || !strings.Contains(body, "whoami: alice") {
+		t.Fatalf("the call once connected: %d %s", resp.StatusCode, body)
+	}
+	if g.store.Exists(ctx, "zidane/broker/pending/old") {
+		t.Error("an expired pending record was kept")
+	}
+	if !g.store.Exists(ctx, "zidane/broker/pending/live") {
+		t.Error("a live pending record was deleted")
 	}
 }
