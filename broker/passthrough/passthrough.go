@@ -108,9 +108,10 @@ type Options struct {
 	Retry func(w http.ResponseWriter, r *http.Request, c message.Call) (answered bool)
 
 	// Connected, when set, blocks until the person calling r connects
-	// their account at the upstream at since or later, or ctx ends; it returns the ids of
-	// their elicitations for it. A GET stream of a person not connected
-	// waits on it; without it, such a stream is refused.
+	// their account at the upstream, at since or later, or ctx ends; it
+	// returns the ids of their elicitations for it. A GET stream of a
+	// person not connected waits on it; without it, such a stream is
+	// refused.
 	Connected func(ctx context.Context, r *http.Request, since time.Time) (elicitations []string, ok bool)
 
 	// Store keeps the upstream session ids of pending sessions (those
@@ -374,29 +375,27 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ex.upstreamSID = sid
 	}
 	if pt.retry != nil && ex.msg != nil {
-		if b := ex.msg; b != nil {
-			for _, c := range b.Calls {
-				if !connectlink.IsConnectState(c.RequestState) {
-					continue
-				}
-				if b.Batch {
-					rec.Outcome = upstream.OutcomeError
-					pt.refuse(w, r, p, ex, http.StatusBadRequest, message.CodeInvalidRequest, "request_state_in_batch",
-						"a batch carried the retry of a connect elicitation", "send the retry of a call on its own, not in a batch")
-					return
-				}
-				if pt.retry(w, r, c) {
-					rec.Outcome = upstream.OutcomeConnectRequired
-					return
-				}
-				body, err := withoutConnectState(ex.body)
-				if err != nil {
-					pt.refuse(w, r, p, ex, http.StatusBadRequest, message.CodeInvalidRequest, "malformed", err.Error(),
-						"the retry's params could not be read again; send the call again without requestState and inputResponses")
-					return
-				}
-				ex.body = body
+		for _, c := range ex.msg.Calls {
+			if !connectlink.IsConnectState(c.RequestState) {
+				continue
 			}
+			if ex.msg.Batch {
+				rec.Outcome = upstream.OutcomeError
+				pt.refuse(w, r, p, ex, http.StatusBadRequest, message.CodeInvalidRequest, "request_state_in_batch",
+					"a batch carried the retry of a connect elicitation", "send the retry of a call on its own, not in a batch")
+				return
+			}
+			if pt.retry(w, r, c) {
+				rec.Outcome = upstream.OutcomeConnectRequired
+				return
+			}
+			body, err := withoutConnectState(ex.body)
+			if err != nil {
+				pt.refuse(w, r, p, ex, http.StatusBadRequest, message.CodeInvalidRequest, "malformed", err.Error(),
+					"the retry's params could not be read again; send the call again without requestState and inputResponses")
+				return
+			}
+			ex.body = body
 		}
 	}
 	resp, err := pt.send(r, ex.body, ex.upstreamSID)
@@ -531,7 +530,7 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 			return
 		default:
 			payload := sid
-			if _, url := initializeCall(r); url && ex.method == "initialize" {
+			if _, url := initializeCall(r); url && ex.method == "initialize" && len(sid) < sessionid.MaxUpstream {
 				// The session remembers that its client takes URL
 				// elicitation, for a later call that needs its person
 				// to connect.

@@ -204,6 +204,11 @@ func (pt *PassThrough) initializePending(w http.ResponseWriter, r *http.Request,
 	rand.Read(id)
 	ps := pendingSession{ID: base64.RawURLEncoding.EncodeToString(id), Params: trimParams(params, version), URL: url}
 	payload, _ := json.Marshal(ps)
+	if len(payload) >= sessionid.MaxUpstream {
+		// Escaping grew the params past what a sealed id holds.
+		ps.Params = trimParams(nil, version)
+		payload, _ = json.Marshal(ps)
+	}
 	sid := pt.ids.Seal(string(markPending)+string(payload), p.TokenID, pt.route)
 	writeJSON(w, http.StatusOK, http.Header{upstream.HeaderSessionID: {sid}}, map[string]any{"jsonrpc": "2.0", "id": c.ID.Raw(), "result": map[string]any{
 		"protocolVersion": version,

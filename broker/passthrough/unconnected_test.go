@@ -406,3 +406,37 @@ func TestPendingRecordsArePruned(t *testing.T) {
 		t.Error("a live pending record was deleted")
 	}
 }
+
+// TestPendingSessionOfALargeInitialize: an initialize whose params are
+// larger than a sealed id holds still gets a pending session that opens
+// (its params cut to the version, capabilities and client info, or less),
+// and the upstream session starts from them once connected.
+func TestPendingSessionOfALargeInitialize(t *testing.T) {
+	g := newPerUser(t, oauthtest.MCPOptions{Stateful: true})
+	big := strings.Repeat("<x>", 1000)
+	for _, params := range []string{
+		`{"protocolVersion":"2025-11-25","capabilities":{"elicitation":{"url":{}}},"clientInfo":{"name":"c","version":"1","title":"` + big + `"}}`,
+		// Within the 400 bytes, but each < is six once escaped.
+		`{"protocolVersion":"2025-11-25","capabilities":{"experimental":{"x":"` + strings.Repeat("<", 250) + `"}},"clientInfo":{"name":"c","version":"1"}}`,
+	} {
+		resp, body := post(t, g.rt.endpoint(), aliceBearer, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":`+params+`}`)
+		sid := resp.Header.Get("Mcp-Session-Id")
+		if resp.StatusCode != http.StatusOK || sid == "" {
+			t.Fatalf("initialize: %d %s", resp.StatusCode, body)
+		}
+		if resp, body := post(t, g.rt.endpoint(), aliceBearer, sid, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`); resp.StatusCode != http.StatusOK || !strings.Contains(body, `"tools":[]`) {
+			t.Fatalf("the pending session: %d %s", resp.StatusCode, body)
+		}
+		g.connectAccount(t, "alice")
+		if resp, body := post(t, g.rt.endpoint(), aliceBearer, sid, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`); resp.StatusCode != http.StatusOK || !strings.Contains(body, "whoami: alice") {
+			t.Fatalf("the call once connected: %d %s", resp.StatusCode, body)
+		}
+		oc, err := g.oc.ForOwner("alice")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := oc.Revoke(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
