@@ -440,3 +440,37 @@ func TestPendingSessionOfALargeInitialize(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionRemembersURLElicitation: a session that began with its
+// person connected remembers whether its client declared URL elicitation
+// in its initialize: once the person's connection is gone, that client's
+// call gets -32042 and another client's a tool error naming the link.
+func TestSessionRemembersURLElicitation(t *testing.T) {
+	g := newPerUser(t, oauthtest.MCPOptions{Stateful: true})
+	g.connectAccount(t, "alice")
+	sessions := map[string]string{}
+	for name, caps := range map[string]string{"url": `{"elicitation":{"url":{}}}`, "none": `{}`} {
+		resp, body := post(t, g.rt.endpoint(), aliceBearer, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":`+caps+`,"clientInfo":{"name":"c","version":"1"}}}`)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Mcp-Session-Id") == "" || strings.Contains(body, "not connected") {
+			t.Fatalf("initialize (%s) while connected: %d %s", name, resp.StatusCode, body)
+		}
+		sessions[name] = resp.Header.Get("Mcp-Session-Id")
+		if resp, body := post(t, g.rt.endpoint(), aliceBearer, sessions[name], `{"jsonrpc":"2.0","method":"notifications/initialized"}`); resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("initialized: %d %s", resp.StatusCode, body)
+		}
+	}
+	oc, err := g.oc.ForOwner("alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := oc.Revoke(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	call := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`
+	if resp, body := post(t, g.rt.endpoint(), aliceBearer, sessions["url"], call); resp.StatusCode != http.StatusOK || !strings.Contains(body, `"code":-32042`) {
+		t.Fatalf("the URL-capable session's call once disconnected: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := post(t, g.rt.endpoint(), aliceBearer, sessions["none"], call); resp.StatusCode != http.StatusOK || !strings.Contains(body, `"isError":true`) || !strings.Contains(body, "zcl_x") {
+		t.Fatalf("the other session's call once disconnected: %d %s", resp.StatusCode, body)
+	}
+}
