@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/answerlimit"
@@ -192,6 +193,7 @@ type PassThrough struct {
 	retry         func(http.ResponseWriter, *http.Request, message.Call) bool
 	connected     func(context.Context, *http.Request, time.Time) ([]string, bool)
 	pending       pendingSessions
+	legacy        atomic.Bool // the upstream refused a server/discover: it speaks no 2026-07-28
 	logger        *slog.Logger
 
 	droppedMu sync.Mutex
@@ -513,6 +515,9 @@ func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Pr
 // arrives. Refusals of the gateway's credentials, redirects and invalid
 // session ids become 502 instead.
 func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.Principal, ex exchange, resp *http.Response, rec *upstream.CallRecord) {
+	if ex.method == "server/discover" && len(ex.rpcID) > 0 {
+		pt.noteDiscover(resp)
+	}
 	if pt.refusedStatus(w, ex, resp.StatusCode, rec) {
 		return
 	}

@@ -168,6 +168,13 @@ func (pt *PassThrough) unconnected(w http.ResponseWriter, r *http.Request, p pol
 		w.WriteHeader(http.StatusAccepted)
 	case c.Method == "initialize" && !modern:
 		pt.initializePending(w, r, p, c)
+	case c.Method == "server/discover" && pt.legacy.Load():
+		// The upstream refused another person's server/discover: it
+		// speaks no 2026-07-28, so the client must take the
+		// initialize of 2025-11-25 (a pending session) rather than learn
+		// a version its calls could not use once connected.
+		writeJSON(w, http.StatusOK, nil, map[string]any{"jsonrpc": "2.0", "id": c.ID.Raw(), "error": map[string]any{
+			"code": message.CodeMethodNotFound, "message": fmt.Sprintf("%s speaks no 2026-07-28: initialize with 2025-11-25", pt.name)}})
 	case c.Method == "server/discover":
 		result(map[string]any{"supportedVersions": []string{message.ModernVersion},
 			"capabilities": map[string]any{"tools": map[string]any{}}, "instructions": pt.notConnectedInstructions()})
@@ -478,6 +485,64 @@ func (pt *PassThrough) prunePending(ctx context.Context) {
 		}
 		_ = st.Delete(ctx, key)
 	}
+}
+
+// noteDiscover learns from the upstream's answer to a server/discover
+// (another person's, connected) whether it speaks 2026-07-28: a result
+// whose supportedVersions name it says it does; one that does not, an
+// error, or HTTP 400, 404 or 405 say it does not. Only this process learns, and
+// only the version: nothing of the answer reaches a person not
+// connected.
+func (pt *PassThrough) noteDiscover(resp *http.Response) {
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		// The answer (JSON, or an event stream that ends with it) is
+		// read whole by answer or relayed event by event; it is looked
+		// at as it goes.
+		resp.Body = &discoverBody{ReadCloser: resp.Body, pt: pt}
+	case resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed:
+		// What a server of 2025-11-25 answers a request without a
+		// session, or a method it does not have. Another status (a
+		// refused credential, an outage) says nothing of its versions.
+		pt.legacy.Store(true)
+	}
+}
+
+// discoverBody reads whether a JSON answer to server/discover held a
+// result as answer reads it whole.
+type discoverBody struct {
+	io.ReadCloser
+	pt  *PassThrough
+	buf bytes.Buffer
+}
+
+func (d *discoverBody) Read(p []byte) (int, error) {
+	n, err := d.ReadCloser.Read(p)
+	if d.buf.Len() < 64<<10 {
+		d.buf.Write(p[:n])
+	}
+	if err == io.EOF {
+		modern := speaksModern(d.buf.Bytes())
+		for _, line := range bytes.Split(d.buf.Bytes(), []byte("\n")) {
+			if data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:")); ok && speaksModern(bytes.TrimSpace(data)) {
+				modern = true
+			}
+		}
+		d.pt.legacy.Store(!modern)
+	}
+	return n, err
+}
+
+// speaksModern reports whether an answer to server/discover is a result
+// whose supportedVersions name 2026-07-28 (a server of 2025-11-25 may
+// answer with its own versions, or with an error).
+func speaksModern(answer []byte) bool {
+	versions, ok := message.Lookup(answer, []string{"result", "supportedVersions"})
+	if !ok {
+		return false
+	}
+	var vs []string
+	return json.Unmarshal(versions, &vs) == nil && slices.Contains(vs, message.ModernVersion)
 }
 
 // hasResult reports whether an answer (JSON, or an event stream of

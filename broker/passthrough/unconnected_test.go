@@ -474,3 +474,53 @@ func TestSessionRemembersURLElicitation(t *testing.T) {
 		t.Fatalf("the other session's call once disconnected: %d %s", resp.StatusCode, body)
 	}
 }
+
+// TestDiscoverOfALegacyUpstream: once the upstream has answered a
+// connected person's server/discover without 2026-07-28 (it speaks only
+// 2025-11-25), a person not connected is not told 2026-07-28 by the
+// gateway: go-sdk's client falls back to initialize, gets a pending
+// session, and its call once connected runs at the upstream as that
+// person. An upstream that speaks both keeps the gateway's 2026-07-28
+// answer.
+func TestDiscoverOfALegacyUpstream(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		stateful bool
+		want     string
+	}{
+		{"2025-11-25 only", true, "2025-11-25"},
+		{"both versions", false, "2026-07-28"},
+	} {
+		t.Run(c.name, func(t *testing.T) { discoverOf(t, c.stateful, c.want) })
+	}
+}
+
+func discoverOf(t *testing.T, stateful bool, want string) {
+	g := newPerUser(t, oauthtest.MCPOptions{Stateful: stateful})
+	g.connectAccount(t, "alice")
+	if _, err := connect(t, g.rt.endpoint(), aliceBearer, nil, "2026-07-28"); err != nil {
+		t.Fatalf("alice's client, connected: %v", err)
+	}
+	if g.rt.pt.legacy.Load() != stateful {
+		t.Fatalf("legacy noted as %v", g.rt.pt.legacy.Load())
+	}
+	cs, err := connect(t, g.rt.endpoint(), bobBearer, &mcp.ClientOptions{
+		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "decline"}, nil
+		},
+	}, "2026-07-28")
+	if err != nil {
+		t.Fatalf("bob's client, not connected: %v", err)
+	}
+	if v := cs.InitializeResult().ProtocolVersion; v != want {
+		t.Fatalf("bob's client speaks %q, want %q", v, want)
+	}
+	g.connectAccount(t, "bob")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}})
+	if err != nil || res.IsError || upstreamtest.ResultText(res) != "whoami: bob" {
+		t.Fatalf("bob's call once connected: %v %+v", err, res)
+	}
+}
