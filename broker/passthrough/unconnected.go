@@ -119,8 +119,8 @@ func openPayload(payload string) (upstreamSID string, url bool, pending *pending
 	return payload, false, nil
 }
 
-// initializeParams are the params of the initialize in ex, and whether
-// its client declares URL elicitation.
+// initializeCall returns the params of the initialize r carries (its one
+// message), and whether its client declares URL elicitation.
 func initializeCall(r *http.Request) (params []byte, url bool) {
 	b, ok := message.FromContext(r.Context())
 	if !ok || b.Batch || len(b.Calls) != 1 || b.Calls[0].Method != "initialize" {
@@ -169,10 +169,10 @@ func (pt *PassThrough) unconnected(w http.ResponseWriter, r *http.Request, p pol
 	case c.Method == "initialize" && !modern:
 		pt.initializePending(w, r, p, c)
 	case c.Method == "server/discover" && pt.legacy.Load():
-		// The upstream refused another person's server/discover: it
-		// speaks no 2026-07-28, so the client must take the
-		// initialize of 2025-11-25 (a pending session) rather than learn
-		// a version its calls could not use once connected.
+		// The upstream answered another person's server/discover
+		// without 2026-07-28: the client must take the initialize of
+		// 2025-11-25 (a pending session) rather than learn a version its
+		// calls could not use once connected.
 		writeJSON(w, http.StatusOK, nil, map[string]any{"jsonrpc": "2.0", "id": c.ID.Raw(), "error": map[string]any{
 			"code": message.CodeMethodNotFound, "message": fmt.Sprintf("%s speaks no 2026-07-28: initialize with 2025-11-25", pt.name)}})
 	case c.Method == "server/discover":
