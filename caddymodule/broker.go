@@ -123,7 +123,7 @@ func (b *Broker) build(ctx caddy.Context) error {
 		Logger:          slog.New(zapslog.NewHandler(s.logger.Named("broker").Core())),
 		Credentials:     s.app.credentials(u.Name),
 		ConnectRequired: s.app.connectRequired,
-		Retry:           s.app.connectRetry(u.Name),
+		Retry:           s.app.connectRetry(u.Name, route),
 		Connected:       s.app.connectWait(u.Name),
 		Store:           ctx.Storage(),
 	})

@@ -110,11 +110,11 @@ func (a *App) connectRequired(w http.ResponseWriter, r *http.Request, rpcID json
 	a.signin.connect.Respond(w, r, callerOwner(r.Context()), err.Upstream, rpcID, method, initCaps)
 }
 
-// connectRetry decides the 2026-07-28 retry c of a call to upstream name
-// that asked its person to connect (connect.Service.Settle): it waits for
+// connectRetry decides, on route, the 2026-07-28 retry c of a call to
+// upstream name that asked its person to connect (connect.Service.Settle): it waits for
 // the connection and lets the call go on, or answers a decline, or
 // refuses a requestState that is not the caller's for this upstream.
-func (a *App) connectRetry(name string) func(w http.ResponseWriter, r *http.Request, c message.Call) bool {
+func (a *App) connectRetry(name, route string) func(w http.ResponseWriter, r *http.Request, c message.Call) bool {
 	return func(w http.ResponseWriter, r *http.Request, c message.Call) bool {
 		var svc *connect.Service
 		if a.signin != nil {
@@ -130,7 +130,7 @@ func (a *App) connectRetry(name string) func(w http.ResponseWriter, r *http.Requ
 		if errors.Is(err, connect.ErrRetryNotYours) {
 			metricRefusals.WithLabelValues("request_state").Inc()
 			p, _ := policy.PrincipalFrom(r.Context())
-			auditBrokerRefusal(auditLogger(), upstream.Refusal{Upstream: name, Route: "broker:" + name, HTTPMethod: r.Method, Method: c.Method,
+			auditBrokerRefusal(auditLogger(), upstream.Refusal{Upstream: name, Route: route, HTTPMethod: r.Method, Method: c.Method,
 				TokenID: p.TokenID, TokenName: p.Name, Reason: "request_state", Status: http.StatusForbidden, Detail: err.Error()})
 		}
 		status, body := connect.RetryAnswer(c, name, err)
