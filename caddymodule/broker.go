@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/aggregate"
+	"github.com/Tahul/caddy-zidane-mcp/broker/connect"
 	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
 	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
 	"github.com/Tahul/caddy-zidane-mcp/broker/taskid"
@@ -210,11 +211,6 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 		if !ok {
 			return fmt.Errorf("aggregate: no upstream %q; configure it in the global zidane option", name)
 		}
-		if s.app.perUser(name) {
-			// The aggregated route's upstream connections serve every
-			// caller; a person's own token cannot ride on them.
-			return fmt.Errorf("aggregate: upstream %q has oauth credentials per_user, which the aggregated route does not serve yet; serve it on its own route (zidane_mcp { broker %s }), or set credentials shared", name, name)
-		}
 		ups = append(ups, u)
 	}
 	byName := map[string]upstream.Config{}
@@ -256,6 +252,16 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 		AuthRequired:        s.app.authRequired,
 		MayUse:              allows,
 		Tasks:               true,
+		// Upstreams with credentials per_user: a session per person,
+		// marked with that person, whose token callerOwner finds.
+		PerUser:   s.app.perUser,
+		Connected: s.app.personConnected,
+	}
+	if s.app.connects() != nil {
+		opts.ConnectRequired = s.app.connectAnswer
+		opts.Settle = s.app.connectSettle
+		opts.AwaitConnect = s.app.connectWait
+		opts.ConnectState = func(state string) bool { _, ok := connect.ElicitationOf(state); return ok }
 	}
 	if fwd != nil {
 		opts.NewSessionID = fwd.Mint

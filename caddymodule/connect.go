@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/Tahul/caddy-zidane-mcp/authserver/idp"
+	"github.com/Tahul/caddy-zidane-mcp/broker/aggregate"
 	"github.com/Tahul/caddy-zidane-mcp/broker/connect"
 	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
@@ -155,4 +156,50 @@ func (a *App) connectWait(name string) func(ctx context.Context, r *http.Request
 		}
 		return a.signin.connect.WaitConnected(ctx, callerOwner(r.Context()), name, since)
 	}
+}
+
+// connects is the config's connect links, or nil without them (no
+// signin, or no per_user upstream).
+func (a *App) connects() *connect.Service {
+	if a.signin == nil {
+		return nil
+	}
+	return a.signin.connect
+}
+
+// connectAnswer is the aggregated route's answer to owner's call c of a
+// per_user upstream's tool, owner not having connected there: the connect
+// link (connect.Service.Refuse). Set only with connect links.
+func (a *App) connectAnswer(ctx context.Context, owner, upstream string, c message.Call, initCaps []byte) ([]byte, error) {
+	b, err := a.connects().Refuse(ctx, owner, upstream, c, initCaps)
+	if errors.Is(err, connect.ErrNotPerson) {
+		return nil, &aggregate.ConnectRefusal{Status: http.StatusForbidden, Code: message.CodeForbidden,
+			Message: fmt.Sprintf("%s takes each person's own account, and this credential does not belong to a person who can sign in to the gateway to connect one (%v); use a credential of your own, signed in", upstream, err)}
+	}
+	return b, err
+}
+
+// connectSettle lets the 2026-07-28 retry of a call answered with a
+// connect link wait, bounded, for its person (connect.Service.Settle).
+// Set only with connect links.
+func (a *App) connectSettle(ctx context.Context, owner string, c message.Call) bool {
+	return a.connects().Settle(ctx, owner, c)
+}
+
+// connectWait waits until owner has connected through the link of
+// elicitation (connect.Service.Wait).
+func (a *App) connectWait(ctx context.Context, owner, elicitation string) bool {
+	return a.connects().Wait(ctx, owner, elicitation)
+}
+
+// personConnected reports whether owner's connection at per_user upstream
+// name is usable, as this replica knows it (in memory: a revocation on any
+// replica reaches it through the record's watch).
+func (a *App) personConnected(name, owner string) bool {
+	c := a.oauth[name]
+	if c == nil {
+		return false
+	}
+	oc, err := c.ForOwner(owner)
+	return err == nil && oc.State().State == upstreamauth.StateReady
 }

@@ -230,11 +230,19 @@ func (a *App) credentials(name string) func(next http.RoundTripper) http.RoundTr
 
 // callerOwner is the person a request acts for: its principal's owner (a
 // grant's person, a JWT's subject, a token's owner, inherited by the
-// tokens derived from it, such as a session agent's), or "" with no
-// principal.
+// tokens derived from it, such as a session agent's), or the person of
+// the upstream session it goes on (the aggregated route's per-person
+// sessions, upstreamauth.WithCallOwner); "" with neither, or when the two
+// name different people (one reading, or none).
 func callerOwner(ctx context.Context) string {
-	p, ok := policy.PrincipalFrom(ctx)
-	if !ok {
+	p, hasPrincipal := policy.PrincipalFrom(ctx)
+	if o, ok := upstreamauth.CallOwner(ctx); ok {
+		if hasPrincipal && p.OwnerID() != o {
+			return ""
+		}
+		return o
+	}
+	if !hasPrincipal {
 		return ""
 	}
 	return p.OwnerID()

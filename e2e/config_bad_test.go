@@ -402,9 +402,6 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane_mcp broker", "unknown", mcpBlock("broker nosuch"), `no such upstream`),
 		c("zidane_mcp aggregate", labelEmpty, mcpBlock("aggregate"), "aggregate takes the names of upstreams"),
 		c("zidane_mcp aggregate", "unknown", mcpBlock("aggregate nosuch"), `no upstream "nosuch"`),
-		c("zidane_mcp aggregate", "a per_user upstream", caddyfileOf("zidane {\nupstream up {\nurl "+badConfigSite+"/mcp\noauth {\n"+
-			strings.Join(append(slices.Clone(oauthLogin), "credentials per_user"), "\n")+"\n}\n}\n}", "zidane_mcp {\naggregate up\n}"),
-			"credentials per_user", "does not serve", "broker up"),
 		c("zidane_mcp prefix", "unknown word", guarded("prefix sometimes"), "prefix takes always or conditional"),
 		c("zidane_mcp prefix", labelEmpty, guarded("prefix"), "prefix takes always or conditional"),
 		c("zidane_mcp guard", "a value", mcpBlock("guard on"), "guard takes no value"),

@@ -140,6 +140,45 @@ type Options struct {
 	// the task (see aggregate_tasks.go). Without it no call carries the
 	// extension upstream.
 	Tasks bool
+
+	// PerUser, when set, reports whether the named upstream takes each
+	// person's own credentials (credentials per_user): the route then
+	// keeps a session to it per person, marked with that person, and no
+	// catalog (see person.go). Such an upstream must be http or sse.
+	PerUser func(upstream string) bool
+	// ConnectRequired, when set, makes the answer to call c (the edge's
+	// reading) of a per-person upstream's tool, by owner, who has no
+	// usable connection at upstream: the connect link, as a whole
+	// JSON-RPC response for the call's protocol version and the client's
+	// capabilities (initCaps: a 2025-11-25 session's, as JSON). Without
+	// it such a call gets a tool error saying the account is not
+	// connected.
+	ConnectRequired func(ctx context.Context, owner, upstream string, c message.Call, initCaps []byte) ([]byte, error)
+	// Settle, when set, is called before a 2026-07-28 call of a
+	// per-person upstream's tool: it waits, bounded, for owner to finish
+	// connecting when the call is the retry of a connect answer, and
+	// reports whether the person declined.
+	Settle func(ctx context.Context, owner string, c message.Call) (declined bool)
+	// ConnectState, when set, reports whether a call's requestState is
+	// the one of the route's own connect answer (not the upstream's): a
+	// retry carrying it goes upstream without it and its inputResponses,
+	// which answered the gateway, not the upstream.
+	ConnectState func(requestState string) bool
+	// AwaitConnect, when set, waits until owner has finished connecting
+	// through the link of elicitation, or ctx ends, and reports whether
+	// they did.
+	AwaitConnect func(ctx context.Context, owner, elicitation string) bool
+	// Connected, when set, reports whether owner's connection at the
+	// per-person upstream is still usable; a person's upstream session
+	// whose connection is not is closed (checked every second, in
+	// memory).
+	Connected func(upstream, owner string) bool
+	// MaxPeople bounds the person sessions open at once (0:
+	// [DefaultMaxPeople]).
+	MaxPeople int
+	// PersonIdle closes a person session, with its upstream sessions,
+	// after this long without a call (0: [DefaultPersonIdle]).
+	PersonIdle time.Duration
 }
 
 // DefaultStdioIdle is the default of [Options.StdioIdle].
@@ -234,6 +273,7 @@ type Aggregate struct {
 	subs       map[string]map[*mcp.ServerSession]bool // resource URI -> subscribed sessions
 	withdrawn  map[string]string                      // tool name -> upstream, while it waits for a login
 	principals map[string]*aggSession                 // token id -> its 2026-07-28 requests' upstream sessions
+	per        perUsers                               // per-person upstreams (see person.go)
 
 	noModernFast    atomic.Bool  // tests: 2026-07-28 tools/call always through go-sdk
 	modernFastCalls atomic.Int64 // tools/call served by the 2026-07-28 fast path
@@ -334,6 +374,7 @@ func New(ups []upstream.Config, opts Options) (*Aggregate, error) {
 		principals:   map[string]*aggSession{},
 		bridge:       newBridge(opts.BridgeKey, opts.Node),
 		tasks:        opts.Tasks,
+		per:          newPerUsers(opts),
 	}
 	if opts.SessionTimeout > 0 {
 		a.pidle = mcpidle.New(opts.SessionTimeout)
@@ -343,6 +384,15 @@ func New(ups []upstream.Config, opts Options) (*Aggregate, error) {
 	names, err := a.addUpstreams(ups, opts, logger)
 	if err != nil {
 		return nil, err
+	}
+	for _, up := range a.ups {
+		if opts.PerUser == nil || !opts.PerUser(up.cfg.Name) {
+			continue
+		}
+		if up.cfg.Transport != upstream.TransportHTTP && up.cfg.Transport != upstream.TransportSSE {
+			return nil, fmt.Errorf("aggregate: %s takes each person's own credentials, which only an http or sse upstream can carry", upstream.Describe(up.cfg))
+		}
+		a.per.upstreams[up.cfg.Name] = true
 	}
 	ns, err := upstream.NewNamespace(names)
 	if err != nil {
@@ -381,13 +431,29 @@ func New(ups []upstream.Config, opts Options) (*Aggregate, error) {
 		&mcp.StreamableHTTPOptions{Stateless: true, MaxRequestBodyBytes: opts.MaxRequestBodyBytes})
 
 	a.ctx, a.cancel = context.WithCancel(context.Background())
-	a.pending = len(a.ups)
+	// A per-person upstream has no catalog (see person.go): only its
+	// connect tool is registered, and the route is ready without it.
+	a.pending = len(a.ups) - len(a.per.upstreams)
+	if a.pending == 0 {
+		close(a.ready)
+	}
 	for _, up := range a.ups {
+		if a.per.upstreams[up.cfg.Name] {
+			a.server.AddTool(a.connectTool(up), a.connectToolHandler(up))
+			continue
+		}
 		a.offerCachedTools(up)
 	}
 	for _, up := range a.ups {
+		if a.per.upstreams[up.cfg.Name] {
+			continue
+		}
 		a.wg.Add(1)
 		go a.superviseCatalog(up)
+	}
+	if len(a.per.upstreams) > 0 && a.per.connected != nil {
+		a.wg.Add(1)
+		go a.sweepPeople()
 	}
 	return a, nil
 }
@@ -589,6 +655,11 @@ func (a *Aggregate) Close() error {
 		sessions = append(sessions, s)
 	}
 	clear(a.principals)
+	a.per.idle.Stop()
+	for _, s := range a.per.people {
+		sessions = append(sessions, s)
+	}
+	clear(a.per.people)
 	a.mu.Unlock()
 	a.cancel()
 	for ss := range a.server.Sessions() {
@@ -626,7 +697,7 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if modernRequest(r) {
 		// No session: the request's calls go through its token's
 		// principal session (see aggregate_modern.go).
-		if a.serveTask(w, r) || a.serveModernFast(w, r) {
+		if a.servePersonConnect(w, r, p, "") || a.serveTask(w, r) || a.serveModernFast(w, r) {
 			return
 		}
 		a.stateless.ServeHTTP(w, r)
@@ -642,7 +713,7 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer a.idle.Use(sid, p.TokenID)()
-		if known && a.serveFast(w, r, sid) {
+		if known && (a.servePersonConnect(w, r, p, sid) || a.serveFast(w, r, sid)) {
 			return
 		}
 		a.handler.ServeHTTP(w, r)
@@ -652,6 +723,7 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.mu.Lock()
 		if _, known := a.bindings[sid]; !known {
 			a.bindings[sid] = p.TokenID
+			a.per.sessionOwner[sid] = p.OwnerID()
 		}
 		a.mu.Unlock()
 		a.idle.Opened(sid, p.TokenID, func() { a.expire(sid) })
@@ -677,6 +749,7 @@ func (a *Aggregate) expire(sid string) {
 	}
 	a.mu.Lock()
 	delete(a.bindings, sid)
+	delete(a.per.sessionOwner, sid)
 	a.mu.Unlock()
 	a.logger.Debug("aggregate: downstream session closed after being idle", "session", sid)
 }
@@ -725,6 +798,9 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			cancel()
 		case "tools/call":
 			if p, ok := req.GetParams().(*mcp.CallToolParamsRaw); ok && p != nil {
+				if up, orig := a.perUserTool(p.Name); up != nil {
+					return a.personToolCall(ctx, req, up, orig, p)
+				}
 				if up := a.waitingForLogin(p.Name); up != nil {
 					rec := upstream.CallRecord{Upstream: up.cfg.Name, Method: "tools/call", Tool: p.Name, Outcome: upstream.OutcomeAuthRequired,
 						ClientIP: upstream.ExtraClientIP(req.GetExtra())}
@@ -741,6 +817,11 @@ func (a *Aggregate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return res, err
 		}
 		switch method {
+		case "tools/list":
+			if lr, ok := res.(*mcp.ListToolsResult); ok && lr != nil && len(a.per.upstreams) > 0 {
+				ss, _ := req.GetSession().(*mcp.ServerSession)
+				a.listForPerson(ctx, ss, lr)
+			}
 		case "server/discover":
 			if dr, ok := res.(*mcp.DiscoverResult); ok && dr != nil {
 				dr.Instructions = a.instructions()

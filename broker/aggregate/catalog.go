@@ -20,14 +20,10 @@ func (up *aggUpstream) transport() mcp.Transport {
 	return up.tr.NewTransport()
 }
 
-// dial opens a session of client to up, the attempt bounded by up.timeout.
-// The connection's context lasts as long as the session, since the SSE
-// client reads its stream under it; Aggregate.Close cancels it.
-func (a *Aggregate) dial(up *aggUpstream, client *mcp.Client) (*mcp.ClientSession, error) {
-	return a.dialOn(up, client, up.transport())
-}
-
-// dialOn is dial over transport t.
+// dialOn opens a session of client to up over transport t, the attempt
+// bounded by up.timeout. The connection's context lasts as long as the
+// session, since the SSE client reads its stream under it;
+// Aggregate.Close cancels it.
 func (a *Aggregate) dialOn(up *aggUpstream, client *mcp.Client, t mcp.Transport) (*mcp.ClientSession, error) {
 	ctx, cancel := context.WithCancel(a.ctx)
 	timer := time.AfterFunc(up.timeout, cancel)

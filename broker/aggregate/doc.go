@@ -14,6 +14,12 @@
 // admit a call by one rule (admit.go), and anything they do not take goes
 // through go-sdk with the same answers.
 //
+// An upstream whose credentials are each person's own ([Options.PerUser])
+// has no catalog: each person gets a session of their own to it, every
+// request of which carries that person alone, and lists and calls its
+// tools there; a person not connected sees its connect tool and gets the
+// connect link (person.go).
+//
 // It takes the edge's one reading of a client's message from the request
 // context (package message) and forwards exactly those bytes, but for a
 // tool's name upstream and the trace context in _meta when tracing is on.

@@ -108,10 +108,12 @@ func (a *Aggregate) dropPrincipal(tokenID string, s *aggSession) {
 }
 
 // trackCtx is the context a call of ss is tracked under on its upstream
-// session: for a 2026-07-28 request, one that names its session, where the
-// upstream's progress for it goes.
+// session: one that names ss, where the upstream's progress for it goes
+// when that upstream session serves more than ss (a principal's session
+// for 2026-07-28 requests, a person's for every request of theirs; a
+// session's own upstream sessions send to their own ss).
 func trackCtx(ctx context.Context, ss *mcp.ServerSession) context.Context {
-	if modernSession(ss) {
+	if ss != nil {
 		return context.WithValue(ctx, downSessionKey{}, ss)
 	}
 	return ctx

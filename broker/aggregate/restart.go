@@ -54,6 +54,9 @@ func (a *Aggregate) restart(ctx context.Context, name string, retire bool) error
 	for _, s := range a.sessions {
 		sessions = append(sessions, s)
 	}
+	for _, s := range a.per.people {
+		sessions = append(sessions, s) // a per_user upstream's sessions are the people's
+	}
 	a.mu.Unlock()
 
 	// The catalog: forget it first, so that new calls wait for the next

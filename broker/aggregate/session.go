@@ -33,7 +33,28 @@ type aggSession struct {
 	closed bool                 // closeAll ran: no new upstream sessions
 	fast   map[string]*fastCall // tools/call in flight on the fast path, by request id
 
-	idleKey string // a principal session's key in Aggregate.pidle
+	idleKey string // a principal session's key in Aggregate.pidle (a person session's in Aggregate.peopleIdle)
+
+	// owner, for a person session (see person.go), is the person whose
+	// own upstream sessions it holds; every request on them is marked
+	// with that person.
+	owner string
+	uses  int // a person session's calls in flight (under Aggregate.mu)
+
+	ended chan struct{} // closed by closeAll; nil until asked for (see endedCh)
+}
+
+// endedCh is closed when the session's closeAll runs.
+func (s *aggSession) endedCh() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended == nil {
+		s.ended = make(chan struct{})
+		if s.closed {
+			close(s.ended)
+		}
+	}
+	return s.ended
 }
 
 // aggConn is one upstream client session of a downstream session.
@@ -100,6 +121,7 @@ func (a *Aggregate) dropSession(ss *mcp.ServerSession) {
 	s := a.sessions[ss]
 	delete(a.sessions, ss)
 	delete(a.bindings, ss.ID())
+	delete(a.per.sessionOwner, ss.ID())
 	if a.byID[ss.ID()] == s {
 		delete(a.byID, ss.ID())
 	}
@@ -129,6 +151,9 @@ func (s *aggSession) closeAll() {
 	s.mu.Lock()
 	conns := s.conns
 	s.conns = map[string]*aggConn{}
+	if s.ended != nil && !s.closed {
+		close(s.ended)
+	}
 	s.closed = true
 	s.mu.Unlock()
 	var wg sync.WaitGroup
@@ -179,6 +204,10 @@ func (a *Aggregate) conn(ctx context.Context, ss *mcp.ServerSession, up *aggUpst
 	if up.shared {
 		return a.sharedConn(ctx, up)
 	}
+	if a.per.upstreams[up.cfg.Name] {
+		// Never a session's or a token's: the person's own.
+		return a.personConn(ctx, a.ownerOf(ctx, ss), up)
+	}
 	if modernSession(ss) {
 		s, done, err := a.principalSession(ctx)
 		if err != nil {
@@ -204,6 +233,12 @@ func (a *Aggregate) connOf(ctx context.Context, s *aggSession, up *aggUpstream) 
 	if s.closed {
 		s.mu.Unlock()
 		return nil, errors.New("the downstream session is closed")
+	}
+	if a.per.upstreams[up.cfg.Name] != (s.owner != "") {
+		// A per-person upstream is reached on its person's session
+		// alone, and a person session reaches no other upstream.
+		s.mu.Unlock()
+		return nil, fmt.Errorf("upstream %q: %w", up.cfg.Name, errNoPerson)
 	}
 	c := s.conns[up.cfg.Name]
 	if c == nil {
@@ -319,7 +354,7 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		client.AddReceivingMiddleware(relayMiddleware(ss, c, down))
 	}
 	c.client = client
-	cs, err := a.dial(up, client)
+	cs, err := a.dialOn(up, client, s.transportFor(up))
 	if err == nil {
 		s.applyLevel(up, cs)
 	}
@@ -331,11 +366,15 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 		unwatch = up.tr.WatchLimit(cs.ID(), func(err error) { c.overLimit.Store(&err) })
 	}
 	c.cs, c.err = cs, err
-	close(c.done)
 	if err != nil {
+		// Forgotten before the waiters wake: a caller that sees the
+		// failure finds the session without it (a person session that
+		// holds nothing is let go at once, see releasePerson).
 		s.forget(up.cfg.Name, c)
+		close(c.done)
 		return
 	}
+	close(c.done)
 	go func() {
 		cs.Wait()
 		c.stopForwarding()
@@ -547,6 +586,19 @@ func (v valuesFrom) Value(key any) any {
 
 // unreachable is the tool result for an upstream that could not be used.
 func (a *Aggregate) unreachable(up *aggUpstream, err error) *mcp.CallToolResult {
+	if a.per.upstreams[up.cfg.Name] {
+		text := fmt.Sprintf("the upstream MCP server %q could not be reached: %s; try again later", up.cfg.Name, upstream.SafeError(err))
+		switch {
+		case errors.Is(err, upstreamauth.ErrConnectRequired) && a.per.connectRequired == nil:
+			text = fmt.Sprintf("%q takes your own account, and yours is not connected there; this gateway makes no links to connect one (it signs no one in): ask its operator", up.cfg.Name)
+		case errors.Is(err, upstreamauth.ErrConnectRequired):
+			text = fmt.Sprintf("%q takes your own account, and yours is not connected there: call %s to get a link to connect it, then list tools again",
+				up.cfg.Name, a.publicName(up, ConnectToolName))
+		case errors.Is(err, errTooManyPeople):
+			text = fmt.Sprintf("%q: %s", up.cfg.Name, errTooManyPeople)
+		}
+		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+	}
 	if errors.Is(err, upstreamauth.ErrAuthRequired) || (a.authRequired != nil && a.authRequired(up.cfg.Name)) {
 		return &mcp.CallToolResult{
 			IsError: true,
@@ -571,6 +623,9 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 		c, release, err := a.conn(ctx, req.Session, up)
 		if err != nil {
 			rec.Outcome, rec.Detail = outcome(ctx, err)
+			if errors.Is(err, upstreamauth.ErrConnectRequired) {
+				rec.Outcome = upstream.OutcomeConnectRequired
+			}
 			a.record(rec, start)
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -602,6 +657,9 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 		// the upstream sent before it.
 		c.awaitNotes(ctx)
 		rec.Outcome, rec.Detail = outcome(ctx, err)
+		if errors.Is(err, upstreamauth.ErrConnectRequired) {
+			rec.Outcome = upstream.OutcomeConnectRequired
+		}
 		if err == nil && res != nil && res.IsError {
 			rec.Outcome = upstream.OutcomeError
 			rec.Detail = "the tool reported an error"

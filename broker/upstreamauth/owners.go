@@ -365,3 +365,21 @@ func (c *Client) Connections(ctx context.Context, owner string) ([]Connection, e
 	}
 	return out, nil
 }
+
+type callOwnerKey struct{}
+
+// WithCallOwner returns a context whose upstream requests act for owner. A
+// route that keeps an upstream session per person (the aggregated route)
+// marks that session's requests with its person, since the requests of one
+// session may run under contexts that carry no principal (a 2025-11-25
+// session's handlers). What reads the owner for [Client.OwnerTransport]
+// takes it, and refuses a request whose principal names someone else.
+func WithCallOwner(ctx context.Context, owner string) context.Context {
+	return context.WithValue(ctx, callOwnerKey{}, owner)
+}
+
+// CallOwner is the owner [WithCallOwner] set on ctx, if any.
+func CallOwner(ctx context.Context) (string, bool) {
+	o, ok := ctx.Value(callOwnerKey{}).(string)
+	return o, ok
+}
