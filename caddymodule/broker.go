@@ -125,7 +125,7 @@ func (b *Broker) build(ctx caddy.Context) error {
 		Credentials:     s.app.credentials(u.Name),
 		ConnectRequired: s.app.connectRequired,
 		Retry:           s.app.connectRetry(u.Name, route),
-		Connected:       s.app.connectWait(u.Name),
+		Connected:       s.app.connectHold(u.Name),
 		Store:           ctx.Storage(),
 	})
 	if err != nil {

@@ -143,10 +143,10 @@ func (a *App) connectRetry(name, route string) func(w http.ResponseWriter, r *ht
 	}
 }
 
-// connectWait is, for upstream name, the wait of a person's GET stream for
+// connectHold is, for upstream name, the wait of a person's GET stream for
 // their connection (connect.Service.WaitConnected); nil when the gateway
 // makes no connect links, it waits for nothing.
-func (a *App) connectWait(name string) func(ctx context.Context, r *http.Request, since time.Time) ([]string, bool) {
+func (a *App) connectHold(name string) func(ctx context.Context, r *http.Request, since time.Time) ([]string, bool) {
 	return func(ctx context.Context, r *http.Request, since time.Time) ([]string, bool) {
 		if a.signin == nil || a.signin.connect == nil {
 			// No link can connect this person: the stream stays open,
@@ -183,7 +183,7 @@ func (a *App) connectAnswer(ctx context.Context, owner, upstream string, c messa
 // connect link wait, bounded, for its person (connect.Service.Settle).
 // Set only with connect links.
 func (a *App) connectSettle(ctx context.Context, owner string, c message.Call) bool {
-	return a.connects().Settle(ctx, owner, c)
+	return a.connects().SettleAny(ctx, owner, c)
 }
 
 // connectWait waits until owner has connected through the link of

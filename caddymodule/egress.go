@@ -47,7 +47,7 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 			Credentials:     a.credentials(name),
 			ConnectRequired: a.connectRequired,
 			Retry:           a.connectRetry(name, route),
-			Connected:       a.connectWait(name),
+			Connected:       a.connectHold(name),
 			Store:           a.storage,
 		})
 		if err != nil {

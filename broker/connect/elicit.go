@@ -240,6 +240,24 @@ func (s *Service) Settle(ctx context.Context, owner, upstream string, c message.
 	return nil
 }
 
+// SettleAny is [Service.Settle] for a route that does not say which
+// upstream the call is for (the aggregated route's): the upstream is the
+// one owner's link of that elicitation was made for. It reports whether
+// the person declined; a requestState that names no live link of owner's
+// lets the call go on at once, to be answered as any call of a person
+// not connected.
+func (s *Service) SettleAny(ctx context.Context, owner string, c message.Call) (declined bool) {
+	id, ok := ElicitationOf(c.RequestState)
+	if !ok {
+		return false
+	}
+	up, ok := s.links.upstreamOf(ctx, owner, id)
+	if !ok {
+		return false
+	}
+	return errors.Is(s.Settle(ctx, owner, up, c), ErrDeclined)
+}
+
 // RetryAnswer is the answer to a retry that [Service.Settle] refused:
 // for [ErrDeclined] the tool error saying the person declined (or, for
 // another method, the -32042 error), for [ErrRetryNotYours] a JSON-RPC

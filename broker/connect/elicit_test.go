@@ -585,3 +585,36 @@ func TestSettleEndsOnAnyConnection(t *testing.T) {
 		t.Fatal("the retry still waits after alice connected through her other link")
 	}
 }
+
+// TestSettleAny: on a route that does not name the upstream, a retry is
+// settled for the upstream of its owner's link: a decline of alice's own
+// link is reported; bob's link in alice's retry names no link of hers, and
+// the call goes on at once, with no wait.
+func TestSettleAny(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	alices, _ := f.svc.Create(ctx, "alice", "linear")
+	bobs, _ := f.svc.Create(ctx, "bob", "linear")
+	retry := func(id, action string) message.Call {
+		m, err := message.Read([]byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","requestState":` + strconvQuote(RequestState(id)) +
+			`,"inputResponses":{` + strconvQuote(id) + `:{"action":"` + action + `"}}}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Calls[0]
+	}
+	if !f.svc.SettleAny(ctx, "alice", retry(alices.Elicitation, "decline")) {
+		t.Fatal("alice's decline of her own link was not reported")
+	}
+	ended, end := context.WithCancel(ctx)
+	end()
+	if f.svc.SettleAny(ended, "alice", retry(bobs.Elicitation, "decline")) {
+		t.Fatal("bob's link settled alice's retry")
+	}
+	f.svc.waits.mu.Lock()
+	n := f.svc.waits.total
+	f.svc.waits.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d waits started", n)
+	}
+}

@@ -174,6 +174,22 @@ func (rs *records) issued(ctx context.Context, owner, upstream, elicitation stri
 	return live[i].Made, true
 }
 
+// upstreamOf is the upstream of owner's live link of the elicitation id.
+func (rs *records) upstreamOf(ctx context.Context, owner, elicitation string) (string, bool) {
+	raw, err := rs.store.Load(ctx, ownerIndexKey(owner))
+	var live []ownerLink
+	if err != nil || len(raw) > maxRecord*4 || json.Unmarshal(raw, &live) != nil {
+		return "", false
+	}
+	now := rs.now()
+	for _, l := range live {
+		if l.Elicitation == elicitation && now.Before(l.Expires) && l.Upstream != "" {
+			return l.Upstream, true
+		}
+	}
+	return "", false
+}
+
 // elicitations are the ids of owner's live links for upstream, oldest
 // first.
 func (rs *records) elicitations(ctx context.Context, owner, upstream string) []string {
