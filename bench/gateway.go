@@ -220,9 +220,10 @@ func gatewayRoutes(g *gateway, ports []int, token string, aggregated, modern boo
 }
 
 // createToken runs `caddy zidane token create` against the running caddy
-// whose environment is env, and returns the token it prints once.
-func createToken(ctx context.Context, bin string, env []string, name, scope string) (string, error) {
-	cmd := exec.CommandContext(ctx, bin, "zidane", "token", "create", "--name", name, "--scope", scope)
+// whose environment is env, with more flags in extra, and returns the
+// token it prints once.
+func createToken(ctx context.Context, bin string, env []string, name, scope string, extra ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, bin, append([]string{"zidane", "token", "create", "--name", name, "--scope", scope}, extra...)...)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.Output()
 	if err != nil {

@@ -8,7 +8,11 @@
 // upstream, and (the rows named "… 2026-07-28") with clients pinned at
 // 2026-07-28 in front of the same upstream program run statelessly, each
 // against the reverse_proxy row of its version; the protocol column is the
-// version the route negotiated.
+// version the route negotiated. Two more rows put one OAuth-protected
+// upstream (the project's internal/oauthtest server, in this process) on
+// two broker routes of a third caddy: credentials shared (the operator's
+// token) and credentials per_user (the calling person's own, warm), the
+// per_user row's ratios being to the shared row's (see peruser.go).
 //
 // A second section scales the session engine: a caddy serving the sessions
 // endpoint, and a pool of go-sdk clients that create -sessions sessions of
@@ -32,6 +36,7 @@
 //	go run ./bench -peer http://127.0.0.1:9000/mcp   # add another gateway
 //	go run ./bench -only calls -peer-mcpgo           # add the mcp-go aggregator stand-in (bench/peer/mcpgoproxy)
 //	go run ./bench -only calls -cluster              # add guard rows from a caddy on NATS storage
+//	go run ./bench -only calls -routes "broker per_user" -interleave   # per_user against shared alone
 //	go run ./bench -only calls -routes guard -versions 2026-07-28 -rounds 15   # one route and its baseline, more rounds
 //	go run ./bench -only calls -round-calls 1600     # rounds at 1 session as long as at 32: 1600 calls each
 //	go run ./bench -only calls -cpuprofile agg.pprof # then profile caddy while the aggregated route is driven

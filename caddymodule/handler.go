@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -105,6 +106,7 @@ type Handler struct {
 	authn      policy.Authenticator
 	tokens     *policy.TokenStore
 	scopes     *policy.ScopeMap
+	offered    []string // what the RFC 9728 document lists and the sign-in grants: the rules' scopes and the route's own
 	origins    *policy.Origins
 	tokenLimit *policy.Limiter
 	ipLimit    *policy.Limiter
@@ -201,7 +203,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.scopes, err = policy.NewScopeMap(h.Scopes, !h.NoDefaultScopes); err != nil {
 		return err
 	}
-	if err := h.app.signinResource(h.resURL.String(), h.resURL.IsAbs(), h.scopes.Names()); err != nil {
+	h.offered = h.scopes.Names()
+	if err := h.app.signinResource(h.resURL.String(), h.resURL.IsAbs(), h.offered); err != nil {
 		return err
 	}
 	if h.origins, err = policy.NewOrigins(h.AllowedOrigins); err != nil {
@@ -237,7 +240,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("module %T is no zidane_mcp route", mod)
 	}
 	h.route = m.routing()
-	return nil
+	// A route that grants scopes of its own (upstream:<name>) offers
+	// them too: the sign-in grants no scope its resource does not name,
+	// so a person given upstream:<name> could not sign in for the upstream.
+	for _, sc := range h.route.scopes {
+		if !slices.Contains(h.offered, sc) {
+			h.offered = append(h.offered, sc)
+		}
+	}
+	return h.app.signinResource(h.resURL.String(), h.resURL.IsAbs(), h.offered)
 }
 
 // provisionLimits sets up the token buckets, shared by every handler of

@@ -37,7 +37,7 @@ func (h *Handler) challengeResource() edge.ProtectedResource {
 // protectedResource is what this site's RFC 9728 metadata says.
 func (h *Handler) protectedResource() edge.ProtectedResource {
 	res := h.challengeResource()
-	res.Scopes = h.scopes.Names()
+	res.Scopes = h.offered
 	if h.JWT != nil {
 		res.AuthorizationServers = []string{h.JWT.Issuer}
 	}

@@ -56,6 +56,10 @@ type routing struct {
 	// when the next handler answers, else 0 (the pass-through and the
 	// aggregated route bound what their upstreams send themselves).
 	answerMax int64
+	// scopes are the scopes the route grants beyond the site's rules
+	// (upstream:<name> and an upstream's own scope), which the site
+	// offers with its own.
+	scopes []string
 }
 
 // egressSpan is how the span of a request to an upstream offered to

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html/template"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -101,6 +102,11 @@ type AuthServerOptions struct {
 	// the proofs (RFC 9449 §8): a proof without it gets 400
 	// use_dpop_nonce with the nonce in a DPoP-Nonce header.
 	DPoPNonce bool
+	// LoginPage makes an authorization request without login_hint get a
+	// page that asks who signs in (a login_hint field, id "user", and a
+	// button, id "approve") instead of the code at once, as a real
+	// server's login would: a browser test then picks the upstream user.
+	LoginPage bool
 }
 
 // TokenRequest is one request the token endpoint received.
@@ -301,11 +307,21 @@ func (as *AuthServer) metadata(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, m)
 }
 
+// loginPage asks who signs in, keeping the authorization request's
+// parameters.
+var loginPage = template.Must(template.New("login").Parse(`<!DOCTYPE html><title>Sign in</title>
+<form method="get" action="/authorize">{{range $k, $v := .}}{{range $v}}<input type="hidden" name="{{$k}}" value="{{.}}">{{end}}{{end}}
+<input id="user" name="login_hint"><button id="approve" type="submit">Approve</button></form>`))
+
 // handleAuthorize approves every well-formed request of a known client at
 // once: it redirects to redirect_uri with a code bound to the PKCE
 // challenge, the redirect_uri, the resource and the scopes.
 func (as *AuthServer) handleAuthorize(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	if as.opts.LoginPage && q.Get("login_hint") == "" {
+		loginPage.Execute(w, q)
+		return
+	}
 	as.mu.Lock()
 	as.authorize = append(as.authorize, q)
 	_, known := as.clients[q.Get("client_id")]

@@ -37,6 +37,10 @@ type MCPOptions struct {
 	// 401 with `WWW-Authenticate: DPoP error="use_dpop_nonce"` and the
 	// nonce in a DPoP-Nonce header.
 	DPoPNonce bool
+	// Stateful makes the server keep sessions (2025-11-25 only: it gives
+	// an Mcp-Session-Id at initialize and serves a GET stream), where by
+	// default it is stateless and speaks both versions.
+	Stateful bool
 }
 
 // MCPServer is an MCP server on 127.0.0.1 whose every request needs an
@@ -110,7 +114,7 @@ func NewMCPServer(as *AuthServer, opts MCPOptions) *MCPServer {
 	mcp.AddTool(server, &mcp.Tool{Name: "admin_op", Description: "An operation that needs the admin scope."}, func(ctx context.Context, req *mcp.CallToolRequest, in struct{}) (*mcp.CallToolResult, any, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "admin_op: done"}}}, nil, nil
 	})
-	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
+	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{Stateless: !opts.Stateful, JSONResponse: true})
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /.well-known/oauth-protected-resource/mcp", func(w http.ResponseWriter, r *http.Request) {
