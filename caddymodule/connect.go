@@ -56,7 +56,9 @@ func (c connectAuthorizer) Finish(ctx context.Context, owner, up string, q url.V
 func (a *App) connectService(issuer string, people *idp.Service) (*connect.Service, error) {
 	per := connectAuthorizer{}
 	for name, c := range a.oauth {
-		if !a.perUser(name) {
+		// A person of an upstream that exchanges their sign-in token
+		// connects through the link only with fallback connect.
+		if cfg := a.upstreams[name].OAuth; !a.perUser(name) || (exchanges(cfg) && cfg.Fallback != upstreamauth.FallbackConnect) {
 			continue
 		}
 		if err := checkConnectRedirect(name, a.upstreams[name].OAuth.RedirectURL, issuer); err != nil {

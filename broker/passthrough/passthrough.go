@@ -685,6 +685,18 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, p policy.P
 		pt.unconnected(w, r, p, ex, cre)
 		return
 	}
+	var sre *upstreamauth.SignInRequiredError
+	if errors.As(err, &sre) {
+		// Not sent: the person's token comes from their sign-in, which
+		// could not give one; the person is told to sign in again.
+		rec.Outcome = upstream.OutcomeConnectRequired
+		if rec.Method == "tools/call" && len(rpcID) > 0 {
+			writeToolError(w, rpcID, sre.Error())
+			return
+		}
+		upstream.WriteRPCError(w, http.StatusForbidden, rpcID, message.CodeUpstream, sre.Error())
+		return
+	}
 	if errors.Is(err, upstreamauth.ErrAuthRequired) {
 		// Not sent: the gateway holds no usable token for the upstream.
 		rec.Outcome = upstream.OutcomeAuthRequired

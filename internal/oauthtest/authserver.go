@@ -122,6 +122,12 @@ type TokenRequest struct {
 	DPoP DPoPProof
 	// Assertion is the assertion of a jwt-bearer grant.
 	Assertion string
+	// SubjectToken and RequestedTokenType are those of a token exchange
+	// (RFC 8693).
+	SubjectToken       string
+	RequestedTokenType string
+	// ActorToken is a token exchange's actor_token.
+	ActorToken string
 }
 
 // Registration is one dynamic client registration request (RFC 7591).
@@ -203,6 +209,9 @@ type AuthServer struct {
 	jtis      map[string]bool   // jti of every DPoP proof accepted
 	workloads []crypto.PublicKey
 	regReqs   []Registration
+	idp       idpState
+	// exchangedUsers are the users tokens were issued for by exchange.
+	exchangedUsers []string
 }
 
 // NewAuthServer starts an authorization server on 127.0.0.1. Close it when
@@ -212,6 +221,7 @@ func NewAuthServer(opts AuthServerOptions) *AuthServer {
 		opts: opts, now: opts.Now, ttl: opts.AccessTokenTTL,
 		clients: map[string]*asClient{}, codes: map[string]*asCode{},
 		access: map[string]*asAccess{}, jags: map[string]string{}, jtis: map[string]bool{},
+		idp: newIdPState(),
 	}
 	if opts.DPoPNonce {
 		as.nonce = NewSecret("as-nonce")
@@ -226,6 +236,7 @@ func NewAuthServer(opts AuthServerOptions) *AuthServer {
 	mux.HandleFunc("GET /.well-known/oauth-authorization-server", as.metadata)
 	mux.HandleFunc("GET /authorize", as.handleAuthorize)
 	mux.HandleFunc("POST /token", as.handleToken)
+	mux.HandleFunc("GET /jwks", as.handleJWKS)
 	if !opts.NoRegistration {
 		mux.HandleFunc("POST /register", as.handleRegister)
 	}
@@ -273,6 +284,7 @@ func (as *AuthServer) metadata(w http.ResponseWriter, r *http.Request) {
 		"response_types_supported":         []string{"code"},
 		"grant_types_supported":            []string{GrantAuthorizationCode, GrantRefreshToken, GrantClientCredentials},
 		"code_challenge_methods_supported": []string{"S256"},
+		"jwks_uri":                         as.JWKSURL(),
 	}
 	if len(as.opts.AuthMethods) > 0 {
 		m["token_endpoint_auth_methods_supported"] = as.opts.AuthMethods
@@ -464,7 +476,8 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 	f := r.PostForm
 	client, method, err := as.authenticate(r)
 	as.mu.Lock()
-	as.requests = append(as.requests, TokenRequest{GrantType: f.Get("grant_type"), AuthMethod: method, Scope: f.Get("scope"), Resource: f.Get("resource"), Assertion: f.Get("assertion")})
+	as.requests = append(as.requests, TokenRequest{GrantType: f.Get("grant_type"), AuthMethod: method, Scope: f.Get("scope"), Resource: f.Get("resource"), Assertion: f.Get("assertion"),
+		SubjectToken: f.Get("subject_token"), RequestedTokenType: f.Get("requested_token_type"), ActorToken: f.Get("actor_token")})
 	as.mu.Unlock()
 	if err != nil {
 		desc := "client authentication failed"
@@ -486,9 +499,13 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 	case GrantClientCredentials:
 		as.issue(w, client, strings.Fields(f.Get("scope")), f.Get("resource"), noRefresh, jkt, "")
 	case GrantTokenExchange:
-		as.grantExchange(w, f)
+		if !as.exchangeForPerson(w, f, client) {
+			as.grantExchange(w, f)
+		}
 	case GrantJWTBearer:
-		as.grantJWTBearer(w, f, client, jkt)
+		if !as.redeemIDJAG(w, f, client, jkt) {
+			as.grantJWTBearer(w, f, client, jkt)
+		}
 	default:
 		as.refused(w, http.StatusBadRequest, "unsupported_grant_type", f.Get("grant_type"))
 	}

@@ -76,11 +76,13 @@ type MCPServer struct {
 	override   http.Handler
 	requests   int
 	authorized int
-	bearers    []string
-	schemes    []string // the Authorization scheme of each authorized request
-	proofs     []DPoPProof
-	jtis       map[string]bool
-	nonce      string
+	// credentialed counts the requests that carried any Authorization.
+	credentialed int
+	bearers      []string
+	schemes      []string // the Authorization scheme of each authorized request
+	proofs       []DPoPProof
+	jtis         map[string]bool
+	nonce        string
 }
 
 // NewMCPServer starts an MCP server protected by as. Close it when done.
@@ -134,6 +136,9 @@ func NewMCPServer(as *AuthServer, opts MCPOptions) *MCPServer {
 		json.Unmarshal(body, &msg) // a batch or no body: no tool to check
 		m.mu.Lock()
 		m.requests++
+		if len(r.Header.Values("Authorization")) > 0 {
+			m.credentialed++
+		}
 		m.mu.Unlock()
 		scheme, bearer, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 		scopes, jkt, valid := as.bound(bearer)
@@ -262,6 +267,14 @@ func (m *MCPServer) Stats() (requests, authorized int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.requests, m.authorized
+}
+
+// Credentialed returns how many requests reached the MCP endpoint with an
+// Authorization header, valid or not.
+func (m *MCPServer) Credentialed() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.credentialed
 }
 
 // Schemes returns the Authorization scheme (Bearer or DPoP) of each
