@@ -124,6 +124,9 @@ func (b *Broker) build(ctx caddy.Context) error {
 		Logger:          slog.New(zapslog.NewHandler(s.logger.Named("broker").Core())),
 		Credentials:     s.app.credentials(u.Name),
 		ConnectRequired: s.app.connectRequired,
+		Retry:           s.app.connectRetry(u.Name, route),
+		Connected:       s.app.connectHold(u.Name),
+		Store:           ctx.Storage(),
 	})
 	if err != nil {
 		return fmt.Errorf("broker %q: %w", b.Upstream, err)

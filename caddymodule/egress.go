@@ -46,6 +46,9 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 			Logger:          log,
 			Credentials:     a.credentials(name),
 			ConnectRequired: a.connectRequired,
+			Retry:           a.connectRetry(name, route),
+			Connected:       a.connectHold(name),
+			Store:           a.storage,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("session_upstreams: %w", err)
