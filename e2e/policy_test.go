@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -342,5 +343,64 @@ http://127.0.0.1:%d {
 	c.WaitForLogFrom(t, from, `"rule":"global policy, rule 1"`, 10*time.Second)
 	if got := send("mcp: call everything test_embedded_resource {}"); !strings.Contains(got, "Result of test_embedded_resource on everything:") {
 		t.Fatalf("the agent could not call the neighbouring tool:\n%s", got)
+	}
+}
+
+// TestPolicyRulesReadJWTClaims: a rule reads the claims of an identity
+// provider's JWT: a token of the release group may call what a rule keeps
+// from every other token of the same scopes.
+func TestPolicyRulesReadJWTClaims(t *testing.T) {
+	upstream := startEverythingServer(t)
+	p := startIDP(t)
+	port := freePort(t)
+	resource := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource %s
+		jwt {
+			issuer %s
+			jwks_url %s
+			algorithms RS256
+		}
+		policy {
+			deny "tool.name == 'test_image_content' && !('release' in claims.?groups.orValue([]))" "images are for the release group"
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, port, resource, p.issuer, p.jwksURL, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp")))
+	now := time.Now()
+	token := func(groups ...string) string {
+		claims := jwt.MapClaims{"iss": p.issuer, "aud": resource, "sub": "alice", "scope": "mcp", "iat": now.Unix(), "exp": now.Add(time.Hour).Unix()}
+		if groups != nil {
+			claims["groups"] = groups
+		}
+		return p.token(t, claims)
+	}
+	for _, tc := range []struct {
+		name   string
+		token  string
+		status int
+	}{
+		{"the release group", token("eng", "release"), http.StatusOK},
+		{"another group", token("eng"), http.StatusForbidden},
+		{"no groups claim", token(), http.StatusForbidden},
+	} {
+		from := c.LogSize()
+		a := post(t, resource, tc.token, toolCallBody("test_image_content"))
+		if a.status != tc.status {
+			t.Fatalf("%s: %d %s, want %d", tc.name, a.status, a.body, tc.status)
+		}
+		if tc.status == http.StatusForbidden {
+			if a.rpc.Error.Data.Reason != "denied_by_rule" || a.rpc.Error.Message != "images are for the release group" {
+				t.Fatalf("%s: %s", tc.name, a.body)
+			}
+			c.WaitForLogFrom(t, from, `"rule":"`+resource+` policy, rule 1"`, 10*time.Second)
+		}
 	}
 }
