@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/Tahul/caddy-zidane-mcp/approvals"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
@@ -165,7 +166,8 @@ type App struct {
 	tokensKey string
 	pins      *pinsState // the pinned tool definitions (package pins)
 	pinsKey   string
-	storage   storage.Storage // the configured storage (Caddy's)
+	storage   storage.Storage  // the configured storage (Caddy's)
+	approvals *approvals.Store // the calls approve rules hold (package approvals)
 	upstreams map[string]upstream.Config
 	oauth     map[string]*upstreamauth.Client // by upstream name
 	oauthKeys []string                        // this config's holds on oauthPool
@@ -249,6 +251,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return err
 	}
 	a.storage = st
+	if a.approvals, err = approvals.New(approvals.Options{Store: st, Audit: logApprovalAnswer}); err != nil {
+		return err
+	}
 	if err := a.provisionAgents(ctx); err != nil {
 		return err
 	}
