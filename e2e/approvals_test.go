@@ -1,0 +1,136 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+var approvalID = regexp.MustCompile(`apv_[A-Za-z0-9_-]{22}`)
+
+// TestApprovalOnGuard drives go-sdk clients at both protocol versions
+// through the guard route in front of a real MCP server, with an approve
+// rule over an argument: the held call is answered with a tool error
+// naming its approval, which the operator lists and approves through
+// the CLI; the same call then runs once, with the approved arguments; a
+// changed argument, another principal's same call and a replay are each
+// held on an approval of their own (they do not run); a denied approval
+// is a refusal that says so; every answer is audited.
+func TestApprovalOnGuard(t *testing.T) {
+	upstream := startStatelessEverythingServer(t)
+	port := freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource http://127.0.0.1:%d/mcp
+		policy {
+			approve "tool.name == 'json_schema_2020_12_tool' && args.name == 'production'" "production needs a second person"
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, port, port, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp")))
+	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
+	mallory := createToken(t, c, "mallory", "--scope", "mcp", "--owner", "mallory")
+	endpoint := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+
+	pending := func() map[string]map[string]any {
+		out, errOut, err := c.Run(t, "zidane", "approvals", "list", "--json")
+		if err != nil {
+			t.Fatalf("approvals list: %v %s", err, errOut)
+		}
+		var list []map[string]any
+		if err := json.Unmarshal([]byte(out), &list); err != nil {
+			t.Fatalf("approvals list --json: %v\n%s", err, out)
+		}
+		byID := map[string]map[string]any{}
+		for _, a := range list {
+			byID[a["id"].(string)] = a
+		}
+		return byID
+	}
+	for _, version := range []string{modernVersion, legacyVersion} {
+		t.Run(version, func(t *testing.T) {
+			p, err := connectPeer(t, endpoint, bearerClient(alice, nil), version)
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			m, err := connectPeer(t, endpoint, bearerClient(mallory, nil), version)
+			if err != nil {
+				t.Fatalf("connect mallory: %v", err)
+			}
+			email := "ops-" + version + "@example.com"
+			prod := map[string]any{"name": "production", "email": email}
+			held := func(who *peer, args map[string]any) string {
+				t.Helper()
+				res, err := callRouteTool(who.cs, "json_schema_2020_12_tool", args)
+				text := outcome(res, err)
+				if err != nil || !res.IsError || !strings.Contains(text, "production needs a second person") || !strings.Contains(text, "awaits") {
+					t.Fatalf("a held call: %s", text)
+				}
+				id := approvalID.FindString(text)
+				if id == "" {
+					t.Fatalf("the held call names no approval: %s", text)
+				}
+				return id
+			}
+
+			id := held(p, prod)
+			a, ok := pending()[id]
+			if !ok || a["tool"] != "json_schema_2020_12_tool" || !strings.Contains(fmt.Sprint(a["arguments"]), "production") || a["owner"] != "alice" {
+				t.Fatalf("the operator's list: %v", pending())
+			}
+			if again := held(p, prod); again != id {
+				t.Fatalf("the same call again, before an answer: %s, want %s", again, id)
+			}
+			other := held(m, prod)
+			changed := held(p, map[string]any{"name": "production", "email": "evil-" + email})
+			if other == id || changed == id {
+				t.Fatalf("another principal's call (%s) or a changed argument (%s) found alice's approval %s", other, changed, id)
+			}
+
+			from := c.LogSize()
+			if out, errOut, err := c.Run(t, "zidane", "approvals", "approve", id); err != nil || !strings.Contains(out, "approved") {
+				t.Fatalf("approve: %v %s %s", err, out, errOut)
+			}
+			c.WaitForLogFrom(t, from, `"event":"approval_approved"`, 10*time.Second)
+			if _, errOut, err := c.Run(t, "zidane", "approvals", "approve", id); err == nil || !strings.Contains(errOut, "answered already") {
+				t.Fatalf("a second answer: %v %s", err, errOut)
+			}
+
+			// Mallory's call and the changed one are still held.
+			if again := held(m, prod); again != other {
+				t.Fatalf("mallory after alice's approval: %s", again)
+			}
+			res, err := callRouteTool(p.cs, "json_schema_2020_12_tool", prod)
+			if err != nil || res.IsError || !strings.Contains(outcome(res, err), email) || strings.Contains(outcome(res, err), "evil-") {
+				t.Fatalf("the approved call: %s", outcome(res, err))
+			}
+			if replay := held(p, prod); replay == id {
+				t.Fatalf("the approved call made again ran on the used approval %s", id)
+			}
+
+			// A denied approval is a refusal that says so.
+			if out, errOut, err := c.Run(t, "zidane", "approvals", "deny", changed); err != nil || !strings.Contains(out, "denied") {
+				t.Fatalf("deny: %v %s %s", err, out, errOut)
+			}
+			res, err = callRouteTool(p.cs, "json_schema_2020_12_tool", map[string]any{"name": "production", "email": "evil-" + email})
+			if text := outcome(res, err); err != nil || !res.IsError || !strings.Contains(text, "denied") || !strings.Contains(text, changed) {
+				t.Fatalf("the denied call: %s", text)
+			}
+		})
+	}
+	for _, l := range auditLines(c) {
+		if l["event"] == "approval_approved" && l["by"] == "(operator)" && l["caller"] == "alice" {
+			return
+		}
+	}
+	t.Fatal("no audit line of the operator's approval of alice's call")
+}
