@@ -286,7 +286,14 @@ func (a *Aggregate) perUserTool(name string) (*aggUpstream, string) {
 	if !ok || !a.per.upstreams[server] {
 		return nil, ""
 	}
-	return a.byName[server], tool
+	up := a.byName[server]
+	if tool != ConnectToolName && !up.cfg.AllowsTool(tool) {
+		// Kept back by the operator's tools allow/deny: not offered, so
+		// go-sdk refuses it as an unknown tool, as it does a shared
+		// upstream's (whose kept-back tools are never registered).
+		return nil, ""
+	}
+	return up, tool
 }
 
 // connectTool is the tool a person who has not connected their account at
@@ -386,14 +393,16 @@ func (a *Aggregate) personToolCall(ctx context.Context, req mcp.Request, up *agg
 	ss, _ := req.GetSession().(*mcp.ServerSession)
 	if orig == ConnectToolName {
 		// The connect tool, called once connected: unless the upstream
-		// has a tool of that name itself, which is then called, say so.
+		// has a tool of that name itself that its lists offer, which is
+		// then called, say so.
 		c, release, err := a.personConn(ctx, a.ownerOf(ctx, ss), up)
 		if err != nil {
 			return a.unreachable(up, err), nil
 		}
 		listed, _, err := listAll(ctx, a, up, c.cs, "tools", toolPage(c.cs))
 		release()
-		if err == nil && !slices.ContainsFunc(listed, func(t *mcp.Tool) bool { return t != nil && t.Name == ConnectToolName }) {
+		own := up.cfg.AllowsTool(ConnectToolName) && slices.ContainsFunc(listed, func(t *mcp.Tool) bool { return t != nil && t.Name == ConnectToolName })
+		if err == nil && !own {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
 				"Your account at %s is connected: list tools again to see its tools.", up.cfg.Name)}}}, nil
 		}
