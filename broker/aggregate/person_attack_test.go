@@ -1,8 +1,13 @@
 package aggregate
 
 import (
+	"context"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 )
@@ -44,5 +49,77 @@ func TestAggregatePerUserToolsDenyHolds(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestAggregatePerUserElicitationStaysWithItsClient: a person's upstream
+// session serves all their tokens, such as their own client's and an
+// agent's of one of their sessions. While the agent holds a call waiting
+// for input, the upstream's question in the person's own client's call
+// must not be put to the agent (who would answer it for them): it is
+// refused, naming why.
+func TestAggregatePerUserElicitationStaysWithItsClient(t *testing.T) {
+	pu := newPersonUp(t)
+	ppl := &people{connected: map[string]bool{"alice": true}}
+	url := personServe(t, pu, ppl, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	asked, release := make(chan struct{}, 1), make(chan struct{})
+	agent := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			select {
+			case asked <- struct{}{}:
+			default:
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"c": "agent's"}}, nil
+		}})
+	acs, err := agent.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: personRT{token: "tok-alice-agent", owner: "alice"}}, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer acs.Close()
+	agentDone := make(chan string, 1)
+	go func() {
+		res, err := acs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_people_ask", Arguments: map[string]any{"text": "x"}})
+		if err != nil {
+			agentDone <- "error: " + err.Error()
+			return
+		}
+		agentDone <- aggTextOf(res)
+	}()
+	select {
+	case <-asked: // the agent's call waits for its input
+	case <-ctx.Done():
+		t.Fatal("the agent was never asked")
+	}
+
+	laptop := mcp.NewClient(&mcp.Implementation{Name: "alice-laptop", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"c": "alice's"}}, nil
+		}})
+	lcs, err := laptop.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: personRT{token: "tok-alice", owner: "alice"}}, MaxRetries: -1},
+		&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lcs.Close()
+	got, isErr := callText(t, lcs, "mcp_people_ask")
+	if !isErr || !strings.Contains(got, "more than one client") {
+		t.Errorf("alice's own call while her agent waits: %q (error %v), want its question refused, naming the other client", got, isErr)
+	}
+
+	close(release)
+	select {
+	case got := <-agentDone:
+		if got != "alice answered accept agent's" {
+			t.Errorf("the agent's own call: %q", got)
+		}
+	case <-ctx.Done():
+		t.Fatal("the agent's call never ended")
 	}
 }

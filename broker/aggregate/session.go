@@ -69,6 +69,7 @@ type aggConn struct {
 	shared   bool                       // a lease of a shared stdio upstream's catalog session
 	home     *aggSession                // the session whose conns hold it (nil for a lease)
 	bridges  []*bridgeCall              // pending calls of 2026-07-28 clients (see aggregate_bridge.go)
+	callers  map[string]int             // a person session's: token id -> its calls in flight (see soleCaller)
 
 	client *mcp.Client // the client of cs (nil for a lease): roots changes are announced through it
 
@@ -206,7 +207,8 @@ func (a *Aggregate) conn(ctx context.Context, ss *mcp.ServerSession, up *aggUpst
 	}
 	if a.per.upstreams[up.cfg.Name] {
 		// Never a session's or a token's: the person's own.
-		return a.personConn(ctx, a.ownerOf(ctx, ss), up)
+		owner, token := a.callerOf(ctx, ss)
+		return a.personConn(ctx, owner, token, up)
 	}
 	if modernSession(ss) {
 		s, done, err := a.principalSession(ctx)
