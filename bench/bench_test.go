@@ -74,7 +74,7 @@ func TestSmoke(t *testing.T) {
 	}
 	for _, want := range []string{"direct", "reverse_proxy", "guard+reverse_proxy", "guard upstream", "broker pass-through", "aggregated (2 upstreams)", "vs baseline",
 		"direct 2026-07-28", "reverse_proxy 2026-07-28", "guard+reverse_proxy 2026-07-28", "guard upstream 2026-07-28", "broker pass-through 2026-07-28",
-		"aggregated (2 upstreams) 2026-07-28", "protocol",
+		"aggregated (2 upstreams) 2026-07-28", "protocol", sharedRoute, perUserRoute,
 		"session engine", "create→finished", "finished events delivered / expected", "agent processes at peak",
 		"heap allocations per call", "allocs vs baseline", "idle MCP sessions", "sessions endpoint", "caddy RSS/session", "upstream RSS/session",
 		"after mcp_session_idle_timeout 3s", "heap kept", "sampled sessions closed (404)",
@@ -116,6 +116,44 @@ func TestInterleaved(t *testing.T) {
 				t.Errorf("%s: a round of %v calls/s", r.route, r.roundRates)
 			}
 		}
+	}
+	t.Logf("\n%s", table)
+}
+
+// The per_user row runs beside the shared row of the same OAuth-protected
+// upstream, its ratios are to that row, and every call of each ran
+// upstream with the token it should: the person's own on per_user, the
+// operator's on shared (whoami names the upstream user; a call that
+// names another fails the run). -routes "broker per_user" starts nothing
+// else.
+func TestPerUserRows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds caddy and drives real MCP sessions")
+	}
+	_, rep, table := runBench(t, "-only", "calls", "-routes", "broker per_user", "-rounds", "2", "-calls", "15", "-concurrency", "1,4", "-interleave")
+	rows := map[string]map[int]result{}
+	for _, r := range rep.calls {
+		if rows[r.route] == nil {
+			rows[r.route] = map[int]result{}
+		}
+		rows[r.route][r.concurrency] = r
+	}
+	if len(rows) != 2 || rows[sharedRoute] == nil || rows[perUserRoute] == nil {
+		t.Fatalf("rows %v, want the shared and per_user rows alone:\n%s", rep.calls, table)
+	}
+	for _, conc := range []int{1, 4} {
+		per := rows[perUserRoute][conc]
+		if per.baseline != sharedRoute || len(per.pairRates) != 2 || len(per.baseRates) != 2 {
+			t.Errorf("per_user at %d sessions: baseline %q, %d paired runs and %d of its baseline", conc, per.baseline, len(per.pairRates), len(per.baseRates))
+		}
+	}
+	// Past one session the runs are not interleaved: the gateway's
+	// allocations are counted.
+	if r := rows[perUserRoute][4]; r.pairAllocsPerCall <= 0 || r.baseAllocsPerCall <= 0 {
+		t.Errorf("per_user at 4 sessions: %.0f allocations per call beside the shared row's %.0f", r.pairAllocsPerCall, r.baseAllocsPerCall)
+	}
+	if !strings.Contains(table, "for the per_user row, the shared row") {
+		t.Errorf("the table does not say what the per_user row is compared with:\n%s", table)
 	}
 	t.Logf("\n%s", table)
 }

@@ -38,6 +38,13 @@ type route struct {
 	// same version, unless base names another row.
 	version string
 	base    string // the row its ratios are to, when not reverse_proxy's (the NATS rows: the single-node guard's)
+	// noDirect says no direct row stands for its upstream: "vs direct"
+	// is left out (the OAuth rows, whose upstream is another server).
+	noDirect bool
+	// tool, when set, is the tool called instead of the run's -tool, and
+	// want the text its every answer must be (the OAuth rows: whoami,
+	// which says whose token reached the upstream).
+	tool, want string
 }
 
 // baseline is the name of the row a route's ratios are to: base, or the
@@ -70,6 +77,7 @@ type result struct {
 	route       string
 	baseline    string // the row its ratios are to
 	asked       string // the protocol version its clients asked for: route.version
+	noDirect    bool   // route.noDirect: no "vs direct"
 	version     string // the protocol version negotiated (the rounds' versions, if they differ)
 	concurrency int
 	callsPerSec float64
@@ -193,7 +201,7 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 	}
 	defer mup2.stop()
 
-	gw, err := startGateway(ctx, caddyBin, work, upAddr, up2Addr, mupAddr, mup2Addr, "")
+	gw, err := startGateway(ctx, caddyBin, work, upAddr, up2Addr, mupAddr, mup2Addr, "", cfg.rules)
 	if err != nil {
 		return nil, err
 	}
@@ -225,6 +233,15 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 		routes = append(routes, r)
 	}
 	routes = append(routes, clusterRoutes...)
+	if cfg.selects(sharedRoute, perUserRoute) {
+		fmt.Fprintln(os.Stderr, "bench: starting a caddy with an OAuth upstream, shared and per_user…")
+		pg, err := startPerUserGateway(ctx, work, caddyBin)
+		if err != nil {
+			return nil, err
+		}
+		defer pg.stop()
+		routes = append(routes, pg.routes...)
+	}
 	for i, p := range cfg.peers {
 		routes = append(routes, route{name: fmt.Sprintf("peer%d", i+1), url: p})
 	}
@@ -328,11 +345,23 @@ func callResults(cfg config, routes []route, cs callSamples) []result {
 				res.baseRates, res.baseP50s, res.baseCPUPerCall = base.roundRates, base.roundP50s, base.cpuPerCall
 				res.pairAllocsPerCall, res.baseAllocsPerCall = mine.allocsPerCall, base.allocsPerCall
 			}
-			res.baseline, res.asked = r.baseline(), r.version
+			res.baseline, res.asked, res.noDirect = r.baseline(), r.version, r.noDirect
 			results = append(results, res)
 		}
 	}
 	return results
+}
+
+// selects reports whether -routes and -versions keep one of the routes
+// named, which speak benchProtocolVersion: their set-up is skipped when
+// not.
+func (c config) selects(names ...string) bool {
+	if len(c.versions) > 0 && !slices.Contains(c.versions, benchProtocolVersion) {
+		return false
+	}
+	return len(c.routes) == 0 || slices.ContainsFunc(names, func(n string) bool {
+		return slices.ContainsFunc(c.routes, func(p string) bool { return strings.HasPrefix(n, p) })
+	})
 }
 
 // selectRoutes keeps the routes whose names start with one of prefixes and
@@ -445,6 +474,13 @@ func call(ctx context.Context, cs *mcp.ClientSession, r route, tool string, args
 	if err == nil && res.IsError {
 		err = fmt.Errorf("tool error: %v", res.Content)
 	}
+	if err == nil && r.want != "" {
+		if len(res.Content) != 1 {
+			err = fmt.Errorf("%d contents, want the text %q", len(res.Content), r.want)
+		} else if tc, ok := res.Content[0].(*mcp.TextContent); !ok || tc.Text != r.want {
+			err = fmt.Errorf("the tool answered %+v, want %q", res.Content[0], r.want)
+		}
+	}
 	return took, err
 }
 
@@ -467,13 +503,14 @@ func driveInterleaved(ctx context.Context, a, b route, calls int, tool string) (
 		return sample{}, sample{}, fmt.Errorf("%s: %w", b.name, err)
 	}
 	defer closeB()
-	args := callArgs(tool)
 	out := [2]sample{{version: va, lat: make([]time.Duration, 0, calls)}, {version: vb, lat: make([]time.Duration, 0, calls)}}
 	sessions, routes := [2]*mcp.ClientSession{sa[0], sb[0]}, [2]route{a, b}
+	tools := [2]string{cmp.Or(a.tool, tool), cmp.Or(b.tool, tool)}
+	args := [2]map[string]any{callArgs(tools[0]), callArgs(tools[1])}
 	for i := 0; i < calls; i++ {
 		for j := range 2 {
 			k := j ^ (i & 1) // a b, then b a: neither always goes first
-			took, err := call(ctx, sessions[k], routes[k], tool, args)
+			took, err := call(ctx, sessions[k], routes[k], tools[k], args[k])
 			if err != nil {
 				return sample{}, sample{}, fmt.Errorf("%s: %w", routes[k].name, err)
 			}
@@ -493,6 +530,7 @@ func drive(ctx context.Context, r route, conc, calls int, tool string) (sample, 
 		return sample{}, err
 	}
 	defer closeAll()
+	tool = cmp.Or(r.tool, tool)
 	args := callArgs(tool)
 
 	var cpu0 time.Duration
@@ -671,7 +709,7 @@ func printTable(out io.Writer, cfg config, results []result) {
 	if cfg.interleave {
 		beside += " (at 1 session, both from one loop, call by call: -interleave)"
 	}
-	fmt.Fprintf(out, "tools/call %q, %s, %d round(s); calls/s is the median over rounds, p50 and p99 pool them; ratios to the baseline (reverse_proxy of the same protocol; for rows on NATS storage, the single-node guard) are medians of each round's ratio, %s\n\n", cfg.tool, perSession, cfg.rounds, beside)
+	fmt.Fprintf(out, "tools/call %q (the OAuth rows: whoami, whose answer names the upstream user whose token went out, checked on every call), %s, %d round(s); calls/s is the median over rounds, p50 and p99 pool them; ratios to the baseline (reverse_proxy of the same protocol; for rows on NATS storage, the single-node guard; for the per_user row, the shared row) are medians of each round's ratio, %s\n\n", cfg.tool, perSession, cfg.rounds, beside)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "route\tprotocol\tsessions\tcalls/s\tp50\tp99\tgateway CPU/call\tgateway RSS\tvs direct\tvs baseline (calls/s, p50, CPU)\tbaseline\t")
 	for _, r := range results {
@@ -685,7 +723,7 @@ func printTable(out io.Writer, cfg config, results []result) {
 		if r.asked != "" {
 			direct += " " + r.asked
 		}
-		if d := find(direct, r.concurrency); d != nil {
+		if d := find(direct, r.concurrency); d != nil && !r.noDirect {
 			vsDirect = fmt.Sprintf("%.2f×", r.callsPerSec/d.callsPerSec)
 		}
 		if r.baseRates != nil {

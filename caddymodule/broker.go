@@ -124,6 +124,9 @@ func (b *Broker) build(ctx caddy.Context) error {
 		Logger:          slog.New(zapslog.NewHandler(s.logger.Named("broker").Core())),
 		Credentials:     s.app.credentials(u.Name),
 		ConnectRequired: s.app.connectRequired,
+		Retry:           s.app.connectRetry(u.Name, route),
+		Connected:       s.app.connectHold(u.Name),
+		Store:           ctx.Storage(),
 	})
 	if err != nil {
 		return fmt.Errorf("broker %q: %w", b.Upstream, err)
@@ -133,8 +136,10 @@ func (b *Broker) build(ctx caddy.Context) error {
 	// method on this route. The map is strict: a token that none of its
 	// rules grant learns nothing of the upstream.
 	grant := []policy.Rule{{Scope: policy.UpstreamScope(u.Name), Tools: []string{"*"}, Methods: []string{"*"}}}
+	b.out.scopes = []string{policy.UpstreamScope(u.Name)}
 	if u.Scope != "" {
 		grant = append(grant, policy.Rule{Scope: u.Scope, Tools: []string{"*"}, Methods: []string{"*"}})
+		b.out.scopes = append(b.out.scopes, u.Scope)
 	}
 	scopes, err := policy.NewScopeMap(append(grant, s.rules...), s.defaults)
 	if err != nil {
@@ -144,7 +149,7 @@ func (b *Broker) build(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	b.out.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt,
+	b.out.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Rules: s.policy, Handler: pt,
 		SharedParams: b.sharedParams(ctx, "params|broker|"+u.Name+"|"+u.URL), Pins: b.openPins(ctx, u.Name, u.PinPolicy()),
 		Tasks: tasks, Route: route}
 	return nil
@@ -213,6 +218,11 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 	byName := map[string]upstream.Config{}
 	for _, u := range ups {
 		byName[u.Name] = u
+		// What allows below grants on.
+		a.out.scopes = append(a.out.scopes, policy.UpstreamScope(u.Name))
+		if u.Scope != "" && !slices.Contains(a.out.scopes, u.Scope) {
+			a.out.scopes = append(a.out.scopes, u.Scope)
+		}
 	}
 	allows := func(p policy.Principal, name string) bool {
 		u := byName[name]
@@ -286,7 +296,7 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	route := &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows,
+	route := &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows, Rules: s.policy,
 		SharedParams: a.sharedParams(ctx, "params|aggregate|"+names), Pins: store,
 		Tasks: tasks, Route: "aggregate|" + s.resource + "|" + names}
 	a.out.route = route

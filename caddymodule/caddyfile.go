@@ -205,6 +205,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Err("dpop_nonce takes no value: with it, every DPoP proof must carry a nonce this server issued")
 			}
 			h.DPoPNonce = true
+		case "policy":
+			if h.Policy != nil {
+				return d.Err("policy given twice; give every rule of the site in one policy block")
+			}
+			list, err := parsePolicy(d)
+			if err != nil {
+				return err
+			}
+			h.Policy = list
 		default:
 			return d.Errf("unknown zidane_mcp option %q", d.Val())
 		}
@@ -509,7 +518,7 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //				max_response <size>
 //				shared true|false
 //				oauth {
-//					grant authorization_code|client_credentials|cross_app_access|jwt_bearer
+//					grant authorization_code|client_credentials|cross_app_access|jwt_bearer|token_exchange
 //					client_id <id>
 //					client_secret <secret>
 //					token_endpoint_auth_method client_secret_basic|client_secret_post|private_key_jwt|none
@@ -527,6 +536,9 @@ func parseJWT(d *caddyfile.Dispenser) (*JWTConfig, error) {
 //					assertion_file <path>
 //					dpop auto|off|required
 //					credentials shared|per_user   # per_user: each person's own token
+//					fallback none|connect         # per_user token_exchange, cross_app_access
+//					audience <value>              # token_exchange
+//					actor_token_file <path>       # token_exchange: the gateway's JWT as actor_token
 //				}
 //			}
 //			upstream_token_key <base64 key or {env.VAR}>
@@ -724,6 +736,16 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, err
 			}
 			continue
+		case "policy":
+			if app.Policy != nil {
+				return nil, d.Err("policy given twice in the zidane option; give every global rule in one policy block")
+			}
+			list, err := parsePolicy(d)
+			if err != nil {
+				return nil, err
+			}
+			app.Policy = list
+			continue
 		case "worktree_root":
 			if !d.Args(&app.WorktreeRoot) || d.NextArg() {
 				return nil, d.Err("worktree_root takes one absolute path, such as /srv/worktrees")
@@ -913,6 +935,9 @@ func parseOAuth(d *caddyfile.Dispenser, upstream string) (*upstreamauth.Config, 
 		"assertion_file":             &c.AssertionFile,
 		"dpop":                       &c.DPoP,
 		"credentials":                &c.Credentials,
+		"fallback":                   &c.Fallback,
+		"audience":                   &c.Audience,
+		"actor_token_file":           &c.ActorTokenFile,
 	}
 	seen := map[string]bool{}
 	for d.NextBlock(2) {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -15,9 +16,11 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker/aggregate"
 	"github.com/Tahul/caddy-zidane-mcp/broker/connect"
 	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
+	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
 
 // connectAuthorizer runs the per-owner logins of the app's per_user
@@ -53,7 +56,9 @@ func (c connectAuthorizer) Finish(ctx context.Context, owner, up string, q url.V
 func (a *App) connectService(issuer string, people *idp.Service) (*connect.Service, error) {
 	per := connectAuthorizer{}
 	for name, c := range a.oauth {
-		if !a.perUser(name) {
+		// A person of an upstream that exchanges their sign-in token
+		// connects through the link only with fallback connect.
+		if cfg := a.upstreams[name].OAuth; !a.perUser(name) || (exchanges(cfg) && cfg.Fallback != upstreamauth.FallbackConnect) {
 			continue
 		}
 		if err := checkConnectRedirect(name, a.upstreams[name].OAuth.RedirectURL, issuer); err != nil {
@@ -100,12 +105,59 @@ func checkConnectRedirect(name, redirect, issuer string) error {
 // connectRequired answers a per_user call whose person has not connected
 // their account: with a connect link carried by URL elicitation when the
 // gateway signs people in, else passthrough's refusal.
-func (a *App) connectRequired(w http.ResponseWriter, r *http.Request, rpcID json.RawMessage, method string, err *upstreamauth.ConnectRequiredError) {
+func (a *App) connectRequired(w http.ResponseWriter, r *http.Request, rpcID json.RawMessage, method string, err *upstreamauth.ConnectRequiredError, initCaps []byte) {
 	if a.signin == nil || a.signin.connect == nil {
-		passthrough.RefuseConnectRequired(w, r, rpcID, method, err)
+		passthrough.RefuseConnectRequired(w, r, rpcID, method, err, initCaps)
 		return
 	}
-	a.signin.connect.Respond(w, r, callerOwner(r.Context()), err.Upstream, rpcID, method, nil)
+	a.signin.connect.Respond(w, r, callerOwner(r.Context()), err.Upstream, rpcID, method, initCaps)
+}
+
+// connectRetry decides, on route, the 2026-07-28 retry c of a call to
+// upstream name that asked its person to connect (connect.Service.Settle): it waits for
+// the connection and lets the call go on, or answers a decline, or
+// refuses a requestState that is not the caller's for this upstream.
+func (a *App) connectRetry(name, route string) func(w http.ResponseWriter, r *http.Request, c message.Call) bool {
+	return func(w http.ResponseWriter, r *http.Request, c message.Call) bool {
+		var svc *connect.Service
+		if a.signin != nil {
+			svc = a.signin.connect
+		}
+		err := connect.ErrRetryNotYours
+		if svc != nil {
+			err = svc.Settle(r.Context(), callerOwner(r.Context()), name, c)
+		}
+		if err == nil {
+			return false
+		}
+		if errors.Is(err, connect.ErrRetryNotYours) {
+			metricRefusals.WithLabelValues("request_state").Inc()
+			p, _ := policy.PrincipalFrom(r.Context())
+			auditBrokerRefusal(auditLogger(), upstream.Refusal{Upstream: name, Route: route, HTTPMethod: r.Method, Method: c.Method,
+				TokenID: p.TokenID, TokenName: p.Name, Reason: "request_state", Status: http.StatusForbidden, Detail: err.Error()})
+		}
+		status, body := connect.RetryAnswer(c, name, err)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(status)
+		_, _ = w.Write(body)
+		return true
+	}
+}
+
+// connectHold is, for upstream name, the wait of a person's GET stream for
+// their connection (connect.Service.WaitConnected); nil when the gateway
+// makes no connect links, it waits for nothing.
+func (a *App) connectHold(name string) func(ctx context.Context, r *http.Request, since time.Time) ([]string, bool) {
+	return func(ctx context.Context, r *http.Request, since time.Time) ([]string, bool) {
+		if a.signin == nil || a.signin.connect == nil {
+			// No link can connect this person: the stream stays open,
+			// quiet, until it ends.
+			<-ctx.Done()
+			return nil, false
+		}
+		return a.signin.connect.WaitConnected(ctx, callerOwner(r.Context()), name, since)
+	}
 }
 
 // connects is the config's connect links, or nil without them (no
@@ -133,7 +185,7 @@ func (a *App) connectAnswer(ctx context.Context, owner, upstream string, c messa
 // connect link wait, bounded, for its person (connect.Service.Settle).
 // Set only with connect links.
 func (a *App) connectSettle(ctx context.Context, owner string, c message.Call) bool {
-	return a.connects().Settle(ctx, owner, c)
+	return a.connects().SettleAny(ctx, owner, c)
 }
 
 // connectWait waits until owner has connected through the link of

@@ -272,6 +272,14 @@ func (a *App) hookGrantRevocations() func() {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
+			// The kept sign-in first: with it, the next call would get
+			// the person a new token by exchange.
+			if a.signin != nil && a.signin.people != nil {
+				if err := a.signin.people.ForgetSignIn(ctx, owner); err != nil {
+					auditLogger().Warn("kept sign-in not deleted", zap.String("event", "signin_forget"),
+						zap.String("owner", owner), zap.String("by", "grant revoked: "+t.ID), zap.Error(err))
+				}
+			}
 			if _, err := revokeConnections(ctx, a, owner, "", "grant revoked: "+t.ID); err != nil {
 				auditLogger().Warn("upstream connections not revoked", zap.String("event", "upstream_disconnect"),
 					zap.String("owner", owner), zap.String("by", "grant revoked: "+t.ID), zap.Error(err))

@@ -46,6 +46,9 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 			Logger:          log,
 			Credentials:     a.credentials(name),
 			ConnectRequired: a.connectRequired,
+			Retry:           a.connectRetry(name, route),
+			Connected:       a.connectHold(name),
+			Store:           a.storage,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("session_upstreams: %w", err)
@@ -63,7 +66,10 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 		if err != nil {
 			return nil, err
 		}
-		routes[name] = &egressRoute{pt: pt, route: &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt, Pins: a.pins.store,
+		// The global rules decide the agents' calls too, as the
+		// broker's (route "broker", upstream its name): an agent must not
+		// do through its egress what a rule refuses its person.
+		routes[name] = &egressRoute{pt: pt, route: &edge.Upstream{Config: u, Scopes: scopes.Strict(), Rules: a.policy, Handler: pt, Pins: a.pins.store,
 			Tasks: tasks, Route: route}}
 	}
 	return routes, nil

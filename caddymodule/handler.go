@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/policy/rules"
 	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
 )
 
@@ -68,6 +70,11 @@ type Handler struct {
 	// it grants, such as scope "deploy" for tools "deploy_*".
 	Scopes []policy.Rule `json:"scopes,omitempty"`
 
+	// Policy is the site's rules over calls, after the global ones
+	// (docs/policy.md): deny, approve or allow, each a CEL expression over
+	// the principal, the call and its arguments.
+	Policy []PolicyRule `json:"policy,omitempty"`
+
 	// NoDefaultScopes turns off the built-in chat, read and mcp rules.
 	NoDefaultScopes bool `json:"no_default_scopes,omitempty"`
 
@@ -105,6 +112,7 @@ type Handler struct {
 	authn      policy.Authenticator
 	tokens     *policy.TokenStore
 	scopes     *policy.ScopeMap
+	offered    []string // what the RFC 9728 document lists and the sign-in grants: the rules' scopes and the route's own
 	origins    *policy.Origins
 	tokenLimit *policy.Limiter
 	ipLimit    *policy.Limiter
@@ -201,7 +209,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.scopes, err = policy.NewScopeMap(h.Scopes, !h.NoDefaultScopes); err != nil {
 		return err
 	}
-	if err := h.app.signinResource(h.resURL.String(), h.resURL.IsAbs(), h.scopes.Names()); err != nil {
+	h.offered = h.scopes.Names()
+	if err := h.app.signinResource(h.resURL.String(), h.resURL.IsAbs(), h.offered); err != nil {
 		return err
 	}
 	if h.origins, err = policy.NewOrigins(h.AllowedOrigins); err != nil {
@@ -226,8 +235,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	// The route builds on this handler's policy, which it finds in its
 	// context: Caddy gives a guest module nothing else.
+	sitePolicy, err := compilePolicy(h.Resource+" policy", h.Policy)
+	if err != nil {
+		return err
+	}
 	s := &site{resource: h.Resource, resURL: h.resURL, maxBody: h.MaxBodyBytes, rules: h.Scopes, defaults: !h.NoDefaultScopes,
-		scopes: h.scopes, authn: h.authn, app: h.app, audit: h.audit, logger: h.logger, agentBase: edge.ProtectedResource{URL: h.resURL}.AgentBase}
+		scopes: h.scopes, policy: rules.Join(h.app.policy, sitePolicy), authn: h.authn, app: h.app, audit: h.audit, logger: h.logger, agentBase: edge.ProtectedResource{URL: h.resURL}.AgentBase}
 	mod, err := ctx.WithValue(siteKey{}, s).LoadModule(h, "RouteRaw")
 	if err != nil {
 		return fmt.Errorf("loading the route: %w", err)
@@ -237,7 +250,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("module %T is no zidane_mcp route", mod)
 	}
 	h.route = m.routing()
-	return nil
+	// A route that grants scopes of its own (upstream:<name>) offers
+	// them too: the sign-in grants no scope its resource does not name,
+	// so a person given upstream:<name> could not sign in for the upstream.
+	for _, sc := range h.route.scopes {
+		if !slices.Contains(h.offered, sc) {
+			h.offered = append(h.offered, sc)
+		}
+	}
+	return h.app.signinResource(h.resURL.String(), h.resURL.IsAbs(), h.offered)
 }
 
 // provisionLimits sets up the token buckets, shared by every handler of
@@ -444,6 +465,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !d.Allowed() {
 		rf.call = d.Call
 		return h.refuse(w, r, rf, d.Verdict)
+	}
+	for _, rd := range d.Ruled {
+		logRuleAllowed(h.audit, p, rd, rf.clientIP)
 	}
 	var traced []attribute.KeyValue // the principal and the call, for the step events after auth
 	if tr.on() {

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -146,6 +147,9 @@ func (a *App) provisionOAuth(ctx caddy.Context) error {
 		if err := cfg.Validate(); err != nil {
 			return fmt.Errorf("upstream %q: %w", name, err)
 		}
+		if err := a.checkExchange(name, cfg); err != nil {
+			return err
+		}
 		endpoint, err := e.Endpoint()
 		if err != nil {
 			return fmt.Errorf("upstream %q: %w", name, err)
@@ -162,8 +166,9 @@ func (a *App) provisionOAuth(ctx caddy.Context) error {
 				HTTPOptions: []pinnedfetch.Option{pinnedfetch.WithDecisions(func(d pinnedfetch.Decision) {
 					auditRedirect(audit, name+" (oauth)", d)
 				})},
-				OnState:    func(st upstreamauth.Status) { oauthStateChanged(name, st) },
-				WatchOwner: watchOwnerRecords(a.storage),
+				OnState:      func(st upstreamauth.Status) { oauthStateChanged(name, st) },
+				WatchOwner:   watchOwnerRecords(a.storage),
+				SubjectToken: personSignInToken,
 			})
 			if err != nil {
 				return nil, err
@@ -246,6 +251,42 @@ func callerOwner(ctx context.Context) string {
 		return ""
 	}
 	return p.OwnerID()
+}
+
+// exchanges reports whether cfg gets each person's token from their
+// sign-in through the IdP, without a browser.
+func exchanges(cfg *upstreamauth.Config) bool { return cfg != nil && cfg.Exchanges() }
+
+// checkExchange refuses an upstream that would get each person's token
+// from their sign-in through the company IdP where the gateway signs no
+// one in through one: no person's call could ever get a token, whatever
+// the fallback (which alone is the authorization_code grant).
+func (a *App) checkExchange(name string, cfg upstreamauth.Config) error {
+	if !exchanges(&cfg) || (a.Signin != nil && a.Signin.OIDC != nil) {
+		return nil
+	}
+	return fmt.Errorf("upstream %q: oauth grant %s with credentials per_user exchanges each person's sign-in token from the company IdP, and this gateway signs no one in through one: configure signin { oidc … } with the IdP the upstream trusts, or use grant authorization_code (each person connects through the link)", name, cfg.Grant)
+}
+
+// personSignInToken is the ID token kept of owner's sign-in through the
+// running config's IdP (see idp.Service.SubjectToken).
+func personSignInToken(ctx context.Context, owner string) (string, error) {
+	app := liveApp()
+	if app == nil || app.signin == nil || app.signin.people == nil {
+		return "", errors.New("this gateway signs no one in through a company IdP (signin { oidc … })")
+	}
+	return app.signin.people.SubjectToken(ctx, owner)
+}
+
+// keepsSignIns reports whether an upstream exchanges people's sign-ins,
+// so that the sign-in keeps them.
+func (a *App) keepsSignIns() bool {
+	for _, u := range a.upstreams {
+		if exchanges(u.OAuth) {
+			return true
+		}
+	}
+	return false
 }
 
 // perUser reports whether upstream name attaches each caller's own token.

@@ -125,7 +125,13 @@ func (h *Handler) serveOAuthCallback(w http.ResponseWriter, r *http.Request) err
 	if err := c.Callback(r.Context(), r.URL.Query()); err != nil {
 		audit.Warn("upstream login refused", zap.String("event", "upstream_login"), zap.String("upstream", name),
 			zap.String("outcome", "refused"), zap.String("client_ip", clientIP(r)), zap.String("detail", err.Error()))
-		return page(http.StatusBadRequest, "Login to "+name+" failed", strings.TrimRight(err.Error(), ". ")+". Run `caddy zidane login "+name+"` to try again.")
+		again := ". Run `caddy zidane login " + name + "` to try again."
+		if h.app.perUser(name) {
+			// The address also takes people's connections, whose answer,
+			// once used, belongs to no flow and lands here.
+			again += " If you were connecting your own account, call the tool again from your MCP client for a new link."
+		}
+		return page(http.StatusBadRequest, "Login to "+name+" failed", strings.TrimRight(err.Error(), ". ")+again)
 	}
 	liveAggregates.reconnect(name)
 	st := c.State()

@@ -13,6 +13,7 @@ import (
 // response.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rf refusal, v edge.Verdict) error {
 	rf.status, rf.reason, rf.message = v.Status, v.Reason, v.Message
+	rf.rule, rf.ruleError = v.Rule, v.RuleError
 	traceSteps(r).refused(rf)
 	rf.log(h.audit)
 	metricRequests.WithLabelValues("refused").Inc()
@@ -37,7 +38,7 @@ func (h *Handler) challengeResource() edge.ProtectedResource {
 // protectedResource is what this site's RFC 9728 metadata says.
 func (h *Handler) protectedResource() edge.ProtectedResource {
 	res := h.challengeResource()
-	res.Scopes = h.scopes.Names()
+	res.Scopes = h.offered
 	if h.JWT != nil {
 		res.AuthorizationServers = []string{h.JWT.Issuer}
 	}

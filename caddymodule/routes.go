@@ -13,6 +13,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/policy/rules"
 )
 
 // What a zidane_mcp site offers behind its edge is a guest module in this
@@ -56,6 +57,10 @@ type routing struct {
 	// when the next handler answers, else 0 (the pass-through and the
 	// aggregated route bound what their upstreams send themselves).
 	answerMax int64
+	// scopes are the scopes the route grants beyond the site's rules
+	// (upstream:<name> and an upstream's own scope), which the site
+	// offers with its own.
+	scopes []string
 }
 
 // egressSpan is how the span of a request to an upstream offered to
@@ -71,10 +76,13 @@ type site struct {
 	rules    []policy.Rule // the handler's extra scope rules
 	defaults bool          // whether the built-in scope rules are on
 	scopes   *policy.ScopeMap
-	authn    policy.Authenticator
-	app      *App
-	audit    *zap.Logger
-	logger   *zap.Logger // the handler's, under whose name routes log
+	// policy is the operator's rules over calls: the global ones, then
+	// the site's (nil: none).
+	policy *rules.Set
+	authn  policy.Authenticator
+	app    *App
+	audit  *zap.Logger
+	logger *zap.Logger // the handler's, under whose name routes log
 	// agentBase is where the agents of sessions a request creates reach
 	// this gateway (Handler.agentBase).
 	agentBase func(*http.Request) string

@@ -220,12 +220,17 @@ func (a *App) provisionSignin(ctx caddy.Context) error {
 			return fmt.Errorf("zidane signin: %w", err)
 		}
 	}
+	var keep storage.Storage
+	if a.keepsSignIns() {
+		keep = a.storage
+	}
 	people, err := idp.New(idp.Config{
 		Site:            issuer,
 		Key:             peopleKey,
 		SessionLifetime: time.Duration(c.SessionLifetime),
 		OIDC:            rp,
 		Links:           a.storage,
+		KeepSignIns:     keep,
 		Audit: func(rf idp.Refusal) {
 			metricRefusals.WithLabelValues("signin_person").Inc()
 			auditLogger().Warn("signin refused", zap.String("event", "signin_refused"), zap.String("step", rf.Step),
@@ -283,7 +288,7 @@ func (a *App) provisionSignin(ctx caddy.Context) error {
 	if a.signin.connect, err = a.connectService(issuer, people); err != nil {
 		return fmt.Errorf("zidane signin: %w", err)
 	}
-	go sweepSignin(ctx, srv, reg)
+	go sweepSignin(ctx, srv, reg, people)
 	return nil
 }
 
@@ -292,7 +297,7 @@ func (a *App) provisionSignin(ctx caddy.Context) error {
 const signinSweep = 5 * time.Minute
 
 // sweepSignin deletes what expired, until the config stops.
-func sweepSignin(ctx context.Context, srv *authserver.Server, reg *clients.Registry) {
+func sweepSignin(ctx context.Context, srv *authserver.Server, reg *clients.Registry, people *idp.Service) {
 	t := time.NewTicker(signinSweep)
 	defer t.Stop()
 	for {
@@ -305,6 +310,9 @@ func sweepSignin(ctx context.Context, srv *authserver.Server, reg *clients.Regis
 			}
 			if _, err := reg.Sweep(ctx); err != nil && ctx.Err() == nil {
 				auditLogger().Warn("registered clients could not be swept", zap.String("event", "signin_sweep"), zap.Error(err))
+			}
+			if _, err := people.SweepKept(ctx); err != nil && ctx.Err() == nil {
+				auditLogger().Warn("kept sign-ins could not be swept", zap.String("event", "signin_sweep"), zap.Error(err))
 			}
 		}
 	}

@@ -258,6 +258,9 @@ func optionOf(line string) string {
 var (
 	oauthSecret = []string{"grant client_credentials", "client_id gateway", "client_secret ${UP_SECRET}", "token_url " + badConfigSite + "/token"}
 	oauthLogin  = []string{"grant authorization_code", "redirect_url " + badConfigSite + "/zidane/oauth/callback/up"}
+	// oauthExchange is a person's token by RFC 8693 exchange; its first
+	// three lines leave the client secret out.
+	oauthExchange = []string{"grant token_exchange", "credentials per_user", "client_id gateway", "client_secret ${UP_SECRET}", "token_url " + badConfigSite + "/token"}
 )
 
 func oauthKey(fx configFixtures) []string {
@@ -273,6 +276,18 @@ func oauthXAA(fx configFixtures) []string {
 // its first two lines leave assertion_file out.
 func oauthWorkload(fx configFixtures) []string {
 	return []string{"grant jwt_bearer", "token_url " + badConfigSite + "/token", "assertion_file " + fx.idToken, "dpop required"}
+}
+
+// exchangeBlock is a broker site of an upstream that gets each person's
+// token by exchange (oauthExchange, with lines), on a gateway that signs
+// people in through an IdP: the valid config the exchange cases change.
+func exchangeBlock(lines ...string) string {
+	kept := slices.DeleteFunc(slices.Clone(oauthExchange), func(b string) bool {
+		return slices.ContainsFunc(lines, func(l string) bool { return optionOf(l) == optionOf(b) })
+	})
+	signin := "signin {\nissuer " + badConfigSite + "\noidc {\nissuer https://idp.test\nclient_id gw\nclient_secret {env.UP_SECRET}\n}\n}"
+	up := "upstream up {\nurl " + badConfigSite + "/mcp\noauth {\n" + strings.Join(append(kept, lines...), "\n") + "\n}\n}"
+	return caddyfileOf("zidane {\n"+signin+"\n"+up+"\n}", "zidane_mcp {\nbroker up\nresource "+badConfigSite+"/mcp\n}")
 }
 
 func agentBlock(lines ...string) string {
@@ -302,12 +317,15 @@ func baselines(fx configFixtures) map[string]string {
 		"oauth login":    oauthBlock(oauthLogin),
 		"oauth xaa":      oauthBlock(oauthXAA(fx)),
 		"oauth workload": oauthBlock(oauthWorkload(fx)),
+		"oauth exchange": exchangeBlock(),
 		"agent":          agentBlock(),
 		"sandbox":        sandboxBlock("read /opt"),
 		"upstreams":      zidaneBlock("upstreams_file " + fx.mcpJSON),
 		"broker":         caddyfileOf("zidane {\nupstream up "+badConfigSite+"/mcp\n}", "zidane_mcp {\nbroker up\n}"),
 		"default agent":  zidaneBlock("agent coder {\ncommand /bin/true\n}", "default_agent coder", "session_upstreams up", "upstream up "+badConfigSite+"/mcp"),
 		"audit writer":   auditWriterBlock(fx, "file "+filepath.Join(fx.dir, "audit.log"), "checkpoint_every 1m", "signing_key {env.AUDIT_KEY}"),
+		"policy": caddyfileOf("zidane {\npolicy {\ndeny \"tool.name == 'drop_table'\" \"dropping tables is not allowed here\"\n}\n}",
+			"zidane_mcp {\nguard\npolicy {\nallow `'db' in principal.scopes && !args.query.matches('(?i)\\\\b(drop|truncate)\\\\b')`\n}\n}"),
 	}
 }
 
@@ -562,6 +580,28 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane worktree_root", "a file", zidaneBlock("worktree_root "+fx.pub), "is not a directory"),
 		c("zidane worktree_root", "/dev/zero", zidaneBlock("worktree_root /dev/zero"), "is not a directory"),
 		c("zidane worktree_root", labelEmpty, zidaneBlock("worktree_root"), "worktree_root takes one absolute path"),
+		// Rules over calls: each is compiled when the Caddyfile is read,
+		// and an error names its line and says what CEL found.
+		c("zidane_mcp policy", "a value", guarded("policy on {\nallow \"true\"\n}"), "policy takes no value"),
+		c("zidane_mcp policy", "no rules", guarded("policy {\n}"), "policy has no rules"),
+		c("zidane_mcp policy", "twice", guarded("policy {\nallow \"true\"\n}", "policy {\nallow \"true\"\n}"), "policy given twice"),
+		c("zidane_mcp policy", "an unknown effect", guarded("policy {\npermit \"true\"\n}"), `unknown policy rule "permit"`, "use deny, approve or allow"),
+		c("zidane_mcp policy deny", "no message", guarded("policy {\ndeny \"tool.name == 'x'\"\n}"), "takes an expression and a message"),
+		c("zidane_mcp policy deny", "an unknown variable", guarded("policy {\ndeny \"request.path == '/x'\" \"no\"\n}"), "undeclared reference to 'request'", "Caddyfile:"),
+		c("zidane_mcp policy deny", "an unknown field", guarded("policy {\ndeny \"principal.email == 'x'\" \"no\"\n}"), "undeclared reference to 'principal.email'", "Caddyfile:"),
+		c("zidane_mcp policy deny", "not a bool", guarded("policy {\ndeny \"tool.name\" \"no\"\n}"), "not a bool"),
+		c("zidane_mcp policy deny", "a bad regular expression", guarded("policy {\ndeny \"args.q.matches('(')\" \"no\"\n}"), "error parsing regexp"),
+		c("zidane_mcp policy deny", "a syntax error", guarded("policy {\ndeny \"tool.name ==\" \"no\"\n}"), "does not compile"),
+		c("zidane_mcp policy approve", "not available yet", guarded("policy {\napprove \"tool.name == 'deploy'\" \"ask a second person\"\n}"), "not available yet", "write the rule as deny"),
+		c("zidane_mcp policy allow", labelEmpty, guarded("policy {\nallow\n}"), "allow takes an expression"),
+		c("zidane_mcp policy allow", "three values", guarded("policy {\nallow \"true\" \"m\" self\n}"), "allow takes an expression"),
+		c("zidane_mcp policy allow", "an unknown variable", guarded("policy {\nallow \"'db' in scopes\"\n}"), "undeclared reference to 'scopes'"),
+		c("zidane policy", "a value", zidaneBlock("policy on {\nallow \"true\"\n}"), "policy takes no value"),
+		c("zidane policy", "twice", zidaneBlock("policy {\nallow \"true\"\n}", "policy {\nallow \"true\"\n}"), "policy given twice"),
+		c("zidane policy deny", "an unknown field", zidaneBlock("policy {\ndeny \"tool.nam == 'x'\" \"no\"\n}"), "undeclared reference to 'tool.nam' (did you mean 'tool.name'?)", "Caddyfile:"),
+		c("zidane policy deny", "no message", zidaneBlock("policy {\ndeny \"true\"\n}"), "takes an expression and a message"),
+		c("zidane policy approve", "not available yet", zidaneBlock("policy {\napprove \"true\" \"ask\" self\n}"), "not available yet"),
+		c("zidane policy allow", "not a bool", zidaneBlock("policy {\nallow \"args\"\n}"), "not a bool"),
 		c("zidane roots", labelEmpty, zidaneBlock("roots"), "roots takes one or more absolute paths"),
 		c("zidane roots", "relative", zidaneBlock("roots projects"), "is not an absolute path"),
 		c("zidane share_sessions", "maybe", zidaneBlock("share_sessions maybe"), "share_sessions takes no value, or true or false"),
@@ -610,7 +650,23 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane upstream oauth", "an empty block", upstreamBlock("oauth {\n}"), "authorization_code needs redirect_url"),
 		c("zidane upstream oauth", "on a stdio upstream", stdioBlock("oauth {\n"+strings.Join(oauthSecret, "\n")+"\n}"), "oauth applies to http and sse servers"),
 		c("zidane upstream oauth", "an unknown option", oauthBlock(oauthSecret, "client_secrt x"), `unknown oauth option "client_secrt"`),
-		c("zidane upstream oauth grant", "unknown", oauthBlock(oauthSecret, "grant implicit"), "use authorization_code, client_credentials, cross_app_access or jwt_bearer"),
+		c("zidane upstream oauth grant", "unknown", oauthBlock(oauthSecret, "grant implicit"), "use authorization_code, client_credentials, cross_app_access, jwt_bearer or token_exchange"),
+		c("zidane upstream oauth grant", "token_exchange shared", oauthBlock(oauthExchange, "credentials shared"), "token_exchange", "needs credentials per_user"),
+		c("zidane upstream oauth grant", "token_exchange without a client secret", oauthBlock(oauthExchange[:3], "authorization_server "+badConfigSite), "client credential"),
+		c("zidane upstream oauth grant", "token_exchange to the server the upstream names", oauthBlock(oauthExchange[:4]), "set authorization_server"),
+		c("zidane upstream oauth grant", "token_exchange without a signin IdP", oauthBlock(oauthExchange), "signs no one in through one", "signin { oidc"),
+		c("zidane upstream oauth grant", "token_exchange with fallback connect without a signin IdP", oauthBlock(oauthExchange, "fallback connect", "redirect_url "+badConfigSite+"/zidane/oauth/callback/up"), "signs no one in through one"),
+		c("zidane upstream oauth id_token_file", "with cross_app_access per_user", oauthBlock(oauthXAA(fx), "credentials per_user"), "remove id_token_file"),
+		c("zidane upstream oauth grant", "cross_app_access per_user to the server the upstream names", oauthBlock(slices.DeleteFunc(oauthXAA(fx), func(l string) bool { return optionOf(l) == "token_url" || optionOf(l) == "id_token_file" }), "credentials per_user"), "set authorization_server"),
+		c("zidane upstream oauth fallback", "unknown", exchangeBlock("fallback browser"), "use none (the default"),
+		c("zidane upstream oauth redirect_url", "fallback connect off the signin site", exchangeBlock("fallback connect", "redirect_url https://elsewhere.example.com/zidane/oauth/callback/up"), "not on the signin issuer's site"),
+		c("zidane upstream oauth fallback", labelEmpty, oauthBlock(oauthExchange, "fallback"), "fallback takes one value"),
+		c("zidane upstream oauth fallback", "connect without redirect_url", oauthBlock(oauthExchange, "fallback connect"), "needs redirect_url"),
+		c("zidane upstream oauth fallback", "connect with authorization_code", oauthBlock(oauthLogin, "credentials per_user", "fallback connect"), "fallback connect applies"),
+		c("zidane upstream oauth fallback", "redirect_url without fallback connect", oauthBlock(oauthExchange, "redirect_url "+badConfigSite+"/zidane/oauth/callback/up"), "fallback connect"),
+		c("zidane upstream oauth audience", labelEmpty, oauthBlock(oauthExchange, "audience"), "audience takes one value"),
+		c("zidane upstream oauth actor_token_file", "with client_credentials", oauthBlock(oauthSecret, "actor_token_file "+fx.idToken), "actor_token_file applies to grant token_exchange"),
+		c("zidane upstream oauth audience", "with client_credentials", oauthBlock(oauthSecret, "audience urn:up"), "audience applies to grant token_exchange"),
 		c("zidane upstream oauth grant", labelEmpty, oauthBlock(oauthSecret, "grant"), "grant takes one value"),
 		c("zidane upstream oauth client_id", labelEmpty, oauthBlock(oauthSecret, "client_id"), "client_id takes one value"),
 		c("zidane upstream oauth client_id", "missing for client_credentials", oauthBlock([]string{"grant client_credentials", "token_url " + badConfigSite + "/token"}), "needs client_id"),
@@ -669,6 +725,8 @@ func badConfigs(fx configFixtures) []badConfig {
 	// The ID token file is read at each exchange, and may be written only
 	// after caddy starts; what is there must be a file all the same.
 	cases = append(cases, fileCases("zidane upstream oauth id_token_file", fx, fx.bigIDToken, func(l string) string { return oauthBlock(oauthXAA(fx), l) })...)
+	// The gateway's own JWT, the actor of a token exchange, likewise.
+	cases = append(cases, fileCases("zidane upstream oauth actor_token_file", fx, fx.bigIDToken, func(l string) string { return oauthBlock(oauthExchange, l) })...)
 	// The workload's JWT likewise: the platform may write it later.
 	cases = append(cases, fileCases("zidane upstream oauth assertion_file", fx, fx.bigIDToken, func(l string) string { return oauthBlock(oauthWorkload(fx)[:2], l) })...)
 	cases = append(cases, auditWriterCases(fx)...)

@@ -138,10 +138,13 @@ func TestConnectLinkEndToEnd(t *testing.T) {
 
 // TestConnectLinkGoSDKHandshake: go-sdk's client at 2025-11-25, declaring
 // URL elicitation, connects to a per_user upstream through the built
-// gateway before its person has connected their account: the handshake
-// fails with -32042 whose data.elicitations carries the connect link, as
-// go-sdk reads it; once the person connects in their browser, the client
-// connects again and its call acts as that person.
+// gateway before its person has connected their account: the handshake is
+// the gateway's, and the first call fails with -32042 whose
+// data.elicitations carries the connect link, as go-sdk reads it. Then the
+// 2026-07-28 retries of others are refused: dave's with erin's
+// requestState, and a made-up one (403, -32602, audited), neither
+// reaching the upstream. Once erin connects in her browser, the same
+// session's call acts as erin, and her own 2026-07-28 retry goes on.
 func TestConnectLinkGoSDKHandshake(t *testing.T) {
 	as := oauthtest.NewAuthServer(oauthtest.AuthServerOptions{})
 	t.Cleanup(as.Close)
@@ -189,10 +192,16 @@ func TestConnectLinkGoSDKHandshake(t *testing.T) {
 		return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: g.brokerURL, MaxRetries: -1, DisableStandaloneSSE: true,
 			HTTPClient: bearerClient(erin, nil)}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 	}
-	_, err := connect()
+	before, _ := up.Stats()
+	cs, err := connect()
+	if err != nil {
+		t.Fatalf("the handshake before connecting: %v", err)
+	}
+	defer cs.Close()
+	_, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}})
 	var rpcErr *jsonrpc.Error
 	if !errors.As(err, &rpcErr) || rpcErr.Code != mcp.CodeURLElicitationRequired {
-		t.Fatalf("the handshake before connecting: %v, want -32042", err)
+		t.Fatalf("the call before connecting: %v, want -32042", err)
 	}
 	var data struct {
 		Elicitations []*mcp.ElicitParams `json:"elicitations"`
@@ -200,6 +209,44 @@ func TestConnectLinkGoSDKHandshake(t *testing.T) {
 	if err := json.Unmarshal(rpcErr.Data, &data); err != nil || len(data.Elicitations) != 1 || data.Elicitations[0].Mode != "url" ||
 		!strings.HasPrefix(data.Elicitations[0].URL, base+"/zidane/connect/zcl_") || data.Elicitations[0].ElicitationID == "" {
 		t.Fatalf("the elicitation: %s (%v)", rpcErr.Data, err)
+	}
+
+	// erin's 2026-07-28 call gets input_required and a requestState.
+	dave := createToken(t, c, "dave-laptop", "--scope", "upstream:remote", "--owner", "dave")
+	modern := func(token, extra string) rawAnswer {
+		return post(t, g.brokerURL, token, `{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"whoami","arguments":{}`+extra+
+			`,"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{"url":{}}}}}}`,
+			"Mcp-Protocol-Version", "2026-07-28", "Mcp-Method", "tools/call", "Mcp-Name", "whoami")
+	}
+	a := modern(erin, "")
+	var ir struct {
+		Result struct {
+			ResultType   string `json:"resultType"`
+			RequestState string `json:"requestState"`
+		} `json:"result"`
+	}
+	if json.Unmarshal([]byte(a.body), &ir) != nil || ir.Result.ResultType != "input_required" || !strings.HasPrefix(ir.Result.RequestState, "zidane-connect.") {
+		t.Fatalf("erin's 2026-07-28 call: %d %s", a.status, a.body)
+	}
+	id := strings.TrimPrefix(ir.Result.RequestState, "zidane-connect.")
+	retry := func(state string) string {
+		s, _ := json.Marshal(state)
+		k, _ := json.Marshal(strings.TrimPrefix(state, "zidane-connect."))
+		return `,"requestState":` + string(s) + `,"inputResponses":{` + string(k) + `:{"action":"accept"}}`
+	}
+	for _, atk := range []struct{ name, token, state string }{
+		{"dave's retry with erin's requestState", dave, ir.Result.RequestState},
+		{"a made-up requestState", erin, "zidane-connect.made-up"},
+	} {
+		if a := modern(atk.token, retry(atk.state)); a.status != http.StatusForbidden || !strings.Contains(a.body, `"code":-32602`) || !strings.Contains(a.body, "not issued to you") {
+			t.Errorf("%s: %d %s", atk.name, a.status, a.body)
+		}
+	}
+	if !hasAudit(c, map[string]any{"event": "refused", "reason": "request_state", "token_name": "dave-laptop"}) {
+		t.Error("no audit line for dave's retry with erin's requestState")
+	}
+	if after, _ := up.Stats(); after != before {
+		t.Fatalf("the upstream got %d requests before erin connected", after-before)
 	}
 
 	b := newFormBrowser(t, base)
@@ -216,16 +263,17 @@ func TestConnectLinkGoSDKHandshake(t *testing.T) {
 		t.Fatalf("the callback: %d %s", resp.StatusCode, body)
 	}
 
-	cs, err := connect()
-	if err != nil {
-		t.Fatalf("the handshake once connected: %v", err)
-	}
-	defer cs.Close()
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami", Arguments: map[string]any{}})
 	if err != nil || res.IsError || len(res.Content) != 1 {
 		t.Fatalf("erin's call: %v %+v", err, res)
 	}
 	if tc, ok := res.Content[0].(*mcp.TextContent); !ok || tc.Text != "whoami: erin" {
 		t.Fatalf("erin's call said %+v", res.Content[0])
+	}
+	if a := modern(erin, retry(ir.Result.RequestState)); a.status != http.StatusOK || !strings.Contains(a.body, "whoami: erin") {
+		t.Fatalf("erin's own retry (%s): %d %s", id, a.status, a.body)
+	}
+	if a := modern(dave, retry(ir.Result.RequestState)); a.status != http.StatusForbidden {
+		t.Fatalf("dave's retry with erin's requestState once she connected: %d %s", a.status, a.body)
 	}
 }

@@ -239,14 +239,20 @@ func TestPerUserUpstreamCredentials(t *testing.T) {
 	if !hasAudit(g.c, map[string]any{"event": "upstream_call", "upstream": "remote", "outcome": "connect_required"}) {
 		t.Error("no audit line for carol's refused call (upstream_call, outcome connect_required)")
 	}
-	// Any other request of hers gets 403 with a JSON-RPC error that says
-	// the same, and reaches nothing either.
-	if a := post(t, g.brokerURL, carol, `{"jsonrpc":"2.0","id":4,"method":"tools/list"}`, "Mcp-Protocol-Version", "2025-11-25"); a.status != http.StatusForbidden ||
+	// Her listing is the gateway's, empty, so that her client connects
+	// and meets the link at its first call; any other request that needs
+	// the upstream gets 403 with a JSON-RPC error saying to connect. None
+	// reaches the upstream.
+	if a := post(t, g.brokerURL, carol, `{"jsonrpc":"2.0","id":4,"method":"tools/list"}`, "Mcp-Protocol-Version", "2025-11-25"); a.status != http.StatusOK ||
+		!strings.Contains(a.body, `"tools":[]`) {
+		t.Errorf("carol's tools/list: HTTP %d %s, want an empty list", a.status, a.body)
+	}
+	if a := post(t, g.brokerURL, carol, `{"jsonrpc":"2.0","id":5,"method":"resources/read","params":{"uri":"file:///x"}}`, "Mcp-Protocol-Version", "2025-11-25"); a.status != http.StatusForbidden ||
 		!strings.Contains(a.body, "connect your account") || !strings.Contains(a.body, `"error"`) {
-		t.Errorf("carol's tools/list: HTTP %d %s, want 403 with a JSON-RPC error to connect", a.status, a.body)
+		t.Errorf("carol's resources/read: HTTP %d %s, want 403 with a JSON-RPC error to connect", a.status, a.body)
 	}
 	if after, _ := g.up.Stats(); after != before {
-		t.Errorf("carol's tools/list reached the upstream")
+		t.Errorf("carol's requests reached the upstream")
 	}
 	if slices.Contains(g.up.Bearers(), shared[0]) {
 		t.Error("the operator's shared token was sent on the per_user upstream")

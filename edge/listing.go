@@ -125,6 +125,8 @@ type Listing struct {
 	// tasks, on a route whose task handles the edge binds, is what the
 	// request's answers need for it (see tasks.go).
 	tasks *taskBinding
+	// own: the route answers this request itself (see OwnAnswer).
+	own bool
 }
 
 type requestID struct {
@@ -219,7 +221,7 @@ func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
 			return out, keep
 		}
 	}
-	if !c.IsResponse() || c.Result == nil {
+	if !c.IsResponse() || c.Result == nil || f.own {
 		return c.Raw, true
 	}
 	method, lists, known := f.answered(c)
@@ -482,6 +484,15 @@ var ambiguousAnswer = errorAnswer("the server answered with a Content-Type that 
 // listingWriter runs a response body through the filter: a JSON body when
 // it ends, an SSE stream event by event, so streamed events keep flowing.
 // Other bodies (an error page, a 202) pass as they are.
+// OwnAnswer is called by a route that answers a request itself with
+// nothing an upstream gave, before it writes (the per_user broker route's
+// handshake and empty listings for a person not connected yet): the
+// answer is neither pinned nor filtered, since pins record what the
+// upstream gives a model to read, and an empty list or the gateway's own
+// initialize answer taken for the upstream's would hold back the real one
+// as a change.
+func (lw *listingWriter) OwnAnswer() { lw.f.own = true }
+
 type listingWriter struct {
 	http.ResponseWriter
 	f     *Listing

@@ -567,3 +567,42 @@ func TestChangedServerInfoInEveryResult(t *testing.T) {
 		}
 	}
 }
+
+// A route's own answer (the per_user broker route answering the handshake
+// of a person not connected yet) is neither pinned nor filtered: the
+// upstream's own instructions, serverInfo and tools, seen later, are its
+// first sight, not a change held back.
+func TestOwnAnswerPinsNothing(t *testing.T) {
+	all, err := policy.NewScopeMap([]policy.Rule{{Scope: "all", Tools: []string{"*"}, Methods: []string{"*"}}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := policy.Principal{TokenID: "t", Name: "all", Kind: policy.KindUser, Scopes: []string{"all"}}
+	st := pins.NewStore(&certmagic.FileStorage{Path: t.TempDir()}, slog.New(slog.DiscardHandler), nil)
+	if err := st.Open(context.Background(), "remote", pins.Policy{Mode: pins.Strict}); err != nil {
+		t.Fatal(err)
+	}
+	route := &Upstream{Config: upstream.Config{Name: "remote"}, Scopes: all.Strict(), Pins: st}
+	const initialize = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}`
+	answer := func(instructions, version string) string {
+		return `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{},"serverInfo":{"name":"remote","version":"` + version + `"},"instructions":"` + instructions + `"}}`
+	}
+	b, err := message.Read([]byte(initialize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	w, closeFilter := NewListing(route, p, b, nil).Wrap(rec)
+	w.(interface{ OwnAnswer() }).OwnAnswer()
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, answer("Connect your account first.", "not connected"))
+	if err := closeFilter(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(rec.Body.String(), "Connect your account first.") {
+		t.Fatalf("the route's own answer: %s", rec.Body.String())
+	}
+	if got, _ := answerTo(t, route, p, initialize, answer("Use the remote tools.", "2")); !strings.Contains(got, "Use the remote tools.") || !strings.Contains(got, `"version":"2"`) {
+		t.Fatalf("the upstream's answer after the route's own: %s", got)
+	}
+}

@@ -24,6 +24,13 @@
 // never sent elsewhere, loopback only for plain HTTP), bounded in size and
 // time.
 //
+// With Config.KeepSignIns it keeps each person's last sign-in through the
+// IdP (the ID token, and the refresh token when the IdP gave one), sealed
+// under a keyed hash of the person, so that an upstream that trusts the
+// same IdP can give the person their own token without a browser
+// ([Service.SubjectToken], [Service.ForgetSignIn]; see tokens.go for its
+// owner, lifetime and revocation).
+//
 // What it never does: it takes no URL, issuer, audience or redirect from
 // Host or X-Forwarded-* (the site's origin is configuration), never
 // redirects off the site (a return path is a path on this site, see

@@ -230,7 +230,7 @@ func checkIss(got []string, issuer string, required bool) error {
 // exchange trades code for the ID token's claims, checked: go-oidc checks
 // its signature, iss, aud and exp; here the nonce, and azp when the token
 // names more audiences than this client.
-func (d *discovered) exchange(ctx context.Context, clientID, code, verifier, nonce string) ([]byte, error) {
+func (d *discovered) exchange(ctx context.Context, clientID, code, verifier, nonce string) (*signedIn, error) {
 	ctx, cancel := context.WithTimeout(ctx, idpTimeout)
 	defer cancel()
 	tok, err := d.oauth.Exchange(oidc.ClientContext(ctx, d.token), code, oauth2.VerifierOption(verifier))
@@ -245,40 +245,53 @@ func (d *discovered) exchange(ctx context.Context, clientID, code, verifier, non
 	if !ok || raw == "" {
 		return nil, fmt.Errorf("%w: the IdP sent no ID token (is openid among the client's scopes?)", errIDToken)
 	}
-	return checkIDToken(ctx, d.verifier, clientID, raw, nonce)
+	claims, exp, err := checkIDToken(ctx, d.verifier, clientID, raw, nonce)
+	if err != nil {
+		return nil, err
+	}
+	return &signedIn{claims: claims, idToken: raw, refreshToken: tok.RefreshToken, expiry: exp}, nil
+}
+
+// signedIn is what a sign-in at the IdP brought: the ID token's claims,
+// checked, and the tokens the gateway may keep.
+type signedIn struct {
+	claims       []byte
+	idToken      string
+	refreshToken string
+	expiry       time.Time
 }
 
 // checkIDToken verifies raw with v (signature, iss, aud, exp) and checks
 // its nonce and azp; it returns the claims.
-func checkIDToken(ctx context.Context, v *oidc.IDTokenVerifier, clientID, raw, nonce string) ([]byte, error) {
+func checkIDToken(ctx context.Context, v *oidc.IDTokenVerifier, clientID, raw, nonce string) ([]byte, time.Time, error) {
 	idt, err := v.Verify(ctx, raw)
 	if err != nil {
 		var exp *oidc.TokenExpiredError
 		if errors.As(err, &exp) {
-			return nil, fmt.Errorf("%w: it expired", errIDToken)
+			return nil, time.Time{}, fmt.Errorf("%w: it expired", errIDToken)
 		}
-		return nil, fmt.Errorf("%w: %v", errIDToken, redact(err))
+		return nil, time.Time{}, fmt.Errorf("%w: %v", errIDToken, redact(err))
 	}
 	if nonce == "" || subtle.ConstantTimeCompare([]byte(idt.Nonce), []byte(nonce)) != 1 {
-		return nil, fmt.Errorf("%w: its nonce is not the one this browser's sign-in sent", errIDToken)
+		return nil, time.Time{}, fmt.Errorf("%w: its nonce is not the one this browser's sign-in sent", errIDToken)
 	}
 	var claims struct {
 		AZP *string `json:"azp"`
 	}
 	if err := idt.Claims(&claims); err != nil {
-		return nil, fmt.Errorf("%w: its claims do not read", errIDToken)
+		return nil, time.Time{}, fmt.Errorf("%w: its claims do not read", errIDToken)
 	}
 	if len(idt.Audience) > 1 && (claims.AZP == nil || *claims.AZP != clientID) {
-		return nil, fmt.Errorf("%w: it names several audiences and is not authorized for this client (azp)", errIDToken)
+		return nil, time.Time{}, fmt.Errorf("%w: it names several audiences and is not authorized for this client (azp)", errIDToken)
 	}
 	if claims.AZP != nil && *claims.AZP != clientID {
-		return nil, fmt.Errorf("%w: it was issued to another client (azp)", errIDToken)
+		return nil, time.Time{}, fmt.Errorf("%w: it was issued to another client (azp)", errIDToken)
 	}
 	var raw2 rawClaims
 	if err := idt.Claims(&raw2); err != nil {
-		return nil, fmt.Errorf("%w: its claims do not read", errIDToken)
+		return nil, time.Time{}, fmt.Errorf("%w: its claims do not read", errIDToken)
 	}
-	return raw2, nil
+	return raw2, idt.Expiry, nil
 }
 
 // rawClaims keeps the claims' JSON as the IdP wrote it.

@@ -74,7 +74,7 @@ func TestCheckIDToken(t *testing.T) {
 		}
 		return c
 	}
-	claims, err := checkIDToken(context.Background(), v, "gw", idp.sign(t, good()), "n-1")
+	claims, _, err := checkIDToken(context.Background(), v, "gw", idp.sign(t, good()), "n-1")
 	if err != nil || !strings.Contains(string(claims), `"groups":["eng"]`) {
 		t.Fatalf("good token: %s, %v", claims, err)
 	}
@@ -96,14 +96,14 @@ func TestCheckIDToken(t *testing.T) {
 		{"not a JWT", "abc.def.ghi", "n-1", "refused"},
 		{"alg none", unsigned(good()), "n-1", "refused"},
 	} {
-		_, err := checkIDToken(context.Background(), v, "gw", tc.token, tc.nonce)
+		_, _, err := checkIDToken(context.Background(), v, "gw", tc.token, tc.nonce)
 		if !errors.Is(err, errIDToken) || !strings.Contains(err.Error(), tc.word) {
 			t.Errorf("%s: %v, want a refusal with %q", tc.name, err, tc.word)
 		}
 	}
 	multi := with("aud", []string{"gw", "other"})
 	multi["azp"] = "gw"
-	if _, err := checkIDToken(context.Background(), v, "gw", idp.sign(t, multi), "n-1"); err != nil {
+	if _, _, err := checkIDToken(context.Background(), v, "gw", idp.sign(t, multi), "n-1"); err != nil {
 		t.Fatalf("several audiences, azp this client: %v", err)
 	}
 }

@@ -49,6 +49,12 @@ type Config struct {
 	OIDC *OIDC
 	// Links keeps the one-time sign-in links; nil for none.
 	Links storage.Storage
+	// KeepSignIns, when set, keeps each person's last sign-in through the
+	// IdP (its ID token, and its refresh token when the IdP gave one),
+	// sealed, for [Service.SubjectToken]: an upstream that trusts the same
+	// IdP then gives the person their own token without a browser. Nil
+	// keeps nothing.
+	KeepSignIns storage.Storage
 	// Audit receives every refusal. Optional.
 	Audit func(Refusal)
 	// SignedIn receives every sign-in, with how it was made ("idp" or
@@ -85,6 +91,7 @@ type Service struct {
 	jar    *jar
 	rp     *relyingParty // nil without an IdP
 	links  *Links        // nil without links
+	kept   *keeper       // nil: sign-ins are not kept
 	states *replay.Check
 	audit  func(Refusal)
 	signed func(Person, string)
@@ -127,6 +134,11 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.Links != nil {
 		s.links = NewLinks(cfg.Links, now)
+	}
+	if cfg.KeepSignIns != nil && s.rp != nil {
+		if s.kept, err = newKeeper(cfg.KeepSignIns, cfg.Key); err != nil {
+			return nil, fmt.Errorf("signin key: %w", err)
+		}
 	}
 	if s.audit == nil {
 		s.audit = func(Refusal) {}
@@ -316,7 +328,7 @@ func (s *Service) callback(w http.ResponseWriter, r *http.Request) {
 		step("no_code", http.StatusBadRequest, "The sign-in response carries no code. Start again from your MCP client.")
 		return
 	}
-	claims, err := d.exchange(r.Context(), s.rp.cfg.ClientID, code, f.Verifier, f.Nonce)
+	got, err := d.exchange(r.Context(), s.rp.cfg.ClientID, code, f.Verifier, f.Nonce)
 	if err != nil {
 		reason := "id_token"
 		if errors.Is(err, errExchange) {
@@ -325,7 +337,7 @@ func (s *Service) callback(w http.ResponseWriter, r *http.Request) {
 		step(reason, http.StatusBadGateway, "The sign-in could not be finished: "+err.Error()+". Start again from your MCP client.")
 		return
 	}
-	p, err := s.rp.cfg.Claims.person(claims)
+	p, err := s.rp.cfg.Claims.person(got.claims)
 	if err != nil {
 		r := Refusal{Step: "callback", Reason: "no_owner", Status: http.StatusForbidden, Owner: p.Owner,
 			Detail: "Your company sign-in worked, but " + err.Error() + ". Ask this gateway's operator."}
@@ -335,6 +347,15 @@ func (s *Service) callback(w http.ResponseWriter, r *http.Request) {
 		}
 		s.refuse(w, r)
 		return
+	}
+	if s.kept != nil {
+		rec := &keptSignIn{Owner: p.Owner, IDToken: got.idToken, RefreshToken: got.refreshToken, Expiry: got.expiry, SignedIn: s.now()}
+		if err := s.kept.keep(r.Context(), rec); err != nil {
+			// The sign-in stands; only the tokens without a browser
+			// wait for the next one.
+			s.audit(Refusal{Step: "kept_signin", Reason: "storage", Owner: p.Owner, Status: http.StatusServiceUnavailable,
+				Detail: "your sign-in could not be kept for the upstreams that trust the company IdP: " + err.Error()})
+		}
 	}
 	s.signedIn(w, r, p, "idp", f.Return)
 }

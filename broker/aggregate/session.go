@@ -598,6 +598,13 @@ func (a *Aggregate) unreachable(up *aggUpstream, err error) *mcp.CallToolResult 
 				up.cfg.Name, a.publicName(up, ConnectToolName))
 		case errors.Is(err, errTooManyPeople):
 			text = fmt.Sprintf("%q: %s", up.cfg.Name, errTooManyPeople)
+		case errors.Is(err, upstreamauth.ErrSignInRequired):
+			// The person's token comes from their sign-in, which gave
+			// none: what to do is sign in again, not try later.
+			var sre *upstreamauth.SignInRequiredError
+			if errors.As(err, &sre) {
+				text = sre.Error()
+			}
 		}
 		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}
 	}

@@ -190,30 +190,90 @@ func Declined(params []byte, elicitation string) bool {
 // upstream.
 const RetryWait = 2 * time.Minute
 
-// Settle is for a call about to go to a per_user upstream: when it is
-// the 2026-07-28 retry of a call answered with a connect elicitation
-// (its requestState names one made for owner, whose link is live), it
-// waits, at most RetryWait or until ctx
-// ends, for owner to finish connecting, and then lets the call go on. It
-// reports whether the person declined instead (the retry's inputResponses
-// say decline or cancel): then there is nothing to wait for.
-func (s *Service) Settle(ctx context.Context, owner string, c message.Call) (declined bool) {
+// Errors of [Service.Settle].
+var (
+	// ErrDeclined: the retry answers the connect elicitation with decline
+	// or cancel; the call ends with [DeclinedAnswer].
+	ErrDeclined = errors.New("the person declined to connect their account")
+	// ErrRetryNotYours: the retry carries a connect requestState that was
+	// not made for this caller and this upstream (made up, another
+	// person's, another upstream's, or expired); it is refused, never sent.
+	ErrRetryNotYours = errors.New("this retry's requestState was not issued to this caller for this upstream")
+)
+
+// IsConnectState reports whether a retry's requestState has the shape of
+// a connect answer's: the gateway's own, never an upstream's to read.
+func IsConnectState(requestState string) bool {
+	return strings.HasPrefix(requestState, requestStatePrefix)
+}
+
+// Settle is for owner's call about to go to the per_user upstream: when
+// it is the 2026-07-28 retry of a call answered with a connect
+// elicitation, it waits, at most RetryWait or until ctx ends, for owner
+// to finish connecting, and then lets the call go on (nil). A call that
+// carries no connect requestState goes on at once. A retry that answers
+// decline or cancel gets [ErrDeclined]; one whose requestState names no
+// live link made for owner at upstream gets [ErrRetryNotYours], before
+// any wait: a requestState made up, copied from another person, or made
+// for another upstream holds nothing open and reaches no upstream.
+func (s *Service) Settle(ctx context.Context, owner, upstream string, c message.Call) error {
+	if !IsConnectState(c.RequestState) {
+		return nil
+	}
+	id, ok := ElicitationOf(c.RequestState)
+	var made time.Time
+	if ok {
+		made, ok = s.links.issued(ctx, owner, upstream, id)
+	}
+	if !ok {
+		return ErrRetryNotYours
+	}
+	if Declined(c.Params, id) {
+		return ErrDeclined
+	}
+	// The person may have connected through another of their links (a
+	// client that asked twice): any connection since this link was made
+	// lets the call go on.
+	ctx, cancel := context.WithTimeout(ctx, RetryWait)
+	defer cancel()
+	s.WaitConnected(ctx, owner, upstream, made)
+	return nil
+}
+
+// SettleAny is [Service.Settle] for a route that does not say which
+// upstream the call is for (the aggregated route's): the upstream is the
+// one owner's link of that elicitation was made for. It reports whether
+// the person declined; a requestState that names no live link of owner's
+// lets the call go on at once, to be answered as any call of a person
+// not connected.
+func (s *Service) SettleAny(ctx context.Context, owner string, c message.Call) (declined bool) {
 	id, ok := ElicitationOf(c.RequestState)
 	if !ok {
 		return false
 	}
-	if Declined(c.Params, id) {
-		return true
-	}
-	if !s.links.issued(ctx, owner, id) {
-		// Not a link of owner's that is still live: a requestState made
-		// up to hold a request open waits for nothing.
+	up, ok := s.links.upstreamOf(ctx, owner, id)
+	if !ok {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(ctx, RetryWait)
-	defer cancel()
-	s.Wait(ctx, owner, id)
-	return false
+	return errors.Is(s.Settle(ctx, owner, up, c), ErrDeclined)
+}
+
+// RetryAnswer is the answer to a retry that [Service.Settle] refused:
+// for [ErrDeclined] the tool error saying the person declined (or, for
+// another method, the -32042 error), for [ErrRetryNotYours] a JSON-RPC
+// error -32602 saying to call again without that state. The status is
+// the HTTP status to send it with.
+func RetryAnswer(c message.Call, upstream string, err error) (status int, body []byte) {
+	version := "2025-11-25"
+	if c.HasMetaVersion {
+		version = c.MetaVersion
+	}
+	if errors.Is(err, ErrDeclined) {
+		return http.StatusOK, declinedAnswer(c, upstream, version)
+	}
+	b, _ := json.Marshal(response{JSONRPC: "2.0", ID: c.ID.Raw(), Error: &rpcError{Code: message.CodeInvalidParams,
+		Message: fmt.Sprintf("this retry's requestState was not issued to you for %s (it is another person's, another upstream's, expired or made up), so the request was not made; call again without requestState and inputResponses", upstream)}})
+	return http.StatusForbidden, b
 }
 
 // Refuse answers owner's call c that cannot go to upstream for want of
@@ -233,7 +293,9 @@ func (s *Service) Refuse(ctx context.Context, owner, upstream string, c message.
 		caps, _ = message.Lookup(c.Params, []string{"capabilities"})
 	}
 	if id, ok := ElicitationOf(c.RequestState); ok && Declined(c.Params, id) {
-		return declinedAnswer(c, upstream, version), nil
+		if _, mine := s.links.issued(ctx, owner, upstream, id); mine {
+			return declinedAnswer(c, upstream, version), nil
+		}
 	}
 	link, err := s.Create(ctx, owner, upstream)
 	if err != nil {

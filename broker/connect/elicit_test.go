@@ -82,7 +82,7 @@ func (g *gate) answer(w http.ResponseWriter, r *http.Request, c message.Call) bo
 		g.states = append(g.states, id)
 		g.mu.Unlock()
 	}
-	declined := g.f.svc.Settle(r.Context(), "alice", c)
+	declined := errors.Is(g.f.svc.Settle(r.Context(), "alice", "github", c), ErrDeclined)
 	if declined {
 		g.mu.Lock()
 		g.declined++
@@ -370,34 +370,127 @@ func TestURLCapable(t *testing.T) {
 	}
 }
 
-// TestSettleWaitsOnlyForOwnLinks: a retry whose requestState names an
-// elicitation that was never made for its owner (made up, or another
-// person's) does not wait: nobody can hold requests open with it.
-func TestSettleWaitsOnlyForOwnLinks(t *testing.T) {
+// TestRetryAttacks: a 2026-07-28 retry carrying a connect requestState
+// goes on only for the owner and the upstream whose live link it names.
+// Each refused retry is refused before any wait: nobody holds requests
+// open with a state that is not theirs.
+func TestRetryAttacks(t *testing.T) {
 	f := newFixture(t)
-	bobs, err := f.svc.Create(context.Background(), "bob", "github")
+	ctx := context.Background()
+	alices, err := f.svc.Create(ctx, "alice", "github")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, state := range []string{RequestState("made-up"), RequestState(bobs.Elicitation)} {
-		body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","requestState":` + strconvQuote(state) + `,"inputResponses":{}}}`
-		m, err := message.Read([]byte(body))
-		if err != nil {
-			t.Fatal(err)
+	alicesLinear, err := f.svc.Create(ctx, "alice", "linear")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bobs, err := f.svc.Create(ctx, "bob", "github")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accept := func(id string) string { return `{` + strconvQuote(id) + `:{"action":"accept"}}` }
+	for _, c := range []struct {
+		name, owner, state, inputs string
+		want                       error
+	}{
+		{"bob's retry with alice's state", "bob", RequestState(alices.Elicitation), accept(alices.Elicitation), ErrRetryNotYours},
+		{"alice's retry with bob's state", "alice", RequestState(bobs.Elicitation), accept(bobs.Elicitation), ErrRetryNotYours},
+		{"a made-up state", "alice", RequestState("made-up"), accept("made-up"), ErrRetryNotYours},
+		{"the prefix alone", "alice", "zidane-connect.", `{}`, ErrRetryNotYours},
+		{"alice's state of another upstream", "alice", RequestState(alicesLinear.Elicitation), accept(alicesLinear.Elicitation), ErrRetryNotYours},
+		{"bob declining alice's link", "bob", RequestState(alices.Elicitation), `{` + strconvQuote(alices.Elicitation) + `:{"action":"decline"}}`, ErrRetryNotYours},
+		{"alice declines", "alice", RequestState(alices.Elicitation), `{` + strconvQuote(alices.Elicitation) + `:{"action":"decline"}}`, ErrDeclined},
+		{"alice cancels", "alice", RequestState(alices.Elicitation), `{` + strconvQuote(alices.Elicitation) + `:{"action":"cancel"}}`, ErrDeclined},
+		{"an upstream's own state", "alice", "upstream-state-1", `{"q":{"action":"accept"}}`, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","requestState":` + strconvQuote(c.state) + `,"inputResponses":` + c.inputs + `,"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}`
+			m, err := message.Read([]byte(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.svc.waits.mu.Lock()
+			before := f.svc.waits.total
+			f.svc.waits.mu.Unlock()
+			// A cancelled context: a wait, were one started, would end at
+			// once; the test asserts none started.
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if err := f.svc.Settle(ctx, c.owner, "github", m.Calls[0]); !errors.Is(err, c.want) || (c.want == nil && err != nil) {
+				t.Fatalf("Settle: %v, want %v", err, c.want)
+			}
+			f.svc.waits.mu.Lock()
+			n := f.svc.waits.total - before
+			f.svc.waits.mu.Unlock()
+			if n != 0 {
+				t.Fatal("the retry registered a wait")
+			}
+			if c.want == nil {
+				return
+			}
+			status, answer := RetryAnswer(m.Calls[0], "github", c.want)
+			switch {
+			case errors.Is(c.want, ErrRetryNotYours):
+				if status != http.StatusForbidden || !strings.Contains(string(answer), `"code":-32602`) || !strings.Contains(string(answer), "not issued to you") || strings.Contains(string(answer), PathPrefix) {
+					t.Fatalf("the refusal: %d %s", status, answer)
+				}
+			default:
+				if status != http.StatusOK || !strings.Contains(string(answer), `"isError":true`) || !strings.Contains(string(answer), "declined") {
+					t.Fatalf("the declined answer: %d %s", status, answer)
+				}
+			}
+		})
+	}
+	// Bob refused with alice's state made no link of his, and alice's
+	// link is still hers.
+	if _, err := f.svc.links.peek(ctx, strings.TrimPrefix(alices.URL, site+PathPrefix)); err != nil {
+		t.Fatalf("alice's link after the attacks: %v", err)
+	}
+}
+
+// TestWaitConnected: a wait for any of alice's links at github ends when
+// she connects through one of them after the wait began (not for an
+// earlier connection), naming all her live elicitations for
+// github (each a call that asked) and none of bob's or another upstream's.
+func TestWaitConnected(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	first, _ := f.svc.Create(ctx, "alice", "github")
+	second, _ := f.svc.Create(ctx, "alice", "github")
+	other, _ := f.svc.Create(ctx, "alice", "linear")
+	bobs, _ := f.svc.Create(ctx, "bob", "github")
+	// A connection made before the wait began (since revoked) is none.
+	f.svc.done(ctx, Connection{Owner: "alice", Upstream: "github", Elicitation: first.Elicitation})
+	f.clock.add(time.Second)
+	since := f.clock.now()
+	type result struct {
+		ids []string
+		ok  bool
+	}
+	got := make(chan result, 1)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	go func() {
+		ids, ok := f.svc.WaitConnected(wctx, "alice", "github", since)
+		got <- result{ids, ok}
+	}()
+	// Bob connecting wakes nothing of alice's.
+	f.svc.done(ctx, Connection{Owner: "bob", Upstream: "github", Elicitation: bobs.Elicitation})
+	f.svc.done(ctx, Connection{Owner: "alice", Upstream: "github", Elicitation: second.Elicitation})
+	r := <-got
+	if !r.ok || len(r.ids) != 2 || r.ids[0] != first.Elicitation || r.ids[1] != second.Elicitation {
+		t.Fatalf("WaitConnected: %v %v, want alice's two github elicitations", r.ids, r.ok)
+	}
+	for _, id := range r.ids {
+		if id == other.Elicitation || id == bobs.Elicitation {
+			t.Fatalf("WaitConnected named %s", id)
 		}
-		// A cancelled context, so that a wait, were one started, would
-		// end at once; the test asserts none started.
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		if f.svc.Settle(ctx, "alice", m.Calls[0]) {
-			t.Fatalf("%s: declined", state)
-		}
-		f.svc.waits.mu.Lock()
-		n := f.svc.waits.total
-		f.svc.waits.mu.Unlock()
-		if n != 0 {
-			t.Fatalf("%s: alice's retry registered a wait", state)
-		}
+	}
+	ended, end := context.WithCancel(ctx)
+	end()
+	if ids, ok := f.svc.WaitConnected(ended, "bob", "linear", since); ok || ids != nil {
+		t.Fatalf("bob never connected linear: %v %v", ids, ok)
 	}
 }
 
@@ -455,5 +548,73 @@ func TestRespondNotAPerson(t *testing.T) {
 	f.svc.Respond(rec, r, "not a person", "github", json.RawMessage("1"), "tools/call", nil)
 	if got := rec.Body.String(); rec.Code != http.StatusForbidden || !strings.Contains(got, `"code":-32003`) || !strings.Contains(got, "does not belong to a person") || strings.Contains(got, PathPrefix) {
 		t.Fatalf("%d %s", rec.Code, got)
+	}
+}
+
+// TestSettleEndsOnAnyConnection: the retry of a call answered with one
+// link goes on once its person connected through another of their links
+// for the same upstream (a client that asked twice), and not for a
+// connection of someone else's, or one made before the link.
+func TestSettleEndsOnAnyConnection(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.svc.done(ctx, Connection{Owner: "alice", Upstream: "github", Elicitation: "long-ago"})
+	f.clock.add(time.Second)
+	first, _ := f.svc.Create(ctx, "alice", "github")
+	second, _ := f.svc.Create(ctx, "alice", "github")
+	bobs, _ := f.svc.Create(ctx, "bob", "github")
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","requestState":` + strconvQuote(RequestState(first.Elicitation)) +
+		`,"inputResponses":{` + strconvQuote(first.Elicitation) + `:{"action":"accept"}}}}`
+	m, err := message.Read([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	settled := make(chan error, 1)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	go func() { settled <- f.svc.Settle(wctx, "alice", "github", m.Calls[0]) }()
+	f.svc.done(ctx, Connection{Owner: "bob", Upstream: "github", Elicitation: bobs.Elicitation})
+	f.clock.add(time.Second)
+	f.svc.done(ctx, Connection{Owner: "alice", Upstream: "github", Elicitation: second.Elicitation})
+	select {
+	case err := <-settled:
+		if err != nil || wctx.Err() != nil {
+			t.Fatalf("Settle: %v (waited out: %v)", err, wctx.Err())
+		}
+	case <-wctx.Done():
+		t.Fatal("the retry still waits after alice connected through her other link")
+	}
+}
+
+// TestSettleAny: on a route that does not name the upstream, a retry is
+// settled for the upstream of its owner's link: a decline of alice's own
+// link is reported; bob's link in alice's retry names no link of hers, and
+// the call goes on at once, with no wait.
+func TestSettleAny(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	alices, _ := f.svc.Create(ctx, "alice", "linear")
+	bobs, _ := f.svc.Create(ctx, "bob", "linear")
+	retry := func(id, action string) message.Call {
+		m, err := message.Read([]byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","requestState":` + strconvQuote(RequestState(id)) +
+			`,"inputResponses":{` + strconvQuote(id) + `:{"action":"` + action + `"}}}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Calls[0]
+	}
+	if !f.svc.SettleAny(ctx, "alice", retry(alices.Elicitation, "decline")) {
+		t.Fatal("alice's decline of her own link was not reported")
+	}
+	ended, end := context.WithCancel(ctx)
+	end()
+	if f.svc.SettleAny(ended, "alice", retry(bobs.Elicitation, "decline")) {
+		t.Fatal("bob's link settled alice's retry")
+	}
+	f.svc.waits.mu.Lock()
+	n := f.svc.waits.total
+	f.svc.waits.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d waits started", n)
 	}
 }

@@ -74,6 +74,8 @@ type record struct {
 	Upstream    string    `json:"upstream"`
 	Elicitation string    `json:"elicitation"`
 	Expires     time.Time `json:"expires"`
+	// At is when a completion was noted (DoneKeyPrefix records).
+	At time.Time `json:"at,omitzero"`
 }
 
 // records is one kind of record in storage, each under the hash of its
@@ -118,6 +120,8 @@ func (rs *records) read(ctx context.Context, key string) (record, error) {
 // ownerLink is one entry of an owner's index of live links.
 type ownerLink struct {
 	Key         string    `json:"key"`
+	Upstream    string    `json:"upstream"`
+	Made        time.Time `json:"made,omitzero"`
 	Elicitation string    `json:"elicitation"`
 	Expires     time.Time `json:"expires"`
 }
@@ -142,7 +146,7 @@ func (rs *records) putOwned(ctx context.Context, secret string, rec record) erro
 		if err := rs.put(ctx, secret, rec); err != nil {
 			return nil, err
 		}
-		return json.Marshal(append(live, ownerLink{Key: rs.key(secret), Elicitation: rec.Elicitation, Expires: rec.Expires}))
+		return json.Marshal(append(live, ownerLink{Key: rs.key(secret), Upstream: rec.Upstream, Made: now, Elicitation: rec.Elicitation, Expires: rec.Expires}))
 	})
 }
 
@@ -151,16 +155,57 @@ func ownerIndexKey(owner string) string {
 	return OwnerKeyPrefix + hex.EncodeToString(sum[:])
 }
 
-// issued reports whether owner's index lists the elicitation id with a
-// link still live.
-func (rs *records) issued(ctx context.Context, owner, elicitation string) bool {
+// issued reports whether owner's index lists the elicitation id, made
+// for upstream, with a link still live (used or not: the retry of a call
+// comes after its person used the link), and when that link was made.
+func (rs *records) issued(ctx context.Context, owner, upstream, elicitation string) (made time.Time, ok bool) {
 	raw, err := rs.store.Load(ctx, ownerIndexKey(owner))
 	var live []ownerLink
 	if err != nil || len(raw) > maxRecord*4 || json.Unmarshal(raw, &live) != nil {
-		return false
+		return time.Time{}, false
 	}
 	now := rs.now()
-	return slices.ContainsFunc(live, func(l ownerLink) bool { return l.Elicitation == elicitation && now.Before(l.Expires) })
+	i := slices.IndexFunc(live, func(l ownerLink) bool {
+		return l.Elicitation == elicitation && l.Upstream == upstream && now.Before(l.Expires)
+	})
+	if i < 0 {
+		return time.Time{}, false
+	}
+	return live[i].Made, true
+}
+
+// upstreamOf is the upstream of owner's live link of the elicitation id.
+func (rs *records) upstreamOf(ctx context.Context, owner, elicitation string) (string, bool) {
+	raw, err := rs.store.Load(ctx, ownerIndexKey(owner))
+	var live []ownerLink
+	if err != nil || len(raw) > maxRecord*4 || json.Unmarshal(raw, &live) != nil {
+		return "", false
+	}
+	now := rs.now()
+	for _, l := range live {
+		if l.Elicitation == elicitation && now.Before(l.Expires) && l.Upstream != "" {
+			return l.Upstream, true
+		}
+	}
+	return "", false
+}
+
+// elicitations are the ids of owner's live links for upstream, oldest
+// first.
+func (rs *records) elicitations(ctx context.Context, owner, upstream string) []string {
+	raw, err := rs.store.Load(ctx, ownerIndexKey(owner))
+	var live []ownerLink
+	if err != nil || len(raw) > maxRecord*4 || json.Unmarshal(raw, &live) != nil {
+		return nil
+	}
+	now := rs.now()
+	var ids []string
+	for _, l := range live {
+		if l.Upstream == upstream && now.Before(l.Expires) {
+			ids = append(ids, l.Elicitation)
+		}
+	}
+	return ids
 }
 
 // peek returns the record of secret without using it up.

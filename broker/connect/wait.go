@@ -69,8 +69,46 @@ func (ws *waiters) wake(id string) {
 
 // done notes that owner's elicitation completed, and wakes its waits.
 func (s *Service) done(ctx context.Context, c Connection) {
-	_ = s.dones.put(ctx, c.Elicitation, record{Owner: c.Owner, Upstream: c.Upstream, Elicitation: c.Elicitation, Expires: s.now().Add(FlowLifetime)})
+	now := s.now()
+	_ = s.dones.put(ctx, c.Elicitation, record{Owner: c.Owner, Upstream: c.Upstream, Elicitation: c.Elicitation, Expires: now.Add(FlowLifetime), At: now})
 	s.waits.wake(c.Elicitation)
+	s.waits.wake(ownerWaitKey(c.Owner, c.Upstream))
+}
+
+// ownerWaitKey names the waits for any of owner's links at upstream;
+// the NUL cannot be in an elicitation id, an owner or an upstream name.
+func ownerWaitKey(owner, upstream string) string { return "owner\x00" + owner + "\x00" + upstream }
+
+// WaitConnected blocks until owner connects their account at upstream
+// through any link of theirs still live, at since or later (a connection
+// made before, since revoked, is not one), on this replica or another
+// sharing the storage, or until ctx ends. It returns the ids of owner's
+// live elicitations for upstream, each a call that asked: a 2025-11-25
+// client's stream tells it each is complete
+// (notifications/elicitation/complete), so that the calls waiting on them
+// are made again. A caller bounds ctx.
+func (s *Service) WaitConnected(ctx context.Context, owner, upstream string, since time.Time) ([]string, bool) {
+	ch, release, ok := s.waits.add(ownerWaitKey(owner, upstream))
+	if ok {
+		defer release()
+	}
+	tick := time.NewTicker(pollEvery)
+	defer tick.Stop()
+	for {
+		ids := s.links.elicitations(ctx, owner, upstream)
+		for _, id := range ids {
+			if rec, err := s.dones.peek(ctx, id); err == nil && rec.Owner == owner && !rec.At.Before(since) {
+				return ids, true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case <-ch:
+			ch = nil // woken here: read it back
+		case <-tick.C:
+		}
+	}
 }
 
 // completed reads whether the elicitation completed for owner: yes, no,

@@ -14,9 +14,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/answerlimit"
+	connectlink "github.com/Tahul/caddy-zidane-mcp/broker/connect"
 	"github.com/Tahul/caddy-zidane-mcp/broker/sessionid"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 
@@ -24,6 +26,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
 
 // Options configures [New].
@@ -94,20 +97,42 @@ type Options struct {
 	// ConnectRequired answers a request that was not sent because the
 	// upstream takes each person's own token (credentials per_user) and
 	// the caller has none: err names the upstream and why. Nil:
-	// [RefuseConnectRequired].
+	// [RefuseConnectRequired]. The handshake and the listings of such a
+	// person are answered by the route itself (see unconnected.go).
 	ConnectRequired ConnectRequiredFunc
+
+	// Retry, when set, sees a call whose requestState is a connect
+	// answer's (connectlink.IsConnectState: the 2026-07-28 retry of a call
+	// that asked its person to connect) before it is sent: it waits for
+	// the person to connect and reports false, or answers w itself (a
+	// decline, a requestState not the caller's) and reports true.
+	Retry func(w http.ResponseWriter, r *http.Request, c message.Call) (answered bool)
+
+	// Connected, when set, blocks until the person calling r connects
+	// their account at the upstream, at since or later, or ctx ends; it
+	// returns the ids of their elicitations for it. A GET stream of a
+	// person not connected waits on it; without it, such a stream is
+	// refused.
+	Connected func(ctx context.Context, r *http.Request, since time.Time) (elicitations []string, ok bool)
+
+	// Store keeps the upstream session ids of pending sessions (those
+	// begun before their person connected), so that every replica
+	// sharing it continues them. Nil: this process alone.
+	Store storage.Storage
 }
 
 // ConnectRequiredFunc answers, in w, the request r (the JSON-RPC id rpcID,
 // empty for a notification; method its method) refused because the
 // calling person has not connected their account to the upstream.
-type ConnectRequiredFunc func(w http.ResponseWriter, r *http.Request, rpcID json.RawMessage, method string, err *upstreamauth.ConnectRequiredError)
+// initCaps are the client capabilities of the session's initialize, when
+// the session remembers them (nil otherwise).
+type ConnectRequiredFunc func(w http.ResponseWriter, r *http.Request, rpcID json.RawMessage, method string, err *upstreamauth.ConnectRequiredError, initCaps []byte)
 
 // RefuseConnectRequired is the default [Options.ConnectRequired]: a tool
 // call gets a tool error (which an agent reads and reports), any other
 // request HTTP 403 with a JSON-RPC error; both say that the person must
 // connect their account to the upstream.
-func RefuseConnectRequired(w http.ResponseWriter, r *http.Request, rpcID json.RawMessage, method string, err *upstreamauth.ConnectRequiredError) {
+func RefuseConnectRequired(w http.ResponseWriter, r *http.Request, rpcID json.RawMessage, method string, err *upstreamauth.ConnectRequiredError, _ []byte) {
 	msg := err.Error()
 	if method == "tools/call" && len(rpcID) > 0 {
 		writeToolError(w, rpcID, msg)
@@ -165,6 +190,10 @@ type PassThrough struct {
 	onCall        func(upstream.CallRecord)
 	onRefusal     func(upstream.Refusal)
 	connect       ConnectRequiredFunc
+	retry         func(http.ResponseWriter, *http.Request, message.Call) bool
+	connected     func(context.Context, *http.Request, time.Time) ([]string, bool)
+	pending       pendingSessions
+	legacy        atomic.Bool // the upstream refused a server/discover: it speaks no 2026-07-28
 	logger        *slog.Logger
 
 	droppedMu sync.Mutex
@@ -235,6 +264,9 @@ func New(u upstream.Config, opts Options) (*PassThrough, error) {
 		onCall:        opts.OnCall,
 		onRefusal:     opts.OnRefusal,
 		connect:       connect,
+		retry:         opts.Retry,
+		connected:     opts.Connected,
+		pending:       pendingSessions{store: opts.Store},
 		logger:        logger,
 	}, nil
 }
@@ -303,6 +335,11 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	ex.start = start
+	if _, inCtx := message.FromContext(r.Context()); !inCtx && ex.msg != nil {
+		// Whoever answers for the route reads the one reading.
+		r = r.WithContext(message.NewContext(r.Context(), ex.msg))
+	}
 	rec := upstream.CallRecord{Upstream: pt.name, Route: pt.route, HTTPMethod: r.Method, Method: ex.method, Tool: ex.tool,
 		TokenID: p.TokenID, TokenName: p.Name, ClientIP: upstream.ClientIP(r.Header)}
 	defer func() {
@@ -316,9 +353,56 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// events are bounded one by one (max_response each), not in all.
 		r = r.WithContext(answerlimit.WithEventLimit(r.Context()))
 	}
+	if ex.pending != nil && r.Method == http.MethodDelete {
+		// Ending a pending session starts no upstream session: only one
+		// that started is ended there.
+		sid, started := pt.lookup(r.Context(), p, ex.pending)
+		pt.forget(r.Context(), ex.pending)
+		if !started || sid == "" {
+			ownAnswer(w)
+			w.WriteHeader(http.StatusOK)
+			rec.Outcome = upstream.OutcomeOK
+			return
+		}
+		ex.pending, ex.upstreamSID = nil, sid
+	}
+	if ex.pending != nil {
+		// A session begun before its person connected: it goes on with
+		// an upstream session of its own once they have.
+		sid, err := pt.startPending(r, p, ex.pending)
+		if err != nil {
+			pt.failed(w, r, p, &rec, ex, err)
+			return
+		}
+		ex.upstreamSID = sid
+	}
+	if pt.retry != nil && ex.msg != nil {
+		for _, c := range ex.msg.Calls {
+			if !connectlink.IsConnectState(c.RequestState) {
+				continue
+			}
+			if ex.msg.Batch {
+				rec.Outcome = upstream.OutcomeError
+				pt.refuse(w, r, p, ex, http.StatusBadRequest, message.CodeInvalidRequest, "request_state_in_batch",
+					"a batch carried the retry of a connect elicitation", "send the retry of a call on its own, not in a batch")
+				return
+			}
+			if pt.retry(w, r, c) {
+				rec.Outcome = upstream.OutcomeConnectRequired
+				return
+			}
+			body, err := withoutConnectState(ex.body)
+			if err != nil {
+				pt.refuse(w, r, p, ex, http.StatusBadRequest, message.CodeInvalidRequest, "malformed", err.Error(),
+					"the retry's params could not be read again; send the call again without requestState and inputResponses")
+				return
+			}
+			ex.body = body
+		}
+	}
 	resp, err := pt.send(r, ex.body, ex.upstreamSID)
 	if err != nil {
-		pt.failed(w, r, &rec, ex.rpcID, ex.upstreamSID, err)
+		pt.failed(w, r, p, &rec, ex, err)
 		return
 	}
 	defer resp.Body.Close()
@@ -334,6 +418,22 @@ type exchange struct {
 	tool        string          // the tool of the first tools/call
 	clientSID   string          // the sealed Mcp-Session-Id the client sent
 	upstreamSID string          // what it opened to
+	msg         *message.Body   // a POST's body, as read once
+	start       time.Time       // when the request came
+	urlCapable  bool            // its client declared URL elicitation at initialize
+	pending     *pendingSession // a session begun before its person connected
+}
+
+// urlCaps are client capabilities that declare URL elicitation.
+var urlCaps = []byte(`{"elicitation":{"url":{}}}`)
+
+// initCaps are the capabilities the session's initialize declared, as far
+// as the session id remembers them: URL elicitation, or nothing.
+func (ex exchange) initCaps() []byte {
+	if ex.urlCapable {
+		return urlCaps
+	}
+	return nil
 }
 
 // admit checks the method, reads a POST's body and opens the session id.
@@ -363,7 +463,7 @@ func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Pr
 				return ex, false
 			}
 		}
-		ex.body = b.Raw
+		ex.body, ex.msg = b.Raw, b
 		ex.method = b.Calls[0].Method
 		if !b.Batch {
 			ex.rpcID = b.Calls[0].ID.Raw()
@@ -388,7 +488,11 @@ func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Pr
 			"the request carried more than one Mcp-Session-Id", "send one Mcp-Session-Id header")
 		return ex, false
 	case len(values) == 1:
-		upstreamSID, err := pt.ids.Open(values[0], p.TokenID, pt.route)
+		payload, err := pt.ids.Open(values[0], p.TokenID, pt.route)
+		upstreamSID, urlCapable, pending := openPayload(payload)
+		if err == nil && upstreamSID == "" && pending == nil {
+			err = sessionid.ErrUnknown
+		}
 		if err == nil && pt.takeDropped(upstreamSID) {
 			pt.endUpstreamSession(upstreamSID)
 			pt.refuse(w, r, p, ex, http.StatusNotFound, message.CodeUnknownSession, "session_dropped",
@@ -401,7 +505,7 @@ func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Pr
 				"unknown session: this Mcp-Session-Id was not issued to this token on this route, or is no longer valid; start a new session by initializing again without Mcp-Session-Id")
 			return ex, false
 		}
-		ex.clientSID, ex.upstreamSID = values[0], upstreamSID
+		ex.clientSID, ex.upstreamSID, ex.urlCapable, ex.pending = values[0], upstreamSID, urlCapable, pending
 	}
 	return ex, true
 }
@@ -411,6 +515,9 @@ func (pt *PassThrough) admit(w http.ResponseWriter, r *http.Request, p policy.Pr
 // arrives. Refusals of the gateway's credentials, redirects and invalid
 // session ids become 502 instead.
 func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.Principal, ex exchange, resp *http.Response, rec *upstream.CallRecord) {
+	if ex.method == "server/discover" && len(ex.rpcID) > 0 {
+		pt.noteDiscover(resp)
+	}
 	if pt.refusedStatus(w, ex, resp.StatusCode, rec) {
 		return
 	}
@@ -427,7 +534,14 @@ func (pt *PassThrough) answer(w http.ResponseWriter, r *http.Request, p policy.P
 				fmt.Sprintf("the upstream MCP server %q gave an invalid session id; ask the operator to check the server", pt.name))
 			return
 		default:
-			w.Header().Set(upstream.HeaderSessionID, pt.ids.Seal(sid, p.TokenID, pt.route))
+			payload := sid
+			if _, url := initializeCall(r); url && ex.method == "initialize" && len(sid) < sessionid.MaxUpstream {
+				// The session remembers that its client takes URL
+				// elicitation, for a later call that needs its person
+				// to connect.
+				payload = string(markURL) + sid
+			}
+			w.Header().Set(upstream.HeaderSessionID, pt.ids.Seal(payload, p.TokenID, pt.route))
 		}
 	}
 	sse := answerlimit.IsEventStream(resp.Header.Get("Content-Type"))
@@ -547,7 +661,8 @@ func (c *cancelOnClose) Close() error {
 }
 
 // failed answers a request whose upstream call failed.
-func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *upstream.CallRecord, rpcID json.RawMessage, upstreamSID string, err error) {
+func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, p policy.Principal, rec *upstream.CallRecord, ex exchange, err error) {
+	rpcID, upstreamSID := ex.rpcID, ex.upstreamSID
 	if r.Context().Err() != nil {
 		// The client went away; nobody is left to answer.
 		rec.Outcome = upstream.OutcomeCanceled
@@ -567,7 +682,19 @@ func (pt *PassThrough) failed(w http.ResponseWriter, r *http.Request, rec *upstr
 		// Not sent: the calling person has no token of their own for
 		// the upstream, and nobody else's may go in its place.
 		rec.Outcome = upstream.OutcomeConnectRequired
-		pt.connect(w, r, rpcID, rec.Method, cre)
+		pt.unconnected(w, r, p, ex, cre)
+		return
+	}
+	var sre *upstreamauth.SignInRequiredError
+	if errors.As(err, &sre) {
+		// Not sent: the person's token comes from their sign-in, which
+		// could not give one; the person is told to sign in again.
+		rec.Outcome = upstream.OutcomeConnectRequired
+		if rec.Method == "tools/call" && len(rpcID) > 0 {
+			writeToolError(w, rpcID, sre.Error())
+			return
+		}
+		upstream.WriteRPCError(w, http.StatusForbidden, rpcID, message.CodeUpstream, sre.Error())
 		return
 	}
 	if errors.Is(err, upstreamauth.ErrAuthRequired) {

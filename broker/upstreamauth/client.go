@@ -24,7 +24,11 @@
 // login, callback, transport and revocation), sealed under (upstream, a
 // keyed hash of the person), and [Client.OwnerTransport] attaches the
 // calling person's token, never another's nor the shared one, refusing a
-// call with none ([ErrConnectRequired]) before it is sent.
+// call with none ([ErrConnectRequired]) before it is sent. With the
+// token_exchange (RFC 8693) or cross_app_access (SEP-990) grant, a
+// person's token comes without a browser from the ID token of their
+// sign-in to the gateway (Options.SubjectToken; see exchange.go), falling
+// back to the connect link where the config allows it.
 //
 // Where the authorization server offers it, tokens are DPoP-bound (RFC
 // 9449): each request carries a fresh proof of a key the gateway made for
@@ -121,6 +125,13 @@ type Options struct {
 	// it keeps a person's revocation on one replica from leaving their
 	// token in use on another.
 	WatchOwner func(key string, changed func()) (stop func())
+	// SubjectToken, for credentials per_user with the token_exchange or
+	// cross_app_access grant, returns the ID token the person owner's
+	// sign-in to the gateway brought from the company IdP (renewed when
+	// it can be), or an error that says what the person must do (sign in
+	// again). The person's client calls it only when it needs a new
+	// token: a warm call does not. Nil: no person has one.
+	SubjectToken func(ctx context.Context, owner string) (string, error)
 }
 
 // Client is the OAuth client of one upstream. It is safe for concurrent
@@ -184,6 +195,8 @@ type Client struct {
 	// client's watch.
 	watchOwner func(key string, changed func()) (stop func())
 	unwatch    func()
+	// subjects is Options.SubjectToken (on the upstream's client).
+	subjects func(ctx context.Context, owner string) (string, error)
 }
 
 // hotToken is what the Transport needs on its hot path.
@@ -232,6 +245,7 @@ func New(ctx context.Context, name, mcpURL string, cfg Config, opts Options) (*C
 		onState: opts.OnState,
 
 		watchOwner: opts.WatchOwner,
+		subjects:   opts.SubjectToken,
 	}
 	if c.logger == nil {
 		c.logger = slog.New(slog.DiscardHandler)
@@ -287,6 +301,17 @@ func (c *Client) String() string {
 
 // interactive reports whether tokens come from an operator's login.
 func (c *Client) interactive() bool { return c.cfg.grant() == GrantAuthorizationCode }
+
+// logsIn reports whether a login (BeginLogin, Callback) may run: for the
+// authorization code grant, and for a person's exchange grant whose
+// fallback is the connect link.
+func (c *Client) logsIn() bool {
+	return c.interactive() || (c.cfg.Fallback == FallbackConnect && c.cfg.PerUser())
+}
+
+// exchanges reports whether a person's token comes from their sign-in
+// (see [Config.Exchanges]).
+func (c *Client) exchanges() bool { return c.cfg.Exchanges() }
 
 // LogsIn reports whether the upstream's tokens come from an operator's
 // login (the authorization code grant), rather than from the gateway's
@@ -717,8 +742,9 @@ func (c *Client) token(ctx context.Context, rejected string) (*hotToken, error) 
 		ue  *UnavailableError
 		are *AuthRequiredError
 		cre *ConnectRequiredError
+		sre *SignInRequiredError
 	)
-	if (errors.As(err, &ue) || errors.As(err, &are) || errors.As(err, &cre)) && ctx.Err() == nil {
+	if (errors.As(err, &ue) || errors.As(err, &are) || errors.As(err, &cre) || errors.As(err, &sre)) && ctx.Err() == nil {
 		// Answer the next requests from this for a moment: no storage
 		// read and no token request per request while the upstream is
 		// unusable. A login here clears it at once; one on another
@@ -760,7 +786,9 @@ func (c *Client) renew(ctx context.Context, rejected string) error {
 				return rec, errNoChange // someone else renewed it
 			}
 		}
-		if !c.interactive() {
+		// A person who connected through the fallback link holds a
+		// refresh token of that login: it is refreshed as such.
+		if !c.interactive() && !(c.owner != "" && rec != nil && rec.RefreshToken != "") {
 			if rec == nil {
 				rec = &record{}
 			}
@@ -803,6 +831,9 @@ func (c *Client) renew(ctx context.Context, rejected string) error {
 		err = failure
 	}
 	if err != nil {
+		if c.owner != "" && c.exchanges() {
+			return c.exchangeFailed(err)
+		}
 		return c.unavailable(err, !c.interactive())
 	}
 	if c.hot.Load() == nil {
@@ -890,6 +921,10 @@ func (c *Client) fetch(ctx context.Context, rec *record, extra []string) error {
 		}
 		form.Set("grant_type", jwtBearer)
 		form.Set("assertion", jag)
+	case GrantTokenExchange:
+		if err := c.exchangeForm(ctx, rec, form); err != nil {
+			return err
+		}
 	}
 	var assertion [32]byte
 	if c.cfg.grant() == GrantJWTBearer {
@@ -910,6 +945,12 @@ func (c *Client) fetch(ctx context.Context, rec *record, extra []string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("%s grant: %w", c.cfg.grant(), err)
+	}
+	if c.cfg.grant() == GrantTokenExchange && tr.IssuedTokenType != tokenTypeAccessToken {
+		// RFC 8693 §2.2.1: the answer says what it issued; anything
+		// but an access token (a refresh token, an ID token passed
+		// back) is not attached to the person's calls.
+		return fmt.Errorf("token_exchange grant: the authorization server issued a token of type %q, not an access token (%s); it is not used", clip(tr.IssuedTokenType, 100), tokenTypeAccessToken)
 	}
 	rec.RefreshToken = ""
 	c.storeToken(rec, tr, scopes, key)

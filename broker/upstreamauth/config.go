@@ -38,6 +38,23 @@ const (
 	// in a file, is presented as an RFC 7523 assertion. No login, no
 	// secret of the gateway's own.
 	GrantJWTBearer = "jwt_bearer"
+	// GrantTokenExchange: token exchange (RFC 8693) for a person
+	// (credentials per_user): the ID token the person's sign-in to the
+	// gateway brought from the company IdP is the subject token, and the
+	// gateway, authenticated as its client at the upstream's authorization
+	// server, is the actor. No browser step.
+	GrantTokenExchange = "token_exchange"
+)
+
+// Values of [Config.Fallback].
+const (
+	// FallbackNone: a person whose token cannot be had by exchange is
+	// refused, with what to do.
+	FallbackNone = "none"
+	// FallbackConnect: such a person is sent the connect link, and
+	// connects their account through the upstream's authorization code
+	// grant (redirect_url).
+	FallbackConnect = "connect"
 )
 
 // Whose token a call carries ([Config.Credentials]).
@@ -49,6 +66,13 @@ const (
 // PerUser reports whether each caller's own token is attached, rather
 // than the upstream's one shared token.
 func (c Config) PerUser() bool { return c.Credentials == CredentialsPerUser }
+
+// Exchanges reports whether each person's token comes from their sign-in
+// through the company IdP, without a browser: credentials per_user with
+// the token_exchange or cross_app_access grant.
+func (c Config) Exchanges() bool {
+	return c.PerUser() && (c.grant() == GrantTokenExchange || c.grant() == GrantCrossAppAccess)
+}
 
 // Client authentication methods at the token endpoint.
 const (
@@ -76,7 +100,8 @@ const (
 // errors of [Config.Validate] nor in [Config.String].
 type Config struct {
 	// Grant is "authorization_code" (the default), "client_credentials",
-	// "cross_app_access" or "jwt_bearer".
+	// "cross_app_access", "jwt_bearer" or "token_exchange" (credentials
+	// per_user only).
 	Grant string `json:"grant,omitempty"`
 
 	// ClientID is a pre-registered client id. For authorization_code it is
@@ -140,10 +165,31 @@ type Config struct {
 	// the one token of the upstream, obtained by an operator's login or by
 	// the gateway's own grant, for every caller; or "per_user", each
 	// calling person's own token, obtained when that person connects their
-	// account (authorization_code only), never another person's and never
-	// the shared one. A per_user call by a person who has not connected is
-	// refused without reaching the upstream.
+	// account (authorization_code) or from their sign-in through the
+	// company IdP (token_exchange, cross_app_access), never another
+	// person's and never the shared one. A per_user call by a person with
+	// no token is refused without reaching the upstream.
 	Credentials string `json:"credentials,omitempty"`
+
+	// Fallback, for credentials per_user with the token_exchange or
+	// cross_app_access grant, is what a person gets when no token can be
+	// had without a browser (no sign-in token is held for them, or the
+	// exchange is refused): "none" (the default), a refusal saying what
+	// to do, or "connect", the connect link, through which the person
+	// logs in to the upstream (authorization code, with redirect_url).
+	Fallback string `json:"fallback,omitempty"`
+	// Audience (token_exchange) is the RFC 8693 audience sent with the
+	// exchange: the logical name of the upstream at its authorization
+	// server, when it wants one besides the resource.
+	Audience string `json:"audience,omitempty"`
+	// ActorTokenFile (token_exchange) names the file holding the
+	// gateway's own current JWT (a workload identity, kept fresh by its
+	// platform), sent as the exchange's actor_token (RFC 8693 §2.1, type
+	// jwt), so that the token issued names the gateway as the party
+	// acting for the person. It is read at each exchange and sent only to
+	// the authorization server its audience names, before it expires.
+	// Without it the actor is the gateway's authenticated client.
+	ActorTokenFile string `json:"actor_token_file,omitempty"`
 
 	// Cross-app access (SEP-990): the enterprise IdP.
 	IDPIssuer       string `json:"idp_issuer,omitempty"`
@@ -152,7 +198,8 @@ type Config struct {
 	IDPClientSecret string `json:"idp_client_secret,omitempty"`
 	// IDTokenFile names the file holding the current ID token issued by the
 	// IdP to the gateway (kept fresh by whatever issues it); it is read at
-	// each exchange.
+	// each exchange. With credentials per_user it is not given: the ID
+	// token is the calling person's, from their sign-in.
 	IDTokenFile string `json:"id_token_file,omitempty"`
 
 	// AssertionFile (jwt_bearer) names the file holding the workload's
@@ -181,6 +228,12 @@ func (c Config) String() string {
 	if c.Credentials != "" {
 		fmt.Fprintf(&b, " credentials=%s", c.Credentials)
 	}
+	if c.Fallback != "" {
+		fmt.Fprintf(&b, " fallback=%s", c.Fallback)
+	}
+	if c.Audience != "" {
+		fmt.Fprintf(&b, " audience=%s", c.Audience)
+	}
 	if c.PrivateKey != "" {
 		b.WriteString(" private_key=<redacted>")
 	}
@@ -204,6 +257,9 @@ func (c Config) String() string {
 	}
 	if c.AssertionFile != "" {
 		fmt.Fprintf(&b, " assertion_file=%s", c.AssertionFile)
+	}
+	if c.ActorTokenFile != "" {
+		fmt.Fprintf(&b, " actor_token_file=%s", c.ActorTokenFile)
 	}
 	b.WriteString("}")
 	return b.String()
@@ -240,9 +296,9 @@ func (c Config) Validate() error {
 // validateClient checks the grant and how the client authenticates.
 func (c Config) validateClient() error {
 	switch c.grant() {
-	case GrantAuthorizationCode, GrantClientCredentials, GrantCrossAppAccess, GrantJWTBearer:
+	case GrantAuthorizationCode, GrantClientCredentials, GrantCrossAppAccess, GrantJWTBearer, GrantTokenExchange:
 	default:
-		return fmt.Errorf("oauth: grant %q is not supported; use authorization_code, client_credentials, cross_app_access or jwt_bearer", c.Grant)
+		return fmt.Errorf("oauth: grant %q is not supported; use authorization_code, client_credentials, cross_app_access, jwt_bearer or token_exchange", c.Grant)
 	}
 	switch c.TokenEndpointAuthMethod {
 	case "", AuthClientSecretBasic, AuthClientSecretPost, AuthPrivateKeyJWT, AuthNone:
@@ -301,11 +357,37 @@ func (c Config) validateSettings() error {
 	switch c.Credentials {
 	case "", CredentialsShared:
 	case CredentialsPerUser:
-		if c.grant() != GrantAuthorizationCode {
-			return fmt.Errorf("oauth: credentials per_user needs grant authorization_code (each person logs in to the upstream as themselves); the %s grant gives the gateway one identity for everyone: use credentials shared", c.grant())
+		switch c.grant() {
+		case GrantAuthorizationCode, GrantTokenExchange, GrantCrossAppAccess:
+		default:
+			return fmt.Errorf("oauth: credentials per_user needs grant authorization_code (each person logs in to the upstream as themselves), token_exchange or cross_app_access (each person's sign-in token is exchanged); the %s grant gives the gateway one identity for everyone: use credentials shared", c.grant())
 		}
 	default:
 		return fmt.Errorf("oauth: credentials %q is not supported; use shared (the default: one token for every caller) or per_user (each person's own token)", c.Credentials)
+	}
+	switch c.Fallback {
+	case "", FallbackNone:
+	case FallbackConnect:
+		if !c.PerUser() || (c.grant() != GrantTokenExchange && c.grant() != GrantCrossAppAccess) {
+			return errors.New("oauth: fallback connect applies to credentials per_user with grant token_exchange or cross_app_access (with authorization_code every person connects through the link already)")
+		}
+		if c.RedirectURL == "" {
+			return errors.New("oauth: fallback connect needs redirect_url, the gateway's callback for the person's login to the upstream")
+		}
+	default:
+		return fmt.Errorf("oauth: fallback %q is not supported; use none (the default: a person whose token cannot be exchanged is refused) or connect (they get the connect link)", c.Fallback)
+	}
+	if c.Audience != "" && c.grant() != GrantTokenExchange {
+		return errors.New("oauth: audience applies to grant token_exchange")
+	}
+	if c.ActorTokenFile != "" {
+		if c.grant() != GrantTokenExchange {
+			return errors.New("oauth: actor_token_file applies to grant token_exchange")
+		}
+		// As for assertion_file: the platform may write it only later.
+		if err := configfile.Check(c.ActorTokenFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("oauth: actor_token_file: %v; give the path of the file that holds the gateway's JWT", err)
+		}
 	}
 	if c.MaxStepUp < 0 || c.MaxStepUp > 10 {
 		return fmt.Errorf("oauth: max_step_up %d is out of range; give 1 to 10, or 0 for the default %d", c.MaxStepUp, DefaultMaxStepUp)
@@ -370,20 +452,48 @@ func (c Config) validateGrant() error {
 		if c.IDPClientID == "" {
 			return errors.New("oauth: cross_app_access needs idp_client_id, the gateway's client at the IdP")
 		}
-		if c.IDTokenFile == "" {
-			return errors.New("oauth: cross_app_access needs id_token_file, the file that holds the gateway's current ID token from the IdP")
+		switch {
+		case c.PerUser() && c.TokenURL == "" && c.AuthorizationServer == "":
+			// The ID-JAG's audience is the upstream's authorization
+			// server: the config names it, never the upstream's metadata.
+			return errors.New("oauth: grant cross_app_access with credentials per_user asks the IdP for an ID-JAG for the upstream's authorization server, which the config names, never the upstream's metadata: set authorization_server <issuer> (or token_url)")
+		case c.PerUser() && c.IDTokenFile != "":
+			return errors.New("oauth: id_token_file is the gateway's own ID token; with credentials per_user each person's ID token from their sign-in is exchanged: remove id_token_file")
+		case !c.PerUser() && c.IDTokenFile == "":
+			return errors.New("oauth: cross_app_access needs id_token_file, the file that holds the gateway's current ID token from the IdP (or credentials per_user, to exchange each person's)")
 		}
 		// The file is read at each exchange, and whatever keeps it fresh
 		// may write it only later; but a path that holds something else
 		// than a file would fail every exchange.
-		if err := configfile.Check(c.IDTokenFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("oauth: id_token_file: %v; give the path of the file that holds the ID token", err)
+		if c.IDTokenFile != "" {
+			if err := configfile.Check(c.IDTokenFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("oauth: id_token_file: %v; give the path of the file that holds the ID token", err)
+			}
 		}
-		if c.RedirectURL != "" || c.ClientMetadataURL != "" {
-			return errors.New("oauth: redirect_url and client_metadata_url apply to authorization_code, not cross_app_access")
+		if (c.RedirectURL != "" || c.ClientMetadataURL != "") && c.Fallback != FallbackConnect {
+			return errors.New("oauth: redirect_url and client_metadata_url apply to authorization_code, not cross_app_access (or to its fallback connect)")
 		}
 		if c.AssertionFile != "" {
 			return errors.New("oauth: assertion_file applies to jwt_bearer; cross_app_access reads id_token_file")
+		}
+	case GrantTokenExchange:
+		if !c.PerUser() {
+			return errors.New("oauth: grant token_exchange exchanges each person's sign-in token: it needs credentials per_user")
+		}
+		if c.ClientID == "" || (c.ClientSecret == "" && c.PrivateKey == "" && c.PrivateKeyFile == "") {
+			return errors.New("oauth: grant token_exchange needs client_id and a client credential (client_secret, private_key or private_key_file): the gateway authenticates as the actor of the exchange")
+		}
+		if c.TokenURL == "" && c.AuthorizationServer == "" {
+			// The upstream's metadata names its authorization server: a
+			// hostile or compromised upstream would collect everyone's ID
+			// tokens at a server of its choosing.
+			return errors.New("oauth: grant token_exchange sends each person's ID token to the upstream's authorization server, which the config names, never the upstream's metadata: set authorization_server <issuer> (or token_url)")
+		}
+		if (c.RedirectURL != "" || c.ClientMetadataURL != "") && c.Fallback != FallbackConnect {
+			return errors.New("oauth: redirect_url and client_metadata_url apply to authorization_code, not token_exchange (or to its fallback connect)")
+		}
+		if s := c.firstSet("idp_issuer", "idp_token_url", "idp_client_id", "idp_client_secret", "id_token_file", "assertion_file"); s != "" {
+			return fmt.Errorf("oauth: %s does not apply to token_exchange, which sends the person's ID token to the upstream's authorization server itself", s)
 		}
 	case GrantJWTBearer:
 		if c.AssertionFile == "" {

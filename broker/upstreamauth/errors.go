@@ -79,6 +79,31 @@ func (e *ConnectRequiredError) Error() string {
 
 func (e *ConnectRequiredError) Unwrap() error { return ErrConnectRequired }
 
+// ErrSignInRequired is wrapped by the error of a request the gateway did
+// not send because the upstream gets each person's token from their
+// sign-in through the company IdP (token_exchange, cross_app_access),
+// the calling person's could not be had (no sign-in kept, an expired one,
+// an exchange refused), and the upstream has no other way to connect
+// them (fallback none). Test with errors.Is; errors.As with
+// *[SignInRequiredError] gives the upstream and the reason.
+var ErrSignInRequired = errors.New("upstream token not had from the sign-in")
+
+// SignInRequiredError says which upstream could not be given the calling
+// person's token from their sign-in, and why. It never names the person:
+// it goes back to them alone.
+type SignInRequiredError struct {
+	// Upstream is the upstream's name.
+	Upstream string
+	// Reason says why, without a secret.
+	Reason string
+}
+
+func (e *SignInRequiredError) Error() string {
+	return fmt.Sprintf("the upstream MCP server %q acts as each person with the token their sign-in to this gateway gives, and yours could not be had (%s): sign in to the gateway again from your MCP client, then call again; if that does not help, ask this gateway's operator", e.Upstream, e.Reason)
+}
+
+func (e *SignInRequiredError) Unwrap() error { return ErrSignInRequired }
+
 // UnavailableError is the error of a request the gateway did not send
 // because it could not obtain a token for a reason a login does not fix
 // (the authorization server is unreachable or refuses the client, the

@@ -143,7 +143,7 @@ func (c *Client) takePending(ctx context.Context, state string) (*pendingLogin, 
 // RFC 9449 §10), and remembers the PKCE verifier and the key under a
 // random state for [Client.Callback].
 func (c *Client) BeginLogin(ctx context.Context) (string, error) {
-	if !c.interactive() {
+	if !c.logsIn() {
 		return "", fmt.Errorf("upstream %q uses the %s grant, which needs no login", c.name, c.cfg.grant())
 	}
 	wrap := func(err error) error {
@@ -243,7 +243,7 @@ const defaultClientName = "caddy-zidane-mcp"
 // configured. It names the login callback and the grants the gateway uses,
 // and no secret: a CIMD client authenticates with none.
 func (c *Client) ClientMetadataDocument() ([]byte, bool) {
-	if c.cfg.ClientMetadataURL == "" || !c.interactive() {
+	if c.cfg.ClientMetadataURL == "" || !c.logsIn() {
 		return nil, false
 	}
 	name := c.cfg.ClientName
@@ -426,7 +426,7 @@ func (c *Client) checkCallback(ctx context.Context, query url.Values) (p *pendin
 // with the PKCE verifier and the resource indicator, and stores the
 // tokens. Its refusals wrap [ErrLogin].
 func (c *Client) Callback(ctx context.Context, query url.Values) error {
-	if !c.interactive() {
+	if !c.logsIn() {
 		return fmt.Errorf("upstream %q uses the %s grant, which needs no login", c.name, c.cfg.grant())
 	}
 	p, code, key, err := c.checkCallback(ctx, query)
@@ -495,16 +495,32 @@ func (c *Client) Callback(ctx context.Context, query url.Values) error {
 // idJAG obtains an Identity Assertion JWT Authorization Grant for the
 // upstream's authorization server from the enterprise IdP (RFC 8693 token
 // exchange of the gateway's ID token; SEP-990).
+//
+// For a person (credentials per_user) the ID token is theirs, from their
+// sign-in, and the ID-JAG the IdP answers is checked before it is
+// presented (see [Client.checkIDJAG]).
 func (c *Client) idJAG(ctx context.Context, rec *record, scopes []string) (string, error) {
-	raw, err := configfile.Read(c.cfg.IDTokenFile)
-	if err != nil {
-		return "", fmt.Errorf("id_token_file: %v", err)
+	var idToken string
+	if c.owner != "" {
+		if c.cfg.TokenURL == "" && (c.cfg.AuthorizationServer == "" || !issuersEqual(rec.Issuer, c.cfg.AuthorizationServer)) {
+			return "", fmt.Errorf("the upstream's metadata leads to the authorization server %s, not the configured authorization_server %s; no ID-JAG is asked for it", shown(rec.Issuer), shown(c.cfg.AuthorizationServer))
+		}
+		t, err := c.subjectToken(ctx)
+		if err != nil {
+			return "", err
+		}
+		idToken = t
+	} else {
+		raw, err := configfile.Read(c.cfg.IDTokenFile)
+		if err != nil {
+			return "", fmt.Errorf("id_token_file: %v", err)
+		}
+		idToken = strings.TrimSpace(string(raw))
+		if idToken == "" {
+			return "", fmt.Errorf("id_token_file %s is empty", c.cfg.IDTokenFile)
+		}
+		c.addSecrets(idToken)
 	}
-	idToken := strings.TrimSpace(string(raw))
-	if idToken == "" {
-		return "", fmt.Errorf("id_token_file %s is empty", c.cfg.IDTokenFile)
-	}
-	c.addSecrets(idToken)
 	endpoint := c.cfg.IDPTokenURL
 	if endpoint == "" {
 		meta, err := c.authServerMeta(ctx, c.cfg.IDPIssuer)
@@ -543,5 +559,10 @@ func (c *Client) idJAG(ctx context.Context, rec *record, scopes []string) (strin
 		return "", fmt.Errorf("token exchange at the IdP: issued_token_type is %q, not an ID-JAG", clip(tr.IssuedTokenType, 100))
 	}
 	c.addSecrets(tr.AccessToken)
+	if c.owner != "" {
+		if err := c.checkIDJAG(tr.AccessToken, rec); err != nil {
+			return "", err
+		}
+	}
 	return tr.AccessToken, nil
 }

@@ -86,7 +86,7 @@ func (c *Client) ForOwner(owner string) (*OwnerClient, error) {
 	if c.parent != nil {
 		return nil, errors.New("upstreamauth: ForOwner on a person's client")
 	}
-	if !c.interactive() {
+	if !c.interactive() && !c.exchanges() {
 		return nil, fmt.Errorf("upstream %q uses the %s grant, which has one identity for every caller: it cannot hold a person's own token", c.name, c.cfg.grant())
 	}
 	if err := checkOwner(owner); err != nil {

@@ -26,13 +26,15 @@ import (
 // server, and what a test needs to build clients for it.
 type env struct {
 	onState func(Status) // given to the clients built
-	t       *testing.T
-	clock   *oauthtest.Clock
-	as      *oauthtest.AuthServer
-	mcp     *oauthtest.MCPServer
-	store   storage.Storage
-	key     []byte
-	logs    *syncBuffer
+	// subjects is given to the clients built as Options.SubjectToken.
+	subjects func(ctx context.Context, owner string) (string, error)
+	t        *testing.T
+	clock    *oauthtest.Clock
+	as       *oauthtest.AuthServer
+	mcp      *oauthtest.MCPServer
+	store    storage.Storage
+	key      []byte
+	logs     *syncBuffer
 }
 
 type syncBuffer struct {
@@ -90,6 +92,8 @@ func (e *env) client(cfg Config) *Client {
 		Logger:  slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Now:     e.clock.Now,
 		OnState: e.onState,
+
+		SubjectToken: e.subjects,
 	})
 	if err != nil {
 		e.t.Fatalf("New: %v", err)

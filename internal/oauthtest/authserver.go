@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html/template"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -101,6 +102,11 @@ type AuthServerOptions struct {
 	// the proofs (RFC 9449 §8): a proof without it gets 400
 	// use_dpop_nonce with the nonce in a DPoP-Nonce header.
 	DPoPNonce bool
+	// LoginPage makes an authorization request without login_hint get a
+	// page that asks who signs in (a login_hint field, id "user", and a
+	// button, id "approve") instead of the code at once, as a real
+	// server's login would: a browser test then picks the upstream user.
+	LoginPage bool
 }
 
 // TokenRequest is one request the token endpoint received.
@@ -116,6 +122,12 @@ type TokenRequest struct {
 	DPoP DPoPProof
 	// Assertion is the assertion of a jwt-bearer grant.
 	Assertion string
+	// SubjectToken and RequestedTokenType are those of a token exchange
+	// (RFC 8693).
+	SubjectToken       string
+	RequestedTokenType string
+	// ActorToken is a token exchange's actor_token.
+	ActorToken string
 }
 
 // Registration is one dynamic client registration request (RFC 7591).
@@ -197,6 +209,9 @@ type AuthServer struct {
 	jtis      map[string]bool   // jti of every DPoP proof accepted
 	workloads []crypto.PublicKey
 	regReqs   []Registration
+	idp       idpState
+	// exchangedUsers are the users tokens were issued for by exchange.
+	exchangedUsers []string
 }
 
 // NewAuthServer starts an authorization server on 127.0.0.1. Close it when
@@ -206,6 +221,7 @@ func NewAuthServer(opts AuthServerOptions) *AuthServer {
 		opts: opts, now: opts.Now, ttl: opts.AccessTokenTTL,
 		clients: map[string]*asClient{}, codes: map[string]*asCode{},
 		access: map[string]*asAccess{}, jags: map[string]string{}, jtis: map[string]bool{},
+		idp: newIdPState(),
 	}
 	if opts.DPoPNonce {
 		as.nonce = NewSecret("as-nonce")
@@ -220,6 +236,7 @@ func NewAuthServer(opts AuthServerOptions) *AuthServer {
 	mux.HandleFunc("GET /.well-known/oauth-authorization-server", as.metadata)
 	mux.HandleFunc("GET /authorize", as.handleAuthorize)
 	mux.HandleFunc("POST /token", as.handleToken)
+	mux.HandleFunc("GET /jwks", as.handleJWKS)
 	if !opts.NoRegistration {
 		mux.HandleFunc("POST /register", as.handleRegister)
 	}
@@ -267,6 +284,7 @@ func (as *AuthServer) metadata(w http.ResponseWriter, r *http.Request) {
 		"response_types_supported":         []string{"code"},
 		"grant_types_supported":            []string{GrantAuthorizationCode, GrantRefreshToken, GrantClientCredentials},
 		"code_challenge_methods_supported": []string{"S256"},
+		"jwks_uri":                         as.JWKSURL(),
 	}
 	if len(as.opts.AuthMethods) > 0 {
 		m["token_endpoint_auth_methods_supported"] = as.opts.AuthMethods
@@ -289,11 +307,21 @@ func (as *AuthServer) metadata(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, m)
 }
 
+// loginPage asks who signs in, keeping the authorization request's
+// parameters.
+var loginPage = template.Must(template.New("login").Parse(`<!DOCTYPE html><title>Sign in</title>
+<form method="get" action="/authorize">{{range $k, $v := .}}{{range $v}}<input type="hidden" name="{{$k}}" value="{{.}}">{{end}}{{end}}
+<input id="user" name="login_hint"><button id="approve" type="submit">Approve</button></form>`))
+
 // handleAuthorize approves every well-formed request of a known client at
 // once: it redirects to redirect_uri with a code bound to the PKCE
 // challenge, the redirect_uri, the resource and the scopes.
 func (as *AuthServer) handleAuthorize(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	if as.opts.LoginPage && q.Get("login_hint") == "" {
+		loginPage.Execute(w, q)
+		return
+	}
 	as.mu.Lock()
 	as.authorize = append(as.authorize, q)
 	_, known := as.clients[q.Get("client_id")]
@@ -448,7 +476,8 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 	f := r.PostForm
 	client, method, err := as.authenticate(r)
 	as.mu.Lock()
-	as.requests = append(as.requests, TokenRequest{GrantType: f.Get("grant_type"), AuthMethod: method, Scope: f.Get("scope"), Resource: f.Get("resource"), Assertion: f.Get("assertion")})
+	as.requests = append(as.requests, TokenRequest{GrantType: f.Get("grant_type"), AuthMethod: method, Scope: f.Get("scope"), Resource: f.Get("resource"), Assertion: f.Get("assertion"),
+		SubjectToken: f.Get("subject_token"), RequestedTokenType: f.Get("requested_token_type"), ActorToken: f.Get("actor_token")})
 	as.mu.Unlock()
 	if err != nil {
 		desc := "client authentication failed"
@@ -470,9 +499,13 @@ func (as *AuthServer) handleToken(w http.ResponseWriter, r *http.Request) {
 	case GrantClientCredentials:
 		as.issue(w, client, strings.Fields(f.Get("scope")), f.Get("resource"), noRefresh, jkt, "")
 	case GrantTokenExchange:
-		as.grantExchange(w, f)
+		if !as.exchangeForPerson(w, f, client) {
+			as.grantExchange(w, f)
+		}
 	case GrantJWTBearer:
-		as.grantJWTBearer(w, f, client, jkt)
+		if !as.redeemIDJAG(w, f, client, jkt) {
+			as.grantJWTBearer(w, f, client, jkt)
+		}
 	default:
 		as.refused(w, http.StatusBadRequest, "unsupported_grant_type", f.Get("grant_type"))
 	}

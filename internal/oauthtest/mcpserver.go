@@ -37,6 +37,10 @@ type MCPOptions struct {
 	// 401 with `WWW-Authenticate: DPoP error="use_dpop_nonce"` and the
 	// nonce in a DPoP-Nonce header.
 	DPoPNonce bool
+	// Stateful makes the server keep sessions (2025-11-25 only: it gives
+	// an Mcp-Session-Id at initialize and serves a GET stream), where by
+	// default it is stateless and speaks both versions.
+	Stateful bool
 }
 
 // MCPServer is an MCP server on 127.0.0.1 whose every request needs an
@@ -72,11 +76,13 @@ type MCPServer struct {
 	override   http.Handler
 	requests   int
 	authorized int
-	bearers    []string
-	schemes    []string // the Authorization scheme of each authorized request
-	proofs     []DPoPProof
-	jtis       map[string]bool
-	nonce      string
+	// credentialed counts the requests that carried any Authorization.
+	credentialed int
+	bearers      []string
+	schemes      []string // the Authorization scheme of each authorized request
+	proofs       []DPoPProof
+	jtis         map[string]bool
+	nonce        string
 }
 
 // NewMCPServer starts an MCP server protected by as. Close it when done.
@@ -108,7 +114,7 @@ func NewMCPServer(as *AuthServer, opts MCPOptions) *MCPServer {
 	mcp.AddTool(server, &mcp.Tool{Name: "admin_op", Description: "An operation that needs the admin scope."}, func(ctx context.Context, req *mcp.CallToolRequest, in struct{}) (*mcp.CallToolResult, any, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "admin_op: done"}}}, nil, nil
 	})
-	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true})
+	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, &mcp.StreamableHTTPOptions{Stateless: !opts.Stateful, JSONResponse: true})
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /.well-known/oauth-protected-resource/mcp", func(w http.ResponseWriter, r *http.Request) {
@@ -130,6 +136,9 @@ func NewMCPServer(as *AuthServer, opts MCPOptions) *MCPServer {
 		json.Unmarshal(body, &msg) // a batch or no body: no tool to check
 		m.mu.Lock()
 		m.requests++
+		if len(r.Header.Values("Authorization")) > 0 {
+			m.credentialed++
+		}
 		m.mu.Unlock()
 		scheme, bearer, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 		scopes, jkt, valid := as.bound(bearer)
@@ -258,6 +267,14 @@ func (m *MCPServer) Stats() (requests, authorized int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.requests, m.authorized
+}
+
+// Credentialed returns how many requests reached the MCP endpoint with an
+// Authorization header, valid or not.
+func (m *MCPServer) Credentialed() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.credentialed
 }
 
 // Schemes returns the Authorization scheme (Bearer or DPoP) of each

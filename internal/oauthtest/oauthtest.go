@@ -23,6 +23,13 @@
 // call; a DPoP-bound token needs the DPoP scheme and a fresh proof of its
 // key. Its tools are echo and admin_op (see [MCPOptions]).
 //
+// An AuthServer also plays a company IdP for a person's token without a
+// browser: it signs ID tokens and trades them for ID-JAGs (JWTs, keys at
+// /jwks), and another AuthServer that trusts it ([AuthServer.TrustIdP])
+// takes its ID tokens as RFC 8693 subject tokens and its ID-JAGs as
+// jwt-bearer assertions, verified against its keys, for the user they
+// name.
+//
 // Every secret either server hands out (codes, access and refresh tokens,
 // registered client secrets, ID-JAGs) is listed by [AuthServer.Secrets], so a
 // test can search logs, storage and responses for leaks.
