@@ -2,7 +2,9 @@ package aggregate
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -121,5 +123,83 @@ func TestAggregatePerUserElicitationStaysWithItsClient(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the agent's call never ended")
+	}
+}
+
+// TestAggregatePerUserProgressStaysWithItsClient: a person's upstream
+// session serves all their tokens, whose clients choose their progress
+// tokens: an agent of one of the person's sessions that calls with the
+// progress token of the person's own client's call in flight gets its own
+// call's progress, never the other call's.
+func TestAggregatePerUserProgressStaysWithItsClient(t *testing.T) {
+	gate, started := make(chan struct{}), make(chan struct{}, 2)
+	srv := mcp.NewServer(&mcp.Implementation{Name: "work", Version: "1"}, &mcp.ServerOptions{SupportedProtocolVersions: []string{"2025-11-25"}})
+	type workIn struct {
+		Who string `json:"who"`
+	}
+	mcp.AddTool(srv, &mcp.Tool{Name: "work"}, func(ctx context.Context, req *mcp.CallToolRequest, in workIn) (*mcp.CallToolResult, any, error) {
+		started <- struct{}{}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1, Total: 2, Message: "progress of " + in.Who})
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+	})
+	up := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	defer up.Close()
+	defer up.CloseClientConnections()
+	ppl := &people{connected: map[string]bool{"alice": true}}
+	_, url := personServeCfg(t, newAggUp(t, "shared").config(), upstream.Config{Name: "people", URL: up.URL}, ppl, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	type client struct {
+		who, token string
+		got        chan string
+		done       chan error
+	}
+	var clients []*client
+	for _, c := range []*client{{who: "laptop", token: "tok-alice"}, {who: "agent", token: "tok-alice-agent"}} {
+		c.got, c.done = make(chan string, 4), make(chan error, 1)
+		mc := mcp.NewClient(&mcp.Implementation{Name: c.who, Version: "1"}, &mcp.ClientOptions{
+			ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+				c.got <- fmt.Sprint(req.Params.ProgressToken) + ": " + req.Params.Message
+			}})
+		cs, err := mc.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: personRT{token: c.token, owner: "alice"}}, MaxRetries: -1},
+			&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		params := &mcp.CallToolParams{Name: "mcp_people_work", Arguments: map[string]any{"who": c.who}}
+		params.SetProgressToken("p-7") // the agent's the same as the laptop's
+		go func() {
+			_, err := cs.CallTool(ctx, params)
+			c.done <- err
+		}()
+		select { // each call is at the upstream before the next starts
+		case <-started:
+		case <-ctx.Done():
+			t.Fatalf("%s's call never reached the upstream", c.who)
+		}
+		clients = append(clients, c)
+	}
+	close(gate)
+	for _, c := range clients {
+		if err := <-c.done; err != nil {
+			t.Fatalf("%s's call: %v", c.who, err)
+		}
+	}
+	for _, c := range clients {
+		select {
+		case got := <-c.got:
+			if want := "p-7: progress of " + c.who; got != want {
+				t.Errorf("%s got the progress %q, want %q", c.who, got, want)
+			}
+		case <-ctx.Done():
+			t.Errorf("%s got no progress", c.who)
+		}
 	}
 }
