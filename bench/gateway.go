@@ -29,8 +29,8 @@ func (g *gateway) stop()    { g.p.stop() }
 // front of them too, for clients that speak 2026-07-28. Each guard site
 // has a resource of its own: what a guard keeps of its server is kept
 // under it.
-func startGateway(ctx context.Context, bin, work, upstream, second, modern, modern2, zidane string) (*gateway, error) {
-	ports := make([]int, 11)
+func startGateway(ctx context.Context, bin, work, upstream, second, modern, modern2, zidane string, rules bool) (*gateway, error) {
+	ports := make([]int, 12)
 	for i := range ports {
 		p, err := freePort()
 		if err != nil {
@@ -60,6 +60,10 @@ func startGateway(ctx context.Context, bin, work, upstream, second, modern, mode
 		return nil, err
 	}
 	g.routes = gatewayRoutes(g, ports, token, second != "", modern != "")
+	if rules {
+		g.routes = append(g.routes, route{name: rulesRoute, url: fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[11]), token: token,
+			pid: g.pid(), admin: g.admin, base: "guard+reverse_proxy"})
+	}
 	return g, nil
 }
 
@@ -136,8 +140,37 @@ http://127.0.0.1:%d {
 		}
 	}
 }
-%s%s`, admin, upstream, second2, modernUpstreams, zidane, rpPort, upstream, guardPort, guardPort, upstream, brokerPort, ports[9], upstream, ports[9], aggregated, modernSites)
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource http://127.0.0.1:%d/mcp
+		rate_limit {
+			per_token 1000000/s 1000000
+		}
+%s
+	}
+	reverse_proxy %s
 }
+%s%s`, admin, upstream, second2, modernUpstreams, zidane, rpPort, upstream, guardPort, guardPort, upstream, brokerPort, ports[9], upstream, ports[9],
+		ports[11], ports[11], benchRules, upstream, aggregated, modernSites)
+}
+
+// rulesRoute is the guard route with benchRules (-rules), whose ratios are
+// to the guard route without them.
+const rulesRoute = "guard+reverse_proxy 5 rules"
+
+// benchRules are five rules of the kinds docs/policy.md shows, over the
+// tool's name, the token's scopes and an argument (the echo call's
+// message, which one rule reads on every call): none holds for the
+// benchmark's calls, so each call is decided by all five, and goes on.
+const benchRules = `		policy {
+			deny "tool.name == 'drop_table'" "dropping tables is not allowed here"
+			deny "tool.name == 'deploy' && args.environment == 'production'" "production deploys are not allowed here"
+			deny "tool.name == 'echo' && args.message.matches('(?i)\\b(drop|truncate)\\b')" "no destructive statements"
+			deny "'readonly' in principal.scopes && tool.name.startsWith('write_')" "this token is read-only"
+			allow "'db' in principal.scopes && tool.name == 'run_query'"
+		}`
 
 // modernCaddyfile is the part of the gateway's Caddyfile in front of the
 // 2026-07-28 upstreams modern and modern2: its sites, and its upstreams

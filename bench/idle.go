@@ -142,7 +142,7 @@ func runIdle(ctx context.Context, cfg config, work, caddyBin, upstreamBin string
 	}
 	// The aggregated route, over the same upstream twice; its sessions
 	// only initialize, so they reach no upstream.
-	gw, err := startGateway(ctx, caddyBin, gdir, upAddr, upAddr, "", "", zidane)
+	gw, err := startGateway(ctx, caddyBin, gdir, upAddr, upAddr, "", "", zidane, false)
 	if err != nil {
 		return nil, err
 	}

@@ -36,6 +36,7 @@
 //	go run ./bench -peer http://127.0.0.1:9000/mcp   # add another gateway
 //	go run ./bench -only calls -peer-mcpgo           # add the mcp-go aggregator stand-in (bench/peer/mcpgoproxy)
 //	go run ./bench -only calls -cluster              # add guard rows from a caddy on NATS storage
+//	go run ./bench -only calls -rules -routes guard+reverse_proxy   # the guard with five rules against the guard without
 //	go run ./bench -only calls -routes "broker per_user" -interleave   # per_user against shared alone
 //	go run ./bench -only calls -routes guard -versions 2026-07-28 -rounds 15   # one route and its baseline, more rounds
 //	go run ./bench -only calls -round-calls 1600     # rounds at 1 session as long as at 32: 1600 calls each
@@ -64,6 +65,7 @@ type config struct {
 	peers       []string
 	peerMCPGo   bool     // run the mcp-go aggregator stand-in as one more route
 	cluster     bool     // add guard rows from a second caddy on NATS storage
+	rules       bool     // add the guard route with five rules, against the guard without
 	routes      []string // when set, only the routes whose names start with one of these, and their baselines
 	versions    []string // when set, only the routes whose clients speak one of these protocol versions, and their baselines
 	timeout     time.Duration
@@ -131,6 +133,7 @@ func parseFlags(args []string) (config, error) {
 	profileKind := fs.String("profile-kind", "cpu", "what -cpuprofile records: cpu, or allocs (the heap allocations caddy makes while it runs; go tool pprof -sample_index=alloc_space)")
 	peerMCPGo := fs.Bool("peer-mcpgo", false, "build and run bench/peer/mcpgoproxy, a stand-in for TBXark/mcp-proxy on mark3labs/mcp-go, over the same two upstreams, as one more route")
 	cluster := fs.Bool("cluster", false, "add guard rows from a second caddy whose storage is on NATS JetStream (storage zidane_nats over a nats-server built from go.mod), in the same rounds, to compare cluster mode with one node")
+	rules := fs.Bool("rules", false, "add a row of the guard route with five rules over each call (its tool, the token's scopes, an argument), whose ratios are to the guard route without rules")
 	routesFlag := fs.String("routes", "", "comma-separated starts of route names (direct, reverse_proxy, guard, broker, aggregated, …): measure only those routes and the baselines their ratios are to, so more rounds fit in the same time")
 	versionsFlag := fs.String("versions", "", "comma-separated protocol versions (2025-11-25, 2026-07-28): measure only the routes whose clients speak one, and their baselines")
 	interleave := fs.Bool("interleave", false, "at 1 session, drive each route and its baseline from one loop, call by call, instead of one run after the other: their p50 ratio then compares calls made side by side on the shared machine (those runs measure no gateway CPU or allocations, since one caddy serves both)")
@@ -139,7 +142,7 @@ func parseFlags(args []string) (config, error) {
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
-	cfg := config{calls: *calls, roundCalls: *roundCalls, rounds: *rounds, tool: *tool, peers: peers, peerMCPGo: *peerMCPGo, cluster: *cluster, timeout: *timeout, only: *only,
+	cfg := config{calls: *calls, roundCalls: *roundCalls, rounds: *rounds, tool: *tool, peers: peers, peerMCPGo: *peerMCPGo, cluster: *cluster, rules: *rules, timeout: *timeout, only: *only,
 		sessions: *nSessions, sessionClients: *sessionClients, maxAgents: *maxAgents, agentIdle: *agentIdle, idle: *idle, idleTimeout: *idleTimeout,
 		cpuProfile: *cpuProfile, profileRoute: *profileRoute, profileSessions: *profileSessions, profileFor: *profileFor, profileKind: *profileKind, interleave: *interleave}
 	if err := cfg.parseLists(*routesFlag, *versionsFlag, *conc); err != nil {

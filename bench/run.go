@@ -201,7 +201,7 @@ func runCalls(ctx context.Context, cfg config, work, caddyBin, upstreamBin strin
 	}
 	defer mup2.stop()
 
-	gw, err := startGateway(ctx, caddyBin, work, upAddr, up2Addr, mupAddr, mup2Addr, "")
+	gw, err := startGateway(ctx, caddyBin, work, upAddr, up2Addr, mupAddr, mup2Addr, "", cfg.rules)
 	if err != nil {
 		return nil, err
 	}

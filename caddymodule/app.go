@@ -25,6 +25,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/policy/rules"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 	"github.com/Tahul/caddy-zidane-mcp/storage"
 )
@@ -150,6 +151,11 @@ type App struct {
 	// docs/signin.md). Off when unset.
 	Signin *SigninConfig `json:"signin,omitempty"`
 
+	// Policy is the rules over calls of every site, before each site's
+	// own (docs/policy.md).
+	Policy []PolicyRule `json:"policy,omitempty"`
+	policy *rules.Set
+
 	cluster    *cluster.Storage // the cluster's storage, in cluster mode
 	clusterKey string           // this config's hold on natsPool
 
@@ -215,6 +221,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("zidane: max_inflight_response %d is negative; give a size such as 256MiB", a.MaxInflightResponse)
 	}
 	a.answerBudget = answerlimit.NewBudget(a.MaxInflightResponse)
+	var err error
+	if a.policy, err = compilePolicy("global policy", a.Policy); err != nil {
+		return fmt.Errorf("zidane: %w", err)
+	}
 	a.guardSites = &guardSites{byResource: make(map[string][]string)}
 	for _, r := range a.Roots {
 		if !filepath.IsAbs(r) {

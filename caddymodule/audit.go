@@ -176,6 +176,10 @@ type refusal struct {
 	origin   string
 	method   string // HTTP method
 	call     message.Call
+	// rule, when an operator's rule refused the call, is its place
+	// ("global policy, rule 2"); ruleError is why it failed closed, if
+	// it did (the client is told the rule's message alone).
+	rule, ruleError string
 }
 
 func (rf refusal) log(l *zap.Logger) {
@@ -205,7 +209,34 @@ func (rf refusal) log(l *zap.Logger) {
 	if rf.call.Verb != "" {
 		fields = append(fields, zap.String("verb", rf.call.Verb))
 	}
+	if rf.rule != "" {
+		fields = append(fields, zap.String("rule", rf.rule), zap.String("effect", "deny"))
+		if rf.ruleError != "" {
+			fields = append(fields, zap.String("rule_error", rf.ruleError))
+		}
+	}
 	l.Warn("request refused", fields...)
+}
+
+// logRuleAllowed records a call that an operator's allow rule let
+// through: who called what, and which rule, never the arguments.
+func logRuleAllowed(l *zap.Logger, p policy.Principal, rd edge.RuleDecision, clientIP string) {
+	fields := []zap.Field{
+		zap.String("event", "rule_allowed"),
+		zap.String("rule", rd.Rule),
+		zap.String("effect", rd.Effect),
+		zap.String("rpc_method", rd.Call.Method),
+		zap.String("token_id", p.TokenID),
+		zap.String("token_name", p.Name),
+		zap.String("client_ip", clientIP),
+	}
+	switch {
+	case rd.Call.Tool != "":
+		fields = append(fields, zap.String("tool", rd.Call.Tool))
+	case rd.Call.Prompt != "":
+		fields = append(fields, zap.String("prompt", rd.Call.Prompt))
+	}
+	l.Info("call allowed by a rule", fields...)
 }
 
 // logToolCall records an allowed tool call: who called which tool and verb,

@@ -149,7 +149,7 @@ func (b *Broker) build(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	b.out.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Handler: pt,
+	b.out.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Rules: s.policy, Handler: pt,
 		SharedParams: b.sharedParams(ctx, "params|broker|"+u.Name+"|"+u.URL), Pins: b.openPins(ctx, u.Name, u.PinPolicy()),
 		Tasks: tasks, Route: route}
 	return nil
@@ -296,7 +296,7 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	route := &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows,
+	route := &edge.Aggregate{Catalog: agg, Handler: agg, Allows: allows, Rules: s.policy,
 		SharedParams: a.sharedParams(ctx, "params|aggregate|"+names), Pins: store,
 		Tasks: tasks, Route: "aggregate|" + s.resource + "|" + names}
 	a.out.route = route

@@ -205,6 +205,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Err("dpop_nonce takes no value: with it, every DPoP proof must carry a nonce this server issued")
 			}
 			h.DPoPNonce = true
+		case "policy":
+			if h.Policy != nil {
+				return d.Err("policy given twice; give every rule of the site in one policy block")
+			}
+			list, err := parsePolicy(d)
+			if err != nil {
+				return err
+			}
+			h.Policy = list
 		default:
 			return d.Errf("unknown zidane_mcp option %q", d.Val())
 		}
@@ -726,6 +735,16 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			if app.Signin, err = parseSignin(d); err != nil {
 				return nil, err
 			}
+			continue
+		case "policy":
+			if app.Policy != nil {
+				return nil, d.Err("policy given twice in the zidane option; give every global rule in one policy block")
+			}
+			list, err := parsePolicy(d)
+			if err != nil {
+				return nil, err
+			}
+			app.Policy = list
 			continue
 		case "worktree_root":
 			if !d.Args(&app.WorktreeRoot) || d.NextArg() {

@@ -134,6 +134,12 @@ type guardEdge struct {
 //	}
 func newGuardEdge(tb testing.TB) *guardEdge {
 	tb.Helper()
+	return newGuardEdgeWith(tb, nil)
+}
+
+// newGuardEdgeWith is newGuardEdge with the site's policy rules.
+func newGuardEdgeWith(tb testing.TB, rules []PolicyRule) *guardEdge {
+	tb.Helper()
 	tb.Setenv(upstreamEnv, upstreamSecret)
 	dir := tb.TempDir()
 	cfg, err := json.Marshal(map[string]any{
@@ -159,6 +165,7 @@ func newGuardEdge(tb testing.TB) *guardEdge {
 		MaxBodyBytes:   edgeMaxBodyBytes,
 		Scopes:         []policy.Rule{{Scope: toolAScope, Tools: []string{allowedToolForA}}},
 		RateLimit:      &RateLimit{PerToken: lots, PerIP: lots},
+		Policy:         rules,
 	}
 	if err := h.Provision(ctx); err != nil {
 		tb.Fatalf("provision: %v", err)

@@ -151,6 +151,9 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		rf.call = d.Call
 		return h.refuse(w, r, rf, d.Verdict)
 	}
+	for _, rd := range d.Ruled {
+		logRuleAllowed(h.audit, p, rd, rf.clientIP)
+	}
 	ctx, cancel := context.WithCancel(policy.WithPrincipal(r.Context(), p))
 	defer cancel()
 	if d.Body != nil {

@@ -44,7 +44,7 @@ func (g *Guard) build(ctx caddy.Context) error {
 	// Sealed ids name the site by its resource, so one guarded site's id
 	// opens on no other with another resource.
 	ns := "guard:" + s.resource
-	eg := &edge.Guard{Scopes: s.scopes, Prepare: g.setHeaders, IDs: ids, Route: "guard:" + s.resource,
+	eg := &edge.Guard{Scopes: s.scopes, Rules: s.policy, Prepare: g.setHeaders, IDs: ids, Route: "guard:" + s.resource,
 		SharedParams: g.sharedParams(ctx, "params|guard|"+s.resource), Pins: g.openPins(ctx, ns, pol), PinNS: ns, Tasks: tasks}
 	if g.Upstream == "" {
 		g.out.route = eg

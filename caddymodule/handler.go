@@ -27,6 +27,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/policy/rules"
 	"github.com/Tahul/caddy-zidane-mcp/sessionpage"
 )
 
@@ -68,6 +69,11 @@ type Handler struct {
 	// Scopes are extra rules mapping a scope to the tools, verbs and methods
 	// it grants, such as scope "deploy" for tools "deploy_*".
 	Scopes []policy.Rule `json:"scopes,omitempty"`
+
+	// Policy is the site's rules over calls, after the global ones
+	// (docs/policy.md): deny, approve or allow, each a CEL expression over
+	// the principal, the call and its arguments.
+	Policy []PolicyRule `json:"policy,omitempty"`
 
 	// NoDefaultScopes turns off the built-in chat, read and mcp rules.
 	NoDefaultScopes bool `json:"no_default_scopes,omitempty"`
@@ -229,8 +235,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	// The route builds on this handler's policy, which it finds in its
 	// context: Caddy gives a guest module nothing else.
+	sitePolicy, err := compilePolicy(h.Resource+" policy", h.Policy)
+	if err != nil {
+		return err
+	}
 	s := &site{resource: h.Resource, resURL: h.resURL, maxBody: h.MaxBodyBytes, rules: h.Scopes, defaults: !h.NoDefaultScopes,
-		scopes: h.scopes, authn: h.authn, app: h.app, audit: h.audit, logger: h.logger, agentBase: edge.ProtectedResource{URL: h.resURL}.AgentBase}
+		scopes: h.scopes, policy: rules.Join(h.app.policy, sitePolicy), authn: h.authn, app: h.app, audit: h.audit, logger: h.logger, agentBase: edge.ProtectedResource{URL: h.resURL}.AgentBase}
 	mod, err := ctx.WithValue(siteKey{}, s).LoadModule(h, "RouteRaw")
 	if err != nil {
 		return fmt.Errorf("loading the route: %w", err)
@@ -455,6 +465,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !d.Allowed() {
 		rf.call = d.Call
 		return h.refuse(w, r, rf, d.Verdict)
+	}
+	for _, rd := range d.Ruled {
+		logRuleAllowed(h.audit, p, rd, rf.clientIP)
 	}
 	var traced []attribute.KeyValue // the principal and the call, for the step events after auth
 	if tr.on() {

@@ -13,6 +13,7 @@ import (
 // response.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rf refusal, v edge.Verdict) error {
 	rf.status, rf.reason, rf.message = v.Status, v.Reason, v.Message
+	rf.rule, rf.ruleError = v.Rule, v.RuleError
 	traceSteps(r).refused(rf)
 	rf.log(h.audit)
 	metricRequests.WithLabelValues("refused").Inc()

@@ -13,6 +13,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker/passthrough"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/policy/rules"
 )
 
 // What a zidane_mcp site offers behind its edge is a guest module in this
@@ -75,10 +76,13 @@ type site struct {
 	rules    []policy.Rule // the handler's extra scope rules
 	defaults bool          // whether the built-in scope rules are on
 	scopes   *policy.ScopeMap
-	authn    policy.Authenticator
-	app      *App
-	audit    *zap.Logger
-	logger   *zap.Logger // the handler's, under whose name routes log
+	// policy is the operator's rules over calls: the global ones, then
+	// the site's (nil: none).
+	policy *rules.Set
+	authn  policy.Authenticator
+	app    *App
+	audit  *zap.Logger
+	logger *zap.Logger // the handler's, under whose name routes log
 	// agentBase is where the agents of sessions a request creates reach
 	// this gateway (Handler.agentBase).
 	agentBase func(*http.Request) string

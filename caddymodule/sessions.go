@@ -129,7 +129,7 @@ func (m *Sessions) build(ctx caddy.Context) error {
 	endpoint := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sess.endpoint.ServeHTTP(w, r.WithContext(mcpendpoint.WithAccess(r.Context(), access)))
 	})
-	route := &edge.Sessions{Scopes: s.scopes, Endpoint: endpoint, Base: s.agentBase}
+	route := &edge.Sessions{Scopes: s.scopes, Rules: s.policy, Endpoint: endpoint, Base: s.agentBase}
 	m.out.route = route
 	m.out.page = sess.page
 	if cs, ok := ctx.Storage().(*cluster.Storage); ok {

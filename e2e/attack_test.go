@@ -47,7 +47,7 @@ func TestAttackOneReading(t *testing.T) {
 	tsServer := startCallRecorder(t, startNodeEverythingServer(t), true)
 	upA, upB := startCountingUpstream(t, "a"), startCountingUpstream(t, "b")
 	ports := attackPorts{sessions: freePort(t), guardGo: freePort(t), guardTS: freePort(t), broker: freePort(t), aggregate: freePort(t),
-		guardGoUp: freePort(t), guardTSUp: freePort(t)}
+		guardGoUp: freePort(t), guardTSUp: freePort(t), guardRules: freePort(t)}
 	c := startCaddy(t, attackCaddyfile(ports, goServer, tsServer, upA, upB))
 	reader := createToken(t, c, "reader", "--scope", "read")
 	owner := createToken(t, c, "owner", "--scope", "chat")
@@ -196,6 +196,7 @@ func TestAttackOneReading(t *testing.T) {
 type attackPorts struct {
 	sessions, guardGo, guardTS, broker, aggregate int
 	guardGoUp, guardTSUp                          int // guard { upstream URL }, without reverse_proxy
+	guardRules                                    int // guard { upstream URL } with a rule over an argument
 }
 
 func (p attackPorts) url(port int) string { return fmt.Sprintf("http://127.0.0.1:%d/mcp", port) }
@@ -261,6 +262,20 @@ http://127.0.0.1:%d {
 
 http://127.0.0.1:%d {
 	zidane_mcp {
+		guard {
+			upstream http://%s/mcp
+		}
+		resource http://127.0.0.1:%d/mcp
+		scope simple tools json_schema_2020_12_tool
+		policy {
+			deny "tool.name == 'json_schema_2020_12_tool' && args.name == 'production'" "the production name is off limits"
+		}
+		%s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
 		broker a
 		%s
 	}
@@ -278,6 +293,7 @@ http://127.0.0.1:%d {
 		p.guardTS, p.guardTS, limits, tsServer.addr,
 		p.guardGoUp, goServer.addr, p.guardGoUp, limits,
 		p.guardTSUp, tsServer.addr, p.guardTSUp, limits,
+		p.guardRules, goServer.addr, p.guardRules, limits,
 		p.broker, limits,
 		p.aggregate, limits)
 }
@@ -408,6 +424,18 @@ func attackTargets(p attackPorts, cwd, reader, simple, onlyB string, goServer, t
 		markers: upstreamA,
 		hidden:  hiddenA,
 		lists:   "mcp_b_tool_b",
+	}, {
+		// A rule over an argument: the allowed call is the same tool
+		// with another value, so every case smuggles the argument.
+		name:  "guard rules, go-sdk everything-server",
+		url:   p.url(p.guardRules),
+		token: simple,
+		target: hostile.Target{
+			Allowed:         tool("json_schema_2020_12_tool", `{"name":"staging","email":"ops@example.com"}`),
+			Forbidden:       []hostile.Call{tool("json_schema_2020_12_tool", `{"name":"production","email":"ops@example.com"}`)},
+			ForbiddenReason: hostile.ReasonRule,
+		},
+		markers: []string{`\"name\":\"production\"`},
 	}}
 	// The guard with an upstream of its own, in front of the same two
 	// servers: the same cases, through the broker's pass-through instead

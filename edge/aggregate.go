@@ -12,6 +12,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/policy/rules"
 )
 
 // Catalog says which upstream of an aggregated route owns what a call
@@ -46,6 +47,8 @@ type Aggregate struct {
 	Allows func(p policy.Principal, upstream string) bool
 	// Handler serves the route (aggregate.Aggregate).
 	Handler http.Handler
+	// Rules are the operator's rules over calls (see Authorize).
+	Rules *rules.Set
 	// Params is what the route learned of its tools' x-mcp-header
 	// bindings (by the names it lists them under), to check Mcp-Param-*
 	// headers against; the zero value starts empty.
@@ -168,41 +171,57 @@ func (*Aggregate) Admit(policy.Principal) Verdict { return Verdict{} }
 // with the client's address.
 func (*Aggregate) ClientAddressed() {}
 
-// Authorize decides c against its owner.
+// Authorize decides c against its owner, then by the rules, which read
+// that owner as the upstream. An allow rule grants a call that one
+// upstream serves, and nothing else: never a call that names no upstream
+// (a listing, an unknown tool) or that several could serve, which would
+// admit the principal to an upstream the rule did not read.
 func (a *Aggregate) Authorize(p policy.Principal, c message.Call) Verdict {
-	if c.IsResponse() || slices.Contains(policy.SetupMethods, c.Method) || strings.HasPrefix(c.Method, "notifications/") {
-		return Verdict{}
+	v, owners := a.authorize(p, c)
+	if a.Rules.Len() == 0 {
+		return v
 	}
+	var upstream string
+	if len(owners) == 1 {
+		upstream = owners[0]
+	}
+	return ruleVerdict(a.Rules, RuleRouteAggregate, p, c, upstream, upstream != "", v)
+}
+
+// authorize decides c by its owners' scopes, and says who they are.
+func (a *Aggregate) authorize(p policy.Principal, c message.Call) (Verdict, []string) {
+	if c.IsResponse() || slices.Contains(policy.SetupMethods, c.Method) || strings.HasPrefix(c.Method, "notifications/") {
+		return Verdict{}, nil
+	}
+	var owners []string
 	switch c.Method {
 	case "tools/call":
-		server, _, ok := a.Catalog.ToolServer(c.Tool)
-		if !ok {
-			// No upstream offers it now; one might by the time go-sdk
-			// looks it up, so it is refused as an unknown resource is.
-			return a.owners(p, c, nil)
+		if server, _, ok := a.Catalog.ToolServer(c.Tool); ok {
+			owners = []string{server}
 		}
-		return a.owners(p, c, []string{server})
+		// Else no upstream offers it now; one might by the time go-sdk
+		// looks it up, so it is refused as an unknown resource is.
+		return a.owners(p, c, owners), owners
 	case "prompts/get":
-		server, _, ok := a.Catalog.PromptServer(c.Prompt)
-		if !ok {
-			return a.owners(p, c, nil)
+		if server, _, ok := a.Catalog.PromptServer(c.Prompt); ok {
+			owners = []string{server}
 		}
-		return a.owners(p, c, []string{server})
+		return a.owners(p, c, owners), owners
 	case "resources/read", "resources/subscribe", "resources/unsubscribe":
-		return a.owners(p, c, a.Catalog.ResourceOwners(c.URI))
+		owners = a.Catalog.ResourceOwners(c.URI)
+		return a.owners(p, c, owners), owners
 	case "completion/complete":
 		switch c.Ref.Type {
 		case "ref/prompt":
-			server, _, ok := a.Catalog.PromptServer(c.Ref.Name)
-			if !ok {
-				return a.owners(p, c, nil)
+			if server, _, ok := a.Catalog.PromptServer(c.Ref.Name); ok {
+				owners = []string{server}
 			}
-			return a.owners(p, c, []string{server})
+			return a.owners(p, c, owners), owners
 		case "ref/resource":
 			if owner, ok := a.Catalog.CompletionResource(c.Ref.URI); ok {
-				return a.owners(p, c, []string{owner})
+				owners = []string{owner}
 			}
-			return a.owners(p, c, nil)
+			return a.owners(p, c, owners), owners
 		}
 	}
 	// Listings and the rest name no upstream: some upstream will do, and
@@ -210,11 +229,11 @@ func (a *Aggregate) Authorize(p policy.Principal, c message.Call) Verdict {
 	var need []string
 	for _, name := range a.Catalog.Upstreams() {
 		if a.Allows(p, name) {
-			return Verdict{}
+			return Verdict{}, nil
 		}
 		need = append(need, policy.UpstreamScope(name))
 	}
-	return NeedScope(p, c, need)
+	return NeedScope(p, c, need), nil
 }
 
 // owners allows c when p may use every upstream that could serve it. What
@@ -244,7 +263,7 @@ func (a *Aggregate) owners(p policy.Principal, c message.Call, owners []string) 
 	return Verdict{}
 }
 
-// Visible shows an item when p may use its owner.
+// Visible shows an item when p may use its owner, as the rules say.
 func (a *Aggregate) Visible(p policy.Principal, it Item) bool {
 	var owners []string
 	switch it.Kind {
@@ -263,15 +282,14 @@ func (a *Aggregate) Visible(p policy.Principal, it Item) bool {
 			owners = []string{owner}
 		}
 	}
-	if len(owners) == 0 {
-		return false
-	}
+	shown := len(owners) > 0
 	for _, o := range owners {
-		if !a.Allows(p, o) {
-			return false
-		}
+		shown = shown && a.Allows(p, o)
 	}
-	return true
+	if len(owners) != 1 {
+		return ruleVisible(a.Rules, RuleRouteAggregate, p, it, "", false, shown)
+	}
+	return ruleVisible(a.Rules, RuleRouteAggregate, p, it, owners[0], true, shown)
 }
 
 // Serve opens r's task handles, naming the upstream that holds each task,

@@ -30,6 +30,9 @@ type Decision struct {
 	Verdict
 	// Call is the message refused, when one was.
 	Call message.Call
+	// Ruled are the calls of an allowed body that an operator's allow
+	// rule let through, each to be audited with its rule.
+	Ruled []RuleDecision
 }
 
 // Decide is steps 3 and 4 of the request path for an authenticated
@@ -51,7 +54,7 @@ type Decision struct {
 // pinned definition changed or that is new to its pinned set, 403
 // prompt_changed or resource_changed for the use of a changed prompt or
 // resource (see package pins), and whatever the route refuses (403
-// insufficient_scope, mostly).
+// insufficient_scope, mostly, and 403 denied_by_rule: see ruleVerdict).
 func Decide(route Route, p policy.Principal, httpMethod string, header http.Header, body []byte) Decision {
 	if v := route.Admit(p); !v.Allowed() {
 		return Decision{Verdict: v}
@@ -77,20 +80,25 @@ func Decide(route Route, p policy.Principal, httpMethod string, header http.Head
 		return Decision{Body: b, Verdict: v, Call: c}
 	}
 	tasks := routeOffersTasks(route)
+	var ruled []RuleDecision
 	for _, c := range b.Calls {
 		if tasks {
 			if v := taskVerdict(c, header.Get(versionHeader)); !v.Allowed() {
 				return Decision{Body: b, Verdict: v, Call: c}
 			}
 		}
-		if v := route.Authorize(p, c); !v.Allowed() {
+		v := route.Authorize(p, c)
+		if !v.Allowed() {
 			return Decision{Body: b, Verdict: v, Call: c}
+		}
+		if v.Rule != "" {
+			ruled = append(ruled, RuleDecision{Call: c, Rule: v.Rule, Effect: v.RuleEffect})
 		}
 		if v := pinVerdict(route, c, b.Batch); !v.Allowed() {
 			return Decision{Body: b, Verdict: v, Call: c}
 		}
 	}
-	return Decision{Body: b}
+	return Decision{Body: b, Ruled: ruled}
 }
 
 // removedMethod is the refusal of c, a message of a method its protocol

@@ -10,6 +10,7 @@ import (
 
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/policy/rules"
 )
 
 // catalog is an aggregated route's catalog as data: which upstream owns
@@ -74,10 +75,20 @@ func testRoutes(t testing.TB) map[string]struct {
 		t.Fatal(err)
 	}
 	allows := func(p policy.Principal, name string) bool { return p.HasScope(policy.UpstreamScope(name)) }
+	ops, err := policy.NewScopeMap([]policy.Rule{{Scope: "ops", Tools: []string{"deploy"}}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deployRule, err := rules.Compile([]rules.Spec{{Effect: rules.Deny, Expr: "tool.name == 'deploy' && args.environment == 'production'",
+		Message: "production deploys are refused here", Where: "site policy, rule 1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return map[string]struct {
 		route Route
 		p     policy.Principal
 	}{
+		"guard rules": {&Guard{Scopes: ops, Rules: deployRule}, policy.Principal{TokenID: "t5", Name: "ops", Kind: policy.KindUser, Scopes: []string{"ops"}}},
 		"guard":       {&Guard{Scopes: defaults}, policy.Principal{TokenID: "t1", Name: "simple", Kind: policy.KindUser, Scopes: []string{"simple"}}},
 		"sessions":    {&Sessions{Scopes: defaults}, policy.Principal{TokenID: "t2", Name: "reader", Kind: policy.KindUser, Scopes: []string{"read"}}},
 		"passthrough": {&Upstream{Config: up, Scopes: upScopes.Strict()}, policy.Principal{TokenID: "t3", Name: "other", Kind: policy.KindUser, Scopes: []string{"upstream:b"}}},

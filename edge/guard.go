@@ -11,6 +11,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/policy/rules"
 )
 
 // Guard is guard mode: what the scope map allows goes to the next handler,
@@ -40,6 +41,8 @@ import (
 //     operator, and the server's body is dropped.
 type Guard struct {
 	Scopes *policy.ScopeMap
+	// Rules are the operator's rules over calls (see ruleVerdict).
+	Rules *rules.Set
 	// Prepare, when set, runs on each request passed on: it sets the
 	// operator's upstream headers.
 	Prepare func(*http.Request)
@@ -87,13 +90,15 @@ func (g *Guard) paramHeaders() *ParamHeaders {
 // Admit admits every authenticated principal.
 func (*Guard) Admit(policy.Principal) Verdict { return Verdict{} }
 
-// Authorize decides c by the scope map.
+// Authorize decides c by the rules and the scope map.
 func (g *Guard) Authorize(p policy.Principal, c message.Call) Verdict {
-	return scopeVerdict(g.Scopes, p, c)
+	return ruleVerdict(g.Rules, RuleRouteGuard, p, c, "", true, scopeVerdict(g.Scopes, p, c))
 }
 
-// Visible shows what the scope map lets p use.
-func (g *Guard) Visible(p policy.Principal, it Item) bool { return scopeVisible(g.Scopes, p, it) }
+// Visible shows what the rules and the scope map let p use.
+func (g *Guard) Visible(p policy.Principal, it Item) bool {
+	return ruleVisible(g.Rules, RuleRouteGuard, p, it, "", true, scopeVisible(g.Scopes, p, it))
+}
 
 // Serve opens the request's session id and task handles and passes r on,
 // with the answer's headers bound and stripped as the type's doc says.

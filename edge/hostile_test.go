@@ -39,6 +39,13 @@ var hostileTargets = map[string]hostile.Target{
 			{Method: "tools/list"}, {Method: "prompts/list"}, {Method: "resources/list"}, {Method: "resources/templates/list"},
 		},
 	},
+	// A rule over an argument: the same tool with another value is
+	// allowed, so every case smuggles the argument.
+	"guard rules": {
+		Allowed:         toolCall("deploy", `{"environment":"staging"}`),
+		Forbidden:       []hostile.Call{toolCall("deploy", `{"environment":"production"}`)},
+		ForbiddenReason: hostile.ReasonRule,
+	},
 	"aggregate": {
 		Allowed: toolCall("mcp_b_echo", `{"text":"hi"}`),
 		AlsoAllowed: []hostile.Call{

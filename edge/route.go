@@ -118,6 +118,12 @@ type Verdict struct {
 	// DPoPNonce, on a use_dpop_nonce refusal, is the nonce the client
 	// signs its next proof with: the DPoP-Nonce header.
 	DPoPNonce string
+	// Rule, when an operator's rule decided (see ruleVerdict), is its
+	// place, such as "global policy, rule 2", and RuleEffect what it did:
+	// deny (a refusal) or allow (an allowed verdict). RuleError is why
+	// the rule failed closed, when it did: for the audit line, never the
+	// client.
+	Rule, RuleEffect, RuleError string
 }
 
 // Allowed reports whether v allows.

@@ -13,6 +13,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/pins"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
+	"github.com/Tahul/caddy-zidane-mcp/policy/rules"
 )
 
 // scopeVerdict is the verdict of a scope map on one call.
@@ -40,6 +41,9 @@ func scopeVisible(m *policy.ScopeMap, p policy.Principal, it Item) bool {
 // which drive coding agents on this host, for people's tokens only.
 type Sessions struct {
 	Scopes *policy.ScopeMap
+	// Rules are the operator's rules over calls (see ruleVerdict); an
+	// allow rule never admits a machine token, which Admit refuses.
+	Rules *rules.Set
 	// Endpoint serves MCP (package mcpendpoint).
 	Endpoint http.Handler
 	// Base says where the agents of sessions a request creates reach this
@@ -63,6 +67,10 @@ func (*Sessions) Admit(p policy.Principal) Verdict {
 // (the endpoint then decides whose session it is): no resource method
 // reaches an agent, and a token that may not call events gets none.
 func (s *Sessions) Authorize(p policy.Principal, c message.Call) Verdict {
+	return ruleVerdict(s.Rules, RuleRouteSessions, p, c, "", true, s.authorize(p, c))
+}
+
+func (s *Sessions) authorize(p policy.Principal, c message.Call) Verdict {
 	switch c.Method {
 	case "resources/read", "resources/subscribe", "resources/unsubscribe":
 		if v := scopeVerdict(s.Scopes, p, sessionEvents); !v.Allowed() {
@@ -84,10 +92,13 @@ var sessionEvents = message.Call{Method: "tools/call", Tool: "sessions", Verb: "
 // Visible shows the tools p may call with some verb, and the events
 // resources to whoever may call sessions events.
 func (s *Sessions) Visible(p policy.Principal, it Item) bool {
+	var shown bool
 	if it.Kind == KindResource || it.Kind == KindResourceTemplate {
-		return s.Scopes.Decide(p, sessionEvents).Allowed
+		shown = s.Scopes.Decide(p, sessionEvents).Allowed
+	} else {
+		shown = scopeVisible(s.Scopes, p, it)
 	}
-	return scopeVisible(s.Scopes, p, it)
+	return ruleVisible(s.Rules, RuleRouteSessions, p, it, "", true, shown)
 }
 
 // Serve hands r to the endpoint, on a lean context. go-sdk keeps the
@@ -130,6 +141,9 @@ type Upstream struct {
 	Config upstream.Config
 	// Scopes decide calls; strict.
 	Scopes *policy.ScopeMap
+	// Rules are the operator's rules over calls (see ruleVerdict), which
+	// read the upstream's name.
+	Rules *rules.Set
 	// Handler is the broker's route to the upstream.
 	Handler http.Handler
 	// Params is what the route learned of the upstream's x-mcp-header
@@ -182,7 +196,7 @@ func (u *Upstream) Authorize(p policy.Principal, c message.Call) Verdict {
 		return Refuse(http.StatusForbidden, "tool_not_offered",
 			fmt.Sprintf("tool %q of upstream %q is not offered through this gateway (tools allow/deny)", c.Tool, u.Config.Name))
 	}
-	return scopeVerdict(u.Scopes, p, c)
+	return ruleVerdict(u.Rules, RuleRouteBroker, p, c, u.Config.Name, true, scopeVerdict(u.Scopes, p, c))
 }
 
 // Visible shows what p may use and the upstream's lists offer.
@@ -190,7 +204,7 @@ func (u *Upstream) Visible(p policy.Principal, it Item) bool {
 	if it.Kind == KindTool && !u.Config.AllowsTool(it.Name) {
 		return false
 	}
-	return scopeVisible(u.Scopes, p, it)
+	return ruleVisible(u.Rules, RuleRouteBroker, p, it, u.Config.Name, true, scopeVisible(u.Scopes, p, it))
 }
 
 // Serve opens r's task handles and hands r to the broker.

@@ -27,7 +27,7 @@ type Call struct {
 	Raw []byte
 	// Params is the params value.
 	Params []byte
-	// Arguments is params.arguments of tools/call.
+	// Arguments is params.arguments of tools/call or prompts/get.
 	Arguments []byte
 	// Meta is params._meta, when params is an object.
 	Meta []byte
@@ -338,7 +338,7 @@ var (
 	envelopeFields   = []string{"jsonrpc", "id", "method", "params", "result", "error"}
 	toolParamFields  = []string{"name", "arguments", "_meta", "inputResponses", "requestState"}
 	argumentFields   = []string{"verb"}
-	promptFields     = []string{"name", "_meta", "inputResponses", "requestState"}
+	promptFields     = []string{"name", "arguments", "_meta", "inputResponses", "requestState"}
 	resourceFields   = []string{"uri", "_meta", "inputResponses", "requestState"}
 	completionFields = []string{"ref", "_meta"}
 	refFields        = []string{"type", "name", "uri"}
@@ -763,7 +763,8 @@ func (r *reader) requireParams(c *Call, at int, hasName, hasURI, hasRef bool) {
 	}
 }
 
-// arguments reads tools/call params.arguments, an object, for its verb.
+// arguments reads the params.arguments of tools/call (for its verb) or
+// prompts/get, an object, whose span the operator's rules read.
 func (r *reader) arguments(c *Call, depth int) error {
 	at := r.i
 	if r.peek() == 'n' {
@@ -772,7 +773,7 @@ func (r *reader) arguments(c *Call, depth int) error {
 		return r.value(depth)
 	}
 	if r.peek() != '{' {
-		r.malformed(at, `tools/call params.arguments must be an object or null`)
+		r.malformed(at, c.Method+` params.arguments must be an object or null`)
 		return r.value(depth)
 	}
 	it, err := r.openObject(depth + 1)
@@ -787,7 +788,7 @@ func (r *reader) arguments(c *Call, depth int) error {
 		if !more {
 			break
 		}
-		if r.field(k, argumentFields) == "verb" {
+		if c.Method == "tools/call" && r.field(k, argumentFields) == "verb" {
 			vat := r.i
 			var ok bool
 			c.Verb, ok, err = r.strValue(depth + 1)

@@ -506,6 +506,12 @@ func (v *JWTVerifier) Verify(ctx context.Context, raw string) (Principal, error)
 	}
 	p := v.principal(&claims)
 	p.JKT = jkt
+	// The payload the signature covers, which golang-jwt has decoded
+	// and checked: the claims the operator's rules read.
+	_, rest, _ := strings.Cut(raw, ".")
+	if payload, _, ok := strings.Cut(rest, "."); ok {
+		p.Claims = payload
+	}
 	return p, nil
 }
 

@@ -64,6 +64,11 @@ type Principal struct {
 	Expires *time.Time
 	// Issued is a JWT's iat, when it has one; nil for tokens.
 	Issued *time.Time
+	// Claims is a verified JWT's payload (its claims, base64url-encoded
+	// JSON, as the token carries it), which the operator's rules read as
+	// claims; empty for other credentials. Kept encoded: it is decoded
+	// only when a rule reads it.
+	Claims string
 }
 
 // OwnerID is p's owner, or its TokenID when none was set (a principal built

@@ -68,7 +68,7 @@ func (b *builder) passed(name, body string) {
 }
 
 func (b *builder) scope(name, body string) {
-	b.add(Case{Name: name, Body: []byte(body), Status: http.StatusForbidden, Reason: ReasonScope})
+	b.add(Case{Name: name, Body: []byte(body), Status: http.StatusForbidden, Reason: b.t.refusal()})
 }
 
 func (b *builder) ambiguous(name, body string) {
@@ -172,7 +172,12 @@ var (
 
 // hide writes the member at path of call f's body (path[0] is an envelope
 // key) with decoy, an allowed value, beside or instead of it, once per
-// spelling. Every one is ambiguous.
+// spelling. Every one is ambiguous, but a key of the arguments spelled
+// otherwise and alone on a target whose rule reads the arguments: the
+// reader knows no argument's name, and takes it; the rule reads the
+// escaped spelling as the key it is, and fails closed on one in another
+// case (a Go backend would read it as the key), so it is refused as the
+// forbidden call is.
 func (b *builder) hide(prefix string, f Call, path []string, decoy string, spellings []spelling) {
 	name := path[len(path)-1]
 	where := strings.Join(path, ".")
@@ -196,6 +201,10 @@ func (b *builder) hide(prefix string, f Call, path []string, decoy string, spell
 				return o.with(member{k, decoy})
 			}
 		})
+		if s.how == alone && b.t.ForbiddenReason == ReasonRule && len(path) > 2 && path[len(path)-2] == "arguments" {
+			b.scope(prefix+where+": "+what, body.String())
+			continue
+		}
 		b.ambiguous(prefix+where+": "+what, body.String())
 	}
 }
@@ -456,7 +465,7 @@ func (b *builder) headers() {
 			stateless("header: Mcp-Name names the allowed call, the body the forbidden one", f, http.StatusBadRequest, ReasonHeaderMismatch, MethodHeader, b.f.Method, NameHeader, d.Subject())
 		}
 	}
-	stateless("header: both agree with the forbidden body", f, http.StatusForbidden, ReasonScope, agree...)
+	stateless("header: both agree with the forbidden body", f, http.StatusForbidden, b.t.refusal(), agree...)
 	stateless("header: a 2026-07-28 request without Mcp-Method", f, http.StatusBadRequest, ReasonHeaderMismatch)
 	if subject != "" {
 		stateless("header: a 2026-07-28 call without Mcp-Name", f, http.StatusBadRequest, ReasonHeaderMismatch, MethodHeader, b.f.Method)
@@ -494,10 +503,10 @@ func (b *builder) transport() {
 	}
 	with("http: the forbidden call gzipped", gz.Bytes(), http.StatusUnsupportedMediaType, ReasonUnsupportedMedia, "Content-Encoding", "gzip")
 	with("http: Content-Encoding gzip on a plain body", []byte(f), http.StatusUnsupportedMediaType, ReasonUnsupportedMedia, "Content-Encoding", "gzip")
-	with("http: Content-Encoding identity", []byte(f), http.StatusForbidden, ReasonScope, "Content-Encoding", "identity")
+	with("http: Content-Encoding identity", []byte(f), http.StatusForbidden, b.t.refusal(), "Content-Encoding", "identity")
 	with("http: Content-Type text/plain", []byte(f), http.StatusUnsupportedMediaType, ReasonUnsupportedMedia, "Content-Type", "text/plain")
 	with("http: Content-Type of a form", []byte(f), http.StatusUnsupportedMediaType, ReasonUnsupportedMedia, "Content-Type", "application/x-www-form-urlencoded")
-	with("http: Content-Type JSON with charset utf-8", []byte(f), http.StatusForbidden, ReasonScope, "Content-Type", "application/json; charset=utf-8")
+	with("http: Content-Type JSON with charset utf-8", []byte(f), http.StatusForbidden, b.t.refusal(), "Content-Type", "application/json; charset=utf-8")
 	with("http: the forbidden call in UTF-16 as its charset says", utf16LE(f), http.StatusUnsupportedMediaType, ReasonUnsupportedMedia,
 		"Content-Type", "application/json; charset=utf-16le")
 	b.add(Case{Name: "http: two Content-Types", Body: []byte(f), Header: http.Header{"Content-Type": {"application/json", "text/plain"}},

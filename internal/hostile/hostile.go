@@ -43,6 +43,7 @@ const (
 	ReasonAmbiguous        = "ambiguous_body"
 	ReasonMalformed        = "malformed"
 	ReasonScope            = "insufficient_scope"
+	ReasonRule             = "denied_by_rule"
 	ReasonHeaderMismatch   = "header_mismatch"
 	ReasonUnsupportedMedia = "unsupported_media_type"
 	ReasonMethodNotAllowed = "method_not_allowed"
@@ -98,6 +99,18 @@ type Target struct {
 	AlsoAllowed []Call
 	// Forbidden are calls the token may not make. None may ever run.
 	Forbidden []Call
+	// ForbiddenReason is the reason of their refusal: "" is
+	// insufficient_scope; ReasonRule where an operator's rule over the
+	// call's arguments forbids them (the allowed call then is the same
+	// tool with other arguments, so that every case smuggles arguments).
+	ForbiddenReason string
+}
+
+func (t Target) refusal() string {
+	if t.ForbiddenReason != "" {
+		return t.ForbiddenReason
+	}
+	return ReasonScope
 }
 
 // Case is one hostile request and the answer the edge must give.

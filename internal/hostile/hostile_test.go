@@ -40,6 +40,11 @@ var targets = map[string]Target{
 			{Method: "completion/complete", Params: `{"ref":{"type":"ref/prompt","name":"mcp_a_prompt_a"},"argument":{"name":"topic","value":"x"}}`},
 		},
 	},
+	"a rule over an argument": {
+		Allowed:         Call{Method: "tools/call", Params: `{"name":"deploy","arguments":{"environment":"staging"}}`},
+		Forbidden:       []Call{{Method: "tools/call", Params: `{"name":"deploy","arguments":{"environment":"production"}}`}},
+		ForbiddenReason: ReasonRule,
+	},
 	"ping only": {
 		Allowed: Call{Method: "ping"},
 		Forbidden: []Call{
@@ -50,7 +55,7 @@ var targets = map[string]Target{
 }
 
 func TestCasesInvariants(t *testing.T) {
-	reasons := []string{ReasonAmbiguous, ReasonMalformed, ReasonScope, ReasonHeaderMismatch, ReasonUnsupportedMedia, ReasonMethodNotAllowed, ReasonDuplicateHeader}
+	reasons := []string{ReasonAmbiguous, ReasonMalformed, ReasonScope, ReasonRule, ReasonHeaderMismatch, ReasonUnsupportedMedia, ReasonMethodNotAllowed, ReasonDuplicateHeader}
 	for name, target := range targets {
 		t.Run(name, func(t *testing.T) {
 			cases := Cases(target)
@@ -75,7 +80,7 @@ func TestCasesInvariants(t *testing.T) {
 				}
 				wantStatus := map[string]int{
 					ReasonAmbiguous: 400, ReasonMalformed: 400, ReasonHeaderMismatch: 400,
-					ReasonScope: 403, ReasonUnsupportedMedia: 415, ReasonMethodNotAllowed: 405, ReasonDuplicateHeader: 400,
+					ReasonScope: 403, ReasonRule: 403, ReasonUnsupportedMedia: 415, ReasonMethodNotAllowed: 405, ReasonDuplicateHeader: 400,
 				}
 				if !ok && wantStatus[c.Reason] != c.Status {
 					t.Errorf("%s: reason %s with status %d", c.Name, c.Reason, c.Status)
@@ -108,7 +113,7 @@ func TestCasesInvariants(t *testing.T) {
 				}
 				// What the edge must read and decide on (2xx and 403) is
 				// one plain JSON text, unless HTTP wraps it.
-				if (ok || c.Reason == ReasonScope) && c.Header.Get("Content-Encoding") == "" {
+				if (ok || c.Reason == ReasonScope || c.Reason == ReasonRule) && c.Header.Get("Content-Encoding") == "" {
 					if !json.Valid(c.Body) || !utf8.Valid(c.Body) || repeatsKey(c.Body) {
 						t.Errorf("%s: a body the edge must decide on is not plain JSON: %q", c.Name, c.Body)
 					}
@@ -119,7 +124,7 @@ func TestCasesInvariants(t *testing.T) {
 			}
 			for _, f := range target.Forbidden {
 				control := Request("1", f)
-				found := slices.ContainsFunc(cases, func(c Case) bool { return bytes.Equal(c.Body, control) && c.Reason == ReasonScope })
+				found := slices.ContainsFunc(cases, func(c Case) bool { return bytes.Equal(c.Body, control) && c.Reason == target.refusal() })
 				if !found {
 					t.Errorf("no control case refusing %s %s", f.Method, f.Params)
 				}

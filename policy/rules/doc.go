@@ -6,12 +6,13 @@
 // scopes. Deny wins over approve, approve over allow.
 //
 // A rule reads these variables, each typed, so that a rule naming one that
-// does not exist (or a field of one that does not exist) is refused when
-// the config loads, with the rule's place and CEL's message:
+// does not exist is refused when the config loads, with the rule's place
+// and CEL's message (the dotted names are variables of their own, which a
+// rule reads without reflection):
 //
 //	principal.owner, .token, .kind, .source, .client  string
 //	principal.scopes                                   list(string)
-//	claims                                             map(string, dyn): the JWT's or sign-in's claims
+//	claims                                             map(string, dyn): a JWT's claims
 //	method                                             string
 //	tool.name, prompt.name, resource.uri               string ("" when the call has none)
 //	args                                               map(string, dyn): the call's arguments
@@ -20,10 +21,14 @@
 // args is the tools/call (or prompts/get) arguments object exactly as the
 // edge's one reader read it (package message refuses duplicate and
 // case-variant keys anywhere in a body, so no other reader of the body can
-// see different arguments); JSON numbers that are integers within int64
-// are ints, others doubles, and ints and doubles compare with each other.
+// see different arguments), read from its text one key at a time when a
+// rule reads that key; a key present only in another spelling (which Go's
+// encoding/json would match) fails the rule reading it closed. JSON
+// numbers that are integers within int64 are ints, others doubles, and
+// ints and doubles compare with each other.
 //
-// Evaluation is bounded by a cost limit. A rule whose evaluation fails (a
+// Evaluation is bounded by a cost limit (a rule whose cost CEL bounds
+// under it for any input runs untracked). A rule whose evaluation fails (a
 // missing argument, a value of another type, the cost limit) fails closed:
 // a deny or approve rule that fails denies the call, as does any rule over
 // the cost limit; an allow rule that fails for another reason does not

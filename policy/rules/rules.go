@@ -2,14 +2,17 @@ package rules
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
-	"reflect"
+	"slices"
 	"strings"
 
 	"cel.dev/cel-go/cel"
+	celast "cel.dev/cel-go/common/ast"
+	"cel.dev/cel-go/common/cost"
+	"cel.dev/cel-go/common/operators"
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/ext"
@@ -52,6 +55,12 @@ type Rule struct {
 	Spec
 	prg     cel.Program // the call-time program
 	partial cel.Program // the list-time program, with args unknown
+	// tools, when set, are the only tool names the rule can hold for: its
+	// expression is a conjunction with tool.name == 'x' (or tool.name in
+	// [...]) among its terms. A call of another tool is not evaluated: the
+	// rule is false for it (in CEL, a false term makes a conjunction
+	// false, whatever errors the others would give).
+	tools []string
 }
 
 // Set is the rules in force for a route, global ones first.
@@ -60,47 +69,40 @@ type Set struct {
 	env   *cel.Env
 }
 
-// The variables' types. Their `cel` tags are the names rules use; a
-// change here is a change of the rule language (docs/policy.md).
-type principalVar struct {
-	Owner  string   `cel:"owner"`
-	Token  string   `cel:"token"`
-	Kind   string   `cel:"kind"`
-	Source string   `cel:"source"`
-	Client string   `cel:"client"`
-	Scopes []string `cel:"scopes"`
+// The variables. Those written with a dot (principal.owner, tool.name)
+// are variables of their own, each a string or list, which the rules
+// read without reflecting over a Go struct: a rule reads its variables on
+// every call. A change here is a change of the rule language
+// (docs/policy.md).
+var variables = []cel.EnvOption{
+	cel.Variable("principal.owner", cel.StringType),
+	cel.Variable("principal.token", cel.StringType),
+	cel.Variable("principal.kind", cel.StringType),
+	cel.Variable("principal.source", cel.StringType),
+	cel.Variable("principal.client", cel.StringType),
+	cel.Variable("principal.scopes", cel.ListType(cel.StringType)),
+	cel.Variable("method", cel.StringType),
+	cel.Variable("tool.name", cel.StringType),
+	cel.Variable("prompt.name", cel.StringType),
+	cel.Variable("resource.uri", cel.StringType),
+	cel.Variable("claims", cel.MapType(cel.StringType, cel.DynType)),
+	cel.Variable("args", cel.MapType(cel.StringType, cel.DynType)),
+	cel.Variable("upstream", cel.StringType),
+	cel.Variable("route", cel.StringType),
 }
 
-type toolVar struct {
-	Name string `cel:"name"`
+// fieldsOf says what a variable group holds, for an error that names
+// the group alone (CEL says "undeclared reference to 'principal'" for
+// principal.email).
+var fieldsOf = map[string]string{
+	"principal": "principal.owner, .token, .kind, .source, .client and .scopes",
+	"tool":      "tool.name",
+	"prompt":    "prompt.name",
+	"resource":  "resource.uri",
 }
-
-type resourceVar struct {
-	URI string `cel:"uri"`
-}
-
-var (
-	principalType = cel.ObjectType("rules.principalVar")
-	toolType      = cel.ObjectType("rules.toolVar")
-	resourceType  = cel.ObjectType("rules.resourceVar")
-)
 
 func newEnv() (*cel.Env, error) {
-	return cel.NewEnv(
-		ext.NativeTypes(reflect.TypeOf(&principalVar{}), reflect.TypeOf(&toolVar{}), reflect.TypeOf(&resourceVar{}), ext.ParseStructTags(true)),
-		ext.Strings(),
-		cel.OptionalTypes(),
-		cel.CrossTypeNumericComparisons(true),
-		cel.Variable("principal", principalType),
-		cel.Variable("method", cel.StringType),
-		cel.Variable("tool", toolType),
-		cel.Variable("prompt", toolType),
-		cel.Variable("resource", resourceType),
-		cel.Variable("claims", cel.MapType(cel.StringType, cel.DynType)),
-		cel.Variable("args", cel.MapType(cel.StringType, cel.DynType)),
-		cel.Variable("upstream", cel.StringType),
-		cel.Variable("route", cel.StringType),
-	)
+	return cel.NewEnv(append([]cel.EnvOption{ext.Strings(), cel.OptionalTypes(), cel.CrossTypeNumericComparisons(true)}, variables...)...)
 }
 
 // Compile type-checks and compiles specs, in order. An error names the
@@ -143,12 +145,25 @@ func compile(env *cel.Env, sp Spec) (*Rule, error) {
 	}
 	ast, iss := env.Compile(sp.Expr)
 	if iss != nil && iss.Err() != nil {
-		return nil, fmt.Errorf("%s: %s does not compile: %s", where, quote(sp.Expr), oneLine(iss.Err().Error()))
+		msg := oneLine(iss.Err().Error())
+		for group, fields := range fieldsOf {
+			if strings.Contains(msg, "undeclared reference to '"+group+"'") {
+				msg += fmt.Sprintf(" (the variables are %s)", fields)
+			}
+		}
+		return nil, fmt.Errorf("%s: %s does not compile: %s", where, quote(sp.Expr), msg)
 	}
 	if !ast.OutputType().IsExactType(cel.BoolType) {
 		return nil, fmt.Errorf("%s: %s is a %s, not a bool; a rule holds or does not", where, quote(sp.Expr), ast.OutputType())
 	}
-	prg, err := env.Program(ast, cel.CostLimit(CostLimit), cel.EvalOptions(cel.OptOptimize))
+	opts := []cel.ProgramOption{cel.EvalOptions(cel.OptOptimize)}
+	if est, err := env.EstimateCost(ast, sizes{}); err != nil || est.Max > CostLimit {
+		// Tracked as it runs. A rule whose cost is bounded under the limit
+		// whatever its inputs (see sizes) needs no tracking, which was most
+		// of what such a rule cost a call.
+		opts = append(opts, cel.CostLimit(CostLimit))
+	}
+	prg, err := env.Program(ast, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", where, quote(sp.Expr), err)
 	}
@@ -156,7 +171,93 @@ func compile(env *cel.Env, sp Spec) (*Rule, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %w", where, quote(sp.Expr), err)
 	}
-	return &Rule{Spec: sp, prg: prg, partial: partial}, nil
+	return &Rule{Spec: sp, prg: prg, partial: partial, tools: toolTerms(ast.NativeRep().Expr())}, nil
+}
+
+// toolTerms are the tool names a conjunction e requires, by its terms
+// tool.name == 'x' and tool.name in ['x', 'y'] (the first such term); nil
+// when it requires none.
+func toolTerms(e celast.Expr) []string {
+	if e.Kind() != celast.CallKind {
+		return nil
+	}
+	c := e.AsCall()
+	args := c.Args()
+	switch c.FunctionName() {
+	case operators.LogicalAnd:
+		for _, a := range args {
+			if t := toolTerms(a); t != nil {
+				return t
+			}
+		}
+	case operators.Equals:
+		if len(args) == 2 {
+			if isToolName(args[0]) {
+				return literalStrings(args[1:])
+			}
+			if isToolName(args[1]) {
+				return literalStrings(args[:1])
+			}
+		}
+	case operators.In:
+		if len(args) == 2 && isToolName(args[0]) && args[1].Kind() == celast.ListKind {
+			return literalStrings(args[1].AsList().Elements())
+		}
+	}
+	return nil
+}
+
+func isToolName(e celast.Expr) bool {
+	return e.Kind() == celast.IdentKind && e.AsIdent() == "tool.name"
+}
+
+// literalStrings are the values of es when each is a string literal.
+func literalStrings(es []celast.Expr) []string {
+	out := make([]string, 0, len(es))
+	for _, e := range es {
+		if e.Kind() != celast.LiteralKind {
+			return nil
+		}
+		s, ok := e.AsLiteral().(types.String)
+		if !ok {
+			return nil
+		}
+		out = append(out, string(s))
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// sizes bounds the inputs of a rule for CEL's static cost estimate: no
+// string, list or map a rule reads is larger than maxInputSize, the
+// edge's largest body by default (the arguments, the names and URIs of a
+// call; a JWT is smaller still), and a credential holds at most
+// maxScopes scopes. A rule whose estimate under these bounds stays within
+// CostLimit runs untracked: at worst, with a larger body configured, its
+// work grows with the body, as reading the body does; a rule that could
+// cost more (a comprehension over an argument, a regular expression over
+// one) is tracked and stopped at the limit.
+type sizes struct{}
+
+const (
+	maxInputSize = 1 << 20
+	maxScopes    = 1024
+)
+
+func (sizes) EstimateSize(n cost.AstNode) *cost.SizeEstimate {
+	if p := n.Path(); len(p) > 0 && p[0] == "principal.scopes" {
+		return &cost.SizeEstimate{Min: 0, Max: maxScopes}
+	}
+	if len(n.Path()) > 0 {
+		return &cost.SizeEstimate{Min: 0, Max: maxInputSize}
+	}
+	return nil
+}
+
+func (sizes) EstimateCallCost(string, string, *cost.AstNode, []cost.AstNode) *cost.CallEstimate {
+	return nil
 }
 
 func quote(expr string) string {
@@ -212,7 +313,11 @@ type Input struct {
 	// Claims are the JWT's or the sign-in's claims, when known. (A
 	// variable of its own: CEL's Go struct types hold no dyn field.)
 	Claims map[string]any
-	Method string
+	// ClaimsJWT, when Claims is nil, is a verified JWT's payload as the
+	// token carries it (base64url JSON), decoded when a rule first reads
+	// claims, as the arguments are.
+	ClaimsJWT string
+	Method    string
 	// Tool, Prompt and URI are the call's tool name, prompt name and
 	// resource URI, as the edge read them ("" when the call has none).
 	Tool, Prompt, URI string
@@ -250,6 +355,9 @@ func (s *Set) Decide(in Input) Verdict {
 	act := &activation{in: in, withArgs: true}
 	var approve, allow *Rule
 	for _, r := range s.rules {
+		if r.tools != nil && !slices.Contains(r.tools, in.Tool) {
+			continue
+		}
 		out, _, err := r.prg.Eval(act)
 		holds, failed := result(out, err)
 		switch {
@@ -332,38 +440,61 @@ func overCost(err error) bool {
 // when a rule first reads them, once per call: a rule set whose rules
 // decide on the tool's name alone never decodes them.
 type activation struct {
-	in        Input
-	withArgs  bool
-	args      ref.Val
-	principal *principalVar
+	in       Input
+	withArgs bool
+	args     ref.Val
+	claims   ref.Val
+	scopes   ref.Val
+	// The string variables as CEL values, made once per call: the rules
+	// of a set read the same few (tool.name) again and again.
+	owner, token, kind, source, client, method, tool, prompt, uri, upstream, route ref.Val
+}
+
+// str is s as a CEL value, kept in *v.
+func (a *activation) str(v *ref.Val, s string) ref.Val {
+	if *v == nil {
+		*v = types.String(s)
+	}
+	return *v
 }
 
 func (a *activation) ResolveName(name string) (any, bool) {
 	in := &a.in
 	switch name {
-	case "principal":
-		if a.principal == nil {
-			scopes := in.Principal.Scopes
-			if scopes == nil {
-				scopes = []string{}
-			}
-			a.principal = &principalVar{Owner: in.Principal.Owner, Token: in.Principal.Token, Kind: in.Principal.Kind,
-				Source: in.Principal.Source, Client: in.Principal.Client, Scopes: scopes}
+	case "principal.owner":
+		return a.str(&a.owner, in.Principal.Owner), true
+	case "principal.token":
+		return a.str(&a.token, in.Principal.Token), true
+	case "principal.kind":
+		return a.str(&a.kind, in.Principal.Kind), true
+	case "principal.source":
+		return a.str(&a.source, in.Principal.Source), true
+	case "principal.client":
+		return a.str(&a.client, in.Principal.Client), true
+	case "principal.scopes":
+		if a.scopes == nil {
+			a.scopes = types.NewStringList(types.DefaultTypeAdapter, in.Principal.Scopes)
 		}
-		return a.principal, true
+		return a.scopes, true
 	case "claims":
-		if in.Claims == nil {
-			return noClaims, true
+		switch {
+		case in.Claims != nil:
+			return in.Claims, true
+		case in.ClaimsJWT != "":
+			if a.claims == nil {
+				a.claims = decodeClaims(in.ClaimsJWT)
+			}
+			return a.claims, true
 		}
-		return in.Claims, true
+		return noClaims, true
 	case "method":
-		return in.Method, true
-	case "tool":
-		return &toolVar{Name: in.Tool}, true
-	case "prompt":
-		return &toolVar{Name: in.Prompt}, true
-	case "resource":
-		return &resourceVar{URI: in.URI}, true
+		return a.str(&a.method, in.Method), true
+	case "tool.name":
+		return a.str(&a.tool, in.Tool), true
+	case "prompt.name":
+		return a.str(&a.prompt, in.Prompt), true
+	case "resource.uri":
+		return a.str(&a.uri, in.URI), true
 	case "args":
 		if !a.withArgs {
 			return nil, false
@@ -377,9 +508,9 @@ func (a *activation) ResolveName(name string) (any, bool) {
 		}
 		return a.args, true
 	case "upstream":
-		return in.Upstream, true
+		return a.str(&a.upstream, in.Upstream), true
 	case "route":
-		return in.Route, true
+		return a.str(&a.route, in.Route), true
 	}
 	return nil, false
 }
@@ -395,63 +526,36 @@ func objectOrNone(raw []byte) bool {
 	return len(raw) == 0 || raw[0] == '{' || bytes.Equal(raw, []byte("null"))
 }
 
+// decodeClaims reads a JWT's payload as the arguments are read (numbers
+// exact, ints where they are integers): a payload that is not one JSON
+// object fails the rules that read it closed.
+func decodeClaims(payload string) ref.Val {
+	raw, err := base64.RawURLEncoding.DecodeString(payload)
+	if err != nil {
+		return types.NewErr("the token's claims are not base64url")
+	}
+	if !objectOrNone(raw) || len(bytes.TrimSpace(raw)) == 0 {
+		return types.NewErr("the token's claims are not a JSON object")
+	}
+	v, err := decodeArgs(raw)
+	if err != nil {
+		return types.NewErr("the token's claims are not a JSON object")
+	}
+	return v
+}
+
 var noArgs = types.NewRefValMap(types.DefaultTypeAdapter, map[ref.Val]ref.Val{})
 
-// decodeArgs reads the arguments object. The edge's reader has refused
-// duplicate and case-variant keys already, so encoding/json reads the
-// object the backend will read; numbers are read exactly (json.Number),
-// and made ints where they are integers within int64.
+// decodeArgs reads the arguments object, lazily (see jsonObject). The
+// edge's reader has refused duplicate and case-variant keys already, so
+// the rules read the object the backend will read.
 func decodeArgs(raw []byte) (ref.Val, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return noArgs, nil
 	}
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	var v any
-	if err := d.Decode(&v); err != nil {
+	if raw[0] != '{' || !json.Valid(raw) {
 		return nil, ErrArguments
 	}
-	if _, ok := v.(map[string]any); !ok {
-		return nil, ErrArguments
-	}
-	return celValue(v), nil
-}
-
-// celValue makes a decoded JSON value a CEL value once, so that a rule
-// that reads an argument many times (a comprehension) pays for each read
-// what CEL's cost counts, not a new reflection over the whole value.
-func celValue(v any) ref.Val {
-	switch x := v.(type) {
-	case map[string]any:
-		m := make(map[ref.Val]ref.Val, len(x))
-		for k, e := range x {
-			m[types.String(k)] = celValue(e)
-		}
-		return types.NewRefValMap(types.DefaultTypeAdapter, m)
-	case []any:
-		l := make([]ref.Val, len(x))
-		for i, e := range x {
-			l[i] = celValue(e)
-		}
-		return types.NewRefValList(types.DefaultTypeAdapter, l)
-	case json.Number:
-		if i, err := x.Int64(); err == nil {
-			return types.Int(i)
-		}
-		f, err := x.Float64()
-		if err != nil || math.IsInf(f, 0) {
-			// Larger than a double: kept as its text, which no number
-			// equals, so a rule comparing it fails closed.
-			return types.String(x.String())
-		}
-		return types.Double(f)
-	case string:
-		return types.String(x)
-	case bool:
-		return types.Bool(x)
-	case nil:
-		return types.NullValue
-	}
-	return types.NewErr("unexpected JSON value %T", v)
+	return &jsonObject{raw: raw}, nil
 }

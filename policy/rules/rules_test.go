@@ -1,7 +1,9 @@
 package rules
 
 import (
+	"encoding/base64"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -149,9 +151,10 @@ func TestCompileRefusals(t *testing.T) {
 		want string
 	}{
 		{Spec{Effect: Deny, Expr: "tool.name == ", Message: "m"}, "does not compile"},
-		{Spec{Effect: Deny, Expr: "tol.name == 'x'", Message: "m"}, "undeclared reference to 'tol'"},
-		{Spec{Effect: Deny, Expr: "tool.nom == 'x'", Message: "m"}, "undefined field 'nom'"},
-		{Spec{Effect: Deny, Expr: "principal.email == 'x'", Message: "m"}, "undefined field 'email'"},
+		{Spec{Effect: Deny, Expr: "tol.name == 'x'", Message: "m"}, "undeclared reference to 'tol.name' (did you mean 'tool.name'?)"},
+		{Spec{Effect: Deny, Expr: "tool.nom == 'x'", Message: "m"}, "undeclared reference to 'tool.nom' (did you mean 'tool.name'?)"},
+		{Spec{Effect: Deny, Expr: "principal.email == 'x'", Message: "m"}, "undeclared reference to 'principal.email' (did you mean"},
+		{Spec{Effect: Deny, Expr: "principal == 'x'", Message: "m"}, "(the variables are principal.owner, .token, .kind, .source, .client and .scopes)"},
 		{Spec{Effect: Deny, Expr: "tool.name", Message: "m"}, "not a bool"},
 		{Spec{Effect: Deny, Expr: "tool.name == 1", Message: "m"}, "does not compile"},
 		{Spec{Effect: Deny, Expr: "true"}, "needs a message"},
@@ -297,5 +300,128 @@ func BenchmarkDecide(b *testing.B) {
 				_ = c.set.Decide(in)
 			}
 		})
+	}
+}
+
+// TestArgumentsAsTheBackendReadsThem: the arguments are read as every
+// backend reads them, or the rules reading them fail closed.
+func TestArgumentsAsTheBackendReadsThem(t *testing.T) {
+	s, err := Compile([]Spec{
+		{Effect: Deny, Expr: "tool.name == 'deploy' && has(args.environment) && args.environment == 'production'", Message: "no production", Where: "env"},
+		{Effect: Deny, Expr: "tool.name == 'cfg' && has(args.config.env) && args.config.env == 'prod'", Message: "no prod", Where: "nested"},
+		{Effect: Deny, Expr: "tool.name == 'scale' && args.replicas > 10", Message: "too many", Where: "number"},
+		{Effect: Deny, Expr: "tool.name == 'one' && args.n == 1", Message: "not one", Where: "one"},
+		{Effect: Deny, Expr: "tool.name == 'tag' && args.tags.exists(t, t == 'prod')", Message: "no prod tag", Where: "list"},
+		{Effect: Deny, Expr: "tool.name == 'keys' && args.exists(k, k.startsWith('danger'))", Message: "no danger", Where: "keys"},
+		{Effect: Allow, Expr: "tool.name == 'read' && args.path.startsWith('/srv/public/')", Where: "path"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		in     Input
+		effect Effect
+		rule   string
+		failed bool
+	}{
+		{"the key as the rule spells it", call("deploy", `{"environment":"production"}`), Deny, "env", false},
+		{"another value", call("deploy", `{"environment":"staging"}`), "", "", false},
+		{"an escaped key is the key", call("deploy", `{"\u0065nvironment":"production"}`), Deny, "env", false},
+		{"an escaped value is the value", call("deploy", `{"environment":"produ\u0063tion"}`), Deny, "env", false},
+		{"a key in another case fails closed", call("deploy", `{"Environment":"production"}`), Deny, "env", true},
+		{"a key with a long s, which Go folds to s, fails closed", call("scale", `{"replica\u017f":11}`), Deny, "number", true},
+		{"a nested key in another case fails closed", call("cfg", `{"config":{"ENV":"prod"}}`), Deny, "nested", true},
+		{"a nested key", call("cfg", `{"config":{"env":"prod"}}`), Deny, "nested", false},
+		{"a key given twice fails closed", call("deploy", `{"environment":"staging","environment":"production"}`), Deny, "env", true},
+		{"an int", call("scale", `{"replicas":11}`), Deny, "number", false},
+		{"a number spelled with an exponent", call("scale", `{"replicas":1.1e1}`), Deny, "number", false},
+		{"a number with a fraction", call("scale", `{"replicas":10.5}`), Deny, "number", false},
+		{"a number beyond a double fails closed", call("scale", `{"replicas":1e400}`), Deny, "number", true},
+		{"a string where a number is read fails closed", call("scale", `{"replicas":"11"}`), Deny, "number", true},
+		{"1e0 is 1", call("one", `{"n":1e0}`), Deny, "one", false},
+		{"1.0 is 1", call("one", `{"n":1.0}`), Deny, "one", false},
+		{"-0 is not 1", call("one", `{"n":-0}`), "", "", false},
+		{"a list", call("tag", `{"tags":["dev","prod"]}`), Deny, "list", false},
+		{"the keys", call("keys", `{"safe":1,"danger_zone":2}`), Deny, "keys", false},
+		{"a path the allow rule holds for", call("read", `{"path":"/srv/public/a.txt"}`), Allow, "path", false},
+		{"a path it does not", call("read", `{"path":"/etc/passwd"}`), "", "", false},
+		{"a path in another case grants nothing", call("read", `{"Path":"/srv/public/a.txt"}`), "", "", false},
+		{"a path of another type grants nothing", call("read", `{"path":["/srv/public/a.txt"]}`), "", "", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := s.Decide(c.in)
+			if v.Effect != c.effect || (v.Rule == nil) != (c.rule == "") || (v.Rule != nil && v.Rule.Where != c.rule) || (v.Err != nil) != c.failed {
+				t.Fatalf("got %q %+v (err %v), want %q by %q failed=%v", v.Effect, v.Rule, v.Err, c.effect, c.rule, c.failed)
+			}
+		})
+	}
+}
+
+// TestClaims: a JWT's claims are read as the arguments are.
+func TestClaims(t *testing.T) {
+	s, err := Compile([]Spec{{Effect: Deny, Expr: "claims.department != 'ops'", Message: "ops only", Where: "dept"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+	for _, c := range []struct {
+		payload string
+		effect  Effect
+		failed  bool
+	}{
+		{`{"sub":"a","department":"ops"}`, "", false},
+		{`{"sub":"a","department":"sales"}`, Deny, false},
+		{`{"sub":"a"}`, Deny, true},
+		{`{"sub":"a","Department":"ops"}`, Deny, true},
+		{`{"sub":"a","department":"sales","department":"ops"}`, Deny, true},
+		{`[1]`, Deny, true},
+	} {
+		v := s.Decide(Input{Method: "tools/call", Tool: "x", ClaimsJWT: enc(c.payload)})
+		if v.Effect != c.effect || (v.Err != nil) != c.failed {
+			t.Errorf("%s: %q (err %v), want %q failed=%v", c.payload, v.Effect, v.Err, c.effect, c.failed)
+		}
+	}
+}
+
+// TestToolTerms: a rule that names its tools in a term of a conjunction is
+// not evaluated for other tools, and decides every call as it would if it
+// were.
+func TestToolTerms(t *testing.T) {
+	specs := []Spec{
+		{Effect: Deny, Expr: "tool.name == 'deploy' && args.environment == 'production'", Message: "m", Where: "eq"},
+		{Effect: Deny, Expr: "args.force == true && 'drop' == tool.name", Message: "m", Where: "eq reversed"},
+		{Effect: Deny, Expr: "method == 'tools/call' && tool.name in ['rm', 'mv'] && args.path.startsWith('/etc')", Message: "m", Where: "in"},
+		{Effect: Allow, Expr: "tool.name == 'q' || args.x == 1", Where: "or"},
+		{Effect: Deny, Expr: "!(tool.name == 'safe') && args.y == 2", Message: "m", Where: "not"},
+	}
+	s, err := Compile(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{"eq": {"deploy"}, "eq reversed": {"drop"}, "in": {"rm", "mv"}}
+	for _, r := range s.rules {
+		if !slices.Equal(r.tools, want[r.Where]) {
+			t.Errorf("%s: tools %v, want %v", r.Where, r.tools, want[r.Where])
+		}
+	}
+	// The same rules with no tool terms: every rule evaluated.
+	full, err := Compile(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range full.rules {
+		r.tools = nil
+	}
+	for _, in := range []Input{
+		call("deploy", `{"environment":"production"}`), call("deploy", `{}`), call("other", `{}`),
+		call("drop", `{"force":true}`), call("rm", `{"path":"/etc/x"}`), call("mv", `{}`), call("cp", `{"path":"/etc"}`),
+		call("q", `{}`), call("safe", `{"y":2}`), call("other", `{"y":2}`), call("other", `{"x":1}`),
+	} {
+		a, b := s.Decide(in), full.Decide(in)
+		if a.Effect != b.Effect || a.Rule != nil && b.Rule != nil && a.Rule.Where != b.Rule.Where || (a.Err == nil) != (b.Err == nil) {
+			t.Errorf("%s %s: %q %v, evaluated whole %q %v", in.Tool, in.Arguments, a.Effect, a.Err, b.Effect, b.Err)
+		}
 	}
 }
