@@ -367,7 +367,7 @@ func TestPerUserSessionAgentActsAsTheSessionsOwner(t *testing.T) {
 		}
 		before, _ := g.up.Stats()
 		got := ask("carol@example.com", prompt)
-		if strings.Contains(got, "whoami:") || !strings.Contains(got, "connect your account") || !strings.Contains(got, "(MCP "+version+")") {
+		if strings.Contains(got, "whoami:") || !strings.Contains(got, "Tool error from whoami on remote (MCP "+version+"): ") || !strings.Contains(got, "connect your account") {
 			t.Errorf("carol's agent at %s, carol never connected:\n%s\nwant the refusal to connect", version, got)
 		}
 		if after, _ := g.up.Stats(); after != before {
