@@ -134,3 +134,105 @@ http://127.0.0.1:%d {
 	}
 	t.Fatal("no audit line of the operator's approval of alice's call")
 }
+
+// TestApprovalThroughInteractions: an approver with the approve scope
+// sees a held call in the sessions endpoint's interactions pending and
+// approves it with answer; the caller's same call then runs once. The
+// caller (even holding the approve scope) neither sees nor answers their
+// own call; a principal without the scope sees none and is refused.
+func TestApprovalThroughInteractions(t *testing.T) {
+	upstream := startStatelessEverythingServer(t)
+	guard, sess := freePort(t), freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource http://127.0.0.1:%d/mcp
+		policy {
+			approve "tool.name == 'json_schema_2020_12_tool' && args.name == 'production'" "production needs a second person"
+		}
+	}
+	reverse_proxy %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		sessions
+		resource http://127.0.0.1:%d/mcp
+	}
+}
+`, AdminPlaceholder, guard, guard, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp"), sess, sess))
+	site := fmt.Sprintf("http://127.0.0.1:%d/mcp", guard)
+	alice := createToken(t, c, "alice", "--scope", "mcp", "--scope", "chat", "--scope", "approve", "--owner", "alice")
+	bob := createToken(t, c, "bob", "--scope", "chat", "--scope", fmt.Sprintf("approve:127.0.0.1:%d", guard), "--owner", "bob")
+	carol := createToken(t, c, "carol", "--scope", "chat", "--owner", "carol")
+	sessions := fmt.Sprintf("http://127.0.0.1:%d/mcp", sess)
+
+	for _, version := range []string{modernVersion, legacyVersion} {
+		t.Run(version, func(t *testing.T) {
+			p, err := connectPeer(t, site, bearerClient(alice, nil), version)
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			peerOf := func(tok string) *peer {
+				q, err := connectPeer(t, sessions, bearerClient(tok, nil), version)
+				if err != nil {
+					t.Fatalf("connect to the sessions endpoint: %v", err)
+				}
+				return q
+			}
+			a, b, k := peerOf(alice), peerOf(bob), peerOf(carol)
+			args := map[string]any{"name": "production", "email": "ops-" + version + "@example.com"}
+			res, err := callRouteTool(p.cs, "json_schema_2020_12_tool", args)
+			id := approvalID.FindString(outcome(res, err))
+			if id == "" {
+				t.Fatalf("the held call: %s", outcome(res, err))
+			}
+			pending := func(q *peer) string {
+				res, err := callRouteTool(q.cs, "interactions", map[string]any{"verb": "pending"})
+				if err != nil || res.IsError {
+					t.Fatalf("pending: %s", outcome(res, err))
+				}
+				return outcome(res, err)
+			}
+			if got := pending(b); !strings.Contains(got, id) || !strings.Contains(got, "production") {
+				t.Fatalf("bob's pending does not show the held call %s: %s", id, got)
+			}
+			if got := pending(a); strings.Contains(got, id) {
+				t.Fatalf("alice sees her own held call as hers to answer: %s", got)
+			}
+			if got := pending(k); strings.Contains(got, id) {
+				t.Fatalf("carol, without the approve scope, sees the held call: %s", got)
+			}
+			answer := func(q *peer) string {
+				res, err := callRouteTool(q.cs, "interactions", map[string]any{"verb": "answer", "requestId": id, "decision": "allow"})
+				return outcome(res, err)
+			}
+			if got := answer(a); !strings.Contains(got, "own call") {
+				t.Fatalf("alice approving her own call: %s", got)
+			}
+			if got := answer(k); !strings.Contains(got, "approve scope") {
+				t.Fatalf("carol approving: %s", got)
+			}
+			from := c.LogSize()
+			if got := answer(b); !strings.Contains(got, "Approved "+id) {
+				t.Fatalf("bob approving: %s", got)
+			}
+			c.WaitForLogFrom(t, from, `"by":"bob"`, 10*time.Second)
+			if got := answer(b); !strings.Contains(got, "first") {
+				t.Fatalf("a second answer: %s", got)
+			}
+			res, err = callRouteTool(p.cs, "json_schema_2020_12_tool", args)
+			if err != nil || res.IsError || !strings.Contains(outcome(res, err), "ops-"+version) {
+				t.Fatalf("the approved call: %s", outcome(res, err))
+			}
+			res, err = callRouteTool(p.cs, "json_schema_2020_12_tool", args)
+			if replay := approvalID.FindString(outcome(res, err)); replay == "" || replay == id {
+				t.Fatalf("the replay: %s", outcome(res, err))
+			}
+		})
+	}
+}
