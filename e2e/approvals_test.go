@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"regexp"
 	"strings"
 	"testing"
@@ -232,6 +234,100 @@ http://127.0.0.1:%d {
 			res, err = callRouteTool(p.cs, "json_schema_2020_12_tool", args)
 			if replay := approvalID.FindString(outcome(res, err)); replay == "" || replay == id {
 				t.Fatalf("the replay: %s", outcome(res, err))
+			}
+		})
+	}
+}
+
+// TestApprovalAcrossReplicas: two replicas on one NATS storage serving the
+// same site: a call held on A is listed and approved through B's CLI;
+// the same call then made on both at once runs on exactly one of them,
+// and the other is held anew.
+func TestApprovalAcrossReplicas(t *testing.T) {
+	natsURL := startNATSServer(t)
+	upstream := startStatelessEverythingServer(t)
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+	site := fmt.Sprintf("http://127.0.0.1:%d/mcp", freePort(t)) // the resource both replicas serve
+	replica := func() (*Caddy, string) {
+		port := freePort(t)
+		c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+			lock_ttl 5s
+		}
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource %s
+		policy {
+			approve "tool.name == 'json_schema_2020_12_tool' && args.name == 'production'" "production needs a second person"
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, natsURL, port, site, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp")), clusterKey)
+		return c, fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	}
+	a, urlA := replica()
+	b, urlB := replica()
+	stdout, stderr, err := a.Run(t, "zidane", "token", "create", "--name", "alice", "--scope", "mcp", "--owner", "alice")
+	if err != nil {
+		t.Fatalf("token create on A: %v %s", err, stderr)
+	}
+	token := strings.TrimSpace(stdout)
+	waitStatus(t, urlB, token, http.StatusOK, 20*time.Second)
+
+	for _, version := range []string{modernVersion, legacyVersion} {
+		t.Run(version, func(t *testing.T) {
+			pa, err := connectPeer(t, urlA, bearerClient(token, nil), version)
+			if err != nil {
+				t.Fatalf("connect A: %v", err)
+			}
+			pb, err := connectPeer(t, urlB, bearerClient(token, nil), version)
+			if err != nil {
+				t.Fatalf("connect B: %v", err)
+			}
+			args := map[string]any{"name": "production", "email": "ops-" + version + "@example.com"}
+			res, err := callRouteTool(pa.cs, "json_schema_2020_12_tool", args)
+			id := approvalID.FindString(outcome(res, err))
+			if id == "" {
+				t.Fatalf("the held call on A: %s", outcome(res, err))
+			}
+			if out, _, err := b.Run(t, "zidane", "approvals", "list"); err != nil || !strings.Contains(out, id) {
+				t.Fatalf("B's list: %v %s", err, out)
+			}
+			if out, errOut, err := b.Run(t, "zidane", "approvals", "approve", id); err != nil {
+				t.Fatalf("approve through B: %v %s %s", err, out, errOut)
+			}
+			type result struct {
+				ran  bool
+				text string
+			}
+			results := make(chan result, 2)
+			for _, p := range []*peer{pa, pb} {
+				go func() {
+					res, err := callRouteTool(p.cs, "json_schema_2020_12_tool", args)
+					results <- result{err == nil && !res.IsError, outcome(res, err)}
+				}()
+			}
+			ran := 0
+			for range 2 {
+				r := <-results
+				switch {
+				case r.ran:
+					ran++
+				case approvalID.FindString(r.text) == "" || strings.Contains(r.text, id):
+					t.Fatalf("the call that did not run: %s, want it held anew", r.text)
+				}
+			}
+			if ran != 1 {
+				t.Fatalf("the approved call ran %d times across two replicas", ran)
 			}
 		})
 	}

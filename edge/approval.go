@@ -69,6 +69,16 @@ func (a *Approvals) Settle(ctx context.Context, d Decision) Verdict {
 	c := *v.Held
 	c.Site = a.Site
 	ap, err := a.Store.Hold(ctx, c)
+	if err == nil && ap.State == approvals.Approved {
+		if _, err := a.Store.Consume(ctx, ap.ID, c); err == nil {
+			return Verdict{Rule: v.Rule, RuleEffect: string(approvals.Approved)}
+		} else if !errors.Is(err, approvals.ErrUsed) {
+			return refusedHeld(tool, v, ReasonApprovalRefused, fmt.Sprintf("%s: approval %s: %v", c.Message, ap.ID, err))
+		}
+		// The same call, made at once elsewhere, used the approval
+		// first: this one is a replay, held anew.
+		ap, err = a.Store.Hold(ctx, c)
+	}
 	switch {
 	case errors.Is(err, approvals.ErrTooMany):
 		return Verdict{Status: http.StatusTooManyRequests, Reason: ReasonApprovalRefused, Rule: v.Rule, RuleEffect: v.RuleEffect,
@@ -77,22 +87,23 @@ func (a *Approvals) Settle(ctx context.Context, d Decision) Verdict {
 		return Verdict{Status: http.StatusServiceUnavailable, Reason: ReasonApprovalRefused, Rule: v.Rule, RuleEffect: v.RuleEffect,
 			Message: "the call could not be held for approval (" + err.Error() + "); try again", RetryAfter: 5 * time.Second}
 	}
-	refused := func(reason, msg string) Verdict {
-		r := Verdict{Status: http.StatusForbidden, Reason: reason, Rule: v.Rule, RuleEffect: v.RuleEffect, Message: msg}
-		if tool {
-			r.Status, r.ToolError = http.StatusOK, true
-		}
-		return r
-	}
 	switch ap.State {
 	case approvals.Approved:
-		if _, err := a.Store.Consume(ctx, ap.ID, c); err != nil {
-			return refused(ReasonApprovalRefused, fmt.Sprintf("%s: approval %s: %v", c.Message, ap.ID, err))
-		}
-		return Verdict{Rule: v.Rule, RuleEffect: string(approvals.Approved)}
+		// Approved between the two Holds: the next call of it runs.
+		return refusedHeld(tool, v, ReasonApproval, fmt.Sprintf("%s: approval %s was approved as this call was made; make it again to run it", c.Message, ap.ID))
 	case approvals.Denied:
-		return refused(ReasonApprovalRefused, fmt.Sprintf("%s: approval %s: %v (by %s); do not retry it", c.Message, ap.ID, approvals.ErrDenied, ap.AnsweredBy))
+		return refusedHeld(tool, v, ReasonApprovalRefused, fmt.Sprintf("%s: approval %s: %v (by %s); do not retry it", c.Message, ap.ID, approvals.ErrDenied, ap.AnsweredBy))
 	}
-	return refused(ReasonApproval, fmt.Sprintf("%s: this call awaits a person's approval as %s, until %s. Ask someone who may approve calls here to approve %s; then make exactly this call again, with the same arguments, and it runs once.",
+	return refusedHeld(tool, v, ReasonApproval, fmt.Sprintf("%s: this call awaits a person's approval as %s, until %s. Ask someone who may approve calls here to approve %s; then make exactly this call again, with the same arguments, and it runs once.",
 		c.Message, ap.ID, ap.Expires.UTC().Format("15:04 UTC"), ap.ID))
+}
+
+// refusedHeld is the answer to a held call that does not run: a tool
+// error for tools/call (what the model reads), else a 403 JSON-RPC error.
+func refusedHeld(tool bool, v Verdict, reason, msg string) Verdict {
+	r := Verdict{Status: http.StatusForbidden, Reason: reason, Rule: v.Rule, RuleEffect: v.RuleEffect, Message: msg}
+	if tool {
+		r.Status, r.ToolError = http.StatusOK, true
+	}
+	return r
 }
