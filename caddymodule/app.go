@@ -46,6 +46,13 @@ type App struct {
 	// answered the admin API takes effect. Default: 1s.
 	TokenSync caddy.Duration `json:"token_sync,omitempty"`
 
+	// ApprovalPending is how long a call an approve rule holds waits for
+	// a person's answer; ApprovalApproved how long, once approved, the
+	// same call may be made again to run. Each from 1s to 24h. Defaults:
+	// 30m and 10m (docs/policy.md#approvals).
+	ApprovalPending  caddy.Duration `json:"approval_pending,omitempty"`
+	ApprovalApproved caddy.Duration `json:"approval_approved,omitempty"`
+
 	// LastUsedFlush is how often the last-used times of tokens are written
 	// to storage. Default: 30s.
 	LastUsedFlush caddy.Duration `json:"last_used_flush,omitempty"`
@@ -251,8 +258,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return err
 	}
 	a.storage = st
-	if a.approvals, err = approvals.New(approvals.Options{Store: st, Audit: logApprovalAnswer}); err != nil {
-		return err
+	if a.approvals, err = approvals.New(approvals.Options{Store: st, Audit: logApprovalAnswer,
+		PendingLifetime: time.Duration(a.ApprovalPending), ApprovedLifetime: time.Duration(a.ApprovalApproved)}); err != nil {
+		return fmt.Errorf("zidane approval_pending, approval_approved: %w", err)
 	}
 	if err := a.provisionAgents(ctx); err != nil {
 		return err

@@ -332,3 +332,61 @@ http://127.0.0.1:%d {
 		})
 	}
 }
+
+// TestApprovalExpires: a held call no one answers within approval_pending
+// leaves the list, cannot be approved any more (409, expired), and the
+// same call made again is held on a new approval.
+func TestApprovalExpires(t *testing.T) {
+	upstream := startStatelessEverythingServer(t)
+	port := freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	zidane {
+		approval_pending 2s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource http://127.0.0.1:%d/mcp
+		policy {
+			approve "tool.name == 'json_schema_2020_12_tool' && args.name == 'production'" "production needs a second person"
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, port, port, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp")))
+	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
+	p, err := connectPeer(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", port), bearerClient(alice, nil), modernVersion)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	args := map[string]any{"name": "production", "email": "ops@example.com"}
+	res, err := callRouteTool(p.cs, "json_schema_2020_12_tool", args)
+	id := approvalID.FindString(outcome(res, err))
+	if id == "" {
+		t.Fatalf("the held call: %s", outcome(res, err))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, errOut, err := c.Run(t, "zidane", "approvals", "list")
+		if err != nil {
+			t.Fatalf("approvals list: %v %s", err, errOut)
+		}
+		if !strings.Contains(out, id) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is still listed 30s after it was held with approval_pending 2s", id)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if _, errOut, err := c.Run(t, "zidane", "approvals", "approve", id); err == nil || !strings.Contains(errOut, "expired") {
+		t.Fatalf("approving an expired approval: %v %s", err, errOut)
+	}
+	res, err = callRouteTool(p.cs, "json_schema_2020_12_tool", args)
+	if again := approvalID.FindString(outcome(res, err)); again == "" || again == id || !res.IsError {
+		t.Fatalf("the call after its approval expired: %s", outcome(res, err))
+	}
+}

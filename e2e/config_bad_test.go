@@ -546,12 +546,16 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane", "an argument", caddyfileOf("zidane on {\n}", "zidane_mcp {\nguard\n}"), "zidane takes no argument"),
 		c("zidane", "twice", caddyfileOf("zidane {\n}\nzidane {\n}", "zidane_mcp {\nguard\n}"), "given twice"),
 	)
-	for _, opt := range []string{"token_sync", "last_used_flush", "link_ttl", "agent_idle_timeout", "mcp_session_idle_timeout"} {
+	for _, opt := range []string{"token_sync", "last_used_flush", "link_ttl", "agent_idle_timeout", "mcp_session_idle_timeout", "approval_pending", "approval_approved"} {
 		cases = append(cases, durationCases("zidane "+opt, func(l string) string { return zidaneBlock(l) }, "give a positive duration such as 1s")...)
 	}
 	for _, opt := range []string{"max_agents", "max_sessions", "max_sessions_per_token", "max_agents_per_token"} {
 		cases = append(cases, countCases("zidane "+opt, func(l string) string { return zidaneBlock(l) }, "give a positive whole number")...)
 	}
+	cases = append(cases,
+		c("zidane approval_pending", "under a second", zidaneBlock("approval_pending 500ms"), "approval_pending, approval_approved", "outside 1s to 24h0m0s"),
+		c("zidane approval_approved", "over a day", zidaneBlock("approval_approved 25h"), "approval_pending, approval_approved", "outside 1s to 24h0m0s"),
+	)
 	cases = append(cases,
 		c("zidane agent", "no name", zidaneBlock("agent {\ncommand /bin/true\n}"), "agent takes a name and a block"),
 		c("zidane agent", "two names", zidaneBlock("agent a b {\ncommand /bin/true\n}"), "agent takes a name and a block"),
