@@ -390,3 +390,70 @@ http://127.0.0.1:%d {
 		t.Fatalf("the call after its approval expired: %s", outcome(res, err))
 	}
 }
+
+// TestApprovalOnBrokerAndAggregate: the same flow on the broker's
+// pass-through and aggregated routes, at both versions: held, approved
+// through the CLI, run once with the approved arguments, the replay held
+// anew.
+func TestApprovalOnBrokerAndAggregate(t *testing.T) {
+	upstream := startStatelessEverythingServer(t)
+	ports := map[string]int{"broker": freePort(t), "aggregate": freePort(t)}
+	rule := `policy {
+			approve "tool.name.endsWith('json_schema_2020_12_tool') && args.name == 'production'" "production needs a second person"
+		}`
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	zidane {
+		upstream ev %s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		broker ev
+		%s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		aggregate ev
+		prefix conditional
+		%s
+	}
+}
+`, AdminPlaceholder, upstream, ports["broker"], rule, ports["aggregate"], rule))
+	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
+	for _, route := range []string{"broker", "aggregate"} {
+		for _, version := range []string{modernVersion, legacyVersion} {
+			t.Run(route+"/"+version, func(t *testing.T) {
+				p, err := connectPeer(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[route]), bearerClient(alice, nil), version)
+				if err != nil {
+					t.Fatalf("connect: %v", err)
+				}
+				email := route + "-" + version + "@example.com"
+				args := map[string]any{"name": "production", "email": email}
+				res, err := callRouteTool(p.cs, "json_schema_2020_12_tool", args)
+				id := approvalID.FindString(outcome(res, err))
+				if id == "" || !strings.Contains(outcome(res, err), "production needs a second person") {
+					t.Fatalf("the held call: %s", outcome(res, err))
+				}
+				if out, errOut, err := c.Run(t, "zidane", "approvals", "approve", id); err != nil {
+					t.Fatalf("approve: %v %s %s", err, out, errOut)
+				}
+				res, err = callRouteTool(p.cs, "json_schema_2020_12_tool", map[string]any{"name": "production", "email": "evil-" + email})
+				if held := approvalID.FindString(outcome(res, err)); held == "" || held == id {
+					t.Fatalf("a changed argument after the approval: %s", outcome(res, err))
+				}
+				res, err = callRouteTool(p.cs, "json_schema_2020_12_tool", args)
+				if err != nil || res.IsError || !strings.Contains(outcome(res, err), email) {
+					t.Fatalf("the approved call: %s", outcome(res, err))
+				}
+				res, err = callRouteTool(p.cs, "json_schema_2020_12_tool", args)
+				if replay := approvalID.FindString(outcome(res, err)); replay == "" || replay == id {
+					t.Fatalf("the replay: %s", outcome(res, err))
+				}
+			})
+		}
+	}
+}
