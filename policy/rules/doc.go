@@ -24,8 +24,14 @@
 // see different arguments), read from its text one key at a time when a
 // rule reads that key; a key present only in another spelling (which Go's
 // encoding/json would match) fails the rule reading it closed. JSON
-// numbers that are integers within int64 are ints, others doubles, and
-// ints and doubles compare with each other.
+// numbers written as integers are ints, others doubles, and ints and
+// doubles compare with each other; an integer beyond ±(2^53-1), which
+// JavaScript rounds and Go and Python do not, fails the rule reading it
+// closed.
+//
+// Why a rule failed (Verdict.Err, for the audit line) never holds the
+// call's values: CEL's own messages quote them (a regular expression, a
+// map key, a timestamp), so they are told by their kind alone.
 //
 // Evaluation is bounded by a cost limit (a rule whose cost CEL bounds
 // under it for any input runs untracked). A rule whose evaluation fails (a

@@ -118,14 +118,14 @@ func lookup(raw []byte, key string) (ref.Val, bool) {
 	var (
 		found  []byte
 		n      int
-		folded string
+		folded bool
 	)
 	ok := eachMember(raw, func(k string, v []byte) bool {
 		switch {
 		case k == key:
 			found, n = v, n+1
-		case folded == "" && strings.EqualFold(k, key):
-			folded = k
+		case !folded && strings.EqualFold(k, key):
+			folded = true
 		}
 		return true
 	})
@@ -134,8 +134,8 @@ func lookup(raw []byte, key string) (ref.Val, bool) {
 		return types.NewErr("the object is not valid JSON"), false
 	case n > 1:
 		return types.NewErr("the object has the key %q twice", key), false
-	case folded != "":
-		return types.NewErr("the object has the key %q, which a server may read as %q: spell it %q", folded, key, key), false
+	case folded:
+		return types.NewErr("the object has the key %q in another case or folding, which a server may read as it: spell it %q", key, key), false
 	case n == 0:
 		return nil, false
 	}
@@ -273,10 +273,14 @@ func hasByte(b []byte, c byte) bool {
 	return false
 }
 
+// maxSafeInteger is the largest integer every reader reads exactly.
+const maxSafeInteger = 1<<53 - 1
+
 // jsonValue is the CEL value of the JSON value v: an object stays text
-// until read (jsonObject); numbers that are integers within int64 are ints,
-// others doubles, and one beyond a double is kept as its text, which no
-// number equals, so that a rule comparing it fails closed.
+// until read (jsonObject); a number written as an integer is an int, and an
+// error beyond ±(2^53-1); others are doubles, and one beyond a double is
+// kept as its text, which no number equals, so that a rule comparing it
+// fails closed.
 func jsonValue(v []byte) ref.Val {
 	if len(v) == 0 {
 		return types.NewErr("an empty JSON value")
@@ -295,7 +299,13 @@ func jsonValue(v []byte) ref.Val {
 			if e < 0 {
 				return types.NewErr("the array is not valid JSON")
 			}
-			elems = append(elems, jsonValue(v[i:e]))
+			ev := jsonValue(v[i:e])
+			if types.IsError(ev) {
+				// A list with a value that cannot be read is not read
+				// whole: CEL's `in` would pass over the element.
+				return ev
+			}
+			elems = append(elems, ev)
 			i = skipSpace(v, e)
 			if i >= len(v) {
 				break
@@ -320,7 +330,15 @@ func jsonValue(v []byte) ref.Val {
 		return types.NullValue
 	}
 	s := string(v)
-	if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+	if !strings.ContainsAny(s, ".eE") {
+		// An integer beyond ±(2^53-1): JavaScript (the TypeScript SDK's
+		// server, JSON.parse) rounds it to a double, Go and Python read it
+		// exactly, so no one value is what every backend reads; the rule
+		// reading it fails closed (as package message refuses such an id).
+		i, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || i > maxSafeInteger || i < -maxSafeInteger {
+			return types.NewErr("the integer is beyond ±(2^53-1), which readers differ on (JavaScript rounds it): send it as a string")
+		}
 		return types.Int(i)
 	}
 	f, err := strconv.ParseFloat(s, 64)

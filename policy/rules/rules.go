@@ -360,6 +360,7 @@ func (s *Set) Decide(in Input) Verdict {
 		}
 		out, _, err := r.prg.Eval(act)
 		holds, failed := result(out, err)
+		failed = withoutValues(failed)
 		switch {
 		case failed != nil && (r.Effect != Allow || overCost(failed)):
 			// Fail closed: a deny rule that cannot be read may hold, and
@@ -429,6 +430,48 @@ func result(out ref.Val, err error) (bool, error) {
 		return bool(b), nil
 	}
 	return false, fmt.Errorf("the rule gave %v, not a bool", out)
+}
+
+// ruleError is why a rule failed, told without the call's values.
+type ruleError struct {
+	msg   string
+	cause error
+}
+
+func (e *ruleError) Error() string { return e.msg }
+func (e *ruleError) Unwrap() error { return e.cause }
+
+// ownErrors begin the messages of this package's reading of the arguments
+// and claims, which name no value of the call.
+var ownErrors = []string{"the object ", "the array ", "the number ", "the string ", "the integer ",
+	"the token's claims ", "an empty JSON value", "the rule gave "}
+
+// withoutValues is err for an audit line: CEL's messages quote the values
+// they failed on (`no such key: <a key read from an argument>`, a regular
+// expression an argument supplies, a timestamp's text), which may be a
+// secret the caller passed, so they are told by their kind.
+func withoutValues(err error) error {
+	if err == nil || overCost(err) {
+		return err
+	}
+	msg := err.Error()
+	for _, p := range ownErrors {
+		if strings.HasPrefix(msg, p) {
+			return err
+		}
+	}
+	kind := "it failed on a value of this call"
+	switch {
+	case strings.HasPrefix(msg, "no such key"):
+		kind = "a key it reads is missing"
+	case strings.HasPrefix(msg, "no such overload"), strings.HasPrefix(msg, "no matching overload"):
+		kind = "a value is of a type it does not read"
+	case strings.HasPrefix(msg, "index out of range"):
+		kind = "an index it reads is out of range"
+	case strings.HasPrefix(msg, "error parsing regexp"):
+		kind = "a regular expression did not compile"
+	}
+	return &ruleError{msg: "the rule could not be evaluated: " + kind, cause: err}
 }
 
 func overCost(err error) bool {

@@ -425,3 +425,76 @@ func TestToolTerms(t *testing.T) {
 		}
 	}
 }
+
+// TestIntegersReadersRound: JavaScript (the TypeScript SDK's server reads
+// with JSON.parse) rounds an integer beyond ±(2^53-1) to a double, where Go
+// and Python read it exactly. A rule comparing such an integer cannot read
+// it as every backend does, so it fails closed: a caller sending a
+// neighbour of a denied id, which a JavaScript server reads as that id, is
+// refused, and no allow rule holds on one.
+func TestIntegersReadersRound(t *testing.T) {
+	s, err := Compile([]Spec{
+		{Effect: Deny, Expr: "tool.name == 'post' && args.channel == 1234567890123456768", Message: "not that channel", Where: "channel"},
+		{Effect: Deny, Expr: "tool.name == 'any' && 1234567890123456768 in args.channels", Message: "not that channel", Where: "list"},
+		{Effect: Allow, Expr: "tool.name == 'read' && args.id == 1234567890123456790", Where: "allow id"},
+		{Effect: Deny, Expr: "tool.name == 'small' && args.n == 9007199254740991", Message: "not n", Where: "small"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		in     Input
+		effect Effect
+		failed bool
+	}{
+		{"a neighbour that JavaScript reads as the denied id", call("post", `{"channel":1234567890123456790}`), Deny, true},
+		{"the denied id itself", call("post", `{"channel":1234567890123456768}`), Deny, true},
+		{"a negative one", call("post", `{"channel":-9007199254740993}`), Deny, true},
+		{"in a list", call("any", `{"channels":[1,1234567890123456790]}`), Deny, true},
+		{"an allow rule holds on no such integer", call("read", `{"id":1234567890123456790}`), "", false},
+		{"the largest integer every reader reads alike", call("small", `{"n":9007199254740991}`), Deny, false},
+		{"the same as a double", call("small", `{"n":9007199254740991.0}`), Deny, false},
+		{"another small integer", call("small", `{"n":9007199254740990}`), "", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := s.Decide(c.in)
+			if v.Effect != c.effect || (v.Err != nil) != c.failed {
+				t.Fatalf("got %q (err %v), want %q failed=%v", v.Effect, v.Err, c.effect, c.failed)
+			}
+		})
+	}
+}
+
+// TestRuleErrorsHoldNoValues: why a rule failed goes to the audit line;
+// the caller's values (a token passed as an argument) never do.
+func TestRuleErrorsHoldNoValues(t *testing.T) {
+	s, err := Compile([]Spec{
+		{Effect: Deny, Expr: "tool.name == 'conv' && int(args.n) > 5", Message: "too many", Where: "conv"},
+		{Effect: Deny, Expr: "tool.name == 're' && args.x.matches(args.p)", Message: "no match", Where: "re"},
+		{Effect: Deny, Expr: "tool.name == 'idx' && args[args.k] == 1", Message: "no idx", Where: "idx"},
+		{Effect: Deny, Expr: "tool.name == 'ts' && timestamp(args.t) > timestamp('2020-01-01T00:00:00Z')", Message: "no ts", Where: "ts"},
+		{Effect: Deny, Expr: "tool.name == 'case' && args.environment == 'x'", Message: "no env", Where: "case"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const secret = "sk_live_s3cr3t"
+	for _, in := range []Input{
+		call("conv", `{"n":"`+secret+`"}`),
+		call("re", `{"x":"a","p":"(`+secret+`"}`),
+		call("idx", `{"k":"`+secret+`"}`),
+		call("ts", `{"t":"`+secret+`"}`),
+		call("case", `{"Environment`+secret+`":1,"ENVIRONMENT":"`+secret+`"}`),
+	} {
+		v := s.Decide(in)
+		if v.Effect != Deny || v.Err == nil {
+			t.Errorf("%s: %q (err %v), want a deny that failed closed", in.Tool, v.Effect, v.Err)
+			continue
+		}
+		if strings.Contains(v.Err.Error(), secret) || strings.Contains(v.Err.Error(), "s3cr3t") {
+			t.Errorf("%s: the error %q holds the caller's value", in.Tool, v.Err)
+		}
+	}
+}
