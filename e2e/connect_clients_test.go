@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -23,13 +24,15 @@ import (
 )
 
 // connectSite is a gateway that signs people in through the company IdP
-// (panva's oidc-provider) and serves a broker route to remote, a real
+// (panva's oidc-provider) and serves a broker route (brokerURL) and an
+// aggregated route (aggregateURL, on a site of its own) to remote, a real
 // OAuth-protected MCP server whose whoami tool says which of its users a
 // token acts for, with credentials per_user. Its authorization server asks
 // who signs in (a page), so that the browser picks the upstream user.
 type connectSite struct {
 	*perUserGateway
-	base string
+	base         string
+	aggregateURL string
 	// browsers are the people's headless Chromium, each signed in to the
 	// gateway as its person once.
 	mu       sync.Mutex
@@ -54,6 +57,7 @@ func startConnectSite(t *testing.T) *connectSite {
 	rawKey := make([]byte, 32)
 	rand.Read(rawKey)
 	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	aggregate := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	idp := startIdP(t, base+signinidp.CallbackPath)
 	c := startCaddy(t, fmt.Sprintf(`{
 	admin {{ADMIN}}
@@ -89,9 +93,19 @@ func startConnectSite(t *testing.T) *connectSite {
 		}
 	}
 }
-`, base, idp.Issuer, idp.ClientID, up.URL), "OIDC_CLIENT_SECRET="+idp.ClientSecret, "REMOTE_SECRET="+secret,
+
+%[5]s {
+	zidane_mcp {
+		aggregate remote
+		resource %[5]s/mcp
+		rate_limit {
+			per_token 1000/s 1000
+		}
+	}
+}
+`, base, idp.Issuer, idp.ClientID, up.URL, aggregate), "OIDC_CLIENT_SECRET="+idp.ClientSecret, "REMOTE_SECRET="+secret,
 		"ZIDANE_UPSTREAM_TOKEN_KEY="+base64.StdEncoding.EncodeToString(rawKey))
-	return &connectSite{base: base, browsers: map[string]*personBrowser{}, t: t,
+	return &connectSite{base: base, aggregateURL: aggregate + "/mcp", browsers: map[string]*personBrowser{}, t: t,
 		perUserGateway: &perUserGateway{c: c, as: as, up: up, brokerURL: base + "/mcp", callback: base + "/zidane/oauth/callback/remote"}}
 }
 
@@ -158,7 +172,10 @@ func (s *connectSite) upstreamRequests() int {
 // alice, bob's as bob. go-sdk's client at 2026-07-28 (input_required,
 // retried with the requestState), go-sdk's at 2025-11-25 (-32042, then
 // notifications/elicitation/complete on the session's GET stream), and
-// the TypeScript SDK's (2025-11-25, as its example application does).
+// the TypeScript SDK's (2025-11-25, as its example application does), the
+// last on the broker route and on the aggregated route, where the list
+// before connecting holds the upstream's connect tool alone and the
+// elicitation's completion also changes the list.
 func TestPerUserClientsFollowTheElicitation(t *testing.T) {
 	s := startConnectSite(t)
 	tokens := map[string]string{}
@@ -288,49 +305,65 @@ func TestPerUserClientsFollowTheElicitation(t *testing.T) {
 		}
 	})
 
-	t.Run("TypeScript SDK", func(t *testing.T) {
-		for _, who := range []string{"alice", "bob"} {
-			start := s.upstreamRequests()
-			cmd := boundedCommand(ctx, node(t), filepath.Join(e2eDir, "tsconnect.mjs"), "--url", s.brokerURL, "--token", tokens[who], "--tool", "whoami")
-			cmd.Env = nodeEnv(t)
-			stdout, _ := cmd.StdoutPipe()
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			out := bufio.NewScanner(stdout)
-			readLine := func() map[string]any {
-				t.Helper()
-				if !out.Scan() {
-					t.Fatalf("tsconnect.mjs ended early; stderr:\n%s", stderr.String())
+	// The TypeScript SDK's client, on the broker route and on the
+	// aggregated route, where a person not connected lists the upstream's
+	// connect tool alone and calls its tools by their prefixed names.
+	for _, route := range []struct {
+		name, url, tool string
+		before          []any
+		after           float64
+	}{
+		{"TypeScript SDK", s.brokerURL, "whoami", []any{}, 3},
+		{"TypeScript SDK aggregated", s.aggregateURL, "mcp_remote_whoami", []any{"mcp_remote_connect_account"}, 3},
+	} {
+		t.Run(route.name, func(t *testing.T) {
+			defer s.revokeAll(t)
+			for _, who := range []string{"alice", "bob"} {
+				start := s.upstreamRequests()
+				cmd := boundedCommand(ctx, node(t), filepath.Join(e2eDir, "tsconnect.mjs"), "--url", route.url, "--token", tokens[who], "--tool", route.tool)
+				cmd.Env = nodeEnv(t)
+				stdout, _ := cmd.StdoutPipe()
+				var stderr strings.Builder
+				cmd.Stderr = &stderr
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
 				}
-				var m map[string]any
-				if err := json.Unmarshal(out.Bytes(), &m); err != nil {
-					t.Fatalf("tsconnect.mjs printed %q", out.Text())
+				out := bufio.NewScanner(stdout)
+				readLine := func() map[string]any {
+					t.Helper()
+					if !out.Scan() {
+						t.Fatalf("tsconnect.mjs ended early; stderr:\n%s", stderr.String())
+					}
+					var m map[string]any
+					if err := json.Unmarshal(out.Bytes(), &m); err != nil {
+						t.Fatalf("tsconnect.mjs printed %q", out.Text())
+					}
+					if e, ok := m["error"]; ok {
+						t.Fatalf("the TypeScript client failed: %v\nstderr:\n%s", e, stderr.String())
+					}
+					return m
 				}
-				if e, ok := m["error"]; ok {
-					t.Fatalf("the TypeScript client failed: %v\nstderr:\n%s", e, stderr.String())
+				if got := readLine(); got["tools"] != float64(len(route.before)) || !reflect.DeepEqual(got["names"], route.before) {
+					t.Fatalf("%s's tools before connecting: %v, want %v", who, got, route.before)
 				}
-				return m
+				if n := s.upstreamRequests(); n != start {
+					t.Fatalf("the upstream got %d requests from a person not connected", n-start)
+				}
+				link, _ := readLine()["elicit"].(string)
+				if n := s.upstreamRequests(); n != start {
+					t.Fatalf("%s's call before connecting reached the upstream (%d requests)", who, n-start)
+				}
+				s.connectInChromium(t, link, who, who)
+				got := readLine()
+				if got["tool"] != "whoami: "+who || got["isError"] != false || got["listChanged"] != true || got["toolsAfter"] != route.after {
+					t.Errorf("the TypeScript client of %s ended with %v", who, got)
+				}
+				if err := cmd.Wait(); err != nil {
+					t.Errorf("tsconnect.mjs: %v\nstderr:\n%s", err, stderr.String())
+				}
 			}
-			if got := readLine(); got["tools"] != float64(0) {
-				t.Fatalf("the tools before connecting: %v", got)
-			}
-			if n := s.upstreamRequests(); n != start {
-				t.Fatalf("the upstream got %d requests from a person not connected", n-start)
-			}
-			link, _ := readLine()["elicit"].(string)
-			s.connectInChromium(t, link, who, who)
-			got := readLine()
-			if got["tool"] != "whoami: "+who || got["isError"] != false || got["listChanged"] != true || got["toolsAfter"] == float64(0) {
-				t.Errorf("the TypeScript client of %s ended with %v", who, got)
-			}
-			if err := cmd.Wait(); err != nil {
-				t.Errorf("tsconnect.mjs: %v\nstderr:\n%s", err, stderr.String())
-			}
-		}
-	})
+		})
+	}
 
 	for _, sec := range s.as.Secrets() {
 		if strings.Contains(s.c.Logs(), sec) {

@@ -319,14 +319,18 @@ func TestPerUserUpstreamCredentials(t *testing.T) {
 // A session's agent acts upstream as the session's owner: its egress token
 // is derived from the owner's, so the broker attaches the owner's own
 // upstream token, and a session of a person who has not connected gets
-// the refusal, with no request upstream.
+// the refusal, with no request upstream. The agent's MCP client (the demo
+// agent's go-sdk client) speaks each protocol version, 2025-11-25 and
+// 2026-07-28, and the answer names the version the gateway agreed.
 func TestPerUserSessionAgentActsAsTheSessionsOwner(t *testing.T) {
 	g := startPerUserGateway(t)
 	g.connect(t, "alice@example.com", "alice")
 	g.connect(t, "bob@example.com", "bob")
+	asked := 0
 	ask := func(owner, prompt string) string {
 		t.Helper()
-		token := createToken(t, g.c, "chat-"+strings.Split(owner, "@")[0], "--scope", "chat", "--owner", owner)
+		asked++
+		token := createToken(t, g.c, fmt.Sprintf("chat-%s-%d", strings.Split(owner, "@")[0], asked), "--scope", "chat", "--owner", owner)
 		cs, err := connectGo(t, g.sessionsURL, bearerClient(token, nil))
 		if err != nil {
 			t.Fatal(err)
@@ -351,20 +355,24 @@ func TestPerUserSessionAgentActsAsTheSessionsOwner(t *testing.T) {
 		t.Fatalf("%s's session did not end its turn", owner)
 		return ""
 	}
-	for _, tc := range []struct{ owner, want string }{
-		{"alice@example.com", "whoami: alice"}, {"bob@example.com", "whoami: bob"},
-	} {
-		if got := ask(tc.owner, "mcp: call remote whoami {}"); !strings.Contains(got, tc.want) {
-			t.Errorf("%s's agent called whoami:\n%s\nwant %q", tc.owner, got, tc.want)
+	for _, version := range []string{"2025-11-25", "2026-07-28"} {
+		prompt := "mcp: version " + version + " call remote whoami {}"
+		for _, tc := range []struct{ owner, want string }{
+			{"alice@example.com", "Result of whoami on remote (MCP " + version + "): whoami: alice"},
+			{"bob@example.com", "Result of whoami on remote (MCP " + version + "): whoami: bob"},
+		} {
+			if got := ask(tc.owner, prompt); !strings.Contains(got, tc.want) {
+				t.Errorf("%s's agent called whoami at %s:\n%s\nwant %q", tc.owner, version, got, tc.want)
+			}
 		}
-	}
-	before, _ := g.up.Stats()
-	got := ask("carol@example.com", "mcp: call remote whoami {}")
-	if strings.Contains(got, "whoami:") || !strings.Contains(got, "connect your account") {
-		t.Errorf("carol's agent, carol never connected:\n%s\nwant the refusal to connect", got)
-	}
-	if after, _ := g.up.Stats(); after != before {
-		t.Errorf("carol's agent reached the upstream (%d requests, was %d)", after, before)
+		before, _ := g.up.Stats()
+		got := ask("carol@example.com", prompt)
+		if strings.Contains(got, "whoami:") || !strings.Contains(got, "Tool error from whoami on remote (MCP "+version+"): ") || !strings.Contains(got, "connect your account") {
+			t.Errorf("carol's agent at %s, carol never connected:\n%s\nwant the refusal to connect", version, got)
+		}
+		if after, _ := g.up.Stats(); after != before {
+			t.Errorf("carol's agent at %s reached the upstream (%d requests, was %d)", version, after, before)
+		}
 	}
 }
 

@@ -6,7 +6,7 @@
 //   node tsconnect.mjs --url URL --token TOKEN --tool NAME
 //
 // It connects with the bearer TOKEN at the SDK's protocol version (2025-11-25), declaring URL elicitation, lists
-// the tools and prints {"tools": N}; calls NAME and, on the -32042 error, prints {"elicit": url, "id": elicitationId}
+// the tools and prints {"tools": N, "names": [...]}; calls NAME and, on the -32042 error, prints {"elicit": url, "id": elicitationId}
 // (the Go test opens the URL in headless Chromium); waits at most two minutes for notifications/elicitation/complete
 // of that id on the GET stream, calls NAME again on the same session and prints
 // {"tool": text, "isError": bool, "listChanged": bool, "toolsAfter": N}. A failure prints {"error": message} and
@@ -45,7 +45,8 @@ async function main() {
   client.setRequestHandler(ElicitRequestSchema, () => ({ action: 'decline' }));
   const transport = new StreamableHTTPClientTransport(url, { requestInit: { headers: { Authorization: `Bearer ${token}` } } });
   await client.connect(transport);
-  say({ tools: (await client.listTools()).tools.length });
+  const listed = (await client.listTools()).tools;
+  say({ tools: listed.length, names: listed.map((t) => t.name) });
   let elicitation;
   try {
     const res = await client.callTool({ name: tool, arguments: {} });

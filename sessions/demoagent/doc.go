@@ -4,8 +4,9 @@
 // the process's stdio (see Main), and tests can serve it in-process over pipes
 // (see Run).
 //
-// It never runs a command, edits a file or reaches the network: every turn is
-// scripted by the text of the prompt.
+// It never runs a command or edits a file, and reaches the network only for
+// the "mcp:" prompts, at the HTTP MCP servers a session was given: every turn
+// is scripted by the text of the prompt.
 //
 //	anything else     echoes it back: "You said: <prompt>", streamed in chunks, end_turn
 //	ask: <question>   elicitation/create (form mode, one string field "answer"), then
@@ -26,6 +27,16 @@
 //	garbage           writes a line that is not JSON to stdout, then exits with status 4
 //	pwd               says the session's working directory
 //	mcp               lists the MCP servers given in session/new or session/load
+//	mcp: tools <server>
+//	                  connects to that streamable HTTP server (go-sdk's client, through
+//	                  the origin-pinned egress client) and lists its tools
+//	mcp: call <server> <tool> [<json>]
+//	                  connects likewise and calls one of its tools
+//	mcp: version <v> tools|call …
+//	                  the same at MCP protocol version <v> (one go-sdk speaks, such as
+//	                  2025-11-25; its newest, 2026-07-28, otherwise); the answer names
+//	                  the version the server agreed: "Result of <tool> on <server>
+//	                  (MCP <v>): …"
 //	help              lists these prompts
 //
 // Steering is the extension method `_session/steering`, advertised in

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 
 	acp "github.com/coder/acp-go-sdk"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -54,29 +56,52 @@ func describeMCPServer(s acp.McpServer) string {
 	return "(unknown transport)"
 }
 
-// mcp serves "mcp: tools <server>" and "mcp: call <server> <tool> [<json>]".
+// mcpUsage says how the "mcp:" prompts are written.
+const mcpUsage = "Use: mcp: [version <YYYY-MM-DD>] tools <server>, or mcp: [version <YYYY-MM-DD>] call <server> <tool> [<json arguments>]"
+
+// mcp serves "mcp: tools <server>" and "mcp: call <server> <tool> [<json>]",
+// each optionally after "version <v>": the MCP protocol version the client
+// asks for (go-sdk's default, its newest, otherwise), so that a test can
+// drive one agent through an MCP route at each version. With a version, the
+// answer names the version the server agreed.
 func (t *turn) mcp(arg string) (acp.StopReason, error) {
-	fields := strings.Fields(arg)
-	if len(fields) < 2 || (fields[0] != "tools" && fields[0] != "call") || (fields[0] == "call" && len(fields) < 3) {
-		return acp.StopReasonEndTurn, t.say("Use: mcp: tools <server>, or mcp: call <server> <tool> [<json arguments>]")
+	version := ""
+	if first, rest := cutField(arg); first == "version" {
+		version, arg = cutField(rest)
+		if version == "" || arg == "" {
+			return acp.StopReasonEndTurn, t.say(mcpUsage)
+		}
+		if !slices.Contains(mcp.SupportedProtocolVersions(), version) {
+			return acp.StopReasonEndTurn, t.say(fmt.Sprintf("My MCP client speaks no protocol version %q; it speaks %s.", version, strings.Join(mcp.SupportedProtocolVersions(), ", ")))
+		}
+	}
+	verb, rest := cutField(arg)
+	name, rest := cutField(rest)
+	tool, rest := cutField(rest)
+	if name == "" || (verb != "tools" && verb != "call") || (verb == "call" && tool == "") {
+		return acp.StopReasonEndTurn, t.say(mcpUsage)
 	}
 	var server *acp.McpServerHttpInline
 	for _, s := range t.a.mcpServersOf(t.s) {
-		if s.Http != nil && s.Http.Name == fields[1] {
+		if s.Http != nil && s.Http.Name == name {
 			server = s.Http
 		}
 	}
 	if server == nil {
-		return acp.StopReasonEndTurn, t.say(fmt.Sprintf("I was given no HTTP MCP server named %q.\n%s", fields[1], describeMCPServers(t.a.mcpServersOf(t.s))))
+		return acp.StopReasonEndTurn, t.say(fmt.Sprintf("I was given no HTTP MCP server named %q.\n%s", name, describeMCPServers(t.a.mcpServersOf(t.s))))
 	}
 	ctx, cancel := context.WithTimeout(t.ctx, time.Minute)
 	defer cancel()
-	cs, err := connectMCP(ctx, server)
+	cs, err := connectMCP(ctx, server, version)
 	if err != nil {
 		return acp.StopReasonEndTurn, t.say(fmt.Sprintf("Connecting to MCP server %q failed: %v", server.Name, err))
 	}
 	defer cs.Close()
-	if fields[0] == "tools" {
+	on := server.Name
+	if version != "" {
+		on += fmt.Sprintf(" (MCP %s)", cs.InitializeResult().ProtocolVersion)
+	}
+	if verb == "tools" {
 		res, err := cs.ListTools(ctx, nil)
 		if err != nil {
 			return acp.StopReasonEndTurn, t.say(fmt.Sprintf("Listing the tools of %q failed: %v", server.Name, err))
@@ -86,22 +111,18 @@ func (t *turn) mcp(arg string) (acp.StopReason, error) {
 			names = append(names, tool.Name)
 		}
 		sort.Strings(names)
-		return acp.StopReasonEndTurn, t.say(fmt.Sprintf("Tools of %s: %s", server.Name, strings.Join(names, ", ")))
+		return acp.StopReasonEndTurn, t.say(fmt.Sprintf("Tools of %s: %s", on, strings.Join(names, ", ")))
 	}
 	// After "call <server> <tool>", the rest of the prompt is the arguments.
-	rest := strings.TrimSpace(arg)
-	for _, f := range fields[:3] {
-		rest = strings.TrimSpace(strings.TrimPrefix(rest, f))
-	}
 	var args map[string]any
 	if rest != "" {
 		if err := json.Unmarshal([]byte(rest), &args); err != nil {
 			return acp.StopReasonEndTurn, t.say(fmt.Sprintf("The arguments must be a JSON object: %v", err))
 		}
 	}
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: fields[2], Arguments: args})
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
 	if err != nil {
-		return acp.StopReasonEndTurn, t.say(fmt.Sprintf("Calling %s on %s failed: %v", fields[2], server.Name, err))
+		return acp.StopReasonEndTurn, t.say(fmt.Sprintf("Calling %s on %s failed: %v", tool, on, err))
 	}
 	var text []string
 	for _, c := range res.Content {
@@ -117,11 +138,22 @@ func (t *turn) mcp(arg string) (acp.StopReason, error) {
 	if res.IsError {
 		prefix = "Tool error from"
 	}
-	return acp.StopReasonEndTurn, t.say(fmt.Sprintf("%s %s on %s: %s", prefix, fields[2], server.Name, strings.Join(text, "\n")))
+	return acp.StopReasonEndTurn, t.say(fmt.Sprintf("%s %s on %s: %s", prefix, tool, on, strings.Join(text, "\n")))
 }
 
-// connectMCP opens an MCP session to an HTTP server given in session/new.
-func connectMCP(ctx context.Context, s *acp.McpServerHttpInline) (*mcp.ClientSession, error) {
+// cutField splits s, trimmed, at its first run of white space.
+func cutField(s string) (first, rest string) {
+	s = strings.TrimSpace(s)
+	i := strings.IndexFunc(s, unicode.IsSpace)
+	if i < 0 {
+		return s, ""
+	}
+	return s[:i], strings.TrimSpace(s[i:])
+}
+
+// connectMCP opens an MCP session to an HTTP server given in session/new,
+// at protocol version version (go-sdk's default when empty).
+func connectMCP(ctx context.Context, s *acp.McpServerHttpInline, version string) (*mcp.ClientSession, error) {
 	names := make([]string, 0, len(s.Headers))
 	for _, h := range s.Headers {
 		names = append(names, h.Name)
@@ -140,7 +172,8 @@ func connectMCP(ctx context.Context, s *acp.McpServerHttpInline) (*mcp.ClientSes
 		return nil, err
 	}
 	client := mcp.NewClient(&mcp.Implementation{Name: Name, Version: Version}, nil)
-	return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.Url, HTTPClient: hc, MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+	return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.Url, HTTPClient: hc, MaxRetries: -1, DisableStandaloneSSE: true},
+		&mcp.ClientSessionOptions{ProtocolVersion: version})
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)

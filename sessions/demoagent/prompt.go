@@ -23,7 +23,8 @@ const helpText = `I am the demo agent: I run no model, only these prompts.
 - pwd: I say my working directory
 - mcp: I list the MCP servers I was given
 - mcp: tools <server>: I connect to that (HTTP) server and list its tools
-- mcp: call <server> <tool> [<json arguments>]: I call one of its tools`
+- mcp: call <server> <tool> [<json arguments>]: I call one of its tools
+- mcp: version <YYYY-MM-DD> tools|call ...: the same at that MCP protocol version`
 
 // turn is one session/prompt being served.
 type turn struct {
