@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"cel.dev/cel-go/common/types"
@@ -34,6 +35,10 @@ import (
 type jsonObject struct {
 	raw  []byte // '{' to '}', valid JSON
 	full traits.Mapper
+	// scans counts the readings of raw for lookups: one for each of the
+	// first scansBeforeIndex, one more to index it for all the others.
+	scans int
+	index *memberIndex
 }
 
 var (
@@ -50,7 +55,17 @@ func (o *jsonObject) Find(key ref.Val) (ref.Val, bool) {
 		}
 		return nil, false // a JSON key is a string: no other key is found
 	}
-	return lookup(o.raw, string(k))
+	if o.scans < scansBeforeIndex {
+		// Most calls read a few keys: they are read from the text,
+		// without an index to build.
+		o.scans++
+		return lookup(o.raw, string(k))
+	}
+	if o.index == nil {
+		o.scans++
+		o.index = indexMembers(o.raw)
+	}
+	return o.index.lookup(string(k))
 }
 
 func (o *jsonObject) Get(key ref.Val) ref.Val {
@@ -140,6 +155,85 @@ func lookup(raw []byte, key string) (ref.Val, bool) {
 		return nil, false
 	}
 	return jsonValue(found), true
+}
+
+// scansBeforeIndex is how many lookups of an object read its text before
+// it is indexed.
+const scansBeforeIndex = 4
+
+// memberIndex is an object's members by key, for the second and later
+// lookups: a rule reading arguments in a loop (a deny list written in the
+// rule) reads the text once, not once per element, which CEL's cost,
+// counting a lookup as one, does not see. Its lookups answer as lookup
+// does, and a value read once is kept (a long string is not copied again,
+// a nested object keeps its own index).
+type memberIndex struct {
+	bad    bool
+	exact  map[string]*member
+	folded map[string]int // members by key folded (see foldKey)
+}
+
+type member struct {
+	raw []byte
+	n   int
+	val ref.Val
+}
+
+func indexMembers(raw []byte) *memberIndex {
+	ix := &memberIndex{exact: map[string]*member{}, folded: map[string]int{}}
+	ix.bad = !eachMember(raw, func(k string, v []byte) bool {
+		m := ix.exact[k]
+		if m == nil {
+			m = &member{raw: v}
+			ix.exact[k] = m
+		}
+		m.n++
+		ix.folded[foldKey(k)]++
+		return true
+	})
+	return ix
+}
+
+func (ix *memberIndex) lookup(key string) (ref.Val, bool) {
+	m := ix.exact[key]
+	n := 0
+	if m != nil {
+		n = m.n
+	}
+	switch {
+	case ix.bad:
+		return types.NewErr("the object is not valid JSON"), false
+	case n > 1:
+		return types.NewErr("the object has the key %q twice", key), false
+	case ix.folded[foldKey(key)] > n:
+		return types.NewErr("the object has the key %q in another case or folding, which a server may read as it: spell it %q", key, key), false
+	case n == 0:
+		return nil, false
+	}
+	if m.val == nil {
+		m.val = jsonValue(m.raw)
+	}
+	return m.val, true
+}
+
+// foldKey folds s rune by rune to the least rune of its unicode.SimpleFold
+// orbit, so that two keys fold equal exactly when strings.EqualFold (and
+// encoding/json, matching a struct field) says they are equal.
+func foldKey(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s {
+		for {
+			f := unicode.SimpleFold(r)
+			if f <= r {
+				r = f
+				break
+			}
+			r = f
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // eachMember calls f with each member of the object raw, its key decoded

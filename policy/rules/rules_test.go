@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"cel.dev/cel-go/common/types"
 )
 
 // The issue's own example, as a set.
@@ -495,6 +497,60 @@ func TestRuleErrorsHoldNoValues(t *testing.T) {
 		}
 		if strings.Contains(v.Err.Error(), secret) || strings.Contains(v.Err.Error(), "s3cr3t") {
 			t.Errorf("%s: the error %q holds the caller's value", in.Tool, v.Err)
+		}
+	}
+}
+
+// TestLookupsScanOnce: a rule whose cost CEL bounds runs untracked, yet
+// each read of an argument reads the object's text: a rule reading one
+// argument in a loop over a list it writes (a deny list of values, of
+// keys) must not scan a large body once per element, which would make a
+// caller's 1 MiB body cost the gateway gigabytes of reading per call.
+func TestLookupsScanOnce(t *testing.T) {
+	values := make([]string, 2000)
+	for i := range values {
+		values[i] = "'v" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + "'"
+	}
+	list := "[" + strings.Join(values, ",") + "]"
+	args := `{"pad":"` + strings.Repeat("p", 64<<10) + `","x":"zzz","cfg":{"env":"dev"}}`
+	for _, expr := range []string{
+		list + ".exists(e, args.x == e)",
+		list + ".exists(e, e in args)",
+		list + ".exists(e, args.cfg.env == e)",
+	} {
+		s, err := Compile([]Spec{{Effect: Deny, Expr: expr, Message: "m", Where: "1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		act := &activation{in: call("t", args), withArgs: true}
+		out, _, err := s.rules[0].prg.Eval(act)
+		if holds, failed := result(out, err); holds || failed != nil {
+			t.Fatalf("%.40s…: holds %v, failed %v", expr, holds, failed)
+		}
+		if n := act.args.(*jsonObject).scans; n > scansBeforeIndex+1 {
+			t.Errorf("%.40s…: the arguments were scanned %d times for 2000 reads", expr, n)
+		}
+	}
+}
+
+// TestIndexAnswersAsLookup: past its first lookups an object is indexed;
+// the index answers each key as reading the text does, errors included.
+func TestIndexAnswersAsLookup(t *testing.T) {
+	for _, obj := range []string{
+		`{}`, `{"environment":"production"}`, `{"Environment":"production"}`, `{"environment":1,"environment":2}`,
+		`{"replica\u017f":11}`, `{"kelvin":1}`, `{"\u212aelvin":1}`, `{"a":{"b":1},"A":2}`, `{"big":9007199254740993,"x":"y"}`,
+	} {
+		ix := indexMembers([]byte(obj))
+		for _, key := range []string{"environment", "Environment", "replicas", "kelvin", "Kelvin", "a", "A", "b", "big", "x", "missing"} {
+			want, wantFound := lookup([]byte(obj), key)
+			got, gotFound := ix.lookup(key)
+			same := wantFound == gotFound && types.IsError(want) == types.IsError(got)
+			if same && wantFound && !types.IsError(want) {
+				same = got.Equal(want) == types.True
+			}
+			if !same {
+				t.Errorf("%s[%q]: index %v %v, text %v %v", obj, key, got, gotFound, want, wantFound)
+			}
 		}
 	}
 }
