@@ -554,3 +554,21 @@ func TestIndexAnswersAsLookup(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyByNameFailsClosed: the rule the docs give for denying on a key
+// (naming it) holds, or fails closed, for every spelling a Go backend
+// reads as that key, where iterating the keys would not.
+func TestKeyByNameFailsClosed(t *testing.T) {
+	s, err := Compile([]Spec{{Effect: Deny, Expr: "'skip_checks' in args || has(args.kill)", Message: "no skipping", Where: "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range []string{`{"skip_checks":true}`, `{"Skip_Checks":true}`, `{"\u017fkip_checks":true}`, `{"KILL":1}`, `{"\u212aill":1}`} {
+		if v := s.Decide(call("t", args)); v.Effect != Deny {
+			t.Errorf("%s: %q (err %v), want deny", args, v.Effect, v.Err)
+		}
+	}
+	if v := s.Decide(call("t", `{"skip":true}`)); v.Effect != "" {
+		t.Errorf("another key: %q", v.Effect)
+	}
+}
