@@ -29,6 +29,11 @@
 // JavaScript rounds and Go and Python do not, fails the rule reading it
 // closed.
 //
+// A JWT's claims are read as the arguments are, once checked as the edge
+// checks a body (package message's Validate): claims with a key twice, two
+// keys equal once folded, "__proto__" or a lone surrogate fail every rule
+// reading claims closed.
+//
 // Why a rule failed (Verdict.Err, for the audit line) never holds the
 // call's values: CEL's own messages quote them (a regular expression, a
 // map key, a timestamp), so they are told by their kind alone.

@@ -17,6 +17,8 @@ import (
 	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/ext"
 	"cel.dev/cel-go/interpreter"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 // Effect is what a rule that holds does to a call.
@@ -579,6 +581,14 @@ func decodeClaims(payload string) ref.Val {
 	}
 	if !objectOrNone(raw) || len(bytes.TrimSpace(raw)) == 0 {
 		return types.NewErr("the token's claims are not a JSON object")
+	}
+	if message.Validate(raw) != nil {
+		// The edge's reader has not read the claims as it reads the
+		// arguments: claims with a key twice, two keys equal once folded,
+		// "__proto__" or a lone surrogate, anywhere, are read differently
+		// by the token's verifier (encoding/json takes the last key and
+		// matches in any case) and by rules iterating their keys.
+		return types.NewErr("the token's claims hold keys that readers read differently (a key twice, or in two cases)")
 	}
 	v, err := decodeArgs(raw)
 	if err != nil {

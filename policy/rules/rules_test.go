@@ -385,6 +385,31 @@ func TestClaims(t *testing.T) {
 			t.Errorf("%s: %q (err %v), want %q failed=%v", c.payload, v.Effect, v.Err, c.effect, c.failed)
 		}
 	}
+	// Claims two readers read differently fail every rule over claims
+	// closed, iterating ones too, which read an object with a key twice
+	// as empty: the token's verifier (encoding/json) takes the last of
+	// two keys.
+	s, err = Compile([]Spec{{Effect: Deny, Expr: "claims.exists(k, k == 'suspended') || claims.roles.exists(r, r == 'guest')", Message: "not you", Where: "iter"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		payload string
+		effect  Effect
+		failed  bool
+	}{
+		{`{"sub":"a","roles":["dev"]}`, "", false},
+		{`{"sub":"a","roles":["guest"]}`, Deny, false},
+		{`{"sub":"a","suspended":true,"roles":["dev"]}`, Deny, false},
+		{`{"sub":"a","suspended":true,"suspended":true,"roles":["dev"]}`, Deny, true},
+		{`{"sub":"a","roles":["dev"],"x":{"y":1,"y":2}}`, Deny, true},
+		{`{"sub":"a","roles":["dev"],"__proto__":{}}`, Deny, true},
+	} {
+		v := s.Decide(Input{Method: "tools/call", Tool: "x", ClaimsJWT: enc(c.payload)})
+		if v.Effect != c.effect || (v.Err != nil) != c.failed {
+			t.Errorf("%s: %q (err %v), want %q failed=%v", c.payload, v.Effect, v.Err, c.effect, c.failed)
+		}
+	}
 }
 
 // TestToolTerms: a rule that names its tools in a term of a conjunction is
