@@ -422,6 +422,9 @@ func TestToolTerms(t *testing.T) {
 		{Effect: Deny, Expr: "method == 'tools/call' && tool.name in ['rm', 'mv'] && args.path.startsWith('/etc')", Message: "m", Where: "in"},
 		{Effect: Allow, Expr: "tool.name == 'q' || args.x == 1", Where: "or"},
 		{Effect: Deny, Expr: "!(tool.name == 'safe') && args.y == 2", Message: "m", Where: "not"},
+		{Effect: Deny, Expr: "!(tool.name != 'kill') && args.z == 3", Message: "m", Where: "not not"},
+		{Effect: Deny, Expr: "tool.name in args.banned", Message: "m", Where: "in args"},
+		{Effect: Deny, Expr: "(tool.name == 'a' || args.w == 4) && args.v == 5", Message: "m", Where: "or in and"},
 	}
 	s, err := Compile(specs)
 	if err != nil {
@@ -445,6 +448,8 @@ func TestToolTerms(t *testing.T) {
 		call("deploy", `{"environment":"production"}`), call("deploy", `{}`), call("other", `{}`),
 		call("drop", `{"force":true}`), call("rm", `{"path":"/etc/x"}`), call("mv", `{}`), call("cp", `{"path":"/etc"}`),
 		call("q", `{}`), call("safe", `{"y":2}`), call("other", `{"y":2}`), call("other", `{"x":1}`),
+		call("kill", `{"z":3}`), call("other", `{"z":3}`), call("other", `{"banned":["other"]}`),
+		call("b", `{"w":4,"v":5}`), call("a", `{"v":5}`),
 	} {
 		a, b := s.Decide(in), full.Decide(in)
 		if a.Effect != b.Effect || a.Rule != nil && b.Rule != nil && a.Rule.Where != b.Rule.Where || (a.Err == nil) != (b.Err == nil) {
