@@ -425,6 +425,47 @@ func (c *aggConn) clearBridge(bc *bridgeCall) {
 	}
 }
 
+// enter and leave count a call of token in flight on c, a person
+// session's upstream session (see soleCaller).
+func (c *aggConn) enter(token string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.callers == nil {
+		c.callers = map[string]int{}
+	}
+	c.callers[token]++
+}
+
+func (c *aggConn) leave(token string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.callers[token]--; c.callers[token] <= 0 {
+		delete(c.callers, token)
+	}
+}
+
+// soleCaller reports whether every call pending or in flight on c came
+// with token. A person's upstream session serves all their tokens (their
+// clients, their sessions' agents), and the upstream's request to the
+// client names no call: with two tokens at work it could reach the wrong
+// one (an agent answering the question a person's own client was meant to
+// see), so it goes to none.
+func (c *aggConn) soleCaller(token string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, b := range c.bridges {
+		if b.token != token {
+			return false
+		}
+	}
+	for t := range c.callers {
+		if t != token {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *aggConn) currentBridge() *bridgeCall {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -461,6 +502,9 @@ func bridgeMiddleware(c *aggConn) mcp.Middleware {
 			bc := c.currentBridge()
 			if bc == nil || params == nil {
 				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: method + ": no call of this client is waiting for it"}
+			}
+			if !c.soleCaller(bc.token) {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: method + ": calls of more than one client of this person are under way on this upstream, and the request does not say which it is for"}
 			}
 			resp, err := bc.ask(ctx, params)
 			if err != nil {

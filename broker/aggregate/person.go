@@ -166,19 +166,19 @@ func (s *aggSession) transportFor(up *aggUpstream) mcp.Transport {
 	return up.transport()
 }
 
-// ownerOf is the person a request of downstream session ss acts for: a
-// 2026-07-28 request's principal's owner, else the owner of the token the
-// session is bound to.
-func (a *Aggregate) ownerOf(ctx context.Context, ss *mcp.ServerSession) string {
+// callerOf is the person a request of downstream session ss acts for and
+// the token it came with: a 2026-07-28 request's principal's, else those
+// of the token the session is bound to.
+func (a *Aggregate) callerOf(ctx context.Context, ss *mcp.ServerSession) (owner, token string) {
 	if ss == nil || modernSession(ss) {
 		if p, ok := policy.PrincipalFrom(ctx); ok {
-			return p.OwnerID()
+			return p.OwnerID(), p.TokenID
 		}
-		return ""
+		return "", ""
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.per.sessionOwner[ss.ID()]
+	return a.per.sessionOwner[ss.ID()], a.bindings[ss.ID()]
 }
 
 // personSession returns owner's person session, creating it on first use
@@ -252,8 +252,9 @@ func (a *Aggregate) dropPerson(owner string, s *aggSession) {
 }
 
 // personConn returns owner's session to the per-person upstream up,
-// opening it on first use; release ends the call's use of it.
-func (a *Aggregate) personConn(ctx context.Context, owner string, up *aggUpstream) (*aggConn, func(), error) {
+// opening it on first use, for a call that came with token; release ends
+// the call's use of it.
+func (a *Aggregate) personConn(ctx context.Context, owner, token string, up *aggUpstream) (*aggConn, func(), error) {
 	s, done, err := a.personSession(owner)
 	if err != nil {
 		return nil, nil, err
@@ -270,7 +271,8 @@ func (a *Aggregate) personConn(ctx context.Context, owner string, up *aggUpstrea
 		a.endRevoked(owner, s)
 		return nil, nil, &upstreamauth.ConnectRequiredError{Upstream: up.cfg.Name, Reason: "the connection was revoked"}
 	}
-	return c, done, nil
+	c.enter(token)
+	return c, func() { c.leave(token); done() }, nil
 }
 
 // perUserTool resolves name to a per-person upstream and the upstream's
@@ -286,7 +288,14 @@ func (a *Aggregate) perUserTool(name string) (*aggUpstream, string) {
 	if !ok || !a.per.upstreams[server] {
 		return nil, ""
 	}
-	return a.byName[server], tool
+	up := a.byName[server]
+	if tool != ConnectToolName && !up.cfg.AllowsTool(tool) {
+		// Kept back by the operator's tools allow/deny: not offered, so
+		// go-sdk refuses it as an unknown tool, as it does a shared
+		// upstream's (whose kept-back tools are never registered).
+		return nil, ""
+	}
+	return up, tool
 }
 
 // connectTool is the tool a person who has not connected their account at
@@ -305,14 +314,14 @@ func (a *Aggregate) connectTool(up *aggUpstream) *mcp.Tool {
 // the person has no usable connection there. An upstream that failed
 // otherwise lists nothing (its calls get a tool error naming it).
 func (a *Aggregate) personTools(ctx context.Context, ss *mcp.ServerSession) []*mcp.Tool {
-	owner := a.ownerOf(ctx, ss)
+	owner, token := a.callerOf(ctx, ss)
 	var out []*mcp.Tool
 	for _, up := range a.ups {
 		if !a.per.upstreams[up.cfg.Name] {
 			continue
 		}
 		lctx, cancel := context.WithTimeout(ctx, aggInitWait)
-		listed, err := a.personListing(lctx, owner, up)
+		listed, err := a.personListing(lctx, owner, token, up)
 		cancel()
 		switch {
 		case errors.Is(err, upstreamauth.ErrConnectRequired):
@@ -354,8 +363,8 @@ func (a *Aggregate) listForPerson(ctx context.Context, ss *mcp.ServerSession, lr
 
 // personListing lists up's tools on owner's own session, named as the
 // route offers them.
-func (a *Aggregate) personListing(ctx context.Context, owner string, up *aggUpstream) ([]*mcp.Tool, error) {
-	c, release, err := a.personConn(ctx, owner, up)
+func (a *Aggregate) personListing(ctx context.Context, owner, token string, up *aggUpstream) ([]*mcp.Tool, error) {
+	c, release, err := a.personConn(ctx, owner, token, up)
 	if err != nil {
 		return nil, err
 	}
@@ -386,14 +395,17 @@ func (a *Aggregate) personToolCall(ctx context.Context, req mcp.Request, up *agg
 	ss, _ := req.GetSession().(*mcp.ServerSession)
 	if orig == ConnectToolName {
 		// The connect tool, called once connected: unless the upstream
-		// has a tool of that name itself, which is then called, say so.
-		c, release, err := a.personConn(ctx, a.ownerOf(ctx, ss), up)
+		// has a tool of that name itself that its lists offer, which is
+		// then called, say so.
+		owner, token := a.callerOf(ctx, ss)
+		c, release, err := a.personConn(ctx, owner, token, up)
 		if err != nil {
 			return a.unreachable(up, err), nil
 		}
 		listed, _, err := listAll(ctx, a, up, c.cs, "tools", toolPage(c.cs))
 		release()
-		if err == nil && !slices.ContainsFunc(listed, func(t *mcp.Tool) bool { return t != nil && t.Name == ConnectToolName }) {
+		own := up.cfg.AllowsTool(ConnectToolName) && slices.ContainsFunc(listed, func(t *mcp.Tool) bool { return t != nil && t.Name == ConnectToolName })
+		if err == nil && !own {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
 				"Your account at %s is connected: list tools again to see its tools.", up.cfg.Name)}}}, nil
 		}
@@ -433,7 +445,7 @@ func (a *Aggregate) servePersonConnect(w http.ResponseWriter, r *http.Request, p
 		declined = a.per.settle(ctx, owner, call)
 	}
 	if !declined {
-		_, release, err := a.personConn(ctx, owner, up)
+		_, release, err := a.personConn(ctx, owner, p.TokenID, up)
 		if err == nil {
 			release()
 			return false // connected: go-sdk's path serves it

@@ -187,6 +187,13 @@ func personServeAgg(t *testing.T, pu *personUp, ppl *people, opts Options) (*Agg
 // personServeWith is personServeAgg with shared as the shared upstream.
 func personServeWith(t *testing.T, shared upstream.Config, pu *personUp, ppl *people, opts Options) (*Aggregate, string) {
 	t.Helper()
+	return personServeCfg(t, shared, upstream.Config{Name: "people", URL: pu.http.URL}, ppl, opts)
+}
+
+// personServeCfg is personServeWith with perUser as the per-person
+// upstream's config (named "people").
+func personServeCfg(t *testing.T, shared, perUser upstream.Config, ppl *people, opts Options) (*Aggregate, string) {
+	t.Helper()
 	opts.PerUser = func(name string) bool { return name == "people" }
 	opts.Credentials = func(name string) func(http.RoundTripper) http.RoundTripper {
 		if name == "people" {
@@ -199,7 +206,7 @@ func personServeWith(t *testing.T, shared upstream.Config, pu *personUp, ppl *pe
 	if opts.ConnectRequired == nil {
 		opts.ConnectRequired = testConnectAnswer
 	}
-	a, err := New([]upstream.Config{shared, {Name: "people", URL: pu.http.URL}}, opts)
+	a, err := New([]upstream.Config{shared, perUser}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,6 +69,7 @@ type aggConn struct {
 	shared   bool                       // a lease of a shared stdio upstream's catalog session
 	home     *aggSession                // the session whose conns hold it (nil for a lease)
 	bridges  []*bridgeCall              // pending calls of 2026-07-28 clients (see aggregate_bridge.go)
+	callers  map[string]int             // a person session's: token id -> its calls in flight (see soleCaller)
 
 	client *mcp.Client // the client of cs (nil for a lease): roots changes are announced through it
 
@@ -206,7 +207,8 @@ func (a *Aggregate) conn(ctx context.Context, ss *mcp.ServerSession, up *aggUpst
 	}
 	if a.per.upstreams[up.cfg.Name] {
 		// Never a session's or a token's: the person's own.
-		return a.personConn(ctx, a.ownerOf(ctx, ss), up)
+		owner, token := a.callerOf(ctx, ss)
+		return a.personConn(ctx, owner, token, up)
 	}
 	if modernSession(ss) {
 		s, done, err := a.principalSession(ctx)
@@ -298,6 +300,10 @@ func (s *aggSession) open(up *aggUpstream, c *aggConn) {
 			})
 		},
 		ProgressNotificationHandler: func(ctx context.Context, req *mcp.ProgressNotificationClientRequest) {
+			if s.owner != "" {
+				c.personProgress(ctx, req.Params)
+				return
+			}
 			down := context.WithoutCancel(c.requestCtx(ctx, req.Params.ProgressToken))
 			target := downSession(down, ss)
 			c.forward(func() {
@@ -571,6 +577,44 @@ func (c *aggConn) requestCtx(ctx context.Context, token any) context.Context {
 	return valuesFrom{Context: ctx, values: down}
 }
 
+// clientProgressKey holds, in a call's tracked context on a person's
+// session, the progress token its client chose.
+type clientProgressKey struct{}
+
+// ownProgressToken returns meta with a progress token of the route's own
+// in place of the client's, and that token.
+func ownProgressToken(meta mcp.Meta) (mcp.Meta, string) {
+	ours := fmt.Sprintf("zidane-%d", sharedTokens.Add(1))
+	out := make(mcp.Meta, len(meta)+1)
+	for k, v := range meta {
+		out[k] = v
+	}
+	out["progressToken"] = ours
+	return out, ours
+}
+
+// personProgress forwards the upstream's progress on a person's session
+// to the one call whose own token it carries, under its client's token;
+// progress under any other token is dropped (the latest call, which other
+// sessions' progress falls back to, may be another client's).
+func (c *aggConn) personProgress(ctx context.Context, params *mcp.ProgressNotificationParams) {
+	c.mu.Lock()
+	call := c.progress[fmt.Sprint(params.ProgressToken)]
+	c.mu.Unlock()
+	if call == nil {
+		return
+	}
+	token := call.Value(clientProgressKey{})
+	target, _ := call.Value(downSessionKey{}).(*mcp.ServerSession)
+	if token == nil || target == nil {
+		return
+	}
+	p := *params
+	p.ProgressToken = token
+	down := context.WithoutCancel(valuesFrom{Context: ctx, values: call})
+	c.forward(func() { _ = target.NotifyProgress(down, &p) })
+}
+
 // valuesFrom is ctx's deadline and cancellation with values's values.
 type valuesFrom struct {
 	context.Context
@@ -646,7 +690,16 @@ func (a *Aggregate) toolHandler(up *aggUpstream, orig string) mcp.ToolHandler {
 			meta, unroute = a.sharedProgressToken(ctx, up, req.Session, meta, req.Params.GetProgressToken())
 			defer unroute()
 		} else {
-			untrack := c.track(trackCtx(ctx, req.Session), req.Params.GetProgressToken())
+			tctx, token := trackCtx(ctx, req.Session), req.Params.GetProgressToken()
+			if c.home != nil && c.home.owner != "" && token != nil {
+				// A person's session serves all their tokens, whose
+				// clients choose progress tokens that may meet: the call
+				// gets one of the route's own, and its progress goes back
+				// under the client's (see personProgress).
+				tctx = context.WithValue(tctx, clientProgressKey{}, token)
+				meta, token = ownProgressToken(meta)
+			}
+			untrack := c.track(tctx, token)
 			defer untrack()
 		}
 		params := &mcp.CallToolParams{Meta: upstreamMeta(meta, c.cs, req.Session), Name: orig,
