@@ -602,3 +602,26 @@ func TestKeyByNameFailsClosed(t *testing.T) {
 		t.Errorf("another key: %q", v.Effect)
 	}
 }
+
+// TestValuesNamedToPass: the docs' rule for a backend that reads values
+// loosely passes the values it names and nothing else, whatever the
+// spelling or type.
+func TestValuesNamedToPass(t *testing.T) {
+	s, err := Compile([]Spec{{Effect: Deny, Expr: "tool.name == 'deploy' && !(args.environment in ['staging', 'dev'])", Message: "m", Where: "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, env := range []string{`"staging"`, `"dev"`} {
+		if v := s.Decide(call("deploy", `{"environment":`+env+`}`)); v.Effect != "" {
+			t.Errorf("%s: %q", env, v.Effect)
+		}
+	}
+	for _, env := range []string{`"production"`, `"Production"`, `" production"`, `"product\u0131on"`, `["staging"]`, `1`, `null`} {
+		if v := s.Decide(call("deploy", `{"environment":`+env+`}`)); v.Effect != Deny {
+			t.Errorf("%s: %q (err %v), want deny", env, v.Effect, v.Err)
+		}
+	}
+	if v := s.Decide(call("deploy", `{}`)); v.Effect != Deny {
+		t.Errorf("no environment: %q, want deny", v.Effect)
+	}
+}
