@@ -46,6 +46,7 @@ func ruledRoutes(t testing.TB) map[string]Route {
 		"guard":       &Guard{Scopes: scopes, Rules: set},
 		"sessions":    &Sessions{Scopes: scopes, Rules: set},
 		"passthrough": &Upstream{Config: up, Scopes: upScopes.Strict(), Rules: set},
+		"egress":      &Upstream{Config: up, Scopes: upScopes.Strict(), Rules: set, Egress: true},
 		"aggregate":   &Aggregate{Catalog: testCatalog(), Allows: allows, Rules: set},
 	}
 }
@@ -103,6 +104,10 @@ func TestRulesDecide(t *testing.T) {
 		{"an allow rule admits to the route's upstream", "passthrough", db, call("echo", `{"query":"select 1"}`), nil, 0, "", "site policy, rule 1"},
 		{"never a tool its lists keep back", "passthrough", db, call("drop_all", `{"query":"select 1"}`), nil, 403, "tool_not_offered", ""},
 		{"a deny rule holds for a token with every scope", "passthrough", principal(policy.KindUser, "upstream:a"), call("deploy", `{"environment":"production"}`), nil, 403, ReasonRule, "global policy, rule 1"},
+		// Egress: an allow rule never opens a session_upstream to a token
+		// that is not its sessions' agents'; a deny rule still holds.
+		{"an allow rule grants nothing on an egress route", "egress", db, call("echo", `{"query":"select 1"}`), nil, 403, ReasonScope, ""},
+		{"a deny rule holds on an egress route", "egress", principal(policy.KindMachine, "upstream:a"), call("deploy", `{"environment":"production"}`), nil, 403, ReasonRule, "global policy, rule 1"},
 		// Aggregate: an allow rule grants a call of one upstream only.
 		{"an allow rule admits to the tool's upstream", "aggregate", principal(policy.KindUser, "db", "upstream:b"), call("mcp_a_secret", `{"query":"select 1"}`), nil, 0, "", "site policy, rule 1"},
 		{"never a resource two upstreams may serve", "aggregate", principal(policy.KindUser, "upstream:b"), `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"any://1"}}`, nil, 403, ReasonScope, ""},
