@@ -68,8 +68,9 @@ func (a *App) buildEgress(log *slog.Logger) (map[string]*egressRoute, error) {
 		}
 		// The global rules decide the agents' calls too, as the
 		// broker's (route "broker", upstream its name): an agent must not
-		// do through its egress what a rule refuses its person.
-		routes[name] = &egressRoute{pt: pt, route: &edge.Upstream{Config: u, Scopes: scopes.Strict(), Rules: a.policy, Handler: pt, Pins: a.pins.store,
+		// do through its egress what a rule refuses its person. Their
+		// allow rules grant nothing there (edge.Upstream.Egress).
+		routes[name] = &egressRoute{pt: pt, route: &edge.Upstream{Config: u, Scopes: scopes.Strict(), Rules: a.policy, Egress: true, Handler: pt, Pins: a.pins.store,
 			Tasks: tasks, Route: route}}
 	}
 	return routes, nil

@@ -404,3 +404,45 @@ http://127.0.0.1:%d {
 		}
 	}
 }
+
+// TestPolicyAllowNeverOpensEgress: a session_upstream's egress path is for
+// the sessions' agents, whose tokens the gateway mints with the upstream's
+// scope. A person's token on the sessions site reaching that path directly
+// lacks the scope, and a global allow rule written for another route (one
+// that holds for the person's scopes and the tool's name) must not grant
+// it an upstream no route offers the person.
+func TestPolicyAllowNeverOpensEgress(t *testing.T) {
+	upstream := startEverythingServer(t)
+	port := freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	zidane {
+		upstream everything %s
+		session_upstreams everything
+		policy {
+			allow "'chat' in principal.scopes && tool.name == 'test_simple_text'"
+		}
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		sessions
+	}
+}
+`, AdminPlaceholder, upstream, port))
+	token := createToken(t, c, "human", "--scope", "chat")
+	from := c.LogSize()
+	cs, err := connectGo(t, fmt.Sprintf("http://127.0.0.1:%d/zidane/upstream/everything/mcp", port), bearerClient(token, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "test_simple_text", Arguments: map[string]any{}})
+	if err == nil {
+		t.Fatalf("a person's token called an egress upstream through an allow rule: %+v", res)
+	}
+	if !strings.Contains(err.Error(), "lacks a scope") || !strings.Contains(err.Error(), "Forbidden") {
+		t.Fatalf("refused, but not for want of a scope: %v", err)
+	}
+	c.WaitForLogFrom(t, from, `"reason":"insufficient_scope"`, 10*time.Second)
+}

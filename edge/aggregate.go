@@ -181,11 +181,37 @@ func (a *Aggregate) Authorize(p policy.Principal, c message.Call) Verdict {
 	if a.Rules.Len() == 0 {
 		return v
 	}
-	var upstream string
 	if len(owners) == 1 {
-		upstream = owners[0]
+		return ruleVerdict(a.Rules, RuleRouteAggregate, p, c, owners[0], true, v)
 	}
-	return ruleVerdict(a.Rules, RuleRouteAggregate, p, c, upstream, upstream != "", v)
+	if namesUpstream(c) {
+		// Several upstreams could serve c, or none offers it now and any
+		// may by the time the route looks it up: c reaches one the
+		// decision cannot name, so a rule that refuses it for any of them
+		// refuses it (a deny rule over upstream holds for each).
+		if len(owners) == 0 {
+			owners = a.Catalog.Upstreams()
+		}
+		for _, o := range owners {
+			if r := ruleVerdict(a.Rules, RuleRouteAggregate, p, c, o, false, v); r.Reason == ReasonRule {
+				return r
+			}
+		}
+	}
+	return ruleVerdict(a.Rules, RuleRouteAggregate, p, c, "", false, v)
+}
+
+// namesUpstream reports whether c names what one upstream serves (a tool,
+// a prompt, a resource, a completion's ref), as against a listing or a
+// setup call that the route answers from all of them.
+func namesUpstream(c message.Call) bool {
+	switch c.Method {
+	case "tools/call", "prompts/get", "resources/read", "resources/subscribe", "resources/unsubscribe":
+		return true
+	case "completion/complete":
+		return c.Ref.Type == "ref/prompt" || c.Ref.Type == "ref/resource"
+	}
+	return false
 }
 
 // authorize decides c by its owners' scopes, and says who they are.
@@ -287,6 +313,13 @@ func (a *Aggregate) Visible(p policy.Principal, it Item) bool {
 		shown = shown && a.Allows(p, o)
 	}
 	if len(owners) != 1 {
+		// An item several upstreams serve is hidden when a rule hides it
+		// for any of them, as a call of it is refused (see Authorize).
+		for _, o := range owners {
+			if !ruleVisible(a.Rules, RuleRouteAggregate, p, it, o, false, true) {
+				return false
+			}
+		}
 		return ruleVisible(a.Rules, RuleRouteAggregate, p, it, "", false, shown)
 	}
 	return ruleVisible(a.Rules, RuleRouteAggregate, p, it, owners[0], true, shown)

@@ -144,6 +144,12 @@ type Upstream struct {
 	// Rules are the operator's rules over calls (see ruleVerdict), which
 	// read the upstream's name.
 	Rules *rules.Set
+	// Egress marks a session_upstream's egress route, for the sessions'
+	// agents, whose tokens the gateway mints with the upstream's scope:
+	// an allow rule grants nothing there, so that one written for another
+	// route never opens the upstream to a token reaching the path
+	// directly (a person's, on the sessions site).
+	Egress bool
 	// Handler is the broker's route to the upstream.
 	Handler http.Handler
 	// Params is what the route learned of the upstream's x-mcp-header
@@ -196,7 +202,7 @@ func (u *Upstream) Authorize(p policy.Principal, c message.Call) Verdict {
 		return Refuse(http.StatusForbidden, "tool_not_offered",
 			fmt.Sprintf("tool %q of upstream %q is not offered through this gateway (tools allow/deny)", c.Tool, u.Config.Name))
 	}
-	return ruleVerdict(u.Rules, RuleRouteBroker, p, c, u.Config.Name, true, scopeVerdict(u.Scopes, p, c))
+	return ruleVerdict(u.Rules, RuleRouteBroker, p, c, u.Config.Name, !u.Egress, scopeVerdict(u.Scopes, p, c))
 }
 
 // Visible shows what p may use and the upstream's lists offer.
@@ -204,7 +210,7 @@ func (u *Upstream) Visible(p policy.Principal, it Item) bool {
 	if it.Kind == KindTool && !u.Config.AllowsTool(it.Name) {
 		return false
 	}
-	return ruleVisible(u.Rules, RuleRouteBroker, p, it, u.Config.Name, true, scopeVisible(u.Scopes, p, it))
+	return ruleVisible(u.Rules, RuleRouteBroker, p, it, u.Config.Name, !u.Egress, scopeVisible(u.Scopes, p, it))
 }
 
 // Serve opens r's task handles and hands r to the broker.

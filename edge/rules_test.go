@@ -46,6 +46,7 @@ func ruledRoutes(t testing.TB) map[string]Route {
 		"guard":       &Guard{Scopes: scopes, Rules: set},
 		"sessions":    &Sessions{Scopes: scopes, Rules: set},
 		"passthrough": &Upstream{Config: up, Scopes: upScopes.Strict(), Rules: set},
+		"egress":      &Upstream{Config: up, Scopes: upScopes.Strict(), Rules: set, Egress: true},
 		"aggregate":   &Aggregate{Catalog: testCatalog(), Allows: allows, Rules: set},
 	}
 }
@@ -103,6 +104,10 @@ func TestRulesDecide(t *testing.T) {
 		{"an allow rule admits to the route's upstream", "passthrough", db, call("echo", `{"query":"select 1"}`), nil, 0, "", "site policy, rule 1"},
 		{"never a tool its lists keep back", "passthrough", db, call("drop_all", `{"query":"select 1"}`), nil, 403, "tool_not_offered", ""},
 		{"a deny rule holds for a token with every scope", "passthrough", principal(policy.KindUser, "upstream:a"), call("deploy", `{"environment":"production"}`), nil, 403, ReasonRule, "global policy, rule 1"},
+		// Egress: an allow rule never opens a session_upstream to a token
+		// that is not its sessions' agents'; a deny rule still holds.
+		{"an allow rule grants nothing on an egress route", "egress", db, call("echo", `{"query":"select 1"}`), nil, 403, ReasonScope, ""},
+		{"a deny rule holds on an egress route", "egress", principal(policy.KindMachine, "upstream:a"), call("deploy", `{"environment":"production"}`), nil, 403, ReasonRule, "global policy, rule 1"},
 		// Aggregate: an allow rule grants a call of one upstream only.
 		{"an allow rule admits to the tool's upstream", "aggregate", principal(policy.KindUser, "db", "upstream:b"), call("mcp_a_secret", `{"query":"select 1"}`), nil, 0, "", "site policy, rule 1"},
 		{"never a resource two upstreams may serve", "aggregate", principal(policy.KindUser, "upstream:b"), `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"any://1"}}`, nil, 403, ReasonScope, ""},
@@ -218,5 +223,49 @@ func BenchmarkGuardAuthorizeRules(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestRulesAggregateUpstreamOfEveryOwner: on the aggregated route, a call
+// that several upstreams could serve (a resource two upstreams claim), or
+// that no upstream offers yet (one may by the time the route looks it
+// up), reaches an upstream the decision did not name. A deny rule over
+// `upstream` refuses it when it refuses it for any upstream that could
+// serve it, and hides such a resource from the listing.
+func TestRulesAggregateUpstreamOfEveryOwner(t *testing.T) {
+	set, err := rules.Compile([]rules.Spec{{Effect: rules.Deny, Expr: "upstream == 'a'", Message: "nothing goes to a here", Where: "global policy, rule 1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allows := func(p policy.Principal, name string) bool { return p.HasScope(policy.UpstreamScope(name)) }
+	agg := &Aggregate{Catalog: testCatalog(), Allows: allows, Rules: set}
+	both := principal(policy.KindUser, "upstream:a", "upstream:b")
+	cases := []struct {
+		name, body string
+		status     int
+		reason     string
+	}{
+		{"a resource a and b may serve", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"any://1"}}`, 403, ReasonRule},
+		{"a subscription to it", `{"jsonrpc":"2.0","id":1,"method":"resources/subscribe","params":{"uri":"any://1"}}`, 403, ReasonRule},
+		{"a tool no upstream offers yet", call("mcp_a_new", `{}`), 403, ReasonRule},
+		{"a prompt no upstream offers yet", `{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"mcp_a_new"}}`, 403, ReasonRule},
+		{"a tool of a", call("mcp_a_secret", `{}`), 403, ReasonRule},
+		{"a tool of b alone goes on", call("mcp_b_echo", `{}`), 0, ""},
+		{"a resource of b alone goes on", `{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"b://1"}}`, 0, ""},
+		{"a listing goes on (its items are filtered)", `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, 0, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Decide(agg, both, http.MethodPost, http.Header{}, []byte(tc.body))
+			if d.Status != tc.status || d.Reason != tc.reason {
+				t.Fatalf("got %d %q (%s), want %d %q", d.Status, d.Reason, d.Message, tc.status, tc.reason)
+			}
+		})
+	}
+	if agg.Visible(both, Item{Kind: KindResource, Name: "any://1"}) {
+		t.Error("a resource a may serve is listed")
+	}
+	if !agg.Visible(both, Item{Kind: KindResource, Name: "b://1"}) {
+		t.Error("a resource of b alone is hidden")
 	}
 }

@@ -24,8 +24,19 @@
 // see different arguments), read from its text one key at a time when a
 // rule reads that key; a key present only in another spelling (which Go's
 // encoding/json would match) fails the rule reading it closed. JSON
-// numbers that are integers within int64 are ints, others doubles, and
-// ints and doubles compare with each other.
+// numbers written as integers are ints, others doubles, and ints and
+// doubles compare with each other; an integer beyond ±(2^53-1), which
+// JavaScript rounds and Go and Python do not, fails the rule reading it
+// closed.
+//
+// A JWT's claims are read as the arguments are, once checked as the edge
+// checks a body (package message's Validate): claims with a key twice, two
+// keys equal once folded, "__proto__" or a lone surrogate fail every rule
+// reading claims closed.
+//
+// Why a rule failed (Verdict.Err, for the audit line) never holds the
+// call's values: CEL's own messages quote them (a regular expression, a
+// map key, a timestamp), so they are told by their kind alone.
 //
 // Evaluation is bounded by a cost limit (a rule whose cost CEL bounds
 // under it for any input runs untracked). A rule whose evaluation fails (a

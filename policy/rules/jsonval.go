@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"cel.dev/cel-go/common/types"
@@ -34,6 +35,10 @@ import (
 type jsonObject struct {
 	raw  []byte // '{' to '}', valid JSON
 	full traits.Mapper
+	// scans counts the readings of raw for lookups: one for each of the
+	// first scansBeforeIndex, one more to index it for all the others.
+	scans int
+	index *memberIndex
 }
 
 var (
@@ -50,7 +55,17 @@ func (o *jsonObject) Find(key ref.Val) (ref.Val, bool) {
 		}
 		return nil, false // a JSON key is a string: no other key is found
 	}
-	return lookup(o.raw, string(k))
+	if o.scans < scansBeforeIndex {
+		// Most calls read a few keys: they are read from the text,
+		// without an index to build.
+		o.scans++
+		return lookup(o.raw, string(k))
+	}
+	if o.index == nil {
+		o.scans++
+		o.index = indexMembers(o.raw)
+	}
+	return o.index.lookup(string(k))
 }
 
 func (o *jsonObject) Get(key ref.Val) ref.Val {
@@ -118,14 +133,14 @@ func lookup(raw []byte, key string) (ref.Val, bool) {
 	var (
 		found  []byte
 		n      int
-		folded string
+		folded bool
 	)
 	ok := eachMember(raw, func(k string, v []byte) bool {
 		switch {
 		case k == key:
 			found, n = v, n+1
-		case folded == "" && strings.EqualFold(k, key):
-			folded = k
+		case !folded && strings.EqualFold(k, key):
+			folded = true
 		}
 		return true
 	})
@@ -134,12 +149,91 @@ func lookup(raw []byte, key string) (ref.Val, bool) {
 		return types.NewErr("the object is not valid JSON"), false
 	case n > 1:
 		return types.NewErr("the object has the key %q twice", key), false
-	case folded != "":
-		return types.NewErr("the object has the key %q, which a server may read as %q: spell it %q", folded, key, key), false
+	case folded:
+		return types.NewErr("the object has the key %q in another case or folding, which a server may read as it: spell it %q", key, key), false
 	case n == 0:
 		return nil, false
 	}
 	return jsonValue(found), true
+}
+
+// scansBeforeIndex is how many lookups of an object read its text before
+// it is indexed.
+const scansBeforeIndex = 4
+
+// memberIndex is an object's members by key, for the second and later
+// lookups: a rule reading arguments in a loop (a deny list written in the
+// rule) reads the text once, not once per element, which CEL's cost,
+// counting a lookup as one, does not see. Its lookups answer as lookup
+// does, and a value read once is kept (a long string is not copied again,
+// a nested object keeps its own index).
+type memberIndex struct {
+	bad    bool
+	exact  map[string]*member
+	folded map[string]int // members by key folded (see foldKey)
+}
+
+type member struct {
+	raw []byte
+	n   int
+	val ref.Val
+}
+
+func indexMembers(raw []byte) *memberIndex {
+	ix := &memberIndex{exact: map[string]*member{}, folded: map[string]int{}}
+	ix.bad = !eachMember(raw, func(k string, v []byte) bool {
+		m := ix.exact[k]
+		if m == nil {
+			m = &member{raw: v}
+			ix.exact[k] = m
+		}
+		m.n++
+		ix.folded[foldKey(k)]++
+		return true
+	})
+	return ix
+}
+
+func (ix *memberIndex) lookup(key string) (ref.Val, bool) {
+	m := ix.exact[key]
+	n := 0
+	if m != nil {
+		n = m.n
+	}
+	switch {
+	case ix.bad:
+		return types.NewErr("the object is not valid JSON"), false
+	case n > 1:
+		return types.NewErr("the object has the key %q twice", key), false
+	case ix.folded[foldKey(key)] > n:
+		return types.NewErr("the object has the key %q in another case or folding, which a server may read as it: spell it %q", key, key), false
+	case n == 0:
+		return nil, false
+	}
+	if m.val == nil {
+		m.val = jsonValue(m.raw)
+	}
+	return m.val, true
+}
+
+// foldKey folds s rune by rune to the least rune of its unicode.SimpleFold
+// orbit, so that two keys fold equal exactly when strings.EqualFold (and
+// encoding/json, matching a struct field) says they are equal.
+func foldKey(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s {
+		for {
+			f := unicode.SimpleFold(r)
+			if f <= r {
+				r = f
+				break
+			}
+			r = f
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // eachMember calls f with each member of the object raw, its key decoded
@@ -273,10 +367,14 @@ func hasByte(b []byte, c byte) bool {
 	return false
 }
 
+// maxSafeInteger is the largest integer every reader reads exactly.
+const maxSafeInteger = 1<<53 - 1
+
 // jsonValue is the CEL value of the JSON value v: an object stays text
-// until read (jsonObject); numbers that are integers within int64 are ints,
-// others doubles, and one beyond a double is kept as its text, which no
-// number equals, so that a rule comparing it fails closed.
+// until read (jsonObject); a number written as an integer is an int, and an
+// error beyond ±(2^53-1); others are doubles, and one beyond a double is
+// kept as its text, which no number equals, so that a rule comparing it
+// fails closed.
 func jsonValue(v []byte) ref.Val {
 	if len(v) == 0 {
 		return types.NewErr("an empty JSON value")
@@ -295,7 +393,13 @@ func jsonValue(v []byte) ref.Val {
 			if e < 0 {
 				return types.NewErr("the array is not valid JSON")
 			}
-			elems = append(elems, jsonValue(v[i:e]))
+			ev := jsonValue(v[i:e])
+			if types.IsError(ev) {
+				// A list with a value that cannot be read is not read
+				// whole: CEL's `in` would pass over the element.
+				return ev
+			}
+			elems = append(elems, ev)
 			i = skipSpace(v, e)
 			if i >= len(v) {
 				break
@@ -320,7 +424,15 @@ func jsonValue(v []byte) ref.Val {
 		return types.NullValue
 	}
 	s := string(v)
-	if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+	if !strings.ContainsAny(s, ".eE") {
+		// An integer beyond ±(2^53-1): JavaScript (the TypeScript SDK's
+		// server, JSON.parse) rounds it to a double, Go and Python read it
+		// exactly, so no one value is what every backend reads; the rule
+		// reading it fails closed (as package message refuses such an id).
+		i, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || i > maxSafeInteger || i < -maxSafeInteger {
+			return types.NewErr("the integer is beyond ±(2^53-1), which readers differ on (JavaScript rounds it): send it as a string")
+		}
 		return types.Int(i)
 	}
 	f, err := strconv.ParseFloat(s, 64)

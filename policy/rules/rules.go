@@ -17,6 +17,8 @@ import (
 	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/ext"
 	"cel.dev/cel-go/interpreter"
+
+	"github.com/Tahul/caddy-zidane-mcp/message"
 )
 
 // Effect is what a rule that holds does to a call.
@@ -360,6 +362,7 @@ func (s *Set) Decide(in Input) Verdict {
 		}
 		out, _, err := r.prg.Eval(act)
 		holds, failed := result(out, err)
+		failed = withoutValues(failed)
 		switch {
 		case failed != nil && (r.Effect != Allow || overCost(failed)):
 			// Fail closed: a deny rule that cannot be read may hold, and
@@ -429,6 +432,48 @@ func result(out ref.Val, err error) (bool, error) {
 		return bool(b), nil
 	}
 	return false, fmt.Errorf("the rule gave %v, not a bool", out)
+}
+
+// ruleError is why a rule failed, told without the call's values.
+type ruleError struct {
+	msg   string
+	cause error
+}
+
+func (e *ruleError) Error() string { return e.msg }
+func (e *ruleError) Unwrap() error { return e.cause }
+
+// ownErrors begin the messages of this package's reading of the arguments
+// and claims, which name no value of the call.
+var ownErrors = []string{"the object ", "the array ", "the number ", "the string ", "the integer ",
+	"the token's claims ", "an empty JSON value", "the rule gave "}
+
+// withoutValues is err for an audit line: CEL's messages quote the values
+// they failed on (`no such key: <a key read from an argument>`, a regular
+// expression an argument supplies, a timestamp's text), which may be a
+// secret the caller passed, so they are told by their kind.
+func withoutValues(err error) error {
+	if err == nil || overCost(err) {
+		return err
+	}
+	msg := err.Error()
+	for _, p := range ownErrors {
+		if strings.HasPrefix(msg, p) {
+			return err
+		}
+	}
+	kind := "it failed on a value of this call"
+	switch {
+	case strings.HasPrefix(msg, "no such key"):
+		kind = "a key it reads is missing"
+	case strings.HasPrefix(msg, "no such overload"), strings.HasPrefix(msg, "no matching overload"):
+		kind = "a value is of a type it does not read"
+	case strings.HasPrefix(msg, "index out of range"):
+		kind = "an index it reads is out of range"
+	case strings.HasPrefix(msg, "error parsing regexp"):
+		kind = "a regular expression did not compile"
+	}
+	return &ruleError{msg: "the rule could not be evaluated: " + kind, cause: err}
 }
 
 func overCost(err error) bool {
@@ -536,6 +581,14 @@ func decodeClaims(payload string) ref.Val {
 	}
 	if !objectOrNone(raw) || len(bytes.TrimSpace(raw)) == 0 {
 		return types.NewErr("the token's claims are not a JSON object")
+	}
+	if message.Validate(raw) != nil {
+		// The edge's reader has not read the claims as it reads the
+		// arguments: claims with a key twice, two keys equal once folded,
+		// "__proto__" or a lone surrogate, anywhere, are read differently
+		// by the token's verifier (encoding/json takes the last key and
+		// matches in any case) and by rules iterating their keys.
+		return types.NewErr("the token's claims hold keys that readers read differently (a key twice, or in two cases)")
 	}
 	v, err := decodeArgs(raw)
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"cel.dev/cel-go/common/types"
 )
 
 // The issue's own example, as a set.
@@ -383,6 +385,31 @@ func TestClaims(t *testing.T) {
 			t.Errorf("%s: %q (err %v), want %q failed=%v", c.payload, v.Effect, v.Err, c.effect, c.failed)
 		}
 	}
+	// Claims two readers read differently fail every rule over claims
+	// closed, iterating ones too, which read an object with a key twice
+	// as empty: the token's verifier (encoding/json) takes the last of
+	// two keys.
+	s, err = Compile([]Spec{{Effect: Deny, Expr: "claims.exists(k, k == 'suspended') || claims.roles.exists(r, r == 'guest')", Message: "not you", Where: "iter"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		payload string
+		effect  Effect
+		failed  bool
+	}{
+		{`{"sub":"a","roles":["dev"]}`, "", false},
+		{`{"sub":"a","roles":["guest"]}`, Deny, false},
+		{`{"sub":"a","suspended":true,"roles":["dev"]}`, Deny, false},
+		{`{"sub":"a","suspended":true,"suspended":true,"roles":["dev"]}`, Deny, true},
+		{`{"sub":"a","roles":["dev"],"x":{"y":1,"y":2}}`, Deny, true},
+		{`{"sub":"a","roles":["dev"],"__proto__":{}}`, Deny, true},
+	} {
+		v := s.Decide(Input{Method: "tools/call", Tool: "x", ClaimsJWT: enc(c.payload)})
+		if v.Effect != c.effect || (v.Err != nil) != c.failed {
+			t.Errorf("%s: %q (err %v), want %q failed=%v", c.payload, v.Effect, v.Err, c.effect, c.failed)
+		}
+	}
 }
 
 // TestToolTerms: a rule that names its tools in a term of a conjunction is
@@ -395,6 +422,9 @@ func TestToolTerms(t *testing.T) {
 		{Effect: Deny, Expr: "method == 'tools/call' && tool.name in ['rm', 'mv'] && args.path.startsWith('/etc')", Message: "m", Where: "in"},
 		{Effect: Allow, Expr: "tool.name == 'q' || args.x == 1", Where: "or"},
 		{Effect: Deny, Expr: "!(tool.name == 'safe') && args.y == 2", Message: "m", Where: "not"},
+		{Effect: Deny, Expr: "!(tool.name != 'kill') && args.z == 3", Message: "m", Where: "not not"},
+		{Effect: Deny, Expr: "tool.name in args.banned", Message: "m", Where: "in args"},
+		{Effect: Deny, Expr: "(tool.name == 'a' || args.w == 4) && args.v == 5", Message: "m", Where: "or in and"},
 	}
 	s, err := Compile(specs)
 	if err != nil {
@@ -418,10 +448,180 @@ func TestToolTerms(t *testing.T) {
 		call("deploy", `{"environment":"production"}`), call("deploy", `{}`), call("other", `{}`),
 		call("drop", `{"force":true}`), call("rm", `{"path":"/etc/x"}`), call("mv", `{}`), call("cp", `{"path":"/etc"}`),
 		call("q", `{}`), call("safe", `{"y":2}`), call("other", `{"y":2}`), call("other", `{"x":1}`),
+		call("kill", `{"z":3}`), call("other", `{"z":3}`), call("other", `{"banned":["other"]}`),
+		call("b", `{"w":4,"v":5}`), call("a", `{"v":5}`),
 	} {
 		a, b := s.Decide(in), full.Decide(in)
 		if a.Effect != b.Effect || a.Rule != nil && b.Rule != nil && a.Rule.Where != b.Rule.Where || (a.Err == nil) != (b.Err == nil) {
 			t.Errorf("%s %s: %q %v, evaluated whole %q %v", in.Tool, in.Arguments, a.Effect, a.Err, b.Effect, b.Err)
 		}
+	}
+}
+
+// TestIntegersReadersRound: JavaScript (the TypeScript SDK's server reads
+// with JSON.parse) rounds an integer beyond ±(2^53-1) to a double, where Go
+// and Python read it exactly. A rule comparing such an integer cannot read
+// it as every backend does, so it fails closed: a caller sending a
+// neighbour of a denied id, which a JavaScript server reads as that id, is
+// refused, and no allow rule holds on one.
+func TestIntegersReadersRound(t *testing.T) {
+	s, err := Compile([]Spec{
+		{Effect: Deny, Expr: "tool.name == 'post' && args.channel == 1234567890123456768", Message: "not that channel", Where: "channel"},
+		{Effect: Deny, Expr: "tool.name == 'any' && 1234567890123456768 in args.channels", Message: "not that channel", Where: "list"},
+		{Effect: Allow, Expr: "tool.name == 'read' && args.id == 1234567890123456790", Where: "allow id"},
+		{Effect: Deny, Expr: "tool.name == 'small' && args.n == 9007199254740991", Message: "not n", Where: "small"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		in     Input
+		effect Effect
+		failed bool
+	}{
+		{"a neighbour that JavaScript reads as the denied id", call("post", `{"channel":1234567890123456790}`), Deny, true},
+		{"the denied id itself", call("post", `{"channel":1234567890123456768}`), Deny, true},
+		{"a negative one", call("post", `{"channel":-9007199254740993}`), Deny, true},
+		{"in a list", call("any", `{"channels":[1,1234567890123456790]}`), Deny, true},
+		{"an allow rule holds on no such integer", call("read", `{"id":1234567890123456790}`), "", false},
+		{"the largest integer every reader reads alike", call("small", `{"n":9007199254740991}`), Deny, false},
+		{"the same as a double", call("small", `{"n":9007199254740991.0}`), Deny, false},
+		{"another small integer", call("small", `{"n":9007199254740990}`), "", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := s.Decide(c.in)
+			if v.Effect != c.effect || (v.Err != nil) != c.failed {
+				t.Fatalf("got %q (err %v), want %q failed=%v", v.Effect, v.Err, c.effect, c.failed)
+			}
+		})
+	}
+}
+
+// TestRuleErrorsHoldNoValues: why a rule failed goes to the audit line;
+// the caller's values (a token passed as an argument) never do.
+func TestRuleErrorsHoldNoValues(t *testing.T) {
+	s, err := Compile([]Spec{
+		{Effect: Deny, Expr: "tool.name == 'conv' && int(args.n) > 5", Message: "too many", Where: "conv"},
+		{Effect: Deny, Expr: "tool.name == 're' && args.x.matches(args.p)", Message: "no match", Where: "re"},
+		{Effect: Deny, Expr: "tool.name == 'idx' && args[args.k] == 1", Message: "no idx", Where: "idx"},
+		{Effect: Deny, Expr: "tool.name == 'ts' && timestamp(args.t) > timestamp('2020-01-01T00:00:00Z')", Message: "no ts", Where: "ts"},
+		{Effect: Deny, Expr: "tool.name == 'case' && args.environment == 'x'", Message: "no env", Where: "case"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const secret = "sk_live_s3cr3t"
+	for _, in := range []Input{
+		call("conv", `{"n":"`+secret+`"}`),
+		call("re", `{"x":"a","p":"(`+secret+`"}`),
+		call("idx", `{"k":"`+secret+`"}`),
+		call("ts", `{"t":"`+secret+`"}`),
+		call("case", `{"Environment`+secret+`":1,"ENVIRONMENT":"`+secret+`"}`),
+	} {
+		v := s.Decide(in)
+		if v.Effect != Deny || v.Err == nil {
+			t.Errorf("%s: %q (err %v), want a deny that failed closed", in.Tool, v.Effect, v.Err)
+			continue
+		}
+		if strings.Contains(v.Err.Error(), secret) || strings.Contains(v.Err.Error(), "s3cr3t") {
+			t.Errorf("%s: the error %q holds the caller's value", in.Tool, v.Err)
+		}
+	}
+}
+
+// TestLookupsScanOnce: a rule whose cost CEL bounds runs untracked, yet
+// each read of an argument reads the object's text: a rule reading one
+// argument in a loop over a list it writes (a deny list of values, of
+// keys) must not scan a large body once per element, which would make a
+// caller's 1 MiB body cost the gateway gigabytes of reading per call.
+func TestLookupsScanOnce(t *testing.T) {
+	values := make([]string, 2000)
+	for i := range values {
+		values[i] = "'v" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + "'"
+	}
+	list := "[" + strings.Join(values, ",") + "]"
+	args := `{"pad":"` + strings.Repeat("p", 64<<10) + `","x":"zzz","cfg":{"env":"dev"}}`
+	for _, expr := range []string{
+		list + ".exists(e, args.x == e)",
+		list + ".exists(e, e in args)",
+		list + ".exists(e, args.cfg.env == e)",
+	} {
+		s, err := Compile([]Spec{{Effect: Deny, Expr: expr, Message: "m", Where: "1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		act := &activation{in: call("t", args), withArgs: true}
+		out, _, err := s.rules[0].prg.Eval(act)
+		if holds, failed := result(out, err); holds || failed != nil {
+			t.Fatalf("%.40s…: holds %v, failed %v", expr, holds, failed)
+		}
+		if n := act.args.(*jsonObject).scans; n > scansBeforeIndex+1 {
+			t.Errorf("%.40s…: the arguments were scanned %d times for 2000 reads", expr, n)
+		}
+	}
+}
+
+// TestIndexAnswersAsLookup: past its first lookups an object is indexed;
+// the index answers each key as reading the text does, errors included.
+func TestIndexAnswersAsLookup(t *testing.T) {
+	for _, obj := range []string{
+		`{}`, `{"environment":"production"}`, `{"Environment":"production"}`, `{"environment":1,"environment":2}`,
+		`{"replica\u017f":11}`, `{"kelvin":1}`, `{"\u212aelvin":1}`, `{"a":{"b":1},"A":2}`, `{"big":9007199254740993,"x":"y"}`,
+	} {
+		ix := indexMembers([]byte(obj))
+		for _, key := range []string{"environment", "Environment", "replicas", "kelvin", "Kelvin", "a", "A", "b", "big", "x", "missing"} {
+			want, wantFound := lookup([]byte(obj), key)
+			got, gotFound := ix.lookup(key)
+			same := wantFound == gotFound && types.IsError(want) == types.IsError(got)
+			if same && wantFound && !types.IsError(want) {
+				same = got.Equal(want) == types.True
+			}
+			if !same {
+				t.Errorf("%s[%q]: index %v %v, text %v %v", obj, key, got, gotFound, want, wantFound)
+			}
+		}
+	}
+}
+
+// TestKeyByNameFailsClosed: the rule the docs give for denying on a key
+// (naming it) holds, or fails closed, for every spelling a Go backend
+// reads as that key, where iterating the keys would not.
+func TestKeyByNameFailsClosed(t *testing.T) {
+	s, err := Compile([]Spec{{Effect: Deny, Expr: "'skip_checks' in args || has(args.kill)", Message: "no skipping", Where: "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range []string{`{"skip_checks":true}`, `{"Skip_Checks":true}`, `{"\u017fkip_checks":true}`, `{"KILL":1}`, `{"\u212aill":1}`} {
+		if v := s.Decide(call("t", args)); v.Effect != Deny {
+			t.Errorf("%s: %q (err %v), want deny", args, v.Effect, v.Err)
+		}
+	}
+	if v := s.Decide(call("t", `{"skip":true}`)); v.Effect != "" {
+		t.Errorf("another key: %q", v.Effect)
+	}
+}
+
+// TestValuesNamedToPass: the docs' rule for a backend that reads values
+// loosely passes the values it names and nothing else, whatever the
+// spelling or type.
+func TestValuesNamedToPass(t *testing.T) {
+	s, err := Compile([]Spec{{Effect: Deny, Expr: "tool.name == 'deploy' && !(args.environment in ['staging', 'dev'])", Message: "m", Where: "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, env := range []string{`"staging"`, `"dev"`} {
+		if v := s.Decide(call("deploy", `{"environment":`+env+`}`)); v.Effect != "" {
+			t.Errorf("%s: %q", env, v.Effect)
+		}
+	}
+	for _, env := range []string{`"production"`, `"Production"`, `" production"`, `"product\u0131on"`, `["staging"]`, `1`, `null`} {
+		if v := s.Decide(call("deploy", `{"environment":`+env+`}`)); v.Effect != Deny {
+			t.Errorf("%s: %q (err %v), want deny", env, v.Effect, v.Err)
+		}
+	}
+	if v := s.Decide(call("deploy", `{}`)); v.Effect != Deny {
+		t.Errorf("no environment: %q, want deny", v.Effect)
 	}
 }
