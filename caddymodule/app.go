@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/Tahul/caddy-zidane-mcp/approvals"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
@@ -44,6 +45,13 @@ type App struct {
 	// token created or revoked by `caddy zidane token …` while no server
 	// answered the admin API takes effect. Default: 1s.
 	TokenSync caddy.Duration `json:"token_sync,omitempty"`
+
+	// ApprovalPending is how long a call an approve rule holds waits for
+	// a person's answer; ApprovalApproved how long, once approved, the
+	// same call may be made again to run. Each from 1s to 24h. Defaults:
+	// 30m and 10m (docs/policy.md#approvals).
+	ApprovalPending  caddy.Duration `json:"approval_pending,omitempty"`
+	ApprovalApproved caddy.Duration `json:"approval_approved,omitempty"`
 
 	// LastUsedFlush is how often the last-used times of tokens are written
 	// to storage. Default: 30s.
@@ -165,7 +173,8 @@ type App struct {
 	tokensKey string
 	pins      *pinsState // the pinned tool definitions (package pins)
 	pinsKey   string
-	storage   storage.Storage // the configured storage (Caddy's)
+	storage   storage.Storage  // the configured storage (Caddy's)
+	approvals *approvals.Store // the calls approve rules hold (package approvals)
 	upstreams map[string]upstream.Config
 	oauth     map[string]*upstreamauth.Client // by upstream name
 	oauthKeys []string                        // this config's holds on oauthPool
@@ -249,6 +258,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return err
 	}
 	a.storage = st
+	if a.approvals, err = approvals.New(approvals.Options{Store: st, Audit: logApprovalAnswer,
+		PendingLifetime: time.Duration(a.ApprovalPending), ApprovedLifetime: time.Duration(a.ApprovalApproved)}); err != nil {
+		return fmt.Errorf("zidane approval_pending, approval_approved: %w", err)
+	}
 	if err := a.provisionAgents(ctx); err != nil {
 		return err
 	}

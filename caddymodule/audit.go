@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/exp/zapslog"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/Tahul/caddy-zidane-mcp/approvals"
 	"github.com/Tahul/caddy-zidane-mcp/clustersessions"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/mcpendpoint"
@@ -216,6 +217,25 @@ func (rf refusal) log(l *zap.Logger) {
 		}
 	}
 	l.Warn("request refused", fields...)
+}
+
+// logApprovalAnswer records an answer to a held call's approval, or a
+// refused answer: which approval, of whose call, by whom.
+func logApprovalAnswer(e approvals.Event) {
+	fields := []zap.Field{
+		zap.String("event", "approval_"+e.Action),
+		zap.String("approval", e.ID),
+		zap.String("rule", e.Rule),
+		zap.String("site", e.Site),
+		zap.String("caller", e.Caller),
+		zap.String("by", e.By),
+		zap.String("by_token_id", e.With),
+	}
+	if e.Err != nil {
+		auditLogger().Warn("approval answer refused", append(fields, zap.String("reason", e.Err.Error()))...)
+		return
+	}
+	auditLogger().Info("approval answered", fields...)
 }
 
 // logRuleAllowed records a call that an operator's allow rule let

@@ -761,6 +761,8 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			"link_ttl":                 &app.LinkTTL,
 			"agent_idle_timeout":       &app.AgentIdleTimeout,
 			"mcp_session_idle_timeout": &app.MCPSessionIdleTimeout,
+			"approval_pending":         &app.ApprovalPending,
+			"approval_approved":        &app.ApprovalApproved,
 		}
 		dst, ok := durations[opt]
 		switch {

@@ -121,9 +121,10 @@ type Handler struct {
 	jwt        *policy.JWTVerifier
 	dpop       edge.DPoP
 	resURL     *url.URL // absolute when configured so, else path only
-	route      routing  // what the route module gives to serve
-	app        *App     // this config's zidane app (upstream OAuth logins)
-	releaseOwn func()   // this handler's hold on agentDeny
+	approvals  *edge.Approvals
+	route      routing // what the route module gives to serve
+	app        *App    // this config's zidane app (upstream OAuth logins)
+	releaseOwn func()  // this handler's hold on agentDeny
 	logger     *zap.Logger
 	audit      *zap.Logger
 }
@@ -210,6 +211,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.offered = h.scopes.Names()
+	if h.app.approvals != nil {
+		h.approvals = &edge.Approvals{Store: h.app.approvals, Site: h.resURL.String()}
+	}
 	if err := h.app.signinResource(h.resURL.String(), h.resURL.IsAbs(), h.offered); err != nil {
 		return err
 	}
@@ -462,6 +466,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, r, rf, v)
 	}
 	d := edge.Decide(route, p, r.Method, r.Header, body)
+	limited := false
+	if d.Reason == edge.ReasonApproval {
+		// A held call costs storage work: it is rate limited before it
+		// is held, as an allowed call is before it is served.
+		if v := edge.RateLimit(h.tokenLimit, p.TokenID, now); !v.Allowed() {
+			rf.call = d.Call
+			metricRateLimited.WithLabelValues("token").Inc()
+			return h.refuse(w, r, rf, v)
+		}
+		limited = true
+		d.Verdict = h.approvals.Settle(r.Context(), d)
+		if d.Allowed() {
+			d.Ruled = append(d.Ruled, edge.RuleDecision{Call: d.Call, Rule: d.Rule, Effect: d.RuleEffect})
+		}
+	}
 	if !d.Allowed() {
 		rf.call = d.Call
 		return h.refuse(w, r, rf, d.Verdict)
@@ -476,13 +495,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		tr.event("decide", "allowed", "", traced...)
 	}
 
-	// 5. Rate limit.
-	if v := edge.RateLimit(h.tokenLimit, p.TokenID, now); !v.Allowed() {
-		if d.Body != nil {
-			rf.call = d.Body.Calls[0]
+	// 5. Rate limit (a held call was, before it was held).
+	if v := (edge.Verdict{}); !limited {
+		if v = edge.RateLimit(h.tokenLimit, p.TokenID, now); !v.Allowed() {
+			if d.Body != nil {
+				rf.call = d.Body.Calls[0]
+			}
+			metricRateLimited.WithLabelValues("token").Inc()
+			return h.refuse(w, r, rf, v)
 		}
-		metricRateLimited.WithLabelValues("token").Inc()
-		return h.refuse(w, r, rf, v)
 	}
 	tr.event("limit", "allowed", "", traced...)
 

@@ -21,11 +21,6 @@ type PolicyRule struct {
 	Self bool `json:"self,omitempty"`
 }
 
-// errApproveLater is the refusal of an approve rule: the approvals it
-// needs are not built yet, and a rule that held calls no one could
-// approve would refuse them, which a deny rule says plainly.
-const errApproveLater = "approve rules are not available yet: this version of the gateway cannot hold a call for a person's approval; write the rule as deny for now, with a message that says whom to ask"
-
 // compilePolicy compiles the rules of one policy block; where names the
 // block in errors and audit lines ("global policy", or a site's).
 func compilePolicy(where string, list []PolicyRule) (*rules.Set, error) {
@@ -33,9 +28,6 @@ func compilePolicy(where string, list []PolicyRule) (*rules.Set, error) {
 	for i, r := range list {
 		sp := rules.Spec{Effect: rules.Effect(r.Effect), Expr: r.Expr, Message: r.Message, Self: r.Self,
 			Where: fmt.Sprintf("%s, rule %d", where, i+1)}
-		if sp.Effect == rules.Approve {
-			return nil, fmt.Errorf("%s: %s", sp.Where, errApproveLater)
-		}
 		specs = append(specs, sp)
 	}
 	return rules.Compile(specs)
@@ -64,7 +56,15 @@ func parsePolicy(d *caddyfile.Dispenser) ([]PolicyRule, error) {
 				return nil, d.Errf(`policy deny takes an expression and a message: deny "tool.name == 'drop_table'" "dropping tables is not allowed here"`)
 			}
 		case "approve":
-			return nil, d.Errf("policy %s", errApproveLater)
+			if len(args) == 2 && args[1] == "self" {
+				return nil, d.Errf(`policy approve needs a message before self, which is what the caller is told: approve "tool.name == 'deploy'" "deploys need a second person" self`)
+			}
+			if len(args) == 3 && args[2] == "self" {
+				r.Self, args = true, args[:2]
+			}
+			if len(args) != 2 {
+				return nil, d.Errf(`policy approve takes an expression, a message and, to let the caller approve their own call, self: approve "tool.name == 'deploy'" "deploys need a second person"`)
+			}
 		case "allow":
 			if len(args) != 1 && len(args) != 2 {
 				return nil, d.Errf(`policy allow takes an expression and, if you like, a message: allow "'db' in principal.scopes"`)
@@ -76,7 +76,7 @@ func parsePolicy(d *caddyfile.Dispenser) ([]PolicyRule, error) {
 		if len(args) > 1 {
 			r.Message = args[1]
 		}
-		if _, err := rules.Compile([]rules.Spec{{Effect: rules.Effect(r.Effect), Expr: r.Expr, Message: r.Message, Where: "policy " + r.Effect}}); err != nil {
+		if _, err := rules.Compile([]rules.Spec{{Effect: rules.Effect(r.Effect), Expr: r.Expr, Message: r.Message, Self: r.Self, Where: "policy " + r.Effect}}); err != nil {
 			return nil, d.Errf("%v", err)
 		}
 		list = append(list, r)

@@ -26,7 +26,12 @@ func TestPolicyCaddyfileErrorsNameTheLine(t *testing.T) {
 		{"", "policy {\ndeny \"tool.name\" \"no\"\n}", []string{"Caddyfile:9", "not a bool"}},
 		{"", "policy {\ndeny \"args.q.matches('(')\" \"no\"\n}", []string{"Caddyfile:9", "error parsing regexp"}},
 		{"", "policy {\ndeny \"true\"\n}", []string{"Caddyfile:9", "deny takes an expression and a message"}},
-		{"", "policy {\napprove \"true\" \"ask\"\n}", []string{"Caddyfile:9", "not available yet"}},
+		{"", "policy {\napprove \"true\"\n}", []string{"Caddyfile:9", "approve takes an expression, a message"}},
+		{"", "policy {\napprove \"true\" self\n}", []string{"Caddyfile:9", "message before self"}},
+		{"", "policy {\napprove \"true\" \"ask\" selfish\n}", []string{"Caddyfile:9", "approve takes an expression, a message"}},
+		{"", "policy {\napprove \"true\" \"ask\" self self\n}", []string{"Caddyfile:9", "approve takes an expression, a message"}},
+		{"", "policy {\ndeny \"true\" \"no\" self\n}", []string{"Caddyfile:9", "deny takes an expression and a message"}},
+		{"", "policy {\nallow \"true\" \"yes\" self\n}", []string{"Caddyfile:9", "allow takes an expression"}},
 		{"", "policy {\npermit \"true\"\n}", []string{"Caddyfile:9", `unknown policy rule "permit"`}},
 		{"", "policy {\n}", []string{"policy has no rules"}},
 		{"", "policy {\nallow \"true\"\n}\npolicy {\nallow \"true\"\n}", []string{"policy given twice"}},
@@ -60,7 +65,8 @@ func TestPolicyJSONErrorsNameTheRule(t *testing.T) {
 	}{
 		{`[{"effect":"allow","expr":"true"},{"effect":"deny","expr":"nope","message":"m"}]`, ``, []string{"global policy, rule 2", "undeclared reference to 'nope'"}},
 		{``, `[{"effect":"deny","expr":"true"}]`, []string{"/mcp policy, rule 1", "needs a message"}},
-		{``, `[{"effect":"approve","expr":"true","message":"ask"}]`, []string{"/mcp policy, rule 1", "not available yet"}},
+		{``, `[{"effect":"approve","expr":"true"}]`, []string{"/mcp policy, rule 1", "needs a message"}},
+		{``, `[{"effect":"deny","expr":"true","message":"no","self":true}]`, []string{"/mcp policy, rule 1", "self applies to approve rules"}},
 		{`[{"effect":"permit","expr":"true"}]`, ``, []string{"global policy, rule 1", "no effect"}},
 		{``, `[{"effect":"allow","expr":"true","self":true}]`, []string{"/mcp policy, rule 1", "self applies to approve rules"}},
 	}
@@ -75,6 +81,9 @@ func TestPolicyJSONErrorsNameTheRule(t *testing.T) {
 				t.Errorf("error %q does not say %q", err, w)
 			}
 		}
+	}
+	if err := validatePolicyJSON(t, ``, `[{"effect":"approve","expr":"tool.name == 'deploy'","message":"ask","self":true}]`); err != nil {
+		t.Fatalf("an approve rule with self is refused: %v", err)
 	}
 	if err := validatePolicyJSON(t, `[{"effect":"deny","expr":"tool.name == 'x'","message":"no x"}]`, `[{"effect":"allow","expr":"'db' in principal.scopes"}]`); err != nil {
 		t.Fatalf("a valid policy is refused: %v", err)

@@ -310,7 +310,7 @@ func (a *App) newSessionsState(b sessionsBuild) (*sessionsState, error) {
 		}
 	}
 	names := slices.Sorted(maps.Keys(b.agents))
-	endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: served, Agents: names, Logger: b.logger, OnRefusal: auditToolRefusal,
+	endpoint, err := mcpendpoint.New(mcpendpoint.Options{Sessions: served, Agents: names, Logger: b.logger, OnRefusal: auditToolRefusal, Approvals: a.approvals,
 		SessionTimeout: max(0, time.Duration(a.MCPSessionIdleTimeout)), NewSessionID: mint})
 	if err != nil {
 		if st.cluster != nil {

@@ -546,12 +546,16 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane", "an argument", caddyfileOf("zidane on {\n}", "zidane_mcp {\nguard\n}"), "zidane takes no argument"),
 		c("zidane", "twice", caddyfileOf("zidane {\n}\nzidane {\n}", "zidane_mcp {\nguard\n}"), "given twice"),
 	)
-	for _, opt := range []string{"token_sync", "last_used_flush", "link_ttl", "agent_idle_timeout", "mcp_session_idle_timeout"} {
+	for _, opt := range []string{"token_sync", "last_used_flush", "link_ttl", "agent_idle_timeout", "mcp_session_idle_timeout", "approval_pending", "approval_approved"} {
 		cases = append(cases, durationCases("zidane "+opt, func(l string) string { return zidaneBlock(l) }, "give a positive duration such as 1s")...)
 	}
 	for _, opt := range []string{"max_agents", "max_sessions", "max_sessions_per_token", "max_agents_per_token"} {
 		cases = append(cases, countCases("zidane "+opt, func(l string) string { return zidaneBlock(l) }, "give a positive whole number")...)
 	}
+	cases = append(cases,
+		c("zidane approval_pending", "under a second", zidaneBlock("approval_pending 500ms"), "approval_pending, approval_approved", "outside 1s to 24h0m0s"),
+		c("zidane approval_approved", "over a day", zidaneBlock("approval_approved 25h"), "approval_pending, approval_approved", "outside 1s to 24h0m0s"),
+	)
 	cases = append(cases,
 		c("zidane agent", "no name", zidaneBlock("agent {\ncommand /bin/true\n}"), "agent takes a name and a block"),
 		c("zidane agent", "two names", zidaneBlock("agent a b {\ncommand /bin/true\n}"), "agent takes a name and a block"),
@@ -592,7 +596,12 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane_mcp policy deny", "not a bool", guarded("policy {\ndeny \"tool.name\" \"no\"\n}"), "not a bool"),
 		c("zidane_mcp policy deny", "a bad regular expression", guarded("policy {\ndeny \"args.q.matches('(')\" \"no\"\n}"), "error parsing regexp"),
 		c("zidane_mcp policy deny", "a syntax error", guarded("policy {\ndeny \"tool.name ==\" \"no\"\n}"), "does not compile"),
-		c("zidane_mcp policy approve", "not available yet", guarded("policy {\napprove \"tool.name == 'deploy'\" \"ask a second person\"\n}"), "not available yet", "write the rule as deny"),
+		c("zidane_mcp policy approve", "no message", guarded("policy {\napprove \"tool.name == 'deploy'\"\n}"), "approve takes an expression, a message"),
+		c("zidane_mcp policy approve", "self without a message", guarded("policy {\napprove \"tool.name == 'deploy'\" self\n}"), "needs a message before self"),
+		c("zidane_mcp policy approve", "a word after the message that is not self", guarded("policy {\napprove \"tool.name == 'deploy'\" \"ask\" selfish\n}"), "approve takes an expression, a message"),
+		c("zidane_mcp policy approve", "self twice", guarded("policy {\napprove \"tool.name == 'deploy'\" \"ask\" self self\n}"), "approve takes an expression, a message"),
+		c("zidane_mcp policy approve", "an unknown variable", guarded("policy {\napprove \"request.path == '/x'\" \"ask\"\n}"), "undeclared reference to 'request'", "Caddyfile:"),
+		c("zidane_mcp policy deny", "self", guarded("policy {\ndeny \"tool.name == 'x'\" \"no\" self\n}"), "deny takes an expression and a message"),
 		c("zidane_mcp policy allow", labelEmpty, guarded("policy {\nallow\n}"), "allow takes an expression"),
 		c("zidane_mcp policy allow", "three values", guarded("policy {\nallow \"true\" \"m\" self\n}"), "allow takes an expression"),
 		c("zidane_mcp policy allow", "an unknown variable", guarded("policy {\nallow \"'db' in scopes\"\n}"), "undeclared reference to 'scopes'"),
@@ -600,7 +609,8 @@ func badConfigs(fx configFixtures) []badConfig {
 		c("zidane policy", "twice", zidaneBlock("policy {\nallow \"true\"\n}", "policy {\nallow \"true\"\n}"), "policy given twice"),
 		c("zidane policy deny", "an unknown field", zidaneBlock("policy {\ndeny \"tool.nam == 'x'\" \"no\"\n}"), "undeclared reference to 'tool.nam' (did you mean 'tool.name'?)", "Caddyfile:"),
 		c("zidane policy deny", "no message", zidaneBlock("policy {\ndeny \"true\"\n}"), "takes an expression and a message"),
-		c("zidane policy approve", "not available yet", zidaneBlock("policy {\napprove \"true\" \"ask\" self\n}"), "not available yet"),
+		c("zidane policy approve", "self without a message", zidaneBlock("policy {\napprove \"true\" self\n}"), "needs a message before self"),
+		c("zidane policy approve", "a word after the message that is not self", zidaneBlock("policy {\napprove \"true\" \"ask\" selfish\n}"), "approve takes an expression, a message"),
 		c("zidane policy allow", "not a bool", zidaneBlock("policy {\nallow \"args\"\n}"), "not a bool"),
 		c("zidane roots", labelEmpty, zidaneBlock("roots"), "roots takes one or more absolute paths"),
 		c("zidane roots", "relative", zidaneBlock("roots projects"), "is not an absolute path"),

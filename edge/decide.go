@@ -88,6 +88,9 @@ func Decide(route Route, p policy.Principal, httpMethod string, header http.Head
 			}
 		}
 		v := route.Authorize(p, c)
+		if v.Held != nil {
+			return Decision{Body: b, Verdict: heldVerdict(route, c, b.Batch, v), Call: c}
+		}
 		if !v.Allowed() {
 			return Decision{Body: b, Verdict: v, Call: c}
 		}

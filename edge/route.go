@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/approvals"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -124,6 +125,9 @@ type Verdict struct {
 	// the rule failed closed, when it did: for the audit line, never the
 	// client.
 	Rule, RuleEffect, RuleError string
+	// Held, on a ReasonApproval refusal, is the call an approve rule
+	// holds, for [Approvals.Settle] (its Site is Settle's to fill).
+	Held *approvals.Call
 }
 
 // Allowed reports whether v allows.

@@ -3,6 +3,7 @@ package edge
 import (
 	"net/http"
 
+	"github.com/Tahul/caddy-zidane-mcp/approvals"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/policy/rules"
@@ -37,8 +38,10 @@ const ReasonRule = "denied_by_rule"
 //     route only a call that one upstream serves, the rule's upstream;
 //   - otherwise the scopes decide.
 //
-// An approve rule cannot be configured yet (the configuration refuses it);
-// one that holds here is refused as a deny rule is, failing closed.
+// An approve rule that holds refuses the call with ReasonApproval and the
+// call to hold (Verdict.Held), which [Approvals.Settle] holds for a
+// person's approval or lets through once approved; where nothing settles
+// it, it stays a refusal.
 //
 // The verdict names the deciding rule (Rule, RuleEffect) for the audit
 // line, allowed or not.
@@ -51,12 +54,17 @@ func ruleVerdict(set *rules.Set, route string, p policy.Principal, c message.Cal
 	case rules.Deny, rules.Approve:
 		r := Verdict{Status: http.StatusForbidden, Reason: ReasonRule, Message: rv.Rule.Message,
 			Rule: rv.Rule.Where, RuleEffect: string(rv.Effect)}
-		if rv.Effect == rules.Approve {
-			r.Message += " (this call needs an approval, which this gateway cannot take yet)"
-		}
 		if rv.Err != nil {
 			r.RuleEffect = string(rules.Deny)
 			r.RuleError = rv.Err.Error()
+			return r
+		}
+		if rv.Effect == rules.Approve {
+			r.Reason = ReasonApproval
+			r.Message += " (this call needs a person's approval)"
+			r.Held = &approvals.Call{Rule: rv.Rule.Where, Message: rv.Rule.Message, Self: rv.Rule.Self,
+				Route: route, Upstream: upstream, Method: c.Method, Tool: c.Tool, Prompt: c.Prompt, URI: c.URI,
+				Owner: p.OwnerID(), Credential: p.TokenID, Arguments: c.Arguments}
 		}
 		return r
 	case rules.Allow:

@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/Tahul/caddy-zidane-mcp/approvals"
 	"github.com/Tahul/caddy-zidane-mcp/internal/mcpidle"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
@@ -47,6 +48,10 @@ type Options struct {
 	// Logger receives the endpoint's and go-sdk's diagnostics. Nil discards
 	// them.
 	Logger *slog.Logger
+	// Approvals, when set, are the calls approve rules hold: the
+	// interactions tool lists those the caller may answer and answers
+	// them (package approvals).
+	Approvals *approvals.Store
 	// OnRefusal, when set, hears of every call refused for whose session it
 	// is, for the tools it asked for, or for a directory the engine keeps
 	// from agents (the edge audits the others).
@@ -106,11 +111,12 @@ func accessFrom(ctx context.Context) Access {
 // Endpoint serves the `sessions` and `interactions` tools over MCP's
 // streamable HTTP transport and pushes session events to connected clients.
 type Endpoint struct {
-	engine  sessions.Sessions
-	agents  []string
-	log     *slog.Logger
-	server  *mcp.Server
-	handler http.Handler
+	engine    sessions.Sessions
+	approvals *approvals.Store
+	agents    []string
+	log       *slog.Logger
+	server    *mcp.Server
+	handler   http.Handler
 	// modern and stateless serve MCP 2026-07-28: the same tools and the
 	// sessions' events resources, with no state between requests.
 	modern    *mcp.Server
@@ -162,6 +168,7 @@ func New(opts Options) (*Endpoint, error) {
 		idle:   mcpidle.New(opts.SessionTimeout),
 
 		onRefusal: opts.OnRefusal,
+		approvals: opts.Approvals,
 	}
 
 	e.server = mcp.NewServer(&mcp.Implementation{

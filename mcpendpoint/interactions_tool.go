@@ -22,8 +22,8 @@ var interactionsVerbs = verbsOf("interactions", interactionsArgs)
 
 const interactionsDescription = `Answer the questions, plan approvals and permission prompts that coding-agent sessions wait on (a session in state blocked, or a <session-event status="needs-attention">). Set ` + "`verb`" + `:
 
-- pending {sessionId?}: the prompts waiting for an answer, for one of your sessions or all of them: requestId, sessionId, kind (question, plan or approval), summary and payload (a question's message and requested fields; a plan's text; an approval's tool call and its options).
-- answer {requestId, …}: answer one by its requestId. For an approval or a plan, pass optionId (one of the options in its payload) or decision "allow" or "reject" (the first option of that kind). For a question, pass action "accept" with content (an object with the requested fields), or action "decline" or "cancel". The first answer wins: if someone answered first, you are told so and yours is not applied.`
+- pending {sessionId?}: the prompts waiting for an answer, for one of your sessions or all of them: requestId, sessionId, kind (question, plan, approval, or call: another caller's call that a rule holds for a person's approval, listed when you hold the approve scope for its site), summary and payload (a question's message and requested fields; a plan's text; an approval's tool call and its options; a held call's site, tool and arguments).
+- answer {requestId, …}: answer one by its requestId. For an approval or a plan, pass optionId (one of the options in its payload) or decision "allow" or "reject" (the first option of that kind); a held call (requestId apv_…) takes decision "allow" or "reject". For a question, pass action "accept" with content (an object with the requested fields), or action "decline" or "cancel". The first answer wins: if someone answered first, you are told so and yours is not applied.`
 
 func interactionsTool() *mcp.Tool {
 	return &mcp.Tool{
@@ -60,7 +60,7 @@ func (e *Endpoint) callInteractions(ctx context.Context, req *mcp.CallToolReques
 	}
 	var r reply
 	if a.verb == "pending" {
-		r, err = e.pending(c, a)
+		r, err = e.pending(ctx, c, a)
 	} else {
 		r, err = e.answer(ctx, c, a)
 	}
@@ -72,7 +72,7 @@ type pendingResult struct {
 	Interactions []sessions.Interaction `json:"interactions"`
 }
 
-func (e *Endpoint) pending(c caller, a *args) (reply, error) {
+func (e *Endpoint) pending(ctx context.Context, c caller, a *args) (reply, error) {
 	id, err := a.str("sessionId")
 	if err != nil {
 		return reply{}, err
@@ -84,6 +84,13 @@ func (e *Endpoint) pending(c caller, a *args) (reply, error) {
 	if list == nil {
 		list = []sessions.Interaction{}
 	}
+	if id == "" {
+		held, err := e.heldCalls(ctx, c)
+		if err != nil {
+			return reply{}, fmt.Errorf("the held calls could not be listed (%v); try again", err)
+		}
+		list = append(list, held...)
+	}
 	var b strings.Builder
 	switch {
 	case len(list) == 0 && id != "":
@@ -94,7 +101,11 @@ func (e *Endpoint) pending(c caller, a *args) (reply, error) {
 		fmt.Fprintf(&b, "%d prompts wait for an answer (answer each by requestId):", len(list))
 	}
 	for _, in := range list {
-		fmt.Fprintf(&b, "\n- requestId %s, session %s, %s: %s", in.RequestID, in.SessionID, in.Kind, in.Summary)
+		if in.Kind == KindCall {
+			fmt.Fprintf(&b, "\n- requestId %s, a held call: %s", in.RequestID, in.Summary)
+		} else {
+			fmt.Fprintf(&b, "\n- requestId %s, session %s, %s: %s", in.RequestID, in.SessionID, in.Kind, in.Summary)
+		}
 		if in.Unreachable {
 			b.WriteString(" (unreachable: its replica is down; it cannot be answered now, and it ends if that replica restarts)")
 		}
@@ -130,6 +141,9 @@ func (e *Endpoint) answer(ctx context.Context, c caller, a *args) (reply, error)
 	}
 	if err := checkAnswer(ans); err != nil {
 		return reply{}, err
+	}
+	if isHeldCall(id) {
+		return e.answerHeld(ctx, c, id, ans.Decision)
 	}
 	if err := e.engine.Answer(ctx, c.owner, id, ans); err != nil {
 		return reply{}, explainOn("interactions", err, "answer", id)

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"net/url"
 	"strings"
 	"unicode"
 
@@ -393,4 +394,22 @@ func appendUnique(list []string, s string) []string {
 		return list
 	}
 	return append(list, s)
+}
+
+// ApproveScope lets its holder answer the calls that approve rules hold
+// (package approvals) on every site; ApproveScope+":"+host (the host, and
+// port when it has one, of the site's resource URL, as scopes cannot
+// hold a URL) on that host's sites alone. A site configured with a
+// path-only resource is answered with ApproveScope alone.
+const ApproveScope = "approve"
+
+// MayApprove reports whether p may answer the held calls of site (the
+// approval's resource URL). Whether p may answer a given call (never
+// their own, unless the rule says self) is the approval's own check.
+func MayApprove(p Principal, site string) bool {
+	if p.HasScope(ApproveScope) {
+		return true
+	}
+	u, err := url.Parse(site)
+	return err == nil && u.IsAbs() && u.Host != "" && p.HasScope(ApproveScope+":"+u.Host)
 }

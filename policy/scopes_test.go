@@ -301,3 +301,28 @@ func TestUpstreamAllows(t *testing.T) {
 		}
 	}
 }
+
+// TestMayApprove: the approve scope answers every site's held calls;
+// approve:<host> that host's alone; a path-only site needs the first.
+func TestMayApprove(t *testing.T) {
+	cases := []struct {
+		scopes []string
+		site   string
+		want   bool
+	}{
+		{[]string{"approve"}, "https://mcp.example.com/mcp", true},
+		{[]string{"approve"}, "/mcp", true},
+		{[]string{"approve:mcp.example.com"}, "https://mcp.example.com/mcp", true},
+		{[]string{"approve:mcp.example.com"}, "https://mcp.example.com:8443/mcp", false},
+		{[]string{"approve:127.0.0.1:8443"}, "http://127.0.0.1:8443/mcp", true},
+		{[]string{"approve:mcp.example.com"}, "https://other.example.com/mcp", false},
+		{[]string{"approve:mcp.example.com"}, "/mcp", false},
+		{[]string{"approve:"}, "/mcp", false},
+		{[]string{"mcp", "chat"}, "https://mcp.example.com/mcp", false},
+	}
+	for _, c := range cases {
+		if got := MayApprove(Principal{TokenID: "t", Scopes: c.scopes}, c.site); got != c.want {
+			t.Errorf("%v on %s: %v, want %v", c.scopes, c.site, got, c.want)
+		}
+	}
+}
