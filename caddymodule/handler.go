@@ -477,6 +477,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		limited = true
 		d.Verdict = h.approvals.Settle(r.Context(), d)
+		if d.Allowed() && d.StripState {
+			// The retry of an input_required answer: its requestState
+			// and inputResponses are the gateway's, never the backend's.
+			nb, err := edge.WithoutRequestState(r, d.Body)
+			if err != nil {
+				rf.call = d.Call
+				return h.refuse(w, r, rf, edge.Verdict{Status: http.StatusBadRequest, Reason: edge.ReasonMalformed, Code: message.CodeInvalidRequest,
+					Message: "the retry could not be read again (" + err.Error() + "); send the call again without requestState and inputResponses"})
+			}
+			d.Body = nb
+		}
 		if d.Allowed() {
 			d.Ruled = append(d.Ruled, edge.RuleDecision{Call: d.Call, Rule: d.Rule, Effect: d.RuleEffect})
 		}
