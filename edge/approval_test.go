@@ -275,3 +275,39 @@ func TestWithoutRequestState(t *testing.T) {
 		t.Fatalf("the call changed: %s", sent)
 	}
 }
+
+// TestApprovalInputRequiredPrompt: a held prompts/get at 2026-07-28 is
+// answered input_required as a tools/call is, and its approved retry runs
+// once.
+func TestApprovalInputRequiredPrompt(t *testing.T) {
+	set, err := rules.Compile([]rules.Spec{{Effect: rules.Approve, Expr: "prompt.name == 'release' && args.target == 'prod'", Message: "prod releases need a second person", Where: "site policy, rule 1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scopes, err := policy.NewScopeMap([]policy.Rule{{Scope: "ops", Methods: []string{"prompts/get"}}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ap := approvalRoute(t)
+	g := &Guard{Scopes: scopes, Rules: set}
+	ctx := context.Background()
+	h := http.Header{"Mcp-Protocol-Version": {"2026-07-28"}, "Mcp-Method": {"prompts/get"}, "Mcp-Name": {"release"}}
+	body := func(extra string) []byte {
+		return []byte(strings.Replace(modernCall("release", `{"target":"prod"}`, extra), "tools/call", "prompts/get", 1))
+	}
+	v := ap.Settle(ctx, Decide(g, caller(), http.MethodPost, h, body("")))
+	if v.Result == nil || v.Result["resultType"] != "input_required" {
+		t.Fatalf("a held prompt: %+v", v)
+	}
+	retry := retryOf(t, v)
+	id := strings.TrimPrefix(v.Result["requestState"].(string), approvalStatePrefix)
+	if _, err := ap.Store.Answer(ctx, id, approvals.Answerer{Owner: "bob", Credential: "tok_bob"}, true, func(approvals.Approval) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	if v := ap.Settle(ctx, Decide(g, caller(), http.MethodPost, h, body(retry))); !v.Allowed() || !v.StripState {
+		t.Fatalf("the approved prompt: %+v", v)
+	}
+	if v := ap.Settle(ctx, Decide(g, caller(), http.MethodPost, h, body(retry))); v.Allowed() || !strings.Contains(v.Message, "used already") {
+		t.Fatalf("the prompt's retry replayed: %+v", v)
+	}
+}
