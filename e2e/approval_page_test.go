@@ -1,0 +1,124 @@
+package e2e
+
+import (
+	"fmt"
+	"html"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	signinidp "github.com/Tahul/caddy-zidane-mcp/authserver/idp"
+)
+
+var approvalFormToken = regexp.MustCompile(`name="token" value="([0-9a-f]+)"`)
+
+// TestApprovalPage: the status page of a held call on the sign-in site,
+// through the binary: anyone with its address sees the tool and the
+// rule's message, not the arguments; bob, signed in with the approve
+// scope, sees the arguments and approves with the page's button, after
+// which the caller's same call runs once. A cross-origin post, the caller
+// posting (signed in with the approve scope, with bob's form), and a post
+// signed out are each refused, and the call stays held.
+func TestApprovalPage(t *testing.T) {
+	upstream := startStatelessEverythingServer(t)
+	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin {{ADMIN}}
+	zidane {
+		signin {
+			issuer %[1]s
+		}
+	}
+}
+
+%[1]s {
+	zidane_mcp {
+		guard
+		resource %[1]s/mcp
+		policy {
+			approve "tool.name == 'json_schema_2020_12_tool' && args.name == 'production'" "production needs a second person"
+		}
+	}
+	reverse_proxy %[2]s
+}
+`, base, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp")))
+	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
+	p, err := plainPeer(t, base+"/mcp", bearerClient(alice, nil), legacyVersion)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	args := map[string]any{"name": "production", "email": "secret-ops@example.com"}
+	res, err := callRouteTool(p.cs, "json_schema_2020_12_tool", args)
+	id := approvalID.FindString(outcome(res, err))
+	if id == "" {
+		t.Fatalf("the held call: %s", outcome(res, err))
+	}
+	page := "/zidane/approvals/" + id
+
+	anon := newFormBrowser(t, base)
+	resp, body := anon.get(base + page)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "json_schema_2020_12_tool") || !strings.Contains(body, "production needs a second person") ||
+		strings.Contains(body, "secret-ops") || strings.Contains(body, `id="approve"`) {
+		t.Fatalf("the page to anyone: %d %s", resp.StatusCode, body)
+	}
+	if resp.Header.Get("X-Frame-Options") != "DENY" || resp.Header.Get("Cache-Control") != "no-store" {
+		t.Errorf("the page's headers: %v", resp.Header)
+	}
+	signedIn := func(owner string) *formBrowser {
+		b := newFormBrowser(t, base)
+		if resp, body := b.post(signinidp.LinkPath, url.Values{"secret": {signInLink(t, c, owner, "mcp", "approve")}}); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s's sign-in: %d %s", owner, resp.StatusCode, body)
+		}
+		return b
+	}
+	bob := signedIn("bob")
+	resp, body = bob.get(base + page)
+	m := approvalFormToken.FindStringSubmatch(body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "secret-ops") || m == nil {
+		t.Fatalf("the page to bob: %d %s", resp.StatusCode, body)
+	}
+	bobToken := html.UnescapeString(m[1])
+	owner := signedIn("alice")
+	if _, body := owner.get(base + page); !strings.Contains(body, "your call") || strings.Contains(body, `id="approve"`) {
+		t.Fatalf("the page to alice, the caller: %s", body)
+	}
+
+	evil := newFormBrowser(t, base)
+	evil.hc.Jar = bob.hc.Jar
+	evil.origin = "http://evil.example"
+	for _, a := range []struct {
+		name   string
+		b      *formBrowser
+		token  string
+		status int
+		word   string
+	}{
+		{"a cross-origin post with bob's cookie", evil, bobToken, http.StatusForbidden, "own page"},
+		{"alice posting bob's form", owner, bobToken, http.StatusForbidden, "not shown to the person"},
+		{"a post signed out", anon, bobToken, http.StatusForbidden, "not signed in"},
+	} {
+		resp, body := a.b.post(page, url.Values{"decision": {"approve"}, "token": {a.token}})
+		if resp.StatusCode != a.status || !strings.Contains(body, a.word) {
+			t.Errorf("%s: %d %s, want %d saying %q", a.name, resp.StatusCode, body, a.status, a.word)
+		}
+	}
+	if out, _, err := c.Run(t, "zidane", "approvals", "list"); err != nil || !strings.Contains(out, id) {
+		t.Fatalf("after the refused posts the call is no longer pending: %v %s", err, out)
+	}
+	bob.hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	if resp, body := bob.post(page, url.Values{"decision": {"approve"}, "token": {bobToken}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("bob's approval: %d %s", resp.StatusCode, body)
+	}
+	res, err = callRouteTool(p.cs, "json_schema_2020_12_tool", args)
+	if err != nil || res.IsError || !strings.Contains(outcome(res, err), "secret-ops") {
+		t.Fatalf("the approved call: %s", outcome(res, err))
+	}
+	for _, l := range auditLines(c) {
+		if l["event"] == "approval_approved" && l["by"] == "bob" && l["caller"] == "alice" {
+			return
+		}
+	}
+	t.Error("no audit line of bob's approval through the page")
+}
