@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/Tahul/caddy-zidane-mcp/approvals/approvalpage"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
@@ -213,6 +214,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.offered = h.scopes.Names()
 	if h.app.approvals != nil {
 		h.approvals = &edge.Approvals{Store: h.app.approvals, Site: h.resURL.String()}
+		if iss := h.app.signinIssuer(); iss != "" {
+			h.approvals.StatusPage = func(id string) string { return approvalpage.URL(iss, id) }
+		}
 	}
 	if err := h.app.signinResource(h.resURL.String(), h.resURL.IsAbs(), h.offered); err != nil {
 		return err
@@ -476,6 +480,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.refuse(w, r, rf, v)
 		}
 		limited = true
+		if h.route.urlElicitation != nil && route == h.route.route {
+			d.URLElicitation = h.route.urlElicitation(r, p)
+		}
 		d.Verdict = h.approvals.Settle(r.Context(), d)
 		if d.Allowed() && d.StripState {
 			// The retry of an input_required answer: its requestState

@@ -1,6 +1,9 @@
 package e2e
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"html"
 	"net/http"
@@ -8,6 +11,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	signinidp "github.com/Tahul/caddy-zidane-mcp/authserver/idp"
 )
@@ -121,4 +128,98 @@ func TestApprovalPage(t *testing.T) {
 		}
 	}
 	t.Error("no audit line of bob's approval through the page")
+}
+
+// TestApprovalURLElicitation: at 2025-11-25 on the broker route, where the
+// gateway signs people in, a go-sdk client whose initialize declared URL
+// elicitation gets a held call answered with the -32042 error whose one
+// URL elicitation is the approval's status page; once approved there, the
+// same call runs. A client without the capability reads the page's address
+// in the tool error.
+func TestApprovalURLElicitation(t *testing.T) {
+	// A stateful upstream: the session the gateway seals remembers what
+	// its initialize declared.
+	upstream := startEverythingServer(t)
+	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin {{ADMIN}}
+	zidane {
+		upstream ev %[2]s
+		signin {
+			issuer %[1]s
+		}
+	}
+}
+
+%[1]s {
+	zidane_mcp {
+		broker ev
+		resource %[1]s/mcp
+		policy {
+			approve "tool.name == 'json_schema_2020_12_tool' && args.name == 'production'" "production needs a second person"
+		}
+	}
+}
+`, base, upstream))
+	alice := createToken(t, c, "alice", "--scope", "upstream:ev", "--owner", "alice")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-url", Version: "1"}, &mcp.ClientOptions{
+		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+	}).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: bearerClient(alice, nil), MaxRetries: -1},
+		&mcp.ClientSessionOptions{ProtocolVersion: legacyVersion})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer cs.Close()
+	args := map[string]any{"name": "production", "email": "url-ops@example.com"}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "json_schema_2020_12_tool", Arguments: args})
+	var rpcErr *jsonrpc.Error
+	if !errors.As(err, &rpcErr) || rpcErr.Code != mcp.CodeURLElicitationRequired {
+		t.Fatalf("the held call of a client with URL elicitation: %s, want -32042", outcome(res, err))
+	}
+	var data struct {
+		Elicitations []mcp.ElicitParams `json:"elicitations"`
+	}
+	if err := json.Unmarshal(rpcErr.Data, &data); err != nil || len(data.Elicitations) != 1 {
+		t.Fatalf("the error's data: %v %s", err, rpcErr.Data)
+	}
+	el := data.Elicitations[0]
+	id := approvalID.FindString(el.ElicitationID)
+	if el.Mode != "url" || id == "" || el.URL != base+"/zidane/approvals/"+id || !strings.Contains(el.Message, "production needs a second person") {
+		t.Fatalf("the elicitation: %+v", el)
+	}
+
+	// The person opens the page; bob, who may approve, approves there.
+	if resp, body := newFormBrowser(t, base).get(el.URL); resp.StatusCode != http.StatusOK || !strings.Contains(body, "production needs a second person") {
+		t.Fatalf("the page: %d %s", resp.StatusCode, body)
+	}
+	bob := newFormBrowser(t, base)
+	if resp, body := bob.post(signinidp.LinkPath, url.Values{"secret": {signInLink(t, c, "bob", "approve")}}); resp.StatusCode != http.StatusOK {
+		t.Fatalf("bob's sign-in: %d %s", resp.StatusCode, body)
+	}
+	_, body := bob.get(el.URL)
+	m := approvalFormToken.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("no buttons for bob: %s", body)
+	}
+	bob.hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	if resp, body := bob.post("/zidane/approvals/"+id, url.Values{"decision": {"approve"}, "token": {html.UnescapeString(m[1])}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("bob's approval: %d %s", resp.StatusCode, body)
+	}
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "json_schema_2020_12_tool", Arguments: args})
+	if err != nil || res.IsError || !strings.Contains(outcome(res, err), "url-ops@example.com") {
+		t.Fatalf("the approved call: %s", outcome(res, err))
+	}
+
+	plain, err := plainPeer(t, base+"/mcp", bearerClient(alice, nil), legacyVersion)
+	if err != nil {
+		t.Fatalf("connect without URL elicitation: %v", err)
+	}
+	res, err = callRouteTool(plain.cs, "json_schema_2020_12_tool", map[string]any{"name": "production", "email": "plain@example.com"})
+	text := outcome(res, err)
+	other := approvalID.FindString(text)
+	if err != nil || !res.IsError || other == "" || !strings.Contains(text, base+"/zidane/approvals/"+other) {
+		t.Fatalf("a client without URL elicitation: %s, want the page's address in the tool error", text)
+	}
 }

@@ -45,6 +45,10 @@ type Approvals struct {
 	// Site is the site's resource URL: approvals name it, and approvers'
 	// rights are by site.
 	Site string
+	// StatusPage, when the gateway signs people in, is the address of an
+	// approval's status page (package approvalpage), where a person who
+	// may approve answers it: held calls send their callers there.
+	StatusPage func(id string) string
 }
 
 // Settle decides a call that an approve rule holds (d's verdict is
@@ -102,12 +106,48 @@ func (a *Approvals) Settle(ctx context.Context, d Decision) Verdict {
 	case approvals.Denied:
 		return refusedHeld(tool, v, ReasonApprovalRefused, fmt.Sprintf("%s: approval %s: %v (by %s); do not retry it", c.Message, ap.ID, approvals.ErrDenied, ap.AnsweredBy))
 	}
-	if r := inputRequired(d.Call, ap); r != nil {
+	if r := a.inputRequired(d.Call, ap); r != nil {
 		return Verdict{Status: http.StatusOK, Reason: ReasonApproval, Rule: v.Rule, RuleEffect: v.RuleEffect,
 			Message: fmt.Sprintf("%s: held for approval %s", c.Message, ap.ID), Result: r}
 	}
-	return refusedHeld(tool, v, ReasonApproval, fmt.Sprintf("%s: this call awaits a person's approval as %s, until %s. Ask someone who may approve calls here to approve %s; then make exactly this call again, with the same arguments, and it runs once.",
-		c.Message, ap.ID, ap.Expires.UTC().Format("15:04 UTC"), ap.ID))
+	page := a.page(ap.ID)
+	if page != "" && d.URLElicitation && !speaksModern(d.Call) {
+		// MCP 2025-11-25's URL elicitation: the client opens the page
+		// for its person, and makes the call again once approved.
+		return Verdict{Status: http.StatusOK, Reason: ReasonApproval, Code: message.CodeURLElicitationRequired, Rule: v.Rule, RuleEffect: v.RuleEffect,
+			Message: fmt.Sprintf("URL elicitation required: %s: this call awaits a person's approval as %s; make it again once approved", c.Message, ap.ID),
+			Data:    map[string]any{"elicitations": []map[string]any{urlElicitation(ap, page)}}}
+	}
+	msg := fmt.Sprintf("%s: this call awaits a person's approval as %s, until %s. Ask someone who may approve calls here to approve %s", c.Message, ap.ID, ap.Expires.UTC().Format("15:04 UTC"), ap.ID)
+	if page != "" {
+		msg += " (at " + page + ")"
+	}
+	return refusedHeld(tool, v, ReasonApproval, msg+"; then make exactly this call again, with the same arguments, and it runs once.")
+}
+
+// page is the address of approval id's status page, or "" with none.
+func (a *Approvals) page(id string) string {
+	if a.StatusPage == nil {
+		return ""
+	}
+	return a.StatusPage(id)
+}
+
+// speaksModern reports whether c speaks MCP 2026-07-28 or later.
+func speaksModern(c message.Call) bool {
+	return c.HasMetaVersion && c.MetaVersion >= message.ModernVersion
+}
+
+// waitMessage is what the person is asked while approval ap is pending.
+func waitMessage(ap approvals.Approval, then string) string {
+	return fmt.Sprintf("%s: this call awaits a person's approval as %s, until %s. Ask someone who may approve calls here to approve %s, then %s.",
+		ap.Message, ap.ID, ap.Expires.UTC().Format("15:04 UTC"), ap.ID, then)
+}
+
+// urlElicitation is MCP's URL elicitation (ElicitRequestURLParams) of
+// approval ap's status page, keyed by the approval's id.
+func urlElicitation(ap approvals.Approval, page string) map[string]any {
+	return map[string]any{"mode": "url", "message": waitMessage(ap, "accept to run it once"), "url": page, "elicitationId": ap.ID}
 }
 
 // settleRetry decides the 2026-07-28 retry of a held call, whose
@@ -146,7 +186,7 @@ func (a *Approvals) settleRetry(ctx context.Context, d Decision, c approvals.Cal
 	case err == nil:
 		return Verdict{Rule: v.Rule, RuleEffect: string(approvals.Approved), StripState: true}
 	case errors.Is(err, approvals.ErrPending):
-		if r := inputRequired(d.Call, ap); r != nil {
+		if r := a.inputRequired(d.Call, ap); r != nil {
 			return Verdict{Status: http.StatusOK, Reason: ReasonApproval, Rule: v.Rule, RuleEffect: v.RuleEffect,
 				Message: fmt.Sprintf("%s: still awaiting approval %s", c.Message, id), Result: r}
 		}
@@ -179,35 +219,41 @@ func IsApprovalState(requestState string) bool {
 
 // inputRequired is the input_required result (MCP 2026-07-28, SEP-2322)
 // that tells the caller of held call c to wait for approval ap: one input
-// request, keyed by the approval's id, a form elicitation (with nothing to
-// fill in) whose message says what the call awaits; and the requestState
-// that names the approval, which the retry carries. Nil when c speaks an
+// request, keyed by the approval's id, and the requestState that names the
+// approval, which the retry carries. The input request is the URL
+// elicitation of the approval's status page when there is one and the
+// client declares URL elicitation, else a form elicitation with nothing to
+// fill in whose message says what the call awaits. Nil when c speaks an
 // earlier version or its client declares no elicitation: such a caller is
 // told with a tool error.
-func inputRequired(c message.Call, ap approvals.Approval) map[string]any {
-	if !c.HasMetaVersion || c.MetaVersion < message.ModernVersion || !elicits(c.Meta) {
+func (a *Approvals) inputRequired(c message.Call, ap approvals.Approval) map[string]any {
+	if !speaksModern(c) || !elicits(c.Meta, false) {
 		return nil
 	}
-	msg := fmt.Sprintf("%s: this call awaits a person's approval as %s, until %s. Ask someone who may approve calls here to approve %s, then accept to run it once.",
-		ap.Message, ap.ID, ap.Expires.UTC().Format("15:04 UTC"), ap.ID)
+	params := map[string]any{"mode": "form", "message": waitMessage(ap, "accept to run it once"),
+		"requestedSchema": map[string]any{"type": "object", "properties": map[string]any{}}}
+	if page := a.page(ap.ID); page != "" && elicits(c.Meta, true) {
+		params = urlElicitation(ap, page)
+	}
 	return map[string]any{
-		"resultType": "input_required",
-		"inputRequests": map[string]any{ap.ID: map[string]any{
-			"method": "elicitation/create",
-			"params": map[string]any{"mode": "form", "message": msg,
-				"requestedSchema": map[string]any{"type": "object", "properties": map[string]any{}}},
-		}},
-		"requestState": approvalStatePrefix + ap.ID,
+		"resultType":    "input_required",
+		"inputRequests": map[string]any{ap.ID: map[string]any{"method": "elicitation/create", "params": params}},
+		"requestState":  approvalStatePrefix + ap.ID,
 	}
 }
 
 // elicits reports whether a 2026-07-28 request's _meta declares the
-// elicitation capability (an object, which with no mode named means form).
-func elicits(meta []byte) bool {
+// elicitation capability (an object, which with no mode named means
+// form), or, with url, its URL mode (elicitation.url an object).
+func elicits(meta []byte, url bool) bool {
 	if len(meta) == 0 {
 		return false
 	}
-	v, ok := message.Lookup(meta, []string{message.ClientCapabilitiesKey, "elicitation"})
+	path := []string{message.ClientCapabilitiesKey, "elicitation"}
+	if url {
+		path = append(path, "url")
+	}
+	v, ok := message.Lookup(meta, path)
 	return ok && len(v) > 0 && v[0] == '{'
 }
 

@@ -311,3 +311,45 @@ func TestApprovalInputRequiredPrompt(t *testing.T) {
 		t.Fatalf("the prompt's retry replayed: %+v", v)
 	}
 }
+
+// TestApprovalStatusPage: with a status page (the gateway signs people
+// in), a client that declares URL elicitation is sent there: at
+// 2025-11-25 with the -32042 error whose elicitation is the page, at
+// 2026-07-28 with an input_required whose input request is; a client
+// without it reads the page's address in the tool error.
+func TestApprovalStatusPage(t *testing.T) {
+	g, ap := approvalRoute(t)
+	ap.StatusPage = func(id string) string { return "https://signin.example.com/zidane/approvals/" + id }
+	ctx := context.Background()
+
+	d := Decide(g, caller(), http.MethodPost, http.Header{}, []byte(prodDeploy))
+	d.URLElicitation = true
+	v := ap.Settle(ctx, d)
+	els, _ := v.Data["elicitations"].([]map[string]any)
+	if v.Allowed() || v.Code != message.CodeURLElicitationRequired || v.ToolError || len(els) != 1 || els[0]["mode"] != "url" ||
+		!strings.HasPrefix(els[0]["url"].(string), "https://signin.example.com/zidane/approvals/apv_") || els[0]["elicitationId"] == "" {
+		t.Fatalf("2025-11-25 with URL elicitation: %+v", v)
+	}
+	id := els[0]["elicitationId"].(string)
+	if !strings.HasSuffix(els[0]["url"].(string), id) || !strings.Contains(v.Message, "approval") {
+		t.Fatalf("the elicitation names another approval than the page: %+v", v)
+	}
+
+	d = Decide(g, caller(), http.MethodPost, http.Header{}, []byte(prodDeploy))
+	if v := ap.Settle(ctx, d); !v.ToolError || !strings.Contains(v.Message, "https://signin.example.com/zidane/approvals/"+id) {
+		t.Fatalf("2025-11-25 without URL elicitation: %+v, want the page in the tool error", v)
+	}
+
+	urlCaps := strings.Replace(modernCall("deploy", `{"environment":"production"}`, ""), `"elicitation":{}`, `"elicitation":{"url":{}}`, 1)
+	v = ap.Settle(ctx, Decide(g, caller(), http.MethodPost, modernHeader(), []byte(urlCaps)))
+	reqs, _ := v.Result["inputRequests"].(map[string]any)
+	if len(reqs) != 1 {
+		t.Fatalf("2026-07-28 with URL elicitation: %+v", v)
+	}
+	for key, r := range reqs {
+		params := r.(map[string]any)["params"].(map[string]any)
+		if params["mode"] != "url" || params["url"] != "https://signin.example.com/zidane/approvals/"+key || params["elicitationId"] != key {
+			t.Fatalf("2026-07-28 with URL elicitation: %+v", params)
+		}
+	}
+}
