@@ -484,20 +484,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			d.URLElicitation = h.route.urlElicitation(r, p)
 		}
 		d.Verdict = h.approvals.Settle(r.Context(), d)
-		if d.Allowed() && d.StripState {
-			// The retry of an input_required answer: its requestState
-			// and inputResponses are the gateway's, never the backend's.
-			nb, err := edge.WithoutRequestState(r, d.Body)
-			if err != nil {
-				rf.call = d.Call
-				return h.refuse(w, r, rf, edge.Verdict{Status: http.StatusBadRequest, Reason: edge.ReasonMalformed, Code: message.CodeInvalidRequest,
-					Message: "the retry could not be read again (" + err.Error() + "); send the call again without requestState and inputResponses"})
-			}
-			d.Body = nb
-		}
 		if d.Allowed() {
 			d.Ruled = append(d.Ruled, edge.RuleDecision{Call: d.Call, Rule: d.Rule, Effect: d.RuleEffect})
 		}
+	}
+	if d.Allowed() && d.Body != nil && !d.Body.Batch && len(d.Body.Calls) == 1 && edge.IsApprovalState(d.Body.Calls[0].RequestState) {
+		// The retry of an approval's input_required answer (d.StripState),
+		// or a call no rule holds now that carries an approval's state
+		// (the rules changed between the rounds, or a client copied it):
+		// its requestState and inputResponses are the gateway's, never
+		// the backend's.
+		nb, err := edge.WithoutRequestState(r, d.Body)
+		if err != nil {
+			rf.call = d.Body.Calls[0]
+			return h.refuse(w, r, rf, edge.Verdict{Status: http.StatusBadRequest, Reason: edge.ReasonMalformed, Code: message.CodeInvalidRequest,
+				Message: "the retry could not be read again (" + err.Error() + "); send the call again without requestState and inputResponses"})
+		}
+		d.Body = nb
 	}
 	if !d.Allowed() {
 		rf.call = d.Call

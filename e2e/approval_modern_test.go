@@ -135,6 +135,15 @@ http://127.0.0.1:%d {
 				}
 			}
 
+			// A call no rule holds, carrying an approval's requestState
+			// (the rule changed between the rounds, or a client that
+			// copies it): the state is the gateway's, and the backend
+			// gets the call without it.
+			st, body, raw := rawModern(t, endpoint, alice, "tools/call", "json_schema_2020_12_tool", params(id, `{"email":"`+email+`","name":"staging"}`))
+			if st != http.StatusOK || strings.Contains(string(body), `"error"`) || strings.Contains(string(body), `"isError":true`) || !strings.Contains(string(body), "staging") {
+				t.Errorf("a call no rule holds with an approval's requestState: %d %s", st, raw)
+			}
+
 			close(proceed)
 			var a answer
 			select {
@@ -145,7 +154,7 @@ http://127.0.0.1:%d {
 			if text := outcome(a.res, a.err); a.err != nil || a.res.IsError || !strings.Contains(text, email) || strings.Contains(text, "evil-") {
 				t.Fatalf("the approved call: %s", text)
 			}
-			st, body, raw := rawModern(t, endpoint, alice, "tools/call", "json_schema_2020_12_tool", params(id, approved))
+			st, body, raw = rawModern(t, endpoint, alice, "tools/call", "json_schema_2020_12_tool", params(id, approved))
 			if st != http.StatusForbidden || !strings.Contains(string(body), "used already") {
 				t.Fatalf("the retry replayed after it ran: %d %s", st, raw)
 			}
