@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -165,5 +169,123 @@ http://127.0.0.1:%d {
 			}
 			t.Errorf("no audit line of the approval of %s", id)
 		})
+	}
+}
+
+// TestApprovalReachesTheBackendOnce: behind guard, a go-sdk MCP server
+// that records what reaches it: a held call that go-sdk's 2026-07-28
+// client follows through input_required runs there once, after the
+// approval, with the approved arguments and without the gateway's
+// requestState and inputResponses; the same call made again waits anew
+// and, declined, never reaches it.
+func TestApprovalReachesTheBackendOnce(t *testing.T) {
+	s := mcp.NewServer(&mcp.Implementation{Name: "deployer", Version: "1"}, nil)
+	type args struct {
+		Environment string `json:"environment"`
+		Version     string `json:"version"`
+	}
+	var mu sync.Mutex
+	var ran []string
+	var seen [][]byte
+	mcp.AddTool(s, &mcp.Tool{Name: "deploy", Description: "deploys"}, func(_ context.Context, _ *mcp.CallToolRequest, a args) (*mcp.CallToolResult, any, error) {
+		mu.Lock()
+		ran = append(ran, a.Environment+" "+a.Version)
+		mu.Unlock()
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "deployed " + a.Version}}}, nil, nil
+	})
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{JSONResponse: true, Stateless: true})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if bytes.Contains(body, []byte(`"tools/call"`)) {
+			mu.Lock()
+			seen = append(seen, body)
+			mu.Unlock()
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(up.Close)
+	port := freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource http://127.0.0.1:%d/mcp
+		policy {
+			approve "tool.name == 'deploy' && args.environment == 'production'" "production deploys need a second person"
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, port, port, strings.TrimPrefix(up.URL, "http://")))
+	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
+	asked, answer := make(chan string, 4), make(chan string)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-approval", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(ctx context.Context, r *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			asked <- r.Params.Message
+			select {
+			case action := <-answer:
+				return &mcp.ElicitResult{Action: action}, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		},
+	}).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/mcp", port), HTTPClient: bearerClient(alice, nil), MaxRetries: -1},
+		&mcp.ClientSessionOptions{ProtocolVersion: modernVersion})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	call := func() <-chan string {
+		done := make(chan string, 1)
+		go func() {
+			res, err := callRouteTool(cs, "deploy", map[string]any{"environment": "production", "version": "1.2.3"})
+			done <- outcome(res, err)
+		}()
+		return done
+	}
+	waitAsked := func(done <-chan string) string {
+		t.Helper()
+		select {
+		case msg := <-asked:
+			return approvalID.FindString(msg)
+		case out := <-done:
+			t.Fatalf("the held call ended without asking: %s", out)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the held call asked nothing within 30s")
+		}
+		return ""
+	}
+	done := call()
+	id := waitAsked(done)
+	if out, errOut, err := c.Run(t, "zidane", "approvals", "approve", id); err != nil {
+		t.Fatalf("approve %q: %v %s %s", id, err, out, errOut)
+	}
+	answer <- "accept"
+	if out := <-done; !strings.Contains(out, "deployed 1.2.3") || strings.Contains(out, "isError=true") {
+		t.Fatalf("the approved call: %s", out)
+	}
+	mu.Lock()
+	if len(ran) != 1 || ran[0] != "production 1.2.3" || len(seen) != 1 || bytes.Contains(seen[0], []byte("requestState")) ||
+		bytes.Contains(seen[0], []byte("inputResponses")) || bytes.Contains(seen[0], []byte("zidane-approval")) {
+		t.Fatalf("the backend ran %q and got %q, want the approved call once without the gateway's state", ran, seen)
+	}
+	mu.Unlock()
+
+	done = call()
+	if again := waitAsked(done); again == "" || again == id {
+		t.Fatalf("the same call made again waits on %q, want a new approval (not %s)", again, id)
+	}
+	answer <- "decline"
+	if out := <-done; !strings.Contains(out, "not made") {
+		t.Fatalf("the declined wait: %s", out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ran) != 1 || len(seen) != 1 {
+		t.Fatalf("after the replay the backend ran %q and got %d calls", ran, len(seen))
 	}
 }
