@@ -32,9 +32,9 @@ func plainPeer(t *testing.T, endpoint string, hc *http.Client, version string) (
 }
 
 // TestApprovalInputRequired drives go-sdk's 2026-07-28 client through the
-// built binary, on guard and on the broker's pass-through route: a held
-// call is answered input_required, which the client follows (its
-// elicitation handler shows the message naming the approval and waits);
+// built binary, on guard, the broker's pass-through and the aggregated
+// route: a held call is answered input_required, which the client follows
+// (its elicitation handler shows the message naming the approval and waits);
 // the operator approves through the CLI; the client's retry, carrying the
 // requestState, runs the call once with the approved arguments. Meanwhile
 // the attacks on the retry, sent raw, are each refused with a word of why:
@@ -42,7 +42,7 @@ func plainPeer(t *testing.T, endpoint string, hc *http.Client, version string) (
 // changed argument; and the retry replayed after it ran.
 func TestApprovalInputRequired(t *testing.T) {
 	upstream := startStatelessEverythingServer(t)
-	guard, broker := freePort(t), freePort(t)
+	guard, broker, agg := freePort(t), freePort(t), freePort(t)
 	rule := `policy {
 			approve "tool.name == 'json_schema_2020_12_tool' && args.name == 'production'" "production needs a second person"
 		}`
@@ -68,11 +68,19 @@ http://127.0.0.1:%d {
 		%s
 	}
 }
-`, AdminPlaceholder, upstream, guard, guard, rule, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp"), broker, rule))
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		aggregate ev
+		prefix conditional
+		%s
+	}
+}
+`, AdminPlaceholder, upstream, guard, guard, rule, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp"), broker, rule, agg, rule))
 	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
 	mallory := createToken(t, c, "mallory", "--scope", "mcp", "--owner", "mallory")
 
-	for route, port := range map[string]int{"guard": guard, "broker": broker} {
+	for route, port := range map[string]int{"guard": guard, "broker": broker, "aggregate": agg} {
 		t.Run(route, func(t *testing.T) {
 			endpoint := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
 			asked, proceed := make(chan string, 4), make(chan struct{})
