@@ -58,13 +58,20 @@ type Approvals struct {
 //
 //   - approved: it is consumed, once across replicas, and the call is
 //     allowed (the verdict names the rule, for the audit line);
-//   - pending: the call is answered with a tool error (a JSON-RPC error
-//     for another method) that names the approval and says to make the
-//     same call again once approved;
+//   - pending: the caller is told how to wait: at 2026-07-28, a client
+//     that declares elicitation gets an input_required result (Verdict.
+//     Result) whose requestState names the approval; at 2025-11-25, a
+//     session that declared URL elicitation (d.URLElicitation) gets the
+//     -32042 error whose URL elicitation is the approval's StatusPage;
+//     any other caller a tool error (a JSON-RPC error for another method)
+//     that names the approval (and its page) and says to make the same
+//     call again once approved;
 //   - denied: a refusal that says so, ReasonApprovalRefused;
 //   - too many of the caller's calls waiting: 429.
 //
-// A nil a holds nothing: the call stays refused, and says why.
+// A call whose requestState names an approval is the retry of an
+// input_required answer: see settleRetry. A nil a holds nothing: the call
+// stays refused, and says why.
 func (a *Approvals) Settle(ctx context.Context, d Decision) Verdict {
 	v := d.Verdict
 	if v.Reason != ReasonApproval || v.Held == nil {
