@@ -27,7 +27,10 @@ var approvalFormToken = regexp.MustCompile(`name="token" value="([0-9a-f]+)"`)
 // scope, sees the arguments and approves with the page's button, after
 // which the caller's same call runs once. A cross-origin post, the caller
 // posting (signed in with the approve scope, with bob's form), and a post
-// signed out are each refused, and the call stays held.
+// signed out are each refused, and the call stays held. At 2026-07-28
+// go-sdk's client that declares URL elicitation is sent to the page by the
+// input_required answer's one input request, and its retry runs once
+// approved there.
 func TestApprovalPage(t *testing.T) {
 	upstream := startStatelessEverythingServer(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
@@ -121,6 +124,56 @@ func TestApprovalPage(t *testing.T) {
 	res, err = callRouteTool(p.cs, "json_schema_2020_12_tool", args)
 	if err != nil || res.IsError || !strings.Contains(outcome(res, err), "secret-ops") {
 		t.Fatalf("the approved call: %s", outcome(res, err))
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// At 2026-07-28 the input request is the page's URL elicitation.
+	asked, accept := make(chan *mcp.ElicitParams, 2), make(chan struct{})
+	modern, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-url-modern", Version: "1"}, &mcp.ClientOptions{
+		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+		ElicitationHandler: func(ctx context.Context, r *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			asked <- r.Params
+			select {
+			case <-accept:
+				return &mcp.ElicitResult{Action: "accept"}, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		},
+	}).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: bearerClient(alice, nil), MaxRetries: -1},
+		&mcp.ClientSessionOptions{ProtocolVersion: modernVersion})
+	if err != nil {
+		t.Fatalf("connect at 2026-07-28: %v", err)
+	}
+	defer modern.Close()
+	modernArgs := map[string]any{"name": "production", "email": "modern-ops@example.com"}
+	done := make(chan string, 1)
+	go func() {
+		res, err := modern.CallTool(ctx, &mcp.CallToolParams{Name: "json_schema_2020_12_tool", Arguments: modernArgs})
+		done <- outcome(res, err)
+	}()
+	var ep *mcp.ElicitParams
+	select {
+	case ep = <-asked:
+	case out := <-done:
+		t.Fatalf("the held call at 2026-07-28 ended without asking: %s", out)
+	}
+	mid := approvalID.FindString(ep.ElicitationID)
+	if ep.Mode != "url" || mid == "" || ep.URL != base+"/zidane/approvals/"+mid {
+		t.Fatalf("the 2026-07-28 input request: %+v", ep)
+	}
+	_, body = bob.get(ep.URL)
+	m = approvalFormToken.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("no buttons for bob: %s", body)
+	}
+	if resp, body := bob.post("/zidane/approvals/"+mid, url.Values{"decision": {"approve"}, "token": {html.UnescapeString(m[1])}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("bob's approval: %d %s", resp.StatusCode, body)
+	}
+	close(accept)
+	if out := <-done; !strings.Contains(out, "modern-ops@example.com") || strings.Contains(out, "isError=true") {
+		t.Fatalf("the approved call at 2026-07-28: %s", out)
 	}
 	for _, l := range auditLines(c) {
 		if l["event"] == "approval_approved" && l["by"] == "bob" && l["caller"] == "alice" {
