@@ -152,6 +152,7 @@ func (b *Broker) build(ctx caddy.Context) error {
 	b.out.route = &edge.Upstream{Config: u, Scopes: scopes.Strict(), Rules: s.policy, Handler: pt,
 		SharedParams: b.sharedParams(ctx, "params|broker|"+u.Name+"|"+u.URL), Pins: b.openPins(ctx, u.Name, u.PinPolicy()),
 		Tasks: tasks, Route: route}
+	b.out.urlElicitation = pt.URLElicitation
 	return nil
 }
 

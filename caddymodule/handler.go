@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/Tahul/caddy-zidane-mcp/approvals/approvalpage"
 	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/Tahul/caddy-zidane-mcp/edge"
 	"github.com/Tahul/caddy-zidane-mcp/gatewayfiles"
@@ -213,6 +214,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.offered = h.scopes.Names()
 	if h.app.approvals != nil {
 		h.approvals = &edge.Approvals{Store: h.app.approvals, Site: h.resURL.String()}
+		if iss := h.app.signinIssuer(); iss != "" {
+			h.approvals.StatusPage = func(id string) string { return approvalpage.URL(iss, id) }
+		}
 	}
 	if err := h.app.signinResource(h.resURL.String(), h.resURL.IsAbs(), h.offered); err != nil {
 		return err
@@ -476,10 +480,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.refuse(w, r, rf, v)
 		}
 		limited = true
+		if h.route.urlElicitation != nil && route == h.route.route {
+			d.URLElicitation = h.route.urlElicitation(r, p)
+		}
 		d.Verdict = h.approvals.Settle(r.Context(), d)
 		if d.Allowed() {
 			d.Ruled = append(d.Ruled, edge.RuleDecision{Call: d.Call, Rule: d.Rule, Effect: d.RuleEffect})
 		}
+	}
+	if d.Allowed() && d.Body != nil && !d.Body.Batch && len(d.Body.Calls) == 1 && edge.IsApprovalState(d.Body.Calls[0].RequestState) {
+		// The retry of an approval's input_required answer (d.StripState),
+		// or a call no rule holds now that carries an approval's state
+		// (the rules changed between the rounds, or a client copied it):
+		// its requestState and inputResponses are the gateway's, never
+		// the backend's.
+		nb, err := edge.WithoutRequestState(r, d.Body)
+		if err != nil {
+			rf.call = d.Body.Calls[0]
+			return h.refuse(w, r, rf, edge.Verdict{Status: http.StatusBadRequest, Reason: edge.ReasonMalformed, Code: message.CodeInvalidRequest,
+				Message: "the retry could not be read again (" + err.Error() + "); send the call again without requestState and inputResponses"})
+		}
+		d.Body = nb
 	}
 	if !d.Allowed() {
 		rf.call = d.Call

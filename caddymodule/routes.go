@@ -61,6 +61,10 @@ type routing struct {
 	// (upstream:<name> and an upstream's own scope), which the site
 	// offers with its own.
 	scopes []string
+	// urlElicitation, where the route remembers it (the broker's
+	// pass-through), reports whether a request's session declared URL
+	// elicitation at its initialize.
+	urlElicitation func(*http.Request, policy.Principal) bool
 }
 
 // egressSpan is how the span of a request to an upstream offered to

@@ -16,6 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/Tahul/caddy-zidane-mcp/accounts"
+	"github.com/Tahul/caddy-zidane-mcp/approvals"
+	"github.com/Tahul/caddy-zidane-mcp/approvals/approvalpage"
 	"github.com/Tahul/caddy-zidane-mcp/authserver"
 	"github.com/Tahul/caddy-zidane-mcp/authserver/clients"
 	"github.com/Tahul/caddy-zidane-mcp/authserver/idp"
@@ -101,6 +103,8 @@ type signin struct {
 	// connect serves the connect links of per_user upstreams; nil with
 	// none.
 	connect *connect.Service
+	// approvals serves the status pages of held calls.
+	approvals *approvalpage.Page
 }
 
 // signinResources are the resources of the config's zidane_mcp sites,
@@ -288,6 +292,9 @@ func (a *App) provisionSignin(ctx caddy.Context) error {
 	if a.signin.connect, err = a.connectService(issuer, people); err != nil {
 		return fmt.Errorf("zidane signin: %w", err)
 	}
+	if a.signin.approvals, err = a.approvalPage(issuer, people); err != nil {
+		return fmt.Errorf("zidane signin: %w", err)
+	}
 	go sweepSignin(ctx, srv, reg, people)
 	return nil
 }
@@ -321,12 +328,17 @@ func sweepSignin(ctx context.Context, srv *authserver.Server, reg *clients.Regis
 // serves says whether path is the sign-in's: the authorization server's
 // endpoints and metadata, and the person's sign-in under the same prefix.
 func (s *signin) serves(path string) bool {
-	return s.server.Handles(path) || strings.HasPrefix(path, authserver.Base) || (s.connect != nil && strings.HasPrefix(path, connect.PathPrefix))
+	return s.server.Handles(path) || strings.HasPrefix(path, authserver.Base) || (s.connect != nil && strings.HasPrefix(path, connect.PathPrefix)) ||
+		(s.approvals != nil && strings.HasPrefix(path, approvalpage.PathPrefix))
 }
 
 func (s *signin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.connect != nil && strings.HasPrefix(r.URL.Path, connect.PathPrefix) {
 		s.connect.ServeHTTP(w, r)
+		return
+	}
+	if s.approvals != nil && strings.HasPrefix(r.URL.Path, approvalpage.PathPrefix) {
+		s.approvals.ServeHTTP(w, r)
 		return
 	}
 	if r.URL.Path == accounts.Path && s.accounts != nil {
@@ -417,4 +429,31 @@ func parseSignin(d *caddyfile.Dispenser) (*SigninConfig, error) {
 		return nil, d.Err("signin needs its issuer: issuer https://mcp.example.com, the origin the sites are reached at")
 	}
 	return c, nil
+}
+
+// approvalPage is the status page of held calls on the sign-in site
+// issuer: people signed in through people answer them there when their
+// scopes hold the approve scope for the call's site (policy.MayApprove).
+func (a *App) approvalPage(issuer string, people *idp.Service) (*approvalpage.Page, error) {
+	key, err := signinKey(a.storage, "signin approvals v1")
+	if err != nil {
+		return nil, err
+	}
+	return approvalpage.New(approvalpage.Options{
+		Origin: issuer,
+		Key:    key,
+		Store:  a.approvals,
+		Current: func(r *http.Request) (approvalpage.Person, bool) {
+			p, ok := people.Current(r)
+			return approvalpage.Person{Owner: p.Owner, Name: p.Name, Scopes: p.Scopes}, ok
+		},
+		May: func(p approvalpage.Person, ap approvals.Approval) bool {
+			return policy.MayApprove(policy.Principal{Owner: p.Owner, Scopes: p.Scopes}, ap.Site)
+		},
+		Audit: func(e approvalpage.Event) {
+			metricRefusals.WithLabelValues("approval_page").Inc()
+			auditLogger().Warn("approval page refused", zap.String("event", "refused"), zap.String("reason", e.Reason),
+				zap.String("approval", e.ID), zap.String("owner", e.Owner), zap.Int("status", e.Status), zap.String("detail", e.Detail))
+		},
+	})
 }

@@ -60,11 +60,11 @@ http://127.0.0.1:%d {
 	}
 	for _, version := range []string{modernVersion, legacyVersion} {
 		t.Run(version, func(t *testing.T) {
-			p, err := connectPeer(t, endpoint, bearerClient(alice, nil), version)
+			p, err := plainPeer(t, endpoint, bearerClient(alice, nil), version)
 			if err != nil {
 				t.Fatalf("connect: %v", err)
 			}
-			m, err := connectPeer(t, endpoint, bearerClient(mallory, nil), version)
+			m, err := plainPeer(t, endpoint, bearerClient(mallory, nil), version)
 			if err != nil {
 				t.Fatalf("connect mallory: %v", err)
 			}
@@ -175,12 +175,12 @@ http://127.0.0.1:%d {
 
 	for _, version := range []string{modernVersion, legacyVersion} {
 		t.Run(version, func(t *testing.T) {
-			p, err := connectPeer(t, site, bearerClient(alice, nil), version)
+			p, err := plainPeer(t, site, bearerClient(alice, nil), version)
 			if err != nil {
 				t.Fatalf("connect: %v", err)
 			}
 			peerOf := func(tok string) *peer {
-				q, err := connectPeer(t, sessions, bearerClient(tok, nil), version)
+				q, err := plainPeer(t, sessions, bearerClient(tok, nil), version)
 				if err != nil {
 					t.Fatalf("connect to the sessions endpoint: %v", err)
 				}
@@ -285,11 +285,11 @@ http://127.0.0.1:%d {
 
 	for _, version := range []string{modernVersion, legacyVersion} {
 		t.Run(version, func(t *testing.T) {
-			pa, err := connectPeer(t, urlA, bearerClient(token, nil), version)
+			pa, err := plainPeer(t, urlA, bearerClient(token, nil), version)
 			if err != nil {
 				t.Fatalf("connect A: %v", err)
 			}
-			pb, err := connectPeer(t, urlB, bearerClient(token, nil), version)
+			pb, err := plainPeer(t, urlB, bearerClient(token, nil), version)
 			if err != nil {
 				t.Fatalf("connect B: %v", err)
 			}
@@ -358,7 +358,7 @@ http://127.0.0.1:%d {
 }
 `, AdminPlaceholder, port, port, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp")))
 	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
-	p, err := connectPeer(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", port), bearerClient(alice, nil), modernVersion)
+	p, err := plainPeer(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", port), bearerClient(alice, nil), modernVersion)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
@@ -427,7 +427,7 @@ http://127.0.0.1:%d {
 	for _, route := range []string{"broker", "aggregate"} {
 		for _, version := range []string{modernVersion, legacyVersion} {
 			t.Run(route+"/"+version, func(t *testing.T) {
-				p, err := connectPeer(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[route]), bearerClient(alice, nil), version)
+				p, err := plainPeer(t, fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[route]), bearerClient(alice, nil), version)
 				if err != nil {
 					t.Fatalf("connect: %v", err)
 				}

@@ -33,6 +33,10 @@ type Decision struct {
 	// Ruled are the calls of an allowed body that an operator's allow
 	// rule let through, each to be audited with its rule.
 	Ruled []RuleDecision
+	// URLElicitation is the caller's to set before [Approvals.Settle]: the
+	// request's session declared URL elicitation at its initialize (a
+	// 2025-11-25 client; a 2026-07-28 request says so in its own _meta).
+	URLElicitation bool
 }
 
 // Decide is steps 3 and 4 of the request path for an authenticated

@@ -22,6 +22,9 @@ func WriteRefusal(w http.ResponseWriter, r *http.Request, res ProtectedResource,
 	if v.ToolError {
 		return writeToolError(w, v.Message, id)
 	}
+	if v.Result != nil {
+		return writeResult(w, v.Result, id)
+	}
 	if c := Challenge(v, res, r); c != "" {
 		w.Header().Set("WWW-Authenticate", c)
 	}
@@ -180,4 +183,24 @@ func quoteSafe(s string) string {
 		}
 		return r
 	}, s)
+}
+
+// writeResult answers a call with the gateway's own JSON-RPC result.
+func writeResult(w http.ResponseWriter, result map[string]any, id json.RawMessage) error {
+	if id == nil {
+		id = json.RawMessage("null")
+	}
+	body, err := json.Marshal(struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Result  map[string]any  `json:"result"`
+	}{JSONRPC: "2.0", ID: id, Result: result})
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_, err = w.Write(body)
+	return err
 }

@@ -128,6 +128,15 @@ type Verdict struct {
 	// Held, on a ReasonApproval refusal, is the call an approve rule
 	// holds, for [Approvals.Settle] (its Site is Settle's to fill).
 	Held *approvals.Call
+	// Result, when set, answers the refused call with this JSON-RPC
+	// result (status 200) instead of an error: the input_required result
+	// of a 2026-07-28 call held for approval.
+	Result map[string]any
+	// StripState, on an allowed verdict, says that the call is the retry
+	// of an approval's input_required answer: its requestState and
+	// inputResponses are the gateway's, removed before the backend reads
+	// the call (see [WithoutRequestState]).
+	StripState bool
 }
 
 // Allowed reports whether v allows.

@@ -652,3 +652,21 @@ func writeJSON(w http.ResponseWriter, status int, extra http.Header, v any) {
 	w.WriteHeader(status)
 	w.Write(b)
 }
+
+// URLElicitation reports whether the session that r names (its one
+// Mcp-Session-Id, as issued to p on this route) declared URL elicitation
+// at its initialize: what the gateway may answer a 2025-11-25 call of it
+// with. A request without a session, or with one not p's, declares
+// nothing.
+func (pt *PassThrough) URLElicitation(r *http.Request, p policy.Principal) bool {
+	values := r.Header.Values(upstream.HeaderSessionID)
+	if len(values) != 1 {
+		return false
+	}
+	payload, err := pt.ids.Open(values[0], p.TokenID, pt.route)
+	if err != nil {
+		return false
+	}
+	_, url, _ := openPayload(payload)
+	return url
+}
