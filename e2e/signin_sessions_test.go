@@ -88,6 +88,17 @@ func TestSigninSessionsBelongToThePerson(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("revoke: %d", resp.StatusCode)
 	}
+	// The cancel reaches the agent before its pending interactions end
+	// (the order ACP prescribes), so the revoke's answer can come first:
+	// wait for the cancelled turn, then look.
+	eventsWhen(t, p, map[string]any{"sessionId": id}, "the turn cancelled by the revocation", func(evs []eventView) bool {
+		for _, ev := range evs {
+			if ev.Status == "cancelled" && strings.Contains(ev.Summary, "revoked") {
+				return true
+			}
+		}
+		return false
+	})
 	if v := settle(t, p, id); v.State == "blocked" {
 		t.Fatalf("the session of a revoked grant still waits on its approval: %+v", v)
 	}
