@@ -147,12 +147,24 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		return h.refuse(w, r, rf, v)
 	}
 	d := edge.Decide(h.route.route, p, r.Method, r.Header, body)
+	// A call an approve rule holds came unsettled (edge.SettledByOwner):
+	// settled here, where it runs, and audited here once it is allowed
+	// (the sender, which rate limited it, wrote no line for it).
+	held := d.Reason == edge.ReasonApproval
+	h.settle(r, h.route.route, p, &d)
 	if !d.Allowed() {
 		rf.call = d.Call
 		return h.refuse(w, r, rf, d.Verdict)
 	}
 	for _, rd := range d.Ruled {
 		logRuleAllowed(h.audit, p, rd, rf.clientIP)
+	}
+	if held && d.Body != nil {
+		for _, c := range d.Body.Calls {
+			if c.IsToolCall() {
+				logToolCall(h.audit, p, c, rf.clientIP)
+			}
+		}
 	}
 	ctx, cancel := context.WithCancel(policy.WithPrincipal(r.Context(), p))
 	defer cancel()

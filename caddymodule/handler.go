@@ -480,27 +480,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.refuse(w, r, rf, v)
 		}
 		limited = true
-		if h.route.urlElicitation != nil && route == h.route.route {
-			d.URLElicitation = h.route.urlElicitation(r, p)
-		}
-		d.Verdict = h.approvals.Settle(r.Context(), d)
-		if d.Allowed() {
-			d.Ruled = append(d.Ruled, edge.RuleDecision{Call: d.Call, Rule: d.Rule, Effect: d.RuleEffect})
+		if edge.SettledByOwner(route, r) {
+			// Its session is another replica's, which decides it again
+			// and runs it: that replica settles its approval (serveHop).
+			d.Verdict = edge.Verdict{}
+			r = r.WithContext(edge.WithOwnerSettles(r.Context()))
 		}
 	}
-	if d.Allowed() && d.Body != nil && !d.Body.Batch && len(d.Body.Calls) == 1 && edge.IsApprovalState(d.Body.Calls[0].RequestState) {
-		// The retry of an approval's input_required answer (d.StripState),
-		// or a call no rule holds now that carries an approval's state
-		// (the rules changed between the rounds, or a client copied it):
-		// its requestState and inputResponses are the gateway's, never
-		// the backend's.
-		nb, err := edge.WithoutRequestState(r, d.Body)
-		if err != nil {
-			rf.call = d.Body.Calls[0]
-			return h.refuse(w, r, rf, edge.Verdict{Status: http.StatusBadRequest, Reason: edge.ReasonMalformed, Code: message.CodeInvalidRequest,
-				Message: "the retry could not be read again (" + err.Error() + "); send the call again without requestState and inputResponses"})
-		}
-		d.Body = nb
+	if !edge.OwnerSettles(r.Context()) {
+		h.settle(r, route, p, &d)
 	}
 	if !d.Allowed() {
 		rf.call = d.Call
@@ -539,6 +527,36 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// 6. Serve.
 	return h.serve(w, r, route, span, p, d.Body, rf, tr, next)
+}
+
+// settle decides a call that an approve rule holds (d.Reason
+// edge.ReasonApproval) on the approvals of the site (edge.Approvals.
+// Settle), on the replica that runs it: an approved call is allowed, its
+// rule to be audited; any other is refused. The retry of an approval's
+// input_required answer (d.StripState), or a call no rule holds now that
+// carries an approval's state (the rules changed between the rounds, or a
+// client copied it), loses its requestState and inputResponses, which are
+// the gateway's, never the backend's.
+func (h *Handler) settle(r *http.Request, route edge.Route, p policy.Principal, d *edge.Decision) {
+	if d.Reason == edge.ReasonApproval {
+		if h.route.urlElicitation != nil && route == h.route.route {
+			d.URLElicitation = h.route.urlElicitation(r, p)
+		}
+		d.Verdict = h.approvals.Settle(r.Context(), *d)
+		if d.Allowed() {
+			d.Ruled = append(d.Ruled, edge.RuleDecision{Call: d.Call, Rule: d.Rule, Effect: d.RuleEffect})
+		}
+	}
+	if d.Allowed() && d.Body != nil && !d.Body.Batch && len(d.Body.Calls) == 1 && edge.IsApprovalState(d.Body.Calls[0].RequestState) {
+		nb, err := edge.WithoutRequestState(r, d.Body)
+		if err != nil {
+			d.Call = d.Body.Calls[0]
+			d.Verdict = edge.Verdict{Status: http.StatusBadRequest, Reason: edge.ReasonMalformed, Code: message.CodeInvalidRequest,
+				Message: "the retry could not be read again (" + err.Error() + "); send the call again without requestState and inputResponses"}
+			return
+		}
+		d.Body = nb
+	}
 }
 
 // servePublic serves what needs no bearer token, each behind its own
@@ -617,7 +635,7 @@ var suspectQueue = policy.NewSuspectQueue(runtime.GOMAXPROCS(0) / 4)
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, span spanning, p policy.Principal, b *message.Body, rf refusal, tr steps, next caddyhttp.Handler) (err error) {
 	ip := rf.clientIP
 	countAllowed(p)
-	if b != nil {
+	if b != nil && !edge.OwnerSettles(r.Context()) { // else the owner audits it, once it has settled it
 		for _, c := range b.Calls {
 			if c.IsToolCall() {
 				logToolCall(h.audit, p, c, ip)

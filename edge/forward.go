@@ -2,6 +2,7 @@ package edge
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"errors"
@@ -181,12 +182,65 @@ func UnknownSession(reason, msg string) *RefusalError {
 	return &RefusalError{Verdict: v}
 }
 
+// Approvals of forwarded calls. A call that an approve rule holds runs
+// on the node that holds its session, which decides every forwarded
+// request again (it trusts no other node's decision: see hop.go). So that
+// node settles the approval too, once, where the call runs: the replica
+// that got the request forwards the held call unsettled
+// ([SettledByOwner]), marked in its context ([WithOwnerSettles]) so that
+// it is never served anywhere else. Had the first replica consumed the
+// approval, the owner would find the call held on a used approval and
+// refuse it: the approved call would never run.
+
+type ownerSettlesKey struct{}
+
+// SettledByOwner reports whether route sends r to another node, the one
+// that holds its 2025-11-25 session, whose settlement of an approval
+// holds: the same reading of the session id that [Forward.ServeLegacy]
+// makes.
+func SettledByOwner(route Route, r *http.Request) bool {
+	fr, ok := route.(ForwardedRoute)
+	if !ok || modernRequest(r) {
+		return false
+	}
+	f := fr.Forwarder()
+	node, ok := f.Owner(r.Header.Get("Mcp-Session-Id"))
+	return ok && node != f.o.Nodes.Self()
+}
+
+// WithOwnerSettles marks a held call that [SettledByOwner] sends on
+// unsettled: the route may only forward it.
+func WithOwnerSettles(ctx context.Context) context.Context {
+	return context.WithValue(ctx, ownerSettlesKey{}, true)
+}
+
+// OwnerSettles reports whether ctx's call is held, for the node that
+// holds its session to settle.
+func OwnerSettles(ctx context.Context) bool {
+	v, _ := ctx.Value(ownerSettlesKey{}).(bool)
+	return v
+}
+
+// servedHereUnsettled refuses to serve here a call held for the owner to
+// settle: [SettledByOwner] and the route read the session id alike, so
+// this is never reached but by a bug.
+func servedHereUnsettled(r *http.Request) error {
+	if !OwnerSettles(r.Context()) {
+		return nil
+	}
+	return &RefusalError{Verdict: Refuse(http.StatusForbidden, ReasonApproval,
+		"this call needs a person's approval, which the replica that holds its session settles, and it could not be sent there; make the call again")}
+}
+
 // ServeLegacy serves a 2025-11-25 request on route here when its session
 // is this node's (or it has none: an initialize), or forwards it to the
 // node that holds it.
 func (f *Forward) ServeLegacy(w http.ResponseWriter, r *http.Request, next Next, route Route) error {
 	sid := r.Header.Get("Mcp-Session-Id")
 	if sid == "" {
+		if err := servedHereUnsettled(r); err != nil {
+			return err
+		}
 		return route.Serve(w, r, next)
 	}
 	node, ok := f.Owner(sid)
@@ -194,6 +248,9 @@ func (f *Forward) ServeLegacy(w http.ResponseWriter, r *http.Request, next Next,
 		return UnknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id")
 	}
 	if node == f.o.Nodes.Self() {
+		if err := servedHereUnsettled(r); err != nil {
+			return err
+		}
 		return route.Serve(w, r, next)
 	}
 	addr, alive := f.o.Nodes.Lookup(node)
@@ -353,6 +410,9 @@ type ClusterAggregate struct {
 // or the pending call its requestState names.
 func (c *ClusterAggregate) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 	if modernRequest(r) {
+		if err := servedHereUnsettled(r); err != nil {
+			return err
+		}
 		// A 2026-07-28 retry of a call bridged to a 2025-11-25 upstream:
 		// the node that sealed its requestState holds the pending call.
 		if node := c.bridgeNode(r); node != "" && node != c.Fwd.Self() {
@@ -412,6 +472,9 @@ type ClusterSessions struct {
 // Serve serves r here, or forwards it to the node that holds its session.
 func (c *ClusterSessions) Serve(w http.ResponseWriter, r *http.Request, next Next) error {
 	if modernRequest(r) {
+		if err := servedHereUnsettled(r); err != nil {
+			return err
+		}
 		return c.Sessions.Serve(w, r, next)
 	}
 	return c.Fwd.ServeLegacy(w, r, next, c.Sessions)

@@ -220,3 +220,71 @@ func TestHopIsServedOnlyWhereItIsHeld(t *testing.T) {
 		}
 	}
 }
+
+// servedRoute counts the requests it serves here.
+type servedRoute struct {
+	Sessions
+	served int
+}
+
+func (s *servedRoute) Serve(http.ResponseWriter, *http.Request, Next) error {
+	s.served++
+	return nil
+}
+
+// A held call is sent on unsettled only when its route sends it to the
+// node that holds its 2025-11-25 session (SettledByOwner reads the
+// session id as ServeLegacy does); a call so marked is never served on
+// this node, whatever becomes of the registry: its approval would not
+// have been settled anywhere.
+func TestHeldCallsAreSettledByTheirSessionsNode(t *testing.T) {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	ids, err := sessionid.New(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := NewForward(ForwardOptions{IDs: ids, Route: hopRoute, Nodes: thisNode("gw-1"), CheckNode: cluster.CheckNodeID})
+	mine, theirs := f.Mint(), ids.Seal("gw-2/"+rand.Text(), "", hopRoute)
+	request := func(sid, version string) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "http://mcp.example/mcp", nil)
+		if sid != "" {
+			r.Header.Set("Mcp-Session-Id", sid)
+		}
+		r.Header.Set("Mcp-Protocol-Version", version)
+		return r
+	}
+	local := &servedRoute{}
+	cs := &ClusterSessions{Sessions: &local.Sessions, Fwd: f}
+	for _, c := range []struct {
+		name  string
+		route Route
+		r     *http.Request
+		owner bool
+	}{
+		{"another node's session", cs, request(theirs, "2025-11-25"), true},
+		{"this node's session", cs, request(mine, "2025-11-25"), false},
+		{"no session", cs, request("", "2025-11-25"), false},
+		{"a session id sealed with another key", cs, request(flipMiddle(theirs), "2025-11-25"), false},
+		{"a 2026-07-28 request", cs, request(theirs, "2026-07-28"), false},
+		{"a route that forwards nothing", &Guard{Route: "guard"}, request(theirs, "2025-11-25"), false},
+	} {
+		if got := SettledByOwner(c.route, c.r); got != c.owner {
+			t.Errorf("%s: settled by its session's node %v, want %v", c.name, got, c.owner)
+		}
+	}
+	for name, r := range map[string]*http.Request{
+		"this node's session": request(mine, "2025-11-25"),
+		"no session":          request("", "2025-11-25"),
+	} {
+		r = r.WithContext(WithOwnerSettles(r.Context()))
+		err := f.ServeLegacy(httptest.NewRecorder(), r, nil, local)
+		var re *RefusalError
+		if !errors.As(err, &re) || re.Verdict.Reason != ReasonApproval || local.served != 0 {
+			t.Fatalf("%s, marked for its owner to settle: %v, served %d times here", name, err, local.served)
+		}
+	}
+	if err := f.ServeLegacy(httptest.NewRecorder(), request(mine, "2025-11-25"), nil, local); err != nil || local.served != 1 {
+		t.Fatalf("this node's session, unmarked: %v, served %d", err, local.served)
+	}
+}
