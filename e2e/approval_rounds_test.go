@@ -1,0 +1,302 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// multiRound is the everything-server's tool that asks its caller twice
+// (SEP-2322): its first answer is input_required with requestState
+// "round=1", its second with "round=2;name=<name>", its third the result.
+const multiRound = "test_input_required_result_multi_round"
+
+// roundsRule holds every multi-round tool of the everything-server.
+const roundsRule = `policy {
+			approve "tool.name.startsWith('test_input_required_result_')" "asking tools need a second person"
+		}`
+
+// roundsGateway is the gateway of the multi-round tests: guard, broker and
+// aggregate sites in front of the stateless everything-server, through a
+// tap that records what reaches it, each site with roundsRule.
+func roundsGateway(t *testing.T) (c *Caddy, tp *tap, ports map[string]int) {
+	t.Helper()
+	tp = startTap(t, startStatelessEverythingServer(t))
+	ports = map[string]int{"guard": freePort(t), "broker": freePort(t), "aggregate": freePort(t)}
+	c = startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	zidane {
+		upstream ev %s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource http://127.0.0.1:%d/mcp
+		%s
+	}
+	reverse_proxy %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		broker ev
+		%s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		aggregate ev
+		prefix conditional
+		%s
+	}
+}
+`, AdminPlaceholder, tp.url(), ports["guard"], ports["guard"], roundsRule, strings.TrimPrefix(tp.srv.URL, "http://"),
+		ports["broker"], roundsRule, ports["aggregate"], roundsRule))
+	return c, tp, ports
+}
+
+// backendRounds are the requestStates of the calls of tool that reached
+// the backend, in order ("" for none), and whether any carried the
+// gateway's own state, once at least n have (the tap records an exchange
+// once its answer is read through, which can be after the client has
+// it), or after 10 seconds.
+func backendRounds(tp *tap, tool string, n int) (states []string, gatewayState bool) {
+	for range 100 {
+		if states, gatewayState = tapRounds(tp, tool); len(states) >= n {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return states, gatewayState
+}
+
+func tapRounds(tp *tap, tool string) (states []string, gatewayState bool) {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	for _, ex := range tp.log {
+		var m struct {
+			Method string `json:"method"`
+			Params struct {
+				Name         string `json:"name"`
+				RequestState string `json:"requestState"`
+			} `json:"params"`
+		}
+		if json.Unmarshal([]byte(ex.body), &m) != nil || m.Method != "tools/call" || m.Params.Name != tool {
+			continue
+		}
+		states = append(states, m.Params.RequestState)
+		gatewayState = gatewayState || strings.Contains(ex.body, "zidane-approval")
+	}
+	return states, gatewayState
+}
+
+// TestApprovedCallAsksForInput: an approved 2026-07-28 call whose backend
+// answers input_required, twice, completes with what the client gave, on
+// guard, broker and aggregate: go-sdk's client follows the approval's
+// input_required, then the backend's two, and the backend gets each of its
+// rounds once, with its own requestState and never the gateway's. Before,
+// the client's answer to the backend's first question was held as a new
+// call, for a new approval, and the backend never got its requestState.
+func TestApprovedCallAsksForInput(t *testing.T) {
+	c, tp, ports := roundsGateway(t)
+	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
+	for _, route := range []string{"guard", "broker", "aggregate"} {
+		t.Run(route, func(t *testing.T) {
+			tp.reset()
+			asked, proceed := make(chan string, 8), make(chan struct{})
+			name := "ada-" + route
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-rounds", Version: "1"}, &mcp.ClientOptions{
+				ElicitationHandler: func(ctx context.Context, r *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+					select {
+					case asked <- r.Params.Message:
+					default:
+					}
+					switch {
+					case strings.HasPrefix(r.Params.Message, "Step 1"):
+						return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"name": name}}, nil
+					case strings.HasPrefix(r.Params.Message, "Step 2"):
+						return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"color": "teal"}}, nil
+					}
+					select {
+					case <-proceed:
+						return &mcp.ElicitResult{Action: "accept"}, nil
+					case <-ctx.Done():
+						return nil, ctx.Err()
+					}
+				},
+			}).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[route]),
+				HTTPClient: bearerClient(alice, nil), MaxRetries: -1}, &mcp.ClientSessionOptions{ProtocolVersion: modernVersion})
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			t.Cleanup(func() { cs.Close() })
+			done := make(chan string, 1)
+			go func() {
+				res, err := callRouteTool(cs, multiRound, nil)
+				done <- outcome(res, err)
+			}()
+			var id string
+			select {
+			case msg := <-asked:
+				if id = approvalID.FindString(msg); id == "" {
+					t.Fatalf("the first question is not the approval's: %q", msg)
+				}
+			case out := <-done:
+				t.Fatalf("the held call ended without asking: %s", out)
+			case <-time.After(30 * time.Second):
+				t.Fatal("the held call asked nothing within 30s")
+			}
+			if out, errOut, err := c.Run(t, "zidane", "approvals", "approve", id); err != nil {
+				t.Fatalf("approve: %v %s %s", err, out, errOut)
+			}
+			close(proceed)
+			out := waitChan(t, done, "the approved call's end", 30*time.Second)
+			if want := "Multi-round complete: " + name + " likes teal"; !strings.Contains(out, want) || strings.Contains(out, "isError=true") {
+				t.Fatalf("the approved call that asks twice: %s, want %q", out, want)
+			}
+			states, gw := backendRounds(tp, multiRound, 3)
+			if want := []string{"", "round=1", "round=2;name=" + name}; fmt.Sprint(states) != fmt.Sprint(want) || gw {
+				t.Fatalf("the backend got the rounds %q (the gateway's state among them: %v), want %q each once", states, gw, want)
+			}
+		})
+	}
+}
+
+// roundsMeta is the _meta of a raw 2026-07-28 request whose client declares
+// form elicitation.
+const roundsMeta = `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{}},"io.modelcontextprotocol/clientInfo":{"name":"raw","version":"1"}}`
+
+// rawRound posts one 2026-07-28 tools/call of tool and returns the status,
+// the last JSON-RPC message of the answer, and its result read.
+func rawRound(t *testing.T, url, token, tool, params string) (int, string, roundResult) {
+	t.Helper()
+	a := post(t, url, token, `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"`+tool+`",`+params+roundsMeta+`}}`,
+		"Mcp-Protocol-Version", modernVersion, "Mcp-Method", "tools/call", "Mcp-Name", tool)
+	msgs := sseMessages(a.body)
+	if len(msgs) == 0 {
+		return a.status, a.body, roundResult{}
+	}
+	last := msgs[len(msgs)-1]
+	var m struct {
+		Result roundResult `json:"result"`
+	}
+	json.Unmarshal(last, &m)
+	return a.status, string(last), m.Result
+}
+
+type roundResult struct {
+	ResultType    string                     `json:"resultType"`
+	RequestState  string                     `json:"requestState"`
+	InputRequests map[string]json.RawMessage `json:"inputRequests"`
+	IsError       bool                       `json:"isError"`
+	Content       []struct {
+		Text string `json:"text"`
+	} `json:"content"`
+}
+
+// TestApprovedRoundsAttacks drives an approved multi-round call raw
+// through guard and aggregate, and between its rounds sends what an
+// attacker would with the state the gateway gave for the backend's round:
+// each is refused, with a word of why, and none reaches the backend.
+func TestApprovedRoundsAttacks(t *testing.T) {
+	c, tp, ports := roundsGateway(t)
+	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
+	alice2 := createToken(t, c, "alice-laptop", "--scope", "mcp", "--owner", "alice")
+	mallory := createToken(t, c, "mallory", "--scope", "mcp", "--owner", "mallory")
+	for _, route := range []string{"guard", "aggregate"} {
+		t.Run(route, func(t *testing.T) {
+			tp.reset()
+			url := fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[route])
+			args := `"arguments":{"team":"` + route + `"},`
+			st, raw, res := rawRound(t, url, alice, multiRound, args)
+			id := strings.TrimPrefix(res.RequestState, "zidane-approval.")
+			if st != http.StatusOK || res.ResultType != "input_required" || !approvalID.MatchString(id) {
+				t.Fatalf("the held call: %d %s", st, raw)
+			}
+			if out, errOut, err := c.Run(t, "zidane", "approvals", "approve", id); err != nil {
+				t.Fatalf("approve: %v %s %s", err, out, errOut)
+			}
+			retry := func(state, key, content string) string {
+				return args + `"requestState":"` + state + `","inputResponses":{"` + key + `":{"action":"accept","content":` + content + `}},`
+			}
+			st, raw, res = rawRound(t, url, alice, multiRound, retry(res.RequestState, id, `{}`))
+			round1 := res.RequestState
+			if _, asks := res.InputRequests["step1"]; st != http.StatusOK || res.ResultType != "input_required" || !asks ||
+				!strings.HasPrefix(round1, "zidane-approval.") || strings.Contains(raw, "round=1") {
+				t.Fatalf("the approved call's first round: %d %s, want the backend's question under the gateway's state", st, raw)
+			}
+			before, _ := backendRounds(tp, multiRound, 1)
+
+			for _, a := range []struct {
+				name, token, tool, params string
+				status                    int
+				word                      string
+			}{
+				{"the round's state with a changed argument", alice, multiRound,
+					`"arguments":{"team":"evil"},"requestState":"` + round1 + `","inputResponses":{"step1":{"action":"accept","content":{"name":"x"}}},`,
+					http.StatusForbidden, "not the call that was approved"},
+				{"another principal's use of the round", mallory, multiRound, retry(round1, "step1", `{"name":"x"}`), http.StatusForbidden, "not issued to you"},
+				{"the same owner's other credential", alice2, multiRound, retry(round1, "step1", `{"name":"x"}`), http.StatusForbidden, "not issued to you"},
+				{"a made-up round", alice, multiRound, retry("zidane-approval.apr_AAAAAAAAAAAAAAAAAAAAAA", "step1", `{"name":"x"}`), http.StatusForbidden, "not issued to you"},
+				{"a tampered round", alice, multiRound, retry(round1[:len(round1)-2]+"AA", "step1", `{"name":"x"}`), http.StatusForbidden, "not issued to you"},
+				{"the round on another held tool", alice, "test_input_required_result_request_state", retry(round1, "step1", `{"name":"x"}`), http.StatusForbidden, "not the call that was approved"},
+			} {
+				st, raw, _ := rawRound(t, url, a.token, a.tool, a.params)
+				if st != a.status || !strings.Contains(raw, a.word) {
+					t.Errorf("%s: %d %s, want %d saying %q", a.name, st, raw, a.status, a.word)
+				}
+			}
+			// The backend's own state, without the gateway's: a new call,
+			// held for a new approval.
+			st, raw, res = rawRound(t, url, alice, multiRound, retry("round=1", "step1", `{"name":"x"}`))
+			if again := strings.TrimPrefix(res.RequestState, "zidane-approval."); st != http.StatusOK || !approvalID.MatchString(again) || again == id {
+				t.Errorf("the backend's raw state: %d %s, want a new approval", st, raw)
+			}
+			if after, _ := tapRounds(tp, multiRound); len(after) != len(before) {
+				t.Fatalf("the attacks reached the backend: %q then %q", before, after)
+			}
+
+			st, raw, res = rawRound(t, url, alice, multiRound, retry(round1, "step1", `{"name":"grace"}`))
+			round2 := res.RequestState
+			if _, asks := res.InputRequests["step2"]; st != http.StatusOK || !asks || !strings.HasPrefix(round2, "zidane-approval.") || round2 == round1 {
+				t.Fatalf("the second round: %d %s", st, raw)
+			}
+			st, raw, _ = rawRound(t, url, alice, multiRound, retry(round1, "step1", `{"name":"grace"}`))
+			if st != http.StatusForbidden || !strings.Contains(raw, "used already") {
+				t.Errorf("the first round replayed: %d %s, want 403 saying used already", st, raw)
+			}
+			st, raw, res = rawRound(t, url, alice, multiRound, retry(round2, "step2", `{"color":"teal"}`))
+			if st != http.StatusOK || res.ResultType == "input_required" || res.IsError || len(res.Content) == 0 ||
+				res.Content[0].Text != "Multi-round complete: grace likes teal" {
+				t.Fatalf("the last round: %d %s", st, raw)
+			}
+			if states, gw := backendRounds(tp, multiRound, 3); fmt.Sprint(states) != fmt.Sprint([]string{"", "round=1", "round=2;name=grace"}) || gw {
+				t.Fatalf("the backend got %q (the gateway's state among them: %v)", states, gw)
+			}
+			var allowed, refused int
+			for _, l := range auditLines(c) {
+				if l["approval"] != id {
+					continue
+				}
+				switch l["event"] {
+				case "approval_round":
+					allowed++
+				case "approval_round_refused":
+					refused++
+				}
+			}
+			if allowed < 2 || refused < 5 {
+				t.Errorf("audit lines naming %s: %d rounds allowed, %d refused; want 2 and at least 5", id, allowed, refused)
+			}
+		})
+	}
+}
