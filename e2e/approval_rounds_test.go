@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -298,5 +300,171 @@ func TestApprovedRoundsAttacks(t *testing.T) {
 				t.Errorf("audit lines naming %s: %d rounds allowed, %d refused; want 2 and at least 5", id, allowed, refused)
 			}
 		})
+	}
+}
+
+// TestApprovedCallAsksForInputBridged: the aggregated route in front of a
+// 2025-11-25 upstream (the stateful everything-server) turns its tool's two
+// elicitation/create requests into input_required answers with states of
+// its own (the bridge); an approved call of that tool by go-sdk's
+// 2026-07-28 client completes with what the client gave, on the approval
+// alone, and the upstream gets the call once.
+func TestApprovedCallAsksForInputBridged(t *testing.T) {
+	tp := startTap(t, startEverythingServer(t))
+	port := freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	zidane {
+		upstream ef %s
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		aggregate ef
+		prefix conditional
+		%s
+	}
+}
+`, AdminPlaceholder, tp.url(), port, roundsRule))
+	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
+	endpoint := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	waitForAggregate(t, endpoint, alice, multiRound)
+	approvals, proceed := make(chan string, 8), make(chan struct{})
+	var asked []string
+	var mu sync.Mutex
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-rounds", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(ctx context.Context, r *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			mu.Lock()
+			asked = append(asked, r.Params.Message)
+			mu.Unlock()
+			switch {
+			case strings.HasPrefix(r.Params.Message, "Step 1"):
+				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"name": "ada"}}, nil
+			case strings.HasPrefix(r.Params.Message, "Step 2"):
+				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"color": "teal"}}, nil
+			}
+			id := approvalID.FindString(r.Params.Message)
+			select {
+			case approvals <- id:
+			default:
+			}
+			select {
+			case <-proceed: // the operator approved it
+				return &mcp.ElicitResult{Action: "accept"}, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		},
+	}).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: bearerClient(alice, nil), MaxRetries: -1},
+		&mcp.ClientSessionOptions{ProtocolVersion: modernVersion})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	done := make(chan string, 1)
+	go func() {
+		res, err := callRouteTool(cs, multiRound, nil)
+		done <- outcome(res, err)
+	}()
+	var id string
+	select {
+	case id = <-approvals:
+	case out := <-done:
+		t.Fatalf("the held call ended without asking: %s", out)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the held call asked nothing within 30s")
+	}
+	if out, errOut, err := c.Run(t, "zidane", "approvals", "approve", id); err != nil {
+		t.Fatalf("approve %q: %v %s %s", id, err, out, errOut)
+	}
+	close(proceed)
+	out := waitChan(t, done, "the approved call's end", 40*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(out, "Multi-round complete: ada likes teal") || strings.Contains(out, "isError=true") {
+		t.Fatalf("the approved call through the bridge: %s (asked %q)", out, asked)
+	}
+	if n := len(asked); n != 3 || approvalID.FindAllString(strings.Join(asked, " "), -1) == nil {
+		t.Fatalf("the client was asked %q, want the approval once, then the upstream's two questions", asked)
+	}
+	if states, _ := backendRounds(tp, multiRound, 1); len(states) != 1 {
+		t.Fatalf("the upstream got the call %d times, want once", len(states))
+	}
+}
+
+// TestApprovedRoundsAcrossReplicas: two replicas on one NATS storage
+// serving the same guard site in front of the stateless everything-server:
+// an approved call's rounds are kept in storage, so each retry works on
+// either replica, and a round used on one is used on the other.
+func TestApprovedRoundsAcrossReplicas(t *testing.T) {
+	natsURL := startNATSServer(t)
+	tp := startTap(t, startStatelessEverythingServer(t))
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+	site := fmt.Sprintf("http://127.0.0.1:%d/mcp", freePort(t)) // the resource both replicas serve
+	replica := func() (*Caddy, string) {
+		port := freePort(t)
+		c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+			lock_ttl 5s
+		}
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource %s
+		%s
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, natsURL, port, site, roundsRule, strings.TrimPrefix(tp.srv.URL, "http://")), clusterKey)
+		return c, fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	}
+	a, urlA := replica()
+	b, urlB := replica()
+	stdout, stderr, err := a.Run(t, "zidane", "token", "create", "--name", "alice", "--scope", "mcp", "--owner", "alice")
+	if err != nil {
+		t.Fatalf("token create on A: %v %s", err, stderr)
+	}
+	alice := strings.TrimSpace(stdout)
+	waitStatus(t, urlB, alice, http.StatusOK, 20*time.Second)
+
+	const args = `"arguments":{"team":"cluster"},`
+	retry := func(state, key, content string) string {
+		return args + `"requestState":"` + state + `","inputResponses":{"` + key + `":{"action":"accept","content":` + content + `}},`
+	}
+	st, raw, res := rawRound(t, urlA, alice, multiRound, args)
+	id := strings.TrimPrefix(res.RequestState, "zidane-approval.")
+	if st != http.StatusOK || !approvalID.MatchString(id) {
+		t.Fatalf("the held call on A: %d %s", st, raw)
+	}
+	if out, errOut, err := b.Run(t, "zidane", "approvals", "approve", id); err != nil {
+		t.Fatalf("approve through B: %v %s %s", err, out, errOut)
+	}
+	st, raw, res = rawRound(t, urlB, alice, multiRound, retry(res.RequestState, id, `{}`))
+	round1 := res.RequestState
+	if _, asks := res.InputRequests["step1"]; st != http.StatusOK || !asks || !strings.HasPrefix(round1, "zidane-approval.apr_") {
+		t.Fatalf("the approved retry on B: %d %s", st, raw)
+	}
+	st, raw, res = rawRound(t, urlA, alice, multiRound, retry(round1, "step1", `{"name":"lin"}`))
+	round2 := res.RequestState
+	if _, asks := res.InputRequests["step2"]; st != http.StatusOK || !asks || !strings.HasPrefix(round2, "zidane-approval.apr_") {
+		t.Fatalf("B's round retried on A: %d %s", st, raw)
+	}
+	if st, raw, _ := rawRound(t, urlB, alice, multiRound, retry(round1, "step1", `{"name":"lin"}`)); st != http.StatusForbidden || !strings.Contains(raw, "used already") {
+		t.Fatalf("the round used on A, replayed on B: %d %s", st, raw)
+	}
+	st, raw, res = rawRound(t, urlB, alice, multiRound, retry(round2, "step2", `{"color":"teal"}`))
+	if st != http.StatusOK || len(res.Content) == 0 || res.Content[0].Text != "Multi-round complete: lin likes teal" {
+		t.Fatalf("A's round retried on B: %d %s", st, raw)
+	}
+	if states, gw := backendRounds(tp, multiRound, 3); fmt.Sprint(states) != fmt.Sprint([]string{"", "round=1", "round=2;name=lin"}) || gw {
+		t.Fatalf("the backend got %q (the gateway's state among them: %v)", states, gw)
 	}
 }
