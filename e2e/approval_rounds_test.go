@@ -21,7 +21,7 @@ const multiRound = "test_input_required_result_multi_round"
 
 // roundsRule holds every multi-round tool of the everything-server.
 const roundsRule = `policy {
-			approve "tool.name.startsWith('test_input_required_result_')" "asking tools need a second person"
+			approve "tool.name.contains('test_input_required_result_')" "asking tools need a second person"
 		}`
 
 // roundsGateway is the gateway of the multi-round tests: guard, broker and
@@ -206,7 +206,7 @@ type roundResult struct {
 }
 
 // TestApprovedRoundsAttacks drives an approved multi-round call raw
-// through guard and aggregate, and between its rounds sends what an
+// through guard, broker and aggregate, and between its rounds sends what an
 // attacker would with the state the gateway gave for the backend's round:
 // each is refused, with a word of why, and none reaches the backend.
 func TestApprovedRoundsAttacks(t *testing.T) {
@@ -214,7 +214,7 @@ func TestApprovedRoundsAttacks(t *testing.T) {
 	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
 	alice2 := createToken(t, c, "alice-laptop", "--scope", "mcp", "--owner", "alice")
 	mallory := createToken(t, c, "mallory", "--scope", "mcp", "--owner", "mallory")
-	for _, route := range []string{"guard", "aggregate"} {
+	for _, route := range []string{"guard", "broker", "aggregate"} {
 		t.Run(route, func(t *testing.T) {
 			tp.reset()
 			url := fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[route])
@@ -466,5 +466,83 @@ http://127.0.0.1:%d {
 	}
 	if states, gw := backendRounds(tp, multiRound, 3); fmt.Sprint(states) != fmt.Sprint([]string{"", "round=1", "round=2;name=lin"}) || gw {
 		t.Fatalf("the backend got %q (the gateway's state among them: %v)", states, gw)
+	}
+}
+
+// TestApprovedBridgedRoundsAcrossReplicas: two replicas of an aggregated
+// route over a 2025-11-25 upstream, on NATS. The approved call runs on A,
+// whose bridge holds the upstream's pending call; the round's retry
+// reaches B, which consumes the round and forwards the call, with the
+// bridge's state back, to A over the hop. A serves it as B settled it (a
+// 2026-07-28 call is settled by the replica that got it), and the next
+// round, retried on A, completes the call.
+func TestApprovedBridgedRoundsAcrossReplicas(t *testing.T) {
+	natsURL := startNATSServer(t)
+	upstream := startEverythingServer(t)
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+	replica := func(node string) (*Caddy, string) {
+		host := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+			node %s
+			advertise http://%s
+		}
+		upstream ev %s
+	}
+}
+
+http://%s {
+	zidane_mcp {
+		aggregate ev
+		%s
+	}
+}
+`, AdminPlaceholder, natsURL, node, host, upstream, host, roundsRule), clusterKey)
+		return c, "http://" + host + "/mcp"
+	}
+	a, urlA := replica("gw-a")
+	_, urlB := replica("gw-b")
+	alice := createToken(t, a, "alice", "--scope", "mcp", "--owner", "alice")
+	const tool = "mcp_ev_" + multiRound
+	for _, u := range []string{urlA, urlB} {
+		waitStatus(t, u, alice, http.StatusOK, 20*time.Second)
+		waitForAggregate(t, u, alice, tool)
+	}
+	const args = `"arguments":{"team":"bridge"},`
+	retry := func(state, key, content string) string {
+		return args + `"requestState":"` + state + `","inputResponses":{"` + key + `":{"action":"accept","content":` + content + `}},`
+	}
+	st, raw, res := rawRound(t, urlA, alice, tool, args)
+	id := strings.TrimPrefix(res.RequestState, "zidane-approval.")
+	if st != http.StatusOK || !approvalID.MatchString(id) {
+		t.Fatalf("the held call on A: %d %s", st, raw)
+	}
+	if out, errOut, err := a.Run(t, "zidane", "approvals", "approve", id); err != nil {
+		t.Fatalf("approve: %v %s %s", err, out, errOut)
+	}
+	st, raw, res = rawRound(t, urlA, alice, tool, retry(res.RequestState, id, `{}`))
+	round1 := res.RequestState
+	if st != http.StatusOK || len(res.InputRequests) != 1 || !strings.HasPrefix(round1, "zidane-approval.apr_") || strings.Contains(raw, "zidane-mrtr") {
+		t.Fatalf("the approved call on A: %d %s, want the upstream's question under a round", st, raw)
+	}
+	var key string
+	for k := range res.InputRequests {
+		key = k
+	}
+	st, raw, res = rawRound(t, urlB, alice, tool, retry(round1, key, `{"name":"hopper"}`))
+	round2 := res.RequestState
+	if st != http.StatusOK || len(res.InputRequests) != 1 || !strings.HasPrefix(round2, "zidane-approval.apr_") || round2 == round1 {
+		t.Fatalf("A's round retried on B: %d %s, want the upstream's next question under a round", st, raw)
+	}
+	for k := range res.InputRequests {
+		key = k
+	}
+	st, raw, res = rawRound(t, urlA, alice, tool, retry(round2, key, `{"color":"teal"}`))
+	if st != http.StatusOK || len(res.Content) == 0 || res.Content[0].Text != "Multi-round complete: hopper likes teal" {
+		t.Fatalf("the last round on A: %d %s", st, raw)
 	}
 }
