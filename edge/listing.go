@@ -96,7 +96,9 @@ type Drop struct {
 //
 // Server requests, notifications and errors pass as they are, but on a
 // route that binds task handles, which the filter seals (see tasks.go).
-// Each drop is reported to onDrop.
+// The input_required answer to a call that an approval let run has its
+// requestState replaced by the state of the call's next round (see
+// Continuation). Each drop is reported to onDrop.
 type Listing struct {
 	// Max, when set, bounds what one answer to a POST may hold, in bytes
 	// (guard max_response): past it the filter ends the answer with a
