@@ -70,8 +70,8 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/zidane/signin/links", Handler: a.keyed(a.handleSigninLinks)},
 		{Pattern: "/zidane/connections", Handler: a.keyed(a.handleConnections)},
 		{Pattern: "/zidane/connections/", Handler: a.keyed(a.handleConnections)},
-		{Pattern: "/zidane/approvals", Handler: a.keyed(a.handleApprovals)},
-		{Pattern: "/zidane/approvals/", Handler: a.keyed(a.handleApprovals)},
+		{Pattern: "/zidane/approvals", Handler: a.keyedReads(a.handleApprovals)},
+		{Pattern: "/zidane/approvals/", Handler: a.keyedReads(a.handleApprovals)},
 	}
 }
 

@@ -95,14 +95,25 @@ func loadAdminKey(st storage.Storage, create bool) (string, error) {
 
 // errNoAdminKey is the refusal of a state-changing admin request without
 // the key.
-var errNoAdminKey = errors.New("this admin route changes the gateway's state and needs the admin key (Authorization: " + adminKeyScheme +
+var errNoAdminKey = errors.New("this admin route changes the gateway's state, or shows what only the operator may see, and needs the admin key (Authorization: " + adminKeyScheme +
 	" <key>): use the `caddy zidane` CLI on this host, as the user caddy runs as (it reads the key from Caddy's storage, " + adminKeyStorageKey + ")")
 
 // keyed wraps a handler of the zidane admin routes: a request that may
 // change state (anything but GET and HEAD) must carry the admin key.
 func (a *adminAPI) keyed(h caddy.AdminHandlerFunc) caddy.AdminHandlerFunc {
+	return a.keyedIf(h, false)
+}
+
+// keyedReads wraps a handler whose reads show what only the operator may
+// see (the arguments of the calls that approve rules hold, which may carry
+// anyone's secrets): every request must carry the admin key.
+func (a *adminAPI) keyedReads(h caddy.AdminHandlerFunc) caddy.AdminHandlerFunc {
+	return a.keyedIf(h, true)
+}
+
+func (a *adminAPI) keyedIf(h caddy.AdminHandlerFunc, reads bool) caddy.AdminHandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		if !reads && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 			return h(w, r)
 		}
 		want, err := loadAdminKey(adminKeyStorage(a.store()), true)

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"regexp"
 	"strings"
@@ -128,6 +129,25 @@ http://127.0.0.1:%d {
 				t.Fatalf("the denied call: %s", text)
 			}
 		})
+	}
+	// The admin listing holds the held calls' arguments (mallory's call
+	// is still held): like the routes that change state, it is refused
+	// without the admin key, since any process on the host, an agent
+	// included, reaches the admin API's loopback port.
+	for _, key := range []string{"", "wrong"} {
+		req, _ := http.NewRequest(http.MethodGet, c.AdminURL("/zidane/approvals"), nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Zidane-Admin-Key "+key)
+		}
+		resp, err := shortClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(b), "admin key") || strings.Contains(string(b), "production") {
+			t.Errorf("GET /zidane/approvals with key %q: %d %s, want 403 naming the admin key", key, resp.StatusCode, b)
+		}
 	}
 	for _, l := range auditLines(c) {
 		if l["event"] == "approval_approved" && l["by"] == "(operator)" && l["caller"] == "alice" {
