@@ -1,6 +1,6 @@
 // Package htmlpage holds what the gateway's HTML pages (sign-in, consent,
 // connect link, connected accounts, approval status, session) have in
-// common, each of which set it on its own before:
+// common:
 //
 //   - the headers every page carries: HTML, not sniffed, never framed
 //     (X-Frame-Options DENY, and frame-ancestors 'none' in its policy),
@@ -10,8 +10,9 @@
 //     else the page allows (a style, a script, where its forms post)
 //     written out at the page's own call site, in the page's order;
 //   - the hash by which such a policy lets one inline style or script run;
-//   - the token that binds a page's form to the person, and what, it was
-//     shown for.
+//   - a page's form: the origin it must be posted from, and the token that
+//     binds it to the person it was shown to (and, on the approval page,
+//     to the approval).
 //
 // It never writes a page's body and never reads a form: the pages own
 // their templates, and internal/formpost reads what their forms post.
