@@ -15,20 +15,17 @@ package accounts
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
+	"fmt"
 	"html/template"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/internal/formpost"
-	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/internal/htmlpage"
 )
 
 // Path is where the page is served, under the sign-in's prefix.
@@ -75,18 +72,17 @@ type Options struct {
 
 // Page is the connected accounts page. It is an http.Handler for Path.
 type Page struct {
-	opts   Options
-	origin string
+	opts Options
+	form *htmlpage.Form
 }
 
 // New checks opts and returns the page.
 func New(opts Options) (*Page, error) {
-	u, err := url.Parse(opts.Origin)
-	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-		return nil, errors.New("accounts: the sign-in origin must be an absolute http(s) URL")
-	}
-	if len(opts.Key) != 32 {
-		return nil, errors.New("accounts: the key must be 32 bytes")
+	// A form's token is a MAC of the owner, so that a form is good for
+	// the person it was shown to alone.
+	form, err := htmlpage.NewForm(opts.Origin, opts.Key, "connected accounts")
+	if err != nil {
+		return nil, fmt.Errorf("accounts: %w", err)
 	}
 	if opts.Current == nil || opts.SignIn == nil || opts.Upstreams == nil {
 		return nil, errors.New("accounts: Current, SignIn and Upstreams are required")
@@ -94,15 +90,7 @@ func New(opts Options) (*Page, error) {
 	if opts.Audit == nil {
 		opts.Audit = func(Event) {}
 	}
-	return &Page{opts: opts, origin: pinnedfetch.Origin(u)}, nil
-}
-
-// formToken is the token of person owner's forms: a MAC of the owner, so
-// that a form is good for the person it was shown to alone.
-func (p *Page) formToken(owner string) string {
-	m := hmac.New(sha256.New, p.opts.Key)
-	m.Write([]byte("connected accounts\x00" + owner))
-	return hex.EncodeToString(m.Sum(nil))
+	return &Page{opts: opts, form: form}, nil
 }
 
 func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -146,7 +134,9 @@ var pageTemplate = template.Must(template.New("accounts").Parse(`<!DOCTYPE html>
 </body></html>
 `))
 
-const csp = "default-src 'none'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+// csp: nothing loads, nothing frames the page (its buttons must not be
+// clickjacked), and its forms post only here.
+var csp = htmlpage.MustCSP("form-action 'self'", "frame-ancestors 'none'", "base-uri 'none'")
 
 func write(w http.ResponseWriter, status int, v view) {
 	var b bytes.Buffer
@@ -155,12 +145,7 @@ func write(w http.ResponseWriter, status int, v view) {
 		return
 	}
 	h := w.Header()
-	h.Set("Content-Type", "text/html; charset=utf-8")
-	h.Set("Content-Security-Policy", csp)
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-store")
-	h.Set("Referrer-Policy", "same-origin")
+	htmlpage.SetHeaders(h, csp, htmlpage.SameOrigin)
 	h.Set("Content-Length", strconv.Itoa(b.Len()))
 	w.WriteHeader(status)
 	_, _ = w.Write(b.Bytes())
@@ -188,7 +173,7 @@ func (p *Page) show(w http.ResponseWriter, r *http.Request) {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	v := view{Title: "Connected accounts", Name: person.Name, Token: p.formToken(person.Owner)}
+	v := view{Title: "Connected accounts", Name: person.Name, Token: p.form.Token(person.Owner)}
 	if v.Name == "" {
 		v.Name = person.Owner
 	}
@@ -233,7 +218,7 @@ func joinScopes(s []string) string {
 
 // disconnect ends one of the signed-in person's connections.
 func (p *Page) disconnect(w http.ResponseWriter, r *http.Request) {
-	f, bad := formpost.Read(w, r, p.origin, 4096)
+	f, bad := formpost.Read(w, r, p.form.Origin(), 4096)
 	if bad != nil {
 		p.refuse(w, Event{Reason: bad.Reason, Status: bad.Status, Detail: map[*formpost.Refusal]string{
 			formpost.CrossOrigin: "A disconnection is made from this site's own page. Open the connected accounts page and press the button there.",
@@ -253,7 +238,7 @@ func (p *Page) disconnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	upstream := f.Get("upstream")
-	if !hmac.Equal([]byte(f.Get("token")), []byte(p.formToken(person.Owner))) {
+	if !p.form.Valid(f.Get("token"), person.Owner) {
 		p.refuse(w, Event{Owner: person.Owner, Upstream: upstream, Reason: "token", Status: http.StatusForbidden,
 			Detail: "This form was not shown to the person signed in on this browser. Open the connected accounts page again and press the button there."})
 		return

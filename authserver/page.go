@@ -5,32 +5,28 @@ import (
 	"html/template"
 	"net/http"
 	"strconv"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/htmlpage"
 )
 
-// pageHeaders are on every page this server shows: no framing (the
-// consent form must not be clickjacked), no caching (it carries a CSRF
-// token and a sealed request), and no referrer sent off this origin (the
-// authorization request's URL, with its state, must not follow a link or
-// the redirect to the client).
-//
-// The consent page says same-origin where the others say no-referrer:
-// under no-referrer a browser sends its form's POST with "Origin: null"
-// (Fetch §3.1, the referrer policy applies to Origin), which is also what
-// a sandboxed frame on any site sends, and the consent endpoint could no
-// longer tell its own form from one posted elsewhere. same-origin sends
-// nothing to another origin either.
+// pageCSP: nothing loads but the inline style, nothing frames a page (the
+// consent form must not be clickjacked).
+var pageCSP = htmlpage.MustCSP("style-src 'unsafe-inline'", "base-uri 'none'", "frame-ancestors 'none'")
+
+// pageHeaders are on every page this server shows: those of
+// htmlpage.SetHeaders, and Pragma for HTTP/1.0 caches (a page carries a
+// CSRF token and a sealed request). No referrer goes off this origin:
+// the authorization request's URL, with its state, must not follow a link
+// or the redirect to the client. The consent page, whose form posts back
+// here, says same-origin (htmlpage.SameOrigin says why); the others say
+// no-referrer.
 func pageHeaders(h http.Header, consent bool) {
-	h.Set("Content-Type", "text/html; charset=utf-8")
-	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; frame-ancestors 'none'")
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("Cache-Control", "no-store")
-	h.Set("Pragma", "no-cache")
+	ref := htmlpage.NoReferrer
 	if consent {
-		h.Set("Referrer-Policy", "same-origin")
-	} else {
-		h.Set("Referrer-Policy", "no-referrer")
+		ref = htmlpage.SameOrigin
 	}
-	h.Set("X-Content-Type-Options", "nosniff")
+	htmlpage.SetHeaders(h, pageCSP, ref)
+	h.Set("Pragma", "no-cache")
 }
 
 type consentPage struct {

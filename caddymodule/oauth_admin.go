@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
+	"github.com/Tahul/caddy-zidane-mcp/internal/htmlpage"
 )
 
 // liveApp returns the zidane app of the running config, or nil.
@@ -86,6 +87,10 @@ func (a *adminAPI) handleUpstreamAuth(w http.ResponseWriter, r *http.Request, na
 // the redirect_url to configure.
 const OAuthCallbackPath = "/zidane/oauth/callback/"
 
+// oauthCallbackCSP is the callback page's policy: it loads nothing and
+// posts no form.
+var oauthCallbackCSP = htmlpage.MustCSP("base-uri 'none'", "form-action 'none'", "frame-ancestors 'none'")
+
 // serveOAuthCallback answers GET /zidane/oauth/callback/<name>: the
 // authorization server sends the operator's browser here after a login.
 // No bearer token: the state, which only the gateway's own login knows and
@@ -95,10 +100,7 @@ const OAuthCallbackPath = "/zidane/oauth/callback/"
 func (h *Handler) serveOAuthCallback(w http.ResponseWriter, r *http.Request) error {
 	name := strings.TrimPrefix(r.URL.Path, OAuthCallbackPath)
 	page := func(status int, title, body string) error {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Cache-Control", "no-store")
-		w.Header().Set("Referrer-Policy", "no-referrer")
-		w.Header().Set("Content-Security-Policy", "default-src 'none'")
+		htmlpage.SetHeaders(w.Header(), oauthCallbackCSP, htmlpage.NoReferrer)
 		w.WriteHeader(status)
 		_, err := fmt.Fprintf(w, "<!doctype html><meta charset=utf-8><title>%s</title><h1>%s</h1><p>%s</p>\n",
 			html.EscapeString(title), html.EscapeString(title), html.EscapeString(body))

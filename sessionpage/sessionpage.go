@@ -18,6 +18,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/Tahul/caddy-zidane-mcp/internal/htmlpage"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 	"github.com/Tahul/caddy-zidane-mcp/sessions"
 )
@@ -135,6 +136,9 @@ func (s *Signer) ForwardedReader(capability, sessionID, tool string, verbs []str
 	return Reader(capability), nil
 }
 
+// pageCSP: the page's style is inline, and it has no form and no script.
+var pageCSP = htmlpage.MustCSP("style-src 'unsafe-inline'", "base-uri 'none'", "form-action 'none'", "frame-ancestors 'none'")
+
 // Page serves session pages.
 type Page struct {
 	Sessions sessions.Sessions
@@ -145,12 +149,9 @@ type Page struct {
 func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	// The capability is in the URL: no Referer may carry it elsewhere, and
-	// the page loads nothing from anywhere.
-	h.Set("Referrer-Policy", "no-referrer")
-	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-store")
+	// the page loads nothing from anywhere. A refusal below is plain text
+	// (http.Error sets its own Content-Type) under the same headers.
+	htmlpage.SetHeaders(h, pageCSP, htmlpage.NoReferrer)
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		h.Set("Allow", "GET, HEAD")
 		http.Error(w, "this page is read-only", http.StatusMethodNotAllowed)
@@ -175,7 +176,6 @@ func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	turns, _ := p.Sessions.Transcript(reader, id, 50, true)
 	pending, _ := p.Sessions.Pending(reader, id)
 	data := pageData{View: view, Turns: turns, Pending: pending, Now: time.Now().UTC()}
-	h.Set("Content-Type", "text/html; charset=utf-8")
 	if err := pageTemplate.Execute(w, data); err != nil {
 		// Headers are out; the page is cut short and the error is the
 		// connection's to report.

@@ -17,20 +17,17 @@ package approvalpage
 
 import (
 	"bytes"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
+	"fmt"
 	"html/template"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/approvals"
 	"github.com/Tahul/caddy-zidane-mcp/internal/formpost"
-	"github.com/Tahul/caddy-zidane-mcp/pinnedfetch"
+	"github.com/Tahul/caddy-zidane-mcp/internal/htmlpage"
 )
 
 // PathPrefix is where the pages are served: PathPrefix and the approval's
@@ -77,18 +74,17 @@ type Options struct {
 
 // Page serves the status pages. It is an http.Handler for PathPrefix.
 type Page struct {
-	opts   Options
-	origin string
+	opts Options
+	form *htmlpage.Form
 }
 
 // New checks opts and returns the page.
 func New(opts Options) (*Page, error) {
-	u, err := url.Parse(opts.Origin)
-	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-		return nil, errors.New("approvalpage: the sign-in origin must be an absolute http(s) URL")
-	}
-	if len(opts.Key) != 32 {
-		return nil, errors.New("approvalpage: the key must be 32 bytes")
+	// A form's token binds it to the person it was shown to and the
+	// approval it answers.
+	form, err := htmlpage.NewForm(opts.Origin, opts.Key, "approval page")
+	if err != nil {
+		return nil, fmt.Errorf("approvalpage: %w", err)
 	}
 	if opts.Store == nil || opts.Current == nil || opts.May == nil {
 		return nil, errors.New("approvalpage: Store, Current and May are required")
@@ -96,16 +92,11 @@ func New(opts Options) (*Page, error) {
 	if opts.Audit == nil {
 		opts.Audit = func(Event) {}
 	}
-	return &Page{opts: opts, origin: pinnedfetch.Origin(u)}, nil
+	return &Page{opts: opts, form: form}, nil
 }
 
-// formToken binds a form to the person it was shown to and the approval
-// it answers.
-func (p *Page) formToken(owner, id string) string {
-	m := hmac.New(sha256.New, p.opts.Key)
-	m.Write([]byte("approval page\x00" + owner + "\x00" + id))
-	return hex.EncodeToString(m.Sum(nil))
-}
+// formToken is the token of the form shown to owner for approval id.
+func (p *Page) formToken(owner, id string) string { return p.form.Token(owner, id) }
 
 func (p *Page) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, ok := strings.CutPrefix(r.URL.Path, PathPrefix)
@@ -150,7 +141,9 @@ var pageTemplate = template.Must(template.New("approval").Parse(`<!DOCTYPE html>
 </body></html>
 `))
 
-const csp = "default-src 'none'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+// csp: nothing loads, nothing frames the page (its buttons must not be
+// clickjacked), and its forms post only here.
+var csp = htmlpage.MustCSP("form-action 'self'", "frame-ancestors 'none'", "base-uri 'none'")
 
 func write(w http.ResponseWriter, status int, v view) {
 	var b bytes.Buffer
@@ -159,12 +152,7 @@ func write(w http.ResponseWriter, status int, v view) {
 		return
 	}
 	h := w.Header()
-	h.Set("Content-Type", "text/html; charset=utf-8")
-	h.Set("Content-Security-Policy", csp)
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-store")
-	h.Set("Referrer-Policy", "same-origin")
+	htmlpage.SetHeaders(h, csp, htmlpage.SameOrigin)
 	h.Set("Content-Length", strconv.Itoa(b.Len()))
 	w.WriteHeader(status)
 	_, _ = w.Write(b.Bytes())
@@ -234,7 +222,7 @@ func what(a approvals.Approval) string {
 }
 
 func (p *Page) answer(w http.ResponseWriter, r *http.Request, id string) {
-	f, bad := formpost.Read(w, r, p.origin, 4096)
+	f, bad := formpost.Read(w, r, p.form.Origin(), 4096)
 	if bad != nil {
 		p.refuse(w, Event{ID: id, Reason: bad.Reason, Status: bad.Status, Detail: map[*formpost.Refusal]string{
 			formpost.CrossOrigin: "An answer is made from this site's own page. Open the held call's page and press a button there.",
@@ -253,7 +241,7 @@ func (p *Page) answer(w http.ResponseWriter, r *http.Request, id string) {
 		p.refuse(w, Event{ID: id, Reason: "signed_out", Status: http.StatusForbidden, Detail: "This browser is not signed in to the gateway. Sign in, open the held call's page again and press a button there."})
 		return
 	}
-	if !hmac.Equal([]byte(f.Get("token")), []byte(p.formToken(person.Owner, id))) {
+	if !p.form.Valid(f.Get("token"), person.Owner, id) {
 		p.refuse(w, Event{ID: id, Owner: person.Owner, Reason: "token", Status: http.StatusForbidden,
 			Detail: "This form was not shown to the person signed in on this browser for this call. Open the held call's page again and press a button there."})
 		return

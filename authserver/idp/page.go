@@ -2,11 +2,11 @@ package idp
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/base64"
 	"html/template"
 	"net/http"
 	"strconv"
+
+	"github.com/Tahul/caddy-zidane-mcp/internal/htmlpage"
 )
 
 // page is one of the pages this package shows a person.
@@ -45,29 +45,18 @@ var linkPage = []byte(`<!DOCTYPE html>
 </body></html>
 `)
 
-func hashSource(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
-}
-
 // The pages' content security policy: nothing loads, nothing frames them,
 // forms post only here; the link page runs its one script, by hash.
 var (
-	pageCSP     = "default-src 'none'; style-src " + hashSource(style) + "; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-	linkPageCSP = pageCSP + "; script-src " + hashSource(linkScript)
+	pageCSP     = htmlpage.MustCSP("style-src "+htmlpage.Hash(style), "form-action 'self'", "frame-ancestors 'none'", "base-uri 'none'")
+	linkPageCSP = pageCSP.With("script-src " + htmlpage.Hash(linkScript))
 )
 
-func securityHeaders(w http.ResponseWriter, csp string) {
-	h := w.Header()
-	h.Set("Content-Type", "text/html; charset=utf-8")
-	h.Set("Content-Security-Policy", csp)
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("X-Content-Type-Options", "nosniff")
-	noStore(w)
-	// same-origin, not no-referrer: under no-referrer a browser sends
-	// "Origin: null" with the link form's POST, which the same-origin
-	// check then cannot tell from a sandboxed frame's.
-	h.Set("Referrer-Policy", "same-origin")
+// securityHeaders are htmlpage's, with Referrer-Policy same-origin, not
+// no-referrer: the link page's form posts back here (see
+// htmlpage.SameOrigin).
+func securityHeaders(w http.ResponseWriter, csp htmlpage.CSP) {
+	htmlpage.SetHeaders(w.Header(), csp, htmlpage.SameOrigin)
 }
 
 func writePage(w http.ResponseWriter, status int, p page) {

@@ -2,13 +2,12 @@ package connect
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/base64"
 	"html/template"
 	"net/http"
 	"strconv"
 
 	"github.com/Tahul/caddy-zidane-mcp/authserver/idp"
+	"github.com/Tahul/caddy-zidane-mcp/internal/htmlpage"
 )
 
 // page is one of the pages this package shows a person.
@@ -34,22 +33,15 @@ var pageTemplate = template.Must(template.New("page").Parse(`<!DOCTYPE html>
 {{end}}</body></html>
 `))
 
-func hashSource(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
-}
+// pageCSP: nothing loads, nothing frames the pages (the connect button
+// must not be clickjacked), no script runs. It has no form-action:
+// browsers apply it to the redirect that follows the connect form's POST,
+// which goes to the upstream's authorization server.
+var pageCSP = htmlpage.MustCSP("style-src "+htmlpage.Hash(style), "frame-ancestors 'none'", "base-uri 'none'")
 
-// pageCSP: nothing loads, nothing frames the pages, no script runs. It has
-// no form-action: browsers apply it to the redirect that follows the
-// connect form's POST, which goes to the upstream's authorization server.
-var pageCSP = "default-src 'none'; style-src " + hashSource(style) + "; frame-ancestors 'none'; base-uri 'none'"
-
-// writePage writes p with the headers every page here carries: no
-// framing (the connect button must not be clickjacked), no caching, and
-// no referrer sent off this site (the link is in the page's address).
-// Referrer-Policy is same-origin rather than no-referrer: under
-// no-referrer a browser posts the form with "Origin: null", which the
-// same-origin check cannot tell from a sandboxed frame's.
+// writePage writes p with htmlpage's headers. The referrer goes to this
+// site alone (the link is in the page's address), and does go there: the
+// form posts back here (see htmlpage.SameOrigin).
 func writePage(w http.ResponseWriter, status int, p page) {
 	var b bytes.Buffer
 	if err := pageTemplate.Execute(&b, p); err != nil {
@@ -57,12 +49,7 @@ func writePage(w http.ResponseWriter, status int, p page) {
 		return
 	}
 	h := w.Header()
-	h.Set("Content-Type", "text/html; charset=utf-8")
-	h.Set("Content-Security-Policy", pageCSP)
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-store")
-	h.Set("Referrer-Policy", "same-origin")
+	htmlpage.SetHeaders(h, pageCSP, htmlpage.SameOrigin)
 	h.Set("Content-Length", strconv.Itoa(b.Len()))
 	w.WriteHeader(status)
 	_, _ = w.Write(b.Bytes())
