@@ -41,6 +41,10 @@ type Continuation struct {
 	store *approvals.Store
 	grant approvals.Grant
 	id    message.ID
+	// issued: the call's answer bound a round already. One request has
+	// one answer; a server that sends more (two events of one id) binds
+	// no more rounds than the client makes retries.
+	issued bool
 }
 
 // Continuation returns the binding of the answer to call c, which the
@@ -99,6 +103,10 @@ func (k *Continuation) answer(c message.Call, drop func(Drop)) (out []byte, chan
 	if has && json.Unmarshal(raw, &state) != nil {
 		return refuse(errors.New("its requestState is not a string"))
 	}
+	if k.issued {
+		return refuse(errors.New("it answered the call more than once"))
+	}
+	k.issued = true
 	round, err := k.store.IssueRound(k.ctx, k.grant, state, has)
 	if err != nil {
 		return refuse(err)

@@ -308,3 +308,18 @@ func TestApprovedCallRoundAnswers(t *testing.T) {
 		}
 	}
 }
+
+// TestApprovedCallTwoAnswers: a server that answers the approved call
+// twice on its event stream binds one round: the second answer is refused,
+// so that it makes no more rounds than the client makes retries.
+func TestApprovedCallTwoAnswers(t *testing.T) {
+	fx := newRoundsFixture(t)
+	v, c := fx.approve(t, `{"environment":"production"}`)
+	out, drops := fx.answer(t, v, c, true, 0, inputRequired(`"s1"`)+"\n\nevent: message\ndata: "+inputRequired(`"s2"`))
+	if strings.Count(out, "apr_") != 1 || !strings.Contains(out, "more than once") || len(drops) != 1 || drops[0].Reason != "approval_round_refused" {
+		t.Fatalf("the client got %s, drops %+v; want one round and the second answer refused", out, drops)
+	}
+	if keys, _ := fx.fs.List(context.Background(), strings.TrimSuffix(approvals.RoundKeyPrefix, "/"), false); len(keys) != 1 {
+		t.Fatalf("rounds stored: %v, want one", keys)
+	}
+}
