@@ -318,14 +318,19 @@ func WithoutRequestState(r *http.Request, b *message.Body) (*message.Body, error
 // [WithoutRequestState], it keeps every other member's bytes and puts
 // the body back as r's.
 func RestoreRequestState(r *http.Request, b *message.Body, round approvals.Round) (*message.Body, error) {
-	state, err := json.Marshal(round.State)
-	if err != nil {
+	// The state as a JSON string, without json.Marshal's HTML escapes:
+	// the backend reads the same string either way, and this way a state
+	// spelled plainly comes back as it went.
+	var state bytes.Buffer
+	enc := json.NewEncoder(&state)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(round.State); err != nil {
 		return nil, err
 	}
 	return rewriteParams(r, b, func(params map[string]json.RawMessage) {
 		delete(params, "requestState")
 		if round.HasState {
-			params["requestState"] = state
+			params["requestState"] = bytes.TrimSuffix(state.Bytes(), []byte("\n"))
 		}
 	})
 }

@@ -323,3 +323,38 @@ func TestApprovedCallTwoAnswers(t *testing.T) {
 		t.Fatalf("rounds stored: %v, want one", keys)
 	}
 }
+
+// TestRestoreRequestState: the retry of a round reaches the backend with
+// the backend's own state, character for character (quotes, markup,
+// non-ASCII), the client's inputResponses and every other member's bytes
+// as sent; with no state of the backend's, with none.
+func TestRestoreRequestState(t *testing.T) {
+	const args = `{ "environment" :"production" }`
+	const inputs = `{"step1":{"action":"accept","content":{"region":"eu"}}}`
+	body := modernCall("deploy", args, `"requestState":"zidane-approval.apr_AAAAAAAAAAAAAAAAAAAAAA","inputResponses":`+inputs)
+	for _, tc := range []struct {
+		round approvals.Round
+		want  string // the requestState member the backend gets, "" for none
+	}{
+		{approvals.Round{HasState: true, State: `a"<b>&c é`}, `"requestState":"a\"<b>&c é"`},
+		{approvals.Round{HasState: true, State: ""}, `"requestState":""`},
+		{approvals.Round{}, ""},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(body))
+		b, err := message.Read([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nb, err := RestoreRequestState(r, b, tc.round)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent, _ := io.ReadAll(r.Body)
+		s := string(sent)
+		if string(nb.Raw) != s || nb.Calls[0].RequestState != tc.round.State || string(nb.Calls[0].Arguments) != args ||
+			!strings.Contains(s, `"inputResponses":`+inputs) || strings.Contains(s, "zidane-approval") ||
+			(tc.want != "" && !strings.Contains(s, tc.want)) || (tc.want == "" && strings.Contains(s, "requestState")) {
+			t.Errorf("state %+v: the backend got %s", tc.round, s)
+		}
+	}
+}
