@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -544,5 +546,94 @@ http://%s {
 	st, raw, res = rawRound(t, urlA, alice, tool, retry(round2, key, `{"color":"teal"}`))
 	if st != http.StatusOK || len(res.Content) == 0 || res.Content[0].Text != "Multi-round complete: hopper likes teal" {
 		t.Fatalf("the last round on A: %d %s", st, raw)
+	}
+}
+
+// TestApprovedCallAsksForInputJSON: behind guard, a go-sdk 2026-07-28
+// server that answers with JSON bodies (not an event stream), whose deploy
+// tool asks which region before it runs: the approved call completes with
+// the region the client gave, the tool runs once, and the backend gets its
+// own requestState back.
+func TestApprovedCallAsksForInputJSON(t *testing.T) {
+	s := mcp.NewServer(&mcp.Implementation{Name: "deployer", Version: "1"}, nil)
+	type args struct {
+		Version string `json:"version"`
+	}
+	var mu sync.Mutex
+	var ran, states []string
+	mcp.AddTool(s, &mcp.Tool{Name: "deploy", Description: "deploys"}, func(_ context.Context, req *mcp.CallToolRequest, a args) (*mcp.CallToolResult, any, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		states = append(states, req.Params.RequestState)
+		if res, ok := req.Params.InputResponses["region"].(*mcp.ElicitResult); ok && res.Action == "accept" && req.Params.RequestState == "asked-region" {
+			region, _ := res.Content["region"].(string)
+			ran = append(ran, a.Version+" to "+region)
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "deployed " + a.Version + " to " + region}}}, nil, nil
+		}
+		return &mcp.CallToolResult{
+			InputRequests: mcp.InputRequestMap{"region": &mcp.ElicitParams{Message: "Which region?",
+				RequestedSchema: &jsonschema.Schema{Type: "object", Properties: map[string]*jsonschema.Schema{"region": {Type: "string"}}}}},
+			RequestState: "asked-region",
+		}, nil, nil
+	})
+	up := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{JSONResponse: true, Stateless: true}))
+	t.Cleanup(up.Close)
+	port := freePort(t)
+	c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource http://127.0.0.1:%d/mcp
+		policy {
+			approve "tool.name == 'deploy'" "deploys need a second person"
+		}
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, port, port, strings.TrimPrefix(up.URL, "http://")))
+	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
+	approvals, proceed := make(chan string, 8), make(chan struct{})
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-rounds", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(ctx context.Context, r *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			if r.Params.Message == "Which region?" {
+				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"region": "eu-west"}}, nil
+			}
+			select {
+			case approvals <- approvalID.FindString(r.Params.Message):
+			default:
+			}
+			select {
+			case <-proceed:
+				return &mcp.ElicitResult{Action: "accept"}, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		},
+	}).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/mcp", port), HTTPClient: bearerClient(alice, nil), MaxRetries: -1},
+		&mcp.ClientSessionOptions{ProtocolVersion: modernVersion})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	done := make(chan string, 1)
+	go func() {
+		res, err := callRouteTool(cs, "deploy", map[string]any{"version": "2.0.0"})
+		done <- outcome(res, err)
+	}()
+	id := waitChan(t, approvals, "the approval's question", 30*time.Second)
+	if out, errOut, err := c.Run(t, "zidane", "approvals", "approve", id); err != nil {
+		t.Fatalf("approve %q: %v %s %s", id, err, out, errOut)
+	}
+	close(proceed)
+	if out := waitChan(t, done, "the approved call's end", 30*time.Second); !strings.Contains(out, "deployed 2.0.0 to eu-west") || strings.Contains(out, "isError=true") {
+		t.Fatalf("the approved call that asks: %s", out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(ran) != "[2.0.0 to eu-west]" || fmt.Sprint(states) != fmt.Sprint([]string{"", "asked-region"}) {
+		t.Fatalf("the tool ran %q with the states %q, want once, after its own state came back", ran, states)
 	}
 }
