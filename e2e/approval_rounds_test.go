@@ -306,11 +306,11 @@ func TestApprovedRoundsAttacks(t *testing.T) {
 }
 
 // TestApprovedCallAsksForInputBridged: the aggregated route in front of a
-// 2025-11-25 upstream (the stateful everything-server) turns its tool's two
-// elicitation/create requests into input_required answers with states of
-// its own (the bridge); an approved call of that tool by go-sdk's
-// 2026-07-28 client completes with what the client gave, on the approval
-// alone, and the upstream gets the call once.
+// 2025-11-25 upstream (the stateful everything-server) turns its tool's
+// elicitation/create into an input_required answer with a state of its own
+// (the bridge); an approved call of that tool by go-sdk's 2026-07-28
+// client completes with what the client gave, on the approval alone, and
+// the upstream gets the call once.
 func TestApprovedCallAsksForInputBridged(t *testing.T) {
 	tp := startTap(t, startEverythingServer(t))
 	port := freePort(t)
@@ -390,8 +390,12 @@ http://127.0.0.1:%d {
 	if n := len(asked); n != 3 || approvalID.FindAllString(strings.Join(asked, " "), -1) == nil {
 		t.Fatalf("the client was asked %q, want the approval once, then the upstream's two questions", asked)
 	}
-	if states, _ := backendRounds(tp, multiRound, 1); len(states) != 1 {
-		t.Fatalf("the upstream got the call %d times, want once", len(states))
+	// The upstream (go-sdk at 2025-11-25) asks its first question as an
+	// elicitation/create on the call's stream and its second as an
+	// input_required result, whose retry the aggregated route makes with
+	// the upstream's own state: the call once, then that round once.
+	if states, gw := backendRounds(tp, multiRound, 2); fmt.Sprint(states) != fmt.Sprint([]string{"", "round=2;name=ada"}) || gw {
+		t.Fatalf("the upstream got the rounds %q (the gateway's state among them: %v), want the call once and its second round once", states, gw)
 	}
 }
 
