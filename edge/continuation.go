@@ -22,7 +22,8 @@ import (
 // would take S's place: the backend would never get its answer.
 //
 // So the continuation is bound to the approval, through the approvals
-// store (see approvals.Round): on the way back, the answer to the
+// store (see approvals.Round, which says why storage rather than a sealed
+// state): on the way back, the answer to the
 // approved call that is input_required has S replaced by the state of a
 // round, zidane-approval.<round id>, which names the approval, the call's
 // digest, the caller and S, and lives no longer than the approval. The
@@ -58,8 +59,9 @@ func (a *Approvals) Continuation(ctx context.Context, g *approvals.Grant, c mess
 	return &Continuation{ctx: ctx, store: a.Store, grant: *g, id: c.ID}
 }
 
-// errRoundAnswer is the answer of a backend's question that the gateway
-// could not bind to a round.
+// roundAnswer is what the client gets, for its call, in place of a
+// backend's question that the gateway could not bind to a round (err says
+// why).
 func roundAnswer(id message.ID, err error) []byte {
 	raw := id.Raw()
 	if len(raw) == 0 {
