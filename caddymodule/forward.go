@@ -147,22 +147,11 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 		return h.refuse(w, r, rf, v)
 	}
 	d := edge.Decide(h.route.route, p, r.Method, r.Header, body)
-	// A 2025-11-25 call an approve rule holds came unsettled
-	// (edge.SettledByOwner): settled here, where it runs, and audited
-	// here once it is allowed (the sender, which rate limited it, wrote
-	// no line for it).
+	// A call an approve rule holds came unsettled (edge.SettledByOwner):
+	// settled here, where it runs, and audited here once it is allowed
+	// (the sender, which rate limited it, wrote no line for it).
 	held := d.Reason == edge.ReasonApproval
-	if held && modern {
-		// A 2026-07-28 call is settled by the replica that got it
-		// (edge.SettledByOwner is false for it), which consumed its
-		// approval or its round, audited it, and forwards only what it
-		// allowed, the gateway's state already taken out (or the
-		// backend's put back): settled again here it would be held
-		// anew, and an approved call's next round never run.
-		d.Verdict, held = edge.Verdict{}, false
-	} else {
-		h.settle(r, h.route.route, p, &d)
-	}
+	h.settle(r, h.route.route, p, &d)
 	if !d.Allowed() {
 		rf.call = d.Call
 		return h.refuse(w, r, rf, d.Verdict)
