@@ -180,6 +180,10 @@ type Approval struct {
 	AnsweredBy   string    `json:"answered_by,omitempty"`
 	AnsweredWith string    `json:"answered_with,omitempty"`
 	Answered     time.Time `json:"answered,omitzero"`
+	// Hop is the replica the consumed call was sent to, to be served
+	// there, and HopTaken whether that replica took it (see MarkHop).
+	Hop      string `json:"hop,omitempty"`
+	HopTaken bool   `json:"hop_taken,omitempty"`
 }
 
 func (a Approval) call() Call {

@@ -88,6 +88,10 @@ type Round struct {
 	Used     bool      `json:"used,omitempty"`
 	Created  time.Time `json:"created"`
 	Expires  time.Time `json:"expires"`
+	// Hop is the replica the round's call was sent to, to be served
+	// there, and HopTaken whether that replica took it (see MarkHop).
+	Hop      string `json:"hop,omitempty"`
+	HopTaken bool   `json:"hop_taken,omitempty"`
 }
 
 func roundKey(id string) string { return RoundKeyPrefix + id }

@@ -529,6 +529,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var rounds *edge.Continuation
 	if d.Grant != nil && d.Body != nil {
 		rounds = h.approvals.Continuation(r.Context(), d.Grant, d.Body.Calls[0])
+		if s, ok := h.approvals.Settlement(d.Verdict); ok {
+			// For a hop that sends the call to another replica.
+			r = r.WithContext(edge.WithSettlement(r.Context(), s))
+		}
 	}
 	return h.serve(w, r, route, span, p, d.Body, rounds, rf, tr, next)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Tahul/caddy-zidane-mcp/cluster"
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -472,6 +474,118 @@ http://127.0.0.1:%d {
 	}
 	if states, gw := backendRounds(tp, multiRound, 3); fmt.Sprint(states) != fmt.Sprint([]string{"", "round=1", "round=2;name=lin"}) || gw {
 		t.Fatalf("the backend got %q (the gateway's state among them: %v)", states, gw)
+	}
+}
+
+// TestApprovedBridgedRoundsAcrossReplicas: two replicas of an aggregated
+// route over a 2025-11-25 upstream, on NATS. The approved call runs on A,
+// whose bridge holds the upstream's pending call; the round's retry
+// reaches B, which consumes the round, marks it in storage for A and
+// forwards the call, with the bridge's state back, to A over the hop. A
+// checks the mark in storage and takes it (once), serves the call, and the
+// next round, retried on A, completes it. Hops that a holder of the
+// cluster key signs for the same call, naming a settlement storage does not
+// hold for it, are refused.
+func TestApprovedBridgedRoundsAcrossReplicas(t *testing.T) {
+	natsURL := startNATSServer(t)
+	upstream := startEverythingServer(t)
+	clusterRaw := []byte(randomHex(16))
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString(clusterRaw)
+	replica := func(node string) (*Caddy, string) {
+		host := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+			node %s
+			advertise http://%s
+		}
+		upstream ev %s
+	}
+}
+
+http://%s {
+	zidane_mcp {
+		aggregate ev
+		%s
+	}
+}
+`, AdminPlaceholder, natsURL, node, host, upstream, host, roundsRule), clusterKey)
+		return c, "http://" + host + "/mcp"
+	}
+	a, urlA := replica("gw-a")
+	_, urlB := replica("gw-b")
+	alice := createToken(t, a, "alice", "--scope", "mcp", "--owner", "alice")
+	const tool = "mcp_ev_" + multiRound
+	for _, u := range []string{urlA, urlB} {
+		waitStatus(t, u, alice, http.StatusOK, 20*time.Second)
+		waitForAggregate(t, u, alice, tool)
+	}
+	const args = `"arguments":{"team":"bridge"},`
+	retry := func(state, key, content string) string {
+		return args + `"requestState":"` + state + `","inputResponses":{"` + key + `":{"action":"accept","content":` + content + `}},`
+	}
+	st, raw, res := rawRound(t, urlA, alice, tool, args)
+	id := strings.TrimPrefix(res.RequestState, "zidane-approval.")
+	if st != http.StatusOK || !approvalID.MatchString(id) {
+		t.Fatalf("the held call on A: %d %s", st, raw)
+	}
+	if out, errOut, err := a.Run(t, "zidane", "approvals", "approve", id); err != nil {
+		t.Fatalf("approve: %v %s %s", err, out, errOut)
+	}
+	st, raw, res = rawRound(t, urlA, alice, tool, retry(res.RequestState, id, `{}`))
+	round1 := res.RequestState
+	if st != http.StatusOK || len(res.InputRequests) != 1 || !strings.HasPrefix(round1, "zidane-approval.apr_") || strings.Contains(raw, "zidane-mrtr") {
+		t.Fatalf("the approved call on A: %d %s, want the upstream's question under a round", st, raw)
+	}
+	var key string
+	for k := range res.InputRequests {
+		key = k
+	}
+	st, raw, res = rawRound(t, urlB, alice, tool, retry(round1, key, `{"name":"hopper"}`))
+	round2 := res.RequestState
+	if st != http.StatusOK || len(res.InputRequests) != 1 || !strings.HasPrefix(round2, "zidane-approval.apr_") || round2 == round1 {
+		t.Fatalf("A's round retried on B: %d %s, want the upstream's next question under a round", st, raw)
+	}
+	for k := range res.InputRequests {
+		key = k
+	}
+	st, raw, res = rawRound(t, urlA, alice, tool, retry(round2, key, `{"color":"teal"}`))
+	if st != http.StatusOK || len(res.Content) == 0 || res.Content[0].Text != "Multi-round complete: hopper likes teal" {
+		t.Fatalf("the last round on A: %d %s", st, raw)
+	}
+
+	// A holder of the cluster key signs hops to A for Alice's approved
+	// call, each naming a settlement that storage does not hold for it.
+	hk, err := cluster.Derive(clusterRaw, "aggregate hop v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hop := testHop{key: hk, route: "aggregate-node|/mcp||ev"}
+	aliceID := tokenIDOf(t, a, "alice")
+	body := `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"` + tool + `",` + args + roundsMeta + `}}`
+	for _, f := range []struct{ name, settled string }{
+		{"a round A took already", strings.TrimPrefix(round1, "zidane-approval.")},
+		{"the approval, consumed on A and never sent", id},
+		{"a made-up round", "apr_AAAAAAAAAAAAAAAAAAAAAA"},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, urlA, strings.NewReader(body))
+		for k, v := range map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+			"Mcp-Protocol-Version": modernVersion, "Mcp-Method": "tools/call", "Mcp-Name": tool, "Zidane-Hop-Settled": f.settled} {
+			req.Header.Set(k, v)
+		}
+		hop.sign(t, req, body, "gw-b", "gw-a", time.Now(), randomHex(16), hopPrincipal(aliceID, "mcp"), "")
+		resp, err := shortClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(b), "did not settle it for this replica") {
+			t.Errorf("a signed hop naming %s: %d %s, want 403 saying the settlement does not hold", f.name, resp.StatusCode, b)
+		}
 	}
 }
 

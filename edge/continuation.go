@@ -152,3 +152,73 @@ func roundErr(err error) error {
 	}
 	return err
 }
+
+// HopSettledHeader names, on a hop, the approval or round whose
+// consumption let the sender allow the call it forwards (see
+// approvals.MarkHop), under the hop's MAC. The receiver checks it in
+// storage ([Approvals.SettleForwarded]): it is no authority of itself.
+const HopSettledHeader = "Zidane-Hop-Settled"
+
+// Settlement is the approval or round that let a call run on this
+// replica, for the hop that sends the call to another (see
+// [WithSettlement]).
+type Settlement struct {
+	ID string
+	// Mark records, in storage, that the call goes to node.
+	Mark func(ctx context.Context, node string) error
+}
+
+type settlementKey struct{}
+
+// WithSettlement puts s in ctx, the context of the call it let run.
+func WithSettlement(ctx context.Context, s Settlement) context.Context {
+	return context.WithValue(ctx, settlementKey{}, s)
+}
+
+func settlementFrom(ctx context.Context) (Settlement, bool) {
+	s, ok := ctx.Value(settlementKey{}).(Settlement)
+	return s, ok && s.ID != "" && s.Mark != nil
+}
+
+// Settlement is the settlement of a call that v, an allowed verdict of
+// Settle, let run on an approval or a round of one; false for any other.
+func (a *Approvals) Settlement(v Verdict) (Settlement, bool) {
+	if a == nil || a.Store == nil || v.Grant == nil || !v.Allowed() {
+		return Settlement{}, false
+	}
+	id := v.Grant.Approval
+	if v.Round != nil {
+		id = v.Round.ID
+	}
+	store := a.Store
+	return Settlement{ID: id, Mark: func(ctx context.Context, node string) error { return store.MarkHop(ctx, id, node) }}, true
+}
+
+// SettleForwarded decides, on the replica node that a 2026-07-28 call
+// was forwarded to, the call an approve rule holds (d's verdict
+// ReasonApproval) that the sender settled on approval or round id (the
+// hop's HopSettledHeader): it runs if id let this same call run, by this
+// caller, and was marked for node and not taken before
+// (approvals.Store.TakeHop); else it is refused. Any other verdict is
+// returned as it is.
+func (a *Approvals) SettleForwarded(ctx context.Context, d Decision, id, node string) Verdict {
+	v := d.Verdict
+	if v.Reason != ReasonApproval || v.Held == nil {
+		return v
+	}
+	if a == nil || a.Store == nil {
+		return refusedHeld(d.Call.IsToolCall(), v, ReasonApprovalRefused, v.Held.Message+" (this call needs a person's approval, which this route cannot hold)")
+	}
+	c := *v.Held
+	c.Site = a.Site
+	err := a.Store.TakeHop(ctx, id, node, c)
+	switch {
+	case err == nil:
+		return Verdict{Rule: v.Rule, RuleEffect: string(approvals.Approved)}
+	case errors.Is(err, approvals.ErrHop):
+		return Verdict{Status: http.StatusForbidden, Reason: ReasonApprovalRefused, Rule: v.Rule, RuleEffect: v.RuleEffect,
+			Message: fmt.Sprintf("%s: %v", c.Message, err)}
+	}
+	return Verdict{Status: http.StatusServiceUnavailable, Reason: ReasonApprovalRefused, Rule: v.Rule, RuleEffect: v.RuleEffect,
+		Message: "the forwarded call's approval could not be read (" + err.Error() + "); try again", RetryAfter: 5 * time.Second}
+}
