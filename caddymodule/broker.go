@@ -301,6 +301,7 @@ func (a *Aggregate) build(ctx caddy.Context) error {
 		SharedParams: a.sharedParams(ctx, "params|aggregate|"+names), Pins: store,
 		Tasks: tasks, Route: "aggregate|" + s.resource + "|" + names}
 	a.out.route = route
+	a.out.urlElicitation = agg.URLElicitation
 	if fwd != nil {
 		a.out.route = &edge.ClusterAggregate{Aggregate: route, BridgeNode: agg.BridgeNode, Fwd: fwd}
 	}

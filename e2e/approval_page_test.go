@@ -183,17 +183,21 @@ func TestApprovalPage(t *testing.T) {
 	t.Error("no audit line of bob's approval through the page")
 }
 
-// TestApprovalURLElicitation: at 2025-11-25 on the broker route, where the
-// gateway signs people in, a go-sdk client whose initialize declared URL
-// elicitation gets a held call answered with the -32042 error whose one
-// URL elicitation is the approval's status page; once approved there, the
-// same call runs. A client without the capability reads the page's address
-// in the tool error.
+// TestApprovalURLElicitation: at 2025-11-25 on the broker and the
+// aggregated routes, where the gateway signs people in, a go-sdk client
+// whose initialize declared URL elicitation gets a held call answered with
+// the -32042 error whose one URL elicitation is the approval's status
+// page; once approved there, the same call runs. A client without the
+// capability reads the page's address in the tool error.
 func TestApprovalURLElicitation(t *testing.T) {
-	// A stateful upstream: the session the gateway seals remembers what
-	// its initialize declared.
+	// A stateful upstream: the session the broker seals remembers what
+	// its initialize declared; the aggregated route holds the session.
 	upstream := startEverythingServer(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	aggregated := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	rule := `policy {
+			approve "tool.name.endsWith('json_schema_2020_12_tool') && args.name == 'production'" "production needs a second person"
+		}`
 	c := startCaddy(t, fmt.Sprintf(`{
 	admin {{ADMIN}}
 	zidane {
@@ -208,71 +212,83 @@ func TestApprovalURLElicitation(t *testing.T) {
 	zidane_mcp {
 		broker ev
 		resource %[1]s/mcp
-		policy {
-			approve "tool.name == 'json_schema_2020_12_tool' && args.name == 'production'" "production needs a second person"
-		}
+		%[3]s
 	}
 }
-`, base, upstream))
-	alice := createToken(t, c, "alice", "--scope", "upstream:ev", "--owner", "alice")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-url", Version: "1"}, &mcp.ClientOptions{
-		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
-	}).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: bearerClient(alice, nil), MaxRetries: -1},
-		&mcp.ClientSessionOptions{ProtocolVersion: legacyVersion})
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	defer cs.Close()
-	args := map[string]any{"name": "production", "email": "url-ops@example.com"}
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "json_schema_2020_12_tool", Arguments: args})
-	var rpcErr *jsonrpc.Error
-	if !errors.As(err, &rpcErr) || rpcErr.Code != mcp.CodeURLElicitationRequired {
-		t.Fatalf("the held call of a client with URL elicitation: %s, want -32042", outcome(res, err))
-	}
-	var data struct {
-		Elicitations []mcp.ElicitParams `json:"elicitations"`
-	}
-	if err := json.Unmarshal(rpcErr.Data, &data); err != nil || len(data.Elicitations) != 1 {
-		t.Fatalf("the error's data: %v %s", err, rpcErr.Data)
-	}
-	el := data.Elicitations[0]
-	id := approvalID.FindString(el.ElicitationID)
-	if el.Mode != "url" || id == "" || el.URL != base+"/zidane/approvals/"+id || !strings.Contains(el.Message, "production needs a second person") {
-		t.Fatalf("the elicitation: %+v", el)
-	}
 
-	// The person opens the page; bob, who may approve, approves there.
-	if resp, body := newFormBrowser(t, base).get(el.URL); resp.StatusCode != http.StatusOK || !strings.Contains(body, "production needs a second person") {
-		t.Fatalf("the page: %d %s", resp.StatusCode, body)
+%[4]s {
+	zidane_mcp {
+		aggregate ev
+		prefix conditional
+		resource %[4]s/mcp
+		%[3]s
 	}
+}
+`, base, upstream, rule, aggregated))
+	alice := createToken(t, c, "alice", "--scope", "upstream:ev", "--scope", "mcp", "--owner", "alice")
 	bob := newFormBrowser(t, base)
 	if resp, body := bob.post(signinidp.LinkPath, url.Values{"secret": {signInLink(t, c, "bob", "approve")}}); resp.StatusCode != http.StatusOK {
 		t.Fatalf("bob's sign-in: %d %s", resp.StatusCode, body)
 	}
-	_, body := bob.get(el.URL)
-	m := approvalFormToken.FindStringSubmatch(body)
-	if m == nil {
-		t.Fatalf("no buttons for bob: %s", body)
-	}
 	bob.hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	if resp, body := bob.post("/zidane/approvals/"+id, url.Values{"decision": {"approve"}, "token": {html.UnescapeString(m[1])}}); resp.StatusCode != http.StatusSeeOther {
-		t.Fatalf("bob's approval: %d %s", resp.StatusCode, body)
-	}
-	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "json_schema_2020_12_tool", Arguments: args})
-	if err != nil || res.IsError || !strings.Contains(outcome(res, err), "url-ops@example.com") {
-		t.Fatalf("the approved call: %s", outcome(res, err))
-	}
+	for route, site := range map[string]string{"broker": base, "aggregate": aggregated} {
+		t.Run(route, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e-url", Version: "1"}, &mcp.ClientOptions{
+				Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+			}).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: site + "/mcp", HTTPClient: bearerClient(alice, nil), MaxRetries: -1},
+				&mcp.ClientSessionOptions{ProtocolVersion: legacyVersion})
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			defer cs.Close()
+			email := route + "-url-ops@example.com"
+			args := map[string]any{"name": "production", "email": email}
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "json_schema_2020_12_tool", Arguments: args})
+			var rpcErr *jsonrpc.Error
+			if !errors.As(err, &rpcErr) || rpcErr.Code != mcp.CodeURLElicitationRequired {
+				t.Fatalf("the held call of a client with URL elicitation: %s, want -32042", outcome(res, err))
+			}
+			var data struct {
+				Elicitations []mcp.ElicitParams `json:"elicitations"`
+			}
+			if err := json.Unmarshal(rpcErr.Data, &data); err != nil || len(data.Elicitations) != 1 {
+				t.Fatalf("the error's data: %v %s", err, rpcErr.Data)
+			}
+			el := data.Elicitations[0]
+			id := approvalID.FindString(el.ElicitationID)
+			if el.Mode != "url" || id == "" || el.URL != base+"/zidane/approvals/"+id || !strings.Contains(el.Message, "production needs a second person") {
+				t.Fatalf("the elicitation: %+v", el)
+			}
 
-	plain, err := plainPeer(t, base+"/mcp", bearerClient(alice, nil), legacyVersion)
-	if err != nil {
-		t.Fatalf("connect without URL elicitation: %v", err)
-	}
-	res, err = callRouteTool(plain.cs, "json_schema_2020_12_tool", map[string]any{"name": "production", "email": "plain@example.com"})
-	text := outcome(res, err)
-	other := approvalID.FindString(text)
-	if err != nil || !res.IsError || other == "" || !strings.Contains(text, base+"/zidane/approvals/"+other) {
-		t.Fatalf("a client without URL elicitation: %s, want the page's address in the tool error", text)
+			// The person opens the page; bob, who may approve, approves there.
+			if resp, body := newFormBrowser(t, base).get(el.URL); resp.StatusCode != http.StatusOK || !strings.Contains(body, "production needs a second person") {
+				t.Fatalf("the page: %d %s", resp.StatusCode, body)
+			}
+			_, body := bob.get(el.URL)
+			m := approvalFormToken.FindStringSubmatch(body)
+			if m == nil {
+				t.Fatalf("no buttons for bob: %s", body)
+			}
+			if resp, body := bob.post("/zidane/approvals/"+id, url.Values{"decision": {"approve"}, "token": {html.UnescapeString(m[1])}}); resp.StatusCode != http.StatusSeeOther {
+				t.Fatalf("bob's approval: %d %s", resp.StatusCode, body)
+			}
+			res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "json_schema_2020_12_tool", Arguments: args})
+			if err != nil || res.IsError || !strings.Contains(outcome(res, err), email) {
+				t.Fatalf("the approved call: %s", outcome(res, err))
+			}
+
+			plain, err := plainPeer(t, site+"/mcp", bearerClient(alice, nil), legacyVersion)
+			if err != nil {
+				t.Fatalf("connect without URL elicitation: %v", err)
+			}
+			res, err = callRouteTool(plain.cs, "json_schema_2020_12_tool", map[string]any{"name": "production", "email": "plain-" + email})
+			text := outcome(res, err)
+			other := approvalID.FindString(text)
+			if err != nil || !res.IsError || other == "" || !strings.Contains(text, base+"/zidane/approvals/"+other) {
+				t.Fatalf("a client without URL elicitation: %s, want the page's address in the tool error", text)
+			}
+		})
 	}
 }

@@ -730,6 +730,26 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}}, r)
 }
 
+// URLElicitation reports whether r's 2025-11-25 session, opened with p's
+// token and held here, declared URL elicitation at its initialize: the
+// edge then answers a call an approve rule holds with -32042, whose URL
+// elicitation is the approval's status page, instead of a tool error.
+func (a *Aggregate) URLElicitation(r *http.Request, p policy.Principal) bool {
+	sid := r.Header.Get(upstream.HeaderSessionID)
+	if sid == "" || modernRequest(r) {
+		return false
+	}
+	a.mu.Lock()
+	owner, known := a.bindings[sid]
+	s := a.byID[sid]
+	a.mu.Unlock()
+	if !known || owner != p.TokenID || s == nil {
+		return false
+	}
+	ip := s.ss.InitializeParams()
+	return ip != nil && ip.Capabilities != nil && ip.Capabilities.Elicitation != nil && ip.Capabilities.Elicitation.URL != nil
+}
+
 // expire closes downstream session sid, idle for SessionTimeout: its
 // server session (whose end releases what the route holds for it, see
 // dropSession) and its token binding, which a session that never finished
