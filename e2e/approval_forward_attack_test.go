@@ -192,9 +192,36 @@ http://%s {
 	if runs != 1 {
 		t.Fatalf("the approved call sent to A and B at once ran %d times, want once: %+v", runs, answers)
 	}
+	var again string
 	for _, h := range []string{hostB, hostA} {
-		if ans := call(h, sidA); strings.Contains(ans.body, ran) {
+		ans := call(h, sidA)
+		if strings.Contains(ans.body, ran) {
 			t.Errorf("the replay through %s ran: %s", h, ans.body)
 		}
+		again = approvalID.FindString(ans.body)
+	}
+
+	// A 2026-07-28 request naming the 2025-11-25 session has no session
+	// to be forwarded to: the replica it reaches settles it and runs it,
+	// once. Approved anew, it runs through B; its replay through A does not.
+	if again == "" || again == id {
+		t.Fatalf("the replay was not held anew")
+	}
+	if out, errOut, err := a.Run(t, "zidane", "approvals", "approve", again); err != nil {
+		t.Fatalf("approve through A: %v %s %s", err, out, errOut)
+	}
+	modern := func(host string) rawAnswer {
+		t.Helper()
+		n++
+		body := strings.Replace(fmt.Sprintf(held, n), `"name":"production"}}`,
+			`"name":"production"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}`, 1)
+		return post(t, "http://"+host+"/mcp", alice, body, "Mcp-Session-Id", sidA,
+			"Mcp-Protocol-Version", "2026-07-28", "Mcp-Method", "tools/call", "Mcp-Name", "json_schema_2020_12_tool")
+	}
+	if ans := modern(hostB); !strings.Contains(ans.body, ran) {
+		t.Errorf("the approved call at 2026-07-28 naming the 2025-11-25 session, through B: %d %s; want it run", ans.status, ans.body)
+	}
+	if ans := modern(hostA); strings.Contains(ans.body, ran) || approvalID.FindString(ans.body) == "" {
+		t.Errorf("its replay through A: %d %s; want it held anew", ans.status, ans.body)
 	}
 }
