@@ -480,6 +480,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.refuse(w, r, rf, v)
 		}
 		limited = true
+		if v := edge.UnknownSessionOf(route, r); !v.Allowed() {
+			// No replica runs it: its approval is not settled (used up).
+			rf.call = d.Call
+			return h.refuse(w, r, rf, v)
+		}
 		if edge.SettledByOwner(route, r) {
 			// Its session is another replica's, which decides it again
 			// and runs it: that replica settles its approval (serveHop).

@@ -232,6 +232,24 @@ func servedHereUnsettled(r *http.Request) error {
 		"this call needs a person's approval, which the replica that holds its session settles, and it could not be sent there; make the call again")}
 }
 
+// UnknownSessionOf is the refusal that [Forward.ServeLegacy] gives r when
+// route forwards 2025-11-25 sessions and r's session id names no node of
+// the route's (sealed with another key or for another route, or naming no
+// valid node), and the zero Verdict otherwise. A held call is checked so
+// before its approval is settled: settled first, the approval would be
+// used up on a call that no replica runs.
+func UnknownSessionOf(route Route, r *http.Request) Verdict {
+	fr, ok := route.(ForwardedRoute)
+	sid := r.Header.Get("Mcp-Session-Id")
+	if !ok || modernRequest(r) || sid == "" {
+		return Verdict{}
+	}
+	if _, ok := fr.Forwarder().Owner(sid); ok {
+		return Verdict{}
+	}
+	return UnknownSession("session_unknown", "unknown session: start a new session by initializing again without Mcp-Session-Id").Verdict
+}
+
 // ServeLegacy serves a 2025-11-25 request on route here when its session
 // is this node's (or it has none: an initialize), or forwards it to the
 // node that holds it.

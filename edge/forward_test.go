@@ -288,3 +288,102 @@ func TestHeldCallsAreSettledByTheirSessionsNode(t *testing.T) {
 		t.Fatalf("this node's session, unmarked: %v, served %d", err, local.served)
 	}
 }
+
+// A held call whose 2025-11-25 session id names no node of the route's
+// (sealed with another key, for another route, or a node id that is no
+// node's) is refused as ServeLegacy refuses it, 404 session_unknown,
+// before its approval is settled: settled first, the approval would be
+// used up on a call that no replica runs. Any other request goes on.
+func TestHeldCallOfNoNodesSessionIsRefusedFirst(t *testing.T) {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	ids, err := sessionid.New(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := NewForward(ForwardOptions{IDs: ids, Route: hopRoute, Nodes: thisNode("gw-1"), CheckNode: cluster.CheckNodeID})
+	otherKey := make([]byte, 32)
+	_, _ = rand.Read(otherKey)
+	other, _ := sessionid.New(otherKey)
+	request := func(sid, version string) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "http://mcp.example/mcp", nil)
+		if sid != "" {
+			r.Header.Set("Mcp-Session-Id", sid)
+		}
+		r.Header.Set("Mcp-Protocol-Version", version)
+		return r
+	}
+	cs := &ClusterSessions{Sessions: &Sessions{}, Fwd: f}
+	theirs := ids.Seal("gw-2/"+rand.Text(), "", hopRoute)
+	for _, c := range []struct {
+		name    string
+		route   Route
+		r       *http.Request
+		refused bool
+	}{
+		{"a session id sealed with another key", cs, request(other.Seal("gw-2/x", "", hopRoute), "2025-11-25"), true},
+		{"a session id sealed for another route", cs, request(ids.Seal("gw-2/x", "", "aggregate-node|/other||a"), "2025-11-25"), true},
+		{"a session id with a character changed", cs, request(flipMiddle(theirs), "2025-11-25"), true},
+		{"a session id of a bad node id, sealed", cs, request(ids.Seal("../../x/y", "", hopRoute), "2025-11-25"), true},
+		{"another node's session", cs, request(theirs, "2025-11-25"), false},
+		{"this node's session", cs, request(f.Mint(), "2025-11-25"), false},
+		{"no session", cs, request("", "2025-11-25"), false},
+		{"a 2026-07-28 request", cs, request(flipMiddle(theirs), "2026-07-28"), false},
+		{"a route that forwards nothing", &Guard{Route: "guard"}, request(flipMiddle(theirs), "2025-11-25"), false},
+	} {
+		v := UnknownSessionOf(c.route, c.r)
+		switch {
+		case c.refused && (v.Allowed() || v.Status != http.StatusNotFound || v.Reason != "session_unknown" || !strings.Contains(v.Message, "initializing again")):
+			t.Errorf("%s: %+v, want 404 session_unknown saying to initialize again", c.name, v)
+		case !c.refused && !v.Allowed():
+			t.Errorf("%s: refused %+v, want it to go on", c.name, v)
+		}
+	}
+}
+
+// A held call marked for its session's node to settle is served nowhere
+// else: whichever path the cluster routes take it on here (a 2026-07-28
+// request on either, a 2025-11-25 one of this node's session or of none on
+// the aggregated route), it is refused 403 approval_required, and its
+// route never serves it.
+func TestMarkedHeldCallIsServedOnNoOtherPath(t *testing.T) {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	ids, err := sessionid.New(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := NewForward(ForwardOptions{IDs: ids, Route: hopRoute, Nodes: thisNode("gw-1"), CheckNode: cluster.CheckNodeID})
+	request := func(sid, version string) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "http://mcp.example/mcp", nil)
+		if sid != "" {
+			r.Header.Set("Mcp-Session-Id", sid)
+		}
+		r.Header.Set("Mcp-Protocol-Version", version)
+		return r.WithContext(WithOwnerSettles(r.Context()))
+	}
+	theirs := ids.Seal("gw-2/"+rand.Text(), "", hopRoute)
+	// Neither route below can serve anything here: reaching one would
+	// fail the test (a nil catalog, a nil bridge), as it should.
+	sessions := &ClusterSessions{Sessions: &Sessions{}, Fwd: f}
+	agg := &ClusterAggregate{Aggregate: &Aggregate{}, Fwd: f}
+	for _, c := range []struct {
+		name  string
+		route Route
+		r     *http.Request
+	}{
+		{"a 2026-07-28 request on the sessions route", sessions, request("", "2026-07-28")},
+		{"a 2026-07-28 request naming another node's session, on the sessions route", sessions, request(theirs, "2026-07-28")},
+		{"a 2025-11-25 request of this node's session, on the sessions route", sessions, request(f.Mint(), "2025-11-25")},
+		{"a 2026-07-28 request on the aggregated route", agg, request("", "2026-07-28")},
+		{"a 2026-07-28 request naming another node's session, on the aggregated route", agg, request(theirs, "2026-07-28")},
+		{"a 2025-11-25 request of this node's session, on the aggregated route", agg, request(f.Mint(), "2025-11-25")},
+		{"a 2025-11-25 request of no session, on the aggregated route", agg, request("", "2025-11-25")},
+	} {
+		err := c.route.Serve(httptest.NewRecorder(), c.r, nil)
+		var re *RefusalError
+		if !errors.As(err, &re) || re.Verdict.Status != http.StatusForbidden || re.Verdict.Reason != ReasonApproval || !strings.Contains(re.Verdict.Message, "approval") {
+			t.Errorf("%s, marked for its owner to settle: %v, want 403 %s", c.name, err, ReasonApproval)
+		}
+	}
+}
