@@ -17,7 +17,10 @@
 // An approved call that asks its caller for input (MCP 2026-07-28's
 // multi-round calls) goes on in rounds (see Round), kept under
 // RoundKeyPrefix: each is bound to the approval, the call's digest and the
-// caller, lives no longer than the approval, and is consumed once.
+// caller, lives no longer than the approval, and is consumed once. A call
+// an approval or round let run on one replica and sent to another to be
+// served is marked for that replica, which takes the mark once (MarkHop,
+// TakeHop).
 //
 // It decides nothing about who may approve beyond two things it owns: an
 // answer never comes from the caller (neither their credential nor their
