@@ -14,6 +14,14 @@
 // storage lock of the approval, so that of two answers the first wins and
 // of two calls (on any replicas) one consumes it.
 //
+// An approved call that asks its caller for input (MCP 2026-07-28's
+// multi-round calls) goes on in rounds (see Round), kept under
+// RoundKeyPrefix: each is bound to the approval, the call's digest and the
+// caller, lives no longer than the approval, and is consumed once. A call
+// an approval or round let run on one replica and sent to another to be
+// served is marked for that replica, which takes the mark once (MarkHop,
+// TakeHop).
+//
 // It decides nothing about who may approve beyond two things it owns: an
 // answer never comes from the caller (neither their credential nor their
 // owner) unless the rule says self, and an answer to an approval no
@@ -175,6 +183,10 @@ type Approval struct {
 	AnsweredBy   string    `json:"answered_by,omitempty"`
 	AnsweredWith string    `json:"answered_with,omitempty"`
 	Answered     time.Time `json:"answered,omitzero"`
+	// Hop is the replica the consumed call was sent to, to be served
+	// there, and HopTaken whether that replica took it (see MarkHop).
+	Hop      string `json:"hop,omitempty"`
+	HopTaken bool   `json:"hop_taken,omitempty"`
 }
 
 func (a Approval) call() Call {
@@ -190,12 +202,16 @@ type Answerer struct {
 
 // Event is an answer, or a refused answer, for the audit.
 type Event struct {
-	// Action is "approved", "denied" or "refused".
+	// Action is "approved", "denied" or "refused"; for an approved
+	// call's next round (see Round), "round" or "round_refused".
 	Action string
 	ID     string
-	Rule   string
-	Site   string
-	// Caller is the held call's owner; By and With the answerer.
+	// Round is the round's id, for a round's event.
+	Round string
+	Rule  string
+	Site  string
+	// Caller is the held call's owner; By and With the answerer (a
+	// round's: the caller, and the credential that brought it).
 	Caller, By, With string
 	// Err is a refusal's reason.
 	Err error
@@ -209,7 +225,8 @@ type Options struct {
 	PendingLifetime, ApprovedLifetime time.Duration
 	// Now is the clock; time.Now by default.
 	Now func() time.Time
-	// Audit receives every answer and refused answer.
+	// Audit receives every answer and refused answer, and every round
+	// consumed or refused.
 	Audit func(Event)
 }
 

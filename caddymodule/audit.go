@@ -231,11 +231,18 @@ func logApprovalAnswer(e approvals.Event) {
 		zap.String("by", e.By),
 		zap.String("by_token_id", e.With),
 	}
+	if e.Round != "" {
+		fields = append(fields, zap.String("round", e.Round))
+	}
+	what := "approval answered"
+	if e.Round != "" {
+		what = "approved call's round"
+	}
 	if e.Err != nil {
-		auditLogger().Warn("approval answer refused", append(fields, zap.String("reason", e.Err.Error()))...)
+		auditLogger().Warn(what+" refused", append(fields, zap.String("reason", e.Err.Error()))...)
 		return
 	}
-	auditLogger().Info("approval answered", fields...)
+	auditLogger().Info(what, fields...)
 }
 
 // logRuleAllowed records a call that an operator's allow rule let
@@ -300,6 +307,9 @@ func (h *Handler) auditDrop(r *http.Request, d edge.Drop) {
 	}
 	if d.ID != "" {
 		fields = append(fields, zap.String("rpc_id", d.ID))
+	}
+	if d.Approval != "" {
+		fields = append(fields, zap.String("approval", d.Approval))
 	}
 	h.audit.Warn("answer dropped", fields...)
 }

@@ -151,7 +151,15 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	// settled here, where it runs, and audited here once it is allowed
 	// (the sender, which rate limited it, wrote no line for it).
 	held := d.Reason == edge.ReasonApproval
-	h.settle(r, h.route.route, p, &d)
+	if id := r.Header.Get(edge.HopSettledHeader); held && modern && id != "" {
+		// A 2026-07-28 call is settled by the replica that got it
+		// (edge.SettledByOwner is false for it), which consumed its
+		// approval or round, audited it, and marked it in storage for
+		// this node: checked there, and taken once.
+		d.Verdict, held = h.approvals.SettleForwarded(r.Context(), d, id, f.Self()), false
+	} else {
+		h.settle(r, h.route.route, p, &d)
+	}
 	if !d.Allowed() {
 		rf.call = d.Call
 		return h.refuse(w, r, rf, d.Verdict)
@@ -194,6 +202,7 @@ func (h *Handler) serveHop(w http.ResponseWriter, r *http.Request, rf refusal) e
 	r.Header.Del(edge.HopHeader)
 	r.Header.Del(edge.HopPrincipalHeader)
 	r.Header.Del(edge.HopCredentialHeader)
+	r.Header.Del(edge.HopSettledHeader)
 	r.Header.Del("Authorization")
 	r.Header.Del("DPoP")
 	// The address the sender's edge saw, which its signature covers.

@@ -531,7 +531,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	// 6. Serve.
-	return h.serve(w, r, route, span, p, d.Body, rf, tr, next)
+	var rounds *edge.Continuation
+	if d.Grant != nil && d.Body != nil {
+		rounds = h.approvals.Continuation(r.Context(), d.Grant, d.Body.Calls[0])
+		if s, ok := h.approvals.Settlement(d.Verdict); ok {
+			// For a hop that sends the call to another replica.
+			r = r.WithContext(edge.WithSettlement(r.Context(), s))
+		}
+	}
+	return h.serve(w, r, route, span, p, d.Body, rounds, rf, tr, next)
 }
 
 // settle decides a call that an approve rule holds (d.Reason
@@ -541,7 +549,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // input_required answer (d.StripState), or a call no rule holds now that
 // carries an approval's state (the rules changed between the rounds, or a
 // client copied it), loses its requestState and inputResponses, which are
-// the gateway's, never the backend's.
+// the gateway's, never the backend's; the retry of an approved call's
+// round (d.Round) gets the backend's requestState back, and keeps its
+// inputResponses, which answer the backend.
 func (h *Handler) settle(r *http.Request, route edge.Route, p policy.Principal, d *edge.Decision) {
 	if d.Reason == edge.ReasonApproval {
 		if h.route.urlElicitation != nil && route == h.route.route {
@@ -553,7 +563,13 @@ func (h *Handler) settle(r *http.Request, route edge.Route, p policy.Principal, 
 		}
 	}
 	if d.Allowed() && d.Body != nil && !d.Body.Batch && len(d.Body.Calls) == 1 && edge.IsApprovalState(d.Body.Calls[0].RequestState) {
-		nb, err := edge.WithoutRequestState(r, d.Body)
+		var nb *message.Body
+		var err error
+		if d.Round != nil {
+			nb, err = edge.RestoreRequestState(r, d.Body, *d.Round)
+		} else {
+			nb, err = edge.WithoutRequestState(r, d.Body)
+		}
 		if err != nil {
 			d.Call = d.Body.Calls[0]
 			d.Verdict = edge.Verdict{Status: http.StatusBadRequest, Reason: edge.ReasonMalformed, Code: message.CodeInvalidRequest,
@@ -635,9 +651,10 @@ var suspectQueue = policy.NewSuspectQueue(runtime.GOMAXPROCS(0) / 4)
 
 // serve is step 6: the route serves the request with the principal and
 // the body it was allowed on in its context, without the client's
-// credential, and behind the listing filter, which every answer passes. tr
-// is the request's step tracer, looked up once in ServeHTTP.
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, span spanning, p policy.Principal, b *message.Body, rf refusal, tr steps, next caddyhttp.Handler) (err error) {
+// credential, and behind the listing filter, which every answer passes
+// (and which binds the next round of an approved call, rounds). tr is the
+// request's step tracer, looked up once in ServeHTTP.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route, span spanning, p policy.Principal, b *message.Body, rounds *edge.Continuation, rf refusal, tr steps, next caddyhttp.Handler) (err error) {
 	ip := rf.clientIP
 	countAllowed(p)
 	if b != nil && !edge.OwnerSettles(r.Context()) { // else the owner audits it, once it has settled it
@@ -687,6 +704,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, route edge.Route
 	f := edge.NewListing(route, p, b, func(d edge.Drop) { h.auditDrop(r, d) })
 	f.Max = h.route.answerMax
 	f.Budget = h.app.answerBudget
+	f.Rounds = rounds
 	fw, closeFilter := f.Wrap(w)
 	if err = route.Serve(fw, r, next); err != nil {
 		if re := (*edge.RefusalError)(nil); errors.As(err, &re) {

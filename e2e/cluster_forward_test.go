@@ -364,6 +364,15 @@ func (h testHop) sign(t *testing.T, req *http.Request, body, from, to string, at
 			field(v)
 		}
 	}
+	// Then, when the hop names one, the approval or round that settled
+	// an approved call.
+	if vs := req.Header.Values("Zidane-Hop-Settled"); len(vs) > 0 {
+		field("settled")
+		field(strconv.Itoa(len(vs)))
+		for _, v := range vs {
+			field(v)
+		}
+	}
 	req.Header.Set("Zidane-Hop", "v3;from="+from+";to="+to+";t="+ts+";n="+nonce+";c="+client+";mac="+base64.RawURLEncoding.EncodeToString(m.Sum(nil)))
 	req.Header.Set("Zidane-Hop-Principal", principal)
 	if credential != "" {

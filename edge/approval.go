@@ -89,8 +89,9 @@ func (a *Approvals) Settle(ctx context.Context, d Decision) Verdict {
 	}
 	ap, err := a.Store.Hold(ctx, c)
 	if err == nil && ap.State == approvals.Approved {
-		if _, err := a.Store.Consume(ctx, ap.ID, c); err == nil {
-			return Verdict{Rule: v.Rule, RuleEffect: string(approvals.Approved)}
+		if used, err := a.Store.Consume(ctx, ap.ID, c); err == nil {
+			g := approvals.GrantOf(used)
+			return Verdict{Rule: v.Rule, RuleEffect: string(approvals.Approved), Grant: &g}
 		} else if !errors.Is(err, approvals.ErrUsed) {
 			return refusedHeld(tool, v, ReasonApprovalRefused, fmt.Sprintf("%s: approval %s: %v", c.Message, ap.ID, err))
 		}
@@ -176,6 +177,9 @@ func (a *Approvals) settleRetry(ctx context.Context, d Decision, c approvals.Cal
 	v := d.Verdict
 	tool := d.Call.IsToolCall()
 	id := strings.TrimPrefix(d.Call.RequestState, approvalStatePrefix)
+	if approvals.IsRoundID(id) {
+		return a.settleRound(ctx, d, c, id)
+	}
 	ap, err := a.Store.Get(ctx, id)
 	if err != nil && !errors.Is(err, approvals.ErrUnknown) {
 		return Verdict{Status: http.StatusServiceUnavailable, Reason: ReasonApprovalRefused, Rule: v.Rule, RuleEffect: v.RuleEffect,
@@ -188,10 +192,11 @@ func (a *Approvals) settleRetry(ctx context.Context, d Decision, c approvals.Cal
 	if declinedInput(d.Call.Params, id) {
 		return refusedHeld(tool, v, ReasonApprovalRefused, fmt.Sprintf("%s: you stopped waiting for approval %s, so the call was not made; make it again to wait again", c.Message, id))
 	}
-	_, err = a.Store.Consume(ctx, id, c)
+	used, err := a.Store.Consume(ctx, id, c)
 	switch {
 	case err == nil:
-		return Verdict{Rule: v.Rule, RuleEffect: string(approvals.Approved), StripState: true}
+		g := approvals.GrantOf(used)
+		return Verdict{Rule: v.Rule, RuleEffect: string(approvals.Approved), StripState: true, Grant: &g}
 	case errors.Is(err, approvals.ErrPending):
 		if r := a.inputRequired(d.Call, ap); r != nil {
 			return Verdict{Status: http.StatusOK, Reason: ReasonApproval, Rule: v.Rule, RuleEffect: v.RuleEffect,
@@ -299,6 +304,40 @@ func refusedHeld(tool bool, v Verdict, reason, msg string) Verdict {
 // order, without re-encoding a value. The body was read by package
 // message, so its keys are unique and no member can hide behind another.
 func WithoutRequestState(r *http.Request, b *message.Body) (*message.Body, error) {
+	return rewriteParams(r, b, func(params map[string]json.RawMessage) {
+		delete(params, "requestState")
+		delete(params, "inputResponses")
+	})
+}
+
+// RestoreRequestState puts the backend's requestState of round back in
+// the one call of b, the retry of an approved call's round that
+// [Approvals.Settle] allowed (Verdict.Round), in place of the gateway's,
+// or takes the gateway's out when the backend gave none. The
+// inputResponses stay: they answer the backend's question. Like
+// [WithoutRequestState], it keeps every other member's bytes and puts
+// the body back as r's.
+func RestoreRequestState(r *http.Request, b *message.Body, round approvals.Round) (*message.Body, error) {
+	// The state as a JSON string, without json.Marshal's HTML escapes:
+	// the backend reads the same string either way, and this way a state
+	// spelled plainly comes back as it went.
+	var state bytes.Buffer
+	enc := json.NewEncoder(&state)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(round.State); err != nil {
+		return nil, err
+	}
+	return rewriteParams(r, b, func(params map[string]json.RawMessage) {
+		delete(params, "requestState")
+		if round.HasState {
+			params["requestState"] = bytes.TrimSuffix(state.Bytes(), []byte("\n"))
+		}
+	})
+}
+
+// rewriteParams changes the params of the one call of b with edit, and
+// puts the body, read again, back as r's.
+func rewriteParams(r *http.Request, b *message.Body, edit func(map[string]json.RawMessage)) (*message.Body, error) {
 	if b == nil || b.Batch || len(b.Calls) != 1 {
 		return nil, errors.New("the retry of a held call must be one message")
 	}
@@ -310,8 +349,7 @@ func WithoutRequestState(r *http.Request, b *message.Body) (*message.Body, error
 	if err := json.Unmarshal(msg["params"], &params); err != nil {
 		return nil, err
 	}
-	delete(params, "requestState")
-	delete(params, "inputResponses")
+	edit(params)
 	msg["params"] = rawObject(params)
 	raw := rawObject(msg)
 	nb, err := message.Read(raw)

@@ -323,6 +323,14 @@ func (f *Forward) sendFrom(w http.ResponseWriter, r *http.Request, sid, self, no
 	if proof := ProofFrom(r.Context()); proof != "" {
 		out.Header.Set("DPoP", proof)
 	}
+	if s, ok := settlementFrom(r.Context()); ok {
+		// The call runs on node on an approval (or a round of one)
+		// consumed here: marked for node in storage, which node checks.
+		if err := s.Mark(r.Context(), node); err != nil {
+			return &RefusalError{Verdict: Refuse(http.StatusServiceUnavailable, "hop_failed", "this approved call cannot be sent to the replica that holds its upstream call ("+err.Error()+")")}
+		}
+		out.Header.Set(HopSettledHeader, s.ID)
+	}
 	nonce, err := f.o.Hop.Sign(out, f.o.Route, self, node, p, policy.JWTFrom(r.Context()), f.o.ClientIP(r), body, time.Now())
 	if err != nil {
 		return &RefusalError{Verdict: Refuse(http.StatusBadGateway, "hop_failed", "this request cannot be forwarded to the replica that holds its session: "+err.Error())}

@@ -28,7 +28,9 @@ import (
 // request URI, body and [HopForwardedHeaders], whom the sender's edge
 // authenticated and with what scopes, the access token of a JWT principal
 // (never an opaque token), and the client's address as the sender's edge
-// saw it (for the receiver's audit lines), under an HMAC-SHA256, with a
+// saw it (for the receiver's audit lines), the approval or round that let
+// an approved 2026-07-28 call run, when it did (HopSettledHeader, which
+// the receiver checks in storage), under an HMAC-SHA256, with a
 // key derived from the cluster key, over all of them, the session id, the
 // sending and the receiving node, the route, a time and a random nonce,
 // each field length-prefixed. [HopKey.Verify] takes a hop only if the MAC
@@ -170,6 +172,16 @@ func (k *HopKey) mac(method, uri, route, sid, from, to, at, nonce, principal, cr
 	for _, name := range params {
 		vs := h[name]
 		field(name)
+		field(strconv.Itoa(len(vs)))
+		for _, v := range vs {
+			field(v)
+		}
+	}
+	// The settlement of an approved call, on a hop that has one: after
+	// every count-prefixed part, so that a hop without it is MACed as
+	// before.
+	if vs := h.Values(HopSettledHeader); len(vs) > 0 {
+		field("settled")
 		field(strconv.Itoa(len(vs)))
 		for _, v := range vs {
 			field(v)

@@ -91,6 +91,10 @@ func TestHopRefusesForgedAlteredReplayed(t *testing.T) {
 			r.Header.Set("Mcp-Param-Region", "eu")
 			return body, "b", hopRoute
 		}, "hop_forged"},
+		{"an approved call's settlement added", func(r *http.Request) (string, string, string) {
+			r.Header.Set(HopSettledHeader, "apr_AAAAAAAAAAAAAAAAAAAAAA")
+			return body, "b", hopRoute
+		}, "hop_forged"},
 		{"another principal", func(r *http.Request) (string, string, string) {
 			other := signedHop(t, k, http.MethodPost, body, now)
 			other.Header.Set(HopPrincipalHeader, "eyJUb2tlbklEIjoidG9rX2FkbWluIiwiU2NvcGVzIjpbImFkbWluIl19")

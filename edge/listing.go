@@ -64,6 +64,10 @@ type Drop struct {
 	ID string
 	// Item is the name of a duplicate_item.
 	Item string
+	// Approval, for approval_round_refused (the backend's question in an
+	// approved call, which the gateway could not bind to a round: see
+	// Continuation), names the approval.
+	Approval string
 }
 
 // Listing is the filter in front of every answer the edge passes back: it
@@ -92,7 +96,9 @@ type Drop struct {
 //
 // Server requests, notifications and errors pass as they are, but on a
 // route that binds task handles, which the filter seals (see tasks.go).
-// Each drop is reported to onDrop.
+// The input_required answer to a call that an approval let run has its
+// requestState replaced by the state of the call's next round (see
+// Continuation). Each drop is reported to onDrop.
 type Listing struct {
 	// Max, when set, bounds what one answer to a POST may hold, in bytes
 	// (guard max_response): past it the filter ends the answer with a
@@ -106,6 +112,10 @@ type Listing struct {
 	// written out, and one that does not fit is replaced by an error
 	// that says so.
 	Budget *answerlimit.Budget
+	// Rounds, when the request is a call that an approval let run, binds
+	// its input_required answer to the call's next round (see
+	// Continuation).
+	Rounds *Continuation
 
 	route  Route
 	p      policy.Principal
@@ -174,7 +184,7 @@ func (f *Listing) drop(d Drop) {
 // filterMessage filters one JSON value a server sent: one JSON-RPC message
 // or a batch. keep is false when nothing of it may go out.
 func (f *Listing) filterMessage(data []byte) (out []byte, keep bool) {
-	if len(bytes.TrimSpace(data)) == 0 || (!f.server && f.info == nil && !mayList(data) && (f.tasks == nil || !mayTask(data))) {
+	if len(bytes.TrimSpace(data)) == 0 || (!f.server && f.info == nil && f.Rounds == nil && !mayList(data) && (f.tasks == nil || !mayTask(data))) {
 		// Nothing in it could spell a list, in any reader's spelling:
 		// whatever its id, it shows no item. Most answers (tool
 		// results) end here, unread. The answer to an initialize or
@@ -212,6 +222,19 @@ func (f *Listing) filterMessage(data []byte) (out []byte, keep bool) {
 // filterOne filters one message. Only an answer with a result can hold a
 // listing: requests and notifications of the server, and errors, pass.
 func (f *Listing) filterOne(c message.Call) ([]byte, bool) {
+	if f.Rounds != nil {
+		out, changed := f.Rounds.answer(c, f.drop)
+		if changed {
+			// Read again, as the client will: what follows filters
+			// the answer that goes out.
+			b, err := message.ReadAnswer(out)
+			if err != nil || b.Batch {
+				f.drop(Drop{Reason: "ambiguous_answer", ID: clip(c.ID.String())})
+				return nil, false
+			}
+			c = b.Calls[0]
+		}
+	}
 	if f.tasks != nil {
 		var method string
 		if c.IsResponse() && f.ids != nil {

@@ -137,6 +137,14 @@ type Verdict struct {
 	// inputResponses are the gateway's, removed before the backend reads
 	// the call (see [WithoutRequestState]).
 	StripState bool
+	// Grant, on an allowed verdict of a call an approval let run (or a
+	// round of one), is what the call's next round binds to: see
+	// [Approvals.Continuation].
+	Grant *approvals.Grant
+	// Round, with StripState, is the round the retry consumed: the
+	// backend's requestState goes back in the call (see
+	// [RestoreRequestState]).
+	Round *approvals.Round
 }
 
 // Allowed reports whether v allows.
