@@ -358,3 +358,54 @@ func TestRestoreRequestState(t *testing.T) {
 		}
 	}
 }
+
+// TestApprovedRoundRefusedBeforeUse: a retry of a round that the edge
+// refuses before it is settled (headers that disagree with the body, a
+// version header that disagrees with _meta, a batch, a duplicate or
+// case-variant requestState) is refused with its reason and does not use
+// the round up: the caller's proper retry still runs, once.
+func TestApprovedRoundRefusedBeforeUse(t *testing.T) {
+	fx := newRoundsFixture(t)
+	const args = `{"environment":"production"}`
+	v, c := fx.approve(t, args)
+	out, _ := fx.answer(t, v, c, false, 0, inputRequired(`"backend-S1"`))
+	state := roundOf(t, out)
+	retry := modernCall("deploy", args, `"requestState":"`+state+`","inputResponses":{"step1":{"action":"accept"}}`)
+	h := func(kv ...string) http.Header {
+		h := http.Header{"Mcp-Protocol-Version": {"2026-07-28"}, "Mcp-Method": {"tools/call"}, "Mcp-Name": {"deploy"}}
+		for i := 0; i+1 < len(kv); i += 2 {
+			h.Set(kv[i], kv[i+1])
+		}
+		return h
+	}
+	for _, a := range []struct {
+		name   string
+		h      http.Header
+		body   string
+		status int
+		reason string
+		word   string
+	}{
+		{"Mcp-Name naming another tool", h("Mcp-Name", "rollback"), retry, http.StatusBadRequest, "header_mismatch", "Mcp-Name"},
+		{"Mcp-Method naming another method", h("Mcp-Method", "prompts/get"), retry, http.StatusBadRequest, "header_mismatch", "Mcp-Method"},
+		{"a 2025-11-25 header on a 2026-07-28 body", h("Mcp-Protocol-Version", "2025-11-25"), retry, http.StatusBadRequest, "header_mismatch", "protocolVersion"},
+		{"the round in a batch", h(), "[" + retry + "]", http.StatusForbidden, ReasonRule, "not in a batch"},
+		{"a second requestState, escaped", h(), strings.Replace(retry, `"inputResponses"`, `"requestStat\u0065":"backend-S1","inputResponses"`, 1), http.StatusBadRequest, "ambiguous_body", "same key"},
+		{"a case-variant requestState", h(), strings.Replace(retry, `"inputResponses"`, `"RequestState":"backend-S1","inputResponses"`, 1), http.StatusBadRequest, "ambiguous_body", "case is folded"},
+	} {
+		d := Decide(fx.g, caller(), http.MethodPost, a.h, []byte(a.body))
+		if d.Reason == ReasonApproval {
+			d.Verdict = fx.ap.Settle(context.Background(), d)
+		}
+		if d.Allowed() || d.Status != a.status || (a.reason != "" && d.Reason != a.reason) || !strings.Contains(d.Message, a.word) {
+			t.Errorf("%s: %d %s %q, want %d %s saying %q", a.name, d.Status, d.Reason, d.Message, a.status, a.reason, a.word)
+		}
+	}
+	v, sent := fx.decide(t, caller(), "deploy", retry)
+	if !v.Allowed() || v.Round == nil || !strings.Contains(sent, `"requestState":"backend-S1"`) {
+		t.Fatalf("the proper retry after the refused ones: %+v, the backend got %s; want it run with the backend's state", v, sent)
+	}
+	if v, _ := fx.decide(t, caller(), "deploy", retry); v.Allowed() || !strings.Contains(v.Message, "used already") {
+		t.Fatalf("the round again: %+v, want it used already", v)
+	}
+}
