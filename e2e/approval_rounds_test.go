@@ -404,7 +404,8 @@ http://127.0.0.1:%d {
 // TestApprovedRoundsAcrossReplicas: two replicas on one NATS storage
 // serving the same guard site in front of the stateless everything-server:
 // an approved call's rounds are kept in storage, so each retry works on
-// either replica, and a round used on one is used on the other.
+// either replica, a round used on one is used on the other, and of its
+// retries sent at once to both, one runs.
 func TestApprovedRoundsAcrossReplicas(t *testing.T) {
 	natsURL := startNATSServer(t)
 	tp := startTap(t, startStatelessEverythingServer(t))
@@ -460,10 +461,39 @@ http://127.0.0.1:%d {
 	if _, asks := res.InputRequests["step1"]; st != http.StatusOK || !asks || !strings.HasPrefix(round1, "zidane-approval.apr_") {
 		t.Fatalf("the approved retry on B: %d %s", st, raw)
 	}
-	st, raw, res = rawRound(t, urlA, alice, multiRound, retry(round1, "step1", `{"name":"lin"}`))
-	round2 := res.RequestState
-	if _, asks := res.InputRequests["step2"]; st != http.StatusOK || !asks || !strings.HasPrefix(round2, "zidane-approval.apr_") {
-		t.Fatalf("B's round retried on A: %d %s", st, raw)
+	// The round's retry sent at once twice to each replica: one runs,
+	// the others find the round used.
+	type answer struct {
+		st  int
+		raw string
+		res roundResult
+	}
+	answers := make(chan answer, 4)
+	for i := range 4 {
+		go func() {
+			url := urlA
+			if i%2 == 1 {
+				url = urlB
+			}
+			st, raw, res := rawRound(t, url, alice, multiRound, retry(round1, "step1", `{"name":"lin"}`))
+			answers <- answer{st, raw, res}
+		}()
+	}
+	var round2 string
+	used := 0
+	for range 4 {
+		a := waitChan(t, answers, "a racing retry of the round", 30*time.Second)
+		switch _, asks := a.res.InputRequests["step2"]; {
+		case a.st == http.StatusOK && asks && strings.HasPrefix(a.res.RequestState, "zidane-approval.apr_") && round2 == "":
+			round2 = a.res.RequestState
+		case a.st == http.StatusForbidden && strings.Contains(a.raw, "used already"):
+			used++
+		default:
+			t.Fatalf("a racing retry of B's round: %d %s", a.st, a.raw)
+		}
+	}
+	if round2 == "" || used != 3 {
+		t.Fatalf("four retries of one round on two replicas at once: %d found it used, want one run and three used already", used)
 	}
 	if st, raw, _ := rawRound(t, urlB, alice, multiRound, retry(round1, "step1", `{"name":"lin"}`)); st != http.StatusForbidden || !strings.Contains(raw, "used already") {
 		t.Fatalf("the round used on A, replayed on B: %d %s", st, raw)
