@@ -279,21 +279,34 @@ func TestApprovedCallRoundAnswers(t *testing.T) {
 		backend string
 		word    string // in what the client gets
 		drop    string
+		// dropped: as an SSE event the answer is left out whole (the
+		// client gets nothing of it), as JSON replaced by the word.
+		dropped bool
 	}{
-		{"a complete result", 0, `{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"deployed"}],"requestState":"s"}}`, `"requestState":"s"`, ""},
-		{"a state over the bound", 0, inputRequired(big), "over 65536 bytes", "approval_round_refused"},
-		{"a state that is no string", 0, inputRequired(`{"round":1}`), "not a string", "approval_round_refused"},
-		{"a case-variant requestState", 0, strings.Replace(inputRequired(`"s"`), `"requestState"`, `"RequestState"`, 1), "another case", "approval_round_refused"},
-		{"a case-variant resultType", 0, strings.Replace(inputRequired(`"s"`), `"resultType"`, `"ResultType"`, 1), "another case", "approval_round_refused"},
-		{"an answer over max_response", 256, inputRequired(`"` + strings.Repeat("s", 512) + `"`), "max_response", "answer_too_large"},
+		{"a complete result", 0, `{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"deployed"}],"requestState":"s"}}`, `"requestState":"s"`, "", false},
+		{"a state over the bound", 0, inputRequired(big), "over 65536 bytes", "approval_round_refused", false},
+		{"a state that is no string", 0, inputRequired(`{"round":1}`), "not a string", "approval_round_refused", false},
+		{"a case-variant requestState", 0, strings.Replace(inputRequired(`"s"`), `"requestState"`, `"RequestState"`, 1), "another case", "approval_round_refused", false},
+		{"a case-variant resultType", 0, strings.Replace(inputRequired(`"s"`), `"resultType"`, `"ResultType"`, 1), "another case", "approval_round_refused", false},
+		{"resultType twice, input_required last", 0, strings.Replace(inputRequired(`"S-secret"`), `"resultType":"input_required"`, `"resultType":"complete","resultType":"input_required"`, 1), "unambiguously", "ambiguous_answer", true},
+		{"resultType twice, input_required first", 0, strings.Replace(inputRequired(`"S-secret"`), `"resultType":"input_required"`, `"resultType":"input_required","resultType":"complete"`, 1), "unambiguously", "ambiguous_answer", true},
+		{"requestState twice, one escaped", 0, strings.Replace(inputRequired(`"S-secret"`), `"inputRequests"`, `"request\u0053tate":"t","inputRequests"`, 1), "unambiguously", "ambiguous_answer", true},
+		{"a state with a lone surrogate", 0, inputRequired(`"\ud800S-secret"`), "unambiguously", "ambiguous_answer", true},
+		{"the call's id as a string (read as the call's by the TypeScript SDK)", 0, strings.Replace(inputRequired(`"S-secret"`), `"id":7`, `"id":"7"`, 1), "did not match the request", "unmatched_answer", true},
+		{"another request's id", 0, strings.Replace(inputRequired(`"S-secret"`), `"id":7`, `"id":8`, 1), "did not match the request", "unmatched_answer", true},
+		{"an answer over max_response", 256, inputRequired(`"` + strings.Repeat("s", 512) + `"`), "max_response", "answer_too_large", false},
 	} {
 		for _, sse := range []bool{false, true} {
 			t.Run(a.name, func(t *testing.T) {
 				fx := newRoundsFixture(t)
 				v, c := fx.approve(t, `{"environment":"production"}`)
 				out, drops := fx.answer(t, v, c, sse, a.max, a.backend)
-				if !strings.Contains(out, a.word) || strings.Contains(out, "apr_") {
-					t.Errorf("the client got %.300s, want it to say %q and name no round", out, a.word)
+				word := a.word
+				if sse && a.dropped {
+					word = ""
+				}
+				if !strings.Contains(out, word) || strings.Contains(out, "apr_") || strings.Contains(out, "S-secret") {
+					t.Errorf("the client got %.300s, want it to say %q and name no round nor hold the backend's state", out, word)
 				}
 				if a.drop == "" && len(drops) != 0 || a.drop != "" && (len(drops) != 1 || drops[0].Reason != a.drop) {
 					t.Errorf("drops %+v, want %q", drops, a.drop)
