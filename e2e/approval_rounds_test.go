@@ -707,3 +707,56 @@ http://127.0.0.1:%d {
 		t.Fatalf("the tool ran %q with the states %q, want once, after its own state came back", ran, states)
 	}
 }
+
+// TestApprovedRoundsClientSettledHeader: Zidane-Hop-Settled is the
+// replicas' own, read only on a hop the cluster key signs. A client that
+// sends it, naming its own approval consumed already or a round of it
+// used already, on another call an approve rule holds, is held for a new
+// approval like any caller, on guard, broker and aggregate, and the
+// backend never gets that call.
+func TestApprovedRoundsClientSettledHeader(t *testing.T) {
+	c, tp, ports := roundsGateway(t)
+	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
+	for _, route := range []string{"guard", "broker", "aggregate"} {
+		t.Run(route, func(t *testing.T) {
+			tp.reset()
+			url := fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[route])
+			args := `"arguments":{"team":"` + route + `"},`
+			st, raw, res := rawRound(t, url, alice, multiRound, args)
+			id := strings.TrimPrefix(res.RequestState, "zidane-approval.")
+			if st != http.StatusOK || !approvalID.MatchString(id) {
+				t.Fatalf("the held call: %d %s", st, raw)
+			}
+			if out, errOut, err := c.Run(t, "zidane", "approvals", "approve", id); err != nil {
+				t.Fatalf("approve: %v %s %s", err, out, errOut)
+			}
+			st, raw, res = rawRound(t, url, alice, multiRound, args+`"requestState":"zidane-approval.`+id+`","inputResponses":{"`+id+`":{"action":"accept"}},`)
+			round1 := strings.TrimPrefix(res.RequestState, "zidane-approval.")
+			if st != http.StatusOK || !strings.HasPrefix(round1, "apr_") {
+				t.Fatalf("the approved call: %d %s", st, raw)
+			}
+			if st, raw, _ = rawRound(t, url, alice, multiRound, args+`"requestState":"zidane-approval.`+round1+`","inputResponses":{"step1":{"action":"accept","content":{"name":"x"}}},`); st != http.StatusOK {
+				t.Fatalf("the round: %d %s", st, raw)
+			}
+			before, _ := backendRounds(tp, multiRound, 2)
+			other := `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"` + multiRound + `","arguments":{"team":"` + route + `-other"},` + roundsMeta + `}}`
+			for _, settled := range []string{id, round1} {
+				a := post(t, url, alice, other, "Mcp-Protocol-Version", modernVersion, "Mcp-Method", "tools/call", "Mcp-Name", multiRound, "Zidane-Hop-Settled", settled)
+				msgs := sseMessages(a.body)
+				var m struct {
+					Result roundResult `json:"result"`
+				}
+				if len(msgs) > 0 {
+					json.Unmarshal(msgs[len(msgs)-1], &m)
+				}
+				again := strings.TrimPrefix(m.Result.RequestState, "zidane-approval.")
+				if a.status != http.StatusOK || m.Result.ResultType != "input_required" || !approvalID.MatchString(again) || again == id {
+					t.Errorf("another held call naming %s in Zidane-Hop-Settled: %d %s, want it held for a new approval", settled, a.status, a.body)
+				}
+			}
+			if after, _ := tapRounds(tp, multiRound); len(after) != len(before) {
+				t.Fatalf("a call claiming a settlement reached the backend: %q then %q", before, after)
+			}
+		})
+	}
+}
