@@ -108,3 +108,78 @@ func TestAcrossReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestRoundsAcrossReplicas: on NATS storage (a real nats-server), the
+// retries of one round of an approved call, sent at once to two replicas,
+// run once; of two replicas forwarding the call the round let run, one
+// marks it; of hops taking the mark on both (a hop signed again by a
+// holder of the cluster key, to the node it was marked for), one takes it.
+func TestRoundsAcrossReplicas(t *testing.T) {
+	ns := natstest.JetStream(t)
+	key := make([]byte, cluster.KeySize)
+	_, _ = rand.Read(key)
+	replica := func() *Store {
+		conn, err := cluster.Dial(cluster.ConnConfig{URLs: []string{ns.ClientURL()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(conn.Close)
+		st, err := conn.Storage(context.Background(), cluster.StorageOptions{Key: key, LockTTL: 2 * time.Second, LockPoll: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := New(Options{Store: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a, b := replica(), replica()
+	ctx := context.Background()
+	race := func(what string, f func(s *Store) error, refused error) {
+		t.Helper()
+		errs := make(chan error, 6)
+		for i := range 6 {
+			go func() {
+				s := a
+				if i%2 == 1 {
+					s = b
+				}
+				errs <- f(s)
+			}()
+		}
+		won := 0
+		for range 6 {
+			switch err := <-errs; {
+			case err == nil:
+				won++
+			case !errors.Is(err, refused):
+				t.Fatalf("%s: %v", what, err)
+			}
+		}
+		if won != 1 {
+			t.Fatalf("%s on two replicas at once: %d succeeded, want 1", what, won)
+		}
+	}
+	g := approvedGrant(t, a)
+	for n := range 3 {
+		r, err := a.IssueRound(ctx, g, "backend-S"+string(rune('0'+n)), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got Round
+		race("the retry of one round", func(s *Store) error {
+			used, err := s.ConsumeRound(ctx, r.ID, deploy())
+			if err == nil {
+				got = used
+			}
+			return err
+		}, ErrUsed)
+		if got.State != "backend-S"+string(rune('0'+n)) || got.N != n+1 {
+			t.Fatalf("round %d gave back %+v", n+1, got)
+		}
+		race("the forward of the call it let run", func(s *Store) error { return s.MarkHop(ctx, r.ID, "gw-c") }, ErrHop)
+		race("a hop taking its mark", func(s *Store) error { return s.TakeHop(ctx, r.ID, "gw-c", deploy()) }, ErrHop)
+		g = got.Grant()
+	}
+}

@@ -55,6 +55,22 @@ func TestRoundAttacks(t *testing.T) {
 			_, err := s.ConsumeRound(ctx, r.ID, other(func(c *Call) { c.Rule = "global policy, rule 1" }))
 			return err
 		}, ErrMismatch, "not the call", true},
+		{"another site", func(s *Store, _ *clock, r Round) error {
+			_, err := s.ConsumeRound(ctx, r.ID, other(func(c *Call) { c.Site = "https://other.example.com/mcp" }))
+			return err
+		}, ErrMismatch, "not the call", true},
+		{"another route of the site", func(s *Store, _ *clock, r Round) error {
+			_, err := s.ConsumeRound(ctx, r.ID, other(func(c *Call) { c.Route = "broker" }))
+			return err
+		}, ErrMismatch, "not the call", true},
+		{"another upstream of the aggregate", func(s *Store, _ *clock, r Round) error {
+			_, err := s.ConsumeRound(ctx, r.ID, other(func(c *Call) { c.Upstream = "ev2" }))
+			return err
+		}, ErrMismatch, "not the call", true},
+		{"another method", func(s *Store, _ *clock, r Round) error {
+			_, err := s.ConsumeRound(ctx, r.ID, other(func(c *Call) { c.Method, c.Tool, c.Prompt = "prompts/get", "", "deploy" }))
+			return err
+		}, ErrMismatch, "not the call", true},
 		{"another person", func(s *Store, _ *clock, r Round) error {
 			_, err := s.ConsumeRound(ctx, r.ID, other(func(c *Call) { c.Owner, c.Credential = "mallory", "tok_mallory" }))
 			return err

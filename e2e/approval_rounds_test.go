@@ -404,7 +404,8 @@ http://127.0.0.1:%d {
 // TestApprovedRoundsAcrossReplicas: two replicas on one NATS storage
 // serving the same guard site in front of the stateless everything-server:
 // an approved call's rounds are kept in storage, so each retry works on
-// either replica, and a round used on one is used on the other.
+// either replica, a round used on one is used on the other, and of its
+// retries sent at once to both, one runs.
 func TestApprovedRoundsAcrossReplicas(t *testing.T) {
 	natsURL := startNATSServer(t)
 	tp := startTap(t, startStatelessEverythingServer(t))
@@ -460,10 +461,39 @@ http://127.0.0.1:%d {
 	if _, asks := res.InputRequests["step1"]; st != http.StatusOK || !asks || !strings.HasPrefix(round1, "zidane-approval.apr_") {
 		t.Fatalf("the approved retry on B: %d %s", st, raw)
 	}
-	st, raw, res = rawRound(t, urlA, alice, multiRound, retry(round1, "step1", `{"name":"lin"}`))
-	round2 := res.RequestState
-	if _, asks := res.InputRequests["step2"]; st != http.StatusOK || !asks || !strings.HasPrefix(round2, "zidane-approval.apr_") {
-		t.Fatalf("B's round retried on A: %d %s", st, raw)
+	// The round's retry sent at once twice to each replica: one runs,
+	// the others find the round used.
+	type answer struct {
+		st  int
+		raw string
+		res roundResult
+	}
+	answers := make(chan answer, 4)
+	for i := range 4 {
+		go func() {
+			url := urlA
+			if i%2 == 1 {
+				url = urlB
+			}
+			st, raw, res := rawRound(t, url, alice, multiRound, retry(round1, "step1", `{"name":"lin"}`))
+			answers <- answer{st, raw, res}
+		}()
+	}
+	var round2 string
+	used := 0
+	for range 4 {
+		a := waitChan(t, answers, "a racing retry of the round", 30*time.Second)
+		switch _, asks := a.res.InputRequests["step2"]; {
+		case a.st == http.StatusOK && asks && strings.HasPrefix(a.res.RequestState, "zidane-approval.apr_") && round2 == "":
+			round2 = a.res.RequestState
+		case a.st == http.StatusForbidden && strings.Contains(a.raw, "used already"):
+			used++
+		default:
+			t.Fatalf("a racing retry of B's round: %d %s", a.st, a.raw)
+		}
+	}
+	if round2 == "" || used != 3 {
+		t.Fatalf("four retries of one round on two replicas at once: %d found it used, want one run and three used already", used)
 	}
 	if st, raw, _ := rawRound(t, urlB, alice, multiRound, retry(round1, "step1", `{"name":"lin"}`)); st != http.StatusForbidden || !strings.Contains(raw, "used already") {
 		t.Fatalf("the round used on A, replayed on B: %d %s", st, raw)
@@ -675,5 +705,58 @@ http://127.0.0.1:%d {
 	defer mu.Unlock()
 	if fmt.Sprint(ran) != "[2.0.0 to eu-west]" || fmt.Sprint(states) != fmt.Sprint([]string{"", "asked-region"}) {
 		t.Fatalf("the tool ran %q with the states %q, want once, after its own state came back", ran, states)
+	}
+}
+
+// TestApprovedRoundsClientSettledHeader: Zidane-Hop-Settled is the
+// replicas' own, read only on a hop the cluster key signs. A client that
+// sends it, naming its own approval consumed already or a round of it
+// used already, on another call an approve rule holds, is held for a new
+// approval like any caller, on guard, broker and aggregate, and the
+// backend never gets that call.
+func TestApprovedRoundsClientSettledHeader(t *testing.T) {
+	c, tp, ports := roundsGateway(t)
+	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
+	for _, route := range []string{"guard", "broker", "aggregate"} {
+		t.Run(route, func(t *testing.T) {
+			tp.reset()
+			url := fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[route])
+			args := `"arguments":{"team":"` + route + `"},`
+			st, raw, res := rawRound(t, url, alice, multiRound, args)
+			id := strings.TrimPrefix(res.RequestState, "zidane-approval.")
+			if st != http.StatusOK || !approvalID.MatchString(id) {
+				t.Fatalf("the held call: %d %s", st, raw)
+			}
+			if out, errOut, err := c.Run(t, "zidane", "approvals", "approve", id); err != nil {
+				t.Fatalf("approve: %v %s %s", err, out, errOut)
+			}
+			st, raw, res = rawRound(t, url, alice, multiRound, args+`"requestState":"zidane-approval.`+id+`","inputResponses":{"`+id+`":{"action":"accept"}},`)
+			round1 := strings.TrimPrefix(res.RequestState, "zidane-approval.")
+			if st != http.StatusOK || !strings.HasPrefix(round1, "apr_") {
+				t.Fatalf("the approved call: %d %s", st, raw)
+			}
+			if st, raw, _ = rawRound(t, url, alice, multiRound, args+`"requestState":"zidane-approval.`+round1+`","inputResponses":{"step1":{"action":"accept","content":{"name":"x"}}},`); st != http.StatusOK {
+				t.Fatalf("the round: %d %s", st, raw)
+			}
+			before, _ := backendRounds(tp, multiRound, 2)
+			other := `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"` + multiRound + `","arguments":{"team":"` + route + `-other"},` + roundsMeta + `}}`
+			for _, settled := range []string{id, round1} {
+				a := post(t, url, alice, other, "Mcp-Protocol-Version", modernVersion, "Mcp-Method", "tools/call", "Mcp-Name", multiRound, "Zidane-Hop-Settled", settled)
+				msgs := sseMessages(a.body)
+				var m struct {
+					Result roundResult `json:"result"`
+				}
+				if len(msgs) > 0 {
+					json.Unmarshal(msgs[len(msgs)-1], &m)
+				}
+				again := strings.TrimPrefix(m.Result.RequestState, "zidane-approval.")
+				if a.status != http.StatusOK || m.Result.ResultType != "input_required" || !approvalID.MatchString(again) || again == id {
+					t.Errorf("another held call naming %s in Zidane-Hop-Settled: %d %s, want it held for a new approval", settled, a.status, a.body)
+				}
+			}
+			if after, _ := tapRounds(tp, multiRound); len(after) != len(before) {
+				t.Fatalf("a call claiming a settlement reached the backend: %q then %q", before, after)
+			}
+		})
 	}
 }

@@ -279,21 +279,34 @@ func TestApprovedCallRoundAnswers(t *testing.T) {
 		backend string
 		word    string // in what the client gets
 		drop    string
+		// dropped: as an SSE event the answer is left out whole (the
+		// client gets nothing of it), as JSON replaced by the word.
+		dropped bool
 	}{
-		{"a complete result", 0, `{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"deployed"}],"requestState":"s"}}`, `"requestState":"s"`, ""},
-		{"a state over the bound", 0, inputRequired(big), "over 65536 bytes", "approval_round_refused"},
-		{"a state that is no string", 0, inputRequired(`{"round":1}`), "not a string", "approval_round_refused"},
-		{"a case-variant requestState", 0, strings.Replace(inputRequired(`"s"`), `"requestState"`, `"RequestState"`, 1), "another case", "approval_round_refused"},
-		{"a case-variant resultType", 0, strings.Replace(inputRequired(`"s"`), `"resultType"`, `"ResultType"`, 1), "another case", "approval_round_refused"},
-		{"an answer over max_response", 256, inputRequired(`"` + strings.Repeat("s", 512) + `"`), "max_response", "answer_too_large"},
+		{"a complete result", 0, `{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"deployed"}],"requestState":"s"}}`, `"requestState":"s"`, "", false},
+		{"a state over the bound", 0, inputRequired(big), "over 65536 bytes", "approval_round_refused", false},
+		{"a state that is no string", 0, inputRequired(`{"round":1}`), "not a string", "approval_round_refused", false},
+		{"a case-variant requestState", 0, strings.Replace(inputRequired(`"s"`), `"requestState"`, `"RequestState"`, 1), "another case", "approval_round_refused", false},
+		{"a case-variant resultType", 0, strings.Replace(inputRequired(`"s"`), `"resultType"`, `"ResultType"`, 1), "another case", "approval_round_refused", false},
+		{"resultType twice, input_required last", 0, strings.Replace(inputRequired(`"S-secret"`), `"resultType":"input_required"`, `"resultType":"complete","resultType":"input_required"`, 1), "unambiguously", "ambiguous_answer", true},
+		{"resultType twice, input_required first", 0, strings.Replace(inputRequired(`"S-secret"`), `"resultType":"input_required"`, `"resultType":"input_required","resultType":"complete"`, 1), "unambiguously", "ambiguous_answer", true},
+		{"requestState twice, one escaped", 0, strings.Replace(inputRequired(`"S-secret"`), `"inputRequests"`, `"request\u0053tate":"t","inputRequests"`, 1), "unambiguously", "ambiguous_answer", true},
+		{"a state with a lone surrogate", 0, inputRequired(`"\ud800S-secret"`), "unambiguously", "ambiguous_answer", true},
+		{"the call's id as a string (read as the call's by the TypeScript SDK)", 0, strings.Replace(inputRequired(`"S-secret"`), `"id":7`, `"id":"7"`, 1), "did not match the request", "unmatched_answer", true},
+		{"another request's id", 0, strings.Replace(inputRequired(`"S-secret"`), `"id":7`, `"id":8`, 1), "did not match the request", "unmatched_answer", true},
+		{"an answer over max_response", 256, inputRequired(`"` + strings.Repeat("s", 512) + `"`), "max_response", "answer_too_large", false},
 	} {
 		for _, sse := range []bool{false, true} {
 			t.Run(a.name, func(t *testing.T) {
 				fx := newRoundsFixture(t)
 				v, c := fx.approve(t, `{"environment":"production"}`)
 				out, drops := fx.answer(t, v, c, sse, a.max, a.backend)
-				if !strings.Contains(out, a.word) || strings.Contains(out, "apr_") {
-					t.Errorf("the client got %.300s, want it to say %q and name no round", out, a.word)
+				word := a.word
+				if sse && a.dropped {
+					word = ""
+				}
+				if !strings.Contains(out, word) || strings.Contains(out, "apr_") || strings.Contains(out, "S-secret") {
+					t.Errorf("the client got %.300s, want it to say %q and name no round nor hold the backend's state", out, word)
 				}
 				if a.drop == "" && len(drops) != 0 || a.drop != "" && (len(drops) != 1 || drops[0].Reason != a.drop) {
 					t.Errorf("drops %+v, want %q", drops, a.drop)
@@ -356,5 +369,56 @@ func TestRestoreRequestState(t *testing.T) {
 			(tc.want != "" && !strings.Contains(s, tc.want)) || (tc.want == "" && strings.Contains(s, "requestState")) {
 			t.Errorf("state %+v: the backend got %s", tc.round, s)
 		}
+	}
+}
+
+// TestApprovedRoundRefusedBeforeUse: a retry of a round that the edge
+// refuses before it is settled (headers that disagree with the body, a
+// version header that disagrees with _meta, a batch, a duplicate or
+// case-variant requestState) is refused with its reason and does not use
+// the round up: the caller's proper retry still runs, once.
+func TestApprovedRoundRefusedBeforeUse(t *testing.T) {
+	fx := newRoundsFixture(t)
+	const args = `{"environment":"production"}`
+	v, c := fx.approve(t, args)
+	out, _ := fx.answer(t, v, c, false, 0, inputRequired(`"backend-S1"`))
+	state := roundOf(t, out)
+	retry := modernCall("deploy", args, `"requestState":"`+state+`","inputResponses":{"step1":{"action":"accept"}}`)
+	h := func(kv ...string) http.Header {
+		h := http.Header{"Mcp-Protocol-Version": {"2026-07-28"}, "Mcp-Method": {"tools/call"}, "Mcp-Name": {"deploy"}}
+		for i := 0; i+1 < len(kv); i += 2 {
+			h.Set(kv[i], kv[i+1])
+		}
+		return h
+	}
+	for _, a := range []struct {
+		name   string
+		h      http.Header
+		body   string
+		status int
+		reason string
+		word   string
+	}{
+		{"Mcp-Name naming another tool", h("Mcp-Name", "rollback"), retry, http.StatusBadRequest, "header_mismatch", "Mcp-Name"},
+		{"Mcp-Method naming another method", h("Mcp-Method", "prompts/get"), retry, http.StatusBadRequest, "header_mismatch", "Mcp-Method"},
+		{"a 2025-11-25 header on a 2026-07-28 body", h("Mcp-Protocol-Version", "2025-11-25"), retry, http.StatusBadRequest, "header_mismatch", "protocolVersion"},
+		{"the round in a batch", h(), "[" + retry + "]", http.StatusForbidden, ReasonRule, "not in a batch"},
+		{"a second requestState, escaped", h(), strings.Replace(retry, `"inputResponses"`, `"requestStat\u0065":"backend-S1","inputResponses"`, 1), http.StatusBadRequest, "ambiguous_body", "same key"},
+		{"a case-variant requestState", h(), strings.Replace(retry, `"inputResponses"`, `"RequestState":"backend-S1","inputResponses"`, 1), http.StatusBadRequest, "ambiguous_body", "case is folded"},
+	} {
+		d := Decide(fx.g, caller(), http.MethodPost, a.h, []byte(a.body))
+		if d.Reason == ReasonApproval {
+			d.Verdict = fx.ap.Settle(context.Background(), d)
+		}
+		if d.Allowed() || d.Status != a.status || (a.reason != "" && d.Reason != a.reason) || !strings.Contains(d.Message, a.word) {
+			t.Errorf("%s: %d %s %q, want %d %s saying %q", a.name, d.Status, d.Reason, d.Message, a.status, a.reason, a.word)
+		}
+	}
+	v, sent := fx.decide(t, caller(), "deploy", retry)
+	if !v.Allowed() || v.Round == nil || !strings.Contains(sent, `"requestState":"backend-S1"`) {
+		t.Fatalf("the proper retry after the refused ones: %+v, the backend got %s; want it run with the backend's state", v, sent)
+	}
+	if v, _ := fx.decide(t, caller(), "deploy", retry); v.Allowed() || !strings.Contains(v.Message, "used already") {
+		t.Fatalf("the round again: %+v, want it used already", v)
 	}
 }

@@ -41,9 +41,7 @@ func Update(ctx context.Context, s Storage, key string, fn func(old []byte) ([]b
 	// file lock polls, and under heavy contention a waiter can take a lock
 	// file that is still being written for a stale one. The storage lock
 	// then only has to arbitrate between processes (the CLI and a server).
-	mu := keyMutex(key)
-	mu.Lock()
-	defer mu.Unlock()
+	defer lockKey(key)()
 	if err := s.Lock(ctx, key); err != nil {
 		return err
 	}
@@ -59,9 +57,38 @@ func Update(ctx context.Context, s Storage, key string, fn func(old []byte) ([]b
 	return s.Store(ctx, key, next)
 }
 
-var keyMutexes sync.Map // key -> *sync.Mutex
+// keyLocks holds the in-process lock of each key an Update is running
+// on, counted, and forgets it when the last one returns: the keys are
+// often a client's to choose (an approved call's retry names the round
+// looked up under it), so an entry kept per key ever seen would grow
+// without bound.
+var (
+	keyLocksMu sync.Mutex
+	keyLocks   = map[string]*keyLock{}
+)
 
-func keyMutex(key string) *sync.Mutex {
-	mu, _ := keyMutexes.LoadOrStore(key, new(sync.Mutex))
-	return mu.(*sync.Mutex)
+type keyLock struct {
+	mu    sync.Mutex
+	users int // Updates holding or waiting for mu; under keyLocksMu
+}
+
+// lockKey takes key's in-process lock and returns its release.
+func lockKey(key string) (unlock func()) {
+	keyLocksMu.Lock()
+	l := keyLocks[key]
+	if l == nil {
+		l = &keyLock{}
+		keyLocks[key] = l
+	}
+	l.users++
+	keyLocksMu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		keyLocksMu.Lock()
+		if l.users--; l.users == 0 {
+			delete(keyLocks, key)
+		}
+		keyLocksMu.Unlock()
+	}
 }

@@ -63,3 +63,41 @@ func TestUpdateErrorKeepsStoredValue(t *testing.T) {
 		t.Fatalf("Load(missing) error = %v, want not-exist", err)
 	}
 }
+
+// TestUpdateLeavesNoLockBehind: Update takes an in-process lock per key,
+// and a client chooses keys (a retry's requestState names the round
+// looked up under its id, made up or not): each Update's lock is gone once
+// it returns, whether it stored, refused, or found nothing, so that keys
+// sent by the million cost no memory once answered.
+func TestUpdateLeavesNoLockBehind(t *testing.T) {
+	s := &certmagic.FileStorage{Path: t.TempDir()}
+	ctx := context.Background()
+	refused := errors.New("unknown")
+	for i := range 300 {
+		key := "zidane/approvals/rounds/apr_" + strconv.Itoa(i)
+		err := storage.Update(ctx, s, key, func(old []byte) ([]byte, error) {
+			if i%2 == 0 {
+				return nil, refused
+			}
+			return []byte("x"), nil
+		})
+		if (i%2 == 0) != errors.Is(err, refused) || (i%2 == 1 && err != nil) {
+			t.Fatalf("update %d: %v", i, err)
+		}
+	}
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = storage.Update(ctx, s, "shared", func(old []byte) ([]byte, error) { return append(old, 'x'), nil })
+		}()
+	}
+	wg.Wait()
+	if b, err := s.Load(ctx, "shared"); err != nil || len(b) != 20 {
+		t.Fatalf("20 writers of one key stored %q %v, want 20 bytes", b, err)
+	}
+	if n := storage.KeyLocks(); n != 0 {
+		t.Fatalf("%d in-process key locks remain after every Update returned, want none", n)
+	}
+}
