@@ -501,7 +501,27 @@ func decode(id string, raw []byte) (Approval, error) {
 // each under its lock. A denied or consumed one stays until its expiry,
 // so that the caller is told what became of it.
 func (s *Store) prune(ctx context.Context) {
-	keys, err := s.opts.Store.List(ctx, strings.TrimSuffix(CallKeyPrefix, "/"), false)
+	s.pruneUnder(ctx, CallKeyPrefix, func(k string) (time.Time, bool) {
+		a, err := s.load(ctx, strings.TrimPrefix(k, CallKeyPrefix))
+		return a.Expires, err == nil
+	})
+}
+
+// Prune deletes the approvals and the rounds past their lifetime (at most
+// maxList of each read). Holding a call and issuing a round prune too;
+// the gateway also prunes on a timer, so that what an expired approval
+// kept (the call's arguments, a backend's state in its rounds) goes even
+// when nothing new is written.
+func (s *Store) Prune(ctx context.Context) {
+	s.prune(ctx)
+	s.pruneRounds(ctx)
+}
+
+// pruneUnder deletes the records under prefix whose expiry, as expires
+// reads it (false: leave the record), has passed: reading at most
+// maxList, each deleted under its lock.
+func (s *Store) pruneUnder(ctx context.Context, prefix string, expires func(key string) (time.Time, bool)) {
+	keys, err := s.opts.Store.List(ctx, strings.TrimSuffix(prefix, "/"), false)
 	if err != nil {
 		return
 	}
@@ -510,8 +530,7 @@ func (s *Store) prune(ctx context.Context) {
 		if i == maxList || ctx.Err() != nil {
 			return
 		}
-		a, err := s.load(ctx, strings.TrimPrefix(k, CallKeyPrefix))
-		if err != nil || now.Before(a.Expires) {
+		if exp, ok := expires(k); !ok || now.Before(exp) {
 			continue
 		}
 		if s.opts.Store.Lock(ctx, k) == nil {

@@ -189,23 +189,12 @@ func validRoundID(id string) bool {
 // pruneRounds deletes rounds past their approval's lifetime (reading at
 // most maxList), each under its lock.
 func (s *Store) pruneRounds(ctx context.Context) {
-	keys, err := s.opts.Store.List(ctx, strings.TrimSuffix(RoundKeyPrefix, "/"), false)
-	if err != nil {
-		return
-	}
-	now := s.opts.Now()
-	for i, k := range keys {
-		if i == maxList || ctx.Err() != nil {
-			return
-		}
+	s.pruneUnder(ctx, RoundKeyPrefix, func(k string) (time.Time, bool) {
 		raw, err := s.opts.Store.Load(ctx, k)
 		var r Round
-		if err != nil || len(raw) > maxRoundRecord || json.Unmarshal(raw, &r) != nil || now.Before(r.Expires) {
-			continue
+		if err != nil || len(raw) > maxRoundRecord || json.Unmarshal(raw, &r) != nil {
+			return time.Time{}, false
 		}
-		if s.opts.Store.Lock(ctx, k) == nil {
-			_ = s.opts.Store.Delete(ctx, k)
-			_ = s.opts.Store.Unlock(context.WithoutCancel(ctx), k)
-		}
-	}
+		return r.Expires, true
+	})
 }

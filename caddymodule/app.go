@@ -182,6 +182,7 @@ type App struct {
 	// connections when their grant is revoked.
 	unhookGrants func()
 	actionsKey   string                          // this config's hold on actionsPool (NATS storage)
+	pruneKey     string                          // this config's hold on approvalPrunePool
 	cimd         map[string]*upstreamauth.Client // host+path of a client_metadata_url -> its upstream's client
 	ctx          caddy.Context                   // this config's: events, the http app
 	events       *caddyevents.App                // the events app, if configured
@@ -261,6 +262,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.approvals, err = approvals.New(approvals.Options{Store: st, Audit: logApprovalAnswer,
 		PendingLifetime: time.Duration(a.ApprovalPending), ApprovedLifetime: time.Duration(a.ApprovalApproved)}); err != nil {
 		return fmt.Errorf("zidane approval_pending, approval_approved: %w", err)
+	}
+	if a.pruneKey, err = provisionApprovalPruner(st, approvalPruneEvery); err != nil {
+		return fmt.Errorf("zidane: %w", err)
 	}
 	if err := a.provisionAgents(ctx); err != nil {
 		return err
@@ -420,6 +424,9 @@ func (a *App) Cleanup() error {
 	}
 	if a.pinsKey != "" {
 		_, _ = pinsPool.Delete(a.pinsKey)
+	}
+	if a.pruneKey != "" {
+		_, _ = approvalPrunePool.Delete(a.pruneKey)
 	}
 	var err error
 	if a.tokensKey != "" {
