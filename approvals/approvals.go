@@ -327,7 +327,7 @@ func (s *Store) Hold(ctx context.Context, c Call) (Approval, error) {
 		if pending >= MaxPendingPerCaller {
 			return nil, fmt.Errorf("%w (%d pending)", ErrTooMany, pending)
 		}
-		id, err := newID()
+		id, err := newID(idPrefix)
 		if err != nil {
 			return nil, err
 		}
@@ -455,7 +455,7 @@ func (s *Store) List(ctx context.Context, may func(Approval) bool) ([]Approval, 
 // update changes the approval of id under its storage lock; when fn
 // returns an error nothing is written.
 func (s *Store) update(ctx context.Context, id string, fn func(*Approval) error) error {
-	if !validID(id) {
+	if !validID(idPrefix, id) {
 		return ErrUnknown
 	}
 	return storage.Update(ctx, s.opts.Store, callKey(id), func(old []byte) ([]byte, error) {
@@ -474,7 +474,7 @@ func (s *Store) update(ctx context.Context, id string, fn func(*Approval) error)
 }
 
 func (s *Store) load(ctx context.Context, id string) (Approval, error) {
-	if !validID(id) {
+	if !validID(idPrefix, id) {
 		return Approval{}, ErrUnknown
 	}
 	raw, err := s.opts.Store.Load(ctx, callKey(id))
@@ -540,18 +540,20 @@ func (s *Store) pruneUnder(ctx context.Context, prefix string, expires func(key 
 	}
 }
 
-func newID() (string, error) {
+// newID makes a random id (128 bits) with prefix: an approval's (idPrefix)
+// or a round's (roundPrefix).
+func newID(prefix string) (string, error) {
 	b := make([]byte, 16)
 	if _, err := rand.Read(b); err != nil {
 		return "", err
 	}
-	return idPrefix + base64.RawURLEncoding.EncodeToString(b), nil
+	return prefix + base64.RawURLEncoding.EncodeToString(b), nil
 }
 
-// validID reports whether id has the shape of an approval id, so that no
-// other string names a storage key.
-func validID(id string) bool {
-	rest, ok := strings.CutPrefix(id, idPrefix)
+// validID reports whether id has the shape of an id newID makes with
+// prefix, so that no other string names a storage key.
+func validID(prefix, id string) bool {
+	rest, ok := strings.CutPrefix(id, prefix)
 	if !ok || len(rest) != 22 {
 		return false
 	}

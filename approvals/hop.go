@@ -63,7 +63,7 @@ func (s *Store) TakeHop(ctx context.Context, id, node string, c Call) error {
 // and writes what fn changed; an unknown id is ErrHop.
 func (s *Store) updateSettled(ctx context.Context, id string, fn func(settled) error) error {
 	now := s.opts.Now()
-	if validID(id) {
+	if validID(idPrefix, id) {
 		err := s.update(ctx, id, func(a *Approval) error {
 			return fn(settled{consumed: a.State == Consumed, hop: &a.Hop, taken: &a.HopTaken, call: a.call(), digest: a.Digest, expired: !now.Before(a.Expires)})
 		})
@@ -72,7 +72,7 @@ func (s *Store) updateSettled(ctx context.Context, id string, fn func(settled) e
 		}
 		return err
 	}
-	if !validRoundID(id) {
+	if !validID(roundPrefix, id) {
 		return ErrHop
 	}
 	return storage.Update(ctx, s.opts.Store, roundKey(id), func(old []byte) ([]byte, error) {

@@ -2,12 +2,9 @@ package approvals
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/Tahul/caddy-zidane-mcp/storage"
@@ -97,7 +94,7 @@ type Round struct {
 func roundKey(id string) string { return RoundKeyPrefix + id }
 
 // IsRoundID reports whether id has the shape of a round's id.
-func IsRoundID(id string) bool { return validRoundID(id) }
+func IsRoundID(id string) bool { return validID(roundPrefix, id) }
 
 // Grant is the grant of the round: what its call's next round binds to.
 func (r Round) Grant() Grant {
@@ -120,11 +117,11 @@ func (s *Store) IssueRound(ctx context.Context, g Grant, state string, hasState 
 		return Round{}, ErrExpired
 	}
 	s.pruneRounds(ctx)
-	b := make([]byte, 16)
-	if _, err := rand.Read(b); err != nil {
+	id, err := newID(roundPrefix)
+	if err != nil {
 		return Round{}, err
 	}
-	rec := Round{ID: roundPrefix + base64.RawURLEncoding.EncodeToString(b), Approval: g.Approval, Digest: g.Digest,
+	rec := Round{ID: id, Approval: g.Approval, Digest: g.Digest,
 		Owner: g.Owner, Credential: g.Credential, Tool: g.Tool, N: g.Rounds + 1, HasState: hasState, State: state,
 		Created: now, Expires: g.Expires}
 	raw, err := json.Marshal(rec)
@@ -147,7 +144,7 @@ func (s *Store) IssueRound(ctx context.Context, g Grant, state string, hasState 
 func (s *Store) ConsumeRound(ctx context.Context, id string, c Call) (Round, error) {
 	var got Round
 	err := ErrCaller
-	if validRoundID(id) {
+	if validID(roundPrefix, id) {
 		err = storage.Update(ctx, s.opts.Store, roundKey(id), func(old []byte) ([]byte, error) {
 			if old == nil || len(old) > maxRoundRecord || json.Unmarshal(old, &got) != nil || got.ID != id {
 				got = Round{}
@@ -173,17 +170,6 @@ func (s *Store) ConsumeRound(ctx context.Context, id string, c Call) (Round, err
 	}
 	s.opts.Audit(e)
 	return got, err
-}
-
-// validRoundID reports whether id has the shape of a round's id, so that
-// no other string names a storage key.
-func validRoundID(id string) bool {
-	rest, ok := strings.CutPrefix(id, roundPrefix)
-	if !ok || len(rest) != 22 {
-		return false
-	}
-	b, err := base64.RawURLEncoding.Strict().DecodeString(rest)
-	return err == nil && len(b) == 16
 }
 
 // pruneRounds deletes rounds past their approval's lifetime (reading at
