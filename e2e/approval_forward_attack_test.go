@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/base64"
 	"fmt"
 	"net/http"
 	"strings"
@@ -20,36 +19,7 @@ import (
 // to both replicas at once. Each refusal says why, and the replica that
 // refuses it writes its audit line.
 func TestApprovalForwardAttacks(t *testing.T) {
-	natsURL := startNATSServer(t)
-	upstream := startStatelessEverythingServer(t)
-	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
-	replica := func(node string) (*Caddy, string) {
-		host := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		c := startCaddy(t, fmt.Sprintf(`{
-	admin %s
-	storage zidane_nats
-	zidane {
-		cluster {
-			url %s
-			node %s
-			advertise http://%s
-		}
-		upstream ev %s
-	}
-}
-
-http://%s {
-	zidane_mcp {
-		aggregate ev
-		prefix conditional
-		policy {
-			approve "tool.name.endsWith('json_schema_2020_12_tool') && args.name == 'production'" "production needs a second person"
-		}
-	}
-}
-`, AdminPlaceholder, natsURL, node, host, upstream, host), clusterKey)
-		return c, host
-	}
+	replica := approvalAggregateReplicas(t)
 	a, hostA := replica("gw-a")
 	b, hostB := replica("gw-b")
 	c, hostC := replica("gw-c")

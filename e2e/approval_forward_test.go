@@ -21,19 +21,16 @@ func (s *switchHost) RoundTrip(r *http.Request) (*http.Response, error) {
 	return http.DefaultTransport.RoundTrip(r)
 }
 
-// TestApprovalOnAForwardedSession: on the aggregated route in cluster
-// mode, a 2025-11-25 session lives on the replica that opened it (A), and
-// a request for it that reaches B is forwarded to A. A call an approve
-// rule holds, sent through B, is held; once approved it runs exactly once,
-// through B (A, which runs it, settles the approval), with the approved
-// arguments; a changed argument and the replay are held anew, through
-// either replica. Before the owner settled held calls, the approved call
-// was consumed by B and refused by A: it never ran.
-func TestApprovalOnAForwardedSession(t *testing.T) {
+// approvalAggregateReplicas starts a NATS server and a stateless
+// upstream, and returns how to start a replica of an aggregated route over
+// it, in cluster mode, as node, with an approve rule on production calls
+// of json_schema_2020_12_tool.
+func approvalAggregateReplicas(t *testing.T) func(node string) (*Caddy, string) {
+	t.Helper()
 	natsURL := startNATSServer(t)
 	upstream := startStatelessEverythingServer(t)
 	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
-	replica := func(node string) (*Caddy, string) {
+	return func(node string) (*Caddy, string) {
 		host := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		c := startCaddy(t, fmt.Sprintf(`{
 	admin %s
@@ -60,6 +57,18 @@ http://%s {
 `, AdminPlaceholder, natsURL, node, host, upstream, host), clusterKey)
 		return c, host
 	}
+}
+
+// TestApprovalOnAForwardedSession: on the aggregated route in cluster
+// mode, a 2025-11-25 session lives on the replica that opened it (A), and
+// a request for it that reaches B is forwarded to A. A call an approve
+// rule holds, sent through B, is held; once approved it runs exactly once,
+// through B (A, which runs it, settles the approval), with the approved
+// arguments; a changed argument and the replay are held anew, through
+// either replica. Before the owner settled held calls, the approved call
+// was consumed by B and refused by A: it never ran.
+func TestApprovalOnAForwardedSession(t *testing.T) {
+	replica := approvalAggregateReplicas(t)
 	a, hostA := replica("gw-a")
 	b, hostB := replica("gw-b")
 	alice := createToken(t, a, "alice", "--scope", "mcp", "--owner", "alice")
