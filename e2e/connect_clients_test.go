@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -320,46 +318,24 @@ func TestPerUserClientsFollowTheElicitation(t *testing.T) {
 			defer s.revokeAll(t)
 			for _, who := range []string{"alice", "bob"} {
 				start := s.upstreamRequests()
-				cmd := boundedCommand(ctx, node(t), filepath.Join(e2eDir, "tsconnect.mjs"), "--url", route.url, "--token", tokens[who], "--tool", route.tool)
-				cmd.Env = nodeEnv(t)
-				stdout, _ := cmd.StdoutPipe()
-				var stderr strings.Builder
-				cmd.Stderr = &stderr
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				out := bufio.NewScanner(stdout)
-				readLine := func() map[string]any {
-					t.Helper()
-					if !out.Scan() {
-						t.Fatalf("tsconnect.mjs ended early; stderr:\n%s", stderr.String())
-					}
-					var m map[string]any
-					if err := json.Unmarshal(out.Bytes(), &m); err != nil {
-						t.Fatalf("tsconnect.mjs printed %q", out.Text())
-					}
-					if e, ok := m["error"]; ok {
-						t.Fatalf("the TypeScript client failed: %v\nstderr:\n%s", e, stderr.String())
-					}
-					return m
-				}
-				if got := readLine(); got["tools"] != float64(len(route.before)) || !reflect.DeepEqual(got["names"], route.before) {
+				ts := startLineScript(t, ctx, false, "tsconnect.mjs", "--url", route.url, "--token", tokens[who], "--tool", route.tool)
+				if got := ts.line(t); got["tools"] != float64(len(route.before)) || !reflect.DeepEqual(got["names"], route.before) {
 					t.Fatalf("%s's tools before connecting: %v, want %v", who, got, route.before)
 				}
 				if n := s.upstreamRequests(); n != start {
 					t.Fatalf("the upstream got %d requests from a person not connected", n-start)
 				}
-				link, _ := readLine()["elicit"].(string)
+				link, _ := ts.line(t)["elicit"].(string)
 				if n := s.upstreamRequests(); n != start {
 					t.Fatalf("%s's call before connecting reached the upstream (%d requests)", who, n-start)
 				}
 				s.connectInChromium(t, link, who, who)
-				got := readLine()
+				got := ts.line(t)
 				if got["tool"] != "whoami: "+who || got["isError"] != false || got["listChanged"] != true || got["toolsAfter"] != route.after {
 					t.Errorf("the TypeScript client of %s ended with %v", who, got)
 				}
-				if err := cmd.Wait(); err != nil {
-					t.Errorf("tsconnect.mjs: %v\nstderr:\n%s", err, stderr.String())
+				if err := ts.wait(); err != nil {
+					t.Errorf("tsconnect.mjs: %v\nstderr:\n%s", err, ts.stderr.String())
 				}
 			}
 		})

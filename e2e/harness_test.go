@@ -1153,3 +1153,99 @@ func runConformanceServer(t testing.TB, url, scenario string) (passed, failed in
 	t.Logf("conformance server %s (scenario %q): %d passed, %d failed", url, scenario, r.passed, r.failed)
 	return r.passed, r.failed, r.output
 }
+
+// lineScript is one of the suite's Node scripts under way that print a
+// JSON object per line, and {"error": message} before exiting 2 when they
+// fail (tsconnect.mjs, tsbrowser.mjs, tsoauth.mjs).
+type lineScript struct {
+	name   string
+	cmd    *exec.Cmd
+	out    *bufio.Scanner
+	stderr lockedBuffer
+	stdin  io.WriteCloser // with withStdin
+	exited chan struct{}
+	err    error // the process's end, once exited is closed
+}
+
+// lockedBuffer takes a process's stderr while the test may read it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startLineScript runs e2e/<script> with args under ctx; with withStdin
+// its stdin is a pipe (ls.stdin). The process is waited for when the test
+// ends.
+func startLineScript(t *testing.T, ctx context.Context, withStdin bool, script string, args ...string) *lineScript {
+	t.Helper()
+	cmd := boundedCommand(ctx, node(t), append([]string{filepath.Join(e2eDir, script)}, args...)...)
+	cmd.Env = nodeEnv(t)
+	ls := &lineScript{name: script, cmd: cmd, exited: make(chan struct{})}
+	cmd.Stderr = &ls.stderr
+	var err error
+	if withStdin {
+		if ls.stdin, err = cmd.StdinPipe(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ls.out = bufio.NewScanner(stdout)
+	ls.out.Buffer(make([]byte, 0, 64<<10), 4<<20)
+	t.Cleanup(func() {
+		if ls.stdin != nil {
+			ls.stdin.Close()
+		}
+		ls.wait()
+	})
+	return ls
+}
+
+// wait waits for the process to end (its stderr all read) and returns
+// how it ended. It may be called more than once.
+func (ls *lineScript) wait() error {
+	select {
+	case <-ls.exited:
+	default:
+		ls.err = ls.cmd.Wait()
+		close(ls.exited)
+	}
+	return ls.err
+}
+
+// line reads the script's next line. If the script ended instead, or
+// printed an error, the test fails with how the process ended and all it
+// wrote to stderr (read once it exited, so nothing is missing).
+func (ls *lineScript) line(t *testing.T) map[string]any {
+	t.Helper()
+	if !ls.out.Scan() {
+		err := ls.wait()
+		t.Fatalf("%s ended early (%v, exit: %v); stderr:\n%s", ls.name, ls.out.Err(), err, ls.stderr.String())
+	}
+	var m map[string]any
+	if err := json.Unmarshal(ls.out.Bytes(), &m); err != nil {
+		t.Fatalf("%s printed %q", ls.name, ls.out.Text())
+	}
+	if e, ok := m["error"]; ok {
+		err := ls.wait()
+		t.Fatalf("%s failed: %v (exit: %v)\nstderr:\n%s", ls.name, e, err, ls.stderr.String())
+	}
+	return m
+}

@@ -1,11 +1,8 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -162,36 +159,13 @@ func TestSigninClientsInChromium(t *testing.T) {
 		b := newBrowser(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		cmd := boundedCommand(ctx, node(t), filepath.Join(e2eDir, "tsbrowser.mjs"), "--url", base+"/mcp", "--issuer", base, "--tool", "test_simple_text")
-		cmd.Env = nodeEnv(t)
-		stdout, _ := cmd.StdoutPipe()
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = cmd.Wait() }()
-		out := bufio.NewScanner(stdout)
-		readLine := func() map[string]any {
-			t.Helper()
-			if !out.Scan() {
-				t.Fatalf("tsbrowser.mjs ended early; stderr:\n%s", stderr.String())
-			}
-			var m map[string]any
-			if err := json.Unmarshal(out.Bytes(), &m); err != nil {
-				t.Fatalf("tsbrowser.mjs printed %q", out.Text())
-			}
-			if e, ok := m["error"]; ok {
-				t.Fatalf("the TypeScript client failed: %v\nstderr:\n%s", e, stderr.String())
-			}
-			return m
-		}
-		authURL, _ := readLine()["authorize"].(string)
+		ts := startLineScript(t, ctx, false, "tsbrowser.mjs", "--url", base+"/mcp", "--issuer", base, "--tool", "test_simple_text")
+		authURL, _ := ts.line(t)["authorize"].(string)
 		if !strings.HasPrefix(authURL, base+"/") {
 			t.Fatalf("the client was sent to %q, not the gateway", authURL)
 		}
 		consentInChromium(t, b, authURL, base, "e2e ts browser client")
-		got := readLine()
+		got := ts.line(t)
 		if got["tool"] == "" || got["again"] == "" || got["token_type"] != "Bearer" || got["scope"] != "mcp" || got["refreshed"] != true {
 			t.Errorf("the TypeScript client ended with %v", got)
 		}

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -13,7 +12,6 @@ import (
 	"net/http/cookiejar"
 	"net/url"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -304,32 +302,8 @@ func TestSigninTypeScriptClient(t *testing.T) {
 	secret := signInLink(t, c, "bob", "read")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := boundedCommand(ctx, node(t), filepath.Join(e2eDir, "tsoauth.mjs"), "--url", base+"/mcp", "--redirect", "http://127.0.0.1:41235/callback")
-	cmd.Env = nodeEnv(t)
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Wait() }()
-	out := bufio.NewScanner(stdout)
-	readLine := func() map[string]any {
-		t.Helper()
-		if !out.Scan() {
-			t.Fatalf("tsoauth.mjs ended early; stderr:\n%s", stderr.String())
-		}
-		var m map[string]any
-		if err := json.Unmarshal(out.Bytes(), &m); err != nil {
-			t.Fatalf("tsoauth.mjs printed %q", out.Text())
-		}
-		if e, ok := m["error"]; ok {
-			t.Fatalf("the TypeScript client failed: %v\nstderr:\n%s", e, stderr.String())
-		}
-		return m
-	}
-	authURL, _ := readLine()["authorize"].(string)
+	ts := startLineScript(t, ctx, true, "tsoauth.mjs", "--url", base+"/mcp", "--redirect", "http://127.0.0.1:41235/callback")
+	authURL, _ := ts.line(t)["authorize"].(string)
 	if !strings.HasPrefix(authURL, base+authserver.AuthorizePath+"?") {
 		t.Fatalf("the client was sent to %q, not the gateway's authorization endpoint", authURL)
 	}
@@ -345,15 +319,15 @@ func TestSigninTypeScriptClient(t *testing.T) {
 	if back.Query().Get("iss") != base || back.Query().Get("code") == "" {
 		t.Fatalf("sent back to %s", back.Redacted())
 	}
-	if _, err := io.WriteString(stdin, back.String()+"\n"); err != nil {
+	if _, err := io.WriteString(ts.stdin, back.String()+"\n"); err != nil {
 		t.Fatal(err)
 	}
-	got := readLine()
+	got := ts.line(t)
 	tools, _ := got["tools"].([]any)
 	if len(tools) == 0 || got["token_type"] != "Bearer" || got["scope"] != "read" {
 		t.Errorf("the client ended with %v", got)
 	}
-	stdin.Close()
+	ts.stdin.Close()
 	for _, s := range []string{secret, back.Query().Get("code")} {
 		if strings.Contains(c.Logs(), s) {
 			t.Error("a secret reached caddy's log")

@@ -44,6 +44,8 @@ async function main() {
   // No server here asks a form question; one that did is declined.
   client.setRequestHandler(ElicitRequestSchema, () => ({ action: 'decline' }));
   const transport = new StreamableHTTPClientTransport(url, { requestInit: { headers: { Authorization: `Bearer ${token}` } } });
+  // What the transport meets on its own (the GET stream's failures among them) goes to stderr, for the test's report.
+  client.onerror = (e) => process.stderr.write(`tsconnect: transport: ${e?.message ?? e}\n`);
   await client.connect(transport);
   const listed = (await client.listTools()).tools;
   say({ tools: listed.length, names: listed.map((t) => t.name) });
@@ -58,7 +60,8 @@ async function main() {
   const done = new Promise((resolve, reject) => {
     if (completed.get(elicitation.elicitationId) === null) { resolve(); return; }
     completed.set(elicitation.elicitationId, resolve);
-    setTimeout(() => reject(new Error('no notifications/elicitation/complete within 2 minutes')), 120_000).unref();
+    // Not unref'd: with no GET stream open nothing else keeps Node running, and it would end with nothing said.
+    setTimeout(() => reject(new Error('no notifications/elicitation/complete within 2 minutes')), 120_000);
   });
   say({ elicit: elicitation.url, id: elicitation.elicitationId });
   await done;
