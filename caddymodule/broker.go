@@ -126,6 +126,7 @@ func (b *Broker) build(ctx caddy.Context) error {
 		ConnectRequired: s.app.connectRequired,
 		Retry:           s.app.connectRetry(u.Name, route),
 		Connected:       s.app.connectHold(u.Name),
+		Elicitations:    s.app.connectElicitations(u.Name),
 		Store:           ctx.Storage(),
 	})
 	if err != nil {

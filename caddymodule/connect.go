@@ -160,6 +160,17 @@ func (a *App) connectHold(name string) func(ctx context.Context, r *http.Request
 	}
 }
 
+// connectElicitations gives the route of the per_user upstream name the
+// ids of the calling person's live elicitations for it, at once.
+func (a *App) connectElicitations(name string) func(ctx context.Context, r *http.Request) []string {
+	return func(ctx context.Context, r *http.Request) []string {
+		if a.signin == nil || a.signin.connect == nil {
+			return nil
+		}
+		return a.signin.connect.Elicitations(ctx, callerOwner(r.Context()), name)
+	}
+}
+
 // connects is the config's connect links, or nil without them (no
 // signin, or no per_user upstream).
 func (a *App) connects() *connect.Service {

@@ -111,6 +111,14 @@ func (s *Service) WaitConnected(ctx context.Context, owner, upstream string, sin
 	}
 }
 
+// Elicitations returns, without waiting, the ids of owner's live
+// elicitations for upstream (each a call that asked them to connect): a
+// 2025-11-25 client's stream that opens once its person has connected is
+// told each is complete.
+func (s *Service) Elicitations(ctx context.Context, owner, upstream string) []string {
+	return s.links.elicitations(ctx, owner, upstream)
+}
+
 // completed reads whether the elicitation completed for owner: yes, no,
 // or for someone else (then no wait will change it).
 func (s *Service) completed(ctx context.Context, owner, elicitation string) (done, other bool) {

@@ -115,6 +115,12 @@ type Options struct {
 	// refused.
 	Connected func(ctx context.Context, r *http.Request, since time.Time) (elicitations []string, ok bool)
 
+	// Elicitations, when set, returns at once the ids of the live
+	// elicitations of the person calling r for the upstream (each a call
+	// that asked them to connect). A GET stream of a session begun before
+	// its person connected, that comes once they have, tells of them.
+	Elicitations func(ctx context.Context, r *http.Request) []string
+
 	// Store keeps the upstream session ids of pending sessions (those
 	// begun before their person connected), so that every replica
 	// sharing it continues them. Nil: this process alone.
@@ -192,6 +198,7 @@ type PassThrough struct {
 	connect       ConnectRequiredFunc
 	retry         func(http.ResponseWriter, *http.Request, message.Call) bool
 	connected     func(context.Context, *http.Request, time.Time) ([]string, bool)
+	elicitations  func(context.Context, *http.Request) []string
 	pending       pendingSessions
 	legacy        atomic.Bool // the upstream refused a server/discover: it speaks no 2026-07-28
 	logger        *slog.Logger
@@ -266,6 +273,7 @@ func New(u upstream.Config, opts Options) (*PassThrough, error) {
 		connect:       connect,
 		retry:         opts.Retry,
 		connected:     opts.Connected,
+		elicitations:  opts.Elicitations,
 		pending:       pendingSessions{store: opts.Store},
 		logger:        logger,
 	}, nil
@@ -369,12 +377,22 @@ func (pt *PassThrough) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ex.pending != nil {
 		// A session begun before its person connected: it goes on with
 		// an upstream session of its own once they have.
-		sid, err := pt.startPending(r, p, ex.pending)
+		sid, before, err := pt.startPending(r, p, ex.pending)
 		if err != nil {
 			pt.failed(w, r, p, &rec, ex, err)
 			return
 		}
 		ex.upstreamSID = sid
+		if !before && r.Method == http.MethodGet {
+			// The session had not started when this stream came, so its
+			// client may still wait to hear that its person connected:
+			// late, or held up behind the client's own POST while the
+			// person connected (storage locks poll), it tells them as a
+			// stream held from before would have.
+			rec.Outcome, rec.Status = upstream.OutcomeOK, http.StatusOK
+			pt.startedStream(w, r, ex)
+			return
+		}
 	}
 	if pt.retry != nil && ex.msg != nil {
 		for _, c := range ex.msg.Calls {

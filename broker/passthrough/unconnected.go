@@ -43,7 +43,8 @@ import (
 //   - a GET stream is held until the person connects, and then carries
 //     notifications/elicitation/complete for each of their elicitations and
 //     notifications/tools/list_changed, so that a 2025-11-25 client retries
-//     its call and lists again;
+//     its call and lists again; a GET stream that comes once they have
+//     connected, before the session started, carries the same first;
 //   - once the person has connected, the first request of a pending session
 //     starts the upstream session as them (initialize with the client's own
 //     parameters, then notifications/initialized) and the pending session
@@ -273,21 +274,8 @@ func (pt *PassThrough) hold(w http.ResponseWriter, r *http.Request, p policy.Pri
 			fmt.Sprintf("your account at %s is not connected; this stream opens once it is", pt.name))
 		return
 	}
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	if ex.clientSID != "" {
-		h.Set(upstream.HeaderSessionID, ex.clientSID)
-	}
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	flush := func() error {
-		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return err
-		}
-		return nil
-	}
-	if flush() != nil {
+	flush, ok := openEvents(w, ex)
+	if !ok {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), holdFor)
@@ -298,21 +286,74 @@ func (pt *PassThrough) hold(w http.ResponseWriter, r *http.Request, p policy.Pri
 	if !ok {
 		return
 	}
-	for _, id := range ids {
-		w.Write(sseMessage(connectlink.CompleteNotification(id)))
-	}
-	w.Write(sseMessage([]byte(`{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}`)))
-	if flush() != nil {
+	if !pt.tell(ctx, w, ids, flush) {
 		return
 	}
 	sid := ex.upstreamSID
 	if ex.pending != nil {
 		var err error
-		if sid, err = pt.startPending(r, p, ex.pending); err != nil {
+		if sid, _, err = pt.startPending(r, p, ex.pending); err != nil {
 			<-ctx.Done()
 			return
 		}
 	}
+	pt.relay(ctx, w, r, sid, flush)
+}
+
+// startedStream serves the GET stream of a pending session that started
+// during it, its person connected: it tells of their elicitations and the
+// changed list, then relays the upstream's stream of the session.
+func (pt *PassThrough) startedStream(w http.ResponseWriter, r *http.Request, ex exchange) {
+	flush, ok := openEvents(w, ex)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), holdFor)
+	defer cancel()
+	var ids []string
+	if pt.elicitations != nil {
+		ids = pt.elicitations(ctx, r)
+	}
+	if pt.tell(ctx, w, ids, flush) {
+		pt.relay(ctx, w, r, ex.upstreamSID, flush)
+	}
+}
+
+// openEvents answers 200 with an event stream, flushed; flush flushes
+// later writes.
+func openEvents(w http.ResponseWriter, ex exchange) (flush func() error, ok bool) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	if ex.clientSID != "" {
+		h.Set(upstream.HeaderSessionID, ex.clientSID)
+	}
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	flush = func() error {
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+		return nil
+	}
+	return flush, flush() == nil
+}
+
+// tell writes notifications/elicitation/complete for each of ids and
+// notifications/tools/list_changed to a stream, so that a 2025-11-25
+// client retries its calls and lists again.
+func (pt *PassThrough) tell(ctx context.Context, w http.ResponseWriter, ids []string, flush func() error) bool {
+	for _, id := range ids {
+		w.Write(sseMessage(connectlink.CompleteNotification(id)))
+	}
+	w.Write(sseMessage([]byte(`{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}`)))
+	return ctx.Err() == nil && flush() == nil
+}
+
+// relay relays the upstream's GET stream of session sid until ctx ends;
+// an upstream without one (or an upstream without sessions, sid "")
+// leaves the stream open and quiet until then.
+func (pt *PassThrough) relay(ctx context.Context, w http.ResponseWriter, r *http.Request, sid string, flush func() error) {
 	if sid != "" {
 		if resp, err := pt.send(r.WithContext(ctx), nil, sid); err == nil {
 			defer resp.Body.Close()
@@ -395,16 +436,18 @@ func (pt *PassThrough) remember(ps *pendingSession, sid string) {
 
 // startPending gives the pending session ps its upstream session, once
 // its person has connected: the upstream's session id ("" for an upstream
-// without sessions). A person still not connected gets the
-// ConnectRequiredError, and nothing reached the upstream.
-func (pt *PassThrough) startPending(r *http.Request, p policy.Principal, ps *pendingSession) (string, error) {
+// without sessions), and whether it had started before this call looked
+// (before: not while the call waited for another to start it). A person
+// still not connected gets the ConnectRequiredError, and nothing reached
+// the upstream.
+func (pt *PassThrough) startPending(r *http.Request, p policy.Principal, ps *pendingSession) (sid string, before bool, err error) {
 	if sid, ok := pt.lookup(r.Context(), p, ps); ok {
-		return sid, nil
+		return sid, true, nil
 	}
 	if st := pt.pending.store; st != nil {
 		key := pt.pendingKey(ps)
 		if err := st.Lock(r.Context(), key); err != nil {
-			return "", fmt.Errorf("locking the pending session: %w", err)
+			return "", false, fmt.Errorf("locking the pending session: %w", err)
 		}
 		defer st.Unlock(context.WithoutCancel(r.Context()), key)
 	} else {
@@ -412,7 +455,7 @@ func (pt *PassThrough) startPending(r *http.Request, p policy.Principal, ps *pen
 		defer pt.pending.starting.Unlock()
 	}
 	if sid, ok := pt.lookup(r.Context(), p, ps); ok {
-		return sid, nil
+		return sid, false, nil
 	}
 	version := legacyVersions[0]
 	if v, ok := message.Lookup(ps.Params, []string{"protocolVersion"}); ok {
@@ -423,28 +466,28 @@ func (pt *PassThrough) startPending(r *http.Request, p policy.Principal, ps *pen
 	init, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": ps.Params})
 	resp, err := pt.post(r.Context(), init, "", "")
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if resp.StatusCode != http.StatusOK || !hasResult(body, resp.Header.Get("Content-Type")) {
-		return "", fmt.Errorf("the upstream answered the initialize of a pending session with HTTP %d and no result", resp.StatusCode)
+		return "", false, fmt.Errorf("the upstream answered the initialize of a pending session with HTTP %d and no result", resp.StatusCode)
 	}
-	sid := resp.Header.Get(upstream.HeaderSessionID)
+	sid = resp.Header.Get(upstream.HeaderSessionID)
 	if sid != "" && !sessionid.Valid(sid) {
-		return "", errors.New("the upstream gave an invalid session id")
+		return "", false, errors.New("the upstream gave an invalid session id")
 	}
 	resp, err = pt.post(r.Context(), []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`), sid, version)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return "", fmt.Errorf("the upstream refused notifications/initialized of a pending session with HTTP %d", resp.StatusCode)
+		return "", false, fmt.Errorf("the upstream refused notifications/initialized of a pending session with HTTP %d", resp.StatusCode)
 	}
 	if st := pt.pending.store; st != nil {
 		rec := pendingRecord{Expires: time.Now().Add(pendingLifetime)}
@@ -454,11 +497,11 @@ func (pt *PassThrough) startPending(r *http.Request, p policy.Principal, ps *pen
 		b, _ := json.Marshal(rec)
 		pt.prunePending(r.Context())
 		if err := st.Store(r.Context(), pt.pendingKey(ps), b); err != nil {
-			return "", fmt.Errorf("keeping the pending session's upstream session: %w", err)
+			return "", false, fmt.Errorf("keeping the pending session's upstream session: %w", err)
 		}
 	}
 	pt.remember(ps, sid)
-	return sid, nil
+	return sid, false, nil
 }
 
 // maxPrune bounds how many stored pending sessions one start looks at to

@@ -1,6 +1,7 @@
 package passthrough
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -90,6 +91,14 @@ func newPerUser(t *testing.T, upOpts oauthtest.MCPOptions) *perUser {
 			w.Header().Set("Content-Type", "application/json")
 			w.Write(connectlink.Answer(connectlink.Required{ID: rpcID, Method: method, Version: version, URLElicitation: connectlink.URLCapable(caps),
 				Upstream: err.Upstream, Link: connectlink.Link{URL: "https://gw.example/zidane/connect/zcl_x", Elicitation: elicitationID, Expires: time.Now().Add(time.Minute)}}))
+		}
+		o.Elicitations = func(context.Context, *http.Request) []string {
+			select {
+			case <-g.connected:
+				return []string{elicitationID}
+			default:
+				return nil
+			}
 		}
 		o.Connected = func(ctx context.Context, r *http.Request, _ time.Time) ([]string, bool) {
 			select {
@@ -524,3 +533,95 @@ func discoverOf(t *testing.T, stateful bool, want string) {
 		t.Fatalf("bob's call once connected: %v %+v", err, res)
 	}
 }
+
+// TestStreamOpenedAfterConnectingTellsOfIt: a 2025-11-25 client that
+// waits for notifications/elicitation/complete (the TypeScript SDK's
+// example application) may open its GET stream only once its person has
+// connected: the stream started late, or lost a race for the pending
+// session with the client's own POST (storage locks poll) while the
+// person connected. The stream of a session that had not started when it
+// came still tells of the completion and of the changed list, whether the
+// upstream serves a GET stream or answers 405; once that session started,
+// a GET is the upstream's again.
+func TestStreamOpenedAfterConnectingTellsOfIt(t *testing.T) {
+	for _, stateful := range []bool{false, true} {
+		t.Run(map[bool]string{false: "upstream without a GET stream", true: "upstream with a GET stream"}[stateful], func(t *testing.T) {
+			g := newPerUser(t, oauthtest.MCPOptions{Stateful: stateful})
+			resp, body := post(t, g.rt.endpoint(), aliceBearer, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"elicitation":{"url":{}}},"clientInfo":{"name":"c","version":"1"}}}`)
+			sid := resp.Header.Get("Mcp-Session-Id")
+			if resp.StatusCode != http.StatusOK || sid == "" {
+				t.Fatalf("initialize: %d %s", resp.StatusCode, body)
+			}
+			if resp, body := post(t, g.rt.endpoint(), aliceBearer, sid, `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`); !strings.Contains(body, `"code":-32042`) {
+				t.Fatalf("the call before connecting: %d %s", resp.StatusCode, body)
+			}
+			g.connectAccount(t, "alice")
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			stream := openStream(ctx, t, g.rt.endpoint(), sid)
+			if got := stream.next(t); !strings.Contains(got, `"method":"notifications/elicitation/complete"`) || !strings.Contains(got, `"elicitationId":"`+elicitationID+`"`) {
+				t.Fatalf("the stream's first message: %s", got)
+			}
+			if got := stream.next(t); !strings.Contains(got, `"method":"notifications/tools/list_changed"`) {
+				t.Fatalf("the stream's second message: %s", got)
+			}
+			if resp, body := post(t, g.rt.endpoint(), aliceBearer, sid, `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`); resp.StatusCode != http.StatusOK || !strings.Contains(body, "whoami: alice") {
+				t.Fatalf("the retry: %d %s", resp.StatusCode, body)
+			}
+			stream.close()
+			// The session has started: a stream opened now is the upstream's.
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, g.rt.endpoint(), nil)
+			req.Header.Set("Authorization", aliceBearer)
+			req.Header.Set("Accept", "text/event-stream")
+			req.Header.Set("Mcp-Session-Id", sid)
+			req.Header.Set("Mcp-Protocol-Version", legacyMCP)
+			resp, err := httpClient(t, aliceBearer).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if want := map[bool]int{false: http.StatusMethodNotAllowed, true: http.StatusOK}[stateful]; resp.StatusCode != want {
+				t.Fatalf("a stream of the started session: HTTP %d, want the upstream's %d", resp.StatusCode, want)
+			}
+		})
+	}
+}
+
+// sseStream reads the data of a GET stream's events, one at a time.
+type sseStream struct {
+	resp *http.Response
+	sc   *bufio.Scanner
+}
+
+func openStream(ctx context.Context, t *testing.T, endpoint, sid string) *sseStream {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, endpoint, nil)
+	req.Header.Set("Authorization", aliceBearer)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Mcp-Session-Id", sid)
+	req.Header.Set("Mcp-Protocol-Version", legacyMCP)
+	resp, err := httpClient(t, aliceBearer).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		t.Fatalf("the GET stream: HTTP %d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	return &sseStream{resp: resp, sc: bufio.NewScanner(resp.Body)}
+}
+
+// next is the data of the stream's next event with data.
+func (s *sseStream) next(t *testing.T) string {
+	t.Helper()
+	for s.sc.Scan() {
+		if data, ok := strings.CutPrefix(s.sc.Text(), "data: "); ok {
+			return data
+		}
+	}
+	t.Fatalf("the stream ended: %v", s.sc.Err())
+	return ""
+}
+
+func (s *sseStream) close() { s.resp.Body.Close() }
