@@ -37,15 +37,11 @@ func IsNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }
 // loses a concurrent writer's change and a failed change never truncates
 // what was stored.
 func Update(ctx context.Context, s Storage, key string, fn func(old []byte) ([]byte, error)) error {
-	// Writers in this process also queue on a mutex of their own: certmagic's
-	// file lock polls, and under heavy contention a waiter can take a lock
-	// file that is still being written for a stale one. The storage lock
-	// then only has to arbitrate between processes (the CLI and a server).
-	defer lockKey(key)()
-	if err := s.Lock(ctx, key); err != nil {
+	unlock, err := Lock(ctx, s, key)
+	if err != nil {
 		return err
 	}
-	defer s.Unlock(context.WithoutCancel(ctx), key)
+	defer unlock()
 	old, err := s.Load(ctx, key)
 	if err != nil && !IsNotExist(err) {
 		return err
@@ -55,6 +51,24 @@ func Update(ctx context.Context, s Storage, key string, fn func(old []byte) ([]b
 		return err
 	}
 	return s.Store(ctx, key, next)
+}
+
+// Lock takes the lock named after key in s, and returns its release.
+// Callers in this process also queue on a mutex of their own first:
+// certmagic's file lock polls (a waiter sleeps a second between looks),
+// and under heavy contention a waiter can take a lock file that is still
+// being written for a stale one. The storage lock then only has to
+// arbitrate between processes (the CLI and a server, or replicas).
+func Lock(ctx context.Context, s Storage, key string) (unlock func(), err error) {
+	release := lockKey(key)
+	if err := s.Lock(ctx, key); err != nil {
+		release()
+		return nil, err
+	}
+	return func() {
+		s.Unlock(context.WithoutCancel(ctx), key)
+		release()
+	}, nil
 }
 
 // keyLocks holds the in-process lock of each key an Update is running

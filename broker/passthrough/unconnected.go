@@ -445,11 +445,13 @@ func (pt *PassThrough) startPending(r *http.Request, p policy.Principal, ps *pen
 		return sid, true, nil
 	}
 	if st := pt.pending.store; st != nil {
-		key := pt.pendingKey(ps)
-		if err := st.Lock(r.Context(), key); err != nil {
+		// Its requests on this replica wait on each other in memory
+		// (a client's GET stream and its first POST come together).
+		unlock, err := storage.Lock(r.Context(), st, pt.pendingKey(ps))
+		if err != nil {
 			return "", false, fmt.Errorf("locking the pending session: %w", err)
 		}
-		defer st.Unlock(context.WithoutCancel(r.Context()), key)
+		defer unlock()
 	} else {
 		pt.pending.starting.Lock()
 		defer pt.pending.starting.Unlock()
