@@ -101,3 +101,36 @@ func TestUpdateLeavesNoLockBehind(t *testing.T) {
 		t.Fatalf("%d in-process key locks remain after every Update returned, want none", n)
 	}
 }
+
+// failingLock is a storage whose lock cannot be taken.
+type failingLock struct{ *certmagic.FileStorage }
+
+func (failingLock) Lock(context.Context, string) error { return errors.New("lock refused") }
+
+// TestLockReleasesWhatItTook: Lock's release frees the storage lock and
+// the in-process one (the next Lock of the key is taken at once, and no
+// in-process lock is left), and a storage lock refused leaves no
+// in-process lock held either: were it kept, the next Lock of the key in
+// this process would wait forever.
+func TestLockReleasesWhatItTook(t *testing.T) {
+	ctx := context.Background()
+	s := &certmagic.FileStorage{Path: t.TempDir()}
+	for range 3 {
+		unlock, err := storage.Lock(ctx, s, "zidane/k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		unlock()
+	}
+	if _, err := storage.Lock(ctx, failingLock{s}, "zidane/k"); err == nil || err.Error() != "lock refused" {
+		t.Fatalf("a refused storage lock: %v", err)
+	}
+	if n := storage.KeyLocks(); n != 0 {
+		t.Fatalf("%d in-process key locks remain, want none", n)
+	}
+	unlock, err := storage.Lock(ctx, s, "zidane/k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+}
