@@ -570,15 +570,7 @@ func TestStreamOpenedAfterConnectingTellsOfIt(t *testing.T) {
 			}
 			stream.close()
 			// The session has started: a stream opened now is the upstream's.
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, g.rt.endpoint(), nil)
-			req.Header.Set("Authorization", aliceBearer)
-			req.Header.Set("Accept", "text/event-stream")
-			req.Header.Set("Mcp-Session-Id", sid)
-			req.Header.Set("Mcp-Protocol-Version", legacyMCP)
-			resp, err := httpClient(t, aliceBearer).Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
+			resp = getStream(ctx, t, g.rt.endpoint(), sid)
 			resp.Body.Close()
 			if want := map[bool]int{false: http.StatusMethodNotAllowed, true: http.StatusOK}[stateful]; resp.StatusCode != want {
 				t.Fatalf("a stream of the started session: HTTP %d, want the upstream's %d", resp.StatusCode, want)
@@ -593,7 +585,8 @@ type sseStream struct {
 	sc   *bufio.Scanner
 }
 
-func openStream(ctx context.Context, t *testing.T, endpoint, sid string) *sseStream {
+// getStream opens alice's GET stream of session sid.
+func getStream(ctx context.Context, t *testing.T, endpoint, sid string) *http.Response {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, endpoint, nil)
 	req.Header.Set("Authorization", aliceBearer)
@@ -604,6 +597,12 @@ func openStream(ctx context.Context, t *testing.T, endpoint, sid string) *sseStr
 	if err != nil {
 		t.Fatal(err)
 	}
+	return resp
+}
+
+func openStream(ctx context.Context, t *testing.T, endpoint, sid string) *sseStream {
+	t.Helper()
+	resp := getStream(ctx, t, endpoint, sid)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
