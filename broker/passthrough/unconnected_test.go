@@ -542,7 +542,7 @@ func discoverOf(t *testing.T, stateful bool, want string) {
 // person connected. The stream of a session that had not started when it
 // came still tells of the completion and of the changed list, whether the
 // upstream serves a GET stream or answers 405; once that session started,
-// a GET is the upstream's again.
+// a GET is the upstream's again (its 405).
 func TestStreamOpenedAfterConnectingTellsOfIt(t *testing.T) {
 	for _, stateful := range []bool{false, true} {
 		t.Run(map[bool]string{false: "upstream without a GET stream", true: "upstream with a GET stream"}[stateful], func(t *testing.T) {
@@ -569,11 +569,18 @@ func TestStreamOpenedAfterConnectingTellsOfIt(t *testing.T) {
 				t.Fatalf("the retry: %d %s", resp.StatusCode, body)
 			}
 			stream.close()
+			if stateful {
+				// The upstream's answer to another GET depends on whether
+				// it has seen the first one end yet (go-sdk answers 409
+				// while it holds it); the stateless one answers 405, which
+				// the gateway's own stream never does.
+				return
+			}
 			// The session has started: a stream opened now is the upstream's.
 			resp = getStream(ctx, t, g.rt.endpoint(), sid)
 			resp.Body.Close()
-			if want := map[bool]int{false: http.StatusMethodNotAllowed, true: http.StatusOK}[stateful]; resp.StatusCode != want {
-				t.Fatalf("a stream of the started session: HTTP %d, want the upstream's %d", resp.StatusCode, want)
+			if resp.StatusCode != http.StatusMethodNotAllowed {
+				t.Fatalf("a stream of the started session: HTTP %d, want the upstream's 405", resp.StatusCode)
 			}
 		})
 	}
