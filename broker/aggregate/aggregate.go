@@ -716,6 +716,14 @@ func (a *Aggregate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if known && (a.servePersonConnect(w, r, p, sid) || a.serveFast(w, r, sid)) {
 			return
 		}
+		if r.Method == http.MethodGet && known {
+			a.mu.Lock()
+			s := a.byID[sid]
+			a.mu.Unlock()
+			if s != nil {
+				w = &tellingWriter{ResponseWriter: w, s: s}
+			}
+		}
 		a.handler.ServeHTTP(w, r)
 		return
 	}

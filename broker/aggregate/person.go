@@ -16,6 +16,7 @@ import (
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstream"
 	"github.com/Tahul/caddy-zidane-mcp/broker/upstreamauth"
 	"github.com/Tahul/caddy-zidane-mcp/internal/mcpidle"
+	"github.com/Tahul/caddy-zidane-mcp/internal/sse"
 	"github.com/Tahul/caddy-zidane-mcp/message"
 	"github.com/Tahul/caddy-zidane-mcp/policy"
 )
@@ -517,9 +518,82 @@ func (a *Aggregate) afterConnect(ss *mcp.ServerSession, owner, id string) {
 	if !a.per.awaitConnect(ctx, owner, id) {
 		return
 	}
-	_ = ss.NotifyElicitationComplete(ctx, &mcp.ElicitationCompleteParams{ElicitationID: id})
+	if err := ss.NotifyElicitationComplete(ctx, &mcp.ElicitationCompleteParams{ElicitationID: id}); err != nil && ctx.Err() == nil {
+		// go-sdk drops a notification no GET stream is open to carry (the
+		// route keeps no event store): the session's next stream does.
+		s := a.session(ss)
+		s.untell(id)
+		// A stream that opened between the two took nothing from untell
+		// and missed the notification: once it is open, this reaches it.
+		if ss.NotifyElicitationComplete(ctx, &mcp.ElicitationCompleteParams{ElicitationID: id}) == nil {
+			s.takeUntold()
+		} else {
+			a.logger.Debug("aggregate: no GET stream was open to carry notifications/elicitation/complete; the session's next one carries it",
+				"session", ss.ID())
+		}
+	}
 	a.personListChanged()
 }
+
+// maxUntold bounds the completions a session keeps for its next stream.
+const maxUntold = 8
+
+// untell keeps elicitation id, whose completion s's client was not told
+// for want of a GET stream, for its next one.
+func (s *aggSession) untell(id string) {
+	s.untoldMu.Lock()
+	defer s.untoldMu.Unlock()
+	if len(s.untold) == maxUntold {
+		s.untold = s.untold[1:]
+	}
+	s.untold = append(s.untold, id)
+}
+
+// takeUntold returns, as event stream messages, the completions kept by
+// untell and notifications/tools/list_changed (go-sdk dropped that too),
+// and forgets them; nothing when there are none.
+func (s *aggSession) takeUntold() []byte {
+	s.untoldMu.Lock()
+	ids := s.untold
+	s.untold = nil
+	s.untoldMu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	var out []byte
+	for _, id := range ids {
+		b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": "notifications/elicitation/complete", "params": map[string]string{"elicitationId": id}})
+		out = sse.AppendMessage(out, b)
+	}
+	return sse.AppendMessage(out, []byte(`{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}`))
+}
+
+// tellingWriter is the response of a session's GET stream: go-sdk
+// flushes the stream's headers while it holds the stream's lock, before
+// the stream takes messages, and at that first flush what untell kept is
+// written, ahead of anything go-sdk sends on it. A GET go-sdk refuses
+// (another stream is open) never flushes, and leaves it kept.
+type tellingWriter struct {
+	http.ResponseWriter
+	s    *aggSession
+	told bool
+}
+
+func (t *tellingWriter) FlushError() error {
+	if !t.told {
+		t.told = true
+		if msgs := t.s.takeUntold(); msgs != nil {
+			if _, err := t.ResponseWriter.Write(msgs); err != nil {
+				return err
+			}
+		}
+	}
+	return http.NewResponseController(t.ResponseWriter).Flush()
+}
+
+func (t *tellingWriter) Flush() { _ = t.FlushError() }
+
+func (t *tellingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
 // personListChanged sends notifications/tools/list_changed to every
 // session: a person's listing changed. go-sdk sends it when a tool is

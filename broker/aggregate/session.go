@@ -42,6 +42,13 @@ type aggSession struct {
 	uses  int // a person session's calls in flight (under Aggregate.mu)
 
 	ended chan struct{} // closed by closeAll; nil until asked for (see endedCh)
+
+	// untold are elicitation ids whose completion no GET stream was open
+	// to carry (see untell), for the session's next one. Under untoldMu
+	// alone: go-sdk asks for them while holding its stream's lock, which
+	// a holder of mu may be waiting for.
+	untoldMu sync.Mutex
+	untold   []string
 }
 
 // endedCh is closed when the session's closeAll runs.

@@ -177,8 +177,5 @@ func relayEvents(w http.ResponseWriter, body io.Reader, flush func() error) (rea
 // sseMessage is one event-stream event that carries the JSON-RPC message
 // data.
 func sseMessage(data []byte) []byte {
-	out := make([]byte, 0, len(data)+24)
-	out = append(out, "event: message\ndata: "...)
-	out = append(out, data...)
-	return append(out, '\n', '\n')
+	return sse.AppendMessage(make([]byte, 0, len(data)+24), data)
 }

@@ -150,6 +150,13 @@ func Field(line []byte) (name, value []byte, comment bool) {
 	return name, value, false
 }
 
+// AppendMessage appends an event of type message (what MCP's streamable
+// HTTP transport sends) carrying data.
+func AppendMessage(dst, data []byte) []byte {
+	dst = append(dst, "event: message\n"...)
+	return append(AppendData(dst, data), '\n')
+}
+
 // AppendData appends data as the data lines of an event, one per line of
 // data (any line end in it becomes LF, as a client reads it back).
 func AppendData(dst, data []byte) []byte {

@@ -438,3 +438,21 @@ func TestEventMessage(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendMessage: a message event reads back as its data, whatever
+// line ends the data holds.
+func TestAppendMessage(t *testing.T) {
+	for _, data := range []string{`{"jsonrpc":"2.0","method":"m"}`, "a\nb", "a\r\nb\rc", ""} {
+		b := AppendMessage([]byte("x"), []byte(data))
+		var got []Event
+		var d Decoder
+		d.Write(b[1:], func(e Event) { got = append(got, e) })
+		want := strings.NewReplacer("\r\n", "\n", "\r", "\n").Replace(data)
+		if len(got) != 1 || string(got[0].Type()) != "message" {
+			t.Fatalf("%q: events %d", data, len(got))
+		}
+		if msg, ok := got[0].Message(); !ok || string(msg) != want {
+			t.Fatalf("%q read back as %q %v", data, msg, ok)
+		}
+	}
+}

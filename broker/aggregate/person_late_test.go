@@ -1,0 +1,91 @@
+package aggregate
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/Tahul/caddy-zidane-mcp/broker/internal/upstreamtest"
+)
+
+// TestAggregatePerUserStreamOpenedAfterConnecting: a 2025-11-25 session
+// whose GET stream is not open when its person connects (a client that
+// opens it late, or is reopening it) hears of the completion and of the
+// changed list on the next GET stream it opens: go-sdk drops a
+// notification that no stream is there to carry, and the client would
+// wait for it forever.
+func TestAggregatePerUserStreamOpenedAfterConnecting(t *testing.T) {
+	pu := newPersonUp(t)
+	ppl := &people{connected: map[string]bool{}}
+	connected := make(chan struct{})
+	logs := &upstreamtest.LogCapture{}
+	url := personServe(t, pu, ppl, Options{Logger: slog.New(logs), AwaitConnect: func(ctx context.Context, owner, elicitation string) bool {
+		select {
+		case <-connected:
+			return owner == "carol" && elicitation == "el-carol"
+		case <-ctx.Done():
+			return false
+		}
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	carol := &http.Client{Transport: personRT{token: "tok-carol", owner: "carol"}}
+	c := mcp.NewClient(&mcp.Implementation{Name: "carol-client", Version: "1"}, &mcp.ClientOptions{
+		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+	})
+	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: carol, MaxRetries: -1, DisableStandaloneSSE: true},
+		&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	_, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_people_whoami", Arguments: map[string]any{"text": "x"}})
+	var rpcErr *jsonrpc.Error
+	if !errors.As(err, &rpcErr) || rpcErr.Code != mcp.CodeURLElicitationRequired {
+		t.Fatalf("carol's call: %v, want -32042", err)
+	}
+	ppl.set("carol", true)
+	close(connected)
+	// The route found no stream to tell.
+	for logs.Find(func(m map[string]string) bool { return strings.Contains(m["msg"], "no GET stream") }) == nil {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the route did not report a completion it could not send")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Mcp-Session-Id", cs.ID())
+	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	resp, err := carol.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the GET stream: HTTP %d", resp.StatusCode)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	var got []string
+	for len(got) < 2 && sc.Scan() {
+		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			got = append(got, data)
+		}
+	}
+	if len(got) != 2 || !strings.Contains(got[0], `"notifications/elicitation/complete"`) || !strings.Contains(got[0], `"elicitationId":"el-carol"`) ||
+		!strings.Contains(got[1], `"notifications/tools/list_changed"`) {
+		t.Fatalf("the stream opened after connecting carried %q (%v)", got, sc.Err())
+	}
+	if got, isErr := callText(t, cs, "mcp_people_whoami"); isErr || got != "whoami: carol" {
+		t.Errorf("carol once connected: %q", got)
+	}
+}
