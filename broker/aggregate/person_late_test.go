@@ -3,14 +3,12 @@ package aggregate
 import (
 	"bufio"
 	"context"
-	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/Tahul/caddy-zidane-mcp/broker/internal/upstreamtest"
@@ -37,21 +35,7 @@ func TestAggregatePerUserStreamOpenedAfterConnecting(t *testing.T) {
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	carol := &http.Client{Transport: personRT{token: "tok-carol", owner: "carol"}}
-	c := mcp.NewClient(&mcp.Implementation{Name: "carol-client", Version: "1"}, &mcp.ClientOptions{
-		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
-	})
-	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: carol, MaxRetries: -1, DisableStandaloneSSE: true},
-		&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
-	_, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_people_whoami", Arguments: map[string]any{"text": "x"}})
-	var rpcErr *jsonrpc.Error
-	if !errors.As(err, &rpcErr) || rpcErr.Code != mcp.CodeURLElicitationRequired {
-		t.Fatalf("carol's call: %v, want -32042", err)
-	}
+	cs := carolAsksToConnect(t, ctx, url, &mcp.ClientOptions{}, true)
 	ppl.set("carol", true)
 	close(connected)
 	// The route found no stream to tell.
@@ -66,7 +50,7 @@ func TestAggregatePerUserStreamOpenedAfterConnecting(t *testing.T) {
 	req.Header.Set("Accept", "text/event-stream")
 	req.Header.Set("Mcp-Session-Id", cs.ID())
 	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	resp, err := carol.Do(req)
+	resp, err := (&http.Client{Transport: personRT{token: "tok-carol", owner: "carol"}}).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

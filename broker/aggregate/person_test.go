@@ -668,8 +668,9 @@ func TestAggregatePerUserConnectCompletes(t *testing.T) {
 		}
 	}})
 	complete, changed := make(chan string, 4), make(chan struct{}, 16)
-	c := mcp.NewClient(&mcp.Implementation{Name: "carol-client", Version: "1"}, &mcp.ClientOptions{
-		Capabilities: &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cs := carolAsksToConnect(t, ctx, url, &mcp.ClientOptions{
 		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
 			return &mcp.ElicitResult{Action: "accept"}, nil
 		},
@@ -682,20 +683,7 @@ func TestAggregatePerUserConnectCompletes(t *testing.T) {
 			default:
 			}
 		},
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: personRT{token: "tok-carol", owner: "carol"}}, MaxRetries: -1},
-		&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
-	_, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_people_whoami", Arguments: map[string]any{"text": "x"}})
-	var rpcErr *jsonrpc.Error
-	if !errors.As(err, &rpcErr) || rpcErr.Code != mcp.CodeURLElicitationRequired || !strings.Contains(string(rpcErr.Data), testConnectURL+"_carol") {
-		t.Fatalf("carol's call: %v, want -32042 with her link", err)
-	}
+	}, false)
 	ppl.set("carol", true)
 	close(connected)
 	select {
@@ -717,6 +705,29 @@ func TestAggregatePerUserConnectCompletes(t *testing.T) {
 	if got, isErr := callText(t, cs, "mcp_people_whoami"); isErr || got != "whoami: carol" {
 		t.Errorf("carol once connected: %q", got)
 	}
+}
+
+// carolAsksToConnect connects carol's go-sdk client (opts, declaring URL
+// elicitation) at 2025-11-25, without its GET stream when noStream, and
+// has it call one of the per-person upstream's tools before she has
+// connected: the call gets -32042 with her link. The session ends with
+// the test.
+func carolAsksToConnect(t *testing.T, ctx context.Context, url string, opts *mcp.ClientOptions, noStream bool) *mcp.ClientSession {
+	t.Helper()
+	opts.Capabilities = &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "carol-client", Version: "1"}, opts).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: personRT{token: "tok-carol", owner: "carol"}}, MaxRetries: -1, DisableStandaloneSSE: noStream},
+		&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	_, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "mcp_people_whoami", Arguments: map[string]any{"text": "x"}})
+	var rpcErr *jsonrpc.Error
+	if !errors.As(err, &rpcErr) || rpcErr.Code != mcp.CodeURLElicitationRequired || !strings.Contains(string(rpcErr.Data), testConnectURL+"_carol") {
+		t.Fatalf("carol's call: %v, want -32042 with her link", err)
+	}
+	return cs
 }
 
 // TestAggregatePerUserNeedsHTTP: a per-person upstream is refused at New
