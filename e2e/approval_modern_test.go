@@ -42,45 +42,14 @@ func plainPeer(t *testing.T, endpoint string, hc *http.Client, version string) (
 // changed argument; and the retry replayed after it ran.
 func TestApprovalInputRequired(t *testing.T) {
 	upstream := startStatelessEverythingServer(t)
-	guard, broker, agg := freePort(t), freePort(t), freePort(t)
 	rule := `policy {
 			approve "tool.name == 'json_schema_2020_12_tool' && args.name == 'production'" "production needs a second person"
 		}`
-	c := startCaddy(t, fmt.Sprintf(`{
-	admin %s
-	zidane {
-		upstream ev %s
-	}
-}
-
-http://127.0.0.1:%d {
-	zidane_mcp {
-		guard
-		resource http://127.0.0.1:%d/mcp
-		%s
-	}
-	reverse_proxy %s
-}
-
-http://127.0.0.1:%d {
-	zidane_mcp {
-		broker ev
-		%s
-	}
-}
-
-http://127.0.0.1:%d {
-	zidane_mcp {
-		aggregate ev
-		prefix conditional
-		%s
-	}
-}
-`, AdminPlaceholder, upstream, guard, guard, rule, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp"), broker, rule, agg, rule))
+	c, ports := ruledGateway(t, upstream, rule)
 	alice := createToken(t, c, "alice", "--scope", "mcp", "--owner", "alice")
 	mallory := createToken(t, c, "mallory", "--scope", "mcp", "--owner", "mallory")
 
-	for route, port := range map[string]int{"guard": guard, "broker": broker, "aggregate": agg} {
+	for route, port := range ports {
 		t.Run(route, func(t *testing.T) {
 			endpoint := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
 			asked, proceed := make(chan string, 4), make(chan struct{})

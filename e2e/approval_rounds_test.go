@@ -34,8 +34,17 @@ const roundsRule = `policy {
 func roundsGateway(t *testing.T) (c *Caddy, tp *tap, ports map[string]int) {
 	t.Helper()
 	tp = startTap(t, startStatelessEverythingServer(t))
-	ports = map[string]int{"guard": freePort(t), "broker": freePort(t), "aggregate": freePort(t)}
-	c = startCaddy(t, fmt.Sprintf(`{
+	c, ports = ruledGateway(t, tp.url(), roundsRule)
+	return c, tp, ports
+}
+
+// ruledGateway runs guard, broker and aggregate sites (ports by those
+// names) in front of the MCP server at upstream (named ev), each with
+// the zidane_mcp option rule.
+func ruledGateway(t *testing.T, upstream, rule string) (*Caddy, map[string]int) {
+	t.Helper()
+	ports := map[string]int{"guard": freePort(t), "broker": freePort(t), "aggregate": freePort(t)}
+	c := startCaddy(t, fmt.Sprintf(`{
 	admin %s
 	zidane {
 		upstream ev %s
@@ -65,9 +74,9 @@ http://127.0.0.1:%d {
 		%s
 	}
 }
-`, AdminPlaceholder, tp.url(), ports["guard"], ports["guard"], roundsRule, strings.TrimPrefix(tp.srv.URL, "http://"),
-		ports["broker"], roundsRule, ports["aggregate"], roundsRule))
-	return c, tp, ports
+`, AdminPlaceholder, upstream, ports["guard"], ports["guard"], rule, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp"),
+		ports["broker"], rule, ports["aggregate"], rule))
+	return c, ports
 }
 
 // backendRounds are the requestStates of the calls of tool that reached
@@ -181,6 +190,13 @@ func TestApprovedCallAsksForInput(t *testing.T) {
 // form elicitation.
 const roundsMeta = `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"elicitation":{}},"io.modelcontextprotocol/clientInfo":{"name":"raw","version":"1"}}`
 
+// roundRetry is the params of a 2026-07-28 call's retry: its arguments
+// (args, ending in a comma), requestState state, and inputResponses
+// answering key with accept and content.
+func roundRetry(args, state, key, content string) string {
+	return args + `"requestState":"` + state + `","inputResponses":{"` + key + `":{"action":"accept","content":` + content + `}},`
+}
+
 // rawRound posts one 2026-07-28 tools/call of tool and returns the status,
 // the last JSON-RPC message of the answer, and its result read.
 func rawRound(t *testing.T, url, token, tool, params string) (int, string, roundResult) {
@@ -231,9 +247,7 @@ func TestApprovedRoundsAttacks(t *testing.T) {
 			if out, errOut, err := c.Run(t, "zidane", "approvals", "approve", id); err != nil {
 				t.Fatalf("approve: %v %s %s", err, out, errOut)
 			}
-			retry := func(state, key, content string) string {
-				return args + `"requestState":"` + state + `","inputResponses":{"` + key + `":{"action":"accept","content":` + content + `}},`
-			}
+			retry := func(state, key, content string) string { return roundRetry(args, state, key, content) }
 			st, raw, res = rawRound(t, url, alice, multiRound, retry(res.RequestState, id, `{}`))
 			round1 := res.RequestState
 			if _, asks := res.InputRequests["step1"]; st != http.StatusOK || res.ResultType != "input_required" || !asks ||
@@ -407,36 +421,8 @@ http://127.0.0.1:%d {
 // either replica, a round used on one is used on the other, and of its
 // retries sent at once to both, one runs.
 func TestApprovedRoundsAcrossReplicas(t *testing.T) {
-	natsURL := startNATSServer(t)
 	tp := startTap(t, startStatelessEverythingServer(t))
-	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
-	site := fmt.Sprintf("http://127.0.0.1:%d/mcp", freePort(t)) // the resource both replicas serve
-	replica := func() (*Caddy, string) {
-		port := freePort(t)
-		c := startCaddy(t, fmt.Sprintf(`{
-	admin %s
-	storage zidane_nats
-	zidane {
-		cluster {
-			url %s
-			lock_ttl 5s
-		}
-	}
-}
-
-http://127.0.0.1:%d {
-	zidane_mcp {
-		guard
-		resource %s
-		%s
-	}
-	reverse_proxy %s
-}
-`, AdminPlaceholder, natsURL, port, site, roundsRule, strings.TrimPrefix(tp.srv.URL, "http://")), clusterKey)
-		return c, fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
-	}
-	a, urlA := replica()
-	b, urlB := replica()
+	a, b, urlA, urlB := guardReplicas(t, tp.url(), roundsRule)
 	stdout, stderr, err := a.Run(t, "zidane", "token", "create", "--name", "alice", "--scope", "mcp", "--owner", "alice")
 	if err != nil {
 		t.Fatalf("token create on A: %v %s", err, stderr)
@@ -445,9 +431,7 @@ http://127.0.0.1:%d {
 	waitStatus(t, urlB, alice, http.StatusOK, 20*time.Second)
 
 	const args = `"arguments":{"team":"cluster"},`
-	retry := func(state, key, content string) string {
-		return args + `"requestState":"` + state + `","inputResponses":{"` + key + `":{"action":"accept","content":` + content + `}},`
-	}
+	retry := func(state, key, content string) string { return roundRetry(args, state, key, content) }
 	st, raw, res := rawRound(t, urlA, alice, multiRound, args)
 	id := strings.TrimPrefix(res.RequestState, "zidane-approval.")
 	if st != http.StatusOK || !approvalID.MatchString(id) {
@@ -554,9 +538,7 @@ http://%s {
 		waitForAggregate(t, u, alice, tool)
 	}
 	const args = `"arguments":{"team":"bridge"},`
-	retry := func(state, key, content string) string {
-		return args + `"requestState":"` + state + `","inputResponses":{"` + key + `":{"action":"accept","content":` + content + `}},`
-	}
+	retry := func(state, key, content string) string { return roundRetry(args, state, key, content) }
 	st, raw, res := rawRound(t, urlA, alice, tool, args)
 	id := strings.TrimPrefix(res.RequestState, "zidane-approval.")
 	if st != http.StatusOK || !approvalID.MatchString(id) {

@@ -264,38 +264,9 @@ http://127.0.0.1:%d {
 // the same call then made on both at once runs on exactly one of them,
 // and the other is held anew.
 func TestApprovalAcrossReplicas(t *testing.T) {
-	natsURL := startNATSServer(t)
-	upstream := startStatelessEverythingServer(t)
-	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
-	site := fmt.Sprintf("http://127.0.0.1:%d/mcp", freePort(t)) // the resource both replicas serve
-	replica := func() (*Caddy, string) {
-		port := freePort(t)
-		c := startCaddy(t, fmt.Sprintf(`{
-	admin %s
-	storage zidane_nats
-	zidane {
-		cluster {
-			url %s
-			lock_ttl 5s
-		}
-	}
-}
-
-http://127.0.0.1:%d {
-	zidane_mcp {
-		guard
-		resource %s
-		policy {
+	a, b, urlA, urlB := guardReplicas(t, startStatelessEverythingServer(t), `policy {
 			approve "tool.name == 'json_schema_2020_12_tool' && args.name == 'production'" "production needs a second person"
-		}
-	}
-	reverse_proxy %s
-}
-`, AdminPlaceholder, natsURL, port, site, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp")), clusterKey)
-		return c, fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
-	}
-	a, urlA := replica()
-	b, urlB := replica()
+		}`)
 	stdout, stderr, err := a.Run(t, "zidane", "token", "create", "--name", "alice", "--scope", "mcp", "--owner", "alice")
 	if err != nil {
 		t.Fatalf("token create on A: %v %s", err, stderr)
@@ -476,4 +447,41 @@ http://127.0.0.1:%d {
 			})
 		}
 	}
+}
+
+// guardReplicas runs two replicas on one NATS storage, each with a guard
+// site in front of the MCP server at upstream serving one resource, with
+// the zidane_mcp option rule; it returns them and their MCP endpoints.
+func guardReplicas(t *testing.T, upstream, rule string) (a, b *Caddy, urlA, urlB string) {
+	t.Helper()
+	natsURL := startNATSServer(t)
+	clusterKey := "ZIDANE_CLUSTER_KEY=" + base64.StdEncoding.EncodeToString([]byte(randomHex(16)))
+	site := fmt.Sprintf("http://127.0.0.1:%d/mcp", freePort(t)) // the resource both replicas serve
+	replica := func() (*Caddy, string) {
+		port := freePort(t)
+		c := startCaddy(t, fmt.Sprintf(`{
+	admin %s
+	storage zidane_nats
+	zidane {
+		cluster {
+			url %s
+			lock_ttl 5s
+		}
+	}
+}
+
+http://127.0.0.1:%d {
+	zidane_mcp {
+		guard
+		resource %s
+		%s
+	}
+	reverse_proxy %s
+}
+`, AdminPlaceholder, natsURL, port, site, rule, strings.TrimSuffix(strings.TrimPrefix(upstream, "http://"), "/mcp")), clusterKey)
+		return c, fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	}
+	a, urlA = replica()
+	b, urlB = replica()
+	return a, b, urlA, urlB
 }
