@@ -558,6 +558,17 @@ func TestStreamOpenedAfterConnectingTellsOfIt(t *testing.T) {
 			g.connectAccount(t, "alice")
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
+			// Another token with alice's session id is not told of her
+			// elicitations, and starts nothing at the upstream as her.
+			before := g.upstreamRequests()
+			resp = getStream(ctx, t, g.rt.endpoint(), bobBearer, sid)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusNotFound {
+				t.Fatalf("bob's GET of alice's session: HTTP %d, want 404", resp.StatusCode)
+			}
+			if n := g.upstreamRequests(); n != before {
+				t.Fatalf("bob's GET of alice's session reached the upstream (%d requests)", n-before)
+			}
 			stream := openStream(ctx, t, g.rt.endpoint(), sid)
 			if got := stream.next(t); !strings.Contains(got, `"method":"notifications/elicitation/complete"`) || !strings.Contains(got, `"elicitationId":"`+elicitationID+`"`) {
 				t.Fatalf("the stream's first message: %s", got)
@@ -577,7 +588,7 @@ func TestStreamOpenedAfterConnectingTellsOfIt(t *testing.T) {
 				return
 			}
 			// The session has started: a stream opened now is the upstream's.
-			resp = getStream(ctx, t, g.rt.endpoint(), sid)
+			resp = getStream(ctx, t, g.rt.endpoint(), aliceBearer, sid)
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusMethodNotAllowed {
 				t.Fatalf("a stream of the started session: HTTP %d, want the upstream's 405", resp.StatusCode)
@@ -592,15 +603,15 @@ type sseStream struct {
 	sc   *bufio.Scanner
 }
 
-// getStream opens alice's GET stream of session sid.
-func getStream(ctx context.Context, t *testing.T, endpoint, sid string) *http.Response {
+// getStream opens bearer's GET stream of session sid.
+func getStream(ctx context.Context, t *testing.T, endpoint, bearer, sid string) *http.Response {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, endpoint, nil)
-	req.Header.Set("Authorization", aliceBearer)
+	req.Header.Set("Authorization", bearer)
 	req.Header.Set("Accept", "text/event-stream")
 	req.Header.Set("Mcp-Session-Id", sid)
 	req.Header.Set("Mcp-Protocol-Version", legacyMCP)
-	resp, err := httpClient(t, aliceBearer).Do(req)
+	resp, err := httpClient(t, bearer).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -609,7 +620,7 @@ func getStream(ctx context.Context, t *testing.T, endpoint, sid string) *http.Re
 
 func openStream(ctx context.Context, t *testing.T, endpoint, sid string) *sseStream {
 	t.Helper()
-	resp := getStream(ctx, t, endpoint, sid)
+	resp := getStream(ctx, t, endpoint, aliceBearer, sid)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
