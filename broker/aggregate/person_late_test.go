@@ -46,14 +46,25 @@ func TestAggregatePerUserStreamOpenedAfterConnecting(t *testing.T) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	req.Header.Set("Accept", "text/event-stream")
-	req.Header.Set("Mcp-Session-Id", cs.ID())
-	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	resp, err := (&http.Client{Transport: personRT{token: "tok-carol", owner: "carol"}}).Do(req)
-	if err != nil {
-		t.Fatal(err)
+	get := func(who string) *http.Response {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		req.Header.Set("Accept", "text/event-stream")
+		req.Header.Set("Mcp-Session-Id", cs.ID())
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		resp, err := (&http.Client{Transport: personRT{token: "tok-" + who, owner: who}}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
 	}
+	// Another token with carol's session id gets nothing, and takes
+	// nothing of what was kept for her.
+	resp := get("mallory")
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("mallory's GET of carol's session: HTTP %d, want 404", resp.StatusCode)
+	}
+	resp = get("carol")
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("the GET stream: HTTP %d", resp.StatusCode)
